@@ -1,0 +1,49 @@
+// kernels/cpu/cpu_ops.h — the fp32 CPU backend: one function per op of kernels/ops.h, same semantics,
+// every storage buffer is float. Called through kernels/ops.c; tests may call them directly as the oracle.
+#ifndef TANDEM_KERNELS_CPU_OPS_H
+#define TANDEM_KERNELS_CPU_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+// Returns 0, or -1 when a token id is outside [0, V) (bad_index receives the offending row).
+int cpu_embedding_fwd(float *out, const int32_t *tokens, const float *table, int N, int C, int V, int *bad_row);
+void cpu_embedding_bwd(float *dtable, const float *dout, const int32_t *tokens, int N, int C);
+
+void cpu_rmsnorm_fwd(float *out, float *rstd, const float *x, const float *w, int N, int C, float eps);
+void cpu_rmsnorm_bwd(float *dx, float *dw, const float *dout, const float *x, const float *w, const float *rstd,
+                     int N, int C);
+
+void cpu_rope_fwd(float *x, const int32_t *positions, const float *inv_freq, int N, int H, int D);
+void cpu_rope_bwd(float *dx, const int32_t *positions, const float *inv_freq, int N, int H, int D);
+
+void cpu_matmul_fwd(float *out, const float *in, const float *w, const float *bias, int N, int IC, int OC);
+void cpu_matmul_bwd(float *din, float *dw, float *dbias, const float *dout, const float *in, const float *w,
+                    int N, int IC, int OC, int din_accumulate);
+
+void cpu_attention_fwd(float *out, float *lse, const float *q, const float *k, const float *v,
+                       const int32_t *cu_seqlens, int B, int N, int Hq, int Hkv, int D, float scale);
+void cpu_attention_bwd(float *dq, float *dk, float *dv, const float *dout, const float *q, const float *k,
+                       const float *v, const float *out, const float *lse, const int32_t *cu_seqlens, int B, int N,
+                       int Hq, int Hkv, int D, float scale);
+void cpu_kv_cache_store(float *k_cache, float *v_cache, const float *k, const float *v, const int32_t *slot_mapping,
+                        int N, int Hkv, int D);
+void cpu_attention_paged_fwd(float *out, const float *q, const float *k_cache, const float *v_cache,
+                             const int32_t *block_tables, const int32_t *token_seq, const int32_t *token_pos, int N,
+                             int Hq, int Hkv, int D, int block_size, int max_blocks, float scale);
+
+void cpu_swiglu_fwd(float *out, const float *gu, int N, int I);
+void cpu_swiglu_bwd(float *dgu, const float *dout, const float *gu, int N, int I);
+
+void cpu_logprobs_fwd(float *logprobs, float *lse, float *entropy, const float *logits, const int32_t *targets,
+                      int N, int V, float inv_temperature);
+void cpu_logprobs_bwd(float *dlogits, const float *dlogprobs, const float *logits, const int32_t *targets,
+                      const float *lse, int N, int V, float inv_temperature);
+
+void cpu_adamw_step(float *master, float *m, float *v, const float *grad, float *param_out, size_t n, float lr,
+                    float beta1, float beta2, float eps, float weight_decay, int step, float grad_scale);
+void cpu_sum_squares(float *out, const float *x, size_t n);
+
+void cpu_add_inplace(float *y, const float *x, size_t n);
+
+#endif

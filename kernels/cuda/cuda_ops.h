@@ -1,0 +1,65 @@
+// kernels/cuda/cuda_ops.h — the CUDA backend (bf16 storage, fp32 accumulate). Each function mirrors the
+// op of the same name in kernels/ops.h (cuda_X <-> ops_X) with identical arguments; kernels/ops.c dispatches.
+// Errors are recorded in the context with ops_set_error (file:line of the failing CUDA/cuBLAS call).
+#ifndef TANDEM_KERNELS_CUDA_OPS_H
+#define TANDEM_KERNELS_CUDA_OPS_H
+
+#include "kernels/ops.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+// Backend state (stream, cuBLAS(Lt) handle, workspace) hangs off the context.
+int cuda_state_create(OpsCtx *ctx, int device, void **state, char *err, size_t err_len);
+void cuda_state_destroy(void *state);
+int cuda_device_count(void);
+
+void *cuda_malloc(OpsCtx *ctx, size_t bytes);
+void cuda_free(OpsCtx *ctx, void *p);
+void cuda_memset_zero(OpsCtx *ctx, void *p, size_t bytes);
+void cuda_copy_to_device(OpsCtx *ctx, void *dst, const void *src_host, size_t bytes);
+void cuda_copy_to_host(OpsCtx *ctx, void *dst_host, const void *src, size_t bytes);
+void cuda_copy(OpsCtx *ctx, void *dst, const void *src, size_t bytes);
+void cuda_upload_f32(OpsCtx *ctx, void *dst, const float *src_host, size_t n);
+void cuda_download_f32(OpsCtx *ctx, float *dst_host, const void *src, size_t n);
+void cuda_synchronize(OpsCtx *ctx);
+
+void cuda_add_inplace(OpsCtx *ctx, void *y, const void *x, size_t n);
+void cuda_embedding_fwd(OpsCtx *ctx, void *out, const int32_t *tokens, const void *table, int N, int C, int V);
+void cuda_embedding_bwd(OpsCtx *ctx, float *dtable, const void *dout, const int32_t *tokens, int N, int C);
+void cuda_rmsnorm_fwd(OpsCtx *ctx, void *out, float *rstd, const void *x, const void *w, int N, int C, float eps);
+void cuda_rmsnorm_bwd(OpsCtx *ctx, void *dx, float *dw, const void *dout, const void *x, const void *w,
+                      const float *rstd, int N, int C);
+void cuda_rope_fwd(OpsCtx *ctx, void *x, const int32_t *positions, const float *inv_freq, int N, int H, int D);
+void cuda_rope_bwd(OpsCtx *ctx, void *dx, const int32_t *positions, const float *inv_freq, int N, int H, int D);
+void cuda_matmul_fwd(OpsCtx *ctx, void *out, const void *in, const void *w, const void *bias, int N, int IC, int OC);
+void cuda_matmul_bwd(OpsCtx *ctx, void *din, float *dw, float *dbias, const void *dout, const void *in,
+                     const void *w, int N, int IC, int OC, int din_accumulate);
+void cuda_attention_fwd(OpsCtx *ctx, void *out, float *lse, const void *q, const void *k, const void *v,
+                        const int32_t *cu_seqlens, int B, int N, int Hq, int Hkv, int D, float scale);
+void cuda_attention_bwd(OpsCtx *ctx, void *dq, void *dk, void *dv, const void *dout, const void *q,
+                        const void *k, const void *v, const void *out, const float *lse,
+                        const int32_t *cu_seqlens, int B, int N, int Hq, int Hkv, int D, float scale);
+void cuda_kv_cache_store(OpsCtx *ctx, void *k_cache, void *v_cache, const void *k, const void *v,
+                         const int32_t *slot_mapping, int N, int Hkv, int D);
+void cuda_attention_paged_fwd(OpsCtx *ctx, void *out, const void *q, const void *k_cache, const void *v_cache,
+                              const int32_t *block_tables, const int32_t *token_seq, const int32_t *token_pos,
+                              int N, int Hq, int Hkv, int D, int block_size, int max_blocks, float scale);
+void cuda_swiglu_fwd(OpsCtx *ctx, void *out, const void *gu, int N, int I);
+void cuda_swiglu_bwd(OpsCtx *ctx, void *dgu, const void *dout, const void *gu, int N, int I);
+void cuda_logprobs_fwd(OpsCtx *ctx, float *logprobs, float *lse, float *entropy, const void *logits,
+                       const int32_t *targets, int N, int V, float inv_temperature);
+void cuda_logprobs_bwd(OpsCtx *ctx, void *dlogits, const float *dlogprobs, const void *logits,
+                       const int32_t *targets, const float *lse, int N, int V, float inv_temperature);
+void cuda_adamw_step(OpsCtx *ctx, float *master, float *m, float *v, const float *grad, void *param_out, size_t n,
+                     float lr, float beta1, float beta2, float eps, float weight_decay, int step, float grad_scale);
+void cuda_sum_squares(OpsCtx *ctx, float *out, const float *x, size_t n);
+
+// The backend state stored in the context (for use inside kernels/cuda only).
+void *ops_backend_state(OpsCtx *ctx);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,246 @@
+// kernels/ops.c — the context (errors, memory) and the dispatch of every op to its backend.
+#include "kernels/ops.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cpu/cpu_ops.h"
+#ifdef TANDEM_HAVE_CUDA
+#include "kernels/cuda/cuda_ops.h"
+#endif
+
+struct OpsCtx {
+    OpsBackend backend;
+    int device;
+    int error_code;         // first error, 0 if none
+    char error_msg[512];
+    void *backend_state;    // cuda: stream, cuBLAS handles, workspace
+};
+
+#define IS_CUDA(ctx) ((ctx)->backend == OPS_BACKEND_CUDA)
+#define F(p) ((float *)(p))
+#define CF(p) ((const float *)(p))
+
+#ifdef TANDEM_HAVE_CUDA
+#define DISPATCH(ctx, cuda_call, cpu_call)                                                                   \
+    do {                                                                                                     \
+        if ((ctx)->error_code) return;                                                                       \
+        if (IS_CUDA(ctx)) { cuda_call; } else { cpu_call; }                                                  \
+    } while (0)
+#else
+#define DISPATCH(ctx, cuda_call, cpu_call)                                                                   \
+    do {                                                                                                     \
+        if ((ctx)->error_code) return;                                                                       \
+        cpu_call;                                                                                            \
+    } while (0)
+#endif
+
+int ops_set_error(OpsCtx *ctx, int code, const char *file, int line, const char *fmt, ...) {
+    if (code >= 0) code = -1;
+    if (ctx->error_code) return code;
+    ctx->error_code = code;
+    int n = snprintf(ctx->error_msg, sizeof ctx->error_msg, "%s:%d: ", file, line);
+    if (n < 0 || n >= (int)sizeof ctx->error_msg) n = 0;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(ctx->error_msg + n, sizeof ctx->error_msg - n, fmt, ap);
+    va_end(ap);
+    return code;
+}
+
+int ops_status(const OpsCtx *ctx) { return ctx->error_code; }
+const char *ops_error(const OpsCtx *ctx) { return ctx->error_msg; }
+void ops_clear_error(OpsCtx *ctx) { ctx->error_code = 0; ctx->error_msg[0] = 0; }
+OpsBackend ops_backend(const OpsCtx *ctx) { return ctx->backend; }
+size_t ops_dtype_size(const OpsCtx *ctx) { return IS_CUDA(ctx) ? 2 : 4; }
+void *ops_backend_state(OpsCtx *ctx) { return ctx->backend_state; }
+
+int ops_backend_available(OpsBackend backend) {
+    if (backend == OPS_BACKEND_CPU) return 1;
+#ifdef TANDEM_HAVE_CUDA
+    return cuda_device_count() > 0;
+#else
+    return 0;
+#endif
+}
+
+int ops_create(OpsCtx **out, OpsBackend backend, int device, char *err, size_t err_len) {
+    *out = NULL;
+    OpsCtx *ctx = calloc(1, sizeof *ctx);
+    if (!ctx) { snprintf(err, err_len, "out of host memory creating the compute context"); return -1; }
+    ctx->backend = backend;
+    ctx->device = device;
+    if (backend == OPS_BACKEND_CUDA) {
+#ifdef TANDEM_HAVE_CUDA
+        if (cuda_state_create(ctx, device, &ctx->backend_state, err, err_len) != 0) { free(ctx); return -1; }
+#else
+        snprintf(err, err_len, "this build has no CUDA backend: rebuild with nvcc on PATH (cmake -DTANDEM_CUDA=ON)");
+        free(ctx);
+        return -1;
+#endif
+    } else if (backend != OPS_BACKEND_CPU) {
+        snprintf(err, err_len, "unknown backend %d", (int)backend);
+        free(ctx);
+        return -1;
+    }
+    *out = ctx;
+    return 0;
+}
+
+void ops_destroy(OpsCtx *ctx) {
+    if (!ctx) return;
+#ifdef TANDEM_HAVE_CUDA
+    if (IS_CUDA(ctx)) cuda_state_destroy(ctx->backend_state);
+#endif
+    free(ctx);
+}
+
+// ---- memory -------------------------------------------------------------------------------------
+
+void *ops_malloc(OpsCtx *ctx, size_t bytes) {
+    if (ctx->error_code) return NULL;
+#ifdef TANDEM_HAVE_CUDA
+    if (IS_CUDA(ctx)) return cuda_malloc(ctx, bytes);
+#endif
+    // 64-byte alignment keeps AVX loads aligned and matches what a GPU allocator would give.
+    size_t rounded = (bytes + 63) / 64 * 64;
+    void *p = aligned_alloc(64, rounded ? rounded : 64);
+    if (!p) {
+        ops_set_error(ctx, -1, __FILE__, __LINE__, "out of host memory allocating %zu bytes", bytes);
+        return NULL;
+    }
+    memset(p, 0, rounded ? rounded : 64);
+    return p;
+}
+
+void ops_free(OpsCtx *ctx, void *p) {
+    if (!p) return;
+#ifdef TANDEM_HAVE_CUDA
+    if (IS_CUDA(ctx)) { cuda_free(ctx, p); return; }
+#endif
+    free(p);
+}
+
+void ops_memset_zero(OpsCtx *ctx, void *p, size_t bytes) {
+    DISPATCH(ctx, cuda_memset_zero(ctx, p, bytes), memset(p, 0, bytes));
+}
+void ops_copy_to_device(OpsCtx *ctx, void *dst, const void *src, size_t bytes) {
+    DISPATCH(ctx, cuda_copy_to_device(ctx, dst, src, bytes), memcpy(dst, src, bytes));
+}
+void ops_copy_to_host(OpsCtx *ctx, void *dst, const void *src, size_t bytes) {
+    DISPATCH(ctx, cuda_copy_to_host(ctx, dst, src, bytes), memcpy(dst, src, bytes));
+}
+void ops_copy(OpsCtx *ctx, void *dst, const void *src, size_t bytes) {
+    DISPATCH(ctx, cuda_copy(ctx, dst, src, bytes), memmove(dst, src, bytes));
+}
+void ops_upload_f32(OpsCtx *ctx, void *dst, const float *src, size_t n) {
+    DISPATCH(ctx, cuda_upload_f32(ctx, dst, src, n), memcpy(dst, src, n * sizeof(float)));
+}
+void ops_download_f32(OpsCtx *ctx, float *dst, const void *src, size_t n) {
+    DISPATCH(ctx, cuda_download_f32(ctx, dst, src, n), memcpy(dst, src, n * sizeof(float)));
+}
+void ops_synchronize(OpsCtx *ctx) { DISPATCH(ctx, cuda_synchronize(ctx), (void)0); }
+
+// ---- ops ----------------------------------------------------------------------------------------
+
+void ops_add_inplace(OpsCtx *ctx, void *y, const void *x, size_t n) {
+    DISPATCH(ctx, cuda_add_inplace(ctx, y, x, n), cpu_add_inplace(F(y), CF(x), n));
+}
+
+void ops_embedding_fwd(OpsCtx *ctx, void *out, const int32_t *tokens, const void *table, int N, int C, int V) {
+    int bad_row = -1;
+    DISPATCH(ctx, cuda_embedding_fwd(ctx, out, tokens, table, N, C, V),
+             if (cpu_embedding_fwd(F(out), tokens, CF(table), N, C, V, &bad_row) != 0)
+                 ops_set_error(ctx, -1, __FILE__, __LINE__, "token id %d at row %d is outside the vocabulary [0, %d)",
+                               tokens[bad_row], bad_row, V));
+}
+void ops_embedding_bwd(OpsCtx *ctx, float *dtable, const void *dout, const int32_t *tokens, int N, int C) {
+    DISPATCH(ctx, cuda_embedding_bwd(ctx, dtable, dout, tokens, N, C), cpu_embedding_bwd(dtable, CF(dout), tokens, N, C));
+}
+
+void ops_rmsnorm_fwd(OpsCtx *ctx, void *out, float *rstd, const void *x, const void *w, int N, int C, float eps) {
+    DISPATCH(ctx, cuda_rmsnorm_fwd(ctx, out, rstd, x, w, N, C, eps), cpu_rmsnorm_fwd(F(out), rstd, CF(x), CF(w), N, C, eps));
+}
+void ops_rmsnorm_bwd(OpsCtx *ctx, void *dx, float *dw, const void *dout, const void *x, const void *w,
+                     const float *rstd, int N, int C) {
+    DISPATCH(ctx, cuda_rmsnorm_bwd(ctx, dx, dw, dout, x, w, rstd, N, C),
+             cpu_rmsnorm_bwd(F(dx), dw, CF(dout), CF(x), CF(w), rstd, N, C));
+}
+
+void ops_rope_fwd(OpsCtx *ctx, void *x, const int32_t *pos, const float *inv_freq, int N, int H, int D) {
+    DISPATCH(ctx, cuda_rope_fwd(ctx, x, pos, inv_freq, N, H, D), cpu_rope_fwd(F(x), pos, inv_freq, N, H, D));
+}
+void ops_rope_bwd(OpsCtx *ctx, void *dx, const int32_t *pos, const float *inv_freq, int N, int H, int D) {
+    DISPATCH(ctx, cuda_rope_bwd(ctx, dx, pos, inv_freq, N, H, D), cpu_rope_bwd(F(dx), pos, inv_freq, N, H, D));
+}
+
+void ops_matmul_fwd(OpsCtx *ctx, void *out, const void *in, const void *w, const void *bias, int N, int IC, int OC) {
+    DISPATCH(ctx, cuda_matmul_fwd(ctx, out, in, w, bias, N, IC, OC),
+             cpu_matmul_fwd(F(out), CF(in), CF(w), CF(bias), N, IC, OC));
+}
+void ops_matmul_bwd(OpsCtx *ctx, void *din, float *dw, float *dbias, const void *dout, const void *in, const void *w,
+                    int N, int IC, int OC, int din_accumulate) {
+    DISPATCH(ctx, cuda_matmul_bwd(ctx, din, dw, dbias, dout, in, w, N, IC, OC, din_accumulate),
+             cpu_matmul_bwd(F(din), dw, dbias, CF(dout), CF(in), CF(w), N, IC, OC, din_accumulate));
+}
+
+void ops_attention_fwd(OpsCtx *ctx, void *out, float *lse, const void *q, const void *k, const void *v,
+                       const int32_t *cu_seqlens, int B, int N, int Hq, int Hkv, int D, float scale) {
+    if (Hkv <= 0 || Hq % Hkv != 0) {
+        ops_set_error(ctx, -1, __FILE__, __LINE__, "attention: Hq=%d is not a multiple of Hkv=%d", Hq, Hkv);
+        return;
+    }
+    DISPATCH(ctx, cuda_attention_fwd(ctx, out, lse, q, k, v, cu_seqlens, B, N, Hq, Hkv, D, scale),
+             cpu_attention_fwd(F(out), lse, CF(q), CF(k), CF(v), cu_seqlens, B, N, Hq, Hkv, D, scale));
+}
+void ops_attention_bwd(OpsCtx *ctx, void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
+                       const void *v, const void *out, const float *lse, const int32_t *cu_seqlens, int B, int N,
+                       int Hq, int Hkv, int D, float scale) {
+    DISPATCH(ctx, cuda_attention_bwd(ctx, dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens, B, N, Hq, Hkv, D, scale),
+             cpu_attention_bwd(F(dq), F(dk), F(dv), CF(dout), CF(q), CF(k), CF(v), CF(out), lse, cu_seqlens, B, N, Hq,
+                               Hkv, D, scale));
+}
+void ops_kv_cache_store(OpsCtx *ctx, void *k_cache, void *v_cache, const void *k, const void *v,
+                        const int32_t *slot_mapping, int N, int Hkv, int D) {
+    DISPATCH(ctx, cuda_kv_cache_store(ctx, k_cache, v_cache, k, v, slot_mapping, N, Hkv, D),
+             cpu_kv_cache_store(F(k_cache), F(v_cache), CF(k), CF(v), slot_mapping, N, Hkv, D));
+}
+void ops_attention_paged_fwd(OpsCtx *ctx, void *out, const void *q, const void *k_cache, const void *v_cache,
+                             const int32_t *block_tables, const int32_t *token_seq, const int32_t *token_pos, int N,
+                             int Hq, int Hkv, int D, int block_size, int max_blocks, float scale) {
+    DISPATCH(ctx,
+             cuda_attention_paged_fwd(ctx, out, q, k_cache, v_cache, block_tables, token_seq, token_pos, N, Hq, Hkv, D,
+                                      block_size, max_blocks, scale),
+             cpu_attention_paged_fwd(F(out), CF(q), CF(k_cache), CF(v_cache), block_tables, token_seq, token_pos, N, Hq,
+                                     Hkv, D, block_size, max_blocks, scale));
+}
+
+void ops_swiglu_fwd(OpsCtx *ctx, void *out, const void *gu, int N, int I) {
+    DISPATCH(ctx, cuda_swiglu_fwd(ctx, out, gu, N, I), cpu_swiglu_fwd(F(out), CF(gu), N, I));
+}
+void ops_swiglu_bwd(OpsCtx *ctx, void *dgu, const void *dout, const void *gu, int N, int I) {
+    DISPATCH(ctx, cuda_swiglu_bwd(ctx, dgu, dout, gu, N, I), cpu_swiglu_bwd(F(dgu), CF(dout), CF(gu), N, I));
+}
+
+void ops_logprobs_fwd(OpsCtx *ctx, float *logprobs, float *lse, float *entropy, const void *logits,
+                      const int32_t *targets, int N, int V, float inv_temperature) {
+    DISPATCH(ctx, cuda_logprobs_fwd(ctx, logprobs, lse, entropy, logits, targets, N, V, inv_temperature),
+             cpu_logprobs_fwd(logprobs, lse, entropy, CF(logits), targets, N, V, inv_temperature));
+}
+void ops_logprobs_bwd(OpsCtx *ctx, void *dlogits, const float *dlogprobs, const void *logits, const int32_t *targets,
+                      const float *lse, int N, int V, float inv_temperature) {
+    DISPATCH(ctx, cuda_logprobs_bwd(ctx, dlogits, dlogprobs, logits, targets, lse, N, V, inv_temperature),
+             cpu_logprobs_bwd(F(dlogits), dlogprobs, CF(logits), targets, lse, N, V, inv_temperature));
+}
+
+void ops_adamw_step(OpsCtx *ctx, float *master, float *m, float *v, const float *grad, void *param_out, size_t n,
+                    float lr, float beta1, float beta2, float eps, float weight_decay, int step, float grad_scale) {
+    DISPATCH(ctx,
+             cuda_adamw_step(ctx, master, m, v, grad, param_out, n, lr, beta1, beta2, eps, weight_decay, step, grad_scale),
+             cpu_adamw_step(master, m, v, grad, F(param_out), n, lr, beta1, beta2, eps, weight_decay, step, grad_scale));
+}
+void ops_sum_squares(OpsCtx *ctx, float *out, const float *x, size_t n) {
+    DISPATCH(ctx, cuda_sum_squares(ctx, out, x, n), cpu_sum_squares(out, x, n));
+}

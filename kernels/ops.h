@@ -1,0 +1,158 @@
+// kernels/ops.h — the compute primitives tandem's model is written against.
+//
+// Two backends sit behind these calls:
+//   cpu  : fp32 storage and math (OpenBLAS for GEMM). The reference ("oracle") for everything else.
+//   cuda : bf16 storage, fp32 accumulation, one compute stream per context (kernels/cuda/).
+//
+// Buffer conventions (every op):
+//   void *         "storage" buffer: parameters, activations and activation gradients in the backend's
+//                  storage dtype (fp32 on cpu, bf16 on cuda). Its element size is ops_dtype_size(ctx).
+//   float *        always fp32: parameter gradients, master weights, Adam moments, softmax statistics,
+//                  per-token logprobs, losses.
+//   int32_t *      token ids, positions, sequence offsets, block tables.
+// All pointers are backend memory (host memory on cpu, device memory on cuda), allocated with ops_malloc.
+// Shapes are given in comments as (rows, cols) with the last index fastest (row-major).
+//
+// Errors: ops never exit(). The first failure (CUDA error, bad argument, out of memory) is recorded in the
+// context with file:line and every later op becomes a no-op until ops_clear_error; callers check
+// ops_status() at the points where they can react (after a layer, a step, a request).
+#ifndef TANDEM_KERNELS_OPS_H
+#define TANDEM_KERNELS_OPS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum { OPS_BACKEND_CPU = 0, OPS_BACKEND_CUDA = 1 } OpsBackend;
+
+typedef struct OpsCtx OpsCtx;
+
+// ---- context, memory, errors ------------------------------------------------------------------
+
+// Creates a context on `backend` (device index for cuda). Returns 0, or a negative code with a message in err.
+int ops_create(OpsCtx **out, OpsBackend backend, int device, char *err, size_t err_len);
+void ops_destroy(OpsCtx *ctx);
+OpsBackend ops_backend(const OpsCtx *ctx);
+int ops_backend_available(OpsBackend backend); // 1 if compiled in and (for cuda) a device is visible
+size_t ops_dtype_size(const OpsCtx *ctx);      // bytes per storage element: 4 (cpu) or 2 (cuda)
+
+int ops_status(const OpsCtx *ctx);             // 0 or the first recorded negative error code
+const char *ops_error(const OpsCtx *ctx);      // message of the first error ("" if none)
+void ops_clear_error(OpsCtx *ctx);
+// Records an error (used by the backends; first one wins). Returns the code.
+int ops_set_error(OpsCtx *ctx, int code, const char *file, int line, const char *fmt, ...);
+
+void *ops_malloc(OpsCtx *ctx, size_t bytes);   // zero-filled; NULL (and an error recorded) on failure
+void ops_free(OpsCtx *ctx, void *p);
+void ops_memset_zero(OpsCtx *ctx, void *p, size_t bytes);
+void ops_copy_to_device(OpsCtx *ctx, void *dst, const void *src_host, size_t bytes);
+void ops_copy_to_host(OpsCtx *ctx, void *dst_host, const void *src, size_t bytes);
+void ops_copy(OpsCtx *ctx, void *dst, const void *src, size_t bytes);
+// fp32 host array <-> storage-dtype backend buffer (conversion with round-to-nearest-even on cuda).
+void ops_upload_f32(OpsCtx *ctx, void *dst, const float *src_host, size_t n);
+void ops_download_f32(OpsCtx *ctx, float *dst_host, const void *src, size_t n);
+// Waits for all queued work (a no-op on cpu).
+void ops_synchronize(OpsCtx *ctx);
+
+// ---- elementwise ------------------------------------------------------------------------------
+
+// y += x over n storage elements (residual stream, gradient merge).
+void ops_add_inplace(OpsCtx *ctx, void *y, const void *x, size_t n);
+
+// ---- embedding --------------------------------------------------------------------------------
+
+// out (N, C) = table[tokens[i]] ; table (V, C). A token outside [0, V) records an error.
+void ops_embedding_fwd(OpsCtx *ctx, void *out, const int32_t *tokens, const void *table, int N, int C, int V);
+// dtable (V, C) fp32 += scatter of dout (N, C) by tokens.
+void ops_embedding_bwd(OpsCtx *ctx, float *dtable, const void *dout, const int32_t *tokens, int N, int C);
+
+// ---- RMSNorm ----------------------------------------------------------------------------------
+
+// out (N, C) = x * rsqrt(mean(x^2) + eps) * w ; w (C). rstd (N) fp32 receives rsqrt(...) (may be NULL).
+void ops_rmsnorm_fwd(OpsCtx *ctx, void *out, float *rstd, const void *x, const void *w, int N, int C, float eps);
+// dx (N, C) += d/dx ; dw (C) fp32 += d/dw ; rstd from the forward.
+void ops_rmsnorm_bwd(OpsCtx *ctx, void *dx, float *dw, const void *dout, const void *x, const void *w,
+                     const float *rstd, int N, int C);
+
+// ---- rotary embedding (Hugging Face "rotate_half" convention) ---------------------------------
+
+// In place on x (N, H, D): pairs (i, i + D/2) rotate by angle positions[n] * inv_freq[i], i < D/2.
+// inv_freq (D/2) fp32 carries any rope_scaling (see shared/config.h: config_rope_inv_freq).
+void ops_rope_fwd(OpsCtx *ctx, void *x, const int32_t *positions, const float *inv_freq, int N, int H, int D);
+// In place on dx (N, H, D): the transpose of the forward rotation.
+void ops_rope_bwd(OpsCtx *ctx, void *dx, const int32_t *positions, const float *inv_freq, int N, int H, int D);
+
+// ---- GEMM -------------------------------------------------------------------------------------
+
+// out (N, OC) = in (N, IC) @ w^T + bias ; w (OC, IC) as stored by PyTorch's Linear; bias (OC) or NULL.
+void ops_matmul_fwd(OpsCtx *ctx, void *out, const void *in, const void *w, const void *bias, int N, int IC, int OC);
+// din (N, IC) = dout @ w (or += when din_accumulate) — skipped when din is NULL;
+// dw (OC, IC) fp32 += dout^T @ in — skipped when dw is NULL; dbias (OC) fp32 += column sums — skipped when NULL.
+void ops_matmul_bwd(OpsCtx *ctx, void *din, float *dw, float *dbias, const void *dout, const void *in,
+                    const void *w, int N, int IC, int OC, int din_accumulate);
+
+// ---- attention --------------------------------------------------------------------------------
+
+// Training attention over B packed sequences (no padding): sequence b holds tokens
+// [cu_seqlens[b], cu_seqlens[b+1]); each token attends causally within its own sequence.
+// q, out (N, Hq, D); k, v (N, Hkv, D); Hq % Hkv == 0 (GQA: query head h reads kv head h / (Hq/Hkv)).
+// lse (N, Hq) fp32 receives the log-sum-exp of the scaled scores (the only statistic backward needs).
+void ops_attention_fwd(OpsCtx *ctx, void *out, float *lse, const void *q, const void *k, const void *v,
+                       const int32_t *cu_seqlens, int B, int N, int Hq, int Hkv, int D, float scale);
+// dq (N, Hq, D), dk, dv (N, Hkv, D) are overwritten.
+void ops_attention_bwd(OpsCtx *ctx, void *dq, void *dk, void *dv, const void *dout, const void *q,
+                       const void *k, const void *v, const void *out, const float *lse,
+                       const int32_t *cu_seqlens, int B, int N, int Hq, int Hkv, int D, float scale);
+
+// Paged KV cache. A cache holds n_slots = n_blocks * block_size token slots: k_cache, v_cache (n_slots, Hkv, D).
+// Writes token i's k, v (N, Hkv, D) to slot slot_mapping[i] (a negative slot skips the token).
+void ops_kv_cache_store(OpsCtx *ctx, void *k_cache, void *v_cache, const void *k, const void *v,
+                        const int32_t *slot_mapping, int N, int Hkv, int D);
+// Inference attention through block tables (prefill chunks and decodes alike): query token i belongs to
+// sequence token_seq[i] at position token_pos[i] and attends to that sequence's positions 0..token_pos[i],
+// whose k/v live at slot block_tables[token_seq[i] * max_blocks + pos / block_size] * block_size + pos % block_size.
+// q, out (N, Hq, D); block_tables (n_seqs, max_blocks).
+void ops_attention_paged_fwd(OpsCtx *ctx, void *out, const void *q, const void *k_cache, const void *v_cache,
+                             const int32_t *block_tables, const int32_t *token_seq, const int32_t *token_pos,
+                             int N, int Hq, int Hkv, int D, int block_size, int max_blocks, float scale);
+
+// ---- MLP --------------------------------------------------------------------------------------
+
+// out (N, I) = silu(gu[:, :I]) * gu[:, I:] ; gu (N, 2I) is the fused [gate | up] projection.
+void ops_swiglu_fwd(OpsCtx *ctx, void *out, const void *gu, int N, int I);
+// dgu (N, 2I) overwritten.
+void ops_swiglu_bwd(OpsCtx *ctx, void *dgu, const void *dout, const void *gu, int N, int I);
+
+// ---- log-softmax, per-token logprobs, cross-entropy -------------------------------------------
+
+// For each row n of logits (N, V), with z = logits * inv_temperature:
+//   lse[n] = logsumexp(z), logprobs[n] = z[targets[n]] - lse[n], entropy[n] = -sum softmax(z) log softmax(z).
+// targets[n] < 0 marks an ignored row: logprobs[n] = 0 (lse and entropy still computed).
+// entropy may be NULL. Cross-entropy of a row is -logprobs[n] (inv_temperature 1).
+void ops_logprobs_fwd(OpsCtx *ctx, float *logprobs, float *lse, float *entropy, const void *logits,
+                      const int32_t *targets, int N, int V, float inv_temperature);
+// dlogits (N, V) overwritten with dlogprobs[n] * inv_temperature * (onehot(targets[n]) - softmax(z[n])),
+// zero for ignored rows.
+void ops_logprobs_bwd(OpsCtx *ctx, void *dlogits, const float *dlogprobs, const void *logits,
+                      const int32_t *targets, const float *lse, int N, int V, float inv_temperature);
+
+// ---- optimizer --------------------------------------------------------------------------------
+
+// AdamW exactly as torch.optim.AdamW (decoupled weight decay, bias-corrected), on n fp32 elements:
+//   master *= 1 - lr * weight_decay
+//   m = beta1 m + (1 - beta1) g ;  v = beta2 v + (1 - beta2) g^2      with g = grad * grad_scale
+//   master -= (lr / (1 - beta1^step)) * m / (sqrt(v) / sqrt(1 - beta2^step) + eps)
+// step counts from 1. param_out (n, storage dtype) receives the updated master when not NULL.
+void ops_adamw_step(OpsCtx *ctx, float *master, float *m, float *v, const float *grad, void *param_out, size_t n,
+                    float lr, float beta1, float beta2, float eps, float weight_decay, int step, float grad_scale);
+
+// *out (one fp32 in backend memory) += sum of grad[i]^2 over n fp32 elements (global-norm clipping).
+void ops_sum_squares(OpsCtx *ctx, float *out, const float *x, size_t n);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,38 @@
+#!/usr/bin/env bash
+# Installs what tandem's build and tests need; safe to run again (it skips what is already there).
+#   - Debian packages (compiler, CMake, jansson, libmicrohttpd, ZeroMQ, OpenBLAS, PCRE2, utf8proc, clang)
+#   - the reference-test Python venv, cached outside the clone and keyed by tests/requirements.txt's hash
+#     (PyPI's torch wheel brings several GB of CUDA libraries: one install per machine, reused by every run).
+# Prints the venv path on its last line.
+set -euo pipefail
+here=$(cd "$(dirname "$0")/.." && pwd)
+
+debs=(build-essential cmake pkg-config clang libjansson-dev libmicrohttpd-dev libzmq3-dev libopenblas-dev
+      libpcre2-dev libutf8proc-dev python3 python3-venv)
+missing=()
+for p in "${debs[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "setup: installing Debian packages: ${missing[*]}" >&2
+  sudo_cmd=""; [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+req="$here/tests/requirements.txt"
+hash=$(sha256sum "$req" | cut -c1-16)
+cache="${TANDEM_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/tandem}"
+venv="$cache/venv-$hash"
+if [ ! -f "$venv/.complete" ]; then
+  echo "setup: creating the reference venv at $venv (first time on this machine: a few minutes, ~6 GB)" >&2
+  rm -rf "$venv"
+  mkdir -p "$cache"
+  py=python3
+  command -v python3.11 >/dev/null && py=python3.11
+  "$py" -m venv "$venv"
+  "$venv/bin/python" -m pip install -q --upgrade pip >&2
+  "$venv/bin/python" -m pip install -q -r "$req" >&2
+  touch "$venv/.complete"
+fi
+echo "$venv"

@@ -1,0 +1,129 @@
+// shared/model.h — the decoder model (Llama / Qwen2 / Qwen3 / Mistral), written once against kernels/ops.h and
+// used by the trainer (training forward/backward, ZeRO-3) and the rollout server (decode with a KV cache).
+//
+// The model never owns the parameters directly: it asks a UnitSource for each unit when it needs it, so the
+// same code runs with resident weights (server, single rank) and with ZeRO-3 gathered units (trainer).
+#ifndef TANDEM_SHARED_MODEL_H
+#define TANDEM_SHARED_MODEL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/ops.h"
+#include "shared/config.h"
+#include "shared/layout.h"
+
+typedef struct {
+    ModelConfig cfg;
+    Layout layout;
+    OpsCtx *ops;           // not owned
+    float *inv_freq;       // (D/2) fp32, backend memory: rotary inverse frequencies (rope scaling applied)
+    float attn_scale;      // 1 / sqrt(D)
+} Model;
+
+// Where parameters and gradients come from. acquire/release bracket every read of a unit's parameters
+// (storage dtype, layout->unit_numel[unit] elements); grad returns the unit's fp32 gradient buffer
+// (same numel) to accumulate into; grad_done says backward will not touch that unit's gradient again
+// in this pass (ZeRO-3 reduce-scatters it then). Any callback may be NULL when unused.
+// acquire returns NULL on failure (the source records why in the ops context or its own state).
+typedef struct {
+    const void *(*acquire)(void *user, int unit);
+    void (*release)(void *user, int unit);
+    float *(*grad)(void *user, int unit);
+    void (*grad_done)(void *user, int unit);
+    void *user;
+} UnitSource;
+
+// Resident parameters and (optionally) gradients: every unit allocated in backend memory.
+typedef struct {
+    void **params;   // (n_units) storage dtype
+    float **grads;   // (n_units) fp32, NULL unless allocated with grads
+    int n_units;
+} ResidentWeights;
+
+// A packed batch of sequences (no padding). All arrays are host memory.
+typedef struct {
+    int n_seqs;                 // B
+    int n_tokens;               // N = cu_seqlens[B]
+    const int32_t *tokens;      // (N) input ids
+    const int32_t *targets;     // (N) id whose logprob is wanted at each position, -1 = not scored
+    const int32_t *cu_seqlens;  // (B+1) sequence b = tokens [cu_seqlens[b], cu_seqlens[b+1])
+    const int32_t *positions;   // (N) rotary positions, NULL = 0..len-1 within each sequence
+} Batch;
+
+int model_init(Model *m, const ModelConfig *cfg, OpsCtx *ops, char *err, size_t err_len);
+void model_free(Model *m);
+
+int resident_alloc(ResidentWeights *w, const Model *m, int with_grads, char *err, size_t err_len);
+void resident_free(ResidentWeights *w, const Model *m);
+UnitSource resident_source(ResidentWeights *w);
+// Zeroes every gradient buffer.
+void resident_zero_grads(ResidentWeights *w, const Model *m);
+
+// Loads a Hugging Face model folder (config.json + safetensors) into resident weights: every tensor is checked
+// against the layout (missing, unexpected, wrong shape) and converted to the storage dtype.
+int model_load(Model *m, ResidentWeights *w, OpsCtx *ops, const char *model_dir, char *err, size_t err_len);
+// Loads only the tensors into already-initialised resident weights (model and layout from this config).
+int model_load_weights(const Model *m, ResidentWeights *w, const char *model_dir, char *err, size_t err_len);
+// Writes an HF-loadable folder: config.json plus safetensors (sharded above max_shard_bytes; 0 = never).
+// `units` yields each unit's parameters (fp32 host copies are made per unit). dtype_bf16 selects BF16 tensors.
+int model_save(const Model *m, UnitSource *units, const char *out_dir, int dtype_bf16, size_t max_shard_bytes,
+               char *err, size_t err_len);
+// Fills resident weights with a deterministic random init (normal(0, std) matrices, ones for norms, zero bias).
+void model_init_random(const Model *m, ResidentWeights *w, uint64_t seed, float std);
+
+// ---- training -----------------------------------------------------------------------------------
+
+typedef struct TrainActs TrainActs;
+// Activation memory for batches of up to max_tokens tokens and max_seqs sequences. checkpoint = 1 keeps only
+// each layer's input and recomputes the layer during backward (activation checkpointing).
+int train_acts_create(TrainActs **out, const Model *m, int max_tokens, int max_seqs, int checkpoint, char *err,
+                      size_t err_len);
+void train_acts_free(TrainActs *a, const Model *m);
+size_t train_acts_bytes(const TrainActs *a);
+
+// Forward over a batch: per-token logprobs (N) of batch->targets under softmax(logits * inv_temperature), and
+// optionally per-token entropy (N) and the full logits (N, V) — all host fp32 outputs, NULL to skip.
+// Keeps what model_backward needs in `a`. Returns 0 or a negative code (message in err).
+int model_forward(Model *m, TrainActs *a, UnitSource *src, const Batch *batch, float inv_temperature,
+                  float *logprobs, float *entropy, float *logits, char *err, size_t err_len);
+// Backward of sum_n dlogprobs[n] * logprobs[n] for the batch of the last model_forward: gradients are
+// accumulated (+=) into src->grad(unit) for every unit. dlogprobs (N) host fp32.
+int model_backward(Model *m, TrainActs *a, UnitSource *src, const float *dlogprobs, char *err, size_t err_len);
+
+// ---- inference with a KV cache --------------------------------------------------------------------
+
+// Per-layer K and V pools of n_blocks * block_size token slots: k[l], v[l] (n_slots, Hkv, D) storage dtype.
+typedef struct {
+    int n_layers, n_blocks, block_size;
+    void **k, **v;
+} KVCache;
+
+int kv_cache_create(KVCache *kv, const Model *m, int n_blocks, int block_size, char *err, size_t err_len);
+void kv_cache_free(KVCache *kv, const Model *m);
+size_t kv_cache_bytes_per_block(const Model *m, int block_size);
+
+typedef struct DecodeBufs DecodeBufs;
+// Scratch for one inference step of up to max_tokens tokens over up to max_seqs sequences with block tables of
+// max_blocks entries, returning logits for up to max_logit_rows tokens.
+int decode_bufs_create(DecodeBufs **out, const Model *m, int max_tokens, int max_seqs, int max_blocks,
+                       int max_logit_rows, char *err, size_t err_len);
+void decode_bufs_free(DecodeBufs *b, const Model *m);
+
+// One step over N tokens (prefill chunks and decodes mixed): token i has id tokens[i], belongs to sequence
+// token_seq[i] at position token_pos[i], and its k/v are written to slot_mapping[i]. block_tables (n_seqs,
+// max_blocks). Writes logits (n_logit_rows, V) host fp32 for the tokens listed in logit_rows (indices into
+// 0..N-1). All inputs are host arrays.
+int model_decode_step(Model *m, DecodeBufs *b, UnitSource *src, KVCache *kv, int N, const int32_t *tokens,
+                      const int32_t *token_seq, const int32_t *token_pos, const int32_t *slot_mapping,
+                      const int32_t *block_tables, int n_seqs, int max_blocks, const int32_t *logit_rows,
+                      int n_logit_rows, float *logits, char *err, size_t err_len);
+
+// Greedy generation for B prompts with a contiguous cache (sequence b owns blocks [b*max_blocks, (b+1)*max_blocks)).
+// out_tokens (B, max_new) receives generated ids; generation of a row stops after an id in eos_ids (it is
+// kept) and the rest of the row is -1.
+int model_generate_greedy(Model *m, UnitSource *src, int B, const int32_t *const *prompts, const int *prompt_lens,
+                          int max_new, const int32_t *eos_ids, int n_eos, int32_t *out_tokens, char *err,
+                          size_t err_len);
+
+#endif

@@ -1,0 +1,66 @@
+// shared/model_internal.h — pieces shared by the model's training and inference paths (not a public API).
+#ifndef TANDEM_SHARED_MODEL_INTERNAL_H
+#define TANDEM_SHARED_MODEL_INTERNAL_H
+
+#include "shared/model.h"
+
+// Element `off` of a storage-dtype buffer.
+static inline void *elem_at(const Model *m, const void *base, size_t off) {
+    return (char *)base + off * ops_dtype_size(m->ops);
+}
+
+// One decoder layer's forward intermediates for N tokens (storage dtype unless marked fp32).
+typedef struct {
+    void *h1;      // (N, C) input_layernorm output
+    void *q_pre;   // (N, Hq*D) q projection before q_norm (== q when there is no q_norm)
+    void *k_pre;   // (N, Hkv*D) k projection before k_norm (== k when there is no k_norm)
+    void *q;       // (N, Hq, D) after q_norm and RoPE
+    void *k;       // (N, Hkv, D) after k_norm and RoPE
+    void *v;       // (N, Hkv, D)
+    void *att;     // (N, Hq*D) attention output
+    void *xmid;    // (N, C) residual after attention
+    void *h2;      // (N, C) post_attention_layernorm output
+    void *gu;      // (N, 2I) fused gate|up projection
+    void *act;     // (N, I) silu(gate) * up
+    float *rstd1;  // (N)
+    float *rstd2;  // (N)
+    float *q_rstd; // (N*Hq) qk_norm only
+    float *k_rstd; // (N*Hkv) qk_norm only
+    float *lse;    // (N, Hq) attention log-sum-exp (training only)
+} LayerActs;
+
+// Backward scratch for one layer (storage dtype).
+typedef struct {
+    void *dh;      // (N, C)
+    void *dq;      // (N, Hq*D)
+    void *dk;      // (N, Hkv*D)
+    void *dv;      // (N, Hkv*D)
+    void *dq_pre;  // (N, Hq*D) qk_norm only
+    void *dk_pre;  // (N, Hkv*D) qk_norm only
+    void *datt;    // (N, Hq*D)
+    void *dgu;     // (N, 2I)
+    void *dact;    // (N, I)
+} LayerGrads;
+
+// How attention sees the tokens: packed training sequences, or a paged KV cache.
+typedef struct {
+    int paged;
+    const int32_t *cu_seqlens; // training: (B+1) backend memory
+    int n_seqs;
+    void *k_cache, *v_cache;   // paged: this layer's pools
+    const int32_t *slot_mapping, *block_tables, *token_seq; // backend memory
+    int max_blocks, block_size;
+} AttnArgs;
+
+// Allocates LayerActs for N tokens in one block of backend memory; *block receives it (free with ops_free).
+int layer_acts_alloc(const Model *m, LayerActs *a, int N, int training, void **block);
+int layer_grads_alloc(const Model *m, LayerGrads *g, int N, void **block);
+
+// x_out (N, C) = layer(x_in) ; p = the layer's unit parameters ; positions (N) backend memory.
+void layer_forward(Model *m, const void *p, LayerActs *a, const void *x_in, void *x_out, const int32_t *positions,
+                   int N, const AttnArgs *att);
+// dres (N, C) holds d x_out on entry and d x_in on return; g (unit numel fp32) accumulates parameter grads.
+void layer_backward(Model *m, const void *p, float *g, const LayerActs *a, const LayerGrads *d, void *dres,
+                    const void *x_in, const int32_t *positions, int N, const AttnArgs *att);
+
+#endif

@@ -1,0 +1,157 @@
+// shared/model_layer.c — one decoder layer, forward and backward, written against kernels/ops.h.
+//
+//   h1 = rmsnorm(x) ; q,k,v = h1 Wq^T (+bq), ... ; [qk_norm] ; rope(q, k) ; att = attention(q, k, v)
+//   xmid = x + att Wo^T ; h2 = rmsnorm(xmid) ; gu = h2 [Wg;Wu]^T ; act = silu(g) * u ; x_out = xmid + act Wd^T
+#include <stdint.h>
+
+#include "shared/model_internal.h"
+
+#define ABSENT SIZE_MAX
+
+// Carves consecutive, 64-element-aligned buffers out of one allocation.
+typedef struct {
+    char *base;
+    size_t used, es;
+} Carver;
+
+static void *carve(Carver *c, size_t elems, size_t elem_size) {
+    size_t bytes = (elems * elem_size + 255) / 256 * 256;
+    void *p = c->base ? c->base + c->used : NULL;
+    c->used += bytes;
+    return p;
+}
+
+static int alloc_carved(const Model *m, void **block, Carver *c, void (*assign)(const Model *, Carver *, void *, int, int),
+                        void *target, int N, int flag) {
+    // First pass measures, second assigns.
+    Carver measure = {.base = NULL, .used = 0, .es = ops_dtype_size(m->ops)};
+    assign(m, &measure, target, N, flag);
+    *block = ops_malloc(m->ops, measure.used);
+    if (!*block) return -1;
+    *c = (Carver){.base = *block, .used = 0, .es = measure.es};
+    assign(m, c, target, N, flag);
+    return 0;
+}
+
+static void assign_acts(const Model *m, Carver *c, void *target, int N, int training) {
+    LayerActs *a = target;
+    const ModelConfig *cfg = &m->cfg;
+    size_t C = cfg->hidden_size, I = cfg->intermediate_size, D = cfg->head_dim;
+    size_t QD = (size_t)cfg->num_heads * D, KVD = (size_t)cfg->num_kv_heads * D, n = (size_t)N;
+    a->h1 = carve(c, n * C, c->es);
+    a->q = carve(c, n * QD, c->es);
+    a->k = carve(c, n * KVD, c->es);
+    a->v = carve(c, n * KVD, c->es);
+    a->q_pre = cfg->qk_norm ? carve(c, n * QD, c->es) : a->q;
+    a->k_pre = cfg->qk_norm ? carve(c, n * KVD, c->es) : a->k;
+    a->att = carve(c, n * QD, c->es);
+    a->xmid = carve(c, n * C, c->es);
+    a->h2 = carve(c, n * C, c->es);
+    a->gu = carve(c, n * 2 * I, c->es);
+    a->act = carve(c, n * I, c->es);
+    a->rstd1 = carve(c, n, 4);
+    a->rstd2 = carve(c, n, 4);
+    a->q_rstd = cfg->qk_norm ? carve(c, n * cfg->num_heads, 4) : NULL;
+    a->k_rstd = cfg->qk_norm ? carve(c, n * cfg->num_kv_heads, 4) : NULL;
+    a->lse = training ? carve(c, n * cfg->num_heads, 4) : NULL;
+}
+
+static void assign_grads(const Model *m, Carver *c, void *target, int N, int unused) {
+    LayerGrads *g = target;
+    const ModelConfig *cfg = &m->cfg;
+    size_t C = cfg->hidden_size, I = cfg->intermediate_size, D = cfg->head_dim;
+    size_t QD = (size_t)cfg->num_heads * D, KVD = (size_t)cfg->num_kv_heads * D, n = (size_t)N;
+    g->dh = carve(c, n * C, c->es);
+    g->dq = carve(c, n * QD, c->es);
+    g->dk = carve(c, n * KVD, c->es);
+    g->dv = carve(c, n * KVD, c->es);
+    g->dq_pre = cfg->qk_norm ? carve(c, n * QD, c->es) : NULL;
+    g->dk_pre = cfg->qk_norm ? carve(c, n * KVD, c->es) : NULL;
+    g->datt = carve(c, n * QD, c->es);
+    g->dgu = carve(c, n * 2 * I, c->es);
+    g->dact = carve(c, n * I, c->es);
+}
+
+int layer_acts_alloc(const Model *m, LayerActs *a, int N, int training, void **block) {
+    Carver c;
+    return alloc_carved(m, block, &c, assign_acts, a, N, training);
+}
+
+int layer_grads_alloc(const Model *m, LayerGrads *g, int N, void **block) {
+    Carver c;
+    return alloc_carved(m, block, &c, assign_grads, g, N, 0);
+}
+
+static const void *param(const Model *m, const void *p, size_t off) { return off == ABSENT ? NULL : elem_at(m, p, off); }
+
+void layer_forward(Model *m, const void *p, LayerActs *a, const void *x_in, void *x_out, const int32_t *positions,
+                   int N, const AttnArgs *att) {
+    OpsCtx *o = m->ops;
+    const ModelConfig *cfg = &m->cfg;
+    const LayerOffsets *lo = &m->layout.layer;
+    const int C = cfg->hidden_size, I = cfg->intermediate_size, D = cfg->head_dim;
+    const int Hq = cfg->num_heads, Hkv = cfg->num_kv_heads;
+
+    ops_rmsnorm_fwd(o, a->h1, a->rstd1, x_in, param(m, p, lo->ln1), N, C, cfg->rms_norm_eps);
+    ops_matmul_fwd(o, a->q_pre, a->h1, param(m, p, lo->wq), param(m, p, lo->bq), N, C, Hq * D);
+    ops_matmul_fwd(o, a->k_pre, a->h1, param(m, p, lo->wk), param(m, p, lo->bk), N, C, Hkv * D);
+    ops_matmul_fwd(o, a->v, a->h1, param(m, p, lo->wv), param(m, p, lo->bv), N, C, Hkv * D);
+    if (cfg->qk_norm) {
+        ops_rmsnorm_fwd(o, a->q, a->q_rstd, a->q_pre, param(m, p, lo->q_norm), N * Hq, D, cfg->rms_norm_eps);
+        ops_rmsnorm_fwd(o, a->k, a->k_rstd, a->k_pre, param(m, p, lo->k_norm), N * Hkv, D, cfg->rms_norm_eps);
+    }
+    ops_rope_fwd(o, a->q, positions, m->inv_freq, N, Hq, D);
+    ops_rope_fwd(o, a->k, positions, m->inv_freq, N, Hkv, D);
+    if (att->paged) {
+        ops_kv_cache_store(o, att->k_cache, att->v_cache, a->k, a->v, att->slot_mapping, N, Hkv, D);
+        ops_attention_paged_fwd(o, a->att, a->q, att->k_cache, att->v_cache, att->block_tables, att->token_seq,
+                                positions, N, Hq, Hkv, D, att->block_size, att->max_blocks, m->attn_scale);
+    } else {
+        ops_attention_fwd(o, a->att, a->lse, a->q, a->k, a->v, att->cu_seqlens, att->n_seqs, N, Hq, Hkv, D,
+                          m->attn_scale);
+    }
+    ops_matmul_fwd(o, a->xmid, a->att, param(m, p, lo->wo), NULL, N, Hq * D, C);
+    ops_add_inplace(o, a->xmid, x_in, (size_t)N * C);
+    ops_rmsnorm_fwd(o, a->h2, a->rstd2, a->xmid, param(m, p, lo->ln2), N, C, cfg->rms_norm_eps);
+    ops_matmul_fwd(o, a->gu, a->h2, param(m, p, lo->wgu), NULL, N, C, 2 * I);
+    ops_swiglu_fwd(o, a->act, a->gu, N, I);
+    ops_matmul_fwd(o, x_out, a->act, param(m, p, lo->wdown), NULL, N, I, C);
+    ops_add_inplace(o, x_out, a->xmid, (size_t)N * C);
+}
+
+static float *grad_at(float *g, size_t off) { return off == ABSENT ? NULL : g + off; }
+
+void layer_backward(Model *m, const void *p, float *g, const LayerActs *a, const LayerGrads *d, void *dres,
+                    const void *x_in, const int32_t *positions, int N, const AttnArgs *att) {
+    OpsCtx *o = m->ops;
+    const ModelConfig *cfg = &m->cfg;
+    const LayerOffsets *lo = &m->layout.layer;
+    const int C = cfg->hidden_size, I = cfg->intermediate_size, D = cfg->head_dim;
+    const int Hq = cfg->num_heads, Hkv = cfg->num_kv_heads;
+
+    // MLP branch: dres = d x_out = d xmid (residual) + d(mlp) ...
+    ops_matmul_bwd(o, d->dact, g + lo->wdown, NULL, dres, a->act, param(m, p, lo->wdown), N, I, C, 0);
+    ops_swiglu_bwd(o, d->dgu, d->dact, a->gu, N, I);
+    ops_matmul_bwd(o, d->dh, g + lo->wgu, NULL, d->dgu, a->h2, param(m, p, lo->wgu), N, C, 2 * I, 0);
+    ops_rmsnorm_bwd(o, dres, g + lo->ln2, d->dh, a->xmid, param(m, p, lo->ln2), a->rstd2, N, C);
+    // Attention branch: dres now = d xmid.
+    ops_matmul_bwd(o, d->datt, g + lo->wo, NULL, dres, a->att, param(m, p, lo->wo), N, Hq * D, C, 0);
+    ops_attention_bwd(o, d->dq, d->dk, d->dv, d->datt, a->q, a->k, a->v, a->att, a->lse, att->cu_seqlens,
+                      att->n_seqs, N, Hq, Hkv, D, m->attn_scale);
+    ops_rope_bwd(o, d->dq, positions, m->inv_freq, N, Hq, D);
+    ops_rope_bwd(o, d->dk, positions, m->inv_freq, N, Hkv, D);
+    const void *dq = d->dq, *dk = d->dk;
+    if (cfg->qk_norm) {
+        size_t es = ops_dtype_size(o);
+        ops_memset_zero(o, d->dq_pre, (size_t)N * Hq * D * es);
+        ops_memset_zero(o, d->dk_pre, (size_t)N * Hkv * D * es);
+        ops_rmsnorm_bwd(o, d->dq_pre, g + lo->q_norm, d->dq, a->q_pre, param(m, p, lo->q_norm), a->q_rstd, N * Hq, D);
+        ops_rmsnorm_bwd(o, d->dk_pre, g + lo->k_norm, d->dk, a->k_pre, param(m, p, lo->k_norm), a->k_rstd, N * Hkv, D);
+        dq = d->dq_pre;
+        dk = d->dk_pre;
+    }
+    ops_matmul_bwd(o, d->dh, g + lo->wq, grad_at(g, lo->bq), dq, a->h1, param(m, p, lo->wq), N, C, Hq * D, 0);
+    ops_matmul_bwd(o, d->dh, g + lo->wk, grad_at(g, lo->bk), dk, a->h1, param(m, p, lo->wk), N, C, Hkv * D, 1);
+    ops_matmul_bwd(o, d->dh, g + lo->wv, grad_at(g, lo->bv), d->dv, a->h1, param(m, p, lo->wv), N, C, Hkv * D, 1);
+    ops_rmsnorm_bwd(o, dres, g + lo->ln1, d->dh, x_in, param(m, p, lo->ln1), a->rstd1, N, C);
+}

@@ -1,0 +1,290 @@
+// shared/model_train.c — training forward (per-token logprobs) and backward over a packed batch.
+//
+// Activation memory: the residual stream at every layer boundary (L+1 buffers of (N, C)) is always kept;
+// each layer's intermediates are kept per layer, or — with activation checkpointing — in one slot that
+// backward refills by recomputing the layer. The lm_head + log-softmax runs over row chunks so the
+// (N, V) logits never exist at once.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "shared/model_internal.h"
+
+// Logit chunks hold at most this many elements (rows * V).
+#define LOGIT_CHUNK_ELEMS (1u << 22)
+
+struct TrainActs {
+    int max_tokens, max_seqs, checkpoint, n_slots, chunk_rows;
+    size_t bytes;
+    int32_t *tokens, *targets, *cu_seqlens, *positions; // backend memory: (N), (N), (B+1), (N)
+    int32_t *positions_host;                            // (N)
+    void *residual_block;
+    void **residual;          // (L+1) x (N, C) layer inputs; residual[L] is the last layer's output
+    LayerActs *slots;         // (n_slots)
+    void **slot_blocks;       // (n_slots)
+    LayerGrads grads;
+    void *grads_block;
+    void *dres;               // (N, C)
+    void *xf;                 // (N, C) final-norm output
+    float *rstd_final;        // (N)
+    void *logits_chunk;       // (chunk_rows, V)
+    void *dlogits_chunk;      // (chunk_rows, V)
+    float *logprobs, *lse, *entropy, *dlogprobs; // (N) each
+    // The batch of the last forward.
+    int n_tokens, n_seqs;
+    float inv_temperature;
+};
+
+size_t train_acts_bytes(const TrainActs *a) { return a->bytes; }
+
+static void *track(TrainActs *a, OpsCtx *o, size_t bytes) {
+    a->bytes += bytes;
+    return ops_malloc(o, bytes);
+}
+
+int train_acts_create(TrainActs **out, const Model *m, int max_tokens, int max_seqs, int checkpoint, char *err,
+                      size_t err_len) {
+    *out = NULL;
+    OpsCtx *o = m->ops;
+    const ModelConfig *cfg = &m->cfg;
+    const size_t es = ops_dtype_size(o), N = (size_t)max_tokens, C = cfg->hidden_size, V = cfg->vocab_size;
+    const int L = cfg->num_layers;
+    TrainActs *a = calloc(1, sizeof *a);
+    if (!a) goto oom;
+    a->max_tokens = max_tokens;
+    a->max_seqs = max_seqs;
+    a->checkpoint = checkpoint;
+    a->n_slots = checkpoint ? 1 : L;
+    size_t rows = LOGIT_CHUNK_ELEMS / V;
+    a->chunk_rows = (int)(rows < 1 ? 1 : rows > N ? N : rows);
+    a->tokens = track(a, o, N * 4);
+    a->targets = track(a, o, N * 4);
+    a->positions = track(a, o, N * 4);
+    a->cu_seqlens = track(a, o, ((size_t)max_seqs + 1) * 4);
+    a->positions_host = malloc(N * 4);
+    a->residual = calloc((size_t)L + 1, sizeof(void *));
+    a->slots = calloc((size_t)a->n_slots, sizeof(LayerActs));
+    a->slot_blocks = calloc((size_t)a->n_slots, sizeof(void *));
+    if (!a->positions_host || !a->residual || !a->slots || !a->slot_blocks) goto oom;
+    size_t res_bytes = (N * C * es + 255) / 256 * 256;
+    a->residual_block = track(a, o, res_bytes * (L + 1));
+    if (!a->residual_block) goto oom;
+    for (int l = 0; l <= L; l++) a->residual[l] = (char *)a->residual_block + res_bytes * l;
+    for (int s = 0; s < a->n_slots; s++)
+        if (layer_acts_alloc(m, &a->slots[s], max_tokens, 1, &a->slot_blocks[s]) != 0) goto oom;
+    if (layer_grads_alloc(m, &a->grads, max_tokens, &a->grads_block) != 0) goto oom;
+    a->dres = track(a, o, N * C * es);
+    a->xf = track(a, o, N * C * es);
+    a->rstd_final = track(a, o, N * 4);
+    a->logits_chunk = track(a, o, (size_t)a->chunk_rows * V * es);
+    a->dlogits_chunk = track(a, o, (size_t)a->chunk_rows * V * es);
+    a->logprobs = track(a, o, N * 4);
+    a->lse = track(a, o, N * 4);
+    a->entropy = track(a, o, N * 4);
+    a->dlogprobs = track(a, o, N * 4);
+    if (ops_status(o)) goto oom;
+    *out = a;
+    return 0;
+oom:
+    snprintf(err, err_len, "out of memory for training activations (%d tokens, %d sequences): %s", max_tokens,
+             max_seqs, ops_error(o));
+    if (a) train_acts_free(a, m);
+    return -1;
+}
+
+void train_acts_free(TrainActs *a, const Model *m) {
+    if (!a) return;
+    OpsCtx *o = m->ops;
+    ops_free(o, a->tokens);
+    ops_free(o, a->targets);
+    ops_free(o, a->positions);
+    ops_free(o, a->cu_seqlens);
+    free(a->positions_host);
+    ops_free(o, a->residual_block);
+    free(a->residual);
+    if (a->slot_blocks)
+        for (int s = 0; s < a->n_slots; s++) ops_free(o, a->slot_blocks[s]);
+    free(a->slot_blocks);
+    free(a->slots);
+    ops_free(o, a->grads_block);
+    ops_free(o, a->dres);
+    ops_free(o, a->xf);
+    ops_free(o, a->rstd_final);
+    ops_free(o, a->logits_chunk);
+    ops_free(o, a->dlogits_chunk);
+    ops_free(o, a->logprobs);
+    ops_free(o, a->lse);
+    ops_free(o, a->entropy);
+    ops_free(o, a->dlogprobs);
+    free(a);
+}
+
+static int check_batch(const Model *m, const TrainActs *a, const Batch *b, char *err, size_t err_len) {
+    if (b->n_seqs < 1 || b->n_seqs > a->max_seqs) {
+        snprintf(err, err_len, "batch has %d sequences; this buffer holds 1..%d", b->n_seqs, a->max_seqs);
+        return -1;
+    }
+    if (b->cu_seqlens[0] != 0 || b->cu_seqlens[b->n_seqs] != b->n_tokens) {
+        snprintf(err, err_len, "cu_seqlens must start at 0 and end at n_tokens (%d)", b->n_tokens);
+        return -1;
+    }
+    if (b->n_tokens < 1 || b->n_tokens > a->max_tokens) {
+        snprintf(err, err_len, "batch has %d tokens; this buffer holds 1..%d", b->n_tokens, a->max_tokens);
+        return -1;
+    }
+    for (int s = 0; s < b->n_seqs; s++) {
+        int len = b->cu_seqlens[s + 1] - b->cu_seqlens[s];
+        if (len < 1 || len > m->cfg.max_seq_len) {
+            snprintf(err, err_len, "sequence %d has length %d; allowed 1..%d (the model's context)", s, len,
+                     m->cfg.max_seq_len);
+            return -1;
+        }
+    }
+    for (int i = 0; i < b->n_tokens; i++) {
+        if (b->tokens[i] < 0 || b->tokens[i] >= m->cfg.vocab_size || b->targets[i] >= m->cfg.vocab_size) {
+            snprintf(err, err_len, "token %d: id %d / target %d outside the vocabulary of %d", i, b->tokens[i],
+                     b->targets[i], m->cfg.vocab_size);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+static int ops_failed(const Model *m, const char *what, char *err, size_t err_len) {
+    if (!ops_status(m->ops)) return 0;
+    snprintf(err, err_len, "%s failed: %s", what, ops_error(m->ops));
+    return -1;
+}
+
+#define ACQUIRE(src, u, dst, what)                                                                \
+    do {                                                                                          \
+        dst = (src)->acquire((src)->user, (u));                                                   \
+        if (!dst) {                                                                               \
+            snprintf(err, err_len, "%s: parameters of unit %d unavailable: %s", what, (u), ops_error(m->ops)); \
+            return -1;                                                                            \
+        }                                                                                         \
+    } while (0)
+#define RELEASE(src, u) do { if ((src)->release) (src)->release((src)->user, (u)); } while (0)
+#define GRAD_DONE(src, u) do { if ((src)->grad_done) (src)->grad_done((src)->user, (u)); } while (0)
+
+static AttnArgs train_attn(const TrainActs *a) {
+    return (AttnArgs){.paged = 0, .cu_seqlens = a->cu_seqlens, .n_seqs = a->n_seqs};
+}
+
+// lm_head weight: unit L+1's own, or the embedding table (unit 0) when tied.
+static const void *lm_head_weight(const Model *m, const void *p_final, const void *p_embed) {
+    return m->layout.lm_head == SIZE_MAX ? elem_at(m, p_embed, m->layout.embed) : elem_at(m, p_final, m->layout.lm_head);
+}
+
+int model_forward(Model *m, TrainActs *a, UnitSource *src, const Batch *b, float inv_temperature, float *logprobs,
+                  float *entropy, float *logits, char *err, size_t err_len) {
+    if (check_batch(m, a, b, err, err_len) != 0) return -1;
+    OpsCtx *o = m->ops;
+    const ModelConfig *cfg = &m->cfg;
+    const int N = b->n_tokens, C = cfg->hidden_size, V = cfg->vocab_size, L = cfg->num_layers;
+    const size_t es = ops_dtype_size(o);
+    a->n_tokens = N;
+    a->n_seqs = b->n_seqs;
+    a->inv_temperature = inv_temperature;
+    if (b->positions) {
+        memcpy(a->positions_host, b->positions, (size_t)N * 4);
+    } else {
+        for (int s = 0; s < b->n_seqs; s++)
+            for (int i = b->cu_seqlens[s]; i < b->cu_seqlens[s + 1]; i++) a->positions_host[i] = i - b->cu_seqlens[s];
+    }
+    ops_copy_to_device(o, a->tokens, b->tokens, (size_t)N * 4);
+    ops_copy_to_device(o, a->targets, b->targets, (size_t)N * 4);
+    ops_copy_to_device(o, a->positions, a->positions_host, (size_t)N * 4);
+    ops_copy_to_device(o, a->cu_seqlens, b->cu_seqlens, ((size_t)b->n_seqs + 1) * 4);
+
+    const void *p;
+    ACQUIRE(src, 0, p, "embedding");
+    ops_embedding_fwd(o, a->residual[0], a->tokens, elem_at(m, p, m->layout.embed), N, C, V);
+    RELEASE(src, 0);
+    AttnArgs att = train_attn(a);
+    for (int l = 0; l < L; l++) {
+        ACQUIRE(src, layout_layer_unit(l), p, "layer forward");
+        layer_forward(m, p, &a->slots[a->checkpoint ? 0 : l], a->residual[l], a->residual[l + 1], a->positions, N, &att);
+        RELEASE(src, layout_layer_unit(l));
+        if (ops_failed(m, "layer forward", err, err_len)) return -1;
+    }
+    const int uf = layout_final_unit(&m->layout);
+    const void *pf, *p0 = NULL;
+    ACQUIRE(src, uf, pf, "final norm");
+    if (m->layout.lm_head == SIZE_MAX) ACQUIRE(src, 0, p0, "tied lm_head");
+    ops_rmsnorm_fwd(o, a->xf, a->rstd_final, a->residual[L], elem_at(m, pf, m->layout.final_norm), N, C,
+                    cfg->rms_norm_eps);
+    const void *w_lm = lm_head_weight(m, pf, p0);
+    for (int r0 = 0; r0 < N; r0 += a->chunk_rows) {
+        int rows = N - r0 < a->chunk_rows ? N - r0 : a->chunk_rows;
+        ops_matmul_fwd(o, a->logits_chunk, elem_at(m, a->xf, (size_t)r0 * C), w_lm, NULL, rows, C, V);
+        ops_logprobs_fwd(o, a->logprobs + r0, a->lse + r0, entropy ? a->entropy + r0 : NULL, a->logits_chunk,
+                         a->targets + r0, rows, V, inv_temperature);
+        if (logits) ops_download_f32(o, logits + (size_t)r0 * V, a->logits_chunk, (size_t)rows * V);
+    }
+    if (p0) RELEASE(src, 0);
+    RELEASE(src, uf);
+    if (logprobs) ops_copy_to_host(o, logprobs, a->logprobs, (size_t)N * 4);
+    if (entropy) ops_copy_to_host(o, entropy, a->entropy, (size_t)N * 4);
+    ops_synchronize(o);
+    (void)es;
+    return ops_failed(m, "forward", err, err_len);
+}
+
+int model_backward(Model *m, TrainActs *a, UnitSource *src, const float *dlogprobs, char *err, size_t err_len) {
+    OpsCtx *o = m->ops;
+    const ModelConfig *cfg = &m->cfg;
+    const int N = a->n_tokens, C = cfg->hidden_size, V = cfg->vocab_size, L = cfg->num_layers;
+    const size_t es = ops_dtype_size(o);
+    if (N <= 0) {
+        snprintf(err, err_len, "model_backward called without a preceding model_forward");
+        return -1;
+    }
+    if (!src->grad) {
+        snprintf(err, err_len, "model_backward needs a unit source with gradient buffers");
+        return -1;
+    }
+    ops_copy_to_device(o, a->dlogprobs, dlogprobs, (size_t)N * 4);
+    const int uf = layout_final_unit(&m->layout);
+    const int tied = m->layout.lm_head == SIZE_MAX;
+    const void *pf, *p0 = NULL;
+    ACQUIRE(src, uf, pf, "final norm backward");
+    float *gf = src->grad(src->user, uf), *g0 = tied ? src->grad(src->user, 0) : NULL;
+    if (tied) ACQUIRE(src, 0, p0, "tied lm_head backward");
+    const void *w_lm = lm_head_weight(m, pf, p0);
+    float *dw_lm = tied ? g0 + m->layout.embed : gf + m->layout.lm_head;
+    void *dxf = a->grads.dh; // (N, C): free until the first layer's backward
+    for (int r0 = 0; r0 < N; r0 += a->chunk_rows) {
+        int rows = N - r0 < a->chunk_rows ? N - r0 : a->chunk_rows;
+        const void *xf_c = elem_at(m, a->xf, (size_t)r0 * C);
+        ops_matmul_fwd(o, a->logits_chunk, xf_c, w_lm, NULL, rows, C, V);
+        ops_logprobs_bwd(o, a->dlogits_chunk, a->dlogprobs + r0, a->logits_chunk, a->targets + r0, a->lse + r0, rows, V,
+                         a->inv_temperature);
+        ops_matmul_bwd(o, elem_at(m, dxf, (size_t)r0 * C), dw_lm, NULL, a->dlogits_chunk, xf_c, w_lm, rows, C, V, 0);
+    }
+    ops_memset_zero(o, a->dres, (size_t)N * C * es);
+    ops_rmsnorm_bwd(o, a->dres, gf + m->layout.final_norm, dxf, a->residual[L], elem_at(m, pf, m->layout.final_norm),
+                    a->rstd_final, N, C);
+    GRAD_DONE(src, uf);
+    if (tied) RELEASE(src, 0);
+    RELEASE(src, uf);
+    if (ops_failed(m, "lm_head backward", err, err_len)) return -1;
+
+    AttnArgs att = train_attn(a);
+    for (int l = L - 1; l >= 0; l--) {
+        int u = layout_layer_unit(l);
+        const void *p;
+        ACQUIRE(src, u, p, "layer backward");
+        LayerActs *slot = &a->slots[a->checkpoint ? 0 : l];
+        if (a->checkpoint) layer_forward(m, p, slot, a->residual[l], a->residual[l + 1], a->positions, N, &att);
+        layer_backward(m, p, src->grad(src->user, u), slot, &a->grads, a->dres, a->residual[l], a->positions, N, &att);
+        GRAD_DONE(src, u);
+        RELEASE(src, u);
+        if (ops_failed(m, "layer backward", err, err_len)) return -1;
+    }
+    if (!tied) g0 = src->grad(src->user, 0);
+    ops_embedding_bwd(o, g0 + m->layout.embed, a->dres, a->tokens, N, C);
+    GRAD_DONE(src, 0);
+    ops_synchronize(o);
+    return ops_failed(m, "embedding backward", err, err_len);
+}
