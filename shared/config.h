@@ -37,8 +37,8 @@ typedef struct {
     int tie_word_embeddings;
     int attention_bias;        // q/k/v bias (always on for Qwen2; o_proj never has one)
     int qk_norm;               // Qwen3
-    int bos_token_id;          // -1 when absent
-    int eos_token_ids[8];      // config.json's eos_token_id (int or list)
+    int bos_token_id;          // -1 when null (a missing key takes the class default: Llama/Mistral 1, Qwen none)
+    int eos_token_ids[8];      // config.json's eos_token_id (int or list; missing: Llama/Mistral 2, Qwen none)
     int n_eos_token_ids;
     char torch_dtype[16];      // "bfloat16", "float16", "float32" ("" when absent)
 } ModelConfig;
