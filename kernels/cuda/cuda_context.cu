@@ -1,0 +1,272 @@
+// kernels/cuda/cuda_context.cu — the CUDA backend state (device, one stream, cuBLASLt handle and
+// workspace, scratch, fault record), device memory, host<->device copies and the fp32 <-> bf16
+// conversion used by ops_upload_f32 / ops_download_f32.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/cuda/cuda_common.cuh"
+
+// cuBLASLt workspace: 32 MiB is what NVIDIA recommends for Hopper (split-K and stream-K partials).
+static const size_t LT_WORKSPACE_BYTES = 32u << 20;
+// Host staging for the fp32 <-> bf16 conversions: 1 Mi elements per chunk (2 MiB of bf16).
+static const size_t CONVERT_CHUNK = 1u << 20;
+
+void cuda_gemm_plans_destroy(CudaState *st);  // cuda_matmul.cu
+
+int cuda_device_count(void) {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess) {
+        cudaGetLastError();  // clear the sticky "no device" / "insufficient driver" error
+        return 0;
+    }
+    return n;
+}
+
+// Writes "what: reason" into err and releases whatever was created so far.
+static int state_fail(CudaState *st, char *err, size_t err_len, const char *what, const char *why) {
+    snprintf(err, err_len, "CUDA backend: %s: %s", what, why);
+    cuda_state_destroy(st);
+    return -1;
+}
+
+int cuda_state_create(OpsCtx *ctx, int device, void **state, char *err, size_t err_len) {
+    (void)ctx;
+    *state = NULL;
+    int count = cuda_device_count();
+    if (count <= 0) {
+        snprintf(err, err_len, "CUDA backend: no CUDA device is visible (check the driver and CUDA_VISIBLE_DEVICES)");
+        return -1;
+    }
+    if (device < 0 || device >= count) {
+        snprintf(err, err_len, "CUDA backend: device %d does not exist (%d visible)", device, count);
+        return -1;
+    }
+    CudaState *st = (CudaState *)calloc(1, sizeof *st);
+    if (!st) {
+        snprintf(err, err_len, "CUDA backend: out of host memory");
+        return -1;
+    }
+    st->device = device;
+    cudaError_t e = cudaSetDevice(device);
+    if (e != cudaSuccess) return state_fail(st, err, err_len, "cudaSetDevice", cudaGetErrorString(e));
+    cudaDeviceProp prop;
+    e = cudaGetDeviceProperties(&prop, device);
+    if (e != cudaSuccess) return state_fail(st, err, err_len, "cudaGetDeviceProperties", cudaGetErrorString(e));
+    if (prop.major < 8)
+        return state_fail(st, err, err_len, prop.name, "compute capability 8.0 or newer is needed (bf16 tensor cores)");
+    st->sm_count = prop.multiProcessorCount;
+    st->max_smem_optin = prop.sharedMemPerBlockOptin;
+    // Non-blocking: the stream does not serialize against the legacy default stream, which other
+    // libraries (or a careless cudaMemcpy) might use.
+    e = cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking);
+    if (e != cudaSuccess) return state_fail(st, err, err_len, "cudaStreamCreate", cudaGetErrorString(e));
+    cublasStatus_t s = cublasLtCreate(&st->lt);
+    if (s != CUBLAS_STATUS_SUCCESS) return state_fail(st, err, err_len, "cublasLtCreate", cublasLtGetStatusString(s));
+    e = cudaMalloc(&st->lt_workspace, LT_WORKSPACE_BYTES);
+    if (e != cudaSuccess) return state_fail(st, err, err_len, "cuBLASLt workspace cudaMalloc", cudaGetErrorString(e));
+    st->lt_workspace_bytes = LT_WORKSPACE_BYTES;
+    e = cudaMalloc(&st->fault_dev, sizeof(CudaFault));
+    if (e != cudaSuccess) return state_fail(st, err, err_len, "fault record cudaMalloc", cudaGetErrorString(e));
+    e = cudaMemset(st->fault_dev, 0, sizeof(CudaFault));
+    if (e != cudaSuccess) return state_fail(st, err, err_len, "fault record cudaMemset", cudaGetErrorString(e));
+    e = cudaMallocHost(&st->fault_host, sizeof(CudaFault));
+    if (e != cudaSuccess) return state_fail(st, err, err_len, "cudaMallocHost", cudaGetErrorString(e));
+    memset(st->fault_host, 0, sizeof(CudaFault));
+    e = cudaMallocHost(&st->stage, CONVERT_CHUNK * sizeof(uint16_t));
+    if (e != cudaSuccess) return state_fail(st, err, err_len, "staging cudaMallocHost", cudaGetErrorString(e));
+    e = cudaDeviceSynchronize();
+    if (e != cudaSuccess) return state_fail(st, err, err_len, "cudaDeviceSynchronize", cudaGetErrorString(e));
+    *state = st;
+    return 0;
+}
+
+void cuda_state_destroy(void *state) {
+    CudaState *st = (CudaState *)state;
+    if (!st) return;
+    cudaSetDevice(st->device);
+    if (st->scratch && st->stream) cudaFreeAsync(st->scratch, st->stream);  // allocated stream-ordered
+    if (st->stream) cudaStreamSynchronize(st->stream);
+    cuda_gemm_plans_destroy(st);
+    if (st->lt_workspace) cudaFree(st->lt_workspace);
+    if (st->fault_dev) cudaFree(st->fault_dev);
+    if (st->fault_host) cudaFreeHost(st->fault_host);
+    if (st->stage) cudaFreeHost(st->stage);
+    if (st->lt) cublasLtDestroy(st->lt);
+    if (st->blas) cublasDestroy(st->blas);
+    if (st->stream) cudaStreamDestroy(st->stream);
+    cudaGetLastError();  // teardown is best effort; do not leave a sticky error for the next context
+    free(st);
+}
+
+CudaState *cuda_enter(OpsCtx *ctx) {
+    CudaState *st = (CudaState *)ops_backend_state(ctx);
+    if (!st) {
+        ops_set_error(ctx, -1, __FILE__, __LINE__, "CUDA op called on a context without CUDA state");
+        return NULL;
+    }
+    CUDA_CHECK_RET(ctx, cudaSetDevice(st->device), NULL);
+    return st;
+}
+
+void *cuda_scratch(OpsCtx *ctx, CudaState *st, size_t bytes) {
+    if (bytes <= st->scratch_bytes) return st->scratch;
+    // Grow by at least 2x so a sequence of slightly larger requests does not reallocate every time.
+    size_t want = st->scratch_bytes * 2 > bytes ? st->scratch_bytes * 2 : bytes;
+    want = (want + 255) / 256 * 256;
+    if (st->scratch) {
+        CUDA_CHECK_RET(ctx, cudaFreeAsync(st->scratch, st->stream), NULL);
+        st->scratch = NULL;
+        st->scratch_bytes = 0;
+    }
+    CUDA_CHECK_RET(ctx, cudaMallocAsync(&st->scratch, want, st->stream), NULL);
+    st->scratch_bytes = want;
+    return st->scratch;
+}
+
+// Turns a fault that a kernel recorded into a context error. Call after the stream is synchronized.
+static void check_fault(OpsCtx *ctx, CudaState *st) {
+    if (!st->fault_armed) return;
+    st->fault_armed = 0;
+    CUDA_CHECK(ctx, cudaMemcpy(st->fault_host, st->fault_dev, sizeof(CudaFault), cudaMemcpyDeviceToHost));
+    CudaFault f = *st->fault_host;
+    if (f.kind == CUDA_FAULT_NONE) return;
+    CUDA_CHECK(ctx, cudaMemset(st->fault_dev, 0, sizeof(CudaFault)));
+    switch (f.kind) {
+    case CUDA_FAULT_EMBEDDING_TOKEN:
+        ops_set_error(ctx, -1, __FILE__, __LINE__,
+                      "embedding: token id %d at row %d is outside the vocabulary [0, %d) (found by the CUDA kernel)",
+                      f.info[1], f.info[0], f.info[2]);
+        break;
+    default:
+        ops_set_error(ctx, -1, __FILE__, __LINE__, "CUDA kernel reported fault kind %d", f.kind);
+        break;
+    }
+}
+
+void cuda_synchronize(OpsCtx *ctx) {
+    CudaState *st = cuda_enter(ctx);
+    if (!st) return;
+    CUDA_CHECK(ctx, cudaStreamSynchronize(st->stream));
+    check_fault(ctx, st);
+}
+
+// ---- memory ---------------------------------------------------------------------------------------
+
+void *cuda_malloc(OpsCtx *ctx, size_t bytes) {
+    CudaState *st = cuda_enter(ctx);
+    if (!st) return NULL;
+    void *p = NULL;
+    cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        size_t free_b = 0, total_b = 0;
+        cudaMemGetInfo(&free_b, &total_b);
+        ops_set_error(ctx, -1, __FILE__, __LINE__, "cudaMalloc of %zu bytes failed: %s (%zu of %zu bytes free)", bytes,
+                      cudaGetErrorString(e), free_b, total_b);
+        return NULL;
+    }
+    // Zero-filled per the contract. Synchronized so that the zeros are visible to any stream
+    // (a communication stream may read this buffer before the compute stream touches it).
+    cudaError_t z = cudaMemsetAsync(p, 0, bytes, st->stream);
+    if (z == cudaSuccess) z = cudaStreamSynchronize(st->stream);
+    if (z != cudaSuccess) {
+        cudaFree(p);
+        ops_set_error(ctx, -1, __FILE__, __LINE__, "zero-filling %zu new device bytes failed: %s", bytes,
+                      cudaGetErrorString(z));
+        return NULL;
+    }
+    return p;
+}
+
+void cuda_free(OpsCtx *ctx, void *p) {
+    CudaState *st = (CudaState *)ops_backend_state(ctx);
+    if (!st || !p) return;
+    cudaSetDevice(st->device);
+    // Queued work may still read p: cudaFree waits for the device, so this is safe but slow; frees are
+    // not on any per-step path (arenas are sized up front).
+    cudaError_t e = cudaFree(p);
+    if (e != cudaSuccess) ops_set_error(ctx, -1, __FILE__, __LINE__, "cudaFree failed: %s", cudaGetErrorString(e));
+}
+
+void cuda_memset_zero(OpsCtx *ctx, void *p, size_t bytes) {
+    CudaState *st = cuda_enter(ctx);
+    if (!st || !bytes) return;
+    CUDA_CHECK(ctx, cudaMemsetAsync(p, 0, bytes, st->stream));
+}
+
+// Pageable host -> device: returns once the source has been staged, so the caller may reuse src at once.
+void cuda_copy_to_device(OpsCtx *ctx, void *dst, const void *src_host, size_t bytes) {
+    CudaState *st = cuda_enter(ctx);
+    if (!st || !bytes) return;
+    CUDA_CHECK(ctx, cudaMemcpyAsync(dst, src_host, bytes, cudaMemcpyHostToDevice, st->stream));
+}
+
+// Device -> host: waits for the copy (and so for all queued work), then reports kernel faults.
+void cuda_copy_to_host(OpsCtx *ctx, void *dst_host, const void *src, size_t bytes) {
+    CudaState *st = cuda_enter(ctx);
+    if (!st) return;
+    if (bytes) CUDA_CHECK(ctx, cudaMemcpyAsync(dst_host, src, bytes, cudaMemcpyDeviceToHost, st->stream));
+    CUDA_CHECK(ctx, cudaStreamSynchronize(st->stream));
+    check_fault(ctx, st);
+}
+
+void cuda_copy(OpsCtx *ctx, void *dst, const void *src, size_t bytes) {
+    CudaState *st = cuda_enter(ctx);
+    if (!st || !bytes || dst == src) return;
+    CUDA_CHECK(ctx, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st->stream));
+}
+
+// ---- fp32 <-> bf16 on the host ---------------------------------------------------------------------
+
+// Round-to-nearest-even fp32 -> bf16 (the same rounding as __float2bfloat16_rn); NaN stays a quiet NaN.
+static uint16_t host_f32_to_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (uint16_t)(u >> 16);
+}
+static float host_bf16_to_f32(uint16_t h) {
+    uint32_t u = (uint32_t)h << 16;
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+
+// src (n) fp32 host -> dst (n) bf16 device, converted on the host chunk by chunk through the pinned staging
+// buffer of the state.
+// Synchronous with respect to the host (the staging buffer is reused), like a cudaMemcpy.
+void cuda_upload_f32(OpsCtx *ctx, void *dst, const float *src_host, size_t n) {
+    CudaState *st = cuda_enter(ctx);
+    if (!st || !n) return;
+    uint16_t *stage = st->stage;
+    for (size_t off = 0; off < n; off += CONVERT_CHUNK) {
+        size_t len = n - off < CONVERT_CHUNK ? n - off : CONVERT_CHUNK;
+        // The previous chunk's copy must have left the staging buffer before it is overwritten.
+        CUDA_CHECK(ctx, cudaStreamSynchronize(st->stream));
+        for (size_t i = 0; i < len; i++) stage[i] = host_f32_to_bf16(src_host[off + i]);
+        CUDA_CHECK(ctx, cudaMemcpyAsync((uint16_t *)dst + off, stage, len * sizeof(uint16_t), cudaMemcpyHostToDevice,
+                                        st->stream));
+    }
+    CUDA_CHECK(ctx, cudaStreamSynchronize(st->stream));
+}
+
+// src (n) bf16 device -> dst (n) fp32 host (exact: every bf16 is an fp32). Waits for queued work.
+void cuda_download_f32(OpsCtx *ctx, float *dst_host, const void *src, size_t n) {
+    CudaState *st = cuda_enter(ctx);
+    if (!st) return;
+    if (!n) {
+        cuda_synchronize(ctx);
+        return;
+    }
+    uint16_t *stage = st->stage;
+    for (size_t off = 0; off < n; off += CONVERT_CHUNK) {
+        size_t len = n - off < CONVERT_CHUNK ? n - off : CONVERT_CHUNK;
+        CUDA_CHECK(ctx, cudaMemcpyAsync(stage, (const uint16_t *)src + off, len * sizeof(uint16_t),
+                                        cudaMemcpyDeviceToHost, st->stream));
+        CUDA_CHECK(ctx, cudaStreamSynchronize(st->stream));
+        for (size_t i = 0; i < len; i++) dst_host[off + i] = host_bf16_to_f32(stage[i]);
+    }
+    check_fault(ctx, st);
+}

@@ -1,0 +1,41 @@
+// kernels/cuda/cuda_elementwise.cu — residual add y (n) += x (n) on bf16 storage, summed in fp32 and
+// rounded once (the CPU twin adds in fp32).
+#include "kernels/cuda/cuda_common.cuh"
+
+// 8 bf16 per 16-byte vector when both pointers are 16-byte aligned; n8 vectors, then the tail.
+__global__ void add_inplace_vec8_kernel(uint4 *y, const uint4 *x, size_t n8) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n8; i += (size_t)gridDim.x * blockDim.x) {
+        uint4 yv = y[i], xv = x[i];
+        __nv_bfloat162 *yp = reinterpret_cast<__nv_bfloat162 *>(&yv);
+        const __nv_bfloat162 *xp = reinterpret_cast<const __nv_bfloat162 *>(&xv);
+#pragma unroll
+        for (int j = 0; j < 4; j++) {
+            float2 a = __bfloat1622float2(yp[j]), b = __bfloat1622float2(xp[j]);
+            yp[j] = __floats2bfloat162_rn(a.x + b.x, a.y + b.y);
+        }
+        y[i] = yv;
+    }
+}
+
+__global__ void add_inplace_kernel(bf16 *y, const bf16 *x, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        y[i] = f2bf(bf2f(y[i]) + bf2f(x[i]));
+}
+
+void cuda_add_inplace(OpsCtx *ctx, void *y, const void *x, size_t n) {
+    CudaState *st = cuda_enter(ctx);
+    if (!st || n == 0) return;
+    bf16 *yb = (bf16 *)y;
+    const bf16 *xb = (const bf16 *)x;
+    size_t done = 0;
+    if ((((uintptr_t)y | (uintptr_t)x) & 15) == 0 && n >= 8) {
+        size_t n8 = n / 8;
+        add_inplace_vec8_kernel<<<cuda_grid_1d(n8, 256, st), 256, 0, st->stream>>>((uint4 *)y, (const uint4 *)x, n8);
+        CUDA_CHECK_LAUNCH(ctx);
+        done = n8 * 8;
+    }
+    if (done < n) {
+        add_inplace_kernel<<<cuda_grid_1d(n - done, 256, st), 256, 0, st->stream>>>(yb + done, xb + done, n - done);
+        CUDA_CHECK_LAUNCH(ctx);
+    }
+}
