@@ -24,6 +24,9 @@ req="$here/tests/requirements.txt"
 hash=$(sha256sum "$req" | cut -c1-16)
 cache="${TANDEM_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/tandem}"
 venv="$cache/venv-$hash"
+mkdir -p "$cache"
+exec 9>"$cache/.setup.lock"
+flock 9   # one installer at a time per machine; the others wait and then find the venv complete
 if [ ! -f "$venv/.complete" ]; then
   echo "setup: creating the reference venv at $venv (first time on this machine: a few minutes, ~6 GB)" >&2
   rm -rf "$venv"

@@ -1,0 +1,150 @@
+// rollout_server/engine.h — the generation engine: one engine thread owns the model, the paged KV cache and
+// the scheduler; HTTP handler threads and the ZeroMQ thread only submit requests and read their events.
+//
+// Life of a request: engine_submit() queues it (or refuses: queue full, invalid parameters, too long) and
+// returns a handle. The engine thread admits it, prefills its prompt once (chunked, within the step's token
+// budget), forks it into `n` sequences that share the prompt's KV blocks (copy-on-write of the last partial
+// block), decodes all running sequences together each step (continuous batching), samples, and pushes
+// events onto the handle. The submitting thread pops events with engine_request_next() and finally calls
+// engine_request_release() — which also aborts the request if it is still running (client went away).
+#ifndef TANDEM_ROLLOUT_ENGINE_H
+#define TANDEM_ROLLOUT_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/ops.h"
+#include "shared/model.h"
+#include "shared/tokenizer.h"
+
+#define ENGINE_MAX_STOP 16          // stop strings and stop token ids per request, each
+#define ENGINE_MAX_TOP_LOGPROBS 20
+
+// Error codes returned by engine functions (0 = success).
+enum {
+    ENGINE_EINVAL = -1,      // bad parameters (message says which): maps to HTTP 400
+    ENGINE_ETOOLONG = -2,    // prompt + max_tokens beyond the context or the whole cache: HTTP 400
+    ENGINE_EQUEUE_FULL = -3, // --max-queued-requests reached: HTTP 429
+    ENGINE_ESHUTDOWN = -4,   // draining or stopped: HTTP 503
+    ENGINE_ENOMEM = -5,
+    ENGINE_EINTERNAL = -6,   // model / backend failure: HTTP 500
+};
+
+typedef struct {
+    int n;                      // completions of the prompt (>= 1)
+    int max_tokens;             // >= 1; generation also stops at the context limit (finish "length")
+    float temperature;          // 0 = greedy; >= 0
+    float top_p;                // (0, 1]
+    int top_k;                  // 0 or -1 = off
+    float min_p;                // [0, 1]
+    float repetition_penalty;   // > 0; 1 = off (HF semantics: divides positive logits, multiplies negative)
+    int has_seed;
+    uint64_t seed;              // completion i draws from the stream of (seed + i); without seed: a random one
+    int ignore_eos;
+    int32_t stop_token_ids[ENGINE_MAX_STOP];
+    int n_stop_token_ids;
+    char *stop[ENGINE_MAX_STOP]; // stop strings (owned by the caller until engine_submit returns; copied)
+    int n_stop;
+    int include_stop_str;       // keep the matched stop string in the text (vLLM include_stop_str_in_output)
+    int top_logprobs;           // 0..ENGINE_MAX_TOP_LOGPROBS alternatives per token (the sampled token's own
+                                // logprob is always reported)
+    int skip_special_tokens;    // for the text of events (default 1)
+} SamplingParams;
+
+void sampling_params_default(SamplingParams *p); // n 1, max_tokens 16, temperature 1, top_p 1, top_k 0,
+                                                 // min_p 0, repetition_penalty 1, skip_special_tokens 1
+
+typedef enum { FINISH_NONE = 0, FINISH_LENGTH, FINISH_STOP, FINISH_ABORT, FINISH_ERROR } FinishReason;
+const char *finish_reason_name(FinishReason r); // "length", "stop", "abort", "error"
+
+typedef struct {
+    int32_t id;
+    float logprob;
+} TokenLogprob;
+
+// One step's output for one completion. Pointers stay valid until the next engine_request_next call on the
+// same handle (or its release).
+typedef struct {
+    int index;                  // which completion (0..n-1)
+    int n_tokens;               // new tokens (0 on a bare finish event)
+    const int32_t *tokens;      // (n_tokens)
+    const float *logprobs;      // (n_tokens) log-softmax(logits / T)[token], T = temperature or 1 when greedy,
+                                // before penalties and top-k/top-p/min-p filtering (what the trainer computes)
+    const TokenLogprob *top;    // (n_tokens, top_logprobs) alternatives, best first; NULL when not asked
+    const char *text;           // UTF-8 text these tokens complete (held back while it might be a stop string
+                                // or an incomplete character); never NULL, may be ""
+    size_t text_len;
+    FinishReason finish;        // FINISH_NONE until this completion's last event
+    const char *stop_reason;    // the matched stop string, or NULL (set with FINISH_STOP on a string match)
+    int32_t stop_token;         // the matched stop/eos token id, or -1
+    int64_t policy_version;     // weights version that produced these tokens
+} EngineEvent;
+
+typedef struct {
+    const char *model_dir;
+    OpsBackend backend;
+    int device;
+    size_t kv_cache_bytes;      // KV pool size (--kv-cache-memory)
+    int block_size;             // tokens per KV block (16)
+    int max_num_seqs;           // running sequences per step
+    int max_num_batched_tokens; // tokens per step (decodes + chunked prefill)
+    int max_queued_requests;    // beyond this engine_submit returns ENGINE_EQUEUE_FULL
+    int enable_prefix_caching;
+    uint64_t seed;              // seeds requests that carry none
+} EngineConfig;
+
+void engine_config_default(EngineConfig *c);
+
+typedef struct Engine Engine;
+typedef struct EngineRequest EngineRequest;
+
+// Loads the model (config, weights, tokenizer from cfg->model_dir), sizes the KV pool, starts the engine
+// thread. On failure returns a negative code and a message that says what to change.
+int engine_create(Engine **out, const EngineConfig *cfg, char *err, size_t err_len);
+// Stops accepting, lets running requests finish for up to drain_timeout_ms, aborts what is left, joins the
+// thread and frees everything.
+void engine_destroy(Engine *e, int drain_timeout_ms);
+
+const Model *engine_model(const Engine *e);
+const Tokenizer *engine_tokenizer(const Engine *e);
+const char *engine_model_id(const Engine *e);   // the model folder's base name
+int64_t engine_policy_version(const Engine *e);
+
+// Queues a request for one prompt of token ids. On success *out is the handle (release it exactly once).
+int engine_submit(Engine *e, const int32_t *prompt, int prompt_len, const SamplingParams *p, EngineRequest **out,
+                  char *err, size_t err_len);
+// Waits up to timeout_ms (-1 = forever) for the next event. Returns 1 with *ev filled, 0 on timeout, and -1
+// once every completion has delivered its finish event (nothing more will come).
+int engine_request_next(EngineRequest *r, EngineEvent *ev, int timeout_ms);
+// Number of prompt tokens (after any truncation) and of cached prompt tokens (prefix cache hits).
+int engine_request_prompt_tokens(const EngineRequest *r);
+int engine_request_cached_tokens(const EngineRequest *r);
+// Aborts the request if still running, and frees the handle once the engine thread has let go of it.
+void engine_request_release(EngineRequest *r);
+
+// ---- control (the ZeroMQ thread) ----------------------------------------------------------------
+// pause: finish the current step and run no more until resume (queued requests wait).
+void engine_pause(Engine *e);
+void engine_resume(Engine *e);
+// Drops every cached prefix block (requests in flight keep their own blocks).
+void engine_reset_prefix_cache(Engine *e);
+// Weight update: returns the staging copy of unit `unit` (host fp32, layout->unit_numel[unit] elements)
+// that the receiver fills; engine_commit_weights then swaps all staged units in between two steps, bumps
+// the policy version to `version` and resets the prefix cache. Returns 0 or a negative code.
+float *engine_weights_staging(Engine *e, int unit);
+int engine_commit_weights(Engine *e, int64_t version, char *err, size_t err_len);
+
+typedef struct {
+    int64_t requests_waiting, requests_running, sequences_running;
+    int64_t kv_blocks_total, kv_blocks_used, kv_blocks_cached;
+    int64_t prompt_tokens_total, generation_tokens_total, cached_prompt_tokens_total;
+    int64_t preemptions_total, steps_total;
+    double step_seconds_sum;
+    int64_t step_seconds_buckets[12]; // cumulative counts of steps <= 1,2,5,10,20,50,100,200,500,1000,2000 ms, +Inf
+    int64_t policy_version;
+    int paused;
+} EngineStats;
+
+void engine_stats(Engine *e, EngineStats *s);
+
+#endif
