@@ -198,6 +198,10 @@ void ops_attention_fwd(OpsCtx *ctx, void *out, float *lse, const void *q, const 
 void ops_attention_bwd(OpsCtx *ctx, void *dq, void *dk, void *dv, const void *dout, const void *q, const void *k,
                        const void *v, const void *out, const float *lse, const int32_t *cu_seqlens, int B, int N,
                        int Hq, int Hkv, int D, float scale) {
+    if (Hkv <= 0 || Hq % Hkv != 0) {
+        ops_set_error(ctx, -1, __FILE__, __LINE__, "attention backward: Hq=%d is not a multiple of Hkv=%d", Hq, Hkv);
+        return;
+    }
     DISPATCH(ctx, cuda_attention_bwd(ctx, dq, dk, dv, dout, q, k, v, out, lse, cu_seqlens, B, N, Hq, Hkv, D, scale),
              cpu_attention_bwd(F(dq), F(dk), F(dv), CF(dout), CF(q), CF(k), CF(v), CF(out), lse, cu_seqlens, B, N, Hq,
                                Hkv, D, scale));

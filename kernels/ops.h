@@ -121,10 +121,10 @@ void ops_attention_paged_fwd(OpsCtx *ctx, void *out, const void *q, const void *
 
 // ---- MLP --------------------------------------------------------------------------------------
 
-// out (N, I) = silu(gu[:, :I]) * gu[:, I:] ; gu (N, 2I) is the fused [gate | up] projection.
-void ops_swiglu_fwd(OpsCtx *ctx, void *out, const void *gu, int N, int I);
-// dgu (N, 2I) overwritten.
-void ops_swiglu_bwd(OpsCtx *ctx, void *dgu, const void *dout, const void *gu, int N, int I);
+// out (N, inner) = silu(gu[:, :inner]) * gu[:, inner:] ; gu (N, 2*inner) is the fused [gate | up] projection.
+void ops_swiglu_fwd(OpsCtx *ctx, void *out, const void *gu, int N, int inner);
+// dgu (N, 2*inner) overwritten.
+void ops_swiglu_bwd(OpsCtx *ctx, void *dgu, const void *dout, const void *gu, int N, int inner);
 
 // ---- log-softmax, per-token logprobs, cross-entropy -------------------------------------------
 

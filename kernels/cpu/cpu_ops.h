@@ -32,8 +32,8 @@ void cpu_attention_paged_fwd(float *out, const float *q, const float *k_cache, c
                              const int32_t *block_tables, const int32_t *token_seq, const int32_t *token_pos, int N,
                              int Hq, int Hkv, int D, int block_size, int max_blocks, float scale);
 
-void cpu_swiglu_fwd(float *out, const float *gu, int N, int I);
-void cpu_swiglu_bwd(float *dgu, const float *dout, const float *gu, int N, int I);
+void cpu_swiglu_fwd(float *out, const float *gu, int N, int inner);
+void cpu_swiglu_bwd(float *dgu, const float *dout, const float *gu, int N, int inner);
 
 void cpu_logprobs_fwd(float *logprobs, float *lse, float *entropy, const float *logits, const int32_t *targets,
                       int N, int V, float inv_temperature);

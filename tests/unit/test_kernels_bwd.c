@@ -1,0 +1,244 @@
+// tests/unit/test_kernels_bwd.c — every backward of the fp32 CPU backend (kernels/cpu/) against central
+// finite differences of a scalar function: f = <forward(inputs), r> for a random tensor r (so df/d output = r
+// is the dout handed to the kernel). The forward inside f is a double-precision implementation written here
+// (the forward tests tie it to the kernels), so the finite difference is accurate to ~1e-9 and the tolerance
+// only has to cover the kernels' fp32 arithmetic: rtol 1e-4 with an absolute floor of 1e-5 x the gradient's
+// largest element. Accumulate-vs-overwrite contracts are checked by seeding outputs with random values
+// (must be added to) or NaN (must be overwritten).
+#include "kernels/cpu/cpu_ops.h"
+#include "kernels_testlib.h"
+
+#define RTOL 1e-4
+#define ATOL 1e-5
+
+typedef struct {
+    int N, C, V, H, D, I, IC, OC;
+    float eps, inv_t;
+    const double *r;                // weights of the scalar function, shaped like the forward's output
+    const int32_t *ints;            // tokens / positions / targets
+    const float *inv_freq;
+} Ctx;
+
+static float *seeded(size_t n, double scale) {
+    float *p = kt_falloc(n);
+    kt_fill(p, n, scale);
+    return p;
+}
+static float *nan_filled(size_t n) {
+    float *p = kt_falloc(n);
+    for (size_t i = 0; i < n; i++) p[i] = NAN;
+    return p;
+}
+static double *grad_plus(const float *base, const double *grad, size_t n) {
+    double *w = kt_dalloc(n);
+    for (size_t i = 0; i < n; i++) w[i] = (base ? base[i] : 0.0) + grad[i];
+    return w;
+}
+
+// ---- RMSNorm: params = [x (N, C) | w (C)] --------------------------------------------------------------
+static double f_rmsnorm(const double *p, void *vc) {
+    const Ctx *c = vc;
+    const double *x = p, *w = p + (size_t)c->N * c->C;
+    double f = 0.0;
+    for (int n = 0; n < c->N; n++) {
+        double ss = 0.0;
+        for (int j = 0; j < c->C; j++) ss += x[n * c->C + j] * x[n * c->C + j];
+        const double r = 1.0 / sqrt(ss / c->C + c->eps);
+        for (int j = 0; j < c->C; j++) f += c->r[n * c->C + j] * w[j] * x[n * c->C + j] * r;
+    }
+    return f;
+}
+
+static void test_rmsnorm_bwd(void) {
+    Ctx c = {.N = 5, .C = 37, .eps = 1e-6f};
+    const size_t nx = (size_t)c.N * c.C;
+    float *x = seeded(nx, 2.0), *w = seeded(c.C, 1.5), *dout = seeded(nx, 1.0), *out = kt_falloc(nx), rstd[5];
+    double *r = kt_to_double(dout, nx), *p = kt_dalloc(nx + c.C), *g = kt_dalloc(nx + c.C);
+    for (size_t i = 0; i < nx; i++) p[i] = x[i];
+    for (int j = 0; j < c.C; j++) p[nx + j] = w[j];
+    c.r = r;
+    kt_fd_grad(f_rmsnorm, p, nx + c.C, &c, g);
+    cpu_rmsnorm_fwd(out, rstd, x, w, c.N, c.C, c.eps);
+    float *dx = seeded(nx, 1.0), *dw = seeded(c.C, 1.0); // both accumulate
+    double *want_dx = grad_plus(dx, g, nx), *want_dw = grad_plus(dw, g + nx, c.C);
+    cpu_rmsnorm_bwd(dx, dw, dout, x, w, rstd, c.N, c.C);
+    kt_close("rmsnorm dx (accumulated)", dx, want_dx, nx, RTOL, ATOL);
+    kt_close("rmsnorm dw (accumulated)", dw, want_dw, c.C, RTOL, ATOL);
+    free(x), free(w), free(dout), free(out), free(r), free(p), free(g), free(dx), free(dw), free(want_dx), free(want_dw);
+}
+
+// ---- RoPE: params = x (N, H, D) -------------------------------------------------------------------------
+static double f_rope(const double *x, void *vc) {
+    const Ctx *c = vc;
+    const int half = c->D / 2;
+    double f = 0.0;
+    for (int n = 0; n < c->N; n++)
+        for (int h = 0; h < c->H; h++)
+            for (int i = 0; i < half; i++) {
+                const double a = (double)((float)c->ints[n] * c->inv_freq[i]);
+                const size_t b = ((size_t)n * c->H + h) * c->D;
+                f += c->r[b + i] * (x[b + i] * cos(a) - x[b + i + half] * sin(a));
+                f += c->r[b + i + half] * (x[b + i + half] * cos(a) + x[b + i] * sin(a));
+            }
+    return f;
+}
+
+static void test_rope_bwd(void) {
+    int32_t pos[4] = {0, 3, 250, 2047};
+    float inv_freq[7];
+    Ctx c = {.N = 4, .H = 3, .D = 14, .ints = pos, .inv_freq = inv_freq};
+    for (int i = 0; i < c.D / 2; i++) inv_freq[i] = (float)pow(500000.0, -2.0 * i / c.D);
+    const size_t n = (size_t)c.N * c.H * c.D;
+    float *x = seeded(n, 1.0), *dx = seeded(n, 1.0);
+    double *r = kt_to_double(dx, n), *p = kt_to_double(x, n), *g = kt_dalloc(n);
+    c.r = r;
+    kt_fd_grad(f_rope, p, n, &c, g);
+    cpu_rope_bwd(dx, pos, inv_freq, c.N, c.H, c.D); // in place: dout becomes dx
+    kt_close("rope dx", dx, g, n, RTOL, ATOL);
+    // Forward then backward is the identity (a rotation's transpose is its inverse).
+    float *y = kt_falloc(n);
+    memcpy(y, x, n * sizeof(float));
+    cpu_rope_fwd(y, pos, inv_freq, c.N, c.H, c.D);
+    cpu_rope_bwd(y, pos, inv_freq, c.N, c.H, c.D);
+    kt_close("rope bwd(fwd(x)) == x", y, p, n, 1e-6, 1e-6);
+    free(x), free(dx), free(r), free(p), free(g), free(y);
+}
+
+// ---- Linear: params = [in (N, IC) | w (OC, IC) | bias (OC)] ------------------------------------------------
+static double f_matmul(const double *p, void *vc) {
+    const Ctx *c = vc;
+    const double *in = p, *w = p + (size_t)c->N * c->IC, *bias = w + (size_t)c->OC * c->IC;
+    double f = 0.0;
+    for (int n = 0; n < c->N; n++)
+        for (int o = 0; o < c->OC; o++) {
+            double s = bias[o];
+            for (int i = 0; i < c->IC; i++) s += in[n * c->IC + i] * w[o * c->IC + i];
+            f += c->r[n * c->OC + o] * s;
+        }
+    return f;
+}
+
+static void test_matmul_bwd(void) {
+    Ctx c = {.N = 11, .IC = 23, .OC = 19};
+    const size_t nin = (size_t)c.N * c.IC, nw = (size_t)c.OC * c.IC, np = nin + nw + c.OC;
+    float *in = seeded(nin, 1.0), *w = seeded(nw, 1.0), *bias = seeded(c.OC, 1.0), *dout = seeded((size_t)c.N * c.OC, 1.0);
+    double *r = kt_to_double(dout, (size_t)c.N * c.OC), *p = kt_dalloc(np), *g = kt_dalloc(np);
+    for (size_t i = 0; i < nin; i++) p[i] = in[i];
+    for (size_t i = 0; i < nw; i++) p[nin + i] = w[i];
+    for (int i = 0; i < c.OC; i++) p[nin + nw + i] = bias[i];
+    c.r = r;
+    kt_fd_grad(f_matmul, p, np, &c, g);
+
+    // din overwritten (old contents NaN), dw and dbias accumulated.
+    float *din = nan_filled(nin), *dw = seeded(nw, 1.0), *dbias = seeded(c.OC, 1.0);
+    double *want_dw = grad_plus(dw, g + nin, nw), *want_db = grad_plus(dbias, g + nin + nw, c.OC);
+    cpu_matmul_bwd(din, dw, dbias, dout, in, w, c.N, c.IC, c.OC, 0);
+    kt_close("matmul din (overwrite)", din, g, nin, RTOL, ATOL);
+    kt_close("matmul dw (accumulated)", dw, want_dw, nw, RTOL, ATOL);
+    kt_close("matmul dbias (accumulated)", dbias, want_db, c.OC, RTOL, ATOL);
+
+    // din accumulated; dw and dbias skipped when NULL.
+    float *din2 = seeded(nin, 1.0);
+    double *want_din2 = grad_plus(din2, g, nin);
+    cpu_matmul_bwd(din2, NULL, NULL, dout, in, w, c.N, c.IC, c.OC, 1);
+    kt_close("matmul din (accumulated)", din2, want_din2, nin, RTOL, ATOL);
+    // din skipped when NULL: only dw grows (by one more gradient).
+    for (size_t i = 0; i < nw; i++) want_dw[i] += g[nin + i];
+    cpu_matmul_bwd(NULL, dw, NULL, dout, in, w, c.N, c.IC, c.OC, 0);
+    kt_close("matmul dw (second accumulation, din NULL)", dw, want_dw, nw, RTOL, ATOL);
+    free(in), free(w), free(bias), free(dout), free(r), free(p), free(g), free(din), free(dw), free(dbias);
+    free(want_dw), free(want_db), free(din2), free(want_din2);
+}
+
+// ---- SwiGLU: params = gu (N, 2I) ------------------------------------------------------------------------
+static double f_swiglu(const double *gu, void *vc) {
+    const Ctx *c = vc;
+    double f = 0.0;
+    for (int n = 0; n < c->N; n++)
+        for (int i = 0; i < c->I; i++) {
+            const double g = gu[n * 2 * c->I + i], u = gu[n * 2 * c->I + c->I + i];
+            f += c->r[n * c->I + i] * g / (1.0 + exp(-g)) * u;
+        }
+    return f;
+}
+
+static void test_swiglu_bwd(void) {
+    Ctx c = {.N = 4, .I = 29};
+    const size_t ngu = (size_t)c.N * 2 * c.I, nout = (size_t)c.N * c.I;
+    float *gu = seeded(ngu, 5.0), *dout = seeded(nout, 1.0), *dgu = nan_filled(ngu);
+    double *r = kt_to_double(dout, nout), *p = kt_to_double(gu, ngu), *g = kt_dalloc(ngu);
+    c.r = r;
+    kt_fd_grad(f_swiglu, p, ngu, &c, g);
+    cpu_swiglu_bwd(dgu, dout, gu, c.N, c.I);
+    kt_close("swiglu dgu (overwrite)", dgu, g, ngu, RTOL, ATOL);
+    free(gu), free(dout), free(dgu), free(r), free(p), free(g);
+}
+
+// ---- log-softmax gather: params = logits (N, V); f = sum_n r_n logprob_n ---------------------------------
+static double f_logprobs(const double *x, void *vc) {
+    const Ctx *c = vc;
+    double f = 0.0;
+    for (int n = 0; n < c->N; n++) {
+        if (c->ints[n] < 0) continue;
+        const double *row = x + (size_t)n * c->V;
+        double m = -INFINITY, s = 0.0;
+        for (int j = 0; j < c->V; j++) m = fmax(m, row[j] * c->inv_t);
+        for (int j = 0; j < c->V; j++) s += exp(row[j] * c->inv_t - m);
+        f += c->r[n] * (row[c->ints[n]] * c->inv_t - m - log(s));
+    }
+    return f;
+}
+
+static void test_logprobs_bwd(void) {
+    int32_t targets[5] = {3, -1, 0, 46, 20};
+    Ctx c = {.N = 5, .V = 47, .inv_t = 1.0f / 0.6f, .ints = targets};
+    const size_t n = (size_t)c.N * c.V;
+    float *logits = seeded(n, 3.0), dlp[5], lp[5], lse[5];
+    kt_fill(dlp, 5, 1.0);
+    double r[5];
+    for (int i = 0; i < 5; i++) r[i] = dlp[i];
+    double *p = kt_to_double(logits, n), *g = kt_dalloc(n);
+    c.r = r;
+    kt_fd_grad(f_logprobs, p, n, &c, g);
+    cpu_logprobs_fwd(lp, lse, NULL, logits, targets, c.N, c.V, c.inv_t);
+    float *dlogits = nan_filled(n);
+    cpu_logprobs_bwd(dlogits, dlp, logits, targets, lse, c.N, c.V, c.inv_t);
+    kt_close("logprobs dlogits (overwrite)", dlogits, g, n, RTOL, ATOL);
+    for (int j = 0; j < c.V; j++)
+        if (dlogits[c.V + j] != 0.0f) { KT_CHECK(0, "ignored row 1 must get an all-zero gradient"); break; }
+    free(logits), free(p), free(g), free(dlogits);
+}
+
+// ---- embedding: params = table (V, C); f = sum r * table[tokens] ----------------------------------------
+static double f_embedding(const double *table, void *vc) {
+    const Ctx *c = vc;
+    double f = 0.0;
+    for (int n = 0; n < c->N; n++)
+        for (int j = 0; j < c->C; j++) f += c->r[n * c->C + j] * table[(size_t)c->ints[n] * c->C + j];
+    return f;
+}
+
+static void test_embedding_bwd(void) {
+    int32_t tokens[8] = {4, 1, 4, 0, 6, 4, 1, 2}; // repeats must add up
+    Ctx c = {.N = 8, .C = 15, .V = 7, .ints = tokens};
+    const size_t nt = (size_t)c.V * c.C, no = (size_t)c.N * c.C;
+    float *table = seeded(nt, 1.0), *dout = seeded(no, 1.0), *dtable = seeded(nt, 1.0);
+    double *r = kt_to_double(dout, no), *p = kt_to_double(table, nt), *g = kt_dalloc(nt);
+    c.r = r;
+    kt_fd_grad(f_embedding, p, nt, &c, g);
+    double *want = grad_plus(dtable, g, nt);
+    cpu_embedding_bwd(dtable, dout, tokens, c.N, c.C);
+    kt_close("embedding dtable (accumulated)", dtable, want, nt, RTOL, ATOL);
+    free(table), free(dout), free(dtable), free(r), free(p), free(g), free(want);
+}
+
+int main(void) {
+    kt_seed(777);
+    test_rmsnorm_bwd();
+    test_rope_bwd();
+    test_matmul_bwd();
+    test_swiglu_bwd();
+    test_logprobs_bwd();
+    test_embedding_bwd();
+    return kt_finish("test_kernels_bwd");
+}
