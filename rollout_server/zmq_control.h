@@ -1,0 +1,37 @@
+// rollout_server/zmq_control.h — the trainer's ZeroMQ control channel (`--control tcp://host:port`).
+//
+// A ROUTER socket served by its own thread; trainers connect with DEALER and speak the protocol of
+// docs/protocol-zmq.md (codec: shared/zmq_msg.h): hello, generate (results per prompt as each finishes),
+// pause, resume, reset_cache, stats, shutdown, and the weight receive path weights_begin / weights_slice /
+// weights_end with transport "zmq". A malformed message gets an error reply; the server keeps serving.
+//
+// Threads: the socket thread owns the ROUTER socket and the weight-update state; a collector thread pumps the
+// events of every generate in flight (engine_request_next) and hands finished results back to the socket
+// thread through an inproc PUSH/PULL pair, so each ZeroMQ socket is only ever touched by one thread.
+#ifndef TANDEM_ROLLOUT_ZMQ_CONTROL_H
+#define TANDEM_ROLLOUT_ZMQ_CONTROL_H
+
+#include <stddef.h>
+
+#include "rollout_server/engine.h"
+
+typedef struct ZmqControl ZmqControl;
+
+// Binds a ROUTER socket at endpoint (e.g. "tcp://0.0.0.0:5555", "ipc:///tmp/x") and starts serving engine e.
+// Returns 0, or a negative code with a message (bad endpoint, address in use, ...). e must outlive the control.
+int zmq_control_start(ZmqControl **out, Engine *e, const char *endpoint, char *err, size_t err_len);
+
+// 1 once a peer has sent `shutdown` (the acknowledgement is already queued): main should then stop the HTTP
+// server, call zmq_control_stop and engine_destroy, and exit 0 as on SIGTERM. Safe from any thread.
+int zmq_control_shutdown_requested(ZmqControl *z);
+
+// Optional: called once, from the control thread, right after a `shutdown` was acknowledged (for example to
+// wake main's wait loop). Set it before a peer can send shutdown, i.e. right after zmq_control_start.
+void zmq_control_on_shutdown(ZmqControl *z, void (*cb)(void *user), void *user);
+
+// Stops both threads, releases (aborts) every generate still in flight, drops a half-received weight update
+// (the engine keeps its current weights), flushes queued replies for up to half a second and closes the
+// socket. Call it before engine_destroy. NULL is a no-op.
+void zmq_control_stop(ZmqControl *z);
+
+#endif

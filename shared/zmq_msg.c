@@ -1,0 +1,732 @@
+// shared/zmq_msg.c — encode / decode the ZeroMQ channel's messages (docs/protocol-zmq.md), with strict checks.
+#include "shared/zmq_msg.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "zmq_msg frames are little-endian arrays copied as they are: a big-endian host needs byte swapping"
+#endif
+
+#define ZMSG_HEADER_MAX (1u << 20)   // a JSON header is small; refuse a runaway frame 0 before parsing it
+
+static const char *const TYPE_NAMES[ZMSG_N_TYPES] = {
+    "hello", "generate", "result", "pause", "resume", "reset_cache", "stats", "shutdown",
+    "weights_begin", "weights_slice", "weights_end", "error",
+};
+static const char *const FINISH_NAMES[] = {"length", "stop", "abort", "error"};
+
+// Header keys allowed besides "type" and "id", per type, for requests and for replies. NULL = the type does
+// not travel in that direction. Keys marked '?' are optional; the others are required.
+static const char *const KEYS_REQ[ZMSG_N_TYPES] = {
+    [ZMSG_HELLO] = "?protocol_version",
+    [ZMSG_GENERATE] = "n_prompts ?n ?max_tokens ?temperature ?top_p ?top_k ?min_p ?repetition_penalty ?seed "
+                      "?stop_token_ids ?ignore_eos",
+    [ZMSG_PAUSE] = "", [ZMSG_RESUME] = "", [ZMSG_RESET_CACHE] = "", [ZMSG_STATS] = "", [ZMSG_SHUTDOWN] = "",
+    [ZMSG_WEIGHTS_BEGIN] = "version transport layout_hash",
+    [ZMSG_WEIGHTS_SLICE] = "unit offset count dtype",
+    [ZMSG_WEIGHTS_END] = "version",
+};
+static const char *const KEYS_REP[ZMSG_N_TYPES] = {
+    [ZMSG_HELLO] = "protocol_version model_id layout_hash n_units unit_numel policy_version max_seq_len vocab_size",
+    [ZMSG_RESULT] = "prompt_index n_prompts n completion_lens finish_reasons policy_versions policy_versions_end "
+                    "prompt_tokens cached_tokens",
+    [ZMSG_PAUSE] = "", [ZMSG_RESUME] = "", [ZMSG_RESET_CACHE] = "", [ZMSG_SHUTDOWN] = "",
+    [ZMSG_STATS] = "requests_waiting requests_running sequences_running kv_blocks_total kv_blocks_used "
+                   "kv_blocks_cached prompt_tokens_total generation_tokens_total cached_prompt_tokens_total "
+                   "preemptions_total steps_total step_seconds_sum policy_version paused prompts_in_flight",
+    [ZMSG_WEIGHTS_BEGIN] = "version",
+    [ZMSG_WEIGHTS_END] = "version seconds commit_seconds",
+    [ZMSG_ERROR] = "code message",
+};
+
+const char *zmsg_type_name(ZmsgType t) { return (t >= 0 && t < ZMSG_N_TYPES) ? TYPE_NAMES[t] : NULL; }
+const char *zmsg_finish_name(ZmsgFinish f) { return (f >= 0 && f <= ZMSG_FINISH_ERROR) ? FINISH_NAMES[f] : "?"; }
+const char *zmsg_dtype_name(ZmsgDtype d) { return d == ZMSG_DTYPE_BF16 ? "bf16" : "f32"; }
+size_t zmsg_dtype_size(ZmsgDtype d) { return d == ZMSG_DTYPE_BF16 ? 2 : 4; }
+
+void zmsg_sampling_default(ZmsgSampling *s) {
+    memset(s, 0, sizeof *s);
+    s->n = 1;
+    s->max_tokens = 16;
+    s->temperature = 1.0f;
+    s->top_p = 1.0f;
+    s->top_k = -1;
+    s->repetition_penalty = 1.0f;
+}
+
+void zmsg_init(ZmsgMsg *m, ZmsgType type, ZmsgDir dir, int64_t id) {
+    memset(m, 0, sizeof *m);
+    m->type = type;
+    m->dir = dir;
+    m->id = id;
+    zmsg_sampling_default(&m->sampling);
+}
+
+void zmsg_error(ZmsgMsg *m, int64_t id, const char *code, const char *message) {
+    zmsg_init(m, ZMSG_ERROR, ZMSG_DIR_REPLY, id);
+    snprintf(m->code, sizeof m->code, "%s", code ? code : "error");
+    snprintf(m->message, sizeof m->message, "%s", message ? message : "");
+}
+
+void zmsg_hash_to_hex(uint64_t h, char out[17]) { snprintf(out, 17, "%016llx", (unsigned long long)h); }
+
+int zmsg_hash_from_hex(const char *s, uint64_t *h) {
+    if (!s || strlen(s) != 16) return -1;
+    uint64_t v = 0;
+    for (int i = 0; i < 16; i++) {
+        char c = s[i];
+        int d = (c >= '0' && c <= '9') ? c - '0' : (c >= 'a' && c <= 'f') ? c - 'a' + 10 : -1;
+        if (d < 0) return -1;
+        v = (v << 4) | (uint64_t)d;
+    }
+    *h = v;
+    return 0;
+}
+
+static int fail(char *err, size_t err_len, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    if (err && err_len) vsnprintf(err, err_len, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+// ---- parsing helpers: each names the message type and the field in its message -----------------------
+
+typedef struct {
+    json_t *h;
+    const char *tname;
+    char *err;
+    size_t err_len;
+} P;
+
+static json_t *field(P *p, const char *key, int required, int *rc) {
+    json_t *v = json_object_get(p->h, key);
+    if (!v && required) *rc = fail(p->err, p->err_len, "%s: missing field \"%s\"", p->tname, key);
+    return v;
+}
+
+// Integer in [lo, hi]; absent optional -> def. JSON reals and booleans are refused.
+static int get_i64(P *p, const char *key, int required, int64_t def, int64_t lo, int64_t hi, int64_t *out) {
+    int rc = 0;
+    json_t *v = field(p, key, required, &rc);
+    if (rc) return rc;
+    if (!v) {
+        *out = def;
+        return 0;
+    }
+    if (!json_is_integer(v))
+        return fail(p->err, p->err_len, "%s: field \"%s\" must be an integer", p->tname, key);
+    json_int_t x = json_integer_value(v);
+    if (x < lo || x > hi)
+        return fail(p->err, p->err_len, "%s: field \"%s\" is %lld, outside [%lld, %lld]", p->tname, key,
+                    (long long)x, (long long)lo, (long long)hi);
+    *out = x;
+    return 0;
+}
+
+static int get_int(P *p, const char *key, int required, int def, int lo, int hi, int *out) {
+    int64_t x = 0;
+    int rc = get_i64(p, key, required, def, lo, hi, &x);
+    if (rc == 0) *out = (int)x;
+    return rc;
+}
+
+// Finite number (integer or real); range checks are the caller's.
+static int get_num(P *p, const char *key, int required, double def, double *out) {
+    int rc = 0;
+    json_t *v = field(p, key, required, &rc);
+    if (rc) return rc;
+    if (!v) {
+        *out = def;
+        return 0;
+    }
+    if (!json_is_number(v)) return fail(p->err, p->err_len, "%s: field \"%s\" must be a number", p->tname, key);
+    double x = json_number_value(v);
+    if (!isfinite(x)) return fail(p->err, p->err_len, "%s: field \"%s\" must be finite", p->tname, key);
+    *out = x;
+    return 0;
+}
+
+static int get_bool(P *p, const char *key, int required, int def, int *out) {
+    int rc = 0;
+    json_t *v = field(p, key, required, &rc);
+    if (rc) return rc;
+    if (!v) {
+        *out = def;
+        return 0;
+    }
+    if (!json_is_boolean(v)) return fail(p->err, p->err_len, "%s: field \"%s\" must be true or false", p->tname, key);
+    *out = json_is_true(v);
+    return 0;
+}
+
+static int get_str(P *p, const char *key, const char **out) {
+    int rc = 0;
+    json_t *v = field(p, key, 1, &rc);
+    if (rc) return rc;
+    if (!json_is_string(v)) return fail(p->err, p->err_len, "%s: field \"%s\" must be a string", p->tname, key);
+    *out = json_string_value(v);
+    return 0;
+}
+
+static int get_hash(P *p, const char *key, uint64_t *out) {
+    const char *s = NULL;
+    int rc = get_str(p, key, &s);
+    if (rc) return rc;
+    if (zmsg_hash_from_hex(s, out))
+        return fail(p->err, p->err_len, "%s: field \"%s\" must be 16 lowercase hex digits, got \"%.40s\"", p->tname,
+                    key, s);
+    return 0;
+}
+
+// Array of exactly `want` elements (want < 0: any length up to max), returned in *arr.
+static int get_array(P *p, const char *key, int want, int max, json_t **arr) {
+    int rc = 0;
+    json_t *v = field(p, key, 1, &rc);
+    if (rc) return rc;
+    if (!json_is_array(v)) return fail(p->err, p->err_len, "%s: field \"%s\" must be an array", p->tname, key);
+    int len = (int)json_array_size(v);
+    if (want >= 0 && len != want)
+        return fail(p->err, p->err_len, "%s: field \"%s\" has %d elements, expected %d", p->tname, key, len, want);
+    if (len > max)
+        return fail(p->err, p->err_len, "%s: field \"%s\" has %d elements, at most %d allowed", p->tname, key, len,
+                    max);
+    *arr = v;
+    return 0;
+}
+
+static int array_i64(P *p, const char *key, int want, int64_t lo, int64_t hi, int64_t *out) {
+    json_t *a;
+    int rc = get_array(p, key, want, want, &a);
+    if (rc) return rc;
+    for (int i = 0; i < want; i++) {
+        json_t *x = json_array_get(a, i);
+        if (!json_is_integer(x) || json_integer_value(x) < lo || json_integer_value(x) > hi)
+            return fail(p->err, p->err_len, "%s: field \"%s\"[%d] must be an integer in [%lld, %lld]", p->tname, key,
+                        i, (long long)lo, (long long)hi);
+        out[i] = json_integer_value(x);
+    }
+    return 0;
+}
+
+// Refuses keys the type does not define (a misspelt option must not be silently ignored).
+static int check_keys(P *p, const char *allowed) {
+    const char *key;
+    json_t *v;
+    json_object_foreach(p->h, key, v) {
+        if (!strcmp(key, "type") || !strcmp(key, "id")) continue;
+        size_t kl = strlen(key);
+        int found = 0;
+        for (const char *s = allowed; *s && !found;) {
+            while (*s == ' ') s++;
+            if (*s == '?') s++;
+            const char *e = s;
+            while (*e && *e != ' ') e++;
+            if ((size_t)(e - s) == kl && !strncmp(s, key, kl)) found = 1;
+            s = e;
+        }
+        if (!found) return fail(p->err, p->err_len, "%s: unknown field \"%.64s\"", p->tname, key);
+    }
+    return 0;
+}
+
+// Byte size of frame i must be exactly want.
+static int frame_size(P *p, const ZmsgFrame *f, int i, size_t want, const char *what) {
+    if (f[i].size != want)
+        return fail(p->err, p->err_len, "%s: frame %d (%s) has %zu bytes, expected %zu", p->tname, i, what, f[i].size,
+                    want);
+    return 0;
+}
+
+// ---- per-type parsing --------------------------------------------------------------------------------
+
+static int parse_sampling(P *p, ZmsgSampling *s) {
+    double x;
+    int64_t seed;
+    int rc;
+    zmsg_sampling_default(s);
+    if ((rc = get_int(p, "n", 0, 1, 1, ZMSG_MAX_COMPLETIONS, &s->n))) return rc;
+    if ((rc = get_int(p, "max_tokens", 0, 16, 1, INT32_MAX, &s->max_tokens))) return rc;
+    if ((rc = get_num(p, "temperature", 0, 1.0, &x))) return rc;
+    if (x < 0) return fail(p->err, p->err_len, "generate: field \"temperature\" must be >= 0, got %g", x);
+    s->temperature = (float)x;
+    if ((rc = get_num(p, "top_p", 0, 1.0, &x))) return rc;
+    if (!(x > 0 && x <= 1)) return fail(p->err, p->err_len, "generate: field \"top_p\" must be in (0, 1], got %g", x);
+    s->top_p = (float)x;
+    if ((rc = get_int(p, "top_k", 0, -1, -1, INT32_MAX, &s->top_k))) return rc;
+    if ((rc = get_num(p, "min_p", 0, 0.0, &x))) return rc;
+    if (!(x >= 0 && x <= 1)) return fail(p->err, p->err_len, "generate: field \"min_p\" must be in [0, 1], got %g", x);
+    s->min_p = (float)x;
+    if ((rc = get_num(p, "repetition_penalty", 0, 1.0, &x))) return rc;
+    if (!(x > 0)) return fail(p->err, p->err_len, "generate: field \"repetition_penalty\" must be > 0, got %g", x);
+    s->repetition_penalty = (float)x;
+    json_t *sv = json_object_get(p->h, "seed");
+    if (sv && !json_is_null(sv)) {
+        if ((rc = get_i64(p, "seed", 1, 0, 0, INT64_MAX, &seed))) return rc;
+        s->has_seed = 1;
+        s->seed = (uint64_t)seed;
+    }
+    if (json_object_get(p->h, "stop_token_ids")) {
+        json_t *a;
+        if ((rc = get_array(p, "stop_token_ids", -1, ZMSG_MAX_STOP, &a))) return rc;
+        for (size_t i = 0; i < json_array_size(a); i++) {
+            json_t *t = json_array_get(a, i);
+            if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) > INT32_MAX)
+                return fail(p->err, p->err_len, "generate: field \"stop_token_ids\"[%zu] must be a token id >= 0", i);
+            s->stop_token_ids[s->n_stop_token_ids++] = (int32_t)json_integer_value(t);
+        }
+    }
+    return get_bool(p, "ignore_eos", 0, 0, &s->ignore_eos);
+}
+
+static int parse_generate(P *p, ZmsgMsg *m, const ZmsgFrame *f, int nf) {
+    int rc;
+    if ((rc = get_int(p, "n_prompts", 1, 0, 1, ZMSG_MAX_PROMPTS, &m->n_prompts))) return rc;
+    if ((rc = parse_sampling(p, &m->sampling))) return rc;
+    if (nf != 1 + m->n_prompts)
+        return fail(p->err, p->err_len, "generate: header says n_prompts %d, so %d frames are expected, got %d",
+                    m->n_prompts, 1 + m->n_prompts, nf);
+    m->prompts = calloc((size_t)m->n_prompts, sizeof *m->prompts);
+    m->prompt_lens = calloc((size_t)m->n_prompts, sizeof *m->prompt_lens);
+    if (!m->prompts || !m->prompt_lens) return fail(p->err, p->err_len, "generate: out of memory");
+    for (int i = 0; i < m->n_prompts; i++) {
+        const ZmsgFrame *fr = &f[1 + i];
+        if (fr->size == 0 || fr->size % 4 || fr->size / 4 > INT32_MAX)
+            return fail(p->err, p->err_len,
+                        "generate: frame %d (prompt %d) has %zu bytes: expected a non-empty int32 array (a multiple "
+                        "of 4 bytes)", 1 + i, i, fr->size);
+        int len = (int)(fr->size / 4);
+        // Copied: a frame's bytes carry no alignment guarantee, and the engine wants an int32 array.
+        if (!(m->prompts[i] = malloc(fr->size))) return fail(p->err, p->err_len, "generate: out of memory");
+        memcpy(m->prompts[i], fr->data, fr->size);
+        m->prompt_lens[i] = len;
+        for (int t = 0; t < len; t++)
+            if (m->prompts[i][t] < 0)
+                return fail(p->err, p->err_len, "generate: prompt %d token %d is %d: token ids must be >= 0", i, t,
+                            m->prompts[i][t]);
+    }
+    return 0;
+}
+
+static int parse_result(P *p, ZmsgMsg *m, const ZmsgFrame *f, int nf) {
+    int rc;
+    json_t *a;
+    if ((rc = get_int(p, "n_prompts", 1, 0, 1, ZMSG_MAX_PROMPTS, &m->n_prompts))) return rc;
+    if ((rc = get_int(p, "prompt_index", 1, 0, 0, m->n_prompts - 1, &m->prompt_index))) return rc;
+    if ((rc = get_int(p, "n", 1, 0, 1, ZMSG_MAX_COMPLETIONS, &m->n_completions))) return rc;
+    if ((rc = get_int(p, "prompt_tokens", 1, 0, 0, INT32_MAX, &m->prompt_tokens))) return rc;
+    if ((rc = get_int(p, "cached_tokens", 1, 0, 0, m->prompt_tokens, &m->cached_tokens))) return rc;
+    int n = m->n_completions;
+    m->completion_lens = calloc((size_t)n, sizeof *m->completion_lens);
+    m->finish_reasons = calloc((size_t)n, sizeof *m->finish_reasons);
+    m->policy_versions = calloc((size_t)n, sizeof *m->policy_versions);
+    m->policy_versions_end = calloc((size_t)n, sizeof *m->policy_versions_end);
+    int64_t *lens = calloc((size_t)n, sizeof *lens);
+    if (!m->completion_lens || !m->finish_reasons || !m->policy_versions || !m->policy_versions_end || !lens) {
+        free(lens);
+        return fail(p->err, p->err_len, "result: out of memory");
+    }
+    rc = array_i64(p, "completion_lens", n, 0, INT32_MAX, lens);
+    size_t total = 0;
+    for (int i = 0; i < n && !rc; i++) {
+        m->completion_lens[i] = (int)lens[i];
+        total += (size_t)lens[i];
+    }
+    free(lens);
+    if (rc) return rc;
+    if ((rc = array_i64(p, "policy_versions", n, INT64_MIN, INT64_MAX, m->policy_versions))) return rc;
+    if ((rc = array_i64(p, "policy_versions_end", n, INT64_MIN, INT64_MAX, m->policy_versions_end))) return rc;
+    if ((rc = get_array(p, "finish_reasons", n, n, &a))) return rc;
+    for (int i = 0; i < n; i++) {
+        const char *s = json_string_value(json_array_get(a, i));
+        int k = -1;
+        for (int j = 0; s && j <= ZMSG_FINISH_ERROR; j++)
+            if (!strcmp(s, FINISH_NAMES[j])) k = j;
+        if (k < 0)
+            return fail(p->err, p->err_len,
+                        "result: field \"finish_reasons\"[%d] must be \"length\", \"stop\", \"abort\" or \"error\"", i);
+        m->finish_reasons[i] = (ZmsgFinish)k;
+    }
+    if (nf != 3) return fail(p->err, p->err_len, "result: expected 3 frames (header, tokens, logprobs), got %d", nf);
+    if ((rc = frame_size(p, f, 1, total * 4, "int32 completion tokens"))) return rc;
+    if ((rc = frame_size(p, f, 2, total * 4, "float32 logprobs"))) return rc;
+    m->tokens = malloc(total ? total * 4 : 4);
+    m->logprobs = malloc(total ? total * 4 : 4);
+    if (!m->tokens || !m->logprobs) return fail(p->err, p->err_len, "result: out of memory");
+    if (total) {
+        memcpy(m->tokens, f[1].data, total * 4);
+        memcpy(m->logprobs, f[2].data, total * 4);
+    }
+    return 0;
+}
+
+static int parse_hello_reply(P *p, ZmsgMsg *m) {
+    int rc;
+    const char *s;
+    if ((rc = get_int(p, "protocol_version", 1, 0, 1, INT32_MAX, &m->protocol_version))) return rc;
+    if ((rc = get_str(p, "model_id", &s))) return rc;
+    snprintf(m->model_id, sizeof m->model_id, "%s", s);
+    if ((rc = get_hash(p, "layout_hash", &m->layout_hash))) return rc;
+    if ((rc = get_int(p, "n_units", 1, 0, 1, 1 << 20, &m->n_units))) return rc;
+    if (!(m->unit_numel = calloc((size_t)m->n_units, sizeof *m->unit_numel)))
+        return fail(p->err, p->err_len, "hello: out of memory");
+    if ((rc = array_i64(p, "unit_numel", m->n_units, 1, INT64_MAX, m->unit_numel))) return rc;
+    if ((rc = get_i64(p, "policy_version", 1, 0, INT64_MIN, INT64_MAX, &m->policy_version))) return rc;
+    if ((rc = get_int(p, "max_seq_len", 1, 0, 1, INT32_MAX, &m->max_seq_len))) return rc;
+    return get_int(p, "vocab_size", 1, 0, 1, INT32_MAX, &m->vocab_size);
+}
+
+static int parse_stats_reply(P *p, ZmsgStats *s) {
+    struct {
+        const char *k;
+        int64_t *v;
+    } ints[] = {
+        {"requests_waiting", &s->requests_waiting}, {"requests_running", &s->requests_running},
+        {"sequences_running", &s->sequences_running}, {"kv_blocks_total", &s->kv_blocks_total},
+        {"kv_blocks_used", &s->kv_blocks_used}, {"kv_blocks_cached", &s->kv_blocks_cached},
+        {"prompt_tokens_total", &s->prompt_tokens_total}, {"generation_tokens_total", &s->generation_tokens_total},
+        {"cached_prompt_tokens_total", &s->cached_prompt_tokens_total}, {"preemptions_total", &s->preemptions_total},
+        {"steps_total", &s->steps_total}, {"policy_version", &s->policy_version},
+        {"prompts_in_flight", &s->prompts_in_flight},
+    };
+    int rc;
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
+        if ((rc = get_i64(p, ints[i].k, 1, 0, ints[i].v == &s->policy_version ? INT64_MIN : 0, INT64_MAX, ints[i].v)))
+            return rc;
+    if ((rc = get_num(p, "step_seconds_sum", 1, 0, &s->step_seconds_sum))) return rc;
+    return get_bool(p, "paused", 1, 0, &s->paused);
+}
+
+static int parse_weights(P *p, ZmsgMsg *m, const ZmsgFrame *f, int nf) {
+    int rc;
+    const char *s;
+    if (m->type == ZMSG_WEIGHTS_SLICE) {
+        if ((rc = get_int(p, "unit", 1, 0, 0, INT32_MAX, &m->unit))) return rc;
+        if ((rc = get_i64(p, "offset", 1, 0, 0, INT64_MAX / 4, &m->offset))) return rc;
+        if ((rc = get_i64(p, "count", 1, 0, 1, INT64_MAX / 4, &m->count))) return rc;
+        if ((rc = get_str(p, "dtype", &s))) return rc;
+        if (!strcmp(s, "f32")) m->dtype = ZMSG_DTYPE_F32;
+        else if (!strcmp(s, "bf16")) m->dtype = ZMSG_DTYPE_BF16;
+        else return fail(p->err, p->err_len,
+                         "weights_slice: field \"dtype\" must be \"f32\" or \"bf16\", got \"%.32s\"", s);
+        if (nf != 2) return fail(p->err, p->err_len, "weights_slice: expected 2 frames (header, data), got %d", nf);
+        char what[48];
+        snprintf(what, sizeof what, "%s slice data", zmsg_dtype_name(m->dtype));
+        if ((rc = frame_size(p, f, 1, (size_t)m->count * zmsg_dtype_size(m->dtype), what))) return rc;
+        m->slice_data = f[1].data;
+        return 0;
+    }
+    if ((rc = get_i64(p, "version", 1, 0, INT64_MIN, INT64_MAX, &m->version))) return rc;
+    if (m->type == ZMSG_WEIGHTS_BEGIN && m->dir == ZMSG_DIR_REQUEST) {
+        if ((rc = get_str(p, "transport", &s))) return rc;
+        if (!strcmp(s, "zmq")) m->transport = ZMSG_TRANSPORT_ZMQ;
+        else if (!strcmp(s, "nccl")) m->transport = ZMSG_TRANSPORT_NCCL;
+        else return fail(p->err, p->err_len,
+                         "weights_begin: field \"transport\" must be \"zmq\" or \"nccl\", got \"%.32s\"", s);
+        return get_hash(p, "layout_hash", &m->layout_hash);
+    }
+    if (m->type == ZMSG_WEIGHTS_END && m->dir == ZMSG_DIR_REPLY) {
+        if ((rc = get_num(p, "seconds", 1, 0, &m->seconds))) return rc;
+        return get_num(p, "commit_seconds", 1, 0, &m->commit_seconds);
+    }
+    return 0;
+}
+
+int zmsg_parse(ZmsgMsg *m, ZmsgDir dir, const ZmsgFrame *f, int nf, char *err, size_t err_len) {
+    memset(m, 0, sizeof *m);
+    m->id = -1;
+    m->dir = dir;
+    if (nf < 1 || !f) return fail(err, err_len, "empty message: frame 0 must be a JSON header");
+    if (f[0].size > ZMSG_HEADER_MAX)
+        return fail(err, err_len, "frame 0 (JSON header) has %zu bytes, more than the %u allowed", f[0].size,
+                    ZMSG_HEADER_MAX);
+    json_error_t je;
+    json_t *h = json_loadb(f[0].data, f[0].size, JSON_REJECT_DUPLICATES, &je);
+    if (!h)
+        return fail(err, err_len, "frame 0 is not valid JSON: %s (line %d, column %d)", je.text, je.line, je.column);
+    P p = {h, "message", err, err_len};
+    int rc = -1;
+    if (!json_is_object(h)) {
+        fail(err, err_len, "frame 0 must be a JSON object with \"type\" and \"id\"");
+        goto done;
+    }
+    json_t *jid = json_object_get(h, "id");
+    if (json_is_integer(jid) && json_integer_value(jid) >= 0) m->id = json_integer_value(jid);
+    json_t *jt = json_object_get(h, "type");
+    if (!json_is_string(jt)) {
+        fail(err, err_len, "header: field \"type\" %s", jt ? "must be a string" : "is missing");
+        goto done;
+    }
+    int t = -1;
+    for (int i = 0; i < ZMSG_N_TYPES; i++)
+        if (!strcmp(json_string_value(jt), TYPE_NAMES[i])) t = i;
+    if (t < 0) {
+        fail(err, err_len, "unknown message type \"%.64s\"", json_string_value(jt));
+        goto done;
+    }
+    m->type = (ZmsgType)t;
+    p.tname = TYPE_NAMES[t];
+    const char *keys = dir == ZMSG_DIR_REQUEST ? KEYS_REQ[t] : KEYS_REP[t];
+    if (!keys) {
+        fail(err, err_len, "message type \"%s\" is not valid as a %s", p.tname,
+             dir == ZMSG_DIR_REQUEST ? "request" : "reply");
+        goto done;
+    }
+    // The id: a non-negative integer; an error reply may carry null (its request had none we could read).
+    if (!(json_is_integer(jid) && json_integer_value(jid) >= 0) && !(t == ZMSG_ERROR && json_is_null(jid))) {
+        fail(err, err_len, "%s: field \"id\" %s", p.tname, jid ? "must be an integer >= 0" : "is missing");
+        goto done;
+    }
+    if ((rc = check_keys(&p, keys))) goto done;
+    m->owned_ = 1;
+    switch (m->type) {
+    case ZMSG_HELLO:
+        rc = dir == ZMSG_DIR_REQUEST ? get_int(&p, "protocol_version", 0, 0, 1, INT32_MAX, &m->protocol_version)
+                                     : parse_hello_reply(&p, m);
+        break;
+    case ZMSG_GENERATE: rc = parse_generate(&p, m, f, nf); break;
+    case ZMSG_RESULT: rc = parse_result(&p, m, f, nf); break;
+    case ZMSG_STATS: rc = dir == ZMSG_DIR_REPLY ? parse_stats_reply(&p, &m->stats) : 0; break;
+    case ZMSG_WEIGHTS_BEGIN:
+    case ZMSG_WEIGHTS_SLICE:
+    case ZMSG_WEIGHTS_END: rc = parse_weights(&p, m, f, nf); break;
+    case ZMSG_ERROR: {
+        const char *s;
+        if ((rc = get_str(&p, "code", &s))) break;
+        snprintf(m->code, sizeof m->code, "%s", s);
+        if ((rc = get_str(&p, "message", &s))) break;
+        snprintf(m->message, sizeof m->message, "%s", s);
+        break;
+    }
+    default: rc = 0; break;
+    }
+    // Types without data frames must come alone (those with frames checked their count above).
+    if (rc == 0 && m->type != ZMSG_GENERATE && m->type != ZMSG_RESULT && m->type != ZMSG_WEIGHTS_SLICE && nf != 1)
+        rc = fail(err, err_len, "%s: expected 1 frame (the header), got %d", p.tname, nf);
+done:
+    json_decref(h);
+    if (rc) {
+        int64_t id = m->id;
+        zmsg_free(m);
+        m->id = id;
+        return -1;
+    }
+    return 0;
+}
+
+void zmsg_free(ZmsgMsg *m) {
+    if (!m) return;
+    if (m->owned_) {
+        for (int i = 0; m->prompts && i < m->n_prompts; i++) free(m->prompts[i]);
+        free(m->prompts);
+        free(m->prompt_lens);
+        free(m->unit_numel);
+        free(m->completion_lens);
+        free(m->finish_reasons);
+        free(m->policy_versions);
+        free(m->policy_versions_end);
+        free(m->tokens);
+        free(m->logprobs);
+    }
+    ZmsgType t = m->type;
+    ZmsgDir d = m->dir;
+    memset(m, 0, sizeof *m);
+    m->type = t;
+    m->dir = d;
+    m->id = -1;
+}
+
+// ---- building ----------------------------------------------------------------------------------------
+
+static void set_i(json_t *h, const char *k, int64_t v) { json_object_set_new(h, k, json_integer(v)); }
+static void set_r(json_t *h, const char *k, double v) { json_object_set_new(h, k, json_real(isfinite(v) ? v : 0.0)); }
+
+// jansson refuses invalid UTF-8; text that quotes a peer's bytes or a folder name must still produce a message.
+static json_t *utf8_or(const char *s, const char *fallback) {
+    json_t *v = json_string(s);
+    return v ? v : json_string(fallback);
+}
+
+static json_t *i64_array(const int64_t *v, int n) {
+    json_t *a = json_array();
+    for (int i = 0; i < n; i++) json_array_append_new(a, json_integer(v[i]));
+    return a;
+}
+
+int zmsg_build(const ZmsgMsg *m, ZmsgOut *out, char *err, size_t err_len) {
+    memset(out, 0, sizeof *out);
+    const char *tname = zmsg_type_name(m->type);
+    if (!tname) return fail(err, err_len, "zmsg_build: invalid message type %d", (int)m->type);
+    const char *keys = m->dir == ZMSG_DIR_REQUEST ? KEYS_REQ[m->type] : KEYS_REP[m->type];
+    if (!keys) return fail(err, err_len, "zmsg_build: \"%s\" is not valid as a %s", tname,
+                           m->dir == ZMSG_DIR_REQUEST ? "request" : "reply");
+    if (m->id < 0 && m->type != ZMSG_ERROR) return fail(err, err_len, "zmsg_build: %s: id must be >= 0", tname);
+    int req = m->dir == ZMSG_DIR_REQUEST;
+    int n_frames = 1;
+    ZmsgFrame data[2] = {{0}};   // the data frames of result / weights_slice (generate's come from prompts)
+    json_t *h = json_object();
+    json_object_set_new(h, "type", json_string(tname));
+    json_object_set_new(h, "id", m->id >= 0 ? json_integer(m->id) : json_null());
+    char hex[17];
+    switch (m->type) {
+    case ZMSG_HELLO:
+        if (req) {
+            if (m->protocol_version > 0) set_i(h, "protocol_version", m->protocol_version);
+            break;
+        }
+        if (m->n_units < 1 || !m->unit_numel) goto bad_units;
+        set_i(h, "protocol_version", m->protocol_version > 0 ? m->protocol_version : ZMSG_PROTOCOL_VERSION);
+        json_object_set_new(h, "model_id", utf8_or(m->model_id, "(model id was not valid UTF-8)"));
+        zmsg_hash_to_hex(m->layout_hash, hex);
+        json_object_set_new(h, "layout_hash", json_string(hex));
+        set_i(h, "n_units", m->n_units);
+        json_object_set_new(h, "unit_numel", i64_array(m->unit_numel, m->n_units));
+        set_i(h, "policy_version", m->policy_version);
+        set_i(h, "max_seq_len", m->max_seq_len);
+        set_i(h, "vocab_size", m->vocab_size);
+        break;
+    case ZMSG_GENERATE: {
+        const ZmsgSampling *s = &m->sampling;
+        if (m->n_prompts < 1 || m->n_prompts > ZMSG_MAX_PROMPTS || !m->prompts || !m->prompt_lens) {
+            json_decref(h);
+            return fail(err, err_len, "zmsg_build: generate needs 1..%d prompts", ZMSG_MAX_PROMPTS);
+        }
+        for (int i = 0; i < m->n_prompts; i++)
+            if (m->prompt_lens[i] < 1 || !m->prompts[i]) {
+                json_decref(h);
+                return fail(err, err_len, "zmsg_build: generate prompt %d is empty", i);
+            }
+        if (s->n_stop_token_ids < 0 || s->n_stop_token_ids > ZMSG_MAX_STOP) {
+            json_decref(h);
+            return fail(err, err_len, "zmsg_build: generate has %d stop_token_ids, at most %d", s->n_stop_token_ids,
+                        ZMSG_MAX_STOP);
+        }
+        set_i(h, "n_prompts", m->n_prompts);
+        set_i(h, "n", s->n);
+        set_i(h, "max_tokens", s->max_tokens);
+        set_r(h, "temperature", s->temperature);
+        set_r(h, "top_p", s->top_p);
+        set_i(h, "top_k", s->top_k);
+        set_r(h, "min_p", s->min_p);
+        set_r(h, "repetition_penalty", s->repetition_penalty);
+        json_object_set_new(h, "seed", s->has_seed ? json_integer((json_int_t)s->seed) : json_null());
+        json_t *st = json_array();
+        for (int i = 0; i < s->n_stop_token_ids; i++) json_array_append_new(st, json_integer(s->stop_token_ids[i]));
+        json_object_set_new(h, "stop_token_ids", st);
+        json_object_set_new(h, "ignore_eos", json_boolean(s->ignore_eos));
+        n_frames = 1 + m->n_prompts;
+        break;
+    }
+    case ZMSG_RESULT: {
+        int n = m->n_completions;
+        if (n < 1 || !m->completion_lens || !m->finish_reasons || !m->policy_versions || !m->policy_versions_end) {
+            json_decref(h);
+            return fail(err, err_len, "zmsg_build: result needs n >= 1 and its per-completion arrays");
+        }
+        size_t total = 0;
+        json_t *lens = json_array(), *fin = json_array();
+        for (int i = 0; i < n; i++) {
+            total += (size_t)(m->completion_lens[i] > 0 ? m->completion_lens[i] : 0);
+            json_array_append_new(lens, json_integer(m->completion_lens[i]));
+            json_array_append_new(fin, json_string(zmsg_finish_name(m->finish_reasons[i])));
+        }
+        set_i(h, "prompt_index", m->prompt_index);
+        set_i(h, "n_prompts", m->n_prompts);
+        set_i(h, "n", n);
+        json_object_set_new(h, "completion_lens", lens);
+        json_object_set_new(h, "finish_reasons", fin);
+        json_object_set_new(h, "policy_versions", i64_array(m->policy_versions, n));
+        json_object_set_new(h, "policy_versions_end", i64_array(m->policy_versions_end, n));
+        set_i(h, "prompt_tokens", m->prompt_tokens);
+        set_i(h, "cached_tokens", m->cached_tokens);
+        if (total && (!m->tokens || !m->logprobs)) {
+            json_decref(h);
+            return fail(err, err_len, "zmsg_build: result has %zu tokens but no token / logprob array", total);
+        }
+        data[0] = (ZmsgFrame){m->tokens ? (const void *)m->tokens : "", total * 4};
+        data[1] = (ZmsgFrame){m->logprobs ? (const void *)m->logprobs : "", total * 4};
+        n_frames = 3;
+        break;
+    }
+    case ZMSG_STATS:
+        if (req) break;
+        set_i(h, "requests_waiting", m->stats.requests_waiting);
+        set_i(h, "requests_running", m->stats.requests_running);
+        set_i(h, "sequences_running", m->stats.sequences_running);
+        set_i(h, "kv_blocks_total", m->stats.kv_blocks_total);
+        set_i(h, "kv_blocks_used", m->stats.kv_blocks_used);
+        set_i(h, "kv_blocks_cached", m->stats.kv_blocks_cached);
+        set_i(h, "prompt_tokens_total", m->stats.prompt_tokens_total);
+        set_i(h, "generation_tokens_total", m->stats.generation_tokens_total);
+        set_i(h, "cached_prompt_tokens_total", m->stats.cached_prompt_tokens_total);
+        set_i(h, "preemptions_total", m->stats.preemptions_total);
+        set_i(h, "steps_total", m->stats.steps_total);
+        set_r(h, "step_seconds_sum", m->stats.step_seconds_sum);
+        set_i(h, "policy_version", m->stats.policy_version);
+        json_object_set_new(h, "paused", json_boolean(m->stats.paused));
+        set_i(h, "prompts_in_flight", m->stats.prompts_in_flight);
+        break;
+    case ZMSG_WEIGHTS_BEGIN:
+        set_i(h, "version", m->version);
+        if (!req) break;
+        json_object_set_new(h, "transport", json_string(m->transport == ZMSG_TRANSPORT_NCCL ? "nccl" : "zmq"));
+        zmsg_hash_to_hex(m->layout_hash, hex);
+        json_object_set_new(h, "layout_hash", json_string(hex));
+        break;
+    case ZMSG_WEIGHTS_SLICE:
+        if (m->count < 1 || m->offset < 0 || m->unit < 0 || !m->slice_data) {
+            json_decref(h);
+            return fail(err, err_len, "zmsg_build: weights_slice needs unit >= 0, offset >= 0, count >= 1 and data");
+        }
+        set_i(h, "unit", m->unit);
+        set_i(h, "offset", m->offset);
+        set_i(h, "count", m->count);
+        json_object_set_new(h, "dtype", json_string(zmsg_dtype_name(m->dtype)));
+        data[0] = (ZmsgFrame){m->slice_data, (size_t)m->count * zmsg_dtype_size(m->dtype)};
+        n_frames = 2;
+        break;
+    case ZMSG_WEIGHTS_END:
+        set_i(h, "version", m->version);
+        if (req) break;
+        set_r(h, "seconds", m->seconds);
+        set_r(h, "commit_seconds", m->commit_seconds);
+        break;
+    case ZMSG_ERROR:
+        json_object_set_new(h, "code", utf8_or(m->code, "error"));
+        json_object_set_new(h, "message", utf8_or(m->message, "(message was not valid UTF-8)"));
+        break;
+    default: break;
+    }
+    out->header = json_dumps(h, JSON_COMPACT);
+    json_decref(h);
+    out->frames = calloc((size_t)n_frames, sizeof *out->frames);
+    if (!out->header || !out->frames) {
+        zmsg_out_free(out);
+        return fail(err, err_len, "zmsg_build: out of memory");
+    }
+    out->header_len = strlen(out->header);
+    out->frames[0] = (ZmsgFrame){out->header, out->header_len};
+    out->n_frames = n_frames;
+    if (m->type == ZMSG_GENERATE)
+        for (int i = 0; i < m->n_prompts; i++)
+            out->frames[1 + i] = (ZmsgFrame){m->prompts[i], (size_t)m->prompt_lens[i] * 4};
+    else
+        for (int i = 1; i < n_frames; i++) out->frames[i] = data[i - 1];
+    return 0;
+bad_units:
+    json_decref(h);
+    return fail(err, err_len, "zmsg_build: hello reply needs n_units >= 1 and unit_numel");
+}
+
+void zmsg_out_free(ZmsgOut *out) {
+    if (!out) return;
+    free(out->header);
+    free(out->frames);
+    memset(out, 0, sizeof *out);
+}

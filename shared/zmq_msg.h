@@ -1,0 +1,172 @@
+// shared/zmq_msg.h — the message codec of the trainer <-> rollout server ZeroMQ channel (docs/protocol-zmq.md).
+//
+// A message is a list of frames: frame 0 is a JSON object {"type": ..., "id": ..., ...}; the frames after it
+// are raw little-endian arrays whose count and byte sizes the header determines (int32 token ids, float32
+// logprobs, float32 or bf16 weight slices). The codec knows nothing about sockets: it turns a ZmsgMsg into
+// frames (zmsg_build) and frames into a ZmsgMsg (zmsg_parse), so the server, the trainer and the tests share
+// one definition. Parsing is strict: an unknown type, an unknown / missing / mistyped field, an out-of-range
+// value, or a frame count or byte size that disagrees with the header is refused with a message naming it.
+#ifndef TANDEM_SHARED_ZMQ_MSG_H
+#define TANDEM_SHARED_ZMQ_MSG_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#define ZMSG_PROTOCOL_VERSION 1
+#define ZMSG_MAX_STOP 16            // stop_token_ids per generate (the engine's limit)
+#define ZMSG_MAX_PROMPTS 4096       // prompts per generate message
+#define ZMSG_MAX_COMPLETIONS 4096   // n per prompt
+#define ZMSG_MODEL_ID_MAX 256
+#define ZMSG_TEXT_MAX 1024          // error message text
+#define ZMSG_CODE_MAX 32
+
+typedef enum {
+    ZMSG_HELLO = 0,
+    ZMSG_GENERATE,
+    ZMSG_RESULT,          // reply only: one per prompt of a generate
+    ZMSG_PAUSE,
+    ZMSG_RESUME,
+    ZMSG_RESET_CACHE,
+    ZMSG_STATS,
+    ZMSG_SHUTDOWN,
+    ZMSG_WEIGHTS_BEGIN,
+    ZMSG_WEIGHTS_SLICE,   // request only: errors are the only reply
+    ZMSG_WEIGHTS_END,
+    ZMSG_ERROR,           // reply only
+    ZMSG_N_TYPES
+} ZmsgType;
+
+typedef enum { ZMSG_DIR_REQUEST = 0, ZMSG_DIR_REPLY = 1 } ZmsgDir;   // request: trainer -> server
+
+typedef enum { ZMSG_DTYPE_F32 = 0, ZMSG_DTYPE_BF16 = 1 } ZmsgDtype;
+typedef enum { ZMSG_TRANSPORT_ZMQ = 0, ZMSG_TRANSPORT_NCCL = 1 } ZmsgTransport;
+// Finish reasons of a completion, as the strings "length", "stop", "abort", "error" on the wire.
+typedef enum { ZMSG_FINISH_LENGTH = 0, ZMSG_FINISH_STOP, ZMSG_FINISH_ABORT, ZMSG_FINISH_ERROR } ZmsgFinish;
+
+typedef struct {
+    const void *data;
+    size_t size;
+} ZmsgFrame;
+
+// Sampling parameters of a generate, with vLLM / TRL names and vLLM defaults.
+typedef struct {
+    int n;                       // completions per prompt, >= 1 (default 1)
+    int max_tokens;              // >= 1 (default 16)
+    float temperature;           // >= 0, 0 = greedy (default 1)
+    float top_p;                 // (0, 1] (default 1)
+    int top_k;                   // -1 or 0 = off, else >= 1 (default -1)
+    float min_p;                 // [0, 1] (default 0)
+    float repetition_penalty;    // > 0 (default 1)
+    int has_seed;                // "seed": null or absent -> 0
+    uint64_t seed;               // [0, 2^63)
+    int32_t stop_token_ids[ZMSG_MAX_STOP];
+    int n_stop_token_ids;
+    int ignore_eos;
+} ZmsgSampling;
+
+// Engine counters of a stats reply (rollout_server/engine.h EngineStats, plus the control channel's own).
+typedef struct {
+    int64_t requests_waiting, requests_running, sequences_running;
+    int64_t kv_blocks_total, kv_blocks_used, kv_blocks_cached;
+    int64_t prompt_tokens_total, generation_tokens_total, cached_prompt_tokens_total;
+    int64_t preemptions_total, steps_total;
+    double step_seconds_sum;
+    int64_t policy_version;
+    int paused;
+    int64_t prompts_in_flight;   // generate prompts the control channel is waiting on
+} ZmsgStats;
+
+// One message. Fields are grouped by the types that use them; the others stay zero. Arrays in a message
+// returned by zmsg_parse are owned by it (zmsg_free) except slice_data, which points into the frames that
+// were parsed. A message given to zmsg_build only lends its arrays.
+typedef struct {
+    ZmsgType type;
+    ZmsgDir dir;
+    int64_t id;                  // >= 0, echoed in the replies; -1 only in an error reply whose request had
+                                 // no readable id (JSON null)
+
+    // hello: request protocol_version (0 = not given); reply: all of these
+    int protocol_version;
+    char model_id[ZMSG_MODEL_ID_MAX];
+    uint64_t layout_hash;        // also weights_begin; on the wire 16 lowercase hex digits
+    int n_units;
+    int64_t *unit_numel;         // (n_units) elements per unit
+    int64_t policy_version;      // hello reply
+    int max_seq_len;
+    int vocab_size;
+
+    // generate request: sampling and n_prompts prompts of token ids (one frame each)
+    ZmsgSampling sampling;
+    int n_prompts;               // also result
+    int32_t **prompts;           // (n_prompts) -> (prompt_lens[i]) int32
+    int *prompt_lens;            // (n_prompts)
+
+    // result reply: one prompt's n completions; frames: tokens (sum lens) int32, logprobs (sum lens) float32
+    int prompt_index;            // 0..n_prompts-1 within its generate
+    int n_completions;
+    int *completion_lens;        // (n_completions)
+    ZmsgFinish *finish_reasons;  // (n_completions)
+    int64_t *policy_versions;    // (n_completions) weights version of each completion's first token
+    int64_t *policy_versions_end;// (n_completions) ... and of its last token (differs if an update landed)
+    int32_t *tokens;             // (sum completion_lens) completion 0's tokens, then completion 1's, ...
+    float *logprobs;             // (sum completion_lens)
+    int prompt_tokens;           // prompt tokens the engine used
+    int cached_tokens;           // of which prefix-cache hits
+
+    // stats reply
+    ZmsgStats stats;
+
+    // weights_begin (version, transport, layout_hash), weights_slice, weights_end (version; reply: seconds)
+    int64_t version;             // also the replies of weights_begin / weights_end
+    ZmsgTransport transport;
+    int unit;
+    int64_t offset, count;       // elements
+    ZmsgDtype dtype;
+    const void *slice_data;      // (count) f32 or bf16, little-endian, not necessarily aligned
+    double seconds;              // weights_end reply: weights_begin to commit done
+    double commit_seconds;       // weights_end reply: the engine's swap alone
+
+    // error reply
+    char code[ZMSG_CODE_MAX];    // short machine-readable reason, e.g. "bad_message", "queue_full"
+    char message[ZMSG_TEXT_MAX];
+
+    int owned_;                  // internal: arrays were allocated by zmsg_parse
+} ZmsgMsg;
+
+// Encoded message: frames[0] is the JSON header (owned), frames[1..] borrow the ZmsgMsg's arrays.
+typedef struct {
+    char *header;
+    size_t header_len;
+    ZmsgFrame *frames;           // (n_frames)
+    int n_frames;
+} ZmsgOut;
+
+const char *zmsg_type_name(ZmsgType t);         // "hello", "generate", ..., NULL for an invalid value
+const char *zmsg_finish_name(ZmsgFinish f);     // "length", "stop", "abort", "error"
+const char *zmsg_dtype_name(ZmsgDtype d);       // "f32", "bf16"
+size_t zmsg_dtype_size(ZmsgDtype d);            // 4, 2
+
+// Fills the defaults above (type and id left to the caller).
+void zmsg_sampling_default(ZmsgSampling *s);
+// Zeroes a message and sets its type, direction and id (generate: default sampling).
+void zmsg_init(ZmsgMsg *m, ZmsgType type, ZmsgDir dir, int64_t id);
+
+// Encodes m. Returns 0, or a negative code when m is inconsistent (a type that has no such direction, a
+// missing array, a count out of range) with a message naming the field. Release with zmsg_out_free.
+int zmsg_build(const ZmsgMsg *m, ZmsgOut *out, char *err, size_t err_len);
+void zmsg_out_free(ZmsgOut *out);
+
+// Decodes frames travelling in direction dir. Returns 0 with *m filled (release it with zmsg_free), or a
+// negative code with a message naming the offending field or frame; then *m needs no zmsg_free, and m->id
+// holds the header's id when one was readable (else -1) so that the error reply can carry it.
+int zmsg_parse(ZmsgMsg *m, ZmsgDir dir, const ZmsgFrame *frames, int n_frames, char *err, size_t err_len);
+void zmsg_free(ZmsgMsg *m);
+
+// Builds the error reply for request id (-1 = unknown): code and message are copied (truncated to fit).
+void zmsg_error(ZmsgMsg *m, int64_t id, const char *code, const char *message);
+
+// 16 lowercase hex digits; parse accepts exactly that (returns 0) or returns -1.
+void zmsg_hash_to_hex(uint64_t h, char out[17]);
+int zmsg_hash_from_hex(const char *s, uint64_t *h);
+
+#endif
