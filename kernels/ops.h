@@ -62,6 +62,9 @@ void ops_synchronize(OpsCtx *ctx);
 // y += x over n storage elements (residual stream, gradient merge).
 void ops_add_inplace(OpsCtx *ctx, void *y, const void *x, size_t n);
 
+// y += x over n fp32 elements (gradient accumulation).
+void ops_add_f32(OpsCtx *ctx, float *y, const float *x, size_t n);
+
 // ---- embedding --------------------------------------------------------------------------------
 
 // out (N, C) = table[tokens[i]] ; table (V, C). A token outside [0, V) records an error.

@@ -92,25 +92,31 @@ static uint64_t splitmix64(uint64_t *s) {
 }
 static double uniform01(uint64_t *s) { return ((splitmix64(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
 
+void model_random_unit_f32(const Model *m, uint64_t seed, float std, int unit, float *host) {
+    const Layout *L = &m->layout;
+    // Each unit draws from its own stream, so a unit's values do not depend on which other units are made.
+    uint64_t state = seed ^ (0xD1B54A32D192ED03ULL * (uint64_t)(unit + 1));
+    memset(host, 0, L->unit_numel[unit] * sizeof(float));
+    for (int i = 0; i < L->n_tensors; i++) {
+        const LayoutTensor *t = &L->tensors[i];
+        if (t->unit != unit) continue;
+        float *dst = host + t->offset;
+        int is_norm = strstr(t->name, "norm.weight") != NULL;
+        int is_bias = strstr(t->name, ".bias") != NULL;
+        for (size_t j = 0; j < t->numel; j++) {
+            if (is_norm) dst[j] = 1.0f;
+            else if (is_bias) dst[j] = 0.0f;
+            else dst[j] = (float)(std * sqrt(-2.0 * log(uniform01(&state))) * cos(6.283185307179586 * uniform01(&state)));
+        }
+    }
+}
+
 void model_init_random(const Model *m, ResidentWeights *w, uint64_t seed, float std) {
     const Layout *L = &m->layout;
     float *host = malloc(L->max_unit_numel * sizeof(float));
     if (!host) { ops_set_error(m->ops, -1, __FILE__, __LINE__, "out of host memory for the random init"); return; }
-    uint64_t state = seed;
     for (int u = 0; u < L->n_units; u++) {
-        memset(host, 0, L->unit_numel[u] * sizeof(float));
-        for (int i = 0; i < L->n_tensors; i++) {
-            const LayoutTensor *t = &L->tensors[i];
-            if (t->unit != u) continue;
-            float *dst = host + t->offset;
-            int is_norm = strstr(t->name, "norm.weight") != NULL;
-            int is_bias = strstr(t->name, ".bias") != NULL;
-            for (size_t j = 0; j < t->numel; j++) {
-                if (is_norm) dst[j] = 1.0f;
-                else if (is_bias) dst[j] = 0.0f;
-                else dst[j] = (float)(std * sqrt(-2.0 * log(uniform01(&state))) * cos(6.283185307179586 * uniform01(&state)));
-            }
-        }
+        model_random_unit_f32(m, seed, std, u, host);
         ops_upload_f32(m->ops, w->params[u], host, L->unit_numel[u]);
     }
     free(host);

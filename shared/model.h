@@ -65,12 +65,21 @@ void resident_zero_grads(ResidentWeights *w, const Model *m);
 int model_load(Model *m, ResidentWeights *w, OpsCtx *ops, const char *model_dir, char *err, size_t err_len);
 // Loads only the tensors into already-initialised resident weights (model and layout from this config).
 int model_load_weights(const Model *m, ResidentWeights *w, const char *model_dir, char *err, size_t err_len);
+// Pieces of model_load_weights for loaders that place units themselves (ZeRO-3 keeps one slice per rank):
+// refuse tensors the layout has no place for; read unit `unit` (all its tensors, checked) into host fp32
+// (layout->unit_numel[unit] elements, padding zeroed).
+struct SafetensorsSet;
+int model_check_tensors(const Model *m, const struct SafetensorsSet *set, char *err, size_t err_len);
+int model_read_unit(const Model *m, const struct SafetensorsSet *set, int unit, float *host, char *err,
+                    size_t err_len);
 // Writes an HF-loadable folder: config.json plus safetensors (sharded above max_shard_bytes; 0 = never).
 // `units` yields each unit's parameters (fp32 host copies are made per unit). dtype_bf16 selects BF16 tensors.
 int model_save(const Model *m, UnitSource *units, const char *out_dir, int dtype_bf16, size_t max_shard_bytes,
                char *err, size_t err_len);
 // Fills resident weights with a deterministic random init (normal(0, std) matrices, ones for norms, zero bias).
 void model_init_random(const Model *m, ResidentWeights *w, uint64_t seed, float std);
+// The same values for one unit, into host fp32 (unit_numel elements).
+void model_random_unit_f32(const Model *m, uint64_t seed, float std, int unit, float *host);
 
 // ---- training -----------------------------------------------------------------------------------
 

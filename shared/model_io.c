@@ -15,39 +15,50 @@ static int tolerated_extra(const Model *m, const char *name) {
     return n >= k && strcmp(name + n - k, "rotary_emb.inv_freq") == 0; // old checkpoints store RoPE buffers
 }
 
+int model_check_tensors(const Model *m, const SafetensorsSet *set, char *err, size_t err_len) {
+    for (size_t i = 0; i < st_count(set); i++) {
+        const StTensor *t = st_tensor_at(set, i);
+        if (layout_find(&m->layout, t->name) < 0 && !tolerated_extra(m, t->name)) {
+            snprintf(err, err_len, "unexpected tensor %s in %s: a %s with this config.json has no such parameter",
+                     t->name, t->path, m->cfg.arch_name);
+            return -1;
+        }
+    }
+    return 0;
+}
+
+int model_read_unit(const Model *m, const SafetensorsSet *set, int unit, float *host, char *err, size_t err_len) {
+    const Layout *L = &m->layout;
+    memset(host, 0, L->unit_numel[unit] * sizeof(float));
+    for (int i = 0; i < L->n_tensors; i++) {
+        const LayoutTensor *lt = &L->tensors[i];
+        if (lt->unit != unit) continue;
+        const StTensor *t = st_find(set, lt->name);
+        if (!t) {
+            snprintf(err, err_len, "tensor %s is missing from the checkpoint", lt->name);
+            return -1;
+        }
+        if (st_check_param(t, err, err_len) != 0 || st_check_shape(t, lt->ndim, lt->shape, err, err_len) != 0 ||
+            st_read_f32(t, host + lt->offset, lt->numel, err, err_len) != 0)
+            return -1;
+    }
+    return 0;
+}
+
 int model_load_weights(const Model *m, ResidentWeights *w, const char *model_dir, char *err, size_t err_len) {
     const Layout *L = &m->layout;
     SafetensorsSet *set = NULL;
     if (st_open(&set, model_dir, err, err_len) != 0) return -1;
     int rc = -1;
     float *host = NULL;
-    for (size_t i = 0; i < st_count(set); i++) {
-        const StTensor *t = st_tensor_at(set, i);
-        if (layout_find(L, t->name) < 0 && !tolerated_extra(m, t->name)) {
-            snprintf(err, err_len, "unexpected tensor %s in %s: a %s with this config.json has no such parameter",
-                     t->name, t->path, m->cfg.arch_name);
-            goto out;
-        }
-    }
+    if (model_check_tensors(m, set, err, err_len) != 0) goto out;
     host = malloc(L->max_unit_numel * sizeof(float));
     if (!host) {
         snprintf(err, err_len, "out of host memory loading %s", model_dir);
         goto out;
     }
     for (int u = 0; u < L->n_units; u++) {
-        memset(host, 0, L->unit_numel[u] * sizeof(float));
-        for (int i = 0; i < L->n_tensors; i++) {
-            const LayoutTensor *lt = &L->tensors[i];
-            if (lt->unit != u) continue;
-            const StTensor *t = st_find(set, lt->name);
-            if (!t) {
-                snprintf(err, err_len, "tensor %s is missing from %s", lt->name, model_dir);
-                goto out;
-            }
-            if (st_check_param(t, err, err_len) != 0 || st_check_shape(t, lt->ndim, lt->shape, err, err_len) != 0 ||
-                st_read_f32(t, host + lt->offset, lt->numel, err, err_len) != 0)
-                goto out;
-        }
+        if (model_read_unit(m, set, u, host, err, err_len) != 0) goto out;
         ops_upload_f32(m->ops, w->params[u], host, L->unit_numel[u]);
     }
     ops_synchronize(m->ops);

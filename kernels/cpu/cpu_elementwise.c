@@ -4,3 +4,7 @@
 void cpu_add_inplace(float *restrict y, const float *restrict x, size_t n) {
     for (size_t i = 0; i < n; i++) y[i] += x[i];
 }
+
+void cpu_add_f32(float *restrict y, const float *restrict x, size_t n) {
+    for (size_t i = 0; i < n; i++) y[i] += x[i];
+}

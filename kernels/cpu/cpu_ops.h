@@ -45,5 +45,6 @@ void cpu_adamw_step(float *master, float *m, float *v, const float *grad, float 
 void cpu_sum_squares(float *out, const float *x, size_t n);
 
 void cpu_add_inplace(float *y, const float *x, size_t n);
+void cpu_add_f32(float *y, const float *x, size_t n);
 
 #endif

@@ -39,3 +39,17 @@ void cuda_add_inplace(OpsCtx *ctx, void *y, const void *x, size_t n) {
         CUDA_CHECK_LAUNCH(ctx);
     }
 }
+
+// fp32 accumulation of gradient slices (ZeRO reduce-scatter results, micro-batch accumulation).
+__global__ void add_f32_kernel(float *y, const float *x, size_t n) {
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t stride = (size_t)gridDim.x * blockDim.x;
+    for (; i < n; i += stride) y[i] += x[i];
+}
+
+void cuda_add_f32(OpsCtx *ctx, float *y, const float *x, size_t n) {
+    CudaState *st = cuda_enter(ctx);
+    if (!st || n == 0) return;
+    add_f32_kernel<<<cuda_grid_1d(n, 256, st), 256, 0, st->stream>>>(y, x, n);
+    CUDA_CHECK_LAUNCH(ctx);
+}

@@ -26,6 +26,7 @@ void cuda_download_f32(OpsCtx *ctx, float *dst_host, const void *src, size_t n);
 void cuda_synchronize(OpsCtx *ctx);
 
 void cuda_add_inplace(OpsCtx *ctx, void *y, const void *x, size_t n);
+void cuda_add_f32(OpsCtx *ctx, float *y, const float *x, size_t n);
 void cuda_embedding_fwd(OpsCtx *ctx, void *out, const int32_t *tokens, const void *table, int N, int C, int V);
 void cuda_embedding_bwd(OpsCtx *ctx, float *dtable, const void *dout, const int32_t *tokens, int N, int C);
 void cuda_rmsnorm_fwd(OpsCtx *ctx, void *out, float *rstd, const void *x, const void *w, int N, int C, float eps);

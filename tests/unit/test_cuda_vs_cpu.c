@@ -190,6 +190,14 @@ static void test_add(void) {
     check("add_inplace offset", "y", y, 1e-2);
     buf_free(y);
     buf_free(x);
+    // fp32 accumulation: both sides add in fp32, one rounding each (1e-6 relative).
+    Buf yf = buf_rand_f32(n, -4, 4), xf = buf_rand_f32(n, -4, 4);
+    ops_add_f32(cpu, yf.c, xf.c, n);
+    ops_add_f32(gpu, yf.g, xf.g, n);
+    expect_ok("add_f32");
+    check("add_f32", "y", yf, 1e-6);
+    buf_free(yf);
+    buf_free(xf);
 }
 
 static void test_embedding(void) {

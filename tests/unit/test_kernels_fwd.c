@@ -65,6 +65,9 @@ static void test_add_inplace(void) {
     for (size_t i = 0; i < n; i++) want[i] = (double)y[i] + x[i];
     cpu_add_inplace(y, x, n);
     kt_close("add_inplace", y, want, n, 1e-7, 0.0); // one fp32 rounding
+    for (size_t i = 0; i < n; i++) want[i] = (double)y[i] + x[i];
+    cpu_add_f32(y, x, n);
+    kt_close("add_f32", y, want, n, 1e-7, 0.0);
     free(y), free(x), free(want);
 }
 

@@ -1,0 +1,59 @@
+// trainer/zero3.h — the ZeRO engine: every unit of the policy sharded across ranks (DESIGN.md "Trainer: ZeRO-3").
+//
+// Rank r of N owns slice r of every unit, the unit padded to layout_padded_unit_numel(unit, N):
+//   fp32 master weights, Adam m and v, fp32 gradient (stages 1-3), and the storage-dtype parameters (stage 3).
+// Stage 3: a unit's parameters exist in full only while the model uses them (all-gathered on acquire, dropped
+//          on release); each unit's gradient is reduce-scattered as soon as backward finishes it.
+// Stage 2: full parameters resident on every rank; gradients reduce-scattered per unit as in stage 3.
+// Stage 1: full parameters and full gradients resident; gradients all-reduced after backward.
+// In every stage the optimizer updates only the local slice and the new parameters are all-gathered (1, 2) or
+// stay sharded (3). The model reaches all of this through zero3_source() — a UnitSource.
+#ifndef TANDEM_TRAINER_ZERO3_H
+#define TANDEM_TRAINER_ZERO3_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "shared/comm.h"
+#include "shared/model.h"
+
+typedef struct {
+    float lr, beta1, beta2, eps, weight_decay;
+    float max_grad_norm;   // <= 0: no clipping
+} AdamWParams;
+
+typedef struct {
+    size_t param_shard_bytes, master_bytes, adam_bytes, grad_bytes; // per rank
+    size_t gathered_bytes;   // full-unit parameter slots (stage 3) or resident full parameters (1, 2)
+    size_t grad_work_bytes;  // full-unit gradient buffers used during backward
+} Zero3Memory;
+
+typedef struct Zero3 Zero3;
+
+// Allocates this rank's state for model m (its config/layout/ops) over communicator c.
+int zero3_create(Zero3 **out, Model *m, Comm *c, int stage, char *err, size_t err_len);
+void zero3_destroy(Zero3 *z);
+// Loads an HF folder: every rank reads each unit and keeps its slice (fp32 master + parameters).
+int zero3_load(Zero3 *z, const char *model_dir, char *err, size_t err_len);
+// Deterministic random init (same on every rank count): model_init_random's values, sliced.
+int zero3_init_random(Zero3 *z, uint64_t seed, float std, char *err, size_t err_len);
+void zero3_memory(const Zero3 *z, Zero3Memory *mem);
+
+UnitSource zero3_source(Zero3 *z);
+// Gradients are accumulated across backward passes until zero3_step (gradient accumulation).
+void zero3_zero_grad(Zero3 *z);
+// After the last backward of a step: finishes the gradient reduction (stage 1), computes the global gradient
+// norm (reported before clipping, as torch's clip_grad_norm_), clips, applies AdamW with this step's lr to
+// the local slices, republishes parameters, zeroes gradients. step counts from 1.
+int zero3_step(Zero3 *z, const AdamWParams *p, float lr, int step, float *grad_norm, char *err, size_t err_len);
+
+// Per-rank view for checkpoints and the weight sync: unit u's slice [offset, offset + count) of the padded unit.
+size_t zero3_shard_offset(const Zero3 *z, int unit);
+size_t zero3_shard_count(const Zero3 *z, int unit);
+float *zero3_master_shard(Zero3 *z, int unit);     // fp32 (count)
+float *zero3_adam_m_shard(Zero3 *z, int unit);
+float *zero3_adam_v_shard(Zero3 *z, int unit);
+// All ranks call it together: gathers unit u's parameters as fp32 into host (padded unit numel) on every rank.
+int zero3_gather_unit_f32(Zero3 *z, int unit, float *host, char *err, size_t err_len);
+
+#endif
