@@ -1,0 +1,576 @@
+// rollout_server/engine.c — the generation engine: set-up and tear-down, and the engine thread's loop (admit,
+// schedule, run the model, sample, emit, apply control requests). Submission and the control calls made by other
+// threads are in engine_control.c; request handles in engine_request.c.
+//
+// Threads: the engine thread alone touches the model, the KV cache, the block manager, the scheduler and the
+// sequences. Other threads talk to it through the engine mutex (incoming and abort lists, control requests,
+// the published stats) and through each request's own mutex (its event queue). The engine thread never holds
+// the engine mutex while it takes a request's mutex, so clients may take them in the other order.
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "rollout_server/engine_internal.h"
+
+// ---- defaults and names -------------------------------------------------------------------------
+
+void sampling_params_default(SamplingParams *p) {
+    memset(p, 0, sizeof *p);
+    p->n = 1;
+    p->max_tokens = 16;
+    p->temperature = 1.0f;
+    p->top_p = 1.0f;
+    p->repetition_penalty = 1.0f;
+    p->skip_special_tokens = 1;
+}
+
+void engine_config_default(EngineConfig *c) {
+    memset(c, 0, sizeof *c);
+    c->backend = OPS_BACKEND_CPU;
+    c->kv_cache_bytes = (size_t)1 << 30;
+    c->block_size = 16;
+    c->max_num_seqs = 256;
+    c->max_num_batched_tokens = 2048;
+    c->max_queued_requests = 1024;
+    c->enable_prefix_caching = 1;
+}
+
+const char *finish_reason_name(FinishReason r) {
+    switch (r) {
+    case FINISH_LENGTH: return "length";
+    case FINISH_STOP: return "stop";
+    case FINISH_ABORT: return "abort";
+    case FINISH_ERROR: return "error";
+    default: return "none";
+    }
+}
+
+const Model *engine_model(const Engine *e) { return &e->m; }
+const Tokenizer *engine_tokenizer(const Engine *e) { return e->tok; }
+const char *engine_model_id(const Engine *e) { return e->model_id; }
+
+int64_t engine_policy_version(const Engine *e) {
+    Engine *m = (Engine *)e;
+    pthread_mutex_lock(&m->mu);
+    int64_t v = m->version;
+    pthread_mutex_unlock(&m->mu);
+    return v;
+}
+
+static double now_seconds(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return t.tv_sec + t.tv_nsec * 1e-9;
+}
+
+// ---- request bookkeeping on the engine thread ---------------------------------------------------
+
+static void queued_dec(Engine *e) {
+    pthread_mutex_lock(&e->mu);
+    e->n_queued--;
+    pthread_mutex_unlock(&e->mu);
+}
+
+// Takes every sequence of r out of the scheduler and gives back its blocks.
+static void drop_sequences(Engine *e, EngineRequest *r) {
+    for (int i = 0; i < r->n; i++) {
+        EngSeq *q = &r->seqs[i];
+        sched_remove(&e->sched, &q->s);
+        q->finished = 1;
+    }
+    if (!r->admitted) queued_dec(e);
+    else e->n_requests_running--;
+    r->n_live = 0;
+}
+
+// Ends every unfinished completion of r with a bare finish event of `reason`, then lets go of r.
+static void end_request(Engine *e, EngineRequest *r, FinishReason reason) {
+    for (int i = 0; i < r->n; i++)
+        if (!r->seqs[i].finished)
+            request_push(r, i, -1, 0.0f, NULL, NULL, 0, reason, NULL, -1, e->version);
+    drop_sequences(e, r);
+    request_engine_done(r);
+}
+
+static void finish_seq(Engine *e, EngSeq *q) {
+    q->finished = 1;
+    sched_remove(&e->sched, &q->s);
+    q->req->n_live--;
+}
+
+static void maybe_done(Engine *e, EngineRequest *r) {
+    if (r->n_live > 0) return;
+    e->n_requests_running--;
+    request_engine_done(r);
+}
+
+// Samples completion q's next token from its logits row, appends it, turns it into text and an event.
+static void emit_token(Engine *e, EngSeq *q, const float *row) {
+    EngineRequest *r = q->req;
+    Sequence *s = &q->s;
+    const int k = r->p.top_logprobs;
+    float lp;
+    int32_t tok = sampler_sample(e->sampler, row, &r->p, s->tokens, s->n_tokens, r->seed + (uint64_t)q->index,
+                                 (uint64_t)(s->n_tokens - s->n_prompt), &lp, k > 0 ? e->top : NULL);
+    s->tokens[s->n_tokens++] = tok;
+    const int last = s->n_tokens - s->n_prompt >= r->p.max_tokens || s->n_tokens >= e->m.cfg.max_seq_len;
+    DetokResult res;
+    char err[256];
+    e->text.len = 0;
+    if (detok_step(&q->detok, tok, last, &e->text, &res, err, sizeof err) != 0) {
+        res.finish = FINISH_ERROR;
+        res.stop_reason = NULL;
+        res.stop_token = -1;
+    }
+    e->live.generation_tokens_total++;
+    if (request_push(r, q->index, tok, lp, e->top, e->text.data, e->text.len, res.finish, res.stop_reason,
+                     res.stop_token, e->version) != 0 && res.finish == FINISH_NONE)
+        res.finish = FINISH_ERROR; // the event could not be queued: end the completion (it says FINISH_ERROR)
+    if (res.finish != FINISH_NONE) finish_seq(e, q);
+}
+
+// Completion 0 finished computing the prompt: completions 1..n-1 take shared references on its blocks, each
+// completion samples its first token from the one logits row, and the new ones join the running set (those
+// beyond max_num_seqs wait at the front of the queue, keeping their blocks).
+static void fork_request(Engine *e, EngineRequest *r, const float *row) {
+    EngSeq *parent = &r->seqs[0];
+    r->forked = 1;
+    for (int i = 1; i < r->n; i++) {
+        EngSeq *c = &r->seqs[i];
+        bm_fork(e->bm, &c->s.table, &parent->s.table);
+        c->s.n_computed = parent->s.n_computed;
+    }
+    for (int i = 0; i < r->n; i++) emit_token(e, &r->seqs[i], row);
+    int first_surplus = r->n;
+    for (int i = 1; i < r->n; i++) {
+        EngSeq *c = &r->seqs[i];
+        if (c->finished) continue;
+        if (e->sched.running.count < e->sched.max_num_seqs) sched_add_running(&e->sched, &c->s);
+        else if (first_surplus == r->n) first_surplus = i;
+    }
+    for (int i = r->n - 1; i >= first_surplus; i--)
+        if (!r->seqs[i].finished && r->seqs[i].s.status == SEQ_NEW) sched_add_waiting(&e->sched, &r->seqs[i].s, 1);
+}
+
+// Everything in the step failed (backend error): each request involved ends with FINISH_ERROR.
+static void fail_step(Engine *e) {
+    int n = 0;
+    for (int i = 0; i < e->sched.n_step; i++) {
+        EngineRequest *r = ((EngSeq *)e->sched.step[i])->req;
+        int seen = 0;
+        for (int j = 0; j < n && !seen; j++) seen = e->scratch_reqs[j] == r;
+        if (!seen) e->scratch_reqs[n++] = r;
+    }
+    for (int j = 0; j < n; j++) end_request(e, e->scratch_reqs[j], FINISH_ERROR);
+}
+
+// One engine step. Returns the number of tokens it ran (0: nothing could be scheduled).
+static int run_step(Engine *e) {
+    Scheduler *s = &e->sched;
+    const double t0 = now_seconds();
+    const int64_t preempt_before = s->preemptions;
+    if (sched_step(s) == 0) return 0;
+    const int bs = e->cfg.block_size, mb = e->max_blocks, V = e->V;
+    int n = 0, n_rows = 0;
+    for (int i = 0; i < s->n_step; i++) {
+        Sequence *q = s->step[i];
+        EngSeq *es = (EngSeq *)q;
+        if (q->just_admitted && q->n_admissions == 1 && es->index == 0) { // the request's first admission
+            EngineRequest *r = es->req;
+            r->admitted = 1;
+            e->n_requests_running++;
+            queued_dec(e);
+            e->live.prompt_tokens_total += r->prompt_len;
+            e->live.cached_prompt_tokens_total += q->cached_at_admission;
+            pthread_mutex_lock(&r->mu);
+            r->cached_tokens = q->cached_at_admission;
+            pthread_mutex_unlock(&r->mu);
+        }
+        for (int t = 0; t < q->sched; t++, n++) {
+            const int pos = q->n_computed + t;
+            e->tok_ids[n] = q->tokens[pos];
+            e->tok_seq[n] = i;
+            e->tok_pos[n] = pos;
+            e->slots[n] = q->table.ids[pos / bs] * bs + pos % bs;
+        }
+        int32_t *tab = e->tables + (size_t)i * mb;
+        memcpy(tab, q->table.ids, (size_t)q->table.n * sizeof *tab);
+        for (int j = q->table.n; j < mb; j++) tab[j] = -1;
+        if (q->n_computed + q->sched == q->n_tokens) {
+            e->rows[n_rows] = n - 1;
+            e->row_of[i] = n_rows++;
+        } else {
+            e->row_of[i] = -1;
+        }
+    }
+    char err[512];
+    if (model_decode_step(&e->m, e->bufs, &e->src, &e->kv, n, e->tok_ids, e->tok_seq, e->tok_pos, e->slots, e->tables,
+                          s->n_step, mb, e->rows, n_rows, e->logits, err, sizeof err) != 0) {
+        fprintf(stderr, "tandem-serve: engine step failed, its requests end with an error: %s\n", err);
+        ops_clear_error(e->ops);
+        fail_step(e);
+    } else {
+        sched_commit(s);
+        // A request is freed only after its last completion finishes, so later entries stay valid.
+        for (int i = 0; i < s->n_step; i++) {
+            if (e->row_of[i] < 0) continue;
+            EngSeq *q = (EngSeq *)s->step[i];
+            EngineRequest *r = q->req;
+            const float *row = e->logits + (size_t)e->row_of[i] * V;
+            if (!r->forked) fork_request(e, r, row);
+            else emit_token(e, q, row);
+            maybe_done(e, r);
+        }
+    }
+    const double dt = now_seconds() - t0;
+    static const double bounds_ms[11] = {1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000};
+    for (int b = 0; b < 11; b++)
+        if (dt * 1e3 <= bounds_ms[b]) e->live.step_seconds_buckets[b]++;
+    e->live.step_seconds_buckets[11]++;
+    e->live.step_seconds_sum += dt;
+    e->live.steps_total++;
+    e->live.preemptions_total += s->preemptions - preempt_before;
+    return n;
+}
+
+// ---- engine thread ------------------------------------------------------------------------------
+
+static void publish_stats(Engine *e) { // under mu
+    EngineStats *st = &e->stats;
+    *st = e->live;
+    st->requests_running = e->n_requests_running;
+    st->sequences_running = e->sched.running.count;
+    st->kv_blocks_total = e->n_blocks;
+    st->kv_blocks_used = bm_num_used(e->bm);
+    st->kv_blocks_cached = bm_num_cached(e->bm);
+}
+
+static void apply_commit(Engine *e, int64_t version) { // not under mu
+    const Layout *L = &e->m.layout;
+    int rc = 0;
+    char msg[512] = "";
+    for (int u = 0; u < L->n_units; u++) {
+        if (!e->commit_units[u]) continue;
+        ops_upload_f32(e->ops, e->w.params[u], e->commit_units[u], L->unit_numel[u]);
+        free(e->commit_units[u]);
+        e->commit_units[u] = NULL;
+    }
+    ops_synchronize(e->ops);
+    if (ops_status(e->ops)) {
+        rc = ENGINE_EINTERNAL;
+        snprintf(msg, sizeof msg, "uploading the new weights failed (the weights may be partly updated): %s",
+                 ops_error(e->ops));
+        ops_clear_error(e->ops);
+    } else {
+        bm_reset_prefix_cache(e->bm);
+    }
+    pthread_mutex_lock(&e->mu);
+    if (rc == 0) e->version = version;
+    e->commit_rc = rc;
+    snprintf(e->commit_err, sizeof e->commit_err, "%s", msg);
+    pthread_mutex_unlock(&e->mu);
+}
+
+static void *engine_main(void *arg) {
+    Engine *e = arg;
+    pthread_mutex_lock(&e->mu);
+    for (;;) {
+        if (e->commit_req != e->commit_done) {
+            const int64_t gen = e->commit_req, version = e->commit_version;
+            for (int u = 0; u < e->m.layout.n_units; u++) {
+                e->commit_units[u] = e->staging[u];
+                e->staging[u] = NULL;
+            }
+            pthread_mutex_unlock(&e->mu);
+            apply_commit(e, version);
+            pthread_mutex_lock(&e->mu);
+            e->commit_done = gen;
+            publish_stats(e);
+            pthread_cond_broadcast(&e->ack);
+            continue;
+        }
+        if (e->reset_req != e->reset_done) {
+            const int64_t gen = e->reset_req;
+            bm_reset_prefix_cache(e->bm); // the engine thread owns the block manager; nothing else runs now
+            e->reset_done = gen;
+            publish_stats(e);
+            pthread_cond_broadcast(&e->ack);
+            continue;
+        }
+        if (e->in_head || e->aborts) {
+            EngineRequest *in = e->in_head, *ab = e->aborts;
+            e->in_head = e->in_tail = e->aborts = NULL;
+            e->idle = 0; // until the loop looks again: engine_destroy must not take the queue for empty
+            pthread_mutex_unlock(&e->mu);
+            for (EngineRequest *r = in, *next; r; r = next) {
+                next = r->next_in;
+                sched_add_waiting(&e->sched, &r->seqs[0].s, 0);
+            }
+            for (EngineRequest *r = ab, *next; r; r = next) {
+                next = r->next_abort;
+                pthread_mutex_lock(&r->mu);
+                const int done = r->engine_done;
+                pthread_mutex_unlock(&r->mu);
+                if (!done) drop_sequences(e, r);
+                request_free(r); // released by the client, which left it to us
+            }
+            pthread_mutex_lock(&e->mu);
+            publish_stats(e);
+            continue;
+        }
+        if (e->abort_all) {
+            pthread_mutex_unlock(&e->mu);
+            while (e->sched.running.head || e->sched.waiting.head) {
+                Sequence *q = e->sched.running.head ? e->sched.running.head : e->sched.waiting.head;
+                end_request(e, ((EngSeq *)q)->req, FINISH_ABORT);
+            }
+            pthread_mutex_lock(&e->mu);
+            if (e->aborts) continue; // a client released a handle meanwhile: free it before leaving
+            break;
+        }
+        if (e->paused) {
+            e->pause_ack = 1;
+            pthread_cond_broadcast(&e->ack);
+            pthread_cond_wait(&e->wake, &e->mu);
+            continue;
+        }
+        if (e->sched.running.count + e->sched.waiting.count == 0) {
+            e->idle = 1;
+            pthread_cond_broadcast(&e->ack);
+            pthread_cond_wait(&e->wake, &e->mu);
+            continue;
+        }
+        e->idle = 0;
+        pthread_mutex_unlock(&e->mu);
+        const int ran = run_step(e);
+        pthread_mutex_lock(&e->mu);
+        publish_stats(e);
+        pthread_cond_broadcast(&e->ack);
+        if (ran == 0) { // nothing fit (the scheduler frees waiting blocks when idle, so this is transient)
+            struct timespec t;
+            clock_gettime(CLOCK_REALTIME, &t);
+            t.tv_nsec += 10000000L;
+            if (t.tv_nsec >= 1000000000L) {
+                t.tv_sec++;
+                t.tv_nsec -= 1000000000L;
+            }
+            pthread_cond_timedwait(&e->wake, &e->mu, &t);
+        }
+    }
+    e->idle = 1;
+    e->exited = 1;
+    publish_stats(e);
+    pthread_cond_broadcast(&e->ack);
+    pthread_mutex_unlock(&e->mu);
+    return NULL;
+}
+
+void engine_post_abort(Engine *e, EngineRequest *r) { // under r->mu (see engine_request_release)
+    pthread_mutex_lock(&e->mu);
+    r->next_abort = e->aborts;
+    e->aborts = r;
+    pthread_cond_broadcast(&e->wake);
+    pthread_mutex_unlock(&e->mu);
+}
+
+// ---- create / destroy ---------------------------------------------------------------------------
+
+static void engine_free(Engine *e) {
+    if (!e) return;
+    if (e->staging) {
+        for (int u = 0; u < e->m.layout.n_units; u++) free(e->staging[u]);
+        free(e->staging);
+    }
+    free(e->commit_units);
+    free(e->tok_ids);
+    free(e->tok_seq);
+    free(e->tok_pos);
+    free(e->slots);
+    free(e->tables);
+    free(e->rows);
+    free(e->row_of);
+    free(e->logits);
+    free(e->scratch_reqs);
+    textbuf_free(&e->text);
+    sampler_free(e->sampler);
+    sched_destroy(&e->sched);
+    bm_destroy(e->bm);
+    if (e->bufs) decode_bufs_free(e->bufs, &e->m);
+    if (e->kv.k) kv_cache_free(&e->kv, &e->m);
+    if (e->tok) tokenizer_free(e->tok);
+    if (e->have_model) {
+        resident_free(&e->w, &e->m);
+        model_free(&e->m);
+    }
+    if (e->ops) ops_destroy(e->ops);
+    pthread_mutex_destroy(&e->mu);
+    pthread_cond_destroy(&e->wake);
+    pthread_cond_destroy(&e->ack);
+    free(e);
+}
+
+static int check_config(const EngineConfig *c, char *err, size_t err_len) {
+    if (!c->model_dir || !*c->model_dir) snprintf(err, err_len, "no model folder given");
+    else if (c->block_size < 1 || c->block_size > 1024) snprintf(err, err_len, "block size %d must be in [1, 1024]", c->block_size);
+    else if (c->max_num_seqs < 1) snprintf(err, err_len, "--max-num-seqs %d must be >= 1", c->max_num_seqs);
+    else if (c->max_num_batched_tokens < c->max_num_seqs)
+        snprintf(err, err_len, "--max-num-batched-tokens %d must be >= --max-num-seqs %d (every running sequence "
+                 "decodes one token per step)", c->max_num_batched_tokens, c->max_num_seqs);
+    else if (c->max_queued_requests < 1) snprintf(err, err_len, "--max-queued-requests %d must be >= 1", c->max_queued_requests);
+    else return 0;
+    return ENGINE_EINVAL;
+}
+
+static void collect_eos(Engine *e) {
+    int32_t ids[ENGINE_MAX_EOS];
+    int n = 0;
+    for (int i = 0; i < e->m.cfg.n_eos_token_ids && n < ENGINE_MAX_EOS; i++) ids[n++] = e->m.cfg.eos_token_ids[i];
+    if (e->tok) {
+        int32_t t[ENGINE_MAX_EOS];
+        size_t nt = tokenizer_eos_ids(e->tok, t, ENGINE_MAX_EOS);
+        for (size_t i = 0; i < nt && i < ENGINE_MAX_EOS && n < ENGINE_MAX_EOS; i++) ids[n++] = t[i];
+    }
+    e->n_eos = 0;
+    for (int i = 0; i < n; i++) {
+        int dup = ids[i] < 0;
+        for (int j = 0; j < e->n_eos && !dup; j++) dup = e->eos[j] == ids[i];
+        if (!dup) e->eos[e->n_eos++] = ids[i];
+    }
+}
+
+int engine_create(Engine **out, const EngineConfig *cfg, char *err, size_t err_len) {
+    *out = NULL;
+    int rc = check_config(cfg, err, err_len);
+    if (rc) return rc;
+    Engine *e = calloc(1, sizeof *e);
+    if (!e) {
+        snprintf(err, err_len, "out of memory");
+        return ENGINE_ENOMEM;
+    }
+    pthread_mutex_init(&e->mu, NULL);
+    pthread_cond_init(&e->wake, NULL);
+    pthread_cond_init(&e->ack, NULL);
+    e->cfg = *cfg;
+    e->cfg.model_dir = NULL; // the caller's string may not outlive us; the id below is what we keep
+    {
+        size_t len = strlen(cfg->model_dir);
+        while (len > 1 && cfg->model_dir[len - 1] == '/') len--;
+        size_t start = len;
+        while (start > 0 && cfg->model_dir[start - 1] != '/') start--;
+        snprintf(e->model_id, sizeof e->model_id, "%.*s", (int)(len - start), cfg->model_dir + start);
+    }
+    char msg[768];
+    rc = ENGINE_EINTERNAL;
+    if (ops_create(&e->ops, cfg->backend, cfg->device, msg, sizeof msg) != 0) {
+        snprintf(err, err_len, "cannot start the %s backend: %s", cfg->backend == OPS_BACKEND_CUDA ? "cuda" : "cpu", msg);
+        goto fail;
+    }
+    if (model_load(&e->m, &e->w, e->ops, cfg->model_dir, msg, sizeof msg) != 0) {
+        snprintf(err, err_len, "cannot load the model from %s: %s", cfg->model_dir, msg);
+        rc = ENGINE_EINVAL;
+        goto fail;
+    }
+    e->have_model = 1;
+    e->src = resident_source(&e->w);
+    e->V = e->m.cfg.vocab_size;
+    {
+        char path[4096];
+        struct stat stt;
+        snprintf(path, sizeof path, "%s/tokenizer.json", cfg->model_dir);
+        if (stat(path, &stt) == 0 && tokenizer_load(&e->tok, cfg->model_dir, msg, sizeof msg) != 0) {
+            snprintf(err, err_len, "cannot load the tokenizer of %s: %s", cfg->model_dir, msg);
+            rc = ENGINE_EINVAL;
+            goto fail;
+        }
+    }
+    collect_eos(e);
+
+    // The KV pool: as many blocks as the memory budget holds. Each step writes up to max_num_batched_tokens
+    // tokens (or a whole context, if shorter), so a pool smaller than that is a configuration mistake.
+    const int bs = cfg->block_size, max_len = e->m.cfg.max_seq_len;
+    const size_t per_block = kv_cache_bytes_per_block(&e->m, bs);
+    const size_t n_blocks = cfg->kv_cache_bytes / per_block;
+    const int step_tokens = cfg->max_num_batched_tokens < max_len ? cfg->max_num_batched_tokens : max_len;
+    const size_t min_blocks = ((size_t)step_tokens + bs - 1) / bs;
+    if (n_blocks < min_blocks || n_blocks > INT32_MAX / (size_t)bs) {
+        snprintf(err, err_len, "--kv-cache-memory %zu bytes holds %zu KV blocks of %d tokens (%zu bytes each), but "
+                 "one step of %d tokens needs %zu: raise --kv-cache-memory to at least %zu bytes or lower "
+                 "--max-num-batched-tokens", cfg->kv_cache_bytes, n_blocks, bs, per_block, step_tokens, min_blocks,
+                 min_blocks * per_block);
+        rc = ENGINE_EINVAL;
+        goto fail;
+    }
+    e->n_blocks = (int)n_blocks;
+    e->max_blocks = (max_len + bs - 1) / bs;
+    if (kv_cache_create(&e->kv, &e->m, e->n_blocks, bs, msg, sizeof msg) != 0 ||
+        decode_bufs_create(&e->bufs, &e->m, cfg->max_num_batched_tokens, cfg->max_num_seqs, e->max_blocks,
+                           cfg->max_num_seqs, msg, sizeof msg) != 0) {
+        snprintf(err, err_len, "%s (lower --kv-cache-memory, --max-num-batched-tokens or --max-num-seqs)", msg);
+        rc = ENGINE_ENOMEM;
+        goto fail;
+    }
+    const size_t token_bytes = (size_t)e->m.cfg.num_kv_heads * e->m.cfg.head_dim * ops_dtype_size(e->ops);
+    if (bm_create(&e->bm, e->n_blocks, bs, cfg->enable_prefix_caching, &e->kv, e->ops, token_bytes, msg, sizeof msg) != 0 ||
+        sched_init(&e->sched, e->bm, cfg->max_num_seqs, cfg->max_num_batched_tokens) != 0 ||
+        sampler_create(&e->sampler, e->V) != 0)
+        goto oom;
+    const size_t T = (size_t)cfg->max_num_batched_tokens, S = (size_t)cfg->max_num_seqs;
+    e->tok_ids = malloc(T * sizeof *e->tok_ids);
+    e->tok_seq = malloc(T * sizeof *e->tok_seq);
+    e->tok_pos = malloc(T * sizeof *e->tok_pos);
+    e->slots = malloc(T * sizeof *e->slots);
+    e->tables = malloc(S * e->max_blocks * sizeof *e->tables);
+    e->rows = malloc(S * sizeof *e->rows);
+    e->row_of = malloc(S * sizeof *e->row_of);
+    e->logits = malloc(S * e->V * sizeof *e->logits);
+    e->scratch_reqs = malloc(S * sizeof *e->scratch_reqs);
+    e->staging = calloc((size_t)e->m.layout.n_units, sizeof *e->staging);
+    e->commit_units = calloc((size_t)e->m.layout.n_units, sizeof *e->commit_units);
+    if (!e->tok_ids || !e->tok_seq || !e->tok_pos || !e->slots || !e->tables || !e->rows || !e->row_of ||
+        !e->logits || !e->scratch_reqs || !e->staging || !e->commit_units || textbuf_append(&e->text, "", 0) != 0)
+        goto oom;
+    e->accepting = 1;
+    e->idle = 1;
+    publish_stats(e);
+    if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
+        snprintf(err, err_len, "cannot start the engine thread");
+        goto fail;
+    }
+    e->thread_started = 1;
+    *out = e;
+    return 0;
+oom:
+    snprintf(err, err_len, "out of host memory setting up the engine");
+    rc = ENGINE_ENOMEM;
+fail:
+    engine_free(e);
+    return rc;
+}
+
+void engine_destroy(Engine *e, int drain_timeout_ms) {
+    if (!e) return;
+    pthread_mutex_lock(&e->mu);
+    e->accepting = 0;
+    e->paused = 0; // a paused engine could never drain
+    pthread_cond_broadcast(&e->wake);
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    const int ms = drain_timeout_ms > 0 ? drain_timeout_ms : 0;
+    deadline.tv_sec += ms / 1000;
+    deadline.tv_nsec += (long)(ms % 1000) * 1000000L;
+    if (deadline.tv_nsec >= 1000000000L) {
+        deadline.tv_sec++;
+        deadline.tv_nsec -= 1000000000L;
+    }
+    while (ms > 0 && !e->exited && (!e->idle || e->in_head))
+        if (pthread_cond_timedwait(&e->ack, &e->mu, &deadline) != 0) break;
+    e->abort_all = 1;
+    pthread_cond_broadcast(&e->wake);
+    pthread_mutex_unlock(&e->mu);
+    if (e->thread_started) pthread_join(e->thread, NULL);
+    engine_free(e);
+}

@@ -1,0 +1,177 @@
+// rollout_server/engine_control.c — what other threads call: submission (parameter checks, the too-long and
+// queue-full refusals), pause / resume, prefix-cache reset, weight staging and commit, stats. Each call only
+// takes the engine mutex and hands work to the engine thread (engine.c), waiting for it where the call is
+// synchronous (pause, reset, commit).
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rollout_server/engine_internal.h"
+
+static uint64_t mix64(uint64_t z) {
+    z += 0x9E3779B97F4A7C15ULL;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+// ---- submission ---------------------------------------------------------------------------------
+
+static int check_params(const Engine *e, const int32_t *prompt, int prompt_len, const SamplingParams *p, char *err,
+                        size_t err_len) {
+    if (!prompt || prompt_len < 1) return snprintf(err, err_len, "the prompt is empty"), ENGINE_EINVAL;
+    for (int i = 0; i < prompt_len; i++)
+        if (prompt[i] < 0 || prompt[i] >= e->V)
+            return snprintf(err, err_len, "prompt token %d is %d, outside the vocabulary [0, %d)", i, prompt[i], e->V),
+                   ENGINE_EINVAL;
+    if (p->n < 1) return snprintf(err, err_len, "n must be >= 1, got %d", p->n), ENGINE_EINVAL;
+    if (p->max_tokens < 1) return snprintf(err, err_len, "max_tokens must be >= 1, got %d", p->max_tokens), ENGINE_EINVAL;
+    if (!(p->temperature >= 0.0f) || isinf(p->temperature))
+        return snprintf(err, err_len, "temperature must be a finite number >= 0, got %g", p->temperature), ENGINE_EINVAL;
+    if (!(p->top_p > 0.0f && p->top_p <= 1.0f))
+        return snprintf(err, err_len, "top_p must be in (0, 1], got %g", p->top_p), ENGINE_EINVAL;
+    if (p->top_k < -1) return snprintf(err, err_len, "top_k must be -1, 0 (off) or positive, got %d", p->top_k), ENGINE_EINVAL;
+    if (!(p->min_p >= 0.0f && p->min_p <= 1.0f))
+        return snprintf(err, err_len, "min_p must be in [0, 1], got %g", p->min_p), ENGINE_EINVAL;
+    if (!(p->repetition_penalty > 0.0f) || isinf(p->repetition_penalty))
+        return snprintf(err, err_len, "repetition_penalty must be a finite number > 0, got %g", p->repetition_penalty),
+               ENGINE_EINVAL;
+    if (p->top_logprobs < 0 || p->top_logprobs > ENGINE_MAX_TOP_LOGPROBS)
+        return snprintf(err, err_len, "logprobs must be in [0, %d], got %d", ENGINE_MAX_TOP_LOGPROBS, p->top_logprobs),
+               ENGINE_EINVAL;
+    if (p->n_stop < 0 || p->n_stop > ENGINE_MAX_STOP)
+        return snprintf(err, err_len, "at most %d stop strings, got %d", ENGINE_MAX_STOP, p->n_stop), ENGINE_EINVAL;
+    for (int i = 0; i < p->n_stop; i++)
+        if (!p->stop[i] || !*p->stop[i]) return snprintf(err, err_len, "stop string %d is empty", i), ENGINE_EINVAL;
+    if (p->n_stop > 0 && !e->tok)
+        return snprintf(err, err_len, "stop strings need a tokenizer, and the model folder of %s has no "
+                        "tokenizer.json (use stop_token_ids)", e->model_id), ENGINE_EINVAL;
+    if (p->n_stop_token_ids < 0 || p->n_stop_token_ids > ENGINE_MAX_STOP)
+        return snprintf(err, err_len, "at most %d stop token ids, got %d", ENGINE_MAX_STOP, p->n_stop_token_ids),
+               ENGINE_EINVAL;
+    for (int i = 0; i < p->n_stop_token_ids; i++)
+        if (p->stop_token_ids[i] < 0 || p->stop_token_ids[i] >= e->V)
+            return snprintf(err, err_len, "stop token id %d is outside the vocabulary [0, %d)", p->stop_token_ids[i], e->V),
+                   ENGINE_EINVAL;
+    const int64_t total = (int64_t)prompt_len + p->max_tokens;
+    if (total > e->m.cfg.max_seq_len)
+        return snprintf(err, err_len, "the prompt (%d tokens) plus max_tokens (%d) is %lld tokens, beyond the model's "
+                        "context of %d", prompt_len, p->max_tokens, (long long)total, e->m.cfg.max_seq_len), ENGINE_ETOOLONG;
+    const int bs = e->cfg.block_size;
+    if ((total + bs - 1) / bs > e->n_blocks)
+        return snprintf(err, err_len, "the prompt (%d tokens) plus max_tokens (%d) is %lld tokens, beyond the whole KV "
+                        "cache of %lld tokens (raise --kv-cache-memory)", prompt_len, p->max_tokens, (long long)total,
+                        (long long)e->n_blocks * bs), ENGINE_ETOOLONG;
+    return 0;
+}
+
+// Under mu: why a new request cannot be queued now, or 0.
+static int queue_refusal(const Engine *e, char *err, size_t err_len) {
+    if (!e->accepting || e->exited) return snprintf(err, err_len, "the server is shutting down"), ENGINE_ESHUTDOWN;
+    if (e->n_queued >= e->cfg.max_queued_requests)
+        return snprintf(err, err_len, "the request queue is full (%d waiting; --max-queued-requests)", e->n_queued),
+               ENGINE_EQUEUE_FULL;
+    return 0;
+}
+
+int engine_submit(Engine *e, const int32_t *prompt, int prompt_len, const SamplingParams *p, EngineRequest **out,
+                  char *err, size_t err_len) {
+    *out = NULL;
+    if (!p) return snprintf(err, err_len, "no sampling parameters"), ENGINE_EINVAL;
+    int rc = check_params(e, prompt, prompt_len, p, err, err_len);
+    if (rc) return rc;
+    pthread_mutex_lock(&e->mu);
+    rc = queue_refusal(e, err, err_len);
+    pthread_mutex_unlock(&e->mu);
+    if (rc) return rc;
+    SamplingParams q = *p;
+    if (q.top_k < 0) q.top_k = 0;
+    const int bs = e->cfg.block_size, max_blocks = (prompt_len + p->max_tokens + bs - 1) / bs;
+    EngineRequest *r;
+    if ((rc = request_alloc(&r, e, prompt, prompt_len, &q, max_blocks, e->tok, e->eos, e->n_eos, err, err_len)) != 0)
+        return rc;
+    pthread_mutex_lock(&e->mu);
+    if ((rc = queue_refusal(e, err, err_len)) != 0) {
+        pthread_mutex_unlock(&e->mu);
+        request_free(r);
+        return rc;
+    }
+    r->seed = p->has_seed ? p->seed : mix64(e->cfg.seed ^ mix64(++e->n_submitted));
+    r->next_in = NULL;
+    if (e->in_tail) e->in_tail->next_in = r;
+    else e->in_head = r;
+    e->in_tail = r;
+    e->n_queued++;
+    pthread_cond_broadcast(&e->wake);
+    pthread_mutex_unlock(&e->mu);
+    *out = r;
+    return 0;
+}
+
+// ---- control ------------------------------------------------------------------------------------
+
+void engine_pause(Engine *e) {
+    pthread_mutex_lock(&e->mu);
+    e->paused = 1;
+    pthread_cond_broadcast(&e->wake);
+    while (e->paused && !e->pause_ack && !e->exited && !e->abort_all) pthread_cond_wait(&e->ack, &e->mu);
+    pthread_mutex_unlock(&e->mu);
+}
+
+void engine_resume(Engine *e) {
+    pthread_mutex_lock(&e->mu);
+    e->paused = 0;
+    e->pause_ack = 0;
+    pthread_cond_broadcast(&e->wake);
+    pthread_mutex_unlock(&e->mu);
+}
+
+void engine_reset_prefix_cache(Engine *e) {
+    pthread_mutex_lock(&e->mu);
+    const int64_t gen = ++e->reset_req;
+    pthread_cond_broadcast(&e->wake);
+    while (e->reset_done < gen && !e->exited) pthread_cond_wait(&e->ack, &e->mu);
+    pthread_mutex_unlock(&e->mu);
+}
+
+float *engine_weights_staging(Engine *e, int unit) {
+    if (unit < 0 || unit >= e->m.layout.n_units) return NULL;
+    pthread_mutex_lock(&e->mu);
+    if (!e->staging[unit]) e->staging[unit] = calloc(e->m.layout.unit_numel[unit], sizeof(float));
+    float *p = e->staging[unit];
+    pthread_mutex_unlock(&e->mu);
+    return p;
+}
+
+int engine_commit_weights(Engine *e, int64_t version, char *err, size_t err_len) {
+    pthread_mutex_lock(&e->mu);
+    if (e->exited || e->abort_all) {
+        pthread_mutex_unlock(&e->mu);
+        return snprintf(err, err_len, "the engine is shutting down"), ENGINE_ESHUTDOWN;
+    }
+    const int64_t gen = ++e->commit_req;
+    e->commit_version = version;
+    pthread_cond_broadcast(&e->wake);
+    while (e->commit_done < gen && !e->exited) pthread_cond_wait(&e->ack, &e->mu);
+    int rc;
+    if (e->commit_done < gen) {
+        rc = ENGINE_ESHUTDOWN;
+        snprintf(err, err_len, "the engine stopped before applying the weights");
+    } else {
+        rc = e->commit_rc;
+        if (rc) snprintf(err, err_len, "%s", e->commit_err);
+    }
+    pthread_mutex_unlock(&e->mu);
+    return rc;
+}
+
+void engine_stats(Engine *e, EngineStats *s) {
+    pthread_mutex_lock(&e->mu);
+    *s = e->stats;
+    s->requests_waiting = e->n_queued;
+    s->policy_version = e->version;
+    s->paused = e->paused;
+    pthread_mutex_unlock(&e->mu);
+}

@@ -1,0 +1,281 @@
+// test_rollout_sampler.c — the rollout server's sampler against naive implementations written here:
+//   - reported logprobs are exactly log_softmax(logits / T) of the raw logits (T = 1 when greedy), before any
+//     penalty or filter; top logprobs are the best ids of that distribution, best first;
+//   - greedy = argmax of the repetition-penalised logits (HF semantics: positive / penalty, negative * penalty,
+//     each distinct history token once);
+//   - every filter (temperature, min-p, top-k with ties, top-p, and all together): sampled tokens always lie in
+//     the naive filter's support, and over many draws the empirical frequencies match the naive filtered
+//     softmax (within 5 standard errors);
+//   - randomness is a pure function of (stream, position): reproducible, and distinct streams differ.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rollout_server/sampler.h"
+
+static int failures = 0;
+#define CHECK(cond, ...)                                                             \
+    do {                                                                             \
+        if (!(cond)) {                                                               \
+            failures++;                                                              \
+            fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
+            fprintf(stderr, __VA_ARGS__);                                            \
+            fputc('\n', stderr);                                                     \
+        }                                                                            \
+    } while (0)
+
+static uint64_t lcg = 99;
+static double frand(void) {
+    lcg = lcg * 6364136223846793005ULL + 1442695040888963407ULL;
+    return (double)(lcg >> 11) / 9007199254740992.0;
+}
+
+static void sampling(SamplingParams *p, float t, int top_k, float top_p, float min_p, float rep) {
+    memset(p, 0, sizeof *p);
+    p->n = 1;
+    p->max_tokens = 1;
+    p->temperature = t;
+    p->top_k = top_k;
+    p->top_p = top_p;
+    p->min_p = min_p;
+    p->repetition_penalty = rep;
+}
+
+// Naive filtered distribution (double): penalty, temperature, min-p, top-k (ties kept), top-p, each on the
+// renormalised survivors of the previous one.
+static void naive_probs(const float *logits, int V, const SamplingParams *p, const int32_t *hist, int nh, double *prob) {
+    double *x = malloc((size_t)V * sizeof *x);
+    int *alive = malloc((size_t)V * sizeof *alive);
+    for (int i = 0; i < V; i++) {
+        x[i] = logits[i];
+        alive[i] = 1;
+    }
+    for (int i = 0; i < V; i++) { // repetition penalty on each distinct history id
+        int in = 0;
+        for (int h = 0; h < nh; h++) in |= hist[h] == i;
+        if (in && p->repetition_penalty != 1.0f) {
+            float xf = logits[i];
+            x[i] = xf > 0 ? xf / p->repetition_penalty : xf * p->repetition_penalty;
+        }
+    }
+    for (int i = 0; i < V; i++) x[i] = (float)((float)x[i] * (1.0f / p->temperature));
+    double mx = -INFINITY;
+    for (int i = 0; i < V; i++) mx = fmax(mx, x[i]);
+    if (p->min_p > 0)
+        for (int i = 0; i < V; i++)
+            if (exp(x[i] - mx) < p->min_p) alive[i] = 0;
+    if (p->top_k > 0) {
+        for (int i = 0; i < V; i++) {
+            if (!alive[i]) continue;
+            int better = 0;
+            for (int j = 0; j < V; j++) better += alive[j] && x[j] > x[i];
+            if (better >= p->top_k) alive[i] = 0;
+        }
+    }
+    if (p->top_p < 1.0f) {
+        double total = 0;
+        for (int i = 0; i < V; i++)
+            if (alive[i]) total += exp(x[i] - mx);
+        int *keep = calloc((size_t)V, sizeof *keep);
+        for (int i = 0; i < V; i++) {
+            if (!alive[i]) continue;
+            double above = 0; // mass ranked strictly above i (value desc, id asc)
+            for (int j = 0; j < V; j++)
+                if (alive[j] && (x[j] > x[i] || (x[j] == x[i] && j < i))) above += exp(x[j] - mx);
+            keep[i] = above < p->top_p * total;
+        }
+        for (int i = 0; i < V; i++) alive[i] = keep[i];
+        free(keep);
+    }
+    double total = 0;
+    for (int i = 0; i < V; i++) total += alive[i] ? exp(x[i] - mx) : 0;
+    for (int i = 0; i < V; i++) prob[i] = alive[i] ? exp(x[i] - mx) / total : 0;
+    free(x);
+    free(alive);
+}
+
+static void test_logprobs_exact(Sampler *s, int V) {
+    float *logits = malloc((size_t)V * sizeof *logits);
+    for (int i = 0; i < V; i++) logits[i] = (float)(4 * frand() - 2);
+    const float temps[6] = {0.0f, 0.7f, 1.3f, 0.0f, 0.7f, 1.3f};
+    for (int ti = 0; ti < 6; ti++) {
+        SamplingParams p;
+        // Filters and the penalty must not change the reported logprob (with and without a penalty).
+        sampling(&p, temps[ti], 5, 0.8f, 0.05f, ti < 3 ? 1.4f : 1.0f);
+        p.top_logprobs = 6;
+        int32_t hist[3] = {1, 2, 3};
+        TokenLogprob top[6];
+        float lp;
+        const double T = temps[ti] > 0 ? temps[ti] : 1.0;
+        double m = -INFINITY, sum = 0;
+        for (int i = 0; i < V; i++) m = fmax(m, logits[i] / T);
+        for (int i = 0; i < V; i++) sum += exp(logits[i] / T - m);
+        const double lse = m + log(sum);
+        for (int pos = 0; pos < 20; pos++) {
+            int32_t t = sampler_sample(s, logits, &p, hist, 3, 7, pos, &lp, top);
+            CHECK(fabs(lp - (logits[t] / T - lse)) < 1e-5, "T %g: logprob %g vs %g", T, lp, logits[t] / T - lse);
+        }
+        // Top logprobs: the 6 best of the unfiltered distribution, best first.
+        for (int k = 0; k < 6; k++) {
+            int rank = 0;
+            for (int i = 0; i < V; i++) rank += logits[i] > logits[top[k].id] || (logits[i] == logits[top[k].id] && i < top[k].id);
+            CHECK(rank == k, "top[%d] is id %d of rank %d", k, top[k].id, rank);
+            CHECK(fabs(top[k].logprob - (logits[top[k].id] / T - lse)) < 1e-5, "top[%d] logprob", k);
+        }
+    }
+    free(logits);
+}
+
+static void test_greedy_and_penalty(Sampler *s) {
+    float logits[6] = {1.0f, 3.0f, 2.5f, -0.5f, -0.4f, 0.0f};
+    SamplingParams p;
+    float lp;
+    sampling(&p, 0.0f, 0, 1.0f, 0.0f, 1.0f);
+    CHECK(sampler_sample(s, logits, &p, NULL, 0, 1, 0, &lp, NULL) == 1, "argmax");
+    sampling(&p, 1e-7f, 0, 1.0f, 0.0f, 1.0f); // logits / 1e-7 would overflow: treated as greedy, logprobs at T = 1
+    int all_argmax = 1;
+    for (int pos = 0; pos < 50; pos++) all_argmax &= sampler_sample(s, logits, &p, NULL, 0, 9, pos, &lp, NULL) == 1;
+    CHECK(all_argmax && fabs(lp - sampler_logprob(logits, 6, 1.0f, 1, 0, NULL)) < 1e-7, "tiny temperature is greedy");
+    // Penalty 1.5 on id 1 (3 -> 2) makes id 2 (2.5) the argmax; duplicates in the history apply it once.
+    int32_t hist[4] = {1, 1, 1, 4};
+    sampling(&p, 0.0f, 0, 1.0f, 0.0f, 1.5f);
+    CHECK(sampler_sample(s, logits, &p, hist, 4, 1, 0, &lp, NULL) == 2, "penalised argmax");
+    CHECK(fabs(lp - sampler_logprob(logits, 6, 1.0f, 2, 0, NULL)) < 1e-7, "greedy logprob at T=1 of raw logits");
+    // Negative logits are multiplied: -0.4 * 1.5 = -0.6 < -0.5, so id 0 now beats id 1.
+    float neg[6] = {-0.5f, -0.4f, -3.0f, -3.0f, -3.0f, -3.0f};
+    int32_t h2[1] = {1};
+    CHECK(sampler_sample(s, neg, &p, h2, 1, 1, 0, &lp, NULL) == 0, "a negative logit is multiplied by the penalty");
+    // Ties go to the lower id.
+    float tie[6] = {0.5f, 2.0f, 2.0f, 1.0f, 0.0f, 0.0f};
+    sampling(&p, 0.0f, 0, 1.0f, 0.0f, 1.0f);
+    CHECK(sampler_sample(s, tie, &p, NULL, 0, 1, 0, &lp, NULL) == 1, "tie -> lower id");
+}
+
+// Draws n tokens at positions 0..n-1 and compares frequencies with the naive filtered softmax.
+static void check_distribution(Sampler *s, const float *logits, int V, const SamplingParams *p, const int32_t *hist,
+                               int nh, const char *what) {
+    enum { N = 100000 };
+    double prob[16];
+    naive_probs(logits, V, p, hist, nh, prob);
+    int count[16] = {0}, outside = 0;
+    float lp;
+    for (int i = 0; i < N; i++) {
+        int32_t t = sampler_sample(s, logits, p, hist, nh, 1234, (uint64_t)i, &lp, NULL);
+        count[t]++;
+        outside += prob[t] == 0.0;
+    }
+    CHECK(outside == 0, "%s: %d draws outside the filtered support", what, outside);
+    for (int i = 0; i < V; i++) {
+        double f = (double)count[i] / N, se = sqrt(fmax(prob[i] * (1 - prob[i]), 1e-12) / N);
+        CHECK(fabs(f - prob[i]) <= 5 * se + 1e-4, "%s: id %d frequency %.5f vs %.5f", what, i, f, prob[i]);
+    }
+}
+
+static void test_filters(Sampler *s8) {
+    const float logits[8] = {2.0f, 1.5f, 1.5f, 0.3f, -0.2f, -1.0f, 0.9f, -2.5f};
+    const int32_t hist[3] = {0, 6, 6};
+    SamplingParams p;
+    sampling(&p, 1.0f, 0, 1.0f, 0.0f, 1.0f);
+    check_distribution(s8, logits, 8, &p, NULL, 0, "T=1");
+    sampling(&p, 0.5f, 0, 1.0f, 0.0f, 1.0f);
+    check_distribution(s8, logits, 8, &p, NULL, 0, "T=0.5");
+    sampling(&p, 1.0f, 2, 1.0f, 0.0f, 1.0f); // ids 1 and 2 tie for second place: both kept
+    check_distribution(s8, logits, 8, &p, NULL, 0, "top_k=2 with a tie");
+    sampling(&p, 1.0f, 0, 0.6f, 0.0f, 1.0f);
+    check_distribution(s8, logits, 8, &p, NULL, 0, "top_p=0.6");
+    sampling(&p, 1.0f, 0, 1.0f, 0.2f, 1.0f);
+    check_distribution(s8, logits, 8, &p, NULL, 0, "min_p=0.2");
+    sampling(&p, 1.0f, 0, 1.0f, 0.0f, 1.8f);
+    check_distribution(s8, logits, 8, &p, hist, 3, "repetition_penalty=1.8");
+    sampling(&p, 0.8f, 4, 0.9f, 0.05f, 1.3f);
+    check_distribution(s8, logits, 8, &p, hist, 3, "all filters");
+    sampling(&p, 1.0f, 0, 0.01f, 0.0f, 1.0f); // tiny top_p keeps only the top token
+    check_distribution(s8, logits, 8, &p, NULL, 0, "top_p=0.01");
+}
+
+// A large vocabulary: top-p's candidate pre-selection and top-k's selection must keep exactly the naive set.
+static void test_support_large(void) {
+    const int V = 1000;
+    Sampler *s;
+    sampler_create(&s, V);
+    float *logits = malloc((size_t)V * sizeof *logits);
+    double *prob = malloc((size_t)V * sizeof *prob);
+    int *hit = calloc((size_t)V, sizeof *hit);
+    for (int i = 0; i < V; i++) logits[i] = (float)(6 * frand() * frand());
+    const float cfg[4][3] = {{0, 0.95f, 0}, {50, 1.0f, 0}, {200, 0.7f, 0.01f}, {0, 0.999f, 0}};
+    for (int c = 0; c < 4; c++) {
+        SamplingParams p;
+        sampling(&p, 1.0f, (int)cfg[c][0], cfg[c][1], cfg[c][2], 1.0f);
+        naive_probs(logits, V, &p, NULL, 0, prob);
+        memset(hit, 0, (size_t)V * sizeof *hit);
+        int outside = 0, kept = 0, missed = 0;
+        float lp;
+        for (int i = 0; i < 8000; i++) {
+            int32_t t = sampler_sample(s, logits, &p, NULL, 0, 77, (uint64_t)i, &lp, NULL);
+            outside += prob[t] == 0.0;
+            hit[t] = 1;
+        }
+        for (int i = 0; i < V; i++) {
+            kept += prob[i] > 0;
+            missed += prob[i] > 1.5e-3 && !hit[i]; // expected count > 12: missing it is a bug, not chance
+        }
+        CHECK(outside == 0 && missed == 0 && kept > 10, "config %d: %d outside, %d likely ids never drawn (%d kept)", c,
+              outside, missed, kept);
+    }
+    free(logits);
+    free(prob);
+    free(hit);
+    sampler_free(s);
+}
+
+static void test_randomness(Sampler *s8) {
+    double mean = 0;
+    int in_range = 1;
+    for (int i = 0; i < 100000; i++) {
+        double u = sampler_uniform(5, (uint64_t)i);
+        in_range &= u >= 0.0 && u < 1.0;
+        mean += u;
+    }
+    mean /= 100000;
+    CHECK(in_range && fabs(mean - 0.5) < 0.005, "uniform mean %g", mean);
+    CHECK(sampler_uniform(42, 17) == sampler_uniform(42, 17), "a pure function of (stream, position)");
+    const float logits[8] = {0.1f, 0.2f, 0.3f, 0.1f, 0.0f, 0.2f, 0.3f, 0.1f};
+    SamplingParams p;
+    sampling(&p, 1.0f, 0, 1.0f, 0.0f, 1.0f);
+    int same_seed = 1, diff = 0;
+    float lp;
+    for (int pos = 0; pos < 64; pos++) {
+        int32_t a = sampler_sample(s8, logits, &p, NULL, 0, 1000, pos, &lp, NULL);
+        // Interleave another stream: the sampler keeps no state between calls.
+        sampler_sample(s8, logits, &p, NULL, 0, 3, pos * 7, &lp, NULL);
+        int32_t b = sampler_sample(s8, logits, &p, NULL, 0, 1000, pos, &lp, NULL);
+        int32_t c = sampler_sample(s8, logits, &p, NULL, 0, 1001, pos, &lp, NULL);
+        same_seed &= a == b;
+        diff += a != c;
+    }
+    CHECK(same_seed, "same (stream, position) gives the same token");
+    CHECK(diff > 20, "streams seed and seed+1 differ (%d of 64 positions)", diff);
+}
+
+int main(void) {
+    Sampler *s50, *s8, *s6;
+    if (sampler_create(&s50, 50) || sampler_create(&s8, 8) || sampler_create(&s6, 6)) {
+        fprintf(stderr, "sampler_create failed\n");
+        return 1;
+    }
+    test_logprobs_exact(s50, 50);
+    test_greedy_and_penalty(s6);
+    test_filters(s8);
+    test_support_large();
+    test_randomness(s8);
+    sampler_free(s50);
+    sampler_free(s8);
+    sampler_free(s6);
+    if (failures) {
+        fprintf(stderr, "test_rollout_sampler: %d failure(s)\n", failures);
+        return 1;
+    }
+    printf("test_rollout_sampler: all passed\n");
+    return 0;
+}
