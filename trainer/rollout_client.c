@@ -1,0 +1,439 @@
+// trainer/rollout_client.c — DEALER sockets to the rollout servers (see trainer/rollout_client.h).
+#include "trainer/rollout_client.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <zmq.h>
+
+#include "shared/dtype.h"
+
+#define MAX_SERVERS 64
+#define SLICE_ELEMS (1 << 20)     // elements per weights_slice frame
+#define WAIT_LOG_MS 5000          // how often "still waiting for ..." is logged
+
+typedef struct {
+    char endpoint[256];
+    void *sock;
+    int alive;
+    int max_seq_len;
+    int in_flight;      // prompts assigned and not answered
+} Server;
+
+struct RolloutClient {
+    void *zctx;
+    Server servers[MAX_SERVERS];
+    int n_servers;
+    uint64_t layout_hash;
+    int timeout_ms;
+    int64_t next_id;
+    int next_server;    // round-robin cursor
+};
+
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+}
+
+// Sends a message (frames 0..n-1). Returns 0 or -1 with a message.
+static int send_msg(Server *s, const ZmsgMsg *m, char *err, size_t err_len) {
+    ZmsgOut out;
+    if (zmsg_build(m, &out, err, err_len) != 0) return -1;
+    int rc = 0;
+    for (int i = 0; i < out.n_frames && rc == 0; i++) {
+        int flags = i + 1 < out.n_frames ? ZMQ_SNDMORE : 0;
+        if (zmq_send(s->sock, out.frames[i].data, out.frames[i].size, flags) < 0) {
+            snprintf(err, err_len, "sending %s to rollout server %s failed: %s", zmsg_type_name(m->type), s->endpoint,
+                     zmq_strerror(zmq_errno()));
+            rc = -1;
+        }
+    }
+    zmsg_out_free(&out);
+    return rc;
+}
+
+// Receives one whole multipart message from s (non-blocking: call after poll says it is readable).
+// Returns 1 with *m parsed, 0 if nothing was there, -1 on a malformed reply.
+static int recv_msg(Server *s, ZmsgMsg *m, zmq_msg_t *parts, int *n_parts, char *err, size_t err_len) {
+    *n_parts = 0;
+    int more = 1;
+    while (more) {
+        if (*n_parts == 8) {
+            snprintf(err, err_len, "rollout server %s sent a message with too many frames", s->endpoint);
+            return -1;
+        }
+        zmq_msg_t *p = &parts[*n_parts];
+        zmq_msg_init(p);
+        if (zmq_msg_recv(p, s->sock, *n_parts == 0 ? ZMQ_DONTWAIT : 0) < 0) {
+            zmq_msg_close(p);
+            return 0;
+        }
+        (*n_parts)++;
+        more = zmq_msg_more(p);
+    }
+    ZmsgFrame frames[8];
+    for (int i = 0; i < *n_parts; i++) frames[i] = (ZmsgFrame){zmq_msg_data(&parts[i]), zmq_msg_size(&parts[i])};
+    if (zmsg_parse(m, ZMSG_DIR_REPLY, frames, *n_parts, err, err_len) != 0) return -1;
+    return 1;
+}
+
+static void close_parts(zmq_msg_t *parts, int n) {
+    for (int i = 0; i < n; i++) zmq_msg_close(&parts[i]);
+}
+
+// Waits for the reply with this id from s, up to timeout_ms. Returns 1 (reply in *m), 0 on timeout, -1 on error
+// (an error reply becomes a message naming the server).
+static int wait_reply(Server *s, int64_t id, ZmsgMsg *m, int timeout_ms, char *err, size_t err_len) {
+    double deadline = now_ms() + timeout_ms;
+    for (;;) {
+        double left = deadline - now_ms();
+        if (left <= 0) return 0;
+        zmq_pollitem_t item = {s->sock, 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(&item, 1, (long)left) < 0) {
+            snprintf(err, err_len, "polling rollout server %s: %s", s->endpoint, zmq_strerror(zmq_errno()));
+            return -1;
+        }
+        if (!(item.revents & ZMQ_POLLIN)) continue;
+        zmq_msg_t parts[8];
+        int n_parts;
+        int r = recv_msg(s, m, parts, &n_parts, err, err_len);
+        close_parts(parts, n_parts);
+        if (r < 0) return -1;
+        if (r == 0) continue;
+        if (m->type == ZMSG_ERROR) {
+            snprintf(err, err_len, "rollout server %s refused request %lld: [%s] %s", s->endpoint, (long long)m->id,
+                     m->code, m->message);
+            zmsg_free(m);
+            return -1;
+        }
+        if (m->id == id) return 1;
+        zmsg_free(m); // a late answer to something abandoned
+    }
+}
+
+static int hello(RolloutClient *c, Server *s, int timeout_ms, char *err, size_t err_len) {
+    ZmsgMsg req, rep;
+    int64_t id = c->next_id++;
+    zmsg_init(&req, ZMSG_HELLO, ZMSG_DIR_REQUEST, id);
+    req.protocol_version = ZMSG_PROTOCOL_VERSION;
+    if (send_msg(s, &req, err, err_len) != 0) return -1;
+    int r = wait_reply(s, id, &rep, timeout_ms, err, err_len);
+    if (r <= 0) return r == 0 ? 0 : -1;
+    int rc = 1;
+    if (rep.layout_hash != c->layout_hash) {
+        char a[17], b[17];
+        zmsg_hash_to_hex(rep.layout_hash, a);
+        zmsg_hash_to_hex(c->layout_hash, b);
+        snprintf(err, err_len, "rollout server %s serves a model with layout hash %s, the trainer's is %s: start it "
+                 "with the same model (--model) as the trainer", s->endpoint, a, b);
+        rc = -1;
+    }
+    s->max_seq_len = rep.max_seq_len;
+    zmsg_free(&rep);
+    return rc;
+}
+
+int rollout_client_create(RolloutClient **out, const char *endpoints, uint64_t layout_hash, int timeout_ms,
+                          char *err, size_t err_len) {
+    *out = NULL;
+    RolloutClient *c = calloc(1, sizeof *c);
+    if (!c || !(c->zctx = zmq_ctx_new())) {
+        snprintf(err, err_len, "out of memory creating the rollout client");
+        free(c);
+        return -1;
+    }
+    c->layout_hash = layout_hash;
+    c->timeout_ms = timeout_ms;
+    c->next_id = 1;
+    const char *p = endpoints;
+    while (p && *p) {
+        const char *comma = strchr(p, ',');
+        size_t len = comma ? (size_t)(comma - p) : strlen(p);
+        if (len == 0 || len >= sizeof c->servers[0].endpoint || c->n_servers == MAX_SERVERS) {
+            snprintf(err, err_len, "--rollout-servers: bad or too many endpoints in \"%s\"", endpoints);
+            goto fail;
+        }
+        Server *s = &c->servers[c->n_servers++];
+        memcpy(s->endpoint, p, len);
+        s->endpoint[len] = 0;
+        s->sock = zmq_socket(c->zctx, ZMQ_DEALER);
+        int linger = 0;
+        zmq_setsockopt(s->sock, ZMQ_LINGER, &linger, sizeof linger);
+        if (zmq_connect(s->sock, s->endpoint) != 0) {
+            snprintf(err, err_len, "--rollout-servers: cannot connect to %s: %s", s->endpoint, zmq_strerror(zmq_errno()));
+            goto fail;
+        }
+        p = comma ? comma + 1 : NULL;
+    }
+    if (c->n_servers == 0) {
+        snprintf(err, err_len, "--rollout-servers is empty: give at least one tcp://host:port");
+        goto fail;
+    }
+    double deadline = now_ms() + timeout_ms;
+    for (int i = 0; i < c->n_servers; i++) {
+        Server *s = &c->servers[i];
+        for (;;) {
+            double left = deadline - now_ms();
+            int slice = left < WAIT_LOG_MS ? (int)(left > 0 ? left : 0) : WAIT_LOG_MS;
+            int r = hello(c, s, slice, err, err_len);
+            if (r < 0) goto fail;
+            if (r == 1) break;
+            if (now_ms() >= deadline) {
+                snprintf(err, err_len, "rollout server %s did not answer within %d ms: is tandem-serve running with "
+                         "--control %s?", s->endpoint, timeout_ms, s->endpoint);
+                goto fail;
+            }
+            fprintf(stderr, "tandem-train: waiting for rollout server %s (no answer yet)\n", s->endpoint);
+        }
+        s->alive = 1;
+    }
+    *out = c;
+    return 0;
+fail:
+    rollout_client_destroy(c);
+    return -1;
+}
+
+void rollout_client_destroy(RolloutClient *c) {
+    if (!c) return;
+    for (int i = 0; i < c->n_servers; i++)
+        if (c->servers[i].sock) zmq_close(c->servers[i].sock);
+    if (c->zctx) zmq_ctx_term(c->zctx);
+    free(c);
+}
+
+int rollout_client_max_seq_len(const RolloutClient *c) {
+    int m = 0;
+    for (int i = 0; i < c->n_servers; i++)
+        if (m == 0 || c->servers[i].max_seq_len < m) m = c->servers[i].max_seq_len;
+    return m;
+}
+
+void rollout_groups_free(RolloutGroup *g, int n) {
+    for (int i = 0; i < n; i++) {
+        free(g[i].lens);
+        free(g[i].tokens);
+        free(g[i].logprobs);
+        free(g[i].finish);
+        free(g[i].versions);
+        free(g[i].versions_end);
+        memset(&g[i], 0, sizeof g[i]);
+    }
+}
+
+// ---- generation -----------------------------------------------------------------------------------
+
+typedef struct {
+    int server;         // -1 = not sent yet
+    int64_t id;
+    double sent_ms, retry_at_ms;
+    int done;
+} PromptState;
+
+static int pick_server(RolloutClient *c) {
+    int best = -1;
+    for (int k = 0; k < c->n_servers; k++) {
+        int i = (c->next_server + k) % c->n_servers;
+        if (!c->servers[i].alive) continue;
+        if (best < 0 || c->servers[i].in_flight < c->servers[best].in_flight) best = i;
+    }
+    if (best >= 0) c->next_server = (best + 1) % c->n_servers;
+    return best;
+}
+
+static int send_prompt(RolloutClient *c, int i, const int32_t *const *prompts, const int *lens, const ZmsgSampling *s,
+                       PromptState *st, char *err, size_t err_len) {
+    int sv = pick_server(c);
+    if (sv < 0) {
+        snprintf(err, err_len, "no rollout server is answering (all of %d timed out)", c->n_servers);
+        return -1;
+    }
+    ZmsgMsg m;
+    zmsg_init(&m, ZMSG_GENERATE, ZMSG_DIR_REQUEST, c->next_id++);
+    m.sampling = *s;
+    if (s->has_seed) m.sampling.seed = s->seed + (uint64_t)i * (uint64_t)s->n;
+    int32_t *one[1] = {(int32_t *)prompts[i]};
+    int one_len[1] = {lens[i]};
+    m.n_prompts = 1;
+    m.prompts = one;
+    m.prompt_lens = one_len;
+    if (send_msg(&c->servers[sv], &m, err, err_len) != 0) return -1;
+    st[i] = (PromptState){.server = sv, .id = m.id, .sent_ms = now_ms()};
+    c->servers[sv].in_flight++;
+    return 0;
+}
+
+static int take_result(RolloutGroup *g, const ZmsgMsg *m) {
+    int n = m->n_completions, total = 0;
+    for (int j = 0; j < n; j++) total += m->completion_lens[j];
+    g->n = n;
+    g->lens = malloc(n * sizeof(int));
+    g->tokens = malloc((total ? total : 1) * sizeof(int32_t));
+    g->logprobs = malloc((total ? total : 1) * sizeof(float));
+    g->finish = malloc(n * sizeof(ZmsgFinish));
+    g->versions = malloc(n * sizeof(int64_t));
+    g->versions_end = malloc(n * sizeof(int64_t));
+    if (!g->lens || !g->tokens || !g->logprobs || !g->finish || !g->versions || !g->versions_end) return -1;
+    memcpy(g->lens, m->completion_lens, n * sizeof(int));
+    memcpy(g->tokens, m->tokens, total * sizeof(int32_t));
+    memcpy(g->logprobs, m->logprobs, total * sizeof(float));
+    memcpy(g->finish, m->finish_reasons, n * sizeof(ZmsgFinish));
+    memcpy(g->versions, m->policy_versions, n * sizeof(int64_t));
+    memcpy(g->versions_end, m->policy_versions_end, n * sizeof(int64_t));
+    return 0;
+}
+
+int rollout_generate(RolloutClient *c, int n_prompts, const int32_t *const *prompts, const int *prompt_lens,
+                     const ZmsgSampling *s, RolloutGroup *out, char *err, size_t err_len) {
+    memset(out, 0, (size_t)n_prompts * sizeof *out);
+    PromptState *st = calloc((size_t)n_prompts, sizeof *st);
+    if (!st) {
+        snprintf(err, err_len, "out of memory for %d prompts", n_prompts);
+        return -1;
+    }
+    int rc = -1, remaining = n_prompts;
+    for (int i = 0; i < n_prompts; i++)
+        if (send_prompt(c, i, prompts, prompt_lens, s, st, err, err_len) != 0) goto out;
+    zmq_pollitem_t items[MAX_SERVERS];
+    while (remaining > 0) {
+        for (int k = 0; k < c->n_servers; k++) items[k] = (zmq_pollitem_t){c->servers[k].sock, 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(items, c->n_servers, 200) < 0) {
+            snprintf(err, err_len, "polling the rollout servers: %s", zmq_strerror(zmq_errno()));
+            goto out;
+        }
+        double t = now_ms();
+        for (int k = 0; k < c->n_servers; k++) {
+            if (!(items[k].revents & ZMQ_POLLIN)) continue;
+            for (;;) {
+                ZmsgMsg m;
+                zmq_msg_t parts[8];
+                int n_parts;
+                int r = recv_msg(&c->servers[k], &m, parts, &n_parts, err, err_len);
+                close_parts(parts, n_parts);
+                if (r < 0) goto out;
+                if (r == 0) break;
+                int i = -1;
+                for (int q = 0; q < n_prompts; q++)
+                    if (!st[q].done && st[q].server == k && st[q].id == m.id) i = q;
+                if (i < 0) {
+                    zmsg_free(&m); // an answer to a prompt that was already re-sent elsewhere
+                    continue;
+                }
+                c->servers[k].in_flight--;
+                if (m.type == ZMSG_ERROR) {
+                    if (strcmp(m.code, "queue_full") == 0) {
+                        // Back off and send again (possibly to another server).
+                        st[i].server = -1;
+                        st[i].retry_at_ms = t + 200;
+                        zmsg_free(&m);
+                        continue;
+                    }
+                    snprintf(err, err_len, "rollout server %s refused prompt %d: [%s] %s", c->servers[k].endpoint, i,
+                             m.code, m.message);
+                    zmsg_free(&m);
+                    goto out;
+                }
+                if (m.type != ZMSG_RESULT || take_result(&out[i], &m) != 0) {
+                    snprintf(err, err_len, "rollout server %s answered prompt %d with %s", c->servers[k].endpoint, i,
+                             zmsg_type_name(m.type));
+                    zmsg_free(&m);
+                    goto out;
+                }
+                st[i].done = 1;
+                remaining--;
+                zmsg_free(&m);
+            }
+        }
+        // Timeouts: a server silent on a prompt for the whole timeout is considered gone; its prompts move.
+        for (int i = 0; i < n_prompts; i++) {
+            if (st[i].done) continue;
+            if (st[i].server < 0) {
+                if (t >= st[i].retry_at_ms && send_prompt(c, i, prompts, prompt_lens, s, st, err, err_len) != 0) goto out;
+                continue;
+            }
+            if (t - st[i].sent_ms > c->timeout_ms) {
+                Server *sv = &c->servers[st[i].server];
+                if (sv->alive) {
+                    fprintf(stderr, "tandem-train: rollout server %s did not answer within %d ms; moving its prompts to "
+                            "the other servers\n", sv->endpoint, c->timeout_ms);
+                    sv->alive = 0;
+                }
+                sv->in_flight--;
+                if (send_prompt(c, i, prompts, prompt_lens, s, st, err, err_len) != 0) goto out;
+            }
+        }
+    }
+    rc = 0;
+out:
+    if (rc != 0) rollout_groups_free(out, n_prompts);
+    free(st);
+    return rc;
+}
+
+// ---- weights ------------------------------------------------------------------------------------
+
+int rollout_weights_begin(RolloutClient *c, int64_t version, char *err, size_t err_len) {
+    for (int k = 0; k < c->n_servers; k++) {
+        Server *s = &c->servers[k];
+        ZmsgMsg m, rep;
+        zmsg_init(&m, ZMSG_WEIGHTS_BEGIN, ZMSG_DIR_REQUEST, c->next_id++);
+        m.version = version;
+        m.transport = ZMSG_TRANSPORT_ZMQ;
+        m.layout_hash = c->layout_hash;
+        if (send_msg(s, &m, err, err_len) != 0) return -1;
+        int r = wait_reply(s, m.id, &rep, c->timeout_ms, err, err_len);
+        if (r == 0) snprintf(err, err_len, "rollout server %s did not acknowledge weights_begin", s->endpoint);
+        if (r <= 0) return -1;
+        zmsg_free(&rep);
+        s->alive = 1;
+    }
+    return 0;
+}
+
+int rollout_weights_send_unit(RolloutClient *c, int unit, const float *values, int64_t numel, int send_bf16,
+                              char *err, size_t err_len) {
+    uint16_t *bf = NULL;
+    if (send_bf16 && !(bf = malloc((size_t)(numel < SLICE_ELEMS ? numel : SLICE_ELEMS) * 2 + 2))) {
+        snprintf(err, err_len, "out of memory converting unit %d to bf16", unit);
+        return -1;
+    }
+    int rc = 0;
+    for (int64_t off = 0; off < numel && rc == 0; off += SLICE_ELEMS) {
+        int64_t count = numel - off < SLICE_ELEMS ? numel - off : SLICE_ELEMS;
+        if (bf) dtype_f32_to_bf16_n(bf, values + off, (size_t)count);
+        for (int k = 0; k < c->n_servers && rc == 0; k++) {
+            ZmsgMsg m;
+            zmsg_init(&m, ZMSG_WEIGHTS_SLICE, ZMSG_DIR_REQUEST, c->next_id++);
+            m.unit = unit;
+            m.offset = off;
+            m.count = count;
+            m.dtype = bf ? ZMSG_DTYPE_BF16 : ZMSG_DTYPE_F32;
+            m.slice_data = bf ? (const void *)bf : (const void *)(values + off);
+            rc = send_msg(&c->servers[k], &m, err, err_len);
+        }
+    }
+    free(bf);
+    return rc;
+}
+
+int rollout_weights_end(RolloutClient *c, int64_t version, double *seconds, char *err, size_t err_len) {
+    double slowest = 0;
+    for (int k = 0; k < c->n_servers; k++) {
+        Server *s = &c->servers[k];
+        ZmsgMsg m, rep;
+        zmsg_init(&m, ZMSG_WEIGHTS_END, ZMSG_DIR_REQUEST, c->next_id++);
+        m.version = version;
+        if (send_msg(s, &m, err, err_len) != 0) return -1;
+        // Slices are answered only when refused: such an error arrives before this reply and fails the push.
+        int r = wait_reply(s, m.id, &rep, c->timeout_ms, err, err_len);
+        if (r == 0) snprintf(err, err_len, "rollout server %s did not acknowledge weights_end (version %lld)",
+                             s->endpoint, (long long)version);
+        if (r <= 0) return -1;
+        if (rep.seconds > slowest) slowest = rep.seconds;
+        zmsg_free(&rep);
+    }
+    if (seconds) *seconds = slowest;
+    return 0;
+}

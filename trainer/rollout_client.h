@@ -1,0 +1,50 @@
+// trainer/rollout_client.h — the trainer's side of the ZeroMQ control channel (docs/protocol-zmq.md):
+// completion groups from the rollout servers, load-balanced, and weight pushes with transport `zmq`.
+#ifndef TANDEM_TRAINER_ROLLOUT_CLIENT_H
+#define TANDEM_TRAINER_ROLLOUT_CLIENT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "shared/zmq_msg.h"
+
+// One prompt's completions.
+typedef struct {
+    int n;
+    int *lens;              // (n) tokens of each completion
+    int32_t *tokens;        // (sum lens) completion 0's tokens, then completion 1's, ...
+    float *logprobs;        // (sum lens) the server's logprob of each token (log-softmax(logits / T))
+    ZmsgFinish *finish;     // (n)
+    int64_t *versions;      // (n) policy version of each completion's first token
+    int64_t *versions_end;  // (n) ... and of its last token
+} RolloutGroup;
+
+typedef struct RolloutClient RolloutClient;
+
+// Connects to every endpoint (comma-separated tcp://host:port list) and checks each server's layout hash
+// against the trainer's. A server that does not answer is waited for (a log line every few seconds) up to
+// timeout_ms; then the error names it.
+int rollout_client_create(RolloutClient **out, const char *endpoints, uint64_t layout_hash, int timeout_ms,
+                          char *err, size_t err_len);
+void rollout_client_destroy(RolloutClient *c);
+int rollout_client_max_seq_len(const RolloutClient *c);
+
+// Generates s->n completions for each prompt, spread over the servers (one request per prompt; prompt i
+// samples with seed s->seed + i * s->n when s->has_seed, so results do not depend on which server runs it).
+// A server that stays silent for the request timeout loses its prompts to another server; a full queue is
+// retried with backoff. out (n_prompts) is filled; free with rollout_groups_free.
+int rollout_generate(RolloutClient *c, int n_prompts, const int32_t *const *prompts, const int *prompt_lens,
+                     const ZmsgSampling *s, RolloutGroup *out, char *err, size_t err_len);
+void rollout_groups_free(RolloutGroup *groups, int n);
+
+// Weight push, transport zmq, to every server: begin (checks each server accepts version and layout), one
+// call per unit with its values as host fp32 (unit_numel elements in layout order; sent as bf16 when send_bf16,
+// halving the bytes, else f32), then end, which waits for every server's acknowledgement; *seconds receives
+// the slowest server's begin-to-swap time. Units are passed one at a time so that a ZeRO-3 trainer can gather
+// each unit just before it is sent.
+int rollout_weights_begin(RolloutClient *c, int64_t version, char *err, size_t err_len);
+int rollout_weights_send_unit(RolloutClient *c, int unit, const float *values, int64_t numel, int send_bf16,
+                              char *err, size_t err_len);
+int rollout_weights_end(RolloutClient *c, int64_t version, double *seconds, char *err, size_t err_len);
+
+#endif
