@@ -76,6 +76,9 @@ int model_read_unit(const Model *m, const struct SafetensorsSet *set, int unit, 
 // `units` yields each unit's parameters (fp32 host copies are made per unit). dtype_bf16 selects BF16 tensors.
 int model_save(const Model *m, UnitSource *units, const char *out_dir, int dtype_bf16, size_t max_shard_bytes,
                char *err, size_t err_len);
+// The same from host fp32 copies of every unit (units[u] holds at least unit_numel[u] elements).
+int model_save_host(const Model *m, float *const *units, const char *out_dir, int dtype_bf16, size_t max_shard_bytes,
+                    char *err, size_t err_len);
 // Fills resident weights with a deterministic random init (normal(0, std) matrices, ones for norms, zero bias).
 void model_init_random(const Model *m, ResidentWeights *w, uint64_t seed, float std);
 // The same values for one unit, into host fp32 (unit_numel elements).

@@ -108,15 +108,41 @@ static int write_text_file(const char *dir, const char *name, const char *text, 
     return 0;
 }
 
+int model_save_host(const Model *m, float *const *units, const char *out_dir, int dtype_bf16, size_t max_shard_bytes,
+                    char *err, size_t err_len) {
+    const Layout *L = &m->layout;
+    StWriter *w = NULL;
+    if (st_writer_create(&w, err, err_len) != 0) return -1;
+    int rc = -1;
+    for (int i = 0; i < L->n_tensors; i++) {
+        const LayoutTensor *t = &L->tensors[i];
+        if (st_writer_add(w, t->name, dtype_bf16 ? ST_BF16 : ST_F32, t->ndim, t->shape, units[t->unit] + t->offset,
+                          ST_F32, err, err_len) != 0)
+            goto out;
+    }
+    if (st_writer_write(w, out_dir, max_shard_bytes, err, err_len) != 0) goto out;
+    ModelConfig cfg = m->cfg;
+    snprintf(cfg.torch_dtype, sizeof cfg.torch_dtype, "%s", dtype_bf16 ? "bfloat16" : "float32");
+    char *json = config_to_json(&cfg);
+    if (!json) {
+        snprintf(err, err_len, "out of memory writing config.json");
+        goto out;
+    }
+    rc = write_text_file(out_dir, "config.json", json, err, err_len);
+    free(json);
+out:
+    st_writer_free(w);
+    return rc;
+}
+
 int model_save(const Model *m, UnitSource *units, const char *out_dir, int dtype_bf16, size_t max_shard_bytes,
                char *err, size_t err_len) {
     const Layout *L = &m->layout;
-    StWriter *w = NULL;
     float **host = calloc((size_t)L->n_units, sizeof(float *));
     int rc = -1;
-    if (!host || st_writer_create(&w, err, err_len) != 0) {
-        if (!host) snprintf(err, err_len, "out of host memory saving to %s", out_dir);
-        goto out;
+    if (!host) {
+        snprintf(err, err_len, "out of host memory saving to %s", out_dir);
+        return -1;
     }
     // The writer reads every tensor when it writes, so all units stay in host memory until then.
     for (int u = 0; u < L->n_units; u++) {
@@ -134,26 +160,9 @@ int model_save(const Model *m, UnitSource *units, const char *out_dir, int dtype
         snprintf(err, err_len, "saving to %s: %s", out_dir, ops_error(m->ops));
         goto out;
     }
-    for (int i = 0; i < L->n_tensors; i++) {
-        const LayoutTensor *t = &L->tensors[i];
-        if (st_writer_add(w, t->name, dtype_bf16 ? ST_BF16 : ST_F32, t->ndim, t->shape, host[t->unit] + t->offset,
-                          ST_F32, err, err_len) != 0)
-            goto out;
-    }
-    if (st_writer_write(w, out_dir, max_shard_bytes, err, err_len) != 0) goto out;
-    ModelConfig cfg = m->cfg;
-    snprintf(cfg.torch_dtype, sizeof cfg.torch_dtype, "%s", dtype_bf16 ? "bfloat16" : "float32");
-    char *json = config_to_json(&cfg);
-    if (!json) {
-        snprintf(err, err_len, "out of memory writing config.json");
-        goto out;
-    }
-    rc = write_text_file(out_dir, "config.json", json, err, err_len);
-    free(json);
+    rc = model_save_host(m, host, out_dir, dtype_bf16, max_shard_bytes, err, err_len);
 out:
-    if (host)
-        for (int u = 0; u < L->n_units; u++) free(host[u]);
+    for (int u = 0; u < L->n_units; u++) free(host[u]);
     free(host);
-    st_writer_free(w);
     return rc;
 }

@@ -373,6 +373,49 @@ int zero3_step(Zero3 *z, const AdamWParams *p, float lr, int step, float *grad_n
     return 0;
 }
 
+int zero3_restore_shard(Zero3 *z, int u, const float *master, const float *m, const float *v) {
+    size_t n = z->shard[u];
+    ops_copy_to_device(z->o, z->master[u], master, n * 4);
+    if (m) ops_copy_to_device(z->o, z->adam_m[u], m, n * 4);
+    else ops_memset_zero(z->o, z->adam_m[u], n * 4);
+    if (v) ops_copy_to_device(z->o, z->adam_v[u], v, n * 4);
+    else ops_memset_zero(z->o, z->adam_v[u], n * 4);
+    return ops_status(z->o);
+}
+
+int zero3_republish(Zero3 *z, char *err, size_t err_len) {
+    float *host = malloc(z->max_shard * sizeof(float));
+    if (!host) {
+        snprintf(err, err_len, "out of host memory republishing parameters");
+        return -1;
+    }
+    for (int u = 0; u < z->n_units; u++) {
+        size_t n = z->shard[u];
+        ops_copy_to_host(z->o, host, z->master[u], n * 4);
+        if (z->stage == 3) {
+            ops_upload_f32(z->o, z->param_shard[u], host, n);
+            continue;
+        }
+        char *full = z->full[u];
+        ops_upload_f32(z->o, full + zero3_shard_offset(z, u) * es(z), host, n);
+        comm_wait_compute(z->c);
+        if (comm_all_gather(z->c, full, full + zero3_shard_offset(z, u) * es(z), n, storage_dtype(z)) != 0) {
+            snprintf(err, err_len, "all-gather of unit %d's parameters failed: %s", u, comm_error(z->c));
+            free(host);
+            return -1;
+        }
+        comm_compute_wait(z->c);
+    }
+    free(host);
+    invalidate_slots(z);
+    ops_synchronize(z->o);
+    if (ops_status(z->o)) {
+        snprintf(err, err_len, "republishing parameters: %s", ops_error(z->o));
+        return -1;
+    }
+    return 0;
+}
+
 int zero3_gather_unit_f32(Zero3 *z, int unit, float *host, char *err, size_t err_len) {
     const void *p = src_acquire(z, unit);
     if (!p) {

@@ -53,6 +53,12 @@ size_t zero3_shard_count(const Zero3 *z, int unit);
 float *zero3_master_shard(Zero3 *z, int unit);     // fp32 (count)
 float *zero3_adam_m_shard(Zero3 *z, int unit);
 float *zero3_adam_v_shard(Zero3 *z, int unit);
+// Restores this rank's slice of unit u from host fp32 arrays (shard count each; m and v may be NULL = zeros),
+// e.g. from a checkpoint; call zero3_republish once every unit is restored.
+int zero3_restore_shard(Zero3 *z, int unit, const float *master, const float *m, const float *v);
+// All ranks: makes the parameters the model reads equal the master weights again (stage 3: this rank's slices;
+// stages 1-2: slices all-gathered into the resident full units).
+int zero3_republish(Zero3 *z, char *err, size_t err_len);
 // All ranks call it together: gathers unit u's parameters as fp32 into host (padded unit numel) on every rank.
 int zero3_gather_unit_f32(Zero3 *z, int unit, float *host, char *err, size_t err_len);
 
