@@ -1,0 +1,95 @@
+// rollout_server/http_json.h — the request side of the HTTP API, free of sockets and of the engine thread:
+// body text -> JSON object, typed field readers that name the field they refuse, the OpenAI / vLLM / TRL
+// sampling fields -> SamplingParams, prompt shapes, and the OpenAI-style error object
+// {"error": {"message", "type", "param", "code"}} every failure is answered with.
+#ifndef TANDEM_ROLLOUT_HTTP_JSON_H
+#define TANDEM_ROLLOUT_HTTP_JSON_H
+
+#include <jansson.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rollout_server/engine.h"
+
+// Bounds that keep one HTTP request from monopolising the engine; the engine applies its own limits too.
+#define HTTP_MAX_N 1024                 // completions per prompt
+#define HTTP_MAX_PROMPTS 1024           // prompts per request
+#define HTTP_MAX_COMPLETIONS 4096       // prompts x n per request
+#define HTTP_MAX_STOP_BYTES 512         // length of one stop string
+
+// Which API's field names and defaults apply.
+typedef enum { HTTP_API_COMPLETIONS = 0, HTTP_API_CHAT, HTTP_API_TRL } HttpApi;
+
+typedef struct {
+    int status;         // HTTP status: 400, 401, 404, 405, 413, 429, 500, 503
+    char message[512];
+    char param[64];     // the offending field ("" -> null)
+} HttpError;
+
+// Fills e and returns -1 (so `return http_error_set(...)` reads naturally).
+int http_error_set(HttpError *e, int status, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 4, 5)));
+// OpenAI error "type" for a status: invalid_request_error, authentication_error, not_found_error, ...
+const char *http_error_type(int status);
+// {"error": {"message", "type", "param", "code": status}} as a new reference.
+json_t *http_error_json(const HttpError *e);
+// The same as compact text (malloc'd, NUL-terminated; *len its length). NULL only on out of memory.
+char *http_error_body(const HttpError *e, size_t *len);
+// Status for an engine_submit / engine error code: EINVAL, ETOOLONG 400; EQUEUE_FULL 429; ESHUTDOWN 503; else 500.
+int http_status_for_engine(int engine_code);
+
+// Parses a request body that must be one JSON object. Malformed text (including NaN / Infinity, which some
+// JSON writers emit) is a 400 whose message says where, and names the field when one can be found.
+int http_body_parse(const char *body, size_t len, json_t **out, HttpError *err);
+
+// Typed readers. Return 1 when the field is present and valid (*out set), 0 when absent or null (*out left
+// alone), -1 with err filled (400 naming the field) when the type or range is wrong. JSON booleans are not
+// integers here, and integers are accepted where a number is expected.
+int http_get_bool(const json_t *obj, const char *key, int *out, HttpError *err);
+int http_get_int(const json_t *obj, const char *key, int64_t min, int64_t max, int64_t *out, HttpError *err);
+int http_get_number(const json_t *obj, const char *key, double *out, HttpError *err); // finite only
+int http_get_string(const json_t *obj, const char *key, const char **out, size_t *len, HttpError *err);
+
+// Everything a generation request asks for besides its prompts.
+typedef struct {
+    SamplingParams sp;          // stop strings point into the request JSON: keep it alive while sp is used
+    int max_tokens_given;       // 0: the caller picks the default (chat: what is left of the context)
+    int stream;
+    int include_usage;          // stream_options.include_usage
+    int echo;                   // completions: prefix the prompt to the text
+    int return_token_ids;       // vLLM extension: prompt_token_ids and token_ids in each choice
+    int logprobs;               // completions: -1 = none, else alternatives per token (0..20)
+                                // chat: -1 = none, else top_logprobs (0..20); TRL: -1 = None, else N
+    int add_generation_prompt;  // chat (default 1)
+    int continue_final_message; // chat (default 0)
+    int add_special_tokens;     // completions default 1, chat default 0
+} HttpGenOptions;
+
+// Reads the sampling fields of a request for `api` (see docs/http-api.md for the list, defaults and ranges)
+// and checks them: every refusal is a 400 naming the field. vocab_size bounds stop_token_ids.
+int http_parse_generation(const json_t *req, HttpApi api, int vocab_size, HttpGenOptions *o, HttpError *err);
+
+// Prompts as given: either all texts or all token-id lists.
+typedef struct {
+    const char *text;   // points into the request JSON (NULL for an id prompt)
+    size_t text_len;
+    int32_t *ids;       // malloc'd (NULL for a text prompt)
+    int n_ids;
+} HttpPrompt;
+
+typedef struct {
+    HttpPrompt *items;
+    int n;
+    int is_ids;
+} HttpPromptList;
+
+// Accepts "text", ["text", ...], [id, ...] or [[id, ...], ...] (allow_single = 0: only the list forms, as TRL
+// declares list[str] | list[list[int]]). Ids must lie in [0, vocab_size); no prompt may be empty.
+int http_parse_prompts(const json_t *val, const char *field, int vocab_size, int allow_single, HttpPromptList *out,
+                       HttpError *err);
+void http_prompts_free(HttpPromptList *l);
+
+// Reads a list of token ids (field named in errors) into a malloc'd array; ids must lie in [0, vocab_size).
+int http_parse_id_list(const json_t *val, const char *field, int vocab_size, int32_t **ids, int *n, HttpError *err);
+
+#endif

@@ -1,0 +1,123 @@
+// rollout_server/http_metrics.c — request counters and Prometheus text (see http_metrics.h).
+#include "rollout_server/http_metrics.h"
+
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rollout_server/http_response.h"
+
+static const int kStatuses[HTTP_STATUS_SLOTS - 1] = {200, 400, 401, 404, 405, 413, 429, 499, 500, 503, 504};
+
+static const char *const kRoutePaths[HTTP_ROUTE_COUNT] = {
+    "/health", "/v1/models", "/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize", "/metrics",
+    "/health/", "/get_world_size/", "/generate/", "other"};
+
+const char *http_route_path(HttpRoute r) { return r >= 0 && r < HTTP_ROUTE_COUNT ? kRoutePaths[r] : "other"; }
+
+static int status_slot(int status) {
+    for (int i = 0; i < HTTP_STATUS_SLOTS - 1; i++)
+        if (kStatuses[i] == status) return i;
+    return HTTP_STATUS_SLOTS - 1;
+}
+
+void http_metrics_init(HttpMetrics *m) {
+    for (int r = 0; r < HTTP_ROUTE_COUNT; r++)
+        for (int s = 0; s < HTTP_STATUS_SLOTS; s++) atomic_init(&m->count[r][s], 0);
+    atomic_init(&m->in_flight, 0);
+}
+
+void http_metrics_count(HttpMetrics *m, HttpRoute route, int status) {
+    if (route < 0 || route >= HTTP_ROUTE_COUNT) route = HTTP_ROUTE_OTHER;
+    atomic_fetch_add(&m->count[route][status_slot(status)], 1);
+}
+
+long long http_metrics_get(HttpMetrics *m, HttpRoute route, int status) {
+    return atomic_load(&m->count[route][status_slot(status)]);
+}
+
+static void put(HttpBuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void put(HttpBuf *b, const char *fmt, ...) {
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (n > 0) http_buf_append(b, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
+}
+
+static void metric(HttpBuf *b, const char *name, const char *type, const char *help, const char *label,
+                   long long value) {
+    put(b, "# HELP %s %s\n# TYPE %s %s\n%s{%s} %lld\n", name, help, name, type, name, label, value);
+}
+
+char *http_metrics_render(HttpMetrics *m, const EngineStats *s, const char *model_name, size_t *len) {
+    HttpBuf b = {0};
+    // The model name goes into a label value: escape backslash, quote and newline as the format requires.
+    char model[256];
+    size_t k = 0;
+    for (const char *p = model_name ? model_name : ""; *p && k + 2 < sizeof model; p++) {
+        if (*p == '\\' || *p == '"') model[k++] = '\\', model[k++] = *p;
+        else if (*p == '\n') model[k++] = '\\', model[k++] = 'n';
+        else model[k++] = *p;
+    }
+    model[k] = 0;
+    char lab[300];
+    snprintf(lab, sizeof lab, "model_name=\"%s\"", model);
+
+    put(&b, "# HELP tandem_http_requests_total HTTP requests answered, by route and status.\n"
+            "# TYPE tandem_http_requests_total counter\n");
+    for (int r = 0; r < HTTP_ROUTE_COUNT; r++)
+        for (int i = 0; i < HTTP_STATUS_SLOTS; i++) {
+            long long c = atomic_load(&m->count[r][i]);
+            if (c == 0) continue;
+            char st[16];
+            if (i < HTTP_STATUS_SLOTS - 1) snprintf(st, sizeof st, "%d", kStatuses[i]);
+            else snprintf(st, sizeof st, "other");
+            put(&b, "tandem_http_requests_total{route=\"%s\",status=\"%s\"} %lld\n", kRoutePaths[r], st, c);
+        }
+    metric(&b, "tandem_http_requests_in_flight", "gauge", "HTTP requests being handled now.", lab,
+           atomic_load(&m->in_flight));
+
+    metric(&b, "tandem_requests_waiting", "gauge", "Requests queued, not yet admitted by the engine.", lab,
+           s->requests_waiting);
+    metric(&b, "tandem_requests_running", "gauge", "Requests admitted and generating.", lab, s->requests_running);
+    metric(&b, "tandem_sequences_running", "gauge", "Sequences (completions) decoding.", lab, s->sequences_running);
+    metric(&b, "tandem_kv_blocks_total", "gauge", "KV cache blocks in the pool.", lab, s->kv_blocks_total);
+    metric(&b, "tandem_kv_blocks_used", "gauge", "KV cache blocks referenced by sequences.", lab,
+           s->kv_blocks_used);
+    metric(&b, "tandem_kv_blocks_free", "gauge",
+           "KV cache blocks allocatable (free, including evictable cached prefixes).", lab,
+           s->kv_blocks_total - s->kv_blocks_used);
+    metric(&b, "tandem_kv_blocks_cached", "gauge",
+           "KV cache blocks unreferenced but holding a cached prefix (evictable).", lab,
+           s->kv_blocks_cached);
+    metric(&b, "tandem_prompt_tokens_total", "counter", "Prompt tokens processed.", lab, s->prompt_tokens_total);
+    metric(&b, "tandem_generation_tokens_total", "counter", "Tokens generated.", lab, s->generation_tokens_total);
+    metric(&b, "tandem_cached_prompt_tokens_total", "counter", "Prompt tokens served from the prefix cache.", lab,
+           s->cached_prompt_tokens_total);
+    metric(&b, "tandem_preemptions_total", "counter", "Sequences preempted for lack of KV blocks.", lab,
+           s->preemptions_total);
+    metric(&b, "tandem_policy_version", "gauge", "Version of the weights generating now.", lab, s->policy_version);
+    metric(&b, "tandem_engine_paused", "gauge", "1 while the engine is paused by the control channel.", lab, s->paused);
+
+    // Step-time histogram: EngineStats buckets are cumulative counts at these bounds (ms), the last is +Inf.
+    static const int bounds_ms[11] = {1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000};
+    put(&b, "# HELP tandem_engine_step_seconds Wall time of one engine step.\n"
+            "# TYPE tandem_engine_step_seconds histogram\n");
+    for (int i = 0; i < 11; i++)
+        put(&b, "tandem_engine_step_seconds_bucket{%s,le=\"%g\"} %lld\n", lab, bounds_ms[i] / 1000.0,
+            (long long)s->step_seconds_buckets[i]);
+    put(&b, "tandem_engine_step_seconds_bucket{%s,le=\"+Inf\"} %lld\n", lab, (long long)s->step_seconds_buckets[11]);
+    put(&b, "tandem_engine_step_seconds_sum{%s} %.9g\n", lab, s->step_seconds_sum);
+    put(&b, "tandem_engine_step_seconds_count{%s} %lld\n", lab, (long long)s->steps_total);
+
+    if (b.oom) {
+        http_buf_free(&b);
+        return NULL;
+    }
+    if (!b.data) http_buf_append(&b, "", 0);
+    if (len) *len = b.len;
+    return b.data;
+}

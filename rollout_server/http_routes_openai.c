@@ -1,0 +1,369 @@
+// rollout_server/http_routes_openai.c — the OpenAI-compatible routes: POST /v1/completions, POST
+// /v1/chat/completions (whole answers or server-sent events), GET /v1/models. Field list: docs/http-api.md.
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "rollout_server/http_internal.h"
+
+// One generation request being answered, whole or streamed.
+typedef struct {
+    HttpServer *srv;
+    HttpApi api;
+    json_t *req;                // keeps the stop strings SamplingParams points at alive
+    HttpGenOptions o;
+    HttpPromptList pl;
+    int32_t **ids;              // (n_prompts) prompt token ids
+    int *lens;
+    HttpGen g;
+    HttpTokenText tt;
+    char id[64];
+    int64_t created;
+    // streaming state
+    int phase;                  // 0 preamble chunks, 1 events, 2 finished
+    size_t *text_offset;        // (n_choices) completions logprobs offsets
+    int error_sent;
+} GenCall;
+
+static int n_choices(const GenCall *c) { return c->pl.n * c->o.sp.n; }
+
+static void gencall_free(GenCall *c) {
+    if (!c) return;
+    http_gen_release(&c->g);
+    http_free_ids(c->ids, c->lens, c->pl.n);
+    http_prompts_free(&c->pl);
+    json_decref(c->req);
+    free(c->text_offset);
+    free(c);
+}
+
+static json_t *ids_json(const int32_t *ids, int n) {
+    json_t *a = json_array();
+    for (int i = 0; i < n; i++) json_array_append_new(a, json_integer(ids[i]));
+    return a;
+}
+
+static const char *model_name(const GenCall *c) { return c->srv->model_name; }
+
+// The request's "model", when given, must name this server's model.
+static int check_model(HttpServer *s, const json_t *req, HttpError *e) {
+    const char *m = NULL;
+    int rc = http_get_string(req, "model", &m, NULL, e);
+    if (rc < 0) return -1;
+    if (rc == 1 && strcmp(m, s->model_name) != 0)
+        return http_error_set(e, 404, "model", "the model '%s' does not exist here; this server serves '%s'", m,
+                              s->model_name);
+    return 0;
+}
+
+// Text of a prompt for echo: as sent, or decoded when it came as token ids.
+static char *prompt_text(const GenCall *c, int p, size_t *len) {
+    const HttpPrompt *pr = &c->pl.items[p];
+    if (pr->text) {
+        *len = pr->text_len;
+        return strndup(pr->text, pr->text_len);
+    }
+    char *t = NULL;
+    if (tokenizer_decode(engine_tokenizer(c->srv->engine), c->ids[p], (size_t)c->lens[p],
+                         c->o.sp.skip_special_tokens, &t, len, NULL, 0) != 0) {
+        free(t);
+        *len = 0;
+        return strdup("");
+    }
+    return t;
+}
+
+// Parses, tokenizes and submits. Returns NULL with e set on any refusal.
+static GenCall *gencall_start(HttpReq *r, HttpApi api, HttpError *e) {
+    HttpServer *s = r->srv;
+    GenCall *c = calloc(1, sizeof *c);
+    if (!c) {
+        http_error_set(e, 500, NULL, "out of memory");
+        return NULL;
+    }
+    c->srv = s;
+    c->api = api;
+    c->tt.text = http_token_text;
+    c->tt.user = (void *)engine_tokenizer(s->engine);
+    c->created = (int64_t)time(NULL);
+    http_make_id(c->id, sizeof c->id, api == HTTP_API_CHAT ? "chatcmpl" : "cmpl");
+    char *rendered = NULL;
+    if (http_body_parse(r->body.data, r->body.len, &c->req, e) < 0) goto fail;
+    if (check_model(s, c->req, e) < 0) goto fail;
+    if (http_parse_generation(c->req, api, s->vocab_size, &c->o, e) < 0) goto fail;
+    if (api == HTTP_API_CHAT) {
+        size_t len = 0;
+        if (http_render_messages(s, c->req, c->o.add_generation_prompt, &rendered, &len, e) < 0) goto fail;
+        c->pl.items = calloc(1, sizeof *c->pl.items);
+        if (!c->pl.items) {
+            http_error_set(e, 500, NULL, "out of memory");
+            goto fail;
+        }
+        c->pl.n = 1;
+        c->pl.items[0].text = rendered;
+        c->pl.items[0].text_len = len;
+    } else {
+        if (http_parse_prompts(json_object_get(c->req, "prompt"), "prompt", s->vocab_size, 1, &c->pl, e) < 0)
+            goto fail;
+    }
+    if ((long)c->pl.n * c->o.sp.n > HTTP_MAX_COMPLETIONS) {
+        http_error_set(e, 400, "n", "%d prompts x n=%d completions is over the limit of %d per request", c->pl.n,
+                       c->o.sp.n, HTTP_MAX_COMPLETIONS);
+        goto fail;
+    }
+    if (http_tokenize_prompts(engine_tokenizer(s->engine), &c->pl, c->o.add_special_tokens, &c->ids, &c->lens, e) < 0)
+        goto fail;
+    if (api == HTTP_API_CHAT) { // the rendered text is no longer needed once tokenized
+        free(rendered);
+        rendered = NULL;
+        c->pl.items[0].text = NULL;
+        c->pl.items[0].text_len = 0;
+        if (!c->o.max_tokens_given) { // OpenAI's default for chat: whatever the context leaves
+            int left = s->max_model_len - c->lens[0];
+            if (left < 1) {
+                http_error_set(e, 400, "messages", "the conversation is %d tokens; the model's context is %d tokens",
+                               c->lens[0], s->max_model_len);
+                goto fail;
+            }
+            c->o.sp.max_tokens = left;
+        }
+    }
+    c->text_offset = calloc((size_t)n_choices(c), sizeof *c->text_offset);
+    if (!c->text_offset) {
+        http_error_set(e, 500, NULL, "out of memory");
+        goto fail;
+    }
+    if (http_gen_submit(&c->g, s, r->fd, c->ids, c->lens, c->pl.n, &c->o.sp, e) < 0) goto fail;
+    return c;
+fail:
+    if (api == HTTP_API_CHAT && rendered && c->pl.items) c->pl.items[0].text = NULL;
+    free(rendered);
+    gencall_free(c);
+    return NULL;
+}
+
+static json_t *usage_of(const GenCall *c) {
+    return http_usage_json(http_gen_prompt_tokens(&c->g), http_gen_completion_tokens(&c->g),
+                           http_gen_cached_tokens(&c->g));
+}
+
+// ---- whole answers ---------------------------------------------------------------------------------
+
+static json_t *completion_answer(GenCall *c) {
+    json_t *choices = json_array();
+    for (int k = 0; k < n_choices(c); k++) {
+        const HttpChoice *ch = &c->g.choices[k];
+        int p = k / c->o.sp.n;
+        json_t *o = json_object();
+        json_object_set_new(o, "index", json_integer(k));
+        if (c->o.echo) {
+            size_t pl = 0;
+            char *pt = prompt_text(c, p, &pl);
+            HttpBuf b = {0};
+            http_buf_append(&b, pt ? pt : "", pt ? pl : 0);
+            http_buf_append(&b, ch->text ? ch->text : "", ch->text_len);
+            json_object_set_new(o, "text", json_stringn(b.data ? b.data : "", b.len));
+            http_buf_free(&b);
+            free(pt);
+        } else {
+            json_object_set_new(o, "text", json_stringn(ch->text ? ch->text : "", ch->text_len));
+        }
+        size_t off = 0;
+        json_object_set_new(o, "logprobs", c->o.logprobs >= 0 ? http_completion_logprobs(ch, 0, ch->n_tokens, &c->tt,
+                                                                                         &off)
+                                                              : json_null());
+        json_object_set_new(o, "finish_reason", http_finish_json(ch->finish));
+        json_object_set_new(o, "stop_reason", http_stop_reason_json(ch, &c->o.sp));
+        if (c->o.return_token_ids) {
+            json_object_set_new(o, "prompt_token_ids", ids_json(c->ids[p], c->lens[p]));
+            json_object_set_new(o, "token_ids", ids_json(ch->tokens, ch->n_tokens));
+        }
+        json_array_append_new(choices, o);
+    }
+    json_t *out = http_envelope(c->id, "text_completion", c->created, model_name(c), choices);
+    json_object_set_new(out, "usage", usage_of(c));
+    return out;
+}
+
+static json_t *chat_answer(GenCall *c) {
+    json_t *choices = json_array();
+    for (int k = 0; k < n_choices(c); k++) {
+        const HttpChoice *ch = &c->g.choices[k];
+        json_t *o = json_object(), *msg = json_object();
+        json_object_set_new(o, "index", json_integer(k));
+        json_object_set_new(msg, "role", json_string("assistant"));
+        json_object_set_new(msg, "content", json_stringn(ch->text ? ch->text : "", ch->text_len));
+        json_object_set_new(o, "message", msg);
+        json_object_set_new(o, "logprobs",
+                            c->o.logprobs >= 0 ? http_chat_logprobs(ch, 0, ch->n_tokens, &c->tt) : json_null());
+        json_object_set_new(o, "finish_reason", http_finish_json(ch->finish));
+        json_object_set_new(o, "stop_reason", http_stop_reason_json(ch, &c->o.sp));
+        if (c->o.return_token_ids) json_object_set_new(o, "token_ids", ids_json(ch->tokens, ch->n_tokens));
+        json_array_append_new(choices, o);
+    }
+    json_t *out = http_envelope(c->id, "chat.completion", c->created, model_name(c), choices);
+    json_object_set_new(out, "usage", usage_of(c));
+    if (c->o.return_token_ids) json_object_set_new(out, "prompt_token_ids", ids_json(c->ids[0], c->lens[0]));
+    return out;
+}
+
+// ---- streaming -------------------------------------------------------------------------------------
+
+static int emit(HttpBuf *out, json_t *obj) {
+    size_t n = 0;
+    char *s = http_sse_format(obj, &n);
+    json_decref(obj);
+    if (!s) return -1;
+    http_buf_append(out, s, n);
+    free(s);
+    return 0;
+}
+
+static json_t *chunk(const GenCall *c, json_t *choice) {
+    json_t *choices = json_array();
+    if (choice) json_array_append_new(choices, choice);
+    return http_envelope(c->id, c->api == HTTP_API_CHAT ? "chat.completion.chunk" : "text_completion", c->created,
+                         model_name(c), choices);
+}
+
+// First chunk of each choice: the assistant role (chat), the echoed prompt (completions with echo), and the
+// prompt ids when return_token_ids asks for them.
+static int emit_preamble(GenCall *c, HttpBuf *out) {
+    for (int k = 0; k < n_choices(c); k++) {
+        int p = k / c->o.sp.n;
+        json_t *o = json_object();
+        json_object_set_new(o, "index", json_integer(k));
+        if (c->api == HTTP_API_CHAT) {
+            json_t *delta = json_object();
+            json_object_set_new(delta, "role", json_string("assistant"));
+            json_object_set_new(delta, "content", json_string(""));
+            json_object_set_new(o, "delta", delta);
+            json_object_set_new(o, "logprobs", json_null());
+        } else {
+            if (!c->o.echo && !c->o.return_token_ids) {
+                json_decref(o);
+                continue;
+            }
+            size_t pl = 0;
+            char *pt = c->o.echo ? prompt_text(c, p, &pl) : NULL;
+            json_object_set_new(o, "text", json_stringn(pt ? pt : "", pt ? pl : 0));
+            free(pt);
+            json_object_set_new(o, "logprobs", json_null());
+        }
+        json_object_set_new(o, "finish_reason", json_null());
+        if (c->o.return_token_ids) json_object_set_new(o, "prompt_token_ids", ids_json(c->ids[p], c->lens[p]));
+        if (emit(out, chunk(c, o)) < 0) return -1;
+    }
+    return 0;
+}
+
+static int emit_event(GenCall *c, int k, const EngineEvent *ev, HttpBuf *out) {
+    HttpChoice *ch = &c->g.choices[k];
+    int from = ch->n_tokens;
+    if (http_choice_append(ch, ev) != 0) return -1;
+    if (ev->finish == FINISH_ERROR) { // OpenAI clients raise on an {"error": ...} event
+        HttpError e;
+        http_error_set(&e, 500, NULL, "generation failed in the engine (completion %d); the server log has the "
+                       "details", k);
+        c->error_sent = 1;
+        return emit(out, http_error_json(&e));
+    }
+    if (ev->n_tokens == 0 && ev->text_len == 0 && ev->finish == FINISH_NONE) return 0;
+    json_t *o = json_object();
+    json_object_set_new(o, "index", json_integer(k));
+    json_t *text = json_stringn(ev->text ? ev->text : "", ev->text_len);
+    if (c->api == HTTP_API_CHAT) {
+        json_t *delta = json_object();
+        if (ev->text_len > 0 || ev->finish == FINISH_NONE) json_object_set_new(delta, "content", text);
+        else json_decref(text);
+        json_object_set_new(o, "delta", delta);
+        json_object_set_new(o, "logprobs",
+                            c->o.logprobs >= 0 ? http_chat_logprobs(ch, from, ev->n_tokens, &c->tt) : json_null());
+    } else {
+        json_object_set_new(o, "text", text);
+        json_object_set_new(o, "logprobs", c->o.logprobs >= 0 ? http_completion_logprobs(ch, from, ev->n_tokens,
+                                                                                         &c->tt, &c->text_offset[k])
+                                                              : json_null());
+    }
+    json_object_set_new(o, "finish_reason", http_finish_json(ev->finish));
+    if (ev->finish != FINISH_NONE) json_object_set_new(o, "stop_reason", http_stop_reason_json(ch, &c->o.sp));
+    if (c->o.return_token_ids) json_object_set_new(o, "token_ids", ids_json(ev->tokens, ev->n_tokens));
+    return emit(out, chunk(c, o));
+}
+
+static int stream_fill(void *user, HttpBuf *out) {
+    GenCall *c = user;
+    if (c->phase == 0) {
+        c->phase = 1;
+        if (emit_preamble(c, out) < 0) return -1;
+        if (out->len > 0) return 0;
+    }
+    for (;;) {
+        EngineEvent ev;
+        int k;
+        int rc = http_gen_next(&c->g, &ev, &k);
+        if (rc < 0) return -1; // client gone or server stopping: end the stream, destroy releases the requests
+        if (rc == 0) break;
+        if (k < 0 || k >= n_choices(c)) return -1;
+        if (emit_event(c, k, &ev, out) < 0) return -1;
+        if (out->len > 0) return 0;
+    }
+    if (c->o.include_usage) {
+        json_t *u = chunk(c, NULL);
+        json_object_set_new(u, "usage", usage_of(c));
+        if (emit(out, u) < 0) return -1;
+    }
+    http_buf_append(out, HTTP_SSE_DONE, strlen(HTTP_SSE_DONE));
+    c->phase = 2;
+    return 1;
+}
+
+static void stream_destroy(void *user) { gencall_free(user); }
+
+// ---- routes ------------------------------------------------------------------------------------------
+
+static void generate_route(HttpReq *r, HttpApi api) {
+    HttpError e = {0};
+    GenCall *c = gencall_start(r, api, &e);
+    if (!c) {
+        http_reply_error(r, &e);
+        return;
+    }
+    if (c->o.stream) {
+        HttpStreamOps ops = {stream_fill, stream_destroy, c};
+        http_reply_stream(r, &ops);
+        return;
+    }
+    if (http_gen_collect(&c->g, &e) < 0) {
+        gencall_free(c);
+        http_reply_error(r, &e);
+        return;
+    }
+    r->prompt_tokens = http_gen_prompt_tokens(&c->g);
+    r->completion_tokens = http_gen_completion_tokens(&c->g);
+    json_t *out = api == HTTP_API_CHAT ? chat_answer(c) : completion_answer(c);
+    gencall_free(c);
+    http_reply_json(r, 200, out);
+}
+
+void http_route_completions(HttpReq *r) { generate_route(r, HTTP_API_COMPLETIONS); }
+
+void http_route_chat(HttpReq *r) { generate_route(r, HTTP_API_CHAT); }
+
+void http_route_models(HttpReq *r) {
+    HttpServer *s = r->srv;
+    json_t *m = json_object();
+    json_object_set_new(m, "id", json_string(s->model_name));
+    json_object_set_new(m, "object", json_string("model"));
+    json_object_set_new(m, "created", json_integer(s->started));
+    json_object_set_new(m, "owned_by", json_string("tandem"));
+    json_object_set_new(m, "root", json_string(engine_model_id(s->engine)));
+    json_object_set_new(m, "parent", json_null());
+    json_object_set_new(m, "max_model_len", json_integer(s->max_model_len));
+    json_t *data = json_array();
+    json_array_append_new(data, m);
+    json_t *o = json_object();
+    json_object_set_new(o, "object", json_string("list"));
+    json_object_set_new(o, "data", data);
+    http_reply_json(r, 200, o);
+}

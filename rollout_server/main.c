@@ -1,0 +1,339 @@
+// rollout_server/main.c — tandem-serve: loads a model into the engine, serves HTTP (and the trainer's ZeroMQ
+// control channel with --control), and on SIGTERM / SIGINT (or a ZeroMQ `shutdown`) stops accepting, lets the
+// work in flight finish within --drain-timeout, and exits 0.
+#include <errno.h>
+#include <getopt.h>
+#include <inttypes.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "rollout_server/engine.h"
+#include "rollout_server/http_server.h"
+#include "rollout_server/zmq_control.h"
+
+typedef struct {
+    EngineConfig engine;
+    HttpConfig http;
+    const char *control;
+    double drain_timeout_s;
+    int device_given;
+} Options;
+
+enum {
+    OPT_MODEL = 256, OPT_HOST, OPT_PORT, OPT_CONTROL, OPT_DEVICE, OPT_KV, OPT_BLOCK, OPT_SEQS, OPT_BATCHED,
+    OPT_QUEUED, OPT_BODY, OPT_KEY, OPT_DRAIN, OPT_PREFIX, OPT_NO_PREFIX, OPT_SEED, OPT_NAME, OPT_TEMPLATE, OPT_HELP,
+};
+
+static const struct option kLongOpts[] = {
+    {"model", required_argument, 0, OPT_MODEL},
+    {"host", required_argument, 0, OPT_HOST},
+    {"port", required_argument, 0, OPT_PORT},
+    {"control", required_argument, 0, OPT_CONTROL},
+    {"device", required_argument, 0, OPT_DEVICE},
+    {"kv-cache-memory", required_argument, 0, OPT_KV},
+    {"block-size", required_argument, 0, OPT_BLOCK},
+    {"max-num-seqs", required_argument, 0, OPT_SEQS},
+    {"max-num-batched-tokens", required_argument, 0, OPT_BATCHED},
+    {"max-queued-requests", required_argument, 0, OPT_QUEUED},
+    {"max-body-bytes", required_argument, 0, OPT_BODY},
+    {"api-key", required_argument, 0, OPT_KEY},
+    {"drain-timeout", required_argument, 0, OPT_DRAIN},
+    {"enable-prefix-caching", no_argument, 0, OPT_PREFIX},
+    {"no-prefix-caching", no_argument, 0, OPT_NO_PREFIX},
+    {"seed", required_argument, 0, OPT_SEED},
+    {"served-model-name", required_argument, 0, OPT_NAME},
+    {"chat-template", required_argument, 0, OPT_TEMPLATE},
+    {"help", no_argument, 0, OPT_HELP},
+    {0, 0, 0, 0},
+};
+
+static void human_bytes(size_t b, char *out, size_t cap) {
+    const char *unit[] = {"", "K", "M", "G", "T"};
+    int u = 0;
+    while (u < 4 && b >= 1024 && b % 1024 == 0) b /= 1024, u++;
+    snprintf(out, cap, "%zu%s", b, unit[u]);
+}
+
+static void usage(FILE *f) {
+    EngineConfig ec;
+    engine_config_default(&ec);
+    HttpConfig hc;
+    http_config_default(&hc);
+    char kv[32], body[32];
+    human_bytes(ec.kv_cache_bytes, kv, sizeof kv);
+    human_bytes(hc.max_body_bytes, body, sizeof body);
+    fprintf(f,
+            "usage: tandem-serve --model DIR [options]\n"
+            "\n"
+            "Serves a Hugging Face model folder over HTTP (OpenAI-compatible and TRL vllm-serve routes, see\n"
+            "docs/http-api.md) and, with --control, over the trainer's ZeroMQ channel (docs/protocol-zmq.md).\n"
+            "\n"
+            "  --model DIR                   model folder: config.json, *.safetensors, tokenizer.json (required)\n"
+            "  --host ADDR                   address to listen on (default 127.0.0.1)\n"
+            "  --port N                      HTTP port; 0 picks a free one and logs it (default 8000)\n"
+            "  --control ENDPOINT            ZeroMQ ROUTER endpoint, e.g. tcp://0.0.0.0:5555 (default: none)\n"
+            "  --device cpu|cuda[:N]         compute backend and device index (default cpu)\n"
+            "  --kv-cache-memory BYTES       KV cache pool size; suffixes K, M, G, T (x1024) (default %s)\n"
+            "  --block-size N                tokens per KV cache block (default %d)\n"
+            "  --max-num-seqs N              sequences decoded together per step (default %d)\n"
+            "  --max-num-batched-tokens N    tokens per engine step, decodes plus prefill chunks (default %d)\n"
+            "  --max-queued-requests N       queued requests beyond which new ones get 429 (default %d)\n"
+            "  --max-body-bytes BYTES        largest HTTP request body; larger gets 413 (default %s)\n"
+            "  --api-key KEY                 require 'Authorization: Bearer KEY' on every route but /health and\n"
+            "                                /health/; the environment variable TANDEM_API_KEY also sets it\n"
+            "                                (default: none, no auth)\n"
+            "  --drain-timeout SECONDS       on SIGTERM/SIGINT, time given to requests in flight (default 30)\n"
+            "  --enable-prefix-caching       reuse KV blocks of identical prompt prefixes across requests\n"
+            "  --no-prefix-caching           do not (default: %s)\n"
+            "  --seed N                      seed for requests that carry none (default %" PRIu64 ")\n"
+            "  --served-model-name NAME      model id in /v1/models and answers (default: the folder's name)\n"
+            "  --chat-template NAME          force a chat template family: chatml, qwen3, llama3, llama3.1, llama2,\n"
+            "                                mistral, mistral-v1, zephyr (default: recognised from the model)\n"
+            "  --help                        this text\n",
+            kv, ec.block_size, ec.max_num_seqs, ec.max_num_batched_tokens, ec.max_queued_requests, body,
+            ec.enable_prefix_caching ? "enabled" : "disabled", ec.seed);
+}
+
+static int bad(const char *opt, const char *val, const char *why) {
+    fprintf(stderr, "tandem-serve: --%s %s: %s (see --help)\n", opt, val, why);
+    return -1;
+}
+
+static int parse_long(const char *opt, const char *s, long long min, long long max, long long *out) {
+    char *end;
+    errno = 0;
+    long long v = strtoll(s, &end, 10);
+    if (errno || end == s || *end) return bad(opt, s, "not an integer");
+    if (v < min || v > max) {
+        char why[96];
+        snprintf(why, sizeof why, "must be in [%lld, %lld]", min, max);
+        return bad(opt, s, why);
+    }
+    *out = v;
+    return 0;
+}
+
+// "4096", "512K", "64M", "2G", "1T" (binary multiples; an optional trailing "B" or "iB" is accepted).
+static int parse_bytes(const char *opt, const char *s, size_t *out) {
+    char *end;
+    errno = 0;
+    unsigned long long v = strtoull(s, &end, 10);
+    if (errno || end == s || s[0] == '-') return bad(opt, s, "not a byte count (e.g. 512M, 2G)");
+    unsigned shift = 0;
+    switch (*end) {
+    case 'k': case 'K': shift = 10, end++; break;
+    case 'm': case 'M': shift = 20, end++; break;
+    case 'g': case 'G': shift = 30, end++; break;
+    case 't': case 'T': shift = 40, end++; break;
+    default: break;
+    }
+    if (shift && strcasecmp(end, "iB") == 0) end += 2;
+    if (strcasecmp(end, "B") == 0) end++;
+    if (*end) return bad(opt, s, "unknown suffix (use K, M, G or T)");
+    if (shift && v > (~0ULL >> shift)) return bad(opt, s, "too large");
+    *out = (size_t)(v << shift);
+    return 0;
+}
+
+static int parse_options(int argc, char **argv, Options *o) {
+    memset(o, 0, sizeof *o);
+    engine_config_default(&o->engine);
+    http_config_default(&o->http);
+    o->drain_timeout_s = 30;
+    const char *env_key = getenv("TANDEM_API_KEY");
+    if (env_key && env_key[0]) o->http.api_key = env_key;
+    long long v;
+    int c;
+    opterr = 0;
+    while ((c = getopt_long(argc, argv, "", kLongOpts, NULL)) != -1) {
+        switch (c) {
+        case OPT_MODEL: o->engine.model_dir = optarg; break;
+        case OPT_HOST: o->http.host = optarg; break;
+        case OPT_PORT:
+            if (parse_long("port", optarg, 0, 65535, &v)) return -1;
+            o->http.port = (int)v;
+            break;
+        case OPT_CONTROL: o->control = optarg; break;
+        case OPT_DEVICE:
+            if (strcmp(optarg, "cpu") == 0) {
+                o->engine.backend = OPS_BACKEND_CPU, o->engine.device = 0;
+            } else if (strncmp(optarg, "cuda", 4) == 0 && (optarg[4] == 0 || optarg[4] == ':')) {
+                o->engine.backend = OPS_BACKEND_CUDA, o->engine.device = 0;
+                if (optarg[4] == ':' && parse_long("device", optarg + 5, 0, 1023, &v)) return -1;
+                if (optarg[4] == ':') o->engine.device = (int)v;
+            } else {
+                return bad("device", optarg, "expected cpu, cuda or cuda:N");
+            }
+            o->device_given = 1;
+            break;
+        case OPT_KV:
+            if (parse_bytes("kv-cache-memory", optarg, &o->engine.kv_cache_bytes)) return -1;
+            if (o->engine.kv_cache_bytes == 0) return bad("kv-cache-memory", optarg, "must be > 0");
+            break;
+        case OPT_BLOCK:
+            if (parse_long("block-size", optarg, 1, 4096, &v)) return -1;
+            o->engine.block_size = (int)v;
+            break;
+        case OPT_SEQS:
+            if (parse_long("max-num-seqs", optarg, 1, 1 << 20, &v)) return -1;
+            o->engine.max_num_seqs = (int)v;
+            break;
+        case OPT_BATCHED:
+            if (parse_long("max-num-batched-tokens", optarg, 1, 1 << 24, &v)) return -1;
+            o->engine.max_num_batched_tokens = (int)v;
+            break;
+        case OPT_QUEUED:
+            if (parse_long("max-queued-requests", optarg, 1, 1 << 24, &v)) return -1;
+            o->engine.max_queued_requests = (int)v;
+            break;
+        case OPT_BODY:
+            if (parse_bytes("max-body-bytes", optarg, &o->http.max_body_bytes)) return -1;
+            if (o->http.max_body_bytes == 0) return bad("max-body-bytes", optarg, "must be > 0");
+            break;
+        case OPT_KEY: o->http.api_key = optarg; break;
+        case OPT_DRAIN: {
+            char *end;
+            double d = strtod(optarg, &end);
+            if (end == optarg || *end || !(d >= 0) || d > 86400)
+                return bad("drain-timeout", optarg, "expected 0..86400 seconds");
+            o->drain_timeout_s = d;
+            break;
+        }
+        case OPT_PREFIX: o->engine.enable_prefix_caching = 1; break;
+        case OPT_NO_PREFIX: o->engine.enable_prefix_caching = 0; break;
+        case OPT_SEED: {
+            char *end;
+            errno = 0;
+            unsigned long long s = strtoull(optarg, &end, 10);
+            if (errno || end == optarg || *end || optarg[0] == '-')
+                return bad("seed", optarg, "expected an unsigned integer");
+            o->engine.seed = (uint64_t)s;
+            break;
+        }
+        case OPT_NAME:
+            if (!optarg[0]) return bad("served-model-name", "\"\"", "must not be empty");
+            o->http.served_model_name = optarg;
+            break;
+        case OPT_TEMPLATE: o->http.chat_template = optarg; break;
+        case OPT_HELP: usage(stdout); exit(0);
+        default:
+            fprintf(stderr, "tandem-serve: unknown option or missing value: %s (see --help)\n", argv[optind - 1]);
+            return -1;
+        }
+    }
+    if (optind < argc) {
+        fprintf(stderr, "tandem-serve: unexpected argument '%s' (see --help)\n", argv[optind]);
+        return -1;
+    }
+    if (!o->engine.model_dir) {
+        fprintf(stderr, "tandem-serve: --model DIR is required (see --help)\n");
+        return -1;
+    }
+    return 0;
+}
+
+static double now_s(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
+}
+
+static pthread_t g_main_thread;
+
+// Called on the ZeroMQ thread after a `shutdown` request was acknowledged: wake main's sigwait.
+static void wake_main(void *user) { pthread_kill(g_main_thread, SIGUSR1); }
+
+int main(int argc, char **argv) {
+    Options o;
+    if (parse_options(argc, argv, &o) < 0) return 2;
+
+    // Every thread created from here on inherits this mask, so the signals reach only main's sigwait.
+    sigset_t sigs;
+    sigemptyset(&sigs);
+    sigaddset(&sigs, SIGTERM);
+    sigaddset(&sigs, SIGINT);
+    sigaddset(&sigs, SIGUSR1);
+    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    signal(SIGPIPE, SIG_IGN); // a client closing its socket mid-write must not end the process
+    g_main_thread = pthread_self();
+
+    char kv[32];
+    human_bytes(o.engine.kv_cache_bytes, kv, sizeof kv);
+    serve_log("starting: model %s, device %s:%d, kv cache %s bytes, block size %d, max seqs %d, max batched tokens "
+              "%d, max queued requests %d, prefix caching %s",
+              o.engine.model_dir, o.engine.backend == OPS_BACKEND_CUDA ? "cuda" : "cpu", o.engine.device, kv,
+              o.engine.block_size, o.engine.max_num_seqs, o.engine.max_num_batched_tokens,
+              o.engine.max_queued_requests, o.engine.enable_prefix_caching ? "on" : "off");
+    char err[1024];
+    err[0] = 0;
+    double t0 = now_s();
+    Engine *engine = NULL;
+    if (engine_create(&engine, &o.engine, err, sizeof err) != 0) {
+        serve_log("cannot start the engine: %s", err[0] ? err : "unknown error");
+        return 1;
+    }
+    const Model *m = engine_model(engine);
+    serve_log("engine ready in %.2f s: %s, %d layers, vocab %d, context %d tokens, policy version %" PRId64,
+              now_s() - t0, m->cfg.arch_name, m->cfg.num_layers, m->cfg.vocab_size, m->cfg.max_seq_len,
+              engine_policy_version(engine));
+
+    HttpServer *http = NULL;
+    if (http_server_start(&http, engine, &o.http, err, sizeof err) != 0) {
+        serve_log("cannot start the HTTP server: %s", err);
+        engine_destroy(engine, 0);
+        return 1;
+    }
+    ZmqControl *zmq = NULL;
+    if (o.control) {
+        if (zmq_control_start(&zmq, engine, o.control, err, sizeof err) != 0) {
+            serve_log("cannot start the ZeroMQ control channel on %s: %s", o.control, err);
+            http_server_stop(http);
+            engine_destroy(engine, 0);
+            return 1;
+        }
+        zmq_control_on_shutdown(zmq, wake_main, NULL);
+        serve_log("ZeroMQ control channel on %s", o.control);
+    }
+    serve_log("listening on http://%s%s%s:%d (model id '%s'%s)", strchr(o.http.host, ':') ? "[" : "", o.http.host,
+              strchr(o.http.host, ':') ? "]" : "", http_server_port(http),
+              o.http.served_model_name ? o.http.served_model_name : engine_model_id(engine),
+              o.http.api_key ? ", API key required" : "");
+
+    int sig = 0;
+    for (;;) {
+        if (sigwait(&sigs, &sig) != 0) continue;
+        if (sig == SIGUSR1 && !(zmq && zmq_control_shutdown_requested(zmq))) continue;
+        break;
+    }
+    const char *why = sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : "a ZeroMQ shutdown request";
+    int drain_ms = (int)(o.drain_timeout_s * 1000);
+    double deadline = now_s() + o.drain_timeout_s;
+    serve_log("received %s: no longer accepting requests; draining for up to %.1f s", why, o.drain_timeout_s);
+    http_server_stop_accepting(http);
+    int left = http_server_drain(http, drain_ms);
+    // Requests submitted over ZeroMQ get the rest of the drain time too.
+    EngineStats st;
+    for (;;) {
+        engine_stats(engine, &st);
+        if (st.requests_running + st.requests_waiting == 0 || now_s() >= deadline) break;
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    if (left > 0 || st.requests_running + st.requests_waiting > 0)
+        serve_log("drain timeout: aborting %d HTTP request(s) and %" PRId64 " engine request(s) still in flight", left,
+                  st.requests_running + st.requests_waiting);
+    else
+        serve_log("drained: no request in flight");
+    zmq_control_stop(zmq);
+    http_server_stop(http);
+    double rest = deadline - now_s();
+    engine_destroy(engine, rest > 0 ? (int)(rest * 1000) : 0);
+    serve_log("stopped");
+    return 0;
+}
