@@ -1,0 +1,266 @@
+// shared/comm.c — comm.h's front: the launch contract from the environment, argument checks shared by every
+// backend, and dispatch to the backend (comm_host.c; nccl arrives with the CUDA issue).
+#include "shared/comm_internal.h"
+
+#include <errno.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int set_err(char *err, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
+static int set_err(char *err, size_t len, const char *fmt, ...) {
+    if (err && len) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err, len, fmt, ap);
+        va_end(ap);
+    }
+    return COMM_ERR_INVALID;
+}
+
+int comm_fail(Comm *c, int code, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(c->err, sizeof c->err, fmt, ap);
+    va_end(ap);
+    if (code != COMM_ERR_INVALID) c->failed = 1;
+    return code;
+}
+
+size_t comm_dtype_size(CommDtype dtype) {
+    switch (dtype) {
+    case COMM_F32: return 4;
+    case COMM_BF16: return 2;
+    case COMM_I32: return 4;
+    case COMM_U8: return 1;
+    case COMM_F64: return 8;
+    }
+    return 0;
+}
+
+const char *comm_dtype_name(CommDtype dtype) {
+    switch (dtype) {
+    case COMM_F32: return "f32";
+    case COMM_BF16: return "bf16";
+    case COMM_I32: return "i32";
+    case COMM_U8: return "u8";
+    case COMM_F64: return "f64";
+    }
+    return "?";
+}
+
+// Reads an integer variable; absent -> def. Malformed or out of [lo, hi] -> error naming it.
+static int env_int(const char *name, int def, int lo, int hi, int *out, int *present, char *err, size_t len) {
+    const char *v = getenv(name);
+    *present = v != NULL;
+    if (!v) {
+        *out = def;
+        return 0;
+    }
+    char *end = NULL;
+    errno = 0;
+    long x = strtol(v, &end, 10);
+    if (!*v || errno || end == v || *end != '\0')
+        return set_err(err, len, "environment variable %s='%s' is not an integer", name, v);
+    if (x < lo || x > hi) return set_err(err, len, "environment variable %s=%ld is outside %d..%d", name, x, lo, hi);
+    *out = (int)x;
+    return 0;
+}
+
+int comm_init_from_env(CommInit *ci, int timeout_ms, char *err, size_t err_len) {
+    if (!ci) return set_err(err, err_len, "comm_init_from_env: ci is NULL");
+    memset(ci, 0, sizeof *ci);
+    if (timeout_ms <= 0) return set_err(err, err_len, "comm timeout %d ms must be > 0", timeout_ms);
+    ci->timeout_ms = timeout_ms;
+    int has_rank, has_world, has_local, has_port;
+    if (env_int("WORLD_SIZE", 1, 1, 1 << 20, &ci->world_size, &has_world, err, err_len) ||
+        env_int("RANK", 0, 0, (1 << 20) - 1, &ci->rank, &has_rank, err, err_len) ||
+        env_int("LOCAL_RANK", 0, 0, (1 << 20) - 1, &ci->local_rank, &has_local, err, err_len) ||
+        env_int("MASTER_PORT", 29500, 1, 65535, &ci->master_port, &has_port, err, err_len))
+        return COMM_ERR_INVALID;
+    if (ci->world_size > 1 && !has_rank)
+        return set_err(err, err_len, "WORLD_SIZE is %d but RANK is not set", ci->world_size);
+    if (ci->rank >= ci->world_size)
+        return set_err(err, err_len, "RANK %d is outside WORLD_SIZE %d%s", ci->rank, ci->world_size,
+                       has_world ? "" : " (WORLD_SIZE is not set)");
+    const char *addr = getenv("MASTER_ADDR");
+    if (!addr) addr = "127.0.0.1";
+    if (!*addr) return set_err(err, err_len, "environment variable MASTER_ADDR is empty");
+    if (strlen(addr) >= sizeof ci->master_addr)
+        return set_err(err, err_len, "environment variable MASTER_ADDR is longer than %zu bytes",
+                       sizeof ci->master_addr - 1);
+    for (const char *p = addr; *p; p++)
+        if (*p <= ' ' || *p == '/' || *p == '[' || *p == ']')
+            return set_err(err, err_len, "environment variable MASTER_ADDR='%s' is not a host name or IP address",
+                           addr);
+    snprintf(ci->master_addr, sizeof ci->master_addr, "%s", addr);
+    return 0;
+}
+
+int comm_create(Comm **out, CommBackend backend, const CommInit *ci, OpsCtx *ops, char *err, size_t err_len) {
+    if (!out) return set_err(err, err_len, "comm_create: out is NULL");
+    *out = NULL;
+    if (!ci) return set_err(err, err_len, "comm_create: ci is NULL");
+    if (ci->world_size < 1) return set_err(err, err_len, "comm_create: world_size %d must be >= 1", ci->world_size);
+    if (ci->rank < 0 || ci->rank >= ci->world_size)
+        return set_err(err, err_len, "comm_create: rank %d is outside world_size %d", ci->rank, ci->world_size);
+    if (ci->local_rank < 0) return set_err(err, err_len, "comm_create: local_rank %d is negative", ci->local_rank);
+    if (ci->timeout_ms <= 0) return set_err(err, err_len, "comm_create: timeout_ms %d must be > 0", ci->timeout_ms);
+    if (ci->world_size > 1) {
+        if (!memchr(ci->master_addr, '\0', sizeof ci->master_addr) || !ci->master_addr[0])
+            return set_err(err, err_len, "comm_create: master_addr is empty or not terminated");
+        if (ci->master_port < 1 || ci->master_port > 65535)
+            return set_err(err, err_len, "comm_create: master_port %d is outside 1..65535", ci->master_port);
+    }
+    if (backend == COMM_BACKEND_NCCL) {
+        set_err(err, err_len, "comm_create: NCCL backend arrives with the CUDA issue; this build has only the "
+                "host backend");
+        return COMM_ERR_UNSUPPORTED;
+    }
+    if (backend != COMM_BACKEND_HOST) return set_err(err, err_len, "comm_create: unknown backend %d", (int)backend);
+
+    Comm *c = calloc(1, sizeof *c);
+    if (!c) {
+        set_err(err, err_len, "comm_create: out of memory");
+        return COMM_ERR_SYSTEM;
+    }
+    c->backend = backend;
+    c->rank = ci->rank;
+    c->world = ci->world_size;
+    c->timeout_ms = ci->timeout_ms;
+    c->ops = ops;
+    int rc = comm_host_create(c, ci, err, err_len);
+    if (rc != 0) {
+        free(c);
+        return rc;
+    }
+    *out = c;
+    return 0;
+}
+
+void comm_destroy(Comm *c) {
+    if (!c) return;
+    comm_host_destroy(c);
+    free(c);
+}
+
+int comm_set_timeout(Comm *c, int timeout_ms) {
+    if (!c) return COMM_ERR_INVALID;
+    if (timeout_ms <= 0) return comm_fail(c, COMM_ERR_INVALID, "comm_set_timeout: timeout %d ms must be > 0", timeout_ms);
+    c->timeout_ms = timeout_ms;
+    return 0;
+}
+
+int comm_rank(const Comm *c) { return c ? c->rank : -1; }
+int comm_world_size(const Comm *c) { return c ? c->world : 0; }
+const char *comm_error(const Comm *c) { return c ? c->err : "comm: NULL communicator"; }
+
+// Checks shared by every call. Returns 0, or the code to return (message recorded).
+static int check_call(Comm *c, const char *fn, size_t count, CommDtype dtype, size_t factor) {
+    if (!c) return COMM_ERR_INVALID;
+    if (c->failed) return COMM_ERR_FAILED;   // c->err keeps the first failure's message
+    size_t esz = comm_dtype_size(dtype);
+    if (!esz) return comm_fail(c, COMM_ERR_INVALID, "%s: dtype %d is not a CommDtype", fn, (int)dtype);
+    if (count > SIZE_MAX / factor / esz)
+        return comm_fail(c, COMM_ERR_INVALID, "%s: count %zu x %zu x %zu bytes overflows", fn, count, factor, esz);
+    return 0;
+}
+
+static int check_op(Comm *c, const char *fn, CommOp op) {
+    if (op != COMM_SUM && op != COMM_MAX) return comm_fail(c, COMM_ERR_INVALID, "%s: op %d is not a CommOp", fn, (int)op);
+    return 0;
+}
+
+static int check_buf(Comm *c, const char *fn, const char *name, const void *p, size_t count) {
+    if (count && !p) return comm_fail(c, COMM_ERR_INVALID, "%s: %s is NULL with count %zu", fn, name, count);
+    return 0;
+}
+
+static int overlaps(const void *a, size_t na, const void *b, size_t nb) {
+    uintptr_t x = (uintptr_t)a, y = (uintptr_t)b;
+    return x < y + nb && y < x + na;
+}
+
+int comm_all_gather(Comm *c, void *recv, const void *send, size_t count, CommDtype dtype) {
+    const char *fn = "comm_all_gather";
+    int rc = check_call(c, fn, count, dtype, c ? (size_t)c->world : 1);
+    if (rc || (rc = check_buf(c, fn, "recv", recv, count)) || (rc = check_buf(c, fn, "send", send, count))) return rc;
+    c->calls++;
+    if (!count) return 0;
+    size_t bytes = count * comm_dtype_size(dtype);
+    if (send != (const char *)recv + (size_t)c->rank * bytes && overlaps(recv, bytes * c->world, send, bytes))
+        return comm_fail(c, COMM_ERR_INVALID, "%s: send overlaps recv without being recv + rank * count (in place)", fn);
+    return comm_host_all_gather(c, recv, send, count, dtype);
+}
+
+int comm_reduce_scatter(Comm *c, void *recv, const void *send, size_t count, CommDtype dtype, CommOp op) {
+    const char *fn = "comm_reduce_scatter";
+    int rc = check_call(c, fn, count, dtype, c ? (size_t)c->world : 1);
+    if (rc || (rc = check_op(c, fn, op)) || (rc = check_buf(c, fn, "recv", recv, count)) ||
+        (rc = check_buf(c, fn, "send", send, count)))
+        return rc;
+    c->calls++;
+    if (!count) return 0;
+    size_t bytes = count * comm_dtype_size(dtype);
+    if (recv != (const char *)send + (size_t)c->rank * bytes && overlaps(recv, bytes, send, bytes * c->world))
+        return comm_fail(c, COMM_ERR_INVALID, "%s: recv overlaps send without being send + rank * count (in place)", fn);
+    return comm_host_reduce_scatter(c, recv, send, count, dtype, op);
+}
+
+int comm_all_reduce(Comm *c, void *buf, size_t count, CommDtype dtype, CommOp op) {
+    const char *fn = "comm_all_reduce";
+    int rc = check_call(c, fn, count, dtype, 1);
+    if (rc || (rc = check_op(c, fn, op)) || (rc = check_buf(c, fn, "buf", buf, count))) return rc;
+    c->calls++;
+    if (!count) return 0;
+    return comm_host_all_reduce(c, buf, count, dtype, op);
+}
+
+int comm_broadcast(Comm *c, void *buf, size_t count, CommDtype dtype, int root) {
+    const char *fn = "comm_broadcast";
+    int rc = check_call(c, fn, count, dtype, 1);
+    if (rc || (rc = check_buf(c, fn, "buf", buf, count))) return rc;
+    if (root < 0 || root >= c->world)
+        return comm_fail(c, COMM_ERR_INVALID, "%s: root %d is outside world size %d", fn, root, c->world);
+    c->calls++;
+    if (!count) return 0;
+    return comm_host_broadcast(c, buf, count, dtype, root);
+}
+
+static int check_peer(Comm *c, const char *fn, int peer) {
+    if (peer < 0 || peer >= c->world)
+        return comm_fail(c, COMM_ERR_INVALID, "%s: peer %d is outside world size %d", fn, peer, c->world);
+    if (peer == c->rank) return comm_fail(c, COMM_ERR_INVALID, "%s: peer %d is this rank", fn, peer);
+    return 0;
+}
+
+int comm_send(Comm *c, const void *buf, size_t count, CommDtype dtype, int peer) {
+    const char *fn = "comm_send";
+    int rc = check_call(c, fn, count, dtype, 1);
+    if (rc || (rc = check_buf(c, fn, "buf", buf, count)) || (rc = check_peer(c, fn, peer))) return rc;
+    c->calls++;
+    if (!count) return 0;
+    return comm_host_send(c, buf, count, dtype, peer);
+}
+
+int comm_recv(Comm *c, void *buf, size_t count, CommDtype dtype, int peer) {
+    const char *fn = "comm_recv";
+    int rc = check_call(c, fn, count, dtype, 1);
+    if (rc || (rc = check_buf(c, fn, "buf", buf, count)) || (rc = check_peer(c, fn, peer))) return rc;
+    c->calls++;
+    if (!count) return 0;
+    return comm_host_recv(c, buf, count, dtype, peer);
+}
+
+int comm_barrier(Comm *c) {
+    if (!c) return COMM_ERR_INVALID;
+    if (c->failed) return COMM_ERR_FAILED;
+    c->calls++;
+    return comm_host_barrier(c);
+}
+
+// The host backend completes every call before returning (comm.h "Ordering").
+void comm_wait_compute(Comm *c) { (void)c; }
+void comm_compute_wait(Comm *c) { (void)c; }

@@ -1,0 +1,62 @@
+// shared/rendezvous.h — how the trainer ranks find each other (launch contract: RANK, WORLD_SIZE,
+// MASTER_ADDR, MASTER_PORT; docs/operations-comm.md).
+//
+// Rank 0 binds a ZeroMQ ROUTER at tcp://MASTER_ADDR:MASTER_PORT; every other rank connects a DEALER and
+// registers {rank, world_size, hostname, pid, data endpoint}. Rank 0 registers itself without a socket.
+// When all WORLD_SIZE ranks are in, rank 0 sends every rank the peer table and an opaque blob that rank 0
+// supplied (the NCCL unique id for the nccl backend; empty for host). Failures are answers, never hangs:
+//   - a rank missing when rank 0's timeout expires: rank 0 fails naming every missing rank, and every rank
+//     that did arrive receives the same message;
+//   - a rank registered twice, a rank outside WORLD_SIZE, or a WORLD_SIZE that differs from rank 0's:
+//     refused at once, naming the rank, and sent to every rank that has arrived;
+//   - rank 0 never answering: the other ranks give up after twice the timeout (twice, so that while rank 0
+//     is still waiting for someone they hear rank 0's verdict instead of timing out on their own).
+// The handle may be kept open for rendezvous_barrier (e.g. a final barrier for backends that have no
+// other channel); rank 0 keeps its port bound until rendezvous_close.
+#ifndef TANDEM_SHARED_RENDEZVOUS_H
+#define TANDEM_SHARED_RENDEZVOUS_H
+
+#include <stddef.h>
+
+#define RDZV_PROTOCOL_VERSION 1
+#define RDZV_HOST_MAX 256
+#define RDZV_ENDPOINT_MAX 256
+#define RDZV_BLOB_MAX (1u << 20)   // the NCCL unique id is 128 bytes; anything near 1 MiB is a mistake
+
+typedef struct {
+    int rank;
+    int pid;
+    char hostname[RDZV_HOST_MAX];
+    char endpoint[RDZV_ENDPOINT_MAX];   // the rank's data endpoint (backend-defined; "" allowed)
+} RdzvPeer;
+
+typedef struct {
+    int rank, world_size;
+    const char *master_addr;   // IPv4/IPv6 literal or host name
+    int master_port;           // 1..65535
+    int timeout_ms;            // > 0: rank 0 waits this long for registrations (others wait twice as long)
+    const char *endpoint;      // this rank's data endpoint, published in the table (NULL = "")
+} RdzvConfig;
+
+typedef struct Rendezvous Rendezvous;
+
+// Runs the rendezvous. blob/blob_len: rank 0's opaque payload (at most RDZV_BLOB_MAX bytes), handed to
+// every rank; ignored on other ranks. On success *out holds the peer table and rank 0's blob.
+int rendezvous_run(Rendezvous **out, const RdzvConfig *cfg, const void *blob, size_t blob_len, char *err,
+                   size_t err_len);
+int rendezvous_world_size(const Rendezvous *r);
+// world_size entries, indexed by rank.
+const RdzvPeer *rendezvous_peers(const Rendezvous *r);
+// Rank 0's blob (every rank gets the same bytes); *len may be 0.
+const void *rendezvous_blob(const Rendezvous *r, size_t *len);
+// Every rank calls it; returns when all have. A missing rank is named (rank 0 waits timeout_ms, the
+// others twice that). After a failure the handle is only good for rendezvous_close.
+int rendezvous_barrier(Rendezvous *r, int timeout_ms, char *err, size_t err_len);
+void rendezvous_close(Rendezvous *r);
+
+// The local IP address (numeric, no brackets) of the interface that routes to master_addr, so that a
+// rank can publish a data endpoint its peers can reach. 127.0.0.1 for a loopback master. Sends nothing.
+int rendezvous_local_address(const char *master_addr, int master_port, char *out, size_t out_len, char *err,
+                             size_t err_len);
+
+#endif
