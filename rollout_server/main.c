@@ -314,8 +314,9 @@ int main(int argc, char **argv) {
     const char *why = sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : "a ZeroMQ shutdown request";
     int drain_ms = (int)(o.drain_timeout_s * 1000);
     double deadline = now_s() + o.drain_timeout_s;
-    serve_log("received %s: no longer accepting requests; draining for up to %.1f s", why, o.drain_timeout_s);
+    // Stop accepting before saying so: whoever reads the log line may rely on it.
     http_server_stop_accepting(http);
+    serve_log("received %s: no longer accepting requests; draining for up to %.1f s", why, o.drain_timeout_s);
     int left = http_server_drain(http, drain_ms);
     // Requests submitted over ZeroMQ get the rest of the drain time too.
     EngineStats st;
