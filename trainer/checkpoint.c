@@ -116,7 +116,7 @@ static int save_rank_state(Zero3 *z, const Model *m, int rank, const char *dir, 
     ops_synchronize(m->ops);
     char rank_dir[PATH_MAX + 64], from[PATH_MAX + 96], to[PATH_MAX + 96];
     snprintf(rank_dir, sizeof rank_dir, "%s/trainer_state/rank-%05d", dir, rank);
-    if (st_writer_write(w, rank_dir, 0, err, err_len) != 0) goto out;
+    if (mkdir_p(rank_dir, err, err_len) != 0 || st_writer_write(w, rank_dir, 0, err, err_len) != 0) goto out;
     snprintf(from, sizeof from, "%s/model.safetensors", rank_dir);
     snprintf(to, sizeof to, "%s/optimizer.safetensors", rank_dir);
     if (rename(from, to) != 0) {

@@ -1,0 +1,470 @@
+// trainer/grpo_train.c — the GRPO loop of one rank (see trainer/trainer.h for the shape of a round).
+#include <jansson.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "trainer/grpo_loss.h"
+#include "trainer/trainer.h"
+
+// One generation round's completions on this rank: n_local = prompts * G, completion i of prompt p at p*G + j.
+typedef struct {
+    int n_prompts, n;           // prompts, completions (n = n_prompts * G)
+    DataRow *rows;              // (n_prompts)
+    RolloutGroup *groups;       // (n_prompts)
+    int32_t **comp;             // (n) completion ids (into groups)
+    int *comp_len;              // (n)
+    float **sampling_logps;     // (n) server logprobs (into groups)
+    uint8_t *truncated;         // (n) finish reason "length"
+    float *advantages;          // (n)
+    float **old_logps;          // (n) -> (comp_len) trainer logprobs before this round's updates, or NULL
+    float **ref_logps;          // (n) -> (comp_len), beta > 0
+} Round;
+
+static void round_free(Round *r) {
+    for (int p = 0; p < r->n_prompts; p++) data_row_clear(&r->rows[p]);
+    if (r->groups) rollout_groups_free(r->groups, r->n_prompts);
+    for (int i = 0; i < r->n; i++) {
+        if (r->old_logps) free(r->old_logps[i]);
+        if (r->ref_logps) free(r->ref_logps[i]);
+    }
+    free(r->rows);
+    free(r->groups);
+    free(r->comp);
+    free(r->comp_len);
+    free(r->sampling_logps);
+    free(r->truncated);
+    free(r->advantages);
+    free(r->old_logps);
+    free(r->ref_logps);
+    memset(r, 0, sizeof *r);
+}
+
+// Packs completions idx[0..B) (prompt + completion each) and runs the forward of `src`: per-token logprobs
+// (and entropies) of the completion tokens into (B, T) arrays. T = longest completion.
+static int forward_completions(Trainer *t, UnitSource *src, const Round *r, const int *idx, int B, int T,
+                               float *logps, float *entropies, char *err, size_t err_len) {
+    const int G = t->cfg->grpo.num_generations;
+    int N = 0;
+    for (int b = 0; b < B; b++) N += (int)r->rows[idx[b] / G].n_ids + r->comp_len[idx[b]];
+    if (trainer_ensure_acts(t, N, B, err, err_len) != 0) return -1;
+    int32_t *tok = malloc(N * 4), *tgt = malloc(N * 4), *cu = malloc((B + 1) * 4);
+    float *lp = malloc(N * 4), *ent = malloc(N * 4);
+    int rc = -1;
+    if (!tok || !tgt || !cu || !lp || !ent) {
+        snprintf(err, err_len, "out of memory packing a micro-batch of %d tokens", N);
+        goto out;
+    }
+    int n = 0;
+    cu[0] = 0;
+    for (int b = 0; b < B; b++) {
+        const DataRow *row = &r->rows[idx[b] / G];
+        int P = (int)row->n_ids, L = r->comp_len[idx[b]];
+        for (int j = 0; j < P + L; j++) {
+            tok[n + j] = j < P ? row->ids[j] : r->comp[idx[b]][j - P];
+            // Position j predicts token j + 1: scored only when that token is a completion token.
+            tgt[n + j] = (j + 1 >= P && j + 1 < P + L) ? r->comp[idx[b]][j + 1 - P] : -1;
+        }
+        n += P + L;
+        cu[b + 1] = n;
+    }
+    Batch batch = {.n_seqs = B, .n_tokens = N, .tokens = tok, .targets = tgt, .cu_seqlens = cu};
+    if (model_forward(&t->model, t->acts, src, &batch, (float)(1.0 / t->cfg->temperature), lp, ent, NULL, err,
+                      err_len) != 0)
+        goto out;
+    for (int b = 0; b < B; b++) {
+        int P = (int)r->rows[idx[b] / G].n_ids, L = r->comp_len[idx[b]];
+        for (int k = 0; k < T; k++) {
+            int pos = cu[b] + P - 1 + k;
+            logps[b * T + k] = k < L ? lp[pos] : 0.0f;
+            if (entropies) entropies[b * T + k] = k < L ? ent[pos] : 0.0f;
+        }
+    }
+    rc = 0;
+out:
+    free(tok), free(tgt), free(cu), free(lp), free(ent);
+    return rc;
+}
+
+// The completion ids of the round, with the per-token logprobs of `src` (no gradient): old or reference logps.
+static int score_all(Trainer *t, UnitSource *src, Round *r, float **out, int micro, char *err, size_t err_len) {
+    for (int s = 0; s < r->n; s += micro) {
+        int B = r->n - s < micro ? r->n - s : micro, T = 0, idx[4096];
+        for (int b = 0; b < B; b++) {
+            idx[b] = s + b;
+            if (r->comp_len[s + b] > T) T = r->comp_len[s + b];
+        }
+        float *lp = malloc((size_t)B * T * 4);
+        if (!lp || forward_completions(t, src, r, idx, B, T, lp, NULL, err, err_len) != 0) {
+            free(lp);
+            return -1;
+        }
+        for (int b = 0; b < B; b++) {
+            out[s + b] = malloc((r->comp_len[s + b] + 1) * 4);
+            memcpy(out[s + b], lp + b * T, r->comp_len[s + b] * 4);
+        }
+        free(lp);
+    }
+    return 0;
+}
+
+// Generation, rewards and advantages for one round. Fills metrics with TRL's names.
+static int make_round(Trainer *t, Round *r, json_t *m, char *err, size_t err_len) {
+    TrainConfig *c = t->cfg;
+    const int G = c->grpo.num_generations;
+    memset(r, 0, sizeof *r);
+    r->n_prompts = c->per_device_train_batch_size * c->resolved_steps_per_generation / G;
+    r->n = r->n_prompts * G;
+    r->rows = calloc(r->n_prompts, sizeof *r->rows);
+    r->groups = calloc(r->n_prompts, sizeof *r->groups);
+    r->comp = calloc(r->n, sizeof *r->comp);
+    r->comp_len = calloc(r->n, sizeof *r->comp_len);
+    r->sampling_logps = calloc(r->n, sizeof *r->sampling_logps);
+    r->truncated = calloc(r->n, 1);
+    r->advantages = calloc(r->n, sizeof *r->advantages);
+    const int32_t **prompts = calloc(r->n_prompts, sizeof *prompts);
+    int *plens = calloc(r->n_prompts, sizeof *plens);
+    if (!r->rows || !r->groups || !r->comp || !r->comp_len || !r->sampling_logps || !r->truncated || !r->advantages ||
+        !prompts || !plens) {
+        snprintf(err, err_len, "out of memory for a generation round");
+        free(prompts), free(plens);
+        return -1;
+    }
+    for (int p = 0; p < r->n_prompts; p++) {
+        if (trainer_next_row(t, &r->rows[p], err, err_len) < 0) {
+            free(prompts), free(plens);
+            return -1;
+        }
+        prompts[p] = r->rows[p].ids;
+        plens[p] = (int)r->rows[p].n_ids;
+    }
+    ZmsgSampling s;
+    zmsg_sampling_default(&s);
+    s.n = G;
+    s.max_tokens = c->grpo.max_completion_length;
+    s.temperature = (float)c->temperature;
+    s.top_p = (float)c->top_p;
+    s.top_k = c->top_k > 0 ? c->top_k : -1;
+    s.min_p = (float)c->min_p;
+    s.repetition_penalty = (float)c->repetition_penalty;
+    s.has_seed = 1;
+    // Distinct seeds per rank and step, reproducible from the run's seed.
+    s.seed = ((uint64_t)c->seed * 1000003ULL + (uint64_t)t->progress.step * 7919ULL + (uint64_t)t->rank * 104729ULL) &
+             0x3FFFFFFFFFFFFFFFULL;
+    double t0 = trainer_now();
+    int rc = rollout_generate(t->rollout, r->n_prompts, prompts, plens, &s, r->groups, err, err_len);
+    free(prompts), free(plens);
+    if (rc != 0) return -1;
+    double t_gen = trainer_now() - t0;
+    int32_t eos[16];
+    int n_eos = (int)tokenizer_eos_ids(t->tok, eos, 16);
+    double len_sum = 0, clipped = 0;
+    for (int p = 0; p < r->n_prompts; p++) {
+        int off = 0;
+        for (int j = 0; j < G; j++) {
+            int i = p * G + j;
+            r->comp[i] = r->groups[p].tokens + off;
+            r->sampling_logps[i] = r->groups[p].logprobs + off;
+            r->comp_len[i] = r->groups[p].lens[j];
+            r->truncated[i] = grpo_completion_is_truncated(r->comp[i], r->comp_len[i], eos, n_eos,
+                                                           tokenizer_pad_id(t->tok));
+            off += r->comp_len[i];
+            len_sum += r->comp_len[i];
+            clipped += r->groups[p].finish[j] == ZMSG_FINISH_LENGTH;
+        }
+    }
+    // Rewards: built-ins, then the service's functions.
+    t0 = trainer_now();
+    int F_builtin = (int)rewards_count(t->rewards), F = F_builtin;
+    RewardSample *samples = calloc(r->n, sizeof *samples);
+    char **texts = calloc(r->n, sizeof *texts);
+    double *svc = NULL;
+    if (!samples || !texts) goto oom;
+    for (int i = 0; i < r->n; i++) {
+        size_t len;
+        if (tokenizer_decode(t->tok, r->comp[i], r->comp_len[i], 1, &texts[i], &len, err, err_len) != 0) goto fail;
+        samples[i] = (RewardSample){.completion = texts[i], .completion_tokens = r->comp_len[i],
+                                    .prompt = r->rows[i / G].prompt, .columns = r->rows[i / G].columns};
+    }
+    int F_svc = 0;
+    if (t->reward_service) {
+        // The service's function count is known after its first answer: score into a wide buffer, then copy.
+        svc = malloc((size_t)r->n * 64 * sizeof(double));
+        if (!svc) goto oom;
+        size_t nf = 0;
+        if (reward_service_score(t->reward_service, samples, r->n, svc, 64, 64, &nf, err, err_len) != 0) goto fail;
+        F_svc = (int)nf;
+        F += F_svc;
+    }
+    double *scores = malloc((size_t)r->n * (F ? F : 1) * sizeof(double));
+    float *local = malloc((size_t)r->n * (F ? F : 1) * sizeof(float));
+    float *all = malloc((size_t)r->n * t->world * (F ? F : 1) * sizeof(float));
+    float *adv_all = malloc((size_t)r->n * t->world * sizeof(float));
+    double *fmean = calloc(F ? F : 1, sizeof(double)), *fstd = calloc(F ? F : 1, sizeof(double));
+    float *weights = NULL;
+    if (!scores || !local || !all || !adv_all || !fmean || !fstd) {
+        free(scores), free(local), free(all), free(adv_all), free(fmean), free(fstd);
+        goto oom;
+    }
+    if (rewards_score(t->rewards, samples, r->n, scores, F, err, err_len) != 0) goto fail2;
+    for (int i = 0; i < r->n; i++)
+        for (int f = 0; f < F_svc; f++) scores[i * F + F_builtin + f] = svc[i * 64 + f];
+    for (size_t k = 0; k < (size_t)r->n * F; k++) local[k] = (float)scores[k];
+    if (c->reward_weights) {
+        if ((int)c->n_reward_weights != F) {
+            snprintf(err, err_len, "reward_weights has %zu entries but there are %d reward functions", c->n_reward_weights, F);
+            goto fail2;
+        }
+        weights = malloc(F * sizeof(float));
+        for (int f = 0; f < F; f++) weights[f] = (float)c->reward_weights[f];
+    }
+    // Advantages over the whole generation batch: every rank's rewards, in rank order (TRL's gather).
+    if (comm_all_gather(t->comm, all, local, (size_t)r->n * F, COMM_F32) != 0) {
+        snprintf(err, err_len, "gathering rewards: %s", comm_error(t->comm));
+        goto fail2;
+    }
+    GrpoRewardMetrics rm;
+    if (grpo_advantages(&c->grpo, r->n * t->world, F, all, weights, adv_all, &rm, fmean, fstd, err, err_len) != 0)
+        goto fail2;
+    memcpy(r->advantages, adv_all + (size_t)t->rank * r->n, r->n * sizeof(float));
+    json_object_set_new(m, "reward", json_real(rm.reward));
+    json_object_set_new(m, "reward_std", json_real(rm.reward_std));
+    json_object_set_new(m, "frac_reward_zero_std", json_real(rm.frac_reward_zero_std));
+    for (int f = 0; f < F; f++) {
+        const char *name = f < F_builtin ? rewards_name(t->rewards, f) : reward_service_name(t->reward_service, f - F_builtin);
+        char key[160];
+        snprintf(key, sizeof key, "rewards/%s/mean", name);
+        json_object_set_new(m, key, json_real(fmean[f]));
+        snprintf(key, sizeof key, "rewards/%s/std", name);
+        json_object_set_new(m, key, json_real(fstd[f]));
+    }
+    double sums[3] = {len_sum, clipped, (double)r->n};
+    if (comm_all_reduce(t->comm, sums, 3, COMM_F64, COMM_SUM) != 0) {
+        snprintf(err, err_len, "reducing metrics: %s", comm_error(t->comm));
+        goto fail2;
+    }
+    json_object_set_new(m, "completions/mean_length", json_real(sums[0] / sums[2]));
+    json_object_set_new(m, "completions/clipped_ratio", json_real(sums[1] / sums[2]));
+    json_object_set_new(m, "rollout_time", json_real(t_gen));
+    json_object_set_new(m, "reward_time", json_real(trainer_now() - t0));
+    free(scores), free(local), free(all), free(adv_all), free(fmean), free(fstd), free(weights);
+    for (int i = 0; i < r->n; i++) free(texts[i]);
+    free(texts), free(samples), free(svc);
+    return 0;
+fail2:
+    free(scores), free(local), free(all), free(adv_all), free(fmean), free(fstd), free(weights);
+fail:
+    if (texts)
+        for (int i = 0; i < r->n; i++) free(texts[i]);
+    free(texts), free(samples), free(svc);
+    return -1;
+oom:
+    snprintf(err, err_len, "out of memory scoring %d completions", r->n);
+    goto fail;
+}
+
+// Pushes the current weights to every rollout server: rank 0 talks to the servers, every rank takes part in
+// each unit's gather.
+static int sync_weights(Trainer *t, double *seconds, char *err, size_t err_len) {
+    int64_t version = t->progress.step;
+    double t0 = trainer_now();
+    int rc = 0;
+    if (t->rank == 0) rc = rollout_weights_begin(t->rollout, version, err, err_len);
+    int32_t ok = rc == 0;
+    if (comm_broadcast(t->comm, &ok, 1, COMM_I32, 0) != 0 || !ok) {
+        if (rc == 0) snprintf(err, err_len, "weight sync: %s", ok ? comm_error(t->comm) : "rank 0 could not start it");
+        return -1;
+    }
+    const Layout *L = &t->model.layout;
+    float *host = malloc(zero3_shard_count(t->policy, 0) * t->world * 4 + 64);
+    size_t cap = 0;
+    for (int u = 0; u < L->n_units && rc == 0; u++) {
+        size_t padded = zero3_shard_count(t->policy, u) * t->world;
+        if (padded > cap) {
+            free(host);
+            host = malloc(padded * 4);
+            cap = padded;
+        }
+        rc = zero3_gather_unit_f32(t->policy, u, host, err, err_len);
+        if (rc == 0 && t->rank == 0)
+            rc = rollout_weights_send_unit(t->rollout, u, host, (int64_t)L->unit_numel[u], 0, err, err_len);
+    }
+    free(host);
+    if (rc == 0 && t->rank == 0) rc = rollout_weights_end(t->rollout, version, NULL, err, err_len);
+    ok = rc == 0;
+    if (comm_broadcast(t->comm, &ok, 1, COMM_I32, 0) != 0 || !ok) {
+        if (rc == 0) snprintf(err, err_len, "weight sync: %s", ok ? comm_error(t->comm) : "rank 0 failed to push");
+        return -1;
+    }
+    t->progress.policy_version = version;
+    *seconds = trainer_now() - t0;
+    return 0;
+}
+
+static void add(double *acc, double v) { *acc += v; }
+
+int trainer_run_grpo(Trainer *t, char *err, size_t err_len) {
+    TrainConfig *c = t->cfg;
+    GrpoOptions *o = &c->grpo;
+    const int micro = c->per_device_train_batch_size, GA = c->gradient_accumulation_steps;
+    const int S = c->resolved_steps_per_generation;
+    UnitSource policy = zero3_source(t->policy), ref = t->ref ? zero3_source(t->ref) : (UnitSource){0};
+    GrpoEntropyControl ec;
+    grpo_entropy_control_init(&ec, o);
+    while (t->progress.step < t->total_steps) {
+        double t_round = trainer_now();
+        Round r;
+        json_t *m = json_object();
+        if (make_round(t, &r, m, err, err_len) != 0) {
+            json_decref(m);
+            round_free(&r);
+            return -1;
+        }
+        // Logprobs before any update of this round: the off-policy ratio (num_iterations > 1 or more micro-steps
+        // than one optimizer step) and the rollout importance-sampling correction need them.
+        int need_old = c->num_iterations > 1 || S > GA || o->vllm_importance_sampling_correction;
+        if (need_old) {
+            r.old_logps = calloc(r.n, sizeof(float *));
+            if (score_all(t, &policy, &r, r.old_logps, micro, err, err_len) != 0) goto fail;
+        }
+        if (t->ref) {
+            r.ref_logps = calloc(r.n, sizeof(float *));
+            if (score_all(t, &ref, &r, r.ref_logps, micro, err, err_len) != 0) goto fail;
+        }
+        // num_items_in_batch: active completion tokens of the whole generation batch, every rank.
+        double active = 0;
+        for (int i = 0; i < r.n; i++)
+            active += (o->mask_truncated_completions && r.truncated[i]) ? 0 : r.comp_len[i];
+        if (comm_all_reduce(t->comm, &active, 1, COMM_F64, COMM_SUM) != 0) {
+            snprintf(err, err_len, "%s", comm_error(t->comm));
+            goto fail;
+        }
+        double loss_sum = 0, kl_sum = 0, kl_cnt = 0, ent_sum = 0, ent_cnt = 0, cl_lo = 0, cl_hi = 0, cl_reg = 0,
+               cl_cnt = 0, t_train = 0, t_sync = 0;
+        int micro_done = 0;
+        for (int it = 0; it < c->num_iterations; it++) {
+            for (int s = 0; s < S; s++) {
+                double t0 = trainer_now();
+                int idx[4096], B = micro, T = 0;
+                for (int b = 0; b < B; b++) {
+                    idx[b] = s * micro + b;
+                    if (r.comp_len[idx[b]] > T) T = r.comp_len[idx[b]];
+                }
+                size_t BT = (size_t)B * T;
+                float *lp = malloc(BT * 4), *ent = malloc(BT * 4), *old = NULL, *refl = NULL, *samp = malloc(BT * 4);
+                float *grad = malloc(BT * 4), *adv = malloc(B * 4), *isr = NULL;
+                uint8_t *mask = calloc(BT, 1), *trunc = malloc(B);
+                if (need_old) old = calloc(BT, 4);
+                if (t->ref) refl = calloc(BT, 4);
+                for (int b = 0; b < B; b++) {
+                    int i = idx[b];
+                    adv[b] = r.advantages[i];
+                    trunc[b] = r.truncated[i];
+                    for (int k = 0; k < T; k++) {
+                        int in = k < r.comp_len[i];
+                        mask[b * T + k] = in;
+                        samp[b * T + k] = in ? r.sampling_logps[i][k] : 0.0f;
+                        if (old) old[b * T + k] = in ? r.old_logps[i][k] : 0.0f;
+                        if (refl) refl[b * T + k] = in ? r.ref_logps[i][k] : 0.0f;
+                    }
+                }
+                grpo_mask_truncated_completions(o, B, T, trunc, mask);
+                int rc = forward_completions(t, &policy, &r, idx, B, T, lp, ent, err, err_len);
+                if (rc == 0 && o->vllm_importance_sampling_correction) {
+                    isr = malloc(grpo_rollout_is_ratio_len(o, B, T) * 4 + 4);
+                    GrpoRolloutIsMetrics im;
+                    rc = grpo_rollout_is_ratio(o, B, T, old, samp, mask, isr, &im, err, err_len);
+                }
+                GrpoLossMetrics lm;
+                if (rc == 0) {
+                    GrpoLossInput in = {.batch = B, .max_len = T, .logps = lp,
+                                        .old_logps = (c->num_iterations > 1 || S > GA) ? old : NULL,
+                                        .ref_logps = refl, .sampling_logps = samp, .entropies = ent, .mask = mask,
+                                        .advantages = adv, .is_ratio = isr, .num_items_in_batch = active,
+                                        .num_processes = t->world, .gradient_accumulation_steps = GA,
+                                        .steps_per_generation = S, .training = 1,
+                                        .entropy_coef = grpo_entropy_apply_coef(&ec, o)};
+                    rc = grpo_loss(o, &in, grad, NULL, &lm, err, err_len);
+                }
+                if (rc == 0) {
+                    grpo_entropy_control_accumulate(&ec, o, &lm);
+                    // dL/dlogprob back to the packed token positions of the forward just run.
+                    int N = 0;
+                    for (int b = 0; b < B; b++) N += (int)r.rows[idx[b] / o->num_generations].n_ids + r.comp_len[idx[b]];
+                    float *dlp = calloc(N, 4);
+                    int n = 0;
+                    for (int b = 0; b < B; b++) {
+                        int P = (int)r.rows[idx[b] / o->num_generations].n_ids, L = r.comp_len[idx[b]];
+                        for (int k = 0; k < L; k++) dlp[n + P - 1 + k] = grad[b * T + k];
+                        n += P + L;
+                    }
+                    rc = model_backward(&t->model, t->acts, &policy, dlp, err, err_len);
+                    free(dlp);
+                    add(&loss_sum, lm.loss);
+                    add(&kl_sum, lm.kl_sum), add(&kl_cnt, lm.kl_count);
+                    add(&ent_sum, lm.entropy_sum), add(&ent_cnt, lm.entropy_count);
+                    add(&cl_lo, lm.clip_low_sum), add(&cl_hi, lm.clip_high_sum), add(&cl_reg, lm.clip_region_sum);
+                    add(&cl_cnt, lm.clip_count);
+                }
+                free(lp), free(ent), free(old), free(refl), free(samp), free(grad), free(adv), free(isr), free(mask),
+                    free(trunc);
+                if (rc != 0) goto fail;
+                t_train += trainer_now() - t0;
+                if (++micro_done % GA != 0) continue;
+                // Optimizer step.
+                float gn;
+                double lr;
+                t0 = trainer_now();
+                if (trainer_optimizer_step(t, &gn, &lr, err, err_len) != 0) goto fail;
+                t_train += trainer_now() - t0;
+                if (o->use_adaptive_entropy) {
+                    double w[2] = {ec.window_sum, ec.window_count};
+                    if (comm_all_reduce(t->comm, w, 2, COMM_F64, COMM_SUM) != 0) {
+                        snprintf(err, err_len, "%s", comm_error(t->comm));
+                        goto fail;
+                    }
+                    grpo_entropy_control_step(&ec, o, w[0], w[1]);
+                }
+                if (t->progress.step % c->weight_sync_steps == 0 || t->progress.step == t->total_steps) {
+                    if (sync_weights(t, &t_sync, err, err_len) != 0) goto fail;
+                }
+                double red[10] = {loss_sum, kl_sum, kl_cnt, ent_sum, ent_cnt, cl_lo, cl_hi, cl_reg, cl_cnt, 0};
+                if (comm_all_reduce(t->comm, red, 10, COMM_F64, COMM_SUM) != 0) {
+                    snprintf(err, err_len, "%s", comm_error(t->comm));
+                    goto fail;
+                }
+                json_t *mm = json_deep_copy(m);
+                json_object_set_new(mm, "loss", json_real(red[0] / t->world));
+                if (o->beta != 0) json_object_set_new(mm, "kl", json_real(red[1] / (red[2] > 0 ? red[2] : 1)));
+                json_object_set_new(mm, "entropy", json_real(red[3] / (red[4] > 0 ? red[4] : 1)));
+                json_object_set_new(mm, "clip_ratio/low_mean", json_real(red[5] / (red[8] > 0 ? red[8] : 1)));
+                json_object_set_new(mm, "clip_ratio/high_mean", json_real(red[6] / (red[8] > 0 ? red[8] : 1)));
+                json_object_set_new(mm, "clip_ratio/region_mean", json_real(red[7] / (red[8] > 0 ? red[8] : 1)));
+                json_object_set_new(mm, "grad_norm", json_real(gn));
+                json_object_set_new(mm, "learning_rate", json_real(lr));
+                json_object_set_new(mm, "num_tokens", json_real(active));
+                json_object_set_new(mm, "train_time", json_real(t_train));
+                json_object_set_new(mm, "sync_time", json_real(t_sync));
+                json_object_set_new(mm, "step_time", json_real(trainer_now() - t_round));
+                json_object_set_new(mm, "policy_version", json_integer(t->progress.policy_version));
+                if (t->progress.step % c->logging_steps == 0 || t->progress.step == t->total_steps) trainer_log(t, mm);
+                else json_decref(mm);
+                loss_sum = kl_sum = kl_cnt = ent_sum = ent_cnt = cl_lo = cl_hi = cl_reg = cl_cnt = t_train = 0;
+                if (c->save_steps > 0 && t->progress.step % c->save_steps == 0 && trainer_save(t, err, err_len) != 0)
+                    goto fail;
+                if (t->progress.step >= t->total_steps) break;
+            }
+            if (t->progress.step >= t->total_steps) break;
+        }
+        json_decref(m);
+        round_free(&r);
+        continue;
+    fail:
+        json_decref(m);
+        round_free(&r);
+        return -1;
+    }
+    if (c->save_steps == 0 || t->progress.step % c->save_steps != 0) return trainer_save(t, err, err_len);
+    return 0;
+}

@@ -1,0 +1,35 @@
+// tandem-train — GRPO (and SFT) ranks. One process per device; the launch contract is torchrun's:
+// RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT (a single process needs none of them).
+// Options: `tandem-train --help` (docs/configuration.md lists the same table).
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "trainer/trainer.h"
+
+int main(int argc, char **argv) {
+    char err[2048];
+    TrainConfig cfg;
+    train_config_default(&cfg);
+    int r = train_config_parse_args(&cfg, argc, argv, err, sizeof err);
+    if (r == 1) {
+        train_config_print_help(stdout);
+        train_config_free(&cfg);
+        return 0;
+    }
+    if (r != 0) {
+        fprintf(stderr, "tandem-train: %s\n(run tandem-train --help for every option)\n", err);
+        train_config_free(&cfg);
+        return 2;
+    }
+    signal(SIGPIPE, SIG_IGN);
+    Trainer t;
+    int rc = trainer_open(&t, &cfg, err, sizeof err);
+    if (rc == 0) rc = cfg.mode == TRAIN_MODE_SFT ? trainer_run_sft(&t, err, sizeof err) : trainer_run_grpo(&t, err, sizeof err);
+    int rank = t.rank;
+    if (rc != 0) fprintf(stderr, "tandem-train[rank %d]: %s\n", rank, err);
+    else if (rank == 0) fprintf(stderr, "tandem-train: done after %lld steps\n", (long long)t.progress.step);
+    trainer_close(&t);
+    train_config_free(&cfg);
+    return rc == 0 ? 0 : 1;
+}

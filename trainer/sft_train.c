@@ -1,0 +1,87 @@
+// trainer/sft_train.c — supervised fine-tuning with the GRPO engine's machinery: cross-entropy on the
+// completion tokens of prompt/completion rows (TRL SFTTrainer's completion-only loss), averaged over every
+// completion token of the optimizer step on every rank.
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "trainer/trainer.h"
+
+int trainer_run_sft(Trainer *t, char *err, size_t err_len) {
+    TrainConfig *c = t->cfg;
+    const int B = c->per_device_train_batch_size, GA = c->gradient_accumulation_steps;
+    UnitSource policy = zero3_source(t->policy);
+    DataRow *rows = calloc((size_t)B * GA, sizeof *rows);
+    if (!rows) {
+        snprintf(err, err_len, "out of memory for a batch");
+        return -1;
+    }
+    int rc = 0;
+    while (rc == 0 && t->progress.step < t->total_steps) {
+        double t0 = trainer_now();
+        // The whole step's rows first: the loss is normalised by the step's completion tokens on every rank.
+        double tokens = 0;
+        for (int i = 0; i < B * GA && rc == 0; i++) {
+            if (trainer_next_row(t, &rows[i], err, err_len) < 0) rc = -1;
+            else tokens += (double)(rows[i].n_ids - rows[i].prompt_len);
+        }
+        if (rc == 0 && comm_all_reduce(t->comm, &tokens, 1, COMM_F64, COMM_SUM) != 0) {
+            snprintf(err, err_len, "%s", comm_error(t->comm));
+            rc = -1;
+        }
+        double loss = 0;
+        for (int g = 0; g < GA && rc == 0; g++) {
+            DataRow *mb = rows + g * B;
+            int N = 0;
+            for (int b = 0; b < B; b++) N += (int)mb[b].n_ids;
+            if (trainer_ensure_acts(t, N, B, err, err_len) != 0) {
+                rc = -1;
+                break;
+            }
+            int32_t *tok = malloc(N * 4), *tgt = malloc(N * 4), *cu = malloc((B + 1) * 4);
+            float *lp = malloc(N * 4), *dlp = malloc(N * 4);
+            int n = 0;
+            cu[0] = 0;
+            for (int b = 0; b < B; b++) {
+                int L = (int)mb[b].n_ids, P = (int)mb[b].prompt_len;
+                for (int j = 0; j < L; j++) {
+                    tok[n + j] = mb[b].ids[j];
+                    tgt[n + j] = (j + 1 >= P && j + 1 < L) ? mb[b].ids[j + 1] : -1;
+                    dlp[n + j] = tgt[n + j] >= 0 ? (float)(-1.0 / tokens) : 0.0f;
+                }
+                n += L;
+                cu[b + 1] = n;
+            }
+            Batch batch = {.n_seqs = B, .n_tokens = N, .tokens = tok, .targets = tgt, .cu_seqlens = cu};
+            if (model_forward(&t->model, t->acts, &policy, &batch, 1.0f, lp, NULL, NULL, err, err_len) != 0 ||
+                model_backward(&t->model, t->acts, &policy, dlp, err, err_len) != 0)
+                rc = -1;
+            for (int i = 0; i < N && rc == 0; i++)
+                if (tgt[i] >= 0) loss -= lp[i] / tokens;
+            free(tok), free(tgt), free(cu), free(lp), free(dlp);
+        }
+        for (int i = 0; i < B * GA; i++) data_row_clear(&rows[i]);
+        if (rc != 0) break;
+        if (comm_all_reduce(t->comm, &loss, 1, COMM_F64, COMM_SUM) != 0) {
+            snprintf(err, err_len, "%s", comm_error(t->comm));
+            rc = -1;
+            break;
+        }
+        float gn;
+        double lr;
+        if (trainer_optimizer_step(t, &gn, &lr, err, err_len) != 0) {
+            rc = -1;
+            break;
+        }
+        if (t->progress.step % c->logging_steps == 0 || t->progress.step == t->total_steps) {
+            json_t *m = json_pack("{s:f, s:f, s:f, s:f, s:f}", "loss", loss, "grad_norm", (double)gn, "learning_rate", lr,
+                                  "num_tokens", tokens, "step_time", trainer_now() - t0);
+            trainer_log(t, m);
+        }
+        if (c->save_steps > 0 && t->progress.step % c->save_steps == 0 && trainer_save(t, err, err_len) != 0) rc = -1;
+    }
+    free(rows);
+    if (rc == 0 && (c->save_steps == 0 || t->progress.step % c->save_steps != 0)) rc = trainer_save(t, err, err_len);
+    return rc;
+}

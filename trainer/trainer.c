@@ -1,0 +1,242 @@
+// trainer/trainer.c — setting up one rank of tandem-train, and the pieces both training loops share.
+#include "trainer/trainer.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <time.h>
+
+#include "trainer/lr_schedule.h"
+
+double trainer_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void log0(const Trainer *t, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void log0(const Trainer *t, const char *fmt, ...) {
+    if (t->rank != 0) return;
+    va_list ap;
+    va_start(ap, fmt);
+    fputs("tandem-train: ", stderr);
+    vfprintf(stderr, fmt, ap);
+    fputc('\n', stderr);
+    va_end(ap);
+}
+
+static int open_model(Trainer *t, char *err, size_t err_len) {
+    TrainConfig *cfg = t->cfg;
+    ModelConfig mc;
+    if (config_load(&mc, cfg->model, err, err_len) != 0) return -1;
+    if (model_init(&t->model, &mc, t->ops, err, err_len) != 0) return -1;
+    if (zero3_create(&t->policy, &t->model, t->comm, cfg->zero_stage, err, err_len) != 0) return -1;
+    if (zero3_load(t->policy, cfg->model, err, err_len) != 0) return -1;
+    if (cfg->mode == TRAIN_MODE_GRPO && cfg->grpo.beta != 0) {
+        // The frozen reference: the same model, sharded the same way, never stepped.
+        if (zero3_create(&t->ref, &t->model, t->comm, 3, err, err_len) != 0) return -1;
+        if (zero3_load(t->ref, cfg->model, err, err_len) != 0) return -1;
+    }
+    Zero3Memory mem;
+    zero3_memory(t->policy, &mem);
+    log0(t, "model %s: %s, %zu parameters, %d units; ZeRO-%d over %d rank(s): per rank %.1f MB parameters, %.1f MB "
+         "master, %.1f MB Adam, %.1f MB gradients, %.1f MB gathered units, %.1f MB gradient work",
+         cfg->model, mc.arch_name, t->model.layout.n_params, t->model.layout.n_units, cfg->zero_stage, t->world,
+         mem.param_shard_bytes / 1e6, mem.master_bytes / 1e6, mem.adam_bytes / 1e6, mem.grad_bytes / 1e6,
+         mem.gathered_bytes / 1e6, mem.grad_work_bytes / 1e6);
+    return 0;
+}
+
+int trainer_open(Trainer *t, TrainConfig *cfg, char *err, size_t err_len) {
+    memset(t, 0, sizeof *t);
+    t->cfg = cfg;
+    t->t_start = trainer_now();
+    CommInit ci;
+    if (comm_init_from_env(&ci, (int)(cfg->init_timeout * 1000), err, err_len) != 0) return -1;
+    t->rank = ci.rank;
+    t->world = ci.world_size;
+    if (train_config_finalize(cfg, t->world, err, err_len) != 0) return -1;
+    if (cfg->device == TRAIN_DEVICE_CUDA) {
+        snprintf(err, err_len, "--device cuda: the trainer runs on the CPU backend in this version (the CUDA "
+                 "trainer arrives with the CUDA issue); use --device cpu");
+        return -1;
+    }
+    if (ops_create(&t->ops, OPS_BACKEND_CPU, 0, err, err_len) != 0) return -1;
+    if (comm_create(&t->comm, COMM_BACKEND_HOST, &ci, t->ops, err, err_len) != 0) return -1;
+    comm_set_timeout(t->comm, (int)(cfg->comm_timeout * 1000));
+    log0(t, "%d rank(s) joined (rendezvous at %s:%d)", t->world, ci.master_addr, ci.master_port);
+    if (open_model(t, err, err_len) != 0) return -1;
+    if (tokenizer_load(&t->tok, cfg->model, err, err_len) != 0) return -1;
+    char cerr[512];
+    if (chat_template_from_tokenizer(&t->chat, t->tok, cfg->chat_template, cerr, sizeof cerr) != 0) {
+        t->chat = NULL; // text prompts still work; a message prompt will name the problem
+        if (cfg->chat_template) {
+            snprintf(err, err_len, "%s", cerr);
+            return -1;
+        }
+    }
+    DataOptions dopt = {.tok = t->tok, .chat = t->chat, .sft = cfg->mode == TRAIN_MODE_SFT,
+                        .max_prompt_length = cfg->max_prompt_length,
+                        .refuse_overlong = cfg->overlong_prompts == OVERLONG_PROMPTS_ERROR, .rank = t->rank,
+                        .world_size = t->world, .seed = (uint64_t)(cfg->data_seed >= 0 ? cfg->data_seed : cfg->seed),
+                        .shuffle = cfg->shuffle_dataset};
+    if (data_open(&t->data, cfg->train_file, &dopt, err, err_len) != 0) return -1;
+    if (cfg->mode == TRAIN_MODE_GRPO) {
+        RewardOptions ro;
+        train_config_reward_options(cfg, &ro);
+        if (rewards_create(&t->rewards, (const char *const *)cfg->rewards, cfg->n_rewards, &ro, err, err_len) != 0)
+            return -1;
+        if (cfg->reward_url) {
+            RewardServiceOptions so;
+            train_config_reward_service_options(cfg, &so);
+            if (reward_service_create(&t->reward_service, &so, err, err_len) != 0) return -1;
+        }
+        if (cfg->n_rewards == 0 && !cfg->reward_url) {
+            snprintf(err, err_len, "grpo needs at least one reward: --rewards NAME[,NAME] (built-ins: answer_match, "
+                     "regex_format, think_format, length_penalty, soft_overlong) or --reward-url URL");
+            return -1;
+        }
+        if (!cfg->rollout_servers) {
+            snprintf(err, err_len, "grpo needs --rollout-servers tcp://HOST:PORT[,...] (tandem-serve --control)");
+            return -1;
+        }
+        if (rollout_client_create(&t->rollout, cfg->rollout_servers, t->model.layout.hash,
+                                  (int)(cfg->rollout_timeout * 1000), err, err_len) != 0)
+            return -1;
+    }
+    // Steps: per epoch, every rank consumes per_device_train_batch_size * gradient_accumulation_steps items per
+    // optimizer step (grpo: completions, i.e. that / num_generations prompts).
+    long per_step = (long)cfg->per_device_train_batch_size * cfg->gradient_accumulation_steps;
+    if (cfg->mode == TRAIN_MODE_GRPO) per_step /= cfg->grpo.num_generations;
+    long steps_per_epoch = (long)data_shard_records(t->data) / (per_step > 0 ? per_step : 1);
+    if (steps_per_epoch < 1) steps_per_epoch = 1;
+    t->total_steps = train_config_total_steps(cfg, steps_per_epoch);
+    if (cfg->resume) {
+        char loaded[PATH_MAX];
+        CheckpointOptions co = {.output_dir = cfg->output_dir, .base_model_dir = cfg->model};
+        if (checkpoint_load(t->policy, &t->model, t->comm, &co, cfg->resume, &t->progress, loaded, err, err_len) != 0)
+            return -1;
+        if (data_seek(t->data, (uint64_t)t->progress.epoch, (size_t)t->progress.data_position, err, err_len) != 0)
+            return -1;
+        log0(t, "resumed from %s at step %lld", loaded, (long long)t->progress.step);
+    } else {
+        t->progress.rng[0] = (uint64_t)cfg->seed;
+        t->progress.rng[1] = 0x9E3779B97F4A7C15ULL;
+    }
+    if (t->rank == 0) {
+        char path[PATH_MAX + 32];
+        if (mkdir(cfg->output_dir, 0755) != 0 && errno != EEXIST) {
+            snprintf(err, err_len, "cannot create --output-dir %s: %s", cfg->output_dir, strerror(errno));
+            return -1;
+        }
+        snprintf(path, sizeof path, "%s/metrics.jsonl", cfg->output_dir);
+        if (!(t->metrics = fopen(path, cfg->resume ? "a" : "w"))) {
+            snprintf(err, err_len, "cannot write %s: %s", path, strerror(errno));
+            return -1;
+        }
+    }
+    log0(t, "%s: %ld optimizer steps, %zu records in %s (%zu on this rank)", cfg->mode == TRAIN_MODE_GRPO ? "grpo" : "sft",
+         t->total_steps, data_total_records(t->data), cfg->train_file, data_shard_records(t->data));
+    return 0;
+}
+
+void trainer_close(Trainer *t) {
+    if (t->metrics) fclose(t->metrics);
+    if (t->acts) train_acts_free(t->acts, &t->model);
+    rollout_client_destroy(t->rollout);
+    reward_service_free(t->reward_service);
+    rewards_free(t->rewards);
+    data_close(t->data);
+    chat_template_free(t->chat);
+    tokenizer_free(t->tok);
+    zero3_destroy(t->ref);
+    zero3_destroy(t->policy);
+    if (t->model.ops) model_free(&t->model);
+    comm_destroy(t->comm);
+    ops_destroy(t->ops);
+    memset(t, 0, sizeof *t);
+}
+
+int trainer_ensure_acts(Trainer *t, int n_tokens, int n_seqs, char *err, size_t err_len) {
+    if (t->acts && n_tokens <= t->acts_tokens && n_seqs <= t->acts_seqs) return 0;
+    int tokens = n_tokens > t->acts_tokens ? n_tokens : t->acts_tokens;
+    int seqs = n_seqs > t->acts_seqs ? n_seqs : t->acts_seqs;
+    if (t->acts) train_acts_free(t->acts, &t->model);
+    t->acts = NULL;
+    if (train_acts_create(&t->acts, &t->model, tokens, seqs, t->cfg->gradient_checkpointing, err, err_len) != 0)
+        return -1;
+    t->acts_tokens = tokens;
+    t->acts_seqs = seqs;
+    return 0;
+}
+
+int trainer_optimizer_step(Trainer *t, float *grad_norm, double *lr, char *err, size_t err_len) {
+    TrainConfig *c = t->cfg;
+    long step = t->progress.step + 1;
+    long warmup = lr_schedule_warmup_steps(c->warmup_steps, c->warmup_ratio, t->total_steps);
+    // The learning rate of optimizer step k is the schedule at k - 1 (as transformers' scheduler before its step).
+    *lr = lr_schedule_lr(c->lr_scheduler_type, c->learning_rate, step - 1, warmup, t->total_steps);
+    AdamWParams p = {.lr = (float)*lr, .beta1 = (float)c->adam_beta1, .beta2 = (float)c->adam_beta2,
+                     .eps = (float)c->adam_epsilon, .weight_decay = (float)c->weight_decay,
+                     .max_grad_norm = (float)c->max_grad_norm};
+    if (zero3_step(t->policy, &p, p.lr, (int)step, grad_norm, err, err_len) != 0) return -1;
+    t->progress.step = step;
+    return 0;
+}
+
+int trainer_save(Trainer *t, char *err, size_t err_len) {
+    uint64_t epoch;
+    size_t pos;
+    data_tell(t->data, &epoch, &pos);
+    t->progress.epoch = (int64_t)epoch;
+    t->progress.data_position = (int64_t)pos;
+    CheckpointOptions co = {.output_dir = t->cfg->output_dir, .base_model_dir = t->cfg->model,
+                            .keep_last = t->cfg->save_total_limit};
+    char saved[PATH_MAX];
+    if (checkpoint_save(t->policy, &t->model, t->comm, &co, &t->progress, saved, err, err_len) != 0) return -1;
+    log0(t, "saved %s", saved);
+    return 0;
+}
+
+int trainer_next_row(Trainer *t, DataRow *row, char *err, size_t err_len) {
+    for (int tries = 0; tries < 2; tries++) {
+        int r = data_next(t->data, row, err, err_len);
+        if (r != 0) return r;
+        uint64_t epoch;
+        size_t pos;
+        data_tell(t->data, &epoch, &pos);
+        if (data_seek(t->data, epoch + 1, 0, err, err_len) != 0) return -1;
+    }
+    snprintf(err, err_len, "%s: this rank's shard has no usable prompt (all over --max-prompt-length?)", t->cfg->train_file);
+    return -1;
+}
+
+void trainer_log(Trainer *t, json_t *m) {
+    if (t->rank != 0) {
+        json_decref(m);
+        return;
+    }
+    json_object_set_new(m, "step", json_integer(t->progress.step));
+    json_object_set_new(m, "elapsed", json_real(trainer_now() - t->t_start));
+    char *line = json_dumps(m, JSON_COMPACT | JSON_REAL_PRECISION(7));
+    if (line && t->metrics) {
+        fprintf(t->metrics, "%s\n", line);
+        fflush(t->metrics);
+    }
+    free(line);
+    fprintf(stderr, "step %lld/%ld", (long long)t->progress.step, t->total_steps);
+    const char *keys[] = {"loss", "reward", "reward_std", "kl", "grad_norm", "learning_rate",
+                          "completions/mean_length", "step_time"};
+    for (size_t i = 0; i < sizeof keys / sizeof *keys; i++) {
+        json_t *v = json_object_get(m, keys[i]);
+        if (v && json_is_number(v)) fprintf(stderr, "  %s %.4g", keys[i], json_number_value(v));
+    }
+    fputc('\n', stderr);
+    json_decref(m);
+}

@@ -1,0 +1,68 @@
+// trainer/trainer.h — one rank of tandem-train: everything a run holds, and the loops that drive it.
+//
+// GRPO round (trainer/grpo_train.c): each rank takes its prompts from its data shard, asks the rollout servers
+// for num_generations completions each, scores them, computes advantages over the whole generation batch (all
+// ranks), then runs steps_per_generation x num_iterations micro-batches of per_device_train_batch_size
+// completions through forward, the GRPO loss (trainer/grpo_loss.h) and backward, stepping the optimizer every
+// gradient_accumulation_steps micro-batches, pushing weights to the servers every weight_sync_steps steps.
+// SFT (trainer/sft_train.c): the same engine with cross-entropy on the completion tokens.
+#ifndef TANDEM_TRAINER_TRAINER_H
+#define TANDEM_TRAINER_TRAINER_H
+
+#include <stdio.h>
+
+#include "shared/chat_template.h"
+#include "shared/comm.h"
+#include "shared/model.h"
+#include "shared/tokenizer.h"
+#include "trainer/checkpoint.h"
+#include "trainer/data.h"
+#include "trainer/reward_service.h"
+#include "trainer/rewards.h"
+#include "trainer/rollout_client.h"
+#include "trainer/train_config.h"
+#include "trainer/zero3.h"
+
+typedef struct {
+    TrainConfig *cfg;
+    int rank, world;
+    Comm *comm;
+    OpsCtx *ops;
+    Model model;
+    Zero3 *policy;
+    Zero3 *ref;                 // frozen reference (beta > 0), else NULL
+    Tokenizer *tok;
+    ChatTemplate *chat;         // NULL when the tokenizer has no recognised template
+    DataReader *data;
+    Rewards *rewards;
+    RewardService *reward_service;  // NULL without --reward-url
+    RolloutClient *rollout;     // rank 0 and every rank (each rank sends its own prompts)
+    TrainActs *acts;
+    int acts_tokens, acts_seqs; // capacity of acts
+    TrainProgress progress;
+    long total_steps;
+    FILE *metrics;              // rank 0: OUTPUT_DIR/metrics.jsonl
+    double t_start;
+} Trainer;
+
+// Sets everything up from the config (rank/world from the launch contract). Logs memory per rank.
+int trainer_open(Trainer *t, TrainConfig *cfg, char *err, size_t err_len);
+void trainer_close(Trainer *t);
+// Runs to max_steps (or the epochs), saving checkpoints as configured. Returns 0 or a negative code.
+int trainer_run_grpo(Trainer *t, char *err, size_t err_len);
+int trainer_run_sft(Trainer *t, char *err, size_t err_len);
+
+// Shared pieces (trainer/trainer.c).
+double trainer_now(void);
+// Grows t->acts to hold n_tokens tokens in n_seqs sequences.
+int trainer_ensure_acts(Trainer *t, int n_tokens, int n_seqs, char *err, size_t err_len);
+// Optimizer step with this step's learning rate; fills *grad_norm and *lr.
+int trainer_optimizer_step(Trainer *t, float *grad_norm, double *lr, char *err, size_t err_len);
+// Saves a checkpoint of the current step (all ranks).
+int trainer_save(Trainer *t, char *err, size_t err_len);
+// Next prompt row of this rank's shard, wrapping to the next epoch. 1 = row, negative = error.
+int trainer_next_row(Trainer *t, DataRow *row, char *err, size_t err_len);
+// rank 0: appends one JSON line to metrics.jsonl and prints the log line.
+void trainer_log(Trainer *t, json_t *metrics);
+
+#endif
