@@ -312,6 +312,12 @@ int trainer_run_grpo(Trainer *t, char *err, size_t err_len) {
     UnitSource policy = zero3_source(t->policy), ref = t->ref ? zero3_source(t->ref) : (UnitSource){0};
     GrpoEntropyControl ec;
     grpo_entropy_control_init(&ec, o);
+    // Resumed: the servers may hold other weights (a later step of the run that stopped, or the base model
+    // after a restart) — give them this step's before the first rollout.
+    if (c->resume) {
+        double secs;
+        if (sync_weights(t, &secs, err, err_len) != 0) return -1;
+    }
     while (t->progress.step < t->total_steps) {
         double t_round = trainer_now();
         Round r;
