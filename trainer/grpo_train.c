@@ -247,6 +247,7 @@ static int make_round(Trainer *t, Round *r, json_t *m, char *err, size_t err_len
     json_object_set_new(m, "completions/mean_length", json_real(sums[0] / sums[2]));
     json_object_set_new(m, "completions/clipped_ratio", json_real(sums[1] / sums[2]));
     json_object_set_new(m, "rollout_time", json_real(t_gen));
+    json_object_set_new(m, "prompts_skipped", json_integer((json_int_t)data_skipped(t->data)));
     json_object_set_new(m, "reward_time", json_real(trainer_now() - t0));
     free(scores), free(local), free(all), free(adv_all), free(fmean), free(fstd), free(weights);
     for (int i = 0; i < r->n; i++) free(texts[i]);

@@ -141,6 +141,8 @@ int trainer_open(Trainer *t, TrainConfig *cfg, char *err, size_t err_len) {
             return -1;
         }
     }
+    for (size_t i = 0; i < cfg->n_ignored; i++)
+        log0(t, "config key %s is accepted for TRL compatibility and has no effect here", cfg->ignored[i]);
     log0(t, "%s: %ld optimizer steps, %zu records in %s (%zu on this rank)", cfg->mode == TRAIN_MODE_GRPO ? "grpo" : "sft",
          t->total_steps, data_total_records(t->data), cfg->train_file, data_shard_records(t->data));
     return 0;

@@ -1,0 +1,113 @@
+"""tandem-train's options against TRL's GRPOConfig: every option that is not tandem's own is a GRPOConfig field
+(so a TRL config's keys mean the same thing here), and its default equals GRPOConfig's. A TRL-style config file
+is accepted as it is, and the derived batch sizes equal GRPOConfig.__post_init__'s.
+Driven through tests/reference/tools/trainer_config_tool.c.
+"""
+import dataclasses
+import json
+import subprocess
+
+import pytest
+from trl import GRPOConfig
+
+from conftest import tool
+
+REQUIRED = ["--model", "/m", "--train-file", "/d.jsonl", "--rollout-servers", "tcp://h:1", "--rewards",
+            "think_format"]
+
+# tandem's own options (no GRPOConfig field of that name).
+TANDEM_ONLY = {"model", "train_file", "mode", "chat_template", "max_prompt_length", "overlong_prompts", "rewards",
+               "answer_column", "format_regex", "format_regex_mode", "soft_punish_cache", "length_penalty_coef",
+               "length_penalty_target", "reward_url", "reward_timeout", "reward_connect_timeout", "reward_retries",
+               "reward_backoff", "resume", "zero_stage", "device", "init_timeout", "comm_timeout",
+               "rollout_servers", "rollout_timeout", "weight_sync_steps", "weight_sync_transport", "warmup_ratio"}
+# Same meaning, different spelling of "unset" or a value that only names TRL's implementation.
+DEFAULT_SPELLING = {
+    "min_p": (None, 0.0),             # off
+    "data_seed": (None, -1),          # use seed
+    "save_total_limit": (None, 0),    # keep all
+    "steps_per_generation": (1, 0),   # TRL resolves it in __post_init__; tandem in train_config_finalize
+    "generation_batch_size": (8, 0),  # idem
+    "optim": ("adamw_torch_fused", "adamw_torch"),  # both AdamW
+    "output_dir": (None, "output"),   # TRL requires it; tandem defaults it
+}
+
+
+def run_config_tool(*args, world=1):
+    proc = subprocess.run([tool("trainer_config_tool"), "--world-size", str(world), *REQUIRED, *args],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def tandem_config(*args, world=1):
+    return run_config_tool(*args, world=world)["config"]
+
+
+def trl_config(tmp_path, **kw):
+    return GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[], **kw)
+
+
+def plain(v):
+    return getattr(v, "value", v)  # enums (lr_scheduler_type) to their string
+
+
+def test_keys_are_trl_names_with_trl_defaults(tmp_path):
+    ours = tandem_config()
+    trl = trl_config(tmp_path)
+    fields = {f.name for f in dataclasses.fields(GRPOConfig)}
+    for key, value in ours.items():
+        if key in TANDEM_ONLY:
+            assert key not in fields, f"{key} is a GRPOConfig field: drop it from TANDEM_ONLY"
+            continue
+        assert key in fields, f"option {key} is not a GRPOConfig field"
+        want = plain(getattr(trl, key))
+        if key in DEFAULT_SPELLING:
+            if key == "output_dir":
+                continue
+            assert (want, value) == DEFAULT_SPELLING[key], key
+            continue
+        if key == "reward_weights":
+            assert want is None and value is None
+            continue
+        assert value == want, f"default of {key}: tandem {value!r}, TRL {want!r}"
+
+
+def test_trl_config_file_is_accepted(tmp_path):
+    cfg = {"learning_rate": 5e-7, "num_generations": 4, "per_device_train_batch_size": 4,
+           "gradient_accumulation_steps": 2, "max_completion_length": 128, "beta": 0.04, "epsilon_high": 0.28,
+           "loss_type": "grpo", "scale_rewards": False, "importance_sampling_level": "sequence",
+           "lr_scheduler_type": "cosine", "warmup_steps": 0.1, "max_steps": 20, "seed": 3, "logging_steps": 1,
+           "save_steps": 10, "use_vllm": True, "vllm_mode": "server", "report_to": "none", "bf16": False,
+           "mask_truncated_completions": True, "vllm_importance_sampling_mode": "token_truncate"}
+    path = tmp_path / "grpo.json"
+    path.write_text(json.dumps(cfg))
+    ours = tandem_config("--config", str(path), world=2)
+    trl = trl_config(tmp_path, **{k: v for k, v in cfg.items() if k not in ("report_to", "bf16")})
+    for key in cfg:
+        if key in ("use_vllm", "vllm_mode", "report_to", "bf16"):
+            continue  # accepted and ignored by tandem
+        assert ours[key] == plain(getattr(trl, key)), key
+
+
+@pytest.mark.parametrize("pdtbs,gas,spg,gbs", [(8, 1, None, None), (4, 3, None, None), (4, 1, 4, None),
+                                               (2, 1, None, 16), (6, 2, None, None)])
+def test_derived_batches_match_grpo_config(tmp_path, pdtbs, gas, spg, gbs):
+    # One process: GRPOConfig resolves with world size 1, the same as the tool is told.
+    trl = trl_config(tmp_path, per_device_train_batch_size=pdtbs, gradient_accumulation_steps=gas,
+                     steps_per_generation=spg, generation_batch_size=gbs, num_generations=2)
+    args = ["--per-device-train-batch-size", str(pdtbs), "--gradient-accumulation-steps", str(gas),
+            "--num-generations", "2"]
+    if spg:
+        args += ["--steps-per-generation", str(spg)]
+    if gbs:
+        args += ["--generation-batch-size", str(gbs)]
+    got = run_config_tool(*args)["resolved"]
+    assert (got["steps_per_generation"], got["generation_batch_size"]) == (trl.steps_per_generation,
+                                                                          trl.generation_batch_size)
+
+
+def test_ignored_trl_keys_are_reported(tmp_path):
+    path = tmp_path / "c.json"
+    path.write_text(json.dumps({"use_vllm": True, "report_to": ["wandb"], "sync_ref_model": False}))
+    assert sorted(run_config_tool("--config", str(path))["ignored"]) == ["report_to", "sync_ref_model", "use_vllm"]

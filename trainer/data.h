@@ -1,0 +1,89 @@
+// trainer/data.h — the training data: a JSONL file or a folder of *.jsonl shards, read by each rank for its
+// own share only.
+//
+// Records. Every non-blank line is one JSON object (a blank or whitespace-only line is no record). A folder
+// is read as the concatenation of its *.jsonl files in byte-wise name order (sub-folders are not entered).
+// Record index g counts records over that concatenation from 0.
+//   "prompt": a string (plain text), or a list of chat messages [{"role": ..., "content": ...}, ...]
+//   "messages": a list of chat messages (instead of "prompt"; a row may not have both)
+//   "completion": sft mode: the target — a string, or a list of messages when the prompt is messages.
+//       An sft row with "messages" and no "completion" uses its last message (which must be "assistant")
+//       as the completion and the ones before it as the prompt.
+//   any other key: a column, kept as JSON and handed to the rewards (answer_match reads one of them).
+// Text prompts are tokenized with the tokenizer's special tokens (BOS where its post-processor adds one),
+// as TRL's processing_class(text=...). Message prompts are rendered with the chat template and
+// add_generation_prompt, then tokenized without special tokens (the template writes its own BOS).
+// sft: as TRL's SFTTrainer for prompt/completion rows — text: tokenize prompt and prompt + completion + EOS
+// token text; messages: render prompt (with generation prompt) and prompt + completion (without); the
+// completion starts where the two token sequences first differ.
+//
+// Sharding: rank r of N takes the records with g % N == r. Opening scans the files once for line starts
+// (no JSON parsing) and keeps the byte offset of each of its own records; a record is read and parsed only
+// when it is handed out, so no rank parses the dataset of another.
+//
+// Order: epoch e hands out the rank's records in stored order when shuffling is off; with shuffling, in a
+// permutation that depends only on (seed, epoch, rank) and the shard size: a Fisher-Yates shuffle
+// (i from n-1 down to 1, j uniform in [0, i] by rejection sampling) driven by splitmix64 seeded with
+// seed ^ (0x9E3779B97F4A7C15 * (epoch + 1)) ^ (0xD1B54A32D192ED03 * (rank + 1)). The same seed, epoch and
+// shard give the same order on every run; resuming at (epoch, position) continues it exactly.
+//
+// Prompts longer than max_prompt_length tokens are skipped (counted; see data_skipped) or, with
+// refuse_overlong, an error naming the file, line and length. Malformed lines are errors naming file:line.
+#ifndef TANDEM_TRAINER_DATA_H
+#define TANDEM_TRAINER_DATA_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include <jansson.h>
+
+#include "shared/chat_template.h"
+#include "shared/tokenizer.h"
+
+typedef struct {
+    const Tokenizer *tok;           // required
+    const ChatTemplate *chat;       // required for message prompts (NULL: such a row is an error)
+    int sft;                        // 1: rows need a completion (sft mode)
+    int max_prompt_length;          // tokens; <= 0: no limit
+    int refuse_overlong;            // 1: an over-long prompt is an error; 0: skipped and counted
+    int rank, world_size;           // this rank's share: records with index % world_size == rank
+    uint64_t seed;
+    int shuffle;                    // 1: per-epoch shuffle of the shard (see above)
+} DataOptions;
+
+typedef struct {
+    json_t *prompt;                 // the row's prompt as given (string or message list), for reward services
+    char *prompt_text;              // the text the model sees (template applied)
+    int32_t *ids;                   // (n_ids) grpo: the prompt; sft: prompt + completion
+    size_t n_ids;
+    size_t prompt_len;              // leading ids that belong to the prompt (grpo: n_ids)
+    json_t *columns;                // object: every key but "prompt"/"messages" (may be empty, never NULL)
+    uint64_t record;                // global record index g
+    char source[320];               // "file:line" for messages
+} DataRow;
+
+typedef struct DataReader DataReader;
+
+// Opens path (a .jsonl file or a folder of them). Errors: missing path, empty folder, unreadable file,
+// a shard with no record (world_size larger than the record count). Starts at epoch 0, position 0.
+int data_open(DataReader **out, const char *path, const DataOptions *opt, char *err, size_t err_len);
+void data_close(DataReader *d);
+
+size_t data_total_records(const DataReader *d);   // every record of every rank
+size_t data_shard_records(const DataReader *d);   // this rank's records
+
+// Moves to (epoch, position): position counts records of this rank's order already handed out (skipped
+// over-long prompts included). Used by resume. 0, or -1 when position > data_shard_records.
+int data_seek(DataReader *d, uint64_t epoch, size_t position, char *err, size_t err_len);
+void data_tell(const DataReader *d, uint64_t *epoch, size_t *position);
+
+// Hands out the next usable record of the current epoch. Returns 1 (row filled; free with data_row_clear),
+// 0 at the end of the epoch (call data_seek(d, epoch + 1, 0, ...) to go on), or a negative code with a
+// message naming file:line.
+int data_next(DataReader *d, DataRow *row, char *err, size_t err_len);
+void data_row_clear(DataRow *row);
+
+// Prompts skipped for max_prompt_length since data_open.
+size_t data_skipped(const DataReader *d);
+
+#endif

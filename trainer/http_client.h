@@ -1,0 +1,52 @@
+// trainer/http_client.h — a minimal HTTP/1.1 client over POSIX sockets (no HTTP library is among tandem's
+// dependencies). One request per connection ("Connection: close"); http:// URLs only (host name, IPv4, or
+// [IPv6] literal; optional port, default 80; optional path, default "/").
+// Responses: a Content-Length body, a chunked body (chunk extensions and trailers skipped), or a body that
+// ends when the server closes the connection. Interim 1xx responses are skipped.
+// Timeouts: connect_timeout_ms bounds the TCP connect (per resolved address); timeout_ms bounds everything
+// after it (sending the request and receiving the whole response).
+#ifndef TANDEM_TRAINER_HTTP_CLIENT_H
+#define TANDEM_TRAINER_HTTP_CLIENT_H
+
+#include <stddef.h>
+
+// Failure classes, so that a caller can decide what is worth a retry.
+enum {
+    HTTP_OK = 0,
+    HTTP_E_URL = -1,        // the URL is malformed or not http://
+    HTTP_E_CONNECT = -2,    // name resolution or TCP connect failed (refused, unreachable)
+    HTTP_E_TIMEOUT = -3,    // connect or exchange ran past its timeout
+    HTTP_E_IO = -4,         // the connection broke mid-exchange (reset, closed before the response was whole)
+    HTTP_E_PROTOCOL = -5,   // the peer's bytes are not a valid HTTP/1.x response
+    HTTP_E_TOO_LARGE = -6,  // the response is larger than max_response_bytes
+    HTTP_E_NOMEM = -7,
+};
+
+typedef struct {
+    int connect_timeout_ms;       // > 0
+    int timeout_ms;               // > 0
+    size_t max_response_bytes;    // 0: 256 MiB
+} HttpOptions;
+
+typedef struct {
+    int status;           // e.g. 200
+    char *body;           // malloc'd, NUL-terminated (the body may hold NULs itself; body_len is exact)
+    size_t body_len;
+} HttpResponse;
+
+typedef struct {
+    char host[256];       // without brackets for IPv6
+    char port[8];
+    char path[2048];
+} HttpUrl;
+
+// Parses an http:// URL. 0, or HTTP_E_URL with a message saying what is wrong.
+int http_parse_url(const char *url, HttpUrl *out, char *err, size_t err_len);
+
+// POSTs body (body_len bytes) with the given Content-Type. Any HTTP status is a success at this level
+// (resp->status tells); the message of a failure names the URL. The caller frees resp->body.
+int http_post(const char *url, const char *content_type, const char *body, size_t body_len, const HttpOptions *opt,
+              HttpResponse *resp, char *err, size_t err_len);
+void http_response_free(HttpResponse *resp);
+
+#endif

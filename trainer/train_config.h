@@ -1,0 +1,138 @@
+// trainer/train_config.h — every option of tandem-train: defaults, --kebab-case flags, a JSON config file
+// with TRL's snake_case keys, validation, and the help table (docs/configuration.md is generated from it).
+//
+// Sources, later wins: defaults < the JSON file (--config FILE) < command-line flags, whatever their order
+// on the command line. Every option has one name: snake_case in the file (TRL's GRPOConfig name where TRL
+// has the option) and --kebab-case as a flag (--snake_case is accepted too, as TRL's CLI spells them).
+// Flag values: "--key value" or "--key=value"; a boolean flag alone means true and takes an explicit
+// true/false/1/0/yes/no; lists are comma-separated; "none" clears an option that may be unset.
+// Refused before any work starts, the message naming the key: an unknown key or flag (with a did-you-mean
+// suggestion when a known one is close), a value of the wrong type, a value out of range, and the
+// cross-option rules of train_config_finalize. A few TRL keys that only configure TRL's own machinery
+// (vLLM launch settings, report_to, ...) are accepted and ignored: TrainConfig.ignored lists those seen,
+// for the start-up log.
+#ifndef TANDEM_TRAINER_TRAIN_CONFIG_H
+#define TANDEM_TRAINER_TRAIN_CONFIG_H
+
+#include <stddef.h>
+#include <stdio.h>
+
+#include "trainer/grpo_loss.h"
+#include "trainer/lr_schedule.h"
+#include "trainer/reward_service.h"
+#include "trainer/rewards.h"
+
+typedef enum { TRAIN_MODE_GRPO = 0, TRAIN_MODE_SFT } TrainMode;
+typedef enum { TRAIN_DEVICE_AUTO = 0, TRAIN_DEVICE_CPU, TRAIN_DEVICE_CUDA } TrainDevice;
+typedef enum { OVERLONG_PROMPTS_SKIP = 0, OVERLONG_PROMPTS_ERROR } OverlongPrompts;
+typedef enum { FORMAT_REGEX_FULL = 0, FORMAT_REGEX_SEARCH } FormatRegexMode;
+typedef enum { WEIGHT_SYNC_AUTO = 0, WEIGHT_SYNC_NCCL, WEIGHT_SYNC_ZMQ } WeightSyncTransport;
+
+typedef struct {
+    // ---- model, data, output ----
+    char *model;                    // Hugging Face model folder (required)
+    char *train_file;               // JSONL file or folder of *.jsonl shards (required)
+    TrainMode mode;                 // grpo | sft
+    char *output_dir;               // checkpoints, metrics.jsonl
+    char *chat_template;            // forced template family (NULL: recognised from the tokenizer)
+    int max_prompt_length;          // tokens; 0 = no limit
+    OverlongPrompts overlong_prompts;
+    int shuffle_dataset;
+    long data_seed;                 // -1: use seed
+    // ---- generation (num_generations and max_completion_length live in grpo) ----
+    double temperature, top_p, min_p, repetition_penalty;
+    int top_k;                      // 0 = off
+    int generation_batch_size;      // completions per generation round, all ranks (0: derived)
+    int steps_per_generation;       // optimizer micro-steps per generation round (0: derived)
+    int num_iterations;
+    // ---- GRPO loss and advantages (TRL's GRPOConfig keys; see trainer/grpo_loss.h) ----
+    GrpoOptions grpo;
+    double *reward_weights;         // (n_reward_weights) or NULL = every reward weighs 1
+    size_t n_reward_weights;
+    // ---- rewards ----
+    char **rewards;                 // built-in reward names (trainer/rewards.h), in order
+    size_t n_rewards;
+    char *answer_column;
+    char *format_regex;
+    FormatRegexMode format_regex_mode;
+    int soft_punish_cache;
+    double length_penalty_coef;
+    int length_penalty_target;
+    char *reward_url;               // external reward service (NULL: none)
+    double reward_timeout, reward_connect_timeout, reward_backoff;   // seconds
+    int reward_retries;
+    // ---- optimisation ----
+    double learning_rate, weight_decay, adam_beta1, adam_beta2, adam_epsilon, max_grad_norm;
+    LrSchedType lr_scheduler_type;
+    double warmup_steps;            // >= 1: steps; (0, 1): ratio of the total steps
+    double warmup_ratio;            // used when warmup_steps is 0
+    int per_device_train_batch_size;     // completions (grpo) / sequences (sft) per rank per micro-step
+    int gradient_accumulation_steps;
+    long max_steps;                 // -1: from num_train_epochs
+    double num_train_epochs;
+    long seed;
+    int gradient_checkpointing;
+    char *optim;                    // adamw_* only (AdamW is the one optimizer)
+    // ---- logging and checkpoints ----
+    int logging_steps;
+    int save_steps;                 // 0: only at the end
+    int save_total_limit;           // 0: keep every checkpoint
+    char *resume;                   // checkpoint folder to resume from, "latest", or NULL
+    // ---- distribution and serving ----
+    int zero_stage;                 // 1 | 2 | 3
+    TrainDevice device;
+    double init_timeout;            // seconds: rendezvous (ranks arriving)
+    double comm_timeout;            // seconds: one collective
+    char *rollout_servers;          // comma-separated tcp://host:port list (grpo)
+    double rollout_timeout;         // seconds before a request is retried on another server
+    int weight_sync_steps;          // push weights every k optimizer steps
+    WeightSyncTransport weight_sync_transport;
+    // ---- derived by train_config_finalize (not options) ----
+    int world_size;
+    int resolved_steps_per_generation;   // steps_per_generation, or gradient_accumulation_steps when 0
+    int resolved_generation_batch_size;  // completions per generation round over all ranks
+    // ---- bookkeeping ----
+    char *config_file;              // the --config file read, or NULL
+    char **ignored;                 // TRL keys accepted and ignored
+    size_t n_ignored;
+} TrainConfig;
+
+// Every field at its default (strings NULL unless the table gives one). Free with train_config_free.
+void train_config_default(TrainConfig *cfg);
+void train_config_free(TrainConfig *cfg);
+
+// argv[0] is the program name. Reads --config FILE first, then applies every other flag. Returns 0,
+// 1 when --help was given (nothing else is checked; print train_config_print_help), or a negative code
+// with a message naming the key. Does not run the cross-option checks: call train_config_finalize.
+int train_config_parse_args(TrainConfig *cfg, int argc, char *const *argv, char *err, size_t err_len);
+// Applies a JSON object's keys (the config file's content). path names the source in messages (may be NULL).
+int train_config_apply_json(TrainConfig *cfg, const char *json_text, size_t len, const char *path, char *err,
+                            size_t err_len);
+int train_config_load_file(TrainConfig *cfg, const char *path, char *err, size_t err_len);
+// Sets one option from text as a flag would (key in snake_case or kebab-case, without dashes).
+int train_config_set(TrainConfig *cfg, const char *key, const char *value, char *err, size_t err_len);
+
+// Checks every value and the rules between options, and resolves the derived ones for world_size ranks
+// (the resolved_* fields; the options keep the values given): steps_per_generation (default
+// gradient_accumulation_steps) and generation_batch_size (= per_device_train_batch_size * world_size *
+// steps_per_generation; when given instead, it must be a multiple of per_device_train_batch_size *
+// world_size and sets steps_per_generation), as GRPOConfig does; giving both is refused. Each rank
+// generates whole groups, so per_device_train_batch_size * steps_per_generation must be a multiple of
+// num_generations. Returns 0 or a negative code with a message naming the key.
+int train_config_finalize(TrainConfig *cfg, int world_size, char *err, size_t err_len);
+
+// Total optimizer steps: max_steps when > 0, else ceil(num_train_epochs * steps_per_epoch).
+long train_config_total_steps(const TrainConfig *cfg, long steps_per_epoch);
+
+// The options of the reward modules as this configuration sets them (strings point into cfg).
+void train_config_reward_options(const TrainConfig *cfg, RewardOptions *ro);
+void train_config_reward_service_options(const TrainConfig *cfg, RewardServiceOptions *so);
+
+// The option table: one line per option with its flag, type, default and description.
+void train_config_print_help(FILE *f);
+// The same table as Markdown (docs/configuration.md's tables).
+void train_config_print_markdown(FILE *f);
+// Current values as a JSON object with the file keys (for logs and checkpoints). malloc'd text.
+char *train_config_to_json(const TrainConfig *cfg);
+
+#endif

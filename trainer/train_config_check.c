@@ -1,0 +1,225 @@
+// trainer/train_config_check.c — validation of a parsed configuration before any work starts, and the
+// values derived from it (train_config_finalize; rules in train_config.h and docs/configuration.md).
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "shared/chat_template.h"
+#include "trainer/http_client.h"
+#include "trainer/reward_service.h"
+#include "trainer/rewards.h"
+#include "trainer/train_config_internal.h"
+
+#define FAIL(...)                                 \
+    do {                                          \
+        snprintf(err, err_len, __VA_ARGS__);      \
+        return -1;                                \
+    } while (0)
+
+// Range helpers: each names the key and the value given.
+#define NEED(cond, key, fmt, val) \
+    do {                          \
+        if (!(cond)) FAIL("%s: " fmt, key, val); \
+    } while (0)
+
+static int check_servers(const char *list, char *err, size_t err_len) {
+    const char *s = list;
+    while (*s) {
+        const char *c = strchr(s, ',');
+        size_t n = c ? (size_t)(c - s) : strlen(s);
+        const char *colon = NULL;
+        for (size_t k = 6; k < n; k++)
+            if (s[k] == ':') colon = s + k;
+        if (n < 8 || strncmp(s, "tcp://", 6) != 0 || !colon || colon == s + 6 || colon + 1 == s + n)
+            FAIL("rollout_servers: '%.*s' is not tcp://host:port", (int)n, s);
+        for (const char *p = colon + 1; p < s + n; p++)
+            if (*p < '0' || *p > '9') FAIL("rollout_servers: '%.*s' has a bad port", (int)n, s);
+        s += n + (c ? 1 : 0);
+    }
+    return 0;
+}
+
+static int check_model_and_data(const TrainConfig *c, char *err, size_t err_len) {
+    if (!c->model || !c->model[0]) FAIL("model: required (--model DIR, a Hugging Face model folder)");
+    if (!c->train_file || !c->train_file[0]) FAIL("train_file: required (--train-file FILE.jsonl or a folder)");
+    if (!c->output_dir || !c->output_dir[0]) FAIL("output_dir: must not be empty");
+    NEED(c->max_prompt_length >= 0, "max_prompt_length", "must be >= 0 (0 = no limit), got %d", c->max_prompt_length);
+    NEED(c->data_seed >= -1, "data_seed", "must be >= 0, or -1 for seed; got %ld", c->data_seed);
+    if (c->chat_template) {
+        ChatTemplate *ct = NULL;
+        char terr[512];
+        if (chat_template_create(&ct, NULL, c->chat_template, NULL, NULL, terr, sizeof terr) != 0)
+            FAIL("chat_template: %s", terr);
+        chat_template_free(ct);
+    }
+    return 0;
+}
+
+static int check_generation(const TrainConfig *c, char *err, size_t err_len) {
+    NEED(isfinite(c->temperature) && c->temperature > 0, "temperature", "must be > 0, got %g", c->temperature);
+    NEED(c->top_p > 0 && c->top_p <= 1, "top_p", "must be in (0, 1], got %g", c->top_p);
+    NEED(c->top_k >= 0, "top_k", "must be >= 0 (0 = off), got %d", c->top_k);
+    NEED(c->min_p >= 0 && c->min_p <= 1, "min_p", "must be in [0, 1], got %g", c->min_p);
+    NEED(isfinite(c->repetition_penalty) && c->repetition_penalty > 0, "repetition_penalty", "must be > 0, got %g",
+         c->repetition_penalty);
+    NEED(c->generation_batch_size >= 0, "generation_batch_size", "must be >= 0 (0 = derived), got %d",
+         c->generation_batch_size);
+    NEED(c->steps_per_generation >= 0, "steps_per_generation", "must be >= 0 (0 = derived), got %d",
+         c->steps_per_generation);
+    NEED(c->num_iterations >= 1, "num_iterations", "must be >= 1, got %d", c->num_iterations);
+    return 0;
+}
+
+static int check_optimisation(const TrainConfig *c, char *err, size_t err_len) {
+    NEED(isfinite(c->learning_rate) && c->learning_rate >= 0, "learning_rate", "must be >= 0, got %g",
+         c->learning_rate);
+    NEED(isfinite(c->weight_decay) && c->weight_decay >= 0, "weight_decay", "must be >= 0, got %g", c->weight_decay);
+    NEED(c->adam_beta1 >= 0 && c->adam_beta1 < 1, "adam_beta1", "must be in [0, 1), got %g", c->adam_beta1);
+    NEED(c->adam_beta2 >= 0 && c->adam_beta2 < 1, "adam_beta2", "must be in [0, 1), got %g", c->adam_beta2);
+    NEED(isfinite(c->adam_epsilon) && c->adam_epsilon >= 0, "adam_epsilon", "must be >= 0, got %g", c->adam_epsilon);
+    NEED(isfinite(c->max_grad_norm) && c->max_grad_norm >= 0, "max_grad_norm", "must be >= 0 (0 = no clipping), "
+         "got %g", c->max_grad_norm);
+    NEED(isfinite(c->warmup_steps) && c->warmup_steps >= 0, "warmup_steps", "must be >= 0, got %g", c->warmup_steps);
+    NEED(c->warmup_ratio >= 0 && c->warmup_ratio <= 1, "warmup_ratio", "must be in [0, 1], got %g", c->warmup_ratio);
+    if (c->warmup_steps > 0 && c->warmup_ratio > 0)
+        FAIL("warmup_ratio: give warmup_steps or warmup_ratio, not both (warmup_steps %g, warmup_ratio %g)",
+             c->warmup_steps, c->warmup_ratio);
+    NEED(c->per_device_train_batch_size >= 1, "per_device_train_batch_size", "must be >= 1, got %d",
+         c->per_device_train_batch_size);
+    NEED(c->gradient_accumulation_steps >= 1, "gradient_accumulation_steps", "must be >= 1, got %d",
+         c->gradient_accumulation_steps);
+    NEED(c->max_steps == -1 || c->max_steps >= 1, "max_steps", "must be >= 1, or -1 to use num_train_epochs; got %ld",
+         c->max_steps);
+    if (c->max_steps == -1)
+        NEED(isfinite(c->num_train_epochs) && c->num_train_epochs > 0, "num_train_epochs",
+             "must be > 0 when max_steps is -1, got %g", c->num_train_epochs);
+    NEED(c->seed >= 0, "seed", "must be >= 0, got %ld", c->seed);
+    if (!c->optim || strncmp(c->optim, "adamw", 5) != 0)
+        FAIL("optim: tandem trains with AdamW only (any adamw_* name); got '%s'", c->optim ? c->optim : "none");
+    return 0;
+}
+
+static int check_logging_and_dist(const TrainConfig *c, char *err, size_t err_len) {
+    NEED(c->logging_steps >= 1, "logging_steps", "must be >= 1, got %d", c->logging_steps);
+    NEED(c->save_steps >= 0, "save_steps", "must be >= 0 (0 = only at the end), got %d", c->save_steps);
+    NEED(c->save_total_limit >= 0, "save_total_limit", "must be >= 0 (0 = keep all), got %d", c->save_total_limit);
+    if (c->resume && !c->resume[0]) FAIL("resume: empty path (give a checkpoint folder or \"latest\")");
+    NEED(c->zero_stage >= 1 && c->zero_stage <= 3, "zero_stage", "must be 1, 2 or 3, got %d", c->zero_stage);
+    NEED(isfinite(c->init_timeout) && c->init_timeout > 0, "init_timeout", "must be > 0 seconds, got %g",
+         c->init_timeout);
+    NEED(isfinite(c->comm_timeout) && c->comm_timeout > 0, "comm_timeout", "must be > 0 seconds, got %g",
+         c->comm_timeout);
+    NEED(isfinite(c->rollout_timeout) && c->rollout_timeout > 0, "rollout_timeout", "must be > 0 seconds, got %g",
+         c->rollout_timeout);
+    NEED(c->weight_sync_steps >= 1, "weight_sync_steps", "must be >= 1, got %d", c->weight_sync_steps);
+    if (c->rollout_servers && check_servers(c->rollout_servers, err, err_len) != 0) return -1;
+    return 0;
+}
+
+static int check_rewards(const TrainConfig *c, char *err, size_t err_len) {
+    NEED(c->soft_punish_cache >= 0, "soft_punish_cache", "must be >= 0, got %d", c->soft_punish_cache);
+    NEED(isfinite(c->reward_timeout) && c->reward_timeout > 0, "reward_timeout", "must be > 0 seconds, got %g",
+         c->reward_timeout);
+    NEED(isfinite(c->reward_connect_timeout) && c->reward_connect_timeout > 0, "reward_connect_timeout",
+         "must be > 0 seconds, got %g", c->reward_connect_timeout);
+    NEED(c->reward_retries >= 0, "reward_retries", "must be >= 0, got %d", c->reward_retries);
+    NEED(isfinite(c->reward_backoff) && c->reward_backoff >= 0, "reward_backoff", "must be >= 0 seconds, got %g",
+         c->reward_backoff);
+    if (c->reward_url) {
+        HttpUrl u;
+        char uerr[512];
+        if (http_parse_url(c->reward_url, &u, uerr, sizeof uerr) != 0) FAIL("reward_url: %s", uerr);
+    }
+    // Building the built-ins checks their names and options exactly as the trainer will use them.
+    RewardOptions ro;
+    train_config_reward_options(c, &ro);
+    Rewards *r = NULL;
+    if (rewards_create(&r, (const char *const *)c->rewards, c->n_rewards, &ro, err, err_len) != 0) return -1;
+    rewards_free(r);
+    if (c->reward_weights) {
+        for (size_t i = 0; i < c->n_reward_weights; i++)
+            if (!isfinite(c->reward_weights[i])) FAIL("reward_weights: item %zu is not finite", i);
+        if (!c->reward_url && c->n_reward_weights != c->n_rewards)
+            FAIL("reward_weights: %zu weights for %zu reward functions (rewards: %zu built-ins, no reward_url)",
+                 c->n_reward_weights, c->n_rewards, c->n_rewards);
+        if (c->reward_url && c->n_reward_weights <= c->n_rewards)
+            FAIL("reward_weights: %zu weights but %zu built-in rewards plus the reward service's functions",
+                 c->n_reward_weights, c->n_rewards);
+    }
+    return 0;
+}
+
+void train_config_reward_options(const TrainConfig *c, RewardOptions *ro) {
+    reward_options_default(ro);
+    ro->answer_column = c->answer_column;
+    ro->format_regex = c->format_regex;
+    ro->format_regex_search = c->format_regex_mode == FORMAT_REGEX_SEARCH;
+    ro->max_completion_length = c->grpo.max_completion_length;
+    ro->soft_punish_cache = c->soft_punish_cache;
+    ro->length_penalty_coef = c->length_penalty_coef;
+    ro->length_penalty_target = c->length_penalty_target;
+}
+
+void train_config_reward_service_options(const TrainConfig *c, RewardServiceOptions *so) {
+    reward_service_options_default(so);
+    so->url = c->reward_url;
+    so->timeout_s = c->reward_timeout;
+    so->connect_timeout_s = c->reward_connect_timeout;
+    so->max_retries = c->reward_retries;
+    so->backoff_s = c->reward_backoff;
+}
+
+// Resolves steps_per_generation / generation_batch_size as GRPOConfig.__post_init__ does.
+static int resolve_batches(TrainConfig *c, int ws, char *err, size_t err_len) {
+    long per_step = (long)c->per_device_train_batch_size * ws;  // completions per micro-step, all ranks
+    long spg, gbs;
+    if (c->generation_batch_size && c->steps_per_generation)
+        FAIL("generation_batch_size: cannot be set together with steps_per_generation (give one)");
+    if (c->generation_batch_size) {
+        if (c->generation_batch_size % per_step != 0)
+            FAIL("generation_batch_size: %d must be divisible by per_device_train_batch_size (%d) x %d ranks = %ld",
+                 c->generation_batch_size, c->per_device_train_batch_size, ws, per_step);
+        gbs = c->generation_batch_size;
+        spg = gbs / per_step;
+    } else {
+        spg = c->steps_per_generation ? c->steps_per_generation : c->gradient_accumulation_steps;
+        gbs = per_step * spg;
+        if (gbs > 2147483647L)
+            FAIL("per_device_train_batch_size: the generation batch (%ld completions) is too large", gbs);
+    }
+    c->resolved_steps_per_generation = (int)spg;
+    c->resolved_generation_batch_size = (int)gbs;
+    if (c->mode == TRAIN_MODE_GRPO) {
+        int g = c->grpo.num_generations;
+        long per_rank = (long)c->per_device_train_batch_size * spg;
+        if (g >= 2 && per_rank % g != 0)
+            FAIL("per_device_train_batch_size: %d completions x %ld steps_per_generation = %ld completions per rank "
+                 "per generation round, not divisible by num_generations (%d): each rank generates whole groups",
+                 c->per_device_train_batch_size, spg, per_rank, g);
+    }
+    return 0;
+}
+
+int train_config_finalize(TrainConfig *c, int world_size, char *err, size_t err_len) {
+    if (world_size < 1) FAIL("world size %d: must be >= 1 (WORLD_SIZE)", world_size);
+    c->world_size = world_size;
+    if (check_model_and_data(c, err, err_len) || check_generation(c, err, err_len) ||
+        check_optimisation(c, err, err_len) || check_logging_and_dist(c, err, err_len) ||
+        check_rewards(c, err, err_len))
+        return -1;
+    if (c->mode == TRAIN_MODE_GRPO) {
+        if (grpo_options_validate(&c->grpo, err, err_len) != 0) return -1;
+        if (!c->rollout_servers)
+            FAIL("rollout_servers: grpo needs at least one rollout server (--rollout-servers tcp://host:port)");
+        if (c->n_rewards == 0 && !c->reward_url)
+            FAIL("rewards: grpo needs a reward (--rewards with built-in names, or --reward-url)");
+    }
+    return resolve_batches(c, world_size, err, err_len);
+}
+
+long train_config_total_steps(const TrainConfig *c, long steps_per_epoch) {
+    if (c->max_steps > 0) return c->max_steps;
+    return (long)ceil(c->num_train_epochs * (double)steps_per_epoch);
+}
