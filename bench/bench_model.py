@@ -53,7 +53,7 @@ def main():
     args = ap.parse_args()
     threads = int(os.environ.get("OMP_NUM_THREADS", "2"))
     torch.set_num_threads(threads)
-    exe = pathlib.Path(args.build) / "bench" / "bench_model_cpu"
+    exe = pathlib.Path(args.build) / "bench" / "bench_model_step"
     rows = []
     for name in args.shapes.split(","):
         cfg = SHAPES[name]()

@@ -10,8 +10,10 @@
 
 #include "shared/model_internal.h"
 
-// Logit chunks hold at most this many elements (rows * V).
-#define LOGIT_CHUNK_ELEMS (1u << 22)
+// Logit chunks hold at most this many elements (rows * V): 16 MB on the CPU (cache-friendly), 128 MB of bf16 on
+// a GPU (big enough GEMMs to fill it, small beside the rest of the activations).
+#define LOGIT_CHUNK_ELEMS_CPU (1u << 22)
+#define LOGIT_CHUNK_ELEMS_GPU (1u << 26)
 
 struct TrainActs {
     int max_tokens, max_seqs, checkpoint, n_slots, chunk_rows;
@@ -55,7 +57,7 @@ int train_acts_create(TrainActs **out, const Model *m, int max_tokens, int max_s
     a->max_seqs = max_seqs;
     a->checkpoint = checkpoint;
     a->n_slots = checkpoint ? 1 : L;
-    size_t rows = LOGIT_CHUNK_ELEMS / V;
+    size_t rows = (ops_backend(o) == OPS_BACKEND_CUDA ? LOGIT_CHUNK_ELEMS_GPU : LOGIT_CHUNK_ELEMS_CPU) / V;
     a->chunk_rows = (int)(rows < 1 ? 1 : rows > N ? N : rows);
     a->tokens = track(a, o, N * 4);
     a->targets = track(a, o, N * 4);

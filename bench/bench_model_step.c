@@ -1,5 +1,5 @@
-// bench_model_cpu — forward + backward tokens/s of the model core on a config with random weights.
-//   bench_model_cpu MODEL_DIR [--batch B] [--seq T] [--steps S] [--warmup W] [--checkpoint]
+// bench_model_step — forward + backward tokens/s of the model core on a config with random weights.
+//   bench_model_step MODEL_DIR [--device cpu|cuda] [--batch B] [--seq T] [--steps S] [--warmup W] [--checkpoint]
 // MODEL_DIR needs only config.json. Prints one JSON line: {"tokens_per_s": ..., "step_s": ..., ...}.
 // bench/bench_model.py runs it beside a PyTorch step of the same model and prints the ratio.
 #include <stdio.h>
@@ -18,17 +18,19 @@ static double now_s(void) {
 
 int main(int argc, char **argv) {
     if (argc < 2 || strcmp(argv[1], "--help") == 0) {
-        fprintf(stderr, "usage: bench_model_cpu MODEL_DIR [--batch 4] [--seq 256] [--steps 3] [--warmup 1] [--checkpoint]\n");
+        fprintf(stderr, "usage: bench_model_step MODEL_DIR [--batch 4] [--seq 256] [--steps 3] [--warmup 1] [--checkpoint] [--device cpu|cuda]\n");
         return 2;
     }
     int B = 4, T = 256, steps = 3, warmup = 1, checkpoint = 0;
+    OpsBackend backend = OPS_BACKEND_CPU;
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--batch") && i + 1 < argc) B = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--seq") && i + 1 < argc) T = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--checkpoint")) checkpoint = 1;
-        else { fprintf(stderr, "bench_model_cpu: unknown option %s\n", argv[i]); return 2; }
+        else if (!strcmp(argv[i], "--device") && i + 1 < argc) backend = !strcmp(argv[++i], "cuda") ? OPS_BACKEND_CUDA : OPS_BACKEND_CPU;
+        else { fprintf(stderr, "bench_model_step: unknown option %s\n", argv[i]); return 2; }
     }
     char err[1024];
     ModelConfig cfg;
@@ -36,10 +38,10 @@ int main(int argc, char **argv) {
     Model m;
     ResidentWeights w;
     TrainActs *acts;
-    if (config_load(&cfg, argv[1], err, sizeof err) != 0 || ops_create(&ops, OPS_BACKEND_CPU, 0, err, sizeof err) != 0 ||
+    if (config_load(&cfg, argv[1], err, sizeof err) != 0 || ops_create(&ops, backend, 0, err, sizeof err) != 0 ||
         model_init(&m, &cfg, ops, err, sizeof err) != 0 || resident_alloc(&w, &m, 1, err, sizeof err) != 0 ||
         train_acts_create(&acts, &m, B * T, B, checkpoint, err, sizeof err) != 0) {
-        fprintf(stderr, "bench_model_cpu: %s\n", err);
+        fprintf(stderr, "bench_model_step: %s\n", err);
         return 1;
     }
     model_init_random(&m, &w, 1234, 0.02f);
@@ -64,7 +66,7 @@ int main(int argc, char **argv) {
         resident_zero_grads(&w, &m);
         if (model_forward(&m, acts, &src, &batch, 1.0f, lp, NULL, NULL, err, sizeof err) != 0 ||
             model_backward(&m, acts, &src, dlp, err, sizeof err) != 0) {
-            fprintf(stderr, "bench_model_cpu: %s\n", err);
+            fprintf(stderr, "bench_model_step: %s\n", err);
             return 1;
         }
     }
