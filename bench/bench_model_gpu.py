@@ -1,0 +1,83 @@
+"""GPU training-step throughput: tandem (CUDA backend) vs PyTorch on the same model shape, batch and GPU, one run.
+
+    python3 bench/bench_model_gpu.py --build build-gpu [--shapes qwen2.5-0.5b,qwen2.5-1.5b] [--batch 8] [--seq 1024]
+
+Both sides: random weights, bf16 parameters, forward + backward of next-token cross-entropy over batch x seq tokens
+(no optimizer step). PyTorch: transformers model in bf16 with sdpa attention. MFU = 6 * params * tokens/s / peak,
+peak = 989 TFLOP/s (H100/H200 dense bf16).
+"""
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import tempfile
+import time
+
+import torch
+from transformers import AutoModelForCausalLM, Qwen2Config
+
+SHAPES = {
+    "qwen2.5-0.5b": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+                         num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True),
+    "qwen2.5-1.5b": dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
+                         num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True),
+}
+PEAK = 989e12
+
+
+def torch_step(cfg, B, T, steps=5, warmup=2):
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa").cuda()
+    ids = torch.randint(0, cfg.vocab_size, (B, T), device="cuda")
+    for it in range(warmup + steps):
+        if it == warmup:
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+        model.zero_grad(set_to_none=True)
+        logits = model(input_ids=ids).logits
+        loss = torch.nn.functional.cross_entropy(logits[:, :-1].float().reshape(-1, cfg.vocab_size),
+                                                 ids[:, 1:].reshape(-1))
+        loss.backward()
+    torch.cuda.synchronize()
+    dt = (time.perf_counter() - t0) / steps
+    n = sum(p.numel() for p in model.parameters())
+    del model
+    torch.cuda.empty_cache()
+    return dt, n
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--build", default="build-gpu")
+    ap.add_argument("--shapes", default=",".join(SHAPES))
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--seq", type=int, default=1024)
+    args = ap.parse_args()
+    exe = pathlib.Path(args.build) / "bench" / "bench_model_step"
+    rows = []
+    for name in args.shapes.split(","):
+        cfg = Qwen2Config(**SHAPES[name], max_position_embeddings=4096)
+        with tempfile.TemporaryDirectory() as d:
+            cfg.save_pretrained(d)
+            out = subprocess.run([str(exe), d, "--device", "cuda", "--batch", str(args.batch), "--seq", str(args.seq),
+                                  "--steps", "5", "--warmup", "2"], capture_output=True, text=True)
+        if out.returncode != 0:
+            rows.append((name, None, None, None, out.stderr.strip()[-300:]))
+            continue
+        ours = json.loads(out.stdout)
+        t_torch, n = torch_step(cfg, args.batch, args.seq)
+        tok = args.batch * args.seq
+        rows.append((name, n, tok / ours["step_s"], tok / t_torch, ""))
+    print(f"GPU {torch.cuda.get_device_name()} batch={args.batch} seq={args.seq} torch={torch.__version__}")
+    print(f"{'shape':<14}{'params':>14}{'tandem tok/s':>14}{'MFU':>7}{'torch tok/s':>13}{'MFU':>7}{'ratio':>8}")
+    for name, n, ours, theirs, note in rows:
+        if ours is None:
+            print(f"{name:<14} tandem failed: {note}")
+            continue
+        print(f"{name:<14}{n:>14,}{ours:>14.0f}{6 * n * ours / PEAK:>7.1%}{theirs:>13.0f}{6 * n * theirs / PEAK:>7.1%}"
+              f"{ours / theirs:>7.2f}x")
+
+
+if __name__ == "__main__":
+    main()
