@@ -457,6 +457,7 @@ int trainer_run_grpo(Trainer *t, char *err, size_t err_len) {
                 json_object_set_new(mm, "policy_version", json_integer(t->progress.policy_version));
                 if (t->progress.step % c->logging_steps == 0 || t->progress.step == t->total_steps) trainer_log(t, mm);
                 else json_decref(mm);
+                trainer_progress(t);
                 loss_sum = kl_sum = kl_cnt = ent_sum = ent_cnt = cl_lo = cl_hi = cl_reg = cl_cnt = t_train = 0;
                 if (c->save_steps > 0 && t->progress.step % c->save_steps == 0 && trainer_save(t, err, err_len) != 0)
                     goto fail;

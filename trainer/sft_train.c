@@ -80,6 +80,7 @@ int trainer_run_sft(Trainer *t, char *err, size_t err_len) {
             trainer_log(t, m);
         }
         if (c->save_steps > 0 && t->progress.step % c->save_steps == 0 && trainer_save(t, err, err_len) != 0) rc = -1;
+        trainer_progress(t);
     }
     free(rows);
     if (rc == 0 && (c->save_steps == 0 || t->progress.step % c->save_steps != 0)) rc = trainer_save(t, err, err_len);

@@ -11,6 +11,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 #include "trainer/lr_schedule.h"
 
@@ -25,6 +26,7 @@ static void log0(const Trainer *t, const char *fmt, ...) {
     if (t->rank != 0) return;
     va_list ap;
     va_start(ap, fmt);
+    if (isatty(STDERR_FILENO)) fputs("\r\033[K", stderr); // over the progress bar, if one is drawn
     fputs("tandem-train: ", stderr);
     vfprintf(stderr, fmt, ap);
     fputc('\n', stderr);
@@ -230,11 +232,26 @@ int trainer_next_row(Trainer *t, DataRow *row, char *err, size_t err_len) {
     return -1;
 }
 
+void trainer_progress(Trainer *t) {
+    if (t->rank != 0 || !isatty(STDERR_FILENO)) return;
+    const int width = 30;
+    long done = t->progress.step, total = t->total_steps > 0 ? t->total_steps : 1;
+    double elapsed = trainer_now() - t->t_start, eta = done > 0 ? elapsed / done * (total - done) : 0;
+    char bar[64];
+    int fill = (int)(width * done / total);
+    for (int i = 0; i < width; i++) bar[i] = i < fill ? '#' : '.';
+    bar[width] = 0;
+    fprintf(stderr, "\r[%s] step %ld/%ld  %.0f%%  elapsed %dm%02ds  ETA %dm%02ds ", bar, done, total, 100.0 * done / total,
+            (int)elapsed / 60, (int)elapsed % 60, (int)eta / 60, (int)eta % 60);
+    fflush(stderr);
+}
+
 void trainer_log(Trainer *t, json_t *m) {
     if (t->rank != 0) {
         json_decref(m);
         return;
     }
+    if (isatty(STDERR_FILENO)) fputs("\r\033[K", stderr); // the log line replaces the progress bar
     json_object_set_new(m, "step", json_integer(t->progress.step));
     json_object_set_new(m, "elapsed", json_real(trainer_now() - t->t_start));
     char *line = json_dumps(m, JSON_COMPACT | JSON_REAL_PRECISION(7));

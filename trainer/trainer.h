@@ -62,6 +62,8 @@ int trainer_optimizer_step(Trainer *t, float *grad_norm, double *lr, char *err, 
 int trainer_save(Trainer *t, char *err, size_t err_len);
 // Next prompt row of this rank's shard, wrapping to the next epoch. 1 = row, negative = error.
 int trainer_next_row(Trainer *t, DataRow *row, char *err, size_t err_len);
+// rank 0, when stderr is a terminal: redraws the progress bar (step, elapsed, ETA).
+void trainer_progress(Trainer *t);
 // rank 0: appends one JSON line to metrics.jsonl and prints the log line.
 void trainer_log(Trainer *t, json_t *metrics);
 
