@@ -249,11 +249,23 @@ static pthread_t g_main_thread;
 // Called on the ZeroMQ thread after a `shutdown` request was acknowledged: wake main's sigwait.
 static void wake_main(void *user) { pthread_kill(g_main_thread, SIGUSR1); }
 
+// Threads that libraries started before main (OpenBLAS's pool) do not block SIGTERM/SIGINT. Once main has left
+// sigwait (draining), a repeated signal would be delivered to one of them and, with the default action, kill the
+// process mid-drain. With a handler it is absorbed there instead: the drain already under way continues.
+static void absorb_signal(int sig) { (void)sig; }
+
 int main(int argc, char **argv) {
     Options o;
     if (parse_options(argc, argv, &o) < 0) return 2;
 
     // Every thread created from here on inherits this mask, so the signals reach only main's sigwait.
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = absorb_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGTERM, &sa, NULL);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGUSR1, &sa, NULL);
     sigset_t sigs;
     sigemptyset(&sigs);
     sigaddset(&sigs, SIGTERM);
