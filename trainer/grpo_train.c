@@ -109,6 +109,8 @@ static int score_all(Trainer *t, UnitSource *src, Round *r, float **out, int mic
     return 0;
 }
 
+static int sync_weights(Trainer *t, double *seconds, char *err, size_t err_len);
+
 // Generation, rewards and advantages for one round. Fills metrics with TRL's names.
 static int make_round(Trainer *t, Round *r, json_t *m, char *err, size_t err_len) {
     TrainConfig *c = t->cfg;
@@ -153,7 +155,34 @@ static int make_round(Trainer *t, Round *r, json_t *m, char *err, size_t err_len
     s.seed = ((uint64_t)c->seed * 1000003ULL + (uint64_t)t->progress.step * 7919ULL + (uint64_t)t->rank * 104729ULL) &
              0x3FFFFFFFFFFFFFFFULL;
     double t0 = trainer_now();
-    int rc = rollout_generate(t->rollout, r->n_prompts, prompts, plens, &s, r->groups, err, err_len);
+    int rc;
+    for (int attempt = 1;; attempt++) {
+        rc = rollout_generate(t->rollout, r->n_prompts, prompts, plens, &s, r->groups, err, err_len);
+        if (rc == -1) break;
+        // Every rank agrees whether the round's generation worked: if one lost all its servers, all retry
+        // together after the servers come back with this run's weights (a collective weight push).
+        int32_t lost = rc != 0;
+        if (comm_all_reduce(t->comm, &lost, 1, COMM_I32, COMM_MAX) != 0) {
+            snprintf(err, err_len, "%s", comm_error(t->comm));
+            rc = -1;
+            break;
+        }
+        if (!lost) break;
+        if (rc == 0) rollout_groups_free(r->groups, r->n_prompts);
+        if (attempt == 3) {
+            snprintf(err, err_len, "generation failed 3 times: the rollout servers keep going away");
+            rc = -1;
+            break;
+        }
+        int stale;
+        double secs;
+        if (t->rank == 0) fprintf(stderr, "tandem-train: rollout servers lost mid-round; waiting for them, then retrying\n");
+        if (rollout_client_refresh(t->rollout, t->progress.policy_version, 2000, &stale, err, err_len) != 0 ||
+            sync_weights(t, &secs, err, err_len) != 0) {
+            rc = -1;
+            break;
+        }
+    }
     free(prompts), free(plens);
     if (rc != 0) return -1;
     double t_gen = trainer_now() - t0;
@@ -321,6 +350,21 @@ int trainer_run_grpo(Trainer *t, char *err, size_t err_len) {
     }
     while (t->progress.step < t->total_steps) {
         double t_round = trainer_now();
+        // A server that restarted (or missed a push) gets this run's weights before it generates for it.
+        int stale = 0;
+        if (rollout_client_refresh(t->rollout, t->progress.policy_version, 2000, &stale, err, err_len) != 0) return -1;
+        int32_t any_stale = stale;
+        if (comm_all_reduce(t->comm, &any_stale, 1, COMM_I32, COMM_MAX) != 0) {
+            snprintf(err, err_len, "%s", comm_error(t->comm));
+            return -1;
+        }
+        if (any_stale) {
+            double secs;
+            if (t->rank == 0)
+                fprintf(stderr, "tandem-train: a rollout server holds other weights than version %lld: pushing them\n",
+                        (long long)t->progress.policy_version);
+            if (sync_weights(t, &secs, err, err_len) != 0) return -1;
+        }
         Round r;
         json_t *m = json_object();
         if (make_round(t, &r, m, err, err_len) != 0) {

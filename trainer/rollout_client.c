@@ -19,6 +19,7 @@ typedef struct {
     int alive;
     int max_seq_len;
     int in_flight;      // prompts assigned and not answered
+    int64_t policy_version;   // as of the last hello
 } Server;
 
 struct RolloutClient {
@@ -131,8 +132,73 @@ static int hello(RolloutClient *c, Server *s, int timeout_ms, char *err, size_t 
         rc = -1;
     }
     s->max_seq_len = rep.max_seq_len;
+    s->policy_version = rep.policy_version;
     zmsg_free(&rep);
     return rc;
+}
+
+// A fresh socket for a server that stopped answering: whatever was queued for the old connection (requests of
+// a round it missed, slices of an abandoned weight push) is dropped instead of reaching a restarted server.
+static int reopen(RolloutClient *c, Server *s, char *err, size_t err_len) {
+    if (s->sock) zmq_close(s->sock);
+    s->sock = zmq_socket(c->zctx, ZMQ_DEALER);
+    int linger = 0;
+    if (!s->sock || zmq_setsockopt(s->sock, ZMQ_LINGER, &linger, sizeof linger) != 0 ||
+        zmq_connect(s->sock, s->endpoint) != 0) {
+        snprintf(err, err_len, "cannot reconnect to rollout server %s: %s", s->endpoint, zmq_strerror(zmq_errno()));
+        return -1;
+    }
+    s->in_flight = 0;
+    return 0;
+}
+
+static void mark_dead(RolloutClient *c, Server *s, const char *why) {
+    if (!s->alive) return;
+    fprintf(stderr, "tandem-train: rollout server %s %s; carrying on with the others and checking it again every "
+            "round\n", s->endpoint, why);
+    s->alive = 0;
+    char err[512];
+    if (reopen(c, s, err, sizeof err) != 0) fprintf(stderr, "tandem-train: %s\n", err);
+}
+
+static int rollout_client_poll(RolloutClient *c, int64_t version, int timeout_ms, int *stale, int *alive_out,
+                               char *err, size_t err_len);
+
+int rollout_client_refresh(RolloutClient *c, int64_t version, int timeout_ms, int *stale, char *err, size_t err_len) {
+    // With no server answering, keep asking for up to six request timeouts: a restarting server comes back.
+    double give_up = now_ms() + 6.0 * c->timeout_ms;
+    for (;;) {
+        int alive = 0;
+        if (rollout_client_poll(c, version, timeout_ms, stale, &alive, err, err_len) != 0) return -1;
+        if (alive > 0) return 0;
+        if (now_ms() >= give_up) break;
+        fprintf(stderr, "tandem-train: waiting for a rollout server to answer (%d configured)\n", c->n_servers);
+    }
+    snprintf(err, err_len, "no rollout server answered for %.0f s (%d configured): is tandem-serve running?",
+             6.0 * c->timeout_ms / 1000, c->n_servers);
+    return -1;
+}
+
+static int rollout_client_poll(RolloutClient *c, int64_t version, int timeout_ms, int *stale, int *alive_out,
+                               char *err, size_t err_len) {
+    *stale = 0;
+    int alive = 0;
+    for (int k = 0; k < c->n_servers; k++) {
+        Server *s = &c->servers[k];
+        int r = hello(c, s, timeout_ms, err, err_len);
+        if (r < 0) return -1;
+        if (r == 0) {
+            mark_dead(c, s, "does not answer");
+            continue;
+        }
+        if (!s->alive) fprintf(stderr, "tandem-train: rollout server %s answers again (weights version %lld)\n",
+                               s->endpoint, (long long)s->policy_version);
+        s->alive = 1;
+        alive++;
+        if (s->policy_version != version) *stale = 1;
+    }
+    *alive_out = alive;
+    return 0;
 }
 
 int rollout_client_create(RolloutClient **out, const char *endpoints, uint64_t layout_hash, int timeout_ms,
@@ -248,7 +314,7 @@ static int send_prompt(RolloutClient *c, int i, const int32_t *const *prompts, c
     int sv = pick_server(c);
     if (sv < 0) {
         snprintf(err, err_len, "no rollout server is answering (all of %d timed out)", c->n_servers);
-        return -1;
+        return ROLLOUT_ESERVERS_LOST;
     }
     ZmsgMsg m;
     zmsg_init(&m, ZMSG_GENERATE, ZMSG_DIR_REQUEST, c->next_id++);
@@ -293,9 +359,9 @@ int rollout_generate(RolloutClient *c, int n_prompts, const int32_t *const *prom
         snprintf(err, err_len, "out of memory for %d prompts", n_prompts);
         return -1;
     }
-    int rc = -1, remaining = n_prompts;
+    int rc = -1, remaining = n_prompts, sent;
     for (int i = 0; i < n_prompts; i++)
-        if (send_prompt(c, i, prompts, prompt_lens, s, st, err, err_len) != 0) goto out;
+        if ((sent = send_prompt(c, i, prompts, prompt_lens, s, st, err, err_len)) != 0) goto send_failed;
     zmq_pollitem_t items[MAX_SERVERS];
     while (remaining > 0) {
         for (int k = 0; k < c->n_servers; k++) items[k] = (zmq_pollitem_t){c->servers[k].sock, 0, ZMQ_POLLIN, 0};
@@ -350,22 +416,24 @@ int rollout_generate(RolloutClient *c, int n_prompts, const int32_t *const *prom
         for (int i = 0; i < n_prompts; i++) {
             if (st[i].done) continue;
             if (st[i].server < 0) {
-                if (t >= st[i].retry_at_ms && send_prompt(c, i, prompts, prompt_lens, s, st, err, err_len) != 0) goto out;
+                if (t >= st[i].retry_at_ms && (sent = send_prompt(c, i, prompts, prompt_lens, s, st, err, err_len)) != 0)
+                    goto send_failed;
                 continue;
             }
             if (t - st[i].sent_ms > c->timeout_ms) {
                 Server *sv = &c->servers[st[i].server];
-                if (sv->alive) {
-                    fprintf(stderr, "tandem-train: rollout server %s did not answer within %d ms; moving its prompts to "
-                            "the other servers\n", sv->endpoint, c->timeout_ms);
-                    sv->alive = 0;
-                }
-                sv->in_flight--;
-                if (send_prompt(c, i, prompts, prompt_lens, s, st, err, err_len) != 0) goto out;
+                mark_dead(c, sv, "did not answer a prompt in time");
+                // Every prompt still waiting on it moves (its socket was replaced).
+                for (int q = 0; q < n_prompts; q++)
+                    if (!st[q].done && st[q].server == (int)(sv - c->servers)) st[q].sent_ms = -1e18;
+                if ((sent = send_prompt(c, i, prompts, prompt_lens, s, st, err, err_len)) != 0) goto send_failed;
             }
         }
     }
     rc = 0;
+    goto out;
+send_failed:
+    rc = sent;
 out:
     if (rc != 0) rollout_groups_free(out, n_prompts);
     free(st);
@@ -375,8 +443,10 @@ out:
 // ---- weights ------------------------------------------------------------------------------------
 
 int rollout_weights_begin(RolloutClient *c, int64_t version, char *err, size_t err_len) {
+    int started = 0;
     for (int k = 0; k < c->n_servers; k++) {
         Server *s = &c->servers[k];
+        if (!s->alive) continue;
         ZmsgMsg m, rep;
         zmsg_init(&m, ZMSG_WEIGHTS_BEGIN, ZMSG_DIR_REQUEST, c->next_id++);
         m.version = version;
@@ -384,11 +454,18 @@ int rollout_weights_begin(RolloutClient *c, int64_t version, char *err, size_t e
         m.layout_hash = c->layout_hash;
         if (send_msg(s, &m, err, err_len) != 0) return -1;
         int r = wait_reply(s, m.id, &rep, c->timeout_ms, err, err_len);
-        if (r == 0) snprintf(err, err_len, "rollout server %s did not acknowledge weights_begin", s->endpoint);
-        if (r <= 0) return -1;
+        if (r < 0) return -1;
+        if (r == 0) {
+            mark_dead(c, s, "did not acknowledge weights_begin");
+            continue;
+        }
         zmsg_free(&rep);
-        s->alive = 1;
+        started++;
     }
+    // With no server answering, nothing is pushed now: rollout_client_refresh finds the servers that come back
+    // with older weights and the caller pushes again then.
+    if (started == 0)
+        fprintf(stderr, "tandem-train: weight update %lld reached no rollout server\n", (long long)version);
     return 0;
 }
 
@@ -404,6 +481,7 @@ int rollout_weights_send_unit(RolloutClient *c, int unit, const float *values, i
         int64_t count = numel - off < SLICE_ELEMS ? numel - off : SLICE_ELEMS;
         if (bf) dtype_f32_to_bf16_n(bf, values + off, (size_t)count);
         for (int k = 0; k < c->n_servers && rc == 0; k++) {
+            if (!c->servers[k].alive) continue;
             ZmsgMsg m;
             zmsg_init(&m, ZMSG_WEIGHTS_SLICE, ZMSG_DIR_REQUEST, c->next_id++);
             m.unit = unit;
@@ -422,15 +500,19 @@ int rollout_weights_end(RolloutClient *c, int64_t version, double *seconds, char
     double slowest = 0;
     for (int k = 0; k < c->n_servers; k++) {
         Server *s = &c->servers[k];
+        if (!s->alive) continue;
         ZmsgMsg m, rep;
         zmsg_init(&m, ZMSG_WEIGHTS_END, ZMSG_DIR_REQUEST, c->next_id++);
         m.version = version;
         if (send_msg(s, &m, err, err_len) != 0) return -1;
         // Slices are answered only when refused: such an error arrives before this reply and fails the push.
         int r = wait_reply(s, m.id, &rep, c->timeout_ms, err, err_len);
-        if (r == 0) snprintf(err, err_len, "rollout server %s did not acknowledge weights_end (version %lld)",
-                             s->endpoint, (long long)version);
-        if (r <= 0) return -1;
+        if (r < 0) return -1;
+        if (r == 0) {
+            mark_dead(c, s, "did not acknowledge weights_end");
+            continue;
+        }
+        s->policy_version = version;
         if (rep.seconds > slowest) slowest = rep.seconds;
         zmsg_free(&rep);
     }

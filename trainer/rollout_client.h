@@ -21,6 +21,10 @@ typedef struct {
 
 typedef struct RolloutClient RolloutClient;
 
+// rollout_generate's code when every server stopped answering mid-round: retry after rollout_client_refresh
+// (and a weight push to the servers that come back). Other failures are -1.
+#define ROLLOUT_ESERVERS_LOST (-2)
+
 // Connects to every endpoint (comma-separated tcp://host:port list) and checks each server's layout hash
 // against the trainer's. A server that does not answer is waited for (a log line every few seconds) up to
 // timeout_ms; then the error names it.
@@ -37,7 +41,14 @@ int rollout_generate(RolloutClient *c, int n_prompts, const int32_t *const *prom
                      const ZmsgSampling *s, RolloutGroup *out, char *err, size_t err_len);
 void rollout_groups_free(RolloutGroup *groups, int n);
 
-// Weight push, transport zmq, to every server: begin (checks each server accepts version and layout), one
+// Says hello to every server (timeout_ms each): a server that answers again is used again, one that does not is
+// set aside (and retried next time); *stale = 1 when an answering server holds another weights version than
+// `version` (it restarted, or missed a push), so the caller pushes the weights before generating. While no server
+// answers it keeps asking (a log line each time) for up to six request timeouts; then, or when a server serves
+// another layout, an error.
+int rollout_client_refresh(RolloutClient *c, int64_t version, int timeout_ms, int *stale, char *err, size_t err_len);
+
+// Weight push, transport zmq, to every server that answers (one that does not is set aside, as above): begin (checks each server accepts version and layout), one
 // call per unit with its values as host fp32 (unit_numel elements in layout order; sent as bf16 when send_bf16,
 // halving the bytes, else f32), then end, which waits for every server's acknowledgement; *seconds receives
 // the slowest server's begin-to-swap time. Units are passed one at a time so that a ZeRO-3 trainer can gather

@@ -125,3 +125,28 @@ def test_killed_rank_fails_the_other_cleanly(setup):
     assert code != 0
     assert elapsed < 30, f"rank 0 took {elapsed:.1f} s to notice"
     assert "rank 1" in log0, log0[-2000:]
+
+
+def test_restarted_server_gets_the_weights(setup):
+    """A rollout server that dies mid-run and comes back on the same endpoint is given the trainer's current
+    weights before it generates again; the run finishes and the new server ends on the final version."""
+    d, model_dir, data = setup
+    out_dir = d / "restart"
+    control = f"tcp://127.0.0.1:{free_port()}"
+    first = TandemServer(model_dir, "--control", control)
+    procs = launch(grpo_args(model_dir, data, out_dir, control, steps=30, extra=["--rollout-timeout", "5"]), 1,
+                   free_port(), d)
+    deadline = time.time() + 120
+    while time.time() < deadline and "step 4/" not in (d / "rank0.log").read_text():
+        time.sleep(0.1)
+    first.kill()
+    time.sleep(1.0)
+    with TandemServer(model_dir, "--control", control) as second:
+        code = procs[0][0].wait(timeout=300)
+        procs[0][1].close()
+        log = (d / "rank0.log").read_text()
+        assert code == 0, log[-3000:]
+        from server_fixtures import metric, metrics
+        version = metric(metrics(second.url), "tandem_policy_version")
+    assert "answers again" in log or "pushing them" in log, log[-3000:]
+    assert version == 30, version
