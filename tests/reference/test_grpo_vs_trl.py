@@ -72,7 +72,7 @@ class _Accelerator:
         return t
 
 
-class _Stub:
+class _TrainerStandIn:
     """The stand-in `self`: TRL's methods under test, bound to plain attributes set per case."""
 
     _generate_and_score_completions = GRPOTrainer._generate_and_score_completions
@@ -159,7 +159,7 @@ def draw_options(rng, loss_type, level, beta, eps_high, delta, scale, rollout):
 
 def run_trl(case, o, rollout, batch, entropy_state):
     """TRL's own stages on the stand-in; returns its outputs, TRL's loss, its gradients and its metrics."""
-    s = _Stub()
+    s = _TrainerStandIn()
     training = batch["training"]
     use_vllm = rollout != "none"
     s.accelerator = _Accelerator(batch["num_processes"])

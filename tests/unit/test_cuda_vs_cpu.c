@@ -359,15 +359,15 @@ static void test_attention(void) {
     const int lens_d[3] = {33, 40, 1};
     test_attention_case(lens_d, 3, 4, 2, 136);  // D=136: the 256-wide kernels with 32-row tiles
     // A head dim beyond the CUDA kernels' reach is a clear error, not a crash.
-    Buf dummy = buf_new(STORAGE, 4 * 300), l = buf_new(F32, 4);
+    Buf big = buf_new(STORAGE, 4 * 300), l = buf_new(F32, 4);
     int32_t cu[2] = {0, 4};
     Buf cus = buf_from(I32, cu, 2);
-    ops_attention_fwd(gpu, dummy.g, l.g, dummy.g, dummy.g, dummy.g, cus.g, 1, 4, 1, 1, 300, 1.0f);
+    ops_attention_fwd(gpu, big.g, l.g, big.g, big.g, big.g, cus.g, 1, 4, 1, 1, 300, 1.0f);
     const int ok = ops_status(gpu) < 0 && strstr(ops_error(gpu), "head_dim 300");
     printf("%-4s %-20s head_dim 300 refused: \"%s\"\n", ok ? "ok" : "FAIL", "attention_fwd", ops_error(gpu));
     if (!ok) failures++;
     ops_clear_error(gpu);
-    buf_free(dummy), buf_free(l), buf_free(cus);
+    buf_free(big), buf_free(l), buf_free(cus);
 }
 
 static void test_paged_case(int Hq, int Hkv, int D, int block_size) {
