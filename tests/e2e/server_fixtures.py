@@ -20,7 +20,10 @@ import time
 import urllib.error
 import urllib.request
 
-import pytest
+try:
+    import pytest
+except ImportError:  # the benchmark scripts reuse these helpers on machines without pytest
+    pytest = None
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 BUILD = pathlib.Path(os.environ.get("TANDEM_BUILD_DIR", ROOT / "build"))
@@ -43,6 +46,8 @@ _WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly
 def serve_binary():
     path = BUILD / "bin" / "tandem-serve"
     if not path.exists():
+        if pytest is None:
+            raise FileNotFoundError(path)
         pytest.skip(f"{path} is not built (run scripts/test.sh, or set TANDEM_BUILD_DIR)")
     return str(path)
 
@@ -222,8 +227,9 @@ def metric(values, name, **labels):
     return sum(v for (n, ls), v in values.items() if n == name and want <= set(ls))
 
 
-@pytest.fixture(scope="session")
-def tiny_model_dir(tmp_path_factory):
-    d = tmp_path_factory.mktemp("tiny-llama-chatml")
-    build_tiny_model(d)
-    return d
+if pytest is not None:
+    @pytest.fixture(scope="session")
+    def tiny_model_dir(tmp_path_factory):
+        d = tmp_path_factory.mktemp("tiny-llama-chatml")
+        build_tiny_model(d)
+        return d
