@@ -6,11 +6,11 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 B=build-gpu
 cmake -S . -B $B -DCMAKE_BUILD_TYPE=Release -DTANDEM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
-cmake --build $B -j "$(nproc)" --target test_cuda_vs_cpu test_model_cuda bench_model_step tandem-serve
+cmake --build $B -j "$(nproc)" --target test_cuda_vs_cpu test_model_cuda bench_model_step tandem-serve tandem-train
 # Keep only what the GPU machine needs (the carried folder must stay small).
 keep=$(mktemp -d)
 mkdir -p "$keep/tests" "$keep/bench" "$keep/bin"
-cp $B/bin/tandem-serve "$keep/bin/"
+cp $B/bin/tandem-serve $B/bin/tandem-train "$keep/bin/"
 cp $B/tests/test_cuda_vs_cpu $B/tests/test_model_cuda "$keep/tests/"
 cp $B/bench/bench_model_step "$keep/bench/"
 rm -rf "$B.carry" && mv "$keep" "$B.carry"

@@ -75,15 +75,24 @@ int trainer_open(Trainer *t, TrainConfig *cfg, char *err, size_t err_len) {
                  "not gathered in this version; run one rank or set top_entropy_quantile 1", t->world);
         return -1;
     }
-    if (cfg->device == TRAIN_DEVICE_CUDA) {
-        snprintf(err, err_len, "--device cuda: the trainer runs on the CPU backend in this version (the CUDA "
-                 "trainer arrives with the CUDA issue); use --device cpu");
-        return -1;
+    // auto: the GPU when one is there. Several CUDA ranks need the NCCL backend (the CUDA issue): refused.
+    OpsBackend backend = cfg->device == TRAIN_DEVICE_CUDA ||
+                                 (cfg->device == TRAIN_DEVICE_AUTO && ops_backend_available(OPS_BACKEND_CUDA))
+                             ? OPS_BACKEND_CUDA
+                             : OPS_BACKEND_CPU;
+    if (backend == OPS_BACKEND_CUDA && t->world > 1) {
+        if (cfg->device == TRAIN_DEVICE_CUDA) {
+            snprintf(err, err_len, "--device cuda with WORLD_SIZE=%d: CUDA ranks exchange parameters over NCCL, which "
+                     "this version does not have yet; run one CUDA rank, or --device cpu", t->world);
+            return -1;
+        }
+        backend = OPS_BACKEND_CPU;
     }
-    if (ops_create(&t->ops, OPS_BACKEND_CPU, 0, err, err_len) != 0) return -1;
+    if (ops_create(&t->ops, backend, ci.local_rank, err, err_len) != 0) return -1;
     if (comm_create(&t->comm, COMM_BACKEND_HOST, &ci, t->ops, err, err_len) != 0) return -1;
     comm_set_timeout(t->comm, (int)(cfg->comm_timeout * 1000));
-    log0(t, "%d rank(s) joined (rendezvous at %s:%d)", t->world, ci.master_addr, ci.master_port);
+    log0(t, "%d rank(s) joined (rendezvous at %s:%d), %s backend", t->world, ci.master_addr, ci.master_port,
+         backend == OPS_BACKEND_CUDA ? "cuda" : "cpu");
     if (open_model(t, err, err_len) != 0) return -1;
     if (tokenizer_load(&t->tok, cfg->model, err, err_len) != 0) return -1;
     char cerr[512];

@@ -34,6 +34,26 @@ struct Zero3 {
 static CommDtype storage_dtype(const Zero3 *z) { return ops_dtype_size(z->o) == 2 ? COMM_BF16 : COMM_F32; }
 static size_t es(const Zero3 *z) { return ops_dtype_size(z->o); }
 
+// Collectives over backend memory. With one rank there is nobody to talk to: the gather is a device-side copy
+// (or nothing, in place) and the reduction the identity, so a single GPU needs no collective backend at all.
+static int gather(Zero3 *z, void *recv, const void *send, size_t count, CommDtype dtype) {
+    if (z->world == 1) {
+        if (recv != send) ops_copy(z->o, recv, send, count * comm_dtype_size(dtype));
+        return 0;
+    }
+    return comm_all_gather(z->c, recv, send, count, dtype);
+}
+static int reduce_scatter(Zero3 *z, void *recv, const void *send, size_t count, CommDtype dtype) {
+    if (z->world == 1) {
+        ops_copy(z->o, recv, send, count * comm_dtype_size(dtype));
+        return 0;
+    }
+    return comm_reduce_scatter(z->c, recv, send, count, dtype, COMM_SUM);
+}
+static int all_reduce(Zero3 *z, void *buf, size_t count, CommDtype dtype) {
+    return z->world == 1 ? 0 : comm_all_reduce(z->c, buf, count, dtype, COMM_SUM);
+}
+
 size_t zero3_shard_offset(const Zero3 *z, int unit) { return (size_t)z->rank * z->shard[unit]; }
 size_t zero3_shard_count(const Zero3 *z, int unit) { return z->shard[unit]; }
 float *zero3_master_shard(Zero3 *z, int unit) { return z->master[unit]; }
@@ -251,7 +271,7 @@ static const void *src_acquire(void *user, int u) {
         return NULL;
     }
     comm_wait_compute(z->c);
-    if (comm_all_gather(z->c, z->slot[free_slot], z->param_shard[u], z->shard[u], storage_dtype(z)) != 0) {
+    if (gather(z, z->slot[free_slot], z->param_shard[u], z->shard[u], storage_dtype(z)) != 0) {
         comm_failed(z, "all-gather", u);
         return NULL;
     }
@@ -297,7 +317,7 @@ static void src_grad_done(void *user, int u) {
     for (int g = 0; g < N_GRAD_WORK; g++) {
         if (z->grad_work_unit[g] != u) continue;
         comm_wait_compute(z->c);
-        if (comm_reduce_scatter(z->c, z->reduced, z->grad_work[g], z->shard[u], COMM_F32, COMM_SUM) != 0) {
+        if (reduce_scatter(z, z->reduced, z->grad_work[g], z->shard[u], COMM_F32) != 0) {
             comm_failed(z, "reduce-scatter", u);
             return;
         }
@@ -320,7 +340,7 @@ int zero3_step(Zero3 *z, const AdamWParams *p, float lr, int step, float *grad_n
     if (z->stage == 1) {
         comm_wait_compute(z->c);
         for (int u = 0; u < z->n_units; u++)
-            if (comm_all_reduce(z->c, z->full_grad[u], z->padded[u], COMM_F32, COMM_SUM) != 0) {
+            if (all_reduce(z, z->full_grad[u], z->padded[u], COMM_F32) != 0) {
                 snprintf(err, err_len, "all-reduce of unit %d's gradient failed: %s", u, comm_error(z->c));
                 return -1;
             }
@@ -330,7 +350,7 @@ int zero3_step(Zero3 *z, const AdamWParams *p, float lr, int step, float *grad_n
     ops_memset_zero(o, z->sumsq, 4);
     for (int u = 0; u < z->n_units; u++) ops_sum_squares(o, z->sumsq, grad_slice(z, u), z->shard[u]);
     comm_wait_compute(z->c);
-    if (comm_all_reduce(z->c, z->sumsq, 1, COMM_F32, COMM_SUM) != 0) {
+    if (all_reduce(z, z->sumsq, 1, COMM_F32) != 0) {
         snprintf(err, err_len, "all-reduce of the gradient norm failed: %s", comm_error(z->c));
         return -1;
     }
@@ -356,7 +376,7 @@ int zero3_step(Zero3 *z, const AdamWParams *p, float lr, int step, float *grad_n
         for (int u = 0; u < z->n_units; u++) {
             char *full = z->full[u];
             // In place: this rank's slice sits at its own offset of the receive buffer.
-            if (comm_all_gather(z->c, full, full + zero3_shard_offset(z, u) * es(z), z->shard[u], storage_dtype(z)) != 0) {
+            if (gather(z, full, full + zero3_shard_offset(z, u) * es(z), z->shard[u], storage_dtype(z)) != 0) {
                 snprintf(err, err_len, "all-gather of unit %d's parameters failed: %s", u, comm_error(z->c));
                 return -1;
             }
@@ -399,7 +419,7 @@ int zero3_republish(Zero3 *z, char *err, size_t err_len) {
         char *full = z->full[u];
         ops_upload_f32(z->o, full + zero3_shard_offset(z, u) * es(z), host, n);
         comm_wait_compute(z->c);
-        if (comm_all_gather(z->c, full, full + zero3_shard_offset(z, u) * es(z), n, storage_dtype(z)) != 0) {
+        if (gather(z, full, full + zero3_shard_offset(z, u) * es(z), n, storage_dtype(z)) != 0) {
             snprintf(err, err_len, "all-gather of unit %d's parameters failed: %s", u, comm_error(z->c));
             free(host);
             return -1;
