@@ -89,8 +89,13 @@ out:
 
 // The completion ids of the round, with the per-token logprobs of `src` (no gradient): old or reference logps.
 static int score_all(Trainer *t, UnitSource *src, Round *r, float **out, int micro, char *err, size_t err_len) {
+    int *idx = malloc((size_t)micro * sizeof(int));
+    if (!idx) {
+        snprintf(err, err_len, "out of memory for a micro-batch");
+        return -1;
+    }
     for (int s = 0; s < r->n; s += micro) {
-        int B = r->n - s < micro ? r->n - s : micro, T = 0, idx[4096];
+        int B = r->n - s < micro ? r->n - s : micro, T = 0;
         for (int b = 0; b < B; b++) {
             idx[b] = s + b;
             if (r->comp_len[s + b] > T) T = r->comp_len[s + b];
@@ -98,6 +103,7 @@ static int score_all(Trainer *t, UnitSource *src, Round *r, float **out, int mic
         float *lp = malloc((size_t)B * T * 4);
         if (!lp || forward_completions(t, src, r, idx, B, T, lp, NULL, err, err_len) != 0) {
             free(lp);
+            free(idx);
             return -1;
         }
         for (int b = 0; b < B; b++) {
@@ -106,6 +112,7 @@ static int score_all(Trainer *t, UnitSource *src, Round *r, float **out, int mic
         }
         free(lp);
     }
+    free(idx);
     return 0;
 }
 
@@ -334,6 +341,90 @@ static int sync_weights(Trainer *t, double *seconds, char *err, size_t err_len) 
 
 static void add(double *acc, double v) { *acc += v; }
 
+// Sums of one optimizer step's micro-batch metrics (TRL's names, reduced over ranks when logged).
+typedef struct {
+    double loss, kl, kl_n, ent, ent_n, clip_low, clip_high, clip_region, clip_n;
+} StepSums;
+
+// Micro-batch s of the round: forward, GRPO loss, backward (gradients accumulate in the ZeRO state).
+static int micro_step(Trainer *t, UnitSource *policy, Round *r, int s, int need_old, int off_policy, double active,
+                      GrpoEntropyControl *ec, StepSums *acc, char *err, size_t err_len) {
+    const GrpoOptions *o = &t->cfg->grpo;
+    const int GA = t->cfg->gradient_accumulation_steps, S = t->cfg->resolved_steps_per_generation;
+    const int B = t->cfg->per_device_train_batch_size;
+    int T = 0, *idx = malloc(B * sizeof(int));
+    if (!idx) {
+        snprintf(err, err_len, "out of memory for a micro-batch");
+        return -1;
+    }
+    for (int b = 0; b < B; b++) {
+        idx[b] = s * B + b;
+        if (r->comp_len[idx[b]] > T) T = r->comp_len[idx[b]];
+    }
+    size_t BT = (size_t)B * T;
+    float *lp = malloc(BT * 4), *ent = malloc(BT * 4), *old = NULL, *refl = NULL, *samp = malloc(BT * 4);
+    float *grad = malloc(BT * 4), *adv = malloc(B * 4), *isr = NULL;
+    uint8_t *mask = calloc(BT, 1), *trunc = malloc(B);
+    if (need_old) old = calloc(BT, 4);
+    if (t->ref) refl = calloc(BT, 4);
+    for (int b = 0; b < B; b++) {
+        int i = idx[b];
+        adv[b] = r->advantages[i];
+        trunc[b] = r->truncated[i];
+        for (int k = 0; k < T; k++) {
+            int in = k < r->comp_len[i];
+            mask[b * T + k] = in;
+            samp[b * T + k] = in ? r->sampling_logps[i][k] : 0.0f;
+            if (old) old[b * T + k] = in ? r->old_logps[i][k] : 0.0f;
+            if (refl) refl[b * T + k] = in ? r->ref_logps[i][k] : 0.0f;
+        }
+    }
+    grpo_mask_truncated_completions(o, B, T, trunc, mask);
+    int rc = forward_completions(t, policy, r, idx, B, T, lp, ent, err, err_len);
+    if (rc == 0 && o->vllm_importance_sampling_correction) {
+        isr = malloc(grpo_rollout_is_ratio_len(o, B, T) * 4 + 4);
+        GrpoRolloutIsMetrics im;
+        rc = grpo_rollout_is_ratio(o, B, T, old, samp, mask, isr, &im, err, err_len);
+    }
+    GrpoLossMetrics lm;
+    if (rc == 0) {
+        GrpoLossInput in = {.batch = B, .max_len = T, .logps = lp,
+                            .old_logps = off_policy ? old : NULL,
+                            .ref_logps = refl, .sampling_logps = samp, .entropies = ent, .mask = mask,
+                            .advantages = adv, .is_ratio = isr, .num_items_in_batch = active,
+                            .num_processes = t->world, .gradient_accumulation_steps = GA,
+                            .steps_per_generation = S, .training = 1,
+                            .entropy_coef = grpo_entropy_apply_coef(ec, o)};
+        rc = grpo_loss(o, &in, grad, NULL, &lm, err, err_len);
+    }
+    if (rc == 0) {
+        grpo_entropy_control_accumulate(ec, o, &lm);
+        // dL/dlogprob back to the packed token positions of the forward just run.
+        int N = 0;
+        for (int b = 0; b < B; b++) N += (int)r->rows[idx[b] / o->num_generations].n_ids + r->comp_len[idx[b]];
+        float *dlp = calloc(N, 4);
+        int n = 0;
+        for (int b = 0; b < B; b++) {
+            int P = (int)r->rows[idx[b] / o->num_generations].n_ids, L = r->comp_len[idx[b]];
+            for (int k = 0; k < L; k++) dlp[n + P - 1 + k] = grad[b * T + k];
+            n += P + L;
+        }
+        rc = model_backward(&t->model, t->acts, policy, dlp, err, err_len);
+        free(dlp);
+        add(&acc->loss, lm.loss);
+        add(&acc->kl, lm.kl_sum), add(&acc->kl_n, lm.kl_count);
+        add(&acc->ent, lm.entropy_sum), add(&acc->ent_n, lm.entropy_count);
+        add(&acc->clip_low, lm.clip_low_sum), add(&acc->clip_high, lm.clip_high_sum);
+        add(&acc->clip_region, lm.clip_region_sum);
+        add(&acc->clip_n, lm.clip_count);
+    }
+    free(lp), free(ent), free(old), free(refl), free(samp), free(grad), free(adv), free(isr), free(mask),
+        free(trunc);
+    free(idx);
+    return rc;
+}
+
+
 int trainer_run_grpo(Trainer *t, char *err, size_t err_len) {
     TrainConfig *c = t->cfg;
     GrpoOptions *o = &c->grpo;
@@ -391,75 +482,14 @@ int trainer_run_grpo(Trainer *t, char *err, size_t err_len) {
             snprintf(err, err_len, "%s", comm_error(t->comm));
             goto fail;
         }
-        double loss_sum = 0, kl_sum = 0, kl_cnt = 0, ent_sum = 0, ent_cnt = 0, cl_lo = 0, cl_hi = 0, cl_reg = 0,
-               cl_cnt = 0, t_train = 0, t_sync = 0;
+        StepSums sums = {0};
+        double t_train = 0, t_sync = 0;
         int micro_done = 0;
         for (int it = 0; it < c->num_iterations; it++) {
             for (int s = 0; s < S; s++) {
                 double t0 = trainer_now();
-                int idx[4096], B = micro, T = 0;
-                for (int b = 0; b < B; b++) {
-                    idx[b] = s * micro + b;
-                    if (r.comp_len[idx[b]] > T) T = r.comp_len[idx[b]];
-                }
-                size_t BT = (size_t)B * T;
-                float *lp = malloc(BT * 4), *ent = malloc(BT * 4), *old = NULL, *refl = NULL, *samp = malloc(BT * 4);
-                float *grad = malloc(BT * 4), *adv = malloc(B * 4), *isr = NULL;
-                uint8_t *mask = calloc(BT, 1), *trunc = malloc(B);
-                if (need_old) old = calloc(BT, 4);
-                if (t->ref) refl = calloc(BT, 4);
-                for (int b = 0; b < B; b++) {
-                    int i = idx[b];
-                    adv[b] = r.advantages[i];
-                    trunc[b] = r.truncated[i];
-                    for (int k = 0; k < T; k++) {
-                        int in = k < r.comp_len[i];
-                        mask[b * T + k] = in;
-                        samp[b * T + k] = in ? r.sampling_logps[i][k] : 0.0f;
-                        if (old) old[b * T + k] = in ? r.old_logps[i][k] : 0.0f;
-                        if (refl) refl[b * T + k] = in ? r.ref_logps[i][k] : 0.0f;
-                    }
-                }
-                grpo_mask_truncated_completions(o, B, T, trunc, mask);
-                int rc = forward_completions(t, &policy, &r, idx, B, T, lp, ent, err, err_len);
-                if (rc == 0 && o->vllm_importance_sampling_correction) {
-                    isr = malloc(grpo_rollout_is_ratio_len(o, B, T) * 4 + 4);
-                    GrpoRolloutIsMetrics im;
-                    rc = grpo_rollout_is_ratio(o, B, T, old, samp, mask, isr, &im, err, err_len);
-                }
-                GrpoLossMetrics lm;
-                if (rc == 0) {
-                    GrpoLossInput in = {.batch = B, .max_len = T, .logps = lp,
-                                        .old_logps = (c->num_iterations > 1 || S > GA) ? old : NULL,
-                                        .ref_logps = refl, .sampling_logps = samp, .entropies = ent, .mask = mask,
-                                        .advantages = adv, .is_ratio = isr, .num_items_in_batch = active,
-                                        .num_processes = t->world, .gradient_accumulation_steps = GA,
-                                        .steps_per_generation = S, .training = 1,
-                                        .entropy_coef = grpo_entropy_apply_coef(&ec, o)};
-                    rc = grpo_loss(o, &in, grad, NULL, &lm, err, err_len);
-                }
-                if (rc == 0) {
-                    grpo_entropy_control_accumulate(&ec, o, &lm);
-                    // dL/dlogprob back to the packed token positions of the forward just run.
-                    int N = 0;
-                    for (int b = 0; b < B; b++) N += (int)r.rows[idx[b] / o->num_generations].n_ids + r.comp_len[idx[b]];
-                    float *dlp = calloc(N, 4);
-                    int n = 0;
-                    for (int b = 0; b < B; b++) {
-                        int P = (int)r.rows[idx[b] / o->num_generations].n_ids, L = r.comp_len[idx[b]];
-                        for (int k = 0; k < L; k++) dlp[n + P - 1 + k] = grad[b * T + k];
-                        n += P + L;
-                    }
-                    rc = model_backward(&t->model, t->acts, &policy, dlp, err, err_len);
-                    free(dlp);
-                    add(&loss_sum, lm.loss);
-                    add(&kl_sum, lm.kl_sum), add(&kl_cnt, lm.kl_count);
-                    add(&ent_sum, lm.entropy_sum), add(&ent_cnt, lm.entropy_count);
-                    add(&cl_lo, lm.clip_low_sum), add(&cl_hi, lm.clip_high_sum), add(&cl_reg, lm.clip_region_sum);
-                    add(&cl_cnt, lm.clip_count);
-                }
-                free(lp), free(ent), free(old), free(refl), free(samp), free(grad), free(adv), free(isr), free(mask),
-                    free(trunc);
+                int rc = micro_step(t, &policy, &r, s, need_old, c->num_iterations > 1 || S > GA, active, &ec, &sums,
+                                    err, err_len);
                 if (rc != 0) goto fail;
                 t_train += trainer_now() - t0;
                 if (++micro_done % GA != 0) continue;
@@ -480,7 +510,8 @@ int trainer_run_grpo(Trainer *t, char *err, size_t err_len) {
                 if (t->progress.step % c->weight_sync_steps == 0 || t->progress.step == t->total_steps) {
                     if (sync_weights(t, &t_sync, err, err_len) != 0) goto fail;
                 }
-                double red[10] = {loss_sum, kl_sum, kl_cnt, ent_sum, ent_cnt, cl_lo, cl_hi, cl_reg, cl_cnt, 0};
+                double red[10] = {sums.loss, sums.kl, sums.kl_n, sums.ent, sums.ent_n, sums.clip_low, sums.clip_high,
+                                  sums.clip_region, sums.clip_n, 0};
                 if (comm_all_reduce(t->comm, red, 10, COMM_F64, COMM_SUM) != 0) {
                     snprintf(err, err_len, "%s", comm_error(t->comm));
                     goto fail;
@@ -502,7 +533,8 @@ int trainer_run_grpo(Trainer *t, char *err, size_t err_len) {
                 if (t->progress.step % c->logging_steps == 0 || t->progress.step == t->total_steps) trainer_log(t, mm);
                 else json_decref(mm);
                 trainer_progress(t);
-                loss_sum = kl_sum = kl_cnt = ent_sum = ent_cnt = cl_lo = cl_hi = cl_reg = cl_cnt = t_train = 0;
+                sums = (StepSums){0};
+                t_train = 0;
                 if (c->save_steps > 0 && t->progress.step % c->save_steps == 0 && trainer_save(t, err, err_len) != 0)
                     goto fail;
                 if (t->progress.step >= t->total_steps) break;
