@@ -110,14 +110,16 @@ int64_t weight_recv_covered(const WeightRecv *w, int unit) {
     return s;
 }
 
-int weight_recv_slice(WeightRecv *w, const void *owner, size_t owner_len, int unit, int64_t offset, int64_t count,
+int weight_recv_slice(WeightRecv *w, const void *owner, size_t owner_len, int has_version, int64_t version, int unit,
+                      int64_t offset, int64_t count,
                       ZmsgDtype dtype, const void *data, WeightStagingFn staging, void *user, char *err,
                       size_t err_len) {
     if (!w->active) return fail(err, err_len, "weights_slice: no weight update is open (send weights_begin first)");
-    if (!same_owner(w, owner, owner_len))
+    if (!same_owner(w, owner, owner_len) && !(has_version && version == w->version))
         return fail(err, err_len,
                     "weights_slice: the weight update in progress (version %lld) was opened by another peer; send "
-                    "weights_begin first", (long long)w->version);
+                    "weights_begin first, or give the slice that update's \"version\" (%s)", (long long)w->version,
+                    has_version ? "this slice names another version" : "this slice names none");
     if (unit < 0 || unit >= w->n_units)
         return fail(err, err_len, "weights_slice: unit %d out of range: the layout has units 0..%d", unit,
                     w->n_units - 1);

@@ -48,8 +48,11 @@ void weight_recv_free(WeightRecv *w);
 int weight_recv_begin(WeightRecv *w, int64_t version, uint64_t layout_hash, const void *owner, size_t owner_len,
                       int64_t *abandoned, char *err, size_t err_len);
 // Validates a slice against the open update and the layout, converts it to fp32 into the staging buffer and
-// records its coverage. Returns 0 or -1 with a message (nothing is written then).
-int weight_recv_slice(WeightRecv *w, const void *owner, size_t owner_len, int unit, int64_t offset, int64_t count,
+// records its coverage. A slice comes from the peer that opened the update, or from any peer when it names the
+// open update's version (has_version): several trainer ranks each send their own slices of one update.
+// Returns 0 or -1 with a message (nothing is written then).
+int weight_recv_slice(WeightRecv *w, const void *owner, size_t owner_len, int has_version, int64_t version, int unit,
+                      int64_t offset, int64_t count,
                       ZmsgDtype dtype, const void *data, WeightStagingFn staging, void *user, char *err,
                       size_t err_len);
 // Checks that weights_end(version) may commit: an update is open, from this peer, for this version, and every

@@ -454,7 +454,7 @@ static void do_weights(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg 
         m.version = q->version;
         send_msg(z->router, rid, rl, &m);
     } else if (q->type == ZMSG_WEIGHTS_SLICE) {
-        if (weight_recv_slice(&z->wr, rid, rl, q->unit, q->offset, q->count, q->dtype, q->slice_data, staging_of,
+        if (weight_recv_slice(&z->wr, rid, rl, q->has_version, q->version, q->unit, q->offset, q->count, q->dtype, q->slice_data, staging_of,
                               z->e, err, sizeof err))
             send_error(z->router, rid, rl, q->id, "bad_slice", "%s", err);
     } else {

@@ -28,7 +28,7 @@ static const char *const KEYS_REQ[ZMSG_N_TYPES] = {
                       "?stop_token_ids ?ignore_eos",
     [ZMSG_PAUSE] = "", [ZMSG_RESUME] = "", [ZMSG_RESET_CACHE] = "", [ZMSG_STATS] = "", [ZMSG_SHUTDOWN] = "",
     [ZMSG_WEIGHTS_BEGIN] = "version transport layout_hash",
-    [ZMSG_WEIGHTS_SLICE] = "unit offset count dtype",
+    [ZMSG_WEIGHTS_SLICE] = "unit offset count dtype ?version",
     [ZMSG_WEIGHTS_END] = "version",
 };
 static const char *const KEYS_REP[ZMSG_N_TYPES] = {
@@ -410,6 +410,10 @@ static int parse_weights(P *p, ZmsgMsg *m, const ZmsgFrame *f, int nf) {
         if ((rc = get_int(p, "unit", 1, 0, 0, INT32_MAX, &m->unit))) return rc;
         if ((rc = get_i64(p, "offset", 1, 0, 0, INT64_MAX / 4, &m->offset))) return rc;
         if ((rc = get_i64(p, "count", 1, 0, 1, INT64_MAX / 4, &m->count))) return rc;
+        // Optional: the update this slice belongs to; with it, a peer other than the opener may send slices
+        // (every ZeRO rank sends its own), see docs/protocol-zmq.md.
+        m->has_version = json_object_get(p->h, "version") != NULL;
+        if ((rc = get_i64(p, "version", 0, 0, INT64_MIN, INT64_MAX, &m->version))) return rc;
         if ((rc = get_str(p, "dtype", &s))) return rc;
         if (!strcmp(s, "f32")) m->dtype = ZMSG_DTYPE_F32;
         else if (!strcmp(s, "bf16")) m->dtype = ZMSG_DTYPE_BF16;
@@ -688,6 +692,7 @@ int zmsg_build(const ZmsgMsg *m, ZmsgOut *out, char *err, size_t err_len) {
         set_i(h, "offset", m->offset);
         set_i(h, "count", m->count);
         json_object_set_new(h, "dtype", json_string(zmsg_dtype_name(m->dtype)));
+        if (m->has_version) set_i(h, "version", m->version);
         data[0] = (ZmsgFrame){m->slice_data, (size_t)m->count * zmsg_dtype_size(m->dtype)};
         n_frames = 2;
         break;

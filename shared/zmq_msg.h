@@ -121,6 +121,7 @@ typedef struct {
     ZmsgTransport transport;
     int unit;
     int64_t offset, count;       // elements
+    int has_version;             // weights_slice: "version" given (a slice from a peer other than the opener)
     ZmsgDtype dtype;
     const void *slice_data;      // (count) f32 or bf16, little-endian, not necessarily aligned
     double seconds;              // weights_end reply: weights_begin to commit done

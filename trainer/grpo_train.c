@@ -301,8 +301,9 @@ oom:
     goto fail;
 }
 
-// Pushes the current weights to every rollout server: rank 0 talks to the servers, every rank takes part in
-// each unit's gather.
+// Pushes the current weights to every rollout server (DESIGN.md "Weight sync", transport zmq): rank 0 opens the
+// update, every rank sends its own slice of every unit straight from its fp32 master shard (no gather), every
+// rank waits until the servers have applied its slices, then rank 0 closes the update.
 static int sync_weights(Trainer *t, double *seconds, char *err, size_t err_len) {
     int64_t version = t->progress.step;
     double t0 = trainer_now();
@@ -314,24 +315,35 @@ static int sync_weights(Trainer *t, double *seconds, char *err, size_t err_len) 
         return -1;
     }
     const Layout *L = &t->model.layout;
-    float *host = malloc(zero3_shard_count(t->policy, 0) * t->world * 4 + 64);
+    float *host = NULL;
     size_t cap = 0;
     for (int u = 0; u < L->n_units && rc == 0; u++) {
-        size_t padded = zero3_shard_count(t->policy, u) * t->world;
-        if (padded > cap) {
+        size_t n = zero3_shard_count(t->policy, u), off = zero3_shard_offset(t->policy, u);
+        if (off >= L->unit_numel[u]) continue; // this rank's slice is all padding
+        size_t count = L->unit_numel[u] - off < n ? L->unit_numel[u] - off : n;
+        if (n > cap) {
             free(host);
-            host = malloc(padded * 4);
-            cap = padded;
+            cap = n;
+            if (!(host = malloc(cap * sizeof(float)))) {
+                snprintf(err, err_len, "out of memory for a weight slice of %zu elements", cap);
+                return -1;
+            }
         }
-        rc = zero3_gather_unit_f32(t->policy, u, host, err, err_len);
-        if (rc == 0 && t->rank == 0)
-            rc = rollout_weights_send_unit(t->rollout, u, host, (int64_t)L->unit_numel[u], 0, err, err_len);
+        ops_copy_to_host(t->ops, host, zero3_master_shard(t->policy, u), count * sizeof(float));
+        rc = rollout_weights_send_slice(t->rollout, version, u, (int64_t)off, host, (int64_t)count, 0, err, err_len);
     }
     free(host);
-    if (rc == 0 && t->rank == 0) rc = rollout_weights_end(t->rollout, version, NULL, err, err_len);
+    if (rc == 0) rc = rollout_client_flush(t->rollout, err, err_len);
+    int32_t failed = rc != 0;
+    if (comm_all_reduce(t->comm, &failed, 1, COMM_I32, COMM_MAX) != 0 || failed) {
+        if (rc == 0) snprintf(err, err_len, "weight sync: %s", failed ? "another rank failed to send its slices"
+                                                                      : comm_error(t->comm));
+        return -1;
+    }
+    if (t->rank == 0) rc = rollout_weights_end(t->rollout, version, NULL, err, err_len);
     ok = rc == 0;
     if (comm_broadcast(t->comm, &ok, 1, COMM_I32, 0) != 0 || !ok) {
-        if (rc == 0) snprintf(err, err_len, "weight sync: %s", ok ? comm_error(t->comm) : "rank 0 failed to push");
+        if (rc == 0) snprintf(err, err_len, "weight sync: %s", ok ? comm_error(t->comm) : "rank 0 failed to finish it");
         return -1;
     }
     t->progress.policy_version = version;

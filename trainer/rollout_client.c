@@ -469,31 +469,46 @@ int rollout_weights_begin(RolloutClient *c, int64_t version, char *err, size_t e
     return 0;
 }
 
-int rollout_weights_send_unit(RolloutClient *c, int unit, const float *values, int64_t numel, int send_bf16,
-                              char *err, size_t err_len) {
+int rollout_weights_send_slice(RolloutClient *c, int64_t version, int unit, int64_t offset, const float *values,
+                               int64_t count, int send_bf16, char *err, size_t err_len) {
     uint16_t *bf = NULL;
-    if (send_bf16 && !(bf = malloc((size_t)(numel < SLICE_ELEMS ? numel : SLICE_ELEMS) * 2 + 2))) {
+    if (send_bf16 && !(bf = malloc((size_t)(count < SLICE_ELEMS ? count : SLICE_ELEMS) * 2 + 2))) {
         snprintf(err, err_len, "out of memory converting unit %d to bf16", unit);
         return -1;
     }
     int rc = 0;
-    for (int64_t off = 0; off < numel && rc == 0; off += SLICE_ELEMS) {
-        int64_t count = numel - off < SLICE_ELEMS ? numel - off : SLICE_ELEMS;
-        if (bf) dtype_f32_to_bf16_n(bf, values + off, (size_t)count);
+    for (int64_t off = 0; off < count && rc == 0; off += SLICE_ELEMS) {
+        int64_t n = count - off < SLICE_ELEMS ? count - off : SLICE_ELEMS;
+        if (bf) dtype_f32_to_bf16_n(bf, values + off, (size_t)n);
         for (int k = 0; k < c->n_servers && rc == 0; k++) {
             if (!c->servers[k].alive) continue;
             ZmsgMsg m;
             zmsg_init(&m, ZMSG_WEIGHTS_SLICE, ZMSG_DIR_REQUEST, c->next_id++);
             m.unit = unit;
-            m.offset = off;
-            m.count = count;
+            m.offset = offset + off;
+            m.count = n;
             m.dtype = bf ? ZMSG_DTYPE_BF16 : ZMSG_DTYPE_F32;
             m.slice_data = bf ? (const void *)bf : (const void *)(values + off);
+            m.has_version = 1; // lets every rank send its own slices of the update rank 0 opened
+            m.version = version;
             rc = send_msg(&c->servers[k], &m, err, err_len);
         }
     }
     free(bf);
     return rc;
+}
+
+int rollout_client_flush(RolloutClient *c, char *err, size_t err_len) {
+    for (int k = 0; k < c->n_servers; k++) {
+        Server *s = &c->servers[k];
+        if (!s->alive) continue;
+        // A server handles one peer's messages in order: its answer to this hello means every slice sent before
+        // it has been applied (a refused slice would have come back as an error first).
+        int r = hello(c, s, c->timeout_ms, err, err_len);
+        if (r < 0) return -1;
+        if (r == 0) mark_dead(c, s, "did not answer after a weight push");
+    }
+    return 0;
 }
 
 int rollout_weights_end(RolloutClient *c, int64_t version, double *seconds, char *err, size_t err_len) {

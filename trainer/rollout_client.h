@@ -48,14 +48,18 @@ void rollout_groups_free(RolloutGroup *groups, int n);
 // another layout, an error.
 int rollout_client_refresh(RolloutClient *c, int64_t version, int timeout_ms, int *stale, char *err, size_t err_len);
 
-// Weight push, transport zmq, to every server that answers (one that does not is set aside, as above): begin (checks each server accepts version and layout), one
-// call per unit with its values as host fp32 (unit_numel elements in layout order; sent as bf16 when send_bf16,
-// halving the bytes, else f32), then end, which waits for every server's acknowledgement; *seconds receives
-// the slowest server's begin-to-swap time. Units are passed one at a time so that a ZeRO-3 trainer can gather
-// each unit just before it is sent.
+// Weight push, transport zmq, to every server that answers (one that does not is set aside, as above): rank 0
+// begins (each server checks version and layout); every rank sends its slices (rollout_weights_send_slice) and
+// flushes; then rank 0 ends, which waits for every server's acknowledgement; *seconds receives the slowest
+// server's begin-to-swap time.
 int rollout_weights_begin(RolloutClient *c, int64_t version, char *err, size_t err_len);
-int rollout_weights_send_unit(RolloutClient *c, int unit, const float *values, int64_t numel, int send_bf16,
-                              char *err, size_t err_len);
+// Sends elements [offset, offset + count) of unit `unit` (host fp32; as bf16 when send_bf16, halving the bytes) to
+// every answering server as slices of update `version`. Any rank may send its own slices of the update that
+// rank 0 opened with rollout_weights_begin.
+int rollout_weights_send_slice(RolloutClient *c, int64_t version, int unit, int64_t offset, const float *values,
+                               int64_t count, int send_bf16, char *err, size_t err_len);
+// Returns once every answering server has processed what this client sent before (a hello round trip).
+int rollout_client_flush(RolloutClient *c, char *err, size_t err_len);
 int rollout_weights_end(RolloutClient *c, int64_t version, double *seconds, char *err, size_t err_len);
 
 #endif

@@ -82,7 +82,12 @@ def test_grpo_two_ranks_raises_reward(setup):
             log.close()
         logs = [(d / f"rank{r}.log").read_text() for r in range(2)]
         assert codes == [0, 0], "\n".join(logs)
-        status, models, _ = http_json("GET", srv.url + "/metrics")
+        # The server now holds what the two ranks sent, slice by slice: its greedy continuation must be the
+        # final checkpoint's under transformers.
+        status, served, _ = http_json("POST", srv.url + "/v1/completions", {
+            "prompt": [5, 17, 33, 4], "max_tokens": 16, "temperature": 0, "ignore_eos": True,
+            "return_token_ids": True})
+        assert status == 200, served
     rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 24
     for key in ("loss", "reward", "reward_std", "rewards/regex_format/mean", "frac_reward_zero_std",
@@ -100,8 +105,9 @@ def test_grpo_two_ranks_raises_reward(setup):
     from transformers import AutoModelForCausalLM
     model = AutoModelForCausalLM.from_pretrained(ckpt, dtype=torch.float32)
     with torch.no_grad():
-        logits = model(input_ids=torch.tensor([[5, 6, 7]])).logits
-    assert torch.isfinite(logits).all()
+        out = model.generate(torch.tensor([[5, 17, 33, 4]]), attention_mask=torch.ones(1, 4, dtype=torch.long),
+                             do_sample=False, max_new_tokens=16, min_new_tokens=16, eos_token_id=None, pad_token_id=0)
+    assert served["choices"][0]["token_ids"] == out[0, 4:].tolist()
 
 
 def test_killed_rank_fails_the_other_cleanly(setup):

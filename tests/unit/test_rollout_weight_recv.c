@@ -64,7 +64,7 @@ int main(void) {
 
     // Nothing open yet.
     float one[4] = {1, 2, 3, 4};
-    EXPECT_ERR(weight_recv_slice(&w, OWNER, ol, 0, 0, 4, ZMSG_DTYPE_F32, one, staging_fn, &st, err, sizeof err),
+    EXPECT_ERR(weight_recv_slice(&w, OWNER, ol, 0, 0, 0, 0, 4, ZMSG_DTYPE_F32, one, staging_fn, &st, err, sizeof err),
                "no weight update is open", NULL);
     EXPECT_ERR(weight_recv_ready(&w, OWNER, ol, 1, err, sizeof err), "no weight update is open", NULL);
 
@@ -87,17 +87,23 @@ int main(void) {
     // Refusals leave staging untouched.
     int last = L.n_units - 1;
     int64_t n_last = (int64_t)L.unit_numel[last];
-    EXPECT_ERR(weight_recv_slice(&w, OWNER, ol, L.n_units, 0, 4, ZMSG_DTYPE_F32, one, staging_fn, &st, err, sizeof err),
+    EXPECT_ERR(weight_recv_slice(&w, OWNER, ol, 0, 0, L.n_units, 0, 4, ZMSG_DTYPE_F32, one, staging_fn, &st, err, sizeof err),
                "unit 4 out of range", "0..3");
-    EXPECT_ERR(weight_recv_slice(&w, OWNER, ol, -1, 0, 4, ZMSG_DTYPE_F32, one, staging_fn, &st, err, sizeof err),
+    EXPECT_ERR(weight_recv_slice(&w, OWNER, ol, 0, 0, -1, 0, 4, ZMSG_DTYPE_F32, one, staging_fn, &st, err, sizeof err),
                "unit -1 out of range", NULL);
-    EXPECT_ERR(weight_recv_slice(&w, OWNER, ol, last, n_last - 3, 4, ZMSG_DTYPE_F32, one, staging_fn, &st, err,
+    EXPECT_ERR(weight_recv_slice(&w, OWNER, ol, 0, 0, last, n_last - 3, 4, ZMSG_DTYPE_F32, one, staging_fn, &st, err,
                                  sizeof err), "outside unit 3", NULL);
-    EXPECT_ERR(weight_recv_slice(&w, OWNER, ol, last, -1, 4, ZMSG_DTYPE_F32, one, staging_fn, &st, err, sizeof err),
+    EXPECT_ERR(weight_recv_slice(&w, OWNER, ol, 0, 0, last, -1, 4, ZMSG_DTYPE_F32, one, staging_fn, &st, err, sizeof err),
                "outside unit 3", NULL);
-    EXPECT_ERR(weight_recv_slice(&w, OTHER, ol, 0, 0, 4, ZMSG_DTYPE_F32, one, staging_fn, &st, err, sizeof err),
+    EXPECT_ERR(weight_recv_slice(&w, OTHER, ol, 0, 0, 0, 0, 4, ZMSG_DTYPE_F32, one, staging_fn, &st, err, sizeof err),
                "another peer", NULL);
+    // Another peer naming a different update is refused too; naming the open one (7) it may send (ZeRO ranks).
+    EXPECT_ERR(weight_recv_slice(&w, OTHER, ol, 1, 6, 0, 0, 4, ZMSG_DTYPE_F32, one, staging_fn, &st, err, sizeof err),
+               "another peer", "names another version");
     CHECK(st.calls == 0 && weight_recv_covered(&w, last) == 0);
+    CHECK(weight_recv_slice(&w, OTHER, ol, 1, 7, last, 0, 4, ZMSG_DTYPE_F32, ref[last], staging_fn, &st, err,
+                            sizeof err) == 0);
+    CHECK(weight_recv_covered(&w, last) == 4);
 
     // Unit 0 in fp32 slices, back to front; unit 1 in bf16 with overlapping slices; unit 2 fp32 in one
     // slice from an odd address; the last unit in two halves with a gap, filled afterwards.
@@ -105,37 +111,37 @@ int main(void) {
     for (int64_t off = n0; off > 0;) {
         int64_t c = off >= 100 ? 100 : off;
         off -= c;
-        CHECK(weight_recv_slice(&w, OWNER, ol, 0, off, c, ZMSG_DTYPE_F32, ref[0] + off, staging_fn, &st, err,
+        CHECK(weight_recv_slice(&w, OWNER, ol, 0, 0, 0, off, c, ZMSG_DTYPE_F32, ref[0] + off, staging_fn, &st, err,
                                 sizeof err) == 0);
     }
     int64_t n1 = (int64_t)L.unit_numel[1];
     uint16_t *b1 = malloc((size_t)n1 * 2);
     dtype_f32_to_bf16_n(b1, ref[1], (size_t)n1);
     int64_t step = n1 / 3;
-    CHECK(weight_recv_slice(&w, OWNER, ol, 1, 0, step + 10, ZMSG_DTYPE_BF16, b1, staging_fn, &st, err,
+    CHECK(weight_recv_slice(&w, OWNER, ol, 0, 0, 1, 0, step + 10, ZMSG_DTYPE_BF16, b1, staging_fn, &st, err,
                             sizeof err) == 0);
-    CHECK(weight_recv_slice(&w, OWNER, ol, 1, 2 * step - 5, n1 - (2 * step - 5), ZMSG_DTYPE_BF16, b1 + 2 * step - 5,
+    CHECK(weight_recv_slice(&w, OWNER, ol, 0, 0, 1, 2 * step - 5, n1 - (2 * step - 5), ZMSG_DTYPE_BF16, b1 + 2 * step - 5,
                             staging_fn, &st, err, sizeof err) == 0);
     CHECK(weight_recv_covered(&w, 1) == step + 10 + n1 - (2 * step - 5));
     EXPECT_ERR(weight_recv_ready(&w, OWNER, ol, 7, err, sizeof err), "unit 1 is incomplete", NULL);
-    CHECK(weight_recv_slice(&w, OWNER, ol, 1, step, step, ZMSG_DTYPE_BF16, b1 + step, staging_fn, &st, err,
+    CHECK(weight_recv_slice(&w, OWNER, ol, 0, 0, 1, step, step, ZMSG_DTYPE_BF16, b1 + step, staging_fn, &st, err,
                             sizeof err) == 0);
     CHECK(weight_recv_covered(&w, 1) == n1);
     int64_t n2 = (int64_t)L.unit_numel[2];
     char *odd = malloc((size_t)n2 * 4 + 1);
     memcpy(odd + 1, ref[2], (size_t)n2 * 4);
-    CHECK(weight_recv_slice(&w, OWNER, ol, 2, 0, n2, ZMSG_DTYPE_F32, odd + 1, staging_fn, &st, err, sizeof err) == 0);
+    CHECK(weight_recv_slice(&w, OWNER, ol, 0, 0, 2, 0, n2, ZMSG_DTYPE_F32, odd + 1, staging_fn, &st, err, sizeof err) == 0);
     int64_t half = n_last / 2;
-    CHECK(weight_recv_slice(&w, OWNER, ol, last, 0, half - 64, ZMSG_DTYPE_F32, ref[last], staging_fn, &st, err,
+    CHECK(weight_recv_slice(&w, OWNER, ol, 0, 0, last, 0, half - 64, ZMSG_DTYPE_F32, ref[last], staging_fn, &st, err,
                             sizeof err) == 0);
-    CHECK(weight_recv_slice(&w, OWNER, ol, last, half, n_last - half, ZMSG_DTYPE_F32, ref[last] + half, staging_fn,
+    CHECK(weight_recv_slice(&w, OWNER, ol, 0, 0, last, half, n_last - half, ZMSG_DTYPE_F32, ref[last] + half, staging_fn,
                             &st, err, sizeof err) == 0);
     char want[128], gap[64];
     snprintf(want, sizeof want, "unit %d is incomplete: %lld of its %lld elements", last,
              (long long)(n_last - 64), (long long)n_last);
     snprintf(gap, sizeof gap, "first missing element %lld", (long long)(half - 64));
     EXPECT_ERR(weight_recv_ready(&w, OWNER, ol, 7, err, sizeof err), want, gap);
-    CHECK(weight_recv_slice(&w, OWNER, ol, last, half - 64, 64, ZMSG_DTYPE_F32, ref[last] + half - 64, staging_fn, &st,
+    CHECK(weight_recv_slice(&w, OWNER, ol, 0, 0, last, half - 64, 64, ZMSG_DTYPE_F32, ref[last] + half - 64, staging_fn, &st,
                             err, sizeof err) == 0);
     EXPECT_ERR(weight_recv_ready(&w, OWNER, ol, 8, err, sizeof err), "version 8 does not match", "version 7");
     EXPECT_ERR(weight_recv_ready(&w, OTHER, ol, 7, err, sizeof err), "another peer", NULL);
@@ -154,7 +160,7 @@ int main(void) {
     CHECK(weight_recv_begin(&w, 9, L.hash, OTHER, ol, &ab, err, sizeof err) == 0 && ab == 7);
     for (int u = 0; u < L.n_units; u++) CHECK(weight_recv_covered(&w, u) == 0);
     EXPECT_ERR(weight_recv_ready(&w, OTHER, ol, 9, err, sizeof err), "unit 0 is incomplete: 0 of", NULL);
-    EXPECT_ERR(weight_recv_slice(&w, OWNER, ol, 0, 0, 4, ZMSG_DTYPE_F32, one, staging_fn, &st, err, sizeof err),
+    EXPECT_ERR(weight_recv_slice(&w, OWNER, ol, 0, 0, 0, 0, 4, ZMSG_DTYPE_F32, one, staging_fn, &st, err, sizeof err),
                "another peer", NULL);
     weight_recv_reset(&w);
     CHECK(!w.active);

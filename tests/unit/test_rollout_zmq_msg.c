@@ -374,7 +374,14 @@ static void test_weights(void) {
         m.dtype = (ZmsgDtype)dt;
         m.slice_data = dt ? (const void *)wb : (const void *)w;
         if (round_trip(&m, &b) == 0) {
-            CHECK(b.unit == 3 && b.offset == 4096 && b.count == 5 && b.dtype == (ZmsgDtype)dt);
+            CHECK(b.unit == 3 && b.offset == 4096 && b.count == 5 && b.dtype == (ZmsgDtype)dt && !b.has_version);
+            zmsg_free(&b);
+        }
+        // With the update's version (a slice from a ZeRO rank other than the opener).
+        m.has_version = 1;
+        m.version = 9;
+        if (round_trip(&m, &b) == 0) {
+            CHECK(b.has_version && b.version == 9 && b.unit == 3 && b.count == 5);
             zmsg_free(&b);
         }
     }
