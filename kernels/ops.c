@@ -237,10 +237,13 @@ void ops_logprobs_fwd(OpsCtx *ctx, float *logprobs, float *lse, float *entropy, 
     DISPATCH(ctx, cuda_logprobs_fwd(ctx, logprobs, lse, entropy, logits, targets, N, V, inv_temperature),
              cpu_logprobs_fwd(logprobs, lse, entropy, CF(logits), targets, N, V, inv_temperature));
 }
-void ops_logprobs_bwd(OpsCtx *ctx, void *dlogits, const float *dlogprobs, const void *logits, const int32_t *targets,
-                      const float *lse, int N, int V, float inv_temperature) {
-    DISPATCH(ctx, cuda_logprobs_bwd(ctx, dlogits, dlogprobs, logits, targets, lse, N, V, inv_temperature),
-             cpu_logprobs_bwd(F(dlogits), dlogprobs, CF(logits), targets, lse, N, V, inv_temperature));
+void ops_logprobs_bwd(OpsCtx *ctx, void *dlogits, const float *dlogprobs, const float *dentropy, const float *entropy,
+                      const void *logits, const int32_t *targets, const float *lse, int N, int V,
+                      float inv_temperature) {
+    DISPATCH(ctx,
+             cuda_logprobs_bwd(ctx, dlogits, dlogprobs, dentropy, entropy, logits, targets, lse, N, V, inv_temperature),
+             cpu_logprobs_bwd(F(dlogits), dlogprobs, dentropy, entropy, CF(logits), targets, lse, N, V,
+                              inv_temperature));
 }
 
 void ops_adamw_step(OpsCtx *ctx, float *master, float *m, float *v, const float *grad, void *param_out, size_t n,

@@ -137,10 +137,13 @@ void ops_swiglu_bwd(OpsCtx *ctx, void *dgu, const void *dout, const void *gu, in
 // entropy may be NULL. Cross-entropy of a row is -logprobs[n] (inv_temperature 1).
 void ops_logprobs_fwd(OpsCtx *ctx, float *logprobs, float *lse, float *entropy, const void *logits,
                       const int32_t *targets, int N, int V, float inv_temperature);
-// dlogits (N, V) overwritten with dlogprobs[n] * inv_temperature * (onehot(targets[n]) - softmax(z[n])),
-// zero for ignored rows.
-void ops_logprobs_bwd(OpsCtx *ctx, void *dlogits, const float *dlogprobs, const void *logits,
-                      const int32_t *targets, const float *lse, int N, int V, float inv_temperature);
+// dlogits (N, V) overwritten with the gradient of sum_n dlogprobs[n] logprobs[n] + dentropy[n] entropy[n]:
+//   inv_temperature * (dlogprobs[n] (onehot(targets[n]) - p) - dentropy[n] p (log p + entropy[n])),  p = softmax(z[n])
+// The logprob term is zero for ignored rows. dentropy (N) may be NULL (no entropy term); entropy (N) is the
+// forward's (read only when dentropy is given).
+void ops_logprobs_bwd(OpsCtx *ctx, void *dlogits, const float *dlogprobs, const float *dentropy, const float *entropy,
+                      const void *logits, const int32_t *targets, const float *lse, int N, int V,
+                      float inv_temperature);
 
 // ---- optimizer --------------------------------------------------------------------------------
 

@@ -31,7 +31,7 @@ struct TrainActs {
     float *rstd_final;        // (N)
     void *logits_chunk;       // (chunk_rows, V)
     void *dlogits_chunk;      // (chunk_rows, V)
-    float *logprobs, *lse, *entropy, *dlogprobs; // (N) each
+    float *logprobs, *lse, *entropy, *dlogprobs, *dentropy; // (N) each
     // The batch of the last forward.
     int n_tokens, n_seqs;
     float inv_temperature;
@@ -84,6 +84,7 @@ int train_acts_create(TrainActs **out, const Model *m, int max_tokens, int max_s
     a->lse = track(a, o, N * 4);
     a->entropy = track(a, o, N * 4);
     a->dlogprobs = track(a, o, N * 4);
+    a->dentropy = track(a, o, N * 4);
     if (ops_status(o)) goto oom;
     *out = a;
     return 0;
@@ -118,6 +119,7 @@ void train_acts_free(TrainActs *a, const Model *m) {
     ops_free(o, a->lse);
     ops_free(o, a->entropy);
     ops_free(o, a->dlogprobs);
+    ops_free(o, a->dentropy);
     free(a);
 }
 
@@ -220,7 +222,8 @@ int model_forward(Model *m, TrainActs *a, UnitSource *src, const Batch *b, float
     for (int r0 = 0; r0 < N; r0 += a->chunk_rows) {
         int rows = N - r0 < a->chunk_rows ? N - r0 : a->chunk_rows;
         ops_matmul_fwd(o, a->logits_chunk, elem_at(m, a->xf, (size_t)r0 * C), w_lm, NULL, rows, C, V);
-        ops_logprobs_fwd(o, a->logprobs + r0, a->lse + r0, entropy ? a->entropy + r0 : NULL, a->logits_chunk,
+        // Entropy is always kept: a backward with an entropy term (GRPO's entropy bonus) needs it.
+        ops_logprobs_fwd(o, a->logprobs + r0, a->lse + r0, a->entropy + r0, a->logits_chunk,
                          a->targets + r0, rows, V, inv_temperature);
         if (logits) ops_download_f32(o, logits + (size_t)r0 * V, a->logits_chunk, (size_t)rows * V);
     }
@@ -234,6 +237,11 @@ int model_forward(Model *m, TrainActs *a, UnitSource *src, const Batch *b, float
 }
 
 int model_backward(Model *m, TrainActs *a, UnitSource *src, const float *dlogprobs, char *err, size_t err_len) {
+    return model_backward_entropy(m, a, src, dlogprobs, NULL, err, err_len);
+}
+
+int model_backward_entropy(Model *m, TrainActs *a, UnitSource *src, const float *dlogprobs, const float *dentropy,
+                           char *err, size_t err_len) {
     OpsCtx *o = m->ops;
     const ModelConfig *cfg = &m->cfg;
     const int N = a->n_tokens, C = cfg->hidden_size, V = cfg->vocab_size, L = cfg->num_layers;
@@ -247,6 +255,7 @@ int model_backward(Model *m, TrainActs *a, UnitSource *src, const float *dlogpro
         return -1;
     }
     ops_copy_to_device(o, a->dlogprobs, dlogprobs, (size_t)N * 4);
+    if (dentropy) ops_copy_to_device(o, a->dentropy, dentropy, (size_t)N * 4);
     const int uf = layout_final_unit(&m->layout);
     const int tied = m->layout.lm_head == SIZE_MAX;
     const void *pf, *p0 = NULL;
@@ -260,7 +269,8 @@ int model_backward(Model *m, TrainActs *a, UnitSource *src, const float *dlogpro
         int rows = N - r0 < a->chunk_rows ? N - r0 : a->chunk_rows;
         const void *xf_c = elem_at(m, a->xf, (size_t)r0 * C);
         ops_matmul_fwd(o, a->logits_chunk, xf_c, w_lm, NULL, rows, C, V);
-        ops_logprobs_bwd(o, a->dlogits_chunk, a->dlogprobs + r0, a->logits_chunk, a->targets + r0, a->lse + r0, rows, V,
+        ops_logprobs_bwd(o, a->dlogits_chunk, a->dlogprobs + r0, dentropy ? a->dentropy + r0 : NULL, a->entropy + r0,
+                         a->logits_chunk, a->targets + r0, a->lse + r0, rows, V,
                          a->inv_temperature);
         ops_matmul_bwd(o, elem_at(m, dxf, (size_t)r0 * C), dw_lm, NULL, a->dlogits_chunk, xf_c, w_lm, rows, C, V, 0);
     }

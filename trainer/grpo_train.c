@@ -376,6 +376,9 @@ static int micro_step(Trainer *t, UnitSource *policy, Round *r, int s, int need_
     size_t BT = (size_t)B * T;
     float *lp = malloc(BT * 4), *ent = malloc(BT * 4), *old = NULL, *refl = NULL, *samp = malloc(BT * 4);
     float *grad = malloc(BT * 4), *adv = malloc(B * 4), *isr = NULL;
+    // dL/dentropy: only the entropy bonus has one.
+    const int bonus = o->entropy_coef != 0 || o->use_adaptive_entropy;
+    float *gent = bonus ? calloc(BT, 4) : NULL;
     uint8_t *mask = calloc(BT, 1), *trunc = malloc(B);
     if (need_old) old = calloc(BT, 4);
     if (t->ref) refl = calloc(BT, 4);
@@ -407,22 +410,26 @@ static int micro_step(Trainer *t, UnitSource *policy, Round *r, int s, int need_
                             .num_processes = t->world, .gradient_accumulation_steps = GA,
                             .steps_per_generation = S, .training = 1,
                             .entropy_coef = grpo_entropy_apply_coef(ec, o)};
-        rc = grpo_loss(o, &in, grad, NULL, &lm, err, err_len);
+        rc = grpo_loss(o, &in, grad, gent, &lm, err, err_len);
     }
     if (rc == 0) {
         grpo_entropy_control_accumulate(ec, o, &lm);
         // dL/dlogprob back to the packed token positions of the forward just run.
         int N = 0;
         for (int b = 0; b < B; b++) N += (int)r->rows[idx[b] / o->num_generations].n_ids + r->comp_len[idx[b]];
-        float *dlp = calloc(N, 4);
+        float *dlp = calloc(N, 4), *dent = gent ? calloc(N, 4) : NULL;
         int n = 0;
         for (int b = 0; b < B; b++) {
             int P = (int)r->rows[idx[b] / o->num_generations].n_ids, L = r->comp_len[idx[b]];
-            for (int k = 0; k < L; k++) dlp[n + P - 1 + k] = grad[b * T + k];
+            for (int k = 0; k < L; k++) {
+                dlp[n + P - 1 + k] = grad[b * T + k];
+                if (dent) dent[n + P - 1 + k] = gent[b * T + k];
+            }
             n += P + L;
         }
-        rc = model_backward(&t->model, t->acts, policy, dlp, err, err_len);
+        rc = model_backward_entropy(&t->model, t->acts, policy, dlp, dent, err, err_len);
         free(dlp);
+        free(dent);
         add(&acc->loss, lm.loss);
         add(&acc->kl, lm.kl_sum), add(&acc->kl_n, lm.kl_count);
         add(&acc->ent, lm.entropy_sum), add(&acc->ent_n, lm.entropy_count);
@@ -430,6 +437,7 @@ static int micro_step(Trainer *t, UnitSource *policy, Round *r, int s, int need_
         add(&acc->clip_region, lm.clip_region_sum);
         add(&acc->clip_n, lm.clip_count);
     }
+    free(gent);
     free(lp), free(ent), free(old), free(refl), free(samp), free(grad), free(adv), free(isr), free(mask),
         free(trunc);
     free(idx);

@@ -64,12 +64,6 @@ int trainer_open(Trainer *t, TrainConfig *cfg, char *err, size_t err_len) {
     t->rank = ci.rank;
     t->world = ci.world_size;
     if (train_config_finalize(cfg, t->world, err, err_len) != 0) return -1;
-    if (cfg->mode == TRAIN_MODE_GRPO && (cfg->grpo.entropy_coef != 0 || cfg->grpo.use_adaptive_entropy)) {
-        snprintf(err, err_len, "entropy_coef / use_adaptive_entropy: the entropy bonus needs the gradient of the "
-                 "entropy through the model, which this version does not compute; set entropy_coef 0 and "
-                 "use_adaptive_entropy false");
-        return -1;
-    }
     if (cfg->mode == TRAIN_MODE_GRPO && cfg->grpo.top_entropy_quantile < 1 && t->world > 1) {
         snprintf(err, err_len, "top_entropy_quantile < 1 with %d ranks: the threshold over every rank's entropies is "
                  "not gathered in this version; run one rank or set top_entropy_quantile 1", t->world);

@@ -79,18 +79,28 @@ void cpu_logprobs_fwd(float *logprobs, float *lse, float *entropy, const float *
 
 // dlogits (N, V) = dlogprobs[n] * inv_temperature * (onehot(target) - softmax(z)), overwritten; zero rows for
 // ignored targets. softmax(z)_j = exp(z_j - lse[n]) with lse from the forward.
-void cpu_logprobs_bwd(float *dlogits, const float *dlogprobs, const float *logits, const int32_t *targets,
-                      const float *lse, int N, int V, float inv_temperature) {
+void cpu_logprobs_bwd(float *dlogits, const float *dlogprobs, const float *dentropy, const float *entropy,
+                      const float *logits, const int32_t *targets, const float *lse, int N, int V,
+                      float inv_temperature) {
     CPU_OMP("omp parallel for schedule(static) if ((long)N * V >= 65536)")
     for (int n = 0; n < N; n++) {
         const float *restrict row = logits + (size_t)n * V;
         float *restrict d = dlogits + (size_t)n * V;
         const int t = targets[n];
-        if (t < 0 || t >= V) {
+        const int scored = t >= 0 && t < V;
+        const float g = scored ? dlogprobs[n] * inv_temperature : 0.0f;
+        const float l = lse[n];
+        if (dentropy) {
+            // d entropy / d z_j = -p_j (log p_j + H)
+            const float gh = dentropy[n] * inv_temperature, h = entropy[n];
+            for (int j = 0; j < V; j++) {
+                const float lp = row[j] * inv_temperature - l, p = cpu_vexp(lp);
+                d[j] = -g * p - gh * p * (lp + h);
+            }
+            if (scored) d[t] += g;
+        } else if (!scored) {
             for (int j = 0; j < V; j++) d[j] = 0.0f;
         } else {
-            const float g = dlogprobs[n] * inv_temperature;
-            const float l = lse[n];
             for (int j = 0; j < V; j++) d[j] = -g * cpu_vexp(row[j] * inv_temperature - l);
             d[t] = g * (1.0f - cpu_vexp(row[t] * inv_temperature - l));
         }

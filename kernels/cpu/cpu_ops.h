@@ -37,7 +37,8 @@ void cpu_swiglu_bwd(float *dgu, const float *dout, const float *gu, int N, int i
 
 void cpu_logprobs_fwd(float *logprobs, float *lse, float *entropy, const float *logits, const int32_t *targets,
                       int N, int V, float inv_temperature);
-void cpu_logprobs_bwd(float *dlogits, const float *dlogprobs, const float *logits, const int32_t *targets,
+void cpu_logprobs_bwd(float *dlogits, const float *dlogprobs, const float *dentropy, const float *entropy,
+                      const float *logits, const int32_t *targets,
                       const float *lse, int N, int V, float inv_temperature);
 
 void cpu_adamw_step(float *master, float *m, float *v, const float *grad, float *param_out, size_t n, float lr,

@@ -49,21 +49,20 @@ __global__ void logprobs_fwd_kernel(float *logprobs, float *lse, float *entropy,
 
 // dlogits (N, V) = dlogprobs[n] * inv_t * (onehot(target) - exp(z - lse[n])), overwritten; zero rows for
 // ignored (or out-of-range) targets.
-__global__ void logprobs_bwd_kernel(bf16 *dlogits, const float *dlogprobs, const bf16 *logits, const int32_t *targets,
-                                    const float *lse, int V, float inv_t) {
+// With dentropy: plus dentropy[n] * inv_t * (-p (log p + entropy[n])) on every row (d entropy / d z).
+__global__ void logprobs_bwd_kernel(bf16 *dlogits, const float *dlogprobs, const float *dentropy, const float *entropy,
+                                    const bf16 *logits, const int32_t *targets, const float *lse, int V, float inv_t) {
     const size_t row = blockIdx.x;
     const bf16 *x = logits + row * V;
     bf16 *d = dlogits + row * V;
     const int t = targets[row];
-    if (t < 0 || t >= V) {
-        for (int c = threadIdx.x; c < V; c += blockDim.x) d[c] = f2bf(0.0f);
-        return;
-    }
-    const float g = dlogprobs[row] * inv_t;
+    const bool scored = t >= 0 && t < V;
+    const float g = scored ? dlogprobs[row] * inv_t : 0.0f;
+    const float gh = dentropy ? dentropy[row] * inv_t : 0.0f, h = dentropy ? entropy[row] : 0.0f;
     const float l = lse[row];
     for (int c = threadIdx.x; c < V; c += blockDim.x) {
-        const float p = expf(bf2f(x[c]) * inv_t - l);
-        d[c] = f2bf(c == t ? g * (1.0f - p) : -g * p);
+        const float lp = bf2f(x[c]) * inv_t - l, p = expf(lp);
+        d[c] = f2bf((c == t ? g * (1.0f - p) : -g * p) - gh * p * (lp + h));
     }
 }
 
@@ -79,14 +78,15 @@ void cuda_logprobs_fwd(OpsCtx *ctx, float *logprobs, float *lse, float *entropy,
     CUDA_CHECK_LAUNCH(ctx);
 }
 
-void cuda_logprobs_bwd(OpsCtx *ctx, void *dlogits, const float *dlogprobs, const void *logits,
+void cuda_logprobs_bwd(OpsCtx *ctx, void *dlogits, const float *dlogprobs, const float *dentropy,
+                       const float *entropy, const void *logits,
                        const int32_t *targets, const float *lse, int N, int V, float inv_temperature) {
     CudaState *st = cuda_enter(ctx);
     if (!st) return;
     CUDA_ARG_CHECK(ctx, N >= 0 && V > 0, "logprobs_bwd: bad shape N=%d V=%d", N, V);
     if (N == 0) return;
     int threads = V >= 4 * 512 ? 512 : 128;
-    logprobs_bwd_kernel<<<N, threads, 0, st->stream>>>((bf16 *)dlogits, dlogprobs, (const bf16 *)logits, targets, lse,
-                                                        V, inv_temperature);
+    logprobs_bwd_kernel<<<N, threads, 0, st->stream>>>((bf16 *)dlogits, dlogprobs, dentropy, entropy,
+                                                        (const bf16 *)logits, targets, lse, V, inv_temperature);
     CUDA_CHECK_LAUNCH(ctx);
 }

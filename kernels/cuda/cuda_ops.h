@@ -51,7 +51,8 @@ void cuda_swiglu_fwd(OpsCtx *ctx, void *out, const void *gu, int N, int inner);
 void cuda_swiglu_bwd(OpsCtx *ctx, void *dgu, const void *dout, const void *gu, int N, int inner);
 void cuda_logprobs_fwd(OpsCtx *ctx, float *logprobs, float *lse, float *entropy, const void *logits,
                        const int32_t *targets, int N, int V, float inv_temperature);
-void cuda_logprobs_bwd(OpsCtx *ctx, void *dlogits, const float *dlogprobs, const void *logits,
+void cuda_logprobs_bwd(OpsCtx *ctx, void *dlogits, const float *dlogprobs, const float *dentropy,
+                       const float *entropy, const void *logits,
                        const int32_t *targets, const float *lse, int N, int V, float inv_temperature);
 void cuda_adamw_step(OpsCtx *ctx, float *master, float *m, float *v, const float *grad, void *param_out, size_t n,
                      float lr, float beta1, float beta2, float eps, float weight_decay, int step, float grad_scale);

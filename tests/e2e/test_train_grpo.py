@@ -160,15 +160,16 @@ def test_restarted_server_gets_the_weights(setup):
 
 def test_kl_reference_and_multiple_iterations(setup):
     """beta > 0 (a frozen ZeRO-3 reference model), num_iterations 2 and two micro-steps per generation round
-    (old logprobs), ZeRO-2, the dr_grpo loss: the run completes, logs a finite, non-negative KL that grows from 0
-    as the policy moves away from the reference."""
+    (old logprobs), ZeRO-2, the dr_grpo loss, an entropy bonus (its gradient flows through the model): the run
+    completes, logs a finite, non-negative KL that grows from 0 as the policy moves away from the reference."""
     d, model_dir, data = setup
     out_dir = d / "kl"
     control = f"tcp://127.0.0.1:{free_port()}"
     with TandemServer(model_dir, "--control", control):
         args = grpo_args(model_dir, data, out_dir, control, steps=6,
                          extra=["--beta", "0.04", "--num-iterations", "2", "--gradient-accumulation-steps", "2",
-                                "--per-device-train-batch-size", "8", "--zero-stage", "2", "--loss-type", "dr_grpo"])
+                                "--per-device-train-batch-size", "8", "--zero-stage", "2", "--loss-type", "dr_grpo",
+                                "--entropy-coef", "0.01"])
         procs = launch(args, 1, free_port(), d)
         code = procs[0][0].wait(timeout=600)
         procs[0][1].close()
@@ -179,6 +180,7 @@ def test_kl_reference_and_multiple_iterations(setup):
     kls = [r["kl"] for r in rows]
     assert all(k >= 0 and k == k for k in kls), kls
     assert kls[0] < 1e-6 < max(kls), kls
+    assert all(r["entropy"] > 0 for r in rows)
 
 
 def test_grpo_resume_is_exact(setup):

@@ -35,10 +35,11 @@ def make_batch(vocab, seed=1):
     return [torch.randint(0, vocab, (n,), generator=g).tolist() for n in SEQ_LENS]
 
 
-def reference_forward(model, seqs, temperature=1.0):
-    """Per-sequence forward (no padding): logits, per-token logprobs of the next token, mean CE loss, grads."""
+def reference_forward(model, seqs, temperature=1.0, entropy_weight=0.0):
+    """Per-sequence forward (no padding): logits, per-token logprobs of the next token, mean CE loss (plus
+    entropy_weight x the mean entropy of softmax(logits / T) over the scored positions), grads."""
     model.zero_grad()
-    logits_all, lp_all, total, count = [], [], 0.0, 0
+    logits_all, lp_all, total, count, ent_total = [], [], 0.0, 0, 0.0
     for s in seqs:
         ids = torch.tensor([s])
         logits = model(input_ids=ids).logits[0]  # (T, V)
@@ -49,15 +50,16 @@ def reference_forward(model, seqs, temperature=1.0):
         gathered = torch.cat([gathered[:-1], torch.zeros(1)])  # last position has no target
         lp_all.append(gathered)
         total = total - gathered[:-1].sum()
+        ent_total = ent_total + (-(lp.exp() * lp).sum(-1))[:-1].sum()
         count += len(s) - 1
-    loss = total / count
+    loss = total / count + entropy_weight * ent_total / count
     loss.backward()
     grads = {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.grad is not None}
     return torch.cat(logits_all).detach(), torch.cat(lp_all).detach(), loss.item(), grads
 
 
-def probe_forward(model_dir, seqs, out, temperature=1.0, checkpoint=False):
-    req = {"sequences": seqs, "temperature": temperature, "checkpoint": checkpoint}
+def probe_forward(model_dir, seqs, out, temperature=1.0, checkpoint=False, entropy_weight=0.0):
+    req = {"sequences": seqs, "temperature": temperature, "checkpoint": checkpoint, "entropy_weight": entropy_weight}
     run_tool([tool("model_probe"), "forward", str(model_dir), str(out)], stdin=json.dumps(req))
     return load_file(str(out))
 
@@ -86,6 +88,20 @@ def test_logits_logprobs_loss_and_grads(tiny, tmp_path, checkpoint):
         key = "grad." + pname
         assert key in got, f"{name}: no gradient for {pname}"
         err = rel_l2(got[key], g)
+        assert err <= 1e-4, f"{name}: gradient of {pname} off by {err:.2e}"
+
+
+def test_entropy_term_gradients(tiny, tmp_path):
+    """The GRPO entropy bonus: gradients of CE + 0.3 x mean entropy (at temperature 0.8) equal torch's."""
+    name, model_dir, model = tiny
+    seqs = make_batch(model.config.vocab_size, seed=7)
+    _, _, ref_loss, ref_grads = reference_forward(model, seqs, temperature=0.8, entropy_weight=0.3)
+    got = probe_forward(model_dir, seqs, tmp_path / "out.safetensors", temperature=0.8, entropy_weight=0.3)
+    tied = model.config.tie_word_embeddings
+    for pname, g in ref_grads.items():
+        if tied and pname == "lm_head.weight":
+            continue
+        err = rel_l2(got["grad." + pname], g)
         assert err <= 1e-4, f"{name}: gradient of {pname} off by {err:.2e}"
 
 

@@ -457,10 +457,17 @@ static void test_logprobs_case(int N, int V, float inv_t, float offset) {
     check(name, "lse", lse, 1e-5);
     check(name, "entropy", ent, 1e-5);
     Buf dlp = buf_rand_f32(N, -1, 1), dlogits = buf_rand((size_t)N * V, -9, 9);
-    ops_logprobs_bwd(cpu, dlogits.c, dlp.c, logits.c, targets.c, lse.c, N, V, inv_t);
-    ops_logprobs_bwd(gpu, dlogits.g, dlp.g, logits.g, targets.g, lse.g, N, V, inv_t);
+    ops_logprobs_bwd(cpu, dlogits.c, dlp.c, NULL, NULL, logits.c, targets.c, lse.c, N, V, inv_t);
+    ops_logprobs_bwd(gpu, dlogits.g, dlp.g, NULL, NULL, logits.g, targets.g, lse.g, N, V, inv_t);
     expect_ok(name);
     check(name, "dlogits", dlogits, 1e-2);
+    // With the entropy term (GRPO's entropy bonus).
+    Buf dent = buf_rand_f32(N, -1, 1);
+    ops_logprobs_bwd(cpu, dlogits.c, dlp.c, dent.c, ent.c, logits.c, targets.c, lse.c, N, V, inv_t);
+    ops_logprobs_bwd(gpu, dlogits.g, dlp.g, dent.g, ent.g, logits.g, targets.g, lse.g, N, V, inv_t);
+    expect_ok(name);
+    check(name, "dlogits+entropy", dlogits, 1e-2);
+    buf_free(dent);
     buf_free(logits), buf_free(targets), buf_free(lp), buf_free(lse), buf_free(ent), buf_free(dlp), buf_free(dlogits);
 }
 

@@ -189,6 +189,44 @@ static double f_logprobs(const double *x, void *vc) {
     return f;
 }
 
+// f = sum_n r_n logprob_n + s_n entropy_n (the GRPO entropy bonus adds the second term); s in c->r + N.
+static double f_logprobs_entropy(const double *x, void *vc) {
+    const Ctx *c = vc;
+    double f = 0.0;
+    for (int n = 0; n < c->N; n++) {
+        const double *row = x + (size_t)n * c->V;
+        double m = -INFINITY, s = 0.0, h = 0.0;
+        for (int j = 0; j < c->V; j++) m = fmax(m, row[j] * c->inv_t);
+        for (int j = 0; j < c->V; j++) s += exp(row[j] * c->inv_t - m);
+        const double lse = m + log(s);
+        for (int j = 0; j < c->V; j++) {
+            const double lp = row[j] * c->inv_t - lse;
+            h -= exp(lp) * lp;
+        }
+        if (c->ints[n] >= 0) f += c->r[n] * (row[c->ints[n]] * c->inv_t - lse);
+        f += c->r[c->N + n] * h;
+    }
+    return f;
+}
+
+static void test_logprobs_entropy_bwd(void) {
+    int32_t targets[4] = {3, -1, 0, 30};
+    Ctx c = {.N = 4, .V = 31, .inv_t = 1.0f / 0.8f, .ints = targets};
+    const size_t n = (size_t)c.N * c.V;
+    float *logits = seeded(n, 2.0), dlp[4] = {0.7f, 0.3f, -1.1f, 0.4f}, dent[4] = {0.5f, -0.9f, 0.25f, 1.3f};
+    float lp[4], lse[4], ent[4];
+    double r[8];
+    for (int i = 0; i < 4; i++) r[i] = dlp[i], r[4 + i] = dent[i];
+    double *p = kt_to_double(logits, n), *g = kt_dalloc(n);
+    c.r = r;
+    kt_fd_grad(f_logprobs_entropy, p, n, &c, g);
+    cpu_logprobs_fwd(lp, lse, ent, logits, targets, c.N, c.V, c.inv_t);
+    float *dlogits = nan_filled(n);
+    cpu_logprobs_bwd(dlogits, dlp, dent, ent, logits, targets, lse, c.N, c.V, c.inv_t);
+    kt_close("logprobs+entropy dlogits (overwrite)", dlogits, g, n, RTOL, ATOL);
+    free(logits), free(p), free(g), free(dlogits);
+}
+
 static void test_logprobs_bwd(void) {
     int32_t targets[5] = {3, -1, 0, 46, 20};
     Ctx c = {.N = 5, .V = 47, .inv_t = 1.0f / 0.6f, .ints = targets};
@@ -202,7 +240,7 @@ static void test_logprobs_bwd(void) {
     kt_fd_grad(f_logprobs, p, n, &c, g);
     cpu_logprobs_fwd(lp, lse, NULL, logits, targets, c.N, c.V, c.inv_t);
     float *dlogits = nan_filled(n);
-    cpu_logprobs_bwd(dlogits, dlp, logits, targets, lse, c.N, c.V, c.inv_t);
+    cpu_logprobs_bwd(dlogits, dlp, NULL, NULL, logits, targets, lse, c.N, c.V, c.inv_t);
     kt_close("logprobs dlogits (overwrite)", dlogits, g, n, RTOL, ATOL);
     for (int j = 0; j < c.V; j++)
         if (dlogits[c.V + j] != 0.0f) { KT_CHECK(0, "ignored row 1 must get an all-zero gradient"); break; }
@@ -239,6 +277,7 @@ int main(void) {
     test_matmul_bwd();
     test_swiglu_bwd();
     test_logprobs_bwd();
+    test_logprobs_entropy_bwd();
     test_embedding_bwd();
     return kt_finish("test_kernels_bwd");
 }

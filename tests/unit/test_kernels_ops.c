@@ -187,7 +187,7 @@ static void test_block(OpsCtx *ctx) {
     float *g_table = zeros(ctx, V * C), *g_wn = zeros(ctx, C), *g_wq = zeros(ctx, HQ * HD * C);
     float *g_wk = zeros(ctx, HKV * HD * C), *g_wv = zeros(ctx, HKV * HD * C), *g_wo = zeros(ctx, C * HQ * HD);
     float *g_wgu = zeros(ctx, 2 * I * C), *g_wd = zeros(ctx, C * I), *g_wf = zeros(ctx, C), *g_wlm = zeros(ctx, V * C);
-    ops_logprobs_bwd(ctx, dlogits, d_dlp, logits, d_tgt, lse, N, V, inv_t);
+    ops_logprobs_bwd(ctx, dlogits, d_dlp, NULL, NULL, logits, d_tgt, lse, N, V, inv_t);
     ops_matmul_bwd(ctx, dhf, g_wlm, NULL, dlogits, hf, wlm, N, C, V, 0);
     ops_rmsnorm_bwd(ctx, dx2, g_wf, dhf, x2, wf, rstdf, N, C);
     ops_matmul_bwd(ctx, da, g_wd, NULL, dx2, a, wd, N, I, C, 0);

@@ -1,8 +1,9 @@
 // model_probe — drives the model core for the Python reference tests (tests/reference/test_model_*.py).
 //
-//   model_probe forward  MODEL_DIR OUT.safetensors   stdin {"sequences": [[ids]], "temperature": t, "checkpoint": b}
-//       writes logits (N, V), logprobs (N), entropy (N), loss (1) = mean next-token cross-entropy,
-//       and grad.<tensor name> for every parameter (gradient of that loss)
+//   model_probe forward  MODEL_DIR OUT.safetensors   stdin {"sequences": [[ids]], "temperature": t, "checkpoint": b,
+//                                                           "entropy_weight": w}
+//       writes logits (N, V), logprobs (N), entropy (N), loss (1) = mean next-token cross-entropy
+//       + w * mean entropy over the scored positions, and grad.<tensor name> for every parameter
 //   model_probe adamw    MODEL_DIR                   stdin {"sequences", "steps", "lr", "beta1", "beta2", "eps",
 //                                                           "weight_decay"}  prints {"losses": [...]}
 //   model_probe generate MODEL_DIR                   stdin {"prompts": [[ids]], "max_new_tokens": n}
@@ -102,6 +103,7 @@ static int cmd_forward(const char *dir, const char *out_path) {
     json_t *jt = json_object_get(req, "temperature");
     float temperature = jt ? (float)json_number_value(jt) : 1.0f;
     int checkpoint = json_is_true(json_object_get(req, "checkpoint"));
+    float entropy_weight = (float)json_number_value(json_object_get(req, "entropy_weight")); // 0 when absent
     const int V = m.cfg.vocab_size;
     TrainActs *acts;
     if (train_acts_create(&acts, &m, p.N, p.B, checkpoint, err, sizeof err) != 0) DIE("%s", err);
@@ -111,8 +113,18 @@ static int cmd_forward(const char *dir, const char *out_path) {
     UnitSource src = resident_source(&w);
     if (model_forward(&m, acts, &src, &b, 1.0f / temperature, lp, ent, logits, err, sizeof err) != 0) DIE("%s", err);
     float loss = ce_loss(&p, lp, dlp);
+    float *dent = calloc(p.N, 4);
+    int scored = 0;
+    for (int i = 0; i < p.N; i++) scored += p.targets[i] >= 0;
+    for (int i = 0; i < p.N; i++)
+        if (p.targets[i] >= 0) {
+            loss += entropy_weight * ent[i] / (float)scored;
+            dent[i] = entropy_weight / (float)scored;
+        }
     resident_zero_grads(&w, &m);
-    if (model_backward(&m, acts, &src, dlp, err, sizeof err) != 0) DIE("%s", err);
+    if (model_backward_entropy(&m, acts, &src, dlp, entropy_weight != 0 ? dent : NULL, err, sizeof err) != 0)
+        DIE("%s", err);
+    free(dent);
 
     StWriter *sw;
     if (st_writer_create(&sw, err, sizeof err) != 0) DIE("%s", err);
