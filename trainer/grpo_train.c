@@ -353,6 +353,44 @@ static int sync_weights(Trainer *t, double *seconds, char *err, size_t err_len) 
 
 static void add(double *acc, double v) { *acc += v; }
 
+// The entropy threshold of top_entropy_quantile over the active tokens of this micro-batch on every rank.
+static int entropy_threshold(Trainer *t, const GrpoOptions *o, int B, int T, const float *ent, const uint8_t *mask,
+                             float *thr, char *err, size_t err_len) {
+    int32_t k = 0, *counts = calloc(t->world, sizeof(int32_t));
+    for (int i = 0; i < B * T; i++) k += mask[i] != 0;
+    int rc = -1;
+    float *mine = NULL, *all = NULL, *vals = NULL;
+    if (!counts || comm_all_gather(t->comm, counts, &k, 1, COMM_I32) != 0) {
+        snprintf(err, err_len, "gathering entropy counts: %s", counts ? comm_error(t->comm) : "out of memory");
+        goto out;
+    }
+    int32_t kmax = 1, total = 0;
+    for (int r = 0; r < t->world; r++) {
+        if (counts[r] > kmax) kmax = counts[r];
+        total += counts[r];
+    }
+    mine = calloc(kmax, sizeof(float));
+    all = malloc((size_t)kmax * t->world * sizeof(float));
+    vals = malloc((size_t)(total ? total : 1) * sizeof(float));
+    if (!mine || !all || !vals) {
+        snprintf(err, err_len, "out of memory gathering entropies");
+        goto out;
+    }
+    for (int i = 0, j = 0; i < B * T; i++)
+        if (mask[i]) mine[j++] = ent[i];
+    if (comm_all_gather(t->comm, all, mine, kmax, COMM_F32) != 0) {
+        snprintf(err, err_len, "gathering entropies: %s", comm_error(t->comm));
+        goto out;
+    }
+    for (int r = 0, n = 0; r < t->world; r++)
+        for (int j = 0; j < counts[r]; j++) vals[n++] = all[(size_t)r * kmax + j];
+    *thr = grpo_entropy_threshold(o, vals, (size_t)total);
+    rc = 0;
+out:
+    free(counts), free(mine), free(all), free(vals);
+    return rc;
+}
+
 // Sums of one optimizer step's micro-batch metrics (TRL's names, reduced over ranks when logged).
 typedef struct {
     double loss, kl, kl_n, ent, ent_n, clip_low, clip_high, clip_region, clip_n;
@@ -401,9 +439,17 @@ static int micro_step(Trainer *t, UnitSource *policy, Round *r, int s, int need_
         GrpoRolloutIsMetrics im;
         rc = grpo_rollout_is_ratio(o, B, T, old, samp, mask, isr, &im, err, err_len);
     }
+    // top_entropy_quantile < 1: the threshold is the quantile over every rank's active tokens (TRL gathers them).
+    int has_thr = 0;
+    float thr = 0;
+    if (rc == 0 && o->top_entropy_quantile < 1) {
+        rc = entropy_threshold(t, o, B, T, ent, mask, &thr, err, err_len);
+        has_thr = rc == 0;
+    }
     GrpoLossMetrics lm;
     if (rc == 0) {
-        GrpoLossInput in = {.batch = B, .max_len = T, .logps = lp,
+        GrpoLossInput in = {.has_entropy_threshold = has_thr, .entropy_threshold = thr, .batch = B, .max_len = T,
+                            .logps = lp,
                             .old_logps = off_policy ? old : NULL,
                             .ref_logps = refl, .sampling_logps = samp, .entropies = ent, .mask = mask,
                             .advantages = adv, .is_ratio = isr, .num_items_in_batch = active,

@@ -64,11 +64,6 @@ int trainer_open(Trainer *t, TrainConfig *cfg, char *err, size_t err_len) {
     t->rank = ci.rank;
     t->world = ci.world_size;
     if (train_config_finalize(cfg, t->world, err, err_len) != 0) return -1;
-    if (cfg->mode == TRAIN_MODE_GRPO && cfg->grpo.top_entropy_quantile < 1 && t->world > 1) {
-        snprintf(err, err_len, "top_entropy_quantile < 1 with %d ranks: the threshold over every rank's entropies is "
-                 "not gathered in this version; run one rank or set top_entropy_quantile 1", t->world);
-        return -1;
-    }
     // auto: the GPU when one is there. Several CUDA ranks need the NCCL backend (the CUDA issue): refused.
     OpsBackend backend = cfg->device == TRAIN_DEVICE_CUDA ||
                                  (cfg->device == TRAIN_DEVICE_AUTO && ops_backend_available(OPS_BACKEND_CUDA))

@@ -203,3 +203,20 @@ def test_grpo_resume_is_exact(setup):
     for step in (4, 5, 6):
         for key in ("reward", "loss", "grad_norm", "completions/mean_length"):
             assert runs["b"][step][key] == runs["a"][step][key], (step, key, runs["a"][step][key], runs["b"][step][key])
+
+
+def test_top_entropy_quantile_on_two_ranks(setup):
+    """top_entropy_quantile < 1 on 2 ranks: the entropy threshold is taken over both ranks' tokens (a collective
+    per micro-batch). The run completes and logs every step."""
+    d, model_dir, data = setup
+    out_dir = d / "quantile"
+    control = f"tcp://127.0.0.1:{free_port()}"
+    with TandemServer(model_dir, "--control", control):
+        procs = launch(grpo_args(model_dir, data, out_dir, control, steps=4, extra=["--top-entropy-quantile", "0.5"]),
+                       2, free_port(), d)
+        codes = [p.wait(timeout=600) for p, _ in procs]
+        for _, log in procs:
+            log.close()
+    assert codes == [0, 0], (d / "rank0.log").read_text()[-3000:] + (d / "rank1.log").read_text()[-3000:]
+    rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
