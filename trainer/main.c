@@ -4,16 +4,20 @@
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 
+#include "trainer/launch.h"
 #include "trainer/trainer.h"
 
 int main(int argc, char **argv) {
+    if (argc > 1 && strcmp(argv[1], "launch") == 0) return launch_main(argc - 1, argv + 1);
     char err[2048];
     TrainConfig cfg;
     train_config_default(&cfg);
     int r = train_config_parse_args(&cfg, argc, argv, err, sizeof err);
     if (r == 1) {
         train_config_print_help(stdout);
+        printf("\nOne command for a whole run on this machine (servers + ranks): tandem-train launch --help\n");
         train_config_free(&cfg);
         return 0;
     }
