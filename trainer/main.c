@@ -6,18 +6,21 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "trainer/eval.h"
 #include "trainer/launch.h"
 #include "trainer/trainer.h"
 
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "launch") == 0) return launch_main(argc - 1, argv + 1);
+    if (argc > 1 && strcmp(argv[1], "eval") == 0) return eval_main(argc - 1, argv + 1);
     char err[2048];
     TrainConfig cfg;
     train_config_default(&cfg);
     int r = train_config_parse_args(&cfg, argc, argv, err, sizeof err);
     if (r == 1) {
         train_config_print_help(stdout);
-        printf("\nOne command for a whole run on this machine (servers + ranks): tandem-train launch --help\n");
+        printf("\nSubcommands: tandem-train launch --help (servers + ranks of a run on this machine),\n"
+               "             tandem-train eval --help (score a held-out set through an OpenAI-compatible server)\n");
         train_config_free(&cfg);
         return 0;
     }

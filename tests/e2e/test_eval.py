@@ -1,0 +1,80 @@
+"""`tandem-train eval` against a real tandem-serve: the figures equal what the test computes itself from the same
+greedy completions (fetched with the same requests), pass@k follows the unbiased estimator, and chat-message rows
+go through /v1/chat/completions."""
+import json
+import math
+import os
+import pathlib
+import re
+import subprocess
+import sys
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from server_fixtures import BUILD, TandemServer, http_json, tiny_model_dir  # noqa: E402,F401
+
+
+def run_eval(args):
+    exe = (BUILD / "bin" / "tandem-train").resolve()
+    if not exe.exists():
+        pytest.skip(f"{exe} is not built")
+    p = subprocess.run([str(exe), "eval", *args], capture_output=True, text=True, timeout=300)
+    return p.returncode, p.stdout, p.stderr
+
+
+def test_eval_matches_direct_scoring(tiny_model_dir, tmp_path):
+    rows = [{"prompt": f"numbers plus {i} equals", "answer": str(i)} for i in range(6)]
+    rows += [{"prompt": [{"role": "user", "content": "seven wizards"}], "answer": "7"}]
+    data = tmp_path / "heldout.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    with TandemServer(tiny_model_dir) as srv:
+        code, out, err = run_eval(["--url", srv.url, "--data", str(data), "--rewards", "regex_format,answer_match",
+                                   "--format-regex", "[0-9]", "--format-regex-mode", "search", "--max-tokens", "12",
+                                   "--output", str(tmp_path / "res.jsonl")])
+        assert code == 0, out + err
+        summary = json.loads(out.strip().splitlines()[-1])
+        # The same greedy requests, scored here.
+        regex_hits = []
+        for r in rows:
+            if isinstance(r["prompt"], str):
+                st, ans, _ = http_json("POST", srv.url + "/v1/completions",
+                                       {"prompt": r["prompt"], "max_tokens": 12, "temperature": 0})
+                text = ans["choices"][0]["text"]
+            else:
+                st, ans, _ = http_json("POST", srv.url + "/v1/chat/completions",
+                                       {"messages": r["prompt"], "max_tokens": 12, "temperature": 0})
+                text = ans["choices"][0]["message"]["content"]
+            assert st == 200, ans
+            regex_hits.append(1.0 if re.search("[0-9]", text) else 0.0)
+    assert summary["rows"] == 7 and summary["failed_rows"] == 0
+    assert summary["rewards/regex_format/mean"] == pytest.approx(sum(regex_hits) / 7)
+    assert summary["pass@1"] == pytest.approx(sum(regex_hits) / 7)  # pass@1 of the first reward, n = 1
+    assert 0.0 <= summary["rewards/answer_match/mean"] <= 1.0
+    res = [json.loads(x) for x in (tmp_path / "res.jsonl").read_text().splitlines()]
+    assert len(res) == 7 and all(len(r["completions"]) == 1 for r in res)
+
+
+def test_pass_at_k_estimator(tiny_model_dir, tmp_path):
+    data = tmp_path / "heldout.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"think step {i}"}) + "\n" for i in range(4)))
+    with TandemServer(tiny_model_dir) as srv:
+        code, out, err = run_eval(["--url", srv.url, "--data", str(data), "--rewards", "regex_format",
+                                   "--format-regex", "[0-9]", "--format-regex-mode", "search", "--n", "5", "--k", "2",
+                                   "--temperature", "1.0", "--max-tokens", "8", "--output", str(tmp_path / "r.jsonl")])
+    assert code == 0, out + err
+    summary = json.loads(out.strip().splitlines()[-1])
+    want = 0.0
+    for r in map(json.loads, (tmp_path / "r.jsonl").read_text().splitlines()):
+        c = sum(s["regex_format"] >= 1 for s in r["scores"])
+        want += 1.0 if 5 - c < 2 else 1.0 - math.comb(5 - c, 2) / math.comb(5, 2)
+    assert summary["pass@2"] == pytest.approx(want / 4)
+
+
+def test_eval_bad_input(tmp_path):
+    data = tmp_path / "bad.jsonl"
+    data.write_text('{"question": "no prompt here"}\n')
+    code, out, err = run_eval(["--url", "http://127.0.0.1:9", "--data", str(data)])
+    assert code == 1 and "bad.jsonl:1" in err
+    code, out, err = run_eval(["--url", "http://127.0.0.1:9", "--data", str(data), "--n", "2", "--k", "3"])
+    assert code == 2 and "k <= n" in err

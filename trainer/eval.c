@@ -1,0 +1,365 @@
+// trainer/eval.c — `tandem-train eval` (see trainer/eval.h).
+//
+// Rows: {"prompt": "text"} go to POST /v1/completions, {"prompt" or "messages": [chat messages]} to
+// POST /v1/chat/completions, so the server applies its own chat template; other keys are the reward columns.
+// Each row asks for n completions; every completion is scored by every selected reward. pass@k uses the first
+// reward (a completion passes when it scores >= 1) with the unbiased estimator 1 - C(n - c, k) / C(n, k).
+#include "trainer/eval.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "trainer/http_client.h"
+#include "trainer/rewards.h"
+
+typedef struct {
+    const char *url, *data, *model_name, *output, *rewards_csv;
+    int n, k, max_tokens, concurrency, timeout_s;
+    double temperature, top_p;
+    RewardOptions ro;
+} EvalOptions;
+
+typedef struct {
+    json_t *row;             // the JSONL object
+    int n_done;              // completions received (n on success)
+    char **texts;            // (n)
+    int tokens_each;         // usage.completion_tokens / n (for the length rewards)
+    double *scores;          // (n, F)
+    char err[512];           // non-empty when the request failed
+} EvalRow;
+
+typedef struct {
+    EvalOptions *o;
+    EvalRow *rows;
+    int n_rows, next, finished;
+    const Rewards *rewards;
+    pthread_mutex_t mu;
+} EvalJob;
+
+static void usage(FILE *f) {
+    fprintf(f,
+            "usage: tandem-train eval --url http://HOST:PORT --data FILE.jsonl [options]\n\n"
+            "Scores a held-out JSONL through an OpenAI-compatible server (tandem-serve, vLLM, ...) with the\n"
+            "built-in rewards: the mean of every reward and pass@k of the first one.\n\n"
+            "  --url URL               server base URL (required)\n"
+            "  --data FILE             JSONL: \"prompt\" (text or chat messages) or \"messages\", plus reward columns\n"
+            "  --model-name NAME       the request's \"model\" field (default: none sent)\n"
+            "  --rewards LIST          comma-separated built-ins (default answer_match)\n"
+            "  --answer-column NAME    column answer_match reads (default answer)\n"
+            "  --format-regex RE       pattern of regex_format; --format-regex-mode full|search (default full)\n"
+            "  --n N                   completions per prompt (default 1)\n"
+            "  --k K                   pass@k (default 1, at most n)\n"
+            "  --max-tokens N          per completion (default 256)\n"
+            "  --temperature T         (default 0 = greedy)\n"
+            "  --top-p P               (default 1)\n"
+            "  --concurrency C         requests in flight (default 8)\n"
+            "  --timeout S             per request, seconds (default 600)\n"
+            "  --output FILE           per-row results as JSONL (default: none)\n"
+            "  --help                  this text\n"
+            "Prints a table and, last, one JSON line with the figures.\n");
+}
+
+// Builds the request for a row and returns the endpoint path ("/v1/completions" or "/v1/chat/completions").
+static const char *build_request(const EvalOptions *o, json_t *row, char **body) {
+    json_t *prompt = json_object_get(row, "prompt"), *messages = json_object_get(row, "messages");
+    json_t *req = json_object();
+    const char *path;
+    if (json_is_string(prompt)) {
+        json_object_set(req, "prompt", prompt);
+        path = "/v1/completions";
+    } else {
+        json_object_set(req, "messages", json_is_array(prompt) ? prompt : messages);
+        path = "/v1/chat/completions";
+    }
+    if (o->model_name) json_object_set_new(req, "model", json_string(o->model_name));
+    json_object_set_new(req, "n", json_integer(o->n));
+    json_object_set_new(req, "max_tokens", json_integer(o->max_tokens));
+    json_object_set_new(req, "temperature", json_real(o->temperature));
+    json_object_set_new(req, "top_p", json_real(o->top_p));
+    *body = json_dumps(req, JSON_COMPACT);
+    json_decref(req);
+    return path;
+}
+
+static void run_row(EvalJob *j, EvalRow *r) {
+    const EvalOptions *o = j->o;
+    char *body = NULL, url[4096];
+    const char *path = build_request(o, r->row, &body);
+    snprintf(url, sizeof url, "%s%s", o->url, path);
+    HttpOptions ho = {.connect_timeout_ms = 10000, .timeout_ms = o->timeout_s * 1000};
+    HttpResponse resp = {0};
+    if (!body) {
+        snprintf(r->err, sizeof r->err, "out of memory");
+        return;
+    }
+    if (http_post(url, "application/json", body, strlen(body), &ho, &resp, r->err, sizeof r->err) != 0) {
+        free(body);
+        return;
+    }
+    free(body);
+    json_error_t je;
+    json_t *ans = json_loadb(resp.body, resp.body_len, 0, &je);
+    if (resp.status != 200 || !ans) {
+        snprintf(r->err, sizeof r->err, "%.150s answered %d: %.300s", url, resp.status, resp.body ? resp.body : "");
+        json_decref(ans);
+        http_response_free(&resp);
+        return;
+    }
+    http_response_free(&resp);
+    json_t *choices = json_object_get(ans, "choices");
+    int usage_tokens = (int)json_integer_value(json_object_get(json_object_get(ans, "usage"), "completion_tokens"));
+    r->texts = calloc(o->n, sizeof(char *));
+    for (size_t i = 0; i < json_array_size(choices); i++) {
+        json_t *c = json_array_get(choices, i);
+        int idx = json_is_integer(json_object_get(c, "index")) ? (int)json_integer_value(json_object_get(c, "index")) : (int)i;
+        json_t *t = json_object_get(c, "text");
+        if (!t) t = json_object_get(json_object_get(c, "message"), "content");
+        if (idx < 0 || idx >= o->n || !json_is_string(t) || r->texts[idx]) continue;
+        r->texts[idx] = strdup(json_string_value(t));
+        r->n_done++;
+    }
+    json_decref(ans);
+    if (r->n_done != o->n) {
+        snprintf(r->err, sizeof r->err, "%.400s returned %d usable choices for n = %d", url, r->n_done, o->n);
+        return;
+    }
+    r->tokens_each = o->n ? usage_tokens / o->n : 0;
+    size_t F = rewards_count(j->rewards);
+    RewardSample *s = calloc(o->n, sizeof *s);
+    r->scores = malloc((size_t)o->n * (F ? F : 1) * sizeof(double));
+    for (int i = 0; i < o->n; i++)
+        s[i] = (RewardSample){.completion = r->texts[i], .completion_tokens = r->tokens_each,
+                              .prompt = json_object_get(r->row, "prompt"), .columns = r->row};
+    if (rewards_score(j->rewards, s, o->n, r->scores, F, r->err, sizeof r->err) != 0) r->n_done = 0;
+    free(s);
+}
+
+static void progress(EvalJob *j) {
+    if (!isatty(STDERR_FILENO)) return;
+    int w = 30, fill = j->n_rows ? w * j->finished / j->n_rows : w;
+    char bar[64];
+    for (int i = 0; i < w; i++) bar[i] = i < fill ? '#' : '.';
+    bar[w] = 0;
+    fprintf(stderr, "\r[%s] %d/%d prompts", bar, j->finished, j->n_rows);
+    fflush(stderr);
+}
+
+static void *worker(void *arg) {
+    EvalJob *j = arg;
+    for (;;) {
+        pthread_mutex_lock(&j->mu);
+        int i = j->next < j->n_rows ? j->next++ : -1;
+        pthread_mutex_unlock(&j->mu);
+        if (i < 0) return NULL;
+        run_row(j, &j->rows[i]);
+        pthread_mutex_lock(&j->mu);
+        j->finished++;
+        progress(j);
+        pthread_mutex_unlock(&j->mu);
+    }
+}
+
+static double pass_at_k(int n, int c, int k) {
+    if (n - c < k) return 1.0;
+    double p = 1.0; // C(n - c, k) / C(n, k) = prod_{i = n - c + 1}^{n} (1 - k / i)
+    for (int i = n - c + 1; i <= n; i++) p *= 1.0 - (double)k / i;
+    return 1.0 - p;
+}
+
+int eval_main(int argc, char **argv) {
+    EvalOptions o = {.n = 1, .k = 1, .max_tokens = 256, .concurrency = 8, .timeout_s = 600, .temperature = 0,
+                     .top_p = 1, .rewards_csv = "answer_match"};
+    reward_options_default(&o.ro);
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
+        if (!strcmp(a, "--help")) {
+            usage(stdout);
+            return 0;
+        }
+        if (!v) {
+            fprintf(stderr, "tandem-train eval: %s needs a value (see tandem-train eval --help)\n", a);
+            return 2;
+        }
+        i++;
+        if (!strcmp(a, "--url")) o.url = v;
+        else if (!strcmp(a, "--data")) o.data = v;
+        else if (!strcmp(a, "--model-name")) o.model_name = v;
+        else if (!strcmp(a, "--rewards")) o.rewards_csv = v;
+        else if (!strcmp(a, "--answer-column")) o.ro.answer_column = v;
+        else if (!strcmp(a, "--format-regex")) o.ro.format_regex = v;
+        else if (!strcmp(a, "--format-regex-mode")) o.ro.format_regex_search = !strcmp(v, "search");
+        else if (!strcmp(a, "--n")) o.n = atoi(v);
+        else if (!strcmp(a, "--k")) o.k = atoi(v);
+        else if (!strcmp(a, "--max-tokens")) o.max_tokens = atoi(v);
+        else if (!strcmp(a, "--temperature")) o.temperature = atof(v);
+        else if (!strcmp(a, "--top-p")) o.top_p = atof(v);
+        else if (!strcmp(a, "--concurrency")) o.concurrency = atoi(v);
+        else if (!strcmp(a, "--timeout")) o.timeout_s = atoi(v);
+        else if (!strcmp(a, "--output")) o.output = v;
+        else {
+            fprintf(stderr, "tandem-train eval: unknown option %s (see --help)\n", a);
+            return 2;
+        }
+    }
+    if (!o.url || !o.data || o.n < 1 || o.k < 1 || o.k > o.n || o.max_tokens < 1 || o.concurrency < 1 ||
+        o.timeout_s < 1 || o.temperature < 0 || !(o.top_p > 0 && o.top_p <= 1)) {
+        fprintf(stderr, "tandem-train eval: need --url and --data, 1 <= k <= n, max-tokens >= 1, concurrency >= 1, "
+                        "temperature >= 0, 0 < top-p <= 1 (see --help)\n");
+        return 2;
+    }
+    o.ro.max_completion_length = o.max_tokens;
+    if (o.ro.soft_punish_cache > o.max_tokens) o.ro.soft_punish_cache = o.max_tokens;
+    if (o.ro.length_penalty_target >= o.max_tokens) o.ro.length_penalty_target = o.max_tokens - 1;
+    // Rewards.
+    char *names_buf = strdup(o.rewards_csv), *names[16];
+    size_t n_names = 0;
+    for (char *tok = strtok(names_buf, ","); tok && n_names < 16; tok = strtok(NULL, ",")) names[n_names++] = tok;
+    char err[1024];
+    Rewards *rw = NULL;
+    if (n_names == 0 || rewards_create(&rw, (const char *const *)names, n_names, &o.ro, err, sizeof err) != 0) {
+        fprintf(stderr, "tandem-train eval: --rewards: %s\n", n_names ? err : "give at least one reward");
+        free(names_buf);
+        return 2;
+    }
+    // Rows.
+    FILE *f = fopen(o.data, "r");
+    if (!f) {
+        fprintf(stderr, "tandem-train eval: cannot read %s\n", o.data);
+        rewards_free(rw);
+        free(names_buf);
+        return 1;
+    }
+    EvalJob job = {.o = &o, .rewards = rw};
+    pthread_mutex_init(&job.mu, NULL);
+    char *line = NULL;
+    size_t cap = 0;
+    int lineno = 0, rc = 0, cap_rows = 0;
+    while (getline(&line, &cap, f) > 0) {
+        lineno++;
+        if (strspn(line, " \t\r\n") == strlen(line)) continue;
+        json_error_t je;
+        json_t *row = json_loads(line, 0, &je);
+        json_t *p = row ? json_object_get(row, "prompt") : NULL, *msgs = row ? json_object_get(row, "messages") : NULL;
+        if (!json_is_object(row) || !(json_is_string(p) || json_is_array(p) || json_is_array(msgs))) {
+            fprintf(stderr, "tandem-train eval: %s:%d: %s\n", o.data, lineno,
+                    row ? "needs \"prompt\" (text or messages) or \"messages\"" : je.text);
+            json_decref(row);
+            rc = 1;
+            break;
+        }
+        if (job.n_rows == cap_rows) {
+            cap_rows = cap_rows ? 2 * cap_rows : 64;
+            job.rows = realloc(job.rows, cap_rows * sizeof *job.rows);
+        }
+        job.rows[job.n_rows++] = (EvalRow){.row = row};
+    }
+    free(line);
+    fclose(f);
+    if (rc == 0 && job.n_rows == 0) {
+        fprintf(stderr, "tandem-train eval: %s has no rows\n", o.data);
+        rc = 1;
+    }
+    if (rc == 0) {
+        int nt = o.concurrency < job.n_rows ? o.concurrency : job.n_rows;
+        pthread_t *th = calloc(nt, sizeof *th);
+        for (int i = 0; i < nt; i++) pthread_create(&th[i], NULL, worker, &job);
+        for (int i = 0; i < nt; i++) pthread_join(th[i], NULL);
+        free(th);
+        if (isatty(STDERR_FILENO)) fputc('\n', stderr);
+        // Figures.
+        size_t F = rewards_count(rw);
+        double *sum = calloc(F, sizeof(double)), pass_sum = 0;
+        long *cnt = calloc(F, sizeof(long)), pass_rows = 0, failed = 0;
+        FILE *out = o.output ? fopen(o.output, "w") : NULL;
+        for (int i = 0; i < job.n_rows; i++) {
+            EvalRow *r = &job.rows[i];
+            if (r->err[0] || r->n_done != o.n) {
+                if (failed++ < 3) fprintf(stderr, "tandem-train eval: row %d: %s\n", i + 1, r->err);
+                continue;
+            }
+            int correct = 0, scored = 0;
+            for (int c = 0; c < o.n; c++) {
+                for (size_t fn = 0; fn < F; fn++) {
+                    double s = r->scores[(size_t)c * F + fn];
+                    if (isnan(s)) continue;
+                    sum[fn] += s;
+                    cnt[fn]++;
+                }
+                double s0 = r->scores[(size_t)c * F];
+                if (!isnan(s0)) {
+                    scored++;
+                    correct += s0 >= 1.0 - 1e-9;
+                }
+            }
+            if (scored == o.n) {
+                pass_sum += pass_at_k(o.n, correct, o.k);
+                pass_rows++;
+            }
+            if (out) {
+                json_t *res = json_object(), *comp = json_array(), *sc = json_array();
+                for (int c = 0; c < o.n; c++) {
+                    json_array_append_new(comp, json_string(r->texts[c]));
+                    json_t *per = json_object();
+                    for (size_t fn = 0; fn < F; fn++) {
+                        double s = r->scores[(size_t)c * F + fn];
+                        json_object_set_new(per, rewards_name(rw, fn), isnan(s) ? json_null() : json_real(s));
+                    }
+                    json_array_append_new(sc, per);
+                }
+                json_object_set_new(res, "row", json_integer(i + 1));
+                json_object_set_new(res, "completions", comp);
+                json_object_set_new(res, "scores", sc);
+                char *txt = json_dumps(res, JSON_COMPACT);
+                fprintf(out, "%s\n", txt);
+                free(txt);
+                json_decref(res);
+            }
+        }
+        if (out) fclose(out);
+        json_t *summary = json_object();
+        json_object_set_new(summary, "rows", json_integer(job.n_rows));
+        json_object_set_new(summary, "failed_rows", json_integer(failed));
+        json_object_set_new(summary, "n", json_integer(o.n));
+        printf("%-28s %10s %8s\n", "metric", "value", "count");
+        for (size_t fn = 0; fn < F; fn++) {
+            char key[96];
+            snprintf(key, sizeof key, "rewards/%s/mean", rewards_name(rw, fn));
+            double m = cnt[fn] ? sum[fn] / cnt[fn] : NAN;
+            printf("%-28s %10.4f %8ld\n", key, m, cnt[fn]);
+            json_object_set_new(summary, key, cnt[fn] ? json_real(m) : json_null());
+        }
+        char key[64];
+        snprintf(key, sizeof key, "pass@%d", o.k);
+        double pk = pass_rows ? pass_sum / pass_rows : NAN;
+        printf("%-28s %10.4f %8ld\n", key, pk, pass_rows);
+        json_object_set_new(summary, key, pass_rows ? json_real(pk) : json_null());
+        char *txt = json_dumps(summary, JSON_COMPACT | JSON_REAL_PRECISION(9));
+        printf("%s\n", txt);
+        free(txt);
+        json_decref(summary);
+        free(sum);
+        free(cnt);
+        if (failed) {
+            fprintf(stderr, "tandem-train eval: %ld of %d rows failed\n", failed, job.n_rows);
+            rc = 1;
+        }
+    }
+    for (int i = 0; i < job.n_rows; i++) {
+        EvalRow *r = &job.rows[i];
+        json_decref(r->row);
+        if (r->texts)
+            for (int c = 0; c < o.n; c++) free(r->texts[c]);
+        free(r->texts);
+        free(r->scores);
+    }
+    free(job.rows);
+    pthread_mutex_destroy(&job.mu);
+    rewards_free(rw);
+    free(names_buf);
+    return rc;
+}
