@@ -103,7 +103,8 @@ int model_forward(Model *m, TrainActs *a, UnitSource *src, const Batch *batch, f
 // accumulated (+=) into src->grad(unit) for every unit. dlogprobs (N) host fp32.
 int model_backward(Model *m, TrainActs *a, UnitSource *src, const float *dlogprobs, char *err, size_t err_len);
 // The same for sum_n dlogprobs[n] * logprobs[n] + dentropy[n] * entropy[n] (entropy of softmax(logits *
-// inv_temperature), as model_forward reports it); dentropy (N) host fp32, NULL = no entropy term.
+// inv_temperature), as model_forward reports it); dentropy (N) host fp32, NULL = no entropy term. With an
+// entropy term the preceding model_forward must have been asked for entropy.
 int model_backward_entropy(Model *m, TrainActs *a, UnitSource *src, const float *dlogprobs, const float *dentropy,
                            char *err, size_t err_len);
 

@@ -35,6 +35,7 @@ struct TrainActs {
     // The batch of the last forward.
     int n_tokens, n_seqs;
     float inv_temperature;
+    int has_entropy;          // the forward computed per-token entropy (needed by a backward with dentropy)
 };
 
 size_t train_acts_bytes(const TrainActs *a) { return a->bytes; }
@@ -190,6 +191,7 @@ int model_forward(Model *m, TrainActs *a, UnitSource *src, const Batch *b, float
     a->n_tokens = N;
     a->n_seqs = b->n_seqs;
     a->inv_temperature = inv_temperature;
+    a->has_entropy = entropy != NULL;
     if (b->positions) {
         memcpy(a->positions_host, b->positions, (size_t)N * 4);
     } else {
@@ -222,8 +224,8 @@ int model_forward(Model *m, TrainActs *a, UnitSource *src, const Batch *b, float
     for (int r0 = 0; r0 < N; r0 += a->chunk_rows) {
         int rows = N - r0 < a->chunk_rows ? N - r0 : a->chunk_rows;
         ops_matmul_fwd(o, a->logits_chunk, elem_at(m, a->xf, (size_t)r0 * C), w_lm, NULL, rows, C, V);
-        // Entropy is always kept: a backward with an entropy term (GRPO's entropy bonus) needs it.
-        ops_logprobs_fwd(o, a->logprobs + r0, a->lse + r0, a->entropy + r0, a->logits_chunk,
+        // Entropy costs one more pass over each row: only when asked for (a backward with an entropy term needs it).
+        ops_logprobs_fwd(o, a->logprobs + r0, a->lse + r0, entropy ? a->entropy + r0 : NULL, a->logits_chunk,
                          a->targets + r0, rows, V, inv_temperature);
         if (logits) ops_download_f32(o, logits + (size_t)r0 * V, a->logits_chunk, (size_t)rows * V);
     }
@@ -248,6 +250,10 @@ int model_backward_entropy(Model *m, TrainActs *a, UnitSource *src, const float 
     const size_t es = ops_dtype_size(o);
     if (N <= 0) {
         snprintf(err, err_len, "model_backward called without a preceding model_forward");
+        return -1;
+    }
+    if (dentropy && !a->has_entropy) {
+        snprintf(err, err_len, "model_backward with an entropy term needs a model_forward that computed entropy");
         return -1;
     }
     if (!src->grad) {
