@@ -26,11 +26,14 @@ typedef struct {
 // (same numel) to accumulate into; grad_done says backward will not touch that unit's gradient again
 // in this pass (ZeRO-3 reduce-scatters it then). Any callback may be NULL when unused.
 // acquire returns NULL on failure (the source records why in the ops context or its own state).
+// prefetch is a hint that `unit` will be acquired next: ZeRO-3 starts its all-gather on the communication
+// stream so it overlaps the compute the model queues before that acquire. It may do nothing.
 typedef struct {
     const void *(*acquire)(void *user, int unit);
     void (*release)(void *user, int unit);
     float *(*grad)(void *user, int unit);
     void (*grad_done)(void *user, int unit);
+    void (*prefetch)(void *user, int unit);
     void *user;
 } UnitSource;
 

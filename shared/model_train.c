@@ -171,6 +171,7 @@ static int ops_failed(const Model *m, const char *what, char *err, size_t err_le
     } while (0)
 #define RELEASE(src, u) do { if ((src)->release) (src)->release((src)->user, (u)); } while (0)
 #define GRAD_DONE(src, u) do { if ((src)->grad_done) (src)->grad_done((src)->user, (u)); } while (0)
+#define PREFETCH(src, u) do { if ((src)->prefetch) (src)->prefetch((src)->user, (u)); } while (0)
 
 static AttnArgs train_attn(const TrainActs *a) {
     return (AttnArgs){.paged = 0, .cu_seqlens = a->cu_seqlens, .n_seqs = a->n_seqs};
@@ -205,11 +206,13 @@ int model_forward(Model *m, TrainActs *a, UnitSource *src, const Batch *b, float
 
     const void *p;
     ACQUIRE(src, 0, p, "embedding");
+    PREFETCH(src, L > 0 ? layout_layer_unit(0) : layout_final_unit(&m->layout));
     ops_embedding_fwd(o, a->residual[0], a->tokens, elem_at(m, p, m->layout.embed), N, C, V);
     RELEASE(src, 0);
     AttnArgs att = train_attn(a);
     for (int l = 0; l < L; l++) {
         ACQUIRE(src, layout_layer_unit(l), p, "layer forward");
+        PREFETCH(src, l + 1 < L ? layout_layer_unit(l + 1) : layout_final_unit(&m->layout));
         layer_forward(m, p, &a->slots[a->checkpoint ? 0 : l], a->residual[l], a->residual[l + 1], a->positions, N, &att);
         RELEASE(src, layout_layer_unit(l));
         if (ops_failed(m, "layer forward", err, err_len)) return -1;
@@ -268,6 +271,7 @@ int model_backward_entropy(Model *m, TrainActs *a, UnitSource *src, const float 
     ACQUIRE(src, uf, pf, "final norm backward");
     float *gf = src->grad(src->user, uf), *g0 = tied ? src->grad(src->user, 0) : NULL;
     if (tied) ACQUIRE(src, 0, p0, "tied lm_head backward");
+    if (L > 0) PREFETCH(src, layout_layer_unit(L - 1));
     const void *w_lm = lm_head_weight(m, pf, p0);
     float *dw_lm = tied ? g0 + m->layout.embed : gf + m->layout.lm_head;
     void *dxf = a->grads.dh; // (N, C): free until the first layer's backward
@@ -293,6 +297,7 @@ int model_backward_entropy(Model *m, TrainActs *a, UnitSource *src, const float 
         int u = layout_layer_unit(l);
         const void *p;
         ACQUIRE(src, u, p, "layer backward");
+        if (l > 0) PREFETCH(src, layout_layer_unit(l - 1));
         LayerActs *slot = &a->slots[a->checkpoint ? 0 : l];
         if (a->checkpoint) layer_forward(m, p, slot, a->residual[l], a->residual[l + 1], a->positions, N, &att);
         layer_backward(m, p, src->grad(src->user, u), slot, &a->grads, a->dres, a->residual[l], a->positions, N, &att);

@@ -8,8 +8,36 @@
 
 #include "shared/safetensors.h"
 
-#define N_SLOTS 3       // stage 3: gathered units alive at once (a layer, the final unit and tied unit 0)
-#define N_GRAD_WORK 2   // stages 2-3: full-unit gradients open at once (unit 0 when tied + the current unit)
+// Stage 3 gathers units into slots, one pool per kind of unit so that a small layer never waits behind the
+// embedding's size: unit 0 (embedding, also the tied lm_head) and the final unit each get one slot of their
+// own, layers share LAYER_SLOTS (the one being computed and the next, all-gathered ahead by prefetch).
+// Gradients (stages 2-3, several ranks) use the same pools: unit 0's gradient stays open from the lm_head
+// backward to the embedding backward; a layer's reduce-scatter runs on the communication stream while the
+// next layer's backward computes, and its result is added to the local slice only when its buffer is needed
+// again (or at the optimizer step).
+enum { POOL_EMBED = 0, POOL_FINAL, POOL_LAYER, N_POOLS };
+#define LAYER_SLOTS 2
+#define MAX_POOL_SLOTS LAYER_SLOTS
+
+typedef struct {
+    void *buf;             // (numel) storage dtype
+    int unit, refs;
+    uint64_t tick;
+} ParamSlot;
+
+typedef struct {
+    float *buf;            // (numel) fp32: the full-unit gradient while backward accumulates into it
+    float *reduced;        // (numel / world) fp32: this rank's reduce-scattered slice
+    int unit;              // open for this unit, or -1
+    int pending;           // unit whose reduce-scatter was queued but not yet added, or -1
+} GradWork;
+
+typedef struct {
+    size_t numel;          // padded numel of the largest unit in the pool
+    int n;
+    ParamSlot slot[MAX_POOL_SLOTS];
+    GradWork work[MAX_POOL_SLOTS];
+} Pool;
 
 struct Zero3 {
     Model *m;
@@ -22,20 +50,24 @@ struct Zero3 {
     void **param_shard;            // stage 3: (shard) storage dtype
     void **full;                   // stages 1-2: (padded) storage dtype, resident
     float **full_grad;             // stage 1: (padded) fp32, resident
-    void *slot[N_SLOTS];           // stage 3: (max_padded) storage dtype
-    int slot_unit[N_SLOTS], slot_refs[N_SLOTS];
-    uint64_t slot_tick[N_SLOTS], tick;
-    float *grad_work[N_GRAD_WORK]; // stages 2-3: (max_padded) fp32
-    int grad_work_unit[N_GRAD_WORK];
-    float *reduced;                // (max_shard) fp32 reduce-scatter result
+    Pool pool[N_POOLS];
+    uint64_t tick;
     float *sumsq;                  // (1) fp32 backend
 };
+
+static int pool_of(const Zero3 *z, int u) {
+    return u == 0 ? POOL_EMBED : u == z->n_units - 1 ? POOL_FINAL : POOL_LAYER;
+}
+// With one rank the slice is the whole padded unit: parameters and gradients are used in place, no slots.
+static int uses_param_slots(const Zero3 *z) { return z->stage == 3 && z->world > 1; }
+static int uses_grad_work(const Zero3 *z) { return z->stage != 1 && z->world > 1; }
 
 static CommDtype storage_dtype(const Zero3 *z) { return ops_dtype_size(z->o) == 2 ? COMM_BF16 : COMM_F32; }
 static size_t es(const Zero3 *z) { return ops_dtype_size(z->o); }
 
 // Collectives over backend memory. With one rank there is nobody to talk to: the gather is a device-side copy
-// (or nothing, in place) and the reduction the identity, so a single GPU needs no collective backend at all.
+// (or nothing, in place) and the all-reduce the identity (and one rank never reduce-scatters: backward
+// accumulates straight into its slice), so a single GPU needs no collective backend at all.
 static int gather(Zero3 *z, void *recv, const void *send, size_t count, CommDtype dtype) {
     if (z->world == 1) {
         if (recv != send) ops_copy(z->o, recv, send, count * comm_dtype_size(dtype));
@@ -44,10 +76,6 @@ static int gather(Zero3 *z, void *recv, const void *send, size_t count, CommDtyp
     return comm_all_gather(z->c, recv, send, count, dtype);
 }
 static int reduce_scatter(Zero3 *z, void *recv, const void *send, size_t count, CommDtype dtype) {
-    if (z->world == 1) {
-        ops_copy(z->o, recv, send, count * comm_dtype_size(dtype));
-        return 0;
-    }
     return comm_reduce_scatter(z->c, recv, send, count, dtype, COMM_SUM);
 }
 static int all_reduce(Zero3 *z, void *buf, size_t count, CommDtype dtype) {
@@ -109,17 +137,25 @@ int zero3_create(Zero3 **out, Model *m, Comm *c, int stage, char *err, size_t er
         else z->full[u] = ops_malloc(z->o, z->padded[u] * es(z));
         if (ops_status(z->o)) goto oom;
     }
-    for (int s = 0; s < N_SLOTS; s++) {
-        z->slot_unit[s] = -1;
-        if (stage == 3 && !(z->slot[s] = ops_malloc(z->o, z->max_padded * es(z)))) goto oom;
+    for (int u = 0; u < U; u++) {
+        Pool *pl = &z->pool[pool_of(z, u)];
+        if (z->padded[u] > pl->numel) pl->numel = z->padded[u];
     }
-    for (int g = 0; g < N_GRAD_WORK; g++) {
-        z->grad_work_unit[g] = -1;
-        if (stage != 1 && !(z->grad_work[g] = ops_malloc(z->o, z->max_padded * 4))) goto oom;
+    z->pool[POOL_EMBED].n = z->pool[POOL_FINAL].n = 1;
+    z->pool[POOL_LAYER].n = U > 2 ? LAYER_SLOTS : 0;
+    for (int k = 0; k < N_POOLS; k++) {
+        Pool *pl = &z->pool[k];
+        for (int s = 0; s < pl->n; s++) {
+            pl->slot[s].unit = -1;
+            pl->work[s].unit = pl->work[s].pending = -1;
+            if (uses_param_slots(z) && !(pl->slot[s].buf = ops_malloc(z->o, pl->numel * es(z)))) goto oom;
+            if (uses_grad_work(z) && (!(pl->work[s].buf = ops_malloc(z->o, pl->numel * 4)) ||
+                                      !(pl->work[s].reduced = ops_malloc(z->o, pl->numel / z->world * 4))))
+                goto oom;
+        }
     }
-    z->reduced = ops_malloc(z->o, z->max_shard * 4);
     z->sumsq = ops_malloc(z->o, 4);
-    if (!z->reduced || !z->sumsq) goto oom;
+    if (!z->sumsq) goto oom;
     *out = z;
     return 0;
 oom:
@@ -141,9 +177,12 @@ void zero3_destroy(Zero3 *z) {
         if (z->full) ops_free(o, z->full[u]);
         if (z->full_grad) ops_free(o, z->full_grad[u]);
     }
-    for (int s = 0; s < N_SLOTS; s++) ops_free(o, z->slot[s]);
-    for (int g = 0; g < N_GRAD_WORK; g++) ops_free(o, z->grad_work[g]);
-    ops_free(o, z->reduced);
+    for (int k = 0; k < N_POOLS; k++)
+        for (int s = 0; s < z->pool[k].n; s++) {
+            ops_free(o, z->pool[k].slot[s].buf);
+            ops_free(o, z->pool[k].work[s].buf);
+            ops_free(o, z->pool[k].work[s].reduced);
+        }
     ops_free(o, z->sumsq);
     free(z->padded);
     free(z->shard);
@@ -166,8 +205,12 @@ void zero3_memory(const Zero3 *z, Zero3Memory *mem) {
         if (z->stage == 3) mem->param_shard_bytes += z->shard[u] * es(z);
         else mem->gathered_bytes += z->padded[u] * es(z);
     }
-    if (z->stage == 3) mem->gathered_bytes = N_SLOTS * z->max_padded * es(z);
-    if (z->stage != 1) mem->grad_work_bytes = N_GRAD_WORK * z->max_padded * 4;
+    if (z->stage == 3) mem->gathered_bytes = 0;
+    for (int k = 0; k < N_POOLS; k++) {
+        const Pool *pl = &z->pool[k];
+        if (uses_param_slots(z)) mem->gathered_bytes += pl->n * pl->numel * es(z);
+        if (uses_grad_work(z)) mem->grad_work_bytes += pl->n * (pl->numel + pl->numel / z->world) * 4;
+    }
 }
 
 // Places one unit's full fp32 values (padded numel, host) into this rank's state.
@@ -181,7 +224,8 @@ static void place_unit(Zero3 *z, int u, const float *host) {
 }
 
 static void invalidate_slots(Zero3 *z) {
-    for (int s = 0; s < N_SLOTS; s++) z->slot_unit[s] = -1;
+    for (int k = 0; k < N_POOLS; k++)
+        for (int s = 0; s < z->pool[k].n; s++) z->pool[k].slot[s].unit = -1;
 }
 
 int zero3_load(Zero3 *z, const char *model_dir, char *err, size_t err_len) {
@@ -239,7 +283,8 @@ void zero3_zero_grad(Zero3 *z) {
         if (z->stage == 1) ops_memset_zero(z->o, z->full_grad[u], z->padded[u] * 4);
         else ops_memset_zero(z->o, z->grad_shard[u], z->shard[u] * 4);
     }
-    for (int g = 0; g < N_GRAD_WORK; g++) z->grad_work_unit[g] = -1;
+    for (int k = 0; k < N_POOLS; k++)
+        for (int s = 0; s < z->pool[k].n; s++) z->pool[k].work[s].unit = z->pool[k].work[s].pending = -1;
 }
 
 static int comm_failed(Zero3 *z, const char *what, int unit) {
@@ -249,94 +294,137 @@ static int comm_failed(Zero3 *z, const char *what, int unit) {
 
 // ---- the UnitSource the model reads through -------------------------------------------------------
 
+// The slot of pool `pl` holding unit u, or -1.
+static int slot_of(const Pool *pl, int u) {
+    for (int s = 0; s < pl->n; s++)
+        if (pl->slot[s].unit == u) return s;
+    return -1;
+}
+
+// Starts the all-gather of unit u into a slot nobody holds (empty first, else least recently used) on the
+// communication stream, after the compute queued so far (which may still read the slot's previous unit).
+// Returns the slot, -1 when every slot is held (ok_if_busy: a prefetch hint then does nothing), -2 on failure.
+static int gather_into_slot(Zero3 *z, int u, int ok_if_busy) {
+    Pool *pl = &z->pool[pool_of(z, u)];
+    int pick = -1;
+    for (int s = 0; s < pl->n; s++) {
+        const ParamSlot *c = &pl->slot[s];
+        if (c->refs > 0) continue;
+        if (pick < 0 || (c->unit < 0 && pl->slot[pick].unit >= 0) ||
+            (pl->slot[pick].unit >= 0 && c->unit >= 0 && c->tick < pl->slot[pick].tick))
+            pick = s;
+    }
+    if (pick < 0) {
+        if (ok_if_busy) return -1;
+        ops_set_error(z->o, -1, __FILE__, __LINE__, "ZeRO-3: more than %d units of unit %d's kind held at once",
+                      pl->n, u);
+        return -2;
+    }
+    comm_wait_compute(z->c);
+    if (gather(z, pl->slot[pick].buf, z->param_shard[u], z->shard[u], storage_dtype(z)) != 0) {
+        comm_failed(z, "all-gather", u);
+        return -2;
+    }
+    pl->slot[pick].unit = u;
+    pl->slot[pick].tick = ++z->tick;
+    return pick;
+}
+
 static const void *src_acquire(void *user, int u) {
     Zero3 *z = user;
     if (z->stage != 3) return z->full[u];
-    for (int s = 0; s < N_SLOTS; s++)
-        if (z->slot_unit[s] == u) {
-            z->slot_refs[s]++;
-            z->slot_tick[s] = ++z->tick;
-            return z->slot[s];
-        }
-    // Not gathered: take an empty slot, else the least recently used slot nobody holds.
-    int free_slot = -1;
-    for (int s = 0; s < N_SLOTS; s++) {
-        if (z->slot_refs[s] > 0) continue;
-        if (free_slot < 0 || (z->slot_unit[s] < 0 && z->slot_unit[free_slot] >= 0) ||
-            (z->slot_unit[free_slot] >= 0 && z->slot_tick[s] < z->slot_tick[free_slot]))
-            free_slot = s;
-    }
-    if (free_slot < 0) {
-        ops_set_error(z->o, -1, __FILE__, __LINE__, "ZeRO-3: more than %d units held at once (unit %d)", N_SLOTS, u);
-        return NULL;
-    }
-    comm_wait_compute(z->c);
-    if (gather(z, z->slot[free_slot], z->param_shard[u], z->shard[u], storage_dtype(z)) != 0) {
-        comm_failed(z, "all-gather", u);
-        return NULL;
-    }
+    if (!uses_param_slots(z)) return z->param_shard[u];
+    Pool *pl = &z->pool[pool_of(z, u)];
+    int s = slot_of(pl, u);
+    if (s < 0 && (s = gather_into_slot(z, u, 0)) < 0) return NULL;
+    // Compute that reads the slot waits for its gather (issued now or by an earlier prefetch).
     comm_compute_wait(z->c);
-    z->slot_unit[free_slot] = u;
-    z->slot_refs[free_slot] = 1;
-    z->slot_tick[free_slot] = ++z->tick;
-    return z->slot[free_slot];
+    pl->slot[s].refs++;
+    pl->slot[s].tick = ++z->tick;
+    return pl->slot[s].buf;
+}
+
+static void src_prefetch(void *user, int u) {
+    Zero3 *z = user;
+    if (!uses_param_slots(z) || u < 0 || u >= z->n_units) return;
+    if (slot_of(&z->pool[pool_of(z, u)], u) >= 0) return;
+    gather_into_slot(z, u, 1);
 }
 
 static void src_release(void *user, int u) {
     Zero3 *z = user;
-    if (z->stage != 3) return;
-    for (int s = 0; s < N_SLOTS; s++)
-        if (z->slot_unit[s] == u && z->slot_refs[s] > 0) {
-            z->slot_refs[s]--;
-            return;
-        }
+    if (!uses_param_slots(z)) return;
+    Pool *pl = &z->pool[pool_of(z, u)];
+    int s = slot_of(pl, u);
+    if (s >= 0 && pl->slot[s].refs > 0) pl->slot[s].refs--;
+}
+
+// Adds a finished reduce-scatter to this rank's gradient slice, once the compute stream has waited for it.
+static void finish_reduce(Zero3 *z, GradWork *w) {
+    if (w->pending < 0) return;
+    comm_compute_wait(z->c);
+    ops_add_f32(z->o, z->grad_shard[w->pending], w->reduced, z->shard[w->pending]);
+    w->pending = -1;
+}
+
+static void finish_all_reduces(Zero3 *z) {
+    for (int k = 0; k < N_POOLS; k++)
+        for (int s = 0; s < z->pool[k].n; s++) finish_reduce(z, &z->pool[k].work[s]);
 }
 
 static float *src_grad(void *user, int u) {
     Zero3 *z = user;
     if (z->stage == 1) return z->full_grad[u];
-    int free_g = -1;
-    for (int g = 0; g < N_GRAD_WORK; g++) {
-        if (z->grad_work_unit[g] == u) return z->grad_work[g];
-        if (z->grad_work_unit[g] < 0 && free_g < 0) free_g = g;
+    if (!uses_grad_work(z)) return z->grad_shard[u];
+    Pool *pl = &z->pool[pool_of(z, u)];
+    int pick = -1;
+    for (int s = 0; s < pl->n; s++) {
+        if (pl->work[s].unit == u) return pl->work[s].buf;
+        // Prefer a buffer with no reduce-scatter in flight; else the first one not open.
+        if (pl->work[s].unit < 0 && (pick < 0 || (pl->work[pick].pending >= 0 && pl->work[s].pending < 0))) pick = s;
     }
-    if (free_g < 0) {
-        ops_set_error(z->o, -1, __FILE__, __LINE__, "ZeRO: more than %d unit gradients open at once (unit %d)",
-                      N_GRAD_WORK, u);
+    if (pick < 0) {
+        ops_set_error(z->o, -1, __FILE__, __LINE__, "ZeRO: more than %d unit gradients of unit %d's kind open at once",
+                      pl->n, u);
         return NULL;
     }
-    z->grad_work_unit[free_g] = u;
-    ops_memset_zero(z->o, z->grad_work[free_g], z->padded[u] * 4);
-    return z->grad_work[free_g];
+    GradWork *w = &pl->work[pick];
+    finish_reduce(z, w);   // the reduce-scatter still reads buf: the memset below must come after it
+    w->unit = u;
+    ops_memset_zero(z->o, w->buf, z->padded[u] * 4);
+    return w->buf;
 }
 
-// Backward is done with unit u: reduce-scatter its gradient and add this rank's slice to the accumulator.
+// Backward is done with unit u: reduce-scatter its gradient on the communication stream; the result is added
+// to this rank's slice later (finish_reduce), so the next unit's backward overlaps the transfer.
 static void src_grad_done(void *user, int u) {
     Zero3 *z = user;
-    if (z->stage == 1) return;
-    for (int g = 0; g < N_GRAD_WORK; g++) {
-        if (z->grad_work_unit[g] != u) continue;
-        comm_wait_compute(z->c);
-        if (reduce_scatter(z, z->reduced, z->grad_work[g], z->shard[u], COMM_F32) != 0) {
+    if (!uses_grad_work(z)) return;
+    Pool *pl = &z->pool[pool_of(z, u)];
+    for (int s = 0; s < pl->n; s++) {
+        GradWork *w = &pl->work[s];
+        if (w->unit != u) continue;
+        comm_wait_compute(z->c);   // after the backward that wrote buf and any add that read `reduced`
+        if (reduce_scatter(z, w->reduced, w->buf, z->shard[u], COMM_F32) != 0) {
             comm_failed(z, "reduce-scatter", u);
             return;
         }
-        comm_compute_wait(z->c);
-        ops_add_f32(z->o, z->grad_shard[u], z->reduced, z->shard[u]);
-        z->grad_work_unit[g] = -1;
+        w->unit = -1;
+        w->pending = u;
         return;
     }
 }
 
 UnitSource zero3_source(Zero3 *z) {
     return (UnitSource){.acquire = src_acquire, .release = src_release, .grad = src_grad,
-                        .grad_done = src_grad_done, .user = z};
+                        .grad_done = src_grad_done, .prefetch = src_prefetch, .user = z};
 }
 
 // ---- optimizer step -----------------------------------------------------------------------------
 
 int zero3_step(Zero3 *z, const AdamWParams *p, float lr, int step, float *grad_norm, char *err, size_t err_len) {
     OpsCtx *o = z->o;
+    finish_all_reduces(z);
     if (z->stage == 1) {
         comm_wait_compute(z->c);
         for (int u = 0; u < z->n_units; u++)
