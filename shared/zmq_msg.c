@@ -27,7 +27,7 @@ static const char *const KEYS_REQ[ZMSG_N_TYPES] = {
     [ZMSG_GENERATE] = "n_prompts ?n ?max_tokens ?temperature ?top_p ?top_k ?min_p ?repetition_penalty ?seed "
                       "?stop_token_ids ?ignore_eos",
     [ZMSG_PAUSE] = "", [ZMSG_RESUME] = "", [ZMSG_RESET_CACHE] = "", [ZMSG_STATS] = "", [ZMSG_SHUTDOWN] = "",
-    [ZMSG_WEIGHTS_BEGIN] = "version transport layout_hash",
+    [ZMSG_WEIGHTS_BEGIN] = "version transport layout_hash ?nccl_id ?nccl_world ?nccl_rank ?trainer_ranks",
     [ZMSG_WEIGHTS_SLICE] = "unit offset count dtype ?version",
     [ZMSG_WEIGHTS_END] = "version",
 };
@@ -172,6 +172,18 @@ static int get_str(P *p, const char *key, const char **out) {
     if (rc) return rc;
     if (!json_is_string(v)) return fail(p->err, p->err_len, "%s: field \"%s\" must be a string", p->tname, key);
     *out = json_string_value(v);
+    return 0;
+}
+
+// Lowercase hex digits (2 * n) into n bytes; -1 on anything else.
+static int hex_decode(const char *s, uint8_t *out, int n) {
+    for (int i = 0; i < 2 * n; i++) {
+        char c = s[i];
+        int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
+        if (v < 0) return -1;
+        if (i % 2 == 0) out[i / 2] = (uint8_t)(v << 4);
+        else out[i / 2] |= (uint8_t)v;
+    }
     return 0;
 }
 
@@ -433,7 +445,16 @@ static int parse_weights(P *p, ZmsgMsg *m, const ZmsgFrame *f, int nf) {
         else if (!strcmp(s, "nccl")) m->transport = ZMSG_TRANSPORT_NCCL;
         else return fail(p->err, p->err_len,
                          "weights_begin: field \"transport\" must be \"zmq\" or \"nccl\", got \"%.32s\"", s);
-        return get_hash(p, "layout_hash", &m->layout_hash);
+        if ((rc = get_hash(p, "layout_hash", &m->layout_hash))) return rc;
+        if (m->transport != ZMSG_TRANSPORT_NCCL) return 0;
+        if ((rc = get_int(p, "trainer_ranks", 1, 0, 1, 1 << 20, &m->trainer_ranks))) return rc;
+        if ((rc = get_int(p, "nccl_world", 1, 0, m->trainer_ranks + 1, 1 << 20, &m->nccl_world))) return rc;
+        if ((rc = get_int(p, "nccl_rank", 1, 0, m->trainer_ranks, m->nccl_world - 1, &m->nccl_rank))) return rc;
+        if ((rc = get_str(p, "nccl_id", &s))) return rc;
+        if (strlen(s) != 2 * ZMSG_NCCL_ID_BYTES || hex_decode(s, m->nccl_id, ZMSG_NCCL_ID_BYTES) != 0)
+            return fail(p->err, p->err_len, "weights_begin: field \"nccl_id\" must be %d lowercase hex digits",
+                        2 * ZMSG_NCCL_ID_BYTES);
+        return 0;
     }
     if (m->type == ZMSG_WEIGHTS_END && m->dir == ZMSG_DIR_REPLY) {
         if ((rc = get_num(p, "seconds", 1, 0, &m->seconds))) return rc;
@@ -682,6 +703,14 @@ int zmsg_build(const ZmsgMsg *m, ZmsgOut *out, char *err, size_t err_len) {
         json_object_set_new(h, "transport", json_string(m->transport == ZMSG_TRANSPORT_NCCL ? "nccl" : "zmq"));
         zmsg_hash_to_hex(m->layout_hash, hex);
         json_object_set_new(h, "layout_hash", json_string(hex));
+        if (m->transport == ZMSG_TRANSPORT_NCCL) {
+            char idhex[2 * ZMSG_NCCL_ID_BYTES + 1];
+            for (int i = 0; i < ZMSG_NCCL_ID_BYTES; i++) snprintf(idhex + 2 * i, 3, "%02x", m->nccl_id[i]);
+            json_object_set_new(h, "nccl_id", json_string(idhex));
+            set_i(h, "nccl_world", m->nccl_world);
+            set_i(h, "nccl_rank", m->nccl_rank);
+            set_i(h, "trainer_ranks", m->trainer_ranks);
+        }
         break;
     case ZMSG_WEIGHTS_SLICE:
         if (m->count < 1 || m->offset < 0 || m->unit < 0 || !m->slice_data) {

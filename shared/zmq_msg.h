@@ -40,6 +40,7 @@ typedef enum { ZMSG_DIR_REQUEST = 0, ZMSG_DIR_REPLY = 1 } ZmsgDir;   // request:
 
 typedef enum { ZMSG_DTYPE_F32 = 0, ZMSG_DTYPE_BF16 = 1 } ZmsgDtype;
 typedef enum { ZMSG_TRANSPORT_ZMQ = 0, ZMSG_TRANSPORT_NCCL = 1 } ZmsgTransport;
+#define ZMSG_NCCL_ID_BYTES 128   // = COMM_UNIQUE_ID_BYTES (ncclUniqueId)
 // Finish reasons of a completion, as the strings "length", "stop", "abort", "error" on the wire.
 typedef enum { ZMSG_FINISH_LENGTH = 0, ZMSG_FINISH_STOP, ZMSG_FINISH_ABORT, ZMSG_FINISH_ERROR } ZmsgFinish;
 
@@ -126,6 +127,10 @@ typedef struct {
     const void *slice_data;      // (count) f32 or bf16, little-endian, not necessarily aligned
     double seconds;              // weights_end reply: weights_begin to commit done
     double commit_seconds;       // weights_end reply: the engine's swap alone
+    // weights_begin with transport nccl: the weight-sync communicator (trainer ranks 0..trainer_ranks-1, then
+    // the servers). nccl_id travels as 256 lowercase hex digits; the same id as last time means "reuse it".
+    uint8_t nccl_id[ZMSG_NCCL_ID_BYTES];
+    int nccl_world, nccl_rank, trainer_ranks;
 
     // error reply
     char code[ZMSG_CODE_MAX];    // short machine-readable reason, e.g. "bad_message", "queue_full"

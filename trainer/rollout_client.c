@@ -9,7 +9,7 @@
 
 #include "shared/dtype.h"
 
-#define MAX_SERVERS 64
+#define MAX_SERVERS ROLLOUT_MAX_SERVERS
 #define SLICE_ELEMS (1 << 20)     // elements per weights_slice frame
 #define WAIT_LOG_MS 5000          // how often "still waiting for ..." is logged
 
@@ -466,6 +466,40 @@ int rollout_weights_begin(RolloutClient *c, int64_t version, char *err, size_t e
     // with older weights and the caller pushes again then.
     if (started == 0)
         fprintf(stderr, "tandem-train: weight update %lld reached no rollout server\n", (long long)version);
+    return 0;
+}
+
+int rollout_alive_servers(const RolloutClient *c, int *servers) {
+    int n = 0;
+    for (int k = 0; k < c->n_servers; k++)
+        if (c->servers[k].alive) servers[n++] = k;
+    return n;
+}
+
+int rollout_weights_begin_nccl(RolloutClient *c, int64_t version, const uint8_t id[ZMSG_NCCL_ID_BYTES],
+                               int trainer_ranks, const int *servers, int n, char *err, size_t err_len) {
+    for (int j = 0; j < n; j++) {
+        Server *s = &c->servers[servers[j]];
+        ZmsgMsg m, rep;
+        zmsg_init(&m, ZMSG_WEIGHTS_BEGIN, ZMSG_DIR_REQUEST, c->next_id++);
+        m.version = version;
+        m.transport = ZMSG_TRANSPORT_NCCL;
+        m.layout_hash = c->layout_hash;
+        memcpy(m.nccl_id, id, ZMSG_NCCL_ID_BYTES);
+        m.trainer_ranks = trainer_ranks;
+        m.nccl_world = trainer_ranks + n;
+        m.nccl_rank = trainer_ranks + j;
+        if (send_msg(s, &m, err, err_len) != 0) return -1;
+        int r = wait_reply(s, m.id, &rep, c->timeout_ms, err, err_len);
+        if (r < 0) return strstr(err, "[unsupported]") ? ROLLOUT_EUNSUPPORTED : -1;
+        if (r == 0) {
+            // Members are fixed once told: a silent server fails this push, and the next one leaves it out.
+            mark_dead(c, s, "did not acknowledge weights_begin");
+            snprintf(err, err_len, "rollout server %s did not acknowledge weights_begin (nccl)", s->endpoint);
+            return ROLLOUT_ESERVERS_LOST;
+        }
+        zmsg_free(&rep);
+    }
     return 0;
 }
 

@@ -62,4 +62,17 @@ int rollout_weights_send_slice(RolloutClient *c, int64_t version, int unit, int6
 int rollout_client_flush(RolloutClient *c, char *err, size_t err_len);
 int rollout_weights_end(RolloutClient *c, int64_t version, double *seconds, char *err, size_t err_len);
 
+// Weight push, transport nccl (rank 0 only). rollout_alive_servers lists the answering servers (indices, in
+// endpoint order, at most ROLLOUT_MAX_SERVERS) — the members of the weight-sync communicator after the
+// trainer ranks. rollout_weights_begin_nccl opens update `version` on those n servers, telling server
+// servers[j] to join communicator `id` (the same id as before: reuse it) as member trainer_ranks + j of
+// trainer_ranks + n. A server that cannot take nccl (a CPU server) makes it return ROLLOUT_EUNSUPPORTED (the
+// caller then uses transport zmq); a silent one ROLLOUT_ESERVERS_LOST (it is set aside). Then every rank sends
+// over the communicator, and rank 0 ends with rollout_weights_end as for zmq.
+#define ROLLOUT_MAX_SERVERS 64
+#define ROLLOUT_EUNSUPPORTED (-3)
+int rollout_alive_servers(const RolloutClient *c, int *servers);
+int rollout_weights_begin_nccl(RolloutClient *c, int64_t version, const uint8_t id[ZMSG_NCCL_ID_BYTES],
+                               int trainer_ranks, const int *servers, int n, char *err, size_t err_len);
+
 #endif

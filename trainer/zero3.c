@@ -87,6 +87,9 @@ size_t zero3_shard_count(const Zero3 *z, int unit) { return z->shard[unit]; }
 float *zero3_master_shard(Zero3 *z, int unit) { return z->master[unit]; }
 float *zero3_adam_m_shard(Zero3 *z, int unit) { return z->adam_m[unit]; }
 float *zero3_adam_v_shard(Zero3 *z, int unit) { return z->adam_v[unit]; }
+const void *zero3_param_shard(Zero3 *z, int unit) {
+    return z->stage == 3 ? z->param_shard[unit] : (const char *)z->full[unit] + zero3_shard_offset(z, unit) * es(z);
+}
 
 // This rank's gradient slice of a unit (stage 1 keeps full gradients and slices them).
 static float *grad_slice(Zero3 *z, int u) {

@@ -53,6 +53,9 @@ size_t zero3_shard_count(const Zero3 *z, int unit);
 float *zero3_master_shard(Zero3 *z, int unit);     // fp32 (count)
 float *zero3_adam_m_shard(Zero3 *z, int unit);
 float *zero3_adam_v_shard(Zero3 *z, int unit);
+// This rank's slice of unit u's parameters in the storage dtype (backend memory, shard count elements), as the
+// model reads them: what the weight sync sends over NCCL.
+const void *zero3_param_shard(Zero3 *z, int unit);
 // Restores this rank's slice of unit u from host fp32 arrays (shard count each; m and v may be NULL = zeros),
 // e.g. from a checkpoint; call zero3_republish once every unit is restored.
 int zero3_restore_shard(Zero3 *z, int unit, const float *master, const float *m, const float *v);

@@ -353,10 +353,25 @@ static void test_weights(void) {
     m.version = 5;
     m.transport = ZMSG_TRANSPORT_NCCL;
     m.layout_hash = 0x0123456789abcdefull;
+    for (int i = 0; i < ZMSG_NCCL_ID_BYTES; i++) m.nccl_id[i] = (uint8_t)(i * 37 + 11);
+    m.trainer_ranks = 7, m.nccl_world = 9, m.nccl_rank = 8;
     if (round_trip(&m, &b) == 0) {
         CHECK(b.version == 5 && b.transport == ZMSG_TRANSPORT_NCCL && b.layout_hash == 0x0123456789abcdefull);
+        CHECK(!memcmp(b.nccl_id, m.nccl_id, ZMSG_NCCL_ID_BYTES) && b.trainer_ranks == 7 && b.nccl_world == 9 &&
+              b.nccl_rank == 8);
         zmsg_free(&b);
     }
+    // The nccl membership must be consistent: a server's rank lies after the trainer ranks, inside the world.
+    m.nccl_rank = 3;
+    {
+        ZmsgOut o;
+        char err[512];
+        CHECK(zmsg_build(&m, &o, err, sizeof err) == 0);
+        CHECK(zmsg_parse(&b, REQ, o.frames, o.n_frames, err, sizeof err) != 0 && strstr(err, "nccl_rank"));
+        zmsg_out_free(&o);
+    }
+    m.nccl_rank = 8;
+    m.transport = ZMSG_TRANSPORT_ZMQ;
     zmsg_init(&m, ZMSG_WEIGHTS_BEGIN, REP, 20);
     m.version = 5;
     if (round_trip(&m, &b) == 0) {
