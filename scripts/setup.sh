@@ -3,6 +3,8 @@
 #   - Debian packages (compiler, CMake, jansson, libmicrohttpd, ZeroMQ, OpenBLAS, PCRE2, utf8proc, clang)
 #   - the reference-test Python venv, cached outside the clone and keyed by tests/requirements.txt's hash
 #     (PyPI's torch wheel brings several GB of CUDA libraries: one install per machine, reused by every run).
+#   - into that venv, tests/requirements-k8s.txt (kubectl for `kubectl kustomize`, kubernetes-validate), once
+#     per hash of that file (a stamp in the venv), so changing it never rebuilds the venv.
 # Prints the venv path on its last line.
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
@@ -37,5 +39,13 @@ if [ ! -f "$venv/.complete" ]; then
   "$venv/bin/python" -m pip install -q --upgrade pip >&2
   "$venv/bin/python" -m pip install -q -r "$req" >&2
   touch "$venv/.complete"
+fi
+req_k8s="$here/tests/requirements-k8s.txt"
+stamp="$venv/.k8s-$(sha256sum "$req_k8s" | cut -c1-16)"
+if [ ! -f "$stamp" ]; then
+  echo "setup: installing the Kubernetes manifest test tools into $venv" >&2
+  "$venv/bin/python" -m pip install -q -r "$req_k8s" >&2
+  rm -f "$venv"/.k8s-*
+  touch "$stamp"
 fi
 echo "$venv"

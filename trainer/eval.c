@@ -19,6 +19,7 @@
 
 typedef struct {
     const char *url, *data, *model_name, *output, *rewards_csv;
+    const char *auth_header; // "Authorization: Bearer KEY\r\n", or NULL without a key
     int n, k, max_tokens, concurrency, timeout_s;
     double temperature, top_p;
     RewardOptions ro;
@@ -49,6 +50,7 @@ static void usage(FILE *f) {
             "  --url URL               server base URL (required)\n"
             "  --data FILE             JSONL: \"prompt\" (text or chat messages) or \"messages\", plus reward columns\n"
             "  --model-name NAME       the request's \"model\" field (default: none sent)\n"
+            "  --api-key KEY           sent as 'Authorization: Bearer KEY' (default: env OPENAI_API_KEY, else none)\n"
             "  --rewards LIST          comma-separated built-ins (default answer_match)\n"
             "  --answer-column NAME    column answer_match reads (default answer)\n"
             "  --format-regex RE       pattern of regex_format; --format-regex-mode full|search (default full)\n"
@@ -91,7 +93,7 @@ static void run_row(EvalJob *j, EvalRow *r) {
     char *body = NULL, url[4096];
     const char *path = build_request(o, r->row, &body);
     snprintf(url, sizeof url, "%s%s", o->url, path);
-    HttpOptions ho = {.connect_timeout_ms = 10000, .timeout_ms = o->timeout_s * 1000};
+    HttpOptions ho = {.connect_timeout_ms = 10000, .timeout_ms = o->timeout_s * 1000, .headers = o->auth_header};
     HttpResponse resp = {0};
     if (!body) {
         snprintf(r->err, sizeof r->err, "out of memory");
@@ -103,7 +105,8 @@ static void run_row(EvalJob *j, EvalRow *r) {
     }
     free(body);
     json_error_t je;
-    json_t *ans = json_loadb(resp.body, resp.body_len, 0, &je);
+    // JSON_ALLOW_NUL: a completion may hold U+0000 (a sampled byte token); the rewards see the text before it.
+    json_t *ans = json_loadb(resp.body, resp.body_len, JSON_ALLOW_NUL, &je);
     if (resp.status != 200 || !ans) {
         snprintf(r->err, sizeof r->err, "%.150s answered %d: %.300s", url, resp.status, resp.body ? resp.body : "");
         json_decref(ans);
@@ -175,6 +178,7 @@ int eval_main(int argc, char **argv) {
     EvalOptions o = {.n = 1, .k = 1, .max_tokens = 256, .concurrency = 8, .timeout_s = 600, .temperature = 0,
                      .top_p = 1, .rewards_csv = "answer_match"};
     reward_options_default(&o.ro);
+    const char *api_key = getenv("OPENAI_API_KEY"); // as the openai client reads it
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
         if (!strcmp(a, "--help")) {
@@ -189,6 +193,7 @@ int eval_main(int argc, char **argv) {
         if (!strcmp(a, "--url")) o.url = v;
         else if (!strcmp(a, "--data")) o.data = v;
         else if (!strcmp(a, "--model-name")) o.model_name = v;
+        else if (!strcmp(a, "--api-key")) api_key = v;
         else if (!strcmp(a, "--rewards")) o.rewards_csv = v;
         else if (!strcmp(a, "--answer-column")) o.ro.answer_column = v;
         else if (!strcmp(a, "--format-regex")) o.ro.format_regex = v;
@@ -212,6 +217,18 @@ int eval_main(int argc, char **argv) {
                         "temperature >= 0, 0 < top-p <= 1 (see --help)\n");
         return 2;
     }
+    if (api_key && *api_key) {
+        // A key is one header value: control characters would end the header and inject others.
+        for (const char *p = api_key; *p; p++)
+            if ((unsigned char)*p < 0x20 || *p == 0x7f) {
+                fprintf(stderr, "tandem-train eval: the API key holds a control character (a stray newline?)\n");
+                return 2;
+            }
+        if (strlen(api_key) > 2048) {
+            fprintf(stderr, "tandem-train eval: the API key is longer than 2048 characters\n");
+            return 2;
+        }
+    }
     o.ro.max_completion_length = o.max_tokens;
     if (o.ro.soft_punish_cache > o.max_tokens) o.ro.soft_punish_cache = o.max_tokens;
     if (o.ro.length_penalty_target >= o.max_tokens) o.ro.length_penalty_target = o.max_tokens - 1;
@@ -233,6 +250,11 @@ int eval_main(int argc, char **argv) {
         rewards_free(rw);
         free(names_buf);
         return 1;
+    }
+    char auth[2048 + 32];
+    if (api_key && *api_key) {
+        snprintf(auth, sizeof auth, "Authorization: Bearer %s\r\n", api_key);
+        o.auth_header = auth;
     }
     EvalJob job = {.o = &o, .rewards = rw};
     pthread_mutex_init(&job.mu, NULL);

@@ -389,15 +389,15 @@ int http_post(const char *url, const char *content_type, const char *body, size_
     if (fd < 0) return fd;
     int64_t deadline = now_ms() + to;
 
-    char head[2600 + 300];
+    char head[2600 + 300 + 4096];
     int ipv6 = strchr(u.host, ':') != NULL;
     int hn = snprintf(head, sizeof head,
                       "POST %s HTTP/1.1\r\nHost: %s%s%s%s%s\r\nUser-Agent: tandem-train\r\n"
-                      "Content-Type: %s\r\nContent-Length: %zu\r\nAccept: application/json\r\n"
+                      "Content-Type: %s\r\nContent-Length: %zu\r\nAccept: application/json\r\n%s"
                       "Connection: close\r\n\r\n",
                       u.path, ipv6 ? "[" : "", u.host, ipv6 ? "]" : "", strcmp(u.port, "80") ? ":" : "",
                       strcmp(u.port, "80") ? u.port : "", content_type ? content_type : "application/octet-stream",
-                      body_len);
+                      body_len, opt && opt->headers ? opt->headers : "");
     RespState st = {0};
     if (hn < 0 || (size_t)hn >= sizeof head) {
         set_err(err, err_len, "%s: request header too long", url);

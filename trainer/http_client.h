@@ -26,6 +26,7 @@ typedef struct {
     int connect_timeout_ms;       // > 0
     int timeout_ms;               // > 0
     size_t max_response_bytes;    // 0: 256 MiB
+    const char *headers;          // NULL, or extra header lines, each ending in "\r\n" (e.g. "Authorization: ...")
 } HttpOptions;
 
 typedef struct {

@@ -1,12 +1,19 @@
 // trainer/launch.c — `tandem-train launch` (see trainer/launch.h).
 //
-//   tandem-train launch --model DIR [--ranks N] [--servers K] [--server-device cpu|cuda] [--server-arg ARG]...
-//                       [--master-port P] [--control-port P] [--log-dir DIR] -- [tandem-train options]
+//   tandem-train launch --model DIR [--nnodes N --node-rank R --master-addr HOST] [--ranks N] [--servers K]
+//                       [--server-device cpu|cuda] [--server-arg ARG]... [--master-port P] [--control-port P]
+//                       [--log-dir DIR] [--dns-timeout S] -- [tandem-train options]
+//
+// Several nodes: the same command on every node, only --node-rank differs (torchrun's model). Node R starts
+// ranks R * ranks ... R * ranks + ranks - 1. Rollout servers started by the launcher run on node 0 only and
+// listen on every interface there; every node's ranks reach them at MASTER_ADDR. External servers (Kubernetes:
+// their own pods) are --servers 0 plus the trainer's --rollout-servers after "--".
 #include "trainer/launch.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
+#include <netdb.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -36,16 +43,27 @@ static void on_signal(int sig) { interrupted = sig; }
 static void usage(FILE *f) {
     fprintf(f,
             "usage: tandem-train launch --model DIR [options] -- [tandem-train options]\n\n"
-            "Starts the rollout servers and the trainer ranks of one run on this machine; stops them all when one\n"
-            "fails or on Ctrl-C. Rank 0's output streams here; the others' go to --log-dir.\n\n"
+            "Starts the rollout servers and the trainer ranks of one run on this node; stops them all when one\n"
+            "fails or on Ctrl-C. Local rank 0's output streams here; the others' go to --log-dir.\n"
+            "Several nodes: run the same command on each, with its own --node-rank. Each rank gets RANK =\n"
+            "node_rank * ranks + local rank, WORLD_SIZE = nnodes * ranks, LOCAL_RANK, MASTER_ADDR, MASTER_PORT.\n\n"
             "  --model DIR            model folder, given to the servers and the ranks (required)\n"
-            "  --ranks N              trainer ranks (default 1)\n"
-            "  --servers K            rollout servers (default 1; 0 for --mode sft)\n"
+            "  --ranks N              trainer ranks on this node (default 1)\n"
+            "  --nnodes N             nodes in the run (default: env NNODES, else 1)\n"
+            "  --node-rank R          this node's index, 0 .. nnodes-1 (default: env NODE_RANK, else\n"
+            "                         JOB_COMPLETION_INDEX (Kubernetes indexed Job), else 0)\n"
+            "  --master-addr HOST     node 0's host name or IP address (default: env MASTER_ADDR, else 127.0.0.1)\n"
+            "  --master-port P        rendezvous port of rank 0 (default: env MASTER_PORT, else 29500)\n"
+            "  --servers K            rollout servers, started on node 0 (default 1; 0 for --mode sft or for\n"
+            "                         servers of your own, given as --rollout-servers after --)\n"
             "  --server-device D      cpu or cuda[:N] for the servers (default cpu)\n"
-            "  --server-arg ARG       one more tandem-serve argument (repeatable), e.g. --server-arg=--kv-cache-memory=2G\n"
-            "  --master-port P        rendezvous port of rank 0 (default 29500)\n"
-            "  --control-port P       ZeroMQ control port of server 0; server i uses P + i (default 5555)\n"
-            "  --log-dir DIR          logs of the servers and of ranks > 0 (default launch-logs)\n"
+            "  --server-arg ARG       one more tandem-serve argument (repeatable; default none),\n"
+            "                         e.g. --server-arg=--kv-cache-memory=2G\n"
+            "  --control-port P       ZeroMQ control port of server 0; server i uses P + i (default 5555). With\n"
+            "                         --nnodes > 1 the servers listen on every interface of node 0\n"
+            "  --log-dir DIR          logs of the servers and of local ranks > 0 (default launch-logs)\n"
+            "  --dns-timeout S        with WORLD_SIZE > 1, seconds to wait for --master-addr to resolve before\n"
+            "                         starting the ranks (a pod's DNS name appears shortly after it starts) (default 300)\n"
             "  --help                 this text\n");
 }
 
@@ -128,9 +146,65 @@ static void stop_all(double grace_s) {
         }
 }
 
+// Parses a decimal integer in [lo, hi]; `what` names the flag or variable in the error.
+static int parse_int(const char *what, const char *text, int lo, int hi, int *out) {
+    char *end = NULL;
+    errno = 0;
+    long v = strtol(text, &end, 10);
+    if (!*text || errno || *end || v < lo || v > hi) {
+        fprintf(stderr, "tandem-train launch: %s '%s' must be an integer in %d..%d (see --help)\n", what, text, lo, hi);
+        return -1;
+    }
+    *out = (int)v;
+    return 0;
+}
+
+// The flag's value when given, else the first environment variable that is set (*what names the source).
+static const char *flag_or_env(const char *flag_val, const char *flag, const char *const *envs, const char **what) {
+    *what = flag;
+    if (flag_val) return flag_val;
+    for (int i = 0; envs[i]; i++) {
+        const char *v = getenv(envs[i]);
+        if (v) {
+            *what = envs[i];
+            return v;
+        }
+    }
+    return NULL;
+}
+
+// A pod's DNS name (the headless Service's record) appears a few seconds after the pod starts, and a rank
+// that cannot resolve MASTER_ADDR fails at once: wait for it here, where waiting is cheap.
+static int wait_resolvable(const char *host, int timeout_s) {
+    struct timespec start, now;
+    clock_gettime(CLOCK_MONOTONIC, &start);
+    for (int said = 0;; said = 1) {
+        struct addrinfo hints = {.ai_family = AF_UNSPEC, .ai_socktype = SOCK_STREAM}, *res = NULL;
+        int rc = getaddrinfo(host, NULL, &hints, &res);
+        if (rc == 0) {
+            freeaddrinfo(res);
+            if (said) fprintf(stderr, "tandem-train launch: MASTER_ADDR %s resolves now\n", host);
+            return 0;
+        }
+        clock_gettime(CLOCK_MONOTONIC, &now);
+        if (interrupted || now.tv_sec - start.tv_sec >= timeout_s) {
+            fprintf(stderr, "tandem-train launch: MASTER_ADDR %s does not resolve (%s)%s\n", host, gai_strerror(rc),
+                    interrupted ? "" : " within --dns-timeout");
+            return -1;
+        }
+        if (!said)
+            fprintf(stderr, "tandem-train launch: waiting up to %d s for MASTER_ADDR %s to resolve (%s)\n", timeout_s,
+                    host, gai_strerror(rc));
+        struct timespec ts = {1, 0};
+        nanosleep(&ts, NULL);
+    }
+}
+
 int launch_main(int argc, char **argv) {
     const char *model = NULL, *server_device = "cpu", *log_dir = "launch-logs";
-    int ranks = 1, servers = 1, master_port = 29500, control_port = 5555, n_server_args = 0, train_start = argc;
+    const char *nnodes_arg = NULL, *node_rank_arg = NULL, *master_addr_arg = NULL, *master_port_arg = NULL;
+    int ranks = 1, servers = 1, master_port = 29500, control_port = 5555, dns_timeout = 300, n_server_args = 0;
+    int train_start = argc;
     const char *server_args[64];
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -152,25 +226,52 @@ int launch_main(int argc, char **argv) {
             return 2;
         }
         i++;
+        int bad = 0;
         if (!strcmp(a, "--model")) model = v;
-        else if (!strcmp(a, "--ranks")) ranks = atoi(v);
-        else if (!strcmp(a, "--servers")) servers = atoi(v);
+        else if (!strcmp(a, "--ranks")) bad = parse_int(a, v, 1, 128, &ranks);
+        else if (!strcmp(a, "--servers")) bad = parse_int(a, v, 0, 64, &servers);
         else if (!strcmp(a, "--server-device")) server_device = v;
         else if (!strcmp(a, "--server-arg")) { if (n_server_args < 64) server_args[n_server_args++] = v; }
-        else if (!strcmp(a, "--master-port")) master_port = atoi(v);
-        else if (!strcmp(a, "--control-port")) control_port = atoi(v);
+        else if (!strcmp(a, "--nnodes")) nnodes_arg = v;
+        else if (!strcmp(a, "--node-rank")) node_rank_arg = v;
+        else if (!strcmp(a, "--master-addr")) master_addr_arg = v;
+        else if (!strcmp(a, "--master-port")) master_port_arg = v;
+        else if (!strcmp(a, "--control-port")) bad = parse_int(a, v, 1, 65535, &control_port);
         else if (!strcmp(a, "--log-dir")) log_dir = v;
+        else if (!strcmp(a, "--dns-timeout")) bad = parse_int(a, v, 0, 86400, &dns_timeout);
         else {
             fprintf(stderr, "tandem-train launch: unknown option %s (tandem-train options go after --)\n", a);
             return 2;
         }
+        if (bad) return 2;
     }
-    if (!model || ranks < 1 || ranks > 128 || servers < 0 || servers > 64 || master_port < 1 || master_port > 65535 ||
-        control_port < 1 || control_port + servers > 65535) {
+    // Flags win over the environment; NODE_RANK over JOB_COMPLETION_INDEX (set by a Kubernetes indexed Job).
+    static const char *const env_nnodes[] = {"NNODES", NULL}, *const env_node[] = {"NODE_RANK", "JOB_COMPLETION_INDEX", NULL},
+                             *const env_addr[] = {"MASTER_ADDR", NULL}, *const env_port[] = {"MASTER_PORT", NULL};
+    const char *what, *val;
+    int nnodes = 1, node_rank = 0;
+    if ((val = flag_or_env(nnodes_arg, "--nnodes", env_nnodes, &what)) && parse_int(what, val, 1, 4096, &nnodes))
+        return 2;
+    if ((val = flag_or_env(node_rank_arg, "--node-rank", env_node, &what)) &&
+        parse_int(what, val, 0, nnodes - 1, &node_rank))
+        return 2;
+    if ((val = flag_or_env(master_port_arg, "--master-port", env_port, &what)) &&
+        parse_int(what, val, 1, 65535, &master_port))
+        return 2;
+    const char *master_addr = flag_or_env(master_addr_arg, "--master-addr", env_addr, &what);
+    if (!master_addr) master_addr = "127.0.0.1";
+    int addr_ok = *master_addr && strlen(master_addr) < 256;
+    for (const char *p = master_addr; *p; p++) addr_ok &= *p > ' ' && *p != '/' && *p != '[' && *p != ']';
+    if (!addr_ok) {
+        fprintf(stderr, "tandem-train launch: %s '%s' is not a host name or IP address\n", what, master_addr);
+        return 2;
+    }
+    if (!model || control_port + servers > 65535) {
         fprintf(stderr, "tandem-train launch: need --model, 1 <= --ranks <= 128, 0 <= --servers <= 64 and valid ports "
                         "(see --help)\n");
         return 2;
     }
+    int world = nnodes * ranks, first_rank = node_rank * ranks;
     if (mkdir(log_dir, 0755) != 0 && errno != EEXIST) {
         fprintf(stderr, "tandem-train launch: cannot create --log-dir %s: %s\n", log_dir, strerror(errno));
         return 1;
@@ -183,12 +284,23 @@ int launch_main(int argc, char **argv) {
     sa.sa_handler = on_signal;
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
+    if (nnodes > 1)
+        fprintf(stderr, "tandem-train launch: node %d of %d: ranks %d..%d of WORLD_SIZE %d, MASTER_ADDR %s:%d\n",
+                node_rank, nnodes, first_rank, first_rank + ranks - 1, world, master_addr, master_port);
+    if (world > 1 && wait_resolvable(master_addr, dns_timeout) != 0) return interrupted ? 130 : 1;
 
-    char endpoints[64 * 32] = "";
+    // Servers live on node 0. One node: loopback only, as before. Several: every interface of node 0, and the
+    // other nodes' ranks reach them at MASTER_ADDR (an IPv6 literal in brackets, as ZeroMQ spells it).
+    int v6 = strchr(master_addr, ':') != NULL;
+    char endpoints[64 * 300] = "";
     for (int s = 0; s < servers; s++) {
+        char ep[300];
+        if (node_rank == 0) snprintf(ep, sizeof ep, "tcp://127.0.0.1:%d", control_port + s);
+        else snprintf(ep, sizeof ep, "tcp://%s%s%s:%d", v6 ? "[" : "", master_addr, v6 ? "]" : "", control_port + s);
+        snprintf(endpoints + strlen(endpoints), sizeof endpoints - strlen(endpoints), "%s%s", s ? "," : "", ep);
+        if (node_rank != 0) continue;
         char ctl[64], *args[MAX_ARGS];
-        snprintf(ctl, sizeof ctl, "tcp://127.0.0.1:%d", control_port + s);
-        snprintf(endpoints + strlen(endpoints), sizeof endpoints - strlen(endpoints), "%s%s", s ? "," : "", ctl);
+        snprintf(ctl, sizeof ctl, "tcp://%s:%d", nnodes > 1 ? "0.0.0.0" : "127.0.0.1", control_port + s);
         int k = 0;
         args[k++] = serve_bin;
         args[k++] = "--model", args[k++] = (char *)model;
@@ -203,27 +315,29 @@ int launch_main(int argc, char **argv) {
         c->pid = spawn(args, NULL, c->log);
         fprintf(stderr, "tandem-train launch: rollout server %d (pid %d) on %s, log %s\n", s, (int)c->pid, ctl, c->log);
     }
-    for (int r = 0; r < ranks; r++) {
-        char *args[MAX_ARGS], *env[8], buf[6][64];
+    for (int lr = 0; lr < ranks; lr++) {
+        int r = first_rank + lr;
+        char *args[MAX_ARGS], *env[8], buf[6][320];
         int k = 0;
         args[k++] = train_bin;
         args[k++] = "--model", args[k++] = (char *)model;
         if (servers > 0) args[k++] = "--rollout-servers", args[k++] = endpoints;
         for (int j = train_start; j < argc && k < MAX_ARGS - 1; j++) args[k++] = argv[j];
         args[k] = NULL;
-        snprintf(buf[0], 64, "RANK=%d", r);
-        snprintf(buf[1], 64, "WORLD_SIZE=%d", ranks);
-        snprintf(buf[2], 64, "LOCAL_RANK=%d", r);
-        snprintf(buf[3], 64, "MASTER_ADDR=127.0.0.1");
-        snprintf(buf[4], 64, "MASTER_PORT=%d", master_port);
-        snprintf(buf[5], 64, "NCCL_NVLS_ENABLE=0");
+        snprintf(buf[0], sizeof buf[0], "RANK=%d", r);
+        snprintf(buf[1], sizeof buf[1], "WORLD_SIZE=%d", world);
+        snprintf(buf[2], sizeof buf[2], "LOCAL_RANK=%d", lr);
+        snprintf(buf[3], sizeof buf[3], "MASTER_ADDR=%s", master_addr);
+        snprintf(buf[4], sizeof buf[4], "MASTER_PORT=%d", master_port);
+        snprintf(buf[5], sizeof buf[5], "NCCL_NVLS_ENABLE=0");
         for (int j = 0; j < 6; j++) env[j] = buf[j];
         env[6] = NULL;
         Child *c = &children[n_children++];
         *c = (Child){.is_server = 0, .index = r};
-        if (r > 0) snprintf(c->log, sizeof c->log, "%s/rank%d.log", log_dir, r);
+        if (lr > 0) snprintf(c->log, sizeof c->log, "%s/rank%d.log", log_dir, r);
         c->pid = spawn(args, env, c->log);
-        if (r > 0) fprintf(stderr, "tandem-train launch: rank %d (pid %d), log %s\n", r, (int)c->pid, c->log);
+        if (lr > 0) fprintf(stderr, "tandem-train launch: rank %d (pid %d), log %s\n", r, (int)c->pid, c->log);
+        else if (nnodes > 1) fprintf(stderr, "tandem-train launch: rank %d (pid %d) streams here\n", r, (int)c->pid);
     }
     // Wait: success when every rank exits 0; anything else stops the run.
     int ranks_left = ranks, rc = 0;
@@ -268,6 +382,9 @@ int launch_main(int argc, char **argv) {
     }
     // Training is over (or failed): the servers drain and exit.
     stop_all(rc == 0 ? 60 : 30);
-    if (rc == 0) fprintf(stderr, "tandem-train launch: every rank finished; servers stopped\n");
+    if (rc == 0 && nnodes == 1) fprintf(stderr, "tandem-train launch: every rank finished; servers stopped\n");
+    else if (rc == 0)
+        fprintf(stderr, "tandem-train launch: every rank of node %d finished%s\n", node_rank,
+                node_rank == 0 && servers > 0 ? "; servers stopped" : "");
     return rc;
 }

@@ -1,6 +1,6 @@
 """`tandem-train eval` against a real tandem-serve: the figures equal what the test computes itself from the same
 greedy completions (fetched with the same requests), pass@k follows the unbiased estimator, and chat-message rows
-go through /v1/chat/completions."""
+go through /v1/chat/completions; --api-key (or OPENAI_API_KEY) reaches a server that requires one."""
 import json
 import math
 import os
@@ -15,11 +15,13 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from server_fixtures import BUILD, TandemServer, http_json, tiny_model_dir  # noqa: E402,F401
 
 
-def run_eval(args):
+def run_eval(args, env_extra=None):
     exe = (BUILD / "bin" / "tandem-train").resolve()
     if not exe.exists():
         pytest.skip(f"{exe} is not built")
-    p = subprocess.run([str(exe), "eval", *args], capture_output=True, text=True, timeout=300)
+    env = {k: v for k, v in os.environ.items() if k != "OPENAI_API_KEY"}  # the key's fallback; tests set it
+    env.update(env_extra or {})
+    p = subprocess.run([str(exe), "eval", *args], capture_output=True, text=True, timeout=300, env=env)
     return p.returncode, p.stdout, p.stderr
 
 
@@ -78,3 +80,25 @@ def test_eval_bad_input(tmp_path):
     assert code == 1 and "bad.jsonl:1" in err
     code, out, err = run_eval(["--url", "http://127.0.0.1:9", "--data", str(data), "--n", "2", "--k", "3"])
     assert code == 2 and "k <= n" in err
+
+
+def test_eval_api_key(tiny_model_dir, tmp_path):
+    data = tmp_path / "heldout.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"numbers plus {i}", "answer": str(i)}) + "\n" for i in range(3)))
+    base = ["--data", str(data), "--max-tokens", "4"]
+    with TandemServer(tiny_model_dir, "--api-key", "sekret-42") as srv:
+        code, out, err = run_eval(["--url", srv.url, *base])
+        assert code == 1 and "answered 401" in err and "3 of 3 rows failed" in err, out + err
+        code, out, err = run_eval(["--url", srv.url, *base, "--api-key", "wrong"])
+        assert code == 1 and "answered 401" in err, out + err
+        code, out, err = run_eval(["--url", srv.url, *base, "--api-key", "sekret-42"])
+        assert code == 0, out + err
+        summary = json.loads(out.strip().splitlines()[-1])
+        assert summary["rows"] == 3 and summary["failed_rows"] == 0
+        code, out, err = run_eval(["--url", srv.url, *base], {"OPENAI_API_KEY": "sekret-42"})
+        assert code == 0, out + err
+        # The flag wins over the environment.
+        code, out, err = run_eval(["--url", srv.url, *base, "--api-key", "wrong"], {"OPENAI_API_KEY": "sekret-42"})
+        assert code == 1 and "answered 401" in err, out + err
+    code, out, err = run_eval(["--url", "http://127.0.0.1:9", *base, "--api-key", "two\r\nX-Injected: 1"])
+    assert code == 2 and "control character" in err

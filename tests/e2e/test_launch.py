@@ -1,5 +1,7 @@
 """`tandem-train launch`: servers and ranks from one command; a failing process stops everything, naming it;
-Ctrl-C stops everything; no process outlives the launcher."""
+Ctrl-C stops everything; no process outlives the launcher. Several nodes: one launcher per "node" (here all on
+localhost), node rank from the flag or the environment (NODE_RANK, JOB_COMPLETION_INDEX), servers started by node 0
+or external ones."""
 import json
 import os
 import pathlib
@@ -11,15 +13,21 @@ import time
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from server_fixtures import BUILD, build_tiny_model  # noqa: E402
+from server_fixtures import BUILD, TandemServer, build_tiny_model  # noqa: E402
 from test_train_grpo import free_port, write_dataset  # noqa: E402
 
 
-def launcher(args, cwd, **kw):
+# What the launcher reads from the environment; cleared so that the caller's shell cannot change a test.
+LAUNCH_ENV = ("NNODES", "NODE_RANK", "JOB_COMPLETION_INDEX", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE",
+              "LOCAL_RANK")
+
+
+def launcher(args, cwd, env_extra=None, **kw):
     exe = (BUILD / "bin" / "tandem-train").resolve()
     if not exe.exists():
         pytest.skip(f"{exe} is not built")
-    env = dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_ENV}
+    env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", **(env_extra or {}))
     return subprocess.Popen([str(exe), "launch", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, **kw)
 
@@ -52,13 +60,29 @@ def setup(tmp_path_factory):
     return d
 
 
-def common(d, out, steps):
-    return ["--model", str(d / "model"), "--ranks", "2", "--servers", "1", "--master-port", str(free_port()),
-            "--control-port", str(free_port()), "--log-dir", str(d / f"{out}-logs"), "--",
-            "--train-file", str(d / "train.jsonl"), "--output-dir", str(d / out), "--rewards", "regex_format",
+def train_args(d, out, steps):
+    return ["--train-file", str(d / "train.jsonl"), "--output-dir", str(d / out), "--rewards", "regex_format",
             "--format-regex", "[0-9]", "--format-regex-mode", "search", "--num-generations", "8",
             "--per-device-train-batch-size", "8", "--max-completion-length", "8", "--max-steps", str(steps),
             "--logging-steps", "1", "--learning-rate", "2e-2"]
+
+
+def common(d, out, steps):
+    return ["--model", str(d / "model"), "--ranks", "2", "--servers", "1", "--master-port", str(free_port()),
+            "--control-port", str(free_port()), "--log-dir", str(d / f"{out}-logs"), "--", *train_args(d, out, steps)]
+
+
+def finish_nodes(procs, timeout=300):
+    outs = []
+    for p in procs:
+        try:
+            out, _ = p.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            for q in procs:
+                q.kill()
+            raise
+        outs.append(out)
+    return outs
 
 
 def test_launch_runs_servers_and_ranks(setup):
@@ -99,3 +123,66 @@ def test_ctrl_c_stops_everything(setup):
     assert "interrupted (Ctrl-C)" in seen
     time.sleep(0.5)
     assert not any(alive(pid) for pid in pids_in(seen)), seen[-3000:]
+
+
+def test_two_nodes_on_localhost(setup):
+    """The same command on two "nodes" (1 rank each): node 0 starts the server, node 1's rank reaches it through
+    --master-addr; RANK and WORLD_SIZE come from --nnodes/--node-rank, and the run trains to its last step."""
+    d = setup
+    port, ctl = free_port(), free_port()
+    procs = [launcher(["--model", str(d / "model"), "--nnodes", "2", "--node-rank", str(n), "--ranks", "1",
+                       "--master-addr", "127.0.0.1", "--master-port", str(port), "--control-port", str(ctl),
+                       "--log-dir", str(d / f"nodes{n}-logs"), "--", *train_args(d, f"nodes{n}", 3)], d)
+             for n in (0, 1)]
+    out0, out1 = finish_nodes(procs)
+    assert procs[0].returncode == 0, out0 + "\n---- node 1 ----\n" + out1
+    assert procs[1].returncode == 0, out1 + "\n---- node 0 ----\n" + out0
+    assert "node 0 of 2: ranks 0..0 of WORLD_SIZE 2" in out0 and "rollout server 0" in out0
+    assert "node 1 of 2: ranks 1..1 of WORLD_SIZE 2" in out1 and "rollout server" not in out1
+    assert "2 rank(s) joined" in out0
+    assert "every rank of node 0 finished; servers stopped" in out0
+    assert "every rank of node 1 finished" in out1
+    rows = [json.loads(x) for x in (d / "nodes0" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert not (d / "nodes1" / "metrics.jsonl").exists()  # only rank 0 writes
+    assert not any(alive(pid) for pid in pids_in(out0 + out1))
+
+
+def test_two_nodes_from_the_environment_with_external_servers(setup):
+    """What a Kubernetes indexed Job gives: NNODES, the node rank from JOB_COMPLETION_INDEX, MASTER_ADDR as a host
+    name, and rollout servers of their own (--servers 0, --rollout-servers after --)."""
+    d = setup
+    ctl = free_port()
+    with TandemServer(d / "model", "--control", f"tcp://127.0.0.1:{ctl}") as srv:
+        port = free_port()
+        procs = [launcher(["--model", str(d / "model"), "--ranks", "1", "--servers", "0",
+                           "--log-dir", str(d / f"env{n}-logs"), "--", *train_args(d, f"env{n}", 2),
+                           "--rollout-servers", f"tcp://127.0.0.1:{ctl}"], d,
+                          env_extra={"NNODES": "2", "JOB_COMPLETION_INDEX": str(n), "MASTER_ADDR": "localhost",
+                                     "MASTER_PORT": str(port)})
+                 for n in (0, 1)]
+        out0, out1 = finish_nodes(procs)
+        assert srv.alive()
+    assert procs[0].returncode == 0 and procs[1].returncode == 0, out0 + "\n---- node 1 ----\n" + out1
+    assert f"node 1 of 2: ranks 1..1 of WORLD_SIZE 2, MASTER_ADDR localhost:{port}" in out1
+    rows = [json.loads(x) for x in (d / "env0" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+
+
+def test_node_options_are_checked(setup):
+    d = setup
+
+    def run(args, env=None):
+        p = launcher(["--model", str(d / "model"), "--log-dir", str(d / "check-logs"), *args], d, env_extra=env)
+        out, _ = p.communicate(timeout=60)
+        return p.returncode, out
+
+    code, out = run(["--nnodes", "2", "--node-rank", "2"])
+    assert code == 2 and "--node-rank '2' must be an integer in 0..1" in out
+    # NODE_RANK wins over JOB_COMPLETION_INDEX, and the error names the variable it read.
+    code, out = run([], {"NNODES": "2", "NODE_RANK": "7", "JOB_COMPLETION_INDEX": "0"})
+    assert code == 2 and "NODE_RANK '7'" in out
+    code, out = run(["--nnodes", "zero"])
+    assert code == 2 and "--nnodes 'zero'" in out
+    code, out = run(["--nnodes", "2", "--master-addr", "tandem-nowhere.invalid", "--dns-timeout", "1"])
+    assert code == 1 and "MASTER_ADDR tandem-nowhere.invalid does not resolve" in out
