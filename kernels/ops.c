@@ -57,6 +57,12 @@ OpsBackend ops_backend(const OpsCtx *ctx) { return ctx->backend; }
 size_t ops_dtype_size(const OpsCtx *ctx) { return IS_CUDA(ctx) ? 2 : 4; }
 void *ops_backend_state(OpsCtx *ctx) { return ctx->backend_state; }
 
+#ifndef TANDEM_HAVE_CUDA
+// Without CUDA there is no device stream (CUDA builds define these in kernels/cuda/cuda_context.cu).
+int ops_cuda_device(const OpsCtx *ctx) { (void)ctx; return -1; }
+void *ops_cuda_stream(OpsCtx *ctx) { (void)ctx; return NULL; }
+#endif
+
 int ops_backend_available(OpsBackend backend) {
     if (backend == OPS_BACKEND_CPU) return 1;
 #ifdef TANDEM_HAVE_CUDA
@@ -244,6 +250,22 @@ void ops_logprobs_bwd(OpsCtx *ctx, void *dlogits, const float *dlogprobs, const 
              cuda_logprobs_bwd(ctx, dlogits, dlogprobs, dentropy, entropy, logits, targets, lse, N, V, inv_temperature),
              cpu_logprobs_bwd(F(dlogits), dlogprobs, dentropy, entropy, CF(logits), targets, lse, N, V,
                               inv_temperature));
+}
+
+void ops_sample_rows(OpsCtx *ctx, int32_t *tokens, float *logprobs, const void *logits, const OpsSampleParams *params,
+                     const int32_t *history, const int32_t *history_offsets, int n, int n_rows, int V, int n_history) {
+    if (ctx->error_code) return;
+    if (n < 0 || n_rows < 0 || V < 1 || n_history < 0 || (history_offsets && n_history > 0 && !history)) {
+        ops_set_error(ctx, -1, __FILE__, __LINE__, "sample_rows: bad arguments (n=%d, n_rows=%d, V=%d, n_history=%d%s)",
+                      n, n_rows, V, n_history, history_offsets && n_history > 0 && !history ? ", history NULL" : "");
+        return;
+    }
+    if (n == 0) return;
+    DISPATCH(ctx,
+             cuda_sample_rows(ctx, tokens, logprobs, logits, params, history, history_offsets, n, n_rows, V, n_history),
+             if (cpu_sample_rows(tokens, logprobs, CF(logits), params, history, history_offsets, n, n_rows, V,
+                                 n_history) != 0)
+                 ops_set_error(ctx, -1, __FILE__, __LINE__, "sample_rows: out of host memory for %d-wide rows", V));
 }
 
 void ops_adamw_step(OpsCtx *ctx, float *master, float *m, float *v, const float *grad, void *param_out, size_t n,

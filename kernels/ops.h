@@ -56,6 +56,10 @@ void ops_upload_f32(OpsCtx *ctx, void *dst, const float *src_host, size_t n);
 void ops_download_f32(OpsCtx *ctx, float *dst_host, const void *src, size_t n);
 // Waits for all queued work (a no-op on cpu).
 void ops_synchronize(OpsCtx *ctx);
+// cuda: the context's device index and its compute stream (a cudaStream_t), for code that queues work beside
+// the ops and orders itself against them with events (shared/comm.h's nccl backend). cpu: -1 and NULL.
+int ops_cuda_device(const OpsCtx *ctx);
+void *ops_cuda_stream(OpsCtx *ctx);
 
 // ---- elementwise ------------------------------------------------------------------------------
 
@@ -144,6 +148,40 @@ void ops_logprobs_fwd(OpsCtx *ctx, float *logprobs, float *lse, float *entropy, 
 void ops_logprobs_bwd(OpsCtx *ctx, void *dlogits, const float *dlogprobs, const float *dentropy, const float *entropy,
                       const void *logits, const int32_t *targets, const float *lse, int N, int V,
                       float inv_temperature);
+
+// ---- sampling (the rollout server's next-token choice) -------------------------------------
+
+// Temperatures below this pick the argmax (vLLM's epsilon: logits / T would overflow).
+#define OPS_SAMPLE_GREEDY_BELOW 1e-5f
+
+// What one sample asks for (an array of these lives in backend memory, one per sample).
+typedef struct {
+    double u;                  // the draw's uniform in [0, 1): the caller's counter-based generator
+    float temperature;         // < OPS_SAMPLE_GREEDY_BELOW: greedy argmax
+    float top_p;               // >= 1: off
+    float min_p;               // <= 0: off
+    float repetition_penalty;  // 1: off
+    int32_t top_k;             // <= 0 or >= V: off
+    int32_t logits_row;        // the row of `logits` this sample reads (several samples may share a row)
+} OpsSampleParams;
+
+// One token per sample s in [0, n), with the semantics of rollout_server/sampler.h (r = params[s].logits_row,
+// x = the row's logits):
+//   logprobs[s] = log_softmax(x / T)[tokens[s]] of the raw logits (T = 1 when greedy), before penalty and filters;
+//   repetition penalty (Hugging Face) on each distinct id of history[history_offsets[s] .. history_offsets[s+1])
+//     (ids outside [0, V) are skipped, repeats count once);
+//   greedy: argmax of the penalised logits (ties: lowest id); otherwise z = penalised x / T, then min-p (drop
+//     p < min_p * p_max), top-k (keep the k largest and any tied with the k-th), top-p (keep a token while the
+//     mass ranked above it, ties ranked by id, is below top_p of the survivors; the top token always stays),
+//     then the inverse CDF of u over the kept tokens in id order.
+// logits (n_rows, V) storage dtype; params (n); history_offsets (n + 1) into history (n_history), or NULL for no
+// history; tokens, logprobs (n). A sample's result depends only on its own row, parameters and history (not on
+// the other samples), and is reproducible run to run. A row with nothing to choose from (every logit -inf, or
+// min_p > 1) gives id 0. A logits_row outside [0, n_rows) gives token -1 and logprob NaN (params live in backend
+// memory, where the host cannot look before the op runs). cpu: kernels/cpu/cpu_sample.c; cuda: one block per
+// sample, no sort (kernels/cuda/cuda_sample.cu).
+void ops_sample_rows(OpsCtx *ctx, int32_t *tokens, float *logprobs, const void *logits, const OpsSampleParams *params,
+                     const int32_t *history, const int32_t *history_offsets, int n, int n_rows, int V, int n_history);
 
 // ---- optimizer --------------------------------------------------------------------------------
 

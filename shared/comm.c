@@ -1,5 +1,5 @@
 // shared/comm.c — comm.h's front: the launch contract from the environment, argument checks shared by every
-// backend, and dispatch to the backend (comm_host.c; nccl arrives with the CUDA issue).
+// backend, and dispatch to the backend (comm_host.c; comm_nccl.c in CUDA builds).
 #include "shared/comm_internal.h"
 
 #include <errno.h>
@@ -8,6 +8,23 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+
+#ifdef TANDEM_HAVE_CUDA
+#define HAVE_NCCL 1
+#define BACKEND(c, nccl_call, host_call) ((c)->backend == COMM_BACKEND_NCCL ? (nccl_call) : (host_call))
+#define BACKEND_DO(c, nccl_stmt, host_stmt)                                                                  \
+    do {                                                                                                     \
+        if ((c)->backend == COMM_BACKEND_NCCL) { nccl_stmt; } else { host_stmt; }                            \
+    } while (0)
+#else
+// A CPU build never creates an nccl communicator, and must not reference the nccl functions.
+#define HAVE_NCCL 0
+#define BACKEND(c, nccl_call, host_call) (host_call)
+#define BACKEND_DO(c, nccl_stmt, host_stmt) do { host_stmt; } while (0)
+#endif
+
+static const char NO_NCCL[] = "the nccl backend needs a CUDA build (cmake -DTANDEM_CUDA=ON with nvcc and NCCL); "
+                              "this build has only the host backend";
 
 static int set_err(char *err, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 static int set_err(char *err, size_t len, const char *fmt, ...) {
@@ -99,6 +116,34 @@ int comm_init_from_env(CommInit *ci, int timeout_ms, char *err, size_t err_len) 
     return 0;
 }
 
+// The backend is known, compiled in, and (nccl) has a CUDA compute context to work beside.
+static int check_backend(CommBackend backend, OpsCtx *ops, const char *fn, char *err, size_t err_len) {
+    if (backend == COMM_BACKEND_HOST) return 0;
+    if (backend != COMM_BACKEND_NCCL) return set_err(err, err_len, "%s: unknown backend %d", fn, (int)backend);
+    if (!HAVE_NCCL) {
+        set_err(err, err_len, "%s: %s", fn, NO_NCCL);
+        return COMM_ERR_UNSUPPORTED;
+    }
+    if (!ops || ops_backend(ops) != OPS_BACKEND_CUDA)
+        return set_err(err, err_len, "%s: the nccl backend needs a CUDA compute context (ops %s)", fn,
+                       ops ? "is a CPU context" : "is NULL");
+    return 0;
+}
+
+static Comm *new_comm(CommBackend backend, int rank, int world, int timeout_ms, OpsCtx *ops, char *err, size_t err_len) {
+    Comm *c = calloc(1, sizeof *c);
+    if (!c) {
+        set_err(err, err_len, "comm: out of memory");
+        return NULL;
+    }
+    c->backend = backend;
+    c->rank = rank;
+    c->world = world;
+    c->timeout_ms = timeout_ms;
+    c->ops = ops;
+    return c;
+}
+
 int comm_create(Comm **out, CommBackend backend, const CommInit *ci, OpsCtx *ops, char *err, size_t err_len) {
     if (!out) return set_err(err, err_len, "comm_create: out is NULL");
     *out = NULL;
@@ -114,24 +159,11 @@ int comm_create(Comm **out, CommBackend backend, const CommInit *ci, OpsCtx *ops
         if (ci->master_port < 1 || ci->master_port > 65535)
             return set_err(err, err_len, "comm_create: master_port %d is outside 1..65535", ci->master_port);
     }
-    if (backend == COMM_BACKEND_NCCL) {
-        set_err(err, err_len, "comm_create: NCCL backend arrives with the CUDA issue; this build has only the "
-                "host backend");
-        return COMM_ERR_UNSUPPORTED;
-    }
-    if (backend != COMM_BACKEND_HOST) return set_err(err, err_len, "comm_create: unknown backend %d", (int)backend);
-
-    Comm *c = calloc(1, sizeof *c);
-    if (!c) {
-        set_err(err, err_len, "comm_create: out of memory");
-        return COMM_ERR_SYSTEM;
-    }
-    c->backend = backend;
-    c->rank = ci->rank;
-    c->world = ci->world_size;
-    c->timeout_ms = ci->timeout_ms;
-    c->ops = ops;
-    int rc = comm_host_create(c, ci, err, err_len);
+    int rc = check_backend(backend, ops, "comm_create", err, err_len);
+    if (rc) return rc;
+    Comm *c = new_comm(backend, ci->rank, ci->world_size, ci->timeout_ms, ops, err, err_len);
+    if (!c) return COMM_ERR_SYSTEM;
+    rc = BACKEND(c, comm_nccl_create(c, ci, NULL, err, err_len), comm_host_create(c, ci, err, err_len));
     if (rc != 0) {
         free(c);
         return rc;
@@ -140,9 +172,58 @@ int comm_create(Comm **out, CommBackend backend, const CommInit *ci, OpsCtx *ops
     return 0;
 }
 
+int comm_create_with_id(Comm **out, CommBackend backend, const uint8_t id[COMM_UNIQUE_ID_BYTES], int rank,
+                        int world, int timeout_ms, OpsCtx *ops, char *err, size_t err_len) {
+    if (!out) return set_err(err, err_len, "comm_create_with_id: out is NULL");
+    *out = NULL;
+    if (backend == COMM_BACKEND_HOST) {
+        set_err(err, err_len, "comm_create_with_id: the host backend joins through the rendezvous only (comm_create)");
+        return COMM_ERR_UNSUPPORTED;
+    }
+    if (!id) return set_err(err, err_len, "comm_create_with_id: id is NULL");
+    if (world < 1) return set_err(err, err_len, "comm_create_with_id: world %d must be >= 1", world);
+    if (rank < 0 || rank >= world)
+        return set_err(err, err_len, "comm_create_with_id: rank %d is outside world %d", rank, world);
+    if (timeout_ms <= 0) return set_err(err, err_len, "comm_create_with_id: timeout_ms %d must be > 0", timeout_ms);
+    int rc = check_backend(backend, ops, "comm_create_with_id", err, err_len);
+    if (rc) return rc;
+    Comm *c = new_comm(backend, rank, world, timeout_ms, ops, err, err_len);
+    if (!c) return COMM_ERR_SYSTEM;
+    rc = BACKEND(c, comm_nccl_create(c, NULL, id, err, err_len), COMM_ERR_UNSUPPORTED);
+    if (rc != 0) {
+        free(c);
+        return rc;
+    }
+    *out = c;
+    return 0;
+}
+
+int comm_unique_id(CommBackend backend, uint8_t id[COMM_UNIQUE_ID_BYTES], char *err, size_t err_len) {
+    if (!id) return set_err(err, err_len, "comm_unique_id: id is NULL");
+    if (backend == COMM_BACKEND_HOST) {
+        set_err(err, err_len, "comm_unique_id: the host backend has no unique id (its ranks meet at the rendezvous)");
+        return COMM_ERR_UNSUPPORTED;
+    }
+    if (backend != COMM_BACKEND_NCCL) return set_err(err, err_len, "comm_unique_id: unknown backend %d", (int)backend);
+#if HAVE_NCCL
+    return comm_nccl_unique_id(id, err, err_len);
+#else
+    set_err(err, err_len, "comm_unique_id: %s", NO_NCCL);
+    return COMM_ERR_UNSUPPORTED;
+#endif
+}
+
+int comm_backend_available(CommBackend backend) {
+    if (backend == COMM_BACKEND_HOST) return 1;
+#if HAVE_NCCL
+    if (backend == COMM_BACKEND_NCCL) return comm_nccl_available();
+#endif
+    return 0;
+}
+
 void comm_destroy(Comm *c) {
     if (!c) return;
-    comm_host_destroy(c);
+    BACKEND_DO(c, comm_nccl_destroy(c), comm_host_destroy(c));
     free(c);
 }
 
@@ -150,6 +231,7 @@ int comm_set_timeout(Comm *c, int timeout_ms) {
     if (!c) return COMM_ERR_INVALID;
     if (timeout_ms <= 0) return comm_fail(c, COMM_ERR_INVALID, "comm_set_timeout: timeout %d ms must be > 0", timeout_ms);
     c->timeout_ms = timeout_ms;
+    BACKEND_DO(c, comm_nccl_set_timeout(c, timeout_ms), (void)0);
     return 0;
 }
 
@@ -157,10 +239,18 @@ int comm_rank(const Comm *c) { return c ? c->rank : -1; }
 int comm_world_size(const Comm *c) { return c ? c->world : 0; }
 const char *comm_error(const Comm *c) { return c ? c->err : "comm: NULL communicator"; }
 
-// Checks shared by every call. Returns 0, or the code to return (message recorded).
-static int check_call(Comm *c, const char *fn, size_t count, CommDtype dtype, size_t factor) {
+// A communicator that failed earlier, or (nccl) whose watchdog found a failure since the last call: the code
+// to return (the first time the failure's own code, then COMM_ERR_FAILED), else 0.
+static int check_state(Comm *c) {
     if (!c) return COMM_ERR_INVALID;
     if (c->failed) return COMM_ERR_FAILED;   // c->err keeps the first failure's message
+    return BACKEND(c, comm_nccl_poll(c), 0);
+}
+
+// Checks shared by every call. Returns 0, or the code to return (message recorded).
+static int check_call(Comm *c, const char *fn, size_t count, CommDtype dtype, size_t factor) {
+    int rc = check_state(c);
+    if (rc) return rc;
     size_t esz = comm_dtype_size(dtype);
     if (!esz) return comm_fail(c, COMM_ERR_INVALID, "%s: dtype %d is not a CommDtype", fn, (int)dtype);
     if (count > SIZE_MAX / factor / esz)
@@ -192,7 +282,7 @@ int comm_all_gather(Comm *c, void *recv, const void *send, size_t count, CommDty
     size_t bytes = count * comm_dtype_size(dtype);
     if (send != (const char *)recv + (size_t)c->rank * bytes && overlaps(recv, bytes * c->world, send, bytes))
         return comm_fail(c, COMM_ERR_INVALID, "%s: send overlaps recv without being recv + rank * count (in place)", fn);
-    return comm_host_all_gather(c, recv, send, count, dtype);
+    return BACKEND(c, comm_nccl_all_gather(c, recv, send, count, dtype), comm_host_all_gather(c, recv, send, count, dtype));
 }
 
 int comm_reduce_scatter(Comm *c, void *recv, const void *send, size_t count, CommDtype dtype, CommOp op) {
@@ -206,7 +296,7 @@ int comm_reduce_scatter(Comm *c, void *recv, const void *send, size_t count, Com
     size_t bytes = count * comm_dtype_size(dtype);
     if (recv != (const char *)send + (size_t)c->rank * bytes && overlaps(recv, bytes, send, bytes * c->world))
         return comm_fail(c, COMM_ERR_INVALID, "%s: recv overlaps send without being send + rank * count (in place)", fn);
-    return comm_host_reduce_scatter(c, recv, send, count, dtype, op);
+    return BACKEND(c, comm_nccl_reduce_scatter(c, recv, send, count, dtype, op), comm_host_reduce_scatter(c, recv, send, count, dtype, op));
 }
 
 int comm_all_reduce(Comm *c, void *buf, size_t count, CommDtype dtype, CommOp op) {
@@ -215,7 +305,7 @@ int comm_all_reduce(Comm *c, void *buf, size_t count, CommDtype dtype, CommOp op
     if (rc || (rc = check_op(c, fn, op)) || (rc = check_buf(c, fn, "buf", buf, count))) return rc;
     c->calls++;
     if (!count) return 0;
-    return comm_host_all_reduce(c, buf, count, dtype, op);
+    return BACKEND(c, comm_nccl_all_reduce(c, buf, count, dtype, op), comm_host_all_reduce(c, buf, count, dtype, op));
 }
 
 int comm_broadcast(Comm *c, void *buf, size_t count, CommDtype dtype, int root) {
@@ -226,7 +316,7 @@ int comm_broadcast(Comm *c, void *buf, size_t count, CommDtype dtype, int root) 
         return comm_fail(c, COMM_ERR_INVALID, "%s: root %d is outside world size %d", fn, root, c->world);
     c->calls++;
     if (!count) return 0;
-    return comm_host_broadcast(c, buf, count, dtype, root);
+    return BACKEND(c, comm_nccl_broadcast(c, buf, count, dtype, root), comm_host_broadcast(c, buf, count, dtype, root));
 }
 
 static int check_peer(Comm *c, const char *fn, int peer) {
@@ -242,7 +332,7 @@ int comm_send(Comm *c, const void *buf, size_t count, CommDtype dtype, int peer)
     if (rc || (rc = check_buf(c, fn, "buf", buf, count)) || (rc = check_peer(c, fn, peer))) return rc;
     c->calls++;
     if (!count) return 0;
-    return comm_host_send(c, buf, count, dtype, peer);
+    return BACKEND(c, comm_nccl_send(c, buf, count, dtype, peer), comm_host_send(c, buf, count, dtype, peer));
 }
 
 int comm_recv(Comm *c, void *buf, size_t count, CommDtype dtype, int peer) {
@@ -251,16 +341,40 @@ int comm_recv(Comm *c, void *buf, size_t count, CommDtype dtype, int peer) {
     if (rc || (rc = check_buf(c, fn, "buf", buf, count)) || (rc = check_peer(c, fn, peer))) return rc;
     c->calls++;
     if (!count) return 0;
-    return comm_host_recv(c, buf, count, dtype, peer);
+    return BACKEND(c, comm_nccl_recv(c, buf, count, dtype, peer), comm_host_recv(c, buf, count, dtype, peer));
 }
 
 int comm_barrier(Comm *c) {
-    if (!c) return COMM_ERR_INVALID;
-    if (c->failed) return COMM_ERR_FAILED;
+    int rc = check_state(c);
+    if (rc) return rc;
     c->calls++;
-    return comm_host_barrier(c);
+    return BACKEND(c, comm_nccl_barrier(c), comm_host_barrier(c));
 }
 
-// The host backend completes every call before returning (comm.h "Ordering").
-void comm_wait_compute(Comm *c) { (void)c; }
-void comm_compute_wait(Comm *c) { (void)c; }
+// The host backend completes every call before returning (comm.h "Ordering"): groups, synchronization and
+// stream ordering have nothing to do there.
+int comm_group_start(Comm *c) {
+    int rc = check_state(c);
+    return rc ? rc : BACKEND(c, comm_nccl_group_start(c), 0);
+}
+
+int comm_group_end(Comm *c) {
+    if (!c) return COMM_ERR_INVALID;
+    int rc = check_state(c);
+    // nccl: even a failed communicator closes its group, because NCCL's group state belongs to the thread.
+    int end = BACKEND(c, comm_nccl_group_end(c), 0);
+    return rc ? rc : end;
+}
+
+int comm_synchronize(Comm *c) {
+    int rc = check_state(c);
+    return rc ? rc : BACKEND(c, comm_nccl_synchronize(c), 0);
+}
+
+void comm_wait_compute(Comm *c) {
+    if (check_state(c) == 0) BACKEND_DO(c, comm_nccl_wait_compute(c), (void)0);
+}
+
+void comm_compute_wait(Comm *c) {
+    if (check_state(c) == 0) BACKEND_DO(c, comm_nccl_compute_wait(c), (void)0);
+}

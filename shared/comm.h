@@ -2,22 +2,40 @@
 //
 // Two backends, one set of calls with NCCL's semantics:
 //   host : CPU processes on one or several machines, data over ZeroMQ TCP sockets (CPU runs, CI).
-//   nccl : GPUs within and across nodes (kernels/cuda; the CUDA issue).
-// Buffers are backend memory (host memory for `host`, device memory for `nccl`). Counts are elements.
-// Every rank must call the same collectives in the same order (the host backend detects a mismatch and
-// names both calls). A count of 0 returns at once (NCCL's rule). Reductions add contributions in rank order
-// (0, 1, ..., N-1) so that results do not depend on message arrival order (determinism across runs);
-// bf16 contributions are added in fp32 and rounded once; max propagates NaN; integer sums wrap.
-// In place: all_gather with send == recv + rank * count, reduce_scatter with recv == send + rank * count
-// (NCCL's rule); other overlaps of send and recv are refused.
+//   nccl : GPUs within and across nodes (shared/comm_nccl.c; CUDA builds only).
+// Buffers are backend memory (host memory for `host`, device memory of the OpsCtx's device for `nccl`).
+// Counts are elements. Every rank must call the same collectives in the same order (the host backend detects
+// a mismatch and names both calls; with nccl a mismatch stalls and ends in the timeout below). A count of 0
+// returns at once (NCCL's rule). In place: all_gather with send == recv + rank * count, reduce_scatter with
+// recv == send + rank * count (NCCL's rule); other overlaps of send and recv are refused.
 //
-// Ordering: with `nccl`, collectives are enqueued on a communication stream beside the compute stream;
-// comm_wait_compute() makes later collectives wait for compute work queued so far, and
-// comm_compute_wait() makes later compute wait for collectives queued so far. With `host` every call has
-// completed when it returns and these two are no-ops.
+// Reductions. host: contributions are added in rank order (0, 1, ..., N-1) so that results do not depend on
+// message arrival order; bf16 contributions are added in fp32 and rounded once; max propagates NaN.
+// nccl: NCCL's order (ring or tree, not rank order) and NCCL's arithmetic: bf16 sums round to bf16 after
+// every addition (N-1 roundings), max follows fmax (a NaN loses to a number). Results are bit-identical
+// across runs with the same world size and topology, and an all_reduce leaves the same bits on every rank;
+// N-rank results equal 1-rank (or host) results only within bf16 / fp32 rounding (exactly for integers, and
+// for two ranks, where each element is a single addition). Integer sums wrap on both backends.
 //
-// Failure: a peer that does not answer within the timeout, or goes away, makes the call return a negative
-// code with a message naming the rank (comm_error). After a failure the communicator is unusable.
+// Ordering (nccl). Calls return once the work is queued (about 0.1 ms of host time each: NCCL's non-blocking
+// mode, which keeps every call bounded, queues each launch from a thread); the data moves later, on a
+// communication stream of the communicator beside the OpsCtx's compute stream. What orders what:
+//   - calls on one communicator run in call order (one stream);
+//   - comm_wait_compute(): later calls on this communicator wait for compute work queued before it;
+//   - comm_compute_wait(): compute work queued after it waits for this communicator's calls queued before it;
+//   - comm_synchronize(): the host waits for every queued call (comm_barrier and comm_destroy also wait).
+// Nothing else: without comm_wait_compute a collective may read a buffer before the kernel that writes it
+// has run, and without comm_compute_wait (or comm_synchronize) compute may read a result, or overwrite or
+// free a buffer, while a collective still uses it. Two communicators are not ordered against each other
+// (order them through the compute stream, and issue their calls in the same order on every rank).
+// With `host` every call has completed when it returns and these are no-ops.
+//
+// Failure: a peer that does not answer within the timeout, or goes away, makes a call fail with a negative
+// code and a message naming the call and, where it can tell, the rank (comm_error). With nccl a watchdog
+// thread checks every queued call: one that has not completed timeout_ms after it could start (the calls
+// and the compute work it waits for are done) aborts the communicator, and the next call on this thread
+// returns the error (COMM_ERR_TIMEOUT, or COMM_ERR_PEER when a peer's process is known to be gone). After a
+// failure the communicator is unusable.
 #ifndef TANDEM_SHARED_COMM_H
 #define TANDEM_SHARED_COMM_H
 
@@ -36,8 +54,8 @@ typedef enum { COMM_SUM = 0, COMM_MAX } CommOp;
 enum {
     COMM_ERR_INVALID = -1,      // bad argument or environment value (named)
     COMM_ERR_TIMEOUT = -2,      // a peer was silent past the timeout (named)
-    COMM_ERR_PEER = -3,         // a peer went away, or called a different collective (named)
-    COMM_ERR_SYSTEM = -4,       // out of memory, socket failure
+    COMM_ERR_PEER = -3,         // a peer went away, or called a different collective (named); rendezvous failures
+    COMM_ERR_SYSTEM = -4,       // out of memory, socket failure, CUDA or NCCL error (file:line)
     COMM_ERR_UNSUPPORTED = -5,  // backend not available in this build
     COMM_ERR_FAILED = -6,       // the communicator failed earlier
 };
@@ -59,10 +77,30 @@ typedef struct Comm Comm;
 // Joins the group: rank 0 runs the rendezvous at MASTER_ADDR:MASTER_PORT and hands out the peer table;
 // a rank missing after timeout_ms is named in the error. ops is the compute context (nccl: its device/stream;
 // host: unused, may be NULL). WORLD_SIZE 1 opens no sockets.
+// nccl: ops must be a CUDA context; its device is the communicator's (create it on LOCAL_RANK) and the
+// communication stream is ordered against its compute stream (see Ordering).
 int comm_create(Comm **out, CommBackend backend, const CommInit *ci, OpsCtx *ops, char *err, size_t err_len);
+
+#define COMM_UNIQUE_ID_BYTES 128
+// nccl: a fresh NCCL unique id (for a communicator whose members meet by other means, e.g. the weight-sync
+// group of trainer ranks + rollout servers whose id travels over ZeroMQ). The process that made it must stay
+// alive until every member has joined (it answers their first contact). host: COMM_ERR_UNSUPPORTED.
+int comm_unique_id(CommBackend backend, uint8_t id[COMM_UNIQUE_ID_BYTES], char *err, size_t err_len);
+// Joins a communicator of `world` members identified by id, as member `rank`, without a rendezvous. Joining
+// and every later call are bounded by timeout_ms. There is no peer table, so failures cannot name the rank
+// that is gone. host: COMM_ERR_UNSUPPORTED.
+int comm_create_with_id(Comm **out, CommBackend backend, const uint8_t id[COMM_UNIQUE_ID_BYTES], int rank,
+                        int world, int timeout_ms, OpsCtx *ops, char *err, size_t err_len);
+// 1 when this build and machine can run the backend (host: always; nccl: a CUDA build, a visible device and
+// a working libnccl).
+int comm_backend_available(CommBackend backend);
+
+// nccl: waits (at most the timeout) for queued calls, then releases the communicator; after a failure it
+// waits for nothing. host: see docs/operations-comm.md (shutdown).
 void comm_destroy(Comm *c);
-// The per-call timeout from now on (e.g. --comm-timeout after a longer --init-timeout for joining). A call
-// fails when nothing moves between this rank and the peers it waits on for timeout_ms.
+// The per-call timeout from now on (e.g. --comm-timeout after a longer --init-timeout for joining). host: a
+// call fails when nothing moves between this rank and the peers it waits on for timeout_ms. nccl: a queued
+// call fails when it has not completed timeout_ms after it could start.
 int comm_set_timeout(Comm *c, int timeout_ms);
 int comm_rank(const Comm *c);
 int comm_world_size(const Comm *c);
@@ -80,8 +118,21 @@ int comm_broadcast(Comm *c, void *buf, size_t count, CommDtype dtype, int root);
 // Point to point (matched in call order per pair of ranks).
 int comm_send(Comm *c, const void *buf, size_t count, CommDtype dtype, int peer);
 int comm_recv(Comm *c, void *buf, size_t count, CommDtype dtype, int peer);
+// Returns when every rank has called it (nccl: a one-element all_reduce, then comm_synchronize).
 int comm_barrier(Comm *c);
 
+// Brackets calls that must progress together, typically sends and receives between the same ranks in both
+// directions, which would otherwise wait for each other (nccl: ncclGroupStart/End; the calls are queued at
+// comm_group_end). Calls of one communicator only; may nest. host: no-ops (0), so large paired send/recv
+// still need an order in which they can meet.
+int comm_group_start(Comm *c);
+int comm_group_end(Comm *c);
+// Waits until every queued call has completed on the device (host: returns at once); the timeout applies.
+// Not inside a group.
+int comm_synchronize(Comm *c);
+
+// See "Ordering" above. A CUDA failure here fails the communicator (comm_error; later calls return
+// COMM_ERR_FAILED).
 void comm_wait_compute(Comm *c);
 void comm_compute_wait(Comm *c);
 

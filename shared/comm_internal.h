@@ -1,12 +1,15 @@
-// shared/comm_internal.h — what comm.c (dispatch, argument checks) shares with the backends (comm_host.c;
-// the nccl backend later). Not for users of comm.h.
+// shared/comm_internal.h — what comm.c (dispatch, argument checks) shares with the backends (comm_host.c,
+// comm_nccl.c). Not for users of comm.h.
 #ifndef TANDEM_SHARED_COMM_INTERNAL_H
 #define TANDEM_SHARED_COMM_INTERNAL_H
 
 #include "shared/comm.h"
+#include "shared/rendezvous.h"
 
 #define COMM_ERR_MAX 1024
 
+// Fields are owned by the thread that uses the communicator; the nccl backend's own threads never touch them
+// (they report through the backend state, and comm.c picks that up with comm_nccl_poll).
 struct Comm {
     CommBackend backend;
     int rank, world, timeout_ms;
@@ -31,5 +34,53 @@ int comm_host_broadcast(Comm *c, void *buf, size_t count, CommDtype dtype, int r
 int comm_host_send(Comm *c, const void *buf, size_t count, CommDtype dtype, int peer);
 int comm_host_recv(Comm *c, void *buf, size_t count, CommDtype dtype, int peer);
 int comm_host_barrier(Comm *c);
+
+// NCCL backend (comm_nccl.c, CUDA builds only). Arguments were checked by comm.c as for the host backend;
+// c->calls already counts the call being made. ci == NULL with id != NULL: join by id (no rendezvous).
+int comm_nccl_create(Comm *c, const CommInit *ci, const uint8_t *id, char *err, size_t err_len);
+void comm_nccl_destroy(Comm *c);
+int comm_nccl_unique_id(uint8_t id[COMM_UNIQUE_ID_BYTES], char *err, size_t err_len);
+int comm_nccl_available(void);
+// A failure found by the watchdog since the last call: recorded in c (comm_fail) and returned; else 0.
+int comm_nccl_poll(Comm *c);
+void comm_nccl_set_timeout(Comm *c, int timeout_ms);
+int comm_nccl_all_gather(Comm *c, void *recv, const void *send, size_t count, CommDtype dtype);
+int comm_nccl_reduce_scatter(Comm *c, void *recv, const void *send, size_t count, CommDtype dtype, CommOp op);
+int comm_nccl_all_reduce(Comm *c, void *buf, size_t count, CommDtype dtype, CommOp op);
+int comm_nccl_broadcast(Comm *c, void *buf, size_t count, CommDtype dtype, int root);
+int comm_nccl_send(Comm *c, const void *buf, size_t count, CommDtype dtype, int peer);
+int comm_nccl_recv(Comm *c, void *buf, size_t count, CommDtype dtype, int peer);
+int comm_nccl_barrier(Comm *c);
+int comm_nccl_group_start(Comm *c);
+int comm_nccl_group_end(Comm *c);
+int comm_nccl_synchronize(Comm *c);
+void comm_nccl_wait_compute(Comm *c);
+void comm_nccl_compute_wait(Comm *c);
+
+// Side channel of the nccl backend (comm_probe.c): names the peer that holds up a stalled call. Made by a
+// rank that joins through the rendezvous: bind, publish the endpoint in the rendezvous, then start with the
+// peer table. comm_probe_watch, _gone_ms and _diagnose belong to one thread (the watchdog).
+typedef struct CommProbe CommProbe;
+enum { COMM_PROBE_JOINING = 0, COMM_PROBE_READY, COMM_PROBE_FAILED };
+typedef struct { uint32_t phase; uint64_t queued, completed; } CommProbeState;   // phase: COMM_PROBE_*
+#define COMM_PROBE_WAIT_MS 1000   // how long a diagnosis waits for the peers' answers
+
+// Binds this rank's probe socket on the interface that routes to master_addr; endpoint receives the address
+// to publish. *out is set even on failure (release it with comm_probe_close).
+int comm_probe_bind(CommProbe **out, int rank, int world, const char *master_addr, int master_port, char *endpoint,
+                    size_t endpoint_len, char *err, size_t err_len);
+// Connects to every peer's probe socket (a monitor notes each connection closing) and starts answering the
+// peers' probes with state(arg), called on the responder thread.
+int comm_probe_start(CommProbe *p, const RdzvPeer *peers, void (*state)(void *arg, CommProbeState *out), void *arg,
+                     char *err, size_t err_len);
+// Waits at most wait_ms for a connection event, then records what happened.
+void comm_probe_watch(CommProbe *p, int wait_ms);
+// When peer's process went away (its connection closed; CLOCK_MONOTONIC ms), 0 while it is connected.
+int64_t comm_probe_gone_ms(const CommProbe *p, int peer);
+// Probes every peer (at most COMM_PROBE_WAIT_MS) and appends "; rank q (host h, pid n) <why>" to out for each
+// one that holds up NCCL operation number seq (init: joining), or one clause saying that none does. Returns
+// the number of peers that went away.
+int comm_probe_diagnose(CommProbe *p, uint64_t seq, int init, char *out, size_t len);
+void comm_probe_close(CommProbe *p);
 
 #endif

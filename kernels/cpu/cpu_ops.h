@@ -6,6 +6,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/ops.h"
+
 // Returns 0, or -1 when a token id is outside [0, V) (bad_index receives the offending row).
 int cpu_embedding_fwd(float *out, const int32_t *tokens, const float *table, int N, int C, int V, int *bad_row);
 void cpu_embedding_bwd(float *dtable, const float *dout, const int32_t *tokens, int N, int C);
@@ -44,6 +46,10 @@ void cpu_logprobs_bwd(float *dlogits, const float *dlogprobs, const float *dentr
 void cpu_adamw_step(float *master, float *m, float *v, const float *grad, float *param_out, size_t n, float lr,
                     float beta1, float beta2, float eps, float weight_decay, int step, float grad_scale);
 void cpu_sum_squares(float *out, const float *x, size_t n);
+
+// ops_sample_rows on fp32 logits. Returns 0, or -1 when scratch memory ran out (results then incomplete).
+int cpu_sample_rows(int32_t *tokens, float *logprobs, const float *logits, const OpsSampleParams *params,
+                    const int32_t *history, const int32_t *history_offsets, int n, int n_rows, int V, int n_history);
 
 void cpu_add_inplace(float *y, const float *x, size_t n);
 void cpu_add_f32(float *y, const float *x, size_t n);

@@ -99,6 +99,18 @@ void cuda_state_destroy(void *state) {
     free(st);
 }
 
+int ops_cuda_device(const OpsCtx *ctx) {
+    if (!ctx || ops_backend(ctx) != OPS_BACKEND_CUDA) return -1;
+    const CudaState *st = (const CudaState *)ops_backend_state((OpsCtx *)ctx);
+    return st ? st->device : -1;
+}
+
+void *ops_cuda_stream(OpsCtx *ctx) {
+    if (!ctx || ops_backend(ctx) != OPS_BACKEND_CUDA) return NULL;
+    const CudaState *st = (const CudaState *)ops_backend_state(ctx);
+    return st ? (void *)st->stream : NULL;
+}
+
 CudaState *cuda_enter(OpsCtx *ctx) {
     CudaState *st = (CudaState *)ops_backend_state(ctx);
     if (!st) {

@@ -54,6 +54,8 @@ void cuda_logprobs_fwd(OpsCtx *ctx, float *logprobs, float *lse, float *entropy,
 void cuda_logprobs_bwd(OpsCtx *ctx, void *dlogits, const float *dlogprobs, const float *dentropy,
                        const float *entropy, const void *logits,
                        const int32_t *targets, const float *lse, int N, int V, float inv_temperature);
+void cuda_sample_rows(OpsCtx *ctx, int32_t *tokens, float *logprobs, const void *logits, const OpsSampleParams *params,
+                      const int32_t *history, const int32_t *history_offsets, int n, int n_rows, int V, int n_history);
 void cuda_adamw_step(OpsCtx *ctx, float *master, float *m, float *v, const float *grad, void *param_out, size_t n,
                      float lr, float beta1, float beta2, float eps, float weight_decay, int step, float grad_scale);
 void cuda_sum_squares(OpsCtx *ctx, float *out, const float *x, size_t n);

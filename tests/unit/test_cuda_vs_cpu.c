@@ -357,7 +357,7 @@ static void test_attention(void) {
     const int lens_c[4] = {70, 3, 1, 44};
     test_attention_case(lens_c, 4, 8, 1, 96);   // MQA, D=96 padded to 128
     const int lens_d[3] = {33, 40, 1};
-    test_attention_case(lens_d, 3, 4, 2, 136);  // D=136: the 256-wide kernels with 32-row tiles
+    test_attention_case(lens_d, 3, 4, 2, 136);  // D=136: zero-padded to the 256-wide tiles
     // A head dim beyond the CUDA kernels' reach is a clear error, not a crash.
     Buf big = buf_new(STORAGE, 4 * 300), l = buf_new(F32, 4);
     int32_t cu[2] = {0, 4};

@@ -1,0 +1,510 @@
+// kernels/cuda/cuda_sample.cu — fused next-token sampling (ops_sample_rows): one block per sample reads its bf16
+// logits row a few times and never sorts, so the rollout server downloads 8 bytes per sample instead of a row.
+//
+// Same semantics and arithmetic as the CPU twin (kernels/cpu/cpu_sample.c): with z the penalised logit times
+// 1/T (float, rounded as the CPU rounds it) and zm = max z, each filter is a cut on z:
+//   min-p   z >= t0: the smallest float whose weight exp(z - zm) (double) is > 0 and >= min_p, found by
+//           bisection over the float's bits with the same exp the CPU uses (so the sets agree exactly);
+//   top-k   z >= the k-th largest surviving z: radix select over the order-preserving float keys, three levels
+//           of 11 / 11 / 10 bits, each a shared-memory histogram of counts;
+//   top-p   z > xt, or z == xt and id <= id_cut: the same radix search over the keys, with histograms of mass
+//           (weights in fixed point, 2^-S of the top token, so the atomics add integers and the result does not
+//           depend on their order), finds the value xt where the mass ranked above crosses top_p * total; inside
+//           xt's ties the count to keep follows from the rule "keep while the mass above is below top_p", and
+//           the id of the last one kept comes from a count in id order;
+//   draw    the first kept id (in id order) whose running weight exceeds u * total: per-chunk sums of weights,
+//           a prefix over the chunks, then one warp scans the chunk that holds the crossing.
+// Weights are exp(z - zm) in double, as on the CPU, so filtered sets and the CDF agree with it to ~1e-15; the
+// reported logprob log_softmax(raw / T)[token] uses an online float log-sum-exp per thread (within ~1e-6).
+// Every reduction runs in a fixed order that depends only on V (the block size does), never on the other
+// samples of the launch or on timing: the result of a sample is reproducible and batch-independent.
+#include <math.h>
+
+#include "kernels/cuda/cuda_common.cuh"
+
+static const int SAMPLE_BINS = 2048;        // radix levels of 11, 11 and 10 bits
+static const int SAMPLE_MAX_CHUNKS = 2048;  // id-order chunks of the draw (their sums share the histogram's memory)
+
+// Values computed by one thread (or a reduction) and read by the whole block.
+struct SampleBcast {
+    float t0;                 // min-p / underflow cut
+    int alive;                // some token survives
+    int bin;                  // radix_find's answer (-1: none)
+    unsigned long long above; // ... and the count / mass ranked above that bin
+    unsigned long long total; // ... and the total of the histogram
+    double target;            // ... and the target it looked for
+    unsigned long long wq;    // top-p: quantised weight of one token at xt
+    long long r_keep;         // top-p: how many of xt's ties are kept (in id order)
+    int cut_ties;             // top-p: keep only the first r_keep of xt's ties
+    int chunk;                // id_search: the chunk holding the crossing
+    int last_pos;             // id_search: largest id with a positive value
+    int found;                // id_search: the answer
+    double chunk_total;       // id_search: sum over all chunks (the draw's total)
+    double lse;               // log-sum-exp of raw / T
+};
+
+struct SampleShared {
+    union {
+        unsigned long long hist[SAMPLE_BINS];
+        double pre[SAMPLE_MAX_CHUNKS];  // chunk sums, then their exclusive prefix
+    };
+    unsigned long long red_u[32];
+    double red_d[32];
+    float red_f[32];
+    int red_i[32];
+    SampleBcast bc;
+};
+
+// The logits row of one sample as the filters see it.
+struct RowView {
+    const bf16 *x;
+    const uint32_t *pen_bits; // bitmap of the distinct history ids (only read when penalised)
+    float pen, inv_t;
+    bool penalised;
+
+    __device__ __forceinline__ float raw(int i) const { return bf2f(x[i]); }
+    // The CPU twin's float rounding, step by step (no fused multiply-add): penalty, then * (1/T). -0 becomes +0:
+    // the two are one value to every comparison (and to the CPU's sort) but two keys to the radix search.
+    __device__ __forceinline__ float z_of(int i, float v) const {
+        if (penalised && (pen_bits[i >> 5] >> (i & 31) & 1u)) v = v > 0.0f ? __fdiv_rn(v, pen) : __fmul_rn(v, pen);
+        v = __fmul_rn(v, inv_t);
+        return v == 0.0f ? 0.0f : v;
+    }
+    __device__ __forceinline__ float z(int i) const { return z_of(i, raw(i)); }
+};
+
+__device__ __forceinline__ uint32_t float_key(float f) { // larger float, larger key
+    const uint32_t b = __float_as_uint(f);
+    return (b & 0x80000000u) ? ~b : b | 0x80000000u;
+}
+__device__ __forceinline__ float key_float(uint32_t k) {
+    return __uint_as_float((k & 0x80000000u) ? k & 0x7fffffffu : ~k);
+}
+
+// The weight of scaled logit z: exp(z - zm) in double, the CPU's expression.
+__device__ __forceinline__ double weight(float z, float zm) { return exp(__dsub_rn((double)z, (double)zm)); }
+
+__device__ __forceinline__ bool survives(float t, float zm, float min_p) {
+    const double w = weight(t, zm);
+    return w > 0.0 && (!(min_p > 0.0f) || w >= (double)min_p);
+}
+
+// ---- block reductions (blockDim.x a multiple of 32; each ends with every thread holding the result) ----
+
+__device__ __forceinline__ float block_max_f(float v, float *red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    v = warp_max(v);
+    __syncthreads();
+    if (lane == 0) red[warp] = v;
+    __syncthreads();
+    return warp_max(lane < nwarps ? red[lane] : -INFINITY);
+}
+
+// Exclusive prefix over the threads in thread order (an integer: order-free; a double: a fixed tree).
+// *total receives the sum over all threads.
+template <typename T>
+__device__ __forceinline__ T block_exclusive_scan(T v, T *red, T *total) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    T incl = v;
+    for (int o = 1; o < 32; o <<= 1) {
+        const T up = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += up;
+    }
+    T excl = __shfl_up_sync(0xffffffffu, incl, 1);
+    if (lane == 0) excl = 0;
+    __syncthreads();
+    if (lane == 31) red[warp] = incl;
+    __syncthreads();
+    if (warp == 0) {
+        T t = lane < nwarps ? red[lane] : (T)0;
+        for (int o = 1; o < 32; o <<= 1) {
+            const T up = __shfl_up_sync(0xffffffffu, t, o);
+            if (lane >= o) t += up;
+        }
+        if (lane < nwarps) red[lane] = t; // inclusive prefix of the warp totals
+    }
+    __syncthreads();
+    *total = red[nwarps - 1];
+    return warp > 0 ? red[warp - 1] + excl : excl;
+}
+
+// ---- radix search over the keys of the survivors ---------------------------------------------------
+
+// hist[b] = count (mass == false) or quantised weight sum (mass == true) of the tokens with z >= lo whose key
+// has `prefix` in the bits at and above prefix_shift (prefix_shift 32: every key) and digit b in
+// (key >> shift) & (nb - 1).
+__device__ void radix_hist(SampleShared &sh, const RowView &r, int V, float lo, float zm, uint32_t prefix,
+                           int prefix_shift, int shift, int nb, bool mass, double qscale) {
+    for (int b = threadIdx.x; b < nb; b += blockDim.x) sh.hist[b] = 0;
+    __syncthreads();
+    for (int i = threadIdx.x; i < V; i += blockDim.x) {
+        const float z = r.z(i);
+        if (!(z >= lo)) continue;
+        const uint32_t k = float_key(z);
+        if (prefix_shift < 32 && (k >> prefix_shift) != prefix) continue;
+        const int b = (int)((k >> shift) & (uint32_t)(nb - 1));
+        if (mass) {
+            const unsigned long long q = __double2ull_rn(weight(z, zm) * qscale);
+            if (q) atomicAdd(&sh.hist[b], q);
+        } else {
+            atomicAdd(&sh.hist[b], 1ull);
+        }
+    }
+    __syncthreads();
+}
+
+// Scanning the bins from the top (largest keys): the bin b where base + (sum above b) < target <=
+// base + (sum above b) + hist[b], with target = frac * (sum of all bins) when `frac` (else as given). Sets
+// bc.bin (-1 when target is outside (base, base + total]), bc.above = base + sum above b, bc.total = sum of
+// all bins, bc.target = the target used. Sums are integers; converting the same integer to double gives the
+// same value in both neighbours' tests, so at most one bin answers.
+__device__ void radix_find(SampleShared &sh, int nb, unsigned long long base, double target, bool frac) {
+    const int per = nb / blockDim.x, top = nb - 1 - threadIdx.x * per;
+    if (threadIdx.x == 0) sh.bc.bin = -1;
+    unsigned long long local = 0;
+    for (int j = 0; j < per; j++) local += sh.hist[top - j];
+    unsigned long long total;
+    unsigned long long run = base + block_exclusive_scan<unsigned long long>(local, sh.red_u, &total);
+    if (frac) target *= (double)total;
+    for (int j = 0; j < per; j++) {
+        const unsigned long long h = sh.hist[top - j];
+        if ((double)run < target && target <= (double)(run + h)) {
+            sh.bc.bin = top - j;
+            sh.bc.above = run;
+        }
+        run += h;
+    }
+    if (threadIdx.x == 0) {
+        sh.bc.total = total;
+        sh.bc.target = target;
+    }
+    __syncthreads();
+}
+
+// The key of the value at which the running count / mass from the top reaches the target, over the tokens
+// z >= lo: three levels. The target is `target`, or target * (level-one total) when `frac`; *used receives it.
+// Returns false when no bin answers. *above: the count / mass strictly above the value; *at: at the value;
+// *total: the first level's total.
+__device__ bool radix_select(SampleShared &sh, const RowView &r, int V, float lo, float zm, bool mass, double qscale,
+                             double target, bool frac, double *used, uint32_t *key, unsigned long long *above,
+                             unsigned long long *at, unsigned long long *total) {
+    radix_hist(sh, r, V, lo, zm, 0, 32, 21, SAMPLE_BINS, mass, qscale);
+    radix_find(sh, SAMPLE_BINS, 0, target, frac);
+    *total = sh.bc.total;
+    *used = target = sh.bc.target;
+    const int b0 = sh.bc.bin;
+    const unsigned long long a0 = sh.bc.above;
+    __syncthreads(); // everyone has read bc before the next level rewrites it
+    if (b0 < 0) return false;
+    radix_hist(sh, r, V, lo, zm, (uint32_t)b0, 21, 10, SAMPLE_BINS, mass, qscale);
+    radix_find(sh, SAMPLE_BINS, a0, target, false);
+    const int b1 = sh.bc.bin;
+    const unsigned long long a1 = sh.bc.above;
+    __syncthreads();
+    if (b1 < 0) return false;
+    const uint32_t prefix = (uint32_t)b0 << 11 | (uint32_t)b1;
+    radix_hist(sh, r, V, lo, zm, prefix, 10, 0, SAMPLE_BINS / 2, mass, qscale);
+    radix_find(sh, SAMPLE_BINS / 2, a1, target, false);
+    const int b2 = sh.bc.bin;
+    if (b2 >= 0) {
+        *key = prefix << 10 | (uint32_t)b2;
+        *above = sh.bc.above;
+        *at = sh.hist[b2];
+    }
+    __syncthreads();
+    return b2 >= 0;
+}
+
+// ---- search in id order ------------------------------------------------------------------------------
+
+// The first id whose inclusive running sum (in id order) of v exceeds target, where v(i) is
+//   draw:  exp(z - zm) for kept ids (z > xt, or z == xt and i <= id_cut), else 0; target = u * (sum of v);
+//   !draw: 1 for ids with z == xt, else 0; target as given.
+// When rounding leaves every running sum at or below target, the answer is the last id with v > 0 (the CPU
+// twin's rule). Chunks of `chunk` ids (a multiple of 32, at most SAMPLE_MAX_CHUNKS of them): each warp sums
+// whole chunks, a fixed-order prefix over the chunk sums locates the crossing, one warp scans that chunk.
+__device__ int id_search(SampleShared &sh, const RowView &r, int V, int chunk, bool draw, float xt, int id_cut,
+                         float zm, double u, double target) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    const int nchunks = (V + chunk - 1) / chunk;
+    auto value = [&](int i) -> double {
+        const float z = r.z(i);
+        if (!draw) return z == xt ? 1.0 : 0.0;
+        return z > xt || (z == xt && i <= id_cut) ? weight(z, zm) : 0.0;
+    };
+    if (threadIdx.x == 0) {
+        sh.bc.last_pos = -1;
+        sh.bc.chunk = INT_MAX;
+    }
+    int last_pos = -1;
+    for (int c = warp; c < nchunks; c += nwarps) {
+        double acc = 0.0;
+        for (int i = c * chunk + lane; i < (c + 1) * chunk && i < V; i += 32) {
+            const double v = value(i);
+            if (v > 0.0) {
+                acc += v;
+                last_pos = i;
+            }
+        }
+        acc = warp_sum_d(acc);
+        if (lane == 0) sh.pre[c] = acc;
+    }
+    __syncthreads();
+    if (last_pos >= 0) atomicMax(&sh.bc.last_pos, last_pos);
+    // Exclusive prefix of the chunk sums: thread t owns chunks [t * per, (t + 1) * per).
+    const int per = (nchunks + blockDim.x - 1) / blockDim.x, c0 = threadIdx.x * per;
+    const int c1 = c0 + per < nchunks ? c0 + per : nchunks;
+    double local = 0.0;
+    for (int c = c0; c < c1; c++) local += sh.pre[c];
+    double total;
+    double run = block_exclusive_scan<double>(local, sh.red_d, &total);
+    for (int c = c0; c < c1; c++) {
+        const double s = sh.pre[c];
+        sh.pre[c] = run;
+        run += s;
+    }
+    // The end of chunk c is pre[c + 1], and the end of the last chunk is its owner's running sum: every
+    // comparison below reads one stored number per boundary.
+    if (c0 < nchunks && c1 == nchunks) sh.bc.chunk_total = run;
+    __syncthreads();
+    if (draw) target = u * sh.bc.chunk_total;
+    for (int c = c0; c < c1; c++) {
+        const double end = c + 1 < nchunks ? sh.pre[c + 1] : sh.bc.chunk_total;
+        if (end > target) {
+            atomicMin(&sh.bc.chunk, c);
+            break;
+        }
+    }
+    __syncthreads();
+    const int win = sh.bc.chunk;
+    if (warp == 0) {
+        int found = -1, last_in_chunk = -1;
+        if (win < nchunks) {
+            double base = sh.pre[win];
+            for (int i0 = win * chunk; i0 < (win + 1) * chunk && i0 < V; i0 += 32) {
+                const int i = i0 + lane;
+                const double v = i < V ? value(i) : 0.0;
+                double incl = v;
+                for (int o = 1; o < 32; o <<= 1) {
+                    const double up = __shfl_up_sync(0xffffffffu, incl, o);
+                    if (lane >= o) incl += up;
+                }
+                const unsigned hit = __ballot_sync(0xffffffffu, v > 0.0 && base + incl > target);
+                const unsigned pos = __ballot_sync(0xffffffffu, v > 0.0);
+                if (hit) {
+                    found = i0 + __ffs(hit) - 1;
+                    break;
+                }
+                if (pos) last_in_chunk = i0 + 31 - __clz(pos);
+                base += __shfl_sync(0xffffffffu, incl, 31);
+            }
+        }
+        if (lane == 0) sh.bc.found = found >= 0 ? found : last_in_chunk >= 0 ? last_in_chunk : sh.bc.last_pos;
+    }
+    __syncthreads();
+    const int ans = sh.bc.found;
+    __syncthreads();
+    return ans;
+}
+
+// ---- the kernel ----------------------------------------------------------------------------------------
+
+// One block per sample s. logits (n_rows, V) bf16; params (n); history_offsets (n + 1) or NULL; tokens,
+// logprobs (n). Dynamic shared memory: the history bitmap, (V + 31) / 32 words.
+__global__ void __launch_bounds__(512)
+sample_rows_kernel(int32_t *tokens, float *logprobs, const bf16 *logits, const OpsSampleParams *params,
+                   const int32_t *history, const int32_t *history_offsets, int n_rows, int V, int n_history,
+                   int chunk, double qscale) {
+    extern __shared__ uint32_t pen_bits[];
+    __shared__ SampleShared sh;
+    const int s = blockIdx.x, tid = threadIdx.x;
+    const OpsSampleParams p = params[s];
+    if (p.logits_row < 0 || p.logits_row >= n_rows) {
+        if (tid == 0) {
+            tokens[s] = -1;
+            logprobs[s] = __int_as_float(0x7fc00000);
+        }
+        return;
+    }
+    const bool greedy = p.temperature < OPS_SAMPLE_GREEDY_BELOW;
+    RowView r;
+    r.x = logits + (size_t)p.logits_row * V;
+    r.pen_bits = pen_bits;
+    r.pen = p.repetition_penalty;
+    r.inv_t = greedy ? 1.0f : __fdiv_rn(1.0f, p.temperature);
+    int h0 = 0, h1 = 0;
+    if (history_offsets) {
+        h0 = min(max(history_offsets[s], 0), n_history);
+        h1 = min(max(history_offsets[s + 1], h0), n_history);
+    }
+    r.penalised = p.repetition_penalty != 1.0f && h1 > h0;
+    if (r.penalised) { // each distinct id once: a bit per id
+        for (int w = tid; w < (V + 31) / 32; w += blockDim.x) pen_bits[w] = 0u;
+        __syncthreads();
+        for (int h = h0 + tid; h < h1; h += blockDim.x) {
+            const int32_t t = history[h];
+            if (t >= 0 && t < V) atomicOr(&pen_bits[t >> 5], 1u << (t & 31));
+        }
+        __syncthreads();
+    }
+
+    // Pass 1: the max of z (greedy: the argmax, ties to the lower id) and an online log-sum-exp of the
+    // unpenalised raw / T, each thread over its strided ids in increasing order.
+    float zmax = -INFINITY, lm = -INFINITY;
+    double ls = 0.0; // float exponentials, summed in double
+    int arg = INT_MAX;
+    for (int i = tid; i < V; i += blockDim.x) {
+        const float raw = r.raw(i);
+        const float z = r.z_of(i, raw);
+        if (greedy) {
+            if (z > zmax || (z == zmax && arg == INT_MAX)) {
+                zmax = z;
+                arg = i;
+            }
+        } else {
+            zmax = fmaxf(zmax, z);
+        }
+        const float q = __fmul_rn(raw, r.inv_t);
+        if (q == -INFINITY) continue;
+        if (q > lm) {
+            ls = ls * (double)expf(lm - q) + 1.0; // lm = -inf: ls is 0 and expf(-inf) is 0
+            lm = q;
+        } else {
+            ls += (double)expf(q - lm);
+        }
+    }
+    const float m_all = block_max_f(lm, sh.red_f);
+    const double s_all = block_sum_d(ls > 0.0 ? ls * exp((double)lm - (double)m_all) : ls, sh.red_d);
+    const double lse = m_all == -INFINITY ? -INFINITY : (double)m_all + log(s_all);
+    int tok;
+    if (greedy) {
+        // (value, id) argmax: lanes then warps, the larger value or on a tie the lower id.
+        const int lane = tid & 31, warp = tid >> 5, nwarps = blockDim.x >> 5;
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, zmax, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, arg, o);
+            if (ov > zmax || (ov == zmax && oi < arg)) {
+                zmax = ov;
+                arg = oi;
+            }
+        }
+        __syncthreads();
+        if (lane == 0) {
+            sh.red_f[warp] = zmax;
+            sh.red_i[warp] = arg;
+        }
+        __syncthreads();
+        if (tid == 0) {
+            float bv = sh.red_f[0];
+            int bi = sh.red_i[0];
+            for (int w = 1; w < nwarps; w++)
+                if (sh.red_f[w] > bv || (sh.red_f[w] == bv && sh.red_i[w] < bi)) {
+                    bv = sh.red_f[w];
+                    bi = sh.red_i[w];
+                }
+            sh.bc.found = bi < V ? bi : 0; // a row of NaN has no argmax
+        }
+        __syncthreads();
+        tok = sh.bc.found;
+    } else {
+        const float zm = block_max_f(zmax, sh.red_f);
+        // The min-p / underflow cut: bisection over the float keys in (-inf, zm], as the CPU twin does.
+        if (tid == 0) {
+            sh.bc.alive = survives(zm, zm, p.min_p);
+            if (sh.bc.alive) {
+                uint32_t lo = float_key(-INFINITY), hi = float_key(zm);
+                while (hi - lo > 1) {
+                    const uint32_t mid = lo + (hi - lo) / 2;
+                    if (survives(key_float(mid), zm, p.min_p)) hi = mid;
+                    else lo = mid;
+                }
+                sh.bc.t0 = key_float(hi);
+            }
+        }
+        __syncthreads();
+        if (!sh.bc.alive) {
+            tok = 0; // nothing survives (every logit -inf, or min_p > 1)
+        } else {
+            const float t0 = sh.bc.t0;
+            float x_lo = t0;
+            uint32_t key;
+            unsigned long long above, at, total;
+            double used;
+            if (p.top_k > 0 && p.top_k < V) {
+                // The k-th largest surviving z; the first level's total is the number of survivors.
+                const bool ok = radix_select(sh, r, V, t0, zm, false, 0.0, (double)p.top_k, false, &used, &key, &above,
+                                             &at, &total);
+                if (ok && total > (unsigned long long)p.top_k) x_lo = key_float(key);
+            }
+            float xt = x_lo;
+            int id_cut = V - 1;
+            if (p.top_p < 1.0f) {
+                bool cut = false;
+                long long r_keep = 1;
+                if (!(p.top_p > 0.0f)) { // top_p <= 0: the top token alone (the first of zm's ties)
+                    xt = zm;
+                    cut = true;
+                } else if (radix_select(sh, r, V, x_lo, zm, true, qscale, (double)p.top_p, true, &used, &key, &above,
+                                        &at, &total)) {
+                    // The value xt where the survivors' mass from the top reaches need = top_p * total.
+                    xt = key_float(key);
+                    if (tid == 0) {
+                        // Tie ranks 0, 1, ... of xt have A, A + w, ... ranked above them; rank j stays while
+                        // A + j * w < need (rank 0 does: A < need by the search).
+                        const double need = used;
+                        const unsigned long long wq = __double2ull_rn(weight(xt, zm) * qscale);
+                        const long long c = wq ? (long long)(at / wq) : 1;
+                        long long rk = wq ? (long long)ceil((need - (double)above) / (double)wq) : c;
+                        rk = rk < 1 ? 1 : rk > c ? c : rk;
+                        while (rk > 1 && (double)(above + (unsigned long long)(rk - 1) * wq) >= need) rk--;
+                        while (rk < c && (double)(above + (unsigned long long)rk * wq) < need) rk++;
+                        sh.bc.r_keep = rk;
+                        sh.bc.cut_ties = rk < c;
+                    }
+                    __syncthreads();
+                    r_keep = sh.bc.r_keep;
+                    cut = sh.bc.cut_ties;
+                    __syncthreads();
+                }
+                if (cut) id_cut = id_search(sh, r, V, chunk, false, xt, 0, zm, 0.0, (double)r_keep - 0.5);
+            }
+            tok = id_search(sh, r, V, chunk, true, xt, id_cut, zm, p.u, 0.0);
+            if (tok < 0 || tok >= V) tok = 0;
+        }
+    }
+    if (tid == 0) {
+        tokens[s] = tok;
+        logprobs[s] = (float)((double)__fmul_rn(r.raw(tok), r.inv_t) - lse);
+    }
+}
+
+void cuda_sample_rows(OpsCtx *ctx, int32_t *tokens, float *logprobs, const void *logits, const OpsSampleParams *params,
+                      const int32_t *history, const int32_t *history_offsets, int n, int n_rows, int V, int n_history) {
+    CudaState *st = cuda_enter(ctx);
+    if (!st) return;
+    CUDA_ARG_CHECK(ctx, n >= 0 && n_rows >= 0 && V > 0 && n_history >= 0,
+                   "sample_rows: bad shape n=%d n_rows=%d V=%d n_history=%d", n, n_rows, V, n_history);
+    if (n == 0) return;
+    // 512 threads for real vocabularies (two blocks fit an SM); fewer for small ones. A power of two that
+    // divides the radix levels' 1024 and 2048 bins.
+    const int threads = V >= 8192 ? 512 : V >= 1024 ? 256 : 128;
+    // Chunks of the draw: a multiple of 32 ids, at most SAMPLE_MAX_CHUNKS of them.
+    const long long per_chunk = ((long long)V + SAMPLE_MAX_CHUNKS - 1) / SAMPLE_MAX_CHUNKS;
+    const int chunk = (int)((per_chunk + 31) / 32 * 32);
+    // Fixed-point mass: 2^S units per top-token weight, with S small enough that V weights of at most 1 sum
+    // below 2^62.
+    int bits = 0;
+    while ((1ll << bits) < V) bits++;
+    const double qscale = ldexp(1.0, 62 - bits);
+    const size_t dyn = ((size_t)V + 31) / 32 * sizeof(uint32_t);
+    const size_t static_bytes = sizeof(SampleShared);
+    CUDA_ARG_CHECK(ctx, dyn + static_bytes <= st->max_smem_optin,
+                   "sample_rows: V=%d needs %zu bytes of shared memory (device has %zu)", V, dyn + static_bytes,
+                   st->max_smem_optin);
+    if (dyn + static_bytes > 48 * 1024)
+        CUDA_CHECK(ctx,
+                   cudaFuncSetAttribute(sample_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
+    sample_rows_kernel<<<n, threads, dyn, st->stream>>>(tokens, logprobs, (const bf16 *)logits, params, history,
+                                                         history_offsets, n_rows, V, n_history, chunk, qscale);
+    CUDA_CHECK_LAUNCH(ctx);
+}

@@ -1,0 +1,260 @@
+// test_rollout_sampler_ops.c — the fused sampling op (ops_sample_rows) on the CPU backend against the rollout
+// server's host sampler (rollout_server/sampler.c), which the engine used before the op existed:
+//   - the whole parameter grid (greedy, T 0.3 / 1 / 1.7, top_k 0 / 1 / 5 / 50, top_p 1 / 0.9 / 0.3, min_p 0 / 0.1,
+//     repetition penalty 1 / 1.3) over rows of V = 1 .. 151936 of several shapes (ties from bf16 quantisation
+//     and from a coarse grid, peaked, flat, one big tie, -inf entries), with histories holding repeats and
+//     out-of-range ids, many samples sharing one logits row: the same token for every sample and the same
+//     logprob (within 1e-5; they are in fact computed identically);
+//   - edge parameters (top_k >= V or V - 1, top_p tiny or 0, min_p 1 or above, a row of only -inf);
+//   - a logits_row outside the rows gives token -1 and a NaN logprob; a sample's result does not depend on the
+//     other samples of the call.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/ops.h"
+#include "rollout_server/sampler.h"
+#include "tests/unit/sample_testlib.h"
+
+static int failures = 0;
+#define CHECK(cond, ...)                                                             \
+    do {                                                                             \
+        if (!(cond)) {                                                               \
+            failures++;                                                              \
+            fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
+            fprintf(stderr, __VA_ARGS__);                                            \
+            fputc('\n', stderr);                                                     \
+        }                                                                            \
+    } while (0)
+
+static void *xmalloc(size_t n) {
+    void *p = malloc(n ? n : 1);
+    if (!p) {
+        fprintf(stderr, "out of memory\n");
+        exit(2);
+    }
+    return p;
+}
+
+static SamplingParams to_sampling(const OpsSampleParams *o) {
+    SamplingParams p;
+    sampling_params_default(&p);
+    p.temperature = o->temperature;
+    p.top_k = o->top_k;
+    p.top_p = o->top_p;
+    p.min_p = o->min_p;
+    p.repetition_penalty = o->repetition_penalty;
+    return p;
+}
+
+// A batch of n samples over n_rows rows of V logits, each sample with its own params, history, stream, pos.
+typedef struct {
+    int V, n, n_rows;
+    float *logits;              // (n_rows, V)
+    int *kind;                  // (n_rows)
+    OpsSampleParams *params;    // (n)
+    uint64_t *stream, *pos;     // (n)
+    int32_t *offsets, *history; // (n + 1), (offsets[n])
+} SBatch;
+
+static void batch_free(SBatch *b) {
+    free(b->logits);
+    free(b->kind);
+    free(b->params);
+    free(b->stream);
+    free(b->pos);
+    free(b->offsets);
+    free(b->history);
+}
+
+// Samples cycle through the parameter grid starting at combo c0; rows cycle through the kinds.
+static SBatch make_batch(int V, int n, int n_rows, int c0, int max_hist) {
+    SBatch b = {.V = V, .n = n, .n_rows = n_rows};
+    b.logits = xmalloc((size_t)n_rows * V * sizeof *b.logits);
+    b.kind = xmalloc((size_t)n_rows * sizeof *b.kind);
+    b.params = xmalloc((size_t)n * sizeof *b.params);
+    b.stream = xmalloc((size_t)n * sizeof *b.stream);
+    b.pos = xmalloc((size_t)n * sizeof *b.pos);
+    b.offsets = xmalloc((size_t)(n + 1) * sizeof *b.offsets);
+    b.history = xmalloc((size_t)n * max_hist * sizeof *b.history + 4);
+    for (int r = 0; r < n_rows; r++) {
+        b.kind[r] = (r + c0) % ST_KINDS;
+        st_make_row(b.logits + (size_t)r * V, V, b.kind[r], r % 2);
+    }
+    b.offsets[0] = 0;
+    for (int s = 0; s < n; s++) {
+        st_combo((c0 + s) % ST_N_COMBOS, &b.params[s]);
+        b.params[s].logits_row = st_int(0, n_rows);
+        b.stream[s] = st_next();
+        b.pos[s] = (uint64_t)st_int(0, 5000);
+        b.params[s].u = sampler_uniform(b.stream[s], b.pos[s]);
+        b.offsets[s + 1] = b.offsets[s] + st_make_history(b.history + b.offsets[s], max_hist, V);
+    }
+    return b;
+}
+
+// Runs the op on the CPU backend over the batch.
+static void run_op(OpsCtx *ctx, const SBatch *b, int32_t *tok, float *lp) {
+    ops_sample_rows(ctx, tok, lp, b->logits, b->params, b->history, b->offsets, b->n, b->n_rows, b->V,
+                    b->offsets[b->n]);
+    CHECK(ops_status(ctx) == 0, "ops_sample_rows: %s", ops_error(ctx));
+    ops_clear_error(ctx);
+}
+
+static int same_lp(float a, float b, double tol) {
+    return (isnan(a) && isnan(b)) || a == b || fabs((double)a - b) <= tol;
+}
+
+// Every sample of the batch against sampler_sample. Returns the number of mismatching samples.
+static int compare_batch(OpsCtx *ctx, const SBatch *b, int *n_bitwise, double *max_lp_diff) {
+    int32_t *tok = xmalloc((size_t)b->n * sizeof *tok);
+    float *lp = xmalloc((size_t)b->n * sizeof *lp);
+    run_op(ctx, b, tok, lp);
+    Sampler *smp;
+    if (sampler_create(&smp, b->V) != 0) {
+        fprintf(stderr, "out of memory\n");
+        exit(2);
+    }
+    int bad = 0;
+    for (int s = 0; s < b->n; s++) {
+        const OpsSampleParams *o = &b->params[s];
+        const SamplingParams p = to_sampling(o);
+        const int32_t *h = b->history + b->offsets[s];
+        const int nh = b->offsets[s + 1] - b->offsets[s];
+        float want_lp;
+        const int32_t want = sampler_sample(smp, b->logits + (size_t)o->logits_row * b->V, &p, h, nh, b->stream[s],
+                                            b->pos[s], &want_lp, NULL);
+        const double d = same_lp(lp[s], want_lp, 0.0) ? 0.0 : fabs((double)lp[s] - want_lp);
+        if (!(d <= *max_lp_diff)) *max_lp_diff = isnan(d) ? INFINITY : d;
+        *n_bitwise += memcmp(&lp[s], &want_lp, sizeof want_lp) == 0;
+        if (tok[s] != want || !same_lp(lp[s], want_lp, 1e-5)) {
+            if (bad++ < 5) {
+                fprintf(stderr, "  V=%d sample %d (row %d, %s, history %d): ", b->V, s, o->logits_row,
+                        st_kind_name[b->kind[o->logits_row]], nh);
+                st_print_params(stderr, o);
+                fprintf(stderr, "\n    op token %d logprob %.9g | sampler token %d logprob %.9g\n", tok[s], lp[s],
+                        want, want_lp);
+            }
+        }
+    }
+    sampler_free(smp);
+    free(tok);
+    free(lp);
+    return bad;
+}
+
+static void test_grid(OpsCtx *ctx) {
+    // (V, samples, rows): every V sees all 192 combinations at least once; small vocabularies many times over.
+    static const int plan[][3] = {{1, 192, 4},     {2, 576, 16},     {5, 576, 16},  {64, 576, 32},
+                                  {300, 576, 32},  {1000, 576, 32},  {4096, 384, 24}, {32000, 192, 12},
+                                  {151936, 192, 14}};
+    int total = 0, bad = 0, bitwise = 0;
+    double max_lp = 0.0;
+    for (size_t i = 0; i < sizeof plan / sizeof plan[0]; i++) {
+        SBatch b = make_batch(plan[i][0], plan[i][1], plan[i][2], (int)i * 7, 40);
+        const int nb = compare_batch(ctx, &b, &bitwise, &max_lp);
+        CHECK(nb == 0, "V=%d: %d of %d samples differ from sampler_sample", b.V, nb, b.n);
+        total += b.n;
+        bad += nb;
+        batch_free(&b);
+    }
+    printf("grid: %d samples, %d differ from sampler_sample, %d logprobs bitwise equal, max |logprob diff| %.3g\n",
+           total, bad, bitwise, max_lp);
+    CHECK(max_lp <= 1e-5, "max |logprob diff| %.3g > 1e-5", max_lp);
+}
+
+// Parameters at the edges of their ranges, on a few shapes.
+static void test_edges(OpsCtx *ctx) {
+    const int V = 257;
+    const OpsSampleParams edge[] = {
+        {.temperature = 1.0f, .top_k = V, .top_p = 1.0f, .repetition_penalty = 1.0f},
+        {.temperature = 1.0f, .top_k = V - 1, .top_p = 1.0f, .repetition_penalty = 1.0f},
+        {.temperature = 0.8f, .top_k = -1, .top_p = 1e-6f, .repetition_penalty = 1.0f},
+        {.temperature = 0.8f, .top_k = 0, .top_p = 0.0f, .repetition_penalty = 1.0f},
+        {.temperature = 1.2f, .top_k = 0, .top_p = 1.0f, .min_p = 1.0f, .repetition_penalty = 1.0f},
+        {.temperature = 1.2f, .top_k = 0, .top_p = 1.0f, .min_p = 2.0f, .repetition_penalty = 1.0f},
+        {.temperature = 2e-5f, .top_k = 3, .top_p = 0.5f, .min_p = 0.5f, .repetition_penalty = 0.7f},
+        {.temperature = 1e-6f, .top_k = 0, .top_p = 1.0f, .repetition_penalty = 2.0f},
+        {.temperature = 50.0f, .top_k = 0, .top_p = 0.999f, .repetition_penalty = 1.0f},
+    };
+    const int n_edge = sizeof edge / sizeof edge[0];
+    SBatch b = make_batch(V, n_edge * ST_KINDS * 4, ST_KINDS, 0, 12);
+    for (int s = 0; s < b.n; s++) {
+        const double u = b.params[s].u;
+        b.params[s] = edge[s % n_edge];
+        b.params[s].u = u;
+        b.params[s].logits_row = (s / n_edge) % ST_KINDS;
+    }
+    int bitwise = 0;
+    double max_lp = 0.0;
+    CHECK(compare_batch(ctx, &b, &bitwise, &max_lp) == 0, "edge parameters differ from sampler_sample");
+    batch_free(&b);
+
+    // A row of only -inf: both answer id 0 (nothing to choose from), and a NaN logprob.
+    float row[8];
+    for (int i = 0; i < 8; i++) row[i] = -INFINITY;
+    OpsSampleParams p = {.u = 0.5, .temperature = 1.0f, .top_p = 0.9f, .repetition_penalty = 1.0f};
+    int32_t tok = -7;
+    float lp = 0.0f;
+    ops_sample_rows(ctx, &tok, &lp, row, &p, NULL, NULL, 1, 1, 8, 0);
+    Sampler *smp;
+    sampler_create(&smp, 8);
+    SamplingParams sp = to_sampling(&p);
+    float want_lp;
+    const int32_t want = sampler_sample(smp, row, &sp, NULL, 0, 1, 0, &want_lp, NULL);
+    CHECK(tok == 0 && want == 0, "all -inf: op %d, sampler %d", tok, want);
+    sampler_free(smp);
+}
+
+static void test_bad_row_and_independence(OpsCtx *ctx) {
+    SBatch b = make_batch(1000, 64, 8, 3, 30);
+    int32_t *tok = xmalloc(64 * sizeof *tok);
+    float *lp = xmalloc(64 * sizeof *lp);
+    b.params[5].logits_row = 8;
+    b.params[9].logits_row = -1;
+    run_op(ctx, &b, tok, lp);
+    CHECK(tok[5] == -1 && isnan(lp[5]) && tok[9] == -1 && isnan(lp[9]),
+          "a bad logits_row gives -1 / NaN (%d %g, %d %g)", tok[5], lp[5], tok[9], lp[9]);
+    // Each sample alone (its own history, offsets from 0) equals its result in the batch.
+    int differ = 0;
+    for (int s = 0; s < 64; s++) {
+        if (s == 5 || s == 9) continue;
+        int32_t off[2] = {0, b.offsets[s + 1] - b.offsets[s]}, t1;
+        float l1;
+        ops_sample_rows(ctx, &t1, &l1, b.logits, &b.params[s], b.history + b.offsets[s], off, 1, b.n_rows, b.V, off[1]);
+        differ += t1 != tok[s] || memcmp(&l1, &lp[s], sizeof l1) != 0;
+    }
+    CHECK(differ == 0, "%d samples changed when run alone", differ);
+    // No history at all (NULL offsets) is the same as empty histories.
+    for (int s = 0; s <= b.n; s++) b.offsets[s] = 0;
+    int32_t *t2 = xmalloc(64 * sizeof *t2);
+    float *l2 = xmalloc(64 * sizeof *l2);
+    run_op(ctx, &b, tok, lp);
+    ops_sample_rows(ctx, t2, l2, b.logits, b.params, NULL, NULL, 64, b.n_rows, b.V, 0);
+    CHECK(memcmp(tok, t2, 64 * sizeof *t2) == 0, "NULL history differs from empty histories");
+    free(t2);
+    free(l2);
+    free(tok);
+    free(lp);
+    batch_free(&b);
+}
+
+int main(void) {
+    OpsCtx *ctx;
+    char err[256];
+    if (ops_create(&ctx, OPS_BACKEND_CPU, 0, err, sizeof err) != 0) {
+        fprintf(stderr, "cpu backend: %s\n", err);
+        return 1;
+    }
+    test_grid(ctx);
+    test_edges(ctx);
+    test_bad_row_and_independence(ctx);
+    ops_destroy(ctx);
+    if (failures) {
+        fprintf(stderr, "%d check(s) failed\n", failures);
+        return 1;
+    }
+    printf("all sampler op checks passed\n");
+    return 0;
+}
