@@ -108,14 +108,19 @@ static void maybe_done(Engine *e, EngineRequest *r) {
     request_engine_done(r);
 }
 
-// Samples completion q's next token from its logits row, appends it, turns it into text and an event.
-static void emit_token(Engine *e, EngSeq *q, const float *row) {
+// Appends sample k's token to its completion q, turns it into text and an event. When the request asks for top
+// logprobs, the token's logprob and the alternatives both come from the host copy of its logits row (one
+// distribution for the two).
+static void emit_token(Engine *e, EngSeq *q, int k) {
     EngineRequest *r = q->req;
     Sequence *s = &q->s;
-    const int k = r->p.top_logprobs;
-    float lp;
-    int32_t tok = sampler_sample(e->sampler, row, &r->p, s->tokens, s->n_tokens, r->seed + (uint64_t)q->index,
-                                 (uint64_t)(s->n_tokens - s->n_prompt), &lp, k > 0 ? e->top : NULL);
+    const int n_top = r->p.top_logprobs;
+    const int32_t tok = e->samp_tok[k];
+    float lp = e->samp_lp[k];
+    if (n_top > 0) {
+        const float inv_t = r->p.temperature < SAMPLER_GREEDY_BELOW ? 1.0f : 1.0f / r->p.temperature;
+        lp = sampler_logprob(e->logits + (size_t)e->samp_params[k].logits_row * e->V, e->V, inv_t, tok, n_top, e->top);
+    }
     s->tokens[s->n_tokens++] = tok;
     const int last = s->n_tokens - s->n_prompt >= r->p.max_tokens || s->n_tokens >= e->m.cfg.max_seq_len;
     DetokResult res;
@@ -134,9 +139,9 @@ static void emit_token(Engine *e, EngSeq *q, const float *row) {
 }
 
 // Completion 0 finished computing the prompt: completions 1..n-1 take shared references on its blocks, each
-// completion samples its first token from the one logits row, and the new ones join the running set (those
-// beyond max_num_seqs wait at the front of the queue, keeping their blocks).
-static void fork_request(Engine *e, EngineRequest *r, const float *row) {
+// completion takes its first token (samples k0..k0+n-1, all from the one logits row), and the new ones join the
+// running set (those beyond max_num_seqs wait at the front of the queue, keeping their blocks).
+static void fork_request(Engine *e, EngineRequest *r, int k0) {
     EngSeq *parent = &r->seqs[0];
     r->forked = 1;
     for (int i = 1; i < r->n; i++) {
@@ -144,7 +149,7 @@ static void fork_request(Engine *e, EngineRequest *r, const float *row) {
         bm_fork(e->bm, &c->s.table, &parent->s.table);
         c->s.n_computed = parent->s.n_computed;
     }
-    for (int i = 0; i < r->n; i++) emit_token(e, &r->seqs[i], row);
+    for (int i = 0; i < r->n; i++) emit_token(e, &r->seqs[i], k0 + i);
     int first_surplus = r->n;
     for (int i = 1; i < r->n; i++) {
         EngSeq *c = &r->seqs[i];
@@ -154,6 +159,132 @@ static void fork_request(Engine *e, EngineRequest *r, const float *row) {
     }
     for (int i = r->n - 1; i >= first_surplus; i--)
         if (!r->seqs[i].finished && r->seqs[i].s.status == SEQ_NEW) sched_add_waiting(&e->sched, &r->seqs[i].s, 1);
+}
+
+// ---- sampling on the backend --------------------------------------------------------------------
+
+// Room for n samples and nh history ids, host and backend. Returns 0 or -1 (out of memory).
+static int samp_reserve(Engine *e, int n, int64_t nh) {
+    if (nh > INT32_MAX) return -1;
+    if (n > e->samp_cap) {
+        const int cap = n > 2 * e->samp_cap ? n : 2 * e->samp_cap;
+        EngSeq **seq = realloc(e->samp_seq, (size_t)cap * sizeof *seq);
+        if (seq) e->samp_seq = seq;
+        OpsSampleParams *par = realloc(e->samp_params, (size_t)cap * sizeof *par);
+        if (par) e->samp_params = par;
+        int32_t *off = realloc(e->samp_off, (size_t)(cap + 1) * sizeof *off);
+        if (off) e->samp_off = off;
+        int32_t *tok = realloc(e->samp_tok, (size_t)cap * sizeof *tok);
+        if (tok) e->samp_tok = tok;
+        float *lp = realloc(e->samp_lp, (size_t)cap * sizeof *lp);
+        if (lp) e->samp_lp = lp;
+        if (!seq || !par || !off || !tok || !lp) return -1;
+        ops_free(e->ops, e->d_params);
+        ops_free(e->ops, e->d_off);
+        ops_free(e->ops, e->d_tok);
+        ops_free(e->ops, e->d_lp);
+        e->d_params = ops_malloc(e->ops, (size_t)cap * sizeof *e->d_params);
+        e->d_off = ops_malloc(e->ops, (size_t)(cap + 1) * sizeof *e->d_off);
+        e->d_tok = ops_malloc(e->ops, (size_t)cap * sizeof *e->d_tok);
+        e->d_lp = ops_malloc(e->ops, (size_t)cap * sizeof *e->d_lp);
+        if (!e->d_params || !e->d_off || !e->d_tok || !e->d_lp) {
+            e->samp_cap = 0; // whatever was allocated is freed and re-made by the next call
+            return -1;
+        }
+        e->samp_cap = cap;
+    }
+    if (nh > e->hist_cap) {
+        const int64_t want = nh > 2 * (int64_t)e->hist_cap ? nh : 2 * (int64_t)e->hist_cap;
+        const int cap = want > INT32_MAX ? INT32_MAX : (int)want;
+        int32_t *h = realloc(e->samp_hist, (size_t)cap * sizeof *h);
+        if (!h) return -1;
+        e->samp_hist = h;
+        ops_free(e->ops, e->d_hist);
+        if (!(e->d_hist = ops_malloc(e->ops, (size_t)cap * sizeof *e->d_hist))) {
+            e->hist_cap = 0;
+            return -1;
+        }
+        e->hist_cap = cap;
+    }
+    return 0;
+}
+
+// The step's samples, in step order: a request's first logits row is sampled by each of its n completions, any
+// other row by its own completion. Each draws the uniform of (its stream, its output position); penalised
+// samples carry their whole history (prompt then generated ids). Returns 0 or -1 (out of memory).
+static int build_samples(Engine *e) {
+    Scheduler *s = &e->sched;
+    int n = 0;
+    int64_t nh = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1) {
+            if (samp_reserve(e, n, nh) != 0) return -1;
+            n = 0;
+            nh = 0;
+            e->samp_off[0] = 0;
+        }
+        for (int i = 0; i < s->n_step; i++) {
+            if (e->row_of[i] < 0) continue;
+            EngSeq *q = (EngSeq *)s->step[i];
+            EngineRequest *r = q->req;
+            const SamplingParams *p = &r->p;
+            const int m = r->forked ? 1 : r->n;
+            for (int c = 0; c < m; c++, n++) {
+                EngSeq *cq = r->forked ? q : &r->seqs[c];
+                const Sequence *cs = &cq->s;
+                const int penalised = p->repetition_penalty != 1.0f;
+                if (pass == 1) {
+                    e->samp_seq[n] = cq;
+                    e->samp_params[n] = (OpsSampleParams){
+                        .u = sampler_uniform(r->seed + (uint64_t)cq->index, (uint64_t)(cs->n_tokens - cs->n_prompt)),
+                        .temperature = p->temperature,
+                        .top_p = p->top_p,
+                        .min_p = p->min_p,
+                        .repetition_penalty = p->repetition_penalty,
+                        .top_k = p->top_k,
+                        .logits_row = e->row_of[i],
+                    };
+                    if (penalised) memcpy(e->samp_hist + nh, cs->tokens, (size_t)cs->n_tokens * sizeof *cs->tokens);
+                }
+                if (penalised) nh += cs->n_tokens;
+                if (pass == 1) e->samp_off[n + 1] = (int32_t)nh;
+            }
+        }
+    }
+    e->n_samp = n;
+    return 0;
+}
+
+// Samples the step's logits rows where they are (backend memory) and downloads the ids and logprobs, 8 bytes a
+// sample, plus the rows whose requests asked for top logprobs. Returns 0 or -1 with a message.
+static int sample_step(Engine *e, int n_rows, char *err, size_t err_len) {
+    OpsCtx *o = e->ops;
+    const int n = e->n_samp, nh = e->samp_off[n], V = e->V;
+    const void *logits = decode_bufs_logits(e->bufs);
+    ops_copy_to_device(o, e->d_params, e->samp_params, (size_t)n * sizeof *e->d_params);
+    ops_copy_to_device(o, e->d_off, e->samp_off, (size_t)(n + 1) * sizeof *e->d_off);
+    if (nh > 0) ops_copy_to_device(o, e->d_hist, e->samp_hist, (size_t)nh * sizeof *e->d_hist);
+    ops_sample_rows(o, e->d_tok, e->d_lp, logits, e->d_params, e->d_hist, e->d_off, n, n_rows, V, nh);
+    ops_copy_to_host(o, e->samp_tok, e->d_tok, (size_t)n * sizeof *e->samp_tok);
+    ops_copy_to_host(o, e->samp_lp, e->d_lp, (size_t)n * sizeof *e->samp_lp);
+    const size_t es = ops_dtype_size(o);
+    for (int k = 0, last = -1; k < n; k++) { // a fork's samples share one row, next to each other
+        const int row = e->samp_params[k].logits_row;
+        if (e->samp_seq[k]->req->p.top_logprobs <= 0 || row == last) continue;
+        ops_download_f32(o, e->logits + (size_t)row * V, (const char *)logits + (size_t)row * V * es, (size_t)V);
+        last = row;
+    }
+    if (ops_status(o)) {
+        snprintf(err, err_len, "sampling failed: %s", ops_error(o));
+        return -1;
+    }
+    for (int k = 0; k < n; k++)
+        if (e->samp_tok[k] < 0 || e->samp_tok[k] >= V) {
+            snprintf(err, err_len, "sampling gave token %d for sample %d of %d (vocabulary %d)", e->samp_tok[k], k, n,
+                     V);
+            return -1;
+        }
+    return 0;
 }
 
 // Everything in the step failed (backend error): each request involved ends with FINISH_ERROR.
@@ -174,7 +305,7 @@ static int run_step(Engine *e) {
     const double t0 = now_seconds();
     const int64_t preempt_before = s->preemptions;
     if (sched_step(s) == 0) return 0;
-    const int bs = e->cfg.block_size, mb = e->max_blocks, V = e->V;
+    const int bs = e->cfg.block_size, mb = e->max_blocks;
     int n = 0, n_rows = 0;
     for (int i = 0; i < s->n_step; i++) {
         Sequence *q = s->step[i];
@@ -208,21 +339,39 @@ static int run_step(Engine *e) {
         }
     }
     char err[512];
-    if (model_decode_step(&e->m, e->bufs, &e->src, &e->kv, n, e->tok_ids, e->tok_seq, e->tok_pos, e->slots, e->tables,
-                          s->n_step, mb, e->rows, n_rows, e->logits, err, sizeof err) != 0) {
+    int failed = 0;
+    if (build_samples(e) != 0) {
+        snprintf(err, sizeof err, "out of memory for the step's %d sampling rows", n_rows);
+        failed = 1;
+    } else {
+        // The logits stay in backend memory: the sampling op reads them there.
+        failed = model_decode_step(&e->m, e->bufs, &e->src, &e->kv, n, e->tok_ids, e->tok_seq, e->tok_pos, e->slots,
+                                   e->tables, s->n_step, mb, e->rows, n_rows, NULL, err, sizeof err) != 0 ||
+                 (n_rows > 0 && sample_step(e, n_rows, err, sizeof err) != 0);
+        if (!failed && n_rows == 0) { // nothing to sample: still wait for the step, and see it succeeded
+            ops_synchronize(e->ops);
+            if ((failed = ops_status(e->ops) != 0))
+                snprintf(err, sizeof err, "decode step failed: %s", ops_error(e->ops));
+        }
+    }
+    if (failed) {
         fprintf(stderr, "tandem-serve: engine step failed, its requests end with an error: %s\n", err);
         ops_clear_error(e->ops);
         fail_step(e);
     } else {
         sched_commit(s);
-        // A request is freed only after its last completion finishes, so later entries stay valid.
-        for (int i = 0; i < s->n_step; i++) {
+        // A request is freed only after its last completion finishes, so later entries stay valid. Samples are
+        // in step order (build_samples).
+        for (int i = 0, k = 0; i < s->n_step; i++) {
             if (e->row_of[i] < 0) continue;
             EngSeq *q = (EngSeq *)s->step[i];
             EngineRequest *r = q->req;
-            const float *row = e->logits + (size_t)e->row_of[i] * V;
-            if (!r->forked) fork_request(e, r, row);
-            else emit_token(e, q, row);
+            if (!r->forked) {
+                fork_request(e, r, k);
+                k += r->n;
+            } else {
+                emit_token(e, q, k++);
+            }
             maybe_done(e, r);
         }
     }
@@ -254,6 +403,13 @@ static void apply_commit(Engine *e, int64_t version) { // not under mu
     int rc = 0;
     char msg[512] = "";
     for (int u = 0; u < L->n_units; u++) {
+        if (e->commit_device) {
+            // Transport nccl: the received copy becomes live; the old one receives the next update.
+            void *live = e->w.params[u];
+            e->w.params[u] = e->dstaging[u];
+            e->dstaging[u] = live;
+            continue;
+        }
         if (!e->commit_units[u]) continue;
         ops_upload_f32(e->ops, e->w.params[u], e->commit_units[u], L->unit_numel[u]);
         free(e->commit_units[u]);
@@ -281,7 +437,7 @@ static void *engine_main(void *arg) {
     for (;;) {
         if (e->commit_req != e->commit_done) {
             const int64_t gen = e->commit_req, version = e->commit_version;
-            for (int u = 0; u < e->m.layout.n_units; u++) {
+            for (int u = 0; u < e->m.layout.n_units && !e->commit_device; u++) {
                 e->commit_units[u] = e->staging[u];
                 e->staging[u] = NULL;
             }
@@ -381,6 +537,10 @@ void engine_post_abort(Engine *e, EngineRequest *r) { // under r->mu (see engine
 
 static void engine_free(Engine *e) {
     if (!e) return;
+    if (e->dstaging) {
+        for (int u = 0; u < e->m.layout.n_units; u++) ops_free(e->ops, e->dstaging[u]);
+        free(e->dstaging);
+    }
     if (e->staging) {
         for (int u = 0; u < e->m.layout.n_units; u++) free(e->staging[u]);
         free(e->staging);
@@ -394,9 +554,21 @@ static void engine_free(Engine *e) {
     free(e->rows);
     free(e->row_of);
     free(e->logits);
+    free(e->samp_seq);
+    free(e->samp_params);
+    free(e->samp_off);
+    free(e->samp_hist);
+    free(e->samp_tok);
+    free(e->samp_lp);
+    if (e->ops) {
+        ops_free(e->ops, e->d_params);
+        ops_free(e->ops, e->d_off);
+        ops_free(e->ops, e->d_hist);
+        ops_free(e->ops, e->d_tok);
+        ops_free(e->ops, e->d_lp);
+    }
     free(e->scratch_reqs);
     textbuf_free(&e->text);
-    sampler_free(e->sampler);
     sched_destroy(&e->sched);
     bm_destroy(e->bm);
     if (e->bufs) decode_bufs_free(e->bufs, &e->m);
@@ -516,7 +688,7 @@ int engine_create(Engine **out, const EngineConfig *cfg, char *err, size_t err_l
     const size_t token_bytes = (size_t)e->m.cfg.num_kv_heads * e->m.cfg.head_dim * ops_dtype_size(e->ops);
     if (bm_create(&e->bm, e->n_blocks, bs, cfg->enable_prefix_caching, &e->kv, e->ops, token_bytes, msg, sizeof msg) != 0 ||
         sched_init(&e->sched, e->bm, cfg->max_num_seqs, cfg->max_num_batched_tokens) != 0 ||
-        sampler_create(&e->sampler, e->V) != 0)
+        samp_reserve(e, cfg->max_num_seqs, 0) != 0)
         goto oom;
     const size_t T = (size_t)cfg->max_num_batched_tokens, S = (size_t)cfg->max_num_seqs;
     e->tok_ids = malloc(T * sizeof *e->tok_ids);
@@ -529,9 +701,10 @@ int engine_create(Engine **out, const EngineConfig *cfg, char *err, size_t err_l
     e->logits = malloc(S * e->V * sizeof *e->logits);
     e->scratch_reqs = malloc(S * sizeof *e->scratch_reqs);
     e->staging = calloc((size_t)e->m.layout.n_units, sizeof *e->staging);
+    e->dstaging = calloc((size_t)e->m.layout.n_units, sizeof *e->dstaging);
     e->commit_units = calloc((size_t)e->m.layout.n_units, sizeof *e->commit_units);
     if (!e->tok_ids || !e->tok_seq || !e->tok_pos || !e->slots || !e->tables || !e->rows || !e->row_of ||
-        !e->logits || !e->scratch_reqs || !e->staging || !e->commit_units || textbuf_append(&e->text, "", 0) != 0)
+        !e->logits || !e->scratch_reqs || !e->staging || !e->dstaging || !e->commit_units || textbuf_append(&e->text, "", 0) != 0)
         goto oom;
     e->accepting = 1;
     e->idle = 1;

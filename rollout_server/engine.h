@@ -133,6 +133,13 @@ void engine_reset_prefix_cache(Engine *e);
 // the policy version to `version` and resets the prefix cache. Returns 0 or a negative code.
 float *engine_weights_staging(Engine *e, int unit);
 int engine_commit_weights(Engine *e, int64_t version, char *err, size_t err_len);
+// Transport nccl: the second copy of unit `unit` in backend memory (storage dtype, unit_numel elements), made on
+// first use (NULL when out of memory), that the NCCL receiver fills; engine_commit_device_weights swaps every
+// unit with its copy in between two steps (pointers only), bumps the version and resets the prefix cache.
+void *engine_weights_device_staging(Engine *e, int unit);
+int engine_commit_device_weights(Engine *e, int64_t version, char *err, size_t err_len);
+// The engine's compute context (for the NCCL receiver).
+OpsCtx *engine_ops(Engine *e);
 
 typedef struct {
     int64_t requests_waiting, requests_running, sequences_running;

@@ -145,7 +145,33 @@ float *engine_weights_staging(Engine *e, int unit) {
     return p;
 }
 
+void *engine_weights_device_staging(Engine *e, int unit) {
+    if (unit < 0 || unit >= e->m.layout.n_units) return NULL;
+    pthread_mutex_lock(&e->mu);
+    if (!e->dstaging[unit]) {
+        e->dstaging[unit] = ops_malloc(e->ops, e->m.layout.unit_numel[unit] * ops_dtype_size(e->ops));
+        if (!e->dstaging[unit]) ops_clear_error(e->ops); // the caller reports the missing memory
+    }
+    void *p = e->dstaging[unit];
+    pthread_mutex_unlock(&e->mu);
+    return p;
+}
+
+OpsCtx *engine_ops(Engine *e) { return e->ops; }
+
+static int commit(Engine *e, int64_t version, int device, char *err, size_t err_len);
+
 int engine_commit_weights(Engine *e, int64_t version, char *err, size_t err_len) {
+    return commit(e, version, 0, err, err_len);
+}
+
+int engine_commit_device_weights(Engine *e, int64_t version, char *err, size_t err_len) {
+    for (int u = 0; u < e->m.layout.n_units; u++)
+        if (!e->dstaging[u]) return snprintf(err, err_len, "unit %d was never received", u), ENGINE_EINVAL;
+    return commit(e, version, 1, err, err_len);
+}
+
+static int commit(Engine *e, int64_t version, int device, char *err, size_t err_len) {
     pthread_mutex_lock(&e->mu);
     if (e->exited || e->abort_all) {
         pthread_mutex_unlock(&e->mu);
@@ -153,6 +179,7 @@ int engine_commit_weights(Engine *e, int64_t version, char *err, size_t err_len)
     }
     const int64_t gen = ++e->commit_req;
     e->commit_version = version;
+    e->commit_device = device;
     pthread_cond_broadcast(&e->wake);
     while (e->commit_done < gen && !e->exited) pthread_cond_wait(&e->ack, &e->mu);
     int rc;

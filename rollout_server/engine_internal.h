@@ -80,14 +80,25 @@ struct Engine {
     int n_eos;
     BlockManager *bm;
     Scheduler sched;
-    Sampler *sampler;
     int n_blocks, max_blocks, V;
     // Step arrays (host): one entry per token of the step, max_num_batched_tokens of them ...
     int32_t *tok_ids, *tok_seq, *tok_pos, *slots;
     int32_t *tables;                // (max_num_seqs, max_blocks) block tables of the step's sequences
     int32_t *rows;                  // (max_num_seqs) step token index of each logits row
     int *row_of;                    // (max_num_seqs) logits row of each step sequence, -1 = none
-    float *logits;                  // (max_num_seqs, V)
+    float *logits;                  // (max_num_seqs, V) host copies of the logits rows that top logprobs need
+    // Sampling on the backend (ops_sample_rows, engine.c): one sample per completion that gets a token in the
+    // step. Arrays grow on demand: samp_cap samples, hist_cap history ids.
+    int n_samp, samp_cap, hist_cap;
+    EngSeq **samp_seq;              // (samp_cap) host: the completion each sample is for
+    OpsSampleParams *samp_params;   // (samp_cap) host
+    int32_t *samp_off;              // (samp_cap + 1) host: history offsets (histories of penalised samples only)
+    int32_t *samp_hist;             // (hist_cap) host
+    int32_t *samp_tok;              // (samp_cap) host: sampled ids
+    float *samp_lp;                 // (samp_cap) host: their logprobs
+    OpsSampleParams *d_params;      // backend copies of the above
+    int32_t *d_off, *d_hist, *d_tok;
+    float *d_lp;
     EngineRequest **scratch_reqs;   // (max_num_seqs)
     TokenLogprob top[ENGINE_MAX_TOP_LOGPROBS];
     TextBuf text;                   // one token's new text
@@ -109,6 +120,8 @@ struct Engine {
     int commit_rc;
     char commit_err[512];
     float **staging;                // (n_units) host fp32 copies being received, NULL until asked for
+    void **dstaging;                // (n_units) transport nccl: second copies in backend memory (storage dtype)
+    int commit_device;              // the pending commit swaps dstaging in (else uploads staging)
     uint64_t n_submitted;
     int64_t version;
     EngineStats stats;

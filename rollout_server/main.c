@@ -22,12 +22,14 @@ typedef struct {
     HttpConfig http;
     const char *control;
     double drain_timeout_s;
+    double weight_sync_timeout_s;
     int device_given;
 } Options;
 
 enum {
     OPT_MODEL = 256, OPT_HOST, OPT_PORT, OPT_CONTROL, OPT_DEVICE, OPT_KV, OPT_BLOCK, OPT_SEQS, OPT_BATCHED,
     OPT_QUEUED, OPT_BODY, OPT_KEY, OPT_DRAIN, OPT_PREFIX, OPT_NO_PREFIX, OPT_SEED, OPT_NAME, OPT_TEMPLATE, OPT_HELP,
+    OPT_SYNC_TIMEOUT,
 };
 
 static const struct option kLongOpts[] = {
@@ -44,6 +46,7 @@ static const struct option kLongOpts[] = {
     {"max-body-bytes", required_argument, 0, OPT_BODY},
     {"api-key", required_argument, 0, OPT_KEY},
     {"drain-timeout", required_argument, 0, OPT_DRAIN},
+    {"weight-sync-timeout", required_argument, 0, OPT_SYNC_TIMEOUT},
     {"enable-prefix-caching", no_argument, 0, OPT_PREFIX},
     {"no-prefix-caching", no_argument, 0, OPT_NO_PREFIX},
     {"seed", required_argument, 0, OPT_SEED},
@@ -89,6 +92,9 @@ static void usage(FILE *f) {
             "                                /health/; the environment variable TANDEM_API_KEY also sets it\n"
             "                                (default: none, no auth)\n"
             "  --drain-timeout SECONDS       on SIGTERM/SIGINT, time given to requests in flight (default 30)\n"
+            "  --weight-sync-timeout SECONDS a weight update over NCCL (joining the trainer's communicator, each\n"
+            "                                receive) that stalls this long fails; the server keeps its weights\n"
+            "                                (default 600)\n"
             "  --enable-prefix-caching       reuse KV blocks of identical prompt prefixes across requests\n"
             "  --no-prefix-caching           do not (default: %s)\n"
             "  --seed N                      seed for requests that carry none (default %" PRIu64 ")\n"
@@ -146,6 +152,7 @@ static int parse_options(int argc, char **argv, Options *o) {
     engine_config_default(&o->engine);
     http_config_default(&o->http);
     o->drain_timeout_s = 30;
+    o->weight_sync_timeout_s = 600;
     const char *env_key = getenv("TANDEM_API_KEY");
     if (env_key && env_key[0]) o->http.api_key = env_key;
     long long v;
@@ -203,6 +210,14 @@ static int parse_options(int argc, char **argv, Options *o) {
             if (end == optarg || *end || !(d >= 0) || d > 86400)
                 return bad("drain-timeout", optarg, "expected 0..86400 seconds");
             o->drain_timeout_s = d;
+            break;
+        }
+        case OPT_SYNC_TIMEOUT: {
+            char *end;
+            double d = strtod(optarg, &end);
+            if (end == optarg || *end || !(d >= 1) || d > 86400)
+                return bad("weight-sync-timeout", optarg, "expected 1..86400 seconds");
+            o->weight_sync_timeout_s = d;
             break;
         }
         case OPT_PREFIX: o->engine.enable_prefix_caching = 1; break;
@@ -303,7 +318,7 @@ int main(int argc, char **argv) {
     }
     ZmqControl *zmq = NULL;
     if (o.control) {
-        if (zmq_control_start(&zmq, engine, o.control, err, sizeof err) != 0) {
+        if (zmq_control_start(&zmq, engine, o.control, (int)(o.weight_sync_timeout_s * 1000), err, sizeof err) != 0) {
             serve_log("cannot start the ZeroMQ control channel on %s: %s", o.control, err);
             http_server_stop(http);
             engine_destroy(engine, 0);

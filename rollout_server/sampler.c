@@ -213,8 +213,9 @@ int32_t sampler_sample(Sampler *s, const float *logits, const SamplingParams *p,
             s->x[i] *= inv_t;
             if (s->x[i] > xm) xm = s->x[i];
         }
+        // Every logit -inf: all weights 0 (exp(-inf - -inf) would be NaN), and the draw falls back to id 0.
         double all = 0.0;
-        for (int i = 0; i < V; i++) all += s->w[i] = exp((double)s->x[i] - xm);
+        for (int i = 0; i < V; i++) all += s->w[i] = xm == -INFINITY ? 0.0 : exp((double)s->x[i] - xm);
         // Without a penalty x is exactly logits / T: its logsumexp is the reported distribution's.
         if (!penalised) lse = xm + log(all);
         apply_filters(s, p);

@@ -1,5 +1,10 @@
 // rollout_server/sampler.h — picks the next token from one row of fp32 logits, on the host.
 //
+// The engine samples on the backend instead, with ops_sample_rows (kernels/ops.h: the same semantics, held to
+// this file token for token by tests/unit/test_rollout_sampler_ops.c), so only 8 bytes a token leave the device.
+// This file stays as that op's reference, and the engine takes sampler_uniform (the draw of each (stream,
+// position)) and sampler_logprob (tokens asking for top logprobs) from it.
+//
 // Order of operations (vLLM's, which TRL's GRPO generation runs on):
 //   1. reported logprobs: log_softmax(logits / T)[token], T = temperature (1 when greedy), computed on the raw
 //      logits before any penalty or filter — the quantity the trainer recomputes. Top logprobs come from the
@@ -21,7 +26,7 @@
 
 #include "rollout_server/engine.h"
 
-#define SAMPLER_GREEDY_BELOW 1e-5f
+#define SAMPLER_GREEDY_BELOW OPS_SAMPLE_GREEDY_BELOW // 1e-5 (kernels/ops.h)
 
 typedef struct Sampler Sampler;
 

@@ -11,6 +11,7 @@
 #include <time.h>
 #include <zmq.h>
 
+#include "rollout_server/weight_nccl.h"
 #include "rollout_server/weight_recv.h"
 #include "shared/zmq_msg.h"
 
@@ -50,6 +51,7 @@ struct ZmqControl {
     pthread_cond_t cv;
     Job *incoming;              // jobs submitted by the socket thread, not yet taken by the collector
     WeightRecv wr;              // socket thread only
+    WeightNccl *wn;             // socket thread only: transport nccl
 };
 
 static int fail(char *err, size_t err_len, const char *fmt, ...) {
@@ -432,15 +434,72 @@ static void do_stats(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q
 
 static float *staging_of(void *user, int unit) { return engine_weights_staging((Engine *)user, unit); }
 
+// Transport nccl (rollout_server/weight_nccl.h): checks, then the receive runs on its own thread; the reply goes
+// out at once so that the trainer ranks can start sending.
+static void begin_nccl(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q) {
+    char err[768];
+    if (!weight_nccl_supported(z->wn, err, sizeof err)) {
+        send_error(z->router, rid, rl, q->id, "unsupported", "weights_begin: transport \"nccl\": %s; use transport "
+                   "\"zmq\"", err);
+        return;
+    }
+    if (q->layout_hash != z->wr.layout_hash) {
+        char a[17], b[17];
+        zmsg_hash_to_hex(q->layout_hash, a);
+        zmsg_hash_to_hex(z->wr.layout_hash, b);
+        send_error(z->router, rid, rl, q->id, "layout_mismatch", "weights_begin: layout hash %s, this server's model "
+                   "has %s", a, b);
+        return;
+    }
+    weight_recv_reset(&z->wr);   // a zmq update still open is abandoned, as by any weights_begin
+    for (int u = 0; u < engine_model(z->e)->layout.n_units; u++)
+        if (!engine_weights_device_staging(z->e, u)) {
+            send_error(z->router, rid, rl, q->id, "out_of_memory", "weights_begin: no GPU memory for the second copy "
+                       "of the weights that an NCCL update is received into (unit %d); lower --kv-cache-memory", u);
+            return;
+        }
+    if (weight_nccl_begin(z->wn, q, err, sizeof err) != 0) {
+        send_error(z->router, rid, rl, q->id, "internal", "weights_begin: %s", err);
+        return;
+    }
+    ZmsgMsg m;
+    zmsg_init(&m, ZMSG_WEIGHTS_BEGIN, ZMSG_DIR_REPLY, q->id);
+    m.version = q->version;
+    send_msg(z->router, rid, rl, &m);
+}
+
+static void end_nccl(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q) {
+    char err[768];
+    double received;
+    if (weight_nccl_finish(z->wn, q->version, &received, err, sizeof err) != 0) {
+        fprintf(stderr, "tandem-serve: weight update to version %lld over NCCL failed; serving the previous "
+                        "weights: %s\n", (long long)q->version, err);
+        send_error(z->router, rid, rl, q->id, "internal", "weights_end: %s", err);
+        return;
+    }
+    double t0 = now_s();
+    int rc = engine_commit_device_weights(z->e, q->version, err, sizeof err);
+    double t1 = now_s();
+    if (rc) {
+        send_error(z->router, rid, rl, q->id, engine_code(rc), "weights_end: commit failed: %s", err);
+        return;
+    }
+    ZmsgMsg m;
+    zmsg_init(&m, ZMSG_WEIGHTS_END, ZMSG_DIR_REPLY, q->id);
+    m.version = q->version;
+    m.seconds = received + (t1 - t0);
+    m.commit_seconds = t1 - t0;
+    send_msg(z->router, rid, rl, &m);
+}
+
 static void do_weights(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q) {
     char err[768];
     if (q->type == ZMSG_WEIGHTS_BEGIN) {
         if (q->transport == ZMSG_TRANSPORT_NCCL) {
-            send_error(z->router, rid, rl, q->id, "unsupported",
-                       "weights_begin: transport \"nccl\" is not available yet (it arrives with the GPU rollout "
-                       "server); use transport \"zmq\"");
+            begin_nccl(z, rid, rl, q);
             return;
         }
+        weight_nccl_abandon(z->wn);
         int64_t abandoned;
         if (weight_recv_begin(&z->wr, q->version, q->layout_hash, rid, rl, &abandoned, err, sizeof err)) {
             send_error(z->router, rid, rl, q->id, "layout_mismatch", "%s", err);
@@ -457,6 +516,8 @@ static void do_weights(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg 
         if (weight_recv_slice(&z->wr, rid, rl, q->has_version, q->version, q->unit, q->offset, q->count, q->dtype, q->slice_data, staging_of,
                               z->e, err, sizeof err))
             send_error(z->router, rid, rl, q->id, "bad_slice", "%s", err);
+    } else if (weight_nccl_active(z->wn)) {
+        end_nccl(z, rid, rl, q);
     } else {
         if (weight_recv_ready(&z->wr, rid, rl, q->version, err, sizeof err)) {
             send_error(z->router, rid, rl, q->id, "weights_incomplete", "%s", err);
@@ -624,12 +685,14 @@ static void control_free(ZmqControl *z) {
         job_free(j);
     }
     weight_recv_free(&z->wr);
+    weight_nccl_free(z->wn);
     pthread_mutex_destroy(&z->mu);
     pthread_cond_destroy(&z->cv);
     free(z);
 }
 
-int zmq_control_start(ZmqControl **out, Engine *e, const char *endpoint, char *err, size_t err_len) {
+int zmq_control_start(ZmqControl **out, Engine *e, const char *endpoint, int weight_sync_timeout_ms, char *err,
+                      size_t err_len) {
     *out = NULL;
     if (!e || !endpoint || !*endpoint) return fail(err, err_len, "zmq control: an engine and an endpoint are needed");
     ZmqControl *z = calloc(1, sizeof *z);
@@ -637,7 +700,8 @@ int zmq_control_start(ZmqControl **out, Engine *e, const char *endpoint, char *e
     z->e = e;
     pthread_mutex_init(&z->mu, NULL);
     pthread_cond_init(&z->cv, NULL);
-    if (weight_recv_init(&z->wr, &engine_model(e)->layout, err, err_len)) {
+    if (weight_recv_init(&z->wr, &engine_model(e)->layout, err, err_len) ||
+        weight_nccl_create(&z->wn, e, weight_sync_timeout_ms, err, err_len)) {
         control_free(z);
         return -1;
     }

@@ -3,7 +3,8 @@
 // A ROUTER socket served by its own thread; trainers connect with DEALER and speak the protocol of
 // docs/protocol-zmq.md (codec: shared/zmq_msg.h): hello, generate (results per prompt as each finishes),
 // pause, resume, reset_cache, stats, shutdown, and the weight receive path weights_begin / weights_slice /
-// weights_end with transport "zmq". A malformed message gets an error reply; the server keeps serving.
+// weights_end with transport "zmq" (rollout_server/weight_recv.h) or "nccl" (rollout_server/weight_nccl.h).
+// A malformed message gets an error reply; the server keeps serving.
 //
 // Threads: the socket thread owns the ROUTER socket and the weight-update state; a collector thread pumps the
 // events of every generate in flight (engine_request_next) and hands finished results back to the socket
@@ -18,8 +19,10 @@
 typedef struct ZmqControl ZmqControl;
 
 // Binds a ROUTER socket at endpoint (e.g. "tcp://0.0.0.0:5555", "ipc:///tmp/x") and starts serving engine e.
+// weight_sync_timeout_ms bounds joining the NCCL weight-sync communicator and each NCCL receive.
 // Returns 0, or a negative code with a message (bad endpoint, address in use, ...). e must outlive the control.
-int zmq_control_start(ZmqControl **out, Engine *e, const char *endpoint, char *err, size_t err_len);
+int zmq_control_start(ZmqControl **out, Engine *e, const char *endpoint, int weight_sync_timeout_ms, char *err,
+                      size_t err_len);
 
 // 1 once a peer has sent `shutdown` (the acknowledgement is already queued): main should then stop the HTTP
 // server, call zmq_control_stop and engine_destroy, and exit 0 as on SIGTERM. Safe from any thread.

@@ -129,11 +129,16 @@ typedef struct DecodeBufs DecodeBufs;
 int decode_bufs_create(DecodeBufs **out, const Model *m, int max_tokens, int max_seqs, int max_blocks,
                        int max_logit_rows, char *err, size_t err_len);
 void decode_bufs_free(DecodeBufs *b, const Model *m);
+// The last step's logits in backend memory: (max_logit_rows, V) storage dtype, the step's n_logit_rows rows first.
+// Valid until the next model_decode_step on these buffers.
+const void *decode_bufs_logits(const DecodeBufs *b);
 
 // One step over N tokens (prefill chunks and decodes mixed): token i has id tokens[i], belongs to sequence
 // token_seq[i] at position token_pos[i], and its k/v are written to slot_mapping[i]. block_tables (n_seqs,
 // max_blocks). Writes logits (n_logit_rows, V) host fp32 for the tokens listed in logit_rows (indices into
-// 0..N-1). All inputs are host arrays.
+// 0..N-1); with logits NULL they stay in backend memory (decode_bufs_logits) and the step returns without
+// waiting for the device, for ops that consume them there (the rollout server samples with ops_sample_rows).
+// All inputs are host arrays.
 int model_decode_step(Model *m, DecodeBufs *b, UnitSource *src, KVCache *kv, int N, const int32_t *tokens,
                       const int32_t *token_seq, const int32_t *token_pos, const int32_t *slot_mapping,
                       const int32_t *block_tables, int n_seqs, int max_blocks, const int32_t *logit_rows,

@@ -84,6 +84,8 @@ oom:
     return -1;
 }
 
+const void *decode_bufs_logits(const DecodeBufs *b) { return b->logits; }
+
 void decode_bufs_free(DecodeBufs *b, const Model *m) {
     if (!b) return;
     OpsCtx *o = m->ops;
@@ -162,11 +164,13 @@ int model_decode_step(Model *m, DecodeBufs *b, UnitSource *src, KVCache *kv, int
                         cfg->rms_norm_eps);
         const void *w_lm = p0 ? elem_at(m, p0, m->layout.embed) : elem_at(m, pf, m->layout.lm_head);
         ops_matmul_fwd(o, b->logits, b->rows_normed, w_lm, NULL, n_logit_rows, C, V);
-        ops_download_f32(o, logits, b->logits, (size_t)n_logit_rows * V);
+        if (logits) ops_download_f32(o, logits, b->logits, (size_t)n_logit_rows * V);
         if (p0 && src->release) src->release(src->user, 0);
         if (src->release) src->release(src->user, uf);
     }
-    ops_synchronize(o);
+    // Logits left in backend memory: the caller's next op runs after this step on the same stream, so there is
+    // nothing to wait for here (an asynchronous failure shows at the caller's next synchronization).
+    if (logits) ops_synchronize(o);
     if (ops_status(o)) {
         snprintf(err, err_len, "decode step failed: %s", ops_error(o));
         return -1;

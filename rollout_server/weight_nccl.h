@@ -1,0 +1,44 @@
+// rollout_server/weight_nccl.h — the receiving end of a weight update over NCCL (DESIGN.md "Weight sync",
+// transport nccl; docs/protocol-zmq.md).
+//
+// weights_begin {transport "nccl", nccl_id, nccl_world, nccl_rank, trainer_ranks} starts a receive thread: it
+// joins the weight-sync communicator (or keeps the one it has when the id is the same), then receives from each
+// of the trainer_ranks senders its slice of every unit — slice r of unit u is elements
+// [r * s, min((r + 1) * s, numel)) with s = layout_padded_unit_numel(u, trainer_ranks) / trainer_ranks, bf16 —
+// straight into the engine's device staging copy, in the sender's bucket order, and waits for completion under
+// the communication timeout. The engine keeps generating with its current weights meanwhile. weights_end waits
+// for the thread; the engine then swaps staging and live weights between two steps. A failed or abandoned
+// receive leaves the live weights as they were; the communicator is dropped and the next update makes a new one.
+//
+// One control thread calls these.
+#ifndef TANDEM_ROLLOUT_WEIGHT_NCCL_H
+#define TANDEM_ROLLOUT_WEIGHT_NCCL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "rollout_server/engine.h"
+#include "shared/zmq_msg.h"
+
+typedef struct WeightNccl WeightNccl;
+
+// timeout_ms bounds joining the communicator and each receive. Returns 0 or -1 (out of memory).
+int weight_nccl_create(WeightNccl **out, Engine *e, int timeout_ms, char *err, size_t err_len);
+// Frees; waits for a receive in flight to end (it ends by the timeout at the latest).
+void weight_nccl_free(WeightNccl *w);
+// Whether this server can take transport nccl (a CUDA engine with bf16 weights, NCCL present); else a
+// message saying why not.
+int weight_nccl_supported(const WeightNccl *w, char *why, size_t why_len);
+// Starts receiving update q->version (a weights_begin request with transport nccl). A receive still in flight
+// is waited for first. Returns 0, or -1 with a message (bad membership, no staging memory).
+int weight_nccl_begin(WeightNccl *w, const ZmsgMsg *q, char *err, size_t err_len);
+// The update that weights_begin opened for `version` has been received completely: waits for the receive
+// thread, returns 0 with *seconds (weights_begin to received), or -1 with the failure.
+int weight_nccl_finish(WeightNccl *w, int64_t version, double *seconds, char *err, size_t err_len);
+// An update is open (begun, not finished).
+int weight_nccl_active(const WeightNccl *w);
+// Forgets the open update without waiting (a weights_begin with transport zmq came instead: the trainer fell
+// back). A receive still running ends by itself (at the latest by the timeout) and is joined later.
+void weight_nccl_abandon(WeightNccl *w);
+
+#endif
