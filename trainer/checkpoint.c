@@ -12,25 +12,10 @@
 #include <unistd.h>
 
 #include "shared/safetensors.h"
+#include "trainer/make_dirs.h"
 
 static const char *TOKENIZER_FILES[] = {"tokenizer.json", "tokenizer_config.json", "generation_config.json",
                                         "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt"};
-
-static int mkdir_p(const char *path, char *err, size_t err_len) {
-    char buf[PATH_MAX + 64];
-    snprintf(buf, sizeof buf, "%s", path);
-    for (char *p = buf + 1; *p; p++) {
-        if (*p != '/') continue;
-        *p = 0;
-        if (mkdir(buf, 0755) != 0 && errno != EEXIST) goto fail;
-        *p = '/';
-    }
-    if (mkdir(buf, 0755) != 0 && errno != EEXIST) goto fail;
-    return 0;
-fail:
-    snprintf(err, err_len, "cannot create %s: %s", buf, strerror(errno));
-    return -1;
-}
 
 static int remove_tree(const char *path) {
     DIR *d = opendir(path);
@@ -116,7 +101,7 @@ static int save_rank_state(Zero3 *z, const Model *m, int rank, const char *dir, 
     ops_synchronize(m->ops);
     char rank_dir[PATH_MAX + 64], from[PATH_MAX + 96], to[PATH_MAX + 96];
     snprintf(rank_dir, sizeof rank_dir, "%s/trainer_state/rank-%05d", dir, rank);
-    if (mkdir_p(rank_dir, err, err_len) != 0 || st_writer_write(w, rank_dir, 0, err, err_len) != 0) goto out;
+    if (make_dirs(rank_dir, err, err_len) != 0 || st_writer_write(w, rank_dir, 0, err, err_len) != 0) goto out;
     snprintf(from, sizeof from, "%s/model.safetensors", rank_dir);
     snprintf(to, sizeof to, "%s/optimizer.safetensors", rank_dir);
     if (rename(from, to) != 0) {
@@ -168,7 +153,7 @@ int checkpoint_save(Zero3 *z, Model *m, Comm *c, const CheckpointOptions *o, con
     int rc = 0;
     if (rank == 0) {
         remove_tree(tmp_dir);
-        rc = mkdir_p(tmp_dir, err, err_len);
+        rc = make_dirs(tmp_dir, err, err_len);
     }
     // Every rank learns whether rank 0 could create the folder before anyone writes into it.
     int32_t ok = rc == 0;

@@ -116,8 +116,6 @@ static int score_all(Trainer *t, UnitSource *src, Round *r, float **out, int mic
     return 0;
 }
 
-static int sync_weights(Trainer *t, double *seconds, char *err, size_t err_len);
-
 // Generation, rewards and advantages for one round. Fills metrics with TRL's names.
 static int make_round(Trainer *t, Round *r, json_t *m, char *err, size_t err_len) {
     TrainConfig *c = t->cfg;
@@ -185,7 +183,7 @@ static int make_round(Trainer *t, Round *r, json_t *m, char *err, size_t err_len
         double secs;
         if (t->rank == 0) fprintf(stderr, "tandem-train: rollout servers lost mid-round; waiting for them, then retrying\n");
         if (rollout_client_refresh(t->rollout, t->progress.policy_version, 2000, &stale, err, err_len) != 0 ||
-            sync_weights(t, &secs, err, err_len) != 0) {
+            weight_sync_push(t, &secs, err, err_len) != 0) {
             rc = -1;
             break;
         }
@@ -299,56 +297,6 @@ fail:
 oom:
     snprintf(err, err_len, "out of memory scoring %d completions", r->n);
     goto fail;
-}
-
-// Pushes the current weights to every rollout server (DESIGN.md "Weight sync", transport zmq): rank 0 opens the
-// update, every rank sends its own slice of every unit straight from its fp32 master shard (no gather), every
-// rank waits until the servers have applied its slices, then rank 0 closes the update.
-static int sync_weights(Trainer *t, double *seconds, char *err, size_t err_len) {
-    int64_t version = t->progress.step;
-    double t0 = trainer_now();
-    int rc = 0;
-    if (t->rank == 0) rc = rollout_weights_begin(t->rollout, version, err, err_len);
-    int32_t ok = rc == 0;
-    if (comm_broadcast(t->comm, &ok, 1, COMM_I32, 0) != 0 || !ok) {
-        if (rc == 0) snprintf(err, err_len, "weight sync: %s", ok ? comm_error(t->comm) : "rank 0 could not start it");
-        return -1;
-    }
-    const Layout *L = &t->model.layout;
-    float *host = NULL;
-    size_t cap = 0;
-    for (int u = 0; u < L->n_units && rc == 0; u++) {
-        size_t n = zero3_shard_count(t->policy, u), off = zero3_shard_offset(t->policy, u);
-        if (off >= L->unit_numel[u]) continue; // this rank's slice is all padding
-        size_t count = L->unit_numel[u] - off < n ? L->unit_numel[u] - off : n;
-        if (n > cap) {
-            free(host);
-            cap = n;
-            if (!(host = malloc(cap * sizeof(float)))) {
-                snprintf(err, err_len, "out of memory for a weight slice of %zu elements", cap);
-                return -1;
-            }
-        }
-        ops_copy_to_host(t->ops, host, zero3_master_shard(t->policy, u), count * sizeof(float));
-        rc = rollout_weights_send_slice(t->rollout, version, u, (int64_t)off, host, (int64_t)count, 0, err, err_len);
-    }
-    free(host);
-    if (rc == 0) rc = rollout_client_flush(t->rollout, err, err_len);
-    int32_t failed = rc != 0;
-    if (comm_all_reduce(t->comm, &failed, 1, COMM_I32, COMM_MAX) != 0 || failed) {
-        if (rc == 0) snprintf(err, err_len, "weight sync: %s", failed ? "another rank failed to send its slices"
-                                                                      : comm_error(t->comm));
-        return -1;
-    }
-    if (t->rank == 0) rc = rollout_weights_end(t->rollout, version, NULL, err, err_len);
-    ok = rc == 0;
-    if (comm_broadcast(t->comm, &ok, 1, COMM_I32, 0) != 0 || !ok) {
-        if (rc == 0) snprintf(err, err_len, "weight sync: %s", ok ? comm_error(t->comm) : "rank 0 failed to finish it");
-        return -1;
-    }
-    t->progress.policy_version = version;
-    *seconds = trainer_now() - t0;
-    return 0;
 }
 
 static void add(double *acc, double v) { *acc += v; }
@@ -503,7 +451,7 @@ int trainer_run_grpo(Trainer *t, char *err, size_t err_len) {
     // after a restart) — give them this step's before the first rollout.
     if (c->resume) {
         double secs;
-        if (sync_weights(t, &secs, err, err_len) != 0) return -1;
+        if (weight_sync_push(t, &secs, err, err_len) != 0) return -1;
     }
     while (t->progress.step < t->total_steps) {
         double t_round = trainer_now();
@@ -520,7 +468,7 @@ int trainer_run_grpo(Trainer *t, char *err, size_t err_len) {
             if (t->rank == 0)
                 fprintf(stderr, "tandem-train: a rollout server holds other weights than version %lld: pushing them\n",
                         (long long)t->progress.policy_version);
-            if (sync_weights(t, &secs, err, err_len) != 0) return -1;
+            if (weight_sync_push(t, &secs, err, err_len) != 0) return -1;
         }
         Round r;
         json_t *m = json_object();
@@ -574,7 +522,7 @@ int trainer_run_grpo(Trainer *t, char *err, size_t err_len) {
                     grpo_entropy_control_step(&ec, o, w[0], w[1]);
                 }
                 if (t->progress.step % c->weight_sync_steps == 0 || t->progress.step == t->total_steps) {
-                    if (sync_weights(t, &t_sync, err, err_len) != 0) goto fail;
+                    if (weight_sync_push(t, &t_sync, err, err_len) != 0) goto fail;
                 }
                 double red[10] = {sums.loss, sums.kl, sums.kl_n, sums.ent, sums.ent_n, sums.clip_low, sums.clip_high,
                                   sums.clip_region, sums.clip_n, 0};

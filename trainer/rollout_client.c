@@ -396,6 +396,17 @@ int rollout_generate(RolloutClient *c, int n_prompts, const int32_t *const *prom
                         zmsg_free(&m);
                         continue;
                     }
+                    if (strcmp(m.code, "shutting_down") == 0) {
+                        // A draining server (SIGTERM, a node drain) is a lost server: its prompts move now.
+                        mark_dead(c, &c->servers[k], "is shutting down");
+                        for (int q = 0; q < n_prompts; q++)
+                            if (!st[q].done && st[q].server == k) {
+                                st[q].server = -1;
+                                st[q].retry_at_ms = t;
+                            }
+                        zmsg_free(&m);
+                        break;   // its socket was replaced: nothing more to read from it now
+                    }
                     snprintf(err, err_len, "rollout server %s refused prompt %d: [%s] %s", c->servers[k].endpoint, i,
                              m.code, m.message);
                     zmsg_free(&m);

@@ -14,6 +14,7 @@
 #include <unistd.h>
 
 #include "trainer/lr_schedule.h"
+#include "trainer/make_dirs.h"
 
 double trainer_now(void) {
     struct timespec ts;
@@ -38,11 +39,11 @@ static int open_model(Trainer *t, char *err, size_t err_len) {
     ModelConfig mc;
     if (config_load(&mc, cfg->model, err, err_len) != 0) return -1;
     if (model_init(&t->model, &mc, t->ops, err, err_len) != 0) return -1;
-    if (zero3_create(&t->policy, &t->model, t->comm, cfg->zero_stage, err, err_len) != 0) return -1;
+    if (zero3_create(&t->policy, &t->model, t->dcomm, cfg->zero_stage, err, err_len) != 0) return -1;
     if (zero3_load(t->policy, cfg->model, err, err_len) != 0) return -1;
     if (cfg->mode == TRAIN_MODE_GRPO && cfg->grpo.beta != 0) {
         // The frozen reference: the same model, sharded the same way, never stepped.
-        if (zero3_create(&t->ref, &t->model, t->comm, 3, err, err_len) != 0) return -1;
+        if (zero3_create(&t->ref, &t->model, t->dcomm, 3, err, err_len) != 0) return -1;
         if (zero3_load(t->ref, cfg->model, err, err_len) != 0) return -1;
     }
     Zero3Memory mem;
@@ -64,15 +65,16 @@ int trainer_open(Trainer *t, TrainConfig *cfg, char *err, size_t err_len) {
     t->rank = ci.rank;
     t->world = ci.world_size;
     if (train_config_finalize(cfg, t->world, err, err_len) != 0) return -1;
-    // auto: the GPU when one is there. Several CUDA ranks need the NCCL backend (the CUDA issue): refused.
+    // auto: the GPU when one is there (one per rank: LOCAL_RANK picks it). Several CUDA ranks exchange the ZeRO
+    // state over NCCL; everything on host memory (rewards, metrics, flags) goes over the host communicator.
     OpsBackend backend = cfg->device == TRAIN_DEVICE_CUDA ||
                                  (cfg->device == TRAIN_DEVICE_AUTO && ops_backend_available(OPS_BACKEND_CUDA))
                              ? OPS_BACKEND_CUDA
                              : OPS_BACKEND_CPU;
-    if (backend == OPS_BACKEND_CUDA && t->world > 1) {
+    if (backend == OPS_BACKEND_CUDA && t->world > 1 && !comm_backend_available(COMM_BACKEND_NCCL)) {
         if (cfg->device == TRAIN_DEVICE_CUDA) {
-            snprintf(err, err_len, "--device cuda with WORLD_SIZE=%d: CUDA ranks exchange parameters over NCCL, which "
-                     "this version does not have yet; run one CUDA rank, or --device cpu", t->world);
+            snprintf(err, err_len, "--device cuda with WORLD_SIZE=%d needs NCCL, which this build or machine does not "
+                     "have (libnccl.so.2 not found?); run one CUDA rank, or --device cpu", t->world);
             return -1;
         }
         backend = OPS_BACKEND_CPU;
@@ -80,8 +82,38 @@ int trainer_open(Trainer *t, TrainConfig *cfg, char *err, size_t err_len) {
     if (ops_create(&t->ops, backend, ci.local_rank, err, err_len) != 0) return -1;
     if (comm_create(&t->comm, COMM_BACKEND_HOST, &ci, t->ops, err, err_len) != 0) return -1;
     comm_set_timeout(t->comm, (int)(cfg->comm_timeout * 1000));
-    log0(t, "%d rank(s) joined (rendezvous at %s:%d), %s backend", t->world, ci.master_addr, ci.master_port,
-         backend == OPS_BACKEND_CUDA ? "cuda" : "cpu");
+    t->dcomm = t->comm;
+    if (backend == OPS_BACKEND_CUDA && t->world > 1) {
+        // The NCCL id travels over the host communicator that just met: no second rendezvous.
+        uint8_t id[COMM_UNIQUE_ID_BYTES] = {0};
+        int32_t ok = t->rank != 0 || comm_unique_id(COMM_BACKEND_NCCL, id, err, err_len) == 0;
+        if (comm_broadcast(t->comm, &ok, 1, COMM_I32, 0) != 0 || !ok) {
+            if (t->rank != 0) snprintf(err, err_len, "rank 0 could not make an NCCL id: %s", comm_error(t->comm));
+            return -1;
+        }
+        if (comm_broadcast(t->comm, id, sizeof id, COMM_U8, 0) != 0) {
+            snprintf(err, err_len, "%s", comm_error(t->comm));
+            return -1;
+        }
+        if (comm_create_with_id(&t->dcomm, COMM_BACKEND_NCCL, id, t->rank, t->world, (int)(cfg->init_timeout * 1000),
+                                t->ops, err, err_len) != 0) {
+            t->dcomm = t->comm;
+            return -1;
+        }
+        comm_set_timeout(t->dcomm, (int)(cfg->comm_timeout * 1000));
+    }
+    t->sync.use_nccl = cfg->weight_sync_transport == WEIGHT_SYNC_NCCL ||
+                       (cfg->weight_sync_transport == WEIGHT_SYNC_AUTO && backend == OPS_BACKEND_CUDA &&
+                        comm_backend_available(COMM_BACKEND_NCCL));
+    if (cfg->weight_sync_transport == WEIGHT_SYNC_NCCL &&
+        (backend != OPS_BACKEND_CUDA || !comm_backend_available(COMM_BACKEND_NCCL))) {
+        snprintf(err, err_len, "--weight-sync-transport nccl needs CUDA ranks and NCCL; this rank runs on the %s%s",
+                 backend == OPS_BACKEND_CUDA ? "GPU without NCCL" : "CPU", "; use --weight-sync-transport zmq");
+        return -1;
+    }
+    log0(t, "%d rank(s) joined (rendezvous at %s:%d), %s backend, ZeRO collectives over %s, weight sync over %s",
+         t->world, ci.master_addr, ci.master_port, backend == OPS_BACKEND_CUDA ? "cuda" : "cpu",
+         t->dcomm != t->comm ? "NCCL" : t->world > 1 ? "ZeroMQ" : "nothing (one rank)", t->sync.use_nccl ? "NCCL" : "ZeroMQ");
     if (open_model(t, err, err_len) != 0) return -1;
     if (tokenizer_load(&t->tok, cfg->model, err, err_len) != 0) return -1;
     char cerr[512];
@@ -142,8 +174,9 @@ int trainer_open(Trainer *t, TrainConfig *cfg, char *err, size_t err_len) {
     }
     if (t->rank == 0) {
         char path[PATH_MAX + 32];
-        if (mkdir(cfg->output_dir, 0755) != 0 && errno != EEXIST) {
-            snprintf(err, err_len, "cannot create --output-dir %s: %s", cfg->output_dir, strerror(errno));
+        char derr[PATH_MAX + 128];
+        if (make_dirs(cfg->output_dir, derr, sizeof derr) != 0) {
+            snprintf(err, err_len, "--output-dir: %s", derr);
             return -1;
         }
         snprintf(path, sizeof path, "%s/metrics.jsonl", cfg->output_dir);
@@ -171,6 +204,8 @@ void trainer_close(Trainer *t) {
     zero3_destroy(t->ref);
     zero3_destroy(t->policy);
     if (t->model.ops) model_free(&t->model);
+    weight_sync_close(&t->sync);
+    if (t->dcomm && t->dcomm != t->comm) comm_destroy(t->dcomm);
     comm_destroy(t->comm);
     ops_destroy(t->ops);
     memset(t, 0, sizeof *t);

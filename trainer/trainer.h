@@ -21,12 +21,16 @@
 #include "trainer/rewards.h"
 #include "trainer/rollout_client.h"
 #include "trainer/train_config.h"
+#include "trainer/weight_sync.h"
 #include "trainer/zero3.h"
 
-typedef struct {
+typedef struct Trainer {
     TrainConfig *cfg;
     int rank, world;
-    Comm *comm;
+    Comm *comm;                 // host collectives on host memory: rewards, metrics, flags (ZeroMQ)
+    Comm *dcomm;                // the ZeRO state's collectives on backend memory: NCCL for several CUDA ranks,
+                                // else the same communicator as comm
+    WeightSync sync;            // the weight push to the rollout servers
     OpsCtx *ops;
     Model model;
     Zero3 *policy;

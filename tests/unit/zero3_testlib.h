@@ -1,0 +1,208 @@
+// tests/unit/zero3_testlib.h — the ZeRO equivalence harness shared by test_trainer_zero3.c (host backend, CPU,
+// fp32) and test_trainer_zero3_cuda.c (NCCL backend, one GPU per rank, bf16).
+//
+// run_world forks N rank processes on 127.0.0.1 (the parent must not have run a kernel or touched CUDA: neither
+// OpenMP's thread pool nor a CUDA context survives fork()). Each rank trains the case's random model for
+// Z3_STEPS AdamW steps with clipping; the global batch of n_seq sequences is split across ranks and every rank's
+// dL/dlogprob is -1/(global scored tokens), so the sum over ranks is the full batch's mean cross-entropy.
+// Rank 0 writes the losses (summed over ranks with an all-reduce) and the final weights (gathered) to a file.
+#ifndef TANDEM_TESTS_ZERO3_TESTLIB_H
+#define TANDEM_TESTS_ZERO3_TESTLIB_H
+
+#include <math.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kernels/ops.h"
+#include "shared/comm.h"
+#include "shared/model.h"
+#include "trainer/zero3.h"
+
+#define Z3_STEPS 5
+
+typedef struct {
+    const char *config;           // config.json text of the model
+    int vocab, n_seq;             // the global batch: n_seq sequences of tokens below vocab
+    int base_len, len_spread;     // sequence s has base_len + (s * 5) % len_spread tokens
+    OpsBackend ops;
+    CommBackend comm;
+    AdamWParams hp;
+} Z3Case;
+
+static int z3_seq_len(const Z3Case *c, int s) { return c->base_len + (s * 5) % c->len_spread; }
+static int32_t z3_tok(const Z3Case *c, int s, int i) { return (int32_t)((s * 17 + i * 7 + 3) % c->vocab); }
+
+static int z3_global_scored(const Z3Case *c) {
+    int n = 0;
+    for (int s = 0; s < c->n_seq; s++) n += z3_seq_len(c, s) - 1;
+    return n;
+}
+
+static int z3_tokens(const Z3Case *c, int s0, int s1) {
+    int n = 0;
+    for (int s = s0; s < s1; s++) n += z3_seq_len(c, s);
+    return n;
+}
+
+// Packs sequences [s0, s1) into a batch with next-token targets (arrays sized by z3_tokens / n_seq + 1).
+static Batch z3_make_batch(const Z3Case *c, int s0, int s1, int32_t *tok, int32_t *tgt, int32_t *cu, float *dlp) {
+    int n = 0, b = 0;
+    cu[0] = 0;
+    for (int s = s0; s < s1; s++) {
+        for (int i = 0; i < z3_seq_len(c, s); i++, n++) {
+            tok[n] = z3_tok(c, s, i);
+            tgt[n] = i + 1 < z3_seq_len(c, s) ? z3_tok(c, s, i + 1) : -1;
+            dlp[n] = tgt[n] >= 0 ? -1.0f / (float)z3_global_scored(c) : 0.0f;
+        }
+        cu[++b] = n;
+    }
+    return (Batch){.n_seqs = s1 - s0, .n_tokens = n, .tokens = tok, .targets = tgt, .cu_seqlens = cu};
+}
+
+static double z3_local_loss(const Z3Case *c, const Batch *b, const float *lp) {
+    double l = 0;
+    for (int i = 0; i < b->n_tokens; i++)
+        if (b->targets[i] >= 0) l -= lp[i];
+    return l / z3_global_scored(c);
+}
+
+#define Z3_FAIL(...) do { fprintf(stderr, "rank %d: ", rank); fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); _exit(1); } while (0)
+
+// One rank: writes the losses then every parameter (rank 0 only) to out_path; with mem_path, every rank
+// appends "rank bytes_model_state bytes_gathered bytes_grad_work params" (zero3_memory).
+static void z3_run_rank(const Z3Case *c, int rank, int world, int port, int stage, const char *out_path) {
+    char err[1024], buf[32];
+    setenv("RANK", (snprintf(buf, sizeof buf, "%d", rank), buf), 1);
+    setenv("WORLD_SIZE", (snprintf(buf, sizeof buf, "%d", world), buf), 1);
+    setenv("LOCAL_RANK", (snprintf(buf, sizeof buf, "%d", rank), buf), 1);
+    setenv("MASTER_ADDR", "127.0.0.1", 1);
+    setenv("MASTER_PORT", (snprintf(buf, sizeof buf, "%d", port), buf), 1);
+    CommInit ci;
+    Comm *comm;
+    OpsCtx *ops;
+    ModelConfig cfg;
+    Model m;
+    Zero3 *z;
+    if (comm_init_from_env(&ci, 60000, err, sizeof err) != 0 ||
+        ops_create(&ops, c->ops, ci.local_rank, err, sizeof err) != 0 ||
+        comm_create(&comm, c->comm, &ci, ops, err, sizeof err) != 0)
+        Z3_FAIL("%s", err);
+    if (config_parse(&cfg, c->config, strlen(c->config), err, sizeof err) != 0 ||
+        model_init(&m, &cfg, ops, err, sizeof err) != 0 || zero3_create(&z, &m, comm, stage, err, sizeof err) != 0 ||
+        zero3_init_random(z, 99, 0.2f, err, sizeof err) != 0)
+        Z3_FAIL("%s", err);
+    int per = c->n_seq / world, s0 = rank * per, s1 = s0 + per;
+    int nt = z3_tokens(c, s0, s1);
+    int32_t *tok = malloc(nt * 4), *tgt = malloc(nt * 4), *cu = malloc((c->n_seq + 1) * 4);
+    float *lp = malloc(nt * 4), *dlp = malloc(nt * 4);
+    Batch b = z3_make_batch(c, s0, s1, tok, tgt, cu, dlp);
+    TrainActs *acts;
+    if (train_acts_create(&acts, &m, b.n_tokens, b.n_seqs, stage == 3, err, sizeof err) != 0) Z3_FAIL("%s", err);
+    UnitSource src = zero3_source(z);
+    double losses[Z3_STEPS];
+    for (int step = 1; step <= Z3_STEPS; step++) {
+        if (model_forward(&m, acts, &src, &b, 1.0f, lp, NULL, NULL, err, sizeof err) != 0 ||
+            model_backward(&m, acts, &src, dlp, err, sizeof err) != 0)
+            Z3_FAIL("step %d: %s", step, err);
+        double l = z3_local_loss(c, &b, lp);
+        double *dl = c->comm == COMM_BACKEND_HOST ? &l : ops_malloc(ops, sizeof l);
+        if (dl != &l) ops_copy_to_device(ops, dl, &l, sizeof l);
+        comm_wait_compute(comm);
+        if (comm_all_reduce(comm, dl, 1, COMM_F64, COMM_SUM) != 0 || comm_synchronize(comm) != 0)
+            Z3_FAIL("%s", comm_error(comm));
+        if (dl != &l) {
+            ops_copy_to_host(ops, &l, dl, sizeof l);
+            ops_free(ops, dl);
+        }
+        losses[step - 1] = l;
+        float norm;
+        if (zero3_step(z, &c->hp, c->hp.lr, step, &norm, err, sizeof err) != 0) Z3_FAIL("%s", err);
+    }
+    FILE *f = rank == 0 ? fopen(out_path, "w") : NULL;
+    if (rank == 0 && !f) Z3_FAIL("cannot write %s", out_path);
+    if (f) {
+        Zero3Memory mem;
+        zero3_memory(z, &mem);
+        // Model state this rank keeps for the whole run, and the transient full units.
+        fprintf(f, "%zu\n%zu\n%zu\n%zu\n",
+                mem.param_shard_bytes + mem.master_bytes + mem.adam_bytes + mem.grad_bytes, mem.gathered_bytes,
+                mem.grad_work_bytes, m.layout.n_params);
+        for (int i = 0; i < Z3_STEPS; i++) fprintf(f, "%.9g\n", losses[i]);
+    }
+    for (int u = 0; u < m.layout.n_units; u++) {
+        size_t padded = zero3_shard_count(z, u) * world;
+        float *host = malloc(padded * 4);
+        if (zero3_gather_unit_f32(z, u, host, err, sizeof err) != 0) Z3_FAIL("%s", err);
+        if (f)
+            for (size_t i = 0; i < m.layout.unit_numel[u]; i++) fprintf(f, "%.9g\n", host[i]);
+        free(host);
+    }
+    if (f) fclose(f);
+    if (comm_barrier(comm) != 0 || comm_synchronize(comm) != 0) Z3_FAIL("%s", comm_error(comm));
+    train_acts_free(acts, &m);
+    zero3_destroy(z);
+    comm_destroy(comm);
+    _exit(0);
+}
+
+static int z3_free_port(int k) { return 20000 + (getpid() * 7 + k * 13 + (int)time(NULL) % 1000) % 20000; }
+
+// Values rank 0 wrote: 4 memory figures, Z3_STEPS losses, then every parameter.
+typedef struct {
+    double *v;
+    size_t n;
+} Z3Result;
+#define Z3_HEAD 4
+
+// Runs N ranks; returns 0 and rank 0's values, or -1.
+static int z3_run_world(const Z3Case *c, int world, int stage, int k, Z3Result *out) {
+    char path[256];
+    snprintf(path, sizeof path, "/tmp/tandem_zero3_%d_%d_%d.txt", (int)getpid(), world, stage);
+    int port = z3_free_port(k);
+    pid_t pids[8];
+    for (int r = 0; r < world; r++) {
+        pids[r] = fork();
+        if (pids[r] == 0) z3_run_rank(c, r, world, port, stage, path);
+    }
+    int ok = 1;
+    for (int r = 0; r < world; r++) {
+        int st;
+        waitpid(pids[r], &st, 0);
+        if (!WIFEXITED(st) || WEXITSTATUS(st) != 0) ok = 0;
+    }
+    if (!ok) {
+        fprintf(stderr, "world %d stage %d: a rank failed\n", world, stage);
+        remove(path);
+        return -1;
+    }
+    FILE *f = fopen(path, "r");
+    size_t cap = 1 << 16, cnt = 0;
+    double *v = malloc(cap * sizeof *v);
+    while (f && fscanf(f, "%lf", &v[cnt]) == 1) {
+        if (++cnt == cap) v = realloc(v, (cap *= 2) * sizeof *v);
+    }
+    if (f) fclose(f);
+    remove(path);
+    out->v = v;
+    out->n = cnt;
+    return cnt > Z3_HEAD + Z3_STEPS ? 0 : -1;
+}
+
+// Worst difference of `many` against `one`: losses relative to themselves, weights relative to the largest
+// weight.
+static double z3_worst(const Z3Result *one, const Z3Result *many) {
+    double worst = 0, scale = 0;
+    for (size_t i = Z3_HEAD + Z3_STEPS; i < one->n; i++) scale = fmax(scale, fabs(one->v[i]));
+    for (size_t i = Z3_HEAD; i < one->n; i++) {
+        double ref = i < Z3_HEAD + Z3_STEPS ? fabs(one->v[i]) : scale;
+        worst = fmax(worst, fabs(many->v[i] - one->v[i]) / ref);
+    }
+    return worst;
+}
+
+#endif

@@ -1,0 +1,221 @@
+// trainer/weight_sync.c — the two weight-sync transports (see trainer/weight_sync.h).
+#include "trainer/weight_sync.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "trainer/trainer.h"
+
+void weight_sync_close(WeightSync *ws) {
+    comm_destroy(ws->comm);
+    ws->comm = NULL;
+    ws->n_servers = 0;
+}
+
+// Rank 0's verdict, broadcast to every rank over the host communicator.
+typedef struct {
+    int32_t status;    // 0 go (nccl), 1 use zmq from now on, -1 failed (rank 0 has the message)
+    int32_t fresh;     // 1: a new communicator (id below), else reuse the current one
+    int32_t n_servers;
+    uint8_t id[COMM_UNIQUE_ID_BYTES];
+} NcclPlan;
+
+// The elements of unit u that this rank owns and the unit really has (its slice may run into the padding).
+static size_t owned_count(const Trainer *t, int u, size_t *off) {
+    const Layout *L = &t->model.layout;
+    size_t n = zero3_shard_count(t->policy, u);
+    *off = zero3_shard_offset(t->policy, u);
+    if (*off >= L->unit_numel[u]) return 0;
+    return L->unit_numel[u] - *off < n ? L->unit_numel[u] - *off : n;
+}
+
+// Rank 0: decides the members and opens the update on the servers.
+static void plan_nccl(Trainer *t, int64_t version, NcclPlan *plan, char *err, size_t err_len) {
+    WeightSync *ws = &t->sync;
+    int servers[ROLLOUT_MAX_SERVERS];
+    int n = rollout_alive_servers(t->rollout, servers);
+    memset(plan, 0, sizeof *plan);
+    plan->n_servers = n;
+    if (n == 0) {
+        fprintf(stderr, "tandem-train: weight update %lld reached no rollout server\n", (long long)version);
+        return;
+    }
+    int same = ws->comm && ws->n_servers == n && !memcmp(ws->servers, servers, (size_t)n * sizeof *servers);
+    if (!same) {
+        if (comm_unique_id(COMM_BACKEND_NCCL, plan->id, err, err_len) != 0) {
+            plan->status = -1;
+            return;
+        }
+        plan->fresh = 1;
+    } else {
+        memcpy(plan->id, ws->id, sizeof plan->id);
+    }
+    int rc = rollout_weights_begin_nccl(t->rollout, version, plan->id, t->world, servers, n, err, err_len);
+    if (rc == ROLLOUT_EUNSUPPORTED && t->cfg->weight_sync_transport == WEIGHT_SYNC_AUTO) {
+        fprintf(stderr, "tandem-train: %s\n", err);
+        plan->status = 1;
+        return;
+    }
+    if (rc != 0) {
+        plan->status = -1;
+        return;
+    }
+    memcpy(ws->servers, servers, (size_t)n * sizeof *servers);
+}
+
+// Every rank: joins the communicator if it is new, then sends its slice of every unit to every server.
+static int send_nccl(Trainer *t, const NcclPlan *plan, char *err, size_t err_len) {
+    WeightSync *ws = &t->sync;
+    const int W = t->world, S = plan->n_servers;
+    if (plan->fresh) {
+        weight_sync_close(ws);
+        if (comm_create_with_id(&ws->comm, COMM_BACKEND_NCCL, plan->id, t->rank, W + S,
+                                (int)(t->cfg->comm_timeout * 1000), t->ops, err, err_len) != 0) {
+            ws->comm = NULL;
+            return -1;
+        }
+        memcpy(ws->id, plan->id, sizeof ws->id);
+        ws->n_servers = S;
+    }
+    const Layout *L = &t->model.layout;
+    const size_t es = ops_dtype_size(t->ops);
+    Comm *c = ws->comm;
+    ws->bytes = 0;
+    comm_wait_compute(c);   // the optimizer step that wrote the slices was queued on the compute stream
+    for (int u0 = 0; u0 < L->n_units;) {
+        // One NCCL group per bucket: many sends progress together, none waits for its own round trip.
+        size_t bucket = 0;
+        int u1 = u0;
+        if (comm_group_start(c) != 0) goto fail;
+        while (u1 < L->n_units && (u1 == u0 || bucket < WEIGHT_SYNC_BUCKET_BYTES)) {
+            size_t off, count = owned_count(t, u1, &off);
+            for (int j = 0; j < S && count > 0; j++)
+                if (comm_send(c, zero3_param_shard(t->policy, u1), count, COMM_BF16, W + j) != 0) {
+                    comm_group_end(c);
+                    goto fail;
+                }
+            bucket += count * es;
+            u1++;
+        }
+        if (comm_group_end(c) != 0) goto fail;
+        ws->bytes += (double)bucket * S;
+        u0 = u1;
+    }
+    if (comm_synchronize(c) != 0) goto fail;
+    return 0;
+fail:
+    snprintf(err, err_len, "weight sync over NCCL: %s", comm_error(c));
+    weight_sync_close(ws);
+    return -1;
+}
+
+// Transport zmq: every rank sends its own fp32 master slices (no gather), waits until the servers have applied
+// them; rank 0 opened the update before and closes it after.
+static int send_zmq(Trainer *t, int64_t version, char *err, size_t err_len) {
+    const Layout *L = &t->model.layout;
+    float *host = NULL;
+    size_t cap = 0;
+    int rc = 0;
+    t->sync.bytes = 0;
+    for (int u = 0; u < L->n_units && rc == 0; u++) {
+        size_t off, count = owned_count(t, u, &off);
+        if (count == 0) continue;
+        if (count > cap) {
+            free(host);
+            cap = count;
+            if (!(host = malloc(cap * sizeof(float)))) {
+                snprintf(err, err_len, "out of memory for a weight slice of %zu elements", cap);
+                return -1;
+            }
+        }
+        ops_copy_to_host(t->ops, host, zero3_master_shard(t->policy, u), count * sizeof(float));
+        rc = rollout_weights_send_slice(t->rollout, version, u, (int64_t)off, host, (int64_t)count, 0, err, err_len);
+        t->sync.bytes += (double)count * 4;
+    }
+    free(host);
+    if (rc == 0) rc = rollout_client_flush(t->rollout, err, err_len);
+    return rc;
+}
+
+// Rank 0 closes the update (waits for every server's swap) and tells every rank how it went.
+static int finish(Trainer *t, int64_t version, int rc, char *err, size_t err_len) {
+    if (t->rank == 0 && rc == 0) rc = rollout_weights_end(t->rollout, version, NULL, err, err_len);
+    int32_t ok = rc == 0;
+    if (comm_broadcast(t->comm, &ok, 1, COMM_I32, 0) != 0 || !ok) {
+        if (rc == 0) snprintf(err, err_len, "weight sync: %s", ok ? comm_error(t->comm) : "rank 0 failed to finish it");
+        return -1;
+    }
+    return 0;
+}
+
+// Every rank learns whether every rank's sending went well.
+static int agree(Trainer *t, int rc, char *err, size_t err_len) {
+    int32_t failed = rc != 0;
+    if (comm_all_reduce(t->comm, &failed, 1, COMM_I32, COMM_MAX) != 0 || failed) {
+        if (rc == 0) snprintf(err, err_len, "weight sync: %s", failed ? "another rank failed to send its slices"
+                                                                      : comm_error(t->comm));
+        return -1;
+    }
+    return 0;
+}
+
+// Transport nccl. Returns 0 (done), 1 (use zmq instead: a server cannot take nccl) or -1.
+static int push_nccl(Trainer *t, int64_t version, char *err, size_t err_len) {
+    NcclPlan plan = {0};
+    if (t->rank == 0) plan_nccl(t, version, &plan, err, err_len);
+    if (comm_broadcast(t->comm, &plan, sizeof plan, COMM_U8, 0) != 0) {
+        snprintf(err, err_len, "weight sync: %s", comm_error(t->comm));
+        return -1;
+    }
+    if (plan.status < 0) {
+        if (t->rank != 0) snprintf(err, err_len, "weight sync: rank 0 could not start it");
+        return -1;
+    }
+    if (plan.status == 1) return 1;
+    if (plan.n_servers == 0) return 0;
+    int rc = send_nccl(t, &plan, err, err_len);
+    if (agree(t, rc, err, err_len) != 0) {
+        weight_sync_close(&t->sync);
+        return -1;
+    }
+    return finish(t, version, 0, err, err_len);
+}
+
+static int push_zmq(Trainer *t, int64_t version, char *err, size_t err_len) {
+    int rc = 0;
+    if (t->rank == 0) rc = rollout_weights_begin(t->rollout, version, err, err_len);
+    int32_t ok = rc == 0;
+    if (comm_broadcast(t->comm, &ok, 1, COMM_I32, 0) != 0 || !ok) {
+        if (rc == 0) snprintf(err, err_len, "weight sync: %s", ok ? comm_error(t->comm) : "rank 0 could not start it");
+        return -1;
+    }
+    rc = send_zmq(t, version, err, err_len);
+    if (agree(t, rc, err, err_len) != 0) return -1;
+    return finish(t, version, 0, err, err_len);
+}
+
+int weight_sync_push(Trainer *t, double *seconds, char *err, size_t err_len) {
+    int64_t version = t->progress.step;
+    double t0 = trainer_now();
+    WeightSync *ws = &t->sync;
+    if (ws->use_nccl) {
+        int rc = push_nccl(t, version, err, err_len);
+        if (rc == 0) ws->nccl_worked = 1;
+        // `auto` tries NCCL; if it never worked in this run (e.g. a server on this rank's own GPU, which one NCCL
+        // communicator cannot hold, or a CPU server), zmq carries the weights from now on.
+        if (rc != 0 && t->cfg->weight_sync_transport == WEIGHT_SYNC_AUTO && !ws->nccl_worked) {
+            if (t->rank == 0)
+                fprintf(stderr, "tandem-train: weight sync over NCCL %s; using transport zmq from now on\n",
+                        rc > 0 ? "is not possible with these rollout servers" : err);
+            ws->use_nccl = 0;
+            weight_sync_close(ws);
+        } else if (rc != 0) {
+            return -1;
+        }
+    }
+    if (!ws->use_nccl && push_zmq(t, version, err, err_len) != 0) return -1;
+    t->progress.policy_version = version;
+    *seconds = trainer_now() - t0;
+    return 0;
+}

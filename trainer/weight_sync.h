@@ -1,0 +1,39 @@
+// trainer/weight_sync.h — pushing the policy's weights to the rollout servers (DESIGN.md "Weight sync").
+//
+// Transport zmq: rank 0 opens the update, every rank sends its own fp32 master slices as ZeroMQ frames to
+// every server, rank 0 closes it (docs/protocol-zmq.md).
+// Transport nccl: trainer ranks (members 0..W-1) and the answering servers (W..W+S-1) share one NCCL
+// communicator, made once and reused while the set of servers stays the same (its 128-byte id travels in
+// weights_begin). Every rank sends its own storage-dtype (bf16) slice of every unit straight from the ZeRO
+// state to every server, units grouped into buckets of about WEIGHT_SYNC_BUCKET_BYTES per NCCL group — no
+// gather, no copy, no per-tensor round trip. Rank 0's weights_end returns once each server has swapped.
+// `auto` takes nccl when this rank computes on CUDA and NCCL is there, and falls back to zmq for the rest of the
+// run (with one log line) when a server cannot take nccl or the first NCCL push fails (a server on a trainer
+// rank's own GPU: one NCCL communicator cannot hold the same GPU twice).
+#ifndef TANDEM_TRAINER_WEIGHT_SYNC_H
+#define TANDEM_TRAINER_WEIGHT_SYNC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "shared/comm.h"
+#include "trainer/rollout_client.h"
+
+#define WEIGHT_SYNC_BUCKET_BYTES ((size_t)1 << 30)
+
+typedef struct {
+    int use_nccl;                     // resolved transport: 1 nccl, 0 zmq
+    Comm *comm;                       // nccl: the weight-sync communicator, NULL until the first push
+    uint8_t id[COMM_UNIQUE_ID_BYTES]; // its id (rank 0 made it)
+    int servers[ROLLOUT_MAX_SERVERS]; // its server members (rollout client indices)
+    int n_servers;
+    int nccl_worked;                  // a push over NCCL succeeded in this run
+    double bytes;                     // bytes this rank sent in the last push
+} WeightSync;
+
+struct Trainer;
+// All ranks call it together. *seconds: the whole push as rank 0 saw it.
+int weight_sync_push(struct Trainer *t, double *seconds, char *err, size_t err_len);
+void weight_sync_close(WeightSync *ws);
+
+#endif
