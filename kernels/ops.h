@@ -60,6 +60,8 @@ void ops_synchronize(OpsCtx *ctx);
 // the ops and orders itself against them with events (shared/comm.h's nccl backend). cpu: -1 and NULL.
 int ops_cuda_device(const OpsCtx *ctx);
 void *ops_cuda_stream(OpsCtx *ctx);
+// cuda: free and total bytes of the context's device (cudaMemGetInfo), returns 0. cpu: -1 (no device memory).
+int ops_memory_info(OpsCtx *ctx, size_t *free_bytes, size_t *total_bytes);
 
 // ---- elementwise ------------------------------------------------------------------------------
 

@@ -661,27 +661,58 @@ int engine_create(Engine **out, const EngineConfig *cfg, char *err, size_t err_l
     }
     collect_eos(e);
 
+    // Step workspace first, so that --gpu-memory-utilization sees what it takes.
+    const int bs = cfg->block_size, max_len = e->m.cfg.max_seq_len;
+    e->max_blocks = (max_len + bs - 1) / bs;
+    if (decode_bufs_create(&e->bufs, &e->m, cfg->max_num_batched_tokens, cfg->max_num_seqs, e->max_blocks,
+                           cfg->max_num_seqs, msg, sizeof msg) != 0) {
+        snprintf(err, err_len, "%s (lower --max-num-batched-tokens or --max-num-seqs)", msg);
+        rc = ENGINE_ENOMEM;
+        goto fail;
+    }
     // The KV pool: as many blocks as the memory budget holds. Each step writes up to max_num_batched_tokens
     // tokens (or a whole context, if shorter), so a pool smaller than that is a configuration mistake.
-    const int bs = cfg->block_size, max_len = e->m.cfg.max_seq_len;
+    const char *budget_flag = "--kv-cache-memory";
+    size_t kv_bytes = cfg->kv_cache_bytes;
+    if (cfg->gpu_memory_utilization > 0) {
+        size_t free_b, total_b;
+        if (ops_memory_info(e->ops, &free_b, &total_b) != 0) {
+            snprintf(err, err_len, "--gpu-memory-utilization needs a CUDA device (this engine runs on the %s); use "
+                     "--kv-cache-memory", cfg->backend == OPS_BACKEND_CUDA ? "GPU but its memory cannot be read" : "CPU");
+            ops_clear_error(e->ops);
+            rc = ENGINE_EINVAL;
+            goto fail;
+        }
+        // Everything in use now (our weights and workspace, other processes) counts against the fraction;
+        // the rest goes to the KV pool, less the NCCL weight copy and a margin for the sampler, cuBLAS and NCCL.
+        const size_t weights = e->m.layout.n_params * ops_dtype_size(e->ops);
+        const size_t margin = (size_t)512 << 20;
+        const double allowed = cfg->gpu_memory_utilization * (double)total_b;
+        const double used = (double)(total_b - free_b);
+        const double left = allowed - used - (double)margin - (cfg->reserve_weight_copy ? (double)weights : 0.0);
+        kv_bytes = left > 0 ? (size_t)left : 0;
+        budget_flag = "--gpu-memory-utilization";
+        fprintf(stderr, "tandem-serve: GPU memory %.1f GiB, %.0f %% allowed = %.1f GiB; in use %.1f GiB (weights %.2f "
+                        "GiB, workspace, others), weight-update copy %.2f GiB, margin 0.5 GiB -> KV pool %.2f GiB\n",
+                total_b / 1073741824.0, cfg->gpu_memory_utilization * 100, allowed / 1073741824.0,
+                used / 1073741824.0, weights / 1073741824.0, cfg->reserve_weight_copy ? weights / 1073741824.0 : 0.0,
+                kv_bytes / 1073741824.0);
+    }
     const size_t per_block = kv_cache_bytes_per_block(&e->m, bs);
-    const size_t n_blocks = cfg->kv_cache_bytes / per_block;
+    const size_t n_blocks = kv_bytes / per_block;
     const int step_tokens = cfg->max_num_batched_tokens < max_len ? cfg->max_num_batched_tokens : max_len;
     const size_t min_blocks = ((size_t)step_tokens + bs - 1) / bs;
     if (n_blocks < min_blocks || n_blocks > INT32_MAX / (size_t)bs) {
-        snprintf(err, err_len, "--kv-cache-memory %zu bytes holds %zu KV blocks of %d tokens (%zu bytes each), but "
-                 "one step of %d tokens needs %zu: raise --kv-cache-memory to at least %zu bytes or lower "
-                 "--max-num-batched-tokens", cfg->kv_cache_bytes, n_blocks, bs, per_block, step_tokens, min_blocks,
-                 min_blocks * per_block);
+        snprintf(err, err_len, "the KV pool (%s) of %zu bytes holds %zu KV blocks of %d tokens (%zu bytes each), but "
+                 "one step of %d tokens needs %zu (%zu bytes): raise %s or lower --max-num-batched-tokens",
+                 budget_flag, kv_bytes, n_blocks, bs, per_block, step_tokens, min_blocks, min_blocks * per_block,
+                 budget_flag);
         rc = ENGINE_EINVAL;
         goto fail;
     }
     e->n_blocks = (int)n_blocks;
-    e->max_blocks = (max_len + bs - 1) / bs;
-    if (kv_cache_create(&e->kv, &e->m, e->n_blocks, bs, msg, sizeof msg) != 0 ||
-        decode_bufs_create(&e->bufs, &e->m, cfg->max_num_batched_tokens, cfg->max_num_seqs, e->max_blocks,
-                           cfg->max_num_seqs, msg, sizeof msg) != 0) {
-        snprintf(err, err_len, "%s (lower --kv-cache-memory, --max-num-batched-tokens or --max-num-seqs)", msg);
+    if (kv_cache_create(&e->kv, &e->m, e->n_blocks, bs, msg, sizeof msg) != 0) {
+        snprintf(err, err_len, "%s (lower %s)", msg, budget_flag);
         rc = ENGINE_ENOMEM;
         goto fail;
     }

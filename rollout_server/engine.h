@@ -85,6 +85,10 @@ typedef struct {
     OpsBackend backend;
     int device;
     size_t kv_cache_bytes;      // KV pool size (--kv-cache-memory)
+    double gpu_memory_utilization; // > 0 (cuda): size the KV pool so that the device's use stays within this
+                                // fraction of its memory, counting weights, workspace and what others use;
+                                // replaces kv_cache_bytes (--gpu-memory-utilization)
+    int reserve_weight_copy;    // count a second copy of the weights (NCCL weight updates) in that budget
     int block_size;             // tokens per KV block (16)
     int max_num_seqs;           // running sequences per step
     int max_num_batched_tokens; // tokens per step (decodes + chunked prefill)

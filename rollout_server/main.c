@@ -29,7 +29,7 @@ typedef struct {
 enum {
     OPT_MODEL = 256, OPT_HOST, OPT_PORT, OPT_CONTROL, OPT_DEVICE, OPT_KV, OPT_BLOCK, OPT_SEQS, OPT_BATCHED,
     OPT_QUEUED, OPT_BODY, OPT_KEY, OPT_DRAIN, OPT_PREFIX, OPT_NO_PREFIX, OPT_SEED, OPT_NAME, OPT_TEMPLATE, OPT_HELP,
-    OPT_SYNC_TIMEOUT,
+    OPT_SYNC_TIMEOUT, OPT_GPU_UTIL,
 };
 
 static const struct option kLongOpts[] = {
@@ -39,6 +39,7 @@ static const struct option kLongOpts[] = {
     {"control", required_argument, 0, OPT_CONTROL},
     {"device", required_argument, 0, OPT_DEVICE},
     {"kv-cache-memory", required_argument, 0, OPT_KV},
+    {"gpu-memory-utilization", required_argument, 0, OPT_GPU_UTIL},
     {"block-size", required_argument, 0, OPT_BLOCK},
     {"max-num-seqs", required_argument, 0, OPT_SEQS},
     {"max-num-batched-tokens", required_argument, 0, OPT_BATCHED},
@@ -83,6 +84,10 @@ static void usage(FILE *f) {
             "  --control ENDPOINT            ZeroMQ ROUTER endpoint, e.g. tcp://0.0.0.0:5555 (default: none)\n"
             "  --device cpu|cuda[:N]         compute backend and device index (default cpu)\n"
             "  --kv-cache-memory BYTES       KV cache pool size; suffixes K, M, G, T (x1024) (default %s)\n"
+            "  --gpu-memory-utilization F    cuda: size the KV pool so that this server's GPU stays within fraction\n"
+            "                                F of its memory, counting the weights, the step workspace, memory other\n"
+            "                                processes hold and (with --control) the copy NCCL weight updates land\n"
+            "                                in; replaces --kv-cache-memory (default: off)\n"
             "  --block-size N                tokens per KV cache block (default %d)\n"
             "  --max-num-seqs N              sequences decoded together per step (default %d)\n"
             "  --max-num-batched-tokens N    tokens per engine step, decodes plus prefill chunks (default %d)\n"
@@ -179,6 +184,14 @@ static int parse_options(int argc, char **argv, Options *o) {
             }
             o->device_given = 1;
             break;
+        case OPT_GPU_UTIL: {
+            char *end;
+            double d = strtod(optarg, &end);
+            if (end == optarg || *end || !(d > 0) || d > 1)
+                return bad("gpu-memory-utilization", optarg, "expected a fraction in (0, 1], e.g. 0.9");
+            o->engine.gpu_memory_utilization = d;
+            break;
+        }
         case OPT_KV:
             if (parse_bytes("kv-cache-memory", optarg, &o->engine.kv_cache_bytes)) return -1;
             if (o->engine.kv_cache_bytes == 0) return bad("kv-cache-memory", optarg, "must be > 0");
@@ -250,6 +263,8 @@ static int parse_options(int argc, char **argv, Options *o) {
         fprintf(stderr, "tandem-serve: --model DIR is required (see --help)\n");
         return -1;
     }
+    // A trainer on the control channel may send NCCL weight updates, received into a second copy of the weights.
+    o->engine.reserve_weight_copy = o->control != NULL;
     return 0;
 }
 

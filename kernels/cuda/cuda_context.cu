@@ -111,6 +111,13 @@ void *ops_cuda_stream(OpsCtx *ctx) {
     return st ? (void *)st->stream : NULL;
 }
 
+int ops_memory_info(OpsCtx *ctx, size_t *free_bytes, size_t *total_bytes) {
+    *free_bytes = *total_bytes = 0;
+    if (!ctx || ops_backend(ctx) != OPS_BACKEND_CUDA || !cuda_enter(ctx)) return -1;
+    CUDA_CHECK_RET(ctx, cudaMemGetInfo(free_bytes, total_bytes), -1);
+    return 0;
+}
+
 CudaState *cuda_enter(OpsCtx *ctx) {
     CudaState *st = (CudaState *)ops_backend_state(ctx);
     if (!st) {
