@@ -11,6 +11,7 @@ import json
 import os
 import pathlib
 import subprocess
+import sys
 import tempfile
 import time
 
@@ -77,6 +78,11 @@ def main():
             continue
         print(f"{name:<14}{n:>14,}{ours:>14.0f}{6 * n * ours / PEAK:>7.1%}{theirs:>13.0f}{6 * n * theirs / PEAK:>7.1%}"
               f"{ours / theirs:>7.2f}x")
+    print("summary: train " + "; ".join(
+        f"{name} failed" if ours is None
+        else f"{name} {ours:.0f} tok/s MFU {6 * n * ours / PEAK:.1%} {ours / theirs:.2f}x torch"
+        for name, n, ours, theirs, _ in rows))
+    sys.exit(1 if any(r[2] is None for r in rows) else 0)
 
 
 if __name__ == "__main__":

@@ -1,17 +1,34 @@
-"""tandem-serve on a GPU (CUDA backend) vs transformers `generate` on the same GPU, same model, one run.
+"""tandem-serve on a GPU (CUDA backend) vs transformers `generate` on the same GPU, same model, one run, beside
+the roofline measured in the same run.
 
-    python3 bench/bench_serve_gpu.py --build build-gpu.carry [--streams 1,64,256] [--max-tokens 128]
+    python3 bench/bench_serve_gpu.py --build build-gpu.carry [--shape 0.5b|1.5b] [--streams 1,64,256,512]
+                                     [--max-tokens 128] [--no-quick] [--grpo [--grpo-torch]]
 
-A random Qwen2.5-0.5B-shaped model (bf16) is saved once with a small byte-level tokenizer. For each concurrency C:
+A random Qwen2.5-shaped model (bf16, tied embeddings) is saved once with a small byte-level tokenizer. For each
+concurrency C:
   tandem : C concurrent HTTP clients on /v1/completions (32 prompt ids, greedy, max_tokens T, ignore_eos);
-  torch  : model.generate on the batch of the same C prompts (greedy, exactly T new tokens, sdpa, bf16).
+  torch  : model.generate on the batch of the same C prompts (greedy, exactly T new tokens, sdpa, bf16). With
+           --quick (the default) batches of 256 and more generate 32 tokens instead of T: their tok/s then comes
+           from a shorter context (slightly in torch's favour); the table marks those rows.
+Roofline per batch b, from two ceilings measured here with torch on the same GPU:
+  BW   = device-to-device copy of 2 GiB, (bytes read + bytes written) / time;
+  PEAK = bf16 matmul 8192^3, 2 * 8192^3 / time;
+  memory bound  = b * BW / (weight bytes + b * KV bytes per sequence at the mean context, prompt + T/2)
+                  (one decode step reads every weight once and each sequence's KV cache once);
+  compute bound = PEAK / (2 * params) tokens/s (attention FLOPs left out: small at these contexts);
+  roofline = min of the two; each side is reported as a % of it.
+--grpo adds a GRPO-shaped load: 64 prompts of 256 ids, n = 8 each (64 concurrent requests, 512 sequences),
+1024 new tokens, temperature 1, ignore_eos; total generated tokens/s of tandem (transformers too with --grpo-torch:
+one generate call, num_return_sequences 8; slow). --streams none skips the streams table.
 Also checks correctness: for 4 prompts, the greedy tokens of both agree on their first 8 tokens (bf16 kernels
 differ in rounding, so long continuations may part on near-ties).
 """
 import argparse
 import concurrent.futures
+import os
 import pathlib
 import sys
+import tarfile
 import tempfile
 import time
 
@@ -22,76 +39,194 @@ sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "
 import server_fixtures  # noqa: E402
 
 
-def build_model(d):
+def use_devlib(build):
+    """Puts the carried folder's bundled libraries (scripts/gpu-build.sh packs them as devlib.tar.xz) on the
+    library path of the tandem processes this script starts; unpacks them first when needed."""
+    lib = build / "devlib"
+    if not lib.is_dir() and (build / "devlib.tar.xz").exists():
+        try:
+            with tarfile.open(build / "devlib.tar.xz") as tar:
+                tar.extractall(build, filter="data")
+        except OSError as e:  # a read-only folder: scripts/gpu-check.sh unpacks elsewhere and sets the path
+            print(f"cannot unpack {build / 'devlib.tar.xz'}: {e}", file=sys.stderr)
+    if lib.is_dir():
+        os.environ["LD_LIBRARY_PATH"] = f"{lib}:{os.environ.get('LD_LIBRARY_PATH', '')}"
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast can take a shared host's GPUs down
+
+SHAPES = {
+    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                 num_key_value_heads=2),
+    "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                 num_key_value_heads=2),
+}
+VOCAB = 151936
+PROMPT_LEN = 32
+
+
+def build_model(d, shape):
     server_fixtures.build_tokenizer(d)
     torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                      num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True,
-                      max_position_embeddings=4096, bos_token_id=None, eos_token_id=None)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16).eval()
+    cfg = Qwen2Config(vocab_size=VOCAB, tie_word_embeddings=True, max_position_embeddings=4096, bos_token_id=None,
+                      eos_token_id=None, **SHAPES[shape])
+    with torch.device("cuda"):  # random init on the GPU: seconds instead of a minute for 1.5B
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa").eval()
     model.save_pretrained(d, safe_serialization=True)
-    return model.cuda()
+    return model, cfg
 
 
-def prompts_for(c, length=32):
+def measure_ceilings():
+    """(device copy GB/s counting read + write, bf16 matmul FLOP/s) on the current GPU."""
+    n = 1 << 30  # bf16 elements: 2 GiB per buffer
+    src = torch.empty(n, dtype=torch.bfloat16, device="cuda").fill_(1)
+    dst = torch.empty_like(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(3):
+        dst.copy_(src)
+    start.record()
+    for _ in range(10):
+        dst.copy_(src)
+    end.record()
+    torch.cuda.synchronize()
+    bw = 2 * 2 * n * 10 / (start.elapsed_time(end) * 1e-3)
+    del src, dst
+    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    for _ in range(5):
+        a @ b
+    start.record()
+    for _ in range(20):
+        a @ b
+    end.record()
+    torch.cuda.synchronize()
+    peak = 2 * 8192 ** 3 * 20 / (start.elapsed_time(end) * 1e-3)
+    del a, b
+    torch.cuda.empty_cache()
+    return bw, peak
+
+
+def prompts_for(c, length=PROMPT_LEN):
     g = torch.Generator().manual_seed(c)
-    return torch.randint(300, 151936, (c, length), generator=g)
+    return torch.randint(300, VOCAB, (c, length), generator=g)
 
 
-def completions(url, prompts, max_tokens):
+def completions(url, prompts, max_tokens, n=1, temperature=0):
     def one(p):
         status, body, _ = server_fixtures.http_json("POST", url + "/v1/completions", {
-            "model": "bench", "prompt": p, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-            "return_token_ids": True}, timeout=900)
+            "model": "bench", "prompt": p, "max_tokens": max_tokens, "temperature": temperature, "n": n,
+            "seed": 1, "ignore_eos": True, "return_token_ids": True}, timeout=1800)
         assert status == 200, body
-        return body["choices"][0]["token_ids"]
+        return [c["token_ids"] for c in body["choices"]]
     with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
-        return list(pool.map(one, [p.tolist() for p in prompts]))
+        return [ids for choices in pool.map(one, [p.tolist() for p in prompts]) for ids in choices]
 
 
-def torch_generate(model, prompts, max_tokens):
+def torch_generate(model, prompts, max_tokens, n=1, sample=False):
     with torch.no_grad():
-        out = model.generate(prompts.cuda(), attention_mask=torch.ones_like(prompts).cuda(), do_sample=False,
-                             max_new_tokens=max_tokens, min_new_tokens=max_tokens, pad_token_id=0)
+        out = model.generate(prompts.cuda(), attention_mask=torch.ones_like(prompts).cuda(), do_sample=sample,
+                             max_new_tokens=max_tokens, min_new_tokens=max_tokens, pad_token_id=0,
+                             num_return_sequences=n, **({"temperature": 1.0, "top_k": 0} if sample else {}))
     return out[:, prompts.shape[1]:].tolist()
 
 
+def roofline(b, ctx_mean, weight_bytes, kv_bytes_per_token, params, bw, peak):
+    """(memory bound, compute bound) in tokens/s for a decode batch of b sequences at mean context ctx_mean."""
+    mem = b * bw / (weight_bytes + b * kv_bytes_per_token * ctx_mean)
+    return mem, peak / (2 * params)
+
+
 def main():
-    ap = argparse.ArgumentParser()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default="build-gpu.carry")
-    ap.add_argument("--streams", default="1,64,256")
+    ap.add_argument("--shape", choices=list(SHAPES), default="0.5b")
+    ap.add_argument("--streams", default="1,64,256,512")
     ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--quick", action=argparse.BooleanOptionalAction, default=True,
+                    help="torch generates 32 tokens at batch >= 256 (default on)")
+    ap.add_argument("--grpo", action="store_true", help="also the GRPO-shaped load (64 x n=8, 256 + 1024 tokens)")
+    ap.add_argument("--grpo-torch", action="store_true", help="and transformers on it too (minutes)")
     args = ap.parse_args()
     server_fixtures.BUILD = pathlib.Path(args.build).resolve()
-    rows = []
+    use_devlib(server_fixtures.BUILD)
+    streams = [] if args.streams == "none" else list(map(int, args.streams.split(",")))
+    bw, peak = measure_ceilings()
+    print(f"measured: device copy {bw / 1e12:.2f} TB/s (read + write), bf16 matmul 8192^3 {peak / 1e12:.0f} TFLOP/s",
+          flush=True)
+    rows, grpo = [], None
     with tempfile.TemporaryDirectory() as d:
-        model = build_model(d)
-        with server_fixtures.TandemServer(d, "--device", "cuda", "--kv-cache-memory", "16G", "--max-num-seqs", "256",
-                                          "--max-num-batched-tokens", "8192", "--served-model-name", "bench",
-                                          start_timeout=300) as srv:
+        model, cfg = build_model(d, args.shape)
+        params = sum(p.numel() for p in model.parameters())  # tied: the embedding counted once (it is the LM head)
+        weight_bytes = 2 * params
+        head_dim = cfg.hidden_size // cfg.num_attention_heads
+        kv_tok = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * head_dim * 2  # K and V, bf16
+        max_seqs = max([512] + streams)
+        with server_fixtures.TandemServer(d, "--device", "cuda", "--kv-cache-memory", "40G", "--max-num-seqs",
+                                          str(max_seqs), "--max-num-batched-tokens", "8192", "--served-model-name",
+                                          "bench", start_timeout=300) as srv:
             p = prompts_for(4)
             ours = completions(srv.url, p, 8)
             theirs = torch_generate(model, p, 8)
             agree = sum(a == b for a, b in zip(ours, theirs))
             print(f"greedy agreement on the first 8 tokens: {agree}/4 prompts", flush=True)
-            for c in map(int, args.streams.split(",")):
+            for c in streams:
                 p = prompts_for(c)
                 completions(srv.url, p[:2], 4)  # warm-up
                 t0 = time.perf_counter()
                 out = completions(srv.url, p, args.max_tokens)
                 ours = sum(map(len, out)) / (time.perf_counter() - t0)
+                t_tok = 32 if args.quick and c >= 256 else args.max_tokens
                 torch_generate(model, p[:2], 4)
                 torch.cuda.synchronize()
                 t0 = time.perf_counter()
-                gen = torch_generate(model, p, args.max_tokens)
+                gen = torch_generate(model, p, t_tok)
                 theirs = sum(map(len, gen)) / (time.perf_counter() - t0)
-                rows.append((c, ours, theirs))
-                print(f"streams {c}: tandem {ours:.0f} tok/s, transformers {theirs:.0f} tok/s", flush=True)
-    print(f"GPU {torch.cuda.get_device_name()}, Qwen2.5-0.5B shape, bf16, 32-token prompts, {args.max_tokens} new tokens, "
-          f"greedy, torch={torch.__version__}")
-    print(f"{'streams':>8}{'tandem tok/s':>15}{'transformers tok/s':>20}{'ratio':>8}")
-    for c, ours, theirs in rows:
-        print(f"{c:>8}{ours:>15.0f}{theirs:>20.0f}{ours / theirs:>7.2f}x")
+                mem, comp = roofline(c, PROMPT_LEN + args.max_tokens / 2, weight_bytes, kv_tok, params, bw, peak)
+                rows.append((c, ours, theirs, t_tok, mem, comp))
+                print(f"streams {c}: tandem {ours:.0f} tok/s, transformers {theirs:.0f} tok/s ({t_tok} tokens), "
+                      f"roofline {min(mem, comp):.0f} tok/s", flush=True)
+            if args.grpo:
+                g = torch.Generator().manual_seed(7)
+                gp = torch.randint(300, VOCAB, (64, 256), generator=g)
+                completions(srv.url, gp[:2], 4, n=2, temperature=1.0)  # warm-up
+                t0 = time.perf_counter()
+                out = completions(srv.url, gp, 1024, n=8, temperature=1.0)
+                dt = time.perf_counter() - t0
+                ours = sum(map(len, out)) / dt
+                assert len(out) == 512, len(out)
+                theirs = None
+                if args.grpo_torch:
+                    torch.cuda.synchronize()
+                    t0 = time.perf_counter()
+                    gen = torch_generate(model, gp, 1024, n=8, sample=True)
+                    theirs = sum(map(len, gen)) / (time.perf_counter() - t0)
+                mem, comp = roofline(512, 256 + 512, weight_bytes, kv_tok, params, bw, peak)
+                grpo = (ours, dt, theirs, mem, comp)
+                print(f"grpo load: tandem {ours:.0f} tok/s ({dt:.1f} s)", flush=True)
+    name = f"Qwen2.5-{args.shape.upper()} shape ({params / 1e6:.0f} M params)"
+    print(f"GPU {torch.cuda.get_device_name()}, {name}, bf16, {PROMPT_LEN}-token prompts, "
+          f"{args.max_tokens} new tokens, greedy, torch={torch.__version__}")
+    print(f"ceilings: copy {bw / 1e12:.2f} TB/s, bf16 {peak / 1e12:.0f} TFLOP/s; weights {weight_bytes / 1e9:.2f} GB, "
+          f"KV {kv_tok / 1024:.0f} KiB/token")
+    if rows:
+        print(f"{'streams':>8}{'tandem tok/s':>14}{'torch tok/s':>13}{'ratio':>8}{'mem bound':>11}{'compute bd':>12}"
+              f"{'tandem %roof':>14}{'torch %roof':>13}")
+        for c, ours, theirs, t_tok, mem, comp in rows:
+            roof = min(mem, comp)
+            mark = "*" if t_tok != args.max_tokens else " "
+            print(f"{c:>8}{ours:>14.0f}{theirs:>12.0f}{mark}{ours / theirs:>7.2f}x{mem:>11.0f}{comp:>12.0f}"
+                  f"{ours / roof:>14.1%}{theirs / roof:>13.1%}")
+        if any(r[3] != args.max_tokens for r in rows):
+            print("* torch generated 32 tokens (--quick), not the full count")
+    if grpo:
+        ours, dt, theirs, mem, comp = grpo
+        roof = min(mem, comp)
+        extra = f", transformers {theirs:.0f} tok/s ({ours / theirs:.2f}x)" if theirs else ""
+        print(f"grpo load (64 prompts x n=8, 256 + 1024 tokens, T=1): tandem {ours:.0f} tok/s in {dt:.1f} s, "
+              f"{ours / roof:.1%} of roofline {roof:.0f}{extra}")
+    head = "; ".join(f"{c}: {ours:.0f} tok/s {ours / theirs:.2f}x torch {ours / min(m, k):.0%} roof"
+                     for c, ours, theirs, _, m, k in rows)
+    if grpo:
+        head += ("; " if head else "") + f"grpo {grpo[0]:.0f} tok/s"
+    print(f"summary: serve {args.shape} {head}")
 
 
 if __name__ == "__main__":

@@ -1,18 +1,31 @@
 #!/usr/bin/env bash
-# Builds the CUDA tests and benchmarks for sm_90 into build-gpu/ and bundles the shared libraries the GPU
-# machine lacks (../shared/gpu/README.md). Then: run the device tool with carry=["build-gpu"] and
-# `scripts/gpu-check.sh build-gpu`.
+# Builds the CUDA tests, benchmarks and binaries for sm_90 into BUILD (default build-gpu) and puts what the GPU
+# machine needs into BUILD.carry (bin/, tests/, bench/, and devlib.tar.xz: the shared libraries that machine lacks,
+# ../shared/gpu/README.md, which scripts/gpu-check.sh unpacks into BUILD.carry/devlib). Then: run the device
+# tool with carry=["build-gpu.carry"] and `scripts/gpu-check.sh build-gpu.carry [all|tests|train|grpo|serve|sync]`.
+#   scripts/gpu-build.sh [BUILD]
+# Optional pieces (tests and benchmarks other people are still writing) are built when their source exists.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-B=build-gpu
-cmake -S . -B $B -DCMAKE_BUILD_TYPE=Release -DTANDEM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
-cmake --build $B -j "$(nproc)" --target test_cuda_vs_cpu test_model_cuda bench_model_step tandem-serve tandem-train
+B=${1:-build-gpu}
+TESTS=(test_cuda_vs_cpu test_model_cuda)
+for t in test_cuda_attention test_cuda_sample test_comm_nccl test_trainer_zero3_cuda; do
+  if [ -f "tests/unit/$t.c" ]; then TESTS+=("$t"); else echo "gpu-build: tests/unit/$t.c not there; left out"; fi
+done
+BENCHES=(bench_model_step)
+if [ -f bench/bench_attention.c ]; then BENCHES+=(bench_attention); else echo "gpu-build: no bench_attention.c"; fi
+cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DTANDEM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
+cmake --build "$B" -j "$(nproc)" --target tandem-serve tandem-train "${TESTS[@]}" "${BENCHES[@]}"
 # Keep only what the GPU machine needs (the carried folder must stay small).
 keep=$(mktemp -d)
 mkdir -p "$keep/tests" "$keep/bench" "$keep/bin"
-cp $B/bin/tandem-serve $B/bin/tandem-train "$keep/bin/"
-cp $B/tests/test_cuda_vs_cpu $B/tests/test_model_cuda "$keep/tests/"
-cp $B/bench/bench_model_step "$keep/bench/"
+cp "$B/bin/tandem-serve" "$B/bin/tandem-train" "$keep/bin/"
+for t in "${TESTS[@]}"; do cp "$B/tests/$t" "$keep/tests/"; done
+for b in "${BENCHES[@]}"; do cp "$B/bench/$b" "$keep/bench/"; done
 rm -rf "$B.carry" && mv "$keep" "$B.carry"
 "${BUNDLE_LIBS:-../shared/gpu/bundle-libs}" "$B.carry/devlib" "$B.carry"/tests/* "$B.carry"/bench/* "$B.carry"/bin/*
+# The libraries are 50 MB (OpenBLAS alone 36 MB) and the carry limit is 64 MiB: ship them xz-packed (about 9 MB);
+# scripts/gpu-check.sh unpacks them there.
+tar -C "$B.carry" -cJf "$B.carry/devlib.tar.xz" devlib && rm -rf "$B.carry/devlib"
+echo "gpu-build: carried tests: ${TESTS[*]}; benches: ${BENCHES[*]}"
 du -sh "$B.carry"

@@ -1,24 +1,95 @@
 #!/usr/bin/env bash
-# Runs on the GPU machine from the repository root, over a build made here with scripts/gpu-build.sh:
-# every CUDA test, then the GPU benchmark; prints a short table last. Builds nothing.
+# Runs on the GPU machine from the repository root, over a folder made here with scripts/gpu-build.sh:
+#   scripts/gpu-check.sh [BUILD] [WHAT]
+# BUILD: the carried folder (default build-gpu.carry). WHAT (default all), or several joined by commas:
+#   tests  every test binary in BUILD/tests (each under a timeout; exit 77 = skipped)
+#   train  bench/bench_model_gpu.py (training step vs PyTorch) and, when carried, bench/bench_attention_gpu.py
+#   grpo   scripts/gpu-grpo-check.py (GRPO variants A/B/C on 2 GPUs)
+#   serve  bench/bench_serve_gpu.py $SERVE_ARGS (e.g. SERVE_ARGS="--shape 1.5b --grpo")
+#   sync   bench/bench_sync_gpu.py $SYNC_ARGS (weight-sync bandwidth over NCCL vs a torch GPU0->GPU1 copy)
+# Full logs go to $OUT (or /tmp/gpu-check); a summary table comes last. Builds nothing. Exits 1 when a test fails
+# or a script exits non-zero. One device command has 10 minutes: all of it may not fit, run the pieces apart.
+# Timeouts: TEST_TIMEOUT (default 300 s per test), BENCH_TIMEOUT (default 540 s per script).
 set -uo pipefail
-B=${1:-build-gpu}
-export LD_LIBRARY_PATH=$PWD/$B/devlib:${LD_LIBRARY_PATH:-} NCCL_NVLS_ENABLE=0
+B=${1:-build-gpu.carry}
+WHAT=${2:-all}
+LOGS=${OUT:-/tmp/gpu-check}
+mkdir -p "$LOGS"
+# gpu-build.sh ships the libraries packed; python3 unpacks them (the machine may lack xz), into /tmp when the
+# carried folder is read-only.
+DEVLIB=$PWD/$B/devlib
+if [ ! -d "$DEVLIB" ] && [ -f "$B/devlib.tar.xz" ]; then
+  unpack() { python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="data")' \
+               "$B/devlib.tar.xz" "$1"; }
+  if ! unpack "$B" 2>/dev/null; then
+    mkdir -p /tmp/tandem-gpu-check && unpack /tmp/tandem-gpu-check && DEVLIB=/tmp/tandem-gpu-check/devlib
+  fi
+fi
+[ -d "$DEVLIB" ] || echo "gpu-check: no $B/devlib (nor devlib.tar.xz): the binaries may miss libraries"
+export LD_LIBRARY_PATH=$DEVLIB:${LD_LIBRARY_PATH:-} NCCL_NVLS_ENABLE=0
 nvidia-smi -L
+nvidia-smi topo -m > "$LOGS/topo.txt" 2>&1
 status=0
-# $2 = all (default) | train | serve | grpo: which benchmarks to run after the tests.
-for t in test_cuda_vs_cpu test_model_cuda; do
-  echo "== $t"; "$B/tests/$t" > "${OUT:-/tmp}/$t.txt" 2>&1; rc=$?; tail -25 "${OUT:-/tmp}/$t.txt"
-  echo "$t rc=$rc"; [ $rc -ne 0 ] && status=1
-done
-echo "== bench"
-case "${2:-all}" in
-  all|train) python3 bench/bench_model_gpu.py --build "$B" 2>&1 | tee "${OUT:-/tmp}/bench_model_gpu.txt" | tail -6 ;;
-esac
-case "${2:-all}" in
-  all|grpo) python3 scripts/gpu-grpo-check.py --build "$B" 2>&1 | tee "${OUT:-/tmp}/gpu_grpo.txt" | tail -6 || status=1 ;;
-esac
-case "${2:-all}" in
-  all|serve) python3 bench/bench_serve_gpu.py --build "$B" 2>&1 | tee "${OUT:-/tmp}/bench_serve_gpu.txt" | tail -8 ;;
-esac
+summary=()
+want() { [[ ",$WHAT," == *",all,"* || ",$WHAT," == *",$1,"* ]]; }
+
+if want tests; then
+  for path in "$B"/tests/*; do
+    [ -x "$path" ] || continue
+    t=$(basename "$path")
+    echo "== $t"
+    t0=$SECONDS
+    timeout "${TEST_TIMEOUT:-300}" "$path" > "$LOGS/$t.txt" 2>&1
+    rc=$?
+    tail -15 "$LOGS/$t.txt"
+    case $rc in
+      0) verdict=pass ;;
+      77) verdict=skip ;;
+      124) verdict="FAIL (timeout ${TEST_TIMEOUT:-300} s)"; status=1 ;;
+      *) verdict=FAIL; status=1 ;;
+    esac
+    echo "$t rc=$rc $verdict"
+    summary+=("$(printf '%-26s rc=%-4s %-28s %4d s' "$t" "$rc" "$verdict" $((SECONDS - t0)))")
+  done
+fi
+
+# run_py NAME CMD...: runs one script under the timeout, log to $LOGS/NAME.txt, prints its tail; the summary
+# table keeps its "summary:" line (or its last line).
+run_py() {
+  local name=$1; shift
+  echo "== $name: $*"
+  local t0=$SECONDS
+  timeout "${BENCH_TIMEOUT:-540}" "$@" > "$LOGS/$name.txt" 2>&1
+  local rc=$?
+  tail -n "${TAIL:-30}" "$LOGS/$name.txt"
+  [ $rc -ne 0 ] && status=1
+  local head
+  head=$(grep '^summary:' "$LOGS/$name.txt" | tail -1)
+  [ -z "$head" ] && head=$(tail -1 "$LOGS/$name.txt")
+  summary+=("$(printf '%-26s rc=%-4s %4d s  %s' "$name" "$rc" $((SECONDS - t0)) "${head#summary: }")")
+}
+
+if want train; then
+  run_py bench_model_gpu python3 bench/bench_model_gpu.py --build "$B"
+  if [ -x "$B/bench/bench_attention" ]; then
+    TAIL=8 run_py bench_attention_gpu python3 bench/bench_attention_gpu.py --build "$B"
+    while IFS= read -r line; do summary+=("    $line"); done < <(grep '^| qwen' "$LOGS/bench_attention_gpu.txt")
+  fi
+fi
+if want grpo; then
+  TAIL=45 run_py gpu_grpo_check python3 scripts/gpu-grpo-check.py --build "$B"
+fi
+if want serve; then
+  # shellcheck disable=SC2086  # SERVE_ARGS is a list of flags
+  run_py bench_serve_gpu python3 bench/bench_serve_gpu.py --build "$B" ${SERVE_ARGS:-}
+fi
+if want sync; then
+  # shellcheck disable=SC2086
+  run_py bench_sync_gpu python3 bench/bench_sync_gpu.py --build "$B" ${SYNC_ARGS:-}
+fi
+
+echo
+echo "== summary ($B, $WHAT; logs in $LOGS)"
+for line in "${summary[@]}"; do echo "$line"; done
+echo "gpu-check: $([ $status -eq 0 ] && echo PASS || echo FAIL)"
 exit $status

@@ -497,7 +497,7 @@ int trainer_run_grpo(Trainer *t, char *err, size_t err_len) {
             goto fail;
         }
         StepSums sums = {0};
-        double t_train = 0, t_sync = 0;
+        double t_train = 0;
         int micro_done = 0;
         for (int it = 0; it < c->num_iterations; it++) {
             for (int s = 0; s < S; s++) {
@@ -521,11 +521,13 @@ int trainer_run_grpo(Trainer *t, char *err, size_t err_len) {
                     }
                     grpo_entropy_control_step(&ec, o, w[0], w[1]);
                 }
+                double t_sync = 0, sync_bytes = 0;   // this step's push, if any
                 if (t->progress.step % c->weight_sync_steps == 0 || t->progress.step == t->total_steps) {
                     if (weight_sync_push(t, &t_sync, err, err_len) != 0) goto fail;
+                    sync_bytes = t->sync.bytes;
                 }
                 double red[10] = {sums.loss, sums.kl, sums.kl_n, sums.ent, sums.ent_n, sums.clip_low, sums.clip_high,
-                                  sums.clip_region, sums.clip_n, 0};
+                                  sums.clip_region, sums.clip_n, sync_bytes};
                 if (comm_all_reduce(t->comm, red, 10, COMM_F64, COMM_SUM) != 0) {
                     snprintf(err, err_len, "%s", comm_error(t->comm));
                     goto fail;
@@ -542,6 +544,7 @@ int trainer_run_grpo(Trainer *t, char *err, size_t err_len) {
                 json_object_set_new(mm, "num_tokens", json_real(active));
                 json_object_set_new(mm, "train_time", json_real(t_train));
                 json_object_set_new(mm, "sync_time", json_real(t_sync));
+                json_object_set_new(mm, "sync_bytes", json_real(red[9]));   // sent by all ranks to all servers
                 json_object_set_new(mm, "step_time", json_real(trainer_now() - t_round));
                 json_object_set_new(mm, "policy_version", json_integer(t->progress.policy_version));
                 if (t->progress.step % c->logging_steps == 0 || t->progress.step == t->total_steps) trainer_log(t, mm);

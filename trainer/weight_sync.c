@@ -116,7 +116,8 @@ static int send_zmq(Trainer *t, int64_t version, char *err, size_t err_len) {
     const Layout *L = &t->model.layout;
     float *host = NULL;
     size_t cap = 0;
-    int rc = 0;
+    int rc = 0, servers[ROLLOUT_MAX_SERVERS];
+    const int n_servers = rollout_alive_servers(t->rollout, servers);
     t->sync.bytes = 0;
     for (int u = 0; u < L->n_units && rc == 0; u++) {
         size_t off, count = owned_count(t, u, &off);
@@ -131,7 +132,7 @@ static int send_zmq(Trainer *t, int64_t version, char *err, size_t err_len) {
         }
         ops_copy_to_host(t->ops, host, zero3_master_shard(t->policy, u), count * sizeof(float));
         rc = rollout_weights_send_slice(t->rollout, version, u, (int64_t)off, host, (int64_t)count, 0, err, err_len);
-        t->sync.bytes += (double)count * 4;
+        t->sync.bytes += (double)count * 4 * n_servers;
     }
     free(host);
     if (rc == 0) rc = rollout_client_flush(t->rollout, err, err_len);

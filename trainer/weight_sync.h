@@ -28,7 +28,7 @@ typedef struct {
     int servers[ROLLOUT_MAX_SERVERS]; // its server members (rollout client indices)
     int n_servers;
     int nccl_worked;                  // a push over NCCL succeeded in this run
-    double bytes;                     // bytes this rank sent in the last push
+    double bytes;                     // bytes this rank sent in the last push (to all servers together)
 } WeightSync;
 
 struct Trainer;

@@ -1,0 +1,216 @@
+"""Weight-sync bandwidth, trainer GPU0 -> rollout server GPU1, beside a torch GPU0 -> GPU1 copy in the same run.
+
+    python3 bench/bench_sync_gpu.py --build build-gpu.carry [--shape 1.5b] [--steps 8] [--transports nccl[,zmq]]
+
+A random Qwen2.5-1.5B-shaped model (bf16, tied embeddings) is saved once. tandem-serve --device cuda runs on GPU1
+(CUDA_VISIBLE_DEVICES=1, or --device cuda:1 with --server-gpu index) with --control; one tandem-train rank runs on
+GPU0 with --weight-sync-transport T and tiny rollouts (2 prompts' worth: 2 completions of at most 4 tokens, prompts
+of at most 32 tokens), so each step is dominated by the push of the whole model. Every step pushes; metrics.jsonl
+gives sync_time per step (the whole push as rank 0 sees it: weights_begin, the transfer, the server's swap at
+weights_end). Step 1 also creates the NCCL communicator, so it is reported apart; the bandwidth is the model's
+bytes over the median sync_time of the other steps:
+  model GB/s = bf16 bytes of the model / seconds (the rate at which the server's copy of the model is replaced);
+  wire GB/s  = bytes the trainer sent / seconds (nccl sends bf16; zmq sends the fp32 master slices, twice as many).
+When metrics.jsonl carries "sync_bytes" (bytes sent by all ranks in that step's push) the wire figure uses it.
+Baseline: torch copies a 1 GiB tensor cuda:0 -> cuda:1 (GB/s = bytes / time, one direction).
+The trainer is stopped once its last metrics row is written: its final checkpoint (about 25 GB for 1.5B, model
+plus optimizer state) would only cost time here.
+--dry-run-cpu checks this script without GPUs: the tiny test model, trainer and server on the CPU backend, zmq.
+"""
+import argparse
+import json
+import os
+import pathlib
+import signal
+import socket
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+
+import torch
+from transformers import AutoModelForCausalLM, Qwen2Config
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "e2e"))
+import server_fixtures  # noqa: E402
+
+
+def use_devlib(build):
+    """Puts the carried folder's bundled libraries (scripts/gpu-build.sh packs them as devlib.tar.xz) on the
+    library path of the tandem processes this script starts; unpacks them first when needed."""
+    lib = build / "devlib"
+    if not lib.is_dir() and (build / "devlib.tar.xz").exists():
+        try:
+            with tarfile.open(build / "devlib.tar.xz") as tar:
+                tar.extractall(build, filter="data")
+        except OSError as e:  # a read-only folder: scripts/gpu-check.sh unpacks elsewhere and sets the path
+            print(f"cannot unpack {build / 'devlib.tar.xz'}: {e}", file=sys.stderr)
+    if lib.is_dir():
+        os.environ["LD_LIBRARY_PATH"] = f"{lib}:{os.environ.get('LD_LIBRARY_PATH', '')}"
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast can take a shared host's GPUs down
+
+SHAPES = {
+    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                 num_key_value_heads=2),
+    "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                 num_key_value_heads=2),
+}
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def p2p_copy_gbs(nbytes=1 << 30, iters=10):
+    a = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda:0").fill_(1)
+    b = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda:1")
+    for _ in range(3):
+        b.copy_(a)
+    torch.cuda.synchronize(0)
+    torch.cuda.synchronize(1)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        b.copy_(a)
+    torch.cuda.synchronize(0)
+    torch.cuda.synchronize(1)
+    dt = time.perf_counter() - t0
+    del a, b
+    torch.cuda.empty_cache()
+    return nbytes * iters / dt / 1e9
+
+
+def build_model(d, shape):
+    server_fixtures.build_tokenizer(d)
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=4096, bos_token_id=None,
+                      eos_token_id=None, **SHAPES[shape])
+    with torch.device("cuda:0"):
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    model.save_pretrained(d, safe_serialization=True)
+    params = sum(p.numel() for p in model.parameters())  # tied: the embedding once, as saved
+    del model
+    torch.cuda.empty_cache()
+    return params
+
+
+def run_sync(build, model_dir, data, work, transport, steps, select, timeout):
+    """Returns (metrics rows, rank-0 log, note). select: cvd | index | cpu (dry run)."""
+    control = f"tcp://127.0.0.1:{free_port()}"
+    sargs, senv = {"cvd": (["--device", "cuda"], {"CUDA_VISIBLE_DEVICES": "1"}),
+                   "index": (["--device", "cuda:1"], {}), "cpu": (["--device", "cpu"], {})}[select]
+    out = work / f"run-{transport}"
+    args = [str(build / "bin" / "tandem-train"), "--model", str(model_dir), "--train-file", str(data),
+            "--output-dir", str(out), "--rollout-servers", control, "--rewards", "regex_format",
+            "--format-regex", "[0-9]", "--format-regex-mode", "search", "--num-generations", "2",
+            "--per-device-train-batch-size", "2", "--max-completion-length", "4", "--max-prompt-length", "32",
+            "--learning-rate", "1e-6", "--max-steps", str(steps), "--logging-steps", "1", "--save-steps", "0",
+            "--seed", "3", "--init-timeout", "120", "--comm-timeout", "120", "--rollout-timeout", "120",
+            "--device", "cpu" if select == "cpu" else "cuda", "--weight-sync-transport", transport]
+    env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(free_port()))
+    log_path = work / f"train-{transport}.log"
+    metrics = out / "metrics.jsonl"
+    with server_fixtures.TandemServer(model_dir, "--control", control, "--kv-cache-memory", "2G", *sargs, env=senv,
+                                      start_timeout=300) as srv, open(log_path, "w") as log:
+        proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
+        deadline = time.time() + timeout
+        note = ""
+        while True:
+            n = len(metrics.read_text().splitlines()) if metrics.exists() else 0
+            if n >= steps:
+                break
+            if proc.poll() is not None:
+                note = f"tandem-train exited with {proc.returncode} after {n} steps"
+                break
+            if time.time() > deadline:
+                note = f"timeout after {timeout} s ({n} steps)"
+                break
+            time.sleep(0.2)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        server_log = srv.log_text()
+    text = log_path.read_text(errors="replace")
+    if note:
+        note += f"\n--- trainer log (tail)\n{text[-3000:]}\n--- server log (tail)\n{server_log[-2000:]}"
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+    return rows, text, note
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default="build-gpu.carry")
+    ap.add_argument("--shape", choices=list(SHAPES), default="1.5b")
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--transports", default="nccl", help="comma-separated: nccl, zmq")
+    ap.add_argument("--server-gpu", choices=["cvd", "index"], default="cvd")
+    ap.add_argument("--timeout", type=int, default=300, help="seconds per training run")
+    ap.add_argument("--dry-run-cpu", action="store_true")
+    args = ap.parse_args()
+    build = pathlib.Path(args.build).resolve()
+    use_devlib(build)
+    server_fixtures.BUILD = build
+    copy = float("nan") if args.dry_run_cpu else p2p_copy_gbs()
+    print(f"torch copy cuda:0 -> cuda:1, 1 GiB: {copy:.1f} GB/s", flush=True)
+    results, ok = [], True
+    with tempfile.TemporaryDirectory() as d:
+        d = pathlib.Path(d)
+        model_dir = d / "model"
+        model_dir.mkdir()
+        if args.dry_run_cpu:
+            params = sum(p.numel() for p in server_fixtures.build_tiny_model(model_dir).parameters())
+        else:
+            params = build_model(model_dir, args.shape)
+        data = d / "train.jsonl"
+        with open(data, "w") as f:
+            for i in range(64):
+                f.write(json.dumps({"prompt": f"numbers plus question {i}"}) + "\n")
+        for transport in args.transports.split(","):
+            rows, log, note = run_sync(build, model_dir, data, d, transport, args.steps,
+                                       "cpu" if args.dry_run_cpu else args.server_gpu, args.timeout)
+            want = "weight sync over NCCL" if transport == "nccl" else "weight sync over ZeroMQ"
+            if not note and want not in log:
+                note = f"the trainer's start line lacks {want!r}"
+            if note or len(rows) < 2:
+                ok = False
+                print(f"{transport}: FAILED: {note or 'fewer than 2 steps'}")
+                continue
+            syncs = [r["sync_time"] for r in rows]
+            rest = sorted(syncs[1:])
+            med = rest[len(rest) // 2]
+            model_bytes = 2 * params
+            if all("sync_bytes" in r for r in rows[1:]):
+                wire = sorted(r["sync_bytes"] / r["sync_time"] for r in rows[1:])[len(rows[1:]) // 2]
+                wire_src = "sync_bytes"
+            else:
+                wire = (2 if transport == "nccl" else 4) * params / med
+                wire_src = "params x dtype"
+            step = sorted(r["step_time"] for r in rows[1:])[len(rows[1:]) // 2]
+            results.append((transport, syncs[0], med, min(rest), model_bytes / med / 1e9, wire / 1e9, wire_src,
+                            step))
+            print(f"{transport}: sync per step " + " ".join(f"{s:.4f}" for s in syncs) + " s", flush=True)
+    gpu = "no GPU (dry run)" if args.dry_run_cpu else \
+        f"GPU {torch.cuda.get_device_name(0)} x {torch.cuda.device_count()}"
+    print(f"{gpu}, {'tiny test model' if args.dry_run_cpu else 'Qwen2.5-' + args.shape.upper() + ' shape'} "
+          f"({params / 1e6:.0f} M params, {2 * params / 1e9:.2f} GB bf16), 1 trainer rank GPU0 -> 1 server GPU1, "
+          f"torch={torch.__version__}")
+    print(f"{'transport':<10}{'step 1 s':>10}{'median s':>10}{'best s':>9}{'model GB/s':>12}{'wire GB/s':>11}"
+          f"{'torch p2p GB/s':>16}{'model/p2p':>11}{'step s':>9}")
+    for t, first, med, best, model_gbs, wire_gbs, src, step in results:
+        print(f"{t:<10}{first:>10.4f}{med:>10.4f}{best:>9.4f}{model_gbs:>12.1f}{wire_gbs:>11.1f}{copy:>16.1f}"
+              f"{model_gbs / copy:>10.2f}x{step:>9.3f}   (wire bytes from {src})")
+    print("summary: sync " + "; ".join(f"{t} {m:.1f} GB/s = {m / copy:.0%} of p2p copy {copy:.0f} GB/s, "
+                                       f"{med * 1e3:.1f} ms per push" for t, _, med, _, m, _, _, _ in results)
+          + ("" if ok else " (FAILED runs above)"))
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
