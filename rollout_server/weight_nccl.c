@@ -56,7 +56,7 @@ static void join_thread(WeightNccl *w) {
 void weight_nccl_free(WeightNccl *w) {
     if (!w) return;
     join_thread(w);
-    comm_destroy(w->comm);
+    comm_destroy_now(w->comm);
     free(w);
 }
 
@@ -127,7 +127,7 @@ static void *receive_main(void *arg) {
 fail:
     snprintf(w->err, sizeof w->err, "receiving weights over NCCL: %s", comm_error(c));
 drop:
-    comm_destroy(w->comm);
+    comm_destroy_now(w->comm);
     w->comm = NULL;
     return NULL;
 }
@@ -140,7 +140,7 @@ int weight_nccl_begin(WeightNccl *w, const ZmsgMsg *q, char *err, size_t err_len
     w->active = 0;
     if (w->comm && (memcmp(w->id, q->nccl_id, sizeof w->id) != 0 || w->world != q->nccl_world ||
                     w->rank != q->nccl_rank)) {
-        comm_destroy(w->comm);   // a new communicator: the trainer's ranks or servers changed
+        comm_destroy_now(w->comm);   // a new communicator: the trainer's ranks or servers changed
         w->comm = NULL;
     }
     memcpy(w->id, q->nccl_id, sizeof w->id);

@@ -227,6 +227,12 @@ void comm_destroy(Comm *c) {
     free(c);
 }
 
+void comm_destroy_now(Comm *c) {
+    if (!c) return;
+    BACKEND_DO(c, comm_nccl_destroy_now(c), comm_host_destroy(c));
+    free(c);
+}
+
 int comm_set_timeout(Comm *c, int timeout_ms) {
     if (!c) return COMM_ERR_INVALID;
     if (timeout_ms <= 0) return comm_fail(c, COMM_ERR_INVALID, "comm_set_timeout: timeout %d ms must be > 0", timeout_ms);

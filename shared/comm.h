@@ -98,6 +98,11 @@ int comm_backend_available(CommBackend backend);
 // nccl: waits (at most the timeout) for queued calls, then releases the communicator; after a failure it
 // waits for nothing. host: see docs/operations-comm.md (shutdown).
 void comm_destroy(Comm *c);
+// Releases at once without flushing with the peers (nccl: ncclCommAbort; host: as comm_destroy): for a
+// communicator whose peers live on and will not tear it down with us — the weight-sync group of trainer ranks
+// and rollout servers, which a finalize would wait on until the timeout. Queued calls must be complete
+// (comm_synchronize) or abandoned.
+void comm_destroy_now(Comm *c);
 // The per-call timeout from now on (e.g. --comm-timeout after a longer --init-timeout for joining). host: a
 // call fails when nothing moves between this rank and the peers it waits on for timeout_ms. nccl: a queued
 // call fails when it has not completed timeout_ms after it could start.

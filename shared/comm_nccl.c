@@ -518,6 +518,15 @@ void comm_nccl_destroy(Comm *c) {
     c->impl = NULL;
 }
 
+void comm_nccl_destroy_now(Comm *c) {
+    Nccl *h = c->impl;
+    if (!h) return;
+    cudaSetDevice(h->device);
+    while (h->group_depth > 0) comm_nccl_group_end(c);
+    nccl_free(h, 0);
+    c->impl = NULL;
+}
+
 int comm_nccl_unique_id(uint8_t id[COMM_UNIQUE_ID_BYTES], char *err, size_t err_len) {
     ncclUniqueId uid;
     ncclResult_t r = ncclGetUniqueId(&uid);

@@ -8,7 +8,7 @@
 #include "trainer/trainer.h"
 
 void weight_sync_close(WeightSync *ws) {
-    comm_destroy(ws->comm);
+    comm_destroy_now(ws->comm);   // the servers keep running: a graceful finalize would wait on them
     ws->comm = NULL;
     ws->n_servers = 0;
 }

@@ -14,6 +14,7 @@ static const Z3Case CASE = {
               "\"tie_word_embeddings\": true, \"attention_bias\": true, \"hidden_act\": \"silu\"}",
     .vocab = 61, .n_seq = 8, .base_len = 3, .len_spread = 7,
     .ops = OPS_BACKEND_CPU, .comm = COMM_BACKEND_HOST,
+    .init_std = 0.2f,
     .hp = {.lr = 1e-2f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .max_grad_norm = 0.5f},
 };
 #define STEPS Z3_STEPS
@@ -32,7 +33,7 @@ static void resident_losses(double *losses) {
         fprintf(stderr, "%s\n", err);
         exit(1);
     }
-    model_init_random(&m, &w, 99, 0.2f);
+    model_init_random(&m, &w, 99, CASE.init_std);
     int U = m.layout.n_units;
     float *master[16], *mm[16], *vv[16];
     for (int u = 0; u < U; u++) {

@@ -3,9 +3,11 @@
 // The harness of tests/unit/zero3_testlib.h with the CUDA ops and NCCL, on a Qwen2-style model large enough
 // that units are split over several NCCL chunks (hidden 256, 4 layers, vocab 4096, tied embeddings, bias) and
 // sequences of 100-230 tokens. For every stage, 2 ranks (one per GPU) against 1 rank.
-// Tolerances (stated): losses within 2e-3 relative, weights within 2e-2 of the largest weight. The runs differ only
-// in the order of fp32 gradient reductions, but bf16 parameters turn a rounding difference of a master weight into
-// a 1-ulp bf16 step (2^-8 relative), which the next steps carry.
+// Tolerances (stated): losses within 5e-3 relative, gradient norms within 2e-2 relative (they catch a gradient
+// scaled wrongly, which Adam's update would hide), weights within 2e-2 of the largest weight. The runs differ in
+// the order of fp32 gradient reductions and in the GEMM shapes (each rank holds half the batch), and bf16
+// parameters turn a rounding difference of a master weight into a 1-ulp bf16 step (2^-8 relative), which the next
+// steps carry.
 // Also checks the memory claim of DESIGN.md: model state per rank (bf16 slice + fp32 master, Adam m and v,
 // gradient slice) <= 18 bytes x params / N (plus alignment padding), plus the gathered units.
 // Skips (77) without 2 GPUs. The parent never touches CUDA (a CUDA context does not survive fork()): it counts
@@ -19,7 +21,8 @@ static const Z3Case CASE = {
               "\"hidden_act\": \"silu\", \"rope_theta\": 10000.0}",
     .vocab = 4096, .n_seq = 8, .base_len = 100, .len_spread = 131,
     .ops = OPS_BACKEND_CUDA, .comm = COMM_BACKEND_NCCL,
-    .hp = {.lr = 3e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .max_grad_norm = 1.0f},
+    .init_std = 0.02f,
+    .hp = {.lr = 1e-3f, .beta1 = 0.9f, .beta2 = 0.95f, .eps = 1e-8f, .weight_decay = 0.1f, .max_grad_norm = 1.0f},
 };
 
 static int gpu_count(void) {
@@ -56,20 +59,20 @@ int main(void) {
             failures++;
             continue;
         }
-        double worst_loss = 0;
-        for (int i = 0; i < Z3_STEPS; i++)
-            worst_loss = fmax(worst_loss, fabs(two.v[Z3_HEAD + i] - one.v[Z3_HEAD + i]) / fabs(one.v[Z3_HEAD + i]));
-        double worst = z3_worst(&one, &two);
+        double worst_loss = z3_worst_in(&one, &two, Z3_HEAD, Z3_NORMS, 0);
+        double worst_norm = z3_worst_in(&one, &two, Z3_NORMS, Z3_PARAMS, 0);
+        double worst = z3_worst_in(&one, &two, Z3_PARAMS, one.n, 1);
         double params = two.v[3], state = two.v[0], gathered = two.v[1], grad_work = two.v[2];
-        printf("stage %d, 2 GPUs vs 1: losses %.5f -> %.5f (max rel diff %.2e), weights max diff %.2e of the largest; "
+        printf("stage %d, 2 GPUs vs 1: losses %.5f -> %.5f (max rel diff %.2e), gradient norms max rel diff %.2e, "
+               "weights max diff %.2e of the largest; "
                "per rank: model state %.2f bytes/param/N (limit 18), gathered units %.1f MB, gradient work %.1f MB\n",
-               stage, two.v[Z3_HEAD], two.v[Z3_HEAD + Z3_STEPS - 1], worst_loss, worst, state / (params / 2),
+               stage, two.v[Z3_HEAD], two.v[Z3_HEAD + Z3_STEPS - 1], worst_loss, worst_norm, worst, state / (params / 2),
                gathered / 1e6, grad_work / 1e6);
         if (!(two.v[Z3_HEAD + Z3_STEPS - 1] < two.v[Z3_HEAD])) {
             fprintf(stderr, "stage %d: loss did not go down\n", stage);
             failures++;
         }
-        if (worst_loss > 2e-3 || worst > 2e-2) failures++;
+        if (worst_loss > 5e-3 || worst_norm > 2e-2 || worst > 2e-2) failures++;
         // 18 bytes/param/N plus the alignment padding of each unit's slices (LAYOUT_ALIGN elements per rank).
         if (stage >= 2 && state / (params / 2) > 18.05) {
             fprintf(stderr, "stage %d: model state %.2f bytes/param/N > 18\n", stage, state / (params / 2));

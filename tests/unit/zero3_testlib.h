@@ -32,6 +32,7 @@ typedef struct {
     OpsBackend ops;
     CommBackend comm;
     AdamWParams hp;
+    float init_std;               // std of the random initial weights
 } Z3Case;
 
 static int z3_seq_len(const Z3Case *c, int s) { return c->base_len + (s * 5) % c->len_spread; }
@@ -94,7 +95,7 @@ static void z3_run_rank(const Z3Case *c, int rank, int world, int port, int stag
         Z3_FAIL("%s", err);
     if (config_parse(&cfg, c->config, strlen(c->config), err, sizeof err) != 0 ||
         model_init(&m, &cfg, ops, err, sizeof err) != 0 || zero3_create(&z, &m, comm, stage, err, sizeof err) != 0 ||
-        zero3_init_random(z, 99, 0.2f, err, sizeof err) != 0)
+        zero3_init_random(z, 99, c->init_std, err, sizeof err) != 0)
         Z3_FAIL("%s", err);
     int per = c->n_seq / world, s0 = rank * per, s1 = s0 + per;
     int nt = z3_tokens(c, s0, s1);
@@ -104,7 +105,7 @@ static void z3_run_rank(const Z3Case *c, int rank, int world, int port, int stag
     TrainActs *acts;
     if (train_acts_create(&acts, &m, b.n_tokens, b.n_seqs, stage == 3, err, sizeof err) != 0) Z3_FAIL("%s", err);
     UnitSource src = zero3_source(z);
-    double losses[Z3_STEPS];
+    double losses[Z3_STEPS], norms[Z3_STEPS];
     for (int step = 1; step <= Z3_STEPS; step++) {
         if (model_forward(&m, acts, &src, &b, 1.0f, lp, NULL, NULL, err, sizeof err) != 0 ||
             model_backward(&m, acts, &src, dlp, err, sizeof err) != 0)
@@ -122,6 +123,7 @@ static void z3_run_rank(const Z3Case *c, int rank, int world, int port, int stag
         losses[step - 1] = l;
         float norm;
         if (zero3_step(z, &c->hp, c->hp.lr, step, &norm, err, sizeof err) != 0) Z3_FAIL("%s", err);
+        norms[step - 1] = norm;
     }
     FILE *f = rank == 0 ? fopen(out_path, "w") : NULL;
     if (rank == 0 && !f) Z3_FAIL("cannot write %s", out_path);
@@ -133,6 +135,7 @@ static void z3_run_rank(const Z3Case *c, int rank, int world, int port, int stag
                 mem.param_shard_bytes + mem.master_bytes + mem.adam_bytes + mem.grad_bytes, mem.gathered_bytes,
                 mem.grad_work_bytes, m.layout.n_params);
         for (int i = 0; i < Z3_STEPS; i++) fprintf(f, "%.9g\n", losses[i]);
+        for (int i = 0; i < Z3_STEPS; i++) fprintf(f, "%.9g\n", norms[i]);
     }
     for (int u = 0; u < m.layout.n_units; u++) {
         size_t padded = zero3_shard_count(z, u) * world;
@@ -152,12 +155,15 @@ static void z3_run_rank(const Z3Case *c, int rank, int world, int port, int stag
 
 static int z3_free_port(int k) { return 20000 + (getpid() * 7 + k * 13 + (int)time(NULL) % 1000) % 20000; }
 
-// Values rank 0 wrote: 4 memory figures, Z3_STEPS losses, then every parameter.
+// Values rank 0 wrote: Z3_HEAD memory figures, Z3_STEPS losses, Z3_STEPS gradient norms (before clipping), then
+// every parameter (Z3_PARAMS onwards).
 typedef struct {
     double *v;
     size_t n;
 } Z3Result;
 #define Z3_HEAD 4
+#define Z3_NORMS (Z3_HEAD + Z3_STEPS)
+#define Z3_PARAMS (Z3_HEAD + 2 * Z3_STEPS)
 
 // Runs N ranks; returns 0 and rank 0's values, or -1.
 static int z3_run_world(const Z3Case *c, int world, int stage, int k, Z3Result *out) {
@@ -190,19 +196,24 @@ static int z3_run_world(const Z3Case *c, int world, int stage, int k, Z3Result *
     remove(path);
     out->v = v;
     out->n = cnt;
-    return cnt > Z3_HEAD + Z3_STEPS ? 0 : -1;
+    return cnt > Z3_PARAMS ? 0 : -1;
 }
 
-// Worst difference of `many` against `one`: losses relative to themselves, weights relative to the largest
-// weight.
-static double z3_worst(const Z3Result *one, const Z3Result *many) {
+// Worst relative difference of `many` against `one` over values [from, to): each relative to itself
+// (losses, norms), or to the largest |value| of the range (weights: relative_to_max).
+static inline double z3_worst_in(const Z3Result *one, const Z3Result *many, size_t from, size_t to, int relative_to_max) {
     double worst = 0, scale = 0;
-    for (size_t i = Z3_HEAD + Z3_STEPS; i < one->n; i++) scale = fmax(scale, fabs(one->v[i]));
-    for (size_t i = Z3_HEAD; i < one->n; i++) {
-        double ref = i < Z3_HEAD + Z3_STEPS ? fabs(one->v[i]) : scale;
-        worst = fmax(worst, fabs(many->v[i] - one->v[i]) / ref);
+    for (size_t i = from; i < to; i++) scale = fmax(scale, fabs(one->v[i]));
+    for (size_t i = from; i < to; i++) {
+        double ref = relative_to_max ? scale : fabs(one->v[i]);
+        worst = fmax(worst, fabs(many->v[i] - one->v[i]) / (ref > 0 ? ref : 1));
     }
     return worst;
+}
+
+// Worst over losses, norms and weights.
+static inline double z3_worst(const Z3Result *one, const Z3Result *many) {
+    return fmax(z3_worst_in(one, many, Z3_HEAD, Z3_PARAMS, 0), z3_worst_in(one, many, Z3_PARAMS, one->n, 1));
 }
 
 #endif
