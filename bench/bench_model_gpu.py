@@ -2,9 +2,15 @@
 
     python3 bench/bench_model_gpu.py --build build-gpu [--shapes qwen2.5-0.5b,qwen2.5-1.5b] [--batch 8] [--seq 1024]
 
-Both sides: random weights, bf16 parameters, forward + backward of next-token cross-entropy over batch x seq tokens
-(no optimizer step). PyTorch: transformers model in bf16 with sdpa attention. MFU = 6 * params * tokens/s / peak,
-peak = 989 TFLOP/s (H100/H200 dense bf16).
+Two modes, both sides the same work, random weights, next-token cross-entropy over batch x seq tokens:
+  fwdbwd : forward + backward, bf16 parameters, no optimizer step, no activation checkpointing.
+           PyTorch: the transformers model in bf16 (sdpa attention).
+  update : the policy update a GRPO/SFT step runs (the trainer's defaults, TRL's usual set-up): activation
+           checkpointing, forward + backward, global gradient-norm clipping to 1.0, AdamW on fp32 master weights.
+           tandem: bf16 parameters + fp32 master/m/v (bench_model_step --checkpoint --adamw);
+           PyTorch: fp32 parameters under torch.autocast(bf16), gradient checkpointing, clip_grad_norm_, fused AdamW.
+MFU = 6 * params * tokens/s / peak (model FLOPs: recomputation is not counted), peak = 989 TFLOP/s (H100/H200
+dense bf16).
 """
 import argparse
 import json
@@ -27,23 +33,34 @@ SHAPES = {
 PEAK = 989e12
 
 
-def torch_step(cfg, B, T, steps=5, warmup=2):
+def torch_step(cfg, B, T, mode, steps=5, warmup=2):
     torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa").cuda()
+    update = mode == "update"
+    model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32 if update else torch.bfloat16,
+                                             attn_implementation="sdpa").cuda()
+    opt = None
+    if update:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.train()
+        opt = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
     ids = torch.randint(0, cfg.vocab_size, (B, T), device="cuda")
     for it in range(warmup + steps):
         if it == warmup:
             torch.cuda.synchronize()
             t0 = time.perf_counter()
         model.zero_grad(set_to_none=True)
-        logits = model(input_ids=ids).logits
+        with torch.autocast("cuda", dtype=torch.bfloat16, enabled=update):
+            logits = model(input_ids=ids).logits
         loss = torch.nn.functional.cross_entropy(logits[:, :-1].float().reshape(-1, cfg.vocab_size),
                                                  ids[:, 1:].reshape(-1))
         loss.backward()
+        if update:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
     torch.cuda.synchronize()
     dt = (time.perf_counter() - t0) / steps
     n = sum(p.numel() for p in model.parameters())
-    del model
+    del model, opt
     torch.cuda.empty_cache()
     return dt, n
 
@@ -54,35 +71,40 @@ def main():
     ap.add_argument("--shapes", default=",".join(SHAPES))
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=1024)
+    ap.add_argument("--modes", default="update,fwdbwd")
     args = ap.parse_args()
     exe = pathlib.Path(args.build) / "bench" / "bench_model_step"
     rows = []
-    for name in args.shapes.split(","):
-        cfg = Qwen2Config(**SHAPES[name], max_position_embeddings=4096)
-        with tempfile.TemporaryDirectory() as d:
-            cfg.save_pretrained(d)
-            out = subprocess.run([str(exe), d, "--device", "cuda", "--batch", str(args.batch), "--seq", str(args.seq),
-                                  "--steps", "5", "--warmup", "2"], capture_output=True, text=True)
-        if out.returncode != 0:
-            rows.append((name, None, None, None, out.stderr.strip()[-300:]))
-            continue
-        ours = json.loads(out.stdout)
-        t_torch, n = torch_step(cfg, args.batch, args.seq)
-        tok = args.batch * args.seq
-        rows.append((name, n, tok / ours["step_s"], tok / t_torch, ""))
+    for mode in args.modes.split(","):
+        flags = ["--checkpoint", "--adamw"] if mode == "update" else []
+        for name in args.shapes.split(","):
+            cfg = Qwen2Config(**SHAPES[name], max_position_embeddings=4096)
+            with tempfile.TemporaryDirectory() as d:
+                cfg.save_pretrained(d)
+                out = subprocess.run([str(exe), d, "--device", "cuda", "--batch", str(args.batch), "--seq",
+                                      str(args.seq), "--steps", "5", "--warmup", "2", *flags],
+                                     capture_output=True, text=True)
+            if out.returncode != 0:
+                rows.append((mode, name, None, None, None, out.stderr.strip()[-300:]))
+                continue
+            ours = json.loads(out.stdout)
+            t_torch, n = torch_step(cfg, args.batch, args.seq, mode)
+            tok = args.batch * args.seq
+            rows.append((mode, name, n, tok / ours["step_s"], tok / t_torch, ""))
     print(f"GPU {torch.cuda.get_device_name()} batch={args.batch} seq={args.seq} torch={torch.__version__}")
-    print(f"{'shape':<14}{'params':>14}{'tandem tok/s':>14}{'MFU':>7}{'torch tok/s':>13}{'MFU':>7}{'ratio':>8}")
-    for name, n, ours, theirs, note in rows:
+    print(f"{'mode':<8}{'shape':<14}{'params':>14}{'tandem tok/s':>14}{'MFU':>7}{'torch tok/s':>13}{'MFU':>7}"
+          f"{'ratio':>8}")
+    for mode, name, n, ours, theirs, note in rows:
         if ours is None:
-            print(f"{name:<14} tandem failed: {note}")
+            print(f"{mode:<8}{name:<14} tandem failed: {note}")
             continue
-        print(f"{name:<14}{n:>14,}{ours:>14.0f}{6 * n * ours / PEAK:>7.1%}{theirs:>13.0f}{6 * n * theirs / PEAK:>7.1%}"
-              f"{ours / theirs:>7.2f}x")
+        print(f"{mode:<8}{name:<14}{n:>14,}{ours:>14.0f}{6 * n * ours / PEAK:>7.1%}{theirs:>13.0f}"
+              f"{6 * n * theirs / PEAK:>7.1%}{ours / theirs:>7.2f}x")
     print("summary: train " + "; ".join(
-        f"{name} failed" if ours is None
-        else f"{name} {ours:.0f} tok/s MFU {6 * n * ours / PEAK:.1%} {ours / theirs:.2f}x torch"
-        for name, n, ours, theirs, _ in rows))
-    sys.exit(1 if any(r[2] is None for r in rows) else 0)
+        f"{mode} {name} failed" if ours is None
+        else f"{mode} {name} {ours:.0f} tok/s MFU {6 * n * ours / PEAK:.1%} {ours / theirs:.2f}x torch"
+        for mode, name, n, ours, theirs, _ in rows))
+    sys.exit(1 if any(r[3] is None for r in rows) else 0)
 
 
 if __name__ == "__main__":

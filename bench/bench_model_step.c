@@ -1,7 +1,12 @@
-// bench_model_step — forward + backward tokens/s of the model core on a config with random weights.
+// bench_model_step — training-step tokens/s of the model core on a config with random weights.
 //   bench_model_step MODEL_DIR [--device cpu|cuda] [--batch B] [--seq T] [--steps S] [--warmup W] [--checkpoint]
+//                    [--adamw]
+// A step is forward + backward; with --adamw also the policy update as the trainer runs it on one rank: the
+// global gradient norm (sum of squares of every fp32 gradient), clipping to 1.0 and AdamW on fp32 master weights,
+// m and v, writing the storage-dtype parameters.
 // MODEL_DIR needs only config.json. Prints one JSON line: {"tokens_per_s": ..., "step_s": ..., ...}.
 // bench/bench_model.py runs it beside a PyTorch step of the same model and prints the ratio.
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,7 +26,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "usage: bench_model_step MODEL_DIR [--batch 4] [--seq 256] [--steps 3] [--warmup 1] [--checkpoint] [--device cpu|cuda]\n");
         return 2;
     }
-    int B = 4, T = 256, steps = 3, warmup = 1, checkpoint = 0;
+    int B = 4, T = 256, steps = 3, warmup = 1, checkpoint = 0, adamw = 0;
     OpsBackend backend = OPS_BACKEND_CPU;
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--batch") && i + 1 < argc) B = atoi(argv[++i]);
@@ -29,6 +34,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--steps") && i + 1 < argc) steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--checkpoint")) checkpoint = 1;
+        else if (!strcmp(argv[i], "--adamw")) adamw = 1;
         else if (!strcmp(argv[i], "--device") && i + 1 < argc) backend = !strcmp(argv[++i], "cuda") ? OPS_BACKEND_CUDA : OPS_BACKEND_CPU;
         else { fprintf(stderr, "bench_model_step: unknown option %s\n", argv[i]); return 2; }
     }
@@ -45,6 +51,25 @@ int main(int argc, char **argv) {
         return 1;
     }
     model_init_random(&m, &w, 1234, 0.02f);
+    // AdamW state (fp32 master, m, v per unit), as zero3 keeps it on one rank.
+    const int U = m.layout.n_units;
+    float **master = calloc(U, sizeof *master), **am = calloc(U, sizeof *am), **av = calloc(U, sizeof *av);
+    float *sumsq = adamw ? ops_malloc(ops, 4) : NULL;
+    for (int u = 0; adamw && u < U; u++) {
+        size_t n = m.layout.unit_numel[u];
+        float *host = malloc(n * 4);
+        master[u] = ops_malloc(ops, n * 4), am[u] = ops_malloc(ops, n * 4), av[u] = ops_malloc(ops, n * 4);
+        ops_download_f32(ops, host, w.params[u], n);
+        ops_copy_to_device(ops, master[u], host, n * 4);
+        ops_memset_zero(ops, am[u], n * 4);
+        ops_memset_zero(ops, av[u], n * 4);
+        ops_synchronize(ops);
+        free(host);
+    }
+    if (ops_status(ops)) {
+        fprintf(stderr, "bench_model_step: AdamW state: %s\n", ops_error(ops));
+        return 1;
+    }
     const int N = B * T;
     int32_t *tokens = malloc(N * 4), *targets = malloc(N * 4), *cu = malloc((B + 1) * 4);
     float *lp = malloc(N * 4), *dlp = malloc(N * 4);
@@ -69,10 +94,25 @@ int main(int argc, char **argv) {
             fprintf(stderr, "bench_model_step: %s\n", err);
             return 1;
         }
+        if (adamw) {
+            ops_memset_zero(ops, sumsq, 4);
+            for (int u = 0; u < U; u++) ops_sum_squares(ops, sumsq, w.grads[u], m.layout.unit_numel[u]);
+            float sq = 0;
+            ops_copy_to_host(ops, &sq, sumsq, 4);
+            float norm = sqrtf(sq), coef = 1.0f / (norm + 1e-6f), scale = coef < 1 ? coef : 1;
+            for (int u = 0; u < U; u++)
+                ops_adamw_step(ops, master[u], am[u], av[u], w.grads[u], w.params[u], m.layout.unit_numel[u], 1e-6f,
+                               0.9f, 0.999f, 1e-8f, 0.0f, it + 1, scale);
+        }
+    }
+    ops_synchronize(ops);
+    if (ops_status(ops)) {
+        fprintf(stderr, "bench_model_step: %s\n", ops_error(ops));
+        return 1;
     }
     double dt = (now_s() - t0) / steps;
     printf("{\"tokens_per_s\": %.1f, \"step_s\": %.4f, \"batch\": %d, \"seq\": %d, \"params\": %zu, "
-           "\"activation_bytes\": %zu, \"checkpoint\": %d}\n",
-           N / dt, dt, B, T, m.layout.n_params, train_acts_bytes(acts), checkpoint);
+           "\"activation_bytes\": %zu, \"checkpoint\": %d, \"adamw\": %d}\n",
+           N / dt, dt, B, T, m.layout.n_params, train_acts_bytes(acts), checkpoint, adamw);
     return 0;
 }

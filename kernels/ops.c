@@ -68,6 +68,14 @@ int ops_memory_info(OpsCtx *ctx, size_t *free_bytes, size_t *total_bytes) {
 }
 #endif
 
+int ops_cuda_device_count(void) {
+#ifdef TANDEM_HAVE_CUDA
+    return cuda_device_count();
+#else
+    return 0;
+#endif
+}
+
 int ops_backend_available(OpsBackend backend) {
     if (backend == OPS_BACKEND_CPU) return 1;
 #ifdef TANDEM_HAVE_CUDA

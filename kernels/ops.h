@@ -37,6 +37,7 @@ int ops_create(OpsCtx **out, OpsBackend backend, int device, char *err, size_t e
 void ops_destroy(OpsCtx *ctx);
 OpsBackend ops_backend(const OpsCtx *ctx);
 int ops_backend_available(OpsBackend backend); // 1 if compiled in and (for cuda) a device is visible
+int ops_cuda_device_count(void);                // visible CUDA devices; 0 in a CPU build or without a driver
 size_t ops_dtype_size(const OpsCtx *ctx);      // bytes per storage element: 4 (cpu) or 2 (cuda)
 
 int ops_status(const OpsCtx *ctx);             // 0 or the first recorded negative error code

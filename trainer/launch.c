@@ -24,6 +24,8 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "kernels/ops.h"
+
 #define MAX_PROCS 256
 #define MAX_ARGS 512
 
@@ -56,7 +58,10 @@ static void usage(FILE *f) {
             "  --master-port P        rendezvous port of rank 0 (default: env MASTER_PORT, else 29500)\n"
             "  --servers K            rollout servers, started on node 0 (default 1; 0 for --mode sft or for\n"
             "                         servers of your own, given as --rollout-servers after --)\n"
-            "  --server-device D      cpu or cuda[:N] for the servers (default cpu)\n"
+            "  --server-device D      the servers' devices: cpu, cuda:N, a comma list with one entry per server\n"
+            "                         (cuda:7,cuda:6), or cuda: the GPUs after the trainer ranks' (local rank r\n"
+            "                         uses GPU r, so server i takes GPU ranks + i) when this node has that many,\n"
+            "                         else GPU 0 for all (default cpu)\n"
             "  --server-arg ARG       one more tandem-serve argument (repeatable; default none),\n"
             "                         e.g. --server-arg=--kv-cache-memory=2G\n"
             "  --control-port P       ZeroMQ control port of server 0; server i uses P + i (default 5555). With\n"
@@ -65,6 +70,27 @@ static void usage(FILE *f) {
             "  --dns-timeout S        with WORLD_SIZE > 1, seconds to wait for --master-addr to resolve before\n"
             "                         starting the ranks (a pod's DNS name appears shortly after it starts) (default 300)\n"
             "  --help                 this text\n");
+}
+
+// Server s's --device: entry s of a comma list (or the only entry); "cuda" places server s on GPU ranks + s
+// (the trainer's local rank r uses GPU r) when the node has that many GPUs, else on GPU 0 beside the ranks.
+static void server_device_of(const char *spec, int s, int ranks, int servers, char *out, size_t len) {
+    int n = 1;
+    for (const char *p = spec; *p; p++) n += *p == ',';
+    if (n > 1) {
+        const char *p = spec;
+        for (int i = 0; i < s && i < n - 1; i++) p = strchr(p, ',') + 1;
+        size_t k = strcspn(p, ",");
+        snprintf(out, len, "%.*s", (int)k, p);
+        return;
+    }
+    if (strcmp(spec, "cuda") != 0) {
+        snprintf(out, len, "%s", spec);
+        return;
+    }
+    int gpus = ops_cuda_device_count();
+    if (gpus >= ranks + servers) snprintf(out, len, "cuda:%d", ranks + s);
+    else snprintf(out, len, "cuda:0");
 }
 
 static void exe_dir(char *out, size_t len) {
@@ -306,14 +332,17 @@ int launch_main(int argc, char **argv) {
         args[k++] = "--model", args[k++] = (char *)model;
         args[k++] = "--control", args[k++] = strdup(ctl);
         args[k++] = "--port", args[k++] = "0";
-        args[k++] = "--device", args[k++] = (char *)server_device;
+        char dev[64];
+        server_device_of(server_device, s, ranks, servers, dev, sizeof dev);
+        args[k++] = "--device", args[k++] = strdup(dev);
         for (int j = 0; j < n_server_args; j++) args[k++] = (char *)server_args[j];
         args[k] = NULL;
         Child *c = &children[n_children++];
         *c = (Child){.is_server = 1, .index = s};
         snprintf(c->log, sizeof c->log, "%s/server%d.log", log_dir, s);
         c->pid = spawn(args, NULL, c->log);
-        fprintf(stderr, "tandem-train launch: rollout server %d (pid %d) on %s, log %s\n", s, (int)c->pid, ctl, c->log);
+        fprintf(stderr, "tandem-train launch: rollout server %d (pid %d) on %s, device %s, log %s\n", s, (int)c->pid,
+                ctl, dev, c->log);
     }
     for (int lr = 0; lr < ranks; lr++) {
         int r = first_rank + lr;

@@ -186,3 +186,16 @@ def test_node_options_are_checked(setup):
     assert code == 2 and "--nnodes 'zero'" in out
     code, out = run(["--nnodes", "2", "--master-addr", "tandem-nowhere.invalid", "--dns-timeout", "1"])
     assert code == 1 and "MASTER_ADDR tandem-nowhere.invalid does not resolve" in out
+
+
+def test_two_servers_with_a_device_each(setup):
+    """--server-device takes one entry per server; the rank spreads its prompts over both servers."""
+    d = setup
+    p = launcher(["--model", str(d / "model"), "--ranks", "1", "--servers", "2", "--server-device", "cpu,cpu",
+                  "--master-port", str(free_port()), "--control-port", str(free_port()), "--log-dir",
+                  str(d / "two-logs"), "--", *train_args(d, "two", 2)], d)
+    out, _ = p.communicate(timeout=300)
+    assert p.returncode == 0, out
+    assert out.count("device cpu, log") == 2, out
+    rows = [json.loads(x) for x in (d / "two" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
