@@ -72,6 +72,8 @@ def main():
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--modes", default="update,fwdbwd")
+    ap.add_argument("--profile", action="store_true",
+                    help="also one profiled tandem step per mode and shape (TANDEM_PROFILE_OPS=1): GPU time per op")
     args = ap.parse_args()
     exe = pathlib.Path(args.build) / "bench" / "bench_model_step"
     rows = []
@@ -88,6 +90,13 @@ def main():
                 rows.append((mode, name, None, None, None, out.stderr.strip()[-300:]))
                 continue
             ours = json.loads(out.stdout)
+            if args.profile:
+                with tempfile.TemporaryDirectory() as d:
+                    cfg.save_pretrained(d)
+                    prof = subprocess.run([str(exe), d, "--device", "cuda", "--batch", str(args.batch), "--seq",
+                                           str(args.seq), "--steps", "1", "--warmup", "1", *flags],
+                                          capture_output=True, text=True, env=dict(os.environ, TANDEM_PROFILE_OPS="1"))
+                print(f"--- {mode} {name}: one warm-up + one step, profiled\n" + prof.stderr.strip())
             t_torch, n = torch_step(cfg, args.batch, args.seq, mode)
             tok = args.batch * args.seq
             rows.append((mode, name, n, tok / ours["step_s"], tok / t_torch, ""))

@@ -111,6 +111,7 @@ int main(int argc, char **argv) {
         return 1;
     }
     double dt = (now_s() - t0) / steps;
+    ops_profile_print(ops);   // TANDEM_PROFILE_OPS=1: where the warm-up and timed steps went
     printf("{\"tokens_per_s\": %.1f, \"step_s\": %.4f, \"batch\": %d, \"seq\": %d, \"params\": %zu, "
            "\"activation_bytes\": %zu, \"checkpoint\": %d, \"adamw\": %d}\n",
            N / dt, dt, B, T, m.layout.n_params, train_acts_bytes(acts), checkpoint, adamw);

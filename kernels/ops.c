@@ -27,7 +27,13 @@ struct OpsCtx {
 #define DISPATCH(ctx, cuda_call, cpu_call)                                                                   \
     do {                                                                                                     \
         if ((ctx)->error_code) return;                                                                       \
-        if (IS_CUDA(ctx)) { cuda_call; } else { cpu_call; }                                                  \
+        if (IS_CUDA(ctx)) {                                                                                  \
+            const int profile_slot_ = cuda_profile_begin(ctx);                                               \
+            cuda_call;                                                                                       \
+            cuda_profile_end(ctx, profile_slot_, __func__);                                                  \
+        } else {                                                                                             \
+            cpu_call;                                                                                        \
+        }                                                                                                    \
     } while (0)
 #else
 #define DISPATCH(ctx, cuda_call, cpu_call)                                                                   \
@@ -67,6 +73,14 @@ int ops_memory_info(OpsCtx *ctx, size_t *free_bytes, size_t *total_bytes) {
     return -1;
 }
 #endif
+
+void ops_profile_print(OpsCtx *ctx) {
+#ifdef TANDEM_HAVE_CUDA
+    if (IS_CUDA(ctx)) cuda_profile_print(ctx);
+#else
+    (void)ctx;
+#endif
+}
 
 int ops_cuda_device_count(void) {
 #ifdef TANDEM_HAVE_CUDA

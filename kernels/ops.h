@@ -38,6 +38,9 @@ void ops_destroy(OpsCtx *ctx);
 OpsBackend ops_backend(const OpsCtx *ctx);
 int ops_backend_available(OpsBackend backend); // 1 if compiled in and (for cuda) a device is visible
 int ops_cuda_device_count(void);                // visible CUDA devices; 0 in a CPU build or without a driver
+// cuda, with TANDEM_PROFILE_OPS=1 in the environment when the context was created: prints the GPU time of each
+// op since the last print to stderr (largest first) and starts over. Otherwise does nothing.
+void ops_profile_print(OpsCtx *ctx);
 size_t ops_dtype_size(const OpsCtx *ctx);      // bytes per storage element: 4 (cpu) or 2 (cuda)
 
 int ops_status(const OpsCtx *ctx);             // 0 or the first recorded negative error code

@@ -33,6 +33,10 @@ typedef struct {
 
 // Cached cuBLASLt plan (descriptors + chosen algorithm) for one GEMM shape; see cuda_matmul.cu.
 typedef struct CudaGemmPlan CudaGemmPlan;
+typedef struct CudaProfile CudaProfile;
+CudaProfile *cuda_profile_create(void);
+void cuda_profile_destroy(CudaProfile *p);
+int cuda_profile_enabled_by_env(void);
 
 typedef struct {
     int device;
@@ -51,6 +55,7 @@ typedef struct {
     int fault_armed;              // a kernel that may fault ran since the last check
     CudaGemmPlan *plans;          // small cache of GEMM plans (cuda_matmul.cu owns its contents)
     int n_plans;
+    CudaProfile *profile;         // per-op timing (TANDEM_PROFILE_OPS), NULL when off (cuda_profile.cu)
 } CudaState;
 
 // Records "call failed: reason" with the call site; the *_RET variants return a value instead of void.

@@ -75,6 +75,8 @@ int cuda_state_create(OpsCtx *ctx, int device, void **state, char *err, size_t e
     memset(st->fault_host, 0, sizeof(CudaFault));
     e = cudaMallocHost(&st->stage, CONVERT_CHUNK * sizeof(uint16_t));
     if (e != cudaSuccess) return state_fail(st, err, err_len, "staging cudaMallocHost", cudaGetErrorString(e));
+    if (cuda_profile_enabled_by_env() && !(st->profile = cuda_profile_create()))
+        return state_fail(st, err, err_len, "TANDEM_PROFILE_OPS events", "cudaEventCreate failed");
     e = cudaDeviceSynchronize();
     if (e != cudaSuccess) return state_fail(st, err, err_len, "cudaDeviceSynchronize", cudaGetErrorString(e));
     *state = st;
@@ -88,6 +90,7 @@ void cuda_state_destroy(void *state) {
     if (st->scratch && st->stream) cudaFreeAsync(st->scratch, st->stream);  // allocated stream-ordered
     if (st->stream) cudaStreamSynchronize(st->stream);
     cuda_gemm_plans_destroy(st);
+    cuda_profile_destroy(st->profile);
     if (st->lt_workspace) cudaFree(st->lt_workspace);
     if (st->fault_dev) cudaFree(st->fault_dev);
     if (st->fault_host) cudaFreeHost(st->fault_host);

@@ -14,6 +14,10 @@ extern "C" {
 int cuda_state_create(OpsCtx *ctx, int device, void **state, char *err, size_t err_len);
 void cuda_state_destroy(void *state);
 int cuda_device_count(void);
+// Per-op timing (kernels/cuda/cuda_profile.cu): begin returns a slot (-1 when profiling is off).
+int cuda_profile_begin(OpsCtx *ctx);
+void cuda_profile_end(OpsCtx *ctx, int slot, const char *name);
+void cuda_profile_print(OpsCtx *ctx);
 
 void *cuda_malloc(OpsCtx *ctx, size_t bytes);
 void cuda_free(OpsCtx *ctx, void *p);
