@@ -49,10 +49,11 @@ static int open_model(Trainer *t, char *err, size_t err_len) {
     Zero3Memory mem;
     zero3_memory(t->policy, &mem);
     log0(t, "model %s: %s, %zu parameters, %d units; ZeRO-%d over %d rank(s): per rank %.1f MB parameters, %.1f MB "
-         "master, %.1f MB Adam, %.1f MB gradients, %.1f MB gathered units, %.1f MB gradient work",
+         "master, %.1f MB Adam, %.1f MB gradients, %.1f MB gathered units, %.1f MB gradient work (arenas: state "
+         "%.1f MB, workspace %.1f MB)",
          cfg->model, mc.arch_name, t->model.layout.n_params, t->model.layout.n_units, cfg->zero_stage, t->world,
          mem.param_shard_bytes / 1e6, mem.master_bytes / 1e6, mem.adam_bytes / 1e6, mem.grad_bytes / 1e6,
-         mem.gathered_bytes / 1e6, mem.grad_work_bytes / 1e6);
+         mem.gathered_bytes / 1e6, mem.grad_work_bytes / 1e6, mem.state_arena_bytes / 1e6, mem.work_arena_bytes / 1e6);
     return 0;
 }
 

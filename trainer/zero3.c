@@ -53,7 +53,23 @@ struct Zero3 {
     Pool pool[N_POOLS];
     uint64_t tick;
     float *sumsq;                  // (1) fp32 backend
+    void *state_block, *work_block; // the two arenas every buffer above lives in
+    size_t state_bytes, work_bytes;
 };
+
+// One backend allocation per purpose — the rank's ZeRO state (kept for the whole run) and its workspace
+// (gathered units, gradient buffers) — sized at start-up: the same placement runs twice, first to add up the
+// sizes (base NULL), then to hand out pieces of the one block (256-byte aligned).
+typedef struct {
+    char *base;
+    size_t used;
+} Arena;
+
+static void *carve(Arena *a, size_t bytes) {
+    size_t off = (a->used + 255) & ~(size_t)255;
+    a->used = off + bytes;
+    return a->base ? a->base + off : NULL;
+}
 
 static int pool_of(const Zero3 *z, int u) {
     return u == 0 ? POOL_EMBED : u == z->n_units - 1 ? POOL_FINAL : POOL_LAYER;
@@ -128,37 +144,41 @@ int zero3_create(Zero3 **out, Model *m, Comm *c, int stage, char *err, size_t er
         z->shard[u] = z->padded[u] / z->world;
         if (z->padded[u] > z->max_padded) z->max_padded = z->padded[u];
         if (z->shard[u] > z->max_shard) z->max_shard = z->shard[u];
-        z->master[u] = ops_malloc(z->o, z->shard[u] * 4);
-        z->adam_m[u] = ops_malloc(z->o, z->shard[u] * 4);
-        z->adam_v[u] = ops_malloc(z->o, z->shard[u] * 4);
-        if (stage == 1) {
-            z->full_grad[u] = ops_malloc(z->o, z->padded[u] * 4);
-        } else {
-            z->grad_shard[u] = ops_malloc(z->o, z->shard[u] * 4);
-        }
-        if (stage == 3) z->param_shard[u] = ops_malloc(z->o, z->shard[u] * es(z));
-        else z->full[u] = ops_malloc(z->o, z->padded[u] * es(z));
-        if (ops_status(z->o)) goto oom;
-    }
-    for (int u = 0; u < U; u++) {
         Pool *pl = &z->pool[pool_of(z, u)];
         if (z->padded[u] > pl->numel) pl->numel = z->padded[u];
     }
     z->pool[POOL_EMBED].n = z->pool[POOL_FINAL].n = 1;
     z->pool[POOL_LAYER].n = U > 2 ? LAYER_SLOTS : 0;
-    for (int k = 0; k < N_POOLS; k++) {
-        Pool *pl = &z->pool[k];
-        for (int s = 0; s < pl->n; s++) {
-            pl->slot[s].unit = -1;
-            pl->work[s].unit = pl->work[s].pending = -1;
-            if (uses_param_slots(z) && !(pl->slot[s].buf = ops_malloc(z->o, pl->numel * es(z)))) goto oom;
-            if (uses_grad_work(z) && (!(pl->work[s].buf = ops_malloc(z->o, pl->numel * 4)) ||
-                                      !(pl->work[s].reduced = ops_malloc(z->o, pl->numel / z->world * 4))))
+    for (int pass = 0; pass < 2; pass++) {
+        Arena st = {pass ? z->state_block : NULL, 0}, wk = {pass ? z->work_block : NULL, 0};
+        for (int u = 0; u < U; u++) {
+            z->master[u] = carve(&st, z->shard[u] * 4);
+            z->adam_m[u] = carve(&st, z->shard[u] * 4);
+            z->adam_v[u] = carve(&st, z->shard[u] * 4);
+            if (stage == 1) z->full_grad[u] = carve(&st, z->padded[u] * 4);
+            else z->grad_shard[u] = carve(&st, z->shard[u] * 4);
+            if (stage == 3) z->param_shard[u] = carve(&st, z->shard[u] * es(z));
+            else z->full[u] = carve(&st, z->padded[u] * es(z));
+        }
+        for (int k = 0; k < N_POOLS; k++) {
+            Pool *pl = &z->pool[k];
+            for (int i = 0; i < pl->n; i++) {
+                pl->slot[i].unit = -1;
+                pl->work[i].unit = pl->work[i].pending = -1;
+                if (uses_param_slots(z)) pl->slot[i].buf = carve(&wk, pl->numel * es(z));
+                if (uses_grad_work(z)) {
+                    pl->work[i].buf = carve(&wk, pl->numel * 4);
+                    pl->work[i].reduced = carve(&wk, pl->numel / z->world * 4);
+                }
+            }
+        }
+        z->sumsq = carve(&wk, 4);
+        if (pass == 0) {
+            z->state_bytes = st.used, z->work_bytes = wk.used;
+            if (!(z->state_block = ops_malloc(z->o, z->state_bytes)) || !(z->work_block = ops_malloc(z->o, z->work_bytes)))
                 goto oom;
         }
     }
-    z->sumsq = ops_malloc(z->o, 4);
-    if (!z->sumsq) goto oom;
     *out = z;
     return 0;
 oom:
@@ -170,23 +190,8 @@ oom:
 
 void zero3_destroy(Zero3 *z) {
     if (!z) return;
-    OpsCtx *o = z->o;
-    for (int u = 0; u < z->n_units; u++) {
-        if (z->master) ops_free(o, z->master[u]);
-        if (z->adam_m) ops_free(o, z->adam_m[u]);
-        if (z->adam_v) ops_free(o, z->adam_v[u]);
-        if (z->grad_shard) ops_free(o, z->grad_shard[u]);
-        if (z->param_shard) ops_free(o, z->param_shard[u]);
-        if (z->full) ops_free(o, z->full[u]);
-        if (z->full_grad) ops_free(o, z->full_grad[u]);
-    }
-    for (int k = 0; k < N_POOLS; k++)
-        for (int s = 0; s < z->pool[k].n; s++) {
-            ops_free(o, z->pool[k].slot[s].buf);
-            ops_free(o, z->pool[k].work[s].buf);
-            ops_free(o, z->pool[k].work[s].reduced);
-        }
-    ops_free(o, z->sumsq);
+    ops_free(z->o, z->state_block);
+    ops_free(z->o, z->work_block);
     free(z->padded);
     free(z->shard);
     free(z->master);
@@ -208,6 +213,8 @@ void zero3_memory(const Zero3 *z, Zero3Memory *mem) {
         if (z->stage == 3) mem->param_shard_bytes += z->shard[u] * es(z);
         else mem->gathered_bytes += z->padded[u] * es(z);
     }
+    mem->state_arena_bytes = z->state_bytes;
+    mem->work_arena_bytes = z->work_bytes;
     if (z->stage == 3) mem->gathered_bytes = 0;
     for (int k = 0; k < N_POOLS; k++) {
         const Pool *pl = &z->pool[k];

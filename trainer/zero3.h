@@ -26,6 +26,7 @@ typedef struct {
     size_t param_shard_bytes, master_bytes, adam_bytes, grad_bytes; // per rank
     size_t gathered_bytes;   // full-unit parameter slots (stage 3) or resident full parameters (1, 2)
     size_t grad_work_bytes;  // full-unit gradient buffers used during backward
+    size_t state_arena_bytes, work_arena_bytes; // the two allocations all of the above live in (with alignment)
 } Zero3Memory;
 
 typedef struct Zero3 Zero3;
