@@ -1,0 +1,374 @@
+"""Mixed pool on one host (issue #9): T trainer ranks (ZeRO-3 over NCCL, GPUs 0..T-1) + S rollout servers
+(GPUs T..T+S-1) started by `tandem-train launch`, weights pushed to the servers over NCCL after every step.
+
+    python3 bench/bench_pool_gpu.py [--build build-gpu.carry] [--configs 7+1,6+2] [--shape 1.5b] [--steps 20]
+    python3 bench/bench_pool_gpu.py --configs 1+1 --shape 0.5b --steps 4      # smoke test on 2 GPUs
+    python3 bench/bench_pool_gpu.py --device-check                             # CPU dry run: 2 ranks + 1 server
+
+Model: random bf16 Qwen2.5-shaped (tied, vocab 151936) built with transformers as bench_sync_gpu.py does, with
+the small byte-level tokenizer of tests/e2e/server_fixtures.py (tiny: that file's 2-layer Llama, vocab 300).
+Task: prompts ask for a number; reward = the built-in regex_format (search) on the decoded completion. Only 300
+of the 151,936 ids decode to text with that tokenizer, so a random 0.5b/1.5b model writes a digit in about 2 % of
+256-token completions: too rare to learn from in 20 steps. Their reward is therefore "the completion holds any
+text at all" (pattern '.'; about 40 % at the start), tiny's is "holds a digit" ([0-9]).
+GRPO: num_generations 8, --batch completions per rank (all ranks together: T * batch / 8 prompts per step),
+--zero-stage 3, gradient checkpointing on, --weight-sync-transport nccl, --weight-sync-steps 1.
+Per step, from rank 0's metrics.jsonl: rollout s = rollout_time (generation as rank 0 waits for it), train s =
+train_time (micro-steps + optimizer), sync s = sync_time (the push to every server), rollout tok/s = mean
+completion length * completions of all ranks / rollout s, train tok/s = num_tokens (completion tokens trained on,
+all ranks; the prompts' tokens are processed too but not counted) / train s, sync GB/s = sync_bytes (sent by all
+ranks to all servers) / sync s. Medians leave step 1 out (it creates the NCCL communicators).
+GPU memory: nvidia-smi sampled every second; peak per GPU minus what the GPU held just before the launch.
+Beside sync GB/s: a torch copy of 1 GiB cuda:0 -> cuda:T (first server's GPU), one direction.
+The launcher is stopped once the last metrics row is written (the final checkpoint would only cost time).
+Exit 1 when a run fails or its reward does not rise (mean of the first 5 steps vs the last 5; needs >= 10 steps).
+"""
+import argparse
+import json
+import os
+import pathlib
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import threading
+import time
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "e2e"))
+import server_fixtures  # noqa: E402
+
+SHAPES = {
+    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                 num_key_value_heads=2),
+    "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                 num_key_value_heads=2),
+    "tiny": None,
+}
+# Per shape: reward pattern, learning rate, max completion length.
+TASKS = {"tiny": ("[0-9]", 2e-2, 12), "0.5b": (".", 1e-4, 256), "1.5b": (".", 1e-4, 256)}
+WORDS = ["the quick brown", "a lazy dog", "seven wizards", "numbers plus", "question answer", "think step"]
+
+
+def use_devlib(build):
+    """Puts the carried folder's bundled libraries (scripts/gpu-build.sh packs them as devlib.tar.xz) on the
+    library path of the processes this script starts; unpacks them first (into /tmp when the folder is read-only)."""
+    lib = build / "devlib"
+    if not lib.is_dir() and (build / "devlib.tar.xz").exists():
+        for dest in (build, pathlib.Path(tempfile.gettempdir()) / "tandem-pool-devlib"):
+            try:
+                dest.mkdir(parents=True, exist_ok=True)
+                with tarfile.open(build / "devlib.tar.xz") as tar:
+                    tar.extractall(dest, filter="data")
+                lib = dest / "devlib"
+                break
+            except OSError as e:
+                print(f"cannot unpack {build / 'devlib.tar.xz'} into {dest}: {e}", file=sys.stderr)
+    if lib.is_dir():
+        os.environ["LD_LIBRARY_PATH"] = f"{lib}:{os.environ.get('LD_LIBRARY_PATH', '')}"
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast can take a shared host's GPUs down
+
+
+def free_port(span=1):
+    """A free TCP port p such that p .. p + span - 1 were free when asked (the launcher uses control port + s)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            p = s.getsockname()[1]
+        try:
+            for k in range(1, span):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p + k))
+            return p
+        except OSError:
+            continue
+
+
+def build_model(d, shape):
+    """Writes the model folder; returns its parameter count (tied embeddings once)."""
+    if shape == "tiny":
+        return sum(p.numel() for p in server_fixtures.build_tiny_model(d).parameters())
+    from transformers import AutoModelForCausalLM, Qwen2Config
+    server_fixtures.build_tokenizer(d)
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=4096, bos_token_id=None,
+                      eos_token_id=None, **SHAPES[shape])
+    with torch.device("cuda:0"):  # random init on the GPU: seconds instead of a minute
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    model.save_pretrained(d, safe_serialization=True)
+    params = sum(p.numel() for p in model.parameters())
+    del model
+    torch.cuda.empty_cache()
+    return params
+
+
+def p2p_copy_gbs(dst, nbytes=1 << 30, iters=10):
+    """torch copy of a 1 GiB tensor cuda:0 -> cuda:dst, GB/s one direction."""
+    a = torch.ones(nbytes // 2, dtype=torch.bfloat16, device="cuda:0")
+    b = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=f"cuda:{dst}")
+    for _ in range(3):
+        b.copy_(a)
+    torch.cuda.synchronize(0), torch.cuda.synchronize(dst)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        b.copy_(a)
+    torch.cuda.synchronize(0), torch.cuda.synchronize(dst)
+    dt = time.perf_counter() - t0
+    del a, b
+    torch.cuda.empty_cache()
+    return nbytes * iters / dt / 1e9
+
+
+def gpu_mem_mib():
+    """{gpu index: MiB used} from nvidia-smi, {} when there is none."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return {int(i): int(m) for i, m in (line.split(",") for line in out.strip().splitlines() if "," in line)}
+
+
+class MemSampler(threading.Thread):
+    """Samples nvidia-smi every second; peak[gpu] = the most MiB seen."""
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.peak, self.halt = {}, threading.Event()
+
+    def run(self):
+        while not self.halt.is_set():
+            for g, m in gpu_mem_mib().items():
+                self.peak[g] = max(m, self.peak.get(g, 0))
+            self.halt.wait(1.0)
+
+
+def expected_rank_bytes(model_dir, params, T, batch, tokens_per_seq):
+    """(total, text) per trainer rank (trainer/zero3.c, shared/model_train.c): 18 B/param / T (bf16 shard 2, fp32
+    master 4, Adam 8, fp32 gradient 4); the gathered units' slots (embedding, final norm, 2 layers; bf16) and
+    their fp32 gradient buffers; activations with checkpointing (bf16): the L + 1 layer inputs, one layer's
+    activations and gradients, two logit chunks of at most 2^28 elements."""
+    c = json.loads((model_dir / "config.json").read_text())
+    C, I, L, V = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
+    QD = c["num_attention_heads"] * c.get("head_dim", C // c["num_attention_heads"])
+    KVD = c["num_key_value_heads"] * c.get("head_dim", C // c["num_attention_heads"])
+    layer = C * (QD + 2 * KVD) + QD * C + 3 * C * I + 2 * C
+    slots = V * C + C * (1 if c.get("tie_word_embeddings") else V + 1) + 2 * layer
+    state, gathered, grad_work = 18 * params / T, 2 * slots, 4 * slots * (1 + 1 / T)
+    N = batch * tokens_per_seq
+    chunk = 2 * min(1 << 28, N * V) * 2
+    acts = 2 * N * ((L + 1) * C + (5 * C + 2 * KVD + 3 * I) + (3 * C + 2 * KVD + 3 * I) + 2 * C) + chunk
+    total = state + gathered + grad_work + acts
+    text = (f"18 B x {params / 1e6:.1f}M params / {T} = {state / 1e9:.3f} GB + gathered units (embedding, final, "
+            f"2 layers) {gathered / 1e9:.3f} GB + their fp32 gradient work {grad_work / 1e9:.3f} GB + activations "
+            f"({batch} x {tokens_per_seq} tokens) {acts / 1e9:.3f} GB = {total / 1e9:.2f} GB (+ CUDA context, "
+            "cuBLAS workspace)")
+    return total, text
+
+
+def run_config(a, T, S, model_dir, data, work, regex, lr, comp_len):
+    """Runs one T+S configuration; returns (metrics rows, launch log text, failure note or '', mem dict)."""
+    cpu = a.device_check
+    out, logs = work / f"run-{T}+{S}", work / f"logs-{T}+{S}"
+    cmd = [str(a.build / "bin" / "tandem-train"), "launch", "--model", str(model_dir), "--ranks", str(T),
+           "--servers", str(S), "--server-device", "cpu" if cpu else "cuda", "--master-port", str(free_port()),
+           "--control-port", str(free_port(S)), "--log-dir", str(logs)]
+    cmd += [f"--server-arg={x}" for x in a.server_arg]
+    cmd += ["--", "--train-file", str(data), "--output-dir", str(out), "--rewards", "regex_format",
+            "--format-regex", regex, "--format-regex-mode", "search", "--num-generations", "8",
+            "--per-device-train-batch-size", str(a.batch), "--gradient-accumulation-steps", "1",
+            "--max-completion-length", str(comp_len), "--max-prompt-length", "64", "--learning-rate", str(lr),
+            "--max-steps", str(a.steps), "--logging-steps", "1", "--save-steps", "0", "--zero-stage", "3",
+            "--gradient-checkpointing", "true", "--seed", "3", "--init-timeout", "600", "--comm-timeout", "600",
+            "--rollout-timeout", "600", "--device", "cpu" if cpu else "cuda",
+            "--weight-sync-transport", "zmq" if cpu else "nccl", "--weight-sync-steps", "1"]
+    env = dict(os.environ)
+    if cpu:  # several processes on a few cores
+        env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    print("$ " + " ".join(cmd), flush=True)
+    metrics, log_path = out / "metrics.jsonl", work / f"launch-{T}+{S}.log"
+    base = gpu_mem_mib()
+    sampler = MemSampler()
+    sampler.start()
+    note, stopped = "", False
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline, seen = time.time() + a.timeout, 0
+        try:
+            while True:
+                exited = proc.poll() is not None  # asked before reading, so that its last rows are read
+                done = metrics.read_text().split("\n")[:-1] if metrics.exists() else []  # whole lines only
+                for line in done[seen:]:
+                    r = json.loads(line)
+                    seen += 1
+                    print(f"  step {seen}: reward {r['reward']:.3f}, step {r['step_time']:.2f} s (train "
+                          f"{r['train_time']:.2f}, sync {r['sync_time']:.3f})", flush=True)
+                if seen >= a.steps:
+                    break
+                if exited:
+                    note = f"tandem-train launch exited with {proc.returncode} after {seen} of {a.steps} steps"
+                    break
+                if time.time() > deadline:
+                    note = f"timeout after {a.timeout} s ({seen} of {a.steps} steps)"
+                    break
+                time.sleep(0.5)
+        finally:
+            if proc.poll() is None:  # SIGTERM: the launcher stops its ranks and servers
+                stopped = True
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=90)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+    sampler.halt.set()
+    sampler.join()
+    text = log_path.read_text(errors="replace")
+    want = "weight sync over ZeroMQ" if cpu else "weight sync over NCCL"
+    if not note and want not in text:
+        note = f"the trainer's start line lacks {want!r}"
+    if note:
+        tails = [f"--- launcher + rank 0 log (tail)\n{text[-4000:]}"]
+        for p in sorted(logs.glob("*.log")) if logs.is_dir() else []:
+            tails.append(f"--- {p.name} (tail)\n{p.read_text(errors='replace')[-1500:]}")
+        note += "\n" + "\n".join(tails)
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+    mem = {g: (sampler.peak[g], sampler.peak[g] - base.get(g, 0)) for g in sorted(sampler.peak)}
+    print(f"{T}+{S}: {len(rows)} steps, {'stopped after the last step' if stopped else 'exited by itself'}",
+          flush=True)
+    return rows, text, note, mem
+
+
+def med(xs):
+    return statistics.median(xs) if xs else float("nan")
+
+
+def report(T, S, rows, batch, copy, mem, expect, zero_line, shape, cpu):
+    """(table lines, summary text, reward verdict or '')."""
+    n_comp = T * batch
+    where = "all on the CPU" if cpu else f"ranks on GPU 0..{T - 1}, servers on GPU {T}..{T + S - 1}"
+    lines = [f"== {T}+{S}: {T} trainer rank(s), {S} server(s), {where}, {shape}, {n_comp} completions per step",
+             f"{'step':>4}{'reward':>8}{'mean len':>9}{'rollout s':>10}{'train s':>9}{'sync s':>8}{'step s':>8}"
+             f"{'rollout tok/s':>14}{'train tok/s':>12}{'sync GB/s':>10}"]
+    derived = any("rollout_time" not in r for r in rows)
+    cols = []
+    for i, r in enumerate(rows):
+        ro = r["rollout_time"] if "rollout_time" in r else r["step_time"] - r["train_time"] - r["sync_time"]
+        rtok = r["completions/mean_length"] * n_comp / ro if ro > 0 else float("nan")
+        ttok = r["num_tokens"] / r["train_time"] if r["train_time"] > 0 else float("nan")
+        sgb = r["sync_bytes"] / r["sync_time"] / 1e9 if r["sync_time"] > 0 else float("nan")
+        c = (r["reward"], r["completions/mean_length"], ro, r["train_time"], r["sync_time"], r["step_time"], rtok,
+             ttok, sgb)
+        cols.append(c)
+        lines.append(f"{i + 1:>4}{c[0]:>8.3f}{c[1]:>9.1f}{c[2]:>10.3f}{c[3]:>9.3f}{c[4]:>8.3f}{c[5]:>8.3f}"
+                     f"{c[6]:>14.0f}{c[7]:>12.0f}{c[8]:>10.2f}")
+    rest = cols[1:] if len(cols) > 2 else cols
+    m = [med([c[k] for c in rest]) for k in range(9)]
+    lines.append(f"{'med':>4}{m[0]:>8.3f}{m[1]:>9.1f}{m[2]:>10.3f}{m[3]:>9.3f}{m[4]:>8.3f}{m[5]:>8.3f}"
+                 f"{m[6]:>14.0f}{m[7]:>12.0f}{m[8]:>10.2f}   (median of steps {'2' if len(cols) > 2 else '1'}.."
+                 f"{len(cols)})")
+    if derived:
+        lines.append("rollout s = step_time - train_time - sync_time (rollout_time not logged)")
+    lines.append(f"sync GB/s: sync_bytes (all ranks to all servers, bf16) / sync_time; torch copy cuda:0 -> "
+                 f"cuda:{T}, 1 GiB: {copy:.1f} GB/s")
+    lines.append("ZeRO-3 all-gather / reduce-scatter bus bandwidth: not measured by this script (the trainer "
+                 "logs no figure for it)")
+    if zero_line:
+        lines.append(f"trainer's ZeRO memory line: {zero_line}")
+    lines.append(f"expected per trainer rank: {expect}")
+    if mem:
+        lines.append("GPU memory peak (MiB, and above the GPU's use before the launch): " + ", ".join(
+            f"GPU{g} {'trainer' if g < T else 'server' if g < T + S else 'idle'} {p} (+{d})"
+            for g, (p, d) in mem.items()))
+    else:
+        lines.append("GPU memory: not measured (no nvidia-smi)")
+    verdict = ""
+    if len(rows) >= 10:
+        first, last = sum(c[0] for c in cols[:5]) / 5, sum(c[0] for c in cols[-5:]) / 5
+        lines.append(f"reward: first 5 steps {first:.3f}, last 5 {last:.3f}")
+        if not last > first:
+            verdict = f"reward did not rise ({first:.3f} -> {last:.3f})"
+    else:
+        lines.append(f"reward check skipped: {len(rows)} steps (needs 10)")
+    tpeak = max((mem[g][0] for g in mem if g < T), default=0)
+    summary = (f"{T}+{S}: step {m[5]:.2f} s = rollout {m[2]:.2f} + train {m[3]:.2f} + sync {m[4]:.3f} s; rollout "
+               f"{m[6]:.0f} tok/s, train {m[7]:.0f} tok/s, sync {m[8]:.1f} GB/s (p2p copy {copy:.0f}), "
+               f"trainer GPU peak {tpeak / 1024:.1f} GiB")
+    return lines, summary, verdict
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default="build-gpu.carry")
+    ap.add_argument("--trainers", type=int, default=7)
+    ap.add_argument("--servers", type=int, default=1)
+    ap.add_argument("--configs", default="", help="comma list of T+S, run in turn (overrides --trainers/--servers)")
+    ap.add_argument("--shape", choices=list(SHAPES), default="1.5b")
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--batch", type=int, default=16, help="completions per rank per step (multiple of 8)")
+    ap.add_argument("--lr", type=float, default=None, help="learning rate (default: per shape, see TASKS)")
+    ap.add_argument("--regex", default=None, help="reward pattern (default: per shape, see the text above)")
+    ap.add_argument("--server-arg", action="append", default=None,
+                    help="tandem-serve argument, repeatable (default --gpu-memory-utilization=0.85 on GPUs)")
+    ap.add_argument("--timeout", type=int, default=900, help="seconds per configuration")
+    ap.add_argument("--device-check", action="store_true",
+                    help="CPU dry run: --device cpu on both sides (zmq sync), 2 ranks + 1 server, tiny shape")
+    a = ap.parse_args()
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout's SIGTERM still stops the launcher
+    if a.device_check:
+        a.configs, a.shape = "2+1", "tiny"
+    configs = [tuple(map(int, c.split("+"))) for c in (a.configs or f"{a.trainers}+{a.servers}").split(",")]
+    if a.batch % 8 or any(t < 1 or s < 1 for t, s in configs):
+        ap.error("--batch must be a multiple of 8 (num_generations) and every config needs T >= 1, S >= 1")
+    if a.server_arg is None:
+        a.server_arg = ["--kv-cache-memory=256M"] if a.device_check else ["--gpu-memory-utilization=0.85"]
+    regex, lr, comp_len = TASKS[a.shape]
+    regex, lr = a.regex or regex, a.lr or lr
+    a.build = pathlib.Path(a.build).resolve()
+    use_devlib(a.build)
+    if not a.device_check:
+        need = max(t + s for t, s in configs)
+        if torch.cuda.device_count() < need:
+            sys.exit(f"need {need} GPUs for {a.configs or configs}, found {torch.cuda.device_count()}")
+    results, ok = [], True
+    t_start = time.time()
+    with tempfile.TemporaryDirectory(prefix="bench-pool-") as d:
+        work = pathlib.Path(d)
+        model_dir = work / "model"
+        model_dir.mkdir()
+        params = build_model(model_dir, a.shape)
+        data = work / "train.jsonl"
+        prompts = [f"question {WORDS[i % len(WORDS)]} {i % 10}: answer a number" for i in range(512)]
+        data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))
+        from tokenizers import Tokenizer
+        tok = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+        prompt_len = max(len(tok.encode(p).ids) for p in prompts)
+        print(f"{a.shape}: {params / 1e6:.1f}M params, reward regex_format {regex!r} (search), lr {lr}, "
+              f"max completion {comp_len}, batch {a.batch} per rank", flush=True)
+        for T, S in configs:
+            copy = float("nan") if a.device_check else p2p_copy_gbs(T)
+            rows, log, note, mem = run_config(a, T, S, model_dir, data, work, regex, lr, comp_len)
+            zero_line = next((ln.split("tandem-train: ", 1)[-1] for ln in log.splitlines() if "ZeRO-3 over" in ln), "")
+            _, expect = expected_rank_bytes(model_dir, params, T, a.batch, prompt_len + comp_len)
+            lines, summary, verdict = report(T, S, rows, a.batch, copy, mem, expect, zero_line, a.shape,
+                                            a.device_check)
+            if note or verdict:
+                ok = False
+                lines.append(f"FAILED: {note or verdict}")
+                summary += f" FAILED: {(note or verdict).splitlines()[0]}"
+            results.append(summary)
+            print("\n".join(lines), flush=True)
+            if os.environ.get("OUT"):
+                pathlib.Path(os.environ["OUT"]).mkdir(parents=True, exist_ok=True)
+                (pathlib.Path(os.environ["OUT"]) / f"pool_{T}+{S}.txt").write_text("\n".join(lines) + "\n")
+    dev = "CPU dry run" if a.device_check else f"{torch.cuda.get_device_name(0)} x {torch.cuda.device_count()}"
+    print(f"summary: pool {'PASS' if ok else 'FAIL'} on {dev}, {a.shape}, {a.steps} steps, "
+          f"{time.time() - t_start:.0f} s: " + "; ".join(results))
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
