@@ -22,6 +22,11 @@ if ((${#missing[@]})); then
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
 
+# TANDEM_SETUP_VENV=0: the Debian packages only (what building and running tandem need; scripts/demo.sh).
+if [ "${TANDEM_SETUP_VENV:-1}" = "0" ]; then
+  exit 0
+fi
+
 req="$here/tests/requirements.txt"
 hash=$(sha256sum "$req" | cut -c1-16)
 cache="${TANDEM_CACHE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/tandem}"

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "trainer/demo.h"
 #include "trainer/eval.h"
 #include "trainer/launch.h"
 #include "trainer/trainer.h"
@@ -13,6 +14,7 @@
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "launch") == 0) return launch_main(argc - 1, argv + 1);
     if (argc > 1 && strcmp(argv[1], "eval") == 0) return eval_main(argc - 1, argv + 1);
+    if (argc > 1 && strcmp(argv[1], "demo") == 0) return demo_main(argc - 1, argv + 1);
     char err[2048];
     TrainConfig cfg;
     train_config_default(&cfg);
@@ -20,7 +22,8 @@ int main(int argc, char **argv) {
     if (r == 1) {
         train_config_print_help(stdout);
         printf("\nSubcommands: tandem-train launch --help (servers + ranks of a run on this machine),\n"
-               "             tandem-train eval --help (score a held-out set through an OpenAI-compatible server)\n");
+               "             tandem-train eval --help (score a held-out set through an OpenAI-compatible server),\n"
+               "             tandem-train demo --help (the whole pipeline on a built-in task, no downloads)\n");
         train_config_free(&cfg);
         return 0;
     }

@@ -1,0 +1,727 @@
+// trainer/demo.c — `tandem-train demo` (see trainer/demo.h): options, the phases, the summary.
+#define _GNU_SOURCE
+#include "trainer/demo.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <jansson.h>
+#include <limits.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "kernels/ops.h"
+
+typedef struct {
+    const char *output_dir, *device;
+    long seed;
+    int threads;
+    int digits, n_train, n_heldout, n_validation, n_sft; // task
+    int hidden, layers, heads, intermediate;              // model
+    double init_std;
+    int sft_batch, sft_min_steps, sft_max_steps, sft_check_every;  // SFT warm-up
+    double sft_lr, sft_target;
+    int grpo_steps, prompts_per_step, num_generations;   // GRPO
+    int eval_every;
+    double grpo_lr, temperature;
+} DemoOptions;
+
+static const DemoOptions kDefaults = {
+    .output_dir = "out/demo", .device = "auto", .seed = 1, .threads = 0,
+    .digits = 3, .n_train = 20000, .n_heldout = 200, .n_validation = 200, .n_sft = 20000,
+    .hidden = 128, .layers = 2, .heads = 4, .intermediate = 256, .init_std = 0.02,
+    .sft_batch = 64, .sft_min_steps = 200, .sft_max_steps = 1000, .sft_check_every = 25, .sft_lr = 1e-3,
+    .sft_target = 0.2,
+    .grpo_steps = 700, .prompts_per_step = 128, .num_generations = 4, .eval_every = 50,
+    .grpo_lr = 3e-4, .temperature = 1.0,
+};
+
+typedef struct {
+    const char *flag;
+    char type;       // s: text, i: int, l: long, d: double
+    size_t off;
+    const char *help;
+} DemoFlag;
+
+#define F(name, type, field, help) {name, type, offsetof(DemoOptions, field), help}
+static const DemoFlag kFlags[] = {
+    F("--output-dir", 's', output_dir, "folder for everything the demo writes (a previous demo there is replaced)"),
+    F("--device", 's', device, "auto, cpu or cuda: trainer and rollout server (auto = cuda when a GPU is visible)"),
+    F("--seed", 'l', seed, "seed of the model init, the data, SFT and GRPO"),
+    F("--threads", 'i', threads, "CPU threads per process (OpenBLAS); 0 = every core"),
+    F("--digits", 'i', digits, "task: a + b with operands of up to this many digits"),
+    F("--train-size", 'i', n_train, "training problems (GRPO prompts)"),
+    F("--heldout-size", 'i', n_heldout, "held-out problems (none of them is a training problem)"),
+    F("--validation-size", 'i', n_validation, "validation problems: only decide when SFT stops (disjoint from the others)"),
+    F("--sft-size", 'i', n_sft, "training problems with their answers for the SFT warm-up"),
+    F("--hidden-size", 'i', hidden, "model: hidden size"),
+    F("--layers", 'i', layers, "model: decoder layers"),
+    F("--heads", 'i', heads, "model: attention heads"),
+    F("--intermediate-size", 'i', intermediate, "model: MLP size"),
+    F("--init-std", 'd', init_std, "model: std of the random normal init of every matrix"),
+    F("--sft-target", 'd', sft_target, "SFT warm-up stops at the first check where validation accuracy reaches this"),
+    F("--sft-min-steps", 'i', sft_min_steps, "SFT warm-up: steps before the first check"),
+    F("--sft-check-every", 'i', sft_check_every, "SFT warm-up: steps between checks"),
+    F("--sft-max-steps", 'i', sft_max_steps, "SFT warm-up: most steps (stops there whatever the accuracy)"),
+    F("--sft-batch-size", 'i', sft_batch, "SFT warm-up: sequences per step"),
+    F("--sft-learning-rate", 'd', sft_lr, "SFT warm-up: AdamW learning rate (5 % warmup, then constant)"),
+    F("--grpo-steps", 'i', grpo_steps, "GRPO: optimizer steps"),
+    F("--prompts-per-step", 'i', prompts_per_step, "GRPO: prompts per step"),
+    F("--num-generations", 'i', num_generations, "GRPO: completions per prompt (group size)"),
+    F("--grpo-learning-rate", 'd', grpo_lr, "GRPO: peak AdamW learning rate (10 warmup steps, then cosine, one level per segment between evaluations)"),
+    F("--temperature", 'd', temperature, "GRPO: sampling temperature of the rollouts"),
+    F("--eval-every", 'i', eval_every, "GRPO: held-out accuracy every k steps (and before and after)"),
+};
+#undef F
+enum { N_FLAGS = sizeof kFlags / sizeof kFlags[0] };
+
+static void flag_value(const DemoOptions *o, const DemoFlag *f, char *buf, size_t len) {
+    const char *p = (const char *)o + f->off;
+    if (f->type == 's') snprintf(buf, len, "%s", *(const char *const *)p);
+    else if (f->type == 'i') snprintf(buf, len, "%d", *(const int *)p);
+    else if (f->type == 'l') snprintf(buf, len, "%ld", *(const long *)p);
+    else snprintf(buf, len, "%g", *(const double *)p);
+}
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: tandem-train demo [options]\n\n"
+               "The whole of tandem on a built-in task, with nothing to download: creates a tiny Llama and its\n"
+               "tokenizer, writes a + b problems (train and held-out), SFT-warms the model, measures held-out\n"
+               "accuracy over HTTP through a rollout server, runs GRPO against that server (weights synced every\n"
+               "step, accuracy measured along the way), and writes OUTPUT_DIR/metrics.jsonl, demo_summary.json and\n"
+               "demo.svg (reward and accuracy per step).\n\n");
+    DemoOptions d = kDefaults;
+    for (int i = 0; i < N_FLAGS; i++) {
+        char v[64], left[64];
+        flag_value(&d, &kFlags[i], v, sizeof v);
+        snprintf(left, sizeof left, "%s %s", kFlags[i].flag,
+                 kFlags[i].type == 's' ? "TEXT" : kFlags[i].type == 'd' ? "FLOAT" : "N");
+        fprintf(f, "  %-28s %s (default %s)\n", left, kFlags[i].help, v);
+    }
+    fprintf(f, "  %-28s this text\n", "--help");
+}
+
+static int parse_args(DemoOptions *o, int argc, char **argv) {
+    *o = kDefaults;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *eq = strchr(a, '=');
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) return 1;
+        size_t name_len = eq ? (size_t)(eq - a) : strlen(a);
+        const DemoFlag *f = NULL;
+        for (int k = 0; k < N_FLAGS; k++)
+            if (strlen(kFlags[k].flag) == name_len && !strncmp(kFlags[k].flag, a, name_len)) f = &kFlags[k];
+        if (!f) {
+            fprintf(stderr, "tandem-train demo: unknown option %s (see tandem-train demo --help)\n", a);
+            return -1;
+        }
+        const char *v = eq ? eq + 1 : i + 1 < argc ? argv[++i] : NULL;
+        if (!v) {
+            fprintf(stderr, "tandem-train demo: %s needs a value\n", f->flag);
+            return -1;
+        }
+        char *p = (char *)o + f->off, *end = NULL;
+        errno = 0;
+        if (f->type == 's') *(const char **)p = v;
+        else if (f->type == 'd') *(double *)p = strtod(v, &end);
+        else {
+            long x = strtol(v, &end, 10);
+            if (f->type == 'i' && (x < INT_MIN || x > INT_MAX)) errno = ERANGE;
+            if (f->type == 'i') *(int *)p = (int)x;
+            else *(long *)p = x;
+        }
+        if (f->type != 's' && (errno || end == v || *end)) {
+            fprintf(stderr, "tandem-train demo: %s %s: not a %s\n", f->flag, v, f->type == 'd' ? "number" : "integer");
+            return -1;
+        }
+    }
+    const char *why = NULL;
+    if (strcmp(o->device, "auto") && strcmp(o->device, "cpu") && strcmp(o->device, "cuda")) why = "--device is auto, cpu or cuda";
+    else if (o->threads < 0) why = "--threads must be >= 0";
+    else if (o->seed < 0) why = "--seed must be >= 0";
+    else if (o->sft_min_steps < 1 || o->sft_check_every < 1 || o->sft_max_steps < o->sft_min_steps || o->sft_batch < 1 ||
+             !(o->sft_lr > 0) || !(o->sft_target >= 0 && o->sft_target <= 1))
+        why = "SFT: steps, batch size and learning rate > 0, --sft-max-steps >= --sft-min-steps, 0 <= --sft-target <= 1";
+    else if (o->grpo_steps < 1 || o->prompts_per_step < 1 || o->num_generations < 2 || !(o->grpo_lr > 0) ||
+             !(o->temperature > 0))
+        why = "--grpo-steps, --prompts-per-step, --grpo-learning-rate and --temperature must be > 0, --num-generations >= 2";
+    else if (o->eval_every < 1) why = "--eval-every must be >= 1";
+    if (why) {
+        fprintf(stderr, "tandem-train demo: %s\n", why);
+        return -1;
+    }
+    return 0;
+}
+
+// Tokens of a complete answer: the sum (digits + 1, zero-padded) and <eos>.
+static int completion_tokens(const DemoOptions *o) { return o->digits + 2; }
+
+// ---- the run ---------------------------------------------------------------------------------------------
+
+typedef struct {
+    DemoOptions o;
+    char dir[PATH_MAX], bin_dir[PATH_MAX], train_bin[PATH_MAX + 32], serve_bin[PATH_MAX + 32];
+    char device[8];
+    int threads;
+    char env_buf[2][48];
+    char *env[3];
+    double t0;
+    // Results.
+    int n_evals;
+    double eval_step[256], eval_acc[256], eval_form[256];
+    double *reward;          // (grpo_steps) mean reward of each step, NaN until logged
+    double t_sft, t_grpo, t_eval;
+    int sft_steps, n_checks;
+    double check_step[64], check_acc[64];
+    // The rollout server.
+    pid_t server;
+    int http_port, control_port;
+} Demo;
+
+static void path_in(const Demo *d, char *out, size_t len, const char *rel) { snprintf(out, len, "%s/%s", d->dir, rel); }
+
+static void say(const Demo *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void say(const Demo *d, const char *fmt, ...) {
+    double t = demo_now() - d->t0;
+    fprintf(stderr, "[demo %2dm%02ds] ", (int)t / 60, (int)t % 60);
+    va_list ap;
+    va_start(ap, fmt);
+    vfprintf(stderr, fmt, ap);
+    va_end(ap);
+    fputc('\n', stderr);
+}
+
+// A previous demo's folder is cleared (only what a demo writes); any other non-empty folder is refused.
+static int prepare_dir(Demo *d, char *err, size_t err_len) {
+    char marker[PATH_MAX + 32];
+    path_in(d, marker, sizeof marker, ".tandem-demo");
+    DIR *dp = opendir(d->dir);
+    if (dp) {
+        int others = 0;
+        struct dirent *e;
+        while ((e = readdir(dp)))
+            if (strcmp(e->d_name, ".") && strcmp(e->d_name, "..")) others++;
+        closedir(dp);
+        if (others && access(marker, F_OK) != 0) {
+            snprintf(err, err_len, "%s is not empty and holds no earlier demo: choose another --output-dir", d->dir);
+            return -1;
+        }
+        static const char *const mine[] = {"model", "data", "sft", "logs", "eval", "metrics.jsonl",
+                                           "demo_summary.json", "demo.svg", ".tandem-demo"};
+        for (size_t i = 0; i < sizeof mine / sizeof *mine; i++) {
+            char p[PATH_MAX + 32];
+            path_in(d, p, sizeof p, mine[i]);
+            if (demo_remove_tree(p, err, err_len) != 0) return -1;
+        }
+        if ((dp = opendir(d->dir))) {
+            while ((e = readdir(dp))) {
+                if (strncmp(e->d_name, "checkpoint-", 11)) continue;
+                char p[PATH_MAX + 300];
+                snprintf(p, sizeof p, "%s/%s", d->dir, e->d_name);
+                if (demo_remove_tree(p, err, err_len) != 0) {
+                    closedir(dp);
+                    return -1;
+                }
+            }
+            closedir(dp);
+        }
+    } else {
+        // mkdir -p
+        char p[PATH_MAX];
+        snprintf(p, sizeof p, "%s", d->dir);
+        for (char *s = p + 1; *s; s++) {
+            if (*s != '/') continue;
+            *s = 0;
+            if (mkdir(p, 0755) != 0 && errno != EEXIST) break;
+            *s = '/';
+        }
+        if (mkdir(p, 0755) != 0 && errno != EEXIST) {
+            snprintf(err, err_len, "cannot create %s: %s", d->dir, strerror(errno));
+            return -1;
+        }
+    }
+    FILE *f = fopen(marker, "w");
+    if (!f) {
+        snprintf(err, err_len, "cannot write in %s: %s", d->dir, strerror(errno));
+        return -1;
+    }
+    fputs("written by tandem-train demo; a later demo with this --output-dir replaces this folder's demo files\n", f);
+    fclose(f);
+    char logs[PATH_MAX + 32], ev[PATH_MAX + 32];
+    path_in(d, logs, sizeof logs, "logs");
+    path_in(d, ev, sizeof ev, "eval");
+    if ((mkdir(logs, 0755) != 0 && errno != EEXIST) || (mkdir(ev, 0755) != 0 && errno != EEXIST)) {
+        snprintf(err, err_len, "cannot create folders in %s: %s", d->dir, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+// Reads the complete lines of a growing JSONL file past *off and hands each parsed object to fn.
+typedef void (*LineFn)(Demo *d, json_t *row, void *user);
+static void follow(Demo *d, const char *path, long *off, LineFn fn, void *user) {
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    if (fseek(f, *off, SEEK_SET) != 0) {
+        fclose(f);
+        return;
+    }
+    char *line = NULL;
+    size_t cap = 0;
+    ssize_t n;
+    while ((n = getline(&line, &cap, f)) > 0) {
+        if (line[n - 1] != '\n') break; // written halfway: read it next time
+        *off += n;
+        json_t *row = json_loads(line, 0, NULL);
+        if (row && fn) fn(d, row, user);
+        json_decref(row);
+    }
+    free(line);
+    fclose(f);
+}
+
+// Runs a child to its end, following its metrics file (when given). 0 when it exits 0; else -1 with a message
+// (its log's tail is printed).
+static int run_child(Demo *d, char **argv, const char *name, const char *metrics, long *off, LineFn fn, void *user,
+                     char *err, size_t err_len) {
+    char log[PATH_MAX + 64];
+    snprintf(log, sizeof log, "%s/logs/%s.log", d->dir, name);
+    pid_t pid = demo_spawn(argv, d->env, log, err, err_len);
+    if (pid < 0) return -1;
+    int status = 0;
+    for (;;) {
+        if (metrics) follow(d, metrics, off, fn, user);
+        pid_t w = waitpid(pid, &status, WNOHANG);
+        if (w == pid) break;
+        if (demo_interrupted) {
+            demo_stop(pid, 10);
+            snprintf(err, err_len, "interrupted");
+            return -1;
+        }
+        struct timespec ts = {0, 100 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    if (metrics) follow(d, metrics, off, fn, user);
+    if (WIFEXITED(status) && WEXITSTATUS(status) == 0) return 0;
+    if (WIFEXITED(status)) snprintf(err, err_len, "%s exited with code %d (log: %s)", name, WEXITSTATUS(status), log);
+    else snprintf(err, err_len, "%s was killed by signal %d (log: %s)", name, WTERMSIG(status), log);
+    demo_print_tail(log, 12);
+    return -1;
+}
+
+// ---- phases ---------------------------------------------------------------------------------------------
+
+// Starts tandem-serve on a model folder (with a ZeroMQ control endpoint when control is not NULL) and waits for
+// its "listening on" line, which carries the HTTP port it picked.
+static int start_server(Demo *d, const char *model, const char *control, const char *log, pid_t *pid, int *port,
+                        char *err, size_t err_len) {
+    char seed[24];
+    snprintf(seed, sizeof seed, "%ld", d->o.seed);
+    char *argv[32] = {d->serve_bin, "--model", (char *)model, "--port", "0", "--device", d->device,
+                      "--kv-cache-memory", "64M", "--max-num-seqs", "512", "--seed", seed, NULL};
+    if (control) argv[13] = "--control", argv[14] = (char *)control, argv[15] = NULL;
+    *port = 0;
+    *pid = demo_spawn(argv, d->env, log, err, err_len);
+    if (*pid < 0) return -1;
+    double deadline = demo_now() + 300;
+    while (demo_now() < deadline && !demo_interrupted) {
+        int status;
+        if (waitpid(*pid, &status, WNOHANG) == *pid) {
+            *pid = 0;
+            snprintf(err, err_len, "tandem-serve exited during start (log: %s)", log);
+            demo_print_tail(log, 12);
+            return -1;
+        }
+        FILE *f = fopen(log, "r");
+        char line[1024];
+        while (f && fgets(line, sizeof line, f)) {
+            const char *p = strstr(line, "listening on http://");
+            const char *colon = p ? strrchr(p, ':') : NULL;
+            if (colon) *port = atoi(colon + 1);
+        }
+        if (f) fclose(f);
+        if (*port > 0) return 0;
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    snprintf(err, err_len, demo_interrupted ? "interrupted" : "tandem-serve did not start within 300 s (log: %s)", log);
+    return -1;
+}
+
+// Greedy exact-answer accuracy and well-formed rate of a JSONL through a server's OpenAI API: `tandem-train eval`.
+static int eval_file(Demo *d, int port, const char *data, const char *name, const char *out, double *acc,
+                     double *form, char *err, size_t err_len) {
+    char url[64], tokens[16], log[PATH_MAX + 64];
+    snprintf(url, sizeof url, "http://127.0.0.1:%d", port);
+    snprintf(log, sizeof log, "%s/logs/%s.log", d->dir, name);
+    snprintf(tokens, sizeof tokens, "%d", completion_tokens(&d->o) + 1);
+    char *argv[24] = {d->train_bin, "eval", "--url", url, "--data", (char *)data, "--rewards",
+                      "answer_match,regex_format", "--format-regex", "[0-9]+", "--max-tokens", tokens,
+                      "--temperature", "0", "--concurrency", "64", NULL};
+    if (out) argv[16] = "--output", argv[17] = (char *)out, argv[18] = NULL;
+    double t = demo_now();
+    if (run_child(d, argv, name, NULL, NULL, NULL, NULL, err, err_len) != 0) return -1;
+    d->t_eval += demo_now() - t;
+    // Its last JSON line holds the figures.
+    FILE *f = fopen(log, "r");
+    char *line = NULL;
+    size_t cap = 0;
+    json_t *sum = NULL;
+    while (f && getline(&line, &cap, f) > 0) {
+        if (line[0] != '{') continue;
+        json_t *j = json_loads(line, 0, NULL);
+        if (j && json_object_get(j, "rows")) json_decref(sum), sum = j;
+        else json_decref(j);
+    }
+    free(line);
+    if (f) fclose(f);
+    json_t *a = sum ? json_object_get(sum, "rewards/answer_match/mean") : NULL;
+    json_t *w = sum ? json_object_get(sum, "rewards/regex_format/mean") : NULL;
+    int ok = json_is_number(a) && json_is_number(w) && json_integer_value(json_object_get(sum, "failed_rows")) == 0;
+    if (ok) *acc = json_number_value(a), *form = json_number_value(w);
+    else snprintf(err, err_len, "%s gave no figures (log: %s)", name, log);
+    json_decref(sum);
+    return ok ? 0 : -1;
+}
+
+static void sft_line(Demo *d, json_t *row, void *user) {
+    long long step = json_integer_value(json_object_get(row, "step"));
+    if (step % 25 == 0)
+        say(d, "  sft  step %4lld  loss %.4f", step, json_number_value(json_object_get(row, "loss")));
+}
+
+// SFT warm-up until the model answers a first share of the validation problems exactly: segments of
+// sft_check_every steps (each resumes the last one exactly), a check after each through a server on the new
+// checkpoint. The held-out problems play no part in when it stops.
+static int run_sft(Demo *d, char *ckpt, size_t ckpt_len, char *err, size_t err_len) {
+    char model[PATH_MAX + 32], data[PATH_MAX + 32], val[PATH_MAX + 32], out[PATH_MAX + 32], metrics[PATH_MAX + 64];
+    path_in(d, model, sizeof model, "model");
+    path_in(d, data, sizeof data, "data/sft.jsonl");
+    path_in(d, val, sizeof val, "data/validation.jsonl");
+    path_in(d, out, sizeof out, "sft");
+    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", out);
+    char steps[16], batch[16], lr[32], seed[24];
+    snprintf(batch, sizeof batch, "%d", d->o.sft_batch);
+    snprintf(lr, sizeof lr, "%g", d->o.sft_lr);
+    snprintf(seed, sizeof seed, "%ld", d->o.seed);
+    say(d, "SFT warm-up: %d sequences a step, learning rate %g (20 warmup steps, then constant), until %.0f %% of the "
+           "%d validation problems are answered exactly (checked every %d steps from step %d, at most %d steps)",
+        d->o.sft_batch, d->o.sft_lr, 100 * d->o.sft_target, d->o.n_validation, d->o.sft_check_every,
+        d->o.sft_min_steps, d->o.sft_max_steps);
+    double t = demo_now();
+    long off = 0;
+    int done = 0;
+    while (done < d->o.sft_max_steps) {
+        int target = done == 0 ? d->o.sft_min_steps : done + d->o.sft_check_every;
+        if (target > d->o.sft_max_steps) target = d->o.sft_max_steps;
+        snprintf(steps, sizeof steps, "%d", target);
+        char name[32];
+        snprintf(name, sizeof name, "sft-to-step-%04d", target);
+        char *argv[48] = {d->train_bin, "--mode", "sft", "--model", model, "--train-file", data, "--output-dir", out,
+                          "--per-device-train-batch-size", batch, "--max-steps", steps, "--learning-rate", lr,
+                          "--lr-scheduler-type", "constant_with_warmup", "--warmup-steps", "20", "--weight-decay", "0",
+                          "--save-steps", "0", "--save-total-limit", "1", "--logging-steps", "1", "--seed", seed,
+                          "--device", d->device, "--max-prompt-length", "0", "--gradient-checkpointing", "false", NULL};
+        if (done > 0) {
+            int k = 0;
+            while (argv[k]) k++;
+            argv[k++] = "--resume", argv[k++] = "latest", argv[k] = NULL;
+        }
+        if (run_child(d, argv, name, metrics, &off, sft_line, NULL, err, err_len) != 0) return -1;
+        done = target;
+        snprintf(ckpt, ckpt_len, "%s/checkpoint-%d", out, done);
+        // The check: a plain server (no control channel) on the new checkpoint.
+        char log[PATH_MAX + 64], ename[32];
+        snprintf(log, sizeof log, "%s/logs/sft-check-%04d-server.log", d->dir, done);
+        snprintf(ename, sizeof ename, "sft-check-%04d", done);
+        pid_t pid;
+        int port;
+        double acc = 0, form = 0;
+        if (start_server(d, ckpt, NULL, log, &pid, &port, err, err_len) != 0) return -1;
+        int rc = eval_file(d, port, val, ename, NULL, &acc, &form, err, err_len);
+        demo_stop(pid, 5);
+        if (rc != 0) return -1;
+        if (d->n_checks < 64) d->check_step[d->n_checks] = done, d->check_acc[d->n_checks++] = acc;
+        say(d, "  sft  step %4d  validation accuracy %.1f %% (well-formed answers %.1f %%)", done, 100 * acc, 100 * form);
+        if (acc >= d->o.sft_target) break;
+        if (done >= d->o.sft_max_steps)
+            say(d, "  sft  stopped at --sft-max-steps %d below the target of %.0f %%", done, 100 * d->o.sft_target);
+    }
+    d->sft_steps = done;
+    d->t_sft = demo_now() - t;
+    say(d, "SFT done in %.1f s after %d steps: %s", d->t_sft, d->sft_steps, ckpt);
+    return 0;
+}
+
+// Held-out accuracy at a GRPO step, through the rollout server, recorded for the summary and the plot.
+static int evaluate(Demo *d, int step, char *err, size_t err_len) {
+    char data[PATH_MAX + 32], out[PATH_MAX + 64], name[32];
+    path_in(d, data, sizeof data, "data/heldout.jsonl");
+    snprintf(out, sizeof out, "%s/eval/step-%04d.jsonl", d->dir, step);
+    snprintf(name, sizeof name, "eval-step-%04d", step);
+    if (d->n_evals == 256) {
+        snprintf(err, err_len, "more than 256 evaluations: raise --eval-every");
+        return -1;
+    }
+    int i = d->n_evals;
+    if (eval_file(d, d->http_port, data, name, out, &d->eval_acc[i], &d->eval_form[i], err, err_len) != 0) return -1;
+    d->eval_step[i] = step;
+    d->n_evals++;
+    say(d, "held-out accuracy at GRPO step %d: %.1f %% (%d problems, greedy; well-formed answers %.1f %%)", step,
+        100 * d->eval_acc[i], d->o.n_heldout, 100 * d->eval_form[i]);
+    return 0;
+}
+
+// Progress of GRPO: one line every 10 steps with the mean training reward over them.
+typedef struct {
+    double t_last, sum;
+    int n;
+} GrpoFollow;
+
+static void grpo_line(Demo *d, json_t *row, void *user) {
+    GrpoFollow *g = user;
+    long long step = json_integer_value(json_object_get(row, "step"));
+    double r = json_number_value(json_object_get(row, "reward"));
+    if (step >= 1 && step <= d->o.grpo_steps) d->reward[step - 1] = r;
+    g->sum += r, g->n++;
+    if (step % 10 != 0 && step != d->o.grpo_steps) return;
+    double now = demo_now();
+    say(d, "  grpo step %4lld/%d  mean reward %.3f over the last %d steps  (%.2f s/step)", step, d->o.grpo_steps,
+        g->sum / g->n, g->n, (now - g->t_last) / g->n);
+    g->t_last = now, g->sum = 0, g->n = 0;
+}
+
+// Learning rate of the GRPO segment that ends at `target`: the cosine schedule from the peak to 0 over the
+// run, taken at the segment's middle step (one level per segment; the trainer's own schedule would restart
+// with every segment's --max-steps).
+static double segment_lr(const DemoOptions *o, int done, int target) {
+    double mid = 0.5 * (done + target);
+    return o->grpo_lr * 0.5 * (1.0 + cos(M_PI * mid / o->grpo_steps));
+}
+
+// GRPO in segments of eval_every steps: each segment resumes the last one's checkpoint (exactly: same data order,
+// optimizer state and sampling seeds), then the held-out set is scored while no trainer runs.
+static int run_grpo(Demo *d, const char *model, char *err, size_t err_len) {
+    char data[PATH_MAX + 32], metrics[PATH_MAX + 32], control[64];
+    path_in(d, data, sizeof data, "data/train.jsonl");
+    path_in(d, metrics, sizeof metrics, "metrics.jsonl");
+    snprintf(control, sizeof control, "tcp://127.0.0.1:%d", d->control_port);
+    char gens[16], batch[16], lr[32], temp[32], seed[24], comp[16], steps[16];
+    snprintf(gens, sizeof gens, "%d", d->o.num_generations);
+    snprintf(batch, sizeof batch, "%d", d->o.num_generations * d->o.prompts_per_step);
+    snprintf(temp, sizeof temp, "%g", d->o.temperature);
+    snprintf(seed, sizeof seed, "%ld", d->o.seed);
+    snprintf(comp, sizeof comp, "%d", completion_tokens(&d->o));
+    say(d, "GRPO: %d steps of %d prompts x %d completions (temperature %g), reward answer_match (exact answer), "
+           "beta 0, learning rate %g (cosine), weights pushed to the rollout server after every step",
+        d->o.grpo_steps, d->o.prompts_per_step, d->o.num_generations, d->o.temperature, d->o.grpo_lr);
+    long off = 0;
+    GrpoFollow g = {.t_last = demo_now()};
+    double t = demo_now();
+    for (int done = 0; done < d->o.grpo_steps;) {
+        int target = done + d->o.eval_every < d->o.grpo_steps ? done + d->o.eval_every : d->o.grpo_steps;
+        snprintf(steps, sizeof steps, "%d", target);
+        snprintf(lr, sizeof lr, "%.6g", segment_lr(&d->o, done, target));
+        char name[32];
+        snprintf(name, sizeof name, "grpo-to-step-%04d", target);
+        // Two trainer defaults are turned off because they only cost time here: activation checkpointing (the
+        // model is tiny) and the rollout importance-sampling correction (trainer and server compute the same
+        // logprobs on the CPU; on a GPU their bf16 differences are small next to the learning rate's steps).
+        char *argv[64] = {d->train_bin, "--model", (char *)model, "--train-file", data, "--output-dir", d->dir,
+                          "--rollout-servers", control, "--rewards", "answer_match", "--num-generations", gens,
+                          "--per-device-train-batch-size", batch, "--max-completion-length", comp,
+                          "--learning-rate", lr, "--lr-scheduler-type", "constant_with_warmup", "--warmup-steps", "10",
+                          "--beta", "0", "--temperature", temp, "--max-steps", steps, "--logging-steps", "1",
+                          "--save-steps", "0", "--save-total-limit", "1", "--seed", seed, "--device", d->device,
+                          "--weight-sync-transport", "zmq", "--max-prompt-length", "0",
+                          "--gradient-checkpointing", "false", "--vllm-importance-sampling-correction", "false", NULL};
+        if (done > 0) {
+            int k = 0;
+            while (argv[k]) k++;
+            argv[k++] = "--resume", argv[k++] = "latest", argv[k] = NULL;
+        }
+        double t_seg = demo_now();
+        if (run_child(d, argv, name, metrics, &off, grpo_line, &g, err, err_len) != 0) return -1;
+        d->t_grpo += demo_now() - t_seg;
+        done = target;
+        double t_ev = demo_now();
+        if (evaluate(d, done, err, err_len) != 0) return -1;
+        g.t_last += demo_now() - t_ev;
+    }
+    say(d, "GRPO done in %.1f s (%.1f s training, %.1f s held-out evaluation)", demo_now() - t, d->t_grpo, d->t_eval);
+    return 0;
+}
+
+static void fmt_duration(double s, char *buf, size_t len) {
+    int t = (int)(s + 0.5);
+    snprintf(buf, len, "%dm%02ds", t / 60, t % 60);
+}
+
+static int write_results(Demo *d, size_t n_params, char *err, size_t err_len) {
+    double wall = demo_now() - d->t0;
+    int n = d->o.grpo_steps, nr = 0;
+    double *rx = malloc(n * sizeof(double)), *ry = malloc(n * sizeof(double));
+    json_t *rewards = json_array(), *evals = json_array();
+    for (int s = 0; s < n; s++) {
+        json_array_append_new(rewards, isnan(d->reward[s]) ? json_null() : json_real(d->reward[s]));
+        if (!isnan(d->reward[s])) rx[nr] = s + 1, ry[nr] = d->reward[s], nr++;
+    }
+    for (int i = 0; i < d->n_evals; i++)
+        json_array_append_new(evals, json_pack("{s:i, s:f, s:f}", "step", (int)d->eval_step[i], "accuracy",
+                                               d->eval_acc[i], "well_formed", d->eval_form[i]));
+    json_t *checks = json_array();
+    for (int i = 0; i < d->n_checks; i++)
+        json_array_append_new(checks, json_pack("{s:i, s:f}", "step", (int)d->check_step[i], "validation_accuracy",
+                                                d->check_acc[i]));
+    char task[64];
+    snprintf(task, sizeof task, "a+b, %d-digit operands", d->o.digits);
+    json_t *sum = json_object();
+    json_object_set_new(sum, "task", json_string(task));
+    json_object_set_new(sum, "accuracy_before", json_real(d->eval_acc[0]));
+    json_object_set_new(sum, "accuracy_after", json_real(d->eval_acc[d->n_evals - 1]));
+    json_object_set_new(sum, "well_formed_before", json_real(d->eval_form[0]));
+    json_object_set_new(sum, "well_formed_after", json_real(d->eval_form[d->n_evals - 1]));
+    json_object_set_new(sum, "evaluations", evals);
+    json_object_set_new(sum, "reward_per_step", rewards);
+    json_object_set_new(sum, "wall_time_s", json_real(wall));
+    json_object_set_new(sum, "phase_time_s", json_pack("{s:f, s:f, s:f}", "sft", d->t_sft, "grpo_training", d->t_grpo,
+                                                       "evaluation", d->t_eval));
+    json_object_set_new(sum, "device", json_string(d->device));
+    json_object_set_new(sum, "threads", json_integer(d->threads));
+    json_object_set_new(sum, "seed", json_integer(d->o.seed));
+    json_object_set_new(sum, "data", json_pack("{s:i, s:i, s:i, s:i}", "train", d->o.n_train, "sft", d->o.n_sft,
+                                               "validation", d->o.n_validation, "heldout", d->o.n_heldout));
+    json_object_set_new(sum, "model", json_pack("{s:s, s:i, s:i, s:i, s:i, s:I, s:f}", "architecture",
+                                                "LlamaForCausalLM", "hidden_size", d->o.hidden, "layers", d->o.layers,
+                                                "heads", d->o.heads, "intermediate_size", d->o.intermediate,
+                                                "parameters", (json_int_t)n_params, "init_std", d->o.init_std));
+    json_object_set_new(sum, "sft", json_pack("{s:i, s:i, s:f, s:f, s:o}", "steps", d->sft_steps, "batch_size",
+                                              d->o.sft_batch, "learning_rate", d->o.sft_lr, "target_validation_accuracy",
+                                              d->o.sft_target, "checks", checks));
+    json_object_set_new(sum, "grpo", json_pack("{s:i, s:i, s:i, s:i, s:f, s:s, s:f, s:f, s:s, s:i}", "steps",
+                                               d->o.grpo_steps, "prompts_per_step", d->o.prompts_per_step,
+                                               "num_generations", d->o.num_generations, "max_completion_length",
+                                               completion_tokens(&d->o), "learning_rate", d->o.grpo_lr,
+                                               "lr_schedule", "10 warmup steps, cosine (one level per segment)",
+                                               "temperature", d->o.temperature, "beta", 0.0, "reward",
+                                               "answer_match", "eval_every", d->o.eval_every));
+    char path[PATH_MAX + 32];
+    path_in(d, path, sizeof path, "demo_summary.json");
+    int rc = 0;
+    if (!sum || json_dump_file(sum, path, JSON_INDENT(1) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6)) != 0) {
+        snprintf(err, err_len, "cannot write %s", path);
+        rc = -1;
+    }
+    json_decref(sum);
+    if (rc == 0) {
+        char title[160];
+        snprintf(title, sizeof title, "tandem demo: %s, %zu-parameter Llama, %s", task, n_params, d->device);
+        DemoSeries rs = {.n = nr, .x = rx, .y = ry}, as = {.n = d->n_evals, .x = d->eval_step, .y = d->eval_acc};
+        path_in(d, path, sizeof path, "demo.svg");
+        rc = demo_write_svg(path, title, &rs, &as, n, err, err_len);
+    }
+    free(rx), free(ry);
+    return rc;
+}
+
+int demo_main(int argc, char **argv) {
+    Demo *d = calloc(1, sizeof *d);
+    if (!d) return 1;
+    int pr = parse_args(&d->o, argc, argv);
+    if (pr != 0) {
+        if (pr == 1) usage(stdout);
+        free(d);
+        return pr == 1 ? 0 : 2;
+    }
+    d->t0 = demo_now();
+    char err[2048] = "";
+    int rc = 1;
+    size_t n_params = 0;
+    // The demo is one single-process run: a launch contract in the environment is not meant for its children.
+    static const char *const contract[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"};
+    for (size_t i = 0; i < sizeof contract / sizeof *contract; i++) unsetenv(contract[i]);
+    demo_install_signals();
+    if (!strcmp(d->o.device, "auto")) snprintf(d->device, sizeof d->device, "%s", ops_backend_available(OPS_BACKEND_CUDA) ? "cuda" : "cpu");
+    else snprintf(d->device, sizeof d->device, "%s", d->o.device);
+    if (!strcmp(d->device, "cuda") && !ops_backend_available(OPS_BACKEND_CUDA)) {
+        fprintf(stderr, "tandem-train demo: --device cuda, but this build has no CUDA backend or no GPU is visible\n");
+        free(d);
+        return 2;
+    }
+    long cores = sysconf(_SC_NPROCESSORS_ONLN);
+    d->threads = d->o.threads > 0 ? d->o.threads : cores > 0 ? (int)cores : 1;
+    snprintf(d->env_buf[0], sizeof d->env_buf[0], "OPENBLAS_NUM_THREADS=%d", d->threads);
+    snprintf(d->env_buf[1], sizeof d->env_buf[1], "OMP_NUM_THREADS=%d", d->threads);
+    d->env[0] = d->env_buf[0], d->env[1] = d->env_buf[1], d->env[2] = NULL;
+    d->reward = malloc((size_t)d->o.grpo_steps * sizeof(double));
+    for (int s = 0; d->reward && s < d->o.grpo_steps; s++) d->reward[s] = NAN;
+    // Children come from this binary's folder.
+    char self[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+    self[n > 0 ? n : 0] = 0;
+    char *slash = strrchr(self, '/');
+    if (slash) *slash = 0;
+    snprintf(d->bin_dir, sizeof d->bin_dir, "%s", n > 0 ? self : ".");
+    snprintf(d->train_bin, sizeof d->train_bin, "%s/tandem-train", d->bin_dir);
+    snprintf(d->serve_bin, sizeof d->serve_bin, "%s/tandem-serve", d->bin_dir);
+    snprintf(d->dir, sizeof d->dir, "%s", d->o.output_dir);
+    if (access(d->serve_bin, X_OK) != 0) {
+        snprintf(err, sizeof err, "%s is missing: build the tandem-serve target too", d->serve_bin);
+        goto out;
+    }
+    if (!d->reward || prepare_dir(d, err, sizeof err) != 0) goto out;
+    say(d, "tandem demo in %s: device %s%s%d thread%s per process", d->dir, d->device,
+        strcmp(d->device, "cpu") ? " (CPU side: " : ", ", d->threads, d->threads == 1 ? "" : "s");
+    // 1. The model, created here.
+    char model[PATH_MAX + 32], data[PATH_MAX + 32], ckpt[PATH_MAX + 64];
+    path_in(d, model, sizeof model, "model");
+    DemoModelSpec ms = {.hidden = d->o.hidden, .layers = d->o.layers, .heads = d->o.heads,
+                        .intermediate = d->o.intermediate, .init_std = (float)d->o.init_std, .seed = (uint64_t)d->o.seed};
+    if (demo_write_model(model, &ms, &n_params, err, sizeof err) != 0) goto out;
+    say(d, "model: random Llama, %d layers, hidden %d, %d heads, MLP %d: %zu parameters -> %s", d->o.layers,
+        d->o.hidden, d->o.heads, d->o.intermediate, n_params, model);
+    // 2. The task.
+    path_in(d, data, sizeof data, "data");
+    DemoDataSpec ds = {.digits = d->o.digits, .n_train = d->o.n_train, .n_heldout = d->o.n_heldout,
+                       .n_validation = d->o.n_validation, .n_sft = d->o.n_sft < d->o.n_train ? d->o.n_sft : d->o.n_train, .seed = (uint64_t)d->o.seed};
+    if (demo_write_data(data, &ds, err, sizeof err) != 0) goto out;
+    say(d, "task: \"a+b=\" with %d-digit operands, the sum checked exactly (reward answer_match); %d training, %d "
+           "validation and %d held-out problems, no problem in two sets -> %s", d->o.digits, d->o.n_train,
+        d->o.n_validation, d->o.n_heldout, data);
+    // 3. SFT warm-up; 4. the rollout server and accuracy before GRPO; 5-6. GRPO with accuracy along the way.
+    if (run_sft(d, ckpt, sizeof ckpt, err, sizeof err) != 0) goto out;
+    d->control_port = demo_free_port();
+    char control[64], slog[PATH_MAX + 32];
+    snprintf(control, sizeof control, "tcp://127.0.0.1:%d", d->control_port);
+    path_in(d, slog, sizeof slog, "logs/server.log");
+    if (start_server(d, ckpt, control, slog, &d->server, &d->http_port, err, sizeof err) != 0) goto out;
+    say(d, "rollout server on the SFT checkpoint: http://127.0.0.1:%d (OpenAI API), %s (trainer control), log %s",
+        d->http_port, control, slog);
+    if (evaluate(d, 0, err, sizeof err) != 0) goto out;
+    if (run_grpo(d, ckpt, err, sizeof err) != 0) goto out;
+    // 7. Results.
+    if (write_results(d, n_params, err, sizeof err) != 0) goto out;
+    char took[32];
+    fmt_duration(demo_now() - d->t0, took, sizeof took);
+    double before = d->eval_acc[0], after = d->eval_acc[d->n_evals - 1];
+    say(d, "wrote %s/metrics.jsonl, %s/demo_summary.json, %s/demo.svg", d->dir, d->dir, d->dir);
+    if (!strcmp(d->device, "cpu"))
+        printf("held-out accuracy %.1f %% -> %.1f %% in %s (cpu, %d thread%s)\n", 100 * before, 100 * after, took,
+               d->threads, d->threads == 1 ? "" : "s");
+    else
+        printf("held-out accuracy %.1f %% -> %.1f %% in %s (%s)\n", 100 * before, 100 * after, took, d->device);
+    fflush(stdout);
+    rc = 0;
+out:
+    if (d->server > 0) demo_stop(d->server, 5);
+    if (rc != 0) fprintf(stderr, "tandem-train demo: %s\n", err[0] ? err : "failed");
+    free(d->reward);
+    free(d);
+    return rc;
+}

@@ -1,0 +1,252 @@
+// trainer/demo_files.c — the demo's model folder and data sets (see trainer/demo.h).
+//
+// The tokenizer is a BPE with no merges over the task's alphabet: every character is one token, so the model
+// sees each digit separately. No pre-tokenizer, no post-processor (no BOS), a Fuse decoder (tokens joined
+// without spaces). Hugging Face `tokenizers` and transformers load the folder as they load any other.
+#include <errno.h>
+#include <jansson.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "kernels/ops.h"
+#include "shared/config.h"
+#include "shared/model.h"
+#include "trainer/demo.h"
+
+// Token ids: the specials first, then one per character. Every character a prompt or answer of the task can
+// contain is here; the spare operators keep the vocabulary usable for other arithmetic tasks.
+static const char *const kSpecials[] = {"<pad>", "<eos>"};
+static const char kChars[] = "0123456789+-*= \n";
+enum { PAD_ID = 0, EOS_ID = 1 };
+
+static int vocab_size(void) { return 2 + (int)strlen(kChars); }
+
+static int write_json(const char *dir, const char *name, json_t *j, char *err, size_t err_len) {
+    char path[4096];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    int rc = json_dump_file(j, path, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
+    json_decref(j);
+    if (rc != 0) {
+        snprintf(err, err_len, "cannot write %s: %s", path, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
+
+static json_t *added_token(int id, const char *content) {
+    return json_pack("{s:i, s:s, s:b, s:b, s:b, s:b, s:b}", "id", id, "content", content, "single_word", 0, "lstrip",
+                     0, "rstrip", 0, "normalized", 0, "special", 1);
+}
+
+static int write_tokenizer(const char *dir, char *err, size_t err_len) {
+    json_t *added = json_array(), *vocab = json_object();
+    for (int i = 0; i < 2; i++) {
+        json_array_append_new(added, added_token(i, kSpecials[i]));
+        json_object_set_new(vocab, kSpecials[i], json_integer(i));
+    }
+    for (size_t i = 0; i < strlen(kChars); i++) {
+        char s[2] = {kChars[i], 0};
+        json_object_set_new(vocab, s, json_integer(2 + (json_int_t)i));
+    }
+    json_t *model = json_pack("{s:s, s:n, s:n, s:n, s:n, s:b, s:b, s:b, s:o, s:[]}", "type", "BPE", "dropout",
+                              "unk_token", "continuing_subword_prefix", "end_of_word_suffix", "fuse_unk", 0,
+                              "byte_fallback", 0, "ignore_merges", 0, "vocab", vocab, "merges");
+    json_t *tok = json_pack("{s:s, s:n, s:n, s:o, s:n, s:n, s:n, s:{s:s}, s:o}", "version", "1.0", "truncation",
+                            "padding", "added_tokens", added, "normalizer", "pre_tokenizer", "post_processor",
+                            "decoder", "type", "Fuse", "model", model);
+    if (!tok) {
+        snprintf(err, err_len, "out of memory building tokenizer.json");
+        return -1;
+    }
+    if (write_json(dir, "tokenizer.json", tok, err, err_len) != 0) return -1;
+    json_t *cfg = json_pack("{s:s, s:n, s:s, s:s, s:n, s:b, s:b, s:i}", "tokenizer_class", "PreTrainedTokenizerFast",
+                            "bos_token", "eos_token", kSpecials[EOS_ID], "pad_token", kSpecials[PAD_ID], "unk_token",
+                            "add_bos_token", 0, "add_eos_token", 0, "model_max_length", 64);
+    if (write_json(dir, "tokenizer_config.json", cfg, err, err_len) != 0) return -1;
+    json_t *map = json_pack("{s:s, s:s}", "eos_token", kSpecials[EOS_ID], "pad_token", kSpecials[PAD_ID]);
+    if (write_json(dir, "special_tokens_map.json", map, err, err_len) != 0) return -1;
+    json_t *gen = json_pack("{s:i, s:i, s:s}", "eos_token_id", EOS_ID, "pad_token_id", PAD_ID, "transformers_version",
+                            "5.0.0");
+    return write_json(dir, "generation_config.json", gen, err, err_len);
+}
+
+int demo_write_model(const char *dir, const DemoModelSpec *s, size_t *n_params, char *err, size_t err_len) {
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+        snprintf(err, err_len, "cannot create %s: %s", dir, strerror(errno));
+        return -1;
+    }
+    if (s->hidden <= 0 || s->heads <= 0 || s->hidden % s->heads != 0 || (s->hidden / s->heads) % 2 != 0 ||
+        s->layers <= 0 || s->intermediate <= 0) {
+        snprintf(err, err_len, "model size: hidden %d must be a multiple of heads %d with an even head size; "
+                               "layers and intermediate > 0", s->hidden, s->heads);
+        return -1;
+    }
+    // The config goes through tandem's own parser, so the folder holds exactly what the trainer will read.
+    json_t *cj = json_pack("{s:[s], s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:s, s:b, s:n, s:i, s:i}",
+                           "architectures", "LlamaForCausalLM", "model_type", "llama", "vocab_size", vocab_size(),
+                           "hidden_size", s->hidden, "intermediate_size", s->intermediate, "num_hidden_layers",
+                           s->layers, "num_attention_heads", s->heads, "num_key_value_heads", s->heads,
+                           "max_position_embeddings", 64, "rms_norm_eps", 1e-5, "rope_theta", 10000.0, "hidden_act",
+                           "silu", "tie_word_embeddings", 0, "bos_token_id", "eos_token_id", EOS_ID, "pad_token_id",
+                           PAD_ID);
+    char *text = json_dumps(cj, JSON_COMPACT);
+    json_decref(cj);
+    ModelConfig cfg;
+    if (!text || config_parse(&cfg, text, strlen(text), err, err_len) != 0) {
+        if (!text) snprintf(err, err_len, "out of memory building config.json");
+        free(text);
+        return -1;
+    }
+    free(text);
+    OpsCtx *ops = NULL;
+    if (ops_create(&ops, OPS_BACKEND_CPU, 0, err, err_len) != 0) return -1;
+    Model m;
+    int rc = -1;
+    float **units = NULL;
+    if (model_init(&m, &cfg, ops, err, err_len) != 0) goto out_ops;
+    *n_params = m.layout.n_params;
+    units = calloc((size_t)m.layout.n_units, sizeof *units);
+    if (!units) goto oom;
+    for (int u = 0; u < m.layout.n_units; u++) {
+        if (!(units[u] = malloc(m.layout.unit_numel[u] * sizeof(float)))) goto oom;
+        model_random_unit_f32(&m, s->seed, s->init_std, u, units[u]);
+    }
+    rc = model_save_host(&m, units, dir, 0, 0, err, err_len);
+    if (rc == 0) rc = write_tokenizer(dir, err, err_len);
+    goto out;
+oom:
+    snprintf(err, err_len, "out of memory for the random init");
+out:
+    if (units)
+        for (int u = 0; u < m.layout.n_units; u++) free(units[u]);
+    free(units);
+    model_free(&m);
+out_ops:
+    ops_destroy(ops);
+    return rc;
+}
+
+// ---- data ----------------------------------------------------------------------------------------------
+
+static uint64_t splitmix64(uint64_t *s) {
+    uint64_t z = (*s += 0x9E3779B97F4A7C15ULL);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+// Uniform in [0, n) (rejection sampling, no modulo bias).
+static uint64_t uniform(uint64_t *s, uint64_t n) {
+    uint64_t limit = UINT64_MAX - UINT64_MAX % n, v;
+    do v = splitmix64(s);
+    while (v >= limit);
+    return v % n;
+}
+
+// Open-addressing set of problem keys a * range + b (+1, so 0 means empty).
+typedef struct {
+    uint64_t *slots;
+    size_t cap;
+} KeySet;
+
+static int keyset_insert(KeySet *k, uint64_t key) {  // 1 = inserted, 0 = already there
+    uint64_t h = key + 1;
+    size_t i = (size_t)((h * 0x9E3779B97F4A7C15ULL) >> 20) & (k->cap - 1);
+    while (k->slots[i]) {
+        if (k->slots[i] == h) return 0;
+        i = (i + 1) & (k->cap - 1);
+    }
+    k->slots[i] = h;
+    return 1;
+}
+
+static int write_row(FILE *f, const char *prompt, const char *key, json_t *value) {
+    json_t *row = json_pack("{s:s, s:o}", "prompt", prompt, key, value);
+    char *line = row ? json_dumps(row, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(row);
+    if (!line) return -1;
+    int rc = fprintf(f, "%s\n", line) < 0 ? -1 : 0;
+    free(line);
+    return rc;
+}
+
+int demo_write_data(const char *dir, const DemoDataSpec *s, char *err, size_t err_len) {
+    if (s->digits < 1 || s->digits > 9 || s->n_train < 1 || s->n_heldout < 1 || s->n_validation < 1 || s->n_sft < 1 ||
+        s->n_sft > s->n_train) {
+        snprintf(err, err_len, "data: need 1 <= digits <= 9, train, held-out, validation and sft sizes >= 1, "
+                               "sft <= train");
+        return -1;
+    }
+    // Operands have exactly `digits` digits (0-9 for one digit): every prompt has the same length, so a digit's
+    // place is its position.
+    uint64_t lo = s->digits == 1 ? 0 : 1, range = 1;
+    for (int i = 1; i < s->digits; i++) lo *= 10;
+    range = s->digits == 1 ? 10 : 9 * lo;
+    size_t n = (size_t)s->n_heldout + (size_t)s->n_validation + (size_t)s->n_train, cap = 1;
+    // Distinct problems must exist: at most 90 % of the range^2 pairs (rejection sampling stays quick).
+    if ((double)n > 0.9 * (double)range * (double)range) {
+        snprintf(err, err_len, "data: %zu distinct problems are too many for %d-digit operands", n, s->digits);
+        return -1;
+    }
+    if (mkdir(dir, 0755) != 0 && errno != EEXIST) {
+        snprintf(err, err_len, "cannot create %s: %s", dir, strerror(errno));
+        return -1;
+    }
+    while (cap < 2 * n) cap <<= 1;
+    KeySet set = {.slots = calloc(cap, sizeof(uint64_t)), .cap = cap};
+    uint64_t *a = malloc(n * sizeof(uint64_t)), *b = malloc(n * sizeof(uint64_t));
+    int rc = -1;
+    enum { HELDOUT, VALIDATION, TRAIN, SFT, N_FILES };
+    static const char *const names[N_FILES] = {"heldout.jsonl", "validation.jsonl", "train.jsonl", "sft.jsonl"};
+    FILE *f[N_FILES] = {0};
+    char path[N_FILES][4096];
+    if (!set.slots || !a || !b) {
+        snprintf(err, err_len, "out of memory generating %zu problems", n);
+        goto out;
+    }
+    // Distinct problems, split in order: held-out, validation (only decides when SFT stops), training.
+    uint64_t rng = s->seed ^ 0x5DEECE66DULL;
+    for (size_t i = 0; i < n;) {
+        a[i] = lo + uniform(&rng, range), b[i] = lo + uniform(&rng, range);
+        if (keyset_insert(&set, (a[i] - lo) * range + (b[i] - lo))) i++;
+    }
+    for (int k = 0; k < N_FILES; k++) {
+        snprintf(path[k], sizeof path[k], "%s/%s", dir, names[k]);
+        if (!(f[k] = fopen(path[k], "w"))) {
+            snprintf(err, err_len, "cannot write %s: %s", path[k], strerror(errno));
+            goto out;
+        }
+    }
+    for (size_t i = 0; i < n; i++) {
+        char prompt[64], answer[32];
+        snprintf(prompt, sizeof prompt, "%llu+%llu=", (unsigned long long)a[i], (unsigned long long)b[i]);
+        // The answer has digits + 1 digits, zero-padded ("0730"): every digit of the sum sits at a fixed position.
+        snprintf(answer, sizeof answer, "%0*llu", s->digits + 1, (unsigned long long)(a[i] + b[i]));
+        json_t *value = json_integer((json_int_t)(a[i] + b[i]));
+        int w = 0;
+        if (i < (size_t)s->n_heldout) {
+            w = write_row(f[HELDOUT], prompt, "answer", value);
+        } else if (i < (size_t)s->n_heldout + s->n_validation) {
+            w = write_row(f[VALIDATION], prompt, "answer", value);
+        } else {
+            w = write_row(f[TRAIN], prompt, "answer", value);
+            if (w == 0 && i - s->n_heldout - s->n_validation < (size_t)s->n_sft)
+                w = write_row(f[SFT], prompt, "completion", json_string(answer));
+        }
+        if (w) {
+            snprintf(err, err_len, "cannot write the data sets in %s", dir);
+            goto out;
+        }
+    }
+    rc = 0;
+out:
+    for (int k = 0; k < N_FILES; k++)
+        if (f[k] && fclose(f[k]) != 0 && rc == 0) {
+            snprintf(err, err_len, "cannot write %s", path[k]);
+            rc = -1;
+        }
+    free(set.slots), free(a), free(b);
+    return rc;
+}

@@ -1,0 +1,132 @@
+// trainer/demo_proc.c — child processes, ports, clocks and folder removal for the demo (see trainer/demo.h).
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <ftw.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "trainer/demo.h"
+
+volatile int demo_interrupted;
+
+static void on_signal(int sig) { demo_interrupted = sig; }
+
+void demo_install_signals(void) {
+    struct sigaction sa;
+    memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_signal;
+    sigemptyset(&sa.sa_mask);
+    sigaction(SIGINT, &sa, NULL);
+    sigaction(SIGTERM, &sa, NULL);
+    signal(SIGPIPE, SIG_IGN);
+}
+
+pid_t demo_spawn(char *const *argv, char *const *env, const char *log, char *err, size_t err_len) {
+    int fd = open(log, O_WRONLY | O_CREAT | O_APPEND, 0644);
+    if (fd < 0) {
+        snprintf(err, err_len, "cannot open %s: %s", log, strerror(errno));
+        return -1;
+    }
+    pid_t parent = getpid();
+    pid_t pid = fork();
+    if (pid < 0) {
+        snprintf(err, err_len, "cannot start %s: %s", argv[0], strerror(errno));
+        close(fd);
+        return -1;
+    }
+    if (pid == 0) {
+        // The child dies with the demo, whatever ends it (Ctrl-C, kill, a crash): no orphaned server.
+        prctl(PR_SET_PDEATHSIG, SIGTERM);
+        if (getppid() != parent) _exit(127);
+        signal(SIGINT, SIG_DFL);
+        signal(SIGTERM, SIG_DFL);
+        signal(SIGPIPE, SIG_DFL);
+        dup2(fd, STDOUT_FILENO);
+        dup2(fd, STDERR_FILENO);
+        close(fd);
+        for (int i = 0; env && env[i]; i++) putenv(env[i]);
+        execv(argv[0], argv);
+        fprintf(stderr, "cannot run %s: %s\n", argv[0], strerror(errno));
+        _exit(127);
+    }
+    close(fd);
+    return pid;
+}
+
+void demo_print_tail(const char *path, int n) {
+    FILE *f = fopen(path, "r");
+    if (!f) return;
+    enum { MAXN = 32 };
+    static char lines[MAXN][512];
+    if (n > MAXN) n = MAXN;
+    int k = 0;
+    while (fgets(lines[k % n], sizeof lines[0], f)) k++;
+    fclose(f);
+    fprintf(stderr, "  last lines of %s:\n", path);
+    for (int i = k > n ? k - n : 0; i < k; i++) {
+        const char *s = lines[i % n];
+        fprintf(stderr, "    | %s%s", s, s[0] && s[strlen(s) - 1] == '\n' ? "" : "\n");
+    }
+}
+
+int demo_stop(pid_t pid, double grace_s) {
+    int status = 0;
+    if (pid <= 0) return 0;
+    if (waitpid(pid, &status, WNOHANG) == pid) return status;
+    kill(pid, SIGTERM);
+    double deadline = demo_now() + grace_s;
+    while (demo_now() < deadline) {
+        if (waitpid(pid, &status, WNOHANG) == pid) return status;
+        struct timespec ts = {0, 20 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+    kill(pid, SIGKILL);
+    waitpid(pid, &status, 0);
+    return status;
+}
+
+int demo_free_port(void) {
+    int s = socket(AF_INET, SOCK_STREAM, 0);
+    if (s < 0) return -1;
+    struct sockaddr_in a;
+    memset(&a, 0, sizeof a);
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof a;
+    int port = -1;
+    if (bind(s, (struct sockaddr *)&a, sizeof a) == 0 && getsockname(s, (struct sockaddr *)&a, &len) == 0)
+        port = ntohs(a.sin_port);
+    close(s);
+    return port;
+}
+
+double demo_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+static int remove_one(const char *path, const struct stat *st, int type, struct FTW *ftw) {
+    (void)st, (void)ftw;
+    return (type == FTW_DP ? rmdir(path) : unlink(path)) != 0 && errno != ENOENT ? -1 : 0;
+}
+
+int demo_remove_tree(const char *path, char *err, size_t err_len) {
+    struct stat st;
+    if (lstat(path, &st) != 0) return 0;
+    if (nftw(path, remove_one, 16, FTW_DEPTH | FTW_PHYS) != 0) {
+        snprintf(err, err_len, "cannot remove %s: %s", path, strerror(errno));
+        return -1;
+    }
+    return 0;
+}
