@@ -27,6 +27,7 @@ import argparse
 import json
 import os
 import pathlib
+import shutil
 import signal
 import socket
 import statistics
@@ -49,8 +50,11 @@ SHAPES = {
                  num_key_value_heads=2),
     "tiny": None,
 }
-# Per shape: reward pattern, learning rate, max completion length.
-TASKS = {"tiny": ("[0-9]", 2e-2, 12), "0.5b": (".", 1e-4, 256), "1.5b": (".", 1e-4, 256)}
+# Per shape: reward pattern, learning rate, max completion length. A random model's near-uniform policy moves only
+# with large Adam steps: tiny's 2e-2 is scripts/gpu-grpo-check.py's; on a CPU proxy (Qwen2 width 384, 2 layers,
+# vocab 151936) '.' rose from about 0.45 to 0.77 in 8 steps at 1e-2 and stayed flat at 4e-4, so the real widths
+# (896, 1536) get about 1e-2 * 384 / width (Adam moves each layer's output in proportion to lr * width).
+TASKS = {"tiny": ("[0-9]", 2e-2, 12), "0.5b": (".", 3e-3, 256), "1.5b": (".", 2e-3, 256)}
 WORDS = ["the quick brown", "a lazy dog", "seven wizards", "numbers plus", "question answer", "think step"]
 
 
@@ -235,6 +239,11 @@ def run_config(a, T, S, model_dir, data, work, regex, lr, comp_len):
         for p in sorted(logs.glob("*.log")) if logs.is_dir() else []:
             tails.append(f"--- {p.name} (tail)\n{p.read_text(errors='replace')[-1500:]}")
         note += "\n" + "\n".join(tails)
+    if os.environ.get("OUT"):  # the launcher's, ranks' and servers' logs beside the table
+        keep = pathlib.Path(os.environ["OUT"]) / f"pool_{T}+{S}-logs"
+        keep.mkdir(parents=True, exist_ok=True)
+        for p in [log_path, *(sorted(logs.glob("*.log")) if logs.is_dir() else [])]:
+            shutil.copy(p, keep / p.name)
     rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
     mem = {g: (sampler.peak[g], sampler.peak[g] - base.get(g, 0)) for g in sorted(sampler.peak)}
     print(f"{T}+{S}: {len(rows)} steps, {'stopped after the last step' if stopped else 'exited by itself'}",
@@ -267,13 +276,14 @@ def report(T, S, rows, batch, copy, mem, expect, zero_line, shape, cpu):
                      f"{c[6]:>14.0f}{c[7]:>12.0f}{c[8]:>10.2f}")
     rest = cols[1:] if len(cols) > 2 else cols
     m = [med([c[k] for c in rest]) for k in range(9)]
-    lines.append(f"{'med':>4}{m[0]:>8.3f}{m[1]:>9.1f}{m[2]:>10.3f}{m[3]:>9.3f}{m[4]:>8.3f}{m[5]:>8.3f}"
-                 f"{m[6]:>14.0f}{m[7]:>12.0f}{m[8]:>10.2f}   (median of steps {'2' if len(cols) > 2 else '1'}.."
-                 f"{len(cols)})")
+    if cols:
+        lines.append(f"{'med':>4}{m[0]:>8.3f}{m[1]:>9.1f}{m[2]:>10.3f}{m[3]:>9.3f}{m[4]:>8.3f}{m[5]:>8.3f}"
+                     f"{m[6]:>14.0f}{m[7]:>12.0f}{m[8]:>10.2f}   (median of steps {'2' if len(cols) > 2 else '1'}.."
+                     f"{len(cols)})")
     if derived:
         lines.append("rollout s = step_time - train_time - sync_time (rollout_time not logged)")
-    lines.append(f"sync GB/s: sync_bytes (all ranks to all servers, bf16) / sync_time; torch copy cuda:0 -> "
-                 f"cuda:{T}, 1 GiB: {copy:.1f} GB/s")
+    lines.append("sync GB/s: sync_bytes (all ranks to all servers) / sync_time; torch copy " +
+                 ("not measured (CPU)" if cpu else f"cuda:0 -> cuda:{T}, 1 GiB: {copy:.1f} GB/s"))
     lines.append("ZeRO-3 all-gather / reduce-scatter bus bandwidth: not measured by this script (the trainer "
                  "logs no figure for it)")
     if zero_line:
@@ -295,8 +305,8 @@ def report(T, S, rows, batch, copy, mem, expect, zero_line, shape, cpu):
         lines.append(f"reward check skipped: {len(rows)} steps (needs 10)")
     tpeak = max((mem[g][0] for g in mem if g < T), default=0)
     summary = (f"{T}+{S}: step {m[5]:.2f} s = rollout {m[2]:.2f} + train {m[3]:.2f} + sync {m[4]:.3f} s; rollout "
-               f"{m[6]:.0f} tok/s, train {m[7]:.0f} tok/s, sync {m[8]:.1f} GB/s (p2p copy {copy:.0f}), "
-               f"trainer GPU peak {tpeak / 1024:.1f} GiB")
+               f"{m[6]:.0f} tok/s, train {m[7]:.0f} tok/s, sync {m[8]:.1f} GB/s" +
+               ("" if cpu else f" (p2p copy {copy:.0f}), trainer GPU peak {tpeak / 1024:.1f} GiB"))
     return lines, summary, verdict
 
 
@@ -328,6 +338,8 @@ def main():
     regex, lr, comp_len = TASKS[a.shape]
     regex, lr = a.regex or regex, a.lr or lr
     a.build = pathlib.Path(a.build).resolve()
+    if not (a.build / "bin" / "tandem-train").exists():
+        sys.exit(f"{a.build / 'bin' / 'tandem-train'} not found (--build names the carried build folder)")
     use_devlib(a.build)
     if not a.device_check:
         need = max(t + s for t, s in configs)
