@@ -1,6 +1,7 @@
 // trainer/demo.c — `tandem-train demo` (see trainer/demo.h): options, the phases, the summary.
 #define _GNU_SOURCE
 #include "trainer/demo.h"
+#include "trainer/demo_internal.h"
 
 #include <dirent.h>
 #include <errno.h>
@@ -19,28 +20,14 @@
 
 #include "kernels/ops.h"
 
-typedef struct {
-    const char *output_dir, *device;
-    long seed;
-    int threads;
-    int digits, n_train, n_heldout, n_validation, n_sft; // task
-    int hidden, layers, heads, intermediate;              // model
-    double init_std;
-    int sft_batch, sft_min_steps, sft_max_steps, sft_check_every;  // SFT warm-up
-    double sft_lr, sft_target;
-    int grpo_steps, prompts_per_step, num_generations;   // GRPO
-    int eval_every;
-    double grpo_lr, temperature;
-} DemoOptions;
-
 static const DemoOptions kDefaults = {
     .output_dir = "out/demo", .device = "auto", .seed = 1, .threads = 0,
     .digits = 3, .n_train = 20000, .n_heldout = 200, .n_validation = 200, .n_sft = 20000,
     .hidden = 128, .layers = 2, .heads = 4, .intermediate = 256, .init_std = 0.02,
-    .sft_batch = 64, .sft_min_steps = 200, .sft_max_steps = 1000, .sft_check_every = 25, .sft_lr = 1e-3,
-    .sft_target = 0.2,
-    .grpo_steps = 700, .prompts_per_step = 128, .num_generations = 4, .eval_every = 50,
-    .grpo_lr = 3e-4, .temperature = 1.0,
+    .sft_batch = 64, .sft_min_steps = 200, .sft_max_steps = 1000, .sft_check_every = 20, .sft_lr = 1e-3,
+    .sft_target = 0.25,
+    .grpo_steps = 500, .prompts_per_step = 256, .num_generations = 4, .eval_every = 50,
+    .grpo_lr = 5e-4, .temperature = 1.0,
 };
 
 typedef struct {
@@ -68,7 +55,7 @@ static const DemoFlag kFlags[] = {
     F("--init-std", 'd', init_std, "model: std of the random normal init of every matrix"),
     F("--sft-target", 'd', sft_target, "SFT warm-up stops at the first check where validation accuracy reaches this"),
     F("--sft-min-steps", 'i', sft_min_steps, "SFT warm-up: steps before the first check"),
-    F("--sft-check-every", 'i', sft_check_every, "SFT warm-up: steps between checks"),
+    F("--sft-check-every", 'i', sft_check_every, "SFT warm-up: steps between checks (half as many past half the target)"),
     F("--sft-max-steps", 'i', sft_max_steps, "SFT warm-up: most steps (stops there whatever the accuracy)"),
     F("--sft-batch-size", 'i', sft_batch, "SFT warm-up: sequences per step"),
     F("--sft-learning-rate", 'd', sft_lr, "SFT warm-up: AdamW learning rate (5 % warmup, then constant)"),
@@ -159,35 +146,11 @@ static int parse_args(DemoOptions *o, int argc, char **argv) {
     return 0;
 }
 
-// Tokens of a complete answer: the sum (digits + 1, zero-padded) and <eos>.
-static int completion_tokens(const DemoOptions *o) { return o->digits + 2; }
-
 // ---- the run ---------------------------------------------------------------------------------------------
 
-typedef struct {
-    DemoOptions o;
-    char dir[PATH_MAX], bin_dir[PATH_MAX], train_bin[PATH_MAX + 32], serve_bin[PATH_MAX + 32];
-    char device[8];
-    int threads;
-    char env_buf[2][48];
-    char *env[3];
-    double t0;
-    // Results.
-    int n_evals;
-    double eval_step[256], eval_acc[256], eval_form[256];
-    double *reward;          // (grpo_steps) mean reward of each step, NaN until logged
-    double t_sft, t_grpo, t_eval;
-    int sft_steps, n_checks;
-    double check_step[64], check_acc[64];
-    // The rollout server.
-    pid_t server;
-    int http_port, control_port;
-} Demo;
+void demo_path_in(const Demo *d, char *out, size_t len, const char *rel) { snprintf(out, len, "%s/%s", d->dir, rel); }
 
-static void path_in(const Demo *d, char *out, size_t len, const char *rel) { snprintf(out, len, "%s/%s", d->dir, rel); }
-
-static void say(const Demo *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void say(const Demo *d, const char *fmt, ...) {
+void demo_say(const Demo *d, const char *fmt, ...) {
     double t = demo_now() - d->t0;
     fprintf(stderr, "[demo %2dm%02ds] ", (int)t / 60, (int)t % 60);
     va_list ap;
@@ -199,8 +162,8 @@ static void say(const Demo *d, const char *fmt, ...) {
 
 // A previous demo's folder is cleared (only what a demo writes); any other non-empty folder is refused.
 static int prepare_dir(Demo *d, char *err, size_t err_len) {
-    char marker[PATH_MAX + 32];
-    path_in(d, marker, sizeof marker, ".tandem-demo");
+    char marker[PATH_IN];
+    demo_path_in(d, marker, sizeof marker, ".tandem-demo");
     DIR *dp = opendir(d->dir);
     if (dp) {
         int others = 0;
@@ -215,14 +178,14 @@ static int prepare_dir(Demo *d, char *err, size_t err_len) {
         static const char *const mine[] = {"model", "data", "sft", "logs", "eval", "metrics.jsonl",
                                            "demo_summary.json", "demo.svg", ".tandem-demo"};
         for (size_t i = 0; i < sizeof mine / sizeof *mine; i++) {
-            char p[PATH_MAX + 32];
-            path_in(d, p, sizeof p, mine[i]);
+            char p[PATH_IN];
+            demo_path_in(d, p, sizeof p, mine[i]);
             if (demo_remove_tree(p, err, err_len) != 0) return -1;
         }
         if ((dp = opendir(d->dir))) {
             while ((e = readdir(dp))) {
                 if (strncmp(e->d_name, "checkpoint-", 11)) continue;
-                char p[PATH_MAX + 300];
+                char p[DIR_MAX + 300];
                 snprintf(p, sizeof p, "%s/%s", d->dir, e->d_name);
                 if (demo_remove_tree(p, err, err_len) != 0) {
                     closedir(dp);
@@ -233,7 +196,7 @@ static int prepare_dir(Demo *d, char *err, size_t err_len) {
         }
     } else {
         // mkdir -p
-        char p[PATH_MAX];
+        char p[DIR_MAX];
         snprintf(p, sizeof p, "%s", d->dir);
         for (char *s = p + 1; *s; s++) {
             if (*s != '/') continue;
@@ -253,9 +216,9 @@ static int prepare_dir(Demo *d, char *err, size_t err_len) {
     }
     fputs("written by tandem-train demo; a later demo with this --output-dir replaces this folder's demo files\n", f);
     fclose(f);
-    char logs[PATH_MAX + 32], ev[PATH_MAX + 32];
-    path_in(d, logs, sizeof logs, "logs");
-    path_in(d, ev, sizeof ev, "eval");
+    char logs[PATH_IN], ev[PATH_IN];
+    demo_path_in(d, logs, sizeof logs, "logs");
+    demo_path_in(d, ev, sizeof ev, "eval");
     if ((mkdir(logs, 0755) != 0 && errno != EEXIST) || (mkdir(ev, 0755) != 0 && errno != EEXIST)) {
         snprintf(err, err_len, "cannot create folders in %s: %s", d->dir, strerror(errno));
         return -1;
@@ -290,7 +253,7 @@ static void follow(Demo *d, const char *path, long *off, LineFn fn, void *user) 
 // (its log's tail is printed).
 static int run_child(Demo *d, char **argv, const char *name, const char *metrics, long *off, LineFn fn, void *user,
                      char *err, size_t err_len) {
-    char log[PATH_MAX + 64];
+    char log[PATH_IN];
     snprintf(log, sizeof log, "%s/logs/%s.log", d->dir, name);
     pid_t pid = demo_spawn(argv, d->env, log, err, err_len);
     if (pid < 0) return -1;
@@ -301,7 +264,7 @@ static int run_child(Demo *d, char **argv, const char *name, const char *metrics
         if (w == pid) break;
         if (demo_interrupted) {
             demo_stop(pid, 10);
-            snprintf(err, err_len, "interrupted");
+            snprintf(err, err_len, "interrupted by %s: stopped every process", strsignal(demo_interrupted));
             return -1;
         }
         struct timespec ts = {0, 100 * 1000 * 1000};
@@ -350,14 +313,15 @@ static int start_server(Demo *d, const char *model, const char *control, const c
         struct timespec ts = {0, 20 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
-    snprintf(err, err_len, demo_interrupted ? "interrupted" : "tandem-serve did not start within 300 s (log: %s)", log);
+    if (demo_interrupted) snprintf(err, err_len, "interrupted by %s: stopped every process", strsignal(demo_interrupted));
+    else snprintf(err, err_len, "tandem-serve did not start within 300 s (log: %s)", log);
     return -1;
 }
 
 // Greedy exact-answer accuracy and well-formed rate of a JSONL through a server's OpenAI API: `tandem-train eval`.
 static int eval_file(Demo *d, int port, const char *data, const char *name, const char *out, double *acc,
                      double *form, char *err, size_t err_len) {
-    char url[64], tokens[16], log[PATH_MAX + 64];
+    char url[64], tokens[16], log[PATH_IN];
     snprintf(url, sizeof url, "http://127.0.0.1:%d", port);
     snprintf(log, sizeof log, "%s/logs/%s.log", d->dir, name);
     snprintf(tokens, sizeof tokens, "%d", completion_tokens(&d->o) + 1);
@@ -393,32 +357,32 @@ static int eval_file(Demo *d, int port, const char *data, const char *name, cons
 static void sft_line(Demo *d, json_t *row, void *user) {
     long long step = json_integer_value(json_object_get(row, "step"));
     if (step % 25 == 0)
-        say(d, "  sft  step %4lld  loss %.4f", step, json_number_value(json_object_get(row, "loss")));
+        demo_say(d, "  sft  step %4lld  loss %.4f", step, json_number_value(json_object_get(row, "loss")));
 }
 
 // SFT warm-up until the model answers a first share of the validation problems exactly: segments of
 // sft_check_every steps (each resumes the last one exactly), a check after each through a server on the new
 // checkpoint. The held-out problems play no part in when it stops.
 static int run_sft(Demo *d, char *ckpt, size_t ckpt_len, char *err, size_t err_len) {
-    char model[PATH_MAX + 32], data[PATH_MAX + 32], val[PATH_MAX + 32], out[PATH_MAX + 32], metrics[PATH_MAX + 64];
-    path_in(d, model, sizeof model, "model");
-    path_in(d, data, sizeof data, "data/sft.jsonl");
-    path_in(d, val, sizeof val, "data/validation.jsonl");
-    path_in(d, out, sizeof out, "sft");
-    snprintf(metrics, sizeof metrics, "%s/metrics.jsonl", out);
+    char model[PATH_IN], data[PATH_IN], val[PATH_IN], out[PATH_IN], metrics[PATH_IN];
+    demo_path_in(d, model, sizeof model, "model");
+    demo_path_in(d, data, sizeof data, "data/sft.jsonl");
+    demo_path_in(d, val, sizeof val, "data/validation.jsonl");
+    demo_path_in(d, out, sizeof out, "sft");
+    demo_path_in(d, metrics, sizeof metrics, "sft/metrics.jsonl");
     char steps[16], batch[16], lr[32], seed[24];
     snprintf(batch, sizeof batch, "%d", d->o.sft_batch);
     snprintf(lr, sizeof lr, "%g", d->o.sft_lr);
     snprintf(seed, sizeof seed, "%ld", d->o.seed);
-    say(d, "SFT warm-up: %d sequences a step, learning rate %g (20 warmup steps, then constant), until %.0f %% of the "
+    demo_say(d, "SFT warm-up: %d sequences a step, learning rate %g (20 warmup steps, then constant), until %.0f %% of the "
            "%d validation problems are answered exactly (checked every %d steps from step %d, at most %d steps)",
         d->o.sft_batch, d->o.sft_lr, 100 * d->o.sft_target, d->o.n_validation, d->o.sft_check_every,
         d->o.sft_min_steps, d->o.sft_max_steps);
     double t = demo_now();
     long off = 0;
-    int done = 0;
+    int done = 0, every = d->o.sft_check_every;
     while (done < d->o.sft_max_steps) {
-        int target = done == 0 ? d->o.sft_min_steps : done + d->o.sft_check_every;
+        int target = done == 0 ? d->o.sft_min_steps : done + every;
         if (target > d->o.sft_max_steps) target = d->o.sft_max_steps;
         snprintf(steps, sizeof steps, "%d", target);
         char name[32];
@@ -435,9 +399,9 @@ static int run_sft(Demo *d, char *ckpt, size_t ckpt_len, char *err, size_t err_l
         }
         if (run_child(d, argv, name, metrics, &off, sft_line, NULL, err, err_len) != 0) return -1;
         done = target;
-        snprintf(ckpt, ckpt_len, "%s/checkpoint-%d", out, done);
+        snprintf(ckpt, ckpt_len, "%s/sft/checkpoint-%d", d->dir, done);
         // The check: a plain server (no control channel) on the new checkpoint.
-        char log[PATH_MAX + 64], ename[32];
+        char log[PATH_IN], ename[32];
         snprintf(log, sizeof log, "%s/logs/sft-check-%04d-server.log", d->dir, done);
         snprintf(ename, sizeof ename, "sft-check-%04d", done);
         pid_t pid;
@@ -448,21 +412,23 @@ static int run_sft(Demo *d, char *ckpt, size_t ckpt_len, char *err, size_t err_l
         demo_stop(pid, 5);
         if (rc != 0) return -1;
         if (d->n_checks < 64) d->check_step[d->n_checks] = done, d->check_acc[d->n_checks++] = acc;
-        say(d, "  sft  step %4d  validation accuracy %.1f %% (well-formed answers %.1f %%)", done, 100 * acc, 100 * form);
+        demo_say(d, "  sft  step %4d  validation accuracy %.1f %% (well-formed answers %.1f %%)", done, 100 * acc, 100 * form);
         if (acc >= d->o.sft_target) break;
+        // Accuracy climbs fast once it starts: closer checks near the target keep the overshoot small.
+        if (acc >= 0.5 * d->o.sft_target) every = (d->o.sft_check_every + 1) / 2;
         if (done >= d->o.sft_max_steps)
-            say(d, "  sft  stopped at --sft-max-steps %d below the target of %.0f %%", done, 100 * d->o.sft_target);
+            demo_say(d, "  sft  stopped at --sft-max-steps %d below the target of %.0f %%", done, 100 * d->o.sft_target);
     }
     d->sft_steps = done;
     d->t_sft = demo_now() - t;
-    say(d, "SFT done in %.1f s after %d steps: %s", d->t_sft, d->sft_steps, ckpt);
+    demo_say(d, "SFT done in %.1f s after %d steps: %s", d->t_sft, d->sft_steps, ckpt);
     return 0;
 }
 
 // Held-out accuracy at a GRPO step, through the rollout server, recorded for the summary and the plot.
 static int evaluate(Demo *d, int step, char *err, size_t err_len) {
-    char data[PATH_MAX + 32], out[PATH_MAX + 64], name[32];
-    path_in(d, data, sizeof data, "data/heldout.jsonl");
+    char data[PATH_IN], out[PATH_IN], name[32];
+    demo_path_in(d, data, sizeof data, "data/heldout.jsonl");
     snprintf(out, sizeof out, "%s/eval/step-%04d.jsonl", d->dir, step);
     snprintf(name, sizeof name, "eval-step-%04d", step);
     if (d->n_evals == 256) {
@@ -473,7 +439,7 @@ static int evaluate(Demo *d, int step, char *err, size_t err_len) {
     if (eval_file(d, d->http_port, data, name, out, &d->eval_acc[i], &d->eval_form[i], err, err_len) != 0) return -1;
     d->eval_step[i] = step;
     d->n_evals++;
-    say(d, "held-out accuracy at GRPO step %d: %.1f %% (%d problems, greedy; well-formed answers %.1f %%)", step,
+    demo_say(d, "held-out accuracy at GRPO step %d: %.1f %% (%d problems, greedy; well-formed answers %.1f %%)", step,
         100 * d->eval_acc[i], d->o.n_heldout, 100 * d->eval_form[i]);
     return 0;
 }
@@ -492,7 +458,7 @@ static void grpo_line(Demo *d, json_t *row, void *user) {
     g->sum += r, g->n++;
     if (step % 10 != 0 && step != d->o.grpo_steps) return;
     double now = demo_now();
-    say(d, "  grpo step %4lld/%d  mean reward %.3f over the last %d steps  (%.2f s/step)", step, d->o.grpo_steps,
+    demo_say(d, "  grpo step %4lld/%d  mean reward %.3f over the last %d steps  (%.2f s/step)", step, d->o.grpo_steps,
         g->sum / g->n, g->n, (now - g->t_last) / g->n);
     g->t_last = now, g->sum = 0, g->n = 0;
 }
@@ -508,9 +474,9 @@ static double segment_lr(const DemoOptions *o, int done, int target) {
 // GRPO in segments of eval_every steps: each segment resumes the last one's checkpoint (exactly: same data order,
 // optimizer state and sampling seeds), then the held-out set is scored while no trainer runs.
 static int run_grpo(Demo *d, const char *model, char *err, size_t err_len) {
-    char data[PATH_MAX + 32], metrics[PATH_MAX + 32], control[64];
-    path_in(d, data, sizeof data, "data/train.jsonl");
-    path_in(d, metrics, sizeof metrics, "metrics.jsonl");
+    char data[PATH_IN], metrics[PATH_IN], control[64];
+    demo_path_in(d, data, sizeof data, "data/train.jsonl");
+    demo_path_in(d, metrics, sizeof metrics, "metrics.jsonl");
     snprintf(control, sizeof control, "tcp://127.0.0.1:%d", d->control_port);
     char gens[16], batch[16], lr[32], temp[32], seed[24], comp[16], steps[16];
     snprintf(gens, sizeof gens, "%d", d->o.num_generations);
@@ -518,7 +484,7 @@ static int run_grpo(Demo *d, const char *model, char *err, size_t err_len) {
     snprintf(temp, sizeof temp, "%g", d->o.temperature);
     snprintf(seed, sizeof seed, "%ld", d->o.seed);
     snprintf(comp, sizeof comp, "%d", completion_tokens(&d->o));
-    say(d, "GRPO: %d steps of %d prompts x %d completions (temperature %g), reward answer_match (exact answer), "
+    demo_say(d, "GRPO: %d steps of %d prompts x %d completions (temperature %g), reward answer_match (exact answer), "
            "beta 0, learning rate %g (cosine), weights pushed to the rollout server after every step",
         d->o.grpo_steps, d->o.prompts_per_step, d->o.num_generations, d->o.temperature, d->o.grpo_lr);
     long off = 0;
@@ -554,80 +520,13 @@ static int run_grpo(Demo *d, const char *model, char *err, size_t err_len) {
         if (evaluate(d, done, err, err_len) != 0) return -1;
         g.t_last += demo_now() - t_ev;
     }
-    say(d, "GRPO done in %.1f s (%.1f s training, %.1f s held-out evaluation)", demo_now() - t, d->t_grpo, d->t_eval);
+    demo_say(d, "GRPO done in %.1f s (%.1f s training, %.1f s held-out evaluation)", demo_now() - t, d->t_grpo, d->t_eval);
     return 0;
 }
 
 static void fmt_duration(double s, char *buf, size_t len) {
     int t = (int)(s + 0.5);
     snprintf(buf, len, "%dm%02ds", t / 60, t % 60);
-}
-
-static int write_results(Demo *d, size_t n_params, char *err, size_t err_len) {
-    double wall = demo_now() - d->t0;
-    int n = d->o.grpo_steps, nr = 0;
-    double *rx = malloc(n * sizeof(double)), *ry = malloc(n * sizeof(double));
-    json_t *rewards = json_array(), *evals = json_array();
-    for (int s = 0; s < n; s++) {
-        json_array_append_new(rewards, isnan(d->reward[s]) ? json_null() : json_real(d->reward[s]));
-        if (!isnan(d->reward[s])) rx[nr] = s + 1, ry[nr] = d->reward[s], nr++;
-    }
-    for (int i = 0; i < d->n_evals; i++)
-        json_array_append_new(evals, json_pack("{s:i, s:f, s:f}", "step", (int)d->eval_step[i], "accuracy",
-                                               d->eval_acc[i], "well_formed", d->eval_form[i]));
-    json_t *checks = json_array();
-    for (int i = 0; i < d->n_checks; i++)
-        json_array_append_new(checks, json_pack("{s:i, s:f}", "step", (int)d->check_step[i], "validation_accuracy",
-                                                d->check_acc[i]));
-    char task[64];
-    snprintf(task, sizeof task, "a+b, %d-digit operands", d->o.digits);
-    json_t *sum = json_object();
-    json_object_set_new(sum, "task", json_string(task));
-    json_object_set_new(sum, "accuracy_before", json_real(d->eval_acc[0]));
-    json_object_set_new(sum, "accuracy_after", json_real(d->eval_acc[d->n_evals - 1]));
-    json_object_set_new(sum, "well_formed_before", json_real(d->eval_form[0]));
-    json_object_set_new(sum, "well_formed_after", json_real(d->eval_form[d->n_evals - 1]));
-    json_object_set_new(sum, "evaluations", evals);
-    json_object_set_new(sum, "reward_per_step", rewards);
-    json_object_set_new(sum, "wall_time_s", json_real(wall));
-    json_object_set_new(sum, "phase_time_s", json_pack("{s:f, s:f, s:f}", "sft", d->t_sft, "grpo_training", d->t_grpo,
-                                                       "evaluation", d->t_eval));
-    json_object_set_new(sum, "device", json_string(d->device));
-    json_object_set_new(sum, "threads", json_integer(d->threads));
-    json_object_set_new(sum, "seed", json_integer(d->o.seed));
-    json_object_set_new(sum, "data", json_pack("{s:i, s:i, s:i, s:i}", "train", d->o.n_train, "sft", d->o.n_sft,
-                                               "validation", d->o.n_validation, "heldout", d->o.n_heldout));
-    json_object_set_new(sum, "model", json_pack("{s:s, s:i, s:i, s:i, s:i, s:I, s:f}", "architecture",
-                                                "LlamaForCausalLM", "hidden_size", d->o.hidden, "layers", d->o.layers,
-                                                "heads", d->o.heads, "intermediate_size", d->o.intermediate,
-                                                "parameters", (json_int_t)n_params, "init_std", d->o.init_std));
-    json_object_set_new(sum, "sft", json_pack("{s:i, s:i, s:f, s:f, s:o}", "steps", d->sft_steps, "batch_size",
-                                              d->o.sft_batch, "learning_rate", d->o.sft_lr, "target_validation_accuracy",
-                                              d->o.sft_target, "checks", checks));
-    json_object_set_new(sum, "grpo", json_pack("{s:i, s:i, s:i, s:i, s:f, s:s, s:f, s:f, s:s, s:i}", "steps",
-                                               d->o.grpo_steps, "prompts_per_step", d->o.prompts_per_step,
-                                               "num_generations", d->o.num_generations, "max_completion_length",
-                                               completion_tokens(&d->o), "learning_rate", d->o.grpo_lr,
-                                               "lr_schedule", "10 warmup steps, cosine (one level per segment)",
-                                               "temperature", d->o.temperature, "beta", 0.0, "reward",
-                                               "answer_match", "eval_every", d->o.eval_every));
-    char path[PATH_MAX + 32];
-    path_in(d, path, sizeof path, "demo_summary.json");
-    int rc = 0;
-    if (!sum || json_dump_file(sum, path, JSON_INDENT(1) | JSON_PRESERVE_ORDER | JSON_REAL_PRECISION(6)) != 0) {
-        snprintf(err, err_len, "cannot write %s", path);
-        rc = -1;
-    }
-    json_decref(sum);
-    if (rc == 0) {
-        char title[160];
-        snprintf(title, sizeof title, "tandem demo: %s, %zu-parameter Llama, %s", task, n_params, d->device);
-        DemoSeries rs = {.n = nr, .x = rx, .y = ry}, as = {.n = d->n_evals, .x = d->eval_step, .y = d->eval_acc};
-        path_in(d, path, sizeof path, "demo.svg");
-        rc = demo_write_svg(path, title, &rs, &as, n, err, err_len);
-    }
-    free(rx), free(ry);
-    return rc;
 }
 
 int demo_main(int argc, char **argv) {
@@ -667,50 +566,56 @@ int demo_main(int argc, char **argv) {
     self[n > 0 ? n : 0] = 0;
     char *slash = strrchr(self, '/');
     if (slash) *slash = 0;
-    snprintf(d->bin_dir, sizeof d->bin_dir, "%s", n > 0 ? self : ".");
+    if (n <= 0 || strlen(self) >= DIR_MAX) snprintf(self, sizeof self, ".");
+    memcpy(d->bin_dir, self, strlen(self) + 1);
     snprintf(d->train_bin, sizeof d->train_bin, "%s/tandem-train", d->bin_dir);
     snprintf(d->serve_bin, sizeof d->serve_bin, "%s/tandem-serve", d->bin_dir);
+    if (strlen(d->o.output_dir) >= sizeof d->dir) {
+        snprintf(err, sizeof err, "--output-dir is longer than %zu characters", sizeof d->dir - 1);
+        goto out;
+    }
     snprintf(d->dir, sizeof d->dir, "%s", d->o.output_dir);
     if (access(d->serve_bin, X_OK) != 0) {
         snprintf(err, sizeof err, "%s is missing: build the tandem-serve target too", d->serve_bin);
         goto out;
     }
     if (!d->reward || prepare_dir(d, err, sizeof err) != 0) goto out;
-    say(d, "tandem demo in %s: device %s%s%d thread%s per process", d->dir, d->device,
-        strcmp(d->device, "cpu") ? " (CPU side: " : ", ", d->threads, d->threads == 1 ? "" : "s");
+    demo_say(d, "tandem demo in %s: device %s, %d CPU thread%s per process", d->dir, d->device, d->threads,
+        d->threads == 1 ? "" : "s");
     // 1. The model, created here.
-    char model[PATH_MAX + 32], data[PATH_MAX + 32], ckpt[PATH_MAX + 64];
-    path_in(d, model, sizeof model, "model");
+    char model[PATH_IN], data[PATH_IN], ckpt[PATH_IN];
+    demo_path_in(d, model, sizeof model, "model");
     DemoModelSpec ms = {.hidden = d->o.hidden, .layers = d->o.layers, .heads = d->o.heads,
                         .intermediate = d->o.intermediate, .init_std = (float)d->o.init_std, .seed = (uint64_t)d->o.seed};
     if (demo_write_model(model, &ms, &n_params, err, sizeof err) != 0) goto out;
-    say(d, "model: random Llama, %d layers, hidden %d, %d heads, MLP %d: %zu parameters -> %s", d->o.layers,
+    demo_say(d, "model: random Llama, %d layers, hidden %d, %d heads, MLP %d: %zu parameters -> %s", d->o.layers,
         d->o.hidden, d->o.heads, d->o.intermediate, n_params, model);
     // 2. The task.
-    path_in(d, data, sizeof data, "data");
+    demo_path_in(d, data, sizeof data, "data");
     DemoDataSpec ds = {.digits = d->o.digits, .n_train = d->o.n_train, .n_heldout = d->o.n_heldout,
                        .n_validation = d->o.n_validation, .n_sft = d->o.n_sft < d->o.n_train ? d->o.n_sft : d->o.n_train, .seed = (uint64_t)d->o.seed};
     if (demo_write_data(data, &ds, err, sizeof err) != 0) goto out;
-    say(d, "task: \"a+b=\" with %d-digit operands, the sum checked exactly (reward answer_match); %d training, %d "
+    demo_say(d, "task: \"a+b=\" with %d-digit operands, the sum checked exactly (reward answer_match); %d training, %d "
            "validation and %d held-out problems, no problem in two sets -> %s", d->o.digits, d->o.n_train,
         d->o.n_validation, d->o.n_heldout, data);
     // 3. SFT warm-up; 4. the rollout server and accuracy before GRPO; 5-6. GRPO with accuracy along the way.
     if (run_sft(d, ckpt, sizeof ckpt, err, sizeof err) != 0) goto out;
     d->control_port = demo_free_port();
-    char control[64], slog[PATH_MAX + 32];
+    char control[64], slog[PATH_IN];
     snprintf(control, sizeof control, "tcp://127.0.0.1:%d", d->control_port);
-    path_in(d, slog, sizeof slog, "logs/server.log");
+    demo_path_in(d, slog, sizeof slog, "logs/server.log");
     if (start_server(d, ckpt, control, slog, &d->server, &d->http_port, err, sizeof err) != 0) goto out;
-    say(d, "rollout server on the SFT checkpoint: http://127.0.0.1:%d (OpenAI API), %s (trainer control), log %s",
+    demo_say(d, "rollout server on the SFT checkpoint: http://127.0.0.1:%d (OpenAI API), %s (trainer control), log %s",
         d->http_port, control, slog);
     if (evaluate(d, 0, err, sizeof err) != 0) goto out;
     if (run_grpo(d, ckpt, err, sizeof err) != 0) goto out;
     // 7. Results.
-    if (write_results(d, n_params, err, sizeof err) != 0) goto out;
+    demo_show_examples(d);
+    if (demo_write_results(d, n_params, err, sizeof err) != 0) goto out;
     char took[32];
     fmt_duration(demo_now() - d->t0, took, sizeof took);
     double before = d->eval_acc[0], after = d->eval_acc[d->n_evals - 1];
-    say(d, "wrote %s/metrics.jsonl, %s/demo_summary.json, %s/demo.svg", d->dir, d->dir, d->dir);
+    demo_say(d, "wrote %s/metrics.jsonl, %s/demo_summary.json, %s/demo.svg", d->dir, d->dir, d->dir);
     if (!strcmp(d->device, "cpu"))
         printf("held-out accuracy %.1f %% -> %.1f %% in %s (cpu, %d thread%s)\n", 100 * before, 100 * after, took,
                d->threads, d->threads == 1 ? "" : "s");

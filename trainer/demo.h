@@ -1,11 +1,12 @@
 // trainer/demo.h — `tandem-train demo`: the whole of tandem on a built-in task with no downloads.
 //
-// One command creates a tiny Llama and its tokenizer (trainer/demo_files.c), writes train and held-out JSONL of
-// a verifiable task (a + b, exact answers), SFT-warms the model with `tandem-train --mode sft`, starts a rollout
-// server (`tandem-serve --control`) on the warmed checkpoint, measures held-out accuracy over HTTP with
-// `tandem-train eval`, runs GRPO against that server in segments (held-out accuracy measured between them, while
-// the trainer is stopped, so every figure belongs to one policy version), and writes demo_summary.json and an SVG
-// plot of reward and accuracy per step (trainer/demo_plot.c). The children are spawned from this binary's folder
+// One command creates a tiny Llama and its tokenizer (trainer/demo_files.c), writes train, validation and held-out
+// JSONL of a verifiable task (a + b, exact answers), SFT-warms the model with `tandem-train --mode sft` until it
+// answers a first share of the validation problems, starts a rollout server (`tandem-serve --control`) on the
+// warmed checkpoint, measures held-out accuracy over HTTP with `tandem-train eval`, runs GRPO against that server
+// in segments (held-out accuracy measured between them, while the trainer is stopped, so every figure belongs to
+// one policy version), and writes demo_summary.json and an SVG plot of reward and accuracy per step
+// (trainer/demo_plot.c, trainer/demo_report.c). The children are spawned from this binary's folder
 // (trainer/demo_proc.c); their logs go to OUTPUT_DIR/logs.
 #ifndef TANDEM_TRAINER_DEMO_H
 #define TANDEM_TRAINER_DEMO_H

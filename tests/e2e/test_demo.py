@@ -1,40 +1,142 @@
-"""`tandem-train demo` end to end on a small configuration: every phase runs (model and tokenizer made by tandem,
-SFT warm-up, held-out accuracy over HTTP, GRPO against a rollout server with weight pushes, evaluations along the
-way), and it writes what it promises — metrics.jsonl, demo_summary.json, demo.svg with both series. The accuracy
-target of the full default run (< 50 % -> > 90 % in 5 minutes on 2 cores) is a benchmark, measured in
-bench/NOTES.md, not asserted here: a full run takes minutes."""
+"""`tandem-train demo` end to end.
+
+- The full default run (CPU, 2 threads): held-out accuracy before GRPO below 50 %, after above 90 %; the summary,
+  metrics.jsonl and the SVG plot (both series, one reward point per GRPO step, one accuracy point per evaluation)
+  are written. It takes about 3 minutes on 2 otherwise idle cores (up to 5 on a busy machine).
+- A small configuration that runs every phase in seconds (the plumbing, without the accuracy target), twice in the
+  same folder (the second run replaces the first one's files).
+- The model folder the demo makes loads in Hugging Face tokenizers and transformers.
+- --help lists every option with its default; an unknown option is refused.
+"""
 import json
 import subprocess
+import time
 import xml.etree.ElementTree as ET
+
+import pytest
 
 import server_fixtures
 
+SVG = "{http://www.w3.org/2000/svg}"
+SMALL = ["--train-size", 500, "--heldout-size", 20, "--validation-size", 20, "--sft-size", 500, "--sft-min-steps", 10,
+         "--sft-check-every", 10, "--sft-max-steps", 20, "--prompts-per-step", 8, "--eval-every", 2]
 
-def test_demo_small_configuration_runs_every_phase(tmp_path):
-    out = tmp_path / "demo"
-    args = [str(server_fixtures.BUILD / "bin" / "tandem-train"), "demo", "--output-dir", str(out), "--device", "cpu",
-            "--threads", "2", "--train-size", "500", "--heldout-size", "20", "--validation-size", "20",
-            "--sft-size", "500", "--sft-min-steps", "10", "--sft-check-every", "10", "--sft-max-steps", "20",
-            "--grpo-steps", "4", "--prompts-per-step", "8", "--eval-every", "2"]
-    proc = subprocess.run(args, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    summary = json.loads((out / "demo_summary.json").read_text())
-    assert 0.0 <= summary["accuracy_before"] <= 1.0 and 0.0 <= summary["accuracy_after"] <= 1.0
-    assert [e["step"] for e in summary["evaluations"]] == [0, 2, 4]
-    assert len(summary["reward_per_step"]) == 4
+
+def demo_binary():
+    path = server_fixtures.BUILD / "bin" / "tandem-train"
+    if not path.exists() or not (server_fixtures.BUILD / "bin" / "tandem-serve").exists():
+        pytest.skip(f"{path} or tandem-serve is not built (run scripts/test.sh, or set TANDEM_BUILD_DIR)")
+    return str(path)
+
+
+def run_demo(out, *extra, timeout=900):
+    args = [demo_binary(), "demo", "--output-dir", str(out), "--device", "cpu", "--threads", "2", *map(str, extra)]
+    t0 = time.time()
+    proc = subprocess.run(args, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-5000:]
+    return proc, time.time() - t0
+
+
+def check_outputs(out, summary):
+    """metrics.jsonl has every GRPO step; the SVG parses and holds both series with the right point counts."""
+    steps = summary["grpo"]["steps"]
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows if "reward" in r][-4:] == [1, 2, 3, 4]
-    svg = ET.parse(out / "demo.svg").getroot()
-    text = " ".join(t.text or "" for t in svg.iter() if t.tag.endswith("text"))
-    assert "reward" in text.lower() and "accuracy" in text.lower(), text
-    assert "held-out accuracy" in (proc.stdout + proc.stderr)
+    assert [r["step"] for r in rows] == list(range(1, steps + 1))
+    assert all(0.0 <= r["reward"] <= 1.0 for r in rows)
+    assert len(summary["reward_per_step"]) == steps
+    root = ET.parse(out / "demo.svg").getroot()
+    assert root.tag == SVG + "svg"
+    lines = {p.get("id"): p.get("points").split() for p in root.iter(SVG + "polyline")}
+    assert len(lines["reward"]) == steps, lines.keys()
+    assert len(lines["accuracy"]) == len(summary["evaluations"])
+    for pts in lines.values():
+        for p in pts:
+            x, y = map(float, p.split(","))
+            assert 0 <= x <= float(root.get("width")) and 0 <= y <= float(root.get("height"))
+    markers = [c for c in root.iter(SVG + "circle") if c.find(SVG + "title") is not None]
+    assert len(markers) == len(summary["evaluations"])
+    text = " ".join(t.text or "" for t in root.iter(SVG + "text"))
+    for label in ("GRPO step", "mean reward", "held-out accuracy"):
+        assert label in text, text
 
 
-def test_demo_help_lists_every_option_with_its_default():
-    proc = subprocess.run([str(server_fixtures.BUILD / "bin" / "tandem-train"), "demo", "--help"], capture_output=True,
-                          text=True, timeout=30)
+def test_full_demo_reaches_the_accuracy_target(tmp_path):
+    out = tmp_path / "demo"
+    proc, wall = run_demo(out)
+    summary = json.loads((out / "demo_summary.json").read_text())
+    before, after = summary["accuracy_before"], summary["accuracy_after"]
+    print(f"demo: held-out accuracy {before:.3f} -> {after:.3f} in {wall:.0f} s")
+    assert before < 0.5, summary["evaluations"]
+    assert after > 0.9, summary["evaluations"]
+    assert summary["well_formed_before"] > 0.95  # the warm-up taught the answer format
+    assert summary["evaluations"][0]["step"] == 0 and summary["evaluations"][-1]["step"] == summary["grpo"]["steps"]
+    assert summary["sft"]["checks"][-1]["validation_accuracy"] >= summary["sft"]["target_validation_accuracy"]
+    check_outputs(out, summary)
+    # The last line is the one-line summary.
+    last = proc.stdout.strip().splitlines()[-1]
+    assert last.startswith("held-out accuracy ") and "(cpu, 2 threads)" in last, last
+    # The GRPO checkpoint is a model folder tandem-serve loads: config, weights, tokenizer.
+    ckpt = out / f"checkpoint-{summary['grpo']['steps']}"
+    for name in ("config.json", "model.safetensors", "tokenizer.json"):
+        assert (ckpt / name).exists(), name
+
+
+def test_small_configuration_runs_every_phase(tmp_path):
+    out = tmp_path / "demo"
+    proc, _ = run_demo(out, *SMALL, "--grpo-steps", 4, timeout=300)
+    summary = json.loads((out / "demo_summary.json").read_text())
+    assert [e["step"] for e in summary["evaluations"]] == [0, 2, 4]
+    assert summary["sft"]["steps"] in (10, 20)
+    check_outputs(out, summary)
+    data = {name: [json.loads(line) for line in (out / "data" / name).read_text().splitlines()]
+            for name in ("train.jsonl", "validation.jsonl", "heldout.jsonl", "sft.jsonl")}
+    assert [len(data[n]) for n in ("train.jsonl", "validation.jsonl", "heldout.jsonl")] == [500, 20, 20]
+    prompts = [set(r["prompt"] for r in data[n]) for n in ("train.jsonl", "validation.jsonl", "heldout.jsonl")]
+    assert not (prompts[0] & prompts[1]) and not (prompts[0] & prompts[2]) and not (prompts[1] & prompts[2])
+    for r in data["heldout.jsonl"]:
+        a, b = map(int, r["prompt"].rstrip("=").split("+"))
+        assert r["answer"] == a + b
+    for r in data["sft.jsonl"]:
+        a, b = map(int, r["prompt"].rstrip("=").split("+"))
+        assert int(r["completion"]) == a + b and len(r["completion"]) == 4
+    assert "held-out accuracy" in proc.stdout
+    # A second run in the same folder replaces the first one's files (metrics.jsonl is not appended to).
+    run_demo(out, *SMALL, "--grpo-steps", 2, timeout=300)
+    assert len((out / "metrics.jsonl").read_text().splitlines()) == 2
+
+
+def test_a_foreign_folder_is_refused(tmp_path):
+    (tmp_path / "precious.txt").write_text("not a demo")
+    proc = subprocess.run([demo_binary(), "demo", "--output-dir", str(tmp_path)], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode != 0 and "holds no earlier demo" in proc.stderr
+    assert (tmp_path / "precious.txt").read_text() == "not a demo"
+
+
+def test_the_model_folder_loads_in_hf_tokenizers_and_transformers(tmp_path):
+    """The tokenizer and model the demo makes are ordinary Hugging Face files."""
+    tokenizers = pytest.importorskip("tokenizers")
+    transformers = pytest.importorskip("transformers")
+    out = tmp_path / "demo"
+    run_demo(out, *SMALL, "--grpo-steps", 1, "--eval-every", 1, timeout=300)
+    tok = tokenizers.Tokenizer.from_file(str(out / "model" / "tokenizer.json"))
+    enc = tok.encode("347+885=1232<eos>")
+    assert enc.tokens == list("347+885=1232") + ["<eos>"]
+    assert tok.decode(enc.ids) == "347+885=1232"
+    hf = transformers.AutoTokenizer.from_pretrained(str(out / "model"))
+    assert hf.eos_token == "<eos>" and hf("12+3=").input_ids == tok.encode("12+3=").ids
+    model = transformers.AutoModelForCausalLM.from_pretrained(str(out / "model"))
+    assert model.config.num_hidden_layers == 2 and model.config.vocab_size == tok.get_vocab_size()
+
+
+def test_help_lists_every_option_with_its_default():
+    proc = subprocess.run([demo_binary(), "demo", "--help"], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0
-    text = proc.stdout + proc.stderr
+    options = [line.split()[0] for line in proc.stdout.splitlines() if line.startswith("  --")]
     for flag in ("--output-dir", "--device", "--seed", "--grpo-steps", "--sft-target"):
-        assert flag in text
-    assert text.count("(default") >= 20
+        assert flag in options
+    for line in proc.stdout.splitlines():
+        if line.startswith("  --") and not line.startswith("  --help"):
+            assert "(default " in line, line
+    bad = subprocess.run([demo_binary(), "demo", "--grpo-stepz", "3"], capture_output=True, text=True, timeout=30)
+    assert bad.returncode == 2 and "unknown option --grpo-stepz" in bad.stderr

@@ -1,0 +1,60 @@
+// trainer/demo_internal.h — what the demo's own files share (trainer/demo.c runs the phases, trainer/demo_report.c
+// writes the results): the options, the run's state and a few helpers.
+#ifndef TANDEM_TRAINER_DEMO_INTERNAL_H
+#define TANDEM_TRAINER_DEMO_INTERNAL_H
+
+#include <stddef.h>
+#include <sys/types.h>
+
+typedef struct {
+    const char *output_dir, *device;
+    long seed;
+    int threads;
+    int digits, n_train, n_heldout, n_validation, n_sft; // task
+    int hidden, layers, heads, intermediate;              // model
+    double init_std;
+    int sft_batch, sft_min_steps, sft_max_steps, sft_check_every;  // SFT warm-up
+    double sft_lr, sft_target;
+    int grpo_steps, prompts_per_step, num_generations;   // GRPO
+    int eval_every;
+    double grpo_lr, temperature;
+} DemoOptions;
+
+// Tokens of a complete answer: the sum (digits + 1, zero-padded) and <eos>.
+static inline int completion_tokens(const DemoOptions *o) { return o->digits + 2; }
+
+// Folders (the output folder, this binary's) are at most DIR_MAX - 1 characters, so every path built inside them
+// fits PATH_IN and every message naming one fits the error buffers.
+enum { DIR_MAX = 1024, PATH_IN = DIR_MAX + 96 };
+
+typedef struct {
+    DemoOptions o;
+    char dir[DIR_MAX], bin_dir[DIR_MAX], train_bin[DIR_MAX + 16], serve_bin[DIR_MAX + 16];
+    char device[8];
+    int threads;
+    char env_buf[2][48];
+    char *env[3];
+    double t0;
+    // Results.
+    int n_evals;
+    double eval_step[256], eval_acc[256], eval_form[256];
+    double *reward;          // (grpo_steps) mean reward of each step, NaN until logged
+    double t_sft, t_grpo, t_eval;
+    int sft_steps, n_checks;
+    double check_step[64], check_acc[64];
+    // The rollout server.
+    pid_t server;
+    int http_port, control_port;
+} Demo;
+
+// OUTPUT_DIR/rel into out.
+void demo_path_in(const Demo *d, char *out, size_t len, const char *rel);
+// One log line on stderr, stamped with the time since the start.
+void demo_say(const Demo *d, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+// Prints a few held-out problems with the answers after SFT and after GRPO (from OUTPUT_DIR/eval), those GRPO
+// fixed first.
+void demo_show_examples(Demo *d);
+// Writes OUTPUT_DIR/demo_summary.json and OUTPUT_DIR/demo.svg. 0, or -1 with a message.
+int demo_write_results(Demo *d, size_t n_params, char *err, size_t err_len);
+
+#endif
