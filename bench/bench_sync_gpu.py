@@ -96,12 +96,15 @@ def build_model(d, shape):
     return params
 
 
-def run_sync(build, model_dir, data, work, transport, steps, select, timeout):
-    """Returns (metrics rows, rank-0 log, note). select: cvd | index | cpu (dry run)."""
+def run_sync(build, model_dir, data, work, transport, steps, select, timeout, extra_env=None, tag=None):
+    """Returns (metrics rows, rank-0 log, note). select: cvd | index | cpu (dry run). extra_env: variables set for
+    both the trainer and the server (an NCCL tuning variant); tag names the run's folder and logs."""
     control = f"tcp://127.0.0.1:{free_port()}"
     sargs, senv = {"cvd": (["--device", "cuda"], {"CUDA_VISIBLE_DEVICES": "1"}),
                    "index": (["--device", "cuda:1"], {}), "cpu": (["--device", "cpu"], {})}[select]
-    out = work / f"run-{transport}"
+    senv = dict(senv, **(extra_env or {}))
+    tag = tag or transport
+    out = work / f"run-{tag}"
     args = [str(build / "bin" / "tandem-train"), "--model", str(model_dir), "--train-file", str(data),
             "--output-dir", str(out), "--rollout-servers", control, "--rewards", "regex_format",
             "--format-regex", "[0-9]", "--format-regex-mode", "search", "--num-generations", "2",
@@ -110,8 +113,8 @@ def run_sync(build, model_dir, data, work, transport, steps, select, timeout):
             "--seed", "3", "--init-timeout", "120", "--comm-timeout", "120", "--rollout-timeout", "120",
             "--device", "cpu" if select == "cpu" else "cuda", "--weight-sync-transport", transport]
     env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(free_port()))
-    log_path = work / f"train-{transport}.log"
+               MASTER_PORT=str(free_port()), **(extra_env or {}))
+    log_path = work / f"train-{tag}.log"
     metrics = out / "metrics.jsonl"
     with server_fixtures.TandemServer(model_dir, "--control", control, "--kv-cache-memory", "2G", *sargs, env=senv,
                                       start_timeout=300) as srv, open(log_path, "w") as log:
@@ -152,6 +155,10 @@ def main():
     ap.add_argument("--transports", default="nccl", help="comma-separated: nccl, zmq")
     ap.add_argument("--server-gpu", choices=["cvd", "index"], default="cvd")
     ap.add_argument("--timeout", type=int, default=300, help="seconds per training run")
+    ap.add_argument("--nccl-variants", default="",
+                    help="semicolon-separated NCCL tuning variants, each a space-separated list of VAR=VALUE set for "
+                         "trainer and server, run with transport nccl after the --transports runs "
+                         "(e.g. 'NCCL_P2P_NVL_CHUNKSIZE=2097152;NCCL_NCHANNELS_PER_PEER=8')")
     ap.add_argument("--dry-run-cpu", action="store_true")
     args = ap.parse_args()
     build = pathlib.Path(args.build).resolve()
@@ -172,15 +179,20 @@ def main():
         with open(data, "w") as f:
             for i in range(64):
                 f.write(json.dumps({"prompt": f"numbers plus question {i}"}) + "\n")
-        for transport in args.transports.split(","):
+        runs = [(t, t, {}) for t in args.transports.split(",")]
+        for i, v in enumerate(x for x in args.nccl_variants.split(";") if x.strip()):
+            env = dict(kv.split("=", 1) for kv in v.split())
+            runs.append(("nccl", f"nccl-v{i + 1}", env))
+            print(f"nccl-v{i + 1}: {' '.join(f'{k}={val}' for k, val in env.items())}")
+        for transport, tag, extra_env in runs:
             rows, log, note = run_sync(build, model_dir, data, d, transport, args.steps,
-                                       "cpu" if args.dry_run_cpu else args.server_gpu, args.timeout)
+                                       "cpu" if args.dry_run_cpu else args.server_gpu, args.timeout, extra_env, tag)
             want = "weight sync over NCCL" if transport == "nccl" else "weight sync over ZeroMQ"
             if not note and want not in log:
                 note = f"the trainer's start line lacks {want!r}"
             if note or len(rows) < 2:
                 ok = False
-                print(f"{transport}: FAILED: {note or 'fewer than 2 steps'}")
+                print(f"{tag}: FAILED: {note or 'fewer than 2 steps'}")
                 continue
             syncs = [r["sync_time"] for r in rows]
             rest = sorted(syncs[1:])
@@ -193,21 +205,26 @@ def main():
                 wire = (2 if transport == "nccl" else 4) * params / med
                 wire_src = "params x dtype"
             step = sorted(r["step_time"] for r in rows[1:])[len(rows[1:]) // 2]
-            results.append((transport, syncs[0], med, min(rest), model_bytes / med / 1e9, wire / 1e9, wire_src,
-                            step))
-            print(f"{transport}: sync per step " + " ".join(f"{s:.4f}" for s in syncs) + " s", flush=True)
+            # The sending alone (no control round trips, no swap), when the trainer reports it.
+            xfer = sorted(r.get("sync_transfer_time", float("nan")) for r in rows[1:])[len(rows[1:]) // 2]
+            results.append((tag, syncs[0], med, min(rest), model_bytes / med / 1e9, wire / 1e9, wire_src,
+                            step, model_bytes / xfer / 1e9 if xfer > 0 else float("nan")))
+            print(f"{tag}: sync per step " + " ".join(f"{s:.4f}" for s in syncs) + " s", flush=True)
     gpu = "no GPU (dry run)" if args.dry_run_cpu else \
         f"GPU {torch.cuda.get_device_name(0)} x {torch.cuda.device_count()}"
     print(f"{gpu}, {'tiny test model' if args.dry_run_cpu else 'Qwen2.5-' + args.shape.upper() + ' shape'} "
           f"({params / 1e6:.0f} M params, {2 * params / 1e9:.2f} GB bf16), 1 trainer rank GPU0 -> 1 server GPU1, "
           f"torch={torch.__version__}")
-    print(f"{'transport':<10}{'step 1 s':>10}{'median s':>10}{'best s':>9}{'model GB/s':>12}{'wire GB/s':>11}"
-          f"{'torch p2p GB/s':>16}{'model/p2p':>11}{'step s':>9}")
-    for t, first, med, best, model_gbs, wire_gbs, src, step in results:
-        print(f"{t:<10}{first:>10.4f}{med:>10.4f}{best:>9.4f}{model_gbs:>12.1f}{wire_gbs:>11.1f}{copy:>16.1f}"
-              f"{model_gbs / copy:>10.2f}x{step:>9.3f}   (wire bytes from {src})")
-    print("summary: sync " + "; ".join(f"{t} {m:.1f} GB/s = {m / copy:.0%} of p2p copy {copy:.0f} GB/s, "
-                                       f"{med * 1e3:.1f} ms per push" for t, _, med, _, m, _, _, _ in results)
+    print(f"{'run':<10}{'step 1 s':>10}{'median s':>10}{'best s':>9}{'model GB/s':>12}{'wire GB/s':>11}"
+          f"{'send GB/s':>11}{'torch p2p GB/s':>16}{'model/p2p':>11}{'send/p2p':>10}{'step s':>9}")
+    for t, first, med, best, model_gbs, wire_gbs, src, step, send_gbs in results:
+        print(f"{t:<10}{first:>10.4f}{med:>10.4f}{best:>9.4f}{model_gbs:>12.1f}{wire_gbs:>11.1f}{send_gbs:>11.1f}"
+              f"{copy:>16.1f}{model_gbs / copy:>10.2f}x{send_gbs / copy:>9.2f}x{step:>9.3f}   (wire bytes from {src})")
+    print("model GB/s: the whole push (weights_begin, sends, the server's swap at weights_end); send GB/s: the "
+          "sending alone (sync_transfer_time)")
+    print("summary: sync " + "; ".join(f"{t} {m:.1f} GB/s = {m / copy:.0%} of p2p copy {copy:.0f} GB/s "
+                                       f"({sg / copy:.0%} sending alone), {med * 1e3:.1f} ms per push"
+                                       for t, _, med, _, m, _, _, _, sg in results)
           + ("" if ok else " (FAILED runs above)"))
     sys.exit(0 if ok else 1)
 

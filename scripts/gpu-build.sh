@@ -9,11 +9,13 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${1:-build-gpu}
 TESTS=(test_cuda_vs_cpu test_model_cuda)
-for t in test_cuda_attention test_cuda_sample test_comm_nccl test_trainer_zero3_cuda; do
+for t in test_cuda_attention test_cuda_sample test_comm_nccl test_trainer_zero3_cuda test_cuda_graph_decode; do
   if [ -f "tests/unit/$t.c" ]; then TESTS+=("$t"); else echo "gpu-build: tests/unit/$t.c not there; left out"; fi
 done
 BENCHES=(bench_model_step)
-if [ -f bench/bench_attention.c ]; then BENCHES+=(bench_attention); else echo "gpu-build: no bench_attention.c"; fi
+for b in bench_attention bench_gemm bench_elementwise; do
+  if [ -f "bench/$b.c" ]; then BENCHES+=("$b"); else echo "gpu-build: bench/$b.c not there; left out"; fi
+done
 cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DTANDEM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
 cmake --build "$B" -j "$(nproc)" --target tandem-serve tandem-train "${TESTS[@]}" "${BENCHES[@]}"
 # Keep only what the GPU machine needs (the carried folder must stay small).

@@ -83,6 +83,7 @@ static int send_nccl(Trainer *t, const NcclPlan *plan, char *err, size_t err_len
     Comm *c = ws->comm;
     ws->bytes = 0;
     comm_wait_compute(c);   // the optimizer step that wrote the slices was queued on the compute stream
+    const double t0 = trainer_now();
     for (int u0 = 0; u0 < L->n_units;) {
         // One NCCL group per bucket: many sends progress together, none waits for its own round trip.
         size_t bucket = 0;
@@ -103,6 +104,7 @@ static int send_nccl(Trainer *t, const NcclPlan *plan, char *err, size_t err_len
         u0 = u1;
     }
     if (comm_synchronize(c) != 0) goto fail;
+    ws->transfer_seconds = trainer_now() - t0;
     return 0;
 fail:
     snprintf(err, err_len, "weight sync over NCCL: %s", comm_error(c));
@@ -119,6 +121,7 @@ static int send_zmq(Trainer *t, int64_t version, char *err, size_t err_len) {
     int rc = 0, servers[ROLLOUT_MAX_SERVERS];
     const int n_servers = rollout_alive_servers(t->rollout, servers);
     t->sync.bytes = 0;
+    const double t0 = trainer_now();
     for (int u = 0; u < L->n_units && rc == 0; u++) {
         size_t off, count = owned_count(t, u, &off);
         if (count == 0) continue;
@@ -136,6 +139,7 @@ static int send_zmq(Trainer *t, int64_t version, char *err, size_t err_len) {
     }
     free(host);
     if (rc == 0) rc = rollout_client_flush(t->rollout, err, err_len);
+    t->sync.transfer_seconds = trainer_now() - t0;
     return rc;
 }
 

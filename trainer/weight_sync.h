@@ -29,6 +29,9 @@ typedef struct {
     int n_servers;
     int nccl_worked;                  // a push over NCCL succeeded in this run
     double bytes;                     // bytes this rank sent in the last push (to all servers together)
+    double transfer_seconds;          // of the last push: this rank's sending alone (nccl: first send until the
+                                      // communicator's stream is done; zmq: slices sent and flushed), without the
+                                      // control round trips and the servers' swap that the whole push includes
 } WeightSync;
 
 struct Trainer;
