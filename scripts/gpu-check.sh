@@ -7,6 +7,7 @@
 #   grpo   scripts/gpu-grpo-check.py (GRPO variants A/B/C on 2 GPUs)
 #   serve  bench/bench_serve_gpu.py $SERVE_ARGS (e.g. SERVE_ARGS="--shape 1.5b --grpo")
 #   sync   bench/bench_sync_gpu.py $SYNC_ARGS (weight-sync bandwidth over NCCL vs a torch GPU0->GPU1 copy)
+#   zero3  bench/bench_zero3_gpu.py $ZERO3_ARGS (SFT on 1 and all GPUs, ZeRO-3 overlap on vs TANDEM_ZERO3_OVERLAP=0)
 # Full logs go to $OUT (or /tmp/gpu-check); a summary table comes last. Builds nothing. Exits 1 when a test fails
 # or a script exits non-zero. One device command has 10 minutes: all of it may not fit, run the pieces apart.
 # Timeouts: TEST_TIMEOUT (default 300 s per test), BENCH_TIMEOUT (default 540 s per script).
@@ -86,6 +87,10 @@ fi
 if want sync; then
   # shellcheck disable=SC2086
   run_py bench_sync_gpu python3 bench/bench_sync_gpu.py --build "$B" ${SYNC_ARGS:-}
+fi
+if want zero3; then
+  # shellcheck disable=SC2086
+  run_py bench_zero3_gpu python3 bench/bench_zero3_gpu.py --build "$B" ${ZERO3_ARGS:-}
 fi
 
 echo

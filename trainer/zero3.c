@@ -15,6 +15,10 @@
 // backward to the embedding backward; a layer's reduce-scatter runs on the communication stream while the
 // next layer's backward computes, and its result is added to the local slice only when its buffer is needed
 // again (or at the optimizer step).
+// TANDEM_ZERO3_OVERLAP=0 (read when an engine is created; default 1) turns both overlaps off, for measuring what
+// they save (bench/bench_zero3_gpu.py): prefetch hints do nothing, so every all-gather starts when its unit is
+// acquired, and every reduce-scatter is finished (compute waits for it, its result added) right after it is
+// issued. Results are the same; communication is then serialised with compute.
 enum { POOL_EMBED = 0, POOL_FINAL, POOL_LAYER, N_POOLS };
 #define LAYER_SLOTS 2
 #define MAX_POOL_SLOTS LAYER_SLOTS
@@ -44,6 +48,7 @@ struct Zero3 {
     Comm *c;
     OpsCtx *o;
     int stage, rank, world, n_units;
+    int overlap;                   // 0: TANDEM_ZERO3_OVERLAP=0, communication serialised with compute
     size_t *padded, *shard;        // per unit: padded numel, slice numel
     size_t max_padded, max_shard;
     float **master, **adam_m, **adam_v, **grad_shard; // (shard) fp32; grad_shard unused in stage 1
@@ -112,14 +117,35 @@ static float *grad_slice(Zero3 *z, int u) {
     return z->stage == 1 ? z->full_grad[u] + zero3_shard_offset(z, u) : z->grad_shard[u];
 }
 
+// TANDEM_ZERO3_OVERLAP: 1 (or unset, or empty) overlaps communication with compute, 0 serialises it; -1 for
+// anything else.
+static int overlap_from_env(void) {
+    const char *v = getenv("TANDEM_ZERO3_OVERLAP");
+    if (!v || !*v || strcmp(v, "1") == 0) return 1;
+    return strcmp(v, "0") == 0 ? 0 : -1;
+}
+
 int zero3_create(Zero3 **out, Model *m, Comm *c, int stage, char *err, size_t err_len) {
     *out = NULL;
     if (stage < 1 || stage > 3) {
         snprintf(err, err_len, "--zero-stage must be 1, 2 or 3 (got %d)", stage);
         return -1;
     }
+    int overlap = overlap_from_env();
+    if (overlap < 0) {
+        snprintf(err, err_len, "TANDEM_ZERO3_OVERLAP must be 0 or 1 (got \"%s\")", getenv("TANDEM_ZERO3_OVERLAP"));
+        return -1;
+    }
+    // Once per process: the policy and the reference engine read the same variable.
+    static int said_off;
+    if (!overlap && !said_off && comm_rank(c) == 0) {
+        fprintf(stderr, "tandem-train: TANDEM_ZERO3_OVERLAP=0: ZeRO all-gathers and reduce-scatters are serialised "
+                "with compute (no prefetch, each reduce-scatter finished at once); for measurement only\n");
+        said_off = 1;
+    }
     Zero3 *z = calloc(1, sizeof *z);
     if (!z) goto oom;
+    z->overlap = overlap;
     z->m = m;
     z->c = c;
     z->o = m->ops;
@@ -356,7 +382,7 @@ static const void *src_acquire(void *user, int u) {
 
 static void src_prefetch(void *user, int u) {
     Zero3 *z = user;
-    if (!uses_param_slots(z) || u < 0 || u >= z->n_units) return;
+    if (!uses_param_slots(z) || !z->overlap || u < 0 || u >= z->n_units) return;
     if (slot_of(&z->pool[pool_of(z, u)], u) >= 0) return;
     gather_into_slot(z, u, 1);
 }
@@ -406,7 +432,8 @@ static float *src_grad(void *user, int u) {
 }
 
 // Backward is done with unit u: reduce-scatter its gradient on the communication stream; the result is added
-// to this rank's slice later (finish_reduce), so the next unit's backward overlaps the transfer.
+// to this rank's slice later (finish_reduce), so the next unit's backward overlaps the transfer (at once when
+// overlap is off).
 static void src_grad_done(void *user, int u) {
     Zero3 *z = user;
     if (!uses_grad_work(z)) return;
@@ -421,6 +448,7 @@ static void src_grad_done(void *user, int u) {
         }
         w->unit = -1;
         w->pending = u;
+        if (!z->overlap) finish_reduce(z, w);
         return;
     }
 }

@@ -1,0 +1,363 @@
+"""ZeRO-3 on 1..R GPUs: does the communication hide behind compute? SFT steps of a fixed size, three runs.
+
+    python3 bench/bench_zero3_gpu.py --build build-gpu.carry [--ranks R] [--shape 1.5b|0.5b] [--steps 8]
+                                     [--batch 2] [--seq-len 1024] [--grad-accum 1] [--no-checkpointing]
+    python3 bench/bench_zero3_gpu.py --dry-run-cpu      # tiny model, CPU backend, 2 ranks (checks this script)
+
+Model: random bf16 Qwen2.5-shaped (tied, vocab 151936) built with transformers as bench_sync_gpu.py does, with the
+byte-level tokenizer of tests/e2e/server_fixtures.py (dry run: that file's 2-layer Llama, vocab 300, fp32 on CPU).
+Data: prompt/completion rows of exactly --seq-len tokens (--prompt-len of prompt; the completion ends with the EOS
+text), counted with that tokenizer, so every step has the same size on every rank.
+Runs, each `tandem-train launch --ranks N --servers 0 -- --mode sft --zero-stage 3`, --batch sequences per rank
+per micro-step, --grad-accum micro-steps per optimizer step, gradient checkpointing on unless --no-checkpointing:
+  1 rank; R ranks (overlap on: trainer/zero3.c prefetches unit k+1's all-gather during unit k's compute, and
+  finishes each gradient reduce-scatter lazily while the next unit's backward runs); R ranks with
+  TANDEM_ZERO3_OVERLAP=0 (no prefetch, each reduce-scatter finished at once: communication serialised).
+Step s: median step_time (metrics.jsonl, rank 0: the micro-steps and the optimizer step) of steps 3..N.
+tok/s per GPU: tokens processed per rank per step (batch x grad_accum x seq_len, prompt tokens included) / step s.
+Scaling: per-GPU tok/s over the 1-rank run's. The launcher is stopped once the last metrics row is written (the
+final checkpoint would only cost time).
+
+Communication per step and rank, counted from trainer/zero3.c and shared/model_train.c (stage 3, R > 1):
+  all-gathers (storage dtype, bf16 on CUDA): a unit stays gathered in its slot until evicted or the optimizer step.
+  The embedding (also the tied lm_head) and the final unit have a slot each: gathered once per step. Layers share 2
+  slots: forward gathers all L; backward finds L-1 and L-2 still there and gathers L-2 layers; each further
+  micro-step's forward finds layers 0 and 1 there (gathers L-2) and its backward L-2 again. Gradient checkpointing
+  does not change this: the recompute runs inside the backward's own acquire of the layer. Overlap on or off
+  gathers the same units.
+    gathered elements = embed + final + layer x (L + (2 x grad_accum - 1) x (L - 2))
+  reduce-scatters (fp32): every unit's gradient once per backward, i.e. grad_accum x all units.
+  (Plus a few scalars: the gradient norm's all-reduce; tokens and loss over the host communicator.)
+  Units are padded to a multiple of 64 x R elements (shared/layout.c), as here. These counts were checked by
+  counting comm_all_gather / comm_reduce_scatter calls under gdb (CPU, 2 ranks, a 5-layer model, grad_accum 1
+  and 2, overlap on and off): 10 + 7 and 16 + 14 calls per step, the element sums this script computes.
+  Qwen2.5-1.5B shape, 2 ranks, grad_accum 1: 5.52 GB gathered (bf16) + 6.17 GB reduce-scattered (fp32) per rank
+  and step, 5.85 GB of bus traffic.
+Bus bytes (NCCL's convention for both collectives): (R - 1) / R x the full buffer's bytes. Bandwidths:
+  bus GB/s serialised = bus bytes / (step s overlap off - step s 1 rank): the rate the collectives reached when
+    nothing hid them (the difference also holds the gradient buffers' memsets and adds, which one rank skips);
+  hidden = (off - on) / (off - 1 rank): the share of that communication time that overlap takes off the step.
+"""
+import argparse
+import json
+import os
+import pathlib
+import random
+import shutil
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "e2e"))
+import server_fixtures  # noqa: E402
+
+SHAPES = {
+    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                 num_key_value_heads=2),
+    "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                 num_key_value_heads=2),
+}
+LAYOUT_ALIGN = 64  # shared/layout.h
+# A decoder layer's tensors in the order shared/layout.c places them (those a model lacks are skipped).
+LAYER_ORDER = ["input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+               "self_attn.v_proj.weight", "self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias",
+               "self_attn.q_norm.weight", "self_attn.k_norm.weight", "self_attn.o_proj.weight",
+               "post_attention_layernorm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
+               "mlp.down_proj.weight"]
+
+
+def use_devlib(build):
+    """Puts the carried folder's bundled libraries (scripts/gpu-build.sh packs them as devlib.tar.xz) on the
+    library path of the processes this script starts; unpacks them first (into /tmp when the folder is read-only)."""
+    lib = build / "devlib"
+    if not lib.is_dir() and (build / "devlib.tar.xz").exists():
+        for dest in (build, pathlib.Path(tempfile.gettempdir()) / "tandem-zero3-devlib"):
+            try:
+                dest.mkdir(parents=True, exist_ok=True)
+                with tarfile.open(build / "devlib.tar.xz") as tar:
+                    tar.extractall(dest, filter="data")
+                lib = dest / "devlib"
+                break
+            except OSError as e:
+                print(f"cannot unpack {build / 'devlib.tar.xz'} into {dest}: {e}", file=sys.stderr)
+    if lib.is_dir():
+        os.environ["LD_LIBRARY_PATH"] = f"{lib}:{os.environ.get('LD_LIBRARY_PATH', '')}"
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast can take a shared host's GPUs down
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def build_model(d, shape):
+    """Writes the model folder; returns {parameter name: numel} (tied embeddings once, as saved)."""
+    if shape == "tiny":
+        model = server_fixtures.build_tiny_model(d)
+        return {n: p.numel() for n, p in model.named_parameters()}
+    from transformers import AutoModelForCausalLM, Qwen2Config
+    server_fixtures.build_tokenizer(d)
+    torch.manual_seed(0)
+    cfg = Qwen2Config(vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=4096, bos_token_id=None,
+                      eos_token_id=None, **SHAPES[shape])
+    with torch.device("cuda:0"):  # random init on the GPU: seconds instead of a minute
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
+    model.save_pretrained(d, safe_serialization=True)
+    numels = {n: p.numel() for n, p in model.named_parameters()}
+    del model
+    torch.cuda.empty_cache()
+    return numels
+
+
+def unit_numels(numels, n_layers):
+    """[embedding, layer 0 .. L-1, final] element counts, aligned as shared/layout.c builds the units."""
+    def align(x):
+        return (x + LAYOUT_ALIGN - 1) // LAYOUT_ALIGN * LAYOUT_ALIGN
+    units = [align(numels["model.embed_tokens.weight"])]
+    for layer in range(n_layers):
+        cursor = 0
+        for t in LAYER_ORDER:
+            n = numels.get(f"model.layers.{layer}.{t}")
+            if n is None:
+                continue
+            # up_proj follows gate_proj with no padding between: the two are read as one (2I, C) matrix.
+            cursor = (cursor + n) if t == "mlp.gate_proj.weight" else align(cursor + n)
+        units.append(align(cursor))
+    final = align(numels["model.norm.weight"])
+    if "lm_head.weight" in numels:
+        final = align(final + numels["lm_head.weight"])
+    units.append(final)
+    return units
+
+
+def comm_per_step(units, ranks, grad_accum, elem_bytes):
+    """(all-gather bytes, reduce-scatter bytes) of full buffers per rank per optimizer step (docstring)."""
+    q = ranks * LAYOUT_ALIGN
+    padded = [(u + q - 1) // q * q for u in units]
+    n_layers = len(units) - 2
+    layer_gathers = n_layers + (2 * grad_accum - 1) * max(n_layers - 2, 0)
+    gathered = padded[0] + padded[-1] + layer_gathers * padded[1]  # every layer unit has the same size
+    return gathered * elem_bytes, grad_accum * sum(padded) * 4
+
+
+def write_data(path, tok_file, eos, n_rows, seq_len, prompt_len, seed=0):
+    """n_rows prompt/completion rows of exactly seq_len tokens (prompt_len of them the prompt's), checked with the
+    model's tokenizer; the completion ends with the EOS text as tandem-train appends it."""
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(str(tok_file))
+    words = sorted(set(server_fixtures._WORDS))
+    cost = {w: len(tok.encode(" " + w).ids) for w in words}
+    ones = [w for w in words if cost[w] == 1]
+    # The prompt's first word has no space before it: one that is a single token that way too.
+    firsts = [w for w in words if len(tok.encode(w).ids) == 1]
+    if not ones or not firsts:
+        raise SystemExit("the tokenizer has no one-token word to fill rows with")
+    rng = random.Random(seed)
+
+    def text_of(n_tokens, lead):
+        """Words worth n_tokens tokens, each with a leading space (the first too when lead)."""
+        out, left = [], n_tokens
+        while left > 0:
+            w = rng.choice(words) if left > 4 else rng.choice(ones)
+            if cost[w] <= left:
+                out.append(w)
+                left -= cost[w]
+        s = " ".join(out)
+        return " " + s if lead else s
+
+    n_eos = len(tok.encode(eos).ids)
+    with open(path, "w") as f:
+        for i in range(n_rows):
+            prompt = rng.choice(firsts) + text_of(prompt_len - 1, True)
+            completion = text_of(seq_len - prompt_len - n_eos, True)
+            p_ids, f_ids = tok.encode(prompt).ids, tok.encode(prompt + completion + eos).ids
+            if len(p_ids) != prompt_len or len(f_ids) != seq_len or f_ids[:prompt_len] != p_ids:
+                raise SystemExit(f"row {i}: {len(p_ids)} prompt / {len(f_ids)} tokens, wanted {prompt_len} / "
+                                 f"{seq_len} with the prompt as prefix")
+            f.write(json.dumps({"prompt": prompt, "completion": completion}) + "\n")
+
+
+def run(a, ranks, overlap, model_dir, data, work, cpu):
+    """One launch; returns (metrics rows, launch log text, failure note or '')."""
+    tag = f"{ranks}r-{'on' if overlap else 'off'}"
+    out, logs = work / f"run-{tag}", work / f"logs-{tag}"
+    cmd = [str(a.build / "bin" / "tandem-train"), "launch", "--model", str(model_dir), "--ranks", str(ranks),
+           "--servers", "0", "--master-port", str(free_port()), "--log-dir", str(logs), "--",
+           "--mode", "sft", "--train-file", str(data), "--output-dir", str(out), "--max-prompt-length", "0",
+           "--per-device-train-batch-size", str(a.batch), "--gradient-accumulation-steps", str(a.grad_accum),
+           "--gradient-checkpointing", "false" if a.no_checkpointing else "true", "--zero-stage", "3",
+           "--learning-rate", "1e-5", "--max-steps", str(a.steps), "--logging-steps", "1", "--save-steps", "0",
+           "--seed", "3", "--init-timeout", "600", "--comm-timeout", "600", "--device", "cpu" if cpu else "cuda"]
+    env = dict(os.environ, TANDEM_ZERO3_OVERLAP="1" if overlap else "0")
+    if cpu:  # several processes on a few cores
+        env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+    print(f"== {tag}: TANDEM_ZERO3_OVERLAP={env['TANDEM_ZERO3_OVERLAP']} " + " ".join(cmd), flush=True)
+    metrics, log_path = out / "metrics.jsonl", work / f"launch-{tag}.log"
+    note = ""
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        deadline, seen = time.time() + a.timeout, 0
+        try:
+            while True:
+                exited = proc.poll() is not None  # asked before reading, so that its last rows are read
+                done = metrics.read_text().split("\n")[:-1] if metrics.exists() else []  # whole lines only
+                for line in done[seen:]:
+                    r = json.loads(line)
+                    seen += 1
+                    print(f"  step {seen}: {r['step_time']:.3f} s, loss {r['loss']:.3f}", flush=True)
+                if seen >= a.steps:
+                    break
+                if exited:
+                    note = f"tandem-train launch exited with {proc.returncode} after {seen} of {a.steps} steps"
+                    break
+                if time.time() > deadline:
+                    note = f"timeout after {a.timeout} s ({seen} of {a.steps} steps)"
+                    break
+                time.sleep(0.2)
+        finally:
+            if proc.poll() is None:  # SIGTERM: the launcher stops its ranks
+                proc.send_signal(signal.SIGTERM)
+                try:
+                    proc.wait(timeout=60)
+                except subprocess.TimeoutExpired:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                    proc.wait()
+    text = log_path.read_text(errors="replace")
+    # The rank-0 log says whether the switch took and which collectives ran.
+    said_off = "TANDEM_ZERO3_OVERLAP=0" in text
+    if not note and said_off == overlap:
+        note = f"rank 0's log {'lacks' if not overlap else 'has'} the TANDEM_ZERO3_OVERLAP=0 line"
+    want = "ZeRO collectives over " + ("nothing (one rank)" if ranks == 1 else "ZeroMQ" if cpu else "NCCL")
+    if not note and want not in text:
+        note = f"rank 0's log lacks {want!r}"
+    if note:
+        tails = [f"--- launcher + rank 0 log (tail)\n{text[-4000:]}"]
+        for p in sorted(logs.glob("*.log")) if logs.is_dir() else []:
+            tails.append(f"--- {p.name} (tail)\n{p.read_text(errors='replace')[-1500:]}")
+        note += "\n" + "\n".join(tails)
+    if os.environ.get("OUT"):  # the launcher's and ranks' logs beside the table
+        keep = pathlib.Path(os.environ["OUT"]) / f"zero3_{tag}-logs"
+        keep.mkdir(parents=True, exist_ok=True)
+        for p in [log_path, *(sorted(logs.glob("*.log")) if logs.is_dir() else [])]:
+            shutil.copy(p, keep / p.name)
+    rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+    return rows, text, note
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default="build-gpu.carry")
+    ap.add_argument("--ranks", type=int, default=0, help="R; default: the visible GPUs (2 in the dry run)")
+    ap.add_argument("--shape", choices=list(SHAPES), default="1.5b")
+    ap.add_argument("--steps", type=int, default=8, help="optimizer steps per run (the median leaves out 1-2)")
+    ap.add_argument("--batch", type=int, default=2, help="sequences per rank per micro-step")
+    ap.add_argument("--grad-accum", type=int, default=1, help="micro-steps per optimizer step")
+    ap.add_argument("--seq-len", type=int, default=1024, help="tokens per sequence, prompt + completion")
+    ap.add_argument("--prompt-len", type=int, default=256, help="of which the prompt (no loss on these)")
+    ap.add_argument("--no-checkpointing", action="store_true", help="keep activations (default: recompute)")
+    ap.add_argument("--timeout", type=int, default=300, help="seconds per run")
+    ap.add_argument("--dry-run-cpu", action="store_true",
+                    help="tiny model, --device cpu, 2 ranks over ZeroMQ: checks this script without GPUs")
+    a = ap.parse_args()
+    cpu = a.dry_run_cpu
+    a.build = pathlib.Path(a.build).resolve()
+    if not (a.build / "bin" / "tandem-train").exists():
+        raise SystemExit(f"{a.build / 'bin' / 'tandem-train'} is not there (--build)")
+    if a.steps < 4:
+        raise SystemExit("--steps must be >= 4: the median is over steps 3..N")
+    if not 0 < a.prompt_len < a.seq_len - 2:
+        raise SystemExit("--prompt-len must be in 1 .. --seq-len - 3")
+    use_devlib(a.build)
+    R = a.ranks or (2 if cpu else torch.cuda.device_count())
+    if R < 2:
+        raise SystemExit(f"needs at least 2 ranks (got {R}; visible GPUs: "
+                         f"{0 if cpu else torch.cuda.device_count()})")
+    if not cpu and torch.cuda.device_count() < R:
+        raise SystemExit(f"--ranks {R} but {torch.cuda.device_count()} GPUs are visible")
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout's SIGTERM still stops the launcher
+    shape = "tiny" if cpu else a.shape
+    runs, ok = [], True
+    with tempfile.TemporaryDirectory() as d:
+        d = pathlib.Path(d)
+        model_dir = d / "model"
+        model_dir.mkdir()
+        numels = build_model(model_dir, shape)
+        cfg = json.loads((model_dir / "config.json").read_text())
+        units = unit_numels(numels, cfg["num_hidden_layers"])
+        data = d / "train.jsonl"
+        n_rows = R * a.batch * a.grad_accum * (a.steps + 1)
+        write_data(data, model_dir / "tokenizer.json", server_fixtures.EOS_TOKEN, n_rows, a.seq_len, a.prompt_len)
+        for ranks, overlap in ((1, True), (R, True), (R, False)):
+            rows, _, note = run(a, ranks, overlap, model_dir, data, d, cpu)
+            want_tokens = ranks * a.batch * a.grad_accum * (a.seq_len - a.prompt_len)
+            if not note and len(rows) < a.steps:
+                note = f"{len(rows)} of {a.steps} steps"
+            if not note and any(r["num_tokens"] != want_tokens for r in rows):
+                note = (f"num_tokens {sorted({r['num_tokens'] for r in rows})} != {want_tokens} completion tokens "
+                        "per step: the rows are not the size this script made them")
+            if note:
+                ok = False
+                print(f"{ranks} rank(s), overlap {'on' if overlap else 'off'}: FAILED: {note}", flush=True)
+                continue
+            step = statistics.median(r["step_time"] for r in rows[2:])
+            runs.append((ranks, overlap, step, [r["step_time"] for r in rows]))
+
+    tokens = a.batch * a.grad_accum * a.seq_len  # per rank per step
+    elem = 4 if cpu else 2
+    params = sum(numels.values())
+    dev = "CPU backend (dry run)" if cpu else f"{torch.cuda.get_device_name(0)} x {torch.cuda.device_count()}"
+    print()
+    print(f"{dev}; {'tiny test model' if cpu else 'Qwen2.5-' + a.shape.upper() + ' shape'} ({params / 1e6:.1f} M "
+          f"params, {len(units) - 2} layers, {'fp32' if cpu else 'bf16'}); SFT, ZeRO-3, {a.batch} x {a.seq_len} "
+          f"tokens per rank per micro-step, {a.grad_accum} micro-step(s), gradient checkpointing "
+          f"{'off' if a.no_checkpointing else 'on'}; torch={torch.__version__}")
+    one = next((s for r, _, s, _ in runs if r == 1), None)
+    by = {(r, o): s for r, o, s, _ in runs}
+    ag, rs = comm_per_step(units, R, a.grad_accum, elem)
+    bus = (R - 1) / R * (ag + rs)
+    print(f"{'ranks':>5} {'overlap':>7} {'step s':>8} {'tok/s/GPU':>10} {'scaling':>8} {'AG MB/step':>11} "
+          f"{'RS MB/step':>11} {'bus MB/step':>12} {'bus GB/s over step':>19}  steps (s)")
+    for ranks, overlap, step, all_steps in runs:
+        tps = tokens / step
+        eff = f"{tps / (tokens / one):.1%}" if one else "n/a"
+        if ranks == 1:
+            comm = f"{'-':>11} {'-':>11} {'-':>12} {'-':>19}"
+        else:
+            comm = f"{ag / 1e6:>11.1f} {rs / 1e6:>11.1f} {bus / 1e6:>12.1f} {bus / step / 1e9:>19.2f}"
+        print(f"{ranks:>5} {'on' if overlap else 'off':>7} {step:>8.4f} {tps:>10.0f} {eff:>8} {comm}  "
+              + " ".join(f"{s:.3f}" for s in all_steps), flush=True)
+    n_layers = len(units) - 2
+    n_ag = 2 + n_layers + (2 * a.grad_accum - 1) * max(n_layers - 2, 0)
+    print(f"per rank and step ({R} ranks): {n_ag} all-gathers = embedding + final + {n_layers} + "
+          f"{2 * a.grad_accum - 1} x {max(n_layers - 2, 0)} layers ({'fp32' if cpu else 'bf16'}), "
+          f"{a.grad_accum * len(units)} reduce-scatters = {a.grad_accum} x {len(units)} units (fp32); "
+          "bus bytes = (R-1)/R x full buffers")
+    summary = f"zero3 {R} ranks: "
+    on, off = by.get((R, True)), by.get((R, False))
+    if one and on and off:
+        serial = off - one
+        hidden = (off - on) / serial if serial > 0 else float("nan")
+        bw = bus / serial / 1e9 if serial > 0 else float("nan")
+        print(f"serialised communication = off - 1 rank = {serial * 1e3:.1f} ms per step -> bus {bw:.1f} GB/s; "
+              f"overlap hides {off - on:+.4f} s = {hidden:.0%} of it; still exposed with overlap: "
+              f"{(on - one) * 1e3:.1f} ms")
+        summary += (f"scaling {tokens / on / (tokens / one):.0%} per GPU with overlap, "
+                    f"{tokens / off / (tokens / one):.0%} without; overlap saves {(off - on) * 1e3:.1f} ms of "
+                    f"{off * 1e3:.1f} ms ({hidden:.0%} of the serialised communication, bus {bw:.1f} GB/s); "
+                    f"{tokens / on:.0f} tok/s/GPU")
+    else:
+        summary += "incomplete"
+    print("summary: " + summary + ("" if ok else " (FAILED runs above)"))
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
