@@ -20,6 +20,9 @@ Roofline per batch b, from two ceilings measured here with torch on the same GPU
 --grpo adds a GRPO-shaped load: 64 prompts of 256 ids, n = 8 each (64 concurrent requests, 512 sequences),
 1024 new tokens, temperature 1, ignore_eos; total generated tokens/s of tandem (transformers too with --grpo-torch:
 one generate call, num_return_sequences 8; slow). --streams none skips the streams table.
+--eager-too also runs the streams on a second tandem-serve with --enforce-eager (decode without CUDA graphs) and
+prints the graphs' gain beside each row. Each batch size is warmed up at its own size first (the server records a
+decode graph on a size's first use).
 Also checks correctness: for 4 prompts, the greedy tokens of both agree on their first 8 tokens (bf16 kernels
 differ in rounding, so long continuations may part on near-ties).
 """
@@ -144,6 +147,8 @@ def main():
                     help="torch generates 32 tokens at batch >= 256 (default on)")
     ap.add_argument("--grpo", action="store_true", help="also the GRPO-shaped load (64 x n=8, 256 + 1024 tokens)")
     ap.add_argument("--grpo-torch", action="store_true", help="and transformers on it too (minutes)")
+    ap.add_argument("--eager-too", action="store_true",
+                    help="also tandem-serve --enforce-eager (no CUDA graphs) on the streams, for the graphs' gain")
     args = ap.parse_args()
     server_fixtures.BUILD = pathlib.Path(args.build).resolve()
     use_devlib(server_fixtures.BUILD)
@@ -159,9 +164,19 @@ def main():
         head_dim = cfg.hidden_size // cfg.num_attention_heads
         kv_tok = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * head_dim * 2  # K and V, bf16
         max_seqs = max([512] + streams)
-        with server_fixtures.TandemServer(d, "--device", "cuda", "--kv-cache-memory", "40G", "--max-num-seqs",
-                                          str(max_seqs), "--max-num-batched-tokens", "8192", "--served-model-name",
-                                          "bench", start_timeout=300) as srv:
+        server_args = ["--device", "cuda", "--kv-cache-memory", "40G", "--max-num-seqs", str(max_seqs),
+                       "--max-num-batched-tokens", "8192", "--served-model-name", "bench"]
+        eager = {}
+        if args.eager_too:
+            with server_fixtures.TandemServer(d, *server_args, "--enforce-eager", start_timeout=300) as srv:
+                for c in streams:
+                    p = prompts_for(c)
+                    completions(srv.url, p[:2], 4)  # warm-up
+                    t0 = time.perf_counter()
+                    out = completions(srv.url, p, args.max_tokens)
+                    eager[c] = sum(map(len, out)) / (time.perf_counter() - t0)
+                    print(f"streams {c}: tandem --enforce-eager {eager[c]:.0f} tok/s", flush=True)
+        with server_fixtures.TandemServer(d, *server_args, start_timeout=300) as srv:
             p = prompts_for(4)
             ours = completions(srv.url, p, 8)
             theirs = torch_generate(model, p, 8)
@@ -170,6 +185,7 @@ def main():
             for c in streams:
                 p = prompts_for(c)
                 completions(srv.url, p[:2], 4)  # warm-up
+                completions(srv.url, p, 4)  # and at this batch size (a CUDA graph is recorded on first use)
                 t0 = time.perf_counter()
                 out = completions(srv.url, p, args.max_tokens)
                 ours = sum(map(len, out)) / (time.perf_counter() - t0)
@@ -213,7 +229,8 @@ def main():
             roof = min(mem, comp)
             mark = "*" if t_tok != args.max_tokens else " "
             print(f"{c:>8}{ours:>14.0f}{theirs:>12.0f}{mark}{ours / theirs:>7.2f}x{mem:>11.0f}{comp:>12.0f}"
-                  f"{ours / roof:>14.1%}{theirs / roof:>13.1%}")
+                  f"{ours / roof:>14.1%}{theirs / roof:>13.1%}"
+                  + (f"   eager {eager[c]:.0f} tok/s (graphs {ours / eager[c]:.2f}x)" if c in eager else ""))
         if any(r[3] != args.max_tokens for r in rows):
             print("* torch generated 32 tokens (--quick), not the full count")
     if grpo:

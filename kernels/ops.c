@@ -176,6 +176,24 @@ void ops_download_f32(OpsCtx *ctx, float *dst, const void *src, size_t n) {
 }
 void ops_synchronize(OpsCtx *ctx) { DISPATCH(ctx, cuda_synchronize(ctx), (void)0); }
 
+int ops_copy_peer(OpsCtx *dst_ctx, void *dst, OpsCtx *src_ctx, const void *src, size_t bytes, char *err,
+                  size_t err_len) {
+    if (dst_ctx->backend != src_ctx->backend) {
+        snprintf(err, err_len, "copy between a cpu and a cuda context");
+        return -1;
+    }
+    if (bytes == 0) return 0;
+    if (!dst || !src) {
+        snprintf(err, err_len, "copy of %zu bytes with a NULL %s", bytes, dst ? "source" : "destination");
+        return -1;
+    }
+#ifdef TANDEM_HAVE_CUDA
+    if (IS_CUDA(dst_ctx)) return cuda_copy_peer(dst_ctx, dst, src_ctx, src, bytes, err, err_len);
+#endif
+    memmove(dst, src, bytes);
+    return 0;
+}
+
 // ---- ops ----------------------------------------------------------------------------------------
 
 void ops_add_inplace(OpsCtx *ctx, void *y, const void *x, size_t n) {
@@ -204,6 +222,27 @@ void ops_rmsnorm_bwd(OpsCtx *ctx, void *dx, float *dw, const void *dout, const v
                      const float *rstd, int N, int C) {
     DISPATCH(ctx, cuda_rmsnorm_bwd(ctx, dx, dw, dout, x, w, rstd, N, C),
              cpu_rmsnorm_bwd(F(dx), dw, CF(dout), CF(x), CF(w), rstd, N, C));
+}
+void ops_residual_rmsnorm_fwd(OpsCtx *ctx, void *x_out, void *out, float *rstd, const void *x, const void *residual,
+                              const void *w, int N, int C, float eps) {
+    if (ctx->error_code) return;
+    if (N < 0 || C < 1 || (residual && !x_out)) {
+        ops_set_error(ctx, -1, __FILE__, __LINE__, "residual_rmsnorm_fwd: bad arguments (N=%d, C=%d%s)", N, C,
+                      residual && !x_out ? ", residual given without x_out" : "");
+        return;
+    }
+    DISPATCH(ctx, cuda_residual_rmsnorm_fwd(ctx, x_out, out, rstd, x, residual, w, N, C, eps),
+             cpu_residual_rmsnorm_fwd(F(x_out), F(out), rstd, CF(x), CF(residual), CF(w), N, C, eps));
+}
+void ops_residual_rmsnorm_bwd(OpsCtx *ctx, void *dres_out, float *dw, const void *dres_in, const void *dout,
+                              const void *x_out, const void *w, const float *rstd, int N, int C) {
+    if (ctx->error_code) return;
+    if (N < 0 || C < 1) {
+        ops_set_error(ctx, -1, __FILE__, __LINE__, "residual_rmsnorm_bwd: bad shape N=%d C=%d", N, C);
+        return;
+    }
+    DISPATCH(ctx, cuda_residual_rmsnorm_bwd(ctx, dres_out, dw, dres_in, dout, x_out, w, rstd, N, C),
+             cpu_residual_rmsnorm_bwd(F(dres_out), dw, CF(dres_in), CF(dout), CF(x_out), CF(w), rstd, N, C));
 }
 
 void ops_rope_fwd(OpsCtx *ctx, void *x, const int32_t *pos, const float *inv_freq, int N, int H, int D) {
@@ -303,4 +342,51 @@ void ops_adamw_step(OpsCtx *ctx, float *master, float *m, float *v, const float 
 }
 void ops_sum_squares(OpsCtx *ctx, float *out, const float *x, size_t n) {
     DISPATCH(ctx, cuda_sum_squares(ctx, out, x, n), cpu_sum_squares(out, x, n));
+}
+
+// ---- graphs -------------------------------------------------------------------------------------
+// Not through DISPATCH: no per-op profiling slots, and ops_graph_end must run after an error to end the capture.
+
+int ops_graph_supported(OpsCtx *ctx) {
+#ifdef TANDEM_HAVE_CUDA
+    if (IS_CUDA(ctx)) return cuda_graph_supported(ctx);
+#endif
+    (void)ctx;
+    return 0;
+}
+
+int ops_graph_begin(OpsCtx *ctx) {
+    if (ctx->error_code) return ctx->error_code;
+#ifdef TANDEM_HAVE_CUDA
+    if (IS_CUDA(ctx)) return cuda_graph_begin(ctx);
+#endif
+    return OPS_GRAPH_UNSUPPORTED;
+}
+
+int ops_graph_end(OpsCtx *ctx, OpsGraph **graph) {
+    if (!graph) return ops_set_error(ctx, -1, __FILE__, __LINE__, "ops_graph_end: graph is NULL");
+#ifdef TANDEM_HAVE_CUDA
+    if (IS_CUDA(ctx)) return cuda_graph_end(ctx, graph);
+#endif
+    return ops_set_error(ctx, -1, __FILE__, __LINE__, "ops_graph_end: the %s backend records no graphs",
+                         ctx->backend == OPS_BACKEND_CPU ? "cpu" : "unknown");
+}
+
+int ops_graph_launch(OpsCtx *ctx, OpsGraph *graph) {
+    if (ctx->error_code) return ctx->error_code;
+    if (!graph) return ops_set_error(ctx, -1, __FILE__, __LINE__, "ops_graph_launch: graph is NULL");
+#ifdef TANDEM_HAVE_CUDA
+    if (IS_CUDA(ctx)) return cuda_graph_launch(ctx, graph);
+#endif
+    return ops_set_error(ctx, -1, __FILE__, __LINE__, "ops_graph_launch: the %s backend has no graphs",
+                         ctx->backend == OPS_BACKEND_CPU ? "cpu" : "unknown");
+}
+
+void ops_graph_destroy(OpsCtx *ctx, OpsGraph *graph) {
+    if (!graph) return;
+#ifdef TANDEM_HAVE_CUDA
+    if (IS_CUDA(ctx)) cuda_graph_destroy(ctx, graph);
+#else
+    (void)ctx;
+#endif
 }

@@ -66,6 +66,14 @@ int ops_cuda_device(const OpsCtx *ctx);
 void *ops_cuda_stream(OpsCtx *ctx);
 // cuda: free and total bytes of the context's device (cudaMemGetInfo), returns 0. cpu: -1 (no device memory).
 int ops_memory_info(OpsCtx *ctx, size_t *free_bytes, size_t *total_bytes);
+// Copies `bytes` of backend memory from src (a buffer of src_ctx) to dst (a buffer of dst_ctx), which may live on
+// another device: cuda peer copy (NVLink or PCIe, direct where the two devices can reach each other), cpu memcpy.
+// For a thread that owns neither context (the rollout server's weight receiver, while the engines generate): it
+// runs on a stream of its own, neither waiting for nor disturbing the work queued on the contexts' streams, so
+// the caller sees to it that none of that work writes src or touches dst; it leaves the contexts' error state
+// alone. Returns once the bytes are at dst: 0, or -1 with a message in err. Both contexts are of one backend.
+int ops_copy_peer(OpsCtx *dst_ctx, void *dst, OpsCtx *src_ctx, const void *src, size_t bytes, char *err,
+                  size_t err_len);
 
 // ---- elementwise ------------------------------------------------------------------------------
 
@@ -89,6 +97,23 @@ void ops_rmsnorm_fwd(OpsCtx *ctx, void *out, float *rstd, const void *x, const v
 // dx (N, C) += d/dx ; dw (C) fp32 += d/dw ; rstd from the forward.
 void ops_rmsnorm_bwd(OpsCtx *ctx, void *dx, float *dw, const void *dout, const void *x, const void *w,
                      const float *rstd, int N, int C);
+
+// Residual add fused into the RMSNorm that follows it, in one pass over memory:
+//   x_out (N, C) = x + residual          the residual-stream update, rounded to the storage dtype once
+//   out   (N, C) = rmsnorm(x_out) * w    computed from the stored (rounded) x_out
+// so the results equal ops_add_inplace(x, residual) followed by ops_rmsnorm_fwd on it, bit for bit.
+// x_out may alias x or residual (never out). residual NULL: a plain RMSNorm of x (x_out is not written and may
+// be NULL) — the same kernel, so a plain norm of a stored x_out repeats the fused op's out and rstd exactly.
+// w (C); rstd (N) fp32 receives rsqrt(mean(x_out^2) + eps) (may be NULL).
+void ops_residual_rmsnorm_fwd(OpsCtx *ctx, void *x_out, void *out, float *rstd, const void *x, const void *residual,
+                              const void *w, int N, int C, float eps);
+// Its backward. x and residual have the same gradient: the residual stream's gradient from above (d x_out) plus
+// the norm's input gradient, merged in one pass:
+//   dres_out (N, C) = dres_in + d rmsnorm(x_out)/d x_out (dout)      dres_in NULL: zero (dres_out overwritten)
+//   dw (C) fp32 += d/dw (dw may be NULL)
+// dres_out may alias dres_in. x_out and rstd are the forward's. ops_rmsnorm_bwd is this op with dres_in = dx.
+void ops_residual_rmsnorm_bwd(OpsCtx *ctx, void *dres_out, float *dw, const void *dres_in, const void *dout,
+                              const void *x_out, const void *w, const float *rstd, int N, int C);
 
 // ---- rotary embedding (Hugging Face "rotate_half" convention) ---------------------------------
 
@@ -201,6 +226,41 @@ void ops_adamw_step(OpsCtx *ctx, float *master, float *m, float *v, const float 
 
 // *out (one fp32 in backend memory) += sum of grad[i]^2 over n fp32 elements (global-norm clipping).
 void ops_sum_squares(OpsCtx *ctx, float *out, const float *x, size_t n);
+
+// ---- graphs (CUDA graphs: a recorded sequence of ops replayed with one launch) ----------------
+
+// A graph records the ops the calling thread queues on a context between ops_graph_begin and ops_graph_end; they do
+// not run then. ops_graph_launch replays them on the context's stream, in order with the ops around it. Everything
+// the ops were given is frozen into the graph: buffer pointers, shapes, scalars, parameter pointers. To replay with
+// new inputs, write them into the same buffers before the launch; to change a shape or a pointer, record again.
+// Recording is only sound for ops whose sizes come from their arguments or from backend memory (never from host
+// values that change between replays). Ops that would allocate (stream scratch, ops_malloc), free, synchronize or
+// copy between host and backend record an error during a capture instead: run the same ops once eagerly before
+// recording so that every lazily made resource (GEMM plans, scratch) exists. Other threads may keep using the
+// context's stream (ops_cuda_stream) and allocating while one thread records: the recording goes to a private stream
+// and nothing they queue lands in it (CUDA may still invalidate the recording when another thread synchronizes on
+// the same device; ops_graph_end then fails cleanly and the recording can be made again).
+// cpu: no graphs; ops_graph_begin returns OPS_GRAPH_UNSUPPORTED and callers run their ops eagerly.
+#define OPS_GRAPH_UNSUPPORTED (-2)
+
+typedef struct OpsGraph OpsGraph;
+
+// 1 when this context can record graphs: cuda, without per-op profiling (TANDEM_PROFILE_OPS times each op with
+// events, which a replay would not reproduce). 0 otherwise.
+int ops_graph_supported(OpsCtx *ctx);
+// Starts recording. Returns 0, OPS_GRAPH_UNSUPPORTED (nothing started, no error recorded), or the context's
+// error code (an earlier error, or one starting the capture).
+int ops_graph_begin(OpsCtx *ctx);
+// Ends the recording that ops_graph_begin started (always call it after a 0 from begin, even when an op failed in
+// between: it ends the capture). On success *graph is an executable graph: a new one when *graph was NULL,
+// else *graph updated in place when the recording has the same structure (cheaper than a new one), or replaced.
+// Returns 0, or the context's error code (an op failed while recording, or the capture failed); *graph is then
+// left as it was.
+int ops_graph_end(OpsCtx *ctx, OpsGraph **graph);
+// Queues one replay of graph on the context's stream. Returns 0 or the context's error code.
+int ops_graph_launch(OpsCtx *ctx, OpsGraph *graph);
+// Frees the graph (a replay still in flight completes first). NULL is ignored.
+void ops_graph_destroy(OpsCtx *ctx, OpsGraph *graph);
 
 #ifdef __cplusplus
 }

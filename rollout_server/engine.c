@@ -37,6 +37,7 @@ void engine_config_default(EngineConfig *c) {
     c->max_num_batched_tokens = 2048;
     c->max_queued_requests = 1024;
     c->enable_prefix_caching = 1;
+    c->cuda_graph_max_batch = 512;
 }
 
 const char *finish_reason_name(FinishReason r) {
@@ -299,6 +300,23 @@ static void fail_step(Engine *e) {
     for (int j = 0; j < n; j++) end_request(e, e->scratch_reqs[j], FINISH_ERROR);
 }
 
+// Logs what the last step did to the decode graphs: the first graph recorded for a batch size, or a recording that
+// failed. Recording a size again for swapped-in weight buffers is routine and not logged.
+static void log_graphs(Engine *e) {
+    DecodeGraphStats g;
+    decode_bufs_graph_stats(e->bufs, &g);
+    const int64_t events = g.recordings + g.failures;
+    if (events == e->graph_logged) return;
+    e->graph_logged = events;
+    if (g.last_failed)
+        fprintf(stderr, "tandem-serve: recording the CUDA graph of decode batch %d failed, %s: %s\n", g.last_batch,
+                g.last_gave_up ? "that batch size runs eagerly from now on" : "it runs eagerly until a retry succeeds",
+                g.last_error);
+    else if (!g.last_again)
+        fprintf(stderr, "tandem-serve: CUDA graph of decode batch %d recorded in %.1f ms (%.1f MiB device memory; "
+                        "%d graphs)\n", g.last_batch, g.last_seconds * 1e3, g.last_bytes / 1048576.0, g.graphs);
+}
+
 // One engine step. Returns the number of tokens it ran (0: nothing could be scheduled).
 static int run_step(Engine *e) {
     Scheduler *s = &e->sched;
@@ -340,14 +358,22 @@ static int run_step(Engine *e) {
     }
     char err[512];
     int failed = 0;
+    // Decode-only: one token per sequence, each its sequence's last (so token i is sequence i's and logits row i).
+    const int decode_only = n == s->n_step && n_rows == n;
     if (build_samples(e) != 0) {
         snprintf(err, sizeof err, "out of memory for the step's %d sampling rows", n_rows);
         failed = 1;
     } else {
         // The logits stay in backend memory: the sampling op reads them there.
-        failed = model_decode_step(&e->m, e->bufs, &e->src, &e->kv, n, e->tok_ids, e->tok_seq, e->tok_pos, e->slots,
-                                   e->tables, s->n_step, mb, e->rows, n_rows, NULL, err, sizeof err) != 0 ||
-                 (n_rows > 0 && sample_step(e, n_rows, err, sizeof err) != 0);
+        if (decode_only && decode_bufs_padded_size(e->bufs, n) > 0) {
+            failed = model_decode_step_padded(&e->m, e->bufs, &e->src, &e->kv, n, e->tok_ids, e->tok_pos, e->slots,
+                                              e->tables, mb, NULL, err, sizeof err) != 0;
+            log_graphs(e);
+        } else {
+            failed = model_decode_step(&e->m, e->bufs, &e->src, &e->kv, n, e->tok_ids, e->tok_seq, e->tok_pos,
+                                       e->slots, e->tables, s->n_step, mb, e->rows, n_rows, NULL, err, sizeof err) != 0;
+        }
+        failed = failed || (n_rows > 0 && sample_step(e, n_rows, err, sizeof err) != 0);
         if (!failed && n_rows == 0) { // nothing to sample: still wait for the step, and see it succeeded
             ops_synchronize(e->ops);
             if ((failed = ops_status(e->ops) != 0))
@@ -669,6 +695,29 @@ int engine_create(Engine **out, const EngineConfig *cfg, char *err, size_t err_l
         snprintf(err, err_len, "%s (lower --max-num-batched-tokens or --max-num-seqs)", msg);
         rc = ENGINE_ENOMEM;
         goto fail;
+    }
+    // Decode-only steps on the GPU: padded to the ladder of batch sizes and replayed as CUDA graphs (recorded on
+    // the first step of each size). With --enforce-eager they run eagerly at the same padded sizes, which keeps
+    // their numbers identical to the graphs'. On the CPU nothing is padded: there is no launch cost to save.
+    if (cfg->backend == OPS_BACKEND_CUDA && cfg->cuda_graph_max_batch > 0) {
+        const int top = decode_bufs_enable_padded(e->bufs, &e->m, cfg->cuda_graph_max_batch, !cfg->enforce_eager, msg,
+                                                  sizeof msg);
+        if (top < 0) {
+            snprintf(err, err_len, "%s (lower --cuda-graph-max-batch)", msg);
+            rc = ENGINE_ENOMEM;
+            goto fail;
+        }
+        int ladder[64];
+        const int n_ladder = decode_ladder(top, ladder, 64);
+        char sizes[512];
+        size_t used = 0;
+        for (int i = 0; i < n_ladder && used < sizeof sizes; i++)
+            used += (size_t)snprintf(sizes + used, sizeof sizes - used, "%s%d", i ? ", " : "", ladder[i]);
+        fprintf(stderr, "tandem-serve: decode-only steps of up to %d sequences are padded to batch sizes %s and %s\n",
+                top, sizes,
+                decode_bufs_graphs_on(e->bufs) ? "replayed as CUDA graphs (each recorded on its first step)"
+                : cfg->enforce_eager ? "run eagerly (--enforce-eager)"
+                                     : "run eagerly (CUDA graphs are off while TANDEM_PROFILE_OPS times each op)");
     }
     // The KV pool: as many blocks as the memory budget holds. Each step writes up to max_num_batched_tokens
     // tokens (or a whole context, if shorter), so a pool smaller than that is a configuration mistake.

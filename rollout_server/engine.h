@@ -95,6 +95,11 @@ typedef struct {
     int max_queued_requests;    // beyond this engine_submit returns ENGINE_EQUEUE_FULL
     int enable_prefix_caching;
     uint64_t seed;              // seeds requests that carry none
+    int enforce_eager;          // cuda: decode-only steps run their ops one by one instead of replaying CUDA graphs
+                                // (still at the padded batch sizes: the same kernels and shapes) (--enforce-eager)
+    int cuda_graph_max_batch;   // cuda: decode-only steps of up to this many sequences are padded to the ladder of
+                                // batch sizes and replayed as CUDA graphs; larger ones, and any step with prompt
+                                // tokens, run eagerly unpadded; 0 = never pad (--cuda-graph-max-batch, 512)
 } EngineConfig;
 
 void engine_config_default(EngineConfig *c);

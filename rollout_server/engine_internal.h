@@ -104,6 +104,7 @@ struct Engine {
     TextBuf text;                   // one token's new text
     float **commit_units;           // (n_units) staging buffers taken by a commit
     EngineStats live;               // engine thread's counters, copied to `stats` under the mutex
+    int64_t graph_logged;           // decode graph recordings + failures already logged (log_graphs)
     int n_requests_running;
     // Shared, under mu.
     pthread_t thread;

@@ -1,5 +1,6 @@
-// rollout_server/http_generate.c — the HTTP side of a generation: tokenized prompts go to the engine, events
-// come back; a client that goes away or a server that stops releases the engine requests (which aborts them).
+// rollout_server/http_generate.c — the HTTP side of a generation: tokenized prompts go to the engines (each prompt
+// routed on its own), events come back; a client that goes away or a server that stops releases the engine
+// requests (which aborts them).
 #include <stdlib.h>
 #include <string.h>
 
@@ -66,9 +67,10 @@ void http_free_ids(int32_t **ids, int *lens, int n) {
 
 void http_gen_release(HttpGen *g) {
     for (int i = 0; g->reqs && i < g->n_reqs; i++)
-        if (g->reqs[i]) engine_request_release(g->reqs[i]);
+        if (g->reqs[i]) engine_group_release(g->srv->engines, g->reqs[i], g->engine_of[i], g->n);
     for (int i = 0; g->choices && i < g->n_reqs * g->n; i++) http_choice_free(&g->choices[i]);
     free(g->reqs);
+    free(g->engine_of);
     free(g->choices);
     free(g->req_done);
     memset(g, 0, sizeof *g);
@@ -81,9 +83,10 @@ int http_gen_submit(HttpGen *g, HttpServer *srv, int fd, int32_t *const *prompts
     g->fd = fd;
     g->n = sp->n;
     g->reqs = calloc((size_t)n_prompts, sizeof *g->reqs);
+    g->engine_of = calloc((size_t)n_prompts, sizeof *g->engine_of);
     g->choices = calloc((size_t)n_prompts * (size_t)sp->n, sizeof *g->choices);
     g->req_done = calloc((size_t)n_prompts, 1);
-    if (!g->reqs || !g->choices || !g->req_done) {
+    if (!g->reqs || !g->engine_of || !g->choices || !g->req_done) {
         http_gen_release(g);
         return http_error_set(err, 500, NULL, "out of memory");
     }
@@ -92,7 +95,8 @@ int http_gen_submit(HttpGen *g, HttpServer *srv, int fd, int32_t *const *prompts
     for (int i = 0; i < n_prompts; i++) {
         char msg[400];
         msg[0] = 0;
-        int rc = engine_submit(srv->engine, prompts[i], lens[i], sp, &g->reqs[i], msg, sizeof msg);
+        int rc = engine_group_submit(srv->engines, prompts[i], lens[i], sp, &g->reqs[i], &g->engine_of[i], msg,
+                                     sizeof msg);
         if (rc != 0) {
             g->reqs[i] = NULL;
             http_gen_release(g);

@@ -10,7 +10,7 @@
 #include <stdint.h>
 #include <time.h>
 
-#include "rollout_server/engine.h"
+#include "rollout_server/engine_group.h"
 #include "rollout_server/http_json.h"
 #include "rollout_server/http_metrics.h"
 #include "rollout_server/http_response.h"
@@ -22,7 +22,7 @@ struct ChatTemplate;
 
 struct HttpServer {
     struct MHD_Daemon *daemon;
-    Engine *engine;
+    EngineGroup *engines;
     HttpConfig cfg;             // strings below are owned copies
     char *host, *api_key, *model_name, *chat_template;
     int port;
@@ -80,6 +80,7 @@ typedef struct {
     HttpServer *srv;
     int fd;
     EngineRequest **reqs;       // (n_reqs) one per prompt
+    int *engine_of;             // (n_reqs) the engine each was routed to
     int n_reqs, n;              // n completions per prompt
     HttpChoice *choices;        // (n_reqs * n) prompt-major
     unsigned char *req_done;    // (n_reqs) the engine said nothing more will come

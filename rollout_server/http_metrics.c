@@ -52,7 +52,29 @@ static void metric(HttpBuf *b, const char *name, const char *type, const char *h
     put(b, "# HELP %s %s\n# TYPE %s %s\n%s{%s} %lld\n", name, help, name, type, name, label, value);
 }
 
-char *http_metrics_render(HttpMetrics *m, const EngineStats *s, const char *model_name, size_t *len) {
+// One family with a series per engine: value(per[i]) under labels lab, engine="i", device="...".
+static void per_engine(HttpBuf *b, const char *name, const char *type, const char *help, const char *lab,
+                       const EngineMemberStats *per, const char *const *devices, int n,
+                       long long (*value)(const EngineMemberStats *)) {
+    put(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+    for (int i = 0; i < n; i++)
+        put(b, "%s{%s,engine=\"%d\",device=\"%s\"} %lld\n", name, lab, i, devices[i], value(&per[i]));
+}
+
+static long long v_routed(const EngineMemberStats *p) { return p->requests_routed; }
+static long long v_outstanding(const EngineMemberStats *p) { return p->outstanding; }
+static long long v_waiting(const EngineMemberStats *p) { return p->stats.requests_waiting; }
+static long long v_running(const EngineMemberStats *p) { return p->stats.requests_running; }
+static long long v_seqs(const EngineMemberStats *p) { return p->stats.sequences_running; }
+static long long v_blocks(const EngineMemberStats *p) { return p->stats.kv_blocks_total; }
+static long long v_blocks_used(const EngineMemberStats *p) { return p->stats.kv_blocks_used; }
+static long long v_prompt(const EngineMemberStats *p) { return p->stats.prompt_tokens_total; }
+static long long v_gen(const EngineMemberStats *p) { return p->stats.generation_tokens_total; }
+static long long v_steps(const EngineMemberStats *p) { return p->stats.steps_total; }
+static long long v_version(const EngineMemberStats *p) { return p->stats.policy_version; }
+
+char *http_metrics_render(HttpMetrics *m, const EngineStats *s, const EngineMemberStats *per,
+                          const char *const *devices, int n_engines, const char *model_name, size_t *len) {
     HttpBuf b = {0};
     // The model name goes into a label value: escape backslash, quote and newline as the format requires.
     char model[256];
@@ -112,6 +134,28 @@ char *http_metrics_render(HttpMetrics *m, const EngineStats *s, const char *mode
     put(&b, "tandem_engine_step_seconds_bucket{%s,le=\"+Inf\"} %lld\n", lab, (long long)s->step_seconds_buckets[11]);
     put(&b, "tandem_engine_step_seconds_sum{%s} %.9g\n", lab, s->step_seconds_sum);
     put(&b, "tandem_engine_step_seconds_count{%s} %lld\n", lab, (long long)s->steps_total);
+
+    // Each engine of the server (--devices): the same figures apart, labelled by index and device.
+    static const struct {
+        const char *name, *type, *help;
+        long long (*value)(const EngineMemberStats *);
+    } fams[] = {
+        {"tandem_engine_requests_routed_total", "counter", "Requests (prompts) routed to this engine.", v_routed},
+        {"tandem_engine_outstanding_sequences", "gauge",
+         "Completions routed to this engine and not yet released: the load the router balances.", v_outstanding},
+        {"tandem_engine_requests_waiting", "gauge", "Requests queued on this engine, not yet admitted.", v_waiting},
+        {"tandem_engine_requests_running", "gauge", "Requests admitted and generating on this engine.", v_running},
+        {"tandem_engine_sequences_running", "gauge", "Sequences (completions) decoding on this engine.", v_seqs},
+        {"tandem_engine_kv_blocks_total", "gauge", "KV cache blocks in this engine's pool.", v_blocks},
+        {"tandem_engine_kv_blocks_used", "gauge", "KV cache blocks referenced by this engine's sequences.",
+         v_blocks_used},
+        {"tandem_engine_prompt_tokens_total", "counter", "Prompt tokens this engine processed.", v_prompt},
+        {"tandem_engine_generation_tokens_total", "counter", "Tokens this engine generated.", v_gen},
+        {"tandem_engine_steps_total", "counter", "Steps this engine ran.", v_steps},
+        {"tandem_engine_policy_version", "gauge", "Version of the weights this engine generates with.", v_version},
+    };
+    for (size_t f = 0; per && f < sizeof fams / sizeof fams[0]; f++)
+        per_engine(&b, fams[f].name, fams[f].type, fams[f].help, lab, per, devices, n_engines, fams[f].value);
 
     if (b.oom) {
         http_buf_free(&b);

@@ -1,12 +1,13 @@
 // rollout_server/http_metrics.h — HTTP request counters (by route and status) and the Prometheus text
-// exposition of /metrics: those counters plus the engine's EngineStats.
+// exposition of /metrics: those counters, the engines' EngineStats summed over the engines, and each engine's
+// own (label engine="i", device="cuda:1").
 #ifndef TANDEM_ROLLOUT_HTTP_METRICS_H
 #define TANDEM_ROLLOUT_HTTP_METRICS_H
 
 #include <stdatomic.h>
 #include <stddef.h>
 
-#include "rollout_server/engine.h"
+#include "rollout_server/engine_group.h"
 
 typedef enum {
     HTTP_ROUTE_HEALTH = 0,
@@ -38,7 +39,10 @@ void http_metrics_count(HttpMetrics *m, HttpRoute route, int status);
 long long http_metrics_get(HttpMetrics *m, HttpRoute route, int status);
 
 // Prometheus text format 0.0.4 (malloc'd, NUL-terminated; *len its length): tandem_http_requests_total
-// {route, status}, tandem_http_requests_in_flight, and the engine gauges, counters and the step-time histogram.
-char *http_metrics_render(HttpMetrics *m, const EngineStats *s, const char *model_name, size_t *len);
+// {route, status}, tandem_http_requests_in_flight, the engine gauges, counters and the step-time histogram of
+// `total` (over all engines), and the tandem_engine_* series of each of the n_engines engines (per[i] on
+// devices[i]).
+char *http_metrics_render(HttpMetrics *m, const EngineStats *total, const EngineMemberStats *per,
+                          const char *const *devices, int n_engines, const char *model_name, size_t *len);
 
 #endif

@@ -5,13 +5,36 @@
 
 #include "rollout_server/http_internal.h"
 
+// A server of several engines (--devices) also lists each engine: its device, policy version and load.
 void http_route_health(HttpReq *r) {
+    EngineGroup *g = r->srv->engines;
+    const int n = engine_group_size(g);
+    json_t *o = json_object();
+    json_object_set_new(o, "status", json_string("ok"));
+    if (n > 1) {
+        EngineStats total;
+        EngineMemberStats per[ENGINE_GROUP_MAX];
+        engine_group_stats(g, &total, per);
+        json_t *list = json_array();
+        for (int i = 0; i < n; i++) {
+            json_t *e = json_object();
+            json_object_set_new(e, "engine", json_integer(i));
+            json_object_set_new(e, "device", json_string(engine_group_device_name(g, i)));
+            json_object_set_new(e, "policy_version", json_integer(per[i].stats.policy_version));
+            json_object_set_new(e, "requests_waiting", json_integer(per[i].stats.requests_waiting));
+            json_object_set_new(e, "requests_running", json_integer(per[i].stats.requests_running));
+            json_array_append_new(list, e);
+        }
+        json_object_set_new(o, "engines", list);
+    }
+    http_reply_json(r, 200, o);
+}
+
+void http_route_trl_health(HttpReq *r) {
     json_t *o = json_object();
     json_object_set_new(o, "status", json_string("ok"));
     http_reply_json(r, 200, o);
 }
-
-void http_route_trl_health(HttpReq *r) { http_route_health(r); }
 
 void http_route_trl_world_size(HttpReq *r) {
     // One process holds the whole model: no tensor or data parallel ranks.
@@ -21,10 +44,15 @@ void http_route_trl_world_size(HttpReq *r) {
 }
 
 void http_route_metrics(HttpReq *r) {
+    EngineGroup *g = r->srv->engines;
+    const int n = engine_group_size(g);
     EngineStats st;
-    engine_stats(r->srv->engine, &st);
+    EngineMemberStats per[ENGINE_GROUP_MAX];
+    const char *devices[ENGINE_GROUP_MAX];
+    engine_group_stats(g, &st, per);
+    for (int i = 0; i < n; i++) devices[i] = engine_group_device_name(g, i);
     size_t len = 0;
-    char *text = http_metrics_render(&r->srv->metrics, &st, r->srv->model_name, &len);
+    char *text = http_metrics_render(&r->srv->metrics, &st, per, devices, n, r->srv->model_name, &len);
     if (!text) {
         HttpError e = {0};
         http_error_set(&e, 500, NULL, "out of memory rendering metrics");
@@ -67,7 +95,8 @@ void http_route_tokenize(HttpReq *r) {
         }
     }
     char msg[256];
-    if (tokenizer_encode(engine_tokenizer(s->engine), text, text_len, add_special, &ids, &n, msg, sizeof msg) != 0) {
+    const Tokenizer *tok = engine_group_tokenizer(s->engines);
+    if (tokenizer_encode(tok, text, text_len, add_special, &ids, &n, msg, sizeof msg) != 0) {
         http_error_set(&e, 400, has_msgs ? "messages" : "prompt", "cannot tokenize: %s", msg);
         goto fail;
     }
@@ -77,7 +106,7 @@ void http_route_tokenize(HttpReq *r) {
         json_array_append_new(tokens, json_integer(ids[i]));
         if (want_strs) {
             size_t tl = 0;
-            const char *t = tokenizer_id_to_token(engine_tokenizer(s->engine), ids[i], &tl);
+            const char *t = tokenizer_id_to_token(engine_group_tokenizer(s->engines), ids[i], &tl);
             json_array_append_new(strs, json_stringn(t ? t : "", t ? tl : 0));
         }
     }
@@ -115,7 +144,7 @@ void http_route_detokenize(HttpReq *r) {
     char *text = NULL;
     size_t len = 0;
     char msg[256];
-    if (tokenizer_decode(engine_tokenizer(s->engine), ids, (size_t)n, 0, &text, &len, msg, sizeof msg) != 0) {
+    if (tokenizer_decode(engine_group_tokenizer(s->engines), ids, (size_t)n, 0, &text, &len, msg, sizeof msg) != 0) {
         http_error_set(&e, 400, "tokens", "cannot decode: %s", msg);
         goto fail;
     }
@@ -153,7 +182,7 @@ void http_route_trl_generate(HttpReq *r) {
                        o.sp.n, HTTP_MAX_COMPLETIONS);
         goto fail;
     }
-    if (http_tokenize_prompts(engine_tokenizer(s->engine), &pl, 1, &ids, &lens, &e) < 0) goto fail;
+    if (http_tokenize_prompts(engine_group_tokenizer(s->engines), &pl, 1, &ids, &lens, &e) < 0) goto fail;
     if (http_gen_submit(&g, s, r->fd, ids, lens, pl.n, &o.sp, &e) < 0) goto fail;
     if (http_gen_collect(&g, &e) < 0) goto fail;
     r->prompt_tokens = http_gen_prompt_tokens(&g);

@@ -64,7 +64,7 @@ static char *prompt_text(const GenCall *c, int p, size_t *len) {
         return strndup(pr->text, pr->text_len);
     }
     char *t = NULL;
-    if (tokenizer_decode(engine_tokenizer(c->srv->engine), c->ids[p], (size_t)c->lens[p],
+    if (tokenizer_decode(engine_group_tokenizer(c->srv->engines), c->ids[p], (size_t)c->lens[p],
                          c->o.sp.skip_special_tokens, &t, len, NULL, 0) != 0) {
         free(t);
         *len = 0;
@@ -84,7 +84,7 @@ static GenCall *gencall_start(HttpReq *r, HttpApi api, HttpError *e) {
     c->srv = s;
     c->api = api;
     c->tt.text = http_token_text;
-    c->tt.user = (void *)engine_tokenizer(s->engine);
+    c->tt.user = (void *)engine_group_tokenizer(s->engines);
     c->created = (int64_t)time(NULL);
     http_make_id(c->id, sizeof c->id, api == HTTP_API_CHAT ? "chatcmpl" : "cmpl");
     char *rendered = NULL;
@@ -111,7 +111,8 @@ static GenCall *gencall_start(HttpReq *r, HttpApi api, HttpError *e) {
                        c->o.sp.n, HTTP_MAX_COMPLETIONS);
         goto fail;
     }
-    if (http_tokenize_prompts(engine_tokenizer(s->engine), &c->pl, c->o.add_special_tokens, &c->ids, &c->lens, e) < 0)
+    if (http_tokenize_prompts(engine_group_tokenizer(s->engines), &c->pl, c->o.add_special_tokens, &c->ids, &c->lens,
+                              e) < 0)
         goto fail;
     if (api == HTTP_API_CHAT) { // the rendered text is no longer needed once tokenized
         free(rendered);
@@ -357,7 +358,7 @@ void http_route_models(HttpReq *r) {
     json_object_set_new(m, "object", json_string("model"));
     json_object_set_new(m, "created", json_integer(s->started));
     json_object_set_new(m, "owned_by", json_string("tandem"));
-    json_object_set_new(m, "root", json_string(engine_model_id(s->engine)));
+    json_object_set_new(m, "root", json_string(engine_group_model_id(s->engines)));
     json_object_set_new(m, "parent", json_null());
     json_object_set_new(m, "max_model_len", json_integer(s->max_model_len));
     json_t *data = json_array();

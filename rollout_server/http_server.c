@@ -361,7 +361,7 @@ static void free_server(HttpServer *s) {
 
 static char *dup_or_null(const char *x) { return x && x[0] ? strdup(x) : NULL; }
 
-int http_server_start(HttpServer **out, Engine *e, const HttpConfig *cfg, char *err, size_t err_len) {
+int http_server_start(HttpServer **out, EngineGroup *g, const HttpConfig *cfg, char *err, size_t err_len) {
     *out = NULL;
     if (cfg->port < 0 || cfg->port > 65535) {
         snprintf(err, err_len, "--port %d is not a TCP port (0..65535)", cfg->port);
@@ -378,12 +378,12 @@ int http_server_start(HttpServer **out, Engine *e, const HttpConfig *cfg, char *
     }
     pthread_mutex_init(&s->mu, NULL);
     pthread_cond_init(&s->idle, NULL);
-    s->engine = e;
+    s->engines = g;
     s->cfg = *cfg;
     s->host = strdup(cfg->host ? cfg->host : "127.0.0.1");
     s->api_key = dup_or_null(cfg->api_key);
     s->model_name = strdup(cfg->served_model_name && cfg->served_model_name[0] ? cfg->served_model_name
-                                                                               : engine_model_id(e));
+                                                                               : engine_group_model_id(g));
     s->chat_template = dup_or_null(cfg->chat_template);
     http_metrics_init(&s->metrics);
     if (!s->host || !s->model_name || (cfg->api_key && cfg->api_key[0] && !s->api_key)) {
@@ -395,7 +395,7 @@ int http_server_start(HttpServer **out, Engine *e, const HttpConfig *cfg, char *
     s->cfg.api_key = s->api_key;
     s->cfg.served_model_name = s->model_name;
     s->cfg.chat_template = s->chat_template;
-    const Model *model = engine_model(e);
+    const Model *model = engine_group_model(g);
     s->vocab_size = model->cfg.vocab_size;
     s->started = (int64_t)time(NULL);
     s->max_model_len = model->cfg.max_seq_len;
@@ -403,7 +403,7 @@ int http_server_start(HttpServer **out, Engine *e, const HttpConfig *cfg, char *
     // missing or unknown still serves completions, and chat requests say why they cannot be served.
     char cerr[400];
     cerr[0] = 0;
-    if (chat_template_from_tokenizer(&s->chat, engine_tokenizer(e), s->chat_template, cerr, sizeof cerr) != 0) {
+    if (chat_template_from_tokenizer(&s->chat, engine_group_tokenizer(g), s->chat_template, cerr, sizeof cerr) != 0) {
         s->chat = NULL;
         if (s->chat_template) {
             snprintf(err, err_len, "--chat-template %s: %s", s->chat_template, cerr);

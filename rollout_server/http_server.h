@@ -1,23 +1,23 @@
 // rollout_server/http_server.h — tandem-serve's HTTP front end (libmicrohttpd, one thread per connection).
 //
-// Handler threads parse and validate requests, tokenize, submit to the engine and wait on its events; they
-// never touch the model. Routes: docs/http-api.md. Shutdown is three calls: http_server_stop_accepting
+// Handler threads parse and validate requests, tokenize, submit to the engines (each prompt routed on its own,
+// engine_group_submit) and wait on their events; they never touch the model. Routes: docs/http-api.md. Shutdown is three calls: http_server_stop_accepting
 // (close the listening socket; requests arriving on open connections get 503), http_server_drain (wait for
 // the requests in flight), http_server_stop (abort what is left — releasing its engine requests — join the
-// threads, free). The engine must outlive the server.
+// threads, free). The engines must outlive the server.
 #ifndef TANDEM_ROLLOUT_HTTP_SERVER_H
 #define TANDEM_ROLLOUT_HTTP_SERVER_H
 
 #include <stddef.h>
 
-#include "rollout_server/engine.h"
+#include "rollout_server/engine_group.h"
 
 typedef struct {
     const char *host;               // address to bind ("127.0.0.1", "0.0.0.0", "::1", or a host name)
     int port;                       // 0 = any free port (http_server_port says which)
     size_t max_body_bytes;          // larger request bodies get 413
     const char *api_key;            // NULL or "": no auth; else "Authorization: Bearer <key>" on all but /health(/)
-    const char *served_model_name;  // NULL: engine_model_id()
+    const char *served_model_name;  // NULL: engine_group_model_id()
     const char *chat_template;      // NULL: the model's own template; else a template family forced by name
     int max_connections;            // concurrent connections (one thread each)
 } HttpConfig;
@@ -26,7 +26,7 @@ void http_config_default(HttpConfig *c); // 127.0.0.1:8000, 1 MiB bodies, no key
 
 typedef struct HttpServer HttpServer;
 
-int http_server_start(HttpServer **out, Engine *e, const HttpConfig *cfg, char *err, size_t err_len);
+int http_server_start(HttpServer **out, EngineGroup *g, const HttpConfig *cfg, char *err, size_t err_len);
 int http_server_port(const HttpServer *s);
 void http_server_stop_accepting(HttpServer *s);
 // Waits until no request is in flight or timeout_ms passed (-1 = no limit). Returns how many are left.

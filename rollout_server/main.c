@@ -1,6 +1,6 @@
-// rollout_server/main.c — tandem-serve: loads a model into the engine, serves HTTP (and the trainer's ZeroMQ
-// control channel with --control), and on SIGTERM / SIGINT (or a ZeroMQ `shutdown`) stops accepting, lets the
-// work in flight finish within --drain-timeout, and exits 0.
+// rollout_server/main.c — tandem-serve: loads a model into the engine (one engine per device with --devices),
+// serves HTTP (and the trainer's ZeroMQ control channel with --control), and on SIGTERM / SIGINT (or a ZeroMQ
+// `shutdown`) stops accepting, lets the work in flight finish within --drain-timeout, and exits 0.
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
@@ -13,7 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "rollout_server/engine.h"
+#include "rollout_server/engine_group.h"
 #include "rollout_server/http_server.h"
 #include "rollout_server/zmq_control.h"
 
@@ -24,12 +24,16 @@ typedef struct {
     double drain_timeout_s;
     double weight_sync_timeout_s;
     int device_given;
+    const char *devices_arg;        // --devices as given, NULL when absent
+    EngineDevice devices[ENGINE_GROUP_MAX];
+    int n_devices;
 } Options;
 
 enum {
     OPT_MODEL = 256, OPT_HOST, OPT_PORT, OPT_CONTROL, OPT_DEVICE, OPT_KV, OPT_BLOCK, OPT_SEQS, OPT_BATCHED,
     OPT_QUEUED, OPT_BODY, OPT_KEY, OPT_DRAIN, OPT_PREFIX, OPT_NO_PREFIX, OPT_SEED, OPT_NAME, OPT_TEMPLATE, OPT_HELP,
-    OPT_SYNC_TIMEOUT, OPT_GPU_UTIL,
+    OPT_SYNC_TIMEOUT, OPT_GPU_UTIL, OPT_DEVICES,
+    OPT_ENFORCE_EAGER, OPT_GRAPH_MAX_BATCH,
 };
 
 static const struct option kLongOpts[] = {
@@ -38,6 +42,7 @@ static const struct option kLongOpts[] = {
     {"port", required_argument, 0, OPT_PORT},
     {"control", required_argument, 0, OPT_CONTROL},
     {"device", required_argument, 0, OPT_DEVICE},
+    {"devices", required_argument, 0, OPT_DEVICES},
     {"kv-cache-memory", required_argument, 0, OPT_KV},
     {"gpu-memory-utilization", required_argument, 0, OPT_GPU_UTIL},
     {"block-size", required_argument, 0, OPT_BLOCK},
@@ -53,6 +58,8 @@ static const struct option kLongOpts[] = {
     {"seed", required_argument, 0, OPT_SEED},
     {"served-model-name", required_argument, 0, OPT_NAME},
     {"chat-template", required_argument, 0, OPT_TEMPLATE},
+    {"enforce-eager", no_argument, 0, OPT_ENFORCE_EAGER},
+    {"cuda-graph-max-batch", required_argument, 0, OPT_GRAPH_MAX_BATCH},
     {"help", no_argument, 0, OPT_HELP},
     {0, 0, 0, 0},
 };
@@ -83,14 +90,26 @@ static void usage(FILE *f) {
             "  --port N                      HTTP port; 0 picks a free one and logs it (default 8000)\n"
             "  --control ENDPOINT            ZeroMQ ROUTER endpoint, e.g. tcp://0.0.0.0:5555 (default: none)\n"
             "  --device cpu|cuda[:N]         compute backend and device index (default cpu)\n"
+            "  --devices LIST                one engine per listed device, each with its own copy of the model\n"
+            "                                and KV pool (data parallel); requests go to the least loaded engine,\n"
+            "                                weight updates to all: cuda:0,cuda:1 or 0,1 (CUDA devices), cpu,cpu;\n"
+            "                                not with --device (default: none, one engine on --device)\n"
             "  --kv-cache-memory BYTES       KV cache pool size; suffixes K, M, G, T (x1024) (default %s)\n"
-            "  --gpu-memory-utilization F    cuda: size the KV pool so that this server's GPU stays within fraction\n"
-            "                                F of its memory, counting the weights, the step workspace, memory other\n"
-            "                                processes hold and (with --control) the copy NCCL weight updates land\n"
-            "                                in; replaces --kv-cache-memory (default: off)\n"
+            "  --gpu-memory-utilization F    cuda: size the KV pool so that this server's GPU (each engine's, with\n"
+            "                                --devices) stays within fraction F of its memory, counting the weights,\n"
+            "                                the step workspace, memory other processes hold and (with --control)\n"
+            "                                the copy NCCL weight updates land in; replaces --kv-cache-memory\n"
+            "                                (default: off)\n"
             "  --block-size N                tokens per KV cache block (default %d)\n"
             "  --max-num-seqs N              sequences decoded together per step (default %d)\n"
             "  --max-num-batched-tokens N    tokens per engine step, decodes plus prefill chunks (default %d)\n"
+            "  --cuda-graph-max-batch N      cuda: decode-only steps (one new token per sequence) of up to N\n"
+            "                                sequences are padded to a ladder of batch sizes (1, 2, 4, 8, 16, 24,\n"
+            "                                32, 48, 64, 96, ..., N) and replayed as CUDA graphs, each recorded on\n"
+            "                                its first step; larger steps and steps with prompt tokens run op by op;\n"
+            "                                0 = never pad (default %d)\n"
+            "  --enforce-eager               cuda: run decode-only steps op by op instead of replaying CUDA graphs,\n"
+            "                                still padded: the same kernels and shapes as the graphs (default: off)\n"
             "  --max-queued-requests N       queued requests beyond which new ones get 429 (default %d)\n"
             "  --max-body-bytes BYTES        largest HTTP request body; larger gets 413 (default %s)\n"
             "  --api-key KEY                 require 'Authorization: Bearer KEY' on every route but /health and\n"
@@ -107,7 +126,8 @@ static void usage(FILE *f) {
             "  --chat-template NAME          force a chat template family: chatml, qwen3, llama3, llama3.1, llama2,\n"
             "                                mistral, mistral-v1, zephyr (default: recognised from the model)\n"
             "  --help                        this text\n",
-            kv, ec.block_size, ec.max_num_seqs, ec.max_num_batched_tokens, ec.max_queued_requests, body,
+            kv, ec.block_size, ec.max_num_seqs, ec.max_num_batched_tokens, ec.cuda_graph_max_batch,
+            ec.max_queued_requests, body,
             ec.enable_prefix_caching ? "enabled" : "disabled", ec.seed);
 }
 
@@ -184,6 +204,13 @@ static int parse_options(int argc, char **argv, Options *o) {
             }
             o->device_given = 1;
             break;
+        case OPT_DEVICES: {
+            char why[256];
+            o->n_devices = engine_devices_parse(optarg, o->devices, ENGINE_GROUP_MAX, why, sizeof why);
+            if (o->n_devices < 0) return bad("devices", optarg, why);
+            o->devices_arg = optarg;
+            break;
+        }
         case OPT_GPU_UTIL: {
             char *end;
             double d = strtod(optarg, &end);
@@ -249,6 +276,11 @@ static int parse_options(int argc, char **argv, Options *o) {
             o->http.served_model_name = optarg;
             break;
         case OPT_TEMPLATE: o->http.chat_template = optarg; break;
+        case OPT_ENFORCE_EAGER: o->engine.enforce_eager = 1; break;
+        case OPT_GRAPH_MAX_BATCH:
+            if (parse_long("cuda-graph-max-batch", optarg, 0, 1 << 20, &v)) return -1;
+            o->engine.cuda_graph_max_batch = (int)v;
+            break;
         case OPT_HELP: usage(stdout); exit(0);
         default:
             fprintf(stderr, "tandem-serve: unknown option or missing value: %s (see --help)\n", argv[optind - 1]);
@@ -262,6 +294,15 @@ static int parse_options(int argc, char **argv, Options *o) {
     if (!o->engine.model_dir) {
         fprintf(stderr, "tandem-serve: --model DIR is required (see --help)\n");
         return -1;
+    }
+    if (o->device_given && o->devices_arg) {
+        fprintf(stderr, "tandem-serve: --device and --devices %s cannot be used together: --device runs one engine, "
+                        "--devices one engine per listed device (see --help)\n", o->devices_arg);
+        return -1;
+    }
+    if (!o->devices_arg) { // one engine, on --device
+        o->devices[0] = (EngineDevice){o->engine.backend, o->engine.device};
+        o->n_devices = 1;
     }
     // A trainer on the control channel may send NCCL weight updates, received into a second copy of the weights.
     o->engine.reserve_weight_copy = o->control != NULL;
@@ -305,38 +346,49 @@ int main(int argc, char **argv) {
     signal(SIGPIPE, SIG_IGN); // a client closing its socket mid-write must not end the process
     g_main_thread = pthread_self();
 
-    char kv[32];
+    char kv[32], list[ENGINE_GROUP_MAX * 12], devs[sizeof list + 32];
     human_bytes(o.engine.kv_cache_bytes, kv, sizeof kv);
-    serve_log("starting: model %s, device %s:%d, kv cache %s bytes, block size %d, max seqs %d, max batched tokens "
+    list[0] = 0;
+    for (int i = 0, at = 0; i < o.n_devices && at < (int)sizeof list - 16; i++) {
+        char name[32];
+        engine_device_name(&o.devices[i], name, sizeof name);
+        at += snprintf(list + at, sizeof list - at, "%s%s", i ? ", " : "", name);
+    }
+    if (o.n_devices == 1) // the single-engine wording, as before --devices
+        snprintf(devs, sizeof devs, "device %s:%d", o.engine.backend == OPS_BACKEND_CUDA ? "cuda" : "cpu",
+                 o.engine.device);
+    else
+        snprintf(devs, sizeof devs, "%d engines on %s", o.n_devices, list);
+    serve_log("starting: model %s, %s, kv cache %s bytes, block size %d, max seqs %d, max batched tokens "
               "%d, max queued requests %d, prefix caching %s",
-              o.engine.model_dir, o.engine.backend == OPS_BACKEND_CUDA ? "cuda" : "cpu", o.engine.device, kv,
-              o.engine.block_size, o.engine.max_num_seqs, o.engine.max_num_batched_tokens,
-              o.engine.max_queued_requests, o.engine.enable_prefix_caching ? "on" : "off");
+              o.engine.model_dir, devs, kv, o.engine.block_size, o.engine.max_num_seqs,
+              o.engine.max_num_batched_tokens, o.engine.max_queued_requests,
+              o.engine.enable_prefix_caching ? "on" : "off");
     char err[1024];
     err[0] = 0;
     double t0 = now_s();
-    Engine *engine = NULL;
-    if (engine_create(&engine, &o.engine, err, sizeof err) != 0) {
-        serve_log("cannot start the engine: %s", err[0] ? err : "unknown error");
+    EngineGroup *engines = NULL;
+    if (engine_group_create(&engines, &o.engine, o.devices, o.n_devices, err, sizeof err) != 0) {
+        serve_log("cannot start the %s: %s", o.n_devices > 1 ? "engines" : "engine", err[0] ? err : "unknown error");
         return 1;
     }
-    const Model *m = engine_model(engine);
-    serve_log("engine ready in %.2f s: %s, %d layers, vocab %d, context %d tokens, policy version %" PRId64,
-              now_s() - t0, m->cfg.arch_name, m->cfg.num_layers, m->cfg.vocab_size, m->cfg.max_seq_len,
-              engine_policy_version(engine));
+    const Model *m = engine_group_model(engines);
+    serve_log("%s ready in %.2f s: %s, %d layers, vocab %d, context %d tokens, policy version %" PRId64,
+              o.n_devices > 1 ? "engines" : "engine", now_s() - t0, m->cfg.arch_name, m->cfg.num_layers,
+              m->cfg.vocab_size, m->cfg.max_seq_len, engine_group_policy_version(engines));
 
     HttpServer *http = NULL;
-    if (http_server_start(&http, engine, &o.http, err, sizeof err) != 0) {
+    if (http_server_start(&http, engines, &o.http, err, sizeof err) != 0) {
         serve_log("cannot start the HTTP server: %s", err);
-        engine_destroy(engine, 0);
+        engine_group_destroy(engines, 0);
         return 1;
     }
     ZmqControl *zmq = NULL;
     if (o.control) {
-        if (zmq_control_start(&zmq, engine, o.control, (int)(o.weight_sync_timeout_s * 1000), err, sizeof err) != 0) {
+        if (zmq_control_start(&zmq, engines, o.control, (int)(o.weight_sync_timeout_s * 1000), err, sizeof err) != 0) {
             serve_log("cannot start the ZeroMQ control channel on %s: %s", o.control, err);
             http_server_stop(http);
-            engine_destroy(engine, 0);
+            engine_group_destroy(engines, 0);
             return 1;
         }
         zmq_control_on_shutdown(zmq, wake_main, NULL);
@@ -344,7 +396,7 @@ int main(int argc, char **argv) {
     }
     serve_log("listening on http://%s%s%s:%d (model id '%s'%s)", strchr(o.http.host, ':') ? "[" : "", o.http.host,
               strchr(o.http.host, ':') ? "]" : "", http_server_port(http),
-              o.http.served_model_name ? o.http.served_model_name : engine_model_id(engine),
+              o.http.served_model_name ? o.http.served_model_name : engine_group_model_id(engines),
               o.http.api_key ? ", API key required" : "");
 
     int sig = 0;
@@ -363,7 +415,7 @@ int main(int argc, char **argv) {
     // Requests submitted over ZeroMQ get the rest of the drain time too.
     EngineStats st;
     for (;;) {
-        engine_stats(engine, &st);
+        engine_group_stats(engines, &st, NULL);
         if (st.requests_running + st.requests_waiting == 0 || now_s() >= deadline) break;
         struct timespec ts = {0, 20 * 1000 * 1000};
         nanosleep(&ts, NULL);
@@ -376,7 +428,7 @@ int main(int argc, char **argv) {
     zmq_control_stop(zmq);
     http_server_stop(http);
     double rest = deadline - now_s();
-    engine_destroy(engine, rest > 0 ? (int)(rest * 1000) : 0);
+    engine_group_destroy(engines, rest > 0 ? (int)(rest * 1000) : 0);
     serve_log("stopped");
     return 0;
 }

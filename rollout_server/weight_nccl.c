@@ -1,5 +1,5 @@
-// rollout_server/weight_nccl.c — receiving weights over NCCL into the engine's device staging copy (see
-// rollout_server/weight_nccl.h).
+// rollout_server/weight_nccl.c — receiving weights over NCCL into engine 0's device staging copy, then spreading it
+// to the other engines (see rollout_server/weight_nccl.h).
 #include "rollout_server/weight_nccl.h"
 
 #include <pthread.h>
@@ -14,7 +14,8 @@
 #define BUCKET_BYTES ((size_t)1 << 30)   // = the trainer's WEIGHT_SYNC_BUCKET_BYTES: both sides group alike
 
 struct WeightNccl {
-    Engine *e;
+    EngineGroup *g;
+    Engine *e;                           // engine 0: the one that receives
     int timeout_ms;
     Comm *comm;                          // receive thread only, while one runs
     uint8_t id[ZMSG_NCCL_ID_BYTES];
@@ -35,13 +36,14 @@ static double now_s(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-int weight_nccl_create(WeightNccl **out, Engine *e, int timeout_ms, char *err, size_t err_len) {
+int weight_nccl_create(WeightNccl **out, EngineGroup *g, int timeout_ms, char *err, size_t err_len) {
     WeightNccl *w = calloc(1, sizeof *w);
     if (!w) {
         snprintf(err, err_len, "out of memory");
         return -1;
     }
-    w->e = e;
+    w->g = g;
+    w->e = engine_group_engine(g, 0);
     w->timeout_ms = timeout_ms;
     *out = w;
     return 0;
@@ -121,6 +123,10 @@ static void *receive_main(void *arg) {
         u0 = u1;
     }
     if (comm_synchronize(c) != 0) goto fail;
+    if (engine_group_size(w->g) > 1 && engine_group_spread_device_staging(w->g, err, sizeof err) != 0) {
+        snprintf(w->err, sizeof w->err, "spreading the received weights to the other engines: %.600s", err);
+        goto drop;   // as any failed update: the next weights_begin brings a new communicator
+    }
     w->t_done = now_s();
     w->rc = 0;
     return NULL;

@@ -7,7 +7,10 @@
 // [r * s, min((r + 1) * s, numel)) with s = layout_padded_unit_numel(u, trainer_ranks) / trainer_ranks, bf16 —
 // straight into the engine's device staging copy, in the sender's bucket order, and waits for completion under
 // the communication timeout. The engine keeps generating with its current weights meanwhile. weights_end waits
-// for the thread; the engine then swaps staging and live weights between two steps. A failed or abandoned
+// for the thread; the engine then swaps staging and live weights between two steps. A server of several engines
+// (--devices) is one member of the communicator: engine 0 receives, then the receive thread copies engine 0's
+// staging device to device into every other engine's (engine_group_spread_device_staging), and weights_end
+// swaps all of them. A failed or abandoned
 // receive leaves the live weights as they were; the communicator is dropped and the next update makes a new one.
 //
 // One control thread calls these.
@@ -17,13 +20,13 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "rollout_server/engine.h"
+#include "rollout_server/engine_group.h"
 #include "shared/zmq_msg.h"
 
 typedef struct WeightNccl WeightNccl;
 
 // timeout_ms bounds joining the communicator and each receive. Returns 0 or -1 (out of memory).
-int weight_nccl_create(WeightNccl **out, Engine *e, int timeout_ms, char *err, size_t err_len);
+int weight_nccl_create(WeightNccl **out, EngineGroup *g, int timeout_ms, char *err, size_t err_len);
 // Frees; waits for a receive in flight to end (it ends by the timeout at the latest).
 void weight_nccl_free(WeightNccl *w);
 // Whether this server can take transport nccl (a CUDA engine with bf16 weights, NCCL present); else a

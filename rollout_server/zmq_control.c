@@ -24,6 +24,7 @@
 typedef struct Job {
     struct Job *next;
     EngineRequest *req;
+    int engine;                 // the engine it was routed to
     unsigned char rid[256];     // the peer's routing id (where the result goes)
     size_t rid_len;
     int64_t id;
@@ -38,7 +39,7 @@ typedef struct Job {
 } Job;
 
 struct ZmqControl {
-    Engine *e;
+    EngineGroup *g;
     void *ctx, *router, *pull, *push;
     char pipe_name[64];
     pthread_t sock_thread, coll_thread;
@@ -288,7 +289,7 @@ static void *collector_main(void *arg) {
             any |= job_pump(j, 0);
             if (j->n_done == j->n) {
                 job_send(z, j);
-                engine_request_release(j->req);
+                engine_group_release(z->g, j->req, j->engine, j->n);
                 atomic_fetch_sub(&z->prompts_in_flight, 1);
                 *pj = j->next;
                 job_free(j);
@@ -304,7 +305,7 @@ static void *collector_main(void *arg) {
     while (jobs) {
         Job *j = jobs;
         jobs = j->next;
-        engine_request_release(j->req);
+        engine_group_release(z->g, j->req, j->engine, j->n);
         atomic_fetch_sub(&z->prompts_in_flight, 1);
         job_free(j);
     }
@@ -333,7 +334,7 @@ static void do_hello(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q
                    q->protocol_version);
         return;
     }
-    const Model *model = engine_model(z->e);
+    const Model *model = engine_group_model(z->g);
     const Layout *L = &model->layout;
     int64_t *numel = malloc(sizeof(int64_t) * (size_t)L->n_units);
     if (!numel) {
@@ -344,11 +345,11 @@ static void do_hello(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q
     ZmsgMsg m;
     zmsg_init(&m, ZMSG_HELLO, ZMSG_DIR_REPLY, q->id);
     m.protocol_version = ZMSG_PROTOCOL_VERSION;
-    snprintf(m.model_id, sizeof m.model_id, "%s", engine_model_id(z->e));
+    snprintf(m.model_id, sizeof m.model_id, "%s", engine_group_model_id(z->g));
     m.layout_hash = L->hash;
     m.n_units = L->n_units;
     m.unit_numel = numel;
-    m.policy_version = engine_policy_version(z->e);
+    m.policy_version = engine_group_policy_version(z->g);
     m.max_seq_len = model->cfg.max_seq_len;
     m.vocab_size = model->cfg.vocab_size;
     send_msg(z->router, rid, rl, &m);
@@ -376,14 +377,15 @@ static void do_generate(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg
     char err[512];
     for (int p = 0; p < q->n_prompts; p++) {
         Job *j = job_new(s->n);
-        int rc = j ? engine_submit(z->e, q->prompts[p], q->prompt_lens[p], &sp, &j->req, err, sizeof err)
+        int rc = j ? engine_group_submit(z->g, q->prompts[p], q->prompt_lens[p], &sp, &j->req, &j->engine, err,
+                                         sizeof err)
                    : ENGINE_ENOMEM;
         if (rc) {
             if (!j) snprintf(err, sizeof err, "out of memory");
             job_free(j);
             while (first) {
                 Job *n = first->next;
-                engine_request_release(first->req);
+                engine_group_release(z->g, first->req, first->engine, first->n);
                 job_free(first);
                 first = n;
             }
@@ -410,7 +412,7 @@ static void do_generate(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg
 
 static void do_stats(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q) {
     EngineStats es;
-    engine_stats(z->e, &es);
+    engine_group_stats(z->g, &es, NULL);
     ZmsgMsg m;
     zmsg_init(&m, ZMSG_STATS, ZMSG_DIR_REPLY, q->id);
     ZmsgStats *s = &m.stats;
@@ -432,7 +434,7 @@ static void do_stats(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q
     send_msg(z->router, rid, rl, &m);
 }
 
-static float *staging_of(void *user, int unit) { return engine_weights_staging((Engine *)user, unit); }
+static float *staging_of(void *user, int unit) { return engine_group_weights_staging((EngineGroup *)user, unit); }
 
 // Transport nccl (rollout_server/weight_nccl.h): checks, then the receive runs on its own thread; the reply goes
 // out at once so that the trainer ranks can start sending.
@@ -452,12 +454,13 @@ static void begin_nccl(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg 
         return;
     }
     weight_recv_reset(&z->wr);   // a zmq update still open is abandoned, as by any weights_begin
-    for (int u = 0; u < engine_model(z->e)->layout.n_units; u++)
-        if (!engine_weights_device_staging(z->e, u)) {
-            send_error(z->router, rid, rl, q->id, "out_of_memory", "weights_begin: no GPU memory for the second copy "
-                       "of the weights that an NCCL update is received into (unit %d); lower --kv-cache-memory", u);
-            return;
-        }
+    int bad_engine, bad_unit;
+    if (engine_group_device_staging_ready(z->g, &bad_engine, &bad_unit) != 0) {
+        send_error(z->router, rid, rl, q->id, "out_of_memory", "weights_begin: no GPU memory on %s for the second "
+                   "copy of the weights that an NCCL update is received into (unit %d); lower --kv-cache-memory",
+                   engine_group_device_name(z->g, bad_engine), bad_unit);
+        return;
+    }
     if (weight_nccl_begin(z->wn, q, err, sizeof err) != 0) {
         send_error(z->router, rid, rl, q->id, "internal", "weights_begin: %s", err);
         return;
@@ -478,7 +481,7 @@ static void end_nccl(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q
         return;
     }
     double t0 = now_s();
-    int rc = engine_commit_device_weights(z->e, q->version, err, sizeof err);
+    int rc = engine_group_commit_device_weights(z->g, q->version, err, sizeof err);
     double t1 = now_s();
     if (rc) {
         send_error(z->router, rid, rl, q->id, engine_code(rc), "weights_end: commit failed: %s", err);
@@ -514,7 +517,7 @@ static void do_weights(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg 
         send_msg(z->router, rid, rl, &m);
     } else if (q->type == ZMSG_WEIGHTS_SLICE) {
         if (weight_recv_slice(&z->wr, rid, rl, q->has_version, q->version, q->unit, q->offset, q->count, q->dtype, q->slice_data, staging_of,
-                              z->e, err, sizeof err))
+                              z->g, err, sizeof err))
             send_error(z->router, rid, rl, q->id, "bad_slice", "%s", err);
     } else if (weight_nccl_active(z->wn)) {
         end_nccl(z, rid, rl, q);
@@ -524,7 +527,7 @@ static void do_weights(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg 
             return;
         }
         double t0 = now_s();
-        int rc = engine_commit_weights(z->e, q->version, err, sizeof err);
+        int rc = engine_group_commit_weights(z->g, q->version, err, sizeof err);
         double t1 = now_s();
         double total = t1 - z->wr.t_begin;
         weight_recv_reset(&z->wr);
@@ -562,15 +565,15 @@ static void handle(ZmqControl *z, zmq_msg_t *parts, int n_parts, int overflow) {
     case ZMSG_HELLO: do_hello(z, rid, rl, &q); break;
     case ZMSG_GENERATE: do_generate(z, rid, rl, &q); break;
     case ZMSG_PAUSE:
-        engine_pause(z->e);
+        engine_group_pause(z->g);
         send_ack(z, rid, rl, q.type, q.id);
         break;
     case ZMSG_RESUME:
-        engine_resume(z->e);
+        engine_group_resume(z->g);
         send_ack(z, rid, rl, q.type, q.id);
         break;
     case ZMSG_RESET_CACHE:
-        engine_reset_prefix_cache(z->e);
+        engine_group_reset_prefix_cache(z->g);
         send_ack(z, rid, rl, q.type, q.id);
         break;
     case ZMSG_STATS: do_stats(z, rid, rl, &q); break;
@@ -681,7 +684,7 @@ static void control_free(ZmqControl *z) {
     while (z->incoming) {
         Job *j = z->incoming;
         z->incoming = j->next;
-        engine_request_release(j->req);
+        engine_group_release(z->g, j->req, j->engine, j->n);
         job_free(j);
     }
     weight_recv_free(&z->wr);
@@ -691,17 +694,17 @@ static void control_free(ZmqControl *z) {
     free(z);
 }
 
-int zmq_control_start(ZmqControl **out, Engine *e, const char *endpoint, int weight_sync_timeout_ms, char *err,
+int zmq_control_start(ZmqControl **out, EngineGroup *g, const char *endpoint, int weight_sync_timeout_ms, char *err,
                       size_t err_len) {
     *out = NULL;
-    if (!e || !endpoint || !*endpoint) return fail(err, err_len, "zmq control: an engine and an endpoint are needed");
+    if (!g || !endpoint || !*endpoint) return fail(err, err_len, "zmq control: engines and an endpoint are needed");
     ZmqControl *z = calloc(1, sizeof *z);
     if (!z) return fail(err, err_len, "zmq control: out of memory");
-    z->e = e;
+    z->g = g;
     pthread_mutex_init(&z->mu, NULL);
     pthread_cond_init(&z->cv, NULL);
-    if (weight_recv_init(&z->wr, &engine_model(e)->layout, err, err_len) ||
-        weight_nccl_create(&z->wn, e, weight_sync_timeout_ms, err, err_len)) {
+    if (weight_recv_init(&z->wr, &engine_group_model(g)->layout, err, err_len) ||
+        weight_nccl_create(&z->wn, g, weight_sync_timeout_ms, err, err_len)) {
         control_free(z);
         return -1;
     }

@@ -14,18 +14,20 @@
 
 #include <stddef.h>
 
-#include "rollout_server/engine.h"
+#include "rollout_server/engine_group.h"
 
 typedef struct ZmqControl ZmqControl;
 
-// Binds a ROUTER socket at endpoint (e.g. "tcp://0.0.0.0:5555", "ipc:///tmp/x") and starts serving engine e.
+// Binds a ROUTER socket at endpoint (e.g. "tcp://0.0.0.0:5555", "ipc:///tmp/x") and starts serving the engines
+// of g: each prompt of a generate is routed on its own (engine_group_submit); pause, resume, reset_cache and
+// weight updates apply to every engine; stats and hello answer for the whole server.
 // weight_sync_timeout_ms bounds joining the NCCL weight-sync communicator and each NCCL receive.
-// Returns 0, or a negative code with a message (bad endpoint, address in use, ...). e must outlive the control.
-int zmq_control_start(ZmqControl **out, Engine *e, const char *endpoint, int weight_sync_timeout_ms, char *err,
+// Returns 0, or a negative code with a message (bad endpoint, address in use, ...). g must outlive the control.
+int zmq_control_start(ZmqControl **out, EngineGroup *g, const char *endpoint, int weight_sync_timeout_ms, char *err,
                       size_t err_len);
 
 // 1 once a peer has sent `shutdown` (the acknowledgement is already queued): main should then stop the HTTP
-// server, call zmq_control_stop and engine_destroy, and exit 0 as on SIGTERM. Safe from any thread.
+// server, call zmq_control_stop and engine_group_destroy, and exit 0 as on SIGTERM. Safe from any thread.
 int zmq_control_shutdown_requested(ZmqControl *z);
 
 // Optional: called once, from the control thread, right after a `shutdown` was acknowledged (for example to
@@ -34,7 +36,7 @@ void zmq_control_on_shutdown(ZmqControl *z, void (*cb)(void *user), void *user);
 
 // Stops both threads, releases (aborts) every generate still in flight, drops a half-received weight update
 // (the engine keeps its current weights), flushes queued replies for up to half a second and closes the
-// socket. Call it before engine_destroy. NULL is a no-op.
+// socket. Call it before engine_group_destroy. NULL is a no-op.
 void zmq_control_stop(ZmqControl *z);
 
 #endif

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# Builds the CUDA tests, benchmarks and binaries for sm_90 into BUILD (default build-gpu) and puts what the GPU
-# machine needs into BUILD.carry (bin/, tests/, bench/, and devlib.tar.xz: the shared libraries that machine lacks,
-# ../shared/gpu/README.md, which scripts/gpu-check.sh unpacks into BUILD.carry/devlib). Then: run the device
-# tool with carry=["build-gpu.carry"] and `scripts/gpu-check.sh build-gpu.carry [all|tests|train|grpo|serve|sync]`.
+# Builds the CUDA tests, benchmarks and binaries for sm_90 into BUILD (default build-gpu) and packs what the GPU
+# machine needs into BUILD.carry/carry.tar.xz (bin/, tests/, bench/, and devlib/: the shared libraries that machine
+# lacks, ../shared/gpu/README.md). Then: run the device tool with carry=["build-gpu.carry"] and
+# `scripts/gpu-check.sh build-gpu.carry [all|tests|train|grpo|serve|sync|zero3|devices|kernels|demo]`, which unpacks
+# it first (the bench scripts expect the unpacked folder: start them through gpu-check.sh, or unpack by hand).
 #   scripts/gpu-build.sh [BUILD]
 # Optional pieces (tests and benchmarks other people are still writing) are built when their source exists.
 set -euo pipefail
@@ -26,8 +27,9 @@ for t in "${TESTS[@]}"; do cp "$B/tests/$t" "$keep/tests/"; done
 for b in "${BENCHES[@]}"; do cp "$B/bench/$b" "$keep/bench/"; done
 rm -rf "$B.carry" && mv "$keep" "$B.carry"
 "${BUNDLE_LIBS:-../shared/gpu/bundle-libs}" "$B.carry/devlib" "$B.carry"/tests/* "$B.carry"/bench/* "$B.carry"/bin/*
-# The libraries are 50 MB (OpenBLAS alone 36 MB) and the carry limit is 64 MiB: ship them xz-packed (about 9 MB);
-# scripts/gpu-check.sh unpacks them there.
-tar -C "$B.carry" -cJf "$B.carry/devlib.tar.xz" devlib && rm -rf "$B.carry/devlib"
+# The libraries are 50 MB (OpenBLAS alone 36 MB) and every binary carries the same ~4 MB of CUDA kernels, while the
+# carry limit is 64 MiB: ship everything as one solid xz archive (about 15 MB); scripts/gpu-check.sh unpacks it there.
+tar -C "$B.carry" -cJf "$B.carry.tar.xz" bin tests bench devlib
+rm -rf "$B.carry"/* && mv "$B.carry.tar.xz" "$B.carry/carry.tar.xz"
 echo "gpu-build: carried tests: ${TESTS[*]}; benches: ${BENCHES[*]}"
 du -sh "$B.carry"

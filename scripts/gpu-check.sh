@@ -7,7 +7,11 @@
 #   grpo   scripts/gpu-grpo-check.py (GRPO variants A/B/C on 2 GPUs)
 #   serve  bench/bench_serve_gpu.py $SERVE_ARGS (e.g. SERVE_ARGS="--shape 1.5b --grpo")
 #   sync   bench/bench_sync_gpu.py $SYNC_ARGS (weight-sync bandwidth over NCCL vs a torch GPU0->GPU1 copy)
+#   devices  tests/e2e/test_serve_devices.py --gpu (tandem-serve --devices 0,1 vs one engine; needs 2 GPUs)
 #   zero3  bench/bench_zero3_gpu.py $ZERO3_ARGS (SFT on 1 and all GPUs, ZeRO-3 overlap on vs TANDEM_ZERO3_OVERLAP=0)
+#   kernels  the kernel benchmarks that were carried: bench/bench_gemm_gpu.py (GEMMs of a training step vs torch),
+#          BUILD/bench/bench_elementwise (RMSNorm(+residual)/SwiGLU GB/s), BUILD/bench/bench_attention_paged
+#   demo   `tandem-train demo --device auto` (the README's demo on the GPU), output in $LOGS/demo
 # Full logs go to $OUT (or /tmp/gpu-check); a summary table comes last. Builds nothing. Exits 1 when a test fails
 # or a script exits non-zero. One device command has 10 minutes: all of it may not fit, run the pieces apart.
 # Timeouts: TEST_TIMEOUT (default 300 s per test), BENCH_TIMEOUT (default 540 s per script).
@@ -16,17 +20,17 @@ B=${1:-build-gpu.carry}
 WHAT=${2:-all}
 LOGS=${OUT:-/tmp/gpu-check}
 mkdir -p "$LOGS"
-# gpu-build.sh ships the libraries packed; python3 unpacks them (the machine may lack xz), into /tmp when the
-# carried folder is read-only.
-DEVLIB=$PWD/$B/devlib
-if [ ! -d "$DEVLIB" ] && [ -f "$B/devlib.tar.xz" ]; then
+# gpu-build.sh ships the binaries and libraries as one xz archive; python3 unpacks it (the machine may lack xz), into
+# /tmp when the carried folder is read-only, and BUILD then names the unpacked copy.
+if [ ! -d "$B/bin" ] && [ -f "$B/carry.tar.xz" ]; then
   unpack() { python3 -c 'import sys, tarfile; tarfile.open(sys.argv[1]).extractall(sys.argv[2], filter="data")' \
-               "$B/devlib.tar.xz" "$1"; }
+               "$B/carry.tar.xz" "$1"; }
   if ! unpack "$B" 2>/dev/null; then
-    mkdir -p /tmp/tandem-gpu-check && unpack /tmp/tandem-gpu-check && DEVLIB=/tmp/tandem-gpu-check/devlib
+    mkdir -p /tmp/tandem-gpu-carry && unpack /tmp/tandem-gpu-carry && B=/tmp/tandem-gpu-carry
   fi
 fi
-[ -d "$DEVLIB" ] || echo "gpu-check: no $B/devlib (nor devlib.tar.xz): the binaries may miss libraries"
+DEVLIB=$(cd "$B" && pwd)/devlib
+[ -d "$DEVLIB" ] || echo "gpu-check: no $B/devlib (nor carry.tar.xz): the binaries may miss libraries"
 export LD_LIBRARY_PATH=$DEVLIB:${LD_LIBRARY_PATH:-} NCCL_NVLS_ENABLE=0
 nvidia-smi -L
 nvidia-smi topo -m > "$LOGS/topo.txt" 2>&1
@@ -88,9 +92,23 @@ if want sync; then
   # shellcheck disable=SC2086
   run_py bench_sync_gpu python3 bench/bench_sync_gpu.py --build "$B" ${SYNC_ARGS:-}
 fi
+if want devices; then
+  TANDEM_BUILD_DIR=$B run_py serve_devices python3 tests/e2e/test_serve_devices.py --gpu
+fi
 if want zero3; then
   # shellcheck disable=SC2086
   run_py bench_zero3_gpu python3 bench/bench_zero3_gpu.py --build "$B" ${ZERO3_ARGS:-}
+fi
+if want kernels; then
+  [ -f bench/bench_gemm_gpu.py ] && TAIL=40 run_py bench_gemm_gpu python3 bench/bench_gemm_gpu.py --build "$B"
+  [ -x "$B/bench/bench_elementwise" ] && TAIL=30 run_py bench_elementwise "$B/bench/bench_elementwise"
+  if [ -x "$B/bench/bench_attention_paged" ]; then
+    TAIL=40 run_py bench_attention_paged "$B/bench/bench_attention_paged"
+    TAIL=40 TANDEM_PAGED_ATTN=legacy run_py bench_attention_paged_legacy "$B/bench/bench_attention_paged" --iters 10
+  fi
+fi
+if want demo; then
+  TAIL=12 run_py demo "$B/bin/tandem-train" demo --output-dir "$LOGS/demo" --device auto
 fi
 
 echo

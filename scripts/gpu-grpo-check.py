@@ -48,6 +48,9 @@ def use_devlib(build):
     if lib.is_dir():
         os.environ["LD_LIBRARY_PATH"] = f"{lib}:{os.environ.get('LD_LIBRARY_PATH', '')}"
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast can take a shared host's GPUs down
+    # Bit-identical tokens from two server processes need the same GEMM algorithms in both: autotuning picks them by
+    # timing, which can differ from process to process.
+    os.environ.setdefault("TANDEM_GEMM_AUTOTUNE", "0")
 
 # Token-id prompts (vocab 300, ids 0-2 are special), each shorter than one 16-token KV block so that no prefix
 # cached during training can be reused by one server and not the other.

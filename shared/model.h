@@ -144,6 +144,69 @@ int model_decode_step(Model *m, DecodeBufs *b, UnitSource *src, KVCache *kv, int
                       const int32_t *block_tables, int n_seqs, int max_blocks, const int32_t *logit_rows,
                       int n_logit_rows, float *logits, char *err, size_t err_len);
 
+// ---- decode-only steps: padded batch sizes, CUDA graphs ----
+//
+// A decode-only step gives each of n sequences its next token (one token per sequence). It runs at the padded
+// size P = the smallest rung >= n of a ladder of batch sizes (decode_ladder), with P - n padding rows that store
+// nothing and whose outputs are dropped. Where the backend has graphs (ops_graph_supported) the ops of a step of
+// size P are recorded once into a CUDA graph and replayed from then on with one launch: the per-step inputs
+// are copied into fixed buffers first, and every kernel takes its sizes from P or from backend memory (sequence
+// positions), never from host values that change between steps. Graph replay and eager runs of a padded step
+// queue the same kernels on the same shapes and buffers, so their logits are the same bits; padding never changes
+// a real row's numbers (every op is row-independent). A step of n sequences through model_decode_step (unpadded,
+// other GEMM shapes) may differ from the padded one in the last bits.
+// Graphs are recorded lazily, on the first step of each size: that step runs eagerly (which also creates the
+// GEMM plans the recording needs) and the graph is recorded right after it. A graph freezes the pointers it was
+// recorded with: each step compares every parameter unit's pointer (as src->acquire returns it), each layer's KV
+// pools and the rotary table with those of the size's graphs, replays the one that matches, and otherwise (a
+// weight swap that exchanges buffers) runs eagerly and records a graph for the new pointers. Two graphs are kept
+// per size, the least recently used one being recorded over (its executable graph updated in place when it can):
+// the NCCL weight update alternates between two buffer sets, so after the first two updates it costs no recording.
+// Parameters changed in place (same pointers, new values) need nothing: a replay reads the memory as it is.
+// A recording that fails leaves its step's eager results standing; a size whose recording failed 3 times runs
+// eagerly from then on (decode_bufs_graph_stats says why).
+
+// The ladder up to cap: 1, 2, 4, 8, then 2^k and 3 * 2^(k-1) (16, 24, 32, 48, 64, 96, ...) below cap, then cap
+// itself. Writes up to max_sizes ascending sizes; returns how many (0 when cap < 1).
+int decode_ladder(int cap, int *sizes, int max_sizes);
+// Sets b up for padded steps of up to max_batch sequences (lowered to what b holds: max_tokens, max_seqs,
+// max_logit_rows). use_graphs 1 records and replays graphs where the backend supports them, 0 runs every padded
+// step eagerly (the same numbers). Calling it again with the same size only switches use_graphs (keeping the
+// graphs made so far). Returns the largest padded batch (0: max_batch < 1, padded steps off) or -1 with a message.
+int decode_bufs_enable_padded(DecodeBufs *b, const Model *m, int max_batch, int use_graphs, char *err,
+                              size_t err_len);
+// The padded size a decode-only step of n sequences runs at, or 0 when n is beyond the ladder (or padded steps
+// are off): run such a step through model_decode_step.
+int decode_bufs_padded_size(const DecodeBufs *b, int n);
+// 1 when padded steps replay graphs (enabled with use_graphs and supported by the backend).
+int decode_bufs_graphs_on(const DecodeBufs *b);
+
+typedef struct {
+    int graphs;               // executable graphs held (one per batch size used so far)
+    int64_t recordings;       // graphs recorded: first use of a size, and again after new pointers
+    int64_t replays;          // padded steps run by replaying a graph
+    int64_t eager_steps;      // padded steps run eagerly (before each recording, graphs off, failed sizes)
+    int64_t failures;         // recordings that failed (that size then runs eagerly; its step is not affected)
+    double record_seconds;    // host time spent recording and instantiating, all graphs
+    int last_batch;           // padded size of the latest recording or failure
+    int last_failed;          // the latest recording failed (last_error says why)
+    int last_gave_up;         // ... for the last time: that size runs eagerly from now on
+    int last_again;           // the latest recording was for a size that had a graph (for other pointers)
+    double last_seconds;      // its host time
+    int64_t last_bytes;       // device memory it took (free memory before - after; 0 when the driver had room)
+    char last_error[256];     // the latest failure's message
+} DecodeGraphStats;
+void decode_bufs_graph_stats(const DecodeBufs *b, DecodeGraphStats *s);
+
+// A decode-only step of n sequences: sequence i (its row in block_tables (n, max_blocks)) has the next token
+// tokens[i] at position token_pos[i], its k/v going to slot_mapping[i]. Logits (n, V) of every sequence, first in
+// decode_bufs_logits (backend memory); with logits not NULL also as host fp32 (and the step waits for the device).
+// src must keep each unit at the pointer acquire returns until release (resident weights): all units are acquired
+// for the whole step. All inputs are host arrays. Returns 0, or -1 with a message (n beyond the ladder included).
+int model_decode_step_padded(Model *m, DecodeBufs *b, UnitSource *src, KVCache *kv, int n, const int32_t *tokens,
+                             const int32_t *token_pos, const int32_t *slot_mapping, const int32_t *block_tables,
+                             int max_blocks, float *logits, char *err, size_t err_len);
+
 // Greedy generation for B prompts with a contiguous cache (sequence b owns blocks [b*max_blocks, (b+1)*max_blocks)).
 // out_tokens (B, max_new) receives generated ids; generation of a row stops after an id in eos_ids (it is
 // kept) and the rest of the row is -1.

@@ -1,10 +1,35 @@
 // shared/model_decode.c — inference forward through a paged KV cache (prefill chunks and decodes in one step),
-// and greedy generation over a contiguous cache (the rollout server brings the block manager and sampler).
+// decode-only steps padded to a ladder of batch sizes and replayed as CUDA graphs, and greedy generation over a
+// contiguous cache (the rollout server brings the block manager and sampler).
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "shared/model_internal.h"
+
+// Rungs of the padded-batch ladder (decode_ladder): ~2 per doubling up to 2^20 fits well within this.
+#define DECODE_LADDER_MAX 48
+// Graphs kept per rung, for different pointers: the NCCL weight update alternates between two buffer sets, so with
+// two slots the steady state replays without recording again after each update.
+#define DECODE_GRAPH_SLOTS 2
+// Failed recordings of a rung before it stops trying (a recording can fail for a reason that passes: another
+// thread's call on the same device may invalidate it).
+#define DECODE_GRAPH_TRIES 3
+
+// One graph of a padded batch size, and what it froze in: every parameter unit's pointer, each layer's KV pools,
+// the rotary table and the cache's block size (a replay with other ones would read the old memory).
+typedef struct {
+    OpsGraph *g;
+    const void **key;           // (n_key)
+    int block_size;
+    uint64_t used;              // step clock of its last use (the least recently used slot is recorded over)
+} DecodeGraph;
+
+typedef struct {
+    DecodeGraph slot[DECODE_GRAPH_SLOTS];
+    int failures;               // DECODE_GRAPH_TRIES of them: this size runs eagerly from now on
+} DecodeRung;
 
 struct DecodeBufs {
     int max_tokens, max_seqs, max_blocks, max_logit_rows;
@@ -14,7 +39,18 @@ struct DecodeBufs {
     void *rows, *rows_normed;   // (max_logit_rows, C)
     void *logits;               // (max_logit_rows, V)
     int32_t *tokens, *token_seq, *token_pos, *slot_mapping; // (N) backend memory
-    int32_t *block_tables;      // (max_seqs, max_blocks) backend memory
+    int32_t *block_tables;      // (max_seqs + 1, max_blocks) backend memory; row max_seqs stays 0 (padding rows)
+    // Padded decode-only steps (model_decode_step_padded); n_ladder 0 = not set up.
+    int ladder[DECODE_LADDER_MAX], n_ladder; // ascending padded batch sizes
+    int use_graphs;
+    int32_t *pad_ids;           // (4, P) backend memory, P = the top rung: tokens | token_seq | token_pos | slots
+    int32_t *pad_host;          // (4, P) host staging of the same
+    const void **units;         // (n_units) the step's acquired parameters
+    const void **key;           // (n_key) the step's graph key (DecodeGraph.key)
+    int n_units, n_key;
+    DecodeRung rungs[DECODE_LADDER_MAX];
+    uint64_t clock;             // padded steps run so far
+    DecodeGraphStats stats;
 };
 
 size_t kv_cache_bytes_per_block(const Model *m, int block_size) {
@@ -74,7 +110,7 @@ int decode_bufs_create(DecodeBufs **out, const Model *m, int max_tokens, int max
     b->token_seq = ops_malloc(o, N * 4);
     b->token_pos = ops_malloc(o, N * 4);
     b->slot_mapping = ops_malloc(o, N * 4);
-    b->block_tables = ops_malloc(o, (size_t)max_seqs * max_blocks * 4);
+    b->block_tables = ops_malloc(o, ((size_t)max_seqs + 1) * max_blocks * 4);
     if (ops_status(o)) goto oom;
     *out = b;
     return 0;
@@ -86,9 +122,27 @@ oom:
 
 const void *decode_bufs_logits(const DecodeBufs *b) { return b->logits; }
 
+static void padded_free(DecodeBufs *b, const Model *m) {
+    for (int r = 0; r < DECODE_LADDER_MAX; r++)
+        for (int k = 0; k < DECODE_GRAPH_SLOTS; k++) {
+            ops_graph_destroy(m->ops, b->rungs[r].slot[k].g);
+            free(b->rungs[r].slot[k].key);
+        }
+    memset(b->rungs, 0, sizeof b->rungs);
+    ops_free(m->ops, b->pad_ids);
+    free(b->pad_host);
+    free(b->units);
+    free(b->key);
+    b->pad_ids = b->pad_host = NULL;
+    b->units = b->key = NULL;
+    b->n_ladder = 0;
+    b->use_graphs = 0;
+}
+
 void decode_bufs_free(DecodeBufs *b, const Model *m) {
     if (!b) return;
     OpsCtx *o = m->ops;
+    padded_free(b, m);
     ops_free(o, b->acts_block);
     ops_free(o, b->x[0]);
     ops_free(o, b->x[1]);
@@ -179,6 +233,233 @@ int model_decode_step(Model *m, DecodeBufs *b, UnitSource *src, KVCache *kv, int
 unavailable:
     snprintf(err, err_len, "decode step: model parameters unavailable: %s", ops_error(o));
     return -1;
+}
+
+// ---- decode-only steps: padded to a ladder of batch sizes, replayed as CUDA graphs ----------------
+
+int decode_ladder(int cap, int *sizes, int max_sizes) {
+    int n = 0;
+    if (cap < 1 || max_sizes < 1) return 0;
+    // 1, 2, 4, 8, then two rungs per doubling (16, 24, 32, 48, ...): padding wastes at most a third of a step.
+    for (int s = 1; s < 16 && s < cap && n < max_sizes - 1; s *= 2) sizes[n++] = s;
+    for (long p = 16; p < cap && n < max_sizes - 1; p *= 2) {
+        sizes[n++] = (int)p;
+        if (p * 3 / 2 < cap && n < max_sizes - 1) sizes[n++] = (int)(p * 3 / 2);
+    }
+    sizes[n++] = cap;  // the cap itself closes the ladder, so every batch up to it has a rung
+    return n;
+}
+
+int decode_bufs_enable_padded(DecodeBufs *b, const Model *m, int max_batch, int use_graphs, char *err,
+                              size_t err_len) {
+    int limit = max_batch;
+    if (limit > b->max_tokens) limit = b->max_tokens;
+    if (limit > b->max_seqs) limit = b->max_seqs;
+    if (limit > b->max_logit_rows) limit = b->max_logit_rows;
+    if (limit > (1 << 20)) limit = 1 << 20;
+    const int want_graphs = use_graphs && ops_graph_supported(m->ops);
+    if (b->n_ladder > 0 && limit == b->ladder[b->n_ladder - 1]) {  // the same ladder: keep the graphs recorded
+        b->use_graphs = want_graphs;
+        return limit;
+    }
+    padded_free(b, m);
+    if (limit < 1) return 0;
+    const int n = decode_ladder(limit, b->ladder, DECODE_LADDER_MAX), P = b->ladder[n - 1];
+    b->n_units = m->layout.n_units;
+    b->n_key = b->n_units + 2 * m->cfg.num_layers + 1;
+    b->pad_ids = ops_malloc(m->ops, (size_t)4 * P * sizeof(int32_t));
+    b->pad_host = malloc((size_t)4 * P * sizeof(int32_t));
+    b->units = calloc((size_t)b->n_units, sizeof *b->units);
+    b->key = calloc((size_t)b->n_key, sizeof *b->key);
+    int ok = b->pad_ids && b->pad_host && b->units && b->key;
+    for (int r = 0; r < n; r++)
+        for (int k = 0; k < DECODE_GRAPH_SLOTS && ok; k++)
+            ok = (b->rungs[r].slot[k].key = calloc((size_t)b->n_key, sizeof(void *))) != NULL;
+    if (!ok) {
+        snprintf(err, err_len, "out of memory for padded decode steps of up to %d sequences: %s", P,
+                 ops_status(m->ops) ? ops_error(m->ops) : "host memory");
+        padded_free(b, m);
+        return -1;
+    }
+    b->n_ladder = n;
+    b->use_graphs = want_graphs;
+    return P;
+}
+
+int decode_bufs_padded_size(const DecodeBufs *b, int n) {
+    if (n < 1 || b->n_ladder == 0 || n > b->ladder[b->n_ladder - 1]) return 0;
+    int r = 0;
+    while (b->ladder[r] < n) r++;
+    return b->ladder[r];
+}
+
+int decode_bufs_graphs_on(const DecodeBufs *b) { return b->use_graphs; }
+
+void decode_bufs_graph_stats(const DecodeBufs *b, DecodeGraphStats *s) { *s = b->stats; }
+
+static double seconds_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+// Queues the padded step over P rows (the inputs are already in pad_ids and block_tables): the same ops, shapes
+// and buffers whether it runs now or is recorded into a graph, so both give the same bits.
+static void padded_forward(Model *m, DecodeBufs *b, KVCache *kv, int P) {
+    OpsCtx *o = m->ops;
+    const ModelConfig *cfg = &m->cfg;
+    const int C = cfg->hidden_size, V = cfg->vocab_size, T = b->ladder[b->n_ladder - 1];
+    const int32_t *tokens = b->pad_ids, *seq = b->pad_ids + T, *pos = b->pad_ids + 2 * T, *slots = b->pad_ids + 3 * T;
+    ops_embedding_fwd(o, b->x[0], tokens, elem_at(m, b->units[0], m->layout.embed), P, C, V);
+    AttnArgs att = {.paged = 1, .slot_mapping = slots, .block_tables = b->block_tables, .token_seq = seq,
+                    .max_blocks = b->max_blocks, .block_size = kv->block_size, .n_seqs = b->max_seqs + 1};
+    int cur = 0;
+    for (int l = 0; l < cfg->num_layers; l++) {
+        att.k_cache = kv->k[l];
+        att.v_cache = kv->v[l];
+        layer_forward(m, b->units[layout_layer_unit(l)], &b->acts, b->x[cur], b->x[cur ^ 1], pos, P, &att);
+        cur ^= 1;
+    }
+    // Every row is a sequence's next token: the final norm reads the residual stream in place (no row gather).
+    const void *pf = b->units[layout_final_unit(&m->layout)];
+    ops_rmsnorm_fwd(o, b->rows_normed, NULL, b->x[cur], elem_at(m, pf, m->layout.final_norm), P, C, cfg->rms_norm_eps);
+    const void *w_lm = m->layout.lm_head == SIZE_MAX ? elem_at(m, b->units[0], m->layout.embed)
+                                                     : elem_at(m, pf, m->layout.lm_head);
+    ops_matmul_fwd(o, b->logits, b->rows_normed, w_lm, NULL, P, C, V);
+}
+
+// Records the padded step of rung r (size P) into one of its slots (an empty one, else the least recently used),
+// right after the same ops ran eagerly (which made every GEMM plan, handle and scratch they need). A failure is
+// not the step's: its eager run stands, the reason goes to the stats, and after DECODE_GRAPH_TRIES failures the
+// size runs eagerly for good.
+static void padded_record(Model *m, DecodeBufs *b, KVCache *kv, int r, int P) {
+    OpsCtx *o = m->ops;
+    DecodeRung *rung = &b->rungs[r];
+    DecodeGraph *g = &rung->slot[0];
+    int had_graph = 0;
+    for (int k = 0; k < DECODE_GRAPH_SLOTS; k++) {
+        DecodeGraph *c = &rung->slot[k];
+        had_graph |= c->g != NULL;
+        if (g->g && (!c->g || c->used < g->used)) g = c;
+    }
+    size_t free0 = 0, free1 = 0, total = 0;
+    const int have_mem = ops_memory_info(o, &free0, &total) == 0;
+    const double t0 = seconds_now();
+    int rc = ops_graph_begin(o);
+    if (rc == OPS_GRAPH_UNSUPPORTED) {
+        b->use_graphs = 0;
+        return;
+    }
+    if (rc == 0) {
+        padded_forward(m, b, kv, P);
+        rc = ops_graph_end(o, &g->g);
+    }
+    const double dt = seconds_now() - t0;
+    DecodeGraphStats *s = &b->stats;
+    s->last_batch = P;
+    s->last_failed = rc != 0;
+    s->last_again = had_graph;
+    s->last_seconds = dt;
+    s->record_seconds += dt;
+    s->last_bytes = 0;
+    if (rc != 0) {
+        rung->failures++;
+        s->failures++;
+        s->last_gave_up = rung->failures >= DECODE_GRAPH_TRIES;
+        snprintf(s->last_error, sizeof s->last_error, "%s", ops_error(o));
+        ops_clear_error(o);
+        return;
+    }
+    memcpy(g->key, b->key, (size_t)b->n_key * sizeof *b->key);
+    g->block_size = kv->block_size;
+    g->used = b->clock;
+    s->recordings++;
+    if (have_mem && ops_memory_info(o, &free1, &total) == 0) s->last_bytes = (int64_t)free0 - (int64_t)free1;
+    s->graphs = 0;
+    for (int i = 0; i < b->n_ladder; i++)
+        for (int k = 0; k < DECODE_GRAPH_SLOTS; k++) s->graphs += b->rungs[i].slot[k].g != NULL;
+}
+
+int model_decode_step_padded(Model *m, DecodeBufs *b, UnitSource *src, KVCache *kv, int n, const int32_t *tokens,
+                             const int32_t *token_pos, const int32_t *slot_mapping, const int32_t *block_tables,
+                             int max_blocks, float *logits, char *err, size_t err_len) {
+    OpsCtx *o = m->ops;
+    const int V = m->cfg.vocab_size;
+    const int P = decode_bufs_padded_size(b, n);
+    if (P == 0 || max_blocks != b->max_blocks) {
+        snprintf(err, err_len, "padded decode step of %d sequences (block tables of %d) does not fit: %s", n,
+                 max_blocks, b->n_ladder == 0 ? "padded steps are not set up (decode_bufs_enable_padded)"
+                 : max_blocks != b->max_blocks ? "the buffers hold other block tables" : "beyond the largest rung");
+        return -1;
+    }
+    for (int i = 0; i < n; i++) {
+        if (tokens[i] < 0 || tokens[i] >= V || token_pos[i] < 0 || token_pos[i] >= max_blocks * kv->block_size ||
+            slot_mapping[i] >= kv->n_blocks * kv->block_size) {
+            snprintf(err, err_len, "decode token %d is out of range (id %d, position %d, slot %d)", i, tokens[i],
+                     token_pos[i], slot_mapping[i]);
+            return -1;
+        }
+    }
+    // Inputs into the fixed buffers the graph reads. Padding rows: token 0 at position 0 of the all-zero block
+    // table in row max_seqs (block 0 exists: the row reads real, finite cache entries), slot -1 (nothing stored).
+    // Each row's numbers depend only on its own inputs, so padding changes no real row.
+    const int T = b->ladder[b->n_ladder - 1];
+    int32_t *h = b->pad_host;
+    for (int i = 0; i < P; i++) {
+        const int real = i < n;
+        h[i] = real ? tokens[i] : 0;
+        h[T + i] = real ? i : b->max_seqs;
+        h[2 * T + i] = real ? token_pos[i] : 0;
+        h[3 * T + i] = real ? slot_mapping[i] : -1;
+    }
+    ops_copy_to_device(o, b->pad_ids, h, (size_t)4 * T * sizeof *h);
+    ops_copy_to_device(o, b->block_tables, block_tables, (size_t)n * max_blocks * sizeof *block_tables);
+
+    // Every unit at once: a graph reads them all in one launch.
+    int acquired = 0;
+    for (; acquired < b->n_units; acquired++)
+        if (!(b->units[acquired] = src->acquire(src->user, acquired))) break;
+    if (acquired < b->n_units) {
+        for (int u = 0; u < acquired; u++)
+            if (src->release) src->release(src->user, u);
+        snprintf(err, err_len, "decode step: model parameters unavailable: %s", ops_error(o));
+        return -1;
+    }
+    int k = 0;
+    for (int u = 0; u < b->n_units; u++) b->key[k++] = b->units[u];
+    for (int l = 0; l < m->cfg.num_layers; l++) {
+        b->key[k++] = kv->k[l];
+        b->key[k++] = kv->v[l];
+    }
+    b->key[k++] = m->inv_freq;
+    int r = 0;
+    while (b->ladder[r] != P) r++;
+    DecodeRung *rung = &b->rungs[r];
+    DecodeGraph *g = NULL;
+    b->clock++;
+    for (int j = 0; j < DECODE_GRAPH_SLOTS && b->use_graphs && !g; j++) {
+        DecodeGraph *c = &rung->slot[j];
+        if (c->g && c->block_size == kv->block_size && memcmp(c->key, b->key, (size_t)b->n_key * sizeof *b->key) == 0)
+            g = c;
+    }
+    if (g) {
+        g->used = b->clock;
+        ops_graph_launch(o, g->g);
+        b->stats.replays++;
+    } else {
+        // First use of this size, or new parameter / cache pointers (a weight swap): run it eagerly, then record.
+        padded_forward(m, b, kv, P);
+        b->stats.eager_steps++;
+        if (b->use_graphs && rung->failures < DECODE_GRAPH_TRIES && ops_status(o) == 0) padded_record(m, b, kv, r, P);
+    }
+    for (int u = b->n_units - 1; u >= 0; u--)
+        if (src->release) src->release(src->user, u);
+    if (logits) ops_download_f32(o, logits, b->logits, (size_t)n * V);
+    if (ops_status(o)) {
+        snprintf(err, err_len, "decode step failed: %s", ops_error(o));
+        return -1;
+    }
+    return 0;
 }
 
 static int argmax(const float *x, int n) {

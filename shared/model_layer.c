@@ -2,6 +2,9 @@
 //
 //   h1 = rmsnorm(x) ; q,k,v = h1 Wq^T (+bq), ... ; [qk_norm] ; rope(q, k) ; att = attention(q, k, v)
 //   xmid = x + att Wo^T ; h2 = rmsnorm(xmid) ; gu = h2 [Wg;Wu]^T ; act = silu(g) * u ; x_out = xmid + act Wd^T
+// Each residual add runs fused with the RMSNorm after it (ops_residual_rmsnorm_fwd): xmid's inside the layer, and
+// x_out's — in the training forward — with the next layer's input norm (layer_forward_fused). The backward needs no
+// separate add either: the norms' backward adds their input gradient into the residual stream's gradient.
 #include <stdint.h>
 
 #include "shared/model_internal.h"
@@ -84,15 +87,16 @@ int layer_grads_alloc(const Model *m, LayerGrads *g, int N, void **block) {
 
 static const void *param(const Model *m, const void *p, size_t off) { return off == ABSENT ? NULL : elem_at(m, p, off); }
 
-void layer_forward(Model *m, const void *p, LayerActs *a, const void *x_in, void *x_out, const int32_t *positions,
-                   int N, const AttnArgs *att) {
+// From h1 (in a) to act, given the layer's complete input x_in: attention, then xmid = x_in + att Wo^T fused with
+// h2 = rmsnorm(xmid), the gate/up projection and SwiGLU.
+static void attention_and_mlp(Model *m, const void *p, LayerActs *a, const void *x_in, const int32_t *positions, int N,
+                              const AttnArgs *att) {
     OpsCtx *o = m->ops;
     const ModelConfig *cfg = &m->cfg;
     const LayerOffsets *lo = &m->layout.layer;
     const int C = cfg->hidden_size, I = cfg->intermediate_size, D = cfg->head_dim;
     const int Hq = cfg->num_heads, Hkv = cfg->num_kv_heads;
 
-    ops_rmsnorm_fwd(o, a->h1, a->rstd1, x_in, param(m, p, lo->ln1), N, C, cfg->rms_norm_eps);
     ops_matmul_fwd(o, a->q_pre, a->h1, param(m, p, lo->wq), param(m, p, lo->bq), N, C, Hq * D);
     ops_matmul_fwd(o, a->k_pre, a->h1, param(m, p, lo->wk), param(m, p, lo->bk), N, C, Hkv * D);
     ops_matmul_fwd(o, a->v, a->h1, param(m, p, lo->wv), param(m, p, lo->bv), N, C, Hkv * D);
@@ -111,12 +115,37 @@ void layer_forward(Model *m, const void *p, LayerActs *a, const void *x_in, void
                           m->attn_scale);
     }
     ops_matmul_fwd(o, a->xmid, a->att, param(m, p, lo->wo), NULL, N, Hq * D, C);
-    ops_add_inplace(o, a->xmid, x_in, (size_t)N * C);
-    ops_rmsnorm_fwd(o, a->h2, a->rstd2, a->xmid, param(m, p, lo->ln2), N, C, cfg->rms_norm_eps);
+    ops_residual_rmsnorm_fwd(o, a->xmid, a->h2, a->rstd2, a->xmid, x_in, param(m, p, lo->ln2), N, C,
+                             cfg->rms_norm_eps);
     ops_matmul_fwd(o, a->gu, a->h2, param(m, p, lo->wgu), NULL, N, C, 2 * I);
     ops_swiglu_fwd(o, a->act, a->gu, N, I);
+}
+
+void layer_forward(Model *m, const void *p, LayerActs *a, const void *x_in, void *x_out, const int32_t *positions,
+                   int N, const AttnArgs *att) {
+    OpsCtx *o = m->ops;
+    const ModelConfig *cfg = &m->cfg;
+    const LayerOffsets *lo = &m->layout.layer;
+    const int C = cfg->hidden_size, I = cfg->intermediate_size;
+
+    ops_rmsnorm_fwd(o, a->h1, a->rstd1, x_in, param(m, p, lo->ln1), N, C, cfg->rms_norm_eps);
+    attention_and_mlp(m, p, a, x_in, positions, N, att);
     ops_matmul_fwd(o, x_out, a->act, param(m, p, lo->wdown), NULL, N, I, C);
     ops_add_inplace(o, x_out, a->xmid, (size_t)N * C);
+}
+
+void layer_forward_fused(Model *m, const void *p, LayerActs *a, void *x, const void *pending, void *mlp_out,
+                         const int32_t *positions, int N, const AttnArgs *att) {
+    OpsCtx *o = m->ops;
+    const ModelConfig *cfg = &m->cfg;
+    const LayerOffsets *lo = &m->layout.layer;
+    const int C = cfg->hidden_size, I = cfg->intermediate_size;
+
+    // x += pending (the previous layer's xmid) and h1 = rmsnorm(x) in one pass; without pending a plain norm.
+    ops_residual_rmsnorm_fwd(o, pending ? x : NULL, a->h1, a->rstd1, x, pending, param(m, p, lo->ln1), N, C,
+                             cfg->rms_norm_eps);
+    attention_and_mlp(m, p, a, x, positions, N, att);
+    if (mlp_out) ops_matmul_fwd(o, mlp_out, a->act, param(m, p, lo->wdown), NULL, N, I, C);
 }
 
 static float *grad_at(float *g, size_t off) { return off == ABSENT ? NULL : g + off; }
@@ -133,7 +162,7 @@ void layer_backward(Model *m, const void *p, float *g, const LayerActs *a, const
     ops_matmul_bwd(o, d->dact, g + lo->wdown, NULL, dres, a->act, param(m, p, lo->wdown), N, I, C, 0);
     ops_swiglu_bwd(o, d->dgu, d->dact, a->gu, N, I);
     ops_matmul_bwd(o, d->dh, g + lo->wgu, NULL, d->dgu, a->h2, param(m, p, lo->wgu), N, C, 2 * I, 0);
-    ops_rmsnorm_bwd(o, dres, g + lo->ln2, d->dh, a->xmid, param(m, p, lo->ln2), a->rstd2, N, C);
+    ops_residual_rmsnorm_bwd(o, dres, g + lo->ln2, dres, d->dh, a->xmid, param(m, p, lo->ln2), a->rstd2, N, C);
     // Attention branch: dres now = d xmid.
     ops_matmul_bwd(o, d->datt, g + lo->wo, NULL, dres, a->att, param(m, p, lo->wo), N, Hq * D, C, 0);
     ops_attention_bwd(o, d->dq, d->dk, d->dv, d->datt, a->q, a->k, a->v, a->att, a->lse, att->cu_seqlens,
@@ -142,16 +171,16 @@ void layer_backward(Model *m, const void *p, float *g, const LayerActs *a, const
     ops_rope_bwd(o, d->dk, positions, m->inv_freq, N, Hkv, D);
     const void *dq = d->dq, *dk = d->dk;
     if (cfg->qk_norm) {
-        size_t es = ops_dtype_size(o);
-        ops_memset_zero(o, d->dq_pre, (size_t)N * Hq * D * es);
-        ops_memset_zero(o, d->dk_pre, (size_t)N * Hkv * D * es);
-        ops_rmsnorm_bwd(o, d->dq_pre, g + lo->q_norm, d->dq, a->q_pre, param(m, p, lo->q_norm), a->q_rstd, N * Hq, D);
-        ops_rmsnorm_bwd(o, d->dk_pre, g + lo->k_norm, d->dk, a->k_pre, param(m, p, lo->k_norm), a->k_rstd, N * Hkv, D);
+        // No residual here: dres_in NULL overwrites dq_pre / dk_pre.
+        ops_residual_rmsnorm_bwd(o, d->dq_pre, g + lo->q_norm, NULL, d->dq, a->q_pre, param(m, p, lo->q_norm),
+                                 a->q_rstd, N * Hq, D);
+        ops_residual_rmsnorm_bwd(o, d->dk_pre, g + lo->k_norm, NULL, d->dk, a->k_pre, param(m, p, lo->k_norm),
+                                 a->k_rstd, N * Hkv, D);
         dq = d->dq_pre;
         dk = d->dk_pre;
     }
     ops_matmul_bwd(o, d->dh, g + lo->wq, grad_at(g, lo->bq), dq, a->h1, param(m, p, lo->wq), N, C, Hq * D, 0);
     ops_matmul_bwd(o, d->dh, g + lo->wk, grad_at(g, lo->bk), dk, a->h1, param(m, p, lo->wk), N, C, Hkv * D, 1);
     ops_matmul_bwd(o, d->dh, g + lo->wv, grad_at(g, lo->bv), d->dv, a->h1, param(m, p, lo->wv), N, C, Hkv * D, 1);
-    ops_rmsnorm_bwd(o, dres, g + lo->ln1, d->dh, x_in, param(m, p, lo->ln1), a->rstd1, N, C);
+    ops_residual_rmsnorm_bwd(o, dres, g + lo->ln1, dres, d->dh, x_in, param(m, p, lo->ln1), a->rstd1, N, C);
 }

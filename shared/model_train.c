@@ -2,8 +2,11 @@
 //
 // Activation memory: the residual stream at every layer boundary (L+1 buffers of (N, C)) is always kept;
 // each layer's intermediates are kept per layer, or — with activation checkpointing — in one slot that
-// backward refills by recomputing the layer. The lm_head + log-softmax runs over row chunks so the
-// (N, V) logits never exist at once.
+// backward refills by recomputing the layer (up to its SwiGLU: backward never needs the layer's output again).
+// The lm_head + log-softmax runs over row chunks so the (N, V) logits never exist at once.
+//
+// Residual adds: layer l writes only its MLP output into residual[l+1]; the add of its xmid runs fused with the
+// next RMSNorm — layer l+1's input norm, or the final norm — so residual[l+1] is complete from then on.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,6 +63,9 @@ int train_acts_create(TrainActs **out, const Model *m, int max_tokens, int max_s
     a->checkpoint = checkpoint;
     a->n_slots = checkpoint ? 1 : L;
     size_t rows = (ops_backend(o) == OPS_BACKEND_CUDA ? LOGIT_CHUNK_ELEMS_GPU : LOGIT_CHUNK_ELEMS_CPU) / V;
+    // On a GPU, whole 128-row tiles: the lm_head GEMMs of a 1,664-row chunk ran 11-14 % faster than of 1,766 rows
+    // (bench/NOTES.md, "GEMMs of one training step").
+    if (ops_backend(o) == OPS_BACKEND_CUDA && rows >= 128) rows -= rows % 128;
     a->chunk_rows = (int)(rows < 1 ? 1 : rows > N ? N : rows);
     a->tokens = track(a, o, N * 4);
     a->targets = track(a, o, N * 4);
@@ -211,10 +217,13 @@ int model_forward(Model *m, TrainActs *a, UnitSource *src, const Batch *b, float
     ops_embedding_fwd(o, a->residual[0], a->tokens, elem_at(m, p, m->layout.embed), N, C, V);
     RELEASE(src, 0);
     AttnArgs att = train_attn(a);
+    const void *pending = NULL; // the previous layer's xmid, still to be added into residual[l]
     for (int l = 0; l < L; l++) {
         ACQUIRE(src, layout_layer_unit(l), p, "layer forward");
         PREFETCH(src, l + 1 < L ? layout_layer_unit(l + 1) : layout_final_unit(&m->layout));
-        layer_forward(m, p, &a->slots[a->checkpoint ? 0 : l], a->residual[l], a->residual[l + 1], a->positions, N, &att);
+        LayerActs *slot = &a->slots[a->checkpoint ? 0 : l];
+        layer_forward_fused(m, p, slot, a->residual[l], pending, a->residual[l + 1], a->positions, N, &att);
+        pending = slot->xmid;
         RELEASE(src, layout_layer_unit(l));
         if (ops_failed(m, "layer forward", err, err_len)) return -1;
     }
@@ -222,8 +231,8 @@ int model_forward(Model *m, TrainActs *a, UnitSource *src, const Batch *b, float
     const void *pf, *p0 = NULL;
     ACQUIRE(src, uf, pf, "final norm");
     if (m->layout.lm_head == SIZE_MAX) ACQUIRE(src, 0, p0, "tied lm_head");
-    ops_rmsnorm_fwd(o, a->xf, a->rstd_final, a->residual[L], elem_at(m, pf, m->layout.final_norm), N, C,
-                    cfg->rms_norm_eps);
+    ops_residual_rmsnorm_fwd(o, pending ? a->residual[L] : NULL, a->xf, a->rstd_final, a->residual[L], pending,
+                             elem_at(m, pf, m->layout.final_norm), N, C, cfg->rms_norm_eps);
     const void *w_lm = lm_head_weight(m, pf, p0);
     for (int r0 = 0; r0 < N; r0 += a->chunk_rows) {
         int rows = N - r0 < a->chunk_rows ? N - r0 : a->chunk_rows;
@@ -251,7 +260,6 @@ int model_backward_entropy(Model *m, TrainActs *a, UnitSource *src, const float 
     OpsCtx *o = m->ops;
     const ModelConfig *cfg = &m->cfg;
     const int N = a->n_tokens, C = cfg->hidden_size, V = cfg->vocab_size, L = cfg->num_layers;
-    const size_t es = ops_dtype_size(o);
     if (N <= 0) {
         snprintf(err, err_len, "model_backward called without a preceding model_forward");
         return -1;
@@ -285,9 +293,9 @@ int model_backward_entropy(Model *m, TrainActs *a, UnitSource *src, const float 
                          a->inv_temperature);
         ops_matmul_bwd(o, elem_at(m, dxf, (size_t)r0 * C), dw_lm, NULL, a->dlogits_chunk, xf_c, w_lm, rows, C, V, 0);
     }
-    ops_memset_zero(o, a->dres, (size_t)N * C * es);
-    ops_rmsnorm_bwd(o, a->dres, gf + m->layout.final_norm, dxf, a->residual[L], elem_at(m, pf, m->layout.final_norm),
-                    a->rstd_final, N, C);
+    // dres = d residual[L] (dres_in NULL: nothing flows into the stream from above the final norm).
+    ops_residual_rmsnorm_bwd(o, a->dres, gf + m->layout.final_norm, NULL, dxf, a->residual[L],
+                             elem_at(m, pf, m->layout.final_norm), a->rstd_final, N, C);
     GRAD_DONE(src, uf);
     if (tied) RELEASE(src, 0);
     RELEASE(src, uf);
@@ -300,7 +308,8 @@ int model_backward_entropy(Model *m, TrainActs *a, UnitSource *src, const float 
         ACQUIRE(src, u, p, "layer backward");
         if (l > 0) PREFETCH(src, layout_layer_unit(l - 1));
         LayerActs *slot = &a->slots[a->checkpoint ? 0 : l];
-        if (a->checkpoint) layer_forward(m, p, slot, a->residual[l], a->residual[l + 1], a->positions, N, &att);
+        // Recompute from the stored complete input; residual[l + 1] is complete already and stays untouched.
+        if (a->checkpoint) layer_forward_fused(m, p, slot, a->residual[l], NULL, NULL, a->positions, N, &att);
         layer_backward(m, p, src->grad(src->user, u), slot, &a->grads, a->dres, a->residual[l], a->positions, N, &att);
         GRAD_DONE(src, u);
         RELEASE(src, u);

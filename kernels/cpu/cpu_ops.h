@@ -15,6 +15,10 @@ void cpu_embedding_bwd(float *dtable, const float *dout, const int32_t *tokens, 
 void cpu_rmsnorm_fwd(float *out, float *rstd, const float *x, const float *w, int N, int C, float eps);
 void cpu_rmsnorm_bwd(float *dx, float *dw, const float *dout, const float *x, const float *w, const float *rstd,
                      int N, int C);
+void cpu_residual_rmsnorm_fwd(float *x_out, float *out, float *rstd, const float *x, const float *residual,
+                              const float *w, int N, int C, float eps);
+void cpu_residual_rmsnorm_bwd(float *dres_out, float *dw, const float *dres_in, const float *dout, const float *x_out,
+                              const float *w, const float *rstd, int N, int C);
 
 void cpu_rope_fwd(float *x, const int32_t *positions, const float *inv_freq, int N, int H, int D);
 void cpu_rope_bwd(float *dx, const int32_t *positions, const float *inv_freq, int N, int H, int D);

@@ -42,19 +42,28 @@ typedef struct {
     int device;
     int sm_count;
     size_t max_smem_optin;        // bytes of dynamic shared memory a block may opt into
-    cudaStream_t stream;
+    cudaStream_t stream;          // where ops queue work: main_stream, or capture_stream while a graph records
+    cudaStream_t main_stream;     // the context's compute stream (ops_cuda_stream); never changes
+    cudaStream_t capture_stream;  // private stream graphs are recorded on (cuda_graph.cu), made on first use
+    int capturing;                // a graph is being recorded (by the thread that began it)
+    int capture_saved_fault;      // fault_armed before the recording (restored after it)
     cublasLtHandle_t lt;
     cublasHandle_t blas;          // cublasGemmEx fallback, created on first use (cuda_matmul.cu)
     void *lt_workspace;           // cuBLASLt workspace (split-K partials and the like)
     size_t lt_workspace_bytes;
     void *scratch;                // stream-ordered scratch for reductions (partials, attention Delta)
     size_t scratch_bytes;
+    int scratch_in_graph;         // a graph recorded the current scratch pointer: growing keeps the old buffer
+    void **scratch_retired;       // (n_scratch_retired) such old buffers, freed with the state
+    int n_scratch_retired;
     CudaFault *fault_dev;         // device fault record
     CudaFault *fault_host;        // pinned host mirror, read after a stream synchronize
     uint16_t *stage;              // pinned host staging for fp32 <-> bf16 conversion (CONVERT_CHUNK elements)
     int fault_armed;              // a kernel that may fault ran since the last check
     CudaGemmPlan *plans;          // small cache of GEMM plans (cuda_matmul.cu owns its contents)
     int n_plans;
+    int gemm_autotune;            // TANDEM_GEMM_AUTOTUNE, read on the first plan: 0 unread, 1 off, 2 on, 3 on + log
+    double gemm_tune_s;           // host seconds spent timing GEMM candidates (bounded, see cuda_matmul.cu)
     CudaProfile *profile;         // per-op timing (TANDEM_PROFILE_OPS), NULL when off (cuda_profile.cu)
 } CudaState;
 
@@ -97,8 +106,16 @@ typedef struct {
 // thread, and the thread that runs ops need not be the one that created the context). NULL + error on failure.
 CudaState *cuda_enter(OpsCtx *ctx);
 
+// 1 (with an error recorded naming `what`) when the calling thread is recording a graph on this context: for calls
+// that cannot be recorded (allocation, free, host copies, synchronization, lazily made handles or plans). Else 0.
+int cuda_refuse_in_capture(OpsCtx *ctx, const CudaState *st, const char *what);
+// 1 when the calling thread is recording a graph on this context (cuda_graph.cu), else 0.
+int cuda_recording(const CudaState *st);
+
 // Stream-ordered scratch of at least `bytes` (grown with cudaMallocAsync on the stream, never shrunk).
 // Contents are undefined; valid until the next op that asks for scratch. NULL + error on failure.
+// While a graph records, the scratch already there is handed out (and kept alive for the graph from then on)
+// but growing it is refused: an eager run of the same ops before the recording sizes it.
 void *cuda_scratch(OpsCtx *ctx, CudaState *st, size_t bytes);
 
 // Blocks for a grid-stride elementwise kernel over n items.

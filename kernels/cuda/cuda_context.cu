@@ -8,7 +8,13 @@
 #include "kernels/cuda/cuda_common.cuh"
 
 // cuBLASLt workspace: 32 MiB is what NVIDIA recommends for Hopper (split-K and stream-K partials).
+// TANDEM_GEMM_WORKSPACE_MB overrides it (bench/bench_gemm_gpu.py measures other sizes with it).
 static const size_t LT_WORKSPACE_BYTES = 32u << 20;
+static size_t lt_workspace_bytes(void) {
+    const char *v = getenv("TANDEM_GEMM_WORKSPACE_MB");
+    long mb = v && *v ? strtol(v, NULL, 10) : 0;
+    return mb > 0 && mb <= 4096 ? (size_t)mb << 20 : LT_WORKSPACE_BYTES;
+}
 // Host staging for the fp32 <-> bf16 conversions: 1 Mi elements per chunk (2 MiB of bf16).
 static const size_t CONVERT_CHUNK = 1u << 20;
 
@@ -61,11 +67,13 @@ int cuda_state_create(OpsCtx *ctx, int device, void **state, char *err, size_t e
     // libraries (or a careless cudaMemcpy) might use.
     e = cudaStreamCreateWithFlags(&st->stream, cudaStreamNonBlocking);
     if (e != cudaSuccess) return state_fail(st, err, err_len, "cudaStreamCreate", cudaGetErrorString(e));
+    st->main_stream = st->stream;
     cublasStatus_t s = cublasLtCreate(&st->lt);
     if (s != CUBLAS_STATUS_SUCCESS) return state_fail(st, err, err_len, "cublasLtCreate", cublasLtGetStatusString(s));
-    e = cudaMalloc(&st->lt_workspace, LT_WORKSPACE_BYTES);
+    const size_t ws_bytes = lt_workspace_bytes();
+    e = cudaMalloc(&st->lt_workspace, ws_bytes);
     if (e != cudaSuccess) return state_fail(st, err, err_len, "cuBLASLt workspace cudaMalloc", cudaGetErrorString(e));
-    st->lt_workspace_bytes = LT_WORKSPACE_BYTES;
+    st->lt_workspace_bytes = ws_bytes;
     e = cudaMalloc(&st->fault_dev, sizeof(CudaFault));
     if (e != cudaSuccess) return state_fail(st, err, err_len, "fault record cudaMalloc", cudaGetErrorString(e));
     e = cudaMemset(st->fault_dev, 0, sizeof(CudaFault));
@@ -87,7 +95,15 @@ void cuda_state_destroy(void *state) {
     CudaState *st = (CudaState *)state;
     if (!st) return;
     cudaSetDevice(st->device);
+    if (st->capturing) {  // a recording left open (its owner failed to end it): end and drop it
+        cudaGraph_t g = NULL;
+        if (cudaStreamEndCapture(st->capture_stream, &g) == cudaSuccess && g) cudaGraphDestroy(g);
+        st->capturing = 0;
+    }
+    st->stream = st->main_stream;
     if (st->scratch && st->stream) cudaFreeAsync(st->scratch, st->stream);  // allocated stream-ordered
+    for (int i = 0; i < st->n_scratch_retired; i++) cudaFreeAsync(st->scratch_retired[i], st->stream);
+    free(st->scratch_retired);
     if (st->stream) cudaStreamSynchronize(st->stream);
     cuda_gemm_plans_destroy(st);
     cuda_profile_destroy(st->profile);
@@ -97,6 +113,7 @@ void cuda_state_destroy(void *state) {
     if (st->stage) cudaFreeHost(st->stage);
     if (st->lt) cublasLtDestroy(st->lt);
     if (st->blas) cublasDestroy(st->blas);
+    if (st->capture_stream) cudaStreamDestroy(st->capture_stream);
     if (st->stream) cudaStreamDestroy(st->stream);
     cudaGetLastError();  // teardown is best effort; do not leave a sticky error for the next context
     free(st);
@@ -111,7 +128,7 @@ int ops_cuda_device(const OpsCtx *ctx) {
 void *ops_cuda_stream(OpsCtx *ctx) {
     if (!ctx || ops_backend(ctx) != OPS_BACKEND_CUDA) return NULL;
     const CudaState *st = (const CudaState *)ops_backend_state(ctx);
-    return st ? (void *)st->stream : NULL;
+    return st ? (void *)st->main_stream : NULL;
 }
 
 int ops_memory_info(OpsCtx *ctx, size_t *free_bytes, size_t *total_bytes) {
@@ -132,15 +149,29 @@ CudaState *cuda_enter(OpsCtx *ctx) {
 }
 
 void *cuda_scratch(OpsCtx *ctx, CudaState *st, size_t bytes) {
-    if (bytes <= st->scratch_bytes) return st->scratch;
+    if (bytes <= st->scratch_bytes) {
+        // A graph keeps this pointer for good: a later growth must leave the buffer alive.
+        if (cuda_recording(st)) st->scratch_in_graph = 1;
+        return st->scratch;
+    }
+    if (cuda_refuse_in_capture(ctx, st, "growing the stream scratch")) return NULL;
     // Grow by at least 2x so a sequence of slightly larger requests does not reallocate every time.
     size_t want = st->scratch_bytes * 2 > bytes ? st->scratch_bytes * 2 : bytes;
     want = (want + 255) / 256 * 256;
-    if (st->scratch) {
+    if (st->scratch && st->scratch_in_graph) {  // graphs read it: retire it instead (freed with the state)
+        void **r = (void **)realloc(st->scratch_retired, (st->n_scratch_retired + 1) * sizeof *r);
+        if (!r) {
+            ops_set_error(ctx, -1, __FILE__, __LINE__, "out of host memory growing the stream scratch");
+            return NULL;
+        }
+        st->scratch_retired = r;
+        r[st->n_scratch_retired++] = st->scratch;
+        st->scratch_in_graph = 0;
+    } else if (st->scratch) {
         CUDA_CHECK_RET(ctx, cudaFreeAsync(st->scratch, st->stream), NULL);
-        st->scratch = NULL;
-        st->scratch_bytes = 0;
     }
+    st->scratch = NULL;
+    st->scratch_bytes = 0;
     CUDA_CHECK_RET(ctx, cudaMallocAsync(&st->scratch, want, st->stream), NULL);
     st->scratch_bytes = want;
     return st->scratch;
@@ -168,7 +199,7 @@ static void check_fault(OpsCtx *ctx, CudaState *st) {
 
 void cuda_synchronize(OpsCtx *ctx) {
     CudaState *st = cuda_enter(ctx);
-    if (!st) return;
+    if (!st || cuda_refuse_in_capture(ctx, st, "ops_synchronize")) return;
     CUDA_CHECK(ctx, cudaStreamSynchronize(st->stream));
     check_fault(ctx, st);
 }
@@ -177,7 +208,7 @@ void cuda_synchronize(OpsCtx *ctx) {
 
 void *cuda_malloc(OpsCtx *ctx, size_t bytes) {
     CudaState *st = cuda_enter(ctx);
-    if (!st) return NULL;
+    if (!st || cuda_refuse_in_capture(ctx, st, "ops_malloc")) return NULL;
     void *p = NULL;
     cudaError_t e = cudaMalloc(&p, bytes ? bytes : 1);
     if (e != cudaSuccess) {
@@ -189,9 +220,10 @@ void *cuda_malloc(OpsCtx *ctx, size_t bytes) {
         return NULL;
     }
     // Zero-filled per the contract. Synchronized so that the zeros are visible to any stream
-    // (a communication stream may read this buffer before the compute stream touches it).
-    cudaError_t z = cudaMemsetAsync(p, 0, bytes, st->stream);
-    if (z == cudaSuccess) z = cudaStreamSynchronize(st->stream);
+    // (a communication stream may read this buffer before the compute stream touches it). On the main stream:
+    // other threads allocate on this context too (the weight receiver) while the owner may be recording a graph.
+    cudaError_t z = cudaMemsetAsync(p, 0, bytes, st->main_stream);
+    if (z == cudaSuccess) z = cudaStreamSynchronize(st->main_stream);
     if (z != cudaSuccess) {
         cudaFree(p);
         ops_set_error(ctx, -1, __FILE__, __LINE__, "zero-filling %zu new device bytes failed: %s", bytes,
@@ -203,7 +235,7 @@ void *cuda_malloc(OpsCtx *ctx, size_t bytes) {
 
 void cuda_free(OpsCtx *ctx, void *p) {
     CudaState *st = (CudaState *)ops_backend_state(ctx);
-    if (!st || !p) return;
+    if (!st || !p || cuda_refuse_in_capture(ctx, st, "ops_free")) return;
     cudaSetDevice(st->device);
     // Queued work may still read p: cudaFree waits for the device, so this is safe but slow; frees are
     // not on any per-step path (arenas are sized up front).
@@ -220,14 +252,14 @@ void cuda_memset_zero(OpsCtx *ctx, void *p, size_t bytes) {
 // Pageable host -> device: returns once the source has been staged, so the caller may reuse src at once.
 void cuda_copy_to_device(OpsCtx *ctx, void *dst, const void *src_host, size_t bytes) {
     CudaState *st = cuda_enter(ctx);
-    if (!st || !bytes) return;
+    if (!st || !bytes || cuda_refuse_in_capture(ctx, st, "ops_copy_to_device (host memory)")) return;
     CUDA_CHECK(ctx, cudaMemcpyAsync(dst, src_host, bytes, cudaMemcpyHostToDevice, st->stream));
 }
 
 // Device -> host: waits for the copy (and so for all queued work), then reports kernel faults.
 void cuda_copy_to_host(OpsCtx *ctx, void *dst_host, const void *src, size_t bytes) {
     CudaState *st = cuda_enter(ctx);
-    if (!st) return;
+    if (!st || cuda_refuse_in_capture(ctx, st, "ops_copy_to_host")) return;
     if (bytes) CUDA_CHECK(ctx, cudaMemcpyAsync(dst_host, src, bytes, cudaMemcpyDeviceToHost, st->stream));
     CUDA_CHECK(ctx, cudaStreamSynchronize(st->stream));
     check_fault(ctx, st);
@@ -261,7 +293,7 @@ static float host_bf16_to_f32(uint16_t h) {
 // Synchronous with respect to the host (the staging buffer is reused), like a cudaMemcpy.
 void cuda_upload_f32(OpsCtx *ctx, void *dst, const float *src_host, size_t n) {
     CudaState *st = cuda_enter(ctx);
-    if (!st || !n) return;
+    if (!st || !n || cuda_refuse_in_capture(ctx, st, "ops_upload_f32")) return;
     uint16_t *stage = st->stage;
     for (size_t off = 0; off < n; off += CONVERT_CHUNK) {
         size_t len = n - off < CONVERT_CHUNK ? n - off : CONVERT_CHUNK;
@@ -277,7 +309,7 @@ void cuda_upload_f32(OpsCtx *ctx, void *dst, const float *src_host, size_t n) {
 // src (n) bf16 device -> dst (n) fp32 host (exact: every bf16 is an fp32). Waits for queued work.
 void cuda_download_f32(OpsCtx *ctx, float *dst_host, const void *src, size_t n) {
     CudaState *st = cuda_enter(ctx);
-    if (!st) return;
+    if (!st || cuda_refuse_in_capture(ctx, st, "ops_download_f32")) return;
     if (!n) {
         cuda_synchronize(ctx);
         return;

@@ -28,6 +28,9 @@ void cuda_copy(OpsCtx *ctx, void *dst, const void *src, size_t bytes);
 void cuda_upload_f32(OpsCtx *ctx, void *dst, const float *src_host, size_t n);
 void cuda_download_f32(OpsCtx *ctx, float *dst_host, const void *src, size_t n);
 void cuda_synchronize(OpsCtx *ctx);
+// Unlike the others it returns its error (kernels/cuda/cuda_peer.cu; see ops_copy_peer).
+int cuda_copy_peer(OpsCtx *dst_ctx, void *dst, OpsCtx *src_ctx, const void *src, size_t bytes, char *err,
+                   size_t err_len);
 
 void cuda_add_inplace(OpsCtx *ctx, void *y, const void *x, size_t n);
 void cuda_add_f32(OpsCtx *ctx, float *y, const float *x, size_t n);
@@ -36,6 +39,10 @@ void cuda_embedding_bwd(OpsCtx *ctx, float *dtable, const void *dout, const int3
 void cuda_rmsnorm_fwd(OpsCtx *ctx, void *out, float *rstd, const void *x, const void *w, int N, int C, float eps);
 void cuda_rmsnorm_bwd(OpsCtx *ctx, void *dx, float *dw, const void *dout, const void *x, const void *w,
                       const float *rstd, int N, int C);
+void cuda_residual_rmsnorm_fwd(OpsCtx *ctx, void *x_out, void *out, float *rstd, const void *x, const void *residual,
+                               const void *w, int N, int C, float eps);
+void cuda_residual_rmsnorm_bwd(OpsCtx *ctx, void *dres_out, float *dw, const void *dres_in, const void *dout,
+                               const void *x_out, const void *w, const float *rstd, int N, int C);
 void cuda_rope_fwd(OpsCtx *ctx, void *x, const int32_t *positions, const float *inv_freq, int N, int H, int D);
 void cuda_rope_bwd(OpsCtx *ctx, void *dx, const int32_t *positions, const float *inv_freq, int N, int H, int D);
 void cuda_matmul_fwd(OpsCtx *ctx, void *out, const void *in, const void *w, const void *bias, int N, int IC, int OC);
@@ -63,6 +70,13 @@ void cuda_sample_rows(OpsCtx *ctx, int32_t *tokens, float *logprobs, const void 
 void cuda_adamw_step(OpsCtx *ctx, float *master, float *m, float *v, const float *grad, void *param_out, size_t n,
                      float lr, float beta1, float beta2, float eps, float weight_decay, int step, float grad_scale);
 void cuda_sum_squares(OpsCtx *ctx, float *out, const float *x, size_t n);
+
+// Graphs (kernels/cuda/cuda_graph.cu): mirror ops_graph_* in kernels/ops.h.
+int cuda_graph_supported(OpsCtx *ctx);
+int cuda_graph_begin(OpsCtx *ctx);
+int cuda_graph_end(OpsCtx *ctx, OpsGraph **graph);
+int cuda_graph_launch(OpsCtx *ctx, OpsGraph *graph);
+void cuda_graph_destroy(OpsCtx *ctx, OpsGraph *graph);
 
 // The backend state stored in the context (for use inside kernels/cuda only).
 void *ops_backend_state(OpsCtx *ctx);

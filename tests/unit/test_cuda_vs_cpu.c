@@ -12,6 +12,8 @@
 //                                      a second rounding inside cuBLASLt's beta = 1 path, or attention's
 //                                      bf16 probabilities in the forward's P V, stay within 2.5 of those.
 //   exact copies                 0     (embedding rows, KV cache slots)
+//   GPU vs GPU, two ways         0     (the fused residual RMSNorm vs the unfused pair, in place vs not: the same
+//                                      roundings in the same order, so the same bits)
 //   fp32 from our own kernels    1e-5  both sides add exactly-representable products in fp32/double,
 //                                      only the summation order differs.
 //   fp32 from cuBLASLt (dw)      1e-5  tensor-core fp32 accumulation in an order we do not control
@@ -254,6 +256,138 @@ static void test_rmsnorm(void) {
     buf_free(x), buf_free(w), buf_free(out), buf_free(rstd), buf_free(dout), buf_free(dx), buf_free(dw);
 }
 
+// Inputs whose residual sums are exact in bf16: multiples of 1/32 below 2 in magnitude add up to multiples of 1/32
+// below 4 (at most 7 significant bits), so both backends hold the same x_out and the check isolates the norm.
+static float *grid_host(size_t n) {
+    float *h = malloc(n * sizeof *h);
+    for (size_t i = 0; i < n; i++) h[i] = (float)(irand(127) - 63) / 32.0f;
+    return h;
+}
+
+// n elements of two CUDA-context buffers, bit for bit (downloaded as fp32: bf16 widens exactly).
+static void check_same_gpu(const char *op, const char *what, const void *a, const void *b, size_t n, int kind) {
+    float *ha = fetch(gpu, (void *)a, kind, n), *hb = fetch(gpu, (void *)b, kind, n);
+    size_t diff = 0;
+    for (size_t i = 0; i < n; i++) diff += memcmp(&ha[i], &hb[i], 4) != 0;
+    printf("%-4s %-20s %-10s %8zu  bit-identical on the GPU: %zu elements differ\n", diff ? "FAIL" : "ok", op, what, n,
+           diff);
+    if (diff) failures++;
+    free(ha);
+    free(hb);
+}
+
+// ops_residual_rmsnorm_fwd/bwd, CUDA vs CPU, N rows of width C; views start at element `off` of their buffers
+// (off = 1 forces the element path on widths that are multiples of 8). Tolerances:
+//   x_out  0 with exact sums, else 1e-2 (one bf16 rounding of the sum; the CPU keeps it in fp32);
+//   out    1e-2 (bf16 output; with inexact sums the norm also reads the rounded x_out);
+//   rstd   1e-5 with exact sums (fp32 sums in another order), else 4e-3: the CUDA norm reads the bf16-rounded sum,
+//          each square off by <= 2^-8 relative, so r by <= 2^-9 = 2e-3;
+//   dres   1e-2 (bf16 output), dw 1e-5 (fp32 sums of the same products in another order).
+// On the GPU itself: the unfused pair (add_inplace, rmsnorm_fwd) and the fused op in place give the same bits, and
+// a plain norm of the stored x_out repeats out and rstd exactly (what activation-checkpoint recompute relies on).
+static void test_residual_rmsnorm_case(int N, int C, int exact_sum, size_t off) {
+    char name[48];
+    snprintf(name, sizeof name, "res_rmsnorm C=%d%s", C, off ? "+1" : "");
+    const float eps = 1e-6f;
+    const size_t n = (size_t)N * C;
+    float *xh = exact_sum ? grid_host(n) : rand_host(n, -3, 3), *rh = exact_sum ? grid_host(n) : rand_host(n, -3, 3);
+    Buf x = buf_new(STORAGE, n + off), res = buf_new(STORAGE, n + off), w = buf_new(STORAGE, C + off);
+    buf_set(x, off, xh, n);
+    buf_set(res, off, rh, n);
+    free(xh);
+    free(rh);
+    float *wh = rand_host(C, 0.5f, 1.5f);
+    buf_set(w, off, wh, C);
+    free(wh);
+    Buf x_out = buf_new(STORAGE, n + off), out = buf_new(STORAGE, n + off), rstd = buf_new(F32, N);
+    ops_residual_rmsnorm_fwd(cpu, at_c(x_out, off), at_c(out, off), rstd.c, at_c(x, off), at_c(res, off), at_c(w, off),
+                             N, C, eps);
+    ops_residual_rmsnorm_fwd(gpu, at_g(x_out, off), at_g(out, off), rstd.g, at_g(x, off), at_g(res, off), at_g(w, off),
+                             N, C, eps);
+    expect_ok(name);
+    check_view(name, "x_out", x_out, off, n, exact_sum ? 0.0 : 1e-2);
+    check_view(name, "out", out, off, n, 1e-2);
+    check(name, "rstd", rstd, exact_sum ? 1e-5 : 4e-3);
+
+    const size_t es = ops_dtype_size(gpu);
+    Buf y = buf_new(STORAGE, n + off), out2 = buf_new(STORAGE, n + off), rstd2 = buf_new(F32, N);
+    ops_copy(gpu, at_g(y, off), at_g(x, off), n * es);
+    ops_add_inplace(gpu, at_g(y, off), at_g(res, off), n);
+    ops_rmsnorm_fwd(gpu, at_g(out2, off), rstd2.g, at_g(y, off), at_g(w, off), N, C, eps);
+    expect_ok(name);
+    check_same_gpu(name, "x_out/pair", at_g(x_out, off), at_g(y, off), n, STORAGE);
+    check_same_gpu(name, "out/pair", at_g(out, off), at_g(out2, off), n, STORAGE);
+    check_same_gpu(name, "rstd/pair", rstd.g, rstd2.g, N, F32);
+    ops_copy(gpu, at_g(y, off), at_g(x, off), n * es);
+    ops_residual_rmsnorm_fwd(gpu, at_g(y, off), at_g(out2, off), rstd2.g, at_g(y, off), at_g(res, off), at_g(w, off),
+                             N, C, eps);
+    expect_ok(name);
+    check_same_gpu(name, "x_out/inpl", at_g(x_out, off), at_g(y, off), n, STORAGE);
+    check_same_gpu(name, "out/inpl", at_g(out, off), at_g(out2, off), n, STORAGE);
+    ops_residual_rmsnorm_fwd(gpu, NULL, at_g(out2, off), rstd2.g, at_g(x_out, off), NULL, at_g(w, off), N, C, eps);
+    expect_ok(name);
+    check_same_gpu(name, "out/plain", at_g(out, off), at_g(out2, off), n, STORAGE);
+    check_same_gpu(name, "rstd/plain", rstd.g, rstd2.g, N, F32);
+
+    // Backward on identical inputs: a random bf16 x_out, and the CPU's rstd of it on both sides.
+    Buf xo = buf_new(STORAGE, n + off), rs = buf_new(F32, N);
+    float *xoh = rand_host(n, -3, 3);
+    buf_set(xo, off, xoh, n);
+    free(xoh);
+    ops_rmsnorm_fwd(cpu, at_c(out2, off), rs.c, at_c(xo, off), at_c(w, off), N, C, eps);
+    float *rsh = fetch(cpu, rs.c, F32, N);
+    buf_set(rs, 0, rsh, N);
+    free(rsh);
+    Buf dout = buf_new(STORAGE, n + off), din = buf_new(STORAGE, n + off), dres = buf_new(STORAGE, n + off);
+    float *h = rand_host(n, -1, 1);
+    buf_set(dout, off, h, n);
+    free(h);
+    h = rand_host(n, -1, 1);
+    buf_set(din, off, h, n);
+    free(h);
+    h = rand_host(n, -9, 9);  // garbage that must be overwritten
+    buf_set(dres, off, h, n);
+    free(h);
+    Buf dw = buf_rand_f32(C, -1, 1);
+    ops_residual_rmsnorm_bwd(cpu, at_c(dres, off), dw.c, at_c(din, off), at_c(dout, off), at_c(xo, off), at_c(w, off),
+                             rs.c, N, C);
+    ops_residual_rmsnorm_bwd(gpu, at_g(dres, off), dw.g, at_g(din, off), at_g(dout, off), at_g(xo, off), at_g(w, off),
+                             rs.g, N, C);
+    expect_ok(name);
+    check_view(name, "dres", dres, off, n, 1e-2);
+    check(name, "dw (+=)", dw, 1e-5);
+    ops_copy(gpu, at_g(y, off), at_g(din, off), n * es);
+    ops_residual_rmsnorm_bwd(gpu, at_g(y, off), NULL, at_g(y, off), at_g(dout, off), at_g(xo, off), at_g(w, off), rs.g,
+                             N, C);
+    expect_ok(name);
+    check_same_gpu(name, "dres/inpl", at_g(dres, off), at_g(y, off), n, STORAGE);
+    ops_residual_rmsnorm_bwd(cpu, at_c(dres, off), NULL, NULL, at_c(dout, off), at_c(xo, off), at_c(w, off),
+                             rs.c, N, C);
+    ops_residual_rmsnorm_bwd(gpu, at_g(dres, off), NULL, NULL, at_g(dout, off), at_g(xo, off), at_g(w, off),
+                             rs.g, N, C);
+    expect_ok(name);
+    check_view(name, "dres (no in)", dres, off, n, 1e-2);
+    buf_free(x), buf_free(res), buf_free(w), buf_free(x_out), buf_free(out), buf_free(rstd), buf_free(y);
+    buf_free(out2), buf_free(rstd2), buf_free(xo), buf_free(rs), buf_free(dout), buf_free(din), buf_free(dres);
+    buf_free(dw);
+}
+
+// Widths: the 1.5B and 0.5B hidden sizes with enough rows that backward blocks loop over several rows; odd and
+// not-multiple-of-8 widths (element path); a misaligned view; narrow rows of the q/k norms (several rows per
+// block); and the wider geometries (2, 4 and 8 vectors per thread).
+static void test_residual_rmsnorm(void) {
+    test_residual_rmsnorm_case(3001, 1536, 0, 0);
+    test_residual_rmsnorm_case(2999, 896, 1, 0);
+    test_residual_rmsnorm_case(37, 1003, 0, 0);
+    test_residual_rmsnorm_case(45, 1030, 1, 0);
+    test_residual_rmsnorm_case(301, 1536, 0, 1);
+    test_residual_rmsnorm_case(10001, 128, 0, 0);
+    test_residual_rmsnorm_case(1001, 12, 1, 0);
+    test_residual_rmsnorm_case(777, 3000, 0, 0);
+    test_residual_rmsnorm_case(300, 4100, 1, 0);
+    test_residual_rmsnorm_case(200, 8200, 0, 0);
+}
+
 static void test_rope(void) {
     const int N = 29, H = 5;
     const int Ds[2] = {34, 7};  // even; odd (the last element of each head stays put)
@@ -277,9 +411,11 @@ static void test_rope(void) {
 }
 
 // bias_mode: 0 none, 1 aligned bias, 2 bias at an odd element offset (cuBLASLt epilogue may refuse it).
-static void test_matmul_case(int N, int IC, int OC, int bias_mode) {
+// label: which GEMM plans the CUDA context picks ("" autotuned, "h" the heuristic's first pick).
+static void test_matmul_case(int N, int IC, int OC, int bias_mode, const char *label) {
     char name[64];
-    snprintf(name, sizeof name, "matmul %dx%dx%d%s", N, IC, OC, bias_mode == 2 ? " b+1" : bias_mode ? " b" : "");
+    snprintf(name, sizeof name, "matmul %dx%dx%d%s%s", N, IC, OC, bias_mode == 2 ? " b+1" : bias_mode ? " b" : "",
+             label);
     Buf in = buf_rand((size_t)N * IC, -1, 1), w = buf_rand((size_t)OC * IC, -1, 1), bias = buf_rand(OC + 1, -1, 1);
     const size_t boff = bias_mode == 2 ? 1 : 0;
     Buf out = buf_new(STORAGE, (size_t)N * OC);
@@ -304,12 +440,43 @@ static void test_matmul_case(int N, int IC, int OC, int bias_mode) {
         buf_free(dbias);
 }
 
+static void test_matmul_cases(const char *label) {
+    test_matmul_case(37, 67, 45, 1, label);     // odd everything: unaligned rows for cuBLASLt
+    test_matmul_case(64, 128, 96, 1, label);    // aligned
+    test_matmul_case(33, 64, 24, 2, label);     // misaligned bias pointer
+    test_matmul_case(1, 256, 130, 0, label);    // a single row, no bias
+    test_matmul_case(300, 40, 8, 1, label);     // long and thin (dw reduces over 300 rows)
+    // Large enough (>= 1 GFLOP each) for cuda_matmul.cu to time the heuristic's candidates on first use: the
+    // accumulating din and dw checks fail if a trial run touched the caller's output, the others if the kept
+    // algorithm computes something else. The second has 4-byte-aligned rows and an odd bias address.
+    test_matmul_case(512, 1024, 1024, 1, label);
+    test_matmul_case(520, 1000, 1030, 2, label);
+}
+
+// Every case twice: on a context that autotunes its GEMM plans (TANDEM_GEMM_AUTOTUNE=2 also logs each decision
+// on stderr), and on one that keeps the heuristic's first pick (=0). The variable is read on a context's first
+// GEMM, so each context gets its own setting.
 static void test_matmul(void) {
-    test_matmul_case(37, 67, 45, 1);    // odd everything: unaligned rows for cuBLASLt
-    test_matmul_case(64, 128, 96, 1);   // aligned
-    test_matmul_case(33, 64, 24, 2);    // misaligned bias pointer
-    test_matmul_case(1, 256, 130, 0);   // a single row, no bias
-    test_matmul_case(300, 40, 8, 1);    // long and thin (dw reduces over 300 rows)
+    const char *saved = getenv("TANDEM_GEMM_AUTOTUNE");
+    char *keep = saved ? strdup(saved) : NULL;
+    OpsCtx *gpu_default = gpu;
+    const char *modes[2] = {"2", "0"}, *labels[2] = {"", " h"};
+    for (int i = 0; i < 2; i++) {
+        char err[256];
+        setenv("TANDEM_GEMM_AUTOTUNE", modes[i], 1);
+        if (ops_create(&gpu, OPS_BACKEND_CUDA, 0, err, sizeof err) != 0) {
+            printf("FAIL matmul: cannot create a CUDA context: %s\n", err);
+            failures++;
+            gpu = gpu_default;
+            continue;
+        }
+        test_matmul_cases(labels[i]);
+        ops_destroy(gpu);
+        gpu = gpu_default;
+    }
+    if (keep) setenv("TANDEM_GEMM_AUTOTUNE", keep, 1);
+    else unsetenv("TANDEM_GEMM_AUTOTUNE");
+    free(keep);
 }
 
 // Training attention over packed sequences of the given lengths.
@@ -421,23 +588,155 @@ static void test_paged_case(int Hq, int Hkv, int D, int block_size) {
         buf_free(q), buf_free(out);
 }
 
+// Paged attention alone over a random cache: n_seqs sequences of ctx_len[s] positions in scattered blocks of
+// a pool (tables (n_seqs, max_blocks), unused entries -1). Queries: every sequence's decode token (position
+// ctx_len - 1); with chunk_seq >= 0 also a prefill chunk of that sequence (positions chunk_from ..
+// ctx_len - 2); with nan_tokens also three tokens without cache (no sequence, a negative position, a position
+// past the block table). hole_seq >= 0 unassigns a block in the middle of that sequence's context, so its
+// tokens that reach it get NaN on both backends. q is read at element offset q_off (1: a misaligned q).
+// The CUDA backend splits the context over blocks (and merges the splits) when tokens x kv heads are few,
+// decided from N, Hkv and the table size, so the cases below cover both: one token with a long context, a few
+// dozen sequences, a prefill chunk beside decodes; and over a thousand decode tokens or a 640-token prompt,
+// which an H100/H200 (132 SMs) does not split.
+// Tolerance 1e-2 as for every bf16 output: the outputs are rounded to bf16 once; the fp32 sums differ only
+// in order (and exp2 of log2-domain scores vs exp), orders of magnitude below that.
+static void paged_attend_case(const char *what, int Hq, int Hkv, int D, int block_size, int max_blocks, int n_seqs,
+                              const int *ctx_len, int hole_seq, int chunk_seq, int chunk_from, int nan_tokens,
+                              size_t q_off) {
+    char name[96];
+    snprintf(name, sizeof name, "paged %s D=%d %d/%d bs%d", what, D, Hq, Hkv, block_size);
+    int n_blk = 4;  // spare blocks nobody uses
+    for (int s = 0; s < n_seqs; s++) {
+        const int nb = (ctx_len[s] + block_size - 1) / block_size;
+        if (ctx_len[s] < 1 || nb > max_blocks) {
+            printf("FAIL %-22s bad test setup: sequence %d of %d positions\n", name, s, ctx_len[s]);
+            failures++;
+            return;
+        }
+        n_blk += nb;
+    }
+    int32_t *perm = malloc((size_t)n_blk * sizeof *perm), *tables = malloc((size_t)n_seqs * max_blocks * 4);
+    for (int i = 0; i < n_blk; i++) perm[i] = i;
+    for (int i = n_blk - 1; i > 0; i--) {
+        int j = irand(i + 1), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
+    }
+    int used = 0;
+    for (int s = 0; s < n_seqs; s++)
+        for (int b = 0; b < max_blocks; b++)
+            tables[(size_t)s * max_blocks + b] = b * block_size < ctx_len[s] ? perm[used++] : -1;
+    if (hole_seq >= 0) tables[(size_t)hole_seq * max_blocks + (ctx_len[hole_seq] - 1) / block_size / 2] = -1;
+    int n_q = n_seqs + 3 + (chunk_seq >= 0 ? ctx_len[chunk_seq] : 0);
+    int32_t *tseq = malloc((size_t)n_q * 4), *tpos = malloc((size_t)n_q * 4);
+    int N = 0;
+    for (int s = 0; s < n_seqs; s++) tseq[N] = s, tpos[N++] = ctx_len[s] - 1;
+    if (chunk_seq >= 0)
+        for (int p = chunk_from; p < ctx_len[chunk_seq] - 1; p++) tseq[N] = chunk_seq, tpos[N++] = p;
+    if (nan_tokens) {
+        tseq[N] = -1, tpos[N++] = 3;
+        tseq[N] = 0, tpos[N++] = -1;
+        tseq[N] = 0, tpos[N++] = max_blocks * block_size;
+    }
+    const size_t row = (size_t)Hkv * D, n_slots = (size_t)n_blk * block_size;
+    Buf kc = buf_rand(n_slots * row, -2, 2), vc = buf_rand(n_slots * row, -1, 1);
+    Buf bt = buf_from(I32, tables, (size_t)n_seqs * max_blocks);
+    Buf ts = buf_from(I32, tseq, N), tp = buf_from(I32, tpos, N);
+    Buf q = buf_rand((size_t)N * Hq * D + q_off, -2, 2), out = buf_new(STORAGE, (size_t)N * Hq * D);
+    const float scale = 1.0f / sqrtf((float)D);
+    ops_attention_paged_fwd(cpu, out.c, at_c(q, q_off), kc.c, vc.c, bt.c, ts.c, tp.c, N, Hq, Hkv, D, block_size,
+                            max_blocks, scale);
+    ops_attention_paged_fwd(gpu, out.g, at_g(q, q_off), kc.g, vc.g, bt.g, ts.g, tp.g, N, Hq, Hkv, D, block_size,
+                            max_blocks, scale);
+    expect_ok(name);
+    check(name, "out", out, 1e-2);
+    buf_free(kc), buf_free(vc), buf_free(bt), buf_free(ts), buf_free(tp), buf_free(q), buf_free(out);
+    free(perm), free(tables), free(tseq), free(tpos);
+}
+
 static void test_paged(void) {
     test_paged_case(6, 2, 64, 16);
     test_paged_case(4, 1, 80, 8);  // D not a multiple of 32: lanes with partial dims
+    test_paged_case(14, 2, 36, 16);  // D not a multiple of 8: the per-head kernel
+
+    // One decode token with a long context: one split per tile, some left empty by a table longer than it.
+    const int one_long[1] = {2500}, one_longer[1] = {3001};
+    paged_attend_case("batch 1", 14, 2, 64, 16, 256, 1, one_long, -1, -1, 0, 0, 0);
+    paged_attend_case("batch 1 q+1", 14, 2, 64, 16, 160, 1, one_long, -1, -1, 0, 0, 1);  // misaligned q
+    paged_attend_case("batch 1", 12, 2, 128, 32, 100, 1, one_longer, -1, -1, 0, 0, 0);
+    paged_attend_case("batch 1 hole", 12, 2, 128, 16, 200, 1, one_longer, 0, -1, 0, 0, 0);
+
+    // Many short sequences (no split), NaN tokens and a sequence with an unassigned block.
+    enum { MANY = 1100 };
+    int *many = malloc(MANY * sizeof *many);
+    for (int s = 0; s < MANY; s++) many[s] = 1 + irand(70);
+    many[5] = 40;  // the hole (block 1 of 3) lies inside the context
+    paged_attend_case("many", 14, 2, 64, 16, 8, MANY, many, 5, -1, 0, 1, 0);
+    for (int s = 0; s < MANY; s++) many[s] = 1 + irand(100);
+    many[7] = 90;
+    paged_attend_case("many", 12, 2, 128, 32, 4, MANY, many, 7, -1, 0, 1, 0);
+    free(many);
+
+    // A few dozen sequences of a few hundred to 1600 positions (splits), with NaN tokens and a hole.
+    enum { SOME = 24 };
+    int some[SOME];
+    for (int s = 0; s < SOME; s++) some[s] = 200 + irand(1400);
+    paged_attend_case("some", 12, 2, 128, 16, 128, SOME, some, 3, -1, 0, 1, 0);
+    paged_attend_case("some", 14, 2, 64, 32, 64, SOME, some, 3, -1, 0, 1, 0);
+
+    // Prefill chunks: a whole 640-token prompt (no split) and its last 200 positions beside other decodes.
+    const int prompt[1] = {640}, mixed[5] = {1, 33, 500, 97, 1200};
+    paged_attend_case("prefill", 14, 2, 64, 16, 48, 1, prompt, -1, 0, 0, 0, 0);
+    paged_attend_case("prefill", 12, 2, 128, 16, 48, 1, prompt, -1, 0, 0, 0, 0);
+    paged_attend_case("chunk", 14, 2, 64, 16, 48, 1, prompt, -1, 0, 440, 0, 0);
+    paged_attend_case("chunk", 12, 2, 96, 32, 40, 5, mixed, -1, 4, 1000, 1, 0);  // 12 of 16 lanes per row
+
+    // Other group sizes (1, 3 of 4 padded heads, 16 and 12 as two blocks per kv head, 5, 2), head dims (40,
+    // 256), block sizes larger than a tile, smaller ones, and one that is not a power of two.
+    paged_attend_case("mha", 4, 4, 128, 16, 80, 5, mixed, 2, -1, 0, 1, 0);
+    paged_attend_case("g3", 6, 2, 64, 128, 10, 5, mixed, -1, 2, 400, 1, 0);
+    paged_attend_case("g16", 16, 1, 64, 8, 160, 5, mixed, 4, -1, 0, 1, 0);
+    paged_attend_case("g12", 12, 1, 128, 32, 40, 5, mixed, -1, 4, 1100, 1, 0);
+    paged_attend_case("g5", 5, 1, 40, 24, 60, 5, mixed, -1, 1, 0, 1, 0);
+    paged_attend_case("d256", 8, 2, 256, 16, 80, 5, mixed, 3, 3, 20, 1, 0);
+    paged_attend_case("g2", 4, 2, 64, 16, 80, 5, mixed, -1, -1, 0, 1, 0);
+}
+
+// I = 77: the element path; I = 64 and 4480: 16-byte vectors; a misaligned view (element 1): the element path on a
+// vector width. The large shapes have more work items than the grid has threads, so each thread walks several
+// (row, column) steps.
+static void test_swiglu_case(int N, int I, size_t off) {
+    char fwd[48], bwd[48];
+    snprintf(fwd, sizeof fwd, "swiglu_fwd I=%d%s", I, off ? "+1" : "");
+    snprintf(bwd, sizeof bwd, "swiglu_bwd I=%d%s", I, off ? "+1" : "");
+    const size_t ngu = (size_t)N * 2 * I, nout = (size_t)N * I;
+    Buf gu = buf_new(STORAGE, ngu + off), out = buf_new(STORAGE, nout + off);
+    Buf dout = buf_new(STORAGE, nout + off), dgu = buf_new(STORAGE, ngu + off);
+    float *h = rand_host(ngu, -6, 6);
+    buf_set(gu, off, h, ngu);
+    free(h);
+    h = rand_host(nout, -1, 1);
+    buf_set(dout, off, h, nout);
+    free(h);
+    h = rand_host(ngu, -9, 9);  // overwritten
+    buf_set(dgu, off, h, ngu);
+    free(h);
+    ops_swiglu_fwd(cpu, at_c(out, off), at_c(gu, off), N, I);
+    ops_swiglu_fwd(gpu, at_g(out, off), at_g(gu, off), N, I);
+    ops_swiglu_bwd(cpu, at_c(dgu, off), at_c(dout, off), at_c(gu, off), N, I);
+    ops_swiglu_bwd(gpu, at_g(dgu, off), at_g(dout, off), at_g(gu, off), N, I);
+    expect_ok(fwd);
+    check_view(fwd, "out", out, off, nout, 1e-2);
+    check_view(bwd, "dgu", dgu, off, ngu, 1e-2);
+    buf_free(gu), buf_free(out), buf_free(dout), buf_free(dgu);
 }
 
 static void test_swiglu(void) {
-    const int N = 33, I = 77;
-    Buf gu = buf_rand((size_t)N * 2 * I, -6, 6), out = buf_new(STORAGE, (size_t)N * I);
-    Buf dout = buf_rand((size_t)N * I, -1, 1), dgu = buf_rand((size_t)N * 2 * I, -9, 9);
-    ops_swiglu_fwd(cpu, out.c, gu.c, N, I);
-    ops_swiglu_fwd(gpu, out.g, gu.g, N, I);
-    ops_swiglu_bwd(cpu, dgu.c, dout.c, gu.c, N, I);
-    ops_swiglu_bwd(gpu, dgu.g, dout.g, gu.g, N, I);
-    expect_ok("swiglu");
-    check("swiglu_fwd", "out", out, 1e-2);
-    check("swiglu_bwd", "dgu", dgu, 1e-2);
-    buf_free(gu), buf_free(out), buf_free(dout), buf_free(dgu);
+    test_swiglu_case(33, 77, 0);
+    test_swiglu_case(20001, 77, 0);
+    test_swiglu_case(31, 64, 0);
+    test_swiglu_case(2049, 4480, 0);
+    test_swiglu_case(129, 4480, 1);
 }
 
 static void test_logprobs_case(int N, int V, float inv_t, float offset) {
@@ -527,6 +826,7 @@ int main(void) {
     test_add();
     test_embedding();
     test_rmsnorm();
+    test_residual_rmsnorm();
     test_rope();
     test_matmul();
     test_attention();

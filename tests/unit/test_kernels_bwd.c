@@ -67,6 +67,69 @@ static void test_rmsnorm_bwd(void) {
     free(x), free(w), free(dout), free(out), free(r), free(p), free(g), free(dx), free(dw), free(want_dx), free(want_dw);
 }
 
+// ---- fused residual + RMSNorm: params = [x (N, C) | residual (N, C) | w (C)] ---------------------------------
+// f = <rmsnorm(x + residual) w, r> + <x + residual, r2>: the second term is the residual stream carrying on past
+// the norm, so df/dx = df/dresidual = r2 + the norm's input gradient — what the fused backward merges.
+static double f_residual_rmsnorm(const double *p, void *vc) {
+    const Ctx *c = vc;
+    const size_t nx = (size_t)c->N * c->C;
+    const double *x = p, *res = p + nx, *w = p + 2 * nx, *r2 = c->r + nx;
+    double f = 0.0;
+    for (int n = 0; n < c->N; n++) {
+        double ss = 0.0;
+        for (int j = 0; j < c->C; j++) {
+            const double v = x[n * c->C + j] + res[n * c->C + j];
+            ss += v * v;
+        }
+        const double r = 1.0 / sqrt(ss / c->C + c->eps);
+        for (int j = 0; j < c->C; j++) {
+            const double v = x[n * c->C + j] + res[n * c->C + j];
+            f += c->r[n * c->C + j] * w[j] * v * r + r2[n * c->C + j] * v;
+        }
+    }
+    return f;
+}
+
+static void test_residual_rmsnorm_bwd(void) {
+    Ctx c = {.N = 5, .C = 37, .eps = 1e-6f};
+    const size_t nx = (size_t)c.N * c.C, np = 2 * nx + c.C;
+    float *x = seeded(nx, 2.0), *res = seeded(nx, 2.0), *w = seeded(c.C, 1.5), *dout = seeded(nx, 1.0);
+    float *dres_in = seeded(nx, 1.0), *x_out = kt_falloc(nx), *out = kt_falloc(nx), rstd[5];
+    double *r = kt_dalloc(2 * nx), *p = kt_dalloc(np), *g = kt_dalloc(np);
+    for (size_t i = 0; i < nx; i++) r[i] = dout[i], r[nx + i] = dres_in[i], p[i] = x[i], p[nx + i] = res[i];
+    for (int j = 0; j < c.C; j++) p[2 * nx + j] = w[j];
+    c.r = r;
+    kt_fd_grad(f_residual_rmsnorm, p, np, &c, g);
+    cpu_residual_rmsnorm_fwd(x_out, out, rstd, x, res, w, c.N, c.C, c.eps);
+
+    // dres_out overwritten (NaN seed), dw accumulated (random seed).
+    float *dres = nan_filled(nx), *dw = seeded(c.C, 1.0);
+    double *want_dw = grad_plus(dw, g + 2 * nx, c.C);
+    cpu_residual_rmsnorm_bwd(dres, dw, dres_in, dout, x_out, w, rstd, c.N, c.C);
+    kt_close("residual_rmsnorm dres vs d/dx", dres, g, nx, RTOL, ATOL);
+    kt_close("residual_rmsnorm dres vs d/dresidual", dres, g + nx, nx, RTOL, ATOL);
+    kt_close("residual_rmsnorm dw (accumulated)", dw, want_dw, c.C, RTOL, ATOL);
+
+    // The unfused backward (rmsnorm_bwd accumulating into a copy of dres_in) gives the same bits; so does the fused
+    // op in place on dres_in.
+    float *dx = kt_falloc(nx), *inplace = kt_falloc(nx);
+    memcpy(dx, dres_in, nx * sizeof(float));
+    memcpy(inplace, dres_in, nx * sizeof(float));
+    cpu_rmsnorm_bwd(dx, NULL, dout, x_out, w, rstd, c.N, c.C);
+    cpu_residual_rmsnorm_bwd(inplace, NULL, inplace, dout, x_out, w, rstd, c.N, c.C);
+    KT_CHECK(memcmp(dx, dres, nx * sizeof(float)) == 0, "fused backward differs from rmsnorm_bwd's accumulation");
+    KT_CHECK(memcmp(inplace, dres, nx * sizeof(float)) == 0, "fused backward in place on dres_in differs");
+
+    // dres_in NULL: the norm's input gradient alone (the r2 term's gradient, r2 itself, taken away).
+    float *alone = nan_filled(nx);
+    double *want_alone = kt_dalloc(nx);
+    for (size_t i = 0; i < nx; i++) want_alone[i] = g[i] - r[nx + i];
+    cpu_residual_rmsnorm_bwd(alone, NULL, NULL, dout, x_out, w, rstd, c.N, c.C);
+    kt_close("residual_rmsnorm dres (dres_in NULL, overwrite)", alone, want_alone, nx, RTOL, ATOL);
+    free(x), free(res), free(w), free(dout), free(dres_in), free(x_out), free(out), free(r), free(p), free(g);
+    free(dres), free(dw), free(want_dw), free(dx), free(inplace), free(alone), free(want_alone);
+}
+
 // ---- RoPE: params = x (N, H, D) -------------------------------------------------------------------------
 static double f_rope(const double *x, void *vc) {
     const Ctx *c = vc;
@@ -273,6 +336,7 @@ static void test_embedding_bwd(void) {
 int main(void) {
     kt_seed(777);
     test_rmsnorm_bwd();
+    test_residual_rmsnorm_bwd();
     test_rope_bwd();
     test_matmul_bwd();
     test_swiglu_bwd();

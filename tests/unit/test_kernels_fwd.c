@@ -3,6 +3,7 @@
 // Tolerances: fp32 kernels vs double references agree to ~1e-6 relative; the checks use rtol 1e-5 with an
 // absolute floor of 1e-6 x the tensor's largest value (elements near zero carry absolute, not relative, error).
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/ops.h"
 #include "kernels/cpu/cpu_vecmath.h"
 #include "kernels_testlib.h"
 
@@ -118,7 +119,97 @@ static void test_rmsnorm(void) {
     free(x), free(w), free(out), free(want);
 }
 
+static int same_bits(const float *a, const float *b, size_t n) { return memcmp(a, b, n * sizeof(float)) == 0; }
+
+// Fused residual add + RMSNorm: against the double reference of x_out = x + residual and its norm, and against the
+// unfused pair (cpu_add_inplace, then cpu_rmsnorm_fwd) bit for bit — the contract of ops_residual_rmsnorm_fwd —
+// in place on either input, and without a residual (a plain norm that leaves x_out alone).
+static void test_residual_rmsnorm(void) {
+    const int Cs[3] = {37, 64, 1};
+    for (int ci = 0; ci < 3; ci++) {
+        const int N = 6, C = Cs[ci];
+        const size_t n = (size_t)N * C;
+        const float eps = 1e-6f;
+        float *x = kt_falloc(n), *res = kt_falloc(n), *w = kt_falloc(C), *x_out = kt_falloc(n), *out = kt_falloc(n);
+        float rstd[6], rstd2[6];
+        kt_fill(x, n, 3.0);
+        kt_fill(res, n, 3.0);
+        kt_fill(w, C, 1.5);
+        double *want_sum = kt_dalloc(n), *want = kt_dalloc(n), want_r[6];
+        for (int r = 0; r < N; r++) {
+            double ss = 0.0;
+            for (int c = 0; c < C; c++) {
+                const double v = (double)x[r * C + c] + res[r * C + c];
+                want_sum[r * C + c] = v;
+                ss += v * v;
+            }
+            want_r[r] = 1.0 / sqrt(ss / C + eps);
+            for (int c = 0; c < C; c++) want[r * C + c] = (double)w[c] * want_sum[r * C + c] * want_r[r];
+        }
+        char what[64];
+        cpu_residual_rmsnorm_fwd(x_out, out, rstd, x, res, w, N, C, eps);
+        snprintf(what, sizeof what, "residual_rmsnorm C=%d x_out", C);
+        kt_close(what, x_out, want_sum, n, 1.2e-7, 0.0); // one fp32 rounding (2^-24 relative, twice for margin)
+        snprintf(what, sizeof what, "residual_rmsnorm C=%d out", C);
+        kt_close(what, out, want, n, RTOL, ATOL);
+        snprintf(what, sizeof what, "residual_rmsnorm C=%d rstd", C);
+        kt_close(what, rstd, want_r, N, RTOL, 0.0);
+
+        // The unfused pair on a copy.
+        float *y = kt_falloc(n), *out2 = kt_falloc(n);
+        memcpy(y, x, n * sizeof(float));
+        cpu_add_inplace(y, res, n);
+        cpu_rmsnorm_fwd(out2, rstd2, y, w, N, C, eps);
+        KT_CHECK(same_bits(x_out, y, n) && same_bits(out, out2, n) && same_bits(rstd, rstd2, N),
+                 "C=%d: fused residual + rmsnorm differs from add_inplace + rmsnorm_fwd", C);
+
+        // In place on x, then on residual: the same bits.
+        float *xi = kt_falloc(n), *ri = kt_falloc(n);
+        memcpy(xi, x, n * sizeof(float));
+        memcpy(ri, res, n * sizeof(float));
+        cpu_residual_rmsnorm_fwd(xi, out2, rstd2, xi, res, w, N, C, eps);
+        KT_CHECK(same_bits(xi, x_out, n) && same_bits(out2, out, n) && same_bits(rstd2, rstd, N),
+                 "C=%d: x_out aliasing x changes the result", C);
+        cpu_residual_rmsnorm_fwd(ri, out2, NULL, x, ri, w, N, C, eps);
+        KT_CHECK(same_bits(ri, x_out, n) && same_bits(out2, out, n), "C=%d: x_out aliasing residual changes the result",
+                 C);
+
+        // No residual: the plain norm of x_out repeats the fused out and rstd; x_out is not written.
+        float *untouched = kt_falloc(n);
+        for (size_t i = 0; i < n; i++) untouched[i] = NAN;
+        cpu_residual_rmsnorm_fwd(untouched, out2, rstd2, x_out, NULL, w, N, C, eps);
+        KT_CHECK(same_bits(out2, out, n) && same_bits(rstd2, rstd, N),
+                 "C=%d: a plain norm of the stored x_out differs from the fused op's", C);
+        int written = 0;
+        for (size_t i = 0; i < n; i++) written |= !isnan(untouched[i]);
+        KT_CHECK(!written, "C=%d: x_out written although residual is NULL", C);
+        free(x), free(res), free(w), free(x_out), free(out), free(want_sum), free(want), free(y), free(out2), free(xi),
+            free(ri), free(untouched);
+    }
+}
+
 // The angle is pos * inv_freq rounded to fp32 (as transformers computes it); cos/sin of it in double.
+// Through the ops API: a residual without somewhere to put x_out, or a bad shape, is refused with a message.
+static void test_residual_rmsnorm_errors(void) {
+    OpsCtx *ctx = NULL;
+    char err[256];
+    if (ops_create(&ctx, OPS_BACKEND_CPU, 0, err, sizeof err) != 0) {
+        KT_CHECK(0, "ops_create(cpu) failed: %s", err);
+        return;
+    }
+    float x[8] = {1, 2, 3, 4, 5, 6, 7, 8}, res[8] = {0}, w[4] = {1, 1, 1, 1}, out[8], rstd[2];
+    ops_residual_rmsnorm_fwd(ctx, NULL, out, rstd, x, res, w, 2, 4, 1e-6f);
+    KT_CHECK(ops_status(ctx) < 0 && strstr(ops_error(ctx), "without x_out"),
+             "a residual without x_out must be refused: \"%s\"", ops_error(ctx));
+    ops_clear_error(ctx);
+    ops_residual_rmsnorm_bwd(ctx, out, NULL, NULL, x, x, w, rstd, 2, 0);
+    KT_CHECK(ops_status(ctx) < 0 && strstr(ops_error(ctx), "C=0"), "C = 0 must be refused: \"%s\"", ops_error(ctx));
+    ops_clear_error(ctx);
+    ops_residual_rmsnorm_fwd(ctx, NULL, out, rstd, x, NULL, w, 2, 4, 1e-6f); // no residual: x_out may be NULL
+    KT_CHECK(ops_status(ctx) == 0, "a plain norm through the fused op failed: %s", ops_error(ctx));
+    ops_destroy(ctx);
+}
+
 static void rope_ref(double *out, const float *x, const int32_t *pos, const float *inv_freq, int N, int H, int D) {
     const int half = D / 2;
     for (int n = 0; n < N; n++)
@@ -276,6 +367,8 @@ int main(void) {
     test_add_inplace();
     test_embedding();
     test_rmsnorm();
+    test_residual_rmsnorm();
+    test_residual_rmsnorm_errors();
     test_rope();
     test_matmul();
     test_swiglu();

@@ -440,8 +440,22 @@ static void test_metrics(void) {
     for (int i = 0; i < 12; i++) s.step_seconds_buckets[i] = i < 3 ? 2 * i : 9; // cumulative
     s.policy_version = 4;
     size_t len = 0;
-    char *t = http_metrics_render(&m, &s, "tiny\"m", &len);
+    // Two engines (--devices): their own series, labelled by index and device.
+    EngineMemberStats per[2];
+    memset(per, 0, sizeof per);
+    per[0].stats.generation_tokens_total = 7;
+    per[1].stats.generation_tokens_total = 5;
+    per[1].requests_routed = 3;
+    per[1].outstanding = 2;
+    per[0].stats.policy_version = per[1].stats.policy_version = 4;
+    const char *devices[2] = {"cuda:0", "cuda:1"};
+    char *t = http_metrics_render(&m, &s, per, devices, 2, "tiny\"m", &len);
     CHECK(t && len == strlen(t));
+    CHECK(strstr(t, "# TYPE tandem_engine_requests_routed_total counter\n"));
+    CHECK(strstr(t, "tandem_engine_requests_routed_total{model_name=\"tiny\\\"m\",engine=\"1\",device=\"cuda:1\"} 3\n"));
+    CHECK(strstr(t, "tandem_engine_outstanding_sequences{model_name=\"tiny\\\"m\",engine=\"1\",device=\"cuda:1\"} 2\n"));
+    CHECK(strstr(t, "tandem_engine_generation_tokens_total{model_name=\"tiny\\\"m\",engine=\"0\",device=\"cuda:0\"} 7\n"));
+    CHECK(strstr(t, "tandem_engine_policy_version{model_name=\"tiny\\\"m\",engine=\"0\",device=\"cuda:0\"} 4\n"));
     CHECK(strstr(t, "tandem_http_requests_total{route=\"/v1/completions\",status=\"200\"} 2\n"));
     CHECK(strstr(t, "tandem_http_requests_total{route=\"/v1/completions\",status=\"429\"} 1\n"));
     CHECK(strstr(t, "tandem_http_requests_total{route=\"other\",status=\"404\"} 1\n"));
