@@ -156,9 +156,9 @@ def main():
     ap.add_argument("--server-gpu", choices=["cvd", "index"], default="cvd")
     ap.add_argument("--timeout", type=int, default=300, help="seconds per training run")
     ap.add_argument("--nccl-variants", default="",
-                    help="semicolon-separated NCCL tuning variants, each a space-separated list of VAR=VALUE set for "
+                    help="semicolon-separated NCCL tuning variants, each a comma- or space-separated list of VAR=VALUE set for "
                          "trainer and server, run with transport nccl after the --transports runs "
-                         "(e.g. 'NCCL_P2P_NVL_CHUNKSIZE=2097152;NCCL_NCHANNELS_PER_PEER=8')")
+                         "(e.g. 'NCCL_P2P_NVL_CHUNKSIZE=2097152;NCCL_MIN_P2P_NCHANNELS=32,NCCL_P2P_NVL_CHUNKSIZE=1048576')")
     ap.add_argument("--dry-run-cpu", action="store_true")
     args = ap.parse_args()
     build = pathlib.Path(args.build).resolve()
@@ -181,7 +181,7 @@ def main():
                 f.write(json.dumps({"prompt": f"numbers plus question {i}"}) + "\n")
         runs = [(t, t, {}) for t in args.transports.split(",")]
         for i, v in enumerate(x for x in args.nccl_variants.split(";") if x.strip()):
-            env = dict(kv.split("=", 1) for kv in v.split())
+            env = dict(kv.split("=", 1) for kv in v.replace(",", " ").split())
             runs.append(("nccl", f"nccl-v{i + 1}", env))
             print(f"nccl-v{i + 1}: {' '.join(f'{k}={val}' for k, val in env.items())}")
         for transport, tag, extra_env in runs:

@@ -27,7 +27,7 @@ try:
 except ImportError:   # the GPU machine: run as a script (see the end)
     pytest = None
 
-if pytest is not None:
+if pytest is not None and __name__ != "__main__":   # as a script (the GPU check) only the GPU part runs
     from server_fixtures import tiny_model_dir  # noqa: F401 (pytest fixture)
     from test_zmq_control import Client, free_port, hf_greedy, models, pack_units, send_update  # noqa: F401
 
@@ -72,7 +72,7 @@ def wait_idle(url, timeout=10):
 
 # ---- CPU ------------------------------------------------------------------------------------------------
 
-if pytest is not None:
+if pytest is not None and __name__ != "__main__":
     openai = pytest.importorskip("openai")
 
     @pytest.fixture(scope="module")
