@@ -4,6 +4,8 @@
 
 Two modes, both sides the same work, random weights, next-token cross-entropy over batch x seq tokens:
   fwdbwd : forward + backward, bf16 parameters, no optimizer step, no activation checkpointing.
+  update-nockpt : update without activation checkpointing on both sides (--gradient-checkpointing false; fits
+           in memory at these shapes and batch), so no forward runs twice.
            PyTorch: the transformers model in bf16 (sdpa attention).
   update : the policy update a GRPO/SFT step runs (the trainer's defaults, TRL's usual set-up): activation
            checkpointing, forward + backward, global gradient-norm clipping to 1.0, AdamW on fp32 master weights.
@@ -35,12 +37,13 @@ PEAK = 989e12
 
 def torch_step(cfg, B, T, mode, steps=5, warmup=2):
     torch.manual_seed(0)
-    update = mode == "update"
+    update = mode.startswith("update")
     model = AutoModelForCausalLM.from_config(cfg, dtype=torch.float32 if update else torch.bfloat16,
                                              attn_implementation="sdpa").cuda()
     opt = None
     if update:
-        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if mode == "update":
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         model.train()
         opt = torch.optim.AdamW(model.parameters(), lr=1e-6, fused=True)
     ids = torch.randint(0, cfg.vocab_size, (B, T), device="cuda")
@@ -78,7 +81,7 @@ def main():
     exe = pathlib.Path(args.build) / "bench" / "bench_model_step"
     rows = []
     for mode in args.modes.split(","):
-        flags = ["--checkpoint", "--adamw"] if mode == "update" else []
+        flags = {"update": ["--checkpoint", "--adamw"], "update-nockpt": ["--adamw"], "fwdbwd": []}[mode]
         for name in args.shapes.split(","):
             cfg = Qwen2Config(**SHAPES[name], max_position_embeddings=4096)
             with tempfile.TemporaryDirectory() as d:
@@ -101,13 +104,13 @@ def main():
             tok = args.batch * args.seq
             rows.append((mode, name, n, tok / ours["step_s"], tok / t_torch, ""))
     print(f"GPU {torch.cuda.get_device_name()} batch={args.batch} seq={args.seq} torch={torch.__version__}")
-    print(f"{'mode':<8}{'shape':<14}{'params':>14}{'tandem tok/s':>14}{'MFU':>7}{'torch tok/s':>13}{'MFU':>7}"
+    print(f"{'mode':<14}{'shape':<14}{'params':>14}{'tandem tok/s':>14}{'MFU':>7}{'torch tok/s':>13}{'MFU':>7}"
           f"{'ratio':>8}")
     for mode, name, n, ours, theirs, note in rows:
         if ours is None:
-            print(f"{mode:<8}{name:<14} tandem failed: {note}")
+            print(f"{mode:<14}{name:<14} tandem failed: {note}")
             continue
-        print(f"{mode:<8}{name:<14}{n:>14,}{ours:>14.0f}{6 * n * ours / PEAK:>7.1%}{theirs:>13.0f}"
+        print(f"{mode:<14}{name:<14}{n:>14,}{ours:>14.0f}{6 * n * ours / PEAK:>7.1%}{theirs:>13.0f}"
               f"{6 * n * theirs / PEAK:>7.1%}{ours / theirs:>7.2f}x")
     print("summary: train " + "; ".join(
         f"{mode} {name} failed" if ours is None

@@ -168,6 +168,23 @@ void ops_copy_to_host(OpsCtx *ctx, void *dst, const void *src, size_t bytes) {
 void ops_copy(OpsCtx *ctx, void *dst, const void *src, size_t bytes) {
     DISPATCH(ctx, cuda_copy(ctx, dst, src, bytes), memmove(dst, src, bytes));
 }
+static void cpu_copy_2d(void *dst, size_t dst_pitch, const void *src, size_t src_pitch, size_t rows, size_t cols,
+                        size_t es) {
+    for (size_t r = 0; r < rows; r++)
+        memcpy((char *)dst + r * dst_pitch * es, (const char *)src + r * src_pitch * es, cols * es);
+}
+void ops_copy_2d(OpsCtx *ctx, void *dst, size_t dst_pitch, const void *src, size_t src_pitch, size_t rows,
+                 size_t cols) {
+    if (ctx->error_code || rows == 0 || cols == 0) return;
+    if (!dst || !src || dst_pitch < cols || src_pitch < cols) {
+        ops_set_error(ctx, -1, __FILE__, __LINE__,
+                      "copy_2d: bad arguments (%zu rows of %zu elements, pitches dst %zu src %zu%s)", rows, cols,
+                      dst_pitch, src_pitch, !dst || !src ? ", NULL buffer" : "");
+        return;
+    }
+    DISPATCH(ctx, cuda_copy_2d(ctx, dst, dst_pitch, src, src_pitch, rows, cols),
+             cpu_copy_2d(dst, dst_pitch, src, src_pitch, rows, cols, ops_dtype_size(ctx)));
+}
 void ops_upload_f32(OpsCtx *ctx, void *dst, const float *src, size_t n) {
     DISPATCH(ctx, cuda_upload_f32(ctx, dst, src, n), memcpy(dst, src, n * sizeof(float)));
 }

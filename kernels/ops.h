@@ -55,6 +55,12 @@ void ops_memset_zero(OpsCtx *ctx, void *p, size_t bytes);
 void ops_copy_to_device(OpsCtx *ctx, void *dst, const void *src_host, size_t bytes);
 void ops_copy_to_host(OpsCtx *ctx, void *dst_host, const void *src, size_t bytes);
 void ops_copy(OpsCtx *ctx, void *dst, const void *src, size_t bytes);
+// Strided copy of a (rows, cols) block of storage elements between backend buffers: row r of dst (cols elements
+// from dst + r * dst_pitch) = row r of src (from src + r * src_pitch); pitches in elements, each >= cols. Splits a
+// fused projection's output (N, QD + 2 KVD) into q, k, v, and packs their gradients back. dst and src must not
+// overlap. cuda: cudaMemcpy2DAsync on the context's stream (recordable in a graph); cpu: a row loop.
+void ops_copy_2d(OpsCtx *ctx, void *dst, size_t dst_pitch, const void *src, size_t src_pitch, size_t rows,
+                 size_t cols);
 // fp32 host array <-> storage-dtype backend buffer (conversion with round-to-nearest-even on cuda).
 void ops_upload_f32(OpsCtx *ctx, void *dst, const float *src_host, size_t n);
 void ops_download_f32(OpsCtx *ctx, float *dst_host, const void *src, size_t n);

@@ -39,6 +39,10 @@ static size_t add_tensor(Builder *b, const char *name, int ndim, int64_t d0, int
     return t->offset;
 }
 
+// Places the next tensor directly after the one at `start` (numel elements), dropping the alignment padding: for
+// tensors that the model reads as one fused matrix. A no-op when numel is a multiple of LAYOUT_ALIGN.
+static void pack_after(Builder *b, size_t start, size_t numel) { b->cursor = start + numel; }
+
 static void end_unit(Builder *b) {
     b->layout->unit_numel[b->unit] = b->cursor;
     b->unit++;
@@ -78,12 +82,18 @@ int layout_build(Layout *layout, const ModelConfig *cfg, char *err, size_t err_l
         memset(&cur, 0xff, sizeof cur);
 #define LNAME(suffix) snprintf(name, sizeof name, "model.layers.%d.%s", l, suffix)
         LNAME("input_layernorm.weight");            ADD(cur.ln1, 1, C, 0);
+        // q, k and v must be adjacent with no padding between them (weights, and biases when present): they are
+        // read as one fused (QD + 2 KVD, C) matrix with one (QD + 2 KVD) bias (model_layer.c).
         LNAME("self_attn.q_proj.weight");           ADD(cur.wq, 2, QD, C);
+        pack_after(&b, cur.wq, (size_t)(QD * C));
         LNAME("self_attn.k_proj.weight");           ADD(cur.wk, 2, KVD, C);
+        pack_after(&b, cur.wk, (size_t)(KVD * C));
         LNAME("self_attn.v_proj.weight");           ADD(cur.wv, 2, KVD, C);
         if (cfg->attention_bias) {
             LNAME("self_attn.q_proj.bias");         ADD(cur.bq, 1, QD, 0);
+            pack_after(&b, cur.bq, (size_t)QD);
             LNAME("self_attn.k_proj.bias");         ADD(cur.bk, 1, KVD, 0);
+            pack_after(&b, cur.bk, (size_t)KVD);
             LNAME("self_attn.v_proj.bias");         ADD(cur.bv, 1, KVD, 0);
         }
         if (cfg->qk_norm) {
@@ -94,10 +104,7 @@ int layout_build(Layout *layout, const ModelConfig *cfg, char *err, size_t err_l
         LNAME("post_attention_layernorm.weight");   ADD(cur.ln2, 1, C, 0);
         // gate and up must be adjacent with no padding between them: they are read as one (2I, C) matrix.
         LNAME("mlp.gate_proj.weight");              ADD(cur.wgu, 2, I, C);
-        if (b.cursor != cur.wgu + (size_t)(I * C)) {
-            // (I*C) is not a multiple of LAYOUT_ALIGN: place up_proj directly after gate_proj anyway.
-            b.cursor = cur.wgu + (size_t)(I * C);
-        }
+        pack_after(&b, cur.wgu, (size_t)(I * C));
         size_t up;
         LNAME("mlp.up_proj.weight");                ADD(up, 2, I, C);
         LNAME("mlp.down_proj.weight");              ADD(cur.wdown, 2, C, I);

@@ -5,7 +5,8 @@
 // (+ lm_head when the embeddings are untied). Each unit is one flat contiguous buffer; every tensor sits at a
 // fixed offset (in elements, aligned to LAYOUT_ALIGN) inside it. All decoder-layer units share one set of
 // offsets (LayerOffsets), so the model code addresses a layer as `unit_base + off.wq`.
-// Within a layer, gate_proj and up_proj are adjacent so they form one fused (2I, C) weight.
+// Within a layer, q_proj, k_proj and v_proj are adjacent (and so are their biases) so they form one fused
+// (Hq*D + 2 Hkv*D, C) weight, and gate_proj and up_proj are adjacent so they form one fused (2I, C) weight.
 #ifndef TANDEM_SHARED_LAYOUT_H
 #define TANDEM_SHARED_LAYOUT_H
 
@@ -30,10 +31,10 @@ typedef struct {
 // Offsets (elements) of one decoder layer's tensors inside its unit; SIZE_MAX when the tensor is absent.
 typedef struct {
     size_t ln1;        // input_layernorm.weight (C)
-    size_t wq;         // q_proj.weight (Hq*D, C)
-    size_t wk;         // k_proj.weight (Hkv*D, C)
-    size_t wv;         // v_proj.weight (Hkv*D, C)
-    size_t bq, bk, bv; // q/k/v_proj.bias (Hq*D), (Hkv*D), (Hkv*D) — attention_bias only
+    size_t wq;         // q_proj.weight (Hq*D, C), followed directly by
+    size_t wk;         //   k_proj.weight (Hkv*D, C), followed directly by
+    size_t wv;         //   v_proj.weight (Hkv*D, C): the fused (Hq*D + 2 Hkv*D, C) weight starts at wq
+    size_t bq, bk, bv; // q/k/v_proj.bias (Hq*D), (Hkv*D), (Hkv*D), adjacent — attention_bias only
     size_t q_norm;     // q_norm.weight (D) — Qwen3 only
     size_t k_norm;     // k_norm.weight (D) — Qwen3 only
     size_t wo;         // o_proj.weight (C, Hq*D)

@@ -100,7 +100,7 @@ int decode_bufs_create(DecodeBufs **out, const Model *m, int max_tokens, int max
     b->max_seqs = max_seqs;
     b->max_blocks = max_blocks;
     b->max_logit_rows = max_logit_rows;
-    if (layer_acts_alloc(m, &b->acts, max_tokens, 0, &b->acts_block) != 0) goto oom;
+    if (layer_acts_alloc(m, &b->acts, max_tokens, LAYER_ACTS_INFERENCE, &b->acts_block) != 0) goto oom;
     b->x[0] = ops_malloc(o, N * C * es);
     b->x[1] = ops_malloc(o, N * C * es);
     b->rows = ops_malloc(o, (size_t)max_logit_rows * C * es);

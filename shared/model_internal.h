@@ -12,6 +12,9 @@ static inline void *elem_at(const Model *m, const void *base, size_t off) {
 // One decoder layer's forward intermediates for N tokens (storage dtype unless marked fp32).
 typedef struct {
     void *h1;      // (N, C) input_layernorm output
+    void *qkv;     // (N, Hq*D + 2 Hkv*D) fused [q | k | v] projection, split into q_pre, k_pre, v right away: scratch,
+                   // never read after the layer's forward (training points it at LayerGrads.dqkv, see
+                   // layer_acts_alloc)
     void *q_pre;   // (N, Hq*D) q projection before q_norm (== q when there is no q_norm)
     void *k_pre;   // (N, Hkv*D) k projection before k_norm (== k when there is no k_norm)
     void *q;       // (N, Hq, D) after q_norm and RoPE
@@ -27,6 +30,7 @@ typedef struct {
     float *q_rstd; // (N*Hq) qk_norm only
     float *k_rstd; // (N*Hkv) qk_norm only
     float *lse;    // (N, Hq) attention log-sum-exp (training only)
+    size_t bytes;  // backend memory of the block that layer_acts_alloc carved these from
 } LayerActs;
 
 // Backward scratch for one layer (storage dtype).
@@ -35,11 +39,13 @@ typedef struct {
     void *dq;      // (N, Hq*D)
     void *dk;      // (N, Hkv*D)
     void *dv;      // (N, Hkv*D)
+    void *dqkv;    // (N, Hq*D + 2 Hkv*D) [dq | dk | dv] packed for the fused projection's backward
     void *dq_pre;  // (N, Hq*D) qk_norm only
     void *dk_pre;  // (N, Hkv*D) qk_norm only
     void *datt;    // (N, Hq*D)
     void *dgu;     // (N, 2I)
     void *dact;    // (N, I)
+    size_t bytes;  // backend memory of the block
 } LayerGrads;
 
 // How attention sees the tokens: packed training sequences, or a paged KV cache.
@@ -50,10 +56,19 @@ typedef struct {
     void *k_cache, *v_cache;   // paged: this layer's pools
     const int32_t *slot_mapping, *block_tables, *token_seq; // backend memory
     int max_blocks, block_size;
+    // Training: a->att and a->lse hold this layer's attention output and log-sum-exp already (kept from the first
+    // forward, for a checkpoint recompute): the forward skips the attention itself.
+    int reuse_att;
 } AttnArgs;
 
+// What layer_acts_alloc carves. Training: the attention's lse too; the fused projection's scratch qkv is then left
+// NULL for the caller to point at its LayerGrads' dqkv (same size; a layer's forward is done with qkv before any
+// backward writes dqkv), so that every slot shares one. KEPT_ATT: att and lse are left NULL too — the caller points
+// them at the buffers of the layer about to run (activation checkpointing keeps them per layer).
+enum { LAYER_ACTS_INFERENCE = 0, LAYER_ACTS_TRAINING = 1, LAYER_ACTS_TRAINING_KEPT_ATT = 2 };
 // Allocates LayerActs for N tokens in one block of backend memory; *block receives it (free with ops_free).
-int layer_acts_alloc(const Model *m, LayerActs *a, int N, int training, void **block);
+// mode: LAYER_ACTS_* (above).
+int layer_acts_alloc(const Model *m, LayerActs *a, int N, int mode, void **block);
 int layer_grads_alloc(const Model *m, LayerGrads *g, int N, void **block);
 
 // x_out (N, C) = layer(x_in) ; p = the layer's unit parameters ; positions (N) backend memory.

@@ -1,10 +1,13 @@
 // shared/model_layer.c — one decoder layer, forward and backward, written against kernels/ops.h.
 //
-//   h1 = rmsnorm(x) ; q,k,v = h1 Wq^T (+bq), ... ; [qk_norm] ; rope(q, k) ; att = attention(q, k, v)
+//   h1 = rmsnorm(x) ; [q|k|v] = h1 [Wq;Wk;Wv]^T (+[bq|bk|bv]) ; [qk_norm] ; rope(q, k) ; att = attention(q, k, v)
 //   xmid = x + att Wo^T ; h2 = rmsnorm(xmid) ; gu = h2 [Wg;Wu]^T ; act = silu(g) * u ; x_out = xmid + act Wd^T
 // Each residual add runs fused with the RMSNorm after it (ops_residual_rmsnorm_fwd): xmid's inside the layer, and
 // x_out's — in the training forward — with the next layer's input norm (layer_forward_fused). The backward needs no
 // separate add either: the norms' backward adds their input gradient into the residual stream's gradient.
+// q, k and v come from one GEMM over the fused weight (shared/layout.h keeps them adjacent): the k and v projections
+// alone are thin (Hkv*D rows) and slow. The fused output is split into contiguous q, k, v (rope, qk_norm, attention
+// and the KV cache read those), and backward packs dq, dk, dv back into one buffer for one GEMM.
 #include <stdint.h>
 
 #include "shared/model_internal.h"
@@ -24,30 +27,33 @@ static void *carve(Carver *c, size_t elems, size_t elem_size) {
     return p;
 }
 
-static int alloc_carved(const Model *m, void **block, Carver *c, void (*assign)(const Model *, Carver *, void *, int, int),
-                        void *target, int N, int flag) {
+// Returns the block's size in bytes, or 0 on allocation failure.
+static size_t alloc_carved(const Model *m, void **block, Carver *c,
+                           void (*assign)(const Model *, Carver *, void *, int, int), void *target, int N, int flag) {
     // First pass measures, second assigns.
     Carver measure = {.base = NULL, .used = 0, .es = ops_dtype_size(m->ops)};
     assign(m, &measure, target, N, flag);
     *block = ops_malloc(m->ops, measure.used);
-    if (!*block) return -1;
+    if (!*block) return 0;
     *c = (Carver){.base = *block, .used = 0, .es = measure.es};
     assign(m, c, target, N, flag);
-    return 0;
+    return measure.used;
 }
 
-static void assign_acts(const Model *m, Carver *c, void *target, int N, int training) {
+static void assign_acts(const Model *m, Carver *c, void *target, int N, int mode) {
     LayerActs *a = target;
     const ModelConfig *cfg = &m->cfg;
     size_t C = cfg->hidden_size, I = cfg->intermediate_size, D = cfg->head_dim;
     size_t QD = (size_t)cfg->num_heads * D, KVD = (size_t)cfg->num_kv_heads * D, n = (size_t)N;
     a->h1 = carve(c, n * C, c->es);
+    const int training = mode != LAYER_ACTS_INFERENCE, kept_att = mode == LAYER_ACTS_TRAINING_KEPT_ATT;
+    a->qkv = training ? NULL : carve(c, n * (QD + 2 * KVD), c->es);
     a->q = carve(c, n * QD, c->es);
     a->k = carve(c, n * KVD, c->es);
     a->v = carve(c, n * KVD, c->es);
     a->q_pre = cfg->qk_norm ? carve(c, n * QD, c->es) : a->q;
     a->k_pre = cfg->qk_norm ? carve(c, n * KVD, c->es) : a->k;
-    a->att = carve(c, n * QD, c->es);
+    a->att = kept_att ? NULL : carve(c, n * QD, c->es);
     a->xmid = carve(c, n * C, c->es);
     a->h2 = carve(c, n * C, c->es);
     a->gu = carve(c, n * 2 * I, c->es);
@@ -56,7 +62,7 @@ static void assign_acts(const Model *m, Carver *c, void *target, int N, int trai
     a->rstd2 = carve(c, n, 4);
     a->q_rstd = cfg->qk_norm ? carve(c, n * cfg->num_heads, 4) : NULL;
     a->k_rstd = cfg->qk_norm ? carve(c, n * cfg->num_kv_heads, 4) : NULL;
-    a->lse = training ? carve(c, n * cfg->num_heads, 4) : NULL;
+    a->lse = training && !kept_att ? carve(c, n * cfg->num_heads, 4) : NULL;
 }
 
 static void assign_grads(const Model *m, Carver *c, void *target, int N, int unused) {
@@ -68,6 +74,7 @@ static void assign_grads(const Model *m, Carver *c, void *target, int N, int unu
     g->dq = carve(c, n * QD, c->es);
     g->dk = carve(c, n * KVD, c->es);
     g->dv = carve(c, n * KVD, c->es);
+    g->dqkv = carve(c, n * (QD + 2 * KVD), c->es);
     g->dq_pre = cfg->qk_norm ? carve(c, n * QD, c->es) : NULL;
     g->dk_pre = cfg->qk_norm ? carve(c, n * KVD, c->es) : NULL;
     g->datt = carve(c, n * QD, c->es);
@@ -75,14 +82,16 @@ static void assign_grads(const Model *m, Carver *c, void *target, int N, int unu
     g->dact = carve(c, n * I, c->es);
 }
 
-int layer_acts_alloc(const Model *m, LayerActs *a, int N, int training, void **block) {
+int layer_acts_alloc(const Model *m, LayerActs *a, int N, int mode, void **block) {
     Carver c;
-    return alloc_carved(m, block, &c, assign_acts, a, N, training);
+    a->bytes = alloc_carved(m, block, &c, assign_acts, a, N, mode);
+    return a->bytes ? 0 : -1;
 }
 
 int layer_grads_alloc(const Model *m, LayerGrads *g, int N, void **block) {
     Carver c;
-    return alloc_carved(m, block, &c, assign_grads, g, N, 0);
+    g->bytes = alloc_carved(m, block, &c, assign_grads, g, N, 0);
+    return g->bytes ? 0 : -1;
 }
 
 static const void *param(const Model *m, const void *p, size_t off) { return off == ABSENT ? NULL : elem_at(m, p, off); }
@@ -96,10 +105,13 @@ static void attention_and_mlp(Model *m, const void *p, LayerActs *a, const void 
     const LayerOffsets *lo = &m->layout.layer;
     const int C = cfg->hidden_size, I = cfg->intermediate_size, D = cfg->head_dim;
     const int Hq = cfg->num_heads, Hkv = cfg->num_kv_heads;
+    const size_t QD = (size_t)Hq * D, KVD = (size_t)Hkv * D, QKV = QD + 2 * KVD;
 
-    ops_matmul_fwd(o, a->q_pre, a->h1, param(m, p, lo->wq), param(m, p, lo->bq), N, C, Hq * D);
-    ops_matmul_fwd(o, a->k_pre, a->h1, param(m, p, lo->wk), param(m, p, lo->bk), N, C, Hkv * D);
-    ops_matmul_fwd(o, a->v, a->h1, param(m, p, lo->wv), param(m, p, lo->bv), N, C, Hkv * D);
+    // One GEMM over the fused weight and bias (both start at q's), then q, k, v made contiguous.
+    ops_matmul_fwd(o, a->qkv, a->h1, param(m, p, lo->wq), param(m, p, lo->bq), N, C, (int)QKV);
+    ops_copy_2d(o, a->q_pre, QD, a->qkv, QKV, (size_t)N, QD);
+    ops_copy_2d(o, a->k_pre, KVD, elem_at(m, a->qkv, QD), QKV, (size_t)N, KVD);
+    ops_copy_2d(o, a->v, KVD, elem_at(m, a->qkv, QD + KVD), QKV, (size_t)N, KVD);
     if (cfg->qk_norm) {
         ops_rmsnorm_fwd(o, a->q, a->q_rstd, a->q_pre, param(m, p, lo->q_norm), N * Hq, D, cfg->rms_norm_eps);
         ops_rmsnorm_fwd(o, a->k, a->k_rstd, a->k_pre, param(m, p, lo->k_norm), N * Hkv, D, cfg->rms_norm_eps);
@@ -110,7 +122,7 @@ static void attention_and_mlp(Model *m, const void *p, LayerActs *a, const void 
         ops_kv_cache_store(o, att->k_cache, att->v_cache, a->k, a->v, att->slot_mapping, N, Hkv, D);
         ops_attention_paged_fwd(o, a->att, a->q, att->k_cache, att->v_cache, att->block_tables, att->token_seq,
                                 positions, N, Hq, Hkv, D, att->block_size, att->max_blocks, m->attn_scale);
-    } else {
+    } else if (!att->reuse_att) {
         ops_attention_fwd(o, a->att, a->lse, a->q, a->k, a->v, att->cu_seqlens, att->n_seqs, N, Hq, Hkv, D,
                           m->attn_scale);
     }
@@ -157,6 +169,7 @@ void layer_backward(Model *m, const void *p, float *g, const LayerActs *a, const
     const LayerOffsets *lo = &m->layout.layer;
     const int C = cfg->hidden_size, I = cfg->intermediate_size, D = cfg->head_dim;
     const int Hq = cfg->num_heads, Hkv = cfg->num_kv_heads;
+    const size_t QD = (size_t)Hq * D, KVD = (size_t)Hkv * D, QKV = QD + 2 * KVD;
 
     // MLP branch: dres = d x_out = d xmid (residual) + d(mlp) ...
     ops_matmul_bwd(o, d->dact, g + lo->wdown, NULL, dres, a->act, param(m, p, lo->wdown), N, I, C, 0);
@@ -179,8 +192,11 @@ void layer_backward(Model *m, const void *p, float *g, const LayerActs *a, const
         dq = d->dq_pre;
         dk = d->dk_pre;
     }
-    ops_matmul_bwd(o, d->dh, g + lo->wq, grad_at(g, lo->bq), dq, a->h1, param(m, p, lo->wq), N, C, Hq * D, 0);
-    ops_matmul_bwd(o, d->dh, g + lo->wk, grad_at(g, lo->bk), dk, a->h1, param(m, p, lo->wk), N, C, Hkv * D, 1);
-    ops_matmul_bwd(o, d->dh, g + lo->wv, grad_at(g, lo->bv), d->dv, a->h1, param(m, p, lo->wv), N, C, Hkv * D, 1);
+    // [dq | dk | dv] packed, then one GEMM: dh, and dW / dbias of the fused weight, which land on the three
+    // tensors' gradients (the fp32 gradient buffer has the parameters' offsets).
+    ops_copy_2d(o, d->dqkv, QKV, dq, QD, (size_t)N, QD);
+    ops_copy_2d(o, elem_at(m, d->dqkv, QD), QKV, dk, KVD, (size_t)N, KVD);
+    ops_copy_2d(o, elem_at(m, d->dqkv, QD + KVD), QKV, d->dv, KVD, (size_t)N, KVD);
+    ops_matmul_bwd(o, d->dh, g + lo->wq, grad_at(g, lo->bq), d->dqkv, a->h1, param(m, p, lo->wq), N, C, (int)QKV, 0);
     ops_residual_rmsnorm_bwd(o, dres, g + lo->ln1, dres, d->dh, x_in, param(m, p, lo->ln1), a->rstd1, N, C);
 }

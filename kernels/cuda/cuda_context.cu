@@ -271,6 +271,15 @@ void cuda_copy(OpsCtx *ctx, void *dst, const void *src, size_t bytes) {
     CUDA_CHECK(ctx, cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToDevice, st->stream));
 }
 
+void cuda_copy_2d(OpsCtx *ctx, void *dst, size_t dst_pitch, const void *src, size_t src_pitch, size_t rows,
+                  size_t cols) {
+    CudaState *st = cuda_enter(ctx);
+    if (!st) return;
+    const size_t es = sizeof(__nv_bfloat16);
+    CUDA_CHECK(ctx, cudaMemcpy2DAsync(dst, dst_pitch * es, src, src_pitch * es, cols * es, rows,
+                                      cudaMemcpyDeviceToDevice, st->stream));
+}
+
 // ---- fp32 <-> bf16 on the host ---------------------------------------------------------------------
 
 // Round-to-nearest-even fp32 -> bf16 (the same rounding as __float2bfloat16_rn); NaN stays a quiet NaN.

@@ -11,7 +11,7 @@
 //   bf16 outputs                 1e-2  one bf16 rounding is <= 2^-8 = 3.9e-3 relative (8 significant bits);
 //                                      a second rounding inside cuBLASLt's beta = 1 path, or attention's
 //                                      bf16 probabilities in the forward's P V, stay within 2.5 of those.
-//   exact copies                 0     (embedding rows, KV cache slots)
+//   exact copies                 0     (embedding rows, KV cache slots, strided 2-D copies)
 //   GPU vs GPU, two ways         0     (the fused residual RMSNorm vs the unfused pair, in place vs not: the same
 //                                      roundings in the same order, so the same bits)
 //   fp32 from our own kernels    1e-5  both sides add exactly-representable products in fp32/double,
@@ -739,6 +739,33 @@ static void test_swiglu(void) {
     test_swiglu_case(129, 4480, 1);
 }
 
+// ops_copy_2d: (rows, cols) from a src of pitch sp to a dst of pitch dp, at element offsets doff / soff (odd ones:
+// rows that start 2-byte aligned in bf16). The whole dst buffer is compared, so a write outside the block shows.
+static void test_copy_2d_case(const char *label, size_t rows, size_t cols, size_t dp, size_t sp, size_t doff,
+                              size_t soff) {
+    char name[48];
+    snprintf(name, sizeof name, "copy_2d %s", label);
+    const size_t n_dst = doff + (rows - 1) * dp + cols + 3, n_src = soff + (rows - 1) * sp + cols + 3;
+    Buf dst = buf_rand(n_dst, -2, 2), src = buf_rand(n_src, -2, 2);
+    ops_copy_2d(cpu, at_c(dst, doff), dp, at_c(src, soff), sp, rows, cols);
+    ops_copy_2d(gpu, at_g(dst, doff), dp, at_g(src, soff), sp, rows, cols);
+    expect_ok(name);
+    check(name, "dst", dst, 0.0);  // exact copy; untouched elsewhere
+    buf_free(dst), buf_free(src);
+}
+
+static void test_copy_2d(void) {
+    // The fused q/k/v projection of Qwen2.5-1.5B (QD 1536, KVD 256): split into q, k, v, and the gradients packed.
+    const size_t QD = 1536, KVD = 256, QKV = QD + 2 * KVD;
+    test_copy_2d_case("split q", 1031, QD, QD, QKV, 0, 0);
+    test_copy_2d_case("split k", 1031, KVD, KVD, QKV, 0, QD);
+    test_copy_2d_case("split v", 1031, KVD, KVD, QKV, 0, QD + KVD);
+    test_copy_2d_case("pack dv", 1031, KVD, QKV, KVD, QD + KVD, 0);
+    test_copy_2d_case("contig", 7, 40, 40, 40, 0, 0);
+    test_copy_2d_case("odd", 33, 13, 21, 17, 1, 3);
+    test_copy_2d_case("one row", 1, 77, 77, 90, 5, 0);
+}
+
 static void test_logprobs_case(int N, int V, float inv_t, float offset) {
     char name[64];
     snprintf(name, sizeof name, "logprobs V=%d", V);
@@ -832,6 +859,7 @@ int main(void) {
     test_attention();
     test_paged();
     test_swiglu();
+    test_copy_2d();
     test_logprobs();
     test_adamw();
     test_sum_squares();

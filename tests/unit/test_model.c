@@ -4,7 +4,8 @@
 //   - activation checkpointing (recompute) gives the same gradients as saved activations (bit-identical: the
 //     recomputation runs the same kernels on the same inputs);
 //   - gradient accumulation: two backward passes give twice one pass's gradients (1e-6 relative);
-//   - the layout: padding for N shards, hash changes with the architecture, name lookup;
+//   - the layout: padding for N shards, hash changes with the architecture, name lookup, fused q/k/v groups
+//     adjacent, no tensors overlapping;
 //   - bad input is an error message, not a crash.
 // Agreement with PyTorch itself is proven by tests/reference/test_model_vs_transformers.py.
 #include <math.h>
@@ -223,6 +224,17 @@ static void test_layout(void) {
           "k_norm lookup");
     i = layout_find(&la, "model.layers.1.mlp.up_proj.weight");
     CHECK(i >= 0 && la.tensors[i].offset == la.layer.wgu + (size_t)48 * 32, "up_proj follows gate_proj");
+    // q/k/v weights and biases form fused groups with no padding (the biases' 48 and 24 are not multiples of 64).
+    const LayerOffsets *lo = &la.layer;
+    CHECK(lo->wk == lo->wq + (size_t)48 * 32 && lo->wv == lo->wk + (size_t)24 * 32, "q/k/v weights adjacent");
+    CHECK(lo->bk == lo->bq + 48 && lo->bv == lo->bk + 24, "q/k/v biases adjacent: %zu %zu %zu", lo->bq, lo->bk, lo->bv);
+    i = layout_find(&la, "model.layers.0.self_attn.v_proj.bias");
+    CHECK(i >= 0 && la.tensors[i].offset == lo->bv && la.tensors[i].numel == 24, "v_proj.bias lookup");
+    for (int k = 1; k < la.n_tensors; k++) {
+        const LayoutTensor *p = &la.tensors[k - 1], *t = &la.tensors[k];
+        CHECK(t->unit != p->unit || t->offset >= p->offset + p->numel, "%s overlaps %s", t->name, p->name);
+        CHECK(t->offset + t->numel <= la.unit_numel[t->unit], "%s runs past its unit", t->name);
+    }
     CHECK(layout_find(&la, "model.layers.3.mlp.up_proj.weight") < 0, "layer 3 does not exist");
     CHECK(layout_find(&lb, "model.layers.0.self_attn.q_proj.bias") < 0, "llama has no q bias");
     size_t n_params = 0;
