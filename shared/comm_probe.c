@@ -26,9 +26,11 @@
 #define PROBE_MAGIC 0x504e4354u   // "TCNP"
 #define LIST_MAX 3                // peers named one by one in a diagnosis (the rest are counted)
 
-typedef struct { uint32_t magic, from; } Probe;
-typedef struct { uint32_t magic, rank, pid, phase; uint64_t queued, completed; } Answer;
-_Static_assert(sizeof(Answer) == 32, "Answer is a wire format");
+// `ask` numbers a diagnosis: its answer echoes it, so an answer that arrives after its diagnosis gave up (a slow
+// peer) is not taken for the answer to a later one.
+typedef struct { uint32_t magic, from, ask; } Probe;
+typedef struct { uint32_t magic, rank, pid, phase; uint64_t queued, completed; uint32_t ask, pad; } Answer;
+_Static_assert(sizeof(Probe) == 12 && sizeof(Answer) == 40, "Probe and Answer are wire formats");
 
 struct CommProbe {
     int rank, world;
@@ -42,6 +44,7 @@ struct CommProbe {
     pthread_t responder;
     int responder_running;
     Answer *ans;                  // (world) scratch of comm_probe_diagnose
+    uint32_t ask;                 // number of the last diagnosis
     zmq_pollitem_t *items;        // (world)
     int *item_peer;               // (world)
 };
@@ -118,7 +121,8 @@ static void *respond_main(void *arg) {
             if (pr.magic == PROBE_MAGIC) {
                 CommProbeState s = {0};
                 p->state(p->state_arg, &s);
-                Answer a = {PROBE_MAGIC, (uint32_t)p->rank, (uint32_t)getpid(), s.phase, s.queued, s.completed};
+                Answer a = {PROBE_MAGIC, (uint32_t)p->rank, (uint32_t)getpid(), s.phase, s.queued, s.completed,
+                            pr.ask, 0};
                 size_t idn = zmq_msg_size(&part[0]);
                 if (zmq_send(p->router, zmq_msg_data(&part[0]), idn, ZMQ_SNDMORE | ZMQ_DONTWAIT) == (int)idn)
                     zmq_send(p->router, &a, sizeof a, ZMQ_DONTWAIT);
@@ -214,7 +218,7 @@ static void append(char *out, size_t len, const char *fmt, ...) {
 int comm_probe_diagnose(CommProbe *p, uint64_t seq, int init, char *out, size_t len) {
     drain(p);
     memset(p->ans, 0, (size_t)p->world * sizeof *p->ans);
-    Probe pr = {PROBE_MAGIC, (uint32_t)p->rank};
+    Probe pr = {PROBE_MAGIC, (uint32_t)p->rank, ++p->ask};
     for (int q = 0; q < p->world; q++)
         if (p->dealer[q] && !p->gone_ms[q]) zmq_send(p->dealer[q], &pr, sizeof pr, ZMQ_DONTWAIT);
     int64_t deadline = now_ms() + COMM_PROBE_WAIT_MS;
@@ -232,7 +236,8 @@ int comm_probe_diagnose(CommProbe *p, uint64_t seq, int init, char *out, size_t 
             Answer a;
             if (!(p->items[i].revents & ZMQ_POLLIN)) continue;
             int got = zmq_recv(p->items[i].socket, &a, sizeof a, ZMQ_DONTWAIT);
-            if (got == (int)sizeof a && a.magic == PROBE_MAGIC && a.rank == (uint32_t)p->item_peer[i])
+            if (got == (int)sizeof a && a.magic == PROBE_MAGIC && a.rank == (uint32_t)p->item_peer[i] &&
+                a.ask == pr.ask)
                 p->ans[p->item_peer[i]] = a;
         }
         drain(p);   // a peer that dies while we wait is named as gone, not as silent

@@ -186,6 +186,24 @@ static void probe_answer(void *arg, CommProbeState *out) {
 }
 
 // Rank 0 diagnoses rank 1: behind, then stopped (no answer), then killed (gone). Rank 1 just answers.
+// kill() returns before the signal has stopped every thread of the target: wait until the kernel reports the
+// process stopped ('T' in /proc/PID/stat), at most a second.
+static void wait_stopped(pid_t pid) {
+    char path[64];
+    snprintf(path, sizeof path, "/proc/%d/stat", (int)pid);
+    for (int i = 0; i < 100; i++) {
+        FILE *f = fopen(path, "r");
+        char state = 0;
+        if (f) {
+            if (fscanf(f, "%*d (%*[^)]) %c", &state) != 1) state = 0;
+            fclose(f);
+        }
+        if (state == 'T' || state == 't') return;
+        struct timespec ts = {0, 10 * 1000 * 1000};
+        nanosleep(&ts, NULL);
+    }
+}
+
 static int probe_child(int rank, int port, void *arg) {
     (void)arg;
     char ep[RDZV_ENDPOINT_MAX], err[512], out[COMM_ERR_MAX];
@@ -213,6 +231,7 @@ static int probe_child(int rank, int port, void *arg) {
     CHECK(strstr(out, "every peer is alive and has reached this call") != NULL);
 
     kill(peer, SIGSTOP);   // alive, connected, silent
+    wait_stopped(peer);
     int64_t t0 = now_ms();
     out[0] = '\0';
     CHECK(comm_probe_diagnose(p, 5, 0, out, sizeof out) == 0);
