@@ -88,13 +88,35 @@ static void drop_sequences(Engine *e, EngineRequest *r) {
     r->n_live = 0;
 }
 
+// The engine thread lets go of r (which may free it): a wake pending for the step is dropped, since letting go
+// wakes the client anyway.
+static void let_go(Engine *e, EngineRequest *r) {
+    if (r->wake_slot >= 0) {
+        e->wake_reqs[r->wake_slot] = NULL;
+        r->wake_slot = -1;
+    }
+    request_engine_done(r);
+}
+
+// Wakes, once each, the clients of the requests that got events this step.
+static void wake_clients(Engine *e) {
+    for (int i = 0; i < e->n_wake; i++) {
+        EngineRequest *r = e->wake_reqs[i];
+        if (!r) continue;
+        r->wake_slot = -1;
+        request_wake(r);
+    }
+    e->n_wake = 0;
+}
+
 // Ends every unfinished completion of r with a bare finish event of `reason`, then lets go of r.
 static void end_request(Engine *e, EngineRequest *r, FinishReason reason) {
+    int wake;
     for (int i = 0; i < r->n; i++)
         if (!r->seqs[i].finished)
-            request_push(r, i, -1, 0.0f, NULL, NULL, 0, reason, NULL, -1, e->version);
+            request_push(r, i, -1, 0.0f, NULL, NULL, 0, reason, NULL, -1, e->version, &wake);
     drop_sequences(e, r);
-    request_engine_done(r);
+    let_go(e, r);
 }
 
 static void finish_seq(Engine *e, EngSeq *q) {
@@ -106,7 +128,7 @@ static void finish_seq(Engine *e, EngSeq *q) {
 static void maybe_done(Engine *e, EngineRequest *r) {
     if (r->n_live > 0) return;
     e->n_requests_running--;
-    request_engine_done(r);
+    let_go(e, r);
 }
 
 // Appends sample k's token to its completion q, turns it into text and an event. When the request asks for top
@@ -133,9 +155,14 @@ static void emit_token(Engine *e, EngSeq *q, int k) {
         res.stop_token = -1;
     }
     e->live.generation_tokens_total++;
+    int wake;
     if (request_push(r, q->index, tok, lp, e->top, e->text.data, e->text.len, res.finish, res.stop_reason,
-                     res.stop_token, e->version) != 0 && res.finish == FINISH_NONE)
+                     res.stop_token, e->version, &wake) != 0 && res.finish == FINISH_NONE)
         res.finish = FINISH_ERROR; // the event could not be queued: end the completion (it says FINISH_ERROR)
+    if (wake && r->wake_slot < 0) { // one wake per request and step, after the step's last event (wake_clients)
+        r->wake_slot = e->n_wake;
+        e->wake_reqs[e->n_wake++] = r;
+    }
     if (res.finish != FINISH_NONE) finish_seq(e, q);
 }
 
@@ -323,7 +350,12 @@ static int run_step(Engine *e) {
     const double t0 = now_seconds();
     const int64_t preempt_before = s->preemptions;
     if (sched_step(s) == 0) return 0;
-    const int bs = e->cfg.block_size, mb = e->max_blocks;
+    const int bs = e->cfg.block_size;
+    // Block tables go to the model as rows of mb entries, mb = the step's longest table, not max_blocks: entries
+    // past a table's end are never read (each token reads its own positions' blocks, all within its table).
+    int mb = 1;
+    for (int i = 0; i < s->n_step; i++)
+        if (s->step[i]->table.n > mb) mb = s->step[i]->table.n;
     int n = 0, n_rows = 0;
     for (int i = 0; i < s->n_step; i++) {
         Sequence *q = s->step[i];
@@ -364,6 +396,7 @@ static int run_step(Engine *e) {
         snprintf(err, sizeof err, "out of memory for the step's %d sampling rows", n_rows);
         failed = 1;
     } else {
+        const double tc = now_seconds();
         // The logits stay in backend memory: the sampling op reads them there.
         if (decode_only && decode_bufs_padded_size(e->bufs, n) > 0) {
             failed = model_decode_step_padded(&e->m, e->bufs, &e->src, &e->kv, n, e->tok_ids, e->tok_pos, e->slots,
@@ -379,6 +412,7 @@ static int run_step(Engine *e) {
             if ((failed = ops_status(e->ops) != 0))
                 snprintf(err, sizeof err, "decode step failed: %s", ops_error(e->ops));
         }
+        e->live.step_compute_seconds_sum += now_seconds() - tc;
     }
     if (failed) {
         fprintf(stderr, "tandem-serve: engine step failed, its requests end with an error: %s\n", err);
@@ -400,6 +434,7 @@ static int run_step(Engine *e) {
             }
             maybe_done(e, r);
         }
+        wake_clients(e);
     }
     const double dt = now_seconds() - t0;
     static const double bounds_ms[11] = {1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000};
@@ -594,6 +629,7 @@ static void engine_free(Engine *e) {
         ops_free(e->ops, e->d_lp);
     }
     free(e->scratch_reqs);
+    free(e->wake_reqs);
     textbuf_free(&e->text);
     sched_destroy(&e->sched);
     bm_destroy(e->bm);
@@ -780,11 +816,13 @@ int engine_create(Engine **out, const EngineConfig *cfg, char *err, size_t err_l
     e->row_of = malloc(S * sizeof *e->row_of);
     e->logits = malloc(S * e->V * sizeof *e->logits);
     e->scratch_reqs = malloc(S * sizeof *e->scratch_reqs);
+    e->wake_reqs = malloc(S * sizeof *e->wake_reqs);
     e->staging = calloc((size_t)e->m.layout.n_units, sizeof *e->staging);
     e->dstaging = calloc((size_t)e->m.layout.n_units, sizeof *e->dstaging);
     e->commit_units = calloc((size_t)e->m.layout.n_units, sizeof *e->commit_units);
     if (!e->tok_ids || !e->tok_seq || !e->tok_pos || !e->slots || !e->tables || !e->rows || !e->row_of ||
-        !e->logits || !e->scratch_reqs || !e->staging || !e->dstaging || !e->commit_units || textbuf_append(&e->text, "", 0) != 0)
+        !e->logits || !e->scratch_reqs || !e->wake_reqs || !e->staging || !e->dstaging || !e->commit_units ||
+        textbuf_append(&e->text, "", 0) != 0)
         goto oom;
     e->accepting = 1;
     e->idle = 1;

@@ -49,6 +49,8 @@ typedef struct {
     int top_logprobs;           // 0..ENGINE_MAX_TOP_LOGPROBS alternatives per token (the sampled token's own
                                 // logprob is always reported)
     int skip_special_tokens;    // for the text of events (default 1)
+    int no_text;                // the client reads ids only: events carry no text and the engine does not
+                                // detokenise (ignored with stop strings, which need the text) (default 0)
 } SamplingParams;
 
 void sampling_params_default(SamplingParams *p); // n 1, max_tokens 16, temperature 1, top_p 1, top_k 0,
@@ -125,6 +127,11 @@ int engine_submit(Engine *e, const int32_t *prompt, int prompt_len, const Sampli
 // Waits up to timeout_ms (-1 = forever) for the next event. Returns 1 with *ev filled, 0 on timeout, and -1
 // once every completion has delivered its finish event (nothing more will come).
 int engine_request_next(EngineRequest *r, EngineEvent *ev, int timeout_ms);
+// For clients that only collect the final result: from now on a waiting engine_request_next is woken only when a
+// completion finishes (or the engine lets go of the request), not at every step. Events still queue (a completion's
+// consecutive tokens coalesce into one event) and are returned as before: at once by a call that finds them
+// queued, or when a timed wait runs out. Saves the engine thread a wake-up per request and step.
+void engine_request_wake_on_finish(EngineRequest *r);
 // Number of prompt tokens (after any truncation) and of cached prompt tokens (prefix cache hits).
 int engine_request_prompt_tokens(const EngineRequest *r);
 int engine_request_cached_tokens(const EngineRequest *r);
@@ -156,6 +163,8 @@ typedef struct {
     int64_t prompt_tokens_total, generation_tokens_total, cached_prompt_tokens_total;
     int64_t preemptions_total, steps_total;
     double step_seconds_sum;
+    double step_compute_seconds_sum;  // of that, in the model and sampling calls (backend work and issuing it); the
+                                      // rest is the engine's bookkeeping (scheduling, step arrays, events)
     int64_t step_seconds_buckets[12]; // cumulative counts of steps <= 1,2,5,10,20,50,100,200,500,1000,2000 ms, +Inf
     int64_t policy_version;
     int paused;

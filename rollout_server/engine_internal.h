@@ -48,6 +48,7 @@ struct EngineRequest {
     struct EngineRequest *next_abort; // abort list (under the engine mutex): a queued request may be on both
     // engine thread only
     int forked, admitted, n_live, in_abort_list_done;
+    int wake_slot;             // its index in Engine.wake_reqs while a wake is pending for the step, else -1
     // under mu
     pthread_mutex_t mu;
     pthread_cond_t cv;
@@ -58,6 +59,7 @@ struct EngineRequest {
     EvSlot *current;           // the slot the last engine_request_next handed out
     int n_finish_delivered;
     int cached_tokens;
+    int wake_on_finish;        // the client waits for finish events only (engine_request_wake_on_finish)
     int engine_done;           // the engine thread let go of it
     int released;              // the client let go of it
     int abort_pending;         // on the engine's abort list: only the engine thread frees it
@@ -83,7 +85,8 @@ struct Engine {
     int n_blocks, max_blocks, V;
     // Step arrays (host): one entry per token of the step, max_num_batched_tokens of them ...
     int32_t *tok_ids, *tok_seq, *tok_pos, *slots;
-    int32_t *tables;                // (max_num_seqs, max_blocks) block tables of the step's sequences
+    int32_t *tables;                // (max_num_seqs, max_blocks) room for the block tables of the step's sequences,
+                                    // filled as (n_step, the step's longest table) (run_step)
     int32_t *rows;                  // (max_num_seqs) step token index of each logits row
     int *row_of;                    // (max_num_seqs) logits row of each step sequence, -1 = none
     float *logits;                  // (max_num_seqs, V) host copies of the logits rows that top logprobs need
@@ -100,6 +103,8 @@ struct Engine {
     int32_t *d_off, *d_hist, *d_tok;
     float *d_lp;
     EngineRequest **scratch_reqs;   // (max_num_seqs)
+    EngineRequest **wake_reqs;      // (max_num_seqs) requests whose client is woken once at the end of the step
+    int n_wake;
     TokenLogprob top[ENGINE_MAX_TOP_LOGPROBS];
     TextBuf text;                   // one token's new text
     float **commit_units;           // (n_units) staging buffers taken by a commit
@@ -136,11 +141,14 @@ int request_alloc(EngineRequest **out, struct Engine *e, const int32_t *prompt, 
                   const SamplingParams *p, int max_blocks, const Tokenizer *tok, const int32_t *eos, int n_eos,
                   char *err, size_t err_len);
 void request_free(EngineRequest *r);
-// Appends one token (or a bare finish when tok < 0) of completion `index` to the client's queue.
+// Appends one token (or a bare finish when tok < 0) of completion `index` to the client's queue. Wakes nobody:
+// *wake says whether the client wants waking for it (request_wake, once per step; request_engine_done always wakes).
 // Returns 0 or -1 (out of memory: the event is dropped and the completion is marked finished with an error).
 int request_push(EngineRequest *r, int index, int32_t tok, float logprob, const TokenLogprob *top,
                  const char *text, size_t text_len, FinishReason finish, const char *stop_reason, int32_t stop_token,
-                 int64_t version);
+                 int64_t version, int *wake);
+// Wakes a client waiting in engine_request_next.
+void request_wake(EngineRequest *r);
 // The engine thread is done with r: frees it when the client has released it (and it is not on the abort list).
 void request_engine_done(EngineRequest *r);
 

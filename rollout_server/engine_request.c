@@ -43,12 +43,14 @@ int request_alloc(EngineRequest **out, Engine *e, const int32_t *prompt, int pro
         if (!(q->s.tokens = malloc((size_t)r->max_len * sizeof *q->s.tokens))) goto oom;
         memcpy(q->s.tokens, prompt, (size_t)prompt_len * sizeof *prompt);
         if (bm_table_init(&q->s.table, max_blocks) != 0) goto oom;
-        if (detok_init(&q->detok, tok, &r->p, eos, n_eos, err, err_len) != 0) {
+        const Tokenizer *text_tok = r->p.no_text && r->p.n_stop == 0 ? NULL : tok; // NULL: ids and finishes only
+        if (detok_init(&q->detok, text_tok, &r->p, eos, n_eos, err, err_len) != 0) {
             request_free(r);
             return ENGINE_ENOMEM;
         }
     }
     r->n_live = r->n;
+    r->wake_slot = -1;
     *out = r;
     return 0;
 oom:
@@ -144,10 +146,12 @@ static EvSlot *slot_open(EngineRequest *r, int index, int64_t version) {
 }
 
 int request_push(EngineRequest *r, int index, int32_t tok, float logprob, const TokenLogprob *top, const char *text,
-                 size_t text_len, FinishReason finish, const char *stop_reason, int32_t stop_token, int64_t version) {
+                 size_t text_len, FinishReason finish, const char *stop_reason, int32_t stop_token, int64_t version,
+                 int *wake) {
     const int k = r->p.top_logprobs;
     int rc = 0;
     pthread_mutex_lock(&r->mu);
+    *wake = 0;
     if (r->released) goto out; // nobody will read it
     EvSlot *s = r->open[index];
     if (s && s->version != version) s = r->open[index] = NULL; // one policy version per event
@@ -175,9 +179,21 @@ oom:
         r->open[index] = NULL;
     }
 out:
-    pthread_cond_broadcast(&r->cv);
+    *wake = !r->released && (!r->wake_on_finish || finish != FINISH_NONE || rc != 0);
     pthread_mutex_unlock(&r->mu);
     return rc;
+}
+
+void request_wake(EngineRequest *r) {
+    pthread_mutex_lock(&r->mu);
+    pthread_cond_broadcast(&r->cv); // no system call when nobody waits
+    pthread_mutex_unlock(&r->mu);
+}
+
+void engine_request_wake_on_finish(EngineRequest *r) {
+    pthread_mutex_lock(&r->mu);
+    r->wake_on_finish = 1;
+    pthread_mutex_unlock(&r->mu);
 }
 
 void request_engine_done(EngineRequest *r) {

@@ -134,6 +134,10 @@ char *http_metrics_render(HttpMetrics *m, const EngineStats *s, const EngineMemb
     put(&b, "tandem_engine_step_seconds_bucket{%s,le=\"+Inf\"} %lld\n", lab, (long long)s->step_seconds_buckets[11]);
     put(&b, "tandem_engine_step_seconds_sum{%s} %.9g\n", lab, s->step_seconds_sum);
     put(&b, "tandem_engine_step_seconds_count{%s} %lld\n", lab, (long long)s->steps_total);
+    put(&b, "# HELP tandem_engine_step_compute_seconds_total Part of the engine steps' wall time spent in the model "
+            "and sampling calls; the rest is bookkeeping on the host.\n"
+            "# TYPE tandem_engine_step_compute_seconds_total counter\n");
+    put(&b, "tandem_engine_step_compute_seconds_total{%s} %.9g\n", lab, s->step_compute_seconds_sum);
 
     // Each engine of the server (--devices): the same figures apart, labelled by index and device.
     static const struct {

@@ -183,6 +183,7 @@ void http_route_trl_generate(HttpReq *r) {
         goto fail;
     }
     if (http_tokenize_prompts(engine_group_tokenizer(s->engines), &pl, 1, &ids, &lens, &e) < 0) goto fail;
+    o.sp.no_text = 1; // the answer carries ids and logprobs only
     if (http_gen_submit(&g, s, r->fd, ids, lens, pl.n, &o.sp, &e) < 0) goto fail;
     if (http_gen_collect(&g, &e) < 0) goto fail;
     r->prompt_tokens = http_gen_prompt_tokens(&g);

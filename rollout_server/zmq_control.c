@@ -297,8 +297,8 @@ static void *collector_main(void *arg) {
                 pj = &j->next;
             }
         }
-        // Nothing ready: block briefly on the oldest job instead of spinning (its events wake us at once;
-        // the others' finishes wait at most this long, which only delays a result, never a token).
+        // Nothing ready: block briefly on the oldest job instead of spinning (its finishes wake us at once; the
+        // others' finishes wait at most this long, which only delays a result, never a token).
         if (!any && jobs) job_pump(jobs, 5);
     }
     // Stopping: abort what is still running.
@@ -370,6 +370,7 @@ static void do_generate(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg
     sp.has_seed = s->has_seed;
     sp.seed = s->seed;
     sp.ignore_eos = s->ignore_eos;
+    sp.no_text = 1; // results carry ids and logprobs only
     for (int i = 0; i < s->n_stop_token_ids && i < ENGINE_MAX_STOP; i++) sp.stop_token_ids[i] = s->stop_token_ids[i];
     sp.n_stop_token_ids = s->n_stop_token_ids < ENGINE_MAX_STOP ? s->n_stop_token_ids : ENGINE_MAX_STOP;
     // All prompts or none: a refusal of prompt k releases (aborts) prompts 0..k-1 and answers one error.
@@ -393,6 +394,7 @@ static void do_generate(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg
                        q->n_prompts, err);
             return;
         }
+        engine_request_wake_on_finish(j->req); // results go out whole: per-step wakes would only cost the engine
         memcpy(j->rid, rid, rl);
         j->rid_len = rl;
         j->id = q->id;

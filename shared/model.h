@@ -139,9 +139,10 @@ const void *decode_bufs_logits(const DecodeBufs *b);
 
 // One step over N tokens (prefill chunks and decodes mixed): token i has id tokens[i], belongs to sequence
 // token_seq[i] at position token_pos[i], and its k/v are written to slot_mapping[i]. block_tables (n_seqs,
-// max_blocks). Writes logits (n_logit_rows, V) host fp32 for the tokens listed in logit_rows (indices into
-// 0..N-1); with logits NULL they stay in backend memory (decode_bufs_logits) and the step returns without
-// waiting for the device, for ops that consume them there (the rollout server samples with ops_sample_rows).
+// max_blocks), max_blocks at most the buffers' (narrower rows, covering the step's positions, upload less).
+// Writes logits (n_logit_rows, V) host fp32 for the tokens listed in logit_rows (indices into 0..N-1); with
+// logits NULL they stay in backend memory (decode_bufs_logits) and the step returns without waiting for the
+// device, for ops that consume them there (the rollout server samples with ops_sample_rows).
 // All inputs are host arrays.
 int model_decode_step(Model *m, DecodeBufs *b, UnitSource *src, KVCache *kv, int N, const int32_t *tokens,
                       const int32_t *token_seq, const int32_t *token_pos, const int32_t *slot_mapping,
@@ -202,11 +203,12 @@ typedef struct {
 } DecodeGraphStats;
 void decode_bufs_graph_stats(const DecodeBufs *b, DecodeGraphStats *s);
 
-// A decode-only step of n sequences: sequence i (its row in block_tables (n, max_blocks)) has the next token
-// tokens[i] at position token_pos[i], its k/v going to slot_mapping[i]. Logits (n, V) of every sequence, first in
-// decode_bufs_logits (backend memory); with logits not NULL also as host fp32 (and the step waits for the device).
-// src must keep each unit at the pointer acquire returns until release (resident weights): all units are acquired
-// for the whole step. All inputs are host arrays. Returns 0, or -1 with a message (n beyond the ladder included).
+// A decode-only step of n sequences: sequence i (its row in block_tables (n, max_blocks), max_blocks as above) has
+// the next token tokens[i] at position token_pos[i], its k/v going to slot_mapping[i]. Logits (n, V) of every
+// sequence, first in decode_bufs_logits (backend memory); with logits not NULL also as host fp32 (and the step
+// waits for the device). src must keep each unit at the pointer acquire returns until release (resident
+// weights): all units are acquired for the whole step. All inputs are host arrays. Returns 0, or -1 with a
+// message (n beyond the ladder included).
 int model_decode_step_padded(Model *m, DecodeBufs *b, UnitSource *src, KVCache *kv, int n, const int32_t *tokens,
                              const int32_t *token_pos, const int32_t *slot_mapping, const int32_t *block_tables,
                              int max_blocks, float *logits, char *err, size_t err_len);

@@ -40,6 +40,7 @@ struct DecodeBufs {
     void *logits;               // (max_logit_rows, V)
     int32_t *tokens, *token_seq, *token_pos, *slot_mapping; // (N) backend memory
     int32_t *block_tables;      // (max_seqs + 1, max_blocks) backend memory; row max_seqs stays 0 (padding rows)
+    int32_t *tables_stage;      // (max_seqs * max_blocks) backend memory: narrower host tables land here first
     // Padded decode-only steps (model_decode_step_padded); n_ladder 0 = not set up.
     int ladder[DECODE_LADDER_MAX], n_ladder; // ascending padded batch sizes
     int use_graphs;
@@ -111,6 +112,7 @@ int decode_bufs_create(DecodeBufs **out, const Model *m, int max_tokens, int max
     b->token_pos = ops_malloc(o, N * 4);
     b->slot_mapping = ops_malloc(o, N * 4);
     b->block_tables = ops_malloc(o, ((size_t)max_seqs + 1) * max_blocks * 4);
+    b->tables_stage = ops_malloc(o, (size_t)max_seqs * max_blocks * 4);
     if (ops_status(o)) goto oom;
     *out = b;
     return 0;
@@ -154,7 +156,29 @@ void decode_bufs_free(DecodeBufs *b, const Model *m) {
     ops_free(o, b->token_pos);
     ops_free(o, b->slot_mapping);
     ops_free(o, b->block_tables);
+    ops_free(o, b->tables_stage);
     free(b);
+}
+
+// Rows 0..n-1 of the backend's block tables (rows of b->max_blocks entries) <- host rows of `width` entries
+// (width <= max_blocks; the entries past width keep whatever they held, and no kernel reads them: a token reads
+// the entries of its positions only, and those are below width). Full-width rows go over in one copy; narrower
+// ones (the rollout engine sends only the blocks in use) land in a staging buffer and are spread by one strided
+// device copy, so n * width entries cross the bus instead of n * max_blocks.
+static void upload_tables(OpsCtx *o, DecodeBufs *b, const int32_t *tables, int n, int width) {
+    const size_t es = ops_dtype_size(o);
+    if (width == b->max_blocks) {
+        ops_copy_to_device(o, b->block_tables, tables, (size_t)n * width * sizeof *tables);
+    } else if (sizeof *tables % es == 0) { // ops_copy_2d counts storage elements: `per` of them make one entry
+        const size_t per = sizeof *tables / es;
+        ops_copy_to_device(o, b->tables_stage, tables, (size_t)n * width * sizeof *tables);
+        ops_copy_2d(o, b->block_tables, (size_t)b->max_blocks * per, b->tables_stage, (size_t)width * per, (size_t)n,
+                    (size_t)width * per);
+    } else {
+        for (int i = 0; i < n; i++)
+            ops_copy_to_device(o, b->block_tables + (size_t)i * b->max_blocks, tables + (size_t)i * width,
+                               (size_t)width * sizeof *tables);
+    }
 }
 
 int model_decode_step(Model *m, DecodeBufs *b, UnitSource *src, KVCache *kv, int N, const int32_t *tokens,
@@ -165,10 +189,11 @@ int model_decode_step(Model *m, DecodeBufs *b, UnitSource *src, KVCache *kv, int
     const ModelConfig *cfg = &m->cfg;
     const int C = cfg->hidden_size, V = cfg->vocab_size;
     const size_t es = ops_dtype_size(o);
-    if (N < 1 || N > b->max_tokens || n_seqs < 1 || n_seqs > b->max_seqs || max_blocks != b->max_blocks ||
-        n_logit_rows < 0 || n_logit_rows > b->max_logit_rows) {
-        snprintf(err, err_len, "decode step of %d tokens / %d sequences / %d logit rows exceeds its buffers "
-                 "(%d / %d / %d)", N, n_seqs, n_logit_rows, b->max_tokens, b->max_seqs, b->max_logit_rows);
+    if (N < 1 || N > b->max_tokens || n_seqs < 1 || n_seqs > b->max_seqs || max_blocks < 1 ||
+        max_blocks > b->max_blocks || n_logit_rows < 0 || n_logit_rows > b->max_logit_rows) {
+        snprintf(err, err_len, "decode step of %d tokens / %d sequences / %d logit rows / block tables of %d exceeds "
+                 "its buffers (%d / %d / %d / %d)", N, n_seqs, n_logit_rows, max_blocks, b->max_tokens, b->max_seqs,
+                 b->max_logit_rows, b->max_blocks);
         return -1;
     }
     for (int i = 0; i < N; i++) {
@@ -183,14 +208,14 @@ int model_decode_step(Model *m, DecodeBufs *b, UnitSource *src, KVCache *kv, int
     ops_copy_to_device(o, b->token_seq, token_seq, (size_t)N * 4);
     ops_copy_to_device(o, b->token_pos, token_pos, (size_t)N * 4);
     ops_copy_to_device(o, b->slot_mapping, slot_mapping, (size_t)N * 4);
-    ops_copy_to_device(o, b->block_tables, block_tables, (size_t)n_seqs * max_blocks * 4);
+    upload_tables(o, b, block_tables, n_seqs, max_blocks);
 
     const void *p = src->acquire(src->user, 0);
     if (!p) goto unavailable;
     ops_embedding_fwd(o, b->x[0], b->tokens, elem_at(m, p, m->layout.embed), N, C, V);
     if (src->release) src->release(src->user, 0);
     AttnArgs att = {.paged = 1, .slot_mapping = b->slot_mapping, .block_tables = b->block_tables,
-                    .token_seq = b->token_seq, .max_blocks = max_blocks, .block_size = kv->block_size,
+                    .token_seq = b->token_seq, .max_blocks = b->max_blocks, .block_size = kv->block_size,
                     .n_seqs = n_seqs};
     int cur = 0;
     for (int l = 0; l < cfg->num_layers; l++) {
@@ -386,10 +411,12 @@ int model_decode_step_padded(Model *m, DecodeBufs *b, UnitSource *src, KVCache *
     OpsCtx *o = m->ops;
     const int V = m->cfg.vocab_size;
     const int P = decode_bufs_padded_size(b, n);
-    if (P == 0 || max_blocks != b->max_blocks) {
-        snprintf(err, err_len, "padded decode step of %d sequences (block tables of %d) does not fit: %s", n,
-                 max_blocks, b->n_ladder == 0 ? "padded steps are not set up (decode_bufs_enable_padded)"
-                 : max_blocks != b->max_blocks ? "the buffers hold other block tables" : "beyond the largest rung");
+    if (P == 0 || max_blocks < 1 || max_blocks > b->max_blocks) {
+        snprintf(err, err_len, "padded decode step of %d sequences (block tables of %d, at most %d) does not fit: %s",
+                 n, max_blocks, b->max_blocks,
+                 b->n_ladder == 0 ? "padded steps are not set up (decode_bufs_enable_padded)"
+                 : P == 0         ? "beyond the largest rung"
+                                  : "block tables of that width");
         return -1;
     }
     for (int i = 0; i < n; i++) {
@@ -413,7 +440,7 @@ int model_decode_step_padded(Model *m, DecodeBufs *b, UnitSource *src, KVCache *
         h[3 * T + i] = real ? slot_mapping[i] : -1;
     }
     ops_copy_to_device(o, b->pad_ids, h, (size_t)4 * T * sizeof *h);
-    ops_copy_to_device(o, b->block_tables, block_tables, (size_t)n * max_blocks * sizeof *block_tables);
+    upload_tables(o, b, block_tables, n, max_blocks);
 
     // Every unit at once: a graph reads them all in one launch.
     int acquired = 0;

@@ -9,6 +9,9 @@
 //     committed weight update gives exactly the new weights' greedy output, tagged with the new version;
 //   - many concurrent requests of mixed lengths from several threads all complete correctly;
 //   - stop strings (earliest match, include_stop_str), stop token ids, and text held back around them;
+//   - clients that read ids only (no_text) get the same ids, logprobs and finishes without text (stop strings
+//     still apply); a client waiting for finishes only (engine_request_wake_on_finish) gets each completion
+//     whole, in one event;
 //   - refusals (too long, bad parameters, queue full, stop strings without a tokenizer, bad configs), pause and
 //     resume, a client that lets go early, and destroy with drain or abort.
 #include <math.h>
@@ -535,6 +538,76 @@ static void test_stops(void) {
     engine_destroy(e, 1000);
 }
 
+// Resumes the engine, pauses it for 200 ms once it has run two steps, and resumes it again.
+static void *resume_pause_resume(void *arg) {
+    Engine *e = arg;
+    EngineStats s;
+    engine_stats(e, &s);
+    const int64_t steps0 = s.steps_total;
+    usleep(20000); // the client is waiting by now
+    engine_resume(e);
+    do engine_stats(e, &s);
+    while (s.steps_total < steps0 + 2);
+    engine_pause(e);
+    usleep(200000);
+    engine_resume(e);
+    return NULL;
+}
+
+static void test_quiet_clients(void) {
+    Engine *e = make_engine(dir_tok, 64, 16, 8, 64, 1);
+    int32_t prompt[12];
+    random_prompt(prompt, 12, 33);
+    SamplingParams p;
+    sample_params(&p, 2, 40, 9);
+    p.ignore_eos = 1;
+    Comp base[2], c[2];
+    run_one(e, prompt, 12, &p, base);
+    p.no_text = 1;
+    run_one(e, prompt, 12, &p, c);
+    for (int j = 0; j < 2; j++)
+        CHECK(same_comp(&base[j], &c[j], 0) && base[j].text_len == 40 && c[j].text_len == 0,
+              "no_text, completion %d: %d vs %d tokens, text %zu vs %zu bytes", j, c[j].n, base[j].n, c[j].text_len,
+              base[j].text_len);
+    // A stop string needs the text: with no_text it still ends the completion where it did.
+    char stop[4] = {0};
+    memcpy(stop, base[0].text + 25, 3);
+    p.stop[0] = stop;
+    p.n_stop = 1;
+    p.no_text = 0;
+    run_one(e, prompt, 12, &p, base);
+    p.no_text = 1;
+    run_one(e, prompt, 12, &p, c);
+    CHECK(base[0].fin == FINISH_STOP && same_comp(&base[0], &c[0], 0) && c[0].text_len == base[0].text_len &&
+          memcmp(c[0].text, base[0].text, c[0].text_len) == 0, "no_text with a stop string: %s after %d tokens",
+          finish_reason_name(c[0].fin), c[0].n);
+    // Waiting from before the first step, a wake-on-finish client sleeps through all the steps, and through a
+    // pause with tokens queued (a client woken per step would take them then): both completions (finishing in the
+    // same step) come whole.
+    p.n_stop = 0;
+    p.max_tokens = 140;
+    run_one(e, prompt, 12, &p, base);
+    engine_pause(e);
+    EngineRequest *r = submit(e, prompt, 12, &p);
+    engine_request_wake_on_finish(r);
+    pthread_t th;
+    if (pthread_create(&th, NULL, resume_pause_resume, e) != 0) die("pthread_create", "resume thread");
+    EngineEvent ev;
+    int got[2] = {0, 0};
+    for (int k = 0; k < 2; k++) {
+        const int rc = engine_request_next(r, &ev, 20000);
+        CHECK(rc == 1 && ev.n_tokens == 140 && ev.finish == FINISH_LENGTH &&
+                  memcmp(ev.tokens, base[ev.index].tok, 140 * 4) == 0,
+              "event %d: rc %d, completion %d, %d tokens, %s", k, rc, ev.index, ev.n_tokens,
+              finish_reason_name(ev.finish));
+        if (rc == 1) got[ev.index & 1]++;
+    }
+    CHECK(got[0] == 1 && got[1] == 1 && engine_request_next(r, &ev, 1000) == -1, "one event per completion, then done");
+    pthread_join(th, NULL);
+    engine_request_release(r);
+    engine_destroy(e, 1000);
+}
+
 static void test_refusals(void) {
     Engine *e = make_engine(dir_tok, 8, 16, 4, 64, 1); // 128 token slots; context 160
     int32_t prompt[200];
@@ -708,6 +781,7 @@ int main(void) {
     test_prefix_cache_and_weights(&ref);
     test_concurrency();
     test_stops();
+    test_quiet_clients();
     test_refusals();
     test_control();
     ref_free(&ref);
