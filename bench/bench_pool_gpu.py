@@ -93,9 +93,10 @@ def free_port(span=1):
 
 
 def build_model(d, shape):
-    """Writes the model folder; returns its parameter count (tied embeddings once)."""
+    """Writes the model folder; returns {parameter name: numel} (tied embeddings once, as saved)."""
     if shape == "tiny":
-        return sum(p.numel() for p in server_fixtures.build_tiny_model(d).parameters())
+        model = server_fixtures.build_tiny_model(d)
+        return {n: p.numel() for n, p in model.named_parameters()}
     from transformers import AutoModelForCausalLM, Qwen2Config
     server_fixtures.build_tokenizer(d)
     torch.manual_seed(0)
@@ -104,10 +105,10 @@ def build_model(d, shape):
     with torch.device("cuda:0"):  # random init on the GPU: seconds instead of a minute
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
     model.save_pretrained(d, safe_serialization=True)
-    params = sum(p.numel() for p in model.parameters())
+    numels = {n: p.numel() for n, p in model.named_parameters()}
     del model
     torch.cuda.empty_cache()
-    return params
+    return numels
 
 
 def p2p_copy_gbs(dst, nbytes=1 << 30, iters=10):
@@ -351,7 +352,7 @@ def main():
         work = pathlib.Path(d)
         model_dir = work / "model"
         model_dir.mkdir()
-        params = build_model(model_dir, a.shape)
+        params = sum(build_model(model_dir, a.shape).values())
         data = work / "train.jsonl"
         prompts = [f"question {WORDS[i % len(WORDS)]} {i % 10}: answer a number" for i in range(512)]
         data.write_text("".join(json.dumps({"prompt": p}) + "\n" for p in prompts))

@@ -45,11 +45,9 @@ import pathlib
 import random
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import time
 
@@ -57,13 +55,8 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "e2e"))
 import server_fixtures  # noqa: E402
+from bench_pool_gpu import SHAPES, build_model, free_port, use_devlib  # noqa: E402,F401 (same folder)
 
-SHAPES = {
-    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                 num_key_value_heads=2),
-    "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                 num_key_value_heads=2),
-}
 LAYOUT_ALIGN = 64  # shared/layout.h
 # A decoder layer's tensors in the order shared/layout.c places them (those a model lacks are skipped).
 LAYER_ORDER = ["input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
@@ -71,50 +64,6 @@ LAYER_ORDER = ["input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k
                "self_attn.q_norm.weight", "self_attn.k_norm.weight", "self_attn.o_proj.weight",
                "post_attention_layernorm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
                "mlp.down_proj.weight"]
-
-
-def use_devlib(build):
-    """Puts the carried folder's bundled libraries (scripts/gpu-build.sh packs them as devlib.tar.xz) on the
-    library path of the processes this script starts; unpacks them first (into /tmp when the folder is read-only)."""
-    lib = build / "devlib"
-    if not lib.is_dir() and (build / "devlib.tar.xz").exists():
-        for dest in (build, pathlib.Path(tempfile.gettempdir()) / "tandem-zero3-devlib"):
-            try:
-                dest.mkdir(parents=True, exist_ok=True)
-                with tarfile.open(build / "devlib.tar.xz") as tar:
-                    tar.extractall(dest, filter="data")
-                lib = dest / "devlib"
-                break
-            except OSError as e:
-                print(f"cannot unpack {build / 'devlib.tar.xz'} into {dest}: {e}", file=sys.stderr)
-    if lib.is_dir():
-        os.environ["LD_LIBRARY_PATH"] = f"{lib}:{os.environ.get('LD_LIBRARY_PATH', '')}"
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast can take a shared host's GPUs down
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def build_model(d, shape):
-    """Writes the model folder; returns {parameter name: numel} (tied embeddings once, as saved)."""
-    if shape == "tiny":
-        model = server_fixtures.build_tiny_model(d)
-        return {n: p.numel() for n, p in model.named_parameters()}
-    from transformers import AutoModelForCausalLM, Qwen2Config
-    server_fixtures.build_tokenizer(d)
-    torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=4096, bos_token_id=None,
-                      eos_token_id=None, **SHAPES[shape])
-    with torch.device("cuda:0"):  # random init on the GPU: seconds instead of a minute
-        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
-    model.save_pretrained(d, safe_serialization=True)
-    numels = {n: p.numel() for n, p in model.named_parameters()}
-    del model
-    torch.cuda.empty_cache()
-    return numels
 
 
 def unit_numels(numels, n_layers):

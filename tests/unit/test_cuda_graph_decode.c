@@ -25,25 +25,7 @@
 #include "shared/dtype.h"
 #include "shared/model.h"
 
-static int failures = 0;
-#define CHECK(cond, ...)                                                                                       \
-    do {                                                                                                       \
-        if (!(cond)) {                                                                                         \
-            failures++;                                                                                        \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                               \
-            fprintf(stderr, __VA_ARGS__);                                                                      \
-            fputc('\n', stderr);                                                                               \
-        }                                                                                                      \
-    } while (0)
-#define REQUIRE(cond, ...)                                                                                     \
-    do {                                                                                                       \
-        if (!(cond)) {                                                                                         \
-            fprintf(stderr, "FATAL %s:%d: ", __FILE__, __LINE__);                                              \
-            fprintf(stderr, __VA_ARGS__);                                                                      \
-            fputc('\n', stderr);                                                                               \
-            exit(1);                                                                                           \
-        }                                                                                                      \
-    } while (0)
+#include "check_macros.h"
 
 static const char *LLAMA =
     "{\"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 512, \"hidden_size\": 256,"

@@ -15,25 +15,7 @@
 #include "kernels/ops.h"
 #include "shared/model.h"
 
-static int failures = 0;
-#define CHECK(cond, ...)                                                                                       \
-    do {                                                                                                       \
-        if (!(cond)) {                                                                                         \
-            failures++;                                                                                        \
-            fprintf(stderr, "FAIL %s:%d: ", __FILE__, __LINE__);                                               \
-            fprintf(stderr, __VA_ARGS__);                                                                      \
-            fputc('\n', stderr);                                                                               \
-        }                                                                                                      \
-    } while (0)
-#define REQUIRE(cond, ...)                                                                                     \
-    do {                                                                                                       \
-        if (!(cond)) {                                                                                         \
-            fprintf(stderr, "FATAL %s:%d: ", __FILE__, __LINE__);                                              \
-            fprintf(stderr, __VA_ARGS__);                                                                      \
-            fputc('\n', stderr);                                                                               \
-            exit(1);                                                                                           \
-        }                                                                                                      \
-    } while (0)
+#include "check_macros.h"
 
 static const char *LLAMA =
     "{\"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 300, \"hidden_size\": 128,"
