@@ -207,6 +207,12 @@ def main():
             step = sorted(r["step_time"] for r in rows[1:])[len(rows[1:]) // 2]
             # The sending alone (no control round trips, no swap), when the trainer reports it.
             xfer = sorted(r.get("sync_transfer_time", float("nan")) for r in rows[1:])[len(rows[1:]) // 2]
+            parts = {k: sorted(r.get(k, float("nan")) for r in rows[1:])[len(rows[1:]) // 2]
+                     for k in ("sync_begin_time", "sync_transfer_time", "sync_end_time", "sync_commit_time")}
+            print(f"{tag}: median parts of a push (ms): " + ", ".join(f"{k[5:-5]} {v * 1e3:.2f}" for k, v in
+                                                                      parts.items()) +
+                  f"; unaccounted {(med - parts['sync_begin_time'] - xfer - parts['sync_end_time']) * 1e3:.2f}",
+                  flush=True)
             results.append((tag, syncs[0], med, min(rest), model_bytes / med / 1e9, wire / 1e9, wire_src,
                             step, model_bytes / xfer / 1e9 if xfer > 0 else float("nan")))
             print(f"{tag}: sync per step " + " ".join(f"{s:.4f}" for s in syncs) + " s", flush=True)

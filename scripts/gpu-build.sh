@@ -14,7 +14,7 @@ for t in test_cuda_attention test_cuda_sample test_comm_nccl test_trainer_zero3_
   if [ -f "tests/unit/$t.c" ]; then TESTS+=("$t"); else echo "gpu-build: tests/unit/$t.c not there; left out"; fi
 done
 BENCHES=(bench_model_step)
-for b in bench_attention bench_gemm bench_elementwise bench_attention_paged; do
+for b in bench_attention bench_gemm bench_elementwise bench_attention_paged bench_decode_step; do
   if [ -f "bench/$b.c" ]; then BENCHES+=("$b"); else echo "gpu-build: bench/$b.c not there; left out"; fi
 done
 cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DTANDEM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null

@@ -11,6 +11,7 @@
 #   zero3  bench/bench_zero3_gpu.py $ZERO3_ARGS (SFT on 1 and all GPUs, ZeRO-3 overlap on vs TANDEM_ZERO3_OVERLAP=0)
 #   kernels  the kernel benchmarks that were carried: bench/bench_gemm_gpu.py (GEMMs of a training step vs torch),
 #          BUILD/bench/bench_elementwise (RMSNorm(+residual)/SwiGLU GB/s), BUILD/bench/bench_attention_paged
+#   decode bench/bench_decode_gpu.py $DECODE_ARGS (the decode step alone, no HTTP: GPU time per step vs roofline)
 #   demo   `tandem-train demo --device auto` (the README's demo on the GPU), output in $LOGS/demo
 # Full logs go to $OUT (or /tmp/gpu-check); a summary table comes last. Builds nothing. Exits 1 when a test fails
 # or a script exits non-zero. One device command has 10 minutes: all of it may not fit, run the pieces apart.
@@ -106,6 +107,9 @@ if want kernels; then
     TAIL=40 run_py bench_attention_paged "$B/bench/bench_attention_paged"
     TAIL=40 TANDEM_PAGED_ATTN=legacy run_py bench_attention_paged_legacy "$B/bench/bench_attention_paged" --iters 10
   fi
+fi
+if want decode; then
+  TAIL=60 run_py bench_decode_gpu python3 bench/bench_decode_gpu.py --build "$B" ${DECODE_ARGS:-}
 fi
 if want demo; then
   TAIL=12 run_py demo "$B/bin/tandem-train" demo --output-dir "$LOGS/demo" --device auto

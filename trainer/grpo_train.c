@@ -521,11 +521,14 @@ int trainer_run_grpo(Trainer *t, char *err, size_t err_len) {
                     }
                     grpo_entropy_control_step(&ec, o, w[0], w[1]);
                 }
-                double t_sync = 0, sync_bytes = 0, t_transfer = 0;   // this step's push, if any
+                double t_sync = 0, sync_bytes = 0, t_transfer = 0, t_begin = 0, t_end = 0, t_commit = 0;
                 if (t->progress.step % c->weight_sync_steps == 0 || t->progress.step == t->total_steps) {
                     if (weight_sync_push(t, &t_sync, err, err_len) != 0) goto fail;
                     sync_bytes = t->sync.bytes;
                     t_transfer = t->sync.transfer_seconds;
+                    t_begin = t->sync.begin_seconds;
+                    t_end = t->sync.end_seconds;
+                    t_commit = t->sync.commit_seconds;
                 }
                 double red[10] = {sums.loss, sums.kl, sums.kl_n, sums.ent, sums.ent_n, sums.clip_low, sums.clip_high,
                                   sums.clip_region, sums.clip_n, sync_bytes};
@@ -547,6 +550,11 @@ int trainer_run_grpo(Trainer *t, char *err, size_t err_len) {
                 json_object_set_new(mm, "sync_time", json_real(t_sync));
                 json_object_set_new(mm, "sync_bytes", json_real(red[9]));   // sent by all ranks to all servers
                 json_object_set_new(mm, "sync_transfer_time", json_real(t_transfer));   // rank 0's sending alone
+                // the rest of rank 0's push: weights_begin answered, weights_end answered (the servers' receive
+                // finishing + their swap), and the swap alone as the slowest server reports it
+                json_object_set_new(mm, "sync_begin_time", json_real(t_begin));
+                json_object_set_new(mm, "sync_end_time", json_real(t_end));
+                json_object_set_new(mm, "sync_commit_time", json_real(t_commit));
                 json_object_set_new(mm, "step_time", json_real(trainer_now() - t_round));
                 json_object_set_new(mm, "policy_version", json_integer(t->progress.policy_version));
                 if (t->progress.step % c->logging_steps == 0 || t->progress.step == t->total_steps) trainer_log(t, mm);

@@ -556,8 +556,9 @@ int rollout_client_flush(RolloutClient *c, char *err, size_t err_len) {
     return 0;
 }
 
-int rollout_weights_end(RolloutClient *c, int64_t version, double *seconds, char *err, size_t err_len) {
-    double slowest = 0;
+int rollout_weights_end(RolloutClient *c, int64_t version, double *seconds, double *commit_seconds, char *err,
+                        size_t err_len) {
+    double slowest = 0, slowest_commit = 0;
     for (int k = 0; k < c->n_servers; k++) {
         Server *s = &c->servers[k];
         if (!s->alive) continue;
@@ -574,8 +575,10 @@ int rollout_weights_end(RolloutClient *c, int64_t version, double *seconds, char
         }
         s->policy_version = version;
         if (rep.seconds > slowest) slowest = rep.seconds;
+        if (rep.commit_seconds > slowest_commit) slowest_commit = rep.commit_seconds;
         zmsg_free(&rep);
     }
     if (seconds) *seconds = slowest;
+    if (commit_seconds) *commit_seconds = slowest_commit;
     return 0;
 }

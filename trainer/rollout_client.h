@@ -60,7 +60,8 @@ int rollout_weights_send_slice(RolloutClient *c, int64_t version, int unit, int6
                                int64_t count, int send_bf16, char *err, size_t err_len);
 // Returns once every answering server has processed what this client sent before (a hello round trip).
 int rollout_client_flush(RolloutClient *c, char *err, size_t err_len);
-int rollout_weights_end(RolloutClient *c, int64_t version, double *seconds, char *err, size_t err_len);
+int rollout_weights_end(RolloutClient *c, int64_t version, double *seconds, double *commit_seconds, char *err,
+                        size_t err_len);
 
 // Weight push, transport nccl (rank 0 only). rollout_alive_servers lists the answering servers (indices, in
 // endpoint order, at most ROLLOUT_MAX_SERVERS) — the members of the weight-sync communicator after the

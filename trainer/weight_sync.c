@@ -145,7 +145,13 @@ static int send_zmq(Trainer *t, int64_t version, char *err, size_t err_len) {
 
 // Rank 0 closes the update (waits for every server's swap) and tells every rank how it went.
 static int finish(Trainer *t, int64_t version, int rc, char *err, size_t err_len) {
-    if (t->rank == 0 && rc == 0) rc = rollout_weights_end(t->rollout, version, NULL, err, err_len);
+    WeightSync *ws = &t->sync;
+    ws->end_seconds = ws->commit_seconds = 0;
+    if (t->rank == 0 && rc == 0) {
+        const double t0 = trainer_now();
+        rc = rollout_weights_end(t->rollout, version, NULL, &ws->commit_seconds, err, err_len);
+        ws->end_seconds = trainer_now() - t0;
+    }
     int32_t ok = rc == 0;
     if (comm_broadcast(t->comm, &ok, 1, COMM_I32, 0) != 0 || !ok) {
         if (rc == 0) snprintf(err, err_len, "weight sync: %s", ok ? comm_error(t->comm) : "rank 0 failed to finish it");
@@ -168,11 +174,13 @@ static int agree(Trainer *t, int rc, char *err, size_t err_len) {
 // Transport nccl. Returns 0 (done), 1 (use zmq instead: a server cannot take nccl) or -1.
 static int push_nccl(Trainer *t, int64_t version, char *err, size_t err_len) {
     NcclPlan plan = {0};
+    const double t0 = trainer_now();
     if (t->rank == 0) plan_nccl(t, version, &plan, err, err_len);
     if (comm_broadcast(t->comm, &plan, sizeof plan, COMM_U8, 0) != 0) {
         snprintf(err, err_len, "weight sync: %s", comm_error(t->comm));
         return -1;
     }
+    t->sync.begin_seconds = t->rank == 0 ? trainer_now() - t0 : 0;
     if (plan.status < 0) {
         if (t->rank != 0) snprintf(err, err_len, "weight sync: rank 0 could not start it");
         return -1;
@@ -189,7 +197,9 @@ static int push_nccl(Trainer *t, int64_t version, char *err, size_t err_len) {
 
 static int push_zmq(Trainer *t, int64_t version, char *err, size_t err_len) {
     int rc = 0;
+    const double t0 = trainer_now();
     if (t->rank == 0) rc = rollout_weights_begin(t->rollout, version, err, err_len);
+    t->sync.begin_seconds = t->rank == 0 ? trainer_now() - t0 : 0;
     int32_t ok = rc == 0;
     if (comm_broadcast(t->comm, &ok, 1, COMM_I32, 0) != 0 || !ok) {
         if (rc == 0) snprintf(err, err_len, "weight sync: %s", ok ? comm_error(t->comm) : "rank 0 could not start it");

@@ -32,6 +32,11 @@ typedef struct {
     double transfer_seconds;          // of the last push: this rank's sending alone (nccl: first send until the
                                       // communicator's stream is done; zmq: slices sent and flushed), without the
                                       // control round trips and the servers' swap that the whole push includes
+    // Rank 0's view of the last push's other parts (0 on other ranks), so that a slow push can be placed:
+    double begin_seconds;             // weights_begin to every server, answered (nccl: also the plan broadcast)
+    double end_seconds;               // weights_end to every server, answered: the wait for the servers' receive
+                                      // to finish plus their swap
+    double commit_seconds;            // the servers' swap alone, as they report it (the largest)
 } WeightSync;
 
 struct Trainer;

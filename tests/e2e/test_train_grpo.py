@@ -92,9 +92,13 @@ def test_grpo_two_ranks_raises_reward(setup):
     assert len(rows) == 24
     for key in ("loss", "reward", "reward_std", "rewards/regex_format/mean", "frac_reward_zero_std",
                 "completions/mean_length", "completions/clipped_ratio", "entropy", "grad_norm", "learning_rate",
-                "clip_ratio/region_mean", "num_tokens", "step_time", "rollout_time", "sync_time", "sync_transfer_time", "sync_bytes"):
+                "clip_ratio/region_mean", "num_tokens", "step_time", "rollout_time", "sync_time", "sync_transfer_time", "sync_bytes",
+                "sync_begin_time", "sync_end_time", "sync_commit_time"):
         assert key in rows[0], key
     assert all(0 < r["sync_transfer_time"] <= r["sync_time"] and r["sync_bytes"] > 0 for r in rows)
+    # the push's parts are disjoint intervals inside it, and the swap is part of the end's round trip
+    assert all(0 < r["sync_begin_time"] and 0 <= r["sync_commit_time"] <= r["sync_end_time"] and
+               r["sync_begin_time"] + r["sync_transfer_time"] + r["sync_end_time"] <= r["sync_time"] for r in rows)
     first = sum(r["reward"] for r in rows[:6]) / 6
     last = sum(r["reward"] for r in rows[-6:]) / 6
     assert last > first + 0.1, f"mean reward {first:.3f} -> {last:.3f}"

@@ -1,0 +1,95 @@
+"""The rollout server's decode step alone on a GPU: bench_decode_step (the model's padded decode step + greedy
+sampling + the token download, no HTTP, no engine thread) beside the bandwidth / compute roofline measured in the
+same run, so that the end-to-end figures of bench_serve_gpu.py can be split into GPU time and host time.
+
+    python3 bench/bench_decode_gpu.py --build build-gpu.carry [--shapes 0.5b,1.5b] [--batches 1,64,256,512]
+                                      [--ctx 512] [--steps 64] [--eager-too] [--profile 1,512]
+
+roofline (tokens/s) = min(B * copy_bw / (weight bytes + K/V bytes read), peak bf16 / (2 * params)); copy_bw is a
+device-to-device copy (read + write) and peak a large bf16 matmul, both timed with torch here. --profile reruns the
+listed batch sizes eagerly under TANDEM_PROFILE_OPS=1 and prints the per-op GPU time (shares, not timings: the
+profiler synchronises).
+"""
+import argparse
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tempfile
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from bench_serve_gpu import SHAPES, VOCAB, measure_ceilings, roofline, use_devlib  # noqa: E402
+
+
+def write_config(d, shape):
+    cfg = dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", vocab_size=VOCAB, tie_word_embeddings=True,
+               max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0, hidden_act="silu",
+               **SHAPES[shape])
+    (d / "config.json").write_text(json.dumps(cfg))
+
+
+def run(exe, d, args, profile=False):
+    env = dict(os.environ, **({"TANDEM_PROFILE_OPS": "1"} if profile else {}))
+    p = subprocess.run([str(exe), str(d), "--device", "cuda", *args], capture_output=True, text=True, env=env,
+                       timeout=900)
+    if p.returncode != 0:
+        sys.exit(f"bench_decode_step failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
+    rows = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
+    return rows, p.stderr
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default="build-gpu.carry")
+    ap.add_argument("--shapes", default="0.5b,1.5b")
+    ap.add_argument("--batches", default="1,64,256,512")
+    ap.add_argument("--ctx", type=int, default=512)
+    ap.add_argument("--steps", type=int, default=64)
+    ap.add_argument("--eager-too", action="store_true", help="also every batch size without CUDA graphs")
+    ap.add_argument("--profile", default="", help="batch sizes to profile op by op (eager), e.g. 1,512")
+    args = ap.parse_args()
+    build = pathlib.Path(args.build).resolve()
+    use_devlib(build)
+    exe = build / "bench" / "bench_decode_step"
+    import torch
+    bw, peak = measure_ceilings()
+    print(f"GPU {torch.cuda.get_device_name()}: copy {bw / 1e12:.2f} TB/s, bf16 matmul {peak / 1e12:.0f} TFLOP/s",
+          flush=True)
+    table = []
+    for shape in args.shapes.split(","):
+        with tempfile.TemporaryDirectory() as tmp:
+            d = pathlib.Path(tmp)
+            write_config(d, shape)
+            common = ["--batches", args.batches, "--ctx", str(args.ctx), "--steps", str(args.steps)]
+            rows, _ = run(exe, d, common)
+            eager = {}
+            if args.eager_too:
+                eager = {r["batch"]: r for r in run(exe, d, common + ["--eager"])[0]}
+            for r in rows:
+                params = r["weight_bytes"] / 2
+                # roofline() takes K/V bytes per token and a mean context: give it the step's bytes per sequence
+                mem, comp = roofline(r["batch"], 1.0, r["weight_bytes"], r["kv_bytes_per_step"] / r["batch"],
+                                     params, bw, peak)
+                roof = min(mem, comp)
+                bytes_step = r["weight_bytes"] + r["kv_bytes_per_step"]
+                table.append((shape, r, roof, bytes_step / (r["step_ms"] * 1e-3) / bw, eager.get(r["batch"])))
+                print(json.dumps(dict(shape=shape, **r, roofline_tok_s=round(roof))), flush=True)
+            if args.profile:
+                for b in args.profile.split(","):
+                    _, prof = run(exe, d, ["--batches", b, "--ctx", str(args.ctx), "--steps", "16", "--warmup", "2"],
+                                  profile=True)
+                    print(f"--- {shape}, batch {b}, eager, op profile (18 steps):")
+                    print("\n".join(line for line in prof.splitlines() if line.strip()), flush=True)
+    print(f"\ndecode step alone (model + greedy sampling + download), ctx {args.ctx}, {args.steps} steps")
+    print(f"{'shape':>6}{'batch':>7}{'step ms':>10}{'tok/s':>11}{'roofline':>11}{'% roof':>8}{'% copy bw':>11}"
+          f"{'eager ms':>10}")
+    for shape, r, roof, bw_share, e in table:
+        print(f"{shape:>6}{r['batch']:>7}{r['step_ms']:>10.3f}{r['tokens_per_s']:>11.0f}{roof:>11.0f}"
+              f"{r['tokens_per_s'] / roof:>8.1%}{bw_share:>11.1%}" + (f"{e['step_ms']:>10.3f}" if e else ""))
+    print("summary: " + "; ".join(f"{s} b{r['batch']} {r['step_ms']:.2f} ms {r['tokens_per_s'] / roof:.0%} roof"
+                                  for s, r, roof, _, _ in table))
+
+
+if __name__ == "__main__":
+    main()

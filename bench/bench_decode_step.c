@@ -1,0 +1,181 @@
+// bench_decode_step — GPU (or CPU) time of the rollout server's decode step alone, without HTTP, scheduling or
+// the engine thread: the model's padded decode step (CUDA graphs where the backend has them) plus the greedy
+// sampling op and the 8-byte-per-sequence download, the same calls rollout_server/engine.c makes each step.
+//   bench_decode_step MODEL_DIR [--device cpu|cuda] [--batches 1,64,256,512] [--ctx 512] [--steps 64]
+//                     [--warmup 8] [--eager]
+// MODEL_DIR needs only config.json (random weights). Every sequence starts at position --ctx (its cache filled
+// with zeros up to there) and decodes --steps tokens, each fed its own sampled token. One JSON line per batch
+// size: {"batch", "ctx", "step_ms", "tokens_per_s", "weight_bytes", "kv_bytes_per_step", "graphs"}; kv bytes are
+// the K and V read by attention in one step at the run's mean context. bench/bench_decode_gpu.py turns them into
+// a share of the bandwidth roofline. With TANDEM_PROFILE_OPS=1 (graphs off) the per-op GPU times follow.
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "kernels/ops.h"
+#include "shared/model.h"
+
+enum { BLOCK = 16, MAX_BATCHES = 16 };
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static int parse_list(const char *s, int *out, int max) {
+    int n = 0;
+    while (*s && n < max) {
+        char *end;
+        long v = strtol(s, &end, 10);
+        if (end == s || v < 1 || v > 65536) return -1;
+        out[n++] = (int)v;
+        s = *end == ',' ? end + 1 : end;
+        if (*end && *end != ',') return -1;
+    }
+    return n;
+}
+
+static void usage(void) {
+    fprintf(stderr,
+            "usage: bench_decode_step MODEL_DIR [options]\n"
+            "  --device cpu|cuda   backend (default cpu)\n"
+            "  --batches LIST      comma-separated decode batch sizes (default 1,64,256,512)\n"
+            "  --ctx N             tokens already in every sequence's cache (default 512)\n"
+            "  --steps N           timed decode steps per batch size (default 64)\n"
+            "  --warmup N          untimed steps first (records the graphs; default 8)\n"
+            "  --eager             no CUDA graphs (default: graphs where the backend has them)\n");
+}
+
+// One batch size: a cache of B sequences x ceil((ctx + warmup + steps) / BLOCK) blocks, sequence b owning a
+// contiguous run of blocks. Returns 0 or 1 with a message on stderr.
+static int run_batch(Model *m, UnitSource *src, int B, int ctx, int warmup, int steps, int graphs) {
+    OpsCtx *o = m->ops;
+    const ModelConfig *cfg = &m->cfg;
+    const int total = ctx + warmup + steps, max_blocks = (total + BLOCK - 1) / BLOCK;
+    char err[1024];
+    KVCache kv;
+    DecodeBufs *bufs = NULL;
+    if (kv_cache_create(&kv, m, B * max_blocks, BLOCK, err, sizeof err) != 0 ||
+        decode_bufs_create(&bufs, m, B, B, max_blocks, B, err, sizeof err) != 0 ||
+        decode_bufs_enable_padded(bufs, m, B, graphs, err, sizeof err) < 0) {
+        fprintf(stderr, "bench_decode_step: batch %d: %s\n", B, err);
+        return 1;
+    }
+    int32_t *tok = malloc((size_t)B * 4), *pos = malloc((size_t)B * 4), *slot = malloc((size_t)B * 4);
+    int32_t *tables = malloc((size_t)B * max_blocks * 4);
+    float *lp = malloc((size_t)B * 4);
+    OpsSampleParams *params = calloc((size_t)B, sizeof *params);
+    int32_t *d_tok = ops_malloc(o, (size_t)B * 4);
+    float *d_lp = ops_malloc(o, (size_t)B * 4);
+    OpsSampleParams *d_params = ops_malloc(o, (size_t)B * sizeof *params);
+    int32_t *d_off = ops_malloc(o, (size_t)(B + 1) * 4);
+    if (!tok || !pos || !slot || !tables || !lp || !params || !d_tok || !d_lp || !d_params || !d_off) {
+        fprintf(stderr, "bench_decode_step: batch %d: out of memory (%s)\n", B, ops_error(o));
+        return 1;
+    }
+    for (int b = 0; b < B; b++) {
+        for (int j = 0; j < max_blocks; j++) tables[b * max_blocks + j] = b * max_blocks + j;
+        tok[b] = (int32_t)((b * 7919 + 13) % cfg->vocab_size);
+        params[b] = (OpsSampleParams){.temperature = 0.0f, .top_p = 1.0f, .repetition_penalty = 1.0f,
+                                      .logits_row = b};
+    }
+    ops_copy_to_device(o, d_params, params, (size_t)B * sizeof *params);
+    ops_memset_zero(o, d_off, (size_t)(B + 1) * 4);
+    double t0 = 0;
+    for (int it = 0; it < warmup + steps; it++) {
+        if (it == warmup) {
+            ops_synchronize(o);
+            t0 = now_s();
+        }
+        for (int b = 0; b < B; b++) {
+            pos[b] = ctx + it;
+            slot[b] = tables[b * max_blocks + pos[b] / BLOCK] * BLOCK + pos[b] % BLOCK;
+        }
+        if (model_decode_step_padded(m, bufs, src, &kv, B, tok, pos, slot, tables, max_blocks, NULL, err,
+                                     sizeof err) != 0) {
+            fprintf(stderr, "bench_decode_step: batch %d step %d: %s\n", B, it, err);
+            return 1;
+        }
+        ops_sample_rows(o, d_tok, d_lp, decode_bufs_logits(bufs), d_params, NULL, d_off, B, B, cfg->vocab_size, 0);
+        ops_copy_to_host(o, tok, d_tok, (size_t)B * 4);
+        ops_copy_to_host(o, lp, d_lp, (size_t)B * 4);
+        if (ops_status(o)) {
+            fprintf(stderr, "bench_decode_step: batch %d step %d: %s\n", B, it, ops_error(o));
+            return 1;
+        }
+        for (int b = 0; b < B; b++)
+            if (tok[b] < 0 || tok[b] >= cfg->vocab_size) {
+                fprintf(stderr, "bench_decode_step: batch %d step %d: sampled id %d\n", B, it, tok[b]);
+                return 1;
+            }
+    }
+    const double dt = (now_s() - t0) / steps;
+    const double mean_ctx = ctx + warmup + (steps + 1) / 2.0;
+    const double kv_bytes = (double)B * mean_ctx * cfg->num_layers * 2.0 * cfg->num_kv_heads * cfg->head_dim *
+                            (double)ops_dtype_size(o);
+    DecodeGraphStats gs;
+    decode_bufs_graph_stats(bufs, &gs);
+    printf("{\"batch\": %d, \"ctx\": %d, \"step_ms\": %.4f, \"tokens_per_s\": %.1f, \"weight_bytes\": %zu, "
+           "\"kv_bytes_per_step\": %.0f, \"graphs\": %d, \"graph_replays\": %lld}\n",
+           B, ctx, dt * 1e3, B / dt, m->layout.n_params * ops_dtype_size(o), kv_bytes, decode_bufs_graphs_on(bufs),
+           (long long)gs.replays);
+    fflush(stdout);
+    ops_free(o, d_tok);
+    ops_free(o, d_lp);
+    ops_free(o, d_params);
+    ops_free(o, d_off);
+    free(tok), free(pos), free(slot), free(tables), free(lp), free(params);
+    decode_bufs_free(bufs, m);
+    kv_cache_free(&kv, m);
+    return 0;
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        usage();
+        return argc < 2 ? 2 : 0;
+    }
+    int batches[MAX_BATCHES] = {1, 64, 256, 512}, n_batches = 4, ctx = 512, steps = 64, warmup = 8, graphs = 1;
+    OpsBackend backend = OPS_BACKEND_CPU;
+    for (int i = 2; i < argc; i++) {
+        const int has = i + 1 < argc;
+        if (!strcmp(argv[i], "--batches") && has) {
+            n_batches = parse_list(argv[++i], batches, MAX_BATCHES);
+            if (n_batches < 1) { fprintf(stderr, "bench_decode_step: bad --batches %s\n", argv[i]); return 2; }
+        } else if (!strcmp(argv[i], "--ctx") && has) ctx = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--steps") && has) steps = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--warmup") && has) warmup = atoi(argv[++i]);
+        else if (!strcmp(argv[i], "--eager")) graphs = 0;
+        else if (!strcmp(argv[i], "--device") && has) {
+            const char *d = argv[++i];
+            if (!strcmp(d, "cuda")) backend = OPS_BACKEND_CUDA;
+            else if (strcmp(d, "cpu")) { fprintf(stderr, "bench_decode_step: --device cpu|cuda, not %s\n", d); return 2; }
+        } else {
+            fprintf(stderr, "bench_decode_step: unknown option %s\n", argv[i]);
+            usage();
+            return 2;
+        }
+    }
+    if (ctx < 0 || steps < 1 || warmup < 0) {
+        fprintf(stderr, "bench_decode_step: need --ctx >= 0, --steps >= 1, --warmup >= 0\n");
+        return 2;
+    }
+    char err[1024];
+    ModelConfig cfg;
+    OpsCtx *ops;
+    Model m;
+    ResidentWeights w;
+    if (config_load(&cfg, argv[1], err, sizeof err) != 0 || ops_create(&ops, backend, 0, err, sizeof err) != 0 ||
+        model_init(&m, &cfg, ops, err, sizeof err) != 0 || resident_alloc(&w, &m, 0, err, sizeof err) != 0) {
+        fprintf(stderr, "bench_decode_step: %s\n", err);
+        return 1;
+    }
+    model_init_random(&m, &w, 1234, 0.02f);
+    UnitSource src = resident_source(&w);
+    for (int i = 0; i < n_batches; i++)
+        if (run_batch(&m, &src, batches[i], ctx, warmup, steps, graphs) != 0) return 1;
+    ops_profile_print(ops);   // TANDEM_PROFILE_OPS=1: where the steps went, op by op
+    return 0;
+}
