@@ -487,29 +487,64 @@ int rollout_alive_servers(const RolloutClient *c, int *servers) {
     return n;
 }
 
+// weights_begin (nccl) to server servers[j], not waiting for the answer; *id receives the request's id.
+static int begin_nccl_send(RolloutClient *c, Server *s, int64_t version, const uint8_t id[ZMSG_NCCL_ID_BYTES],
+                           int trainer_ranks, int j, int n, int64_t *req_id, char *err, size_t err_len) {
+    ZmsgMsg m;
+    zmsg_init(&m, ZMSG_WEIGHTS_BEGIN, ZMSG_DIR_REQUEST, c->next_id++);
+    m.version = version;
+    m.transport = ZMSG_TRANSPORT_NCCL;
+    m.layout_hash = c->layout_hash;
+    memcpy(m.nccl_id, id, ZMSG_NCCL_ID_BYTES);
+    m.trainer_ranks = trainer_ranks;
+    m.nccl_world = trainer_ranks + n;
+    m.nccl_rank = trainer_ranks + j;
+    *req_id = m.id;
+    return send_msg(s, &m, err, err_len);
+}
+
+// The answer to weights_begin request req_id: 0 accepted, else as rollout_weights_begin_nccl.
+static int begin_nccl_wait(RolloutClient *c, Server *s, int64_t req_id, char *err, size_t err_len) {
+    ZmsgMsg rep;
+    int r = wait_reply(s, req_id, &rep, c->timeout_ms, err, err_len);
+    if (r < 0) return strstr(err, "[unsupported]") ? ROLLOUT_EUNSUPPORTED : -1;
+    if (r == 0) {
+        // Members are fixed once told: a silent server fails this push, and the next one leaves it out.
+        mark_dead(c, s, "did not acknowledge weights_begin");
+        snprintf(err, err_len, "rollout server %s did not acknowledge weights_begin (nccl)", s->endpoint);
+        return ROLLOUT_ESERVERS_LOST;
+    }
+    zmsg_free(&rep);
+    return 0;
+}
+
 int rollout_weights_begin_nccl(RolloutClient *c, int64_t version, const uint8_t id[ZMSG_NCCL_ID_BYTES],
                                int trainer_ranks, const int *servers, int n, char *err, size_t err_len) {
     for (int j = 0; j < n; j++) {
         Server *s = &c->servers[servers[j]];
-        ZmsgMsg m, rep;
-        zmsg_init(&m, ZMSG_WEIGHTS_BEGIN, ZMSG_DIR_REQUEST, c->next_id++);
-        m.version = version;
-        m.transport = ZMSG_TRANSPORT_NCCL;
-        m.layout_hash = c->layout_hash;
-        memcpy(m.nccl_id, id, ZMSG_NCCL_ID_BYTES);
-        m.trainer_ranks = trainer_ranks;
-        m.nccl_world = trainer_ranks + n;
-        m.nccl_rank = trainer_ranks + j;
-        if (send_msg(s, &m, err, err_len) != 0) return -1;
-        int r = wait_reply(s, m.id, &rep, c->timeout_ms, err, err_len);
-        if (r < 0) return strstr(err, "[unsupported]") ? ROLLOUT_EUNSUPPORTED : -1;
-        if (r == 0) {
-            // Members are fixed once told: a silent server fails this push, and the next one leaves it out.
-            mark_dead(c, s, "did not acknowledge weights_begin");
-            snprintf(err, err_len, "rollout server %s did not acknowledge weights_begin (nccl)", s->endpoint);
-            return ROLLOUT_ESERVERS_LOST;
-        }
-        zmsg_free(&rep);
+        int64_t req_id;
+        if (begin_nccl_send(c, s, version, id, trainer_ranks, j, n, &req_id, err, err_len) != 0) return -1;
+        int rc = begin_nccl_wait(c, s, req_id, err, err_len);
+        if (rc != 0) return rc;
+    }
+    return 0;
+}
+
+int rollout_weights_begin_nccl_send(RolloutClient *c, int64_t version, const uint8_t id[ZMSG_NCCL_ID_BYTES],
+                                    int trainer_ranks, const int *servers, int n, int64_t *req_ids, char *err,
+                                    size_t err_len) {
+    for (int j = 0; j < n; j++)
+        if (begin_nccl_send(c, &c->servers[servers[j]], version, id, trainer_ranks, j, n, &req_ids[j], err,
+                            err_len) != 0)
+            return -1;
+    return 0;
+}
+
+int rollout_weights_begin_nccl_wait(RolloutClient *c, const int *servers, int n, const int64_t *req_ids, char *err,
+                                    size_t err_len) {
+    for (int j = 0; j < n; j++) {
+        int rc = begin_nccl_wait(c, &c->servers[servers[j]], req_ids[j], err, err_len);
+        if (rc != 0) return rc;
     }
     return 0;
 }

@@ -75,5 +75,13 @@ int rollout_weights_end(RolloutClient *c, int64_t version, double *seconds, doub
 int rollout_alive_servers(const RolloutClient *c, int *servers);
 int rollout_weights_begin_nccl(RolloutClient *c, int64_t version, const uint8_t id[ZMSG_NCCL_ID_BYTES],
                                int trainer_ranks, const int *servers, int n, char *err, size_t err_len);
+// The same in two halves, so that the sending can be queued while the answers travel (a communicator that the
+// servers have already joined): _send sends the n requests (req_ids (n) receives their ids), _wait collects the
+// answers with rollout_weights_begin_nccl's results.
+int rollout_weights_begin_nccl_send(RolloutClient *c, int64_t version, const uint8_t id[ZMSG_NCCL_ID_BYTES],
+                                    int trainer_ranks, const int *servers, int n, int64_t *req_ids, char *err,
+                                    size_t err_len);
+int rollout_weights_begin_nccl_wait(RolloutClient *c, const int *servers, int n, const int64_t *req_ids, char *err,
+                                    size_t err_len);
 
 #endif

@@ -30,8 +30,11 @@ static size_t owned_count(const Trainer *t, int u, size_t *off) {
     return L->unit_numel[u] - *off < n ? L->unit_numel[u] - *off : n;
 }
 
-// Rank 0: decides the members and opens the update on the servers.
-static void plan_nccl(Trainer *t, int64_t version, NcclPlan *plan, char *err, size_t err_len) {
+// Rank 0: decides the members and opens the update on the servers. With a communicator they have joined before,
+// the weights_begin answers are not awaited here (*pending = 1, their ids in req_ids): the sends are queued while
+// the answers travel, and rank 0 checks them before waiting for the sends (push_nccl).
+static void plan_nccl(Trainer *t, int64_t version, NcclPlan *plan, int64_t *req_ids, int *pending, char *err,
+                      size_t err_len) {
     WeightSync *ws = &t->sync;
     int servers[ROLLOUT_MAX_SERVERS];
     int n = rollout_alive_servers(t->rollout, servers);
@@ -51,6 +54,15 @@ static void plan_nccl(Trainer *t, int64_t version, NcclPlan *plan, char *err, si
     } else {
         memcpy(plan->id, ws->id, sizeof plan->id);
     }
+    if (!plan->fresh) {
+        if (rollout_weights_begin_nccl_send(t->rollout, version, plan->id, t->world, servers, n, req_ids, err,
+                                            err_len) != 0) {
+            plan->status = -1;
+            return;
+        }
+        *pending = 1;
+        return;
+    }
     int rc = rollout_weights_begin_nccl(t->rollout, version, plan->id, t->world, servers, n, err, err_len);
     if (rc == ROLLOUT_EUNSUPPORTED && t->cfg->weight_sync_transport == WEIGHT_SYNC_AUTO) {
         fprintf(stderr, "tandem-train: %s\n", err);
@@ -64,7 +76,8 @@ static void plan_nccl(Trainer *t, int64_t version, NcclPlan *plan, char *err, si
     memcpy(ws->servers, servers, (size_t)n * sizeof *servers);
 }
 
-// Every rank: joins the communicator if it is new, then sends its slice of every unit to every server.
+// Every rank: joins the communicator if it is new, then queues the sends of its slice of every unit to every
+// server (wait_sends waits for them).
 static int send_nccl(Trainer *t, const NcclPlan *plan, char *err, size_t err_len) {
     WeightSync *ws = &t->sync;
     const int W = t->world, S = plan->n_servers;
@@ -83,7 +96,7 @@ static int send_nccl(Trainer *t, const NcclPlan *plan, char *err, size_t err_len
     Comm *c = ws->comm;
     ws->bytes = 0;
     comm_wait_compute(c);   // the optimizer step that wrote the slices was queued on the compute stream
-    const double t0 = trainer_now();
+    ws->send_start = trainer_now();
     for (int u0 = 0; u0 < L->n_units;) {
         // One NCCL group per bucket: many sends progress together, none waits for its own round trip.
         size_t bucket = 0;
@@ -103,13 +116,22 @@ static int send_nccl(Trainer *t, const NcclPlan *plan, char *err, size_t err_len
         ws->bytes += (double)bucket * S;
         u0 = u1;
     }
-    if (comm_synchronize(c) != 0) goto fail;
-    ws->transfer_seconds = trainer_now() - t0;
     return 0;
 fail:
     snprintf(err, err_len, "weight sync over NCCL: %s", comm_error(c));
     weight_sync_close(ws);
     return -1;
+}
+
+static int wait_sends(Trainer *t, char *err, size_t err_len) {
+    WeightSync *ws = &t->sync;
+    if (comm_synchronize(ws->comm) != 0) {
+        snprintf(err, err_len, "weight sync over NCCL: %s", comm_error(ws->comm));
+        weight_sync_close(ws);
+        return -1;
+    }
+    ws->transfer_seconds = trainer_now() - ws->send_start;
+    return 0;
 }
 
 // Transport zmq: every rank sends its own fp32 master slices (no gather), waits until the servers have applied
@@ -174,8 +196,10 @@ static int agree(Trainer *t, int rc, char *err, size_t err_len) {
 // Transport nccl. Returns 0 (done), 1 (use zmq instead: a server cannot take nccl) or -1.
 static int push_nccl(Trainer *t, int64_t version, char *err, size_t err_len) {
     NcclPlan plan = {0};
+    int64_t req_ids[ROLLOUT_MAX_SERVERS];
+    int pending = 0;
     const double t0 = trainer_now();
-    if (t->rank == 0) plan_nccl(t, version, &plan, err, err_len);
+    if (t->rank == 0) plan_nccl(t, version, &plan, req_ids, &pending, err, err_len);
     if (comm_broadcast(t->comm, &plan, sizeof plan, COMM_U8, 0) != 0) {
         snprintf(err, err_len, "weight sync: %s", comm_error(t->comm));
         return -1;
@@ -188,6 +212,19 @@ static int push_nccl(Trainer *t, int64_t version, char *err, size_t err_len) {
     if (plan.status == 1) return 1;
     if (plan.n_servers == 0) return 0;
     int rc = send_nccl(t, &plan, err, err_len);
+    if (pending) {
+        // Queued sends cannot finish without a server's receive: a refusal (or silence) aborts the communicator,
+        // which ends them; the other ranks' sends then fail by the communicator's timeout.
+        char berr[512];
+        int brc = rollout_weights_begin_nccl_wait(t->rollout, t->sync.servers, plan.n_servers, req_ids, berr,
+                                                  sizeof berr);
+        if (brc != 0 && rc == 0) {
+            snprintf(err, err_len, "weight sync: %s", berr);
+            weight_sync_close(&t->sync);
+            rc = -1;
+        }
+    }
+    if (rc == 0) rc = wait_sends(t, err, err_len);
     if (agree(t, rc, err, err_len) != 0) {
         weight_sync_close(&t->sync);
         return -1;

@@ -130,6 +130,23 @@ static inline unsigned cuda_grid_1d(size_t n, int threads, const CudaState *st) 
 
 __device__ __forceinline__ float bf2f(bf16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ bf16 f2bf(float x) { return __float2bfloat16_rn(x); }
+// 8 bf16 values as one 16-byte vector <-> 8 floats (round to nearest even on the way back).
+__device__ __forceinline__ void unpack8f(uint4 u, float f[8]) {
+    const __nv_bfloat162 *p = reinterpret_cast<const __nv_bfloat162 *>(&u);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const float2 t = __bfloat1622float2(p[j]);
+        f[2 * j] = t.x;
+        f[2 * j + 1] = t.y;
+    }
+}
+__device__ __forceinline__ uint4 pack8f(const float f[8]) {
+    uint4 u;
+    __nv_bfloat162 *p = reinterpret_cast<__nv_bfloat162 *>(&u);
+#pragma unroll
+    for (int j = 0; j < 4; j++) p[j] = __floats2bfloat162_rn(f[2 * j], f[2 * j + 1]);
+    return u;
+}
 
 __device__ __forceinline__ float warp_sum(float v) {
     for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);

@@ -25,23 +25,6 @@ __device__ __forceinline__ void walk_advance(RowWalk &w, size_t stride_rows, int
     }
 }
 
-__device__ __forceinline__ void unpack8f(uint4 u, float f[8]) {
-    const __nv_bfloat162 *p = reinterpret_cast<const __nv_bfloat162 *>(&u);
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        const float2 t = __bfloat1622float2(p[j]);
-        f[2 * j] = t.x;
-        f[2 * j + 1] = t.y;
-    }
-}
-__device__ __forceinline__ uint4 pack8f(const float f[8]) {
-    uint4 u;
-    __nv_bfloat162 *p = reinterpret_cast<__nv_bfloat162 *>(&u);
-#pragma unroll
-    for (int j = 0; j < 4; j++) p[j] = __floats2bfloat162_rn(f[2 * j], f[2 * j + 1]);
-    return u;
-}
-
 // out (N, I) as (N, V) 16-byte vectors, V = I / 8; gu (N, 2V) vectors: gate in [0, V), up in [V, 2V).
 __global__ void swiglu_fwd_vec_kernel(uint4 *__restrict__ out, const uint4 *__restrict__ gu, size_t N, int V) {
     const size_t start = blockIdx.x * (size_t)blockDim.x + threadIdx.x, stride = (size_t)gridDim.x * blockDim.x;

@@ -800,6 +800,8 @@ static void test_logprobs_case(int N, int V, float inv_t, float offset) {
 static void test_logprobs(void) {
     test_logprobs_case(13, 1003, 1.0f / 0.7f, 0.0f);
     test_logprobs_case(7, 5000, 1.0f, 1000.0f);
+    test_logprobs_case(4, 33, 1.0f, 0.0f);                    // shorter than a vector or two: head and tail only
+    test_logprobs_case(3, 151936, 1.0f / 0.6f, -20.0f);       // Qwen2.5's vocabulary, the size the kernels are tuned for
 }
 
 static void test_adamw(void) {
