@@ -217,16 +217,21 @@ int model_decode_step(Model *m, DecodeBufs *b, UnitSource *src, KVCache *kv, int
     AttnArgs att = {.paged = 1, .slot_mapping = b->slot_mapping, .block_tables = b->block_tables,
                     .token_seq = b->token_seq, .max_blocks = b->max_blocks, .block_size = kv->block_size,
                     .n_seqs = n_seqs};
+    // The residual stream as in training: each layer adds the previous layer's attention half (pending = its
+    // xmid) inside its first norm and leaves its MLP output in the other buffer (the same bits as add + norm).
     int cur = 0;
+    const void *pending = NULL;
     for (int l = 0; l < cfg->num_layers; l++) {
         int u = layout_layer_unit(l);
         if (!(p = src->acquire(src->user, u))) goto unavailable;
         att.k_cache = kv->k[l];
         att.v_cache = kv->v[l];
-        layer_forward(m, p, &b->acts, b->x[cur], b->x[cur ^ 1], b->token_pos, N, &att);
+        layer_forward_fused(m, p, &b->acts, b->x[cur], pending, b->x[cur ^ 1], b->token_pos, N, &att);
+        pending = b->acts.xmid;
         if (src->release) src->release(src->user, u);
         cur ^= 1;
     }
+    if (pending) ops_add_inplace(o, b->x[cur], pending, (size_t)N * C);
     if (n_logit_rows > 0) {
         for (int r = 0; r < n_logit_rows; r++) {
             if (logit_rows[r] < 0 || logit_rows[r] >= N) {
@@ -339,15 +344,20 @@ static void padded_forward(Model *m, DecodeBufs *b, KVCache *kv, int P) {
     AttnArgs att = {.paged = 1, .slot_mapping = slots, .block_tables = b->block_tables, .token_seq = seq,
                     .max_blocks = b->max_blocks, .block_size = kv->block_size, .n_seqs = b->max_seqs + 1};
     int cur = 0;
+    const void *pending = NULL;   // as in model_decode_step: the previous layer's xmid, added by the next norm
     for (int l = 0; l < cfg->num_layers; l++) {
         att.k_cache = kv->k[l];
         att.v_cache = kv->v[l];
-        layer_forward(m, b->units[layout_layer_unit(l)], &b->acts, b->x[cur], b->x[cur ^ 1], pos, P, &att);
+        layer_forward_fused(m, b->units[layout_layer_unit(l)], &b->acts, b->x[cur], pending, b->x[cur ^ 1], pos, P,
+                            &att);
+        pending = b->acts.xmid;
         cur ^= 1;
     }
-    // Every row is a sequence's next token: the final norm reads the residual stream in place (no row gather).
+    // Every row is a sequence's next token: the final norm reads the residual stream in place (no row gather),
+    // adding the last layer's pending half first.
     const void *pf = b->units[layout_final_unit(&m->layout)];
-    ops_rmsnorm_fwd(o, b->rows_normed, NULL, b->x[cur], elem_at(m, pf, m->layout.final_norm), P, C, cfg->rms_norm_eps);
+    ops_residual_rmsnorm_fwd(o, pending ? b->x[cur] : NULL, b->rows_normed, NULL, b->x[cur], pending,
+                             elem_at(m, pf, m->layout.final_norm), P, C, cfg->rms_norm_eps);
     const void *w_lm = m->layout.lm_head == SIZE_MAX ? elem_at(m, b->units[0], m->layout.embed)
                                                      : elem_at(m, pf, m->layout.lm_head);
     ops_matmul_fwd(o, b->logits, b->rows_normed, w_lm, NULL, P, C, V);
