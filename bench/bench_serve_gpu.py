@@ -148,6 +148,25 @@ def greedy_margins(model, prompts, ours):
     return worst
 
 
+def engine_counters(url):
+    """(steps, seconds in steps, seconds in the model and sampling calls) so far, summed over the engines."""
+    v = server_fixtures.metrics(url)
+    return (server_fixtures.metric(v, "tandem_engine_step_seconds_count"),
+            server_fixtures.metric(v, "tandem_engine_step_seconds_sum"),
+            server_fixtures.metric(v, "tandem_engine_step_compute_seconds_total"))
+
+
+def engine_split(before, after, wall):
+    """Where a load's wall time went, from the engine's counters: its steps' mean time, split into the model and
+    sampling calls (GPU work and its launches: they wait for the device) and the engine's host work around them,
+    and the share of the wall time the engine spent in steps at all (the rest: HTTP, admission, the client)."""
+    steps, step_s, compute_s = (a - b for a, b in zip(after, before))
+    if steps <= 0:
+        return "no steps"
+    return (f"{int(steps)} steps, {step_s / steps * 1e3:.2f} ms/step = {compute_s / steps * 1e3:.2f} model+sampling + "
+            f"{(step_s - compute_s) / steps * 1e3:.2f} host; in steps {step_s / wall:.0%} of the wall time")
+
+
 def roofline(b, ctx_mean, weight_bytes, kv_bytes_per_token, params, bw, peak):
     """(memory bound, compute bound) in tokens/s for a decode batch of b sequences at mean context ctx_mean."""
     mem = b * bw / (weight_bytes + b * kv_bytes_per_token * ctx_mean)
@@ -206,9 +225,13 @@ def main():
                 p = prompts_for(c)
                 completions(srv.url, p[:2], 4)  # warm-up
                 completions(srv.url, p, 4)  # and at this batch size (a CUDA graph is recorded on first use)
+                before = engine_counters(srv.url)
                 t0 = time.perf_counter()
                 out = completions(srv.url, p, args.max_tokens)
-                ours = sum(map(len, out)) / (time.perf_counter() - t0)
+                wall = time.perf_counter() - t0
+                ours = sum(map(len, out)) / wall
+                split = engine_split(before, engine_counters(srv.url), wall)
+                print(f"streams {c}: engine {split}", flush=True)
                 t_tok = 32 if args.quick and c >= 256 else args.max_tokens
                 torch_generate(model, p[:2], 4)
                 torch.cuda.synchronize()
@@ -216,16 +239,18 @@ def main():
                 gen = torch_generate(model, p, t_tok)
                 theirs = sum(map(len, gen)) / (time.perf_counter() - t0)
                 mem, comp = roofline(c, PROMPT_LEN + args.max_tokens / 2, weight_bytes, kv_tok, params, bw, peak)
-                rows.append((c, ours, theirs, t_tok, mem, comp))
+                rows.append((c, ours, theirs, t_tok, mem, comp, split))
                 print(f"streams {c}: tandem {ours:.0f} tok/s, transformers {theirs:.0f} tok/s ({t_tok} tokens), "
                       f"roofline {min(mem, comp):.0f} tok/s", flush=True)
             if args.grpo:
                 g = torch.Generator().manual_seed(7)
                 gp = torch.randint(300, VOCAB, (64, 256), generator=g)
                 completions(srv.url, gp[:2], 4, n=2, temperature=1.0)  # warm-up
+                before = engine_counters(srv.url)
                 t0 = time.perf_counter()
                 out = completions(srv.url, gp, 1024, n=8, temperature=1.0)
                 dt = time.perf_counter() - t0
+                print(f"grpo load: engine {engine_split(before, engine_counters(srv.url), dt)}", flush=True)
                 ours = sum(map(len, out)) / dt
                 assert len(out) == 512, len(out)
                 theirs = None
@@ -245,12 +270,13 @@ def main():
     if rows:
         print(f"{'streams':>8}{'tandem tok/s':>14}{'torch tok/s':>13}{'ratio':>8}{'mem bound':>11}{'compute bd':>12}"
               f"{'tandem %roof':>14}{'torch %roof':>13}")
-        for c, ours, theirs, t_tok, mem, comp in rows:
+        for c, ours, theirs, t_tok, mem, comp, split in rows:
             roof = min(mem, comp)
             mark = "*" if t_tok != args.max_tokens else " "
             print(f"{c:>8}{ours:>14.0f}{theirs:>12.0f}{mark}{ours / theirs:>7.2f}x{mem:>11.0f}{comp:>12.0f}"
                   f"{ours / roof:>14.1%}{theirs / roof:>13.1%}"
-                  + (f"   eager {eager[c]:.0f} tok/s (graphs {ours / eager[c]:.2f}x)" if c in eager else ""))
+                  + (f"   eager {eager[c]:.0f} tok/s (graphs {ours / eager[c]:.2f}x)" if c in eager else "")
+                  + f"   engine: {split}")
         if any(r[3] != args.max_tokens for r in rows):
             print("* torch generated 32 tokens (--quick), not the full count")
     if grpo:
@@ -260,7 +286,7 @@ def main():
         print(f"grpo load (64 prompts x n=8, 256 + 1024 tokens, T=1): tandem {ours:.0f} tok/s in {dt:.1f} s, "
               f"{ours / roof:.1%} of roofline {roof:.0f}{extra}")
     head = "; ".join(f"{c}: {ours:.0f} tok/s {ours / theirs:.2f}x torch {ours / min(m, k):.0%} roof"
-                     for c, ours, theirs, _, m, k in rows)
+                     for c, ours, theirs, _, m, k, _ in rows)
     if grpo:
         head += ("; " if head else "") + f"grpo {grpo[0]:.0f} tok/s"
     print(f"summary: serve {args.shape} {head}")
