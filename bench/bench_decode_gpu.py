@@ -4,6 +4,7 @@ same run, so that the end-to-end figures of bench_serve_gpu.py can be split into
 
     python3 bench/bench_decode_gpu.py --build build-gpu.carry [--shapes 0.5b,1.5b] [--batches 1,64,256,512]
                                       [--ctx 512] [--steps 64] [--eager-too] [--profile 1,512]
+                                      [--ab TANDEM_GEMV=0;TANDEM_PAGED_ATTN=legacy]
 
 roofline (tokens/s) = min(B * copy_bw / (weight bytes + K/V bytes read), peak bf16 / (2 * params)); copy_bw is a
 device-to-device copy (read + write) and peak a large bf16 matmul, both timed with torch here. --profile reruns the
@@ -17,6 +18,7 @@ import pathlib
 import subprocess
 import sys
 import tempfile
+import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from bench_serve_gpu import SHAPES, VOCAB, measure_ceilings, roofline, use_devlib  # noqa: E402
@@ -29,10 +31,14 @@ def write_config(d, shape):
     (d / "config.json").write_text(json.dumps(cfg))
 
 
-def run(exe, d, args, profile=False):
-    env = dict(os.environ, **({"TANDEM_PROFILE_OPS": "1"} if profile else {}))
+def run(exe, d, args, profile=False, extra_env=None):
+    env = dict(os.environ, **({"TANDEM_PROFILE_OPS": "1", "TANDEM_GEMM_AUTOTUNE": "0"} if profile else {}),
+               **(extra_env or {}))
+    t0 = time.perf_counter()
     p = subprocess.run([str(exe), str(d), "--device", "cuda", *args], capture_output=True, text=True, env=env,
                        timeout=900)
+    print(f"[bench_decode_step {' '.join(args)}{' (profiled)' if profile else ''} {extra_env or ''}: "
+          f"{time.perf_counter() - t0:.1f} s]", flush=True)
     if p.returncode != 0:
         sys.exit(f"bench_decode_step failed ({p.returncode}):\n{p.stdout}\n{p.stderr}")
     rows = [json.loads(line) for line in p.stdout.splitlines() if line.startswith("{")]
@@ -48,6 +54,7 @@ def main():
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--eager-too", action="store_true", help="also every batch size without CUDA graphs")
     ap.add_argument("--profile", default="", help="batch sizes to profile op by op (eager), e.g. 1,512")
+    ap.add_argument("--ab", default="", help="environment variants to time beside the default, e.g. TANDEM_GEMV=0")
     args = ap.parse_args()
     build = pathlib.Path(args.build).resolve()
     use_devlib(build)
@@ -66,6 +73,9 @@ def main():
             eager = {}
             if args.eager_too:
                 eager = {r["batch"]: r for r in run(exe, d, common + ["--eager"])[0]}
+            variants = [v for v in args.ab.split(";") if v]
+            ab = {v: {r["batch"]: r for r in run(exe, d, common, extra_env=dict([v.split("=", 1)]))[0]}
+                  for v in variants}
             for r in rows:
                 params = r["weight_bytes"] / 2
                 # roofline() takes K/V bytes per token and a mean context: give it the step's bytes per sequence
@@ -73,7 +83,8 @@ def main():
                                      params, bw, peak)
                 roof = min(mem, comp)
                 bytes_step = r["weight_bytes"] + r["kv_bytes_per_step"]
-                table.append((shape, r, roof, bytes_step / (r["step_ms"] * 1e-3) / bw, eager.get(r["batch"])))
+                table.append((shape, r, roof, bytes_step / (r["step_ms"] * 1e-3) / bw, eager.get(r["batch"]),
+                              [(v, ab[v][r["batch"]]["step_ms"]) for v in variants]))
                 print(json.dumps(dict(shape=shape, **r, roofline_tok_s=round(roof))), flush=True)
             if args.profile:
                 for b in args.profile.split(","):
@@ -84,11 +95,12 @@ def main():
     print(f"\ndecode step alone (model + greedy sampling + download), ctx {args.ctx}, {args.steps} steps")
     print(f"{'shape':>6}{'batch':>7}{'step ms':>10}{'tok/s':>11}{'roofline':>11}{'% roof':>8}{'% copy bw':>11}"
           f"{'eager ms':>10}")
-    for shape, r, roof, bw_share, e in table:
+    for shape, r, roof, bw_share, e, abv in table:
         print(f"{shape:>6}{r['batch']:>7}{r['step_ms']:>10.3f}{r['tokens_per_s']:>11.0f}{roof:>11.0f}"
-              f"{r['tokens_per_s'] / roof:>8.1%}{bw_share:>11.1%}" + (f"{e['step_ms']:>10.3f}" if e else ""))
+              f"{r['tokens_per_s'] / roof:>8.1%}{bw_share:>11.1%}" + (f"{e['step_ms']:>10.3f}" if e else "")
+              + "".join(f"   {v}: {ms:.3f} ms ({ms / r['step_ms']:.2f}x)" for v, ms in abv))
     print("summary: " + "; ".join(f"{s} b{r['batch']} {r['step_ms']:.2f} ms {r['tokens_per_s'] / roof:.0%} roof"
-                                  for s, r, roof, _, _ in table))
+                                  for s, r, roof, _, _, _ in table))
 
 
 if __name__ == "__main__":

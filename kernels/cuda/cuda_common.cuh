@@ -118,6 +118,15 @@ int cuda_recording(const CudaState *st);
 // but growing it is refused: an eager run of the same ops before the recording sizes it.
 void *cuda_scratch(OpsCtx *ctx, CudaState *st, size_t bytes);
 
+// The forward projection for at most GEMV_MAX_ROWS rows (decode steps), cuda_gemv.cu: out (N, OC) = in (N, IC)
+// w^T + bias, as cuda_matmul_fwd computes it. cuda_gemv_applies says whether the shapes, alignment and device
+// allow it (TANDEM_GEMV=0: never); cuda_matmul_fwd then calls cuda_gemv_fwd instead of cuBLASLt.
+#define GEMV_MAX_ROWS 2
+int cuda_gemv_applies(const CudaState *st, const void *out, const void *in, const void *w, const void *bias, int N,
+                      int IC);
+void cuda_gemv_fwd(OpsCtx *ctx, CudaState *st, void *out, const void *in, const void *w, const void *bias, int N,
+                   int IC, int OC);
+
 // Blocks for a grid-stride elementwise kernel over n items.
 static inline unsigned cuda_grid_1d(size_t n, int threads, const CudaState *st) {
     size_t blocks = (n + threads - 1) / threads;

@@ -399,6 +399,10 @@ void cuda_matmul_fwd(OpsCtx *ctx, void *out, const void *in, const void *w, cons
     if (!st) return;
     CUDA_ARG_CHECK(ctx, N >= 0 && IC > 0 && OC > 0, "matmul_fwd: bad shape N=%d IC=%d OC=%d", N, IC, OC);
     if (N == 0) return;
+    if (cuda_gemv_applies(st, out, in, w, bias, N, IC)) {   // a few rows: a pass over w (cuda_gemv.cu)
+        cuda_gemv_fwd(ctx, st, out, in, w, bias, N, IC, OC);
+        return;
+    }
     int unsupported = 0;
     if (bias) {
         CudaGemmPlan *p = plan_get(ctx, st, GEMM_FWD_BIAS, OC, N, IC, w, in, out, 0.0f, bias, &unsupported);

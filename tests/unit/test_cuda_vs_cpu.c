@@ -446,6 +446,15 @@ static void test_matmul_cases(const char *label) {
     test_matmul_case(33, 64, 24, 2, label);     // misaligned bias pointer
     test_matmul_case(1, 256, 130, 0, label);    // a single row, no bias
     test_matmul_case(300, 40, 8, 1, label);     // long and thin (dw reduces over 300 rows)
+    // 1 or 2 rows with IC % 8 == 0 run the forward through cuda_gemv.cu: decode shapes, a misaligned bias, the
+    // longest staged rows; then 3 and 8 rows and an IC % 8 != 0 on cuBLASLt as before.
+    test_matmul_case(1, 896, 1152, 1, label);
+    test_matmul_case(2, 1536, 2000, 2, label);
+    test_matmul_case(1, 64, 7, 1, label);
+    test_matmul_case(2, 8960, 300, 0, label);
+    test_matmul_case(3, 1536, 2000, 2, label);
+    test_matmul_case(8, 8960, 300, 0, label);
+    test_matmul_case(2, 68, 45, 1, label);
     // Large enough (>= 1 GFLOP each) for cuda_matmul.cu to time the heuristic's candidates on first use: the
     // accumulating din and dw checks fail if a trial run touched the caller's output, the others if the kept
     // algorithm computes something else. The second has 4-byte-aligned rows and an odd bias address.
