@@ -591,18 +591,29 @@ int rollout_client_flush(RolloutClient *c, char *err, size_t err_len) {
     return 0;
 }
 
-int rollout_weights_end(RolloutClient *c, int64_t version, double *seconds, double *commit_seconds, char *err,
-                        size_t err_len) {
-    double slowest = 0, slowest_commit = 0;
+int rollout_weights_end_send(RolloutClient *c, int64_t version, int64_t *req_ids, char *err, size_t err_len) {
     for (int k = 0; k < c->n_servers; k++) {
         Server *s = &c->servers[k];
+        req_ids[k] = -1;
         if (!s->alive) continue;
-        ZmsgMsg m, rep;
+        ZmsgMsg m;
         zmsg_init(&m, ZMSG_WEIGHTS_END, ZMSG_DIR_REQUEST, c->next_id++);
         m.version = version;
         if (send_msg(s, &m, err, err_len) != 0) return -1;
+        req_ids[k] = m.id;
+    }
+    return 0;
+}
+
+int rollout_weights_end_wait(RolloutClient *c, int64_t version, const int64_t *req_ids, double *seconds,
+                             double *commit_seconds, char *err, size_t err_len) {
+    double slowest = 0, slowest_commit = 0;
+    for (int k = 0; k < c->n_servers; k++) {
+        Server *s = &c->servers[k];
+        if (req_ids[k] < 0 || !s->alive) continue;
+        ZmsgMsg rep;
         // Slices are answered only when refused: such an error arrives before this reply and fails the push.
-        int r = wait_reply(s, m.id, &rep, c->timeout_ms, err, err_len);
+        int r = wait_reply(s, req_ids[k], &rep, c->timeout_ms, err, err_len);
         if (r < 0) return -1;
         if (r == 0) {
             mark_dead(c, s, "did not acknowledge weights_end");
@@ -616,4 +627,11 @@ int rollout_weights_end(RolloutClient *c, int64_t version, double *seconds, doub
     if (seconds) *seconds = slowest;
     if (commit_seconds) *commit_seconds = slowest_commit;
     return 0;
+}
+
+int rollout_weights_end(RolloutClient *c, int64_t version, double *seconds, double *commit_seconds, char *err,
+                        size_t err_len) {
+    int64_t req_ids[MAX_SERVERS];
+    if (rollout_weights_end_send(c, version, req_ids, err, err_len) != 0) return -1;
+    return rollout_weights_end_wait(c, version, req_ids, seconds, commit_seconds, err, err_len);
 }

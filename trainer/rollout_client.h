@@ -62,6 +62,12 @@ int rollout_weights_send_slice(RolloutClient *c, int64_t version, int unit, int6
 int rollout_client_flush(RolloutClient *c, char *err, size_t err_len);
 int rollout_weights_end(RolloutClient *c, int64_t version, double *seconds, double *commit_seconds, char *err,
                         size_t err_len);
+// The same in two halves (transport nccl sends weights_end while its sends are still in flight: a server answers
+// it once its receive has finished and the new weights are swapped in). req_ids has one entry per server
+// (ROLLOUT_MAX_SERVERS at most); -1 where none was sent.
+int rollout_weights_end_send(RolloutClient *c, int64_t version, int64_t *req_ids, char *err, size_t err_len);
+int rollout_weights_end_wait(RolloutClient *c, int64_t version, const int64_t *req_ids, double *seconds,
+                             double *commit_seconds, char *err, size_t err_len);
 
 // Weight push, transport nccl (rank 0 only). rollout_alive_servers lists the answering servers (indices, in
 // endpoint order, at most ROLLOUT_MAX_SERVERS) — the members of the weight-sync communicator after the

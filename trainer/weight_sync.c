@@ -166,12 +166,14 @@ static int send_zmq(Trainer *t, int64_t version, char *err, size_t err_len) {
 }
 
 // Rank 0 closes the update (waits for every server's swap) and tells every rank how it went.
-static int finish(Trainer *t, int64_t version, int rc, char *err, size_t err_len) {
+// end_ids: the weights_end requests rank 0 has already sent (their answers are awaited), or NULL: send them now.
+static int finish(Trainer *t, int64_t version, int rc, const int64_t *end_ids, char *err, size_t err_len) {
     WeightSync *ws = &t->sync;
     ws->end_seconds = ws->commit_seconds = 0;
     if (t->rank == 0 && rc == 0) {
         const double t0 = trainer_now();
-        rc = rollout_weights_end(t->rollout, version, NULL, &ws->commit_seconds, err, err_len);
+        rc = end_ids ? rollout_weights_end_wait(t->rollout, version, end_ids, NULL, &ws->commit_seconds, err, err_len)
+                     : rollout_weights_end(t->rollout, version, NULL, &ws->commit_seconds, err, err_len);
         ws->end_seconds = trainer_now() - t0;
     }
     int32_t ok = rc == 0;
@@ -224,12 +226,24 @@ static int push_nccl(Trainer *t, int64_t version, char *err, size_t err_len) {
             rc = -1;
         }
     }
+    // weights_end goes out while the sends are in flight: a server answers it once its receive has finished and
+    // the new weights are swapped in, so the round trip overlaps the transfer.
+    int64_t end_ids[ROLLOUT_MAX_SERVERS];
+    int end_sent = 0;
+    if (t->rank == 0 && rc == 0) {
+        if (rollout_weights_end_send(t->rollout, version, end_ids, err, err_len) != 0) {
+            weight_sync_close(&t->sync);
+            rc = -1;
+        } else {
+            end_sent = 1;
+        }
+    }
     if (rc == 0) rc = wait_sends(t, err, err_len);
     if (agree(t, rc, err, err_len) != 0) {
         weight_sync_close(&t->sync);
-        return -1;
+        return -1;   // an answer to a weights_end sent above is an error, or comes late and is discarded
     }
-    return finish(t, version, 0, err, err_len);
+    return finish(t, version, 0, end_sent ? end_ids : NULL, err, err_len);
 }
 
 static int push_zmq(Trainer *t, int64_t version, char *err, size_t err_len) {
@@ -244,7 +258,7 @@ static int push_zmq(Trainer *t, int64_t version, char *err, size_t err_len) {
     }
     rc = send_zmq(t, version, err, err_len);
     if (agree(t, rc, err, err_len) != 0) return -1;
-    return finish(t, version, 0, err, err_len);
+    return finish(t, version, 0, NULL, err, err_len);
 }
 
 int weight_sync_push(Trainer *t, double *seconds, char *err, size_t err_len) {
