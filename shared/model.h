@@ -96,10 +96,10 @@ typedef struct TrainActs TrainActs;
 int train_acts_create(TrainActs **out, const Model *m, int max_tokens, int max_seqs, int checkpoint, char *err,
                       size_t err_len);
 void train_acts_free(TrainActs *a, const Model *m);
-// Backend memory the buffers hold, all of it; of which, with checkpointing, the kept attention outputs and
-// log-sum-exps (L x (max_tokens x Hq x D storage + max_tokens x Hq fp32)), 0 without.
+// Backend memory the buffers hold, all of it; of which, with checkpointing, what each layer keeps across the
+// recompute (attention output and log-sum-exp; without q/k norms also q, k, v and xmid), 0 without.
 size_t train_acts_bytes(const TrainActs *a);
-size_t train_acts_kept_attention_bytes(const TrainActs *a);
+size_t train_acts_kept_bytes(const TrainActs *a);
 
 // Forward over a batch: per-token logprobs (N) of batch->targets under softmax(logits * inv_temperature), and
 // optionally per-token entropy (N) and the full logits (N, V) — all host fp32 outputs, NULL to skip.

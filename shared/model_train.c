@@ -4,8 +4,10 @@
 // each layer's intermediates are kept per layer, or — with activation checkpointing — in one slot that
 // backward refills by recomputing the layer (up to its SwiGLU: backward never needs the layer's output again).
 // Checkpointing keeps each layer's attention output and log-sum-exp as well (L x (N x Hq x D + N x Hq fp32), about
-// 0.7 GB for Qwen2.5-1.5B at 8,192 tokens in bf16), so that the recompute skips the attention: it redoes only the
-// projections, norms, RoPE and the MLP up to SwiGLU.
+// 0.7 GB for Qwen2.5-1.5B at 8,192 tokens in bf16), so that the recompute skips the attention. Without q/k norms
+// (Qwen2, Llama) it keeps q, k, v (after RoPE) and xmid too (another L x N x (Hq D + 2 Hkv D + C) storage elements,
+// ~1.6 GB there): the recompute is then the two RMSNorms and the MLP up to SwiGLU — no q/k/v or output projection,
+// no RoPE. With q/k norms the recompute also redoes the projections, norms and RoPE of the attention half.
 // The lm_head + log-softmax runs over row chunks so the (N, V) logits never exist at once.
 //
 // Residual adds: layer l writes only its MLP output into residual[l+1]; the add of its xmid runs fused with the
@@ -31,9 +33,11 @@ struct TrainActs {
     void **residual;          // (L+1) x (N, C) layer inputs; residual[L] is the last layer's output
     LayerActs *slots;         // (n_slots)
     void **slot_blocks;       // (n_slots)
-    void *kept_block;         // checkpointing: the kept attention outputs and log-sum-exps, NULL without
+    void *kept_block;         // checkpointing: what each layer keeps across the recompute, NULL without
     void **kept_att;          // (L) x (N, Hq*D) storage dtype
     float **kept_lse;         // (L) x (N, Hq) fp32
+    int kept_qkv;             // also q, k, v and xmid (models without q/k norms):
+    void **kept_q, **kept_k, **kept_v, **kept_xmid; // (L) x (N, Hq*D), (N, Hkv*D), (N, Hkv*D), (N, C)
     size_t kept_bytes;
     LayerGrads grads;
     void *grads_block;
@@ -50,7 +54,7 @@ struct TrainActs {
 };
 
 size_t train_acts_bytes(const TrainActs *a) { return a->bytes; }
-size_t train_acts_kept_attention_bytes(const TrainActs *a) { return a->kept_bytes; }
+size_t train_acts_kept_bytes(const TrainActs *a) { return a->kept_bytes; }
 
 static void *track(TrainActs *a, OpsCtx *o, size_t bytes) {
     a->bytes += bytes;
@@ -99,15 +103,31 @@ int train_acts_create(TrainActs **out, const Model *m, int max_tokens, int max_s
         a->slots[s].qkv = a->grads.dqkv;
     }
     if (checkpoint) {
-        const size_t att_bytes = (N * QD * es + 255) / 256 * 256, lse_bytes = (N * Hq * 4 + 255) / 256 * 256;
+#define ROUND256(b) (((b) + 255) / 256 * 256)
+        const size_t KVD = (size_t)cfg->num_kv_heads * cfg->head_dim;
+        const size_t att_bytes = ROUND256(N * QD * es), lse_bytes = ROUND256(N * Hq * 4);
+        const size_t q_bytes = ROUND256(N * QD * es), kv_bytes = ROUND256(N * KVD * es), x_bytes = ROUND256(N * C * es);
+        a->kept_qkv = !cfg->qk_norm;
+        const size_t per_layer = att_bytes + lse_bytes + (a->kept_qkv ? q_bytes + 2 * kv_bytes + x_bytes : 0);
+#undef ROUND256
         a->kept_att = calloc((size_t)L, sizeof(void *));
         a->kept_lse = calloc((size_t)L, sizeof(float *));
-        if (!a->kept_att || !a->kept_lse) goto oom;
-        a->kept_bytes = (att_bytes + lse_bytes) * (size_t)L;
+        a->kept_q = calloc((size_t)L, sizeof(void *));
+        a->kept_k = calloc((size_t)L, sizeof(void *));
+        a->kept_v = calloc((size_t)L, sizeof(void *));
+        a->kept_xmid = calloc((size_t)L, sizeof(void *));
+        if (!a->kept_att || !a->kept_lse || !a->kept_q || !a->kept_k || !a->kept_v || !a->kept_xmid) goto oom;
+        a->kept_bytes = per_layer * (size_t)L;
         if (L > 0 && !(a->kept_block = track(a, o, a->kept_bytes))) goto oom;
         for (int l = 0; l < L; l++) {
-            a->kept_att[l] = (char *)a->kept_block + (att_bytes + lse_bytes) * l;
-            a->kept_lse[l] = (float *)((char *)a->kept_att[l] + att_bytes);
+            char *b = (char *)a->kept_block + per_layer * l;
+            a->kept_att[l] = b;
+            a->kept_lse[l] = (float *)(b + att_bytes);
+            if (!a->kept_qkv) continue;
+            a->kept_q[l] = b + att_bytes + lse_bytes;
+            a->kept_k[l] = (char *)a->kept_q[l] + q_bytes;
+            a->kept_v[l] = (char *)a->kept_k[l] + kv_bytes;
+            a->kept_xmid[l] = (char *)a->kept_v[l] + kv_bytes;
         }
     }
     a->dres = track(a, o, N * C * es);
@@ -147,6 +167,10 @@ void train_acts_free(TrainActs *a, const Model *m) {
     ops_free(o, a->kept_block);
     free(a->kept_att);
     free(a->kept_lse);
+    free(a->kept_q);
+    free(a->kept_k);
+    free(a->kept_v);
+    free(a->kept_xmid);
     ops_free(o, a->grads_block);
     ops_free(o, a->dres);
     ops_free(o, a->xf);
@@ -215,13 +239,33 @@ static AttnArgs train_attn(const TrainActs *a) {
 }
 
 // The LayerActs that layer l runs in: its own, or — checkpointing — the shared slot with layer l's kept attention
-// output and log-sum-exp.
+// output and log-sum-exp (and q, k, v, xmid when those are kept: without q/k norms q_pre and k_pre are q and k).
 static LayerActs *layer_slot(TrainActs *a, int l) {
     if (!a->checkpoint) return &a->slots[l];
     LayerActs *s = &a->slots[0];
     s->att = a->kept_att[l];
     s->lse = a->kept_lse[l];
+    if (a->kept_qkv) {
+        s->q = s->q_pre = a->kept_q[l];
+        s->k = s->k_pre = a->kept_k[l];
+        s->v = a->kept_v[l];
+        s->xmid = a->kept_xmid[l];
+    }
     return s;
+}
+
+// The checkpoint recompute of a layer whose q, k, v, attention output and xmid were kept: h1 and h2 (with their
+// rstd) from the stored residual input and xmid — plain norms of stored values repeat the forward's fused norms bit
+// for bit — then the MLP up to SwiGLU. x_in (N, C) is the layer's complete input.
+static void recompute_kept(Model *m, const void *p, LayerActs *s, const void *x_in, int N) {
+    OpsCtx *o = m->ops;
+    const ModelConfig *cfg = &m->cfg;
+    const LayerOffsets *lo = &m->layout.layer;
+    const int C = cfg->hidden_size, I = cfg->intermediate_size;
+    ops_rmsnorm_fwd(o, s->h1, s->rstd1, x_in, elem_at(m, p, lo->ln1), N, C, cfg->rms_norm_eps);
+    ops_rmsnorm_fwd(o, s->h2, s->rstd2, s->xmid, elem_at(m, p, lo->ln2), N, C, cfg->rms_norm_eps);
+    ops_matmul_fwd(o, s->gu, s->h2, elem_at(m, p, lo->wgu), NULL, N, C, 2 * I);
+    ops_swiglu_fwd(o, s->act, s->gu, N, I);
 }
 
 // lm_head weight: unit L+1's own, or the embedding table (unit 0) when tied.
@@ -350,7 +394,9 @@ int model_backward_entropy(Model *m, TrainActs *a, UnitSource *src, const float 
         LayerActs *slot = layer_slot(a, l);
         // Recompute from the stored complete input, all but the attention (its output and lse were kept);
         // residual[l + 1] is complete already and stays untouched.
-        if (a->checkpoint) {
+        if (a->checkpoint && a->kept_qkv) {
+            recompute_kept(m, p, slot, a->residual[l], N);
+        } else if (a->checkpoint) {
             AttnArgs kept = att;
             kept.reuse_att = 1;
             layer_forward_fused(m, p, slot, a->residual[l], NULL, NULL, a->positions, N, &kept);

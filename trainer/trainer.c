@@ -224,9 +224,9 @@ int trainer_ensure_acts(Trainer *t, int n_tokens, int n_seqs, char *err, size_t 
     t->acts_seqs = seqs;
     if (t->rank == 0)
         fprintf(stderr, "tandem-train: activation buffers for %d tokens in %d sequences: %.1f MB (%s%.1f MB of it "
-                "attention outputs kept across the recompute)\n", tokens, seqs, train_acts_bytes(t->acts) / 1e6,
+                "kept across the recompute: attention inputs and outputs)\n", tokens, seqs, train_acts_bytes(t->acts) / 1e6,
                 t->cfg->gradient_checkpointing ? "checkpointing per layer; " : "no checkpointing; ",
-                train_acts_kept_attention_bytes(t->acts) / 1e6);
+                train_acts_kept_bytes(t->acts) / 1e6);
     return 0;
 }
 
