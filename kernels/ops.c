@@ -268,6 +268,33 @@ void ops_rope_fwd(OpsCtx *ctx, void *x, const int32_t *pos, const float *inv_fre
 void ops_rope_bwd(OpsCtx *ctx, void *dx, const int32_t *pos, const float *inv_freq, int N, int H, int D) {
     DISPATCH(ctx, cuda_rope_bwd(ctx, dx, pos, inv_freq, N, H, D), cpu_rope_bwd(F(dx), pos, inv_freq, N, H, D));
 }
+// Shared checks of the fused split/pack + RoPE: returns 1 when the op has work to do, 0 when it has none or an
+// error was recorded.
+static int qkv_rope_args_ok(OpsCtx *ctx, const char *name, const void *a, const void *b, const void *c, const void *d,
+                            int N, int Hq, int Hkv, int D) {
+    if (ctx->error_code) return 0;
+    if (N < 0 || Hq < 1 || Hkv < 1 || D < 1) {
+        ops_set_error(ctx, -1, __FILE__, __LINE__, "%s: bad shape N=%d Hq=%d Hkv=%d D=%d", name, N, Hq, Hkv, D);
+        return 0;
+    }
+    if (N > 0 && (!a || !b || !c || !d)) {
+        ops_set_error(ctx, -1, __FILE__, __LINE__, "%s: NULL buffer", name);
+        return 0;
+    }
+    return N > 0;
+}
+void ops_qkv_rope_fwd(OpsCtx *ctx, void *q, void *k, void *v, const void *qkv, const int32_t *pos,
+                      const float *inv_freq, int N, int Hq, int Hkv, int D) {
+    if (!qkv_rope_args_ok(ctx, "qkv_rope_fwd", q, k, v, qkv, N, Hq, Hkv, D)) return;
+    DISPATCH(ctx, cuda_qkv_rope_fwd(ctx, q, k, v, qkv, pos, inv_freq, N, Hq, Hkv, D),
+             cpu_qkv_rope_fwd(F(q), F(k), F(v), CF(qkv), pos, inv_freq, N, Hq, Hkv, D));
+}
+void ops_qkv_rope_bwd(OpsCtx *ctx, void *dqkv, const void *dq, const void *dk, const void *dv, const int32_t *pos,
+                      const float *inv_freq, int N, int Hq, int Hkv, int D) {
+    if (!qkv_rope_args_ok(ctx, "qkv_rope_bwd", dqkv, dq, dk, dv, N, Hq, Hkv, D)) return;
+    DISPATCH(ctx, cuda_qkv_rope_bwd(ctx, dqkv, dq, dk, dv, pos, inv_freq, N, Hq, Hkv, D),
+             cpu_qkv_rope_bwd(F(dqkv), CF(dq), CF(dk), CF(dv), pos, inv_freq, N, Hq, Hkv, D));
+}
 
 void ops_matmul_fwd(OpsCtx *ctx, void *out, const void *in, const void *w, const void *bias, int N, int IC, int OC) {
     DISPATCH(ctx, cuda_matmul_fwd(ctx, out, in, w, bias, N, IC, OC),

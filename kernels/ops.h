@@ -129,6 +129,20 @@ void ops_rope_fwd(OpsCtx *ctx, void *x, const int32_t *positions, const float *i
 // In place on dx (N, H, D): the transpose of the forward rotation.
 void ops_rope_bwd(OpsCtx *ctx, void *dx, const int32_t *positions, const float *inv_freq, int N, int H, int D);
 
+// The fused q/k/v projection's split and RoPE in one pass (models without qk_norm): with QD = Hq*D, KVD = Hkv*D,
+// qkv (N, QD + 2 KVD) = [q | k | v] per row,
+//   q (N, Hq, D) = rope_fwd(qkv[:, :QD]) ; k (N, Hkv, D) = rope_fwd(qkv[:, QD:QD+KVD]) ; v = qkv[:, QD+KVD:]
+// the same values, bit for bit, as three ops_copy_2d followed by ops_rope_fwd on q and on k. q, k, v must not
+// overlap qkv.
+void ops_qkv_rope_fwd(OpsCtx *ctx, void *q, void *k, void *v, const void *qkv, const int32_t *positions,
+                      const float *inv_freq, int N, int Hq, int Hkv, int D);
+// Its backward, the gradients packed for the fused projection's GEMM:
+//   dqkv (N, QD + 2 KVD) = [rope_bwd(dq) | rope_bwd(dk) | dv]
+// bit for bit ops_rope_bwd on dq and dk followed by three ops_copy_2d, except that dq and dk are left as they were.
+// dq (N, Hq, D), dk, dv (N, Hkv, D) must not overlap dqkv.
+void ops_qkv_rope_bwd(OpsCtx *ctx, void *dqkv, const void *dq, const void *dk, const void *dv, const int32_t *positions,
+                      const float *inv_freq, int N, int Hq, int Hkv, int D);
+
 // ---- GEMM -------------------------------------------------------------------------------------
 
 // out (N, OC) = in (N, IC) @ w^T + bias ; w (OC, IC) as stored by PyTorch's Linear; bias (OC) or NULL.

@@ -7,7 +7,8 @@
 // separate add either: the norms' backward adds their input gradient into the residual stream's gradient.
 // q, k and v come from one GEMM over the fused weight (shared/layout.h keeps them adjacent): the k and v projections
 // alone are thin (Hkv*D rows) and slow. The fused output is split into contiguous q, k, v (rope, qk_norm, attention
-// and the KV cache read those), and backward packs dq, dk, dv back into one buffer for one GEMM.
+// and the KV cache read those), and backward packs dq, dk, dv back into one buffer for one GEMM; without qk_norm
+// the split and the pack run fused with RoPE (ops_qkv_rope_fwd / _bwd).
 #include <stdint.h>
 
 #include "shared/model_internal.h"
@@ -107,17 +108,20 @@ static void attention_and_mlp(Model *m, const void *p, LayerActs *a, const void 
     const int Hq = cfg->num_heads, Hkv = cfg->num_kv_heads;
     const size_t QD = (size_t)Hq * D, KVD = (size_t)Hkv * D, QKV = QD + 2 * KVD;
 
-    // One GEMM over the fused weight and bias (both start at q's), then q, k, v made contiguous.
+    // One GEMM over the fused weight and bias (both start at q's), then q, k, v made contiguous. Without qk_norm
+    // the split and the rotation of q and k are one pass over the projection (the same bits as split, then rope).
     ops_matmul_fwd(o, a->qkv, a->h1, param(m, p, lo->wq), param(m, p, lo->bq), N, C, (int)QKV);
-    ops_copy_2d(o, a->q_pre, QD, a->qkv, QKV, (size_t)N, QD);
-    ops_copy_2d(o, a->k_pre, KVD, elem_at(m, a->qkv, QD), QKV, (size_t)N, KVD);
-    ops_copy_2d(o, a->v, KVD, elem_at(m, a->qkv, QD + KVD), QKV, (size_t)N, KVD);
     if (cfg->qk_norm) {
+        ops_copy_2d(o, a->q_pre, QD, a->qkv, QKV, (size_t)N, QD);
+        ops_copy_2d(o, a->k_pre, KVD, elem_at(m, a->qkv, QD), QKV, (size_t)N, KVD);
+        ops_copy_2d(o, a->v, KVD, elem_at(m, a->qkv, QD + KVD), QKV, (size_t)N, KVD);
         ops_rmsnorm_fwd(o, a->q, a->q_rstd, a->q_pre, param(m, p, lo->q_norm), N * Hq, D, cfg->rms_norm_eps);
         ops_rmsnorm_fwd(o, a->k, a->k_rstd, a->k_pre, param(m, p, lo->k_norm), N * Hkv, D, cfg->rms_norm_eps);
+        ops_rope_fwd(o, a->q, positions, m->inv_freq, N, Hq, D);
+        ops_rope_fwd(o, a->k, positions, m->inv_freq, N, Hkv, D);
+    } else {
+        ops_qkv_rope_fwd(o, a->q, a->k, a->v, a->qkv, positions, m->inv_freq, N, Hq, Hkv, D);
     }
-    ops_rope_fwd(o, a->q, positions, m->inv_freq, N, Hq, D);
-    ops_rope_fwd(o, a->k, positions, m->inv_freq, N, Hkv, D);
     if (att->paged) {
         ops_kv_cache_store(o, att->k_cache, att->v_cache, a->k, a->v, att->slot_mapping, N, Hkv, D);
         ops_attention_paged_fwd(o, a->att, a->q, att->k_cache, att->v_cache, att->block_tables, att->token_seq,
@@ -180,23 +184,23 @@ void layer_backward(Model *m, const void *p, float *g, const LayerActs *a, const
     ops_matmul_bwd(o, d->datt, g + lo->wo, NULL, dres, a->att, param(m, p, lo->wo), N, Hq * D, C, 0);
     ops_attention_bwd(o, d->dq, d->dk, d->dv, d->datt, a->q, a->k, a->v, a->att, a->lse, att->cu_seqlens,
                       att->n_seqs, N, Hq, Hkv, D, m->attn_scale);
-    ops_rope_bwd(o, d->dq, positions, m->inv_freq, N, Hq, D);
-    ops_rope_bwd(o, d->dk, positions, m->inv_freq, N, Hkv, D);
-    const void *dq = d->dq, *dk = d->dk;
+    // [dq | dk | dv] packed (after RoPE's backward, and qk_norm's), then one GEMM: dh, and dW / dbias of the fused
+    // weight, which land on the three tensors' gradients (the fp32 gradient buffer has the parameters' offsets).
+    // Without qk_norm the rotation back and the pack are one pass.
     if (cfg->qk_norm) {
+        ops_rope_bwd(o, d->dq, positions, m->inv_freq, N, Hq, D);
+        ops_rope_bwd(o, d->dk, positions, m->inv_freq, N, Hkv, D);
         // No residual here: dres_in NULL overwrites dq_pre / dk_pre.
         ops_residual_rmsnorm_bwd(o, d->dq_pre, g + lo->q_norm, NULL, d->dq, a->q_pre, param(m, p, lo->q_norm),
                                  a->q_rstd, N * Hq, D);
         ops_residual_rmsnorm_bwd(o, d->dk_pre, g + lo->k_norm, NULL, d->dk, a->k_pre, param(m, p, lo->k_norm),
                                  a->k_rstd, N * Hkv, D);
-        dq = d->dq_pre;
-        dk = d->dk_pre;
+        ops_copy_2d(o, d->dqkv, QKV, d->dq_pre, QD, (size_t)N, QD);
+        ops_copy_2d(o, elem_at(m, d->dqkv, QD), QKV, d->dk_pre, KVD, (size_t)N, KVD);
+        ops_copy_2d(o, elem_at(m, d->dqkv, QD + KVD), QKV, d->dv, KVD, (size_t)N, KVD);
+    } else {
+        ops_qkv_rope_bwd(o, d->dqkv, d->dq, d->dk, d->dv, positions, m->inv_freq, N, Hq, Hkv, D);
     }
-    // [dq | dk | dv] packed, then one GEMM: dh, and dW / dbias of the fused weight, which land on the three
-    // tensors' gradients (the fp32 gradient buffer has the parameters' offsets).
-    ops_copy_2d(o, d->dqkv, QKV, dq, QD, (size_t)N, QD);
-    ops_copy_2d(o, elem_at(m, d->dqkv, QD), QKV, dk, KVD, (size_t)N, KVD);
-    ops_copy_2d(o, elem_at(m, d->dqkv, QD + KVD), QKV, d->dv, KVD, (size_t)N, KVD);
     ops_matmul_bwd(o, d->dh, g + lo->wq, grad_at(g, lo->bq), d->dqkv, a->h1, param(m, p, lo->wq), N, C, (int)QKV, 0);
     ops_residual_rmsnorm_bwd(o, dres, g + lo->ln1, dres, d->dh, x_in, param(m, p, lo->ln1), a->rstd1, N, C);
 }

@@ -22,6 +22,10 @@ void cpu_residual_rmsnorm_bwd(float *dres_out, float *dw, const float *dres_in, 
 
 void cpu_rope_fwd(float *x, const int32_t *positions, const float *inv_freq, int N, int H, int D);
 void cpu_rope_bwd(float *dx, const int32_t *positions, const float *inv_freq, int N, int H, int D);
+void cpu_qkv_rope_fwd(float *q, float *k, float *v, const float *qkv, const int32_t *positions,
+                      const float *inv_freq, int N, int Hq, int Hkv, int D);
+void cpu_qkv_rope_bwd(float *dqkv, const float *dq, const float *dk, const float *dv, const int32_t *positions,
+                      const float *inv_freq, int N, int Hq, int Hkv, int D);
 
 void cpu_matmul_fwd(float *out, const float *in, const float *w, const float *bias, int N, int IC, int OC);
 void cpu_matmul_bwd(float *din, float *dw, float *dbias, const float *dout, const float *in, const float *w,

@@ -2,6 +2,7 @@
 // head of D values, element i pairs with element i + D/2 (i < D/2) and the pair turns by the angle
 // pos * inv_freq[i], computed in fp32 as transformers does (cos and sin of the fp32 product).
 #include <math.h>
+#include <string.h>
 
 #include "kernels/cpu/cpu_ops.h"
 
@@ -43,4 +44,33 @@ void cpu_rope_fwd(float *x, const int32_t *positions, const float *inv_freq, int
 
 void cpu_rope_bwd(float *dx, const int32_t *positions, const float *inv_freq, int N, int H, int D) {
     rope_rotate(dx, positions, inv_freq, N, H, D, -1.0f);
+}
+
+// The fused split / pack: each token's rows are copied, then turned by rope_rotate on that one token, so the values
+// are the ones rope_fwd / rope_bwd compute on the copies (the same function, the same float operations).
+void cpu_qkv_rope_fwd(float *q, float *k, float *v, const float *qkv, const int32_t *positions,
+                      const float *inv_freq, int N, int Hq, int Hkv, int D) {
+    const size_t QD = (size_t)Hq * D, KVD = (size_t)Hkv * D, QKV = QD + 2 * KVD;
+    for (int n = 0; n < N; n++) {
+        const float *row = qkv + (size_t)n * QKV;
+        float *qn = q + (size_t)n * QD, *kn = k + (size_t)n * KVD;
+        memcpy(qn, row, QD * sizeof *row);
+        memcpy(kn, row + QD, KVD * sizeof *row);
+        memcpy(v + (size_t)n * KVD, row + QD + KVD, KVD * sizeof *row);
+        rope_rotate(qn, positions + n, inv_freq, 1, Hq, D, 1.0f);
+        rope_rotate(kn, positions + n, inv_freq, 1, Hkv, D, 1.0f);
+    }
+}
+
+void cpu_qkv_rope_bwd(float *dqkv, const float *dq, const float *dk, const float *dv, const int32_t *positions,
+                      const float *inv_freq, int N, int Hq, int Hkv, int D) {
+    const size_t QD = (size_t)Hq * D, KVD = (size_t)Hkv * D, QKV = QD + 2 * KVD;
+    for (int n = 0; n < N; n++) {
+        float *row = dqkv + (size_t)n * QKV;
+        memcpy(row, dq + (size_t)n * QD, QD * sizeof *row);
+        memcpy(row + QD, dk + (size_t)n * KVD, KVD * sizeof *row);
+        memcpy(row + QD + KVD, dv + (size_t)n * KVD, KVD * sizeof *row);
+        rope_rotate(row, positions + n, inv_freq, 1, Hq, D, -1.0f);
+        rope_rotate(row + QD, positions + n, inv_freq, 1, Hkv, D, -1.0f);
+    }
 }

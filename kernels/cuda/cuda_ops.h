@@ -48,6 +48,10 @@ void cuda_residual_rmsnorm_bwd(OpsCtx *ctx, void *dres_out, float *dw, const voi
                                const void *x_out, const void *w, const float *rstd, int N, int C);
 void cuda_rope_fwd(OpsCtx *ctx, void *x, const int32_t *positions, const float *inv_freq, int N, int H, int D);
 void cuda_rope_bwd(OpsCtx *ctx, void *dx, const int32_t *positions, const float *inv_freq, int N, int H, int D);
+void cuda_qkv_rope_fwd(OpsCtx *ctx, void *q, void *k, void *v, const void *qkv, const int32_t *positions,
+                       const float *inv_freq, int N, int Hq, int Hkv, int D);
+void cuda_qkv_rope_bwd(OpsCtx *ctx, void *dqkv, const void *dq, const void *dk, const void *dv,
+                       const int32_t *positions, const float *inv_freq, int N, int Hq, int Hkv, int D);
 void cuda_matmul_fwd(OpsCtx *ctx, void *out, const void *in, const void *w, const void *bias, int N, int IC, int OC);
 void cuda_matmul_bwd(OpsCtx *ctx, void *din, float *dw, float *dbias, const void *dout, const void *in,
                      const void *w, int N, int IC, int OC, int din_accumulate);
