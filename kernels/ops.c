@@ -289,6 +289,18 @@ void ops_qkv_rope_fwd(OpsCtx *ctx, void *q, void *k, void *v, const void *qkv, c
     DISPATCH(ctx, cuda_qkv_rope_fwd(ctx, q, k, v, qkv, pos, inv_freq, N, Hq, Hkv, D),
              cpu_qkv_rope_fwd(F(q), F(k), F(v), CF(qkv), pos, inv_freq, N, Hq, Hkv, D));
 }
+void ops_qkv_rope_store_fwd(OpsCtx *ctx, void *q, void *k_cache, void *v_cache, const int32_t *slot_mapping,
+                            const void *qkv, const int32_t *pos, const float *inv_freq, int N, int Hq, int Hkv,
+                            int D) {
+    if (!qkv_rope_args_ok(ctx, "qkv_rope_store_fwd", q, k_cache, v_cache, qkv, N, Hq, Hkv, D)) return;
+    if (!slot_mapping) {
+        ops_set_error(ctx, -1, __FILE__, __LINE__, "qkv_rope_store_fwd: NULL slot_mapping");
+        return;
+    }
+    DISPATCH(ctx, cuda_qkv_rope_store_fwd(ctx, q, k_cache, v_cache, slot_mapping, qkv, pos, inv_freq, N, Hq, Hkv, D),
+             cpu_qkv_rope_store_fwd(F(q), F(k_cache), F(v_cache), slot_mapping, CF(qkv), pos, inv_freq, N, Hq, Hkv,
+                                    D));
+}
 void ops_qkv_rope_bwd(OpsCtx *ctx, void *dqkv, const void *dq, const void *dk, const void *dv, const int32_t *pos,
                       const float *inv_freq, int N, int Hq, int Hkv, int D) {
     if (!qkv_rope_args_ok(ctx, "qkv_rope_bwd", dqkv, dq, dk, dv, N, Hq, Hkv, D)) return;

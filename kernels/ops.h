@@ -136,6 +136,12 @@ void ops_rope_bwd(OpsCtx *ctx, void *dx, const int32_t *positions, const float *
 // overlap qkv.
 void ops_qkv_rope_fwd(OpsCtx *ctx, void *q, void *k, void *v, const void *qkv, const int32_t *positions,
                       const float *inv_freq, int N, int Hq, int Hkv, int D);
+// The same for a paged KV cache (decode and prefill chunks): q as above, while k (rotated) and v go straight to the
+// cache rows slot_mapping[n] (n_slots, Hkv, D), skipped for negative slots — bit for bit ops_qkv_rope_fwd followed
+// by ops_kv_cache_store, with no k, v buffers in between.
+void ops_qkv_rope_store_fwd(OpsCtx *ctx, void *q, void *k_cache, void *v_cache, const int32_t *slot_mapping,
+                            const void *qkv, const int32_t *positions, const float *inv_freq, int N, int Hq, int Hkv,
+                            int D);
 // Its backward, the gradients packed for the fused projection's GEMM:
 //   dqkv (N, QD + 2 KVD) = [rope_bwd(dq) | rope_bwd(dk) | dv]
 // bit for bit ops_rope_bwd on dq and dk followed by three ops_copy_2d, except that dq and dk are left as they were.

@@ -119,11 +119,15 @@ static void attention_and_mlp(Model *m, const void *p, LayerActs *a, const void 
         ops_rmsnorm_fwd(o, a->k, a->k_rstd, a->k_pre, param(m, p, lo->k_norm), N * Hkv, D, cfg->rms_norm_eps);
         ops_rope_fwd(o, a->q, positions, m->inv_freq, N, Hq, D);
         ops_rope_fwd(o, a->k, positions, m->inv_freq, N, Hkv, D);
+    } else if (att->paged) {   // k and v go straight to their cache slots
+        ops_qkv_rope_store_fwd(o, a->q, att->k_cache, att->v_cache, att->slot_mapping, a->qkv, positions, m->inv_freq,
+                               N, Hq, Hkv, D);
     } else {
         ops_qkv_rope_fwd(o, a->q, a->k, a->v, a->qkv, positions, m->inv_freq, N, Hq, Hkv, D);
     }
     if (att->paged) {
-        ops_kv_cache_store(o, att->k_cache, att->v_cache, a->k, a->v, att->slot_mapping, N, Hkv, D);
+        if (cfg->qk_norm)
+            ops_kv_cache_store(o, att->k_cache, att->v_cache, a->k, a->v, att->slot_mapping, N, Hkv, D);
         ops_attention_paged_fwd(o, a->att, a->q, att->k_cache, att->v_cache, att->block_tables, att->token_seq,
                                 positions, N, Hq, Hkv, D, att->block_size, att->max_blocks, m->attn_scale);
     } else if (!att->reuse_att) {

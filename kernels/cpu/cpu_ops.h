@@ -24,6 +24,8 @@ void cpu_rope_fwd(float *x, const int32_t *positions, const float *inv_freq, int
 void cpu_rope_bwd(float *dx, const int32_t *positions, const float *inv_freq, int N, int H, int D);
 void cpu_qkv_rope_fwd(float *q, float *k, float *v, const float *qkv, const int32_t *positions,
                       const float *inv_freq, int N, int Hq, int Hkv, int D);
+void cpu_qkv_rope_store_fwd(float *q, float *k_cache, float *v_cache, const int32_t *slot_mapping, const float *qkv,
+                            const int32_t *positions, const float *inv_freq, int N, int Hq, int Hkv, int D);
 void cpu_qkv_rope_bwd(float *dqkv, const float *dq, const float *dk, const float *dv, const int32_t *positions,
                       const float *inv_freq, int N, int Hq, int Hkv, int D);
 

@@ -62,6 +62,24 @@ void cpu_qkv_rope_fwd(float *q, float *k, float *v, const float *qkv, const int3
     }
 }
 
+// The same with k and v landing in the cache rows slot_mapping[n] (skipped when negative), turned there.
+void cpu_qkv_rope_store_fwd(float *q, float *k_cache, float *v_cache, const int32_t *slot_mapping, const float *qkv,
+                            const int32_t *positions, const float *inv_freq, int N, int Hq, int Hkv, int D) {
+    const size_t QD = (size_t)Hq * D, KVD = (size_t)Hkv * D, QKV = QD + 2 * KVD;
+    for (int n = 0; n < N; n++) {
+        const float *row = qkv + (size_t)n * QKV;
+        float *qn = q + (size_t)n * QD;
+        memcpy(qn, row, QD * sizeof *row);
+        rope_rotate(qn, positions + n, inv_freq, 1, Hq, D, 1.0f);
+        const int slot = slot_mapping[n];
+        if (slot < 0) continue;
+        float *kn = k_cache + (size_t)slot * KVD;
+        memcpy(kn, row + QD, KVD * sizeof *row);
+        memcpy(v_cache + (size_t)slot * KVD, row + QD + KVD, KVD * sizeof *row);
+        rope_rotate(kn, positions + n, inv_freq, 1, Hkv, D, 1.0f);
+    }
+}
+
 void cpu_qkv_rope_bwd(float *dqkv, const float *dq, const float *dk, const float *dv, const int32_t *positions,
                       const float *inv_freq, int N, int Hq, int Hkv, int D) {
     const size_t QD = (size_t)Hq * D, KVD = (size_t)Hkv * D, QKV = QD + 2 * KVD;

@@ -50,6 +50,9 @@ void cuda_rope_fwd(OpsCtx *ctx, void *x, const int32_t *positions, const float *
 void cuda_rope_bwd(OpsCtx *ctx, void *dx, const int32_t *positions, const float *inv_freq, int N, int H, int D);
 void cuda_qkv_rope_fwd(OpsCtx *ctx, void *q, void *k, void *v, const void *qkv, const int32_t *positions,
                        const float *inv_freq, int N, int Hq, int Hkv, int D);
+void cuda_qkv_rope_store_fwd(OpsCtx *ctx, void *q, void *k_cache, void *v_cache, const int32_t *slot_mapping,
+                             const void *qkv, const int32_t *positions, const float *inv_freq, int N, int Hq, int Hkv,
+                             int D);
 void cuda_qkv_rope_bwd(OpsCtx *ctx, void *dqkv, const void *dq, const void *dk, const void *dv,
                        const int32_t *positions, const float *inv_freq, int N, int Hq, int Hkv, int D);
 void cuda_matmul_fwd(OpsCtx *ctx, void *out, const void *in, const void *w, const void *bias, int N, int IC, int OC);

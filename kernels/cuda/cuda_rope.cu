@@ -1,6 +1,6 @@
 // kernels/cuda/cuda_rope.cu — rotary embedding, Hugging Face "rotate_half" layout, on bf16: in place
 // (ops_rope_fwd/bwd), and fused with the split of the q/k/v projection's output and the pack of its gradients
-// (ops_qkv_rope_fwd/bwd). Within each head of D values element i pairs with i + D/2 (i < D/2) and the pair turns by
+// (ops_qkv_rope_fwd/bwd), or with the split and the KV cache store (ops_qkv_rope_store_fwd). Within each head of D values element i pairs with i + D/2 (i < D/2) and the pair turns by
 // angle = pos * inv_freq[i], the fp32 product as transformers computes it; cos/sin in fp32 (full-range sincosf:
 // angles reach tens of thousands of radians). An odd D leaves the last element as is (CPU twin).
 //
@@ -18,10 +18,13 @@ __device__ __forceinline__ float rot2(float a, float b, float c, float s) { retu
 // Where the heads of a token live: q's Hq heads are turned; k's Hkv heads are turned and v's beside them copied.
 // Head h of a part for token n starts at base + n * pitch + h * D (pitches in elements). In place: src == dst and
 // no k, v (Hkv = 0).
+// kv_slots (N) or NULL: k and v of token n go to row kv_slots[n] of dst_k / dst_v (a paged KV cache; rows of
+// dst_pitch_kv) instead of row n, and nowhere when it is negative (padding).
 typedef struct {
     const bf16 *src_q, *src_k, *src_v;
     bf16 *dst_q, *dst_k, *dst_v;
     size_t src_pitch_q, src_pitch_kv, dst_pitch_q, dst_pitch_kv;
+    const int32_t *kv_slots;
 } RopeParts;
 
 // Turns VEC pairs of one head: x1 at src[0, VEC), x2 at src[half, half + VEC), written to the same places of dst.
@@ -74,9 +77,12 @@ __global__ void rope_heads_kernel(RopeParts p, const int32_t *positions, const f
         const size_t n = rest / n_runs;
         const bf16 *sq = p.src_q + n * p.src_pitch_q + i0;
         bf16 *dq = p.dst_q + n * p.dst_pitch_q + i0;
-        const size_t skv = n * p.src_pitch_kv + i0, dkv = n * p.dst_pitch_kv + i0;
+        const size_t skv = n * p.src_pitch_kv + i0;
+        const int slot = p.kv_slots ? p.kv_slots[n] : (int)n;
+        const size_t dkv = (size_t)(slot < 0 ? 0 : slot) * p.dst_pitch_kv + i0;
+        const int t_end = slot < 0 ? min(t1, Hq) : t1;   // no cache row: q's heads only
         if (VEC == 1 && i0 == half) {  // odd D: the last element of each head (i0 + half = D - 1) stays as it is
-            for (int t = t0; t < t1; t++) {
+            for (int t = t0; t < t_end; t++) {
                 if (t < Hq) {
                     dq[(size_t)t * D + half] = sq[(size_t)t * D + half];
                 } else {
@@ -94,7 +100,7 @@ __global__ void rope_heads_kernel(RopeParts p, const int32_t *positions, const f
             sincosf(__fmul_rn(pos, inv_freq[i0 + j]), &s[j], &c[j]);
             s[j] *= sign;
         }
-        for (int t = t0; t < t1; t++) {
+        for (int t = t0; t < t_end; t++) {
             if (t < Hq) {
                 turn<VEC>(dq + (size_t)t * D, sq + (size_t)t * D, half, c, s);
             } else {
@@ -158,6 +164,15 @@ void cuda_qkv_rope_fwd(OpsCtx *ctx, void *q, void *k, void *v, const void *qkv, 
     const bf16 *src = (const bf16 *)qkv;
     RopeParts p = {src, src + QD, src + QD + KVD, (bf16 *)q, (bf16 *)k, (bf16 *)v, QKV, QKV, QD, KVD};
     rope_heads_launch(ctx, &p, positions, inv_freq, N, Hq, Hkv, D, 1.0f, "qkv_rope_fwd");
+}
+void cuda_qkv_rope_store_fwd(OpsCtx *ctx, void *q, void *k_cache, void *v_cache, const int32_t *slot_mapping,
+                             const void *qkv, const int32_t *positions, const float *inv_freq, int N, int Hq, int Hkv,
+                             int D) {
+    const size_t QD = (size_t)Hq * D, KVD = (size_t)Hkv * D, QKV = QD + 2 * KVD;
+    const bf16 *src = (const bf16 *)qkv;
+    RopeParts p = {src, src + QD, src + QD + KVD, (bf16 *)q, (bf16 *)k_cache, (bf16 *)v_cache, QKV, QKV, QD, KVD,
+                   slot_mapping};
+    rope_heads_launch(ctx, &p, positions, inv_freq, N, Hq, Hkv, D, 1.0f, "qkv_rope_store_fwd");
 }
 void cuda_qkv_rope_bwd(OpsCtx *ctx, void *dqkv, const void *dq, const void *dk, const void *dv,
                        const int32_t *positions, const float *inv_freq, int N, int Hq, int Hkv, int D) {

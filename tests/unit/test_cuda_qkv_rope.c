@@ -7,7 +7,9 @@
 //      output buffers are compared, slack around the written rows included (nothing written outside), and the
 //      backward's inputs must be left as they were. Shapes: GQA and not, D odd (the last element stays put), D 1,
 //      D 128 (the 1.5B model's heads), one token (decode), a misaligned view.
-//   2. Bad shapes and NULL buffers record an error; N = 0 is a no-op.
+//   2. Bad shapes and NULL buffers record an error; N = 0 is a no-op. The cache-store variant
+//      (ops_qkv_rope_store_fwd) == ops_qkv_rope_fwd + ops_kv_cache_store, q and the whole caches bit for bit
+//      (scattered slots, tokens without one), here and on the CUDA backend.
 // CUDA part (without a device: "SKIP", exit 77, after the CPU part passed):
 //   3. The same bit-for-bit comparison on the CUDA backend (the fused kernel against cudaMemcpy2D plus the in-place
 //      rope kernel) on the vectorised path (D % 16 == 0, 16-byte aligned rows) and the one-pair-per-thread path
@@ -178,6 +180,50 @@ static void check_fused_equals_unfused(OpsCtx *ctx, const char *backend, Shape s
     expect_same_bits(backend, &s, "dk after the backward", f.dk_after, c.dk, c.t_kv);
     result_free(&f);
     result_free(&u);
+    case_free(&c);
+}
+
+// ops_qkv_rope_store_fwd against ops_qkv_rope_fwd + ops_kv_cache_store on one backend, bit for bit: q and the
+// whole k and v caches (rows never named keep their contents), slots scattered, some tokens without one (-1).
+static void check_store_equals_unfused(OpsCtx *ctx, const char *backend, Shape s) {
+    Case c = case_make(s);
+    const size_t N = s.N, n_slots = 2 * N + 3, t_cache = n_slots * c.KVD;
+    int32_t *slots = malloc(N * sizeof *slots);
+    for (size_t i = 0; i < N; i++) slots[i] = i % 4 == 3 ? -1 : (int32_t)((i * 7 + 2) % n_slots);
+    for (size_t i = 0; i < N; i++)   // distinct slots: a repeated one would make the order of writes matter
+        for (size_t j = 0; j < i; j++)
+            if (slots[i] >= 0 && slots[i] == slots[j]) slots[i] = -1;
+    float *fill = rand_bf16(t_cache, 3.0);
+    float *out[2][3];
+    for (int fused = 0; fused < 2; fused++) {
+        void *qkv = store_up(ctx, c.qkv, c.t_qkv), *q = store_up(ctx, c.fill_q, c.t_q);
+        void *k = store_up(ctx, c.fill_kv, c.t_kv), *v = store_up(ctx, c.fill_kv, c.t_kv);
+        void *kc = store_up(ctx, fill, t_cache), *vc = store_up(ctx, fill, t_cache);
+        int32_t *pos = f32_up(ctx, c.pos, N * sizeof *c.pos), *sl = f32_up(ctx, slots, N * sizeof *slots);
+        float *inv = f32_up(ctx, c.inv_freq, (size_t)(s.D / 2 > 0 ? s.D / 2 : 1) * sizeof(float));
+        void *vqkv = view(ctx, qkv, s.off), *vq = view(ctx, q, s.off);
+        if (fused) {
+            ops_qkv_rope_store_fwd(ctx, vq, kc, vc, sl, vqkv, pos, inv, s.N, s.Hq, s.Hkv, s.D);
+        } else {
+            ops_qkv_rope_fwd(ctx, vq, view(ctx, k, s.off), view(ctx, v, s.off), vqkv, pos, inv, s.N, s.Hq, s.Hkv, s.D);
+            ops_kv_cache_store(ctx, kc, vc, view(ctx, k, s.off), view(ctx, v, s.off), sl, s.N, s.Hkv, s.D);
+        }
+        out[fused][0] = store_down(ctx, q, c.t_q);
+        out[fused][1] = store_down(ctx, kc, t_cache);
+        out[fused][2] = store_down(ctx, vc, t_cache);
+        KT_CHECK(ops_status(ctx) == 0, "qkv_rope_store N=%d (%s): unexpected error \"%s\"", s.N,
+                 fused ? "fused" : "unfused", ops_error(ctx));
+        ops_clear_error(ctx);
+        void *bufs[] = {qkv, q, k, v, kc, vc, pos, sl, inv};
+        for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) ops_free(ctx, bufs[i]);
+    }
+    expect_same_bits(backend, &s, "q (store)", out[1][0], out[0][0], c.t_q);
+    expect_same_bits(backend, &s, "k cache", out[1][1], out[0][1], t_cache);
+    expect_same_bits(backend, &s, "v cache", out[1][2], out[0][2], t_cache);
+    for (int f = 0; f < 2; f++)
+        for (int i = 0; i < 3; i++) free(out[f][i]);
+    free(fill);
+    free(slots);
     case_free(&c);
 }
 
@@ -390,6 +436,7 @@ int main(void) {
         return 1;
     }
     for (int i = 0; i < N_SHAPES; i++) check_fused_equals_unfused(cpu, "cpu", SHAPES[i]);
+    for (int i = 0; i < N_SHAPES; i++) check_store_equals_unfused(cpu, "cpu", SHAPES[i]);
     test_errors(cpu);
     printf("%s: cpu fused split/pack + RoPE == copy_2d + rope on %d shapes\n", kt_failures ? "FAIL" : "ok", N_SHAPES);
     if (kt_failures) {
@@ -407,6 +454,7 @@ int main(void) {
         return 1;
     }
     for (int i = 0; i < N_SHAPES; i++) check_fused_equals_unfused(gpu, "cuda", SHAPES[i]);
+    for (int i = 0; i < N_SHAPES; i++) check_store_equals_unfused(gpu, "cuda", SHAPES[i]);
     printf("%s: cuda fused split/pack + RoPE == cudaMemcpy2D + rope on %d shapes\n", kt_failures ? "FAIL" : "ok",
            N_SHAPES);
     for (int i = 0; i < N_SHAPES; i++) check_cuda_vs_cpu(cpu, gpu, SHAPES[i]);
