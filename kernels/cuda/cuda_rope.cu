@@ -147,7 +147,7 @@ static void rope_heads_launch(OpsCtx *ctx, const RopeParts *p, const int32_t *po
 static void rope_inplace(OpsCtx *ctx, void *x, const int32_t *positions, const float *inv_freq, int N, int H, int D,
                          float sign, const char *name) {
     const size_t pitch = (size_t)(H > 0 ? H : 0) * (D > 0 ? D : 0);
-    RopeParts p = {(const bf16 *)x, NULL, NULL, (bf16 *)x, NULL, NULL, pitch, 0, pitch, 0};
+    RopeParts p = {(const bf16 *)x, NULL, NULL, (bf16 *)x, NULL, NULL, pitch, 0, pitch, 0, NULL};
     rope_heads_launch(ctx, &p, positions, inv_freq, N, H, 0, D, sign, name);
 }
 
@@ -162,7 +162,7 @@ void cuda_qkv_rope_fwd(OpsCtx *ctx, void *q, void *k, void *v, const void *qkv, 
                        const float *inv_freq, int N, int Hq, int Hkv, int D) {
     const size_t QD = (size_t)Hq * D, KVD = (size_t)Hkv * D, QKV = QD + 2 * KVD;
     const bf16 *src = (const bf16 *)qkv;
-    RopeParts p = {src, src + QD, src + QD + KVD, (bf16 *)q, (bf16 *)k, (bf16 *)v, QKV, QKV, QD, KVD};
+    RopeParts p = {src, src + QD, src + QD + KVD, (bf16 *)q, (bf16 *)k, (bf16 *)v, QKV, QKV, QD, KVD, NULL};
     rope_heads_launch(ctx, &p, positions, inv_freq, N, Hq, Hkv, D, 1.0f, "qkv_rope_fwd");
 }
 void cuda_qkv_rope_store_fwd(OpsCtx *ctx, void *q, void *k_cache, void *v_cache, const int32_t *slot_mapping,
@@ -179,6 +179,6 @@ void cuda_qkv_rope_bwd(OpsCtx *ctx, void *dqkv, const void *dq, const void *dk, 
     const size_t QD = (size_t)Hq * D, KVD = (size_t)Hkv * D, QKV = QD + 2 * KVD;
     bf16 *dst = (bf16 *)dqkv;
     RopeParts p = {(const bf16 *)dq, (const bf16 *)dk, (const bf16 *)dv, dst, dst + QD, dst + QD + KVD, QD, KVD, QKV,
-                   QKV};
+                   QKV, NULL};
     rope_heads_launch(ctx, &p, positions, inv_freq, N, Hq, Hkv, D, -1.0f, "qkv_rope_bwd");
 }
