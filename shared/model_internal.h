@@ -71,17 +71,15 @@ enum { LAYER_ACTS_INFERENCE = 0, LAYER_ACTS_TRAINING = 1, LAYER_ACTS_TRAINING_KE
 int layer_acts_alloc(const Model *m, LayerActs *a, int N, int mode, void **block);
 int layer_grads_alloc(const Model *m, LayerGrads *g, int N, void **block);
 
-// x_out (N, C) = layer(x_in) ; p = the layer's unit parameters ; positions (N) backend memory.
-void layer_forward(Model *m, const void *p, LayerActs *a, const void *x_in, void *x_out, const int32_t *positions,
-                   int N, const AttnArgs *att);
-// layer_forward with the residual add that ends a layer fused into the RMSNorm that follows it (the next layer's
-// input norm, or the final norm), so that the residual stream is not read twice:
+// One layer, x_out = layer(x_in), with the residual add that ends it fused into the RMSNorm that follows it (the
+// next layer's input norm, or the final norm), so that the residual stream is not read twice; p = the layer's unit
+// parameters; positions (N) backend memory:
 //   x (N, C): on entry the layer's input minus `pending`, on return the complete input. pending (N, C) is the
 //     previous layer's a->xmid — that layer wrote only its MLP output into x — or NULL when x is complete already
 //     (the embedding output; a recompute for backward). x += pending is fused with h1 = rmsnorm(x).
 //   mlp_out (N, C) receives act Wd^T: the layer's output minus a->xmid, completed by the next call (or by
 //     ops_residual_rmsnorm_fwd for the final norm). NULL skips the down projection: backward needs only act.
-// The values are those of layer_forward, bit for bit.
+// The values are those of the unfused order (add, then norm), bit for bit.
 void layer_forward_fused(Model *m, const void *p, LayerActs *a, void *x, const void *pending, void *mlp_out,
                          const int32_t *positions, int N, const AttnArgs *att);
 // dres (N, C) holds d x_out on entry and d x_in on return; g (unit numel fp32) accumulates parameter grads.

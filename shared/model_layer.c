@@ -141,19 +141,6 @@ static void attention_and_mlp(Model *m, const void *p, LayerActs *a, const void 
     ops_swiglu_fwd(o, a->act, a->gu, N, I);
 }
 
-void layer_forward(Model *m, const void *p, LayerActs *a, const void *x_in, void *x_out, const int32_t *positions,
-                   int N, const AttnArgs *att) {
-    OpsCtx *o = m->ops;
-    const ModelConfig *cfg = &m->cfg;
-    const LayerOffsets *lo = &m->layout.layer;
-    const int C = cfg->hidden_size, I = cfg->intermediate_size;
-
-    ops_rmsnorm_fwd(o, a->h1, a->rstd1, x_in, param(m, p, lo->ln1), N, C, cfg->rms_norm_eps);
-    attention_and_mlp(m, p, a, x_in, positions, N, att);
-    ops_matmul_fwd(o, x_out, a->act, param(m, p, lo->wdown), NULL, N, I, C);
-    ops_add_inplace(o, x_out, a->xmid, (size_t)N * C);
-}
-
 void layer_forward_fused(Model *m, const void *p, LayerActs *a, void *x, const void *pending, void *mlp_out,
                          const int32_t *positions, int N, const AttnArgs *att) {
     OpsCtx *o = m->ops;
