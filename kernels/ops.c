@@ -308,6 +308,38 @@ void ops_qkv_rope_bwd(OpsCtx *ctx, void *dqkv, const void *dq, const void *dk, c
              cpu_qkv_rope_bwd(F(dqkv), CF(dq), CF(dk), CF(dv), pos, inv_freq, N, Hq, Hkv, D));
 }
 
+void ops_matmul_fused_fwd(OpsCtx *ctx, void *out, const void *in, const void *w, const void *bias, int N, int IC,
+                          int OC, const OpsProjFusion *f) {
+    if (ctx->error_code) return;
+    if (!f || (f->norm_w && !f->h) || (f->swiglu && (!f->gu || OC % 2 || f->residual))) {
+        ops_set_error(ctx, -1, __FILE__, __LINE__, "matmul_fused_fwd: %s", !f ? "NULL fusion" :
+                      f->norm_w && !f->h ? "norm without its h scratch" :
+                      f->residual ? "swiglu with a residual" : "swiglu needs gu scratch and an even OC");
+        return;
+    }
+#ifdef TANDEM_HAVE_CUDA
+    if (ctx->backend == OPS_BACKEND_CUDA) {
+        int slot = cuda_profile_begin(ctx);
+        const int done = cuda_matmul_fused_fwd(ctx, out, in, w, bias, N, IC, OC, f);
+        cuda_profile_end(ctx, slot, "ops_matmul_fused_fwd");
+        if (done) return;
+    }
+#endif
+    // The unfused sequence (the CPU backend always; CUDA for shapes the fused kernel does not take).
+    const void *x = in;
+    if (f->norm_w) {
+        ops_rmsnorm_fwd(ctx, f->h, NULL, in, f->norm_w, N, IC, f->eps);
+        x = f->h;
+    }
+    if (f->swiglu) {
+        ops_matmul_fwd(ctx, f->gu, x, w, bias, N, IC, OC);
+        ops_swiglu_fwd(ctx, out, f->gu, N, OC / 2);
+        return;
+    }
+    ops_matmul_fwd(ctx, out, x, w, bias, N, IC, OC);
+    if (f->residual) ops_add_inplace(ctx, out, f->residual, (size_t)N * OC);
+}
+
 void ops_matmul_fwd(OpsCtx *ctx, void *out, const void *in, const void *w, const void *bias, int N, int IC, int OC) {
     DISPATCH(ctx, cuda_matmul_fwd(ctx, out, in, w, bias, N, IC, OC),
              cpu_matmul_fwd(F(out), CF(in), CF(w), CF(bias), N, IC, OC));

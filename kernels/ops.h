@@ -158,6 +158,28 @@ void ops_matmul_fwd(OpsCtx *ctx, void *out, const void *in, const void *w, const
 void ops_matmul_bwd(OpsCtx *ctx, void *din, float *dw, float *dbias, const void *dout, const void *in,
                     const void *w, int N, int IC, int OC, int din_accumulate);
 
+// A forward projection with its neighbours fused, for decode steps of a row or two, where every kernel launch is a
+// visible share of the step (shared/model_layer.c layer_decode_small). With f's fields:
+//   norm_w != NULL: the input rows are RMS-normalised first, in_n = rmsnorm(in) * norm_w (eps), as ops_rmsnorm_fwd;
+//                   h (N, IC) is scratch for it (written where the backend materialises in_n);
+//   swiglu: w is the fused [gate; up] (OC = 2I rows) and out (N, I) = silu(g) * u of the projection rounded to the
+//                   storage dtype, as ops_matmul_fwd then ops_swiglu_fwd; gu (N, OC) is scratch for it;
+//   residual != NULL: out (N, OC) = the projection rounded to the storage dtype + residual (N, OC), rounded again,
+//                   as ops_matmul_fwd then ops_add_inplace (out may alias residual). Not with swiglu.
+// Otherwise as ops_matmul_fwd. Every backend computes the unfused sequence's values; the CUDA one runs the
+// sequence as one kernel where cuda_gemv.cu takes the shapes (1-2 rows), and may then differ in the last bits
+// (the norm's sum of squares is taken in another order).
+typedef struct {
+    const void *norm_w;
+    float eps;
+    void *h;
+    int swiglu;
+    void *gu;
+    const void *residual;
+} OpsProjFusion;
+void ops_matmul_fused_fwd(OpsCtx *ctx, void *out, const void *in, const void *w, const void *bias, int N, int IC,
+                          int OC, const OpsProjFusion *f);
+
 // ---- attention --------------------------------------------------------------------------------
 
 // Training attention over B packed sequences (no padding): sequence b holds tokens

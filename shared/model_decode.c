@@ -16,6 +16,9 @@
 // Failed recordings of a rung before it stops trying (a recording can fail for a reason that passes: another
 // thread's call on the same device may invalidate it).
 #define DECODE_GRAPH_TRIES 3
+// Padded steps of at most this many rows run layer_decode_small (fused projections; kernels/cuda/cuda_gemv.cu takes
+// one or two rows).
+#define DECODE_SMALL_ROWS 2
 
 // One graph of a padded batch size, and what it froze in: every parameter unit's pointer, each layer's KV pools,
 // the rotary table and the cache's block size (a replay with other ones would read the old memory).
@@ -348,9 +351,13 @@ static void padded_forward(Model *m, DecodeBufs *b, KVCache *kv, int P) {
     for (int l = 0; l < cfg->num_layers; l++) {
         att.k_cache = kv->k[l];
         att.v_cache = kv->v[l];
-        layer_forward_fused(m, b->units[layout_layer_unit(l)], &b->acts, b->x[cur], pending, b->x[cur ^ 1], pos, P,
-                            &att);
-        pending = b->acts.xmid;
+        if (P <= DECODE_SMALL_ROWS) {   // a row or two: the projections carry the norms, SwiGLU and residual adds
+            layer_decode_small(m, b->units[layout_layer_unit(l)], &b->acts, b->x[cur], b->x[cur ^ 1], pos, P, &att);
+        } else {
+            layer_forward_fused(m, b->units[layout_layer_unit(l)], &b->acts, b->x[cur], pending, b->x[cur ^ 1], pos,
+                                P, &att);
+            pending = b->acts.xmid;
+        }
         cur ^= 1;
     }
     // Every row is a sequence's next token: the final norm reads the residual stream in place (no row gather),

@@ -97,20 +97,15 @@ int layer_grads_alloc(const Model *m, LayerGrads *g, int N, void **block) {
 
 static const void *param(const Model *m, const void *p, size_t off) { return off == ABSENT ? NULL : elem_at(m, p, off); }
 
-// From h1 (in a) to act, given the layer's complete input x_in: attention, then xmid = x_in + att Wo^T fused with
-// h2 = rmsnorm(xmid), the gate/up projection and SwiGLU.
-static void attention_and_mlp(Model *m, const void *p, LayerActs *a, const void *x_in, const int32_t *positions, int N,
-                              const AttnArgs *att) {
+// From the fused projection's output a->qkv to the attention output a->att: q, k, v made contiguous (qk_norm), or
+// split and rotated in one pass (the same bits as split, then rope), k and v stored to the cache when paged.
+static void qkv_to_attention(Model *m, const void *p, LayerActs *a, const int32_t *positions, int N,
+                             const AttnArgs *att) {
     OpsCtx *o = m->ops;
     const ModelConfig *cfg = &m->cfg;
     const LayerOffsets *lo = &m->layout.layer;
-    const int C = cfg->hidden_size, I = cfg->intermediate_size, D = cfg->head_dim;
-    const int Hq = cfg->num_heads, Hkv = cfg->num_kv_heads;
+    const int D = cfg->head_dim, Hq = cfg->num_heads, Hkv = cfg->num_kv_heads;
     const size_t QD = (size_t)Hq * D, KVD = (size_t)Hkv * D, QKV = QD + 2 * KVD;
-
-    // One GEMM over the fused weight and bias (both start at q's), then q, k, v made contiguous. Without qk_norm
-    // the split and the rotation of q and k are one pass over the projection (the same bits as split, then rope).
-    ops_matmul_fwd(o, a->qkv, a->h1, param(m, p, lo->wq), param(m, p, lo->bq), N, C, (int)QKV);
     if (cfg->qk_norm) {
         ops_copy_2d(o, a->q_pre, QD, a->qkv, QKV, (size_t)N, QD);
         ops_copy_2d(o, a->k_pre, KVD, elem_at(m, a->qkv, QD), QKV, (size_t)N, KVD);
@@ -134,11 +129,50 @@ static void attention_and_mlp(Model *m, const void *p, LayerActs *a, const void 
         ops_attention_fwd(o, a->att, a->lse, a->q, a->k, a->v, att->cu_seqlens, att->n_seqs, N, Hq, Hkv, D,
                           m->attn_scale);
     }
+}
+
+// From h1 (in a) to act, given the layer's complete input x_in: attention, then xmid = x_in + att Wo^T fused with
+// h2 = rmsnorm(xmid), the gate/up projection and SwiGLU.
+static void attention_and_mlp(Model *m, const void *p, LayerActs *a, const void *x_in, const int32_t *positions, int N,
+                              const AttnArgs *att) {
+    OpsCtx *o = m->ops;
+    const ModelConfig *cfg = &m->cfg;
+    const LayerOffsets *lo = &m->layout.layer;
+    const int C = cfg->hidden_size, I = cfg->intermediate_size, D = cfg->head_dim, Hq = cfg->num_heads;
+    const size_t QKV = (size_t)Hq * D + 2 * (size_t)cfg->num_kv_heads * D;
+
+    // One GEMM over the fused weight and bias (both start at q's).
+    ops_matmul_fwd(o, a->qkv, a->h1, param(m, p, lo->wq), param(m, p, lo->bq), N, C, (int)QKV);
+    qkv_to_attention(m, p, a, positions, N, att);
     ops_matmul_fwd(o, a->xmid, a->att, param(m, p, lo->wo), NULL, N, Hq * D, C);
     ops_residual_rmsnorm_fwd(o, a->xmid, a->h2, a->rstd2, a->xmid, x_in, param(m, p, lo->ln2), N, C,
                              cfg->rms_norm_eps);
     ops_matmul_fwd(o, a->gu, a->h2, param(m, p, lo->wgu), NULL, N, C, 2 * I);
     ops_swiglu_fwd(o, a->act, a->gu, N, I);
+}
+
+void layer_decode_small(Model *m, const void *p, LayerActs *a, const void *x, void *x_out, const int32_t *positions,
+                        int N, const AttnArgs *att) {
+    OpsCtx *o = m->ops;
+    const ModelConfig *cfg = &m->cfg;
+    const LayerOffsets *lo = &m->layout.layer;
+    const int C = cfg->hidden_size, I = cfg->intermediate_size, D = cfg->head_dim, Hq = cfg->num_heads;
+    const int QKV = Hq * D + 2 * cfg->num_kv_heads * D;
+    const float eps = cfg->rms_norm_eps;
+    // qkv = rmsnorm(x) [Wq;Wk;Wv]^T + b
+    ops_matmul_fused_fwd(o, a->qkv, x, param(m, p, lo->wq), param(m, p, lo->bq), N, C, QKV,
+                         &(OpsProjFusion){.norm_w = param(m, p, lo->ln1), .eps = eps, .h = a->h1});
+    qkv_to_attention(m, p, a, positions, N, att);
+    // xmid = x + att Wo^T
+    ops_matmul_fused_fwd(o, a->xmid, a->att, param(m, p, lo->wo), NULL, N, Hq * D, C,
+                         &(OpsProjFusion){.residual = x});
+    // act = swiglu(rmsnorm(xmid) [Wg;Wu]^T)
+    ops_matmul_fused_fwd(o, a->act, a->xmid, param(m, p, lo->wgu), NULL, N, C, 2 * I,
+                         &(OpsProjFusion){.norm_w = param(m, p, lo->ln2), .eps = eps, .h = a->h2, .swiglu = 1,
+                                          .gu = a->gu});
+    // x_out = xmid + act Wd^T
+    ops_matmul_fused_fwd(o, x_out, a->act, param(m, p, lo->wdown), NULL, N, I, C,
+                         &(OpsProjFusion){.residual = a->xmid});
 }
 
 void layer_forward_fused(Model *m, const void *p, LayerActs *a, void *x, const void *pending, void *mlp_out,

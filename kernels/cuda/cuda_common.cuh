@@ -139,6 +139,8 @@ static inline unsigned cuda_grid_1d(size_t n, int threads, const CudaState *st) 
 
 __device__ __forceinline__ float bf2f(bf16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ bf16 f2bf(float x) { return __float2bfloat16_rn(x); }
+// silu(g) = g / (1 + exp(-g)): PyTorch's formula, as the CPU twin (SwiGLU, cuda_swiglu.cu and cuda_gemv.cu).
+__device__ __forceinline__ float silu_f(float g) { return g / (1.0f + expf(-g)); }
 // 8 bf16 values as one 16-byte vector <-> 8 floats (round to nearest even on the way back).
 __device__ __forceinline__ void unpack8f(uint4 u, float f[8]) {
     const __nv_bfloat162 *p = reinterpret_cast<const __nv_bfloat162 *>(&u);

@@ -12,11 +12,22 @@
 // pass saves: hence at most two rows.
 // cuda_matmul_fwd calls it when cuda_gemv_applies; TANDEM_GEMV=0 turns it off (comparisons). The summation order
 // differs from cuBLASLt's, so results differ from it in the last bits.
+//
+// The same pass also runs ops_matmul_fused_fwd (cuda_matmul_fused_fwd), the decode step's projections with their
+// neighbours folded in, one kernel instead of two or three:
+//   prologue RMSNorm: every block normalises the staged rows itself (a row of a few thousand values: cheaper than
+//     a launch), with the arithmetic of cuda_rmsnorm.cu (o = w (x r), r = 1 / sqrt(mean x^2 + eps)) but its own
+//     summation order, so h may differ from ops_rmsnorm_fwd's in the last bit;
+//   epilogue SwiGLU: a warp computes gate row o and up row o + I together, rounds both to bf16 as the stored
+//     projection would be, and writes silu(g) u (cuda_swiglu.cu's arithmetic);
+//   epilogue residual: the projection rounded to bf16, plus the residual, rounded again (the unfused add's
+//     arithmetic). Each output element is read and written by one lane only, so out may alias the residual.
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/cuda_ops.h"
 
 #define GEMV_THREADS 512
 #define GEMV_UNROLL 4      // 16-byte weight loads in flight per lane before the first is used
@@ -41,46 +52,119 @@ __device__ __forceinline__ uint4 load_stream(const uint4 *p) {
     return v;
 }
 
-// out (NR, OC), in (NR, IC), w (OC, IC), bias (OC) or NULL; IC % 8 == 0, out/in/w 16-byte aligned.
-// Grid-stride over output columns, one warp per column at a time.
+// What one launch computes (ops_matmul_fused_fwd's fields; a plain projection leaves them NULL / 0).
+struct GemvArgs {
+    bf16 *out;               // (NR, n_out): n_out = OC, or OC / 2 with swiglu
+    const bf16 *in, *w, *bias;
+    const bf16 *norm_w;      // prologue RMSNorm weight (IC) or NULL
+    float eps;
+    const bf16 *residual;    // epilogue residual (NR, OC) or NULL
+    int IC, OC;
+};
+
+// Sum over the block (blockDim.x a multiple of 32); red: NR x 32 floats of shared memory.
 template <int NR>
-__global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(bf16 *__restrict__ out, const bf16 *__restrict__ in,
-                                                             const bf16 *__restrict__ w,
-                                                             const bf16 *__restrict__ bias, int IC, int OC) {
+__device__ __forceinline__ void block_sums(float v[NR], float *red) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+#pragma unroll
+    for (int r = 0; r < NR; r++) {
+        const float t = warp_sum(v[r]);
+        if (lane == 0) red[r * 32 + warp] = t;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int r = 0; r < NR; r++) v[r] = warp_sum(lane < nw ? red[r * 32 + lane] : 0.0f);
+}
+
+// out (NR, OC), in (NR, IC), w (OC, IC) [SWIGLU: (2I, IC), out (NR, I)], bias (OC) or NULL; IC % 8 == 0,
+// out/in/w/norm_w 16-byte aligned. Grid-stride over outputs, one warp per output column (SWIGLU: per gate/up pair)
+// at a time.
+template <int NR, bool SWIGLU>
+__global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(GemvArgs a) {
     extern __shared__ uint4 xs[];   // (NR, IC / 8)
-    const int C8 = IC / 8;
-    const uint4 *in4 = reinterpret_cast<const uint4 *>(in);
+    __shared__ float red[NR * 32];
+    const int C8 = a.IC / 8;
+    const uint4 *in4 = reinterpret_cast<const uint4 *>(a.in);
     for (int i = threadIdx.x; i < NR * C8; i += blockDim.x) xs[i] = in4[i];
     __syncthreads();
+    if (a.norm_w) {
+        float ss[NR];
+#pragma unroll
+        for (int r = 0; r < NR; r++) {
+            ss[r] = 0.0f;
+            for (int c = threadIdx.x; c < C8; c += blockDim.x) {
+                float v[8];
+                unpack8f(xs[r * C8 + c], v);
+#pragma unroll
+                for (int k = 0; k < 8; k++) ss[r] += v[k] * v[k];
+            }
+        }
+        block_sums<NR>(ss, red);
+        const uint4 *w4 = reinterpret_cast<const uint4 *>(a.norm_w);
+#pragma unroll
+        for (int r = 0; r < NR; r++) {
+            const float rs = 1.0f / sqrtf(ss[r] / (float)a.IC + a.eps);
+            for (int c = threadIdx.x; c < C8; c += blockDim.x) {
+                float v[8], wv[8], o[8];
+                unpack8f(xs[r * C8 + c], v);
+                unpack8f(w4[c], wv);
+#pragma unroll
+                for (int k = 0; k < 8; k++) o[k] = wv[k] * (v[k] * rs);
+                xs[r * C8 + c] = pack8f(o);
+            }
+        }
+        __syncthreads();
+    }
     const int lane = threadIdx.x & 31;
     const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, n_warps = (gridDim.x * blockDim.x) >> 5;
-    for (int o = warp; o < OC; o += n_warps) {
-        const uint4 *wr = reinterpret_cast<const uint4 *>(w + (size_t)o * IC);
-        float acc[NR];
+    const int n_out = SWIGLU ? a.OC / 2 : a.OC;
+    constexpr int M = SWIGLU ? 2 : 1;   // weight rows per output: gate and up
+    for (int o = warp; o < n_out; o += n_warps) {
+        const uint4 *wr[M];
+        wr[0] = reinterpret_cast<const uint4 *>(a.w + (size_t)o * a.IC);
+        if (SWIGLU) wr[M - 1] = reinterpret_cast<const uint4 *>(a.w + (size_t)(o + n_out) * a.IC);
+        float acc[M][NR];
 #pragma unroll
-        for (int r = 0; r < NR; r++) acc[r] = 0.0f;
+        for (int m = 0; m < M; m++)
+#pragma unroll
+            for (int r = 0; r < NR; r++) acc[m][r] = 0.0f;
         for (int c0 = lane; c0 < C8; c0 += 32 * GEMV_UNROLL) {
-            uint4 wv[GEMV_UNROLL];
+            uint4 wv[M][GEMV_UNROLL];
 #pragma unroll
-            for (int u = 0; u < GEMV_UNROLL; u++) {
-                const int c = c0 + 32 * u;
-                wv[u] = c < C8 ? load_stream(wr + c) : make_uint4(0, 0, 0, 0);
-            }
+            for (int m = 0; m < M; m++)
+#pragma unroll
+                for (int u = 0; u < GEMV_UNROLL; u++) {
+                    const int c = c0 + 32 * u;
+                    wv[m][u] = c < C8 ? load_stream(wr[m] + c) : make_uint4(0, 0, 0, 0);
+                }
 #pragma unroll
             for (int u = 0; u < GEMV_UNROLL; u++) {
                 const int c = c0 + 32 * u;
                 if (c < C8) {
 #pragma unroll
-                    for (int r = 0; r < NR; r++) acc[r] = dot8_acc(wv[u], xs[r * C8 + c], acc[r]);
+                    for (int m = 0; m < M; m++)
+#pragma unroll
+                        for (int r = 0; r < NR; r++) acc[m][r] = dot8_acc(wv[m][u], xs[r * C8 + c], acc[m][r]);
                 }
             }
         }
 #pragma unroll
-        for (int r = 0; r < NR; r++) acc[r] = warp_sum(acc[r]);
-        if (lane == 0) {
-            const float b = bias ? bf2f(bias[o]) : 0.0f;
+        for (int m = 0; m < M; m++)
 #pragma unroll
-            for (int r = 0; r < NR; r++) out[(size_t)r * OC + o] = f2bf(acc[r] + b);
+            for (int r = 0; r < NR; r++) acc[m][r] = warp_sum(acc[m][r]);
+        if (lane == 0) {
+#pragma unroll
+            for (int r = 0; r < NR; r++) {
+                if (SWIGLU) {
+                    const float g = bf2f(f2bf(acc[0][r] + (a.bias ? bf2f(a.bias[o]) : 0.0f)));
+                    const float u = bf2f(f2bf(acc[M - 1][r] + (a.bias ? bf2f(a.bias[o + n_out]) : 0.0f)));
+                    a.out[(size_t)r * n_out + o] = f2bf(silu_f(g) * u);
+                } else {
+                    const float y = acc[0][r] + (a.bias ? bf2f(a.bias[o]) : 0.0f);
+                    const size_t e = (size_t)r * a.OC + o;
+                    a.out[e] = a.residual ? f2bf(bf2f(a.residual[e]) + bf2f(f2bf(y))) : f2bf(y);
+                }
+            }
         }
     }
 }
@@ -94,33 +178,51 @@ static int gemv_enabled(void) {
     return on;
 }
 
+static int aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
+
 int cuda_gemv_applies(const CudaState *st, const void *out, const void *in, const void *w, const void *bias, int N,
                       int IC) {
     (void)st;
-    const uintptr_t a = (uintptr_t)out | (uintptr_t)in | (uintptr_t)w;
     const size_t smem = (size_t)N * IC * 2;   // the input rows, staged in shared memory
-    return gemv_enabled() && N >= 1 && N <= GEMV_MAX_ROWS && IC % 8 == 0 && (a & 15) == 0 &&
-           ((uintptr_t)bias & 1) == 0 && smem <= GEMV_MAX_SMEM;
+    return gemv_enabled() && N >= 1 && N <= GEMV_MAX_ROWS && IC % 8 == 0 && aligned16(out) && aligned16(in) &&
+           aligned16(w) && ((uintptr_t)bias & 1) == 0 && smem <= GEMV_MAX_SMEM;
 }
 
-template <int NR>
-static void gemv_launch(OpsCtx *ctx, CudaState *st, void *out, const void *in, const void *w, const void *bias, int IC,
-                        int OC) {
-    const size_t smem = (size_t)NR * IC * 2;
+template <int NR, bool SWIGLU>
+static void gemv_launch(OpsCtx *ctx, CudaState *st, const GemvArgs &a) {
+    const size_t smem = (size_t)NR * a.IC * 2;
     // Enough warps to keep every SM streaming (as many blocks per SM as the staged rows let fit, at most 4 of
-    // 512 threads); each warp then walks OC with a grid stride.
+    // 512 threads); each warp then walks the outputs with a grid stride.
     const int warps_per_block = GEMV_THREADS / 32;
     long per_sm = smem ? (long)((200 * 1024) / smem) : 4;
     per_sm = per_sm < 1 ? 1 : per_sm > 4 ? 4 : per_sm;
-    long blocks = ((long)OC + warps_per_block - 1) / warps_per_block;
+    const long n_out = SWIGLU ? a.OC / 2 : a.OC;
+    long blocks = (n_out + warps_per_block - 1) / warps_per_block;
     if (blocks > (long)st->sm_count * per_sm) blocks = (long)st->sm_count * per_sm;
-    gemv_kernel<NR><<<(unsigned)blocks, GEMV_THREADS, smem, st->stream>>>((bf16 *)out, (const bf16 *)in,
-                                                                         (const bf16 *)w, (const bf16 *)bias, IC, OC);
+    gemv_kernel<NR, SWIGLU><<<(unsigned)blocks, GEMV_THREADS, smem, st->stream>>>(a);
     CUDA_CHECK_LAUNCH(ctx);
+}
+
+static void gemv_run(OpsCtx *ctx, CudaState *st, const GemvArgs &a, int N, bool swiglu) {
+    if (N == 1) swiglu ? gemv_launch<1, true>(ctx, st, a) : gemv_launch<1, false>(ctx, st, a);
+    else swiglu ? gemv_launch<2, true>(ctx, st, a) : gemv_launch<2, false>(ctx, st, a);
 }
 
 void cuda_gemv_fwd(OpsCtx *ctx, CudaState *st, void *out, const void *in, const void *w, const void *bias, int N,
                    int IC, int OC) {
-    if (N == 1) gemv_launch<1>(ctx, st, out, in, w, bias, IC, OC);
-    else gemv_launch<2>(ctx, st, out, in, w, bias, IC, OC);
+    const GemvArgs a = {(bf16 *)out, (const bf16 *)in, (const bf16 *)w, (const bf16 *)bias, NULL, 0.0f, NULL, IC, OC};
+    gemv_run(ctx, st, a, N, false);
+}
+
+int cuda_matmul_fused_fwd(OpsCtx *ctx, void *out, const void *in, const void *w, const void *bias, int N, int IC,
+                          int OC, const OpsProjFusion *f) {
+    CudaState *st = cuda_enter(ctx);
+    if (!st) return 1;   // the error is recorded
+    if (!cuda_gemv_applies(st, out, in, w, bias, N, IC) || !aligned16(f->norm_w) ||
+        ((uintptr_t)f->residual & 1) != 0)
+        return 0;
+    const GemvArgs a = {(bf16 *)out, (const bf16 *)in, (const bf16 *)w, (const bf16 *)bias,
+                        (const bf16 *)f->norm_w, f->eps, (const bf16 *)f->residual, IC, OC};
+    gemv_run(ctx, st, a, N, f->swiglu != 0);
+    return 1;
 }

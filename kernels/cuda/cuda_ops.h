@@ -56,6 +56,10 @@ void cuda_qkv_rope_store_fwd(OpsCtx *ctx, void *q, void *k_cache, void *v_cache,
 void cuda_qkv_rope_bwd(OpsCtx *ctx, void *dqkv, const void *dq, const void *dk, const void *dv,
                        const int32_t *positions, const float *inv_freq, int N, int Hq, int Hkv, int D);
 void cuda_matmul_fwd(OpsCtx *ctx, void *out, const void *in, const void *w, const void *bias, int N, int IC, int OC);
+// ops_matmul_fused_fwd as one kernel (cuda_gemv.cu) when it takes the shapes: returns 1 (done, errors recorded), or
+// 0 having done nothing (the caller runs the unfused sequence).
+int cuda_matmul_fused_fwd(OpsCtx *ctx, void *out, const void *in, const void *w, const void *bias, int N, int IC,
+                          int OC, const OpsProjFusion *f);
 void cuda_matmul_bwd(OpsCtx *ctx, void *din, float *dw, float *dbias, const void *dout, const void *in,
                      const void *w, int N, int IC, int OC, int din_accumulate);
 void cuda_attention_fwd(OpsCtx *ctx, void *out, float *lse, const void *q, const void *k, const void *v,

@@ -7,7 +7,6 @@
 // incremental row/column split, so there is no division in the loop.
 #include "kernels/cuda/cuda_common.cuh"
 
-__device__ __forceinline__ float silu_f(float g) { return g / (1.0f + expf(-g)); }
 __device__ __forceinline__ float sigmoid_f(float g) { return 1.0f / (1.0f + expf(-g)); }
 
 // Element (n, i) of a row-major (rows, I) walk, advanced by a fixed stride without dividing: the stride's

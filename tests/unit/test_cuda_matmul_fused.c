@@ -1,0 +1,158 @@
+// test_cuda_matmul_fused.c — ops_matmul_fused_fwd (a projection with its RMSNorm prologue, SwiGLU epilogue or
+// residual-add epilogue), the decode step's fused projections (kernels/cuda/cuda_gemv.cu, shared/model_layer.c
+// layer_decode_small).
+//
+// CPU part (always runs): misuse is refused with a message (no fusion struct, a norm without its h scratch, SwiGLU
+// with a residual or an odd OC, SwiGLU without gu scratch) and leaves the output untouched; N = 0 does nothing.
+// CUDA part (without a device: "SKIP", exit 77, after the CPU part passed): for 1 and 2 rows (the fused kernel) and
+// 3 rows (the unfused sequence on the GPU), the Qwen2.5-0.5B/1.5B projection shapes and odd small ones, every
+// fusion with and without bias, against the CPU backend running the unfused sequence on the same bf16 inputs:
+// e = max |gpu - cpu| / (|cpu| + rms(cpu)) <= 2e-2 (bf16 outputs, bf16-rounded intermediates on the GPU; the norm's
+// h may differ from ops_rmsnorm_fwd's in its last bit); the residual epilogue also in place (out == residual).
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "kernels/ops.h"
+#include "kernels_testlib.h"
+
+static float round_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+    memcpy(&f, &u, 4);
+    return f;
+}
+
+static float *rand_bf16(size_t n, double scale) {
+    float *x = kt_falloc(n);
+    kt_fill(x, n, scale);
+    for (size_t i = 0; i < n; i++) x[i] = round_bf16(x[i]);
+    return x;
+}
+
+static void *up(OpsCtx *ctx, const float *host, size_t n) {
+    void *p = ops_malloc(ctx, n * ops_dtype_size(ctx));
+    if (p && host) ops_upload_f32(ctx, p, host, n);
+    return p;
+}
+
+static float *down(OpsCtx *ctx, const void *p, size_t n) {
+    float *h = kt_falloc(n);
+    ops_download_f32(ctx, h, p, n);
+    return h;
+}
+
+enum { NORM = 1, SWIGLU = 2, RESIDUAL = 4, BIAS = 8, IN_PLACE = 16 };
+
+// out on one backend, downloaded (n_out = OC, or OC / 2 with SWIGLU).
+static float *run(OpsCtx *ctx, int flags, int N, int IC, int OC, const float *in, const float *w, const float *bias,
+                  const float *norm_w, const float *res) {
+    const size_t n_out = (size_t)N * (flags & SWIGLU ? OC / 2 : OC);
+    void *d_in = up(ctx, in, (size_t)N * IC), *d_w = up(ctx, w, (size_t)OC * IC);
+    void *d_bias = flags & BIAS ? up(ctx, bias, OC) : NULL, *d_nw = flags & NORM ? up(ctx, norm_w, IC) : NULL;
+    void *d_res = flags & RESIDUAL ? up(ctx, res, n_out) : NULL;
+    void *d_out = flags & IN_PLACE ? d_res : up(ctx, NULL, n_out);
+    void *h = up(ctx, NULL, (size_t)N * IC), *gu = up(ctx, NULL, (size_t)N * OC);
+    OpsProjFusion f = {.norm_w = d_nw, .eps = 1e-6f, .h = h, .swiglu = !!(flags & SWIGLU), .gu = gu,
+                       .residual = d_res};
+    ops_matmul_fused_fwd(ctx, d_out, d_in, d_w, d_bias, N, IC, OC, &f);
+    float *out = down(ctx, d_out, n_out);
+    KT_CHECK(ops_status(ctx) == 0, "matmul_fused flags %d N=%d IC=%d OC=%d: unexpected error \"%s\"", flags, N, IC, OC,
+             ops_error(ctx));
+    ops_clear_error(ctx);
+    void *bufs[] = {d_in, d_w, d_bias, d_nw, flags & IN_PLACE ? NULL : d_out, d_res, h, gu};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) ops_free(ctx, bufs[i]);
+    return out;
+}
+
+static void check_case(OpsCtx *cpu, OpsCtx *gpu, int flags, int N, int IC, int OC) {
+    const size_t n_out = (size_t)N * (flags & SWIGLU ? OC / 2 : OC);
+    // Inputs of rms ~1 (a residual stream) or ~0.3, weights ~1/sqrt(IC): outputs of order 1.
+    float *in = rand_bf16((size_t)N * IC, flags & NORM ? 3.0 : 1.0), *w = rand_bf16((size_t)OC * IC, 1.7 / sqrt(IC));
+    float *bias = rand_bf16(OC, 0.5), *norm_w = rand_bf16(IC, 1.0), *res = rand_bf16(n_out, 2.0);
+    for (int i = 0; i < IC; i++) norm_w[i] = round_bf16(1.0f + 0.5f * norm_w[i]);
+    float *c = run(cpu, flags & ~IN_PLACE, N, IC, OC, in, w, bias, norm_w, res);
+    float *g = run(gpu, flags, N, IC, OC, in, w, bias, norm_w, res);
+    double rms = 0, e = 0;
+    for (size_t i = 0; i < n_out; i++) rms += (double)c[i] * c[i];
+    rms = sqrt(rms / (double)n_out);
+    for (size_t i = 0; i < n_out; i++) {
+        const double d = fabs((double)g[i] - c[i]) / (fabs(c[i]) + rms);
+        if (!(d <= e)) e = d;   // NaN propagates
+    }
+    KT_CHECK(e <= 2e-2, "matmul_fused %s%s%s%s%s N=%d IC=%d OC=%d: error %.3g > 2e-2", flags & NORM ? "norm " : "",
+             flags & SWIGLU ? "swiglu " : "", flags & RESIDUAL ? "residual " : "", flags & BIAS ? "bias " : "",
+             flags & IN_PLACE ? "in-place " : "", N, IC, OC, e);
+    free(in), free(w), free(bias), free(norm_w), free(res), free(c), free(g);
+}
+
+static void test_misuse(OpsCtx *ctx) {
+    float buf[64] = {0};
+    void *d = up(ctx, buf, 64);
+    const struct {
+        OpsProjFusion f;
+        int oc;
+        const char *what;
+    } bad[] = {
+        {{.norm_w = d}, 4, "norm without h"},
+        {{.swiglu = 1, .gu = d, .residual = d}, 4, "swiglu with a residual"},
+        {{.swiglu = 1, .gu = d}, 3, "swiglu with an odd OC"},
+        {{.swiglu = 1}, 4, "swiglu without gu"},
+    };
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        ops_matmul_fused_fwd(ctx, d, d, d, NULL, 1, 4, bad[i].oc, &bad[i].f);
+        KT_CHECK(ops_status(ctx) != 0 && strstr(ops_error(ctx), "matmul_fused_fwd"), "%s: not refused (\"%s\")",
+                 bad[i].what, ops_error(ctx));
+        ops_clear_error(ctx);
+    }
+    ops_matmul_fused_fwd(ctx, d, d, d, NULL, 1, 4, 4, NULL);
+    KT_CHECK(ops_status(ctx) != 0, "NULL fusion: not refused");
+    ops_clear_error(ctx);
+    ops_matmul_fused_fwd(ctx, d, d, d, NULL, 0, 4, 4, &(OpsProjFusion){0});
+    KT_CHECK(ops_status(ctx) == 0, "N = 0 recorded \"%s\"", ops_error(ctx));
+    ops_free(ctx, d);
+}
+
+int main(void) {
+    kt_seed(0xF05E);
+    char err[256];
+    OpsCtx *cpu = NULL, *gpu = NULL;
+    if (ops_create(&cpu, OPS_BACKEND_CPU, 0, err, sizeof err) != 0) {
+        fprintf(stderr, "FAIL: cpu context: %s\n", err);
+        return 1;
+    }
+    test_misuse(cpu);
+    printf("%s: cpu misuse refused\n", kt_failures ? "FAIL" : "ok");
+    if (kt_failures) return 1;
+    if (!ops_backend_available(OPS_BACKEND_CUDA)) {
+        printf("SKIP: no CUDA device (the CPU checks passed)\n");
+        ops_destroy(cpu);
+        return 77;
+    }
+    if (ops_create(&gpu, OPS_BACKEND_CUDA, 0, err, sizeof err) != 0) {
+        fprintf(stderr, "FAIL: cuda context: %s\n", err);
+        return 1;
+    }
+    test_misuse(gpu);
+    // (IC, OC) of the decode projections: 0.5B qkv, o, gate/up, down; 1.5B gate/up, down; odd small shapes (IC % 8
+    // != 0 takes the unfused sequence on the GPU too).
+    const int shapes[][2] = {{896, 1152}, {896, 896}, {896, 9728}, {4864, 896}, {1536, 17920}, {8960, 1536},
+                             {64, 10}, {40, 6}};
+    for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
+        for (int N = 1; N <= 3; N++) {
+            const int IC = shapes[s][0], OC = shapes[s][1];
+            check_case(cpu, gpu, 0, N, IC, OC);
+            check_case(cpu, gpu, NORM | BIAS, N, IC, OC);
+            check_case(cpu, gpu, NORM, N, IC, OC);
+            check_case(cpu, gpu, NORM | SWIGLU, N, IC, OC);
+            check_case(cpu, gpu, SWIGLU | BIAS, N, IC, OC);
+            check_case(cpu, gpu, RESIDUAL, N, IC, OC);
+            check_case(cpu, gpu, RESIDUAL | IN_PLACE, N, IC, OC);
+        }
+    ops_destroy(gpu);
+    ops_destroy(cpu);
+    return kt_finish("test_cuda_matmul_fused");
+}
