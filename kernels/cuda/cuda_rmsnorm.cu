@@ -78,28 +78,10 @@ __device__ __forceinline__ void store8(bf16 *row, int v, int C, bool vec, uint4 
         if (c0 + k < C) row[c0 + k] = __ushort_as_bfloat16((unsigned short)(words[k / 2] >> (16 * (k % 2))));
 }
 
-__device__ __forceinline__ void unpack8(uint4 u, float f[8]) {
-    const __nv_bfloat162 *p = reinterpret_cast<const __nv_bfloat162 *>(&u);
-#pragma unroll
-    for (int j = 0; j < 4; j++) {
-        const float2 t = __bfloat1622float2(p[j]);
-        f[2 * j] = t.x;
-        f[2 * j + 1] = t.y;
-    }
-}
-
 // Element k (0..7, a constant after unrolling) of a packed vector, widened to fp32.
 __device__ __forceinline__ float bf_at(uint4 u, int k) {
     const unsigned word = k < 2 ? u.x : k < 4 ? u.y : k < 6 ? u.z : u.w;
     return __uint_as_float(k % 2 ? word & 0xffff0000u : word << 16);
-}
-
-__device__ __forceinline__ uint4 pack8(const float f[8]) {
-    uint4 u;
-    __nv_bfloat162 *p = reinterpret_cast<__nv_bfloat162 *>(&u);
-#pragma unroll
-    for (int j = 0; j < 4; j++) p[j] = __floats2bfloat162_rn(f[2 * j], f[2 * j + 1]);
-    return u;
 }
 
 // Sum over the G threads of a row group; all of them get it. Groups of up to 32 threads are aligned inside a
@@ -142,15 +124,15 @@ __global__ void __launch_bounds__(RMS_NARROW_BLOCK) rmsnorm_fwd_kernel(bf16 *x_o
     float ss = 0.0f;
 #pragma unroll
     for (int j = 0; j < VPT; j++) {
-        unpack8(a[j], v[j]);
+        unpack8f(a[j], v[j]);
         if (res) {
             float r8[8];
-            unpack8(b[j], r8);
+            unpack8f(b[j], r8);
 #pragma unroll
             for (int k = 0; k < 8; k++) r8[k] += v[j][k];
-            const uint4 s = pack8(r8);
+            const uint4 s = pack8f(r8);
             if (live) store8(x_out + off, t + j * G, C, vec, s);
-            unpack8(s, v[j]);  // the norm sees the rounded sum, as it would read it back
+            unpack8f(s, v[j]);  // the norm sees the rounded sum, as it would read it back
         }
 #pragma unroll
         for (int k = 0; k < 8; k++) ss += v[j][k] * v[j][k];
@@ -160,10 +142,10 @@ __global__ void __launch_bounds__(RMS_NARROW_BLOCK) rmsnorm_fwd_kernel(bf16 *x_o
 #pragma unroll
     for (int j = 0; j < VPT; j++) {
         float wv[8], o[8];
-        unpack8(wp[j], wv);
+        unpack8f(wp[j], wv);
 #pragma unroll
         for (int k = 0; k < 8; k++) o[k] = wv[k] * (v[j][k] * r);
-        if (live) store8(out + off, t + j * G, C, vec, pack8(o));
+        if (live) store8(out + off, t + j * G, C, vec, pack8f(o));
     }
     if (rstd && live && t == 0) rstd[row] = r;
 }
@@ -268,7 +250,7 @@ __global__ void __launch_bounds__(RMS_NARROW_BLOCK, RMS_BWD_MIN_BLOCKS(VPT))
                 d[k] = bf_at(cur.d[j], k) + (r * bf_at(wp[j], k) * g - xv * kk);  // d is zero without dres_in
                 dw[j][k] += g * xv * r;
             }
-            if (row < N) store8(dres_out + off, t + j * G, C, vec, pack8(d));
+            if (row < N) store8(dres_out + off, t + j * G, C, vec, pack8f(d));
         }
         cur = nxt;
     }
