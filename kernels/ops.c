@@ -311,9 +311,11 @@ void ops_qkv_rope_bwd(OpsCtx *ctx, void *dqkv, const void *dq, const void *dk, c
 void ops_matmul_fused_fwd(OpsCtx *ctx, void *out, const void *in, const void *w, const void *bias, int N, int IC,
                           int OC, const OpsProjFusion *f) {
     if (ctx->error_code) return;
-    if (!f || (f->norm_w && !f->h) || (f->swiglu && (!f->gu || OC % 2 || f->residual))) {
+    if (!f || (f->norm_w && !f->h) || (f->swiglu && (!f->gu || OC % 2 || f->residual)) ||
+        (f->residual && f->residual == out)) {
         ops_set_error(ctx, -1, __FILE__, __LINE__, "matmul_fused_fwd: %s", !f ? "NULL fusion" :
                       f->norm_w && !f->h ? "norm without its h scratch" :
+                      f->residual == out ? "out is the residual (the unfused order would overwrite it first)" :
                       f->residual ? "swiglu with a residual" : "swiglu needs gu scratch and an even OC");
         return;
     }

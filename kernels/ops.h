@@ -165,7 +165,7 @@ void ops_matmul_bwd(OpsCtx *ctx, void *din, float *dw, float *dbias, const void 
 //   swiglu: w is the fused [gate; up] (OC = 2I rows) and out (N, I) = silu(g) * u of the projection rounded to the
 //                   storage dtype, as ops_matmul_fwd then ops_swiglu_fwd; gu (N, OC) is scratch for it;
 //   residual != NULL: out (N, OC) = the projection rounded to the storage dtype + residual (N, OC), rounded again,
-//                   as ops_matmul_fwd then ops_add_inplace (out may alias residual). Not with swiglu.
+//                   as ops_matmul_fwd then ops_add_inplace (out must not be the residual). Not with swiglu.
 // Otherwise as ops_matmul_fwd. Every backend computes the unfused sequence's values; the CUDA one runs the
 // sequence as one kernel where cuda_gemv.cu takes the shapes (1-2 rows), and may then differ in the last bits
 // (the norm's sum of squares is taken in another order).

@@ -21,7 +21,7 @@
 //   epilogue SwiGLU: a warp computes gate row o and up row o + I together, rounds both to bf16 as the stored
 //     projection would be, and writes silu(g) u (cuda_swiglu.cu's arithmetic);
 //   epilogue residual: the projection rounded to bf16, plus the residual, rounded again (the unfused add's
-//     arithmetic). Each output element is read and written by one lane only, so out may alias the residual.
+//     arithmetic).
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
