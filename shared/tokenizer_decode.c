@@ -1,5 +1,5 @@
 // shared/tokenizer_decode.c — ids -> text through the decoder chain (ByteLevel, Metaspace, Replace,
-// ByteFallback, Fuse, Strip), and the streaming decoder (HF's DecodeStream).
+// ByteFallback, Fuse, Strip). The streaming decoder built on it is in tokenizer_stream.c.
 #include <stdlib.h>
 #include <string.h>
 
@@ -65,26 +65,27 @@ static void list_free(StrList *l) {
 
 #define ITEM(l, i) ((l)->text.p + (l)->off[i])
 
+size_t tok_bytelevel_token(const char *s, size_t n, char *out) {
+    size_t w = 0;
+    for (size_t k = 0; k < n;) {
+        uint32_t cp;
+        k += (size_t)tok_utf8_decode(s + k, n - k, &cp);
+        int b = tok_bytelevel_byte(cp);
+        if (b < 0) {   // a token with characters outside the byte alphabet passes through as UTF-8
+            memcpy(out, s, n);
+            return n;
+        }
+        out[w++] = (char)b;
+    }
+    return w;
+}
+
 static int dec_bytelevel(const StrList *in, StrList *out) {
     TokBuf raw = {0};
     int rc = 0;
     for (size_t i = 0; i < in->n && !rc; i++) {
-        const char *s = ITEM(in, i);
-        size_t n = in->len[i], start = raw.n;
-        int all_mapped = 1;
-        for (size_t k = 0; k < n && all_mapped;) {
-            uint32_t cp;
-            k += (size_t)tok_utf8_decode(s + k, n - k, &cp);
-            int b = tok_bytelevel_byte(cp);
-            if (b < 0) { all_mapped = 0; break; }
-            unsigned char c = (unsigned char)b;
-            if (tok_buf_append(&raw, &c, 1)) { rc = TOK_ENOMEM; break; }
-        }
-        if (rc) break;
-        if (!all_mapped) {   // a token with characters outside the byte alphabet passes through as UTF-8
-            raw.n = start;
-            rc = tok_buf_append(&raw, s, n);
-        }
+        rc = tok_buf_reserve(&raw, in->len[i]);
+        if (!rc) raw.n += tok_bytelevel_token(ITEM(in, i), in->len[i], raw.p + raw.n);
     }
     if (!rc) {
         TokBuf fixed = {0};
@@ -257,114 +258,5 @@ int tokenizer_decode(const Tokenizer *t, const int32_t *ids, size_t n, int skip_
     }
     *text = joined.p;
     if (len) *len = joined.n;
-    return 0;
-}
-
-// ---- streaming -----------------------------------------------------------------------------------
-
-struct TokenizerStream {
-    const Tokenizer *tok;
-    int skip;
-    TokIds ids;          // the window HF keeps: ids from prefix_index's origin onwards
-    char *prefix;        // decode of the window's already-emitted part
-    size_t prefix_len;
-    size_t prefix_index;
-};
-
-int tokenizer_stream_create(TokenizerStream **out, const Tokenizer *tok, int skip_special_tokens, char *err,
-                            size_t err_len) {
-    if (!out || !tok) { tok_set_err(err, err_len, "tokenizer_stream_create: NULL argument"); return TOK_EINVAL; }
-    TokenizerStream *st = calloc(1, sizeof(*st));
-    if (!st) { tok_set_err(err, err_len, "tokenizer_stream_create: out of memory"); return TOK_ENOMEM; }
-    st->tok = tok;
-    st->skip = skip_special_tokens;
-    *out = st;
-    return 0;
-}
-
-void tokenizer_stream_free(TokenizerStream *st) {
-    if (!st) return;
-    tok_ids_free(&st->ids);
-    free(st->prefix);
-    free(st);
-}
-
-static int ends_with_replacement(const char *s, size_t n) {
-    return n >= 3 && memcmp(s + n - 3, "\xEF\xBF\xBD", 3) == 0;
-}
-
-// step_decode_stream from HF: decode the window, emit what extends the prefix unless it ends in U+FFFD
-// (an incomplete character), then slide the window so it starts at the previous read position.
-int tokenizer_stream_step(TokenizerStream *st, int32_t id, char **text, size_t *len, char *err, size_t err_len) {
-    if (!st || !text) { tok_set_err(err, err_len, "tokenizer_stream_step: NULL argument"); return TOK_EINVAL; }
-    *text = NULL;
-    if (len) *len = 0;
-    const Tokenizer *t = st->tok;
-    char *s = NULL;
-    size_t sl = 0;
-    int rc;
-    if (st->prefix_len == 0 && st->ids.n > 0) {
-        rc = tokenizer_decode(t, st->ids.p, st->ids.n, st->skip, &s, &sl, err, err_len);
-        if (rc) return rc;
-        if (!ends_with_replacement(s, sl)) {
-            free(st->prefix);
-            st->prefix = s;
-            st->prefix_len = sl;
-            st->prefix_index = st->ids.n;
-        } else {
-            free(s);
-        }
-    }
-    if (tok_ids_push(&st->ids, id)) { tok_set_err(err, err_len, "stream: out of memory"); return TOK_ENOMEM; }
-    rc = tokenizer_decode(t, st->ids.p, st->ids.n, st->skip, &s, &sl, err, err_len);
-    if (rc) return rc;
-    if (sl > st->prefix_len && !ends_with_replacement(s, sl)) {
-        if (st->prefix_len && memcmp(s, st->prefix, st->prefix_len) != 0) {
-            tok_set_err(err, err_len, "stream: decoded text no longer starts with the emitted prefix (id %d)", id);
-            free(s);
-            return TOK_EFORMAT;
-        }
-        size_t nl = sl - st->prefix_len;
-        char *chunk = malloc(nl + 1);
-        if (!chunk) { free(s); tok_set_err(err, err_len, "stream: out of memory"); return TOK_ENOMEM; }
-        memcpy(chunk, s + st->prefix_len, nl);
-        chunk[nl] = 0;
-        free(s);
-        size_t new_prefix_index = st->ids.n - st->prefix_index;
-        memmove(st->ids.p, st->ids.p + st->prefix_index, new_prefix_index * sizeof(int32_t));
-        st->ids.n = new_prefix_index;
-        free(st->prefix);
-        st->prefix = NULL;
-        rc = tokenizer_decode(t, st->ids.p, st->ids.n, st->skip, &st->prefix, &st->prefix_len, err, err_len);
-        if (rc) { free(chunk); st->prefix_len = 0; return rc; }
-        st->prefix_index = new_prefix_index;
-        *text = chunk;
-        if (len) *len = nl;
-        return 0;
-    }
-    free(s);
-    return 0;
-}
-
-int tokenizer_stream_flush(TokenizerStream *st, char **text, size_t *len, char *err, size_t err_len) {
-    if (!st || !text) { tok_set_err(err, err_len, "tokenizer_stream_flush: NULL argument"); return TOK_EINVAL; }
-    *text = NULL;
-    if (len) *len = 0;
-    char *s = NULL;
-    size_t sl = 0;
-    int rc = tokenizer_decode(st->tok, st->ids.p, st->ids.n, st->skip, &s, &sl, err, err_len);
-    if (rc) return rc;
-    if (sl > st->prefix_len && (st->prefix_len == 0 || memcmp(s, st->prefix, st->prefix_len) == 0)) {
-        memmove(s, s + st->prefix_len, sl - st->prefix_len + 1);
-        *text = s;
-        if (len) *len = sl - st->prefix_len;
-    } else {
-        free(s);
-    }
-    st->ids.n = 0;
-    free(st->prefix);
-    st->prefix = NULL;
-    st->prefix_len = 0;
-    st->prefix_index = 0;
     return 0;
 }

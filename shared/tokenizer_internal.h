@@ -186,8 +186,14 @@ struct Tokenizer {
     int32_t model_vocab_size;        // number of vocab entries
 
     // id -> token string (model vocab first, then added tokens override for decode)
-    const char **id_str; uint32_t *id_len; uint8_t *id_flags;   // (n_ids) flags: 1 added, 2 special
+    const char **id_str; uint32_t *id_len; uint8_t *id_flags;   // (n_ids) flags: TOK_ID_* below
     int32_t n_ids;
+
+    // Streaming fast path (tokenizer_stream.c), built at load when the decoder chain is exactly ByteLevel
+    // (GPT-2, Llama 3, Qwen2): the bytes each id contributes to a decode, so a stream step appends bytes
+    // instead of re-running the decoder. NULL for every other decoder chain.
+    char *stream_bytes;              // all ids' bytes back to back
+    uint32_t *stream_off;            // (n_ids + 1) id i's bytes: stream_bytes[stream_off[i] .. stream_off[i+1])
 
     TokAddedToken *added; size_t n_added;
     TokStrMap added_map;             // content -> id
@@ -210,6 +216,10 @@ struct Tokenizer {
     TokCacheStripe cache[TOK_CACHE_STRIPES];
     size_t cache_stripe_cap;         // entries per stripe
 };
+
+#define TOK_ID_ADDED 1               // id_flags: an added token
+#define TOK_ID_SPECIAL 2             // id_flags: an added token flagged special
+#define TOK_ID_SKIPPED 4             // id_flags: its string is a special token's (skip_special_tokens drops it)
 
 #define TOK_CHAR_TABLE 0x3000        // code points below this get a direct symbol table
 #define TOK_MAX_PRE 16               // pre-tokenizers after flattening Sequences
@@ -265,5 +275,18 @@ struct TokEncodeCtx {
 // ByteLevel tables (tokenizer_decode.c).
 extern const uint16_t tok_bytelevel_char[256];   // byte -> code point
 int tok_bytelevel_byte(uint32_t cp);             // code point -> byte, or -1
+// The bytes the ByteLevel decoder makes of one token string (n bytes of UTF-8): each character mapped back
+// to its byte, or the string itself when a character is outside the byte alphabet. Writes at most n bytes
+// to out; returns how many.
+size_t tok_bytelevel_token(const char *s, size_t n, char *out);
+
+// tokenizer_stream.c
+// Builds stream_bytes / stream_off and the TOK_ID_SKIPPED flags (after the id table and the decoder).
+int tok_stream_prepare(Tokenizer *t);
+// A stream that always re-decodes its window through tokenizer_decode, as HF's step_decode_stream does: the
+// reference the ByteLevel fast path is tested and benchmarked against.
+int tok_stream_create_reference(TokenizerStream **out, const Tokenizer *tok, int skip_special_tokens,
+                                char *err, size_t err_len);
+int tok_stream_is_fast(const TokenizerStream *st);   // 1 when st runs the ByteLevel fast path
 
 #endif

@@ -381,6 +381,7 @@ static int load_from_json(Tokenizer **out, json_t *root, const char *dir, int nu
     if (!rc) rc = normalize_added(t, err, err_len);
     if (!rc) rc = tok_parse_post_processor(t, post, err, err_len);
     if (!rc) rc = build_id_table(t, max_id);
+    if (!rc) rc = tok_stream_prepare(t);
     if (!rc) rc = tok_trie_build(&t->trie_raw, t, 0);
     if (!rc) rc = tok_trie_build(&t->trie_norm, t, 1);
     if (!rc && dir) rc = tok_load_configs(t, dir, err, err_len);
@@ -467,6 +468,8 @@ void tokenizer_free(Tokenizer *t) {
     free(t->id_str);
     free(t->id_len);
     free(t->id_flags);
+    free(t->stream_bytes);
+    free(t->stream_off);
     for (size_t k = 0; k < t->n_added; k++) {
         if (t->added[k].norm != t->added[k].content) free(t->added[k].norm);
         free(t->added[k].content);

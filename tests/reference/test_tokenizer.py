@@ -4,6 +4,7 @@ SentencePiece BPE with byte fallback) and a varied corpus; invalid UTF-8; every 
 three real pre-tokenizer regexes; config files; malformed tokenizer.json files.
 """
 import json
+import random
 import unicodedata
 
 import pytest
@@ -72,6 +73,47 @@ def test_stream_matches_hf_decode_stream(family):
             assert ours["chunks"] == theirs, f"{name} skip={skip} text={t!r}"
             # Everything emitted plus what is still held equals the whole decode.
             assert "".join(c for c in ours["chunks"] if c) + ours["rest"] == hf.decode(ids, skip_special_tokens=skip)
+
+
+# The characters GPT-2's byte alphabet gives the bytes 0x80..0xFF.
+HIGH_BYTE_CHARS = [chr(289 + b - 127 if b <= 160 else 323 if b == 173 else b) for b in range(0x80, 0x100)]
+
+
+def test_stream_random_ids_match_hf_decode_stream(family):
+    """Random id sequences (not text the encoder produced): byte tokens that leave characters unfinished or make
+    invalid UTF-8 (lone continuation bytes, truncated sequences followed by ASCII), special and other added
+    tokens, skip on and off. Byte-level families take the ByteLevel fast path, the others the reference path;
+    every chunk must equal HF's."""
+    name, _, hf, cli = family
+    rng = random.Random(7)
+    vocab = hf.get_vocab()
+    size = hf.get_vocab_size()
+    added = sorted(hf.get_added_tokens_decoder())
+    if name in BYTE_LEVEL:   # the 128 high bytes, each its own token
+        high = [vocab[c] for c in HIGH_BYTE_CHARS]
+    else:                    # byte-fallback tokens <0x80>..<0xFF>, where the family has them
+        high = [i for t, i in vocab.items() if t.startswith("<0x") and int(t[3:5], 16) >= 0x80] or list(range(size))
+    seqs = []
+    for _ in range(300):
+        ids = []
+        for _ in range(rng.randint(1, 30)):
+            r = rng.random()
+            ids.append(rng.choice(high) if r < 0.5 else rng.choice(added) if r < 0.6 else rng.randrange(size))
+        seqs.append(ids)
+    for skip in (False, True):
+        ours = cli.many([{"op": "stream", "ids": ids, "skip_special_tokens": skip} for ids in seqs])
+        for ids, o in zip(seqs, ours):
+            ds = DecodeStream(skip_special_tokens=skip)
+            try:
+                theirs = [ds.step(hf, i) for i in ids]
+            except Exception:   # HF's InvalidPrefix: ours must refuse too
+                assert "error" in o, f"{name} skip={skip} ids={ids}"
+                continue
+            assert o.get("chunks") == theirs, f"{name} skip={skip} ids={ids}"
+            # ByteLevel decodes bytes as a whole, so the chunks add up to the decode. (ByteFallback does not:
+            # HF's own chunks give one U+FFFD per byte of an invalid run cut by the window differently.)
+            if name in BYTE_LEVEL:
+                assert "".join(c for c in theirs if c) + o["rest"] == hf.decode(ids, skip_special_tokens=skip)
 
 
 def test_stream_holds_back_split_characters(family):
