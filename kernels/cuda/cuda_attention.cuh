@@ -140,4 +140,37 @@ static inline int attn_vec_ok(int D, const void *a, const void *b, const void *c
     return D % 8 == 0 && ((((uintptr_t)a) | ((uintptr_t)b) | ((uintptr_t)c) | ((uintptr_t)d)) & 15) == 0;
 }
 
+// ---- paged attention (cuda_attention_paged.cu: host side, per-head and grouped kernels, merge;
+// cuda_attention_decode.cu: the tensor-core kernel) -------------------------------------------------
+
+// NaN as a float (the output of tokens without cache).
+#define PG_NAN __int_as_float(0x7fc00000)
+
+// Everything one paged attention launch needs. out, q (N, Hq, D); caches (n_slots, Hkv, D); block_tables
+// (n_seqs, max_blocks); token_seq, token_pos (N). scale_log2 = scale * log2(e). Blocks serve query heads
+// g * G + hs * (heads per block) + [0, ..) of kv head g for hs < n_hsub. n_splits > 1: per query head hq and
+// split s (index (i * Hq + hq) * n_splits + s) part_acc (.., D) holds the unnormalised output and part_ml
+// (.., 2) the max m (log2 domain) and sum l; an empty split writes (-inf, 0), a token without cache (NaN, NaN).
+// bs_shift: log2(block_size) when it is a power of two, else -1. q_vec: q 16-byte aligned.
+typedef struct {
+    bf16 *out;
+    float *part_acc, *part_ml;
+    const bf16 *q, *k_cache, *v_cache;
+    const int32_t *block_tables, *token_seq, *token_pos;
+    int Hq, Hkv, D, block_size, bs_shift, max_blocks;
+    float scale_log2;
+    int G, n_hsub, n_splits, q_vec;
+} PgArgs;
+
+// The tensor-core kernel (cuda_attention_decode.cu) takes D <= PM_MAX_D (D % 8 == 0, caches 16-byte aligned),
+// up to PM_HEADS query heads per block, PM_TP context positions per tile.
+#define PM_MAX_D 128
+#define PM_HEADS 16
+#define PM_TP 64
+// Blocks of the kernel for head dim D that the device holds at once (resident per SM x SMs), making the
+// kernel's shared-memory opt-in on first use per device; 0 with the context's error set.
+long long cuda_paged_mma_slots(OpsCtx *ctx, CudaState *st, int D);
+// Launches it over grid (N * Hkv * n_hsub, n_splits).
+void cuda_paged_mma_launch(OpsCtx *ctx, CudaState *st, const PgArgs *a, int N);
+
 #endif

@@ -4,8 +4,12 @@
 // Cache layout: k_cache, v_cache (n_slots, Hkv, D) bf16; position pos of a sequence with block table T lives
 // in slot T[pos / block_size] * block_size + pos % block_size.
 //
-// Attention (the grouped kernel): one block of 4 warps per (query token, kv head[, split of the context])
-// handles every query head of the GQA group (up to GP = 8 at a time), so a K/V row is read from memory once
+// Attention: head dims up to 128 (every Qwen2.5 model) take the tensor-core kernel of cuda_attention_decode.cu,
+// whose host side (its split rule) is here too. The rest, and every call under TANDEM_PAGED_ATTN=grouped, take
+// the grouped kernel below, which the tensor-core one replaced as the default (bound by its fp32 arithmetic,
+// it read the cache at 0.9-1.2 TB/s on an H200; the tensor-core kernel 3.1-3.8 TB/s at batch 256-512).
+// The grouped kernel: one block of 4 warps per (query token, kv head[, split of the context]) handles every
+// query head of the GQA group (up to GP = 8 at a time), so a K/V row is read from memory once
 // per token and reused by the whole group. The context streams through shared memory in tiles of TP
 // positions by a double-buffered 16-byte cp.async pipeline (block tables looked up per row). Per tile:
 //   scores: a lane owns 8 dims of a row (LPR = 8/16/32 lanes per row for D <= 64/128/256) and holds the
@@ -29,9 +33,9 @@
 // table, an unassigned block inside its context) gets NaN outputs, as on the CPU: no error channel at this
 // level, and NaN makes the mistake visible in the logits instead of reading memory outside the cache.
 //
-// The previous kernel (one block per query token and query head, scalar loads) remains for what the grouped
-// kernel does not take (D not a multiple of 8, caches not 16-byte aligned), and is selected for every
-// call when TANDEM_PAGED_ATTN=legacy is set (read once per process; for comparisons in benchmarks).
+// The first kernel (one block per query token and query head, scalar loads) remains for what the other two
+// do not take (D not a multiple of 8, caches not 16-byte aligned), and is selected for every call when
+// TANDEM_PAGED_ATTN=legacy is set (read once per process; for comparisons in benchmarks).
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -50,8 +54,6 @@ __global__ void kv_cache_store_kernel(bf16 *k_cache, bf16 *v_cache, const bf16 *
         v_cache[(size_t)slot * row + e] = v[idx];
     }
 }
-
-#define PG_NAN __int_as_float(0x7fc00000)
 
 // ---- the per-head kernel (fallback and legacy) -------------------------------------------------------
 
@@ -531,16 +533,6 @@ void cuda_kv_cache_store(OpsCtx *ctx, void *k_cache, void *v_cache, const void *
     CUDA_CHECK_LAUNCH(ctx);
 }
 
-typedef struct {
-    bf16 *out;
-    float *part_acc, *part_ml;
-    const bf16 *q, *k_cache, *v_cache;
-    const int32_t *block_tables, *token_seq, *token_pos;
-    int Hq, Hkv, D, block_size, bs_shift, max_blocks;
-    float scale_log2;
-    int G, n_hsub, n_splits, q_vec;
-} PgArgs;
-
 template <int LPR, int GP> static void pg_launch(OpsCtx *ctx, CudaState *st, const PgArgs *a, dim3 grid) {
     const int smem = pg_smem_bytes<LPR, GP>();
     // The shared-memory opt-in is made once per device (bit d of opted_in), so that the launches a decode step
@@ -567,39 +559,10 @@ template <int LPR> static void pg_launch_gp(OpsCtx *ctx, CudaState *st, const Pg
     }
 }
 
-// TANDEM_PAGED_ATTN=legacy: every call takes the per-head kernel. Read once; the race between threads that
-// read it first is benign (they store the same value).
-static int pg_legacy_forced(void) {
-    static int forced = -1;
-    if (forced < 0) {
-        const char *e = getenv("TANDEM_PAGED_ATTN");
-        forced = e && !strcmp(e, "legacy");
-    }
-    return forced;
-}
-
-void cuda_attention_paged_fwd(OpsCtx *ctx, void *out, const void *q, const void *k_cache, const void *v_cache,
-                              const int32_t *block_tables, const int32_t *token_seq, const int32_t *token_pos,
-                              int N, int Hq, int Hkv, int D, int block_size, int max_blocks, float scale) {
-    CudaState *st = cuda_enter(ctx);
-    if (!st) return;
-    CUDA_ARG_CHECK(ctx, N >= 0 && Hq > 0 && Hkv > 0 && Hq % Hkv == 0 && D > 0 && block_size > 0 && max_blocks > 0,
-                   "attention_paged_fwd: bad shape N=%d Hq=%d Hkv=%d D=%d block_size=%d max_blocks=%d", N, Hq, Hkv, D,
-                   block_size, max_blocks);
-    CUDA_ARG_CHECK(ctx, D <= PA_MAX_D, "attention_paged_fwd: head_dim %d is larger than the CUDA kernel supports (%d)",
-                   D, PA_MAX_D);
-    CUDA_ARG_CHECK(ctx, Hq <= 65535, "attention_paged_fwd: %d query heads exceed the grid limit", Hq);
-    if (N == 0) return;
-    const int grouped = !pg_legacy_forced() && attn_vec_ok(D, k_cache, v_cache, k_cache, v_cache);
-    if (!grouped) {
-        dim3 grid(N, Hq);
-        attention_paged_kernel<<<grid, PA_WARPS * 32, 0, st->stream>>>(
-            (bf16 *)out, (const bf16 *)q, (const bf16 *)k_cache, (const bf16 *)v_cache, block_tables, token_seq,
-            token_pos, Hq, Hkv, D, block_size, max_blocks, scale);
-        CUDA_CHECK_LAUNCH(ctx);
-        return;
-    }
-    const int G = Hq / Hkv;
+// The grouped kernel's launch: its own split rule (unchanged, the comparison baseline) and scratch.
+static void pg_launch_grouped(OpsCtx *ctx, CudaState *st, PgArgs *ap, int N) {
+    PgArgs a = *ap;
+    const int G = a.G, Hkv = a.Hkv, D = a.D, max_blocks = a.max_blocks, block_size = a.block_size;
     const int GP = G > 4 ? 8 : G > 2 ? 4 : G;  // heads per block (at most 8), padded to a power of two
     const int n_hsub = (G + GP - 1) / GP;
     const int LPR = D <= 64 ? 8 : D <= 128 ? 16 : 32;
@@ -614,17 +577,11 @@ void cuda_attention_paged_fwd(OpsCtx *ctx, void *out, const void *q, const void 
         if (n_splits > max_tiles) n_splits = max_tiles;
         if (n_splits > PG_MAX_SPLITS) n_splits = PG_MAX_SPLITS;
     }
-    int bs_shift = -1;
-    if ((block_size & (block_size - 1)) == 0) {
-        bs_shift = 0;
-        while ((1 << bs_shift) < block_size) bs_shift++;
-    }
-    PgArgs a = {(bf16 *)out, NULL, NULL, (const bf16 *)q, (const bf16 *)k_cache, (const bf16 *)v_cache, block_tables,
-                token_seq, token_pos, Hq, Hkv, D, block_size, bs_shift, max_blocks, scale * ATTN_LOG2E, G, n_hsub,
-                (int)n_splits, ((uintptr_t)q & 15) == 0};
+    a.n_hsub = n_hsub;
+    a.n_splits = (int)n_splits;
     if (n_splits > 1) {
         // Sized by the arguments alone: after one call with them, a replay or a capture allocates nothing.
-        const size_t parts = (size_t)N * Hq * n_splits;
+        const size_t parts = (size_t)N * a.Hq * n_splits;
         float *scratch = (float *)cuda_scratch(ctx, st, parts * (D + 2) * sizeof(float));
         if (!scratch) return;
         a.part_acc = scratch;
@@ -636,8 +593,89 @@ void cuda_attention_paged_fwd(OpsCtx *ctx, void *out, const void *q, const void 
     case 16: pg_launch_gp<16>(ctx, st, &a, grid, GP); break;
     default: pg_launch_gp<32>(ctx, st, &a, grid, GP); break;
     }
-    if (n_splits == 1 || ops_status(ctx)) return;
-    paged_merge_kernel<<<dim3(N, Hq), PG_MERGE_THREADS, n_splits * sizeof(float), st->stream>>>(
-        (bf16 *)out, a.part_acc, a.part_ml, Hq, D, (int)n_splits);
+    *ap = a;
+}
+
+// TANDEM_PAGED_ATTN=legacy: every call takes the per-head kernel; =grouped: the grouped kernel where it
+// applies (never the tensor-core one). Read once; the race between threads that read it first is benign (they
+// store the same value).
+enum { PG_IMPL_DEFAULT = 0, PG_IMPL_GROUPED = 1, PG_IMPL_LEGACY = 2 };
+static int pg_impl_forced(void) {
+    static int forced = -1;
+    if (forced < 0) {
+        const char *e = getenv("TANDEM_PAGED_ATTN");
+        if (e && !strcmp(e, "legacy")) forced = PG_IMPL_LEGACY;
+        else if (e && !strcmp(e, "grouped")) forced = PG_IMPL_GROUPED;
+        else forced = PG_IMPL_DEFAULT;
+    }
+    return forced;
+}
+
+// Context splits for the tensor-core kernel: `work` (token, kv head, head group) blocks, `slots` of them
+// resident at once. A batch that leaves resident places empty is split as far as one wave of blocks allows
+// (batch 1: one tile per split), never into more splits than the longest possible context has tiles; a batch
+// that fills the GPU is not split (the block scheduler balances sequences of different lengths, and every
+// split costs a partial write, a merge and a pipeline start). Depends on the arguments and the device alone,
+// never on the lengths in device memory (graph capture).
+static int pm_choose_splits(long long work, long long slots, long long max_tiles) {
+    long long n = slots / work;
+    if (n > max_tiles) n = max_tiles;
+    if (n > PG_MAX_SPLITS) n = PG_MAX_SPLITS;
+    return n < 1 ? 1 : (int)n;
+}
+
+void cuda_attention_paged_fwd(OpsCtx *ctx, void *out, const void *q, const void *k_cache, const void *v_cache,
+                              const int32_t *block_tables, const int32_t *token_seq, const int32_t *token_pos,
+                              int N, int Hq, int Hkv, int D, int block_size, int max_blocks, float scale) {
+    CudaState *st = cuda_enter(ctx);
+    if (!st) return;
+    CUDA_ARG_CHECK(ctx, N >= 0 && Hq > 0 && Hkv > 0 && Hq % Hkv == 0 && D > 0 && block_size > 0 && max_blocks > 0,
+                   "attention_paged_fwd: bad shape N=%d Hq=%d Hkv=%d D=%d block_size=%d max_blocks=%d", N, Hq, Hkv, D,
+                   block_size, max_blocks);
+    CUDA_ARG_CHECK(ctx, D <= PA_MAX_D, "attention_paged_fwd: head_dim %d is larger than the CUDA kernel supports (%d)",
+                   D, PA_MAX_D);
+    CUDA_ARG_CHECK(ctx, Hq <= 65535, "attention_paged_fwd: %d query heads exceed the grid limit", Hq);
+    if (N == 0) return;
+    const int impl = pg_impl_forced();
+    const int vec = attn_vec_ok(D, k_cache, v_cache, k_cache, v_cache);
+    if (impl == PG_IMPL_LEGACY || !vec) {
+        dim3 grid(N, Hq);
+        attention_paged_kernel<<<grid, PA_WARPS * 32, 0, st->stream>>>(
+            (bf16 *)out, (const bf16 *)q, (const bf16 *)k_cache, (const bf16 *)v_cache, block_tables, token_seq,
+            token_pos, Hq, Hkv, D, block_size, max_blocks, scale);
+        CUDA_CHECK_LAUNCH(ctx);
+        return;
+    }
+    const int G = Hq / Hkv;
+    int bs_shift = -1;
+    if ((block_size & (block_size - 1)) == 0) {
+        bs_shift = 0;
+        while ((1 << bs_shift) < block_size) bs_shift++;
+    }
+    PgArgs a = {(bf16 *)out, NULL, NULL, (const bf16 *)q, (const bf16 *)k_cache, (const bf16 *)v_cache, block_tables,
+                token_seq, token_pos, Hq, Hkv, D, block_size, bs_shift, max_blocks, scale * ATTN_LOG2E, G, 0, 1,
+                ((uintptr_t)q & 15) == 0};
+    if (impl == PG_IMPL_DEFAULT && D <= PM_MAX_D) {
+        a.n_hsub = (G + PM_HEADS - 1) / PM_HEADS;
+        CUDA_ARG_CHECK(ctx, (long long)N * Hkv * a.n_hsub <= 0x7fffffffLL,
+                       "attention_paged_fwd: %d tokens x %d kv heads exceed the grid limit", N, Hkv);
+        const long long slots = cuda_paged_mma_slots(ctx, st, D);
+        if (!slots) return;
+        const long long max_tiles = ((long long)max_blocks * block_size + PM_TP - 1) / PM_TP;
+        a.n_splits = pm_choose_splits((long long)N * Hkv * a.n_hsub, slots, max_tiles);
+        if (a.n_splits > 1) {
+            const size_t parts = (size_t)N * Hq * a.n_splits;
+            float *scratch = (float *)cuda_scratch(ctx, st, parts * (D + 2) * sizeof(float));
+            if (!scratch) return;
+            a.part_acc = scratch;
+            a.part_ml = scratch + parts * D;
+        }
+        cuda_paged_mma_launch(ctx, st, &a, N);
+    } else {
+        pg_launch_grouped(ctx, st, &a, N);
+    }
+    if (a.n_splits == 1 || ops_status(ctx)) return;
+    paged_merge_kernel<<<dim3(N, Hq), PG_MERGE_THREADS, a.n_splits * sizeof(float), st->stream>>>(
+        (bf16 *)out, a.part_acc, a.part_ml, Hq, D, a.n_splits);
     CUDA_CHECK_LAUNCH(ctx);
 }
