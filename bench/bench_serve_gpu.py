@@ -148,23 +148,35 @@ def greedy_margins(model, prompts, ours):
     return worst
 
 
+STEP_KINDS = ("decode_graph", "decode_eager", "prefill")
+
+
 def engine_counters(url):
-    """(steps, seconds in steps, seconds in the model and sampling calls) so far, summed over the engines."""
+    """(steps, seconds in steps, seconds in the model and sampling calls, then steps and model + sampling seconds of
+    each kind in STEP_KINDS) so far, summed over the engines."""
     v = server_fixtures.metrics(url)
-    return (server_fixtures.metric(v, "tandem_engine_step_seconds_count"),
-            server_fixtures.metric(v, "tandem_engine_step_seconds_sum"),
-            server_fixtures.metric(v, "tandem_engine_step_compute_seconds_total"))
+    return ((server_fixtures.metric(v, "tandem_engine_step_seconds_count"),
+             server_fixtures.metric(v, "tandem_engine_step_seconds_sum"),
+             server_fixtures.metric(v, "tandem_engine_step_compute_seconds_total"))
+            + tuple(server_fixtures.metric(v, "tandem_engine_steps_by_kind_total", kind=k) for k in STEP_KINDS)
+            + tuple(server_fixtures.metric(v, "tandem_engine_step_compute_seconds_by_kind_total", kind=k)
+                    for k in STEP_KINDS))
 
 
 def engine_split(before, after, wall):
     """Where a load's wall time went, from the engine's counters: its steps' mean time, split into the model and
     sampling calls (GPU work and its launches: they wait for the device) and the engine's host work around them,
     and the share of the wall time the engine spent in steps at all (the rest: HTTP, admission, the client)."""
-    steps, step_s, compute_s = (a - b for a, b in zip(after, before))
+    d = [a - b for a, b in zip(after, before)]
+    steps, step_s, compute_s = d[:3]
     if steps <= 0:
         return "no steps"
+    n_kinds = len(STEP_KINDS)
+    kinds = ", ".join(f"{k} {int(n)} x {c / n * 1e3:.2f} ms" for k, n, c in zip(STEP_KINDS, d[3:3 + n_kinds],
+                                                                                d[3 + n_kinds:]) if n > 0)
     return (f"{int(steps)} steps, {step_s / steps * 1e3:.2f} ms/step = {compute_s / steps * 1e3:.2f} model+sampling + "
-            f"{(step_s - compute_s) / steps * 1e3:.2f} host; in steps {step_s / wall:.0%} of the wall time")
+            f"{(step_s - compute_s) / steps * 1e3:.2f} host; in steps {step_s / wall:.0%} of the wall time"
+            f" (model+sampling by kind: {kinds})")
 
 
 def roofline(b, ctx_mean, weight_bytes, kv_bytes_per_token, params, bw, peak):
@@ -261,6 +273,10 @@ def main():
                     theirs = sum(map(len, gen)) / (time.perf_counter() - t0)
                 mem, comp = roofline(512, 256 + 512, weight_bytes, kv_tok, params, bw, peak)
                 grpo = (ours, dt, theirs, mem, comp)
+            # What the server said about its CUDA graphs (recordings, failures) and anything that failed.
+            notes = [ln for ln in srv.log_text().splitlines() if "graph" in ln or "fail" in ln]
+            for ln in notes[:20]:
+                print(f"server log: {ln}", flush=True)
                 print(f"grpo load: tandem {ours:.0f} tok/s ({dt:.1f} s)", flush=True)
     name = f"Qwen2.5-{args.shape.upper()} shape ({params / 1e6:.0f} M params)"
     print(f"GPU {torch.cuda.get_device_name()}, {name}, bf16, {PROMPT_LEN}-token prompts, "

@@ -82,6 +82,15 @@ void ops_profile_print(OpsCtx *ctx) {
 #endif
 }
 
+int ops_set_gemm_tuning(OpsCtx *ctx, int allowed) {
+#ifdef TANDEM_HAVE_CUDA
+    if (IS_CUDA(ctx)) return cuda_set_gemm_tuning(ctx, allowed);
+#endif
+    (void)ctx;
+    (void)allowed;
+    return 1;
+}
+
 int ops_cuda_device_count(void) {
 #ifdef TANDEM_HAVE_CUDA
     return cuda_device_count();

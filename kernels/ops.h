@@ -41,6 +41,11 @@ int ops_cuda_device_count(void);                // visible CUDA devices; 0 in a 
 // cuda, with TANDEM_PROFILE_OPS=1 in the environment when the context was created: prints the GPU time of each
 // op since the last print to stderr (largest first) and starts over. Otherwise does nothing.
 void ops_profile_print(OpsCtx *ctx);
+// cuda: whether a GEMM shape met for the first time may be autotuned (its candidate algorithms timed on the spot;
+// kernels/cuda/cuda_matmul.cu). On by default (TANDEM_GEMM_AUTOTUNE=0 turns it off for good); callers whose shapes
+// rarely recur — a server's prefill steps, one token count each — turn it off around them, so that no step pays
+// tens of milliseconds of timing for a shape it will not meet again. Returns the previous setting. cpu: no effect.
+int ops_set_gemm_tuning(OpsCtx *ctx, int allowed);
 size_t ops_dtype_size(const OpsCtx *ctx);      // bytes per storage element: 4 (cpu) or 2 (cuda)
 
 int ops_status(const OpsCtx *ctx);             // 0 or the first recorded negative error code

@@ -344,6 +344,45 @@ static void log_graphs(Engine *e) {
                         "%d graphs)\n", g.last_batch, g.last_seconds * 1e3, g.last_bytes / 1048576.0, g.graphs);
 }
 
+// Records the decode graph of every ladder size before serving, on padding-only steps (token 0 at position 0 of
+// block 0, slot -1: nothing is stored, the outputs are dropped), as vLLM captures its graphs at start-up: otherwise
+// the first step at each batch size runs eagerly and records (40-140 ms each on an H100), and a load ramping up to
+// 512 sequences met four or five of them. A size that fails here records, or runs eagerly, on its first real step.
+static void record_decode_graphs(Engine *e, int top) {
+    const double t0 = now_seconds();
+    for (int i = 0; i < top; i++) {
+        e->tok_ids[i] = 0;
+        e->tok_pos[i] = 0;
+        e->slots[i] = -1;
+        e->tables[i] = 0;
+    }
+    int ladder[64];
+    const int n_ladder = decode_ladder(top, ladder, 64);
+    char err[512] = "";
+    int failed = 0;
+    for (int r = 0; r < n_ladder; r++) {
+        if (model_decode_step_padded(&e->m, e->bufs, &e->src, &e->kv, ladder[r], e->tok_ids, e->tok_pos, e->slots,
+                                     e->tables, 1, NULL, err, sizeof err) != 0) {
+            failed++;
+            ops_clear_error(e->ops);
+        }
+    }
+    ops_synchronize(e->ops);
+    if (ops_status(e->ops)) {
+        snprintf(err, sizeof err, "%s", ops_error(e->ops));
+        ops_clear_error(e->ops);
+        failed = failed ? failed : 1;
+    }
+    DecodeGraphStats g;
+    decode_bufs_graph_stats(e->bufs, &g);
+    e->graph_logged = g.recordings + g.failures;
+    if (failed || g.failures)
+        fprintf(stderr, "tandem-serve: recording the decode graphs at start-up failed for %d of %d batch sizes (%s); "
+                        "they record on their first step instead\n", failed > g.failures ? failed : (int)g.failures,
+                n_ladder, err[0] ? err : g.last_error);
+    fprintf(stderr, "tandem-serve: %d decode graphs recorded in %.2f s\n", g.graphs, now_seconds() - t0);
+}
+
 // One engine step. Returns the number of tokens it ran (0: nothing could be scheduled).
 static int run_step(Engine *e) {
     Scheduler *s = &e->sched;
@@ -397,14 +436,23 @@ static int run_step(Engine *e) {
         failed = 1;
     } else {
         const double tc = now_seconds();
+        int kind = decode_only ? ENGINE_STEP_DECODE_EAGER : ENGINE_STEP_PREFILL;
         // The logits stay in backend memory: the sampling op reads them there.
         if (decode_only && decode_bufs_padded_size(e->bufs, n) > 0) {
+            DecodeGraphStats before, after;
+            decode_bufs_graph_stats(e->bufs, &before);
             failed = model_decode_step_padded(&e->m, e->bufs, &e->src, &e->kv, n, e->tok_ids, e->tok_pos, e->slots,
                                               e->tables, mb, NULL, err, sizeof err) != 0;
+            decode_bufs_graph_stats(e->bufs, &after);
+            if (after.replays > before.replays) kind = ENGINE_STEP_DECODE_GRAPH;
             log_graphs(e);
         } else {
+            // Prefill steps meet a new token count almost every time: their GEMMs take cuBLASLt's first pick instead
+            // of being timed on the spot (which cost a 0.5B prefill step ~55 ms on an H100).
+            const int tuning = ops_set_gemm_tuning(e->ops, 0);
             failed = model_decode_step(&e->m, e->bufs, &e->src, &e->kv, n, e->tok_ids, e->tok_seq, e->tok_pos,
                                        e->slots, e->tables, s->n_step, mb, e->rows, n_rows, NULL, err, sizeof err) != 0;
+            ops_set_gemm_tuning(e->ops, tuning);
         }
         failed = failed || (n_rows > 0 && sample_step(e, n_rows, err, sizeof err) != 0);
         if (!failed && n_rows == 0) { // nothing to sample: still wait for the step, and see it succeeded
@@ -412,7 +460,10 @@ static int run_step(Engine *e) {
             if ((failed = ops_status(e->ops) != 0))
                 snprintf(err, sizeof err, "decode step failed: %s", ops_error(e->ops));
         }
-        e->live.step_compute_seconds_sum += now_seconds() - tc;
+        const double dc = now_seconds() - tc;
+        e->live.step_compute_seconds_sum += dc;
+        e->live.steps_by_kind[kind]++;
+        e->live.compute_seconds_by_kind[kind] += dc;
     }
     if (failed) {
         fprintf(stderr, "tandem-serve: engine step failed, its requests end with an error: %s\n", err);
@@ -751,7 +802,7 @@ int engine_create(Engine **out, const EngineConfig *cfg, char *err, size_t err_l
             used += (size_t)snprintf(sizes + used, sizeof sizes - used, "%s%d", i ? ", " : "", ladder[i]);
         fprintf(stderr, "tandem-serve: decode-only steps of up to %d sequences are padded to batch sizes %s and %s\n",
                 top, sizes,
-                decode_bufs_graphs_on(e->bufs) ? "replayed as CUDA graphs (each recorded on its first step)"
+                decode_bufs_graphs_on(e->bufs) ? "replayed as CUDA graphs (recorded now)"
                 : cfg->enforce_eager ? "run eagerly (--enforce-eager)"
                                      : "run eagerly (CUDA graphs are off while TANDEM_PROFILE_OPS times each op)");
     }
@@ -824,6 +875,7 @@ int engine_create(Engine **out, const EngineConfig *cfg, char *err, size_t err_l
         !e->logits || !e->scratch_reqs || !e->wake_reqs || !e->staging || !e->dstaging || !e->commit_units ||
         textbuf_append(&e->text, "", 0) != 0)
         goto oom;
+    if (e->bufs && decode_bufs_graphs_on(e->bufs)) record_decode_graphs(e, decode_bufs_padded_max(e->bufs));
     e->accepting = 1;
     e->idle = 1;
     publish_stats(e);

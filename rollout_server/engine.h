@@ -157,6 +157,10 @@ int engine_commit_device_weights(Engine *e, int64_t version, char *err, size_t e
 // The engine's compute context (for the NCCL receiver).
 OpsCtx *engine_ops(Engine *e);
 
+// Kinds of engine step: decode-only steps replayed from a CUDA graph, decode-only steps run op by op (graphs off
+// or not recorded yet, the CPU backend, sizes past the ladder), and steps with prompt tokens (prefill chunks).
+enum { ENGINE_STEP_DECODE_GRAPH = 0, ENGINE_STEP_DECODE_EAGER = 1, ENGINE_STEP_PREFILL = 2 };
+
 typedef struct {
     int64_t requests_waiting, requests_running, sequences_running;
     int64_t kv_blocks_total, kv_blocks_used, kv_blocks_cached;
@@ -166,6 +170,9 @@ typedef struct {
     double step_compute_seconds_sum;  // of that, in the model and sampling calls (backend work and issuing it); the
                                       // rest is the engine's bookkeeping (scheduling, step arrays, events)
     int64_t step_seconds_buckets[12]; // cumulative counts of steps <= 1,2,5,10,20,50,100,200,500,1000,2000 ms, +Inf
+    // Steps and their model + sampling seconds by kind (ENGINE_STEP_*): where the compute time of a load goes.
+    int64_t steps_by_kind[3];
+    double compute_seconds_by_kind[3];
     int64_t policy_version;
     int paused;
 } EngineStats;

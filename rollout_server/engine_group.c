@@ -329,6 +329,10 @@ void engine_group_stats(EngineGroup *g, EngineStats *total, EngineMemberStats *p
         total->steps_total += s.steps_total;
         total->step_seconds_sum += s.step_seconds_sum;
         total->step_compute_seconds_sum += s.step_compute_seconds_sum;
+        for (int k = 0; k < 3; k++) {
+            total->steps_by_kind[k] += s.steps_by_kind[k];
+            total->compute_seconds_by_kind[k] += s.compute_seconds_by_kind[k];
+        }
         for (size_t b = 0; b < sizeof s.step_seconds_buckets / sizeof s.step_seconds_buckets[0]; b++)
             total->step_seconds_buckets[b] += s.step_seconds_buckets[b];
         if (i == 0 || s.policy_version < total->policy_version) total->policy_version = s.policy_version;

@@ -138,6 +138,19 @@ char *http_metrics_render(HttpMetrics *m, const EngineStats *s, const EngineMemb
             "and sampling calls; the rest is bookkeeping on the host.\n"
             "# TYPE tandem_engine_step_compute_seconds_total counter\n");
     put(&b, "tandem_engine_step_compute_seconds_total{%s} %.9g\n", lab, s->step_compute_seconds_sum);
+    static const char *const kinds[3] = {"decode_graph", "decode_eager", "prefill"};
+    put(&b, "# HELP tandem_engine_steps_by_kind_total Engine steps by kind: decode_graph (decode-only, replayed from "
+            "a CUDA graph), decode_eager (decode-only, op by op), prefill (with prompt tokens).\n"
+            "# TYPE tandem_engine_steps_by_kind_total counter\n");
+    for (int k = 0; k < 3; k++)
+        put(&b, "tandem_engine_steps_by_kind_total{%s,kind=\"%s\"} %lld\n", lab, kinds[k],
+            (long long)s->steps_by_kind[k]);
+    put(&b, "# HELP tandem_engine_step_compute_seconds_by_kind_total tandem_engine_step_compute_seconds_total by the "
+            "kind of step.\n"
+            "# TYPE tandem_engine_step_compute_seconds_by_kind_total counter\n");
+    for (int k = 0; k < 3; k++)
+        put(&b, "tandem_engine_step_compute_seconds_by_kind_total{%s,kind=\"%s\"} %.9g\n", lab, kinds[k],
+            s->compute_seconds_by_kind[k]);
 
     // Each engine of the server (--devices): the same figures apart, labelled by index and device.
     static const struct {

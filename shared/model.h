@@ -183,6 +183,8 @@ int decode_bufs_enable_padded(DecodeBufs *b, const Model *m, int max_batch, int 
 // The padded size a decode-only step of n sequences runs at, or 0 when n is beyond the ladder (or padded steps
 // are off): run such a step through model_decode_step.
 int decode_bufs_padded_size(const DecodeBufs *b, int n);
+// The largest padded size (the ladder's top), 0 when padded steps are not set up.
+int decode_bufs_padded_max(const DecodeBufs *b);
 // 1 when padded steps replay graphs (enabled with use_graphs and supported by the backend).
 int decode_bufs_graphs_on(const DecodeBufs *b);
 

@@ -319,6 +319,8 @@ int decode_bufs_enable_padded(DecodeBufs *b, const Model *m, int max_batch, int 
     return P;
 }
 
+int decode_bufs_padded_max(const DecodeBufs *b) { return b->n_ladder > 0 ? b->ladder[b->n_ladder - 1] : 0; }
+
 int decode_bufs_padded_size(const DecodeBufs *b, int n) {
     if (n < 1 || b->n_ladder == 0 || n > b->ladder[b->n_ladder - 1]) return 0;
     int r = 0;

@@ -63,6 +63,7 @@ typedef struct {
     CudaGemmPlan *plans;          // small cache of GEMM plans (cuda_matmul.cu owns its contents)
     int n_plans;
     int gemm_autotune;            // TANDEM_GEMM_AUTOTUNE, read on the first plan: 0 unread, 1 off, 2 on, 3 on + log
+    int gemm_tuning_paused;       // ops_set_gemm_tuning(ctx, 0): new shapes take the heuristic's first pick
     double gemm_tune_s;           // host seconds spent timing GEMM candidates (bounded, see cuda_matmul.cu)
     CudaProfile *profile;         // per-op timing (TANDEM_PROFILE_OPS), NULL when off (cuda_profile.cu)
 } CudaState;

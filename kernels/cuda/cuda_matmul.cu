@@ -22,8 +22,10 @@
 // Every candidate computes the same product; one that fails is skipped. Not done while the stream is being
 // captured into a CUDA graph (the plan then keeps the first pick for good, so graph and eager runs use one
 // algorithm), for GEMMs under TUNE_MIN_FLOP, or once a context has spent TUNE_BUDGET_S on it (a server meets
-// many token counts). The pick depends on timings, so two processes may differ in the last bits of a GEMM
-// (within bf16 tolerance); TANDEM_GEMM_AUTOTUNE=0 gives the heuristic's deterministic choice.
+// many token counts), nor while the caller has paused it (ops_set_gemm_tuning: a server's prefill steps, whose
+// token counts rarely recur, take the heuristic's pick). The pick depends on timings, so two processes may differ
+// in the last bits of a GEMM (within bf16 tolerance); TANDEM_GEMM_AUTOTUNE=0 gives the heuristic's deterministic
+// choice.
 #include <cublas_v2.h>
 #include <math.h>
 #include <stdio.h>
@@ -255,8 +257,15 @@ static int plan_tune(OpsCtx *ctx, CudaState *st, CudaGemmPlan *p, const cublasLt
 
 // Whether a new plan may be tuned now: autotuning on, a GEMM big enough to care, budget left, and the stream
 // not being captured into a graph (timing synchronizes, which a capture forbids). -1 on a CUDA error.
+int cuda_set_gemm_tuning(OpsCtx *ctx, int allowed) {
+    CudaState *st = (CudaState *)ops_backend_state(ctx);
+    const int was = !st->gemm_tuning_paused;
+    st->gemm_tuning_paused = !allowed;
+    return was;
+}
+
 static int may_tune(OpsCtx *ctx, CudaState *st, const CudaGemmPlan *p, int n_cand) {
-    if (n_cand < 2 || autotune_mode(st) == TUNE_OFF) return 0;
+    if (n_cand < 2 || autotune_mode(st) == TUNE_OFF || st->gemm_tuning_paused) return 0;
     if (2.0 * p->m * p->n * p->k < TUNE_MIN_FLOP || st->gemm_tune_s >= TUNE_BUDGET_S) return 0;
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     CUDA_CHECK_RET(ctx, cudaStreamIsCapturing(st->stream, &cs), -1);

@@ -18,6 +18,7 @@ int cuda_device_count(void);
 int cuda_profile_begin(OpsCtx *ctx);
 void cuda_profile_end(OpsCtx *ctx, int slot, const char *name);
 void cuda_profile_print(OpsCtx *ctx);
+int cuda_set_gemm_tuning(OpsCtx *ctx, int allowed);
 
 void *cuda_malloc(OpsCtx *ctx, size_t bytes);
 void cuda_free(OpsCtx *ctx, void *p);
