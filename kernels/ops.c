@@ -328,6 +328,16 @@ void ops_matmul_fused_fwd(OpsCtx *ctx, void *out, const void *in, const void *w,
                       f->residual ? "swiglu with a residual" : "swiglu needs gu scratch and an even OC");
         return;
     }
+    if (f->rope_store &&
+        (f->swiglu || f->residual || !f->qkv || !f->positions || !f->slot_mapping || !f->inv_freq || !f->k_cache ||
+         !f->v_cache || f->Hq < 1 || f->Hkv < 1 || f->D < 1 || (long long)OC != (long long)(f->Hq + 2 * f->Hkv) * f->D)) {
+        ops_set_error(ctx, -1, __FILE__, __LINE__, "matmul_fused_fwd: rope_store %s",
+                      f->swiglu || f->residual ? "with swiglu or a residual"
+                      : !f->qkv || !f->positions || !f->slot_mapping || !f->inv_freq || !f->k_cache || !f->v_cache
+                          ? "needs qkv scratch, positions, slot_mapping, inv_freq and both caches"
+                          : "needs OC = (Hq + 2 Hkv) D");
+        return;
+    }
 #ifdef TANDEM_HAVE_CUDA
     if (ctx->backend == OPS_BACKEND_CUDA) {
         int slot = cuda_profile_begin(ctx);
@@ -345,6 +355,12 @@ void ops_matmul_fused_fwd(OpsCtx *ctx, void *out, const void *in, const void *w,
     if (f->swiglu) {
         ops_matmul_fwd(ctx, f->gu, x, w, bias, N, IC, OC);
         ops_swiglu_fwd(ctx, out, f->gu, N, OC / 2);
+        return;
+    }
+    if (f->rope_store) {
+        ops_matmul_fwd(ctx, f->qkv, x, w, bias, N, IC, OC);
+        ops_qkv_rope_store_fwd(ctx, out, f->k_cache, f->v_cache, f->slot_mapping, f->qkv, f->positions, f->inv_freq, N,
+                               f->Hq, f->Hkv, f->D);
         return;
     }
     ops_matmul_fwd(ctx, out, x, w, bias, N, IC, OC);

@@ -171,6 +171,11 @@ void ops_matmul_bwd(OpsCtx *ctx, void *din, float *dw, float *dbias, const void 
 //                   storage dtype, as ops_matmul_fwd then ops_swiglu_fwd; gu (N, OC) is scratch for it;
 //   residual != NULL: out (N, OC) = the projection rounded to the storage dtype + residual (N, OC), rounded again,
 //                   as ops_matmul_fwd then ops_add_inplace (out must not be the residual). Not with swiglu.
+//   rope_store:     w is the fused q|k|v projection (OC = (Hq + 2 Hkv) D); its output rounded to the storage dtype is
+//                   split, q and k turned by RoPE at positions (N) with inv_freq, q written to out (N, Hq, D), k and
+//                   v to row slot_mapping[i] of k_cache / v_cache (n_slots, Hkv, D; nowhere when negative), as
+//                   ops_matmul_fwd into qkv (N, OC, scratch) then ops_qkv_rope_store_fwd. Not with swiglu or
+//                   residual.
 // Otherwise as ops_matmul_fwd. Every backend computes the unfused sequence's values; the CUDA one runs the
 // sequence as one kernel where cuda_gemv.cu takes the shapes (1-2 rows), and may then differ in the last bits
 // (the norm's sum of squares is taken in another order).
@@ -181,6 +186,12 @@ typedef struct {
     int swiglu;
     void *gu;
     const void *residual;
+    int rope_store;
+    void *qkv;
+    const int32_t *positions, *slot_mapping;
+    const float *inv_freq;
+    void *k_cache, *v_cache;
+    int Hq, Hkv, D;
 } OpsProjFusion;
 void ops_matmul_fused_fwd(OpsCtx *ctx, void *out, const void *in, const void *w, const void *bias, int N, int IC,
                           int OC, const OpsProjFusion *f);

@@ -84,7 +84,8 @@ void layer_forward_fused(Model *m, const void *p, LayerActs *a, void *x, const v
                          const int32_t *positions, int N, const AttnArgs *att);
 // One layer of a decode step of a few rows (padded sizes 1 and 2), x_out (N, C) = layer(x) with x and x_out complete
 // (no pending half): each projection runs with its neighbouring norm, SwiGLU or residual add folded in
-// (ops_matmul_fused_fwd), four kernels where the general path has eight. att must be paged. The values are those of
+// (ops_matmul_fused_fwd), and the q/k/v projection (without qk-norm) with RoPE and the KV cache store too: five
+// kernels (and the attention's merge of context splits) where the general path has nine. att must be paged. The values are those of
 // layer_forward_fused followed by the residual add, up to the last bits of the norms (another summation order on the
 // GPU).
 void layer_decode_small(Model *m, const void *p, LayerActs *a, const void *x, void *x_out, const int32_t *positions,

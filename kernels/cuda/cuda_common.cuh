@@ -140,6 +140,11 @@ static inline unsigned cuda_grid_1d(size_t n, int threads, const CudaState *st) 
 
 __device__ __forceinline__ float bf2f(bf16 x) { return __bfloat162float(x); }
 __device__ __forceinline__ bf16 f2bf(float x) { return __float2bfloat16_rn(x); }
+// RoPE's rotation with its roundings spelled out, out1 = x1 c - x2 s and out2 = x2 c + x1 s: left to itself nvcc
+// picks per kernel which product to fuse into an FMA. These are the FMAs it chose for the first one-pair-per-thread
+// kernel of cuda_rope.cu, so every kernel that turns pairs (cuda_rope.cu, cuda_gemv.cu) gives those bits.
+__device__ __forceinline__ float rot1(float a, float b, float c, float s) { return __fmaf_rn(c, a, -__fmul_rn(s, b)); }
+__device__ __forceinline__ float rot2(float a, float b, float c, float s) { return __fmaf_rn(s, a, __fmul_rn(c, b)); }
 // silu(g) = g / (1 + exp(-g)): PyTorch's formula, as the CPU twin (SwiGLU, cuda_swiglu.cu and cuda_gemv.cu).
 __device__ __forceinline__ float silu_f(float g) { return g / (1.0f + expf(-g)); }
 // 8 bf16 values as one 16-byte vector <-> 8 floats (round to nearest even on the way back).

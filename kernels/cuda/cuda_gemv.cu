@@ -21,7 +21,11 @@
 //   epilogue SwiGLU: a warp computes gate row o and up row o + I together, rounds both to bf16 as the stored
 //     projection would be, and writes silu(g) u (cuda_swiglu.cu's arithmetic);
 //   epilogue residual: the projection rounded to bf16, plus the residual, rounded again (the unfused add's
-//     arithmetic).
+//     arithmetic);
+//   epilogue RoPE + cache store (the q/k/v projection): a warp computes rows t D + i and t D + i + D/2 of head t
+//     together, rounds both to bf16, turns q and k heads with cuda_rope.cu's arithmetic (sincosf of the fp32
+//     angle, rot1 / rot2) and writes q to its buffer, k and v to their KV cache slots: the split, RoPE and store
+//     kernel of a decode layer folded in.
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,7 +64,15 @@ struct GemvArgs {
     float eps;
     const bf16 *residual;    // epilogue residual (NR, OC) or NULL
     int IC, OC;
+    // GEMV_ROPE: positions, slots (NR), inv_freq (D / 2), caches (n_slots, Hkv, D); out is q (NR, Hq, D)
+    const int32_t *positions, *slots;
+    const float *inv_freq;
+    bf16 *k_cache, *v_cache;
+    int Hq, Hkv, D;
 };
+
+// What the epilogue does with a warp's output(s).
+enum { GEMV_PLAIN = 0, GEMV_SWIGLU = 1, GEMV_ROPE = 2 };
 
 // Sum over the block (blockDim.x a multiple of 32); red: NR x 32 floats of shared memory.
 template <int NR>
@@ -77,10 +89,11 @@ __device__ __forceinline__ void block_sums(float v[NR], float *red) {
 }
 
 // out (NR, OC), in (NR, IC), w (OC, IC) [SWIGLU: (2I, IC), out (NR, I)], bias (OC) or NULL; IC % 8 == 0,
-// out/in/w/norm_w 16-byte aligned. Grid-stride over outputs, one warp per output column (SWIGLU: per gate/up pair)
-// at a time.
-template <int NR, bool SWIGLU>
+// out/in/w/norm_w 16-byte aligned. Grid-stride over outputs, one warp per output column (SWIGLU: per gate/up pair;
+// ROPE: per pair of dims i, i + D/2 of a head) at a time.
+template <int NR, int MODE>
 __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(GemvArgs a) {
+    constexpr bool SWIGLU = MODE == GEMV_SWIGLU, ROPE = MODE == GEMV_ROPE;
     extern __shared__ uint4 xs[];   // (NR, IC / 8)
     __shared__ float red[NR * 32];
     const int C8 = a.IC / 8;
@@ -117,12 +130,16 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(GemvArgs a) {
     }
     const int lane = threadIdx.x & 31;
     const int warp = (blockIdx.x * blockDim.x + threadIdx.x) >> 5, n_warps = (gridDim.x * blockDim.x) >> 5;
-    const int n_out = SWIGLU ? a.OC / 2 : a.OC;
-    constexpr int M = SWIGLU ? 2 : 1;   // weight rows per output: gate and up
+    const int n_out = SWIGLU || ROPE ? a.OC / 2 : a.OC;
+    constexpr int M = SWIGLU || ROPE ? 2 : 1;   // weight rows per output: gate and up, or a RoPE pair
+    const int half = ROPE ? a.D / 2 : 0;
     for (int o = warp; o < n_out; o += n_warps) {
+        // Weight rows of this output: o; o and o + n_out (gate, up); t D + i and t D + i + D/2 (head t, pair i).
+        const int t = ROPE ? o / half : 0, pi = ROPE ? o % half : 0;
+        const int row0 = ROPE ? t * a.D + pi : o, row1 = ROPE ? row0 + half : o + n_out;
         const uint4 *wr[M];
-        wr[0] = reinterpret_cast<const uint4 *>(a.w + (size_t)o * a.IC);
-        if (SWIGLU) wr[M - 1] = reinterpret_cast<const uint4 *>(a.w + (size_t)(o + n_out) * a.IC);
+        wr[0] = reinterpret_cast<const uint4 *>(a.w + (size_t)row0 * a.IC);
+        if (M == 2) wr[M - 1] = reinterpret_cast<const uint4 *>(a.w + (size_t)row1 * a.IC);
         float acc[M][NR];
 #pragma unroll
         for (int m = 0; m < M; m++)
@@ -155,7 +172,29 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(GemvArgs a) {
         if (lane == 0) {
 #pragma unroll
             for (int r = 0; r < NR; r++) {
-                if (SWIGLU) {
+                if (ROPE) {
+                    const float y0 = bf2f(f2bf(acc[0][r] + (a.bias ? bf2f(a.bias[row0]) : 0.0f)));
+                    const float y1 = bf2f(f2bf(acc[M - 1][r] + (a.bias ? bf2f(a.bias[row1]) : 0.0f)));
+                    const int Hq = a.Hq, Hkv = a.Hkv, D = a.D;
+                    bf16 o1 = f2bf(y0), o2 = f2bf(y1);
+                    if (t < Hq + Hkv) {  // q and k heads turn; v heads are copied
+                        float sn, cs;
+                        sincosf(__fmul_rn((float)a.positions[r], a.inv_freq[pi]), &sn, &cs);
+                        o1 = f2bf(rot1(y0, y1, cs, sn));
+                        o2 = f2bf(rot2(y0, y1, cs, sn));
+                    }
+                    bf16 *dst = NULL;
+                    if (t < Hq) {
+                        dst = a.out + ((size_t)r * Hq + t) * D + pi;
+                    } else if (a.slots[r] >= 0) {  // a negative slot stores nothing (padding)
+                        const int kvh = t < Hq + Hkv ? t - Hq : t - Hq - Hkv;
+                        dst = (t < Hq + Hkv ? a.k_cache : a.v_cache) + ((size_t)a.slots[r] * Hkv + kvh) * D + pi;
+                    }
+                    if (dst) {
+                        dst[0] = o1;
+                        dst[half] = o2;
+                    }
+                } else if (SWIGLU) {
                     const float g = bf2f(f2bf(acc[0][r] + (a.bias ? bf2f(a.bias[o]) : 0.0f)));
                     const float u = bf2f(f2bf(acc[M - 1][r] + (a.bias ? bf2f(a.bias[o + n_out]) : 0.0f)));
                     a.out[(size_t)r * n_out + o] = f2bf(silu_f(g) * u);
@@ -180,6 +219,17 @@ static int gemv_enabled(void) {
 
 static int aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
+// TANDEM_GEMV_ROPE=0: the q/k/v projection's RoPE + cache-store epilogue is not fused (the projection and the
+// RoPE kernel run apart, as before it existed), for comparisons. Read once.
+static int gemv_rope_enabled(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *v = getenv("TANDEM_GEMV_ROPE");
+        on = !(v && strcmp(v, "0") == 0);
+    }
+    return on;
+}
+
 int cuda_gemv_applies(const CudaState *st, const void *out, const void *in, const void *w, const void *bias, int N,
                       int IC) {
     (void)st;
@@ -188,7 +238,7 @@ int cuda_gemv_applies(const CudaState *st, const void *out, const void *in, cons
            aligned16(w) && ((uintptr_t)bias & 1) == 0 && smem <= GEMV_MAX_SMEM;
 }
 
-template <int NR, bool SWIGLU>
+template <int NR, int MODE>
 static void gemv_launch(OpsCtx *ctx, CudaState *st, const GemvArgs &a) {
     const size_t smem = (size_t)NR * a.IC * 2;
     // Enough warps to keep every SM streaming (as many blocks per SM as the staged rows let fit, at most 4 of
@@ -196,22 +246,31 @@ static void gemv_launch(OpsCtx *ctx, CudaState *st, const GemvArgs &a) {
     const int warps_per_block = GEMV_THREADS / 32;
     long per_sm = smem ? (long)((200 * 1024) / smem) : 4;
     per_sm = per_sm < 1 ? 1 : per_sm > 4 ? 4 : per_sm;
-    const long n_out = SWIGLU ? a.OC / 2 : a.OC;
+    const long n_out = MODE == GEMV_PLAIN ? a.OC : a.OC / 2;
     long blocks = (n_out + warps_per_block - 1) / warps_per_block;
     if (blocks > (long)st->sm_count * per_sm) blocks = (long)st->sm_count * per_sm;
-    gemv_kernel<NR, SWIGLU><<<(unsigned)blocks, GEMV_THREADS, smem, st->stream>>>(a);
+    gemv_kernel<NR, MODE><<<(unsigned)blocks, GEMV_THREADS, smem, st->stream>>>(a);
     CUDA_CHECK_LAUNCH(ctx);
 }
 
-static void gemv_run(OpsCtx *ctx, CudaState *st, const GemvArgs &a, int N, bool swiglu) {
-    if (N == 1) swiglu ? gemv_launch<1, true>(ctx, st, a) : gemv_launch<1, false>(ctx, st, a);
-    else swiglu ? gemv_launch<2, true>(ctx, st, a) : gemv_launch<2, false>(ctx, st, a);
+static void gemv_run(OpsCtx *ctx, CudaState *st, const GemvArgs &a, int N, int mode) {
+    switch (mode) {
+    case GEMV_SWIGLU: N == 1 ? gemv_launch<1, GEMV_SWIGLU>(ctx, st, a) : gemv_launch<2, GEMV_SWIGLU>(ctx, st, a); break;
+    case GEMV_ROPE: N == 1 ? gemv_launch<1, GEMV_ROPE>(ctx, st, a) : gemv_launch<2, GEMV_ROPE>(ctx, st, a); break;
+    default: N == 1 ? gemv_launch<1, GEMV_PLAIN>(ctx, st, a) : gemv_launch<2, GEMV_PLAIN>(ctx, st, a); break;
+    }
 }
 
 void cuda_gemv_fwd(OpsCtx *ctx, CudaState *st, void *out, const void *in, const void *w, const void *bias, int N,
                    int IC, int OC) {
-    const GemvArgs a = {(bf16 *)out, (const bf16 *)in, (const bf16 *)w, (const bf16 *)bias, NULL, 0.0f, NULL, IC, OC};
-    gemv_run(ctx, st, a, N, false);
+    GemvArgs a = {};
+    a.out = (bf16 *)out;
+    a.in = (const bf16 *)in;
+    a.w = (const bf16 *)w;
+    a.bias = (const bf16 *)bias;
+    a.IC = IC;
+    a.OC = OC;
+    gemv_run(ctx, st, a, N, GEMV_PLAIN);
 }
 
 int cuda_matmul_fused_fwd(OpsCtx *ctx, void *out, const void *in, const void *w, const void *bias, int N, int IC,
@@ -219,10 +278,28 @@ int cuda_matmul_fused_fwd(OpsCtx *ctx, void *out, const void *in, const void *w,
     CudaState *st = cuda_enter(ctx);
     if (!st) return 1;   // the error is recorded
     if (!cuda_gemv_applies(st, out, in, w, bias, N, IC) || !aligned16(f->norm_w) ||
-        ((uintptr_t)f->residual & 1) != 0)
+        ((uintptr_t)f->residual & 1) != 0 || (f->rope_store && (f->D % 2 != 0 || !gemv_rope_enabled())))
         return 0;
-    const GemvArgs a = {(bf16 *)out, (const bf16 *)in, (const bf16 *)w, (const bf16 *)bias,
-                        (const bf16 *)f->norm_w, f->eps, (const bf16 *)f->residual, IC, OC};
-    gemv_run(ctx, st, a, N, f->swiglu != 0);
+    GemvArgs a = {};
+    a.out = (bf16 *)out;
+    a.in = (const bf16 *)in;
+    a.w = (const bf16 *)w;
+    a.bias = (const bf16 *)bias;
+    a.norm_w = (const bf16 *)f->norm_w;
+    a.eps = f->eps;
+    a.residual = (const bf16 *)f->residual;
+    a.IC = IC;
+    a.OC = OC;
+    if (f->rope_store) {
+        a.positions = f->positions;
+        a.slots = f->slot_mapping;
+        a.inv_freq = f->inv_freq;
+        a.k_cache = (bf16 *)f->k_cache;
+        a.v_cache = (bf16 *)f->v_cache;
+        a.Hq = f->Hq;
+        a.Hkv = f->Hkv;
+        a.D = f->D;
+    }
+    gemv_run(ctx, st, a, N, f->rope_store ? GEMV_ROPE : f->swiglu ? GEMV_SWIGLU : GEMV_PLAIN);
     return 1;
 }

@@ -9,11 +9,7 @@
 // multiple of 16 and 16-byte aligned rows a thread moves its 8 pairs of a head as two 16-byte vectors.
 #include "kernels/cuda/cuda_common.cuh"
 
-// The rotation with its roundings spelled out, out1 = x1 c - x2 s and out2 = x2 c + x1 s: left to itself nvcc picks
-// per kernel which product to fuse into an FMA. These are the FMAs it chose for the one-pair-per-thread kernel this
-// file had before, so every kernel here gives those bits (and the fused ops the in-place op's).
-__device__ __forceinline__ float rot1(float a, float b, float c, float s) { return __fmaf_rn(c, a, -__fmul_rn(s, b)); }
-__device__ __forceinline__ float rot2(float a, float b, float c, float s) { return __fmaf_rn(s, a, __fmul_rn(c, b)); }
+// rot1 / rot2 (cuda_common.cuh) spell out the rotation's roundings.
 
 // Where the heads of a token live: q's Hq heads are turned; k's Hkv heads are turned and v's beside them copied.
 // Head h of a part for token n starts at base + n * pitch + h * D (pitches in elements). In place: src == dst and

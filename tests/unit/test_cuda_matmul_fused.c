@@ -3,10 +3,10 @@
 // layer_decode_small).
 //
 // CPU part (always runs): misuse is refused with a message (no fusion struct, a norm without its h scratch, SwiGLU
-// with a residual or an odd OC, SwiGLU without gu scratch) and leaves the output untouched; N = 0 does nothing.
+// with a residual or an odd OC, SwiGLU without gu scratch, rope_store without its buffers or with a wrong OC) and leaves the output untouched; N = 0 does nothing.
 // CUDA part (without a device: "SKIP", exit 77, after the CPU part passed): for 1 and 2 rows (the fused kernel) and
 // 3 rows (the unfused sequence on the GPU), the Qwen2.5-0.5B/1.5B projection shapes and odd small ones, every
-// fusion with and without bias, against the CPU backend running the unfused sequence on the same bf16 inputs:
+// fusion with and without bias (the q/k/v projection with RoPE and the KV cache store too: q and both caches), against the CPU backend running the unfused sequence on the same bf16 inputs:
 // e = max |gpu - cpu| / (|cpu| + rms(cpu)) <= 2e-2 (bf16 outputs, bf16-rounded intermediates on the GPU; the norm's
 // h may differ from ops_rmsnorm_fwd's in its last bit). An output that is the residual is refused (the unfused
 // order would overwrite the residual before adding it).
@@ -90,6 +90,71 @@ static void check_case(OpsCtx *cpu, OpsCtx *gpu, int flags, int N, int IC, int O
     free(in), free(w), free(bias), free(norm_w), free(res), free(c), free(g);
 }
 
+// Largest e = |g - c| / (|c| + rms(c)) over n values (NaN propagates).
+static double scaled_err(const float *c, const float *g, size_t n) {
+    double rms = 0, e = 0;
+    for (size_t i = 0; i < n; i++) rms += (double)c[i] * c[i];
+    rms = sqrt(rms / (double)n);
+    for (size_t i = 0; i < n; i++) {
+        const double d = fabs((double)g[i] - c[i]) / (fabs(c[i]) + rms);
+        if (!(d <= e)) e = d;
+    }
+    return e;
+}
+
+// The q/k/v projection with its norm, RoPE and KV cache store (rope_store) on one backend: q (N, Hq, D) and both
+// caches (N_SLOTS, Hkv, D, random before) downloaded into *q, *kc, *vc. Row r's position pos[r], its slot slot[r].
+enum { N_SLOTS = 6 };
+static void run_rope(OpsCtx *ctx, int N, int IC, int Hq, int Hkv, int D, const float *in, const float *w,
+                     const float *bias, const float *norm_w, const float *cache0, const int32_t *pos,
+                     const int32_t *slot, const float *inv_freq, float **q, float **kc, float **vc) {
+    const int OC = (Hq + 2 * Hkv) * D;
+    const size_t n_cache = (size_t)N_SLOTS * Hkv * D;
+    void *d_in = up(ctx, in, (size_t)N * IC), *d_w = up(ctx, w, (size_t)OC * IC), *d_bias = up(ctx, bias, OC);
+    void *d_nw = up(ctx, norm_w, IC), *d_q = up(ctx, NULL, (size_t)N * Hq * D), *h = up(ctx, NULL, (size_t)N * IC);
+    void *qkv = up(ctx, NULL, (size_t)N * OC), *d_kc = up(ctx, cache0, n_cache), *d_vc = up(ctx, cache0 + n_cache, n_cache);
+    int32_t *d_pos = ops_malloc(ctx, (size_t)N * 4), *d_slot = ops_malloc(ctx, (size_t)N * 4);
+    float *d_if = ops_malloc(ctx, (size_t)(D / 2) * 4);
+    ops_copy_to_device(ctx, d_pos, pos, (size_t)N * 4);
+    ops_copy_to_device(ctx, d_slot, slot, (size_t)N * 4);
+    ops_copy_to_device(ctx, d_if, inv_freq, (size_t)(D / 2) * 4);
+    OpsProjFusion f = {.norm_w = d_nw, .eps = 1e-6f, .h = h, .rope_store = 1, .qkv = qkv, .positions = d_pos,
+                       .slot_mapping = d_slot, .inv_freq = d_if, .k_cache = d_kc, .v_cache = d_vc, .Hq = Hq,
+                       .Hkv = Hkv, .D = D};
+    ops_matmul_fused_fwd(ctx, d_q, d_in, d_w, d_bias, N, IC, OC, &f);
+    *q = down(ctx, d_q, (size_t)N * Hq * D);
+    *kc = down(ctx, d_kc, n_cache);
+    *vc = down(ctx, d_vc, n_cache);
+    KT_CHECK(ops_status(ctx) == 0, "matmul_fused rope_store N=%d IC=%d %d/%d D=%d: unexpected error \"%s\"", N, IC, Hq,
+             Hkv, D, ops_error(ctx));
+    ops_clear_error(ctx);
+    void *bufs[] = {d_in, d_w, d_bias, d_nw, d_q, h, qkv, d_kc, d_vc, d_pos, d_slot, d_if};
+    for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) ops_free(ctx, bufs[i]);
+}
+
+// rope_store against the CPU's unfused sequence (projection, then ops_qkv_rope_store_fwd): q, and both caches
+// whole (the slot of each row written, a negative slot and the other slots untouched).
+static void check_rope_case(OpsCtx *cpu, OpsCtx *gpu, int N, int IC, int Hq, int Hkv, int D) {
+    const int OC = (Hq + 2 * Hkv) * D;
+    const size_t n_cache = (size_t)N_SLOTS * Hkv * D;
+    float *in = rand_bf16((size_t)N * IC, 3.0), *w = rand_bf16((size_t)OC * IC, 1.7 / sqrt(IC));
+    float *bias = rand_bf16(OC, 0.5), *norm_w = rand_bf16(IC, 1.0), *cache0 = rand_bf16(2 * n_cache, 1.0);
+    for (int i = 0; i < IC; i++) norm_w[i] = round_bf16(1.0f + 0.5f * norm_w[i]);
+    const int32_t pos[3] = {4093, 7, 0}, slot[3] = {4, N == 1 ? 1 : -1, 0};
+    float *inv_freq = kt_falloc((size_t)D / 2);
+    for (int i = 0; i < D / 2; i++) inv_freq[i] = (float)pow(1e6, -2.0 * i / D);
+    float *cq, *ck, *cv, *gq, *gk, *gv;
+    run_rope(cpu, N, IC, Hq, Hkv, D, in, w, bias, norm_w, cache0, pos, slot, inv_freq, &cq, &ck, &cv);
+    run_rope(gpu, N, IC, Hq, Hkv, D, in, w, bias, norm_w, cache0, pos, slot, inv_freq, &gq, &gk, &gv);
+    const double eq = scaled_err(cq, gq, (size_t)N * Hq * D), ek = scaled_err(ck, gk, n_cache),
+                 ev = scaled_err(cv, gv, n_cache);
+    KT_CHECK(eq <= 2e-2 && ek <= 2e-2 && ev <= 2e-2,
+             "matmul_fused rope_store N=%d IC=%d %d/%d D=%d: error q %.3g k cache %.3g v cache %.3g > 2e-2", N, IC, Hq,
+             Hkv, D, eq, ek, ev);
+    free(in), free(w), free(bias), free(norm_w), free(cache0), free(inv_freq);
+    free(cq), free(ck), free(cv), free(gq), free(gk), free(gv);
+}
+
 static void test_misuse(OpsCtx *ctx) {
     float buf[64] = {0};
     void *d = up(ctx, buf, 64);
@@ -103,6 +168,10 @@ static void test_misuse(OpsCtx *ctx) {
         {{.swiglu = 1, .gu = d}, 3, "swiglu with an odd OC"},
         {{.swiglu = 1}, 4, "swiglu without gu"},
         {{.residual = d}, 4, "out is the residual"},
+        {{.rope_store = 1, .Hq = 1, .Hkv = 1, .D = 2}, 6, "rope_store without its buffers"},
+        {{.rope_store = 1, .qkv = d, .positions = (const int32_t *)d, .slot_mapping = (const int32_t *)d,
+          .inv_freq = (const float *)d, .k_cache = d, .v_cache = d, .Hq = 1, .Hkv = 1, .D = 2}, 4,
+         "rope_store with OC != (Hq + 2 Hkv) D"},
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         ops_matmul_fused_fwd(ctx, d, d, d, NULL, 1, 4, bad[i].oc, &bad[i].f);
@@ -153,6 +222,13 @@ int main(void) {
             check_case(cpu, gpu, SWIGLU | BIAS, N, IC, OC);
             check_case(cpu, gpu, RESIDUAL, N, IC, OC);
         }
+    // The q/k/v projection with RoPE and the cache store: Qwen2.5-0.5B (14/2 heads of 64) and 1.5B (12/2 of 128)
+    // shapes, and a small one with IC % 8 != 0 (the unfused sequence on the GPU too).
+    for (int N = 1; N <= 3; N++) {
+        check_rope_case(cpu, gpu, N, 896, 14, 2, 64);
+        check_rope_case(cpu, gpu, N, 1536, 12, 2, 128);
+        check_rope_case(cpu, gpu, N, 36, 2, 1, 6);
+    }
     ops_destroy(gpu);
     ops_destroy(cpu);
     return kt_finish("test_cuda_matmul_fused");
