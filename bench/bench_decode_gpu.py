@@ -31,6 +31,18 @@ def write_config(d, shape):
     (d / "config.json").write_text(json.dumps(cfg))
 
 
+def variant_env(variant):
+    """The environment of an --ab variant: NAME=VALUE, or several joined by commas (A=1,B=2)."""
+    env = {}
+    for part in variant.split(","):
+        name, sep, value = part.partition("=")
+        if not sep or not name:
+            raise SystemExit(f"--ab: {part!r} is not NAME=VALUE (variants are separated by ';', a variant's "
+                             f"variables by ',')")
+        env[name] = value
+    return env
+
+
 def run(exe, d, args, profile=False, extra_env=None):
     env = dict(os.environ, **({"TANDEM_PROFILE_OPS": "1", "TANDEM_GEMM_AUTOTUNE": "0"} if profile else {}),
                **(extra_env or {}))
@@ -54,7 +66,8 @@ def main():
     ap.add_argument("--steps", type=int, default=64)
     ap.add_argument("--eager-too", action="store_true", help="also every batch size without CUDA graphs")
     ap.add_argument("--profile", default="", help="batch sizes to profile op by op (eager), e.g. 1,512")
-    ap.add_argument("--ab", default="", help="environment variants to time beside the default, e.g. TANDEM_GEMV=0")
+    ap.add_argument("--ab", default="", help="environment variants to time beside the default, separated by ';', "
+                    "each NAME=VALUE or several joined by ',', e.g. 'TANDEM_GEMV=0;TANDEM_GEMV=0,TANDEM_GEMV_ROPE=0'")
     args = ap.parse_args()
     build = pathlib.Path(args.build).resolve()
     use_devlib(build)
@@ -74,7 +87,7 @@ def main():
             if args.eager_too:
                 eager = {r["batch"]: r for r in run(exe, d, common + ["--eager"])[0]}
             variants = [v for v in args.ab.split(";") if v]
-            ab = {v: {r["batch"]: r for r in run(exe, d, common, extra_env=dict([v.split("=", 1)]))[0]}
+            ab = {v: {r["batch"]: r for r in run(exe, d, common, extra_env=variant_env(v))[0]}
                   for v in variants}
             for r in rows:
                 params = r["weight_bytes"] / 2
