@@ -34,6 +34,14 @@ static inline uint64_t kt_next(void) {
 // Uniform in [-1, 1).
 static inline double kt_uniform(void) { return (double)(kt_next() >> 11) * (2.0 / 9007199254740992.0) - 1.0; }
 static inline int kt_randint(int lo, int hi) { return lo + (int)(kt_next() % (uint64_t)(hi - lo)); } // [lo, hi)
+// Round-to-nearest-even to bf16, kept in an fp32: values both backends hold exactly (CUDA stores bf16).
+static inline float kt_round_bf16(float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
 static inline void kt_fill(float *x, size_t n, double scale) {
     for (size_t i = 0; i < n; i++) x[i] = (float)(scale * kt_uniform());
 }

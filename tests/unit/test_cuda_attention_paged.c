@@ -26,31 +26,15 @@
 #include <string.h>
 
 #include "kernels/ops.h"
+#include "kernels_testlib.h"
 
 static OpsCtx *cpu, *gpu;
 static int failures, n_cases;
 static double worst_err;
 static const double TOL = 1e-2;
 
-static uint64_t rng_state = 0x243F6A8885A308D3ull;
-static uint64_t rng_next(void) {  // splitmix64
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static float urand(float lo, float hi) { return lo + (hi - lo) * (float)((rng_next() >> 40) * (1.0 / 16777216.0)); }
-static int irand(int n) { return (int)(rng_next() % (uint64_t)n); }
-
-// Round-to-nearest-even to bf16, kept in an fp32, so that both backends start from the same values.
-static float round_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    u &= 0xffff0000u;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
+static float urand(float lo, float hi) { return lo + (hi - lo) * (float)((kt_next() >> 40) * (1.0 / 16777216.0)); }
+static int irand(int n) { return kt_randint(0, n); }
 
 // A storage tensor (n elements, plus `pad` before it) on both backends with the same random values.
 typedef struct {
@@ -64,7 +48,7 @@ static Pair pair_rand(size_t n, size_t pad, float lo, float hi) {
         fprintf(stderr, "FATAL: allocation of %zu elements failed: %s %s\n", n, ops_error(cpu), ops_error(gpu));
         exit(1);
     }
-    for (size_t i = 0; i < n; i++) h[i] = round_bf16(urand(lo, hi));
+    for (size_t i = 0; i < n; i++) h[i] = kt_round_bf16(urand(lo, hi));
     p.c = (char *)p.c + pad * es_c, p.g = (char *)p.g + pad * es_g;
     ops_upload_f32(cpu, p.c, h, n);
     ops_upload_f32(gpu, p.g, h, n);
@@ -190,6 +174,7 @@ static void run_case(const char *what, int Hq, int Hkv, int D, int block_size, i
 static const Opts PLAIN = {-1, 0, -1, 0, 0.0f};
 
 int main(void) {
+    kt_seed(0x243F6A8885A308D3ull);
     if (!ops_backend_available(OPS_BACKEND_CUDA)) {
         printf("SKIP: no CUDA device\n");
         return 77;

@@ -19,18 +19,10 @@
 #include "kernels/ops.h"
 #include "kernels_testlib.h"
 
-static float round_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, 4);
-    u = (u + 0x7FFFu + ((u >> 16) & 1u)) & 0xFFFF0000u;
-    memcpy(&f, &u, 4);
-    return f;
-}
-
 static float *rand_bf16(size_t n, double scale) {
     float *x = kt_falloc(n);
     kt_fill(x, n, scale);
-    for (size_t i = 0; i < n; i++) x[i] = round_bf16(x[i]);
+    for (size_t i = 0; i < n; i++) x[i] = kt_round_bf16(x[i]);
     return x;
 }
 
@@ -74,7 +66,7 @@ static void check_case(OpsCtx *cpu, OpsCtx *gpu, int flags, int N, int IC, int O
     // Inputs of rms ~1 (a residual stream) or ~0.3, weights ~1/sqrt(IC): outputs of order 1.
     float *in = rand_bf16((size_t)N * IC, flags & NORM ? 3.0 : 1.0), *w = rand_bf16((size_t)OC * IC, 1.7 / sqrt(IC));
     float *bias = rand_bf16(OC, 0.5), *norm_w = rand_bf16(IC, 1.0), *res = rand_bf16(n_out, 2.0);
-    for (int i = 0; i < IC; i++) norm_w[i] = round_bf16(1.0f + 0.5f * norm_w[i]);
+    for (int i = 0; i < IC; i++) norm_w[i] = kt_round_bf16(1.0f + 0.5f * norm_w[i]);
     float *c = run(cpu, flags, N, IC, OC, in, w, bias, norm_w, res);
     float *g = run(gpu, flags, N, IC, OC, in, w, bias, norm_w, res);
     double rms = 0, e = 0;
@@ -139,7 +131,7 @@ static void check_rope_case(OpsCtx *cpu, OpsCtx *gpu, int N, int IC, int Hq, int
     const size_t n_cache = (size_t)N_SLOTS * Hkv * D;
     float *in = rand_bf16((size_t)N * IC, 3.0), *w = rand_bf16((size_t)OC * IC, 1.7 / sqrt(IC));
     float *bias = rand_bf16(OC, 0.5), *norm_w = rand_bf16(IC, 1.0), *cache0 = rand_bf16(2 * n_cache, 1.0);
-    for (int i = 0; i < IC; i++) norm_w[i] = round_bf16(1.0f + 0.5f * norm_w[i]);
+    for (int i = 0; i < IC; i++) norm_w[i] = kt_round_bf16(1.0f + 0.5f * norm_w[i]);
     const int32_t pos[3] = {4093, 7, 0}, slot[3] = {4, N == 1 ? 1 : -1, 0};
     float *inv_freq = kt_falloc((size_t)D / 2);
     for (int i = 0; i < D / 2; i++) inv_freq[i] = (float)pow(1e6, -2.0 * i / D);
