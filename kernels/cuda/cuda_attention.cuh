@@ -140,6 +140,18 @@ static inline int attn_vec_ok(int D, const void *a, const void *b, const void *c
     return D % 8 == 0 && ((((uintptr_t)a) | ((uintptr_t)b) | ((uintptr_t)c) | ((uintptr_t)d)) & 15) == 0;
 }
 
+// Element offset of dims [8 cc, 8 cc + 8) of position p's row in a paged cache (rows of `row` elements, this kv
+// head's at head_off), found through the sequence's block table; -1 when p's block is unassigned (a negative
+// entry). bs_shift: log2(block_size) when it is a power of two, else -1. Both paged kernels' tile loaders use it.
+__device__ __forceinline__ long long pg_cache_offset(const int32_t *table, int p, int block_size, int bs_shift,
+                                                     size_t row, size_t head_off, int cc) {
+    const int lb = bs_shift >= 0 ? p >> bs_shift : p / block_size;
+    const int in_blk = bs_shift >= 0 ? p & (block_size - 1) : p % block_size;
+    const int blk = table[lb];
+    if (blk < 0) return -1;
+    return (long long)(((size_t)blk * block_size + in_blk) * row + head_off + (size_t)cc * 8);
+}
+
 // ---- paged attention (cuda_attention_paged.cu: host side, per-head and grouped kernels, merge;
 // cuda_attention_decode.cu: the tensor-core kernel) -------------------------------------------------
 

@@ -62,14 +62,12 @@ __device__ __forceinline__ int pm_load_tile(bf16 *Ks, bf16 *Vs, const bf16 *k_ca
         bool ok = p < n_ctx && cc < nc;
         size_t off = 0;
         if (ok) {
-            const int lb = bs_shift >= 0 ? p >> bs_shift : p / block_size;
-            const int in_blk = bs_shift >= 0 ? p & (block_size - 1) : p % block_size;
-            const int blk = table[lb];
-            if (blk < 0) {
+            const long long o = pg_cache_offset(table, p, block_size, bs_shift, row, head_off, cc);
+            if (o < 0) {
                 bad = 1;
                 ok = false;
             } else {
-                off = ((size_t)blk * block_size + in_blk) * row + head_off + (size_t)cc * 8;
+                off = (size_t)o;
             }
         }
         attn_cp_async16(Ks + r * LD + cc * 8, k_cache + off, ok);

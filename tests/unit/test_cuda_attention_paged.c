@@ -27,6 +27,7 @@
 
 #include "kernels/ops.h"
 #include "kernels_testlib.h"
+#include "paged_testlib.h"
 
 static OpsCtx *cpu, *gpu;
 static int failures, n_cases;
@@ -84,28 +85,15 @@ static void run_case(const char *what, int Hq, int Hkv, int D, int block_size, i
                      const int *ctx_len, Opts o) {
     char name[128];
     snprintf(name, sizeof name, "%s D=%d %d/%d bs%d", what, D, Hq, Hkv, block_size);
-    int n_blk = 3;  // spare blocks nobody uses
-    for (int s = 0; s < n_seqs; s++) {
-        const int nb = (ctx_len[s] + block_size - 1) / block_size;
-        if (ctx_len[s] < 1 || nb > max_blocks) {
-            printf("FAIL %-40s bad test setup: sequence %d of %d positions\n", name, s, ctx_len[s]);
-            failures++;
-            return;
-        }
-        n_blk += nb;
+    int n_blk;
+    char err[160];
+    int32_t *tables = kt_paged_tables(n_seqs, ctx_len, block_size, max_blocks, 3, o.hole_seq, irand, &n_blk, err,
+                                      sizeof err);
+    if (!tables) {
+        printf("FAIL %-40s %s\n", name, err);
+        failures++;
+        return;
     }
-    int32_t *perm = malloc((size_t)n_blk * 4), *tables = malloc((size_t)n_seqs * max_blocks * 4);
-    for (int i = 0; i < n_blk; i++) perm[i] = i;
-    for (int i = n_blk - 1; i > 0; i--) {
-        const int j = irand(i + 1), t = perm[i];
-        perm[i] = perm[j];
-        perm[j] = t;
-    }
-    int used = 0;
-    for (int s = 0; s < n_seqs; s++)
-        for (int b = 0; b < max_blocks; b++)
-            tables[(size_t)s * max_blocks + b] = b * block_size < ctx_len[s] ? perm[used++] : -1;
-    if (o.hole_seq >= 0) tables[(size_t)o.hole_seq * max_blocks + (ctx_len[o.hole_seq] - 1) / block_size / 2] = -1;
     const int n_chunk = o.chunk_from >= 0 ? ctx_len[0] - 1 - o.chunk_from : 0;
     const int n_q = n_seqs + n_chunk + 3;
     int32_t *tseq = malloc((size_t)n_q * 4), *tpos = malloc((size_t)n_q * 4);
@@ -168,7 +156,7 @@ static void run_case(const char *what, int Hq, int Hkv, int D, int block_size, i
     }
     pair_free(kc, 0), pair_free(vc, 0), pair_free(q, (size_t)o.q_off), pair_free(out, 0);
     pair_free(bt, 0), pair_free(ts, 0), pair_free(tp, 0);
-    free(perm), free(tables), free(tseq), free(tpos);
+    free(tables), free(tseq), free(tpos);
 }
 
 static const Opts PLAIN = {-1, 0, -1, 0, 0.0f};

@@ -31,6 +31,7 @@
 #include <string.h>
 
 #include "kernels/ops.h"
+#include "paged_testlib.h"
 
 static OpsCtx *cpu, *gpu;
 static int failures;
@@ -614,28 +615,15 @@ static void paged_attend_case(const char *what, int Hq, int Hkv, int D, int bloc
                               size_t q_off) {
     char name[96];
     snprintf(name, sizeof name, "paged %s D=%d %d/%d bs%d", what, D, Hq, Hkv, block_size);
-    int n_blk = 4;  // spare blocks nobody uses
-    for (int s = 0; s < n_seqs; s++) {
-        const int nb = (ctx_len[s] + block_size - 1) / block_size;
-        if (ctx_len[s] < 1 || nb > max_blocks) {
-            printf("FAIL %-22s bad test setup: sequence %d of %d positions\n", name, s, ctx_len[s]);
-            failures++;
-            return;
-        }
-        n_blk += nb;
+    int n_blk;
+    char err[160];
+    int32_t *tables = kt_paged_tables(n_seqs, ctx_len, block_size, max_blocks, 4, hole_seq, irand, &n_blk, err,
+                                      sizeof err);
+    if (!tables) {
+        printf("FAIL %-22s %s\n", name, err);
+        failures++;
+        return;
     }
-    int32_t *perm = malloc((size_t)n_blk * sizeof *perm), *tables = malloc((size_t)n_seqs * max_blocks * 4);
-    for (int i = 0; i < n_blk; i++) perm[i] = i;
-    for (int i = n_blk - 1; i > 0; i--) {
-        int j = irand(i + 1), t = perm[i];
-        perm[i] = perm[j];
-        perm[j] = t;
-    }
-    int used = 0;
-    for (int s = 0; s < n_seqs; s++)
-        for (int b = 0; b < max_blocks; b++)
-            tables[(size_t)s * max_blocks + b] = b * block_size < ctx_len[s] ? perm[used++] : -1;
-    if (hole_seq >= 0) tables[(size_t)hole_seq * max_blocks + (ctx_len[hole_seq] - 1) / block_size / 2] = -1;
     int n_q = n_seqs + 3 + (chunk_seq >= 0 ? ctx_len[chunk_seq] : 0);
     int32_t *tseq = malloc((size_t)n_q * 4), *tpos = malloc((size_t)n_q * 4);
     int N = 0;
@@ -660,7 +648,7 @@ static void paged_attend_case(const char *what, int Hq, int Hkv, int D, int bloc
     expect_ok(name);
     check(name, "out", out, 1e-2);
     buf_free(kc), buf_free(vc), buf_free(bt), buf_free(ts), buf_free(tp), buf_free(q), buf_free(out);
-    free(perm), free(tables), free(tseq), free(tpos);
+    free(tables), free(tseq), free(tpos);
 }
 
 static void test_paged(void) {
