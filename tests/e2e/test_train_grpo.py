@@ -151,7 +151,11 @@ def test_restarted_server_gets_the_weights(setup):
     while time.time() < deadline and "step 4/" not in (d / "rank0.log").read_text():
         time.sleep(0.1)
     first.kill()
-    time.sleep(1.0)
+    # Start the second server only once the trainer has seen the first one gone: a server back within the same
+    # round can take that round's ordinary weight push over ZeroMQ's reconnect and never look stale.
+    deadline = time.time() + 60
+    while time.time() < deadline and "carrying on with the others" not in (d / "rank0.log").read_text():
+        time.sleep(0.1)
     with TandemServer(model_dir, "--control", control) as second:
         code = procs[0][0].wait(timeout=300)
         procs[0][1].close()
