@@ -14,7 +14,7 @@ for t in test_cuda_qkv_rope test_cuda_matmul_fused test_cuda_attention test_cuda
   if [ -f "tests/unit/$t.c" ]; then TESTS+=("$t"); else echo "gpu-build: tests/unit/$t.c not there; left out"; fi
 done
 BENCHES=(bench_model_step)
-for b in bench_attention bench_gemm bench_elementwise bench_attention_paged bench_decode_step; do
+for b in bench_attention bench_gemm bench_elementwise bench_attention_paged bench_decode_step bench_sample; do
   if [ -f "bench/$b.c" ]; then BENCHES+=("$b"); else echo "gpu-build: bench/$b.c not there; left out"; fi
 done
 cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DTANDEM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
