@@ -273,11 +273,11 @@ def main():
                     theirs = sum(map(len, gen)) / (time.perf_counter() - t0)
                 mem, comp = roofline(512, 256 + 512, weight_bytes, kv_tok, params, bw, peak)
                 grpo = (ours, dt, theirs, mem, comp)
+                print(f"grpo load: tandem {ours:.0f} tok/s ({dt:.1f} s)", flush=True)
             # What the server said about its CUDA graphs (recordings, failures) and anything that failed.
             notes = [ln for ln in srv.log_text().splitlines() if "graph" in ln or "fail" in ln]
             for ln in notes[:20]:
                 print(f"server log: {ln}", flush=True)
-                print(f"grpo load: tandem {ours:.0f} tok/s ({dt:.1f} s)", flush=True)
     name = f"Qwen2.5-{args.shape.upper()} shape ({params / 1e6:.0f} M params)"
     print(f"GPU {torch.cuda.get_device_name()}, {name}, bf16, {PROMPT_LEN}-token prompts, "
           f"{args.max_tokens} new tokens, greedy, torch={torch.__version__}")
