@@ -90,7 +90,8 @@ int main(int argc, char **argv) {
     const size_t n_logits = (size_t)max_b * V;
     float *host = malloc(n_logits * sizeof *host);
     OpsSampleParams *params = malloc((size_t)max_b * sizeof *params);
-    int32_t *hist = malloc((size_t)max_b * HIST * sizeof *hist), *offsets = malloc(((size_t)max_b + 1) * sizeof *offsets);
+    int32_t *hist = malloc((size_t)max_b * HIST * sizeof *hist);
+    int32_t *offsets = malloc(((size_t)max_b + 1) * sizeof *offsets);
     if (!host || !params || !hist || !offsets) {
         fprintf(stderr, "bench_sample: out of host memory\n");
         return 1;
@@ -124,8 +125,8 @@ int main(int argc, char **argv) {
                 fprintf(stderr, "bench_sample: %s\n", ops_error(ctx));
                 return 1;
             }
-            printf("{\"mode\": \"%s\", \"batch\": %d, \"v\": %d, \"us\": %.2f, \"logits_gbs\": %.1f}\n", MODE_NAME[mode],
-                   B, V, us, (double)B * V * ops_dtype_size(ctx) / (us * 1e-6) / 1e9);
+            printf("{\"mode\": \"%s\", \"batch\": %d, \"v\": %d, \"us\": %.2f, \"logits_gbs\": %.1f}\n",
+                   MODE_NAME[mode], B, V, us, (double)B * V * ops_dtype_size(ctx) / (us * 1e-6) / 1e9);
             fflush(stdout);
         }
     }
