@@ -460,6 +460,18 @@ __device__ __forceinline__ bool build_pen_bits(uint32_t *pen_bits, const OpsSamp
     return penalised;
 }
 
+// (value, id) over the warp by a fixed butterfly: the larger value, or on a tie the lower id.
+__device__ __forceinline__ void warp_argmax(float &v, int &i) {
+    for (int o = 16; o > 0; o >>= 1) {
+        const float ov = __shfl_xor_sync(0xffffffffu, v, o);
+        const int oi = __shfl_xor_sync(0xffffffffu, i, o);
+        if (ov > v || (ov == v && oi < i)) {
+            v = ov;
+            i = oi;
+        }
+    }
+}
+
 // One chunk of a greedy sample's row: 32 lanes x GREEDY_PER_LANE 16-byte vectors of 8 ids where the rows are read in
 // vectors (lane l: the chunk's vectors l, l + 32, ...), else 32 x GREEDY_PER_LANE single ids. Its argmax of the
 // penalised logits (value, id; INT_MAX when it holds no number) and the log-sum-exp of the raw logits as (max m,
@@ -536,14 +548,7 @@ greedy_chunks_kernel(GreedyChunk *chunks, const bf16 *logits, const OpsSamplePar
             }
             ls += (double)exp_sum(raw, n, lm);
         }
-        for (int o = 16; o > 0; o >>= 1) {  // (value, id): the larger value, or on a tie the lower id
-            const float ov = __shfl_xor_sync(0xffffffffu, zv, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, zi, o);
-            if (ov > zv || (ov == zv && oi < zi)) {
-                zv = ov;
-                zi = oi;
-            }
-        }
+        warp_argmax(zv, zi);
         const float m = warp_max(lm);
         const double sv = warp_sum_d(ls > 0.0 ? ls * exp((double)lm - (double)m) : ls);
         if (lane == 0) out[c] = GreedyChunk{zv, zi, m, sv};
@@ -580,14 +585,7 @@ __global__ void greedy_combine_kernel(int32_t *tokens, float *logprobs, const Gr
             S += k.s * exp((double)k.m - (double)M);
         }
     }
-    for (int o = 16; o > 0; o >>= 1) {
-        const float ov = __shfl_xor_sync(0xffffffffu, zv, o);
-        const int oi = __shfl_xor_sync(0xffffffffu, zi, o);
-        if (ov > zv || (ov == zv && oi < zi)) {
-            zv = ov;
-            zi = oi;
-        }
-    }
+    warp_argmax(zv, zi);
     const float M_all = warp_max(M);
     const double S_all = warp_sum_d(M == -INFINITY ? S : S * exp((double)M - (double)M_all));
     if (lane == 0) {
