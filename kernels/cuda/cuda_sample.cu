@@ -57,7 +57,6 @@ struct SampleShared {
     unsigned long long red_u[32];
     double red_d[32];
     float red_f[32];
-    int red_i[32];
     SampleBcast bc;
     double exp_tab[256];  // 2^(j / 256) for weight_fast
 };
@@ -78,7 +77,6 @@ struct RowView {
         v = __fmul_rn(v, inv_t);
         return v == 0.0f ? 0.0f : v;
     }
-    __device__ __forceinline__ float z(int i) const { return z_of(i, raw(i)); }
 };
 
 __device__ __forceinline__ uint32_t float_key(float f) { // larger float, larger key
@@ -460,6 +458,12 @@ __device__ __forceinline__ bool build_pen_bits(uint32_t *pen_bits, const OpsSamp
     return penalised;
 }
 
+// Whether sample p is greedy with a valid row: greedy_chunks_kernel and greedy_combine_kernel take it, the
+// one-block kernel leaves it.
+__device__ __forceinline__ bool greedy_sample(const OpsSampleParams &p, int n_rows) {
+    return p.logits_row >= 0 && p.logits_row < n_rows && p.temperature < OPS_SAMPLE_GREEDY_BELOW;
+}
+
 // (value, id) over the warp by a fixed butterfly: the larger value, or on a tie the lower id.
 __device__ __forceinline__ void warp_argmax(float &v, int &i) {
     for (int o = 16; o > 0; o >>= 1) {
@@ -477,6 +481,7 @@ __device__ __forceinline__ void warp_argmax(float &v, int &i) {
 // penalised logits (value, id; INT_MAX when it holds no number) and the log-sum-exp of the raw logits as (max m,
 // sum of exp(x - m)).
 static constexpr int GREEDY_PER_LANE = 4;
+static constexpr int GREEDY_WARPS = 8;  // warps of a greedy_chunks_kernel block
 struct GreedyChunk {
     float zmax;
     int arg;
@@ -484,18 +489,19 @@ struct GreedyChunk {
     double s;
 };
 
-// Grid (n, G), 8 warps a block: warp w of block (s, g) takes chunks 8 g + w, + 8 G, ... of sample s's row when
-// the sample is greedy (others return). A chunk's result depends on its ids alone (each lane's ids in increasing
-// order, then a fixed butterfly, lane 0 writes), never on G: the host spreads a small batch over many blocks and
-// a large one over few, and a sample's token and logprob do not depend on the batch. chunks (n, n_chunks).
+// Grid (n, G), GREEDY_WARPS (W) warps a block: warp w of block (s, g) takes chunks W g + w, + W G, ... of sample
+// s's row when the sample is greedy (others return). A chunk's result depends on its ids alone (each lane's ids
+// in increasing order, then a fixed butterfly, lane 0 writes), never on G: the host spreads a small batch over many
+// blocks and a large one over few, and a sample's token and logprob do not depend on the batch. chunks (n,
+// n_chunks).
 // Dynamic shared memory: the history bitmap, (V + 31) / 32 words.
-__global__ void __launch_bounds__(256)
+__global__ void __launch_bounds__(GREEDY_WARPS * 32)
 greedy_chunks_kernel(GreedyChunk *chunks, const bf16 *logits, const OpsSampleParams *params, const int32_t *history,
                      const int32_t *history_offsets, int n_rows, int V, int n_history, int vec, int n_chunks) {
     extern __shared__ uint32_t pen_bits[];
     const int s = blockIdx.x, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
     const OpsSampleParams p = params[s];
-    if (p.logits_row < 0 || p.logits_row >= n_rows || !(p.temperature < OPS_SAMPLE_GREEDY_BELOW)) return;
+    if (!greedy_sample(p, n_rows)) return;
     RowView r;
     r.x = logits + (size_t)p.logits_row * V;
     r.pen_bits = pen_bits;
@@ -565,7 +571,7 @@ __global__ void greedy_combine_kernel(int32_t *tokens, float *logprobs, const Gr
     const int s = (int)((blockIdx.x * (size_t)blockDim.x + threadIdx.x) >> 5), lane = threadIdx.x & 31;
     if (s >= n) return;
     const OpsSampleParams p = params[s];
-    if (p.logits_row < 0 || p.logits_row >= n_rows || !(p.temperature < OPS_SAMPLE_GREEDY_BELOW)) return;
+    if (!greedy_sample(p, n_rows)) return;
     const GreedyChunk *g = chunks + (size_t)s * n_chunks;
     float zv = -INFINITY, M = -INFINITY;
     int zi = INT_MAX;
@@ -616,7 +622,7 @@ sample_rows_kernel(int32_t *tokens, float *logprobs, const bf16 *logits, const O
         }
         return;
     }
-    if (p.temperature < OPS_SAMPLE_GREEDY_BELOW) return;  // greedy_chunks_kernel and greedy_combine_kernel's
+    if (greedy_sample(p, n_rows)) return;  // greedy_chunks_kernel and greedy_combine_kernel's
     RowView r;
     r.x = logits + (size_t)p.logits_row * V;
     r.pen_bits = pen_bits;
@@ -759,9 +765,9 @@ void cuda_sample_rows(OpsCtx *ctx, int32_t *tokens, float *logprobs, const void 
                                                          history_offsets, n_rows, V, n_history, chunk, qscale,
                                                          fast_exp != 0);
     CUDA_CHECK_LAUNCH(ctx);
-    // Greedy samples: chunks of 1024 ids (128 for rows not read in vectors), spread over about eight blocks of 8
-    // warps per SM for the whole launch (a block takes a chunk per warp at least; 8 beat 4 by 5-13 % at 64-512
-    // rows on an H100, 16 and 32 were within 5 % of 8).
+    // Greedy samples: chunks of 1024 ids (128 for rows not read in vectors), spread over about eight blocks per SM
+    // for the whole launch (a block takes a chunk per warp at least; 8 beat 4 by 5-13 % at 64-512 rows on an
+    // H100, 16 and 32 were within 5 % of 8).
     const int vec = V % 8 == 0 && ((uintptr_t)logits & 15u) == 0;
     const int per = 32 * GREEDY_PER_LANE * (vec ? 8 : 1), n_chunks = (V + per - 1) / per;
     GreedyChunk *chunks = (GreedyChunk *)cuda_scratch(ctx, st, (size_t)n * n_chunks * sizeof(GreedyChunk));
@@ -771,12 +777,12 @@ void cuda_sample_rows(OpsCtx *ctx, int32_t *tokens, float *logprobs, const void 
         const char *e = getenv("TANDEM_SAMPLE_GREEDY_BLOCKS");
         per_sm = e && atoi(e) > 0 && atoi(e) <= 64 ? atoi(e) : 8;
     }
-    const int want = (per_sm * st->sm_count + n - 1) / n, most = (n_chunks + 7) / 8;
+    const int want = (per_sm * st->sm_count + n - 1) / n, most = (n_chunks + GREEDY_WARPS - 1) / GREEDY_WARPS;
     const int G = want < 1 ? 1 : want > most ? most : want;
     if (dyn > 48 * 1024)
         CUDA_CHECK(ctx,
                    cudaFuncSetAttribute(greedy_chunks_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
-    greedy_chunks_kernel<<<dim3((unsigned)n, (unsigned)G), 256, dyn, st->stream>>>(
+    greedy_chunks_kernel<<<dim3((unsigned)n, (unsigned)G), GREEDY_WARPS * 32, dyn, st->stream>>>(
         chunks, (const bf16 *)logits, params, history, history_offsets, n_rows, V, n_history, vec, n_chunks);
     CUDA_CHECK_LAUNCH(ctx);
     greedy_combine_kernel<<<(unsigned)(((size_t)n * 32 + 255) / 256), 256, 0, st->stream>>>(
