@@ -105,6 +105,10 @@ int main(int argc, char **argv) {
     int32_t *d_off = ops_malloc(ctx, ((size_t)max_b + 1) * sizeof *d_off);
     int32_t *d_tok = ops_malloc(ctx, (size_t)max_b * sizeof *d_tok);
     float *d_lp = ops_malloc(ctx, (size_t)max_b * sizeof *d_lp);
+    if (ops_status(ctx)) {
+        fprintf(stderr, "bench_sample: %s (try fewer --batches or a smaller --v)\n", ops_error(ctx));
+        return 1;
+    }
     ops_upload_f32(ctx, d_logits, host, n_logits);
     ops_copy_to_device(ctx, d_hist, hist, (size_t)max_b * HIST * sizeof *hist);
     ops_copy_to_device(ctx, d_off, offsets, ((size_t)max_b + 1) * sizeof *offsets);
