@@ -412,6 +412,25 @@ void ops_attention_paged_fwd(OpsCtx *ctx, void *out, const void *q, const void *
                                      Hkv, D, block_size, max_blocks, scale));
 }
 
+void ops_attention_paged_decode_fwd(OpsCtx *ctx, void *out, void *q, void *k_cache, void *v_cache,
+                                    const int32_t *slot_mapping, const void *qkv, const int32_t *block_tables,
+                                    const int32_t *token_seq, const int32_t *token_pos, const float *inv_freq, int N,
+                                    int Hq, int Hkv, int D, int block_size, int max_blocks, float scale) {
+    if (!qkv_rope_args_ok(ctx, "attention_paged_decode_fwd", q, k_cache, v_cache, qkv, N, Hq, Hkv, D)) return;
+    if (!slot_mapping || !out || Hq % Hkv != 0) {
+        ops_set_error(ctx, -1, __FILE__, __LINE__, "attention_paged_decode_fwd: %s",
+                      Hq % Hkv ? "Hq is not a multiple of Hkv" : "NULL slot_mapping or out");
+        return;
+    }
+    DISPATCH(ctx,
+             cuda_attention_paged_decode_fwd(ctx, out, q, k_cache, v_cache, slot_mapping, qkv, block_tables, token_seq,
+                                             token_pos, inv_freq, N, Hq, Hkv, D, block_size, max_blocks, scale),
+             (cpu_qkv_rope_store_fwd(F(q), F(k_cache), F(v_cache), slot_mapping, CF(qkv), token_pos, inv_freq, N, Hq,
+                                     Hkv, D),
+              cpu_attention_paged_fwd(F(out), CF(q), CF(k_cache), CF(v_cache), block_tables, token_seq, token_pos, N,
+                                      Hq, Hkv, D, block_size, max_blocks, scale)));
+}
+
 void ops_swiglu_fwd(OpsCtx *ctx, void *out, const void *gu, int N, int I) {
     DISPATCH(ctx, cuda_swiglu_fwd(ctx, out, gu, N, I), cpu_swiglu_fwd(F(out), CF(gu), N, I));
 }

@@ -220,6 +220,17 @@ void ops_kv_cache_store(OpsCtx *ctx, void *k_cache, void *v_cache, const void *k
 void ops_attention_paged_fwd(OpsCtx *ctx, void *out, const void *q, const void *k_cache, const void *v_cache,
                              const int32_t *block_tables, const int32_t *token_seq, const int32_t *token_pos,
                              int N, int Hq, int Hkv, int D, int block_size, int max_blocks, float scale);
+// A decode step's attention from the fused q|k|v projection: the values of
+//   ops_qkv_rope_store_fwd(q, k_cache, v_cache, slot_mapping, qkv, token_pos, inv_freq, ...) then
+//   ops_attention_paged_fwd(out, q, k_cache, v_cache, block_tables, token_seq, token_pos, ...),
+// for calls where every token with a slot (slot_mapping[i] >= 0) is its sequence's only token in the call and its
+// slot is the one the block table gives its position (a decode step: the CUDA backend folds the split, RoPE and the
+// store into the attention kernel, whose blocks each read only their own token's new row). q (N, Hq, D) is scratch
+// that receives the turned q where the backend materialises it.
+void ops_attention_paged_decode_fwd(OpsCtx *ctx, void *out, void *q, void *k_cache, void *v_cache,
+                                    const int32_t *slot_mapping, const void *qkv, const int32_t *block_tables,
+                                    const int32_t *token_seq, const int32_t *token_pos, const float *inv_freq, int N,
+                                    int Hq, int Hkv, int D, int block_size, int max_blocks, float scale);
 
 // ---- MLP --------------------------------------------------------------------------------------
 

@@ -347,7 +347,8 @@ static void padded_forward(Model *m, DecodeBufs *b, KVCache *kv, int P) {
     const int32_t *tokens = b->pad_ids, *seq = b->pad_ids + T, *pos = b->pad_ids + 2 * T, *slots = b->pad_ids + 3 * T;
     ops_embedding_fwd(o, b->x[0], tokens, elem_at(m, b->units[0], m->layout.embed), P, C, V);
     AttnArgs att = {.paged = 1, .slot_mapping = slots, .block_tables = b->block_tables, .token_seq = seq,
-                    .max_blocks = b->max_blocks, .block_size = kv->block_size, .n_seqs = b->max_seqs + 1};
+                    .max_blocks = b->max_blocks, .block_size = kv->block_size, .n_seqs = b->max_seqs + 1,
+                    .decode = 1};
     int cur = 0;
     const void *pending = NULL;   // as in model_decode_step: the previous layer's xmid, added by the next norm
     for (int l = 0; l < cfg->num_layers; l++) {

@@ -59,6 +59,9 @@ typedef struct {
     // Training: a->att and a->lse hold this layer's attention output and log-sum-exp already (kept from the first
     // forward, for a checkpoint recompute): the forward skips the attention itself.
     int reuse_att;
+    // Paged, decode-only: every token with a slot is its sequence's only token in the step (the padded decode
+    // steps), so the split, RoPE, cache store and attention may run as one op (ops_attention_paged_decode_fwd).
+    int decode;
 } AttnArgs;
 
 // What layer_acts_alloc carves. Training: the attention's lse too; the fused projection's scratch qkv is then left

@@ -99,6 +99,7 @@ static const void *param(const Model *m, const void *p, size_t off) { return off
 
 // From the fused projection's output a->qkv to the attention output a->att: q, k, v made contiguous (qk_norm), or
 // split and rotated in one pass (the same bits as split, then rope), k and v stored to the cache when paged.
+// A decode-only paged step hands the whole of it to ops_attention_paged_decode_fwd.
 static void qkv_to_attention(Model *m, const void *p, LayerActs *a, const int32_t *positions, int N,
                              const AttnArgs *att) {
     OpsCtx *o = m->ops;
@@ -106,6 +107,12 @@ static void qkv_to_attention(Model *m, const void *p, LayerActs *a, const int32_
     const LayerOffsets *lo = &m->layout.layer;
     const int D = cfg->head_dim, Hq = cfg->num_heads, Hkv = cfg->num_kv_heads;
     const size_t QD = (size_t)Hq * D, KVD = (size_t)Hkv * D, QKV = QD + 2 * KVD;
+    if (!cfg->qk_norm && att->paged && att->decode) {
+        ops_attention_paged_decode_fwd(o, a->att, a->q, att->k_cache, att->v_cache, att->slot_mapping, a->qkv,
+                                       att->block_tables, att->token_seq, positions, m->inv_freq, N, Hq, Hkv, D,
+                                       att->block_size, att->max_blocks, m->attn_scale);
+        return;
+    }
     if (cfg->qk_norm) {
         ops_copy_2d(o, a->q_pre, QD, a->qkv, QKV, (size_t)N, QD);
         ops_copy_2d(o, a->k_pre, KVD, elem_at(m, a->qkv, QD), QKV, (size_t)N, KVD);

@@ -172,6 +172,13 @@ typedef struct {
     int Hq, Hkv, D, block_size, bs_shift, max_blocks;
     float scale_log2;
     int G, n_hsub, n_splits, q_vec;
+    // Query rows of token i start at q + i * q_pitch (Hq * D for a plain q). The tensor-core kernel's decode
+    // variant (cuda_attention_paged_decode_fwd) reads q from the fused q|k|v projection instead (q_pitch =
+    // (Hq + 2 Hkv) D) and turns it by RoPE at token_pos with inv_freq; it also turns k and copies v of each
+    // token into cache row slots[i] (none when negative) before any of its blocks reads that row.
+    size_t q_pitch;
+    const float *inv_freq;
+    const int32_t *slots;
 } PgArgs;
 
 // The tensor-core kernel (cuda_attention_decode.cu) takes D <= PM_MAX_D (D % 8 == 0, caches 16-byte aligned),
@@ -182,7 +189,7 @@ typedef struct {
 // Blocks of the kernel for head dim D that the device holds at once (resident per SM x SMs), making the
 // kernel's shared-memory opt-in on first use per device; 0 with the context's error set.
 long long cuda_paged_mma_slots(OpsCtx *ctx, CudaState *st, int D);
-// Launches it over grid (N * Hkv * n_hsub, n_splits).
-void cuda_paged_mma_launch(OpsCtx *ctx, CudaState *st, const PgArgs *a, int N);
+// Launches it over grid (N * Hkv * n_hsub, n_splits); rope: the decode variant (a->inv_freq, a->slots set).
+void cuda_paged_mma_launch(OpsCtx *ctx, CudaState *st, const PgArgs *a, int N, int rope);
 
 #endif

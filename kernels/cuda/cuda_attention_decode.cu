@@ -76,9 +76,100 @@ __device__ __forceinline__ int pm_load_tile(bf16 *Ks, bf16 *Vs, const bf16 *k_ca
     return bad;
 }
 
+// The token's RoPE angles as rope_heads_kernel computes them (cuda_rope.cu: the fp32 product, sincosf), one
+// per pair index j < D/2, into shared memory; the caller synchronises before use.
+__device__ __forceinline__ void pm_angles(float *cs, float *sn, int pos, const float *inv_freq, int D) {
+    for (int j = threadIdx.x; j < D / 2; j += PM_THREADS) sincosf(__fmul_rn((float)pos, inv_freq[j]), &sn[j], &cs[j]);
+}
+
+// RoPE of the 8 pairs (dims d0 + j, d0 + j + D/2) of one head with those angles, rounded as rope_heads_kernel
+// rounds them: x1 / x2 hold the two halves in, and the turned values out.
+__device__ __forceinline__ void pm_turn8(uint4 &x1, uint4 &x2, const float *cs, const float *sn, int d0) {
+    float a[8], b[8], o1[8], o2[8];
+    unpack8f(x1, a);
+    unpack8f(x2, b);
+#pragma unroll
+    for (int j = 0; j < 8; j++) {
+        o1[j] = rot1(a[j], b[j], cs[d0 + j], sn[d0 + j]);
+        o2[j] = rot2(a[j], b[j], cs[d0 + j], sn[d0 + j]);
+    }
+    x1 = pack8f(o1);
+    x2 = pack8f(o2);
+}
+
+// The decode variant's rotation work for token i, as items (nc = D / 8): item w < n_q (= gh * nc / 2) turns the
+// pair of chunks (cc, cc + nc / 2) of q row r (query head hq0 + r) into q_s; then, when the block stores,
+// PM_KV_ITEMS(nc) items write the token's k (kv head g, 8 pairs turned per item) and v (a chunk per item) to cache
+// row `slot`, as ops_qkv_rope_store_fwd writes them. An item's loads (pm_item_load) are issued before the angles
+// are ready; pm_item_finish turns and stores.
+#define PM_KV_ITEMS(nc) ((nc) / 2 + (nc))
+struct PmItem {
+    const PgArgs &a;
+    const bf16 *row;  // token i's q|k|v row
+    int D, nc, n_q, hq0, g;
+};
+
+__device__ __forceinline__ void pm_item_load(const PmItem &it, int w, uint4 &x1, uint4 &x2) {
+    const int half = it.D / 2;
+    const bf16 *src;
+    if (w < it.n_q) {
+        src = it.row + (size_t)(it.hq0 + w / (it.nc / 2)) * it.D + (w % (it.nc / 2)) * 8;
+    } else if (w - it.n_q < it.nc / 2) {
+        src = it.row + (size_t)(it.a.Hq + it.g) * it.D + (w - it.n_q) * 8;
+    } else {
+        x1 = *reinterpret_cast<const uint4 *>(it.row + (size_t)(it.a.Hq + it.a.Hkv + it.g) * it.D +
+                                              (w - it.n_q - it.nc / 2) * 8);
+        return;
+    }
+    x1 = *reinterpret_cast<const uint4 *>(src);
+    x2 = *reinterpret_cast<const uint4 *>(src + half);
+}
+
+template <int LD>
+__device__ __forceinline__ void pm_item_finish(const PmItem &it, int w, uint4 x1, uint4 x2, bf16 *q_s, int slot,
+                                               const float *cs, const float *sn) {
+    const int half = it.D / 2;
+    const size_t kv_off = (size_t)slot * it.a.Hkv * it.D + (size_t)it.g * it.D;
+    if (w < it.n_q) {
+        const int r = w / (it.nc / 2), cc = w % (it.nc / 2);
+        pm_turn8(x1, x2, cs, sn, cc * 8);
+        *reinterpret_cast<uint4 *>(q_s + r * LD + cc * 8) = x1;
+        *reinterpret_cast<uint4 *>(q_s + r * LD + half + cc * 8) = x2;
+    } else if (w - it.n_q < it.nc / 2) {
+        const int t = w - it.n_q;
+        pm_turn8(x1, x2, cs, sn, t * 8);
+        bf16 *dk = const_cast<bf16 *>(it.a.k_cache) + kv_off;
+        *reinterpret_cast<uint4 *>(dk + t * 8) = x1;
+        *reinterpret_cast<uint4 *>(dk + half + t * 8) = x2;
+    } else {
+        *reinterpret_cast<uint4 *>(const_cast<bf16 *>(it.a.v_cache) + kv_off + (w - it.n_q - it.nc / 2) * 8) = x1;
+    }
+}
+
+// Runs the block's items [0, n_items) (it.n_q = 0: the store alone), each thread's first one loaded before the
+// angles are computed (a barrier makes those visible; none follows the items).
+template <int LD>
+__device__ __forceinline__ void pm_rope_items(const PmItem &it, int n_items, bf16 *q_s, int slot, int pos, float *cs,
+                                              float *sn) {
+    const int tid = threadIdx.x;
+    uint4 x1 = make_uint4(0, 0, 0, 0), x2 = x1;
+    if (tid < n_items) pm_item_load(it, tid, x1, x2);
+    pm_angles(cs, sn, pos, it.a.inv_freq, it.D);
+    __syncthreads();
+    for (int w = tid; w < n_items; w += PM_THREADS) {
+        if (w != tid) pm_item_load(it, w, x1, x2);
+        pm_item_finish<LD>(it, w, x1, x2, q_s, slot, cs, sn);
+    }
+}
+
 // grid (N * Hkv * n_hsub, n_splits): block (i * Hkv * n_hsub + g * n_hsub + hs, s) takes query heads
 // g * G + 16 hs + [0, gh) of token i over its share s of the context (PgArgs describes the outputs).
-template <int DP, int NS>
+// ROPE (a decode step, cuda_attention_paged_decode_fwd): every block of the split that holds the token's own
+// position (split 0 for a token without cache) stores the token's k and v to its slot — the same bits from each
+// such block — while its first tiles load, and loads the tile holding that row only after a barrier has made the
+// store visible; no other block reads the row (each token is its sequence's only one in the call), so no
+// grid-wide order is needed. q is turned on its way into shared memory.
+template <int DP, int NS, bool ROPE>
 __global__ void __launch_bounds__(PM_THREADS, PmCfg<DP, NS>::MIN_BLOCKS) paged_mma_kernel(const PgArgs a) {
     using C = PmCfg<DP, NS>;
     constexpr int LD = C::LD, TP = PM_TP, KC = DP / 16;
@@ -86,6 +177,7 @@ __global__ void __launch_bounds__(PM_THREADS, PmCfg<DP, NS>::MIN_BLOCKS) paged_m
     bf16 *kv_s = reinterpret_cast<bf16 *>(pm_smem);  // NS stages of [K tile | V tile]
     __shared__ __align__(16) bf16 q_s[PM_HEADS * LD];
     __shared__ float m_s[PM_WARPS][PM_HEADS], l_s[PM_WARPS][PM_HEADS], M_s[PM_HEADS], L_s[PM_HEADS];
+    __shared__ float cs_s[ROPE ? DP / 2 : 1], sn_s[ROPE ? DP / 2 : 1];  // ROPE: the token's angles
 
     const int HB = a.Hkv * a.n_hsub;
     const int i = blockIdx.x / HB, hb = blockIdx.x % HB, split = blockIdx.y, n_splits = a.n_splits;
@@ -106,9 +198,20 @@ __global__ void __launch_bounds__(PM_THREADS, PmCfg<DP, NS>::MIN_BLOCKS) paged_m
         t_begin = split * per;
         t_end = min(n_tiles, t_begin + per);
     }
+    const int own_tile = token_bad ? -1 : pos / TP;  // the tile holding the token's own position
+    bool store = false;
+    int slot = -1;
+    if (ROPE) {
+        slot = a.slots[i];
+        store = slot >= 0 && (token_bad ? split == 0 : t_begin <= own_tile && own_tile < t_end);
+    }
     const size_t ml_base = ((size_t)i * Hq + hq0) * n_splits + split;  // + h * n_splits for head hq0 + h
     bf16 *out = a.out + ((size_t)i * Hq + hq0) * D;
     if (token_bad || t_begin >= t_end) {
+        if (ROPE && store) {  // block-uniform
+            const PmItem it = {a, a.q + (size_t)i * a.q_pitch, D, nc, 0, hq0, g};
+            pm_rope_items<LD>(it, PM_KV_ITEMS(nc), q_s, slot, pos, cs_s, sn_s);
+        }
         if (n_splits == 1) {  // only a bad token gets here: every token has at least one tile
             for (int idx = tid; idx < gh * D; idx += PM_THREADS) out[idx] = f2bf(PG_NAN);
         } else if (tid < gh) {
@@ -121,9 +224,12 @@ __global__ void __launch_bounds__(PM_THREADS, PmCfg<DP, NS>::MIN_BLOCKS) paged_m
     const int32_t *table = a.block_tables + (size_t)seq * a.max_blocks;
     const size_t row = (size_t)a.Hkv * D, head_off = (size_t)g * D;
     int my_bad = 0;
+    int deferred = -1;  // ROPE: the prologue stage whose tile holds the row this block has just stored
 #pragma unroll
     for (int s = 0; s < NS - 1; s++) {
-        if (t_begin + s < t_end) {
+        if (ROPE && store && t_begin + s == own_tile) {
+            deferred = s;
+        } else if (t_begin + s < t_end) {
             bf16 *dst = kv_s + s * C::STAGE;
             my_bad |= pm_load_tile<DP>(dst, dst + TP * LD, a.k_cache, a.v_cache, table, (t_begin + s) * TP, n_ctx,
                                        a.block_size, a.bs_shift, row, head_off, nc);
@@ -132,11 +238,22 @@ __global__ void __launch_bounds__(PM_THREADS, PmCfg<DP, NS>::MIN_BLOCKS) paged_m
     }
 
     // The group's q rows (zero past gh and past D) into shared memory, then as A fragments into registers.
+    // ROPE: an item turns the pair of chunks (cc, cc + nc / 2) of a row and writes both; the items after the q
+    // rows' store this token's k and v (the loads of every item in flight together, after the tiles').
+    if (ROPE) {
+        const int n_q = gh * (nc / 2);
+        const PmItem it = {a, a.q + (size_t)i * a.q_pitch, D, nc, n_q, hq0, g};
+        pm_rope_items<LD>(it, n_q + (store ? PM_KV_ITEMS(nc) : 0), q_s, slot, pos, cs_s, sn_s);
+    }
     for (int idx = tid; idx < PM_HEADS * C::CPR; idx += PM_THREADS) {
         const int r = idx / C::CPR, cc = idx % C::CPR;
+        if (ROPE) {  // the rows and dims the items left: zero
+            if (r >= gh || cc >= nc) *reinterpret_cast<uint4 *>(q_s + r * LD + cc * 8) = make_uint4(0, 0, 0, 0);
+            continue;
+        }
         uint4 v = make_uint4(0, 0, 0, 0);
         if (r < gh && cc < nc) {
-            const bf16 *src = a.q + ((size_t)i * Hq + hq0 + r) * D + cc * 8;
+            const bf16 *src = a.q + (size_t)i * a.q_pitch + (size_t)(hq0 + r) * D + cc * 8;
             if (a.q_vec) {
                 v = *reinterpret_cast<const uint4 *>(src);
             } else {
@@ -148,7 +265,14 @@ __global__ void __launch_bounds__(PM_THREADS, PmCfg<DP, NS>::MIN_BLOCKS) paged_m
         }
         *reinterpret_cast<uint4 *>(q_s + r * LD + cc * 8) = v;
     }
-    __syncthreads();
+    __syncthreads();  // q_s complete; ROPE: this block's k / v store is visible to all its threads
+    if (ROPE && deferred >= 0) {
+        bf16 *dst = kv_s + deferred * C::STAGE;
+        my_bad |= pm_load_tile<DP>(dst, dst + TP * LD, a.k_cache, a.v_cache, table, own_tile * TP, n_ctx,
+                                   a.block_size, a.bs_shift, row, head_off, nc);
+        attn_cp_async_commit();
+        attn_cp_async_wait<0>();  // a later group than the loop's first wait expects: wait for it here
+    }
     // ldmatrix row / column of this lane inside a 16 x 16 block: A operand, B with n as the stored row (K),
     // B with k as the stored row (V) — the training forward's addressing.
     const int a_row = (lane & 7) + ((lane >> 3) & 1) * 8, a_col = (lane >> 4) * 8;
@@ -323,18 +447,21 @@ static int pm_stages(int DP) {
     return DP <= 64 ? 2 : 3;
 }
 
-// Shared-memory opt-in and residency, once per device (per[d] = blocks per SM + 1, 0 while unknown), so that
-// the launches a decode step replays from a CUDA graph make no attribute or occupancy call while captured.
-template <int DP, int NS> static long long pm_slots(OpsCtx *ctx, CudaState *st) {
+// Shared-memory opt-in and residency, once per device and variant (per[d] = blocks per SM + 1, 0 while unknown),
+// so that the launches a decode step replays from a CUDA graph make no attribute or occupancy call while captured.
+template <int DP, int NS, bool ROPE> static long long pm_slots(OpsCtx *ctx, CudaState *st) {
     static int per[64];
     const int dev = st->device;
     int known = dev < 64 ? __atomic_load_n(&per[dev], __ATOMIC_ACQUIRE) : 0;
     if (!known) {
         const int smem = PmCfg<DP, NS>::SMEM;
-        if (smem > 48 * 1024 && attn_set_smem(ctx, st, paged_mma_kernel<DP, NS>, smem, "attention_paged_fwd")) return 0;
+        if (smem > 48 * 1024 &&
+            attn_set_smem(ctx, st, paged_mma_kernel<DP, NS, ROPE>, smem, "attention_paged_fwd"))
+            return 0;
         int n = 0;
         CUDA_CHECK_RET(
-            ctx, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, paged_mma_kernel<DP, NS>, PM_THREADS, smem), 0);
+            ctx, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, paged_mma_kernel<DP, NS, ROPE>, PM_THREADS, smem),
+            0);
         if (n < 1) n = 1;
         known = n + 1;
         if (dev < 64) __atomic_store_n(&per[dev], known, __ATOMIC_RELEASE);
@@ -342,25 +469,34 @@ template <int DP, int NS> static long long pm_slots(OpsCtx *ctx, CudaState *st) 
     return (long long)(known - 1) * st->sm_count;
 }
 
-template <int DP, int NS> static void pm_launch(OpsCtx *ctx, CudaState *st, const PgArgs *a, int N) {
-    if (!pm_slots<DP, NS>(ctx, st)) return;  // makes the opt-in when the caller did not ask for the slots first
+template <int DP, int NS, bool ROPE> static void pm_launch(OpsCtx *ctx, CudaState *st, const PgArgs *a, int N) {
+    if (!pm_slots<DP, NS, ROPE>(ctx, st)) return;  // makes the opt-in when the caller did not ask for the slots
     const dim3 grid((unsigned)((long long)N * a->Hkv * a->n_hsub), (unsigned)a->n_splits);
-    paged_mma_kernel<DP, NS><<<grid, PM_THREADS, PmCfg<DP, NS>::SMEM, st->stream>>>(*a);
+    paged_mma_kernel<DP, NS, ROPE><<<grid, PM_THREADS, PmCfg<DP, NS>::SMEM, st->stream>>>(*a);
     CUDA_CHECK_LAUNCH(ctx);
 }
 
 static int pm_dp(int D) { return D <= 32 ? 32 : D <= 64 ? 64 : 128; }
 
-long long cuda_paged_mma_slots(OpsCtx *ctx, CudaState *st, int D) {
-    const int DP = pm_dp(D), NS = pm_stages(DP);
-    if (DP == 32) return NS == 2 ? pm_slots<32, 2>(ctx, st) : pm_slots<32, 3>(ctx, st);
-    if (DP == 64) return NS == 2 ? pm_slots<64, 2>(ctx, st) : pm_slots<64, 3>(ctx, st);
-    return NS == 2 ? pm_slots<128, 2>(ctx, st) : pm_slots<128, 3>(ctx, st);
+template <bool ROPE> static long long pm_slots_for(OpsCtx *ctx, CudaState *st, int DP, int NS) {
+    if (DP == 32) return NS == 2 ? pm_slots<32, 2, ROPE>(ctx, st) : pm_slots<32, 3, ROPE>(ctx, st);
+    if (DP == 64) return NS == 2 ? pm_slots<64, 2, ROPE>(ctx, st) : pm_slots<64, 3, ROPE>(ctx, st);
+    return NS == 2 ? pm_slots<128, 2, ROPE>(ctx, st) : pm_slots<128, 3, ROPE>(ctx, st);
 }
 
-void cuda_paged_mma_launch(OpsCtx *ctx, CudaState *st, const PgArgs *a, int N) {
+template <bool ROPE> static void pm_launch_for(OpsCtx *ctx, CudaState *st, const PgArgs *a, int N, int DP, int NS) {
+    if (DP == 32) NS == 2 ? pm_launch<32, 2, ROPE>(ctx, st, a, N) : pm_launch<32, 3, ROPE>(ctx, st, a, N);
+    else if (DP == 64) NS == 2 ? pm_launch<64, 2, ROPE>(ctx, st, a, N) : pm_launch<64, 3, ROPE>(ctx, st, a, N);
+    else NS == 2 ? pm_launch<128, 2, ROPE>(ctx, st, a, N) : pm_launch<128, 3, ROPE>(ctx, st, a, N);
+}
+
+long long cuda_paged_mma_slots(OpsCtx *ctx, CudaState *st, int D) {
+    const int DP = pm_dp(D);
+    return pm_slots_for<false>(ctx, st, DP, pm_stages(DP));
+}
+
+void cuda_paged_mma_launch(OpsCtx *ctx, CudaState *st, const PgArgs *a, int N, int rope) {
     const int DP = pm_dp(a->D), NS = pm_stages(DP);
-    if (DP == 32) NS == 2 ? pm_launch<32, 2>(ctx, st, a, N) : pm_launch<32, 3>(ctx, st, a, N);
-    else if (DP == 64) NS == 2 ? pm_launch<64, 2>(ctx, st, a, N) : pm_launch<64, 3>(ctx, st, a, N);
-    else NS == 2 ? pm_launch<128, 2>(ctx, st, a, N) : pm_launch<128, 3>(ctx, st, a, N);
+    if (rope) pm_launch_for<true>(ctx, st, a, N, DP, NS);
+    else pm_launch_for<false>(ctx, st, a, N, DP, NS);
 }

@@ -609,6 +609,17 @@ static int pg_impl_forced(void) {
     return forced;
 }
 
+// TANDEM_PAGED_DECODE_FUSED=0 runs a decode step's RoPE + cache store and attention as the two ops (read once; for
+// benchmarks and bisection).
+static int decode_fused_enabled(void) {
+    static int on = -1;
+    if (on < 0) {
+        const char *e = getenv("TANDEM_PAGED_DECODE_FUSED");
+        on = !(e && !strcmp(e, "0"));
+    }
+    return on;
+}
+
 // Context splits for the tensor-core kernel: `work` (token, kv head, head group) blocks, `slots` of them
 // resident at once. A batch that leaves resident places empty is split as far as one wave of blocks allows
 // (batch 1: one tile per split), never into more splits than the longest possible context has tiles; a batch
@@ -622,9 +633,12 @@ static int pm_choose_splits(long long work, long long slots, long long max_tiles
     return n < 1 ? 1 : (int)n;
 }
 
-void cuda_attention_paged_fwd(OpsCtx *ctx, void *out, const void *q, const void *k_cache, const void *v_cache,
-                              const int32_t *block_tables, const int32_t *token_seq, const int32_t *token_pos,
-                              int N, int Hq, int Hkv, int D, int block_size, int max_blocks, float scale) {
+// The paged attention launch; inv_freq / slots non-NULL: the tensor-core kernel's decode variant reading q from the
+// fused projection qkv (q is then that, q_pitch its row), which the caller has checked it can take.
+static void paged_fwd(OpsCtx *ctx, void *out, const void *q, size_t q_pitch, const void *k_cache, const void *v_cache,
+                      const int32_t *block_tables, const int32_t *token_seq, const int32_t *token_pos,
+                      const float *inv_freq, const int32_t *slots, int N, int Hq, int Hkv, int D, int block_size,
+                      int max_blocks, float scale) {
     CudaState *st = cuda_enter(ctx);
     if (!st) return;
     CUDA_ARG_CHECK(ctx, N >= 0 && Hq > 0 && Hkv > 0 && Hq % Hkv == 0 && D > 0 && block_size > 0 && max_blocks > 0,
@@ -634,9 +648,9 @@ void cuda_attention_paged_fwd(OpsCtx *ctx, void *out, const void *q, const void 
                    D, PA_MAX_D);
     CUDA_ARG_CHECK(ctx, Hq <= 65535, "attention_paged_fwd: %d query heads exceed the grid limit", Hq);
     if (N == 0) return;
-    const int impl = pg_impl_forced();
+    const int impl = pg_impl_forced(), rope = inv_freq != NULL;
     const int vec = attn_vec_ok(D, k_cache, v_cache, k_cache, v_cache);
-    if (impl == PG_IMPL_LEGACY || !vec) {
+    if (!rope && (impl == PG_IMPL_LEGACY || !vec)) {
         dim3 grid(N, Hq);
         attention_paged_kernel<<<grid, PA_WARPS * 32, 0, st->stream>>>(
             (bf16 *)out, (const bf16 *)q, (const bf16 *)k_cache, (const bf16 *)v_cache, block_tables, token_seq,
@@ -652,15 +666,16 @@ void cuda_attention_paged_fwd(OpsCtx *ctx, void *out, const void *q, const void 
     }
     PgArgs a = {(bf16 *)out, NULL, NULL, (const bf16 *)q, (const bf16 *)k_cache, (const bf16 *)v_cache, block_tables,
                 token_seq, token_pos, Hq, Hkv, D, block_size, bs_shift, max_blocks, scale * ATTN_LOG2E, G, 0, 1,
-                ((uintptr_t)q & 15) == 0};
-    if (impl == PG_IMPL_DEFAULT && D <= PM_MAX_D) {
+                ((uintptr_t)q & 15) == 0 && q_pitch % 8 == 0, q_pitch, inv_freq, slots};
+    if (rope || (impl == PG_IMPL_DEFAULT && D <= PM_MAX_D)) {
         a.n_hsub = (G + PM_HEADS - 1) / PM_HEADS;
         CUDA_ARG_CHECK(ctx, (long long)N * Hkv * a.n_hsub <= 0x7fffffffLL,
                        "attention_paged_fwd: %d tokens x %d kv heads exceed the grid limit", N, Hkv);
-        const long long slots = cuda_paged_mma_slots(ctx, st, D);
-        if (!slots) return;
+        // The plain kernel's residency decides the splits of both variants, so that they give the same bits.
+        const long long slots_resident = cuda_paged_mma_slots(ctx, st, D);
+        if (!slots_resident) return;
         const long long max_tiles = ((long long)max_blocks * block_size + PM_TP - 1) / PM_TP;
-        a.n_splits = pm_choose_splits((long long)N * Hkv * a.n_hsub, slots, max_tiles);
+        a.n_splits = pm_choose_splits((long long)N * Hkv * a.n_hsub, slots_resident, max_tiles);
         if (a.n_splits > 1) {
             const size_t parts = (size_t)N * Hq * a.n_splits;
             float *scratch = (float *)cuda_scratch(ctx, st, parts * (D + 2) * sizeof(float));
@@ -668,7 +683,7 @@ void cuda_attention_paged_fwd(OpsCtx *ctx, void *out, const void *q, const void 
             a.part_acc = scratch;
             a.part_ml = scratch + parts * D;
         }
-        cuda_paged_mma_launch(ctx, st, &a, N);
+        cuda_paged_mma_launch(ctx, st, &a, N, rope);
     } else {
         pg_launch_grouped(ctx, st, &a, N);
     }
@@ -676,4 +691,32 @@ void cuda_attention_paged_fwd(OpsCtx *ctx, void *out, const void *q, const void 
     paged_merge_kernel<<<dim3(N, Hq), PG_MERGE_THREADS, a.n_splits * sizeof(float), st->stream>>>(
         (bf16 *)out, a.part_acc, a.part_ml, Hq, D, a.n_splits);
     CUDA_CHECK_LAUNCH(ctx);
+}
+
+void cuda_attention_paged_fwd(OpsCtx *ctx, void *out, const void *q, const void *k_cache, const void *v_cache,
+                              const int32_t *block_tables, const int32_t *token_seq, const int32_t *token_pos,
+                              int N, int Hq, int Hkv, int D, int block_size, int max_blocks, float scale) {
+    paged_fwd(ctx, out, q, (size_t)(Hq > 0 ? Hq : 0) * (D > 0 ? D : 0), k_cache, v_cache, block_tables, token_seq,
+              token_pos, NULL, NULL, N, Hq, Hkv, D, block_size, max_blocks, scale);
+}
+
+// A decode step's split + RoPE + cache store + attention in one launch where the tensor-core kernel takes the
+// shape (head dim a multiple of 16 up to 128, 16-byte aligned rows); otherwise the two ops it stands for.
+void cuda_attention_paged_decode_fwd(OpsCtx *ctx, void *out, void *q, void *k_cache, void *v_cache,
+                                     const int32_t *slot_mapping, const void *qkv, const int32_t *block_tables,
+                                     const int32_t *token_seq, const int32_t *token_pos, const float *inv_freq, int N,
+                                     int Hq, int Hkv, int D, int block_size, int max_blocks, float scale) {
+    const size_t QKV = (size_t)(Hq + 2 * Hkv) * (size_t)(D > 0 ? D : 0);
+    const int fused = pg_impl_forced() == PG_IMPL_DEFAULT && D > 0 && D <= PM_MAX_D && D % 16 == 0 &&
+                      attn_vec_ok(D, k_cache, v_cache, k_cache, v_cache) && ((uintptr_t)qkv & 15) == 0 &&
+                      decode_fused_enabled();
+    if (fused) {
+        paged_fwd(ctx, out, qkv, QKV, k_cache, v_cache, block_tables, token_seq, token_pos, inv_freq, slot_mapping, N,
+                  Hq, Hkv, D, block_size, max_blocks, scale);
+        return;
+    }
+    cuda_qkv_rope_store_fwd(ctx, q, k_cache, v_cache, slot_mapping, qkv, token_pos, inv_freq, N, Hq, Hkv, D);
+    if (ops_status(ctx)) return;
+    cuda_attention_paged_fwd(ctx, out, q, k_cache, v_cache, block_tables, token_seq, token_pos, N, Hq, Hkv, D,
+                             block_size, max_blocks, scale);
 }

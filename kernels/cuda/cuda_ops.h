@@ -73,6 +73,10 @@ void cuda_kv_cache_store(OpsCtx *ctx, void *k_cache, void *v_cache, const void *
 void cuda_attention_paged_fwd(OpsCtx *ctx, void *out, const void *q, const void *k_cache, const void *v_cache,
                               const int32_t *block_tables, const int32_t *token_seq, const int32_t *token_pos,
                               int N, int Hq, int Hkv, int D, int block_size, int max_blocks, float scale);
+void cuda_attention_paged_decode_fwd(OpsCtx *ctx, void *out, void *q, void *k_cache, void *v_cache,
+                                     const int32_t *slot_mapping, const void *qkv, const int32_t *block_tables,
+                                     const int32_t *token_seq, const int32_t *token_pos, const float *inv_freq, int N,
+                                     int Hq, int Hkv, int D, int block_size, int max_blocks, float scale);
 void cuda_swiglu_fwd(OpsCtx *ctx, void *out, const void *gu, int N, int inner);
 void cuda_swiglu_bwd(OpsCtx *ctx, void *dgu, const void *dout, const void *gu, int N, int inner);
 void cuda_logprobs_fwd(OpsCtx *ctx, float *logprobs, float *lse, float *entropy, const void *logits,
