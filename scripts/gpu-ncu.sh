@@ -3,6 +3,7 @@
 # of one decode step goes, kernel by kernel, and why the paged attention moves the bytes it does.
 #   scripts/gpu-ncu.sh CARRY_DIR step  [SHAPE=0.5b BATCH=512 CTX=512]  per-kernel GPU time of one decode step
 #   scripts/gpu-ncu.sh CARRY_DIR attn  [HQ=14 HKV=2 D=64 BATCH=512 CTX=512]  full report of one paged-attention call
+#   KERNEL=regex [SKIP=3] scripts/gpu-ncu.sh CARRY_DIR kernel COMMAND [ARGS]  full report of one launch of a kernel
 # CARRY_DIR is what scripts/gpu-check.sh unpacked (e.g. /tmp/tandem-gpu-carry). Kernels are profiled one at a
 # time with warm caches and boost clocks left alone (--cache-control none --clock-control none), so the step's
 # per-kernel times add up close to its graph replay; the raw CSV lands in $OUT (or /tmp) for later reading.
@@ -56,8 +57,22 @@ elif [ "$WHAT" = attn ]; then
   "$NCU" --set full --cache-control all --clock-control none -k regex:paged_mma_kernel --launch-skip 3 \
     --launch-count 1 "$B/bench/bench_attention_paged" --hq "$HQ" --hkv "$HKV" --d "$D" --batch "$BATCH" \
     --ctx "$CTX" --iters 4 > "$rep" 2>&1 || { tail -20 "$rep"; exit 1; }
+  # Per-instruction view (SASS with stall samples and sector counts) for reading back on the development machine.
+  "$NCU" --set full --import-source no --cache-control all --clock-control none -k regex:paged_mma_kernel \
+    --launch-skip 3 --launch-count 1 -f -o "$OUT/ncu-attn" "$B/bench/bench_attention_paged" --hq "$HQ" --hkv "$HKV" \
+    --d "$D" --batch "$BATCH" --ctx "$CTX" --iters 4 > /dev/null 2>&1 &&
+    "$NCU" -i "$OUT/ncu-attn.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu-attn-sass.csv" 2>&1 || true
   grep -E "Duration|DRAM Throughput|Memory Throughput|L2 Hit|L1/TEX Hit|Achieved Occupancy|Theoretical Occupancy|Registers Per|Block Limit|Waves Per SM|Stall|stall|cycles being stalled|Issued Ipc|Eligible|No Eligible|Active Warps|Mem Busy|Max Bandwidth|Mem Pipes" "$rep" | head -60
+elif [ "$WHAT" = kernel ]; then
+  # Any kernel of any command: KERNEL=regex SKIP=launches to skip, then the command and its arguments.
+  shift 2
+  rep="$OUT/ncu-kernel"
+  "$NCU" --set full --import-source no --cache-control all --clock-control none -k "regex:${KERNEL:?KERNEL=regex}" \
+    --launch-skip "${SKIP:-3}" --launch-count 1 -f -o "$rep" "$@" > "$rep.log" 2>&1 || { tail -20 "$rep.log"; exit 1; }
+  "$NCU" -i "$rep.ncu-rep" --page details > "$rep.txt" 2>&1
+  "$NCU" -i "$rep.ncu-rep" --page source --csv --print-source sass > "$rep-sass.csv" 2>&1 || true
+  grep -E "Duration|DRAM Throughput|Registers Per|Achieved Occupancy|Issued Ipc|Eligible Warps" "$rep.txt" | head -20
 else
-  echo "gpu-ncu.sh: WHAT is step or attn" >&2
+  echo "gpu-ncu.sh: WHAT is step, attn or kernel" >&2
   exit 2
 fi
