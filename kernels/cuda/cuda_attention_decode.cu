@@ -224,7 +224,7 @@ __global__ void __launch_bounds__(PM_THREADS, PmCfg<DP, NS>::MIN_BLOCKS) paged_m
     const int32_t *table = a.block_tables + (size_t)seq * a.max_blocks;
     const size_t row = (size_t)a.Hkv * D, head_off = (size_t)g * D;
     int my_bad = 0;
-    int deferred = -1;  // ROPE: the prologue stage whose tile holds the row this block has just stored
+    int deferred = -1;  // ROPE: the prologue stage whose tile holds the row this block stores (loaded once visible)
 #pragma unroll
     for (int s = 0; s < NS - 1; s++) {
         if (ROPE && store && t_begin + s == own_tile) {

@@ -87,7 +87,6 @@ static void run_case(const char *what, int Hq, int Hkv, int D, int block_size, i
     snprintf(name, sizeof name, "%s D=%d %d/%d bs%d", what, D, Hq, Hkv, block_size);
     int n_blk;
     char err[160];
-    // One extra table row (all zero: block 0) for the padding rows, as the padded decode step has.
     int32_t *seq_tables = kt_paged_tables(n_seqs, ctx_len, block_size, max_blocks, 3, hole_seq, irand, &n_blk, err,
                                           sizeof err);
     if (!seq_tables) {
