@@ -11,6 +11,8 @@ Two modes, both sides the same work, random weights, next-token cross-entropy ov
            checkpointing, forward + backward, global gradient-norm clipping to 1.0, AdamW on fp32 master weights.
            tandem: bf16 parameters + fp32 master/m/v (bench_model_step --checkpoint --adamw);
            PyTorch: fp32 parameters under torch.autocast(bf16), gradient checkpointing, clip_grad_norm_, fused AdamW.
+Every tandem mode keeps the forward's logits for the backward (the trainer's keep_logits default);
+--recompute-logits recomputes them in chunks instead (keep_logits false).
 MFU = 6 * params * tokens/s / peak (model FLOPs: recomputation is not counted), peak = 989 TFLOP/s (H100/H200
 dense bf16).
 """
@@ -75,6 +77,8 @@ def main():
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--seq", type=int, default=1024)
     ap.add_argument("--modes", default="update,fwdbwd")
+    ap.add_argument("--recompute-logits", action="store_true",
+                    help="tandem recomputes the logits in backward (keep_logits false) instead of keeping them")
     ap.add_argument("--profile", action="store_true",
                     help="also one profiled tandem step per mode and shape (TANDEM_PROFILE_OPS=1): GPU time per op")
     args = ap.parse_args()
@@ -82,6 +86,7 @@ def main():
     rows = []
     for mode in args.modes.split(","):
         flags = {"update": ["--checkpoint", "--adamw"], "update-nockpt": ["--adamw"], "fwdbwd": []}[mode]
+        flags += [] if args.recompute_logits else ["--keep-logits"]
         for name in args.shapes.split(","):
             cfg = Qwen2Config(**SHAPES[name], max_position_embeddings=4096)
             with tempfile.TemporaryDirectory() as d:

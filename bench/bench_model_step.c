@@ -1,9 +1,10 @@
 // bench_model_step — training-step tokens/s of the model core on a config with random weights.
 //   bench_model_step MODEL_DIR [--device cpu|cuda] [--batch B] [--seq T] [--steps S] [--warmup W] [--checkpoint]
-//                    [--adamw]
+//                    [--adamw] [--keep-logits]
 // A step is forward + backward; with --adamw also the policy update as the trainer runs it on one rank: the
 // global gradient norm (sum of squares of every fp32 gradient), clipping to 1.0 and AdamW on fp32 master weights,
-// m and v, writing the storage-dtype parameters.
+// m and v, writing the storage-dtype parameters. --keep-logits keeps the forward's logits for the backward (the
+// trainer's default) instead of recomputing them.
 // MODEL_DIR needs only config.json. Prints one JSON line: {"tokens_per_s": ..., "step_s": ..., ...}.
 // bench/bench_model.py runs it beside a PyTorch step of the same model and prints the ratio.
 #include <math.h>
@@ -23,10 +24,10 @@ static double now_s(void) {
 
 int main(int argc, char **argv) {
     if (argc < 2 || strcmp(argv[1], "--help") == 0) {
-        fprintf(stderr, "usage: bench_model_step MODEL_DIR [--batch 4] [--seq 256] [--steps 3] [--warmup 1] [--checkpoint] [--device cpu|cuda]\n");
+        fprintf(stderr, "usage: bench_model_step MODEL_DIR [--batch 4] [--seq 256] [--steps 3] [--warmup 1] [--checkpoint] [--adamw] [--keep-logits] [--device cpu|cuda]\n");
         return 2;
     }
-    int B = 4, T = 256, steps = 3, warmup = 1, checkpoint = 0, adamw = 0;
+    int B = 4, T = 256, steps = 3, warmup = 1, checkpoint = 0, adamw = 0, keep_logits = 0;
     OpsBackend backend = OPS_BACKEND_CPU;
     for (int i = 2; i < argc; i++) {
         if (!strcmp(argv[i], "--batch") && i + 1 < argc) B = atoi(argv[++i]);
@@ -35,6 +36,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--warmup") && i + 1 < argc) warmup = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--checkpoint")) checkpoint = 1;
         else if (!strcmp(argv[i], "--adamw")) adamw = 1;
+        else if (!strcmp(argv[i], "--keep-logits")) keep_logits = 1;
         else if (!strcmp(argv[i], "--device") && i + 1 < argc) backend = !strcmp(argv[++i], "cuda") ? OPS_BACKEND_CUDA : OPS_BACKEND_CPU;
         else { fprintf(stderr, "bench_model_step: unknown option %s\n", argv[i]); return 2; }
     }
@@ -46,7 +48,9 @@ int main(int argc, char **argv) {
     TrainActs *acts;
     if (config_load(&cfg, argv[1], err, sizeof err) != 0 || ops_create(&ops, backend, 0, err, sizeof err) != 0 ||
         model_init(&m, &cfg, ops, err, sizeof err) != 0 || resident_alloc(&w, &m, 1, err, sizeof err) != 0 ||
-        train_acts_create(&acts, &m, B * T, B, checkpoint, err, sizeof err) != 0) {
+        train_acts_create(&acts, &m, B * T, B,
+                          (checkpoint ? TRAIN_ACTS_CHECKPOINT : 0) | (keep_logits ? TRAIN_ACTS_KEEP_LOGITS : 0), err,
+                          sizeof err) != 0) {
         fprintf(stderr, "bench_model_step: %s\n", err);
         return 1;
     }
@@ -113,7 +117,7 @@ int main(int argc, char **argv) {
     double dt = (now_s() - t0) / steps;
     ops_profile_print(ops);   // TANDEM_PROFILE_OPS=1: where the warm-up and timed steps went
     printf("{\"tokens_per_s\": %.1f, \"step_s\": %.4f, \"batch\": %d, \"seq\": %d, \"params\": %zu, "
-           "\"activation_bytes\": %zu, \"checkpoint\": %d, \"adamw\": %d}\n",
-           N / dt, dt, B, T, m.layout.n_params, train_acts_bytes(acts), checkpoint, adamw);
+           "\"activation_bytes\": %zu, \"checkpoint\": %d, \"adamw\": %d, \"keep_logits\": %d}\n",
+           N / dt, dt, B, T, m.layout.n_params, train_acts_bytes(acts), checkpoint, adamw, keep_logits);
     return 0;
 }

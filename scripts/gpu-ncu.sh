@@ -3,6 +3,8 @@
 # of one decode step goes, kernel by kernel, and why the paged attention moves the bytes it does.
 #   scripts/gpu-ncu.sh CARRY_DIR step  [SHAPE=0.5b BATCH=512 CTX=512]  per-kernel GPU time of one decode step
 #   scripts/gpu-ncu.sh CARRY_DIR attn  [HQ=14 HKV=2 D=64 BATCH=512 CTX=512]  full report of one paged-attention call
+#   scripts/gpu-ncu.sh CARRY_DIR train [SHAPE=1.5b FLAGS=--adamw BATCH=8 SEQ=1024]  per-kernel GPU time of one
+#                                                                           training step (bench_model_step)
 #   KERNEL=regex [SKIP=3] scripts/gpu-ncu.sh CARRY_DIR kernel COMMAND [ARGS]  full report of one launch of a kernel
 # CARRY_DIR is what scripts/gpu-check.sh unpacked (e.g. /tmp/tandem-gpu-carry). Kernels are profiled one at a
 # time with warm caches and boost clocks left alone (--cache-control none --clock-control none), so the step's
@@ -14,6 +16,37 @@ OUT=${OUT:-/tmp}
 export LD_LIBRARY_PATH="$B/devlib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" NCCL_NVLS_ENABLE=0
 NCU=${NCU:-$(command -v ncu || echo /usr/local/cuda/bin/ncu)}
 cd "$(dirname "$0")/.."
+
+# Per-kernel table of the last step in an ncu CSV: kernel_table CSV MARK end|start.
+kernel_table() {
+  python3 - "$@" <<'EOF'
+import csv, sys, collections
+rows = [r for r in csv.DictReader(l for l in open(sys.argv[1]) if l.startswith('"'))]
+rows = [r for r in rows if r.get("gpu__time_duration.sum", "").replace(".", "").replace(",", "").isdigit()]
+def num(r, k): return float(r[k].replace(",", ""))
+# The last step: MARK names a step's last kernel (end: the launches between the last two) or its first (start:
+# the launches from the last one on).
+mark, where = sys.argv[2], sys.argv[3]
+ms = [i for i, r in enumerate(rows) if mark in r["Kernel Name"]]
+if where == "end":
+    step = rows[ms[-2] + 1: ms[-1] + 1] if len(ms) >= 2 else rows
+else:
+    step = rows[ms[-1]:] if ms else rows
+by = collections.OrderedDict()
+for r in step:
+    name = r["Kernel Name"].split("(")[0].split("<")[0][:60]
+    t = num(r, "gpu__time_duration.sum")  # ns
+    byt = num(r, "dram__bytes_read.sum") + num(r, "dram__bytes_write.sum")
+    a = by.setdefault(name, [0, 0.0, 0.0])
+    a[0] += 1; a[1] += t; a[2] += byt
+total = sum(a[1] for a in by.values())
+print(f"{'kernel':60} {'calls':>5} {'us':>9} {'share':>6} {'GB/s':>7}")
+for name, (n, t, byt) in sorted(by.items(), key=lambda kv: -kv[1][1]):
+    print(f"{name:60} {n:5d} {t/1e3:9.1f} {100*t/total:5.1f}% {byt/t if t else 0:7.0f}")
+print(f"{'total (kernels back to back)':60} {len(step):5d} {total/1e3:9.1f}")
+EOF
+}
+
 
 if [ "$WHAT" = step ]; then
   SHAPE=${SHAPE:-0.5b} BATCH=${BATCH:-512} CTX=${CTX:-512}
@@ -30,27 +63,25 @@ EOF
     --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
     "$B/bench/bench_decode_step" "$d" --device cuda --batches "$BATCH" --ctx "$CTX" --steps 2 --warmup 1 \
     > "$csv" 2> "$OUT/ncu-step-$SHAPE-b$BATCH.err" || { tail -20 "$OUT/ncu-step-$SHAPE-b$BATCH.err"; exit 1; }
-  python3 - "$csv" <<'EOF'
-import csv, sys, collections
-rows = [r for r in csv.DictReader(l for l in open(sys.argv[1]) if l.startswith('"'))]
-rows = [r for r in rows if r.get("gpu__time_duration.sum", "").replace(".", "").replace(",", "").isdigit()]
-def num(r, k): return float(r[k].replace(",", ""))
-# One step = the launches between two greedy-combine kernels (the last op of a step): take the last one.
-ends = [i for i, r in enumerate(rows) if "greedy_combine" in r["Kernel Name"]]
-step = rows[ends[-2] + 1: ends[-1] + 1] if len(ends) >= 2 else rows
-by = collections.OrderedDict()
-for r in step:
-    name = r["Kernel Name"].split("(")[0].split("<")[0][:60]
-    t = num(r, "gpu__time_duration.sum")  # ns
-    byt = num(r, "dram__bytes_read.sum") + num(r, "dram__bytes_write.sum")
-    a = by.setdefault(name, [0, 0.0, 0.0])
-    a[0] += 1; a[1] += t; a[2] += byt
-total = sum(a[1] for a in by.values())
-print(f"{'kernel':60} {'calls':>5} {'us':>9} {'share':>6} {'GB/s':>7}")
-for name, (n, t, byt) in sorted(by.items(), key=lambda kv: -kv[1][1]):
-    print(f"{name:60} {n:5d} {t/1e3:9.1f} {100*t/total:5.1f}% {byt/t if t else 0:7.0f}")
-print(f"{'total (kernels back to back)':60} {len(step):5d} {total/1e3:9.1f}")
+  kernel_table "$csv" greedy_combine end
+elif [ "$WHAT" = train ]; then
+  SHAPE=${SHAPE:-1.5b} FLAGS=${FLAGS:---adamw} BATCH=${BATCH:-8} SEQ=${SEQ:-1024}
+  d=$(mktemp -d)
+  python3 - "$d" "$SHAPE" <<'EOF'
+import json, pathlib, sys
+sys.path.insert(0, "bench")
+from bench_decode_gpu import write_config
+write_config(pathlib.Path(sys.argv[1]), sys.argv[2])
 EOF
+  tag="train-$SHAPE-b$BATCH-s$SEQ$(echo "$FLAGS" | tr -d ' ')"
+  csv="$OUT/ncu-$tag.csv"
+  # Warm-up 1 (which also autotunes the GEMMs) + 1 timed step; the step starts at its embedding lookup.
+  # shellcheck disable=SC2086
+  "$NCU" --cache-control none --clock-control none --csv --page raw \
+    --metrics gpu__time_duration.sum,dram__bytes_read.sum,dram__bytes_write.sum \
+    "$B/bench/bench_model_step" "$d" --device cuda --batch "$BATCH" --seq "$SEQ" --steps 1 --warmup 1 $FLAGS \
+    > "$csv" 2> "$OUT/ncu-$tag.err" || { tail -20 "$OUT/ncu-$tag.err"; exit 1; }
+  kernel_table "$csv" embedding_fwd start
 elif [ "$WHAT" = attn ]; then
   HQ=${HQ:-14} HKV=${HKV:-2} D=${D:-64} BATCH=${BATCH:-512} CTX=${CTX:-512}
   rep="$OUT/ncu-attn-h$HQ-$HKV-d$D-b$BATCH-c$CTX.txt"
@@ -73,6 +104,6 @@ elif [ "$WHAT" = kernel ]; then
   "$NCU" -i "$rep.ncu-rep" --page source --csv --print-source sass > "$rep-sass.csv" 2>&1 || true
   grep -E "Duration|DRAM Throughput|Registers Per|Achieved Occupancy|Issued Ipc|Eligible Warps" "$rep.txt" | head -20
 else
-  echo "gpu-ncu.sh: WHAT is step, attn or kernel" >&2
+  echo "gpu-ncu.sh: WHAT is step, train, attn or kernel" >&2
   exit 2
 fi

@@ -90,16 +90,26 @@ void model_random_unit_f32(const Model *m, uint64_t seed, float std, int unit, f
 // ---- training -----------------------------------------------------------------------------------
 
 typedef struct TrainActs TrainActs;
-// Activation memory for batches of up to max_tokens tokens and max_seqs sequences. checkpoint = 1 keeps only
-// each layer's input, attention output and log-sum-exp, and recomputes the rest of the layer (but not the
-// attention) during backward (activation checkpointing).
-int train_acts_create(TrainActs **out, const Model *m, int max_tokens, int max_seqs, int checkpoint, char *err,
+// train_acts_create flags.
+enum {
+    // Keep only each layer's input, attention output and log-sum-exp, and recompute the rest of the layer (but not
+    // the attention) during backward (activation checkpointing).
+    TRAIN_ACTS_CHECKPOINT = 1,
+    // Keep the forward's lm_head logits of the whole batch (max_tokens x vocab, storage dtype) for the backward
+    // instead of recomputing them chunk by chunk: one lm_head GEMM fewer per step for that memory.
+    TRAIN_ACTS_KEEP_LOGITS = 2,
+};
+// Activation memory for batches of up to max_tokens tokens and max_seqs sequences; flags: TRAIN_ACTS_* or'ed
+// (0 = every layer's intermediates kept, logits recomputed in backward).
+int train_acts_create(TrainActs **out, const Model *m, int max_tokens, int max_seqs, int flags, char *err,
                       size_t err_len);
 void train_acts_free(TrainActs *a, const Model *m);
 // Backend memory the buffers hold, all of it; of which, with checkpointing, what each layer keeps across the
 // recompute (attention output and log-sum-exp; without q/k norms also q, k, v and xmid), 0 without.
 size_t train_acts_bytes(const TrainActs *a);
 size_t train_acts_kept_bytes(const TrainActs *a);
+// Of train_acts_bytes, the whole batch's logits kept for the backward (TRAIN_ACTS_KEEP_LOGITS), 0 without.
+size_t train_acts_logits_bytes(const TrainActs *a);
 
 // Forward over a batch: per-token logprobs (N) of batch->targets under softmax(logits * inv_temperature), and
 // optionally per-token entropy (N) and the full logits (N, V) — all host fp32 outputs, NULL to skip.

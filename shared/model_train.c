@@ -8,7 +8,10 @@
 // (Qwen2, Llama) it keeps q, k, v (after RoPE) and xmid too (another L x N x (Hq D + 2 Hkv D + C) storage elements,
 // ~1.6 GB there): the recompute is then the two RMSNorms and the MLP up to SwiGLU — no q/k/v or output projection,
 // no RoPE. With q/k norms the recompute also redoes the projections, norms and RoPE of the attention half.
-// The lm_head + log-softmax runs over row chunks so the (N, V) logits never exist at once.
+// The lm_head + log-softmax runs over row chunks so the (N, V) logits never exist at once, unless the caller asks to
+// keep them (TRAIN_ACTS_KEEP_LOGITS): then each chunk's logits stay in their rows of one (N, V) buffer — storage
+// dtype, never fp32 probabilities — and the backward reads them back instead of running the lm_head GEMM again
+// (the same chunks and GEMMs, so the same bits).
 //
 // Residual adds: layer l writes only its MLP output into residual[l+1]; the add of its xmid runs fused with the
 // next RMSNorm — layer l+1's input norm, or the final norm — so residual[l+1] is complete from then on.
@@ -25,7 +28,7 @@
 #define LOGIT_CHUNK_ELEMS_GPU (1u << 28)
 
 struct TrainActs {
-    int max_tokens, max_seqs, checkpoint, n_slots, chunk_rows;
+    int max_tokens, max_seqs, checkpoint, keep_logits, n_slots, chunk_rows;
     size_t bytes;
     int32_t *tokens, *targets, *cu_seqlens, *positions; // backend memory: (N), (N), (B+1), (N)
     int32_t *positions_host;                            // (N)
@@ -44,7 +47,8 @@ struct TrainActs {
     void *dres;               // (N, C)
     void *xf;                 // (N, C) final-norm output
     float *rstd_final;        // (N)
-    void *logits_chunk;       // (chunk_rows, V)
+    void *logits_chunk;       // (chunk_rows, V), or (max_tokens, V) with keep_logits
+    size_t logits_kept_bytes; // the latter's size, 0 without
     void *dlogits_chunk;      // (chunk_rows, V)
     float *logprobs, *lse, *entropy, *dlogprobs, *dentropy; // (N) each
     // The batch of the last forward.
@@ -55,14 +59,16 @@ struct TrainActs {
 
 size_t train_acts_bytes(const TrainActs *a) { return a->bytes; }
 size_t train_acts_kept_bytes(const TrainActs *a) { return a->kept_bytes; }
+size_t train_acts_logits_bytes(const TrainActs *a) { return a->logits_kept_bytes; }
 
 static void *track(TrainActs *a, OpsCtx *o, size_t bytes) {
     a->bytes += bytes;
     return ops_malloc(o, bytes);
 }
 
-int train_acts_create(TrainActs **out, const Model *m, int max_tokens, int max_seqs, int checkpoint, char *err,
+int train_acts_create(TrainActs **out, const Model *m, int max_tokens, int max_seqs, int flags, char *err,
                       size_t err_len) {
+    const int checkpoint = (flags & TRAIN_ACTS_CHECKPOINT) != 0;
     *out = NULL;
     OpsCtx *o = m->ops;
     const ModelConfig *cfg = &m->cfg;
@@ -74,6 +80,7 @@ int train_acts_create(TrainActs **out, const Model *m, int max_tokens, int max_s
     a->max_tokens = max_tokens;
     a->max_seqs = max_seqs;
     a->checkpoint = checkpoint;
+    a->keep_logits = (flags & TRAIN_ACTS_KEEP_LOGITS) != 0;
     a->n_slots = checkpoint ? 1 : L;
     size_t rows = (ops_backend(o) == OPS_BACKEND_CUDA ? LOGIT_CHUNK_ELEMS_GPU : LOGIT_CHUNK_ELEMS_CPU) / V;
     // On a GPU, whole 128-row tiles: the lm_head GEMMs of a 1,664-row chunk ran 11-14 % faster than of 1,766 rows
@@ -133,7 +140,8 @@ int train_acts_create(TrainActs **out, const Model *m, int max_tokens, int max_s
     a->dres = track(a, o, N * C * es);
     a->xf = track(a, o, N * C * es);
     a->rstd_final = track(a, o, N * 4);
-    a->logits_chunk = track(a, o, (size_t)a->chunk_rows * V * es);
+    if (a->keep_logits) a->logits_kept_bytes = N * V * es;
+    a->logits_chunk = track(a, o, a->keep_logits ? a->logits_kept_bytes : (size_t)a->chunk_rows * V * es);
     a->dlogits_chunk = track(a, o, (size_t)a->chunk_rows * V * es);
     a->logprobs = track(a, o, N * 4);
     a->lse = track(a, o, N * 4);
@@ -268,6 +276,11 @@ static void recompute_kept(Model *m, const void *p, LayerActs *s, const void *x_
     ops_swiglu_fwd(o, s->act, s->gu, N, I);
 }
 
+// The logits of rows r0.. of the batch: their rows of the kept (N, V) logits, or the one chunk buffer.
+static void *logits_rows(const Model *m, const TrainActs *a, int r0) {
+    return a->keep_logits ? elem_at(m, a->logits_chunk, (size_t)r0 * m->cfg.vocab_size) : a->logits_chunk;
+}
+
 // lm_head weight: unit L+1's own, or the embedding table (unit 0) when tied.
 static const void *lm_head_weight(const Model *m, const void *p_final, const void *p_embed) {
     return m->layout.lm_head == SIZE_MAX ? elem_at(m, p_embed, m->layout.embed) : elem_at(m, p_final, m->layout.lm_head);
@@ -320,11 +333,12 @@ int model_forward(Model *m, TrainActs *a, UnitSource *src, const Batch *b, float
     const void *w_lm = lm_head_weight(m, pf, p0);
     for (int r0 = 0; r0 < N; r0 += a->chunk_rows) {
         int rows = N - r0 < a->chunk_rows ? N - r0 : a->chunk_rows;
-        ops_matmul_fwd(o, a->logits_chunk, elem_at(m, a->xf, (size_t)r0 * C), w_lm, NULL, rows, C, V);
+        void *chunk = logits_rows(m, a, r0);
+        ops_matmul_fwd(o, chunk, elem_at(m, a->xf, (size_t)r0 * C), w_lm, NULL, rows, C, V);
         // Entropy costs one more pass over each row: only when asked for (a backward with an entropy term needs it).
-        ops_logprobs_fwd(o, a->logprobs + r0, a->lse + r0, entropy ? a->entropy + r0 : NULL, a->logits_chunk,
+        ops_logprobs_fwd(o, a->logprobs + r0, a->lse + r0, entropy ? a->entropy + r0 : NULL, chunk,
                          a->targets + r0, rows, V, inv_temperature);
-        if (logits) ops_download_f32(o, logits + (size_t)r0 * V, a->logits_chunk, (size_t)rows * V);
+        if (logits) ops_download_f32(o, logits + (size_t)r0 * V, chunk, (size_t)rows * V);
     }
     if (p0) RELEASE(src, 0);
     RELEASE(src, uf);
@@ -371,10 +385,10 @@ int model_backward_entropy(Model *m, TrainActs *a, UnitSource *src, const float 
     for (int r0 = 0; r0 < N; r0 += a->chunk_rows) {
         int rows = N - r0 < a->chunk_rows ? N - r0 : a->chunk_rows;
         const void *xf_c = elem_at(m, a->xf, (size_t)r0 * C);
-        ops_matmul_fwd(o, a->logits_chunk, xf_c, w_lm, NULL, rows, C, V);
+        void *chunk = logits_rows(m, a, r0);
+        if (!a->keep_logits) ops_matmul_fwd(o, chunk, xf_c, w_lm, NULL, rows, C, V);
         ops_logprobs_bwd(o, a->dlogits_chunk, a->dlogprobs + r0, dentropy ? a->dentropy + r0 : NULL, a->entropy + r0,
-                         a->logits_chunk, a->targets + r0, a->lse + r0, rows, V,
-                         a->inv_temperature);
+                         chunk, a->targets + r0, a->lse + r0, rows, V, a->inv_temperature);
         ops_matmul_bwd(o, elem_at(m, dxf, (size_t)r0 * C), dw_lm, NULL, a->dlogits_chunk, xf_c, w_lm, rows, C, V, 0);
     }
     // dres = d residual[L] (dres_in NULL: nothing flows into the stream from above the final norm).

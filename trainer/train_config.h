@@ -72,6 +72,7 @@ typedef struct {
     double num_train_epochs;
     long seed;
     int gradient_checkpointing;
+    int keep_logits;                // the forward's (tokens, vocab) logits kept for the backward (no recompute)
     char *optim;                    // adamw_* only (AdamW is the one optimizer)
     // ---- logging and checkpoints ----
     int logging_steps;

@@ -161,6 +161,8 @@ const OptionSpec train_options[] = {
     OPT("gradient_checkpointing", OPT_BOOL, gradient_checkpointing, G_OPT,
         "recompute activations in backward instead of keeping them"),
     ALIAS("activation_checkpointing", "gradient_checkpointing"),
+    OPT("keep_logits", OPT_BOOL, keep_logits, G_OPT,
+        "keep the forward's lm_head logits (tokens x vocab, bf16) for the backward instead of recomputing them"),
 
     OPT("logging_steps", OPT_INT, logging_steps, G_LOG, "log a line and a metrics.jsonl record every k steps"),
     OPT("save_steps", OPT_INT, save_steps, G_LOG, "checkpoint every k steps; 0 = only at the end"),
@@ -202,6 +204,7 @@ void train_config_default(TrainConfig *c) {
     c->lr_scheduler_type = LR_SCHED_LINEAR;
     c->per_device_train_batch_size = 8, c->gradient_accumulation_steps = 1;
     c->max_steps = -1, c->num_train_epochs = 3.0, c->seed = 42, c->gradient_checkpointing = 1;
+    c->keep_logits = 1;
     c->optim = strdup("adamw_torch");
     c->logging_steps = 10, c->save_steps = 500, c->save_total_limit = 0;
     c->zero_stage = 3, c->device = TRAIN_DEVICE_AUTO;

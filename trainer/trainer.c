@@ -218,15 +218,18 @@ int trainer_ensure_acts(Trainer *t, int n_tokens, int n_seqs, char *err, size_t 
     int seqs = n_seqs > t->acts_seqs ? n_seqs : t->acts_seqs;
     if (t->acts) train_acts_free(t->acts, &t->model);
     t->acts = NULL;
-    if (train_acts_create(&t->acts, &t->model, tokens, seqs, t->cfg->gradient_checkpointing, err, err_len) != 0)
-        return -1;
+    const int flags = (t->cfg->gradient_checkpointing ? TRAIN_ACTS_CHECKPOINT : 0) |
+                      (t->cfg->keep_logits ? TRAIN_ACTS_KEEP_LOGITS : 0);
+    if (train_acts_create(&t->acts, &t->model, tokens, seqs, flags, err, err_len) != 0) return -1;
     t->acts_tokens = tokens;
     t->acts_seqs = seqs;
     if (t->rank == 0)
         fprintf(stderr, "tandem-train: activation buffers for %d tokens in %d sequences: %.1f MB (%s%.1f MB of it "
-                "kept across the recompute: attention inputs and outputs)\n", tokens, seqs, train_acts_bytes(t->acts) / 1e6,
+                "kept across the recompute: attention inputs and outputs; %.1f MB the batch's logits%s)\n", tokens, seqs,
+                train_acts_bytes(t->acts) / 1e6,
                 t->cfg->gradient_checkpointing ? "checkpointing per layer; " : "no checkpointing; ",
-                train_acts_kept_bytes(t->acts) / 1e6);
+                train_acts_kept_bytes(t->acts) / 1e6, train_acts_logits_bytes(t->acts) / 1e6,
+                t->cfg->keep_logits ? ", --keep-logits false recomputes them in chunks" : "");
     return 0;
 }
 

@@ -148,7 +148,7 @@ static void test_paged_equals_training(const char *json) {
     tiny_free(&t);
 }
 
-static void grads_of(Tiny *t, int checkpoint, int passes, float **out) {
+static void grads_of(Tiny *t, int flags, int passes, float **out) {
     char err[512];
     const int N = 19;
     int32_t tok[19], targets[19], cu[4] = {0, 7, 8, 19};
@@ -160,7 +160,10 @@ static void grads_of(Tiny *t, int checkpoint, int passes, float **out) {
     float lp[19], dlp[19];
     for (int i = 0; i < N; i++) dlp[i] = targets[i] < 0 ? 0.0f : -0.1f * (1 + i % 3);
     TrainActs *a;
-    CHECK(train_acts_create(&a, &t->m, N, 3, checkpoint, err, sizeof err) == 0, "%s", err);
+    CHECK(train_acts_create(&a, &t->m, N, 3, flags, err, sizeof err) == 0, "%s", err);
+    CHECK(!(flags & TRAIN_ACTS_KEEP_LOGITS) ||
+              train_acts_logits_bytes(a) == (size_t)N * t->m.cfg.vocab_size * ops_dtype_size(t->m.ops),
+          "kept logits: %zu bytes", train_acts_logits_bytes(a));
     Batch b = {.n_seqs = 3, .n_tokens = N, .tokens = tok, .targets = targets, .cu_seqlens = cu};
     UnitSource src = resident_source(&t->w);
     resident_zero_grads(&t->w, &t->m);
@@ -179,13 +182,23 @@ static void test_checkpointing_and_accumulation(const char *json) {
     Tiny t;
     tiny_init(&t, json);
     int U = t.m.layout.n_units;
-    float *saved[16], *recomputed[16], *twice[16];
+    float *saved[16], *recomputed[16], *twice[16], *kept[16], *kept_ckpt[16], *kept_twice[16];
     grads_of(&t, 0, 1, saved);
-    grads_of(&t, 1, 1, recomputed);
+    grads_of(&t, TRAIN_ACTS_CHECKPOINT, 1, recomputed);
     grads_of(&t, 0, 2, twice);
+    // Logits kept from the forward instead of recomputed: the same GEMMs on the same rows, so the same bits.
+    grads_of(&t, TRAIN_ACTS_KEEP_LOGITS, 1, kept);
+    grads_of(&t, TRAIN_ACTS_KEEP_LOGITS | TRAIN_ACTS_CHECKPOINT, 1, kept_ckpt);
+    grads_of(&t, TRAIN_ACTS_KEEP_LOGITS, 2, kept_twice);
     for (int u = 0; u < U; u++) {
         size_t n = t.m.layout.unit_numel[u];
         CHECK(memcmp(saved[u], recomputed[u], n * 4) == 0, "unit %d: checkpointed gradients differ", u);
+        CHECK(memcmp(saved[u], kept[u], n * 4) == 0, "unit %d: gradients with kept logits differ", u);
+        CHECK(memcmp(saved[u], kept_ckpt[u], n * 4) == 0, "unit %d: kept logits + checkpointing differ", u);
+        CHECK(memcmp(twice[u], kept_twice[u], n * 4) == 0, "unit %d: two passes with kept logits differ", u);
+        free(kept[u]);
+        free(kept_ckpt[u]);
+        free(kept_twice[u]);
         double norm = 0;
         for (size_t i = 0; i < n; i++) {
             saved[u][i] *= 2;

@@ -33,10 +33,13 @@ typedef struct {
 static int failures = 0;
 #define CHECK(cond, ...) do { if (!(cond)) { failures++; fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
 
+// The GPU side keeps the forward's logits for the backward (the trainer's default), the CPU side recomputes them.
 static void side_init(Side *s, OpsBackend be, const ModelConfig *cfg, float *const *units, int N, int B) {
     char err[512];
+    const int flags = be == OPS_BACKEND_CUDA ? TRAIN_ACTS_KEEP_LOGITS : 0;
     if (ops_create(&s->ops, be, 0, err, sizeof err) || model_init(&s->m, cfg, s->ops, err, sizeof err) ||
-        resident_alloc(&s->w, &s->m, 1, err, sizeof err) || train_acts_create(&s->acts, &s->m, N, B, 0, err, sizeof err)) {
+        resident_alloc(&s->w, &s->m, 1, err, sizeof err) ||
+        train_acts_create(&s->acts, &s->m, N, B, flags, err, sizeof err)) {
         fprintf(stderr, "set-up failed: %s\n", err);
         exit(1);
     }
