@@ -15,9 +15,10 @@
 //           xt's ties the count to keep follows from the rule "keep while the mass above is below top_p", and
 //           the id of the last one kept comes from a count in id order;
 //   draw    the first kept id (in id order) whose running weight exceeds u * total: per-chunk sums of weights,
-//           a prefix over the chunks, then one warp scans the chunk that holds the crossing.
+//           a prefix over the chunks, then one warp scans the chunk that holds the crossing. A sample with no filter
+//           and no penalty (the GRPO default) draws in one read of the row (draw_one_pass) instead of two.
 // Weights are exp(z - zm) in double, as on the CPU (the draw's within ~2 ulp: weight_fast), so filtered sets and
-// the CDF agree with it to ~1e-15; the reported logprob log_softmax(raw / T)[token] uses an online log-sum-exp
+// the CDF agree with it to ~1e-15 (the one-pass draw's float weights: ~3e-7); the reported logprob log_softmax(raw / T)[token] uses an online log-sum-exp
 // per thread, float exponentials summed in float by eights and then in double (within ~1e-6).
 // Every reduction runs in a fixed order that depends only on V (the block size does), never on the other
 // samples of the launch or on timing: the result of a sample is reproducible and batch-independent.
@@ -54,6 +55,7 @@ struct SampleShared {
         unsigned long long hist[SAMPLE_BINS];
         double pre[SAMPLE_MAX_CHUNKS];  // chunk sums, then their exclusive prefix
     };
+    float cmax[SAMPLE_MAX_CHUNKS];  // draw_one_pass: each chunk's max z
     unsigned long long red_u[32];
     double red_d[32];
     float red_f[32];
@@ -305,6 +307,43 @@ __device__ bool radix_select(SampleShared &sh, const RowView &r, int V, float lo
 
 // ---- search in id order ------------------------------------------------------------------------------
 
+// Warp 0 scans chunk `win` (ids win * chunk .., up to V; none when win < 0) in id order, from the running sum
+// sh.pre[win] at its start: the first id with v(i) > 0 whose inclusive running sum exceeds target, else the chunk's
+// last id with v > 0, else `fallback`. The answer reaches the whole block.
+template <typename F>
+__device__ int scan_chunk(SampleShared &sh, int V, int chunk, int win, double target, int fallback, F value) {
+    const int lane = threadIdx.x & 31;
+    if ((threadIdx.x >> 5) == 0) {
+        int found = -1, last_in_chunk = -1;
+        if (win >= 0) {
+            double base = sh.pre[win];
+            for (int i0 = win * chunk; i0 < (win + 1) * chunk && i0 < V; i0 += 32) {
+                const int i = i0 + lane;
+                const double v = i < V ? value(i) : 0.0;
+                double incl = v;
+                for (int o = 1; o < 32; o <<= 1) {
+                    const double up = __shfl_up_sync(0xffffffffu, incl, o);
+                    if (lane >= o) incl += up;
+                }
+                const unsigned hit = __ballot_sync(0xffffffffu, v > 0.0 && base + incl > target);
+                const unsigned pos = __ballot_sync(0xffffffffu, v > 0.0);
+                if (hit) {
+                    found = i0 + __ffs(hit) - 1;
+                    break;
+                }
+                if (pos) last_in_chunk = i0 + 31 - __clz(pos);
+                base += __shfl_sync(0xffffffffu, incl, 31);
+            }
+        }
+        if (lane == 0) sh.bc.found = found >= 0 ? found : last_in_chunk >= 0 ? last_in_chunk : fallback;
+    }
+    __syncthreads();
+    const int ans = sh.bc.found;
+    __syncthreads();
+    return ans;
+}
+
+
 // The first id whose inclusive running sum (in id order) of v exceeds target, where v(i) is
 //   draw:  exp(z - zm) for kept ids (z > xt, or z == xt and i <= id_cut), else 0; target = u * (sum of v);
 //   !draw: 1 for ids with z == xt, else 0; target as given.
@@ -404,34 +443,113 @@ __device__ int id_search(SampleShared &sh, const RowView &r, int V, int chunk, b
     }
     __syncthreads();
     const int win = sh.bc.chunk;
-    if (warp == 0) {
-        int found = -1, last_in_chunk = -1;
-        if (win < nchunks) {
-            double base = sh.pre[win];
-            for (int i0 = win * chunk; i0 < (win + 1) * chunk && i0 < V; i0 += 32) {
-                const int i = i0 + lane;
-                const double v = i < V ? value(i) : 0.0;
-                double incl = v;
-                for (int o = 1; o < 32; o <<= 1) {
-                    const double up = __shfl_up_sync(0xffffffffu, incl, o);
-                    if (lane >= o) incl += up;
-                }
-                const unsigned hit = __ballot_sync(0xffffffffu, v > 0.0 && base + incl > target);
-                const unsigned pos = __ballot_sync(0xffffffffu, v > 0.0);
-                if (hit) {
-                    found = i0 + __ffs(hit) - 1;
-                    break;
-                }
-                if (pos) last_in_chunk = i0 + 31 - __clz(pos);
-                base += __shfl_sync(0xffffffffu, incl, 31);
+    return scan_chunk(sh, V, chunk, win < nchunks ? win : -1, target, sh.bc.last_pos, value);
+}
+
+// The draw of a sample without filters or penalty (no top-k, top-p, min-p, repetition penalty: the GRPO default) in
+// one read of the row instead of pass 1 and id_search's two. Each warp takes chunks of ID_VEC_CHUNK ids (a 16-byte
+// vector per lane) and keeps the chunk's max m_c and its sum of exp(z - m_c), the exponentials in float (__expf: the
+// hardware exp2, which leaves the kernel bound by the row's bytes instead of double arithmetic; -inf weighs 0), each
+// lane's eight summed in float and the rest in double. A fixed-order prefix over the chunk sums moved to the row's
+// max zm (times f_c = exp(m_c - zm), double) locates the chunk where the running sum crosses u * total, and warp 0
+// rescans that chunk with the same terms f_c * exp(z - m_c). Each weight is within ~3e-7 (relative) of the CPU
+// twin's exp(z - zm) in double, so the CDF is too: the token differs from the CPU's only where u lies that close to
+// a boundary. Here z = raw / T, so the logprob's log-sum-exp is zm + log(total), within ~3e-7 as well. The row is
+// read in vectors (the caller checks V % 8 == 0, a 16-byte aligned row and ID_VEC_CHUNK chunks). Returns false,
+// with nothing decided, when the row holds a NaN or zm is not finite (every logit -inf, or +inf in the row): the
+// general path then answers.
+__device__ bool draw_one_pass(SampleShared &sh, const RowView &r, int V, double u, int *tok, double *lse) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
+    const int nchunks = (V + ID_VEC_CHUNK - 1) / ID_VEC_CHUNK, nv = V >> 3;
+    const uint4 *xv = reinterpret_cast<const uint4 *>(r.x);
+    if (threadIdx.x == 0) {
+        sh.bc.chunk = INT_MAX;
+        sh.bc.last_pos = -1;  // here: the last chunk with a positive sum
+    }
+    constexpr int PREFETCH = 2;
+    int nan_seen = 0;
+    for (int c0 = warp; c0 < nchunks; c0 += PREFETCH * nwarps) {
+        uint4 w[PREFETCH];
+        bool valid[PREFETCH];
+#pragma unroll
+        for (int k = 0; k < PREFETCH; k++) {
+            const int v = (c0 + k * nwarps) * 32 + lane;
+            valid[k] = c0 + k * nwarps < nchunks && v < nv;
+            w[k] = valid[k] ? __ldg(xv + v) : make_uint4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int k = 0; k < PREFETCH; k++) {
+            const int c = c0 + k * nwarps;
+            if (c >= nchunks) break;  // the same for the whole warp
+            const int i0 = (c * 32 + lane) * 8;
+            const bf16 *h = reinterpret_cast<const bf16 *>(&w[k]);
+            float z[8], lm = -INFINITY;
+#pragma unroll
+            for (int j = 0; j < 8; j++) {
+                z[j] = valid[k] ? r.z_of(i0 + j, bf2f(h[j])) : -INFINITY;
+                lm = fmaxf(lm, z[j]);
+                nan_seen |= z[j] != z[j];
+            }
+            const float m = warp_max(lm);
+            float acc = 0.0f;
+            if (m > -INFINITY && m < INFINITY) {
+#pragma unroll
+                for (int j = 0; j < 8; j++) acc += __expf(z[j] - m);  // exp2(-inf) = 0
+            }
+            const double sum = warp_sum_d((double)acc);
+            if (lane == 0) {
+                sh.pre[c] = sum;
+                sh.cmax[c] = m;
             }
         }
-        if (lane == 0) sh.bc.found = found >= 0 ? found : last_in_chunk >= 0 ? last_in_chunk : sh.bc.last_pos;
+    }
+    if (__syncthreads_or(nan_seen)) return false;  // the general path's rules for NaN logits
+    // Thread t owns chunks [t * per, (t + 1) * per): the row's max, then the sums moved to it and their prefix.
+    const int per = (nchunks + blockDim.x - 1) / blockDim.x, c0 = threadIdx.x * per;
+    const int c1 = c0 + per < nchunks ? c0 + per : nchunks;
+    float lm = -INFINITY;
+    for (int c = c0; c < c1; c++) lm = fmaxf(lm, sh.cmax[c]);
+    const float zm = block_max_f(lm, sh.red_f);
+    if (!(zm > -INFINITY && zm < INFINITY)) return false;  // the same for the whole block
+    double local = 0.0;
+    for (int c = c0; c < c1; c++) {
+        const double sc = sh.pre[c] > 0.0 ? sh.pre[c] * weight(sh.cmax[c], zm) : 0.0;
+        sh.pre[c] = sc;
+        local += sc;
+    }
+    double total;
+    double run = block_exclusive_scan<double>(local, sh.red_d, &total);
+    int last_c = -1;
+    for (int c = c0; c < c1; c++) {
+        const double sc = sh.pre[c];
+        sh.pre[c] = run;
+        run += sc;
+        if (sc > 0.0) last_c = c;
+    }
+    // As in id_search: the end of the last chunk is its owner's running sum.
+    if (c0 < nchunks && c1 == nchunks) sh.bc.chunk_total = run;
+    if (last_c >= 0) atomicMax(&sh.bc.last_pos, last_c);
+    __syncthreads();
+    const double all = sh.bc.chunk_total, target = u * all;
+    for (int c = c0; c < c1; c++) {
+        const double end = c + 1 < nchunks ? sh.pre[c + 1] : all;
+        if (end > target) {
+            atomicMin(&sh.bc.chunk, c);
+            break;
+        }
     }
     __syncthreads();
-    const int ans = sh.bc.found;
-    __syncthreads();
-    return ans;
+    *lse = (double)zm + log(all);
+    // No crossing (rounding left every running sum at or below the target): the last id with a positive weight, the
+    // CPU twin's rule, which the last chunk with a positive sum holds (its max weighs f_c > 0 there).
+    const bool crossed = sh.bc.chunk < nchunks;
+    const int win = crossed ? sh.bc.chunk : sh.bc.last_pos;
+    const float m_win = sh.cmax[win];
+    const double f_win = weight(m_win, zm);
+    *tok = scan_chunk(sh, V, ID_VEC_CHUNK, win, crossed ? target : INFINITY, -1, [&](int i) -> double {
+        return f_win * (double)__expf(r.z_of(i, r.raw(i)) - m_win);
+    });
+    return *tok >= 0;
 }
 
 // ---- greedy samples -----------------------------------------------------------------------------------
@@ -610,7 +728,7 @@ __global__ void greedy_combine_kernel(int32_t *tokens, float *logprobs, const Gr
 __global__ void __launch_bounds__(512)
 sample_rows_kernel(int32_t *tokens, float *logprobs, const bf16 *logits, const OpsSampleParams *params,
                    const int32_t *history, const int32_t *history_offsets, int n_rows, int V, int n_history,
-                   int chunk, double qscale, bool fast_exp) {
+                   int chunk, double qscale, bool fast_exp, bool one_pass) {
     extern __shared__ uint32_t pen_bits[];
     __shared__ SampleShared sh;
     const int s = blockIdx.x, tid = threadIdx.x;
@@ -632,6 +750,20 @@ sample_rows_kernel(int32_t *tokens, float *logprobs, const bf16 *logits, const O
     if (fast_exp)  // read after the block reductions below (each synchronises)
         for (int j = tid; j < 256; j += blockDim.x) sh.exp_tab[j] = exp2(j / 256.0);
     r.penalised = build_pen_bits(pen_bits, p, history, history_offsets, s, V, n_history);
+    // No filter and no penalty (the general path's tests, NaN parameters included): one read of the row.
+    const bool unfiltered = !(p.top_k > 0 && p.top_k < V) && !(p.top_p < 1.0f) && !(p.min_p > 0.0f);
+    if (one_pass && unfiltered && !r.penalised && chunk == ID_VEC_CHUNK && (V & 7) == 0 &&
+        (reinterpret_cast<uintptr_t>(r.x) & 15u) == 0) {
+        int tok;
+        double lse;
+        if (draw_one_pass(sh, r, V, p.u, &tok, &lse)) {
+            if (tid == 0) {
+                tokens[s] = tok;
+                logprobs[s] = (float)((double)__fmul_rn(r.raw(tok), r.inv_t) - lse);
+            }
+            return;
+        }
+    }
 
     // Pass 1: the max of z and an online log-sum-exp of the unpenalised raw / T, each thread over its ids in
     // increasing order (row_scan).
@@ -761,9 +893,14 @@ void cuda_sample_rows(OpsCtx *ctx, int32_t *tokens, float *logprobs, const void 
         const char *e = getenv("TANDEM_SAMPLE_EXP");
         fast_exp = !(e && !strcmp(e, "libm"));
     }
+    static int one_pass = -1;  // TANDEM_SAMPLE_ONE_PASS=0: unfiltered draws take the two passes too (comparisons)
+    if (one_pass < 0) {
+        const char *e = getenv("TANDEM_SAMPLE_ONE_PASS");
+        one_pass = !(e && !strcmp(e, "0"));
+    }
     sample_rows_kernel<<<n, threads, dyn, st->stream>>>(tokens, logprobs, (const bf16 *)logits, params, history,
                                                          history_offsets, n_rows, V, n_history, chunk, qscale,
-                                                         fast_exp != 0);
+                                                         fast_exp != 0, one_pass != 0);
     CUDA_CHECK_LAUNCH(ctx);
     // Greedy samples: chunks of 1024 ids (128 for rows not read in vectors), spread over about eight blocks per SM
     // for the whole launch (a block takes a chunk per warp at least; 8 beat 4 by 5-13 % at 64-512 rows on an

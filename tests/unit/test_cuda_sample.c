@@ -8,6 +8,7 @@
 //     uniform lies within 1e-6 of a CDF boundary (the CPU op is asked at nearby uniforms to prove it; such
 //     cases are counted and must stay rare), and logprobs within 2e-3;
 //   - edge parameters, a bad logits_row (-1 / NaN), a row of only -inf (id 0);
+//   - draws without filters or penalty (one read of the row) at uniforms 0 and just below 1, rows with NaN / +inf;
 //   - batch independence: each of 256 samples run alone equals its result in the batch of 256 (bit for bit),
 //     and the batch run twice is identical;
 //   - the time of one call for 256 samples at V = 151936 (printed, not checked).
@@ -277,7 +278,8 @@ static void test_grid(void) {
     }
     printf("grid: %d samples; %d differ only at a CDF boundary (|u' - u| <= %.2g); %d real mismatches; max "
            "|logprob diff| %.3g\n", t.samples, t.boundary, t.max_boundary_du, t.bad, t.max_lp_diff);
-    // Weights and sums are double on both sides: a boundary case needs u within ~1e-12 of a boundary.
+    // Weights and sums are double on both sides (float weights in unfiltered draws, within ~3e-7): a boundary case
+    // needs u within ~1e-12 (~3e-7) of a boundary.
     CHECK(t.boundary <= 2 + t.samples / 1000, "%d CDF-boundary cases in %d samples: too many to be rounding",
           t.boundary, t.samples);
 }
@@ -328,6 +330,81 @@ static void test_edges(void) {
     int ok = 1;
     for (int s = 0; s < b.n; s++) ok &= tok[s] == 0;
     CHECK(ok, "a row of only -inf gives id 0");
+    batch_free(&b);
+}
+
+// The CPU twin's weights of sample s's row (z = raw * (1 / T) in float, w = exp(z - max z) in double): is id `tok`
+// one with a positive weight whose later ids hold at most `frac` of the total?
+static int in_cdf_tail(const SBatch *b, int s, int32_t tok, double frac) {
+    const OpsSampleParams *p = &b->params[s];
+    const float *row = b->logits + (size_t)p->logits_row * b->V, inv_t = 1.0f / p->temperature;
+    if (tok < 0 || tok >= b->V) return 0;
+    float zm = -INFINITY;
+    for (int i = 0; i < b->V; i++) zm = fmaxf(zm, row[i] * inv_t);
+    double total = 0.0, after = 0.0;
+    for (int i = 0; i < b->V; i++) {
+        const double w = exp((double)(row[i] * inv_t) - zm);
+        total += w;
+        if (i > tok) after += w;
+    }
+    return exp((double)(row[tok] * inv_t) - zm) > 0.0 && after <= frac * total;
+}
+
+// Samples without filters or penalty (the GRPO default), which draw in one read of the row (draw_one_pass):
+// temperatures 0.7 / 1 / 1.3 over every row kind at V = 151936 and 32000, uniform 0 included (the first id with a
+// positive weight). Their weights are float exponentials (~3e-7 from the CPU twin's), so a token may differ from
+// the CPU's where u lies that close to a CDF boundary (compare's rule certifies such cases within 1e-6). At
+// u = 1 - 2^-53 the running sum may stay at or below u * total (the answer is then the last id with a positive
+// weight) and which id crosses depends on those roundings: there the token must lie in the last 1e-6 of the CPU
+// twin's mass. Then rows with a NaN logit (the general path answers, NaN logprob on
+// both) and with a +inf logit (id 0 on both).
+static void test_unfiltered_draws(void) {
+    static const float temps[] = {0.7f, 1.0f, 1.3f};
+    static const int sizes[] = {151936, 32000};
+    Tally t = {0};
+    int tail_bad = 0;
+    for (int k = 0; k < 2; k++) {
+        SBatch b = make_batch(sizes[k], 384, 2 * ST_KINDS, 3 + k, 0, 0);
+        for (int s = 0; s < b.n; s++) {
+            OpsSampleParams *p = &b.params[s];
+            *p = (OpsSampleParams){.temperature = temps[s % 3], .top_k = s % 7 == 0 ? -1 : 0, .top_p = 1.0f,
+                                   .repetition_penalty = 1.0f, .logits_row = s % b.n_rows, .u = st_unit()};
+            if (s % 11 == 0) p->u = 0.0;
+        }
+        compare(&b, &t);
+        for (int s = 0; s < b.n; s++) b.params[s].u = nextafter(1.0, 0.0);
+        b.n = 2 * ST_KINDS * 3;
+        int32_t tg[2 * ST_KINDS * 3];
+        float lg[2 * ST_KINDS * 3];
+        run_gpu(&b, tg, lg);
+        for (int s = 0; s < b.n; s++)
+            if (!in_cdf_tail(&b, s, tg[s], 1e-6) && tail_bad++ < 3)
+                fprintf(stderr, "u = 1 - 2^-53, V=%d sample %d: token %d is not in the last 1e-6 of the mass\n", b.V, s,
+                        tg[s]);
+        batch_free(&b);
+    }
+    CHECK(tail_bad == 0, "unfiltered draws at u = 1 - 2^-53: %d tokens outside the CDF's tail", tail_bad);
+    printf("unfiltered draws: %d samples; %d at a CDF boundary; %d real mismatches; max |logprob diff| %.3g\n",
+           t.samples, t.boundary, t.bad, t.max_lp_diff);
+    CHECK(t.bad == 0, "unfiltered draws: %d mismatches", t.bad);
+    CHECK(t.boundary <= 2 + t.samples / 1000, "unfiltered draws: %d CDF-boundary cases", t.boundary);
+
+    const int V = 4096;
+    SBatch b = make_batch(V, 24, 2, 0, 0, 0);
+    b.logits[37] = NAN;
+    b.logits[(size_t)V + 1000] = INFINITY;
+    for (int s = 0; s < b.n; s++)
+        b.params[s] = (OpsSampleParams){.temperature = temps[s % 3], .top_p = 1.0f, .repetition_penalty = 1.0f,
+                                        .logits_row = s % 2, .u = st_unit()};
+    int32_t tg[24], tc[24];
+    float lg[24], lc[24];
+    run_gpu(&b, tg, lg);
+    run_cpu(&b, tc, lc);
+    for (int s = 0; s < b.n; s++) {
+        CHECK(tg[s] == tc[s], "row with a %s logit, sample %d: token %d on the GPU, %d on the CPU",
+              s % 2 ? "+inf" : "NaN", s, tg[s], tc[s]);
+        if (s % 2 == 0) CHECK(isnan(lg[s]) && isnan(lc[s]), "row with a NaN logit: logprobs %g / %g", lg[s], lc[s]);
+    }
     batch_free(&b);
 }
 
@@ -434,6 +511,7 @@ int main(void) {
     }
     test_grid();
     test_edges();
+    test_unfiltered_draws();
     test_batch_independence();
     ops_destroy(gpu);
     ops_destroy(cpu);
