@@ -18,7 +18,7 @@
 //           a prefix over the chunks, then one warp scans the chunk that holds the crossing. A sample with no filter
 //           and no penalty (the GRPO default) draws in one read of the row (draw_one_pass) instead of two.
 // Weights are exp(z - zm) in double, as on the CPU (the draw's within ~2 ulp: weight_fast), so filtered sets and
-// the CDF agree with it to ~1e-15 (the one-pass draw's float weights: ~3e-7); the reported logprob log_softmax(raw / T)[token] uses an online log-sum-exp
+// the CDF agree with it to ~1e-15 (the one-pass draw's float weights: ~1e-6); the reported logprob log_softmax(raw / T)[token] uses an online log-sum-exp
 // per thread, float exponentials summed in float by eights and then in double (within ~1e-6).
 // Every reduction runs in a fixed order that depends only on V (the block size does), never on the other
 // samples of the launch or on timing: the result of a sample is reproducible and batch-independent.
@@ -446,62 +446,83 @@ __device__ int id_search(SampleShared &sh, const RowView &r, int V, int chunk, b
     return scan_chunk(sh, V, chunk, win < nchunks ? win : -1, target, sh.bc.last_pos, value);
 }
 
+// 2^x by the hardware exp2 with subnormal results flushed to zero (no range fix-up around it).
+__device__ __forceinline__ float ex2_ftz(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
+
+// The weight exp(d) of a scaled logit d = z - m below a chunk's max m, in float: ~2 ulp from the rounding of
+// d * log2(e) and the exp2; -inf (and anything below 2^-126) weighs 0, NaN stays NaN.
+__device__ __forceinline__ float chunk_weight(float z, float m) { return ex2_ftz((z - m) * 1.44269504088896341f); }
+
+static constexpr int ONE_PASS_VECS = 2;                       // 16-byte vectors per lane in a one-pass chunk
+static constexpr int ONE_PASS_CHUNK = 32 * 8 * ONE_PASS_VECS;  // its ids
+
 // The draw of a sample without filters or penalty (no top-k, top-p, min-p, repetition penalty: the GRPO default) in
-// one read of the row instead of pass 1 and id_search's two. Each warp takes chunks of ID_VEC_CHUNK ids (a 16-byte
-// vector per lane) and keeps the chunk's max m_c and its sum of exp(z - m_c), the exponentials in float (__expf: the
-// hardware exp2, which leaves the kernel bound by the row's bytes instead of double arithmetic; -inf weighs 0), each
-// lane's eight summed in float and the rest in double. A fixed-order prefix over the chunk sums moved to the row's
-// max zm (times f_c = exp(m_c - zm), double) locates the chunk where the running sum crosses u * total, and warp 0
-// rescans that chunk with the same terms f_c * exp(z - m_c). Each weight is within ~3e-7 (relative) of the CPU
-// twin's exp(z - zm) in double, so the CDF is too: the token differs from the CPU's only where u lies that close to
-// a boundary. Here z = raw / T, so the logprob's log-sum-exp is zm + log(total), within ~3e-7 as well. The row is
-// read in vectors (the caller checks V % 8 == 0, a 16-byte aligned row and ID_VEC_CHUNK chunks). Returns false,
-// with nothing decided, when the row holds a NaN or zm is not finite (every logit -inf, or +inf in the row): the
-// general path then answers.
+// one read of the row instead of pass 1 and id_search's two. Each warp takes chunks of ONE_PASS_CHUNK ids (lane l:
+// vectors l and l + 32 of the chunk), the next one's loads in flight while it works on the current, and keeps the
+// chunk's max m_c and its sum of exp(z - m_c), the exponentials in float (chunk_weight: the hardware exp2, which
+// leaves the kernel bound by the row's bytes instead of double arithmetic), each lane's sixteen summed in float and
+// the rest in double. A fixed-order prefix over the chunk sums moved to the row's max zm (times f_c = exp(m_c - zm),
+// double) locates the chunk where the running sum crosses u * total, and warp 0 rescans that chunk with the same
+// terms f_c * exp(z - m_c). Each weight is within ~1e-6 (relative; ~2e-7 for z - m_c near 0, where the mass is) of
+// the CPU twin's exp(z - zm) in double, so the CDF is too: the token differs from the CPU's only where u lies that
+// close to a boundary. Here z = raw / T, so the logprob's log-sum-exp is zm + log(total), as close. The row is read
+// in vectors (the caller checks V % 8 == 0, a 16-byte aligned row and at most SAMPLE_MAX_CHUNKS chunks). Returns
+// false, with nothing decided, when the row holds a NaN or zm is not finite (every logit -inf, or +inf in the row):
+// the general path then answers.
 __device__ bool draw_one_pass(SampleShared &sh, const RowView &r, int V, double u, int *tok, double *lse) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
-    const int nchunks = (V + ID_VEC_CHUNK - 1) / ID_VEC_CHUNK, nv = V >> 3;
+    const int nchunks = (V + ONE_PASS_CHUNK - 1) / ONE_PASS_CHUNK, nv = V >> 3;
     const uint4 *xv = reinterpret_cast<const uint4 *>(r.x);
     if (threadIdx.x == 0) {
         sh.bc.chunk = INT_MAX;
         sh.bc.last_pos = -1;  // here: the last chunk with a positive sum
     }
-    constexpr int PREFETCH = 2;
-    int nan_seen = 0;
-    for (int c0 = warp; c0 < nchunks; c0 += PREFETCH * nwarps) {
-        uint4 w[PREFETCH];
-        bool valid[PREFETCH];
+    // Lane's vector k of chunk c: the row's vector (c * ONE_PASS_VECS + k) * 32 + lane, zero past the row.
+    auto load = [&](int c, uint4 *w) {
 #pragma unroll
-        for (int k = 0; k < PREFETCH; k++) {
-            const int v = (c0 + k * nwarps) * 32 + lane;
-            valid[k] = c0 + k * nwarps < nchunks && v < nv;
-            w[k] = valid[k] ? __ldg(xv + v) : make_uint4(0, 0, 0, 0);
+        for (int k = 0; k < ONE_PASS_VECS; k++) {
+            const int v = (c * ONE_PASS_VECS + k) * 32 + lane;
+            w[k] = c < nchunks && v < nv ? __ldg(xv + v) : make_uint4(0, 0, 0, 0);
         }
+    };
+    int nan_seen = 0;
+    uint4 cur[ONE_PASS_VECS], nxt[ONE_PASS_VECS];
+    load(warp, cur);
+    for (int c = warp; c < nchunks; c += nwarps) {
+        load(c + nwarps, nxt);
+        float z[8 * ONE_PASS_VECS], lm = -INFINITY;
 #pragma unroll
-        for (int k = 0; k < PREFETCH; k++) {
-            const int c = c0 + k * nwarps;
-            if (c >= nchunks) break;  // the same for the whole warp
-            const int i0 = (c * 32 + lane) * 8;
-            const bf16 *h = reinterpret_cast<const bf16 *>(&w[k]);
-            float z[8], lm = -INFINITY;
+        for (int k = 0; k < ONE_PASS_VECS; k++) {
+            const bool valid = (c * ONE_PASS_VECS + k) * 32 + lane < nv;
+            const bf16 *h = reinterpret_cast<const bf16 *>(&cur[k]);
 #pragma unroll
             for (int j = 0; j < 8; j++) {
-                z[j] = valid[k] ? r.z_of(i0 + j, bf2f(h[j])) : -INFINITY;
-                lm = fmaxf(lm, z[j]);
-                nan_seen |= z[j] != z[j];
-            }
-            const float m = warp_max(lm);
-            float acc = 0.0f;
-            if (m > -INFINITY && m < INFINITY) {
-#pragma unroll
-                for (int j = 0; j < 8; j++) acc += __expf(z[j] - m);  // exp2(-inf) = 0
-            }
-            const double sum = warp_sum_d((double)acc);
-            if (lane == 0) {
-                sh.pre[c] = sum;
-                sh.cmax[c] = m;
+                // Unpenalised: z is raw * (1 / T) rounded as the CPU rounds it (-0 and +0 weigh alike here).
+                z[8 * k + j] = valid ? __fmul_rn(bf2f(h[j]), r.inv_t) : -INFINITY;
+                lm = fmaxf(lm, z[8 * k + j]);
             }
         }
+        const float m = warp_max(lm);
+        float acc = 0.0f;
+        if (m > -INFINITY && m < INFINITY) {
+#pragma unroll
+            for (int j = 0; j < 8 * ONE_PASS_VECS; j++) acc += chunk_weight(z[j], m);
+            nan_seen |= acc != acc;  // a NaN logit makes its lane's sum NaN
+        } else {
+#pragma unroll
+            for (int j = 0; j < 8 * ONE_PASS_VECS; j++) nan_seen |= z[j] != z[j];
+        }
+        const double sum = warp_sum_d((double)acc);
+        if (lane == 0) {
+            sh.pre[c] = sum;
+            sh.cmax[c] = m;
+        }
+#pragma unroll
+        for (int k = 0; k < ONE_PASS_VECS; k++) cur[k] = nxt[k];
     }
     if (__syncthreads_or(nan_seen)) return false;  // the general path's rules for NaN logits
     // Thread t owns chunks [t * per, (t + 1) * per): the row's max, then the sums moved to it and their prefix.
@@ -546,8 +567,8 @@ __device__ bool draw_one_pass(SampleShared &sh, const RowView &r, int V, double 
     const int win = crossed ? sh.bc.chunk : sh.bc.last_pos;
     const float m_win = sh.cmax[win];
     const double f_win = weight(m_win, zm);
-    *tok = scan_chunk(sh, V, ID_VEC_CHUNK, win, crossed ? target : INFINITY, -1, [&](int i) -> double {
-        return f_win * (double)__expf(r.z_of(i, r.raw(i)) - m_win);
+    *tok = scan_chunk(sh, V, ONE_PASS_CHUNK, win, crossed ? target : INFINITY, -1, [&](int i) -> double {
+        return f_win * (double)chunk_weight(__fmul_rn(r.raw(i), r.inv_t), m_win);
     });
     return *tok >= 0;
 }
@@ -648,33 +669,44 @@ greedy_chunks_kernel(GreedyChunk *chunks, const bf16 *logits, const OpsSamplePar
     load(c, cur);
     for (; c < n_chunks; c += stride) {
         load(c + stride, nxt);
-        float zv = -INFINITY, lm = -INFINITY;
+        // The argmax of z (each lane's ids in increasing order) and the max of the raw logits ...
+        float zv = -INFINITY, rm = -INFINITY;
         int zi = INT_MAX;
-        double ls = 0.0;
 #pragma unroll
         for (int j = 0; j < GREEDY_PER_LANE; j++) {
             const int i0 = first(c, j), n = i0 < V ? e : 0;
             const bf16 *h = reinterpret_cast<const bf16 *>(&cur[j]);
-            float raw[8], qm = -INFINITY;
             for (int k = 0; k < n; k++) {
-                raw[k] = bf2f(h[k]);
+                const float raw = bf2f(h[k]);
                 // Unpenalised, z is the raw logit (T = 1; -0 and +0 compare equal, so no normalising here).
-                const float z = r.penalised ? r.z_of(i0 + k, raw[k]) : raw[k];
+                const float z = r.penalised ? r.z_of(i0 + k, raw) : raw;
                 if (z > zv || (z == zv && zi == INT_MAX)) {
                     zv = z;
                     zi = i0 + k;
                 }
-                qm = fmaxf(qm, raw[k]);
+                rm = fmaxf(rm, raw);
             }
-            if (qm > lm) {  // as the sampled path's first pass: rescale once per unit, sum its 8 in float
-                ls *= (double)expf(lm - qm);
-                lm = qm;
+        }
+        // ... then the lane's sum of exp(raw - rm) in float (chunk_weight; a NaN logit makes it NaN), or with rm = +inf
+        // the count of +inf logits (each weighs 1 against the max).
+        float ls = 0.0f;
+        if (rm > -INFINITY && rm < INFINITY) {
+#pragma unroll
+            for (int j = 0; j < GREEDY_PER_LANE; j++) {
+                const int n = first(c, j) < V ? e : 0;
+                const bf16 *h = reinterpret_cast<const bf16 *>(&cur[j]);
+                for (int k = 0; k < n; k++) ls += chunk_weight(bf2f(h[k]), rm);
             }
-            ls += (double)exp_sum(raw, n, lm);
+        } else if (rm == INFINITY) {
+            for (int j = 0; j < GREEDY_PER_LANE; j++) {
+                const int n = first(c, j) < V ? e : 0;
+                const bf16 *h = reinterpret_cast<const bf16 *>(&cur[j]);
+                for (int k = 0; k < n; k++) ls += bf2f(h[k]) == rm ? 1.0f : 0.0f;
+            }
         }
         warp_argmax(zv, zi);
-        const float m = warp_max(lm);
-        const double sv = warp_sum_d(ls > 0.0 ? ls * exp((double)lm - (double)m) : ls);
+        const float m = warp_max(rm);
+        const double sv = warp_sum_d(ls > 0.0f ? (double)ls * exp((double)rm - (double)m) : (double)ls);
         if (lane == 0) out[c] = GreedyChunk{zv, zi, m, sv};
 #pragma unroll
         for (int j = 0; j < GREEDY_PER_LANE; j++) cur[j] = nxt[j];
@@ -752,7 +784,8 @@ sample_rows_kernel(int32_t *tokens, float *logprobs, const bf16 *logits, const O
     r.penalised = build_pen_bits(pen_bits, p, history, history_offsets, s, V, n_history);
     // No filter and no penalty (the general path's tests, NaN parameters included): one read of the row.
     const bool unfiltered = !(p.top_k > 0 && p.top_k < V) && !(p.top_p < 1.0f) && !(p.min_p > 0.0f);
-    if (one_pass && unfiltered && !r.penalised && chunk == ID_VEC_CHUNK && (V & 7) == 0 &&
+    if (one_pass && unfiltered && !r.penalised && (V + ONE_PASS_CHUNK - 1) / ONE_PASS_CHUNK <= SAMPLE_MAX_CHUNKS &&
+        (V & 7) == 0 &&
         (reinterpret_cast<uintptr_t>(r.x) & 15u) == 0) {
         int tok;
         double lse;
