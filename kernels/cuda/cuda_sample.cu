@@ -784,9 +784,9 @@ sample_rows_kernel(int32_t *tokens, float *logprobs, const bf16 *logits, const O
     r.penalised = build_pen_bits(pen_bits, p, history, history_offsets, s, V, n_history);
     // No filter and no penalty (the general path's tests, NaN parameters included): one read of the row.
     const bool unfiltered = !(p.top_k > 0 && p.top_k < V) && !(p.top_p < 1.0f) && !(p.min_p > 0.0f);
-    if (one_pass && unfiltered && !r.penalised && (V + ONE_PASS_CHUNK - 1) / ONE_PASS_CHUNK <= SAMPLE_MAX_CHUNKS &&
-        (V & 7) == 0 &&
-        (reinterpret_cast<uintptr_t>(r.x) & 15u) == 0) {
+    const bool row_vectors = (V & 7) == 0 && (reinterpret_cast<uintptr_t>(r.x) & 15u) == 0;
+    if (one_pass && unfiltered && !r.penalised && row_vectors &&
+        (V + ONE_PASS_CHUNK - 1) / ONE_PASS_CHUNK <= SAMPLE_MAX_CHUNKS) {
         int tok;
         double lse;
         if (draw_one_pass(sh, r, V, p.u, &tok, &lse)) {
