@@ -250,7 +250,8 @@ void ops_logprobs_fwd(OpsCtx *ctx, float *logprobs, float *lse, float *entropy, 
 // dlogits (N, V) overwritten with the gradient of sum_n dlogprobs[n] logprobs[n] + dentropy[n] entropy[n]:
 //   inv_temperature * (dlogprobs[n] (onehot(targets[n]) - p) - dentropy[n] p (log p + entropy[n])),  p = softmax(z[n])
 // The logprob term is zero for ignored rows. dentropy (N) may be NULL (no entropy term); entropy (N) is the
-// forward's (read only when dentropy is given).
+// forward's (read only when dentropy is given). dlogits may be logits itself (the gradient replaces the logits in
+// place); otherwise the two must not overlap.
 void ops_logprobs_bwd(OpsCtx *ctx, void *dlogits, const float *dlogprobs, const float *dentropy, const float *entropy,
                       const void *logits, const int32_t *targets, const float *lse, int N, int V,
                       float inv_temperature);

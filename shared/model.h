@@ -96,7 +96,8 @@ enum {
     // the attention) during backward (activation checkpointing).
     TRAIN_ACTS_CHECKPOINT = 1,
     // Keep the forward's lm_head logits of the whole batch (max_tokens x vocab, storage dtype) for the backward
-    // instead of recomputing them chunk by chunk: one lm_head GEMM fewer per step for that memory.
+    // instead of recomputing them chunk by chunk: one lm_head GEMM fewer per step for that memory. The backward
+    // turns them into their gradient in place, so each model_forward allows one backward.
     TRAIN_ACTS_KEEP_LOGITS = 2,
 };
 // Activation memory for batches of up to max_tokens tokens and max_seqs sequences; flags: TRAIN_ACTS_* or'ed

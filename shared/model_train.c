@@ -9,9 +9,10 @@
 // ~1.6 GB there): the recompute is then the two RMSNorms and the MLP up to SwiGLU — no q/k/v or output projection,
 // no RoPE. With q/k norms the recompute also redoes the projections, norms and RoPE of the attention half.
 // The lm_head + log-softmax runs over row chunks so the (N, V) logits never exist at once, unless the caller asks to
-// keep them (TRAIN_ACTS_KEEP_LOGITS): then each chunk's logits stay in their rows of one (N, V) buffer — storage
-// dtype, never fp32 probabilities — and the backward reads them back instead of running the lm_head GEMM again
-// (the same chunks and GEMMs, so the same bits).
+// keep them (TRAIN_ACTS_KEEP_LOGITS): then one GEMM writes the whole batch's logits into one (N, V) buffer — storage
+// dtype, never fp32 probabilities — and the backward, instead of running the lm_head GEMM again chunk by chunk,
+// turns them into their gradient in place and runs the lm_head's backward as one GEMM each for dx and dW (the fp32
+// dW is then read and written once, not once per chunk).
 //
 // Residual adds: layer l writes only its MLP output into residual[l+1]; the add of its xmid runs fused with the
 // next RMSNorm — layer l+1's input norm, or the final norm — so residual[l+1] is complete from then on.
@@ -47,14 +48,15 @@ struct TrainActs {
     void *dres;               // (N, C)
     void *xf;                 // (N, C) final-norm output
     float *rstd_final;        // (N)
-    void *logits_chunk;       // (chunk_rows, V), or (max_tokens, V) with keep_logits
+    void *logits_chunk;       // (chunk_rows, V), or (max_tokens, V) with keep_logits (their gradient in backward)
     size_t logits_kept_bytes; // the latter's size, 0 without
-    void *dlogits_chunk;      // (chunk_rows, V)
+    void *dlogits_chunk;      // (chunk_rows, V); NULL with keep_logits
     float *logprobs, *lse, *entropy, *dlogprobs, *dentropy; // (N) each
     // The batch of the last forward.
     int n_tokens, n_seqs;
     float inv_temperature;
     int has_entropy;          // the forward computed per-token entropy (needed by a backward with dentropy)
+    int logits_spent;         // keep_logits: a backward has turned the kept logits into their gradient
 };
 
 size_t train_acts_bytes(const TrainActs *a) { return a->bytes; }
@@ -142,7 +144,7 @@ int train_acts_create(TrainActs **out, const Model *m, int max_tokens, int max_s
     a->rstd_final = track(a, o, N * 4);
     if (a->keep_logits) a->logits_kept_bytes = N * V * es;
     a->logits_chunk = track(a, o, a->keep_logits ? a->logits_kept_bytes : (size_t)a->chunk_rows * V * es);
-    a->dlogits_chunk = track(a, o, (size_t)a->chunk_rows * V * es);
+    if (!a->keep_logits) a->dlogits_chunk = track(a, o, (size_t)a->chunk_rows * V * es);
     a->logprobs = track(a, o, N * 4);
     a->lse = track(a, o, N * 4);
     a->entropy = track(a, o, N * 4);
@@ -297,6 +299,7 @@ int model_forward(Model *m, TrainActs *a, UnitSource *src, const Batch *b, float
     a->n_seqs = b->n_seqs;
     a->inv_temperature = inv_temperature;
     a->has_entropy = entropy != NULL;
+    a->logits_spent = 0;
     if (b->positions) {
         memcpy(a->positions_host, b->positions, (size_t)N * 4);
     } else {
@@ -331,8 +334,9 @@ int model_forward(Model *m, TrainActs *a, UnitSource *src, const Batch *b, float
     ops_residual_rmsnorm_fwd(o, pending ? a->residual[L] : NULL, a->xf, a->rstd_final, a->residual[L], pending,
                              elem_at(m, pf, m->layout.final_norm), N, C, cfg->rms_norm_eps);
     const void *w_lm = lm_head_weight(m, pf, p0);
-    for (int r0 = 0; r0 < N; r0 += a->chunk_rows) {
-        int rows = N - r0 < a->chunk_rows ? N - r0 : a->chunk_rows;
+    const int step = a->keep_logits ? N : a->chunk_rows;  // kept logits: the whole batch in one GEMM
+    for (int r0 = 0; r0 < N; r0 += step) {
+        int rows = N - r0 < step ? N - r0 : step;
         void *chunk = logits_rows(m, a, r0);
         ops_matmul_fwd(o, chunk, elem_at(m, a->xf, (size_t)r0 * C), w_lm, NULL, rows, C, V);
         // Entropy costs one more pass over each row: only when asked for (a backward with an entropy term needs it).
@@ -362,6 +366,11 @@ int model_backward_entropy(Model *m, TrainActs *a, UnitSource *src, const float 
         snprintf(err, err_len, "model_backward called without a preceding model_forward");
         return -1;
     }
+    if (a->logits_spent) {
+        snprintf(err, err_len, "model_backward: the kept logits of the last model_forward were used by a backward "
+                 "already; run model_forward again (or create the buffers without TRAIN_ACTS_KEEP_LOGITS)");
+        return -1;
+    }
     if (dentropy && !a->has_entropy) {
         snprintf(err, err_len, "model_backward with an entropy term needs a model_forward that computed entropy");
         return -1;
@@ -382,13 +391,19 @@ int model_backward_entropy(Model *m, TrainActs *a, UnitSource *src, const float 
     const void *w_lm = lm_head_weight(m, pf, p0);
     float *dw_lm = tied ? g0 + m->layout.embed : gf + m->layout.lm_head;
     void *dxf = a->grads.dh; // (N, C): free until the first layer's backward
-    for (int r0 = 0; r0 < N; r0 += a->chunk_rows) {
+    if (a->keep_logits) {
+        // The forward's logits become their gradient in place, then one GEMM each for dx and dW.
+        ops_logprobs_bwd(o, a->logits_chunk, a->dlogprobs, dentropy ? a->dentropy : NULL, a->entropy, a->logits_chunk,
+                         a->targets, a->lse, N, V, a->inv_temperature);
+        ops_matmul_bwd(o, dxf, dw_lm, NULL, a->logits_chunk, a->xf, w_lm, N, C, V, 0);
+        a->logits_spent = 1;
+    }
+    for (int r0 = 0; !a->keep_logits && r0 < N; r0 += a->chunk_rows) {
         int rows = N - r0 < a->chunk_rows ? N - r0 : a->chunk_rows;
         const void *xf_c = elem_at(m, a->xf, (size_t)r0 * C);
-        void *chunk = logits_rows(m, a, r0);
-        if (!a->keep_logits) ops_matmul_fwd(o, chunk, xf_c, w_lm, NULL, rows, C, V);
+        ops_matmul_fwd(o, a->logits_chunk, xf_c, w_lm, NULL, rows, C, V);
         ops_logprobs_bwd(o, a->dlogits_chunk, a->dlogprobs + r0, dentropy ? a->dentropy + r0 : NULL, a->entropy + r0,
-                         chunk, a->targets + r0, a->lse + r0, rows, V, a->inv_temperature);
+                         a->logits_chunk, a->targets + r0, a->lse + r0, rows, V, a->inv_temperature);
         ops_matmul_bwd(o, elem_at(m, dxf, (size_t)r0 * C), dw_lm, NULL, a->dlogits_chunk, xf_c, w_lm, rows, C, V, 0);
     }
     // dres = d residual[L] (dres_in NULL: nothing flows into the stream from above the final norm).

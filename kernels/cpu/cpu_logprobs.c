@@ -78,14 +78,15 @@ void cpu_logprobs_fwd(float *logprobs, float *lse, float *entropy, const float *
 }
 
 // dlogits (N, V) = dlogprobs[n] * inv_temperature * (onehot(target) - softmax(z)), overwritten; zero rows for
-// ignored targets. softmax(z)_j = exp(z_j - lse[n]) with lse from the forward.
+// ignored targets. softmax(z)_j = exp(z_j - lse[n]) with lse from the forward. dlogits may be logits (in place):
+// each element is read before it is written, the target's probability before its row is overwritten.
 void cpu_logprobs_bwd(float *dlogits, const float *dlogprobs, const float *dentropy, const float *entropy,
                       const float *logits, const int32_t *targets, const float *lse, int N, int V,
                       float inv_temperature) {
     CPU_OMP("omp parallel for schedule(static) if ((long)N * V >= 65536)")
     for (int n = 0; n < N; n++) {
-        const float *restrict row = logits + (size_t)n * V;
-        float *restrict d = dlogits + (size_t)n * V;
+        const float *row = logits + (size_t)n * V;
+        float *d = dlogits + (size_t)n * V;
         const int t = targets[n];
         const int scored = t >= 0 && t < V;
         const float g = scored ? dlogprobs[n] * inv_temperature : 0.0f;
@@ -101,8 +102,9 @@ void cpu_logprobs_bwd(float *dlogits, const float *dlogprobs, const float *dentr
         } else if (!scored) {
             for (int j = 0; j < V; j++) d[j] = 0.0f;
         } else {
+            const float p_t = cpu_vexp(row[t] * inv_temperature - l);
             for (int j = 0; j < V; j++) d[j] = -g * cpu_vexp(row[j] * inv_temperature - l);
-            d[t] = g * (1.0f - cpu_vexp(row[t] * inv_temperature - l));
+            d[t] = g * (1.0f - p_t);
         }
     }
 }

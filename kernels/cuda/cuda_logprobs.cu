@@ -110,6 +110,7 @@ __device__ __forceinline__ float dlogit(float x, int c, int t, float g, float gh
 // dlogits (N, V) = dlogprobs[n] * inv_t * (onehot(target) - exp(z - lse[n])), overwritten; zero rows for
 // ignored (or out-of-range) targets.
 // With dentropy: plus dentropy[n] * inv_t * (-p (log p + entropy[n])) on every row (d entropy / d z).
+// In place (dlogits == logits) too: a thread writes only the values it has just read.
 // Vectors of 8 where the logits and dlogits rows are aligned alike (always, when both bases are 16-byte aligned).
 __global__ void logprobs_bwd_kernel(bf16 *dlogits, const float *dlogprobs, const float *dentropy, const float *entropy,
                                     const bf16 *logits, const int32_t *targets, const float *lse, int V, float inv_t) {

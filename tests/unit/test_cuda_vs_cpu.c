@@ -771,7 +771,6 @@ static void test_logprobs_case(int N, int V, float inv_t, float offset) {
     float *lg = rand_host((size_t)N * V, -8, 8);
     for (int j = 0; j < V; j++) lg[j] = round_bf16(lg[j] + offset);  // row 0 shifted: large logits stay stable
     Buf logits = buf_from(STORAGE, lg, (size_t)N * V), targets = buf_from(I32, tg, N);
-    free(lg);
     Buf lp = buf_new(F32, N), lse = buf_new(F32, N), ent = buf_new(F32, N);
     ops_logprobs_fwd(cpu, lp.c, lse.c, ent.c, logits.c, targets.c, N, V, inv_t);
     ops_logprobs_fwd(gpu, lp.g, lse.g, ent.g, logits.g, targets.g, N, V, inv_t);
@@ -790,6 +789,14 @@ static void test_logprobs_case(int N, int V, float inv_t, float offset) {
     ops_logprobs_bwd(gpu, dlogits.g, dlp.g, dent.g, ent.g, logits.g, targets.g, lse.g, N, V, inv_t);
     expect_ok(name);
     check(name, "dlogits+entropy", dlogits, 1e-2);
+    // In place: the logits become their gradient (the trainer's kept logits).
+    Buf inplace = buf_from(STORAGE, lg, (size_t)N * V);
+    free(lg);
+    ops_logprobs_bwd(cpu, inplace.c, dlp.c, dent.c, ent.c, inplace.c, targets.c, lse.c, N, V, inv_t);
+    ops_logprobs_bwd(gpu, inplace.g, dlp.g, dent.g, ent.g, inplace.g, targets.g, lse.g, N, V, inv_t);
+    expect_ok(name);
+    check(name, "dlogits+entropy in place", inplace, 1e-2);
+    buf_free(inplace);
     buf_free(dent);
     buf_free(logits), buf_free(targets), buf_free(lp), buf_free(lse), buf_free(ent), buf_free(dlp), buf_free(dlogits);
 }

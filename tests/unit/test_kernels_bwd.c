@@ -307,6 +307,19 @@ static void test_logprobs_bwd(void) {
     kt_close("logprobs dlogits (overwrite)", dlogits, g, n, RTOL, ATOL);
     for (int j = 0; j < c.V; j++)
         if (dlogits[c.V + j] != 0.0f) { KT_CHECK(0, "ignored row 1 must get an all-zero gradient"); break; }
+    // In place (the trainer's kept logits become their gradient): the same bits, with and without an entropy term.
+    float ent[5], dent[5];
+    kt_fill(dent, 5, 1.0);
+    cpu_logprobs_fwd(lp, lse, ent, logits, targets, c.N, c.V, c.inv_t);
+    for (int with_ent = 0; with_ent < 2; with_ent++) {
+        float *inplace = malloc(n * sizeof *inplace);
+        memcpy(inplace, logits, n * sizeof *inplace);
+        cpu_logprobs_bwd(dlogits, dlp, with_ent ? dent : NULL, ent, logits, targets, lse, c.N, c.V, c.inv_t);
+        cpu_logprobs_bwd(inplace, dlp, with_ent ? dent : NULL, ent, inplace, targets, lse, c.N, c.V, c.inv_t);
+        KT_CHECK(memcmp(inplace, dlogits, n * sizeof *inplace) == 0, "logprobs_bwd in place differs (entropy %d)",
+                 with_ent);
+        free(inplace);
+    }
     free(logits), free(p), free(g), free(dlogits);
 }
 

@@ -171,6 +171,10 @@ static void grads_of(Tiny *t, int flags, int passes, float **out) {
         CHECK(model_forward(&t->m, a, &src, &b, 1.25f, lp, NULL, NULL, err, sizeof err) == 0, "%s", err);
         CHECK(model_backward(&t->m, a, &src, dlp, err, sizeof err) == 0, "%s", err);
     }
+    // Kept logits became their gradient: a second backward of the same forward is refused (and adds nothing).
+    if (flags & TRAIN_ACTS_KEEP_LOGITS)
+        CHECK(model_backward(&t->m, a, &src, dlp, err, sizeof err) != 0 && strstr(err, "kept logits"),
+              "a second backward on spent logits: %s", err);
     for (int u = 0; u < t->m.layout.n_units; u++) {
         out[u] = malloc(t->m.layout.unit_numel[u] * 4);
         memcpy(out[u], t->w.grads[u], t->m.layout.unit_numel[u] * 4);
