@@ -43,10 +43,11 @@ struct SampleBcast {
     unsigned long long wq;    // top-p: quantised weight of one token at xt
     long long r_keep;         // top-p: how many of xt's ties are kept (in id order)
     int cut_ties;             // top-p: keep only the first r_keep of xt's ties
-    int chunk;                // id_search: the chunk holding the crossing
+    int chunk;                // locate_chunk: the chunk holding the crossing
+    int last_chunk;           // locate_chunk: the last chunk with a positive sum
     int last_pos;             // id_search: largest id with a positive value
     int found;                // id_search: the answer
-    double chunk_total;       // id_search: sum over all chunks (the draw's total)
+    double chunk_total;       // locate_chunk: sum over all chunks (the draw's total)
     double lse;               // log-sum-exp of raw / T
 };
 
@@ -344,6 +345,51 @@ __device__ int scan_chunk(SampleShared &sh, int V, int chunk, int win, double ta
 }
 
 
+// The chunks thread t owns in the fixed-order passes over chunk sums: [t * per, (t + 1) * per), clipped to nchunks.
+__device__ __forceinline__ void own_chunks(int nchunks, int *c0, int *c1) {
+    const int per = (nchunks + blockDim.x - 1) / blockDim.x;
+    *c0 = threadIdx.x * per;
+    *c1 = *c0 + per < nchunks ? *c0 + per : nchunks;
+}
+
+// sh.pre[0, nchunks) holds chunk sums, visible to the block, and `local` the sum of this thread's own_chunks.
+// Replaces the sums with their exclusive prefix (a fixed order: integers or not, the same bits for any batch), sets
+// sh.bc.chunk_total to the end of the last chunk — its owner's running sum, so that every comparison reads one stored
+// number per boundary — and sh.bc.last_chunk to the last chunk with a positive sum (-1: none). Returns the first
+// chunk whose end exceeds the target (u * total when `frac`, else `target`; *used receives it), or -1 when rounding
+// leaves every end at or below it.
+__device__ int locate_chunk(SampleShared &sh, int nchunks, double local, double target, bool frac, double *used) {
+    int c0, c1;
+    own_chunks(nchunks, &c0, &c1);
+    if (threadIdx.x == 0) {  // read by atomics after the barriers below
+        sh.bc.chunk = INT_MAX;
+        sh.bc.last_chunk = -1;
+    }
+    double total;
+    double run = block_exclusive_scan<double>(local, sh.red_d, &total);
+    int last_c = -1;
+    for (int c = c0; c < c1; c++) {
+        const double s = sh.pre[c];
+        sh.pre[c] = run;
+        run += s;
+        if (s > 0.0) last_c = c;
+    }
+    if (c0 < nchunks && c1 == nchunks) sh.bc.chunk_total = run;
+    if (last_c >= 0) atomicMax(&sh.bc.last_chunk, last_c);
+    __syncthreads();
+    if (frac) target *= sh.bc.chunk_total;
+    *used = target;
+    for (int c = c0; c < c1; c++) {
+        const double end = c + 1 < nchunks ? sh.pre[c + 1] : sh.bc.chunk_total;
+        if (end > target) {
+            atomicMin(&sh.bc.chunk, c);
+            break;
+        }
+    }
+    __syncthreads();
+    return sh.bc.chunk < nchunks ? sh.bc.chunk : -1;
+}
+
 // The first id whose inclusive running sum (in id order) of v exceeds target, where v(i) is
 //   draw:  exp(z - zm) for kept ids (z > xt, or z == xt and i <= id_cut), else 0; target = u * (sum of v);
 //   !draw: 1 for ids with z == xt, else 0; target as given.
@@ -361,10 +407,7 @@ __device__ int id_search(SampleShared &sh, const RowView &r, int V, int chunk, b
         return r.fast_exp ? weight_fast(z, zm, sh.exp_tab) : weight(z, zm);
     };
     auto value = [&](int i) -> double { return value_of(i, r.raw(i)); };
-    if (threadIdx.x == 0) {
-        sh.bc.last_pos = -1;
-        sh.bc.chunk = INT_MAX;
-    }
+    if (threadIdx.x == 0) sh.bc.last_pos = -1;
     int last_pos = -1;
     // Chunk sums, each a warp tree over per-lane partial sums. Chunks of ID_VEC_CHUNK ids over a row of 16-byte
     // vectors: lane l adds ids 8 l .. 8 l + 7 of the chunk (one vector), and a warp loads ID_PREFETCH chunks
@@ -417,33 +460,12 @@ __device__ int id_search(SampleShared &sh, const RowView &r, int V, int chunk, b
     }
     __syncthreads();
     if (last_pos >= 0) atomicMax(&sh.bc.last_pos, last_pos);
-    // Exclusive prefix of the chunk sums: thread t owns chunks [t * per, (t + 1) * per).
-    const int per = (nchunks + blockDim.x - 1) / blockDim.x, c0 = threadIdx.x * per;
-    const int c1 = c0 + per < nchunks ? c0 + per : nchunks;
+    int c0, c1;
+    own_chunks(nchunks, &c0, &c1);
     double local = 0.0;
     for (int c = c0; c < c1; c++) local += sh.pre[c];
-    double total;
-    double run = block_exclusive_scan<double>(local, sh.red_d, &total);
-    for (int c = c0; c < c1; c++) {
-        const double s = sh.pre[c];
-        sh.pre[c] = run;
-        run += s;
-    }
-    // The end of chunk c is pre[c + 1], and the end of the last chunk is its owner's running sum: every
-    // comparison below reads one stored number per boundary.
-    if (c0 < nchunks && c1 == nchunks) sh.bc.chunk_total = run;
-    __syncthreads();
-    if (draw) target = u * sh.bc.chunk_total;
-    for (int c = c0; c < c1; c++) {
-        const double end = c + 1 < nchunks ? sh.pre[c + 1] : sh.bc.chunk_total;
-        if (end > target) {
-            atomicMin(&sh.bc.chunk, c);
-            break;
-        }
-    }
-    __syncthreads();
-    const int win = sh.bc.chunk;
-    return scan_chunk(sh, V, chunk, win < nchunks ? win : -1, target, sh.bc.last_pos, value);
+    const int win = locate_chunk(sh, nchunks, local, draw ? u : target, draw, &target);
+    return scan_chunk(sh, V, chunk, win, target, sh.bc.last_pos, value);
 }
 
 // 2^x by the hardware exp2 with subnormal results flushed to zero (no range fix-up around it).
@@ -477,10 +499,6 @@ __device__ bool draw_one_pass(SampleShared &sh, const RowView &r, int V, double 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     const int nchunks = (V + ONE_PASS_CHUNK - 1) / ONE_PASS_CHUNK, nv = V >> 3;
     const uint4 *xv = reinterpret_cast<const uint4 *>(r.x);
-    if (threadIdx.x == 0) {
-        sh.bc.chunk = INT_MAX;
-        sh.bc.last_pos = -1;  // here: the last chunk with a positive sum
-    }
     // Lane's vector k of chunk c: the row's vector (c * ONE_PASS_VECS + k) * 32 + lane, zero past the row.
     auto load = [&](int c, uint4 *w) {
 #pragma unroll
@@ -525,9 +543,9 @@ __device__ bool draw_one_pass(SampleShared &sh, const RowView &r, int V, double 
         for (int k = 0; k < ONE_PASS_VECS; k++) cur[k] = nxt[k];
     }
     if (__syncthreads_or(nan_seen)) return false;  // the general path's rules for NaN logits
-    // Thread t owns chunks [t * per, (t + 1) * per): the row's max, then the sums moved to it and their prefix.
-    const int per = (nchunks + blockDim.x - 1) / blockDim.x, c0 = threadIdx.x * per;
-    const int c1 = c0 + per < nchunks ? c0 + per : nchunks;
+    // The row's max over this thread's chunks and the block, then the sums moved to it and their prefix.
+    int c0, c1;
+    own_chunks(nchunks, &c0, &c1);
     float lm = -INFINITY;
     for (int c = c0; c < c1; c++) lm = fmaxf(lm, sh.cmax[c]);
     const float zm = block_max_f(lm, sh.red_f);
@@ -538,33 +556,14 @@ __device__ bool draw_one_pass(SampleShared &sh, const RowView &r, int V, double 
         sh.pre[c] = sc;
         local += sc;
     }
-    double total;
-    double run = block_exclusive_scan<double>(local, sh.red_d, &total);
-    int last_c = -1;
-    for (int c = c0; c < c1; c++) {
-        const double sc = sh.pre[c];
-        sh.pre[c] = run;
-        run += sc;
-        if (sc > 0.0) last_c = c;
-    }
-    // As in id_search: the end of the last chunk is its owner's running sum.
-    if (c0 < nchunks && c1 == nchunks) sh.bc.chunk_total = run;
-    if (last_c >= 0) atomicMax(&sh.bc.last_pos, last_c);
-    __syncthreads();
-    const double all = sh.bc.chunk_total, target = u * all;
-    for (int c = c0; c < c1; c++) {
-        const double end = c + 1 < nchunks ? sh.pre[c + 1] : all;
-        if (end > target) {
-            atomicMin(&sh.bc.chunk, c);
-            break;
-        }
-    }
-    __syncthreads();
+    double target;
+    const int crossing = locate_chunk(sh, nchunks, local, u, true, &target);
+    const double all = sh.bc.chunk_total;
     *lse = (double)zm + log(all);
     // No crossing (rounding left every running sum at or below the target): the last id with a positive weight, the
     // CPU twin's rule, which the last chunk with a positive sum holds (its max weighs f_c > 0 there).
-    const bool crossed = sh.bc.chunk < nchunks;
-    const int win = crossed ? sh.bc.chunk : sh.bc.last_pos;
+    const bool crossed = crossing >= 0;
+    const int win = crossed ? crossing : sh.bc.last_chunk;
     const float m_win = sh.cmax[win];
     const double f_win = weight(m_win, zm);
     *tok = scan_chunk(sh, V, ONE_PASS_CHUNK, win, crossed ? target : INFINITY, -1, [&](int i) -> double {
@@ -779,8 +778,6 @@ sample_rows_kernel(int32_t *tokens, float *logprobs, const bf16 *logits, const O
     r.pen = p.repetition_penalty;
     r.inv_t = __fdiv_rn(1.0f, p.temperature);
     r.fast_exp = fast_exp;
-    if (fast_exp)  // read after the block reductions below (each synchronises)
-        for (int j = tid; j < 256; j += blockDim.x) sh.exp_tab[j] = exp2(j / 256.0);
     r.penalised = build_pen_bits(pen_bits, p, history, history_offsets, s, V, n_history);
     // No filter and no penalty (the general path's tests, NaN parameters included): one read of the row.
     const bool unfiltered = !(p.top_k > 0 && p.top_k < V) && !(p.top_p < 1.0f) && !(p.min_p > 0.0f);
@@ -798,6 +795,8 @@ sample_rows_kernel(int32_t *tokens, float *logprobs, const bf16 *logits, const O
         }
     }
 
+    if (fast_exp)  // the draw's table: read after the block reductions below (each synchronises)
+        for (int j = tid; j < 256; j += blockDim.x) sh.exp_tab[j] = exp2(j / 256.0);
     // Pass 1: the max of z and an online log-sum-exp of the unpenalised raw / T, each thread over its ids in
     // increasing order (row_scan).
     float zmax = -INFINITY, lm = -INFINITY;
