@@ -278,11 +278,6 @@ static void recompute_kept(Model *m, const void *p, LayerActs *s, const void *x_
     ops_swiglu_fwd(o, s->act, s->gu, N, I);
 }
 
-// The logits of rows r0.. of the batch: their rows of the kept (N, V) logits, or the one chunk buffer.
-static void *logits_rows(const Model *m, const TrainActs *a, int r0) {
-    return a->keep_logits ? elem_at(m, a->logits_chunk, (size_t)r0 * m->cfg.vocab_size) : a->logits_chunk;
-}
-
 // lm_head weight: unit L+1's own, or the embedding table (unit 0) when tied.
 static const void *lm_head_weight(const Model *m, const void *p_final, const void *p_embed) {
     return m->layout.lm_head == SIZE_MAX ? elem_at(m, p_embed, m->layout.embed) : elem_at(m, p_final, m->layout.lm_head);
@@ -337,12 +332,11 @@ int model_forward(Model *m, TrainActs *a, UnitSource *src, const Batch *b, float
     const int step = a->keep_logits ? N : a->chunk_rows;  // kept logits: the whole batch in one GEMM
     for (int r0 = 0; r0 < N; r0 += step) {
         int rows = N - r0 < step ? N - r0 : step;
-        void *chunk = logits_rows(m, a, r0);
-        ops_matmul_fwd(o, chunk, elem_at(m, a->xf, (size_t)r0 * C), w_lm, NULL, rows, C, V);
+        ops_matmul_fwd(o, a->logits_chunk, elem_at(m, a->xf, (size_t)r0 * C), w_lm, NULL, rows, C, V);
         // Entropy costs one more pass over each row: only when asked for (a backward with an entropy term needs it).
-        ops_logprobs_fwd(o, a->logprobs + r0, a->lse + r0, entropy ? a->entropy + r0 : NULL, chunk,
+        ops_logprobs_fwd(o, a->logprobs + r0, a->lse + r0, entropy ? a->entropy + r0 : NULL, a->logits_chunk,
                          a->targets + r0, rows, V, inv_temperature);
-        if (logits) ops_download_f32(o, logits + (size_t)r0 * V, chunk, (size_t)rows * V);
+        if (logits) ops_download_f32(o, logits + (size_t)r0 * V, a->logits_chunk, (size_t)rows * V);
     }
     if (p0) RELEASE(src, 0);
     RELEASE(src, uf);
