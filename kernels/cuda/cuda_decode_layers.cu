@@ -696,13 +696,11 @@ static int aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
 template <int D>
 static int launch(OpsCtx *ctx, CudaState *st, DlArgs *a, size_t smem) {
-    static size_t smem_set[2] = {0, 0};   // per instantiation: the attribute is per function (and device)
-    size_t *set = &smem_set[D == 128];
-    if (smem > *set) {
+    // The attribute belongs to the function on the current device: set it on every eager launch (a recording is
+    // always preceded by an eager run of the same step on the same device).
+    if (!cuda_recording(st))
         CUDA_CHECK_RET(ctx, cudaFuncSetAttribute(decode_layers_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                                  (int)smem), 1);
-        *set = smem;
-    }
     int per_sm = 0;
     CUDA_CHECK_RET(ctx, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_layers_kernel<D>, DL_THREADS,
                                                                        smem), 1);
