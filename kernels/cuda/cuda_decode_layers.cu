@@ -76,7 +76,7 @@ struct DlArgs {
     const int32_t *positions, *slots, *token_seq, *block_tables;
     const float *inv_freq;
     int block_size, max_blocks;
-    int n_stages, slot_bytes, act_floats, out_floats, vec_elems;
+    int n_stages, slot_bytes, act_floats, part_floats, vec_elems;
     unsigned long long *trace;  // TANDEM_DECODE_LAYERS_TRACE: (2 blocks, L, DL_TRACE_POINTS) globaltimer stamps
     DlLayer layer[DL_MAX_LAYERS];
 };
@@ -323,7 +323,7 @@ __device__ void load_normed(float *xa, const bf16 *x, const bf16 *w, int C, floa
     consumers_sync();
 }
 
-// ---- attention (phases B and D) -------------------------------------------------------------------------
+// ---- attention (phase B) ---------------------------------------------------------------------------------
 
 // The step's token: its position, cache slot (-1: none) and block table row; read once per launch.
 struct DlToken {
@@ -338,8 +338,58 @@ __device__ __forceinline__ void attention_split(int ctx, int *rounds, int *parts
     *parts = (n64 + *rounds - 1) / *rounds;
 }
 
+// Query heads [h0, h1) merged from their items' partials into att (bf16, as the sequence stores it). Two
+// elements per thread at a time, each with its head's maxima and sums and its own partials in 16-byte loads
+// issued together: one round trip per pair.
 template <int D>
-__device__ void merge_heads(const DlArgs &a, int n_parts, int h0, int h1);
+__device__ void merge_heads(const DlArgs &a, int n_parts, int h0, int h1) {
+    const int n_vec = (n_parts + 3) / 4, e_end = h1 * D;
+    const float4 *ml4 = reinterpret_cast<const float4 *>(a.part_ml);
+    const float4 *acc4 = reinterpret_cast<const float4 *>(a.part_acc);
+    for (int e0 = h0 * D + (int)threadIdx.x; e0 < e_end; e0 += 2 * DL_CONSUMERS) {
+        float4 ml[2][DL_MAX_PARTS / 2], oc[2][DL_MAX_PARTS / 4];
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            const int e = e0 + k * DL_CONSUMERS, h = (e < e_end ? e : h0 * D) / D;
+#pragma unroll
+            for (int v = 0; v < DL_MAX_PARTS / 2; v++)
+                ml[k][v] = e < e_end && v < 2 * n_vec ? __ldcg(ml4 + (size_t)h * (DL_MAX_PARTS / 2) + v)
+                                                      : make_float4(-INFINITY, 0.0f, -INFINITY, 0.0f);
+#pragma unroll
+            for (int v = 0; v < DL_MAX_PARTS / 4; v++)
+                oc[k][v] = e < e_end && v < n_vec ? __ldcg(acc4 + (size_t)e * (DL_MAX_PARTS / 4) + v)
+                                                  : make_float4(0, 0, 0, 0);
+        }
+#pragma unroll
+        for (int k = 0; k < 2; k++) {
+            const int e = e0 + k * DL_CONSUMERS;
+            if (e >= e_end) break;
+            float mc[DL_MAX_PARTS], lc[DL_MAX_PARTS], o_c[DL_MAX_PARTS];
+#pragma unroll
+            for (int v = 0; v < DL_MAX_PARTS / 2; v++) {
+                mc[2 * v] = ml[k][v].x, lc[2 * v] = ml[k][v].y, mc[2 * v + 1] = ml[k][v].z, lc[2 * v + 1] = ml[k][v].w;
+            }
+#pragma unroll
+            for (int v = 0; v < DL_MAX_PARTS / 4; v++) {
+                o_c[4 * v] = oc[k][v].x, o_c[4 * v + 1] = oc[k][v].y;
+                o_c[4 * v + 2] = oc[k][v].z, o_c[4 * v + 3] = oc[k][v].w;
+            }
+            float mx = -INFINITY;
+#pragma unroll
+            for (int c = 0; c < DL_MAX_PARTS; c++)
+                if (c < n_parts) mx = fmaxf(mx, mc[c]);
+            float su = 0.0f, o = 0.0f;
+#pragma unroll
+            for (int c = 0; c < DL_MAX_PARTS; c++) {
+                if (c >= n_parts) break;
+                const float f = mc[c] == -INFINITY ? 0.0f : expf(mc[c] - mx);
+                su = fmaf(lc[c], f, su);
+                o = fmaf(o_c[c], f, o);
+            }
+            a.att[e] = f2bf(o / su);
+        }
+    }
+}
 
 // Phase B. Shared memory of an item, inside the xa region: qs (G, D), kn, vn (D) the token's own turned k and
 // its v, ps (warps, G, 8) probabilities, wpart (warps, G, 2 + D) each warp's max, sum and output.
@@ -532,57 +582,6 @@ __device__ void attention_items(const DlArgs &a, const DlToken &tk, int l, float
     }
 }
 
-// Query heads [h0, h1) merged from their items' partials into att (bf16, as the sequence stores it). Two
-// elements per thread at a time, each with its head's maxima and sums and its own partials in 16-byte loads
-// issued together: one round trip per pair.
-template <int D>
-__device__ void merge_heads(const DlArgs &a, int n_parts, int h0, int h1) {
-    const int n_vec = (n_parts + 3) / 4, e_end = h1 * D;
-    const float4 *ml4 = reinterpret_cast<const float4 *>(a.part_ml), *acc4 = reinterpret_cast<const float4 *>(a.part_acc);
-    for (int e0 = h0 * D + (int)threadIdx.x; e0 < e_end; e0 += 2 * DL_CONSUMERS) {
-        float4 ml[2][DL_MAX_PARTS / 2], oc[2][DL_MAX_PARTS / 4];
-#pragma unroll
-        for (int k = 0; k < 2; k++) {
-            const int e = e0 + k * DL_CONSUMERS, h = (e < e_end ? e : h0 * D) / D;
-#pragma unroll
-            for (int v = 0; v < DL_MAX_PARTS / 2; v++)
-                ml[k][v] = e < e_end && v < 2 * n_vec ? __ldcg(ml4 + (size_t)h * (DL_MAX_PARTS / 2) + v)
-                                                      : make_float4(-INFINITY, 0.0f, -INFINITY, 0.0f);
-#pragma unroll
-            for (int v = 0; v < DL_MAX_PARTS / 4; v++)
-                oc[k][v] = e < e_end && v < n_vec ? __ldcg(acc4 + (size_t)e * (DL_MAX_PARTS / 4) + v)
-                                                  : make_float4(0, 0, 0, 0);
-        }
-#pragma unroll
-        for (int k = 0; k < 2; k++) {
-            const int e = e0 + k * DL_CONSUMERS;
-            if (e >= e_end) break;
-            float mc[DL_MAX_PARTS], lc[DL_MAX_PARTS], o_c[DL_MAX_PARTS];
-#pragma unroll
-            for (int v = 0; v < DL_MAX_PARTS / 2; v++) {
-                mc[2 * v] = ml[k][v].x, lc[2 * v] = ml[k][v].y, mc[2 * v + 1] = ml[k][v].z, lc[2 * v + 1] = ml[k][v].w;
-            }
-#pragma unroll
-            for (int v = 0; v < DL_MAX_PARTS / 4; v++) {
-                o_c[4 * v] = oc[k][v].x, o_c[4 * v + 1] = oc[k][v].y, o_c[4 * v + 2] = oc[k][v].z, o_c[4 * v + 3] = oc[k][v].w;
-            }
-            float mx = -INFINITY;
-#pragma unroll
-            for (int c = 0; c < DL_MAX_PARTS; c++)
-                if (c < n_parts) mx = fmaxf(mx, mc[c]);
-            float su = 0.0f, o = 0.0f;
-#pragma unroll
-            for (int c = 0; c < DL_MAX_PARTS; c++) {
-                if (c >= n_parts) break;
-                const float f = mc[c] == -INFINITY ? 0.0f : expf(mc[c] - mx);
-                su = fmaf(lc[c], f, su);
-                o = fmaf(o_c[c], f, o);
-            }
-            a.att[e] = f2bf(o / su);
-        }
-    }
-}
-
 // ---- the kernel -----------------------------------------------------------------------------------------
 
 template <int D>
@@ -592,7 +591,7 @@ __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers_kernel(const __gr
     char *ring = smem;
     bf16 *vecs = reinterpret_cast<bf16 *>(smem + (size_t)a.n_stages * a.slot_bytes);   // (2, vec_elems)
     float *xa = reinterpret_cast<float *>(vecs + 2 * (size_t)a.vec_elems);
-    float *out = xa + a.act_floats, *red = out + a.out_floats;
+    float *part = xa + a.act_floats, *red = part + a.part_floats;   // part: the phase's lane partials
     uint64_t *full = reinterpret_cast<uint64_t *>(red + 32), *empty = full + a.n_stages;
     uint64_t *vfull = empty + a.n_stages, *vempty = vfull + 2;
     if (threadIdx.x == 0) {
@@ -623,13 +622,13 @@ __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers_kernel(const __gr
         mbar_wait(&vfull[l & 1], (l >> 1) & 1);
         // A: q|k|v of rmsnorm(x)
         load_normed(xa, a.x, ln1, C, a.eps, red);
-        consume(a, D, l, 0, 0, g, ring, full, empty, xa, out);
+        consume(a, D, l, 0, 0, g, ring, full, empty, xa, part);
         consumers_sync();
         trace_point(a, l, 1);
         {
             const int r0 = split_at(QKV, b), n = split_at(QKV, b + 1) - r0;
             for (int j = tid; j < n; j += DL_CONSUMERS)
-                a.qkv[r0 + j] = f2bf(row_sum(out, j) + (bias ? bf2f(bias[r0 + j]) : 0.0f));
+                a.qkv[r0 + j] = f2bf(row_sum(part, j) + (bias ? bf2f(bias[r0 + j]) : 0.0f));
         }
         grid_sync(a.counter, barrier);
         trace_point(a, l, 2);
@@ -643,9 +642,9 @@ __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers_kernel(const __gr
             const int r0 = split_at(C, b), n = split_at(C, b + 1) - r0;
             const float res = tid < n ? bf2f(__ldcg(a.x + r0 + tid)) : 0.0f;   // n <= C / B + 1 <= DL_CONSUMERS
             load_vec(xa, a.att, QD);
-            consume(a, D, l, 1, 0, g, ring, full, empty, xa, out);
+            consume(a, D, l, 1, 0, g, ring, full, empty, xa, part);
             consumers_sync();
-            if (tid < n) a.xmid[r0 + tid] = f2bf(res + bf2f(f2bf(row_sum(out, tid))));
+            if (tid < n) a.xmid[r0 + tid] = f2bf(res + bf2f(f2bf(row_sum(part, tid))));
         }
         trace_point(a, l, 5);
         grid_sync(a.counter, barrier);
@@ -655,11 +654,11 @@ __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers_kernel(const __gr
         if (tid == 0) mbar_arrive(&vempty[l & 1]);   // this layer's vectors are used up
         {
             const int j0 = split_at(I, b), n_i = split_at(I, b + 1) - j0;
-            consume(a, D, l, 2, 0, g, ring, full, empty, xa, out);
-            consume(a, D, l, 3, n_i, g, ring, full, empty, xa, out);
+            consume(a, D, l, 2, 0, g, ring, full, empty, xa, part);
+            consume(a, D, l, 3, n_i, g, ring, full, empty, xa, part);
             consumers_sync();
             for (int j = tid; j < n_i; j += DL_CONSUMERS)
-                a.act[j0 + j] = f2bf(silu_f(bf2f(f2bf(row_sum(out, j)))) * bf2f(f2bf(row_sum(out, n_i + j))));
+                a.act[j0 + j] = f2bf(silu_f(bf2f(f2bf(row_sum(part, j)))) * bf2f(f2bf(row_sum(part, n_i + j))));
         }
         trace_point(a, l, 7);
         grid_sync(a.counter, barrier);
@@ -669,9 +668,9 @@ __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers_kernel(const __gr
             const int r0 = split_at(C, b), n = split_at(C, b + 1) - r0;
             const float res = tid < n ? bf2f(__ldcg(a.xmid + r0 + tid)) : 0.0f;
             load_vec(xa, a.act, I);
-            consume(a, D, l, 4, 0, g, ring, full, empty, xa, out);
+            consume(a, D, l, 4, 0, g, ring, full, empty, xa, part);
             consumers_sync();
-            if (tid < n) a.x[r0 + tid] = f2bf(res + bf2f(f2bf(row_sum(out, tid))));
+            if (tid < n) a.x[r0 + tid] = f2bf(res + bf2f(f2bf(row_sum(part, tid))));
         }
         trace_point(a, l, 9);
         if (l + 1 < a.L) grid_sync(a.counter, barrier);
@@ -768,16 +767,16 @@ int cuda_decode_layers_fwd(OpsCtx *ctx, void *x, const OpsDecodeLayers *d) {
         return 1;
     }
     // Shared memory: the ring, two layers' small vectors, xa (the widest phase input, or an attention item's
-    // scratch), out (a phase's dot products), red, the mbarriers.
+    // scratch), part (a phase's lane partials of its dot products), red, the mbarriers.
     const int wide = I > C ? (I > QD ? I : QD) : (C > QD ? C : QD);
     const int att_floats = G * D + 2 * D + DL_WARPS * G * 8 + DL_WARPS * G * (2 + D);
     a->act_floats = ((wide > att_floats ? wide : att_floats) + 3) / 4 * 4;
     const int rows_qkv = (QKV + nb - 1) / nb, rows_gu = 2 * ((I + nb - 1) / nb), rows_c = (C + nb - 1) / nb;
     const int most = rows_qkv > rows_gu ? rows_qkv : rows_gu;
-    a->out_floats = ((most > rows_c ? most : rows_c) * 33 + 3) / 4 * 4;   // 32 lane partials a row, padded
+    a->part_floats = ((most > rows_c ? most : rows_c) * 33 + 3) / 4 * 4;   // 32 lane partials a row, padded
     a->vec_elems = (2 * C + QKV + 7) / 8 * 8;
     a->slot_bytes = ((2 * wide > DL_SLOT_MIN ? 2 * wide : DL_SLOT_MIN) + 127) / 128 * 128;   // a whole row fits
-    const size_t fixed = 2 * (size_t)a->vec_elems * 2 + (size_t)(a->act_floats + a->out_floats + 32) * 4 + 4 * 8;
+    const size_t fixed = 2 * (size_t)a->vec_elems * 2 + (size_t)(a->act_floats + a->part_floats + 32) * 4 + 4 * 8;
     const size_t budget = st->max_smem_optin > fixed ? st->max_smem_optin - fixed : 0;
     int stages = (int)(budget / (a->slot_bytes + 16));
     if (stages > DL_MAX_STAGES) stages = DL_MAX_STAGES;

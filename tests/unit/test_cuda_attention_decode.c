@@ -21,6 +21,7 @@
 
 #include "kernels/ops.h"
 #include "kernels_testlib.h"
+#include "ops_testlib.h"
 #include "paged_testlib.h"
 
 static OpsCtx *cpu, *gpu;
@@ -30,30 +31,6 @@ static const double TOL = 1e-2;
 
 static float urand(float lo, float hi) { return lo + (hi - lo) * (float)((kt_next() >> 40) * (1.0 / 16777216.0)); }
 static int irand(int n) { return kt_randint(0, n); }
-
-static void *upload(OpsCtx *o, const float *h, size_t n) {
-    void *d = ops_malloc(o, (n ? n : 1) * ops_dtype_size(o));
-    if (!d) {
-        fprintf(stderr, "FATAL: allocation of %zu elements failed: %s\n", n, ops_error(o));
-        exit(1);
-    }
-    ops_upload_f32(o, d, h, n);
-    return d;
-}
-static void *upload_words(OpsCtx *o, const int32_t *h, size_t n) {
-    void *d = ops_malloc(o, n * 4 + 4);
-    if (!d) {
-        fprintf(stderr, "FATAL: allocation failed: %s\n", ops_error(o));
-        exit(1);
-    }
-    ops_copy_to_device(o, d, h, n * 4);
-    return d;
-}
-static float *download(OpsCtx *o, const void *d, size_t n) {
-    float *h = malloc((n ? n : 1) * sizeof *h);
-    ops_download_f32(o, h, d, n);
-    return h;
-}
 
 // Positions where the bits differ (NaN equals NaN).
 static size_t bit_mismatches(const float *a, const float *b, size_t n) {
@@ -127,18 +104,20 @@ static void run_case(const char *what, int Hq, int Hkv, int D, int block_size, i
     const float scale = 1.0f / sqrtf((float)D);
 
     // CPU twin; CUDA fused; CUDA as the two ops on copies of the caches.
-    void *c_qkv = upload(cpu, h_qkv, (size_t)N * QKV), *c_k = upload(cpu, h_k, n_cache), *c_v = upload(cpu, h_v, n_cache);
-    void *c_q = upload(cpu, h_qkv, n_out), *c_out = upload(cpu, h_qkv, n_out);
-    void *g_qkv = upload(gpu, h_qkv, (size_t)N * QKV), *g_k = upload(gpu, h_k, n_cache), *g_v = upload(gpu, h_v, n_cache);
-    void *g_q = upload(gpu, h_qkv, n_out), *g_out = upload(gpu, h_qkv, n_out);
-    void *u_k = upload(gpu, h_k, n_cache), *u_v = upload(gpu, h_v, n_cache);
-    void *u_q = upload(gpu, h_qkv, n_out), *u_out = upload(gpu, h_qkv, n_out);
-    void *c_bt = upload_words(cpu, tables, (size_t)(n_seqs + 1) * max_blocks), *c_ts = upload_words(cpu, tseq, N);
-    void *c_tp = upload_words(cpu, tpos, N), *c_sl = upload_words(cpu, slots, N);
-    void *g_bt = upload_words(gpu, tables, (size_t)(n_seqs + 1) * max_blocks), *g_ts = upload_words(gpu, tseq, N);
-    void *g_tp = upload_words(gpu, tpos, N), *g_sl = upload_words(gpu, slots, N);
-    float *c_if = upload_words(cpu, (const int32_t *)inv_freq, (size_t)D / 2);
-    float *g_if = upload_words(gpu, (const int32_t *)inv_freq, (size_t)D / 2);
+    void *c_qkv = kt_upload(cpu, h_qkv, (size_t)N * QKV), *c_k = kt_upload(cpu, h_k, n_cache);
+    void *c_v = kt_upload(cpu, h_v, n_cache);
+    void *c_q = kt_upload(cpu, h_qkv, n_out), *c_out = kt_upload(cpu, h_qkv, n_out);
+    void *g_qkv = kt_upload(gpu, h_qkv, (size_t)N * QKV), *g_k = kt_upload(gpu, h_k, n_cache);
+    void *g_v = kt_upload(gpu, h_v, n_cache);
+    void *g_q = kt_upload(gpu, h_qkv, n_out), *g_out = kt_upload(gpu, h_qkv, n_out);
+    void *u_k = kt_upload(gpu, h_k, n_cache), *u_v = kt_upload(gpu, h_v, n_cache);
+    void *u_q = kt_upload(gpu, h_qkv, n_out), *u_out = kt_upload(gpu, h_qkv, n_out);
+    void *c_bt = kt_upload_words(cpu, tables, (size_t)(n_seqs + 1) * max_blocks), *c_ts = kt_upload_words(cpu, tseq, N);
+    void *c_tp = kt_upload_words(cpu, tpos, N), *c_sl = kt_upload_words(cpu, slots, N);
+    void *g_bt = kt_upload_words(gpu, tables, (size_t)(n_seqs + 1) * max_blocks), *g_ts = kt_upload_words(gpu, tseq, N);
+    void *g_tp = kt_upload_words(gpu, tpos, N), *g_sl = kt_upload_words(gpu, slots, N);
+    float *c_if = kt_upload_words(cpu, (const int32_t *)inv_freq, (size_t)D / 2);
+    float *g_if = kt_upload_words(gpu, (const int32_t *)inv_freq, (size_t)D / 2);
 
     ops_attention_paged_decode_fwd(cpu, c_out, c_q, c_k, c_v, c_sl, c_qkv, c_bt, c_ts, c_tp, c_if, N, Hq, Hkv, D,
                                    block_size, max_blocks, scale);
@@ -154,9 +133,12 @@ static void run_case(const char *what, int Hq, int Hkv, int D, int block_size, i
         ops_clear_error(cpu);
         ops_clear_error(gpu);
     } else {
-        float *co = download(cpu, c_out, n_out), *go = download(gpu, g_out, n_out), *uo = download(gpu, u_out, n_out);
-        float *ck = download(cpu, c_k, n_cache), *gk = download(gpu, g_k, n_cache), *uk = download(gpu, u_k, n_cache);
-        float *cv = download(cpu, c_v, n_cache), *gv = download(gpu, g_v, n_cache), *uv = download(gpu, u_v, n_cache);
+        float *co = kt_download(cpu, c_out, n_out), *go = kt_download(gpu, g_out, n_out);
+        float *uo = kt_download(gpu, u_out, n_out);
+        float *ck = kt_download(cpu, c_k, n_cache), *gk = kt_download(gpu, g_k, n_cache);
+        float *uk = kt_download(gpu, u_k, n_cache);
+        float *cv = kt_download(cpu, c_v, n_cache), *gv = kt_download(gpu, g_v, n_cache);
+        float *uv = kt_download(gpu, u_v, n_cache);
         const size_t bits = bit_mismatches(go, uo, n_out) + bit_mismatches(gk, uk, n_cache) +
                             bit_mismatches(gv, uv, n_cache);
         size_t nan_bad = 0;

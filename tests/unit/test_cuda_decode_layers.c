@@ -23,6 +23,7 @@
 
 #include "kernels/ops.h"
 #include "kernels_testlib.h"
+#include "ops_testlib.h"
 #include "paged_testlib.h"
 
 static OpsCtx *cpu, *gpu;
@@ -32,29 +33,6 @@ static const double TOL = 5e-2;
 
 static int irand(int n) { return kt_randint(0, n); }
 
-static void *upload(OpsCtx *o, const float *h, size_t n) {
-    void *d = ops_malloc(o, (n ? n : 1) * ops_dtype_size(o));
-    if (!d) {
-        fprintf(stderr, "FATAL: allocation of %zu elements failed: %s\n", n, ops_error(o));
-        exit(1);
-    }
-    ops_upload_f32(o, d, h, n);
-    return d;
-}
-static void *upload_words(OpsCtx *o, const int32_t *h, size_t n) {
-    void *d = ops_malloc(o, n * 4 + 4);
-    if (!d) {
-        fprintf(stderr, "FATAL: allocation failed: %s\n", ops_error(o));
-        exit(1);
-    }
-    ops_copy_to_device(o, d, h, n * 4);
-    return d;
-}
-static float *download(OpsCtx *o, const void *d, size_t n) {
-    float *h = malloc((n ? n : 1) * sizeof *h);
-    ops_download_f32(o, h, d, n);
-    return h;
-}
 static float *randv(size_t n, float center, float spread) {
     float *h = malloc(n * sizeof *h);
     for (size_t i = 0; i < n; i++) h[i] = kt_round_bf16(center + spread * (float)kt_uniform());
@@ -108,22 +86,22 @@ static void side_make(Side *sd, OpsCtx *o, const Case *k) {
     sd->layers = calloc((size_t)s->L, sizeof *sd->layers);
     for (int l = 0; l < s->L; l++) {
         OpsDecodeLayer *y = &sd->layers[l];
-        y->ln1 = upload(o, k->w[0][l], n[0]);
-        y->wqkv = upload(o, k->w[1][l], n[1]);
-        y->bqkv = s->bias ? upload(o, k->w[2][l], n[2]) : NULL;
-        y->wo = upload(o, k->w[3][l], n[3]);
-        y->ln2 = upload(o, k->w[4][l], n[4]);
-        y->wgu = upload(o, k->w[5][l], n[5]);
-        y->wdown = upload(o, k->w[6][l], n[6]);
-        y->k_cache = upload(o, k->kc[l], (size_t)k->n_slots * KVD);
-        y->v_cache = upload(o, k->vc[l], (size_t)k->n_slots * KVD);
+        y->ln1 = kt_upload(o, k->w[0][l], n[0]);
+        y->wqkv = kt_upload(o, k->w[1][l], n[1]);
+        y->bqkv = s->bias ? kt_upload(o, k->w[2][l], n[2]) : NULL;
+        y->wo = kt_upload(o, k->w[3][l], n[3]);
+        y->ln2 = kt_upload(o, k->w[4][l], n[4]);
+        y->wgu = kt_upload(o, k->w[5][l], n[5]);
+        y->wdown = kt_upload(o, k->w[6][l], n[6]);
+        y->k_cache = kt_upload(o, k->kc[l], (size_t)k->n_slots * KVD);
+        y->v_cache = kt_upload(o, k->vc[l], (size_t)k->n_slots * KVD);
     }
     const int32_t pos = k->pos, slot = k->slot, seq = 0;
-    sd->x = upload(o, k->x, (size_t)s->C);
-    sd->pos = upload_words(o, &pos, 1);
-    sd->slot = upload_words(o, &slot, 1);
-    sd->seq = upload_words(o, &seq, 1);
-    sd->tables = upload_words(o, k->tables, (size_t)k->max_blocks);
+    sd->x = kt_upload(o, k->x, (size_t)s->C);
+    sd->pos = kt_upload_words(o, &pos, 1);
+    sd->slot = kt_upload_words(o, &slot, 1);
+    sd->seq = kt_upload_words(o, &seq, 1);
+    sd->tables = kt_upload_words(o, k->tables, (size_t)k->max_blocks);
     sd->inv_freq = ops_malloc(o, (size_t)s->D / 2 * 4);
     ops_copy_to_device(o, sd->inv_freq, k->inv_freq, (size_t)s->D / 2 * 4);
     const size_t es = ops_dtype_size(o);
@@ -189,11 +167,11 @@ typedef struct {
 
 static Result collect(OpsCtx *o, const Side *sd, const Case *k) {
     const size_t KVD = (size_t)k->s.Hkv * k->s.D, n = (size_t)k->n_slots * KVD;
-    Result r = {download(o, sd->x, (size_t)k->s.C), calloc((size_t)k->s.L, sizeof(float *)),
+    Result r = {kt_download(o, sd->x, (size_t)k->s.C), calloc((size_t)k->s.L, sizeof(float *)),
                 calloc((size_t)k->s.L, sizeof(float *))};
     for (int l = 0; l < k->s.L; l++) {
-        r.kc[l] = download(o, sd->layers[l].k_cache, n);
-        r.vc[l] = download(o, sd->layers[l].v_cache, n);
+        r.kc[l] = kt_download(o, sd->layers[l].k_cache, n);
+        r.vc[l] = kt_download(o, sd->layers[l].v_cache, n);
     }
     return r;
 }

@@ -1,0 +1,41 @@
+// ops_testlib.h — moving test data between the host and an ops backend, for the tests that compare backends
+// (test_cuda_attention_decode, test_cuda_decode_layers). A failed allocation ends the test with a message.
+#ifndef TANDEM_TESTS_OPS_TESTLIB_H
+#define TANDEM_TESTS_OPS_TESTLIB_H
+
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "kernels/ops.h"
+
+// n fp32 host values into a new backend buffer of the backend's storage dtype.
+static inline void *kt_upload(OpsCtx *o, const float *h, size_t n) {
+    void *d = ops_malloc(o, (n ? n : 1) * ops_dtype_size(o));
+    if (!d) {
+        fprintf(stderr, "FATAL: allocation of %zu elements failed: %s\n", n, ops_error(o));
+        exit(1);
+    }
+    ops_upload_f32(o, d, h, n);
+    return d;
+}
+
+// n int32 host values into a new backend buffer (one spare word, so n may be 0).
+static inline void *kt_upload_words(OpsCtx *o, const int32_t *h, size_t n) {
+    void *d = ops_malloc(o, n * 4 + 4);
+    if (!d) {
+        fprintf(stderr, "FATAL: allocation failed: %s\n", ops_error(o));
+        exit(1);
+    }
+    ops_copy_to_device(o, d, h, n * 4);
+    return d;
+}
+
+// n values of a backend buffer as a new fp32 host array (the caller frees it).
+static inline float *kt_download(OpsCtx *o, const void *d, size_t n) {
+    float *h = malloc((n ? n : 1) * sizeof *h);
+    ops_download_f32(o, h, d, n);
+    return h;
+}
+
+#endif
