@@ -13,7 +13,9 @@ import json
 import os
 import pathlib
 import re
+import random
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -41,6 +43,40 @@ CHATML_TEMPLATE = (
 
 _WORDS = ("the quick brown fox jumps over a lazy dog while seven wizards quietly box and hum "
           "numbers 0 1 2 3 4 5 6 7 8 9 plus minus equals answer question reason think step").split()
+
+
+def _ephemeral_low():
+    """The first port the kernel hands out for outgoing connections (32768 where /proc is not readable)."""
+    try:
+        return int(pathlib.Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768
+
+
+def free_port(n=1):
+    """The first of n consecutive TCP ports on 127.0.0.1 that are free now.
+
+    The ports come from below the kernel's ephemeral range: a port the kernel assigned (bind to 0) is in that
+    range, and an outgoing connection made before the server binds can take it, or take P + 1 where a
+    launcher gives server i the port P + i. CI lost a run to exactly that ("Address already in use" on P + 1).
+    """
+    high = max(_ephemeral_low(), 11024 + n)
+    rng = random.Random()
+    for _ in range(500):
+        base = rng.randrange(10000, high - n)
+        socks = []
+        try:
+            for port in range(base, base + n):
+                s = socket.socket()
+                socks.append(s)
+                s.bind(("127.0.0.1", port))
+            return base
+        except OSError:
+            continue
+        finally:
+            for s in socks:
+                s.close()
+    raise RuntimeError(f"no run of {n} free TCP ports below {high}")
 
 
 def serve_binary():

@@ -192,7 +192,7 @@ def test_two_servers_with_a_device_each(setup):
     """--server-device takes one entry per server; the rank spreads its prompts over both servers."""
     d = setup
     p = launcher(["--model", str(d / "model"), "--ranks", "1", "--servers", "2", "--server-device", "cpu,cpu",
-                  "--master-port", str(free_port()), "--control-port", str(free_port()), "--log-dir",
+                  "--master-port", str(free_port()), "--control-port", str(free_port(2)), "--log-dir",
                   str(d / "two-logs"), "--", *train_args(d, "two", 2)], d)
     out, _ = p.communicate(timeout=300)
     assert p.returncode == 0, out

@@ -20,7 +20,7 @@ import subprocess
 import sys
 import time
 
-from server_fixtures import BUILD, TandemServer, build_tiny_model, http_json, metric, metrics, serve_binary
+from server_fixtures import BUILD, TandemServer, build_tiny_model, free_port, http_json, metric, metrics, serve_binary
 
 try:
     import pytest
@@ -29,7 +29,7 @@ except ImportError:   # the GPU machine: run as a script (see the end)
 
 if pytest is not None and __name__ != "__main__":   # as a script (the GPU check) only the GPU part runs
     from server_fixtures import tiny_model_dir  # noqa: F401 (pytest fixture)
-    from test_zmq_control import Client, free_port, hf_greedy, models, pack_units, send_update  # noqa: F401
+    from test_zmq_control import Client, hf_greedy, models, pack_units, send_update  # noqa: F401
 
 PROMPTS = [[1, 17, 250, 3, 99, 42, 7], [1, 5], [1, 200, 201, 202, 203, 204, 205, 206], [4, 4, 4, 4],
            [1, 90, 91, 92], [7, 8, 9, 10, 11, 12, 13, 14, 15], [33], [1, 2, 3, 5, 8, 13, 21]]
@@ -261,16 +261,13 @@ def gpu_check(model_dir):
     """--devices 0,1 against one engine on cuda:0: equal greedy outputs (each engine at batch 1, as the single
     engine: bf16 GEMMs may round differently at other batch sizes), both engines used under concurrency, a zmq
     push reaching both (the bf16 engines compared with each other: same outputs, new version)."""
-    import socket
 
     import numpy as np
     try:
         import zmq
     except ImportError:
         zmq = None
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        endpoint = f"tcp://127.0.0.1:{s.getsockname()[1]}"
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
     with TandemServer(model_dir, "--device", "cuda:0") as one, \
             TandemServer(model_dir, "--devices", "0,1", "--control", endpoint) as two:
         for p in PROMPTS:   # two copies in one request: one on each engine

@@ -10,7 +10,6 @@ import json
 import os
 import pathlib
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -18,7 +17,7 @@ import time
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from server_fixtures import BUILD, TandemServer, build_tiny_model, http_json  # noqa: E402
+from server_fixtures import BUILD, TandemServer, build_tiny_model, free_port, http_json  # noqa: E402
 
 
 def train_binary():
@@ -26,12 +25,6 @@ def train_binary():
     if not path.exists():
         pytest.skip(f"{path} is not built (run scripts/test.sh, or set TANDEM_BUILD_DIR)")
     return str(path)
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def write_dataset(path, n=64):

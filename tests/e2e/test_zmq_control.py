@@ -12,7 +12,6 @@ import copy
 import json
 import pathlib
 import random
-import socket
 import struct
 import subprocess
 
@@ -23,7 +22,7 @@ import zmq
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
-from server_fixtures import BUILD, TandemServer, build_tiny_model, http_json, serve_binary
+from server_fixtures import BUILD, TandemServer, build_tiny_model, free_port, http_json, serve_binary
 
 PROBE = BUILD / "tests" / "model_probe"
 LAYOUT_ALIGN = 64
@@ -166,12 +165,6 @@ def hf_logprobs(model, prompt, completion, temperature):
 
 
 # ---- server process and client ---------------------------------------------------------------------------
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 def start_server(model_dir):
     """A tandem-serve with --control on a free port; returns (server, endpoint)."""
