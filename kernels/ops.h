@@ -163,8 +163,8 @@ void ops_matmul_fwd(OpsCtx *ctx, void *out, const void *in, const void *w, const
 void ops_matmul_bwd(OpsCtx *ctx, void *din, float *dw, float *dbias, const void *dout, const void *in,
                     const void *w, int N, int IC, int OC, int din_accumulate);
 
-// A forward projection with its neighbours fused, for decode steps, where every kernel launch is a visible share of
-// the step (shared/model_layer.c layer_decode_fused). With f's fields:
+// A forward projection with its neighbours fused, for decode steps of a row or two, where every kernel launch is a
+// visible share of the step (shared/model_layer.c layer_decode_small). With f's fields:
 //   norm_w != NULL: the input rows are RMS-normalised first, in_n = rmsnorm(in) * norm_w (eps), as ops_rmsnorm_fwd;
 //                   h (N, IC) is scratch for it (written where the backend materialises in_n);
 //   swiglu: w is the fused [gate; up] (OC = 2I rows) and out (N, I) = silu(g) * u of the projection rounded to the
@@ -177,9 +177,8 @@ void ops_matmul_bwd(OpsCtx *ctx, void *din, float *dw, float *dbias, const void 
 //                   ops_matmul_fwd into qkv (N, OC, scratch) then ops_qkv_rope_store_fwd. Not with swiglu or
 //                   residual.
 // Otherwise as ops_matmul_fwd. Every backend computes the unfused sequence's values; the CUDA one runs the
-// sequence as one kernel where cuda_gemv.cu (1-2 rows) or cuda_proj_mma.cu (3-1024 rows, not rope_store) takes the
-// shapes, and may then differ in the last bits (the norm's sum of squares is taken in another order; the
-// tensor-core kernel rounds norm_w * in to bf16 and scales the sums by the row's 1 / rms after the products).
+// sequence as one kernel where cuda_gemv.cu takes the shapes (1-2 rows), and may then differ in the last bits
+// (the norm's sum of squares is taken in another order).
 typedef struct {
     const void *norm_w;
     float eps;
@@ -202,7 +201,7 @@ void ops_matmul_fused_fwd(OpsCtx *ctx, void *out, const void *in, const void *w,
 //   q|k|v = rmsnorm(x) Wqkv^T + bqkv ; rope(q, k) at positions[0], k and v stored to slot slot_mapping[0] of the
 //   layer's caches (nowhere when negative) ; att = paged attention of q over the sequence token_seq[0]'s block
 //   table, positions 0..positions[0] ; xmid = x + att Wo^T ; x = xmid + swiglu(rmsnorm(xmid) Wgu^T) Wd^T
-// — the values of shared/model_layer.c's layer_decode_fused: ops_matmul_fused_fwd (norm + rope_store), then
+// — the values of shared/model_layer.c's layer_decode_small: ops_matmul_fused_fwd (norm + rope_store), then
 // ops_attention_paged_fwd, ops_matmul_fused_fwd (residual), (norm + swiglu), (residual). Every backend computes
 // that sequence's values; with TANDEM_DECODE_LAYERS=1 the CUDA one runs all layers as one persistent kernel where
 // it takes the shapes (kernels/cuda/cuda_decode_layers.cu: one block per SM streaming its share of every weight

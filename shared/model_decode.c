@@ -16,22 +16,9 @@
 // Failed recordings of a rung before it stops trying (a recording can fail for a reason that passes: another
 // thread's call on the same device may invalidate it).
 #define DECODE_GRAPH_TRIES 3
-// Padded steps of at most this many rows run layer_decode_fused (each projection with its norm, SwiGLU or residual
-// add folded in: on CUDA kernels/cuda/cuda_gemv.cu for one or two rows, cuda_proj_mma.cu's tensor-core GEMM for up to
-// 1024); larger ones layer_forward_fused (cuBLASLt GEMMs and separate norm and SwiGLU kernels).
-// TANDEM_DECODE_FUSED_ROWS=n moves the limit (n = 2 is the split before the tensor-core kernel; for comparisons).
-#define DECODE_FUSED_ROWS 1024
-
-static int decode_fused_rows(void) {
-    static int rows = -1;   // read once per process
-    if (rows < 0) {
-        const char *v = getenv("TANDEM_DECODE_FUSED_ROWS");
-        char *end = NULL;
-        const long n = v && *v ? strtol(v, &end, 10) : -1;
-        rows = end && *end == 0 && n >= 0 && n <= DECODE_FUSED_ROWS ? (int)n : DECODE_FUSED_ROWS;
-    }
-    return rows;
-}
+// Padded steps of at most this many rows run layer_decode_small (fused projections; kernels/cuda/cuda_gemv.cu takes
+// one or two rows).
+#define DECODE_SMALL_ROWS 2
 
 // One graph of a padded batch size, and what it froze in: every parameter unit's pointer, each layer's KV pools,
 // the rotary table and the cache's block size (a replay with other ones would read the old memory).
@@ -356,7 +343,7 @@ static double seconds_now(void) {
 }
 
 // A batch-1 step's layers as one ops_decode_layers_fwd on b->x[0] (models without qk_norm): the values of
-// layer_decode_fused for every layer.
+// layer_decode_small for every layer.
 static void decode_stack(Model *m, DecodeBufs *b, KVCache *kv, const int32_t *pos, const int32_t *slots,
                          const int32_t *seq) {
     const ModelConfig *cfg = &m->cfg;
@@ -401,8 +388,8 @@ static void padded_forward(Model *m, DecodeBufs *b, KVCache *kv, int P) {
         for (int l = 0; l < cfg->num_layers; l++) {
             att.k_cache = kv->k[l];
             att.v_cache = kv->v[l];
-            if (P <= decode_fused_rows()) {   // the projections carry the norms, SwiGLU and residual adds
-                layer_decode_fused(m, b->units[layout_layer_unit(l)], &b->acts, b->x[cur], b->x[cur ^ 1], pos, P, &att);
+            if (P <= DECODE_SMALL_ROWS) {   // a row or two: the projections carry the norms, SwiGLU and residual adds
+                layer_decode_small(m, b->units[layout_layer_unit(l)], &b->acts, b->x[cur], b->x[cur ^ 1], pos, P, &att);
             } else {
                 layer_forward_fused(m, b->units[layout_layer_unit(l)], &b->acts, b->x[cur], pending, b->x[cur ^ 1], pos,
                                     P, &att);

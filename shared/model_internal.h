@@ -85,14 +85,13 @@ int layer_grads_alloc(const Model *m, LayerGrads *g, int N, void **block);
 // The values are those of the unfused order (add, then norm), bit for bit.
 void layer_forward_fused(Model *m, const void *p, LayerActs *a, void *x, const void *pending, void *mlp_out,
                          const int32_t *positions, int N, const AttnArgs *att);
-// One layer of a padded decode step (every row its sequence's only token), x_out (N, C) = layer(x) with x and x_out
-// complete (no pending half): each projection runs with its neighbouring norm, SwiGLU or residual add folded in
-// (ops_matmul_fused_fwd). Without qk-norm the q/k/v projection of a row or two (LAYER_ROPE_IN_PROJECTION_ROWS) also
-// turns q and k and stores k and v to the cache; at more rows the paged attention does that
-// (ops_attention_paged_decode_fwd). Five kernels (and the attention's merge of context splits, at small batches)
-// where layer_forward_fused has eight. att must be paged. The values are those of layer_forward_fused followed by the
-// residual add, up to the last bits of the norms (another summation order and rounding point on the GPU).
-void layer_decode_fused(Model *m, const void *p, LayerActs *a, const void *x, void *x_out, const int32_t *positions,
+// One layer of a decode step of a few rows (padded sizes 1 and 2), x_out (N, C) = layer(x) with x and x_out complete
+// (no pending half): each projection runs with its neighbouring norm, SwiGLU or residual add folded in
+// (ops_matmul_fused_fwd), and the q/k/v projection (without qk-norm) with RoPE and the KV cache store too: five
+// kernels (and the attention's merge of context splits) where the general path has nine. att must be paged. The values are those of
+// layer_forward_fused followed by the residual add, up to the last bits of the norms (another summation order on the
+// GPU).
+void layer_decode_small(Model *m, const void *p, LayerActs *a, const void *x, void *x_out, const int32_t *positions,
                         int N, const AttnArgs *att);
 // dres (N, C) holds d x_out on entry and d x_in on return; g (unit numel fp32) accumulates parameter grads.
 void layer_backward(Model *m, const void *p, float *g, const LayerActs *a, const LayerGrads *d, void *dres,

@@ -158,11 +158,7 @@ static void attention_and_mlp(Model *m, const void *p, LayerActs *a, const void 
     ops_swiglu_fwd(o, a->act, a->gu, N, I);
 }
 
-// Rows up to which the q/k/v projection carries RoPE and the cache store (the CUDA backend's one-warp-per-output
-// GEMV does it in its epilogue; its tensor-core GEMM for more rows does not, and the paged attention takes it there).
-#define LAYER_ROPE_IN_PROJECTION_ROWS 2
-
-void layer_decode_fused(Model *m, const void *p, LayerActs *a, const void *x, void *x_out, const int32_t *positions,
+void layer_decode_small(Model *m, const void *p, LayerActs *a, const void *x, void *x_out, const int32_t *positions,
                         int N, const AttnArgs *att) {
     OpsCtx *o = m->ops;
     const ModelConfig *cfg = &m->cfg;
@@ -170,7 +166,7 @@ void layer_decode_fused(Model *m, const void *p, LayerActs *a, const void *x, vo
     const int C = cfg->hidden_size, I = cfg->intermediate_size, D = cfg->head_dim, Hq = cfg->num_heads;
     const int QKV = Hq * D + 2 * cfg->num_kv_heads * D;
     const float eps = cfg->rms_norm_eps;
-    if (!cfg->qk_norm && att->paged && N <= LAYER_ROPE_IN_PROJECTION_ROWS) {
+    if (!cfg->qk_norm && att->paged) {
         // q|k|v = rmsnorm(x) [Wq;Wk;Wv]^T + b, split, q and k turned, q to a->q and k, v to their cache slots
         ops_matmul_fused_fwd(o, a->q, x, param(m, p, lo->wq), param(m, p, lo->bq), N, C, QKV,
                              &(OpsProjFusion){.norm_w = param(m, p, lo->ln1), .eps = eps, .h = a->h1,
@@ -182,8 +178,7 @@ void layer_decode_fused(Model *m, const void *p, LayerActs *a, const void *x, vo
                                 positions, N, Hq, cfg->num_kv_heads, D, att->block_size, att->max_blocks,
                                 m->attn_scale);
     } else {
-        // qkv = rmsnorm(x) [Wq;Wk;Wv]^T + b; then (a decode step without qk-norm) RoPE, the cache store and the
-        // attention in one op
+        // qkv = rmsnorm(x) [Wq;Wk;Wv]^T + b
         ops_matmul_fused_fwd(o, a->qkv, x, param(m, p, lo->wq), param(m, p, lo->bq), N, C, QKV,
                              &(OpsProjFusion){.norm_w = param(m, p, lo->ln1), .eps = eps, .h = a->h1});
         qkv_to_attention(m, p, a, positions, N, att);

@@ -40,8 +40,6 @@ int cuda_profile_enabled_by_env(void);
 
 // Words of CudaState.grid_sync.
 #define GRID_SYNC_WORDS 64
-// Counters of CudaState.split_count: output tiles one split-K launch of cuda_proj_mma.cu may have.
-#define SPLIT_COUNT_WORDS 4096
 
 typedef struct {
     int device;
@@ -66,8 +64,6 @@ typedef struct {
     unsigned long long *grid_sync; // (GRID_SYNC_WORDS) cuda_decode_layers.cu's grid barrier counter (only ever
                                    // incremented) and per-kv-head counters (back to 0 after each use): zeroed at
                                    // creation, one launch at a time on the context's stream
-    int *split_count;             // (SPLIT_COUNT_WORDS) cuda_proj_mma.cu's split-K arrivals per output tile: zeroed at
-                                  // creation, back to 0 after each launch (its last block per tile re-arms it)
     uint16_t *stage;              // pinned host staging for fp32 <-> bf16 conversion (CONVERT_CHUNK elements)
     int fault_armed;              // a kernel that may fault ran since the last check
     CudaGemmPlan *plans;          // small cache of GEMM plans (cuda_matmul.cu owns its contents)
@@ -137,13 +133,6 @@ int cuda_gemv_applies(const CudaState *st, const void *out, const void *in, cons
                       int IC);
 void cuda_gemv_fwd(OpsCtx *ctx, CudaState *st, void *out, const void *in, const void *w, const void *bias, int N,
                    int IC, int OC);
-
-// ops_matmul_fused_fwd on tensor cores for 1 .. PJ_MAX_ROWS rows (cuda_proj_mma.cu; cuda_matmul_fused_fwd calls it
-// past GEMV_MAX_ROWS): the norm prologue, SwiGLU and residual epilogues, no rope_store. Returns 1 (launched, errors
-// recorded) or 0 having done nothing (shapes, alignment, rope_store, TANDEM_PROJ_MMA=0).
-#define PJ_MAX_ROWS 1024
-int cuda_proj_mma_fwd(OpsCtx *ctx, CudaState *st, void *out, const void *in, const void *w, const void *bias, int N,
-                      int IC, int OC, const OpsProjFusion *f);
 
 // Blocks for a grid-stride elementwise kernel over n items.
 static inline unsigned cuda_grid_1d(size_t n, int threads, const CudaState *st) {

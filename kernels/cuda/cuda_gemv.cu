@@ -277,7 +277,6 @@ int cuda_matmul_fused_fwd(OpsCtx *ctx, void *out, const void *in, const void *w,
                           int OC, const OpsProjFusion *f) {
     CudaState *st = cuda_enter(ctx);
     if (!st) return 1;   // the error is recorded
-    if (N > GEMV_MAX_ROWS) return cuda_proj_mma_fwd(ctx, st, out, in, w, bias, N, IC, OC, f);
     if (!cuda_gemv_applies(st, out, in, w, bias, N, IC) || !aligned16(f->norm_w) ||
         ((uintptr_t)f->residual & 1) != 0 || (f->rope_store && (f->D % 2 != 0 || !gemv_rope_enabled())))
         return 0;

@@ -134,7 +134,7 @@ static void side_free(Side *sd, OpsCtx *o, int L) {
     free(sd->layers);
 }
 
-// The op's sequence, call by call (shared/model_layer.c layer_decode_fused), on backend o.
+// The op's sequence, call by call (shared/model_layer.c layer_decode_small), on backend o.
 static void run_sequence(OpsCtx *o, Side *sd) {
     const OpsDecodeLayers *d = &sd->d;
     const int C = d->C, I = d->I, QD = d->Hq * d->D, QKV = QD + 2 * d->Hkv * d->D;

@@ -1,18 +1,15 @@
 // test_cuda_matmul_fused.c — ops_matmul_fused_fwd (a projection with its RMSNorm prologue, SwiGLU epilogue or
-// residual-add epilogue), the decode step's fused projections (kernels/cuda/cuda_gemv.cu, cuda_proj_mma.cu,
-// shared/model_layer.c layer_decode_fused).
+// residual-add epilogue), the decode step's fused projections (kernels/cuda/cuda_gemv.cu, shared/model_layer.c
+// layer_decode_small).
 //
 // CPU part (always runs): misuse is refused with a message (no fusion struct, a norm without its h scratch, SwiGLU
-// with a residual or an odd OC, SwiGLU without gu scratch, rope_store without its buffers or with a wrong OC) and
-// leaves the output untouched; N = 0 does nothing.
-// CUDA part (without a device: "SKIP", exit 77, after the CPU part passed): for 1 and 2 rows (the GEMV kernel), 3 to
-// 1024 rows (the tensor-core kernel) and 1100 (the unfused sequence on the GPU), the Qwen2.5-0.5B/1.5B projection
-// shapes and odd small ones, every fusion with and without bias (the q/k/v projection with RoPE and the KV cache
-// store too: q and both caches), against the CPU backend running the unfused sequence on the same bf16 inputs:
-// e = max |gpu - cpu| / (|cpu| + rms(cpu)) <= 2e-2, 3e-2 with SwiGLU (bf16 outputs, bf16-rounded intermediates on
-// the GPU; the GEMV's norm output h may differ from ops_rmsnorm_fwd's in its last bit, the tensor-core kernel rounds
-// g x to bf16 and scales the sums by 1 / rms instead of rounding g (x / rms)). An output that is the residual is
-// refused (the unfused order would overwrite the residual before adding it).
+// with a residual or an odd OC, SwiGLU without gu scratch, rope_store without its buffers or with a wrong OC) and leaves the output untouched; N = 0 does nothing.
+// CUDA part (without a device: "SKIP", exit 77, after the CPU part passed): for 1 and 2 rows (the fused kernel) and
+// 3 rows (the unfused sequence on the GPU), the Qwen2.5-0.5B/1.5B projection shapes and odd small ones, every
+// fusion with and without bias (the q/k/v projection with RoPE and the KV cache store too: q and both caches), against the CPU backend running the unfused sequence on the same bf16 inputs:
+// e = max |gpu - cpu| / (|cpu| + rms(cpu)) <= 2e-2 (bf16 outputs, bf16-rounded intermediates on the GPU; the norm's
+// h may differ from ops_rmsnorm_fwd's in its last bit). An output that is the residual is refused (the unfused
+// order would overwrite the residual before adding it).
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -79,13 +76,9 @@ static void check_case(OpsCtx *cpu, OpsCtx *gpu, int flags, int N, int IC, int O
         const double d = fabs((double)g[i] - c[i]) / (fabs(c[i]) + rms);
         if (!(d <= e)) e = d;   // NaN propagates
     }
-    // SwiGLU multiplies two values that each may round to the neighbouring bf16 on the GPU: over a few hundred
-    // thousand outputs the largest such error reaches ~2.4e-2 (the unfused sequence on the GPU too: 2.0e-2 at 1100
-    // rows), against ~1e-2 for one rounding.
-    const double tol = flags & SWIGLU ? 3e-2 : 2e-2;
-    KT_CHECK(e <= tol, "matmul_fused %s%s%s%s N=%d IC=%d OC=%d: error %.3g > %.0e", flags & NORM ? "norm " : "",
+    KT_CHECK(e <= 2e-2, "matmul_fused %s%s%s%s N=%d IC=%d OC=%d: error %.3g > 2e-2", flags & NORM ? "norm " : "",
              flags & SWIGLU ? "swiglu " : "", flags & RESIDUAL ? "residual " : "", flags & BIAS ? "bias " : "", N, IC,
-             OC, e, tol);
+             OC, e);
     free(in), free(w), free(bias), free(norm_w), free(res), free(c), free(g);
 }
 
@@ -207,26 +200,19 @@ int main(void) {
         return 1;
     }
     test_misuse(gpu);
-    // (IC, OC) of the decode projections: 0.5B qkv, o, gate/up, down; 1.5B gate/up, down; odd small shapes (a k
-    // tail shorter than the tensor-core kernel's 64, an odd OC, IC % 8 != 0: the unfused sequence on the GPU too).
-    // Rows: 1-2 take the GEMV kernel, 3 .. 1024 the tensor-core kernel (tiles of 32, 64 and 128 rows, partial ones),
-    // 1100 the unfused sequence again.
+    // (IC, OC) of the decode projections: 0.5B qkv, o, gate/up, down; 1.5B gate/up, down; odd small shapes (IC % 8
+    // != 0 takes the unfused sequence on the GPU too).
     const int shapes[][2] = {{896, 1152}, {896, 896}, {896, 9728}, {4864, 896}, {1536, 17920}, {8960, 1536},
-                             {64, 10}, {40, 6}, {200, 301}, {36, 10}};
-    const int rows[] = {1, 2, 3, 17, 64, 130, 512, 1024, 1100};
+                             {64, 10}, {40, 6}};
     for (size_t s = 0; s < sizeof shapes / sizeof *shapes; s++)
-        for (size_t r = 0; r < sizeof rows / sizeof *rows; r++) {
-            const int IC = shapes[s][0], OC = shapes[s][1], N = rows[r];
-            if (N >= 1024 && (long long)IC * OC > 2000000) continue;   // the CPU reference's time: small shapes only
+        for (int N = 1; N <= 3; N++) {
+            const int IC = shapes[s][0], OC = shapes[s][1];
             check_case(cpu, gpu, 0, N, IC, OC);
             check_case(cpu, gpu, NORM | BIAS, N, IC, OC);
             check_case(cpu, gpu, NORM, N, IC, OC);
-            if (OC % 2 == 0) {
-                check_case(cpu, gpu, NORM | SWIGLU, N, IC, OC);
-                check_case(cpu, gpu, SWIGLU | BIAS, N, IC, OC);
-            }
+            check_case(cpu, gpu, NORM | SWIGLU, N, IC, OC);
+            check_case(cpu, gpu, SWIGLU | BIAS, N, IC, OC);
             check_case(cpu, gpu, RESIDUAL, N, IC, OC);
-            check_case(cpu, gpu, RESIDUAL | BIAS, N, IC, OC);
         }
     // The q/k/v projection with RoPE and the cache store: Qwen2.5-0.5B (14/2 heads of 64) and 1.5B (12/2 of 128)
     // shapes, and a small one with IC % 8 != 0 (the unfused sequence on the GPU too).
