@@ -723,7 +723,11 @@ int zmq_control_start(ZmqControl **out, EngineGroup *g, const char *endpoint, in
     zmq_setsockopt(z->router, ZMQ_SNDHWM, &zero, sizeof zero);
     zmq_setsockopt(z->router, ZMQ_LINGER, &linger, sizeof linger);
     if (zmq_bind(z->router, endpoint) < 0) {
-        fail(err, err_len, "zmq control: cannot bind %s: %s", endpoint, zmq_strerror(zmq_errno()));
+        const int e = zmq_errno();
+        fail(err, err_len, "zmq control: cannot bind %s: %s%s", endpoint, zmq_strerror(e),
+             e == EADDRINUSE ? " (another process holds that port: pick a free one with --control, or with "
+                               "tandem-train launch --control-port, whose server i takes port P + i)"
+                             : "");
         control_free(z);
         return -1;
     }

@@ -12,6 +12,7 @@ import copy
 import json
 import pathlib
 import random
+import socket
 import struct
 import subprocess
 
@@ -430,6 +431,23 @@ def send_update(c, units, version, layout_hash, dtype, rng, first_id, slices_per
         return None
     rep, _ = c.ask({"type": "weights_end", "id": first_id + 1000, "version": version}, timeout=120)
     return rep   # slices are answered only on error: the first reply after them is weights_end's
+
+
+def test_a_control_port_in_use_is_a_clear_startup_error(models):
+    """Another process holding the --control port: tandem-serve exits 1 at start-up, naming the port and the fix."""
+    holder = socket.socket()
+    port = free_port()
+    holder.bind(("127.0.0.1", port))
+    holder.listen(1)
+    try:
+        out = subprocess.run([serve_binary(), "--model", models["base"]["dir"], "--port", "0", "--kv-cache-memory",
+                              "64M", "--control", f"tcp://127.0.0.1:{port}"], capture_output=True, text=True,
+                             timeout=120)
+    finally:
+        holder.close()
+    log = out.stdout + out.stderr
+    assert out.returncode == 1, log
+    assert f"cannot bind tcp://127.0.0.1:{port}" in log and "another process holds that port" in log, log
 
 
 def test_weight_update_over_zmq(models):
