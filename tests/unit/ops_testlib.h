@@ -1,5 +1,6 @@
-// ops_testlib.h — moving test data between the host and an ops backend, for the tests that compare backends
-// (test_cuda_attention_decode, test_cuda_decode_layers). A failed allocation ends the test with a message.
+// ops_testlib.h — the CPU and CUDA contexts of the tests that compare backends, and moving test data between the
+// host and an ops backend (test_cuda_attention*, test_cuda_decode_layers, test_cuda_vs_cpu). A failed allocation
+// ends the test with a message.
 #ifndef TANDEM_TESTS_OPS_TESTLIB_H
 #define TANDEM_TESTS_OPS_TESTLIB_H
 
@@ -8,6 +9,22 @@
 #include <stdlib.h>
 
 #include "kernels/ops.h"
+
+// Opens a CPU and a CUDA context: 0; without a CUDA device "SKIP" and 77 (ctest's skip code); when a context cannot
+// be created "FAIL" with the reason and 1. main returns what is not 0.
+static inline int kt_open_cpu_gpu(OpsCtx **cpu, OpsCtx **gpu) {
+    if (!ops_backend_available(OPS_BACKEND_CUDA)) {
+        printf("SKIP: no CUDA device\n");
+        return 77;
+    }
+    char err[256];
+    if (ops_create(cpu, OPS_BACKEND_CPU, 0, err, sizeof err) != 0 ||
+        ops_create(gpu, OPS_BACKEND_CUDA, 0, err, sizeof err) != 0) {
+        printf("FAIL: cannot create the contexts: %s\n", err);
+        return 1;
+    }
+    return 0;
+}
 
 // n fp32 host values into a new backend buffer of the backend's storage dtype.
 static inline void *kt_upload(OpsCtx *o, const float *h, size_t n) {

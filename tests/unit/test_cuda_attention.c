@@ -23,6 +23,7 @@
 #include <string.h>
 
 #include "kernels/ops.h"
+#include "ops_testlib.h"
 
 static OpsCtx *cpu, *gpu;
 static int failures;
@@ -190,16 +191,8 @@ static void run_lens(const char *name, const int *lens, int B, int Hq, int Hkv, 
 }
 
 int main(void) {
-    if (!ops_backend_available(OPS_BACKEND_CUDA)) {
-        printf("SKIP: no CUDA device\n");
-        return 77;
-    }
-    char err[256];
-    if (ops_create(&cpu, OPS_BACKEND_CPU, 0, err, sizeof err) != 0 ||
-        ops_create(&gpu, OPS_BACKEND_CUDA, 0, err, sizeof err) != 0) {
-        printf("FAIL: cannot create the contexts: %s\n", err);
-        return 1;
-    }
+    const int opened = kt_open_cpu_gpu(&cpu, &gpu);
+    if (opened) return opened;
     const int qwen05[4] = {1024, 1024, 37, 1};
     run_lens("Qwen2.5-0.5B 14/2 D=64", qwen05, 4, 14, 2, 64);
     const int qwen15[4] = {2048, 129, 1, 500};

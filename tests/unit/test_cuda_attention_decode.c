@@ -167,16 +167,8 @@ static void run_case(const char *what, int Hq, int Hkv, int D, int block_size, i
 
 int main(void) {
     kt_seed(0x13198A2E03707344ull);
-    if (!ops_backend_available(OPS_BACKEND_CUDA)) {
-        printf("SKIP: no CUDA device\n");
-        return 77;
-    }
-    char err[256];
-    if (ops_create(&cpu, OPS_BACKEND_CPU, 0, err, sizeof err) != 0 ||
-        ops_create(&gpu, OPS_BACKEND_CUDA, 0, err, sizeof err) != 0) {
-        printf("FAIL: cannot create the contexts: %s\n", err);
-        return 1;
-    }
+    const int opened = kt_open_cpu_gpu(&cpu, &gpu);
+    if (opened) return opened;
     enum { N_CTX = 7, BATCH = 300, BS = 16, MAXB = 4096 / BS };
     const int ctxs[N_CTX] = {1, 17, 64, 65, 129, 1000, 4096}, groups[2] = {7, 6}, dims[2] = {64, 128};
     int *lens = malloc(BATCH * sizeof *lens);

@@ -28,6 +28,7 @@
 #include "kernels/ops.h"
 #include "kernels_testlib.h"
 #include "paged_testlib.h"
+#include "ops_testlib.h"
 
 static OpsCtx *cpu, *gpu;
 static int failures, n_cases;
@@ -163,16 +164,8 @@ static const Opts PLAIN = {-1, 0, -1, 0, 0.0f};
 
 int main(void) {
     kt_seed(0x243F6A8885A308D3ull);
-    if (!ops_backend_available(OPS_BACKEND_CUDA)) {
-        printf("SKIP: no CUDA device\n");
-        return 77;
-    }
-    char err[256];
-    if (ops_create(&cpu, OPS_BACKEND_CPU, 0, err, sizeof err) != 0 ||
-        ops_create(&gpu, OPS_BACKEND_CUDA, 0, err, sizeof err) != 0) {
-        printf("FAIL: cannot create the contexts: %s\n", err);
-        return 1;
-    }
+    const int opened = kt_open_cpu_gpu(&cpu, &gpu);
+    if (opened) return opened;
     enum { N_CTX = 6, BATCH = 300, BS = 16, MAXB = 4096 / BS };
     const int ctxs[N_CTX] = {1, 15, 16, 17, 1000, 4096}, groups[5] = {1, 2, 6, 7, 8}, dims[2] = {64, 128};
     int *lens = malloc(BATCH * sizeof *lens);

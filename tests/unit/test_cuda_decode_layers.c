@@ -288,16 +288,8 @@ static void run_case(const char *name, Shape s, int pos, int store) {
 int main(void) {
     kt_seed(0x2F1B5E7A90C3D481ull);
     setenv("TANDEM_DECODE_LAYERS", "1", 1);   // the kernel is opt-in; this test is about it
-    if (!ops_backend_available(OPS_BACKEND_CUDA)) {
-        printf("SKIP: no CUDA device\n");
-        return 77;
-    }
-    char err[256];
-    if (ops_create(&cpu, OPS_BACKEND_CPU, 0, err, sizeof err) != 0 ||
-        ops_create(&gpu, OPS_BACKEND_CUDA, 0, err, sizeof err) != 0) {
-        printf("FAIL: cannot create the contexts: %s\n", err);
-        return 1;
-    }
+    const int opened = kt_open_cpu_gpu(&cpu, &gpu);
+    if (opened) return opened;
     const Shape q05 = {3, 896, 4864, 14, 2, 64, 1}, q15 = {2, 1536, 8960, 12, 2, 128, 1};
     const Shape llama = {3, 256, 512, 4, 2, 64, 0}, q3b = {1, 2048, 11008, 16, 2, 128, 1};
     const int positions[] = {0, 63, 64, 100, 511, 2000};

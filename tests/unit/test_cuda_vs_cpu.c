@@ -32,6 +32,7 @@
 
 #include "kernels/ops.h"
 #include "paged_testlib.h"
+#include "ops_testlib.h"
 
 static OpsCtx *cpu, *gpu;
 static int failures;
@@ -844,16 +845,8 @@ static void test_sum_squares(void) {
 }
 
 int main(void) {
-    if (!ops_backend_available(OPS_BACKEND_CUDA)) {
-        printf("SKIP: no CUDA device\n");
-        return 77;
-    }
-    char err[256];
-    if (ops_create(&cpu, OPS_BACKEND_CPU, 0, err, sizeof err) != 0 ||
-        ops_create(&gpu, OPS_BACKEND_CUDA, 0, err, sizeof err) != 0) {
-        printf("FAIL: cannot create the contexts: %s\n", err);
-        return 1;
-    }
+    const int opened = kt_open_cpu_gpu(&cpu, &gpu);
+    if (opened) return opened;
     printf("%-4s %-20s %-10s %8s  %-18s  %-14s  %s\n", "", "op", "tensor", "n", "max abs error", "scaled error",
            "tolerance");
     test_add();
