@@ -29,7 +29,6 @@ import os
 import pathlib
 import shutil
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -42,6 +41,7 @@ import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "e2e"))
 import server_fixtures  # noqa: E402
+from server_fixtures import free_port  # noqa: E402 (a run of free ports; bench_zero3_gpu imports it from here)
 
 SHAPES = {
     "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
@@ -75,21 +75,6 @@ def use_devlib(build):
     if lib.is_dir():
         os.environ["LD_LIBRARY_PATH"] = f"{lib}:{os.environ.get('LD_LIBRARY_PATH', '')}"
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast can take a shared host's GPUs down
-
-
-def free_port(span=1):
-    """A free TCP port p such that p .. p + span - 1 were free when asked (the launcher uses control port + s)."""
-    while True:
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            p = s.getsockname()[1]
-        try:
-            for k in range(1, span):
-                with socket.socket() as s:
-                    s.bind(("127.0.0.1", p + k))
-            return p
-        except OSError:
-            continue
 
 
 def build_model(d, shape):

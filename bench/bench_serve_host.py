@@ -30,6 +30,7 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "e2e"))
 import server_fixtures  # noqa: E402
+from server_fixtures import free_port  # noqa: E402
 
 
 def build_model(out_dir):
@@ -41,13 +42,6 @@ def build_model(out_dir):
                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=32768,
                       bos_token_id=None, eos_token_id=None, tie_word_embeddings=False)
     AutoModelForCausalLM.from_config(cfg, dtype=torch.float32).eval().save_pretrained(out_dir, safe_serialization=True)
-
-
-def free_port():
-    import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def metric(text, name):

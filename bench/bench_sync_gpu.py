@@ -22,7 +22,6 @@ import json
 import os
 import pathlib
 import signal
-import socket
 import subprocess
 import sys
 import tarfile
@@ -34,6 +33,7 @@ from transformers import AutoModelForCausalLM, Qwen2Config
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "e2e"))
 import server_fixtures  # noqa: E402
+from server_fixtures import free_port  # noqa: E402
 
 
 def use_devlib(build):
@@ -56,12 +56,6 @@ SHAPES = {
     "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
                  num_key_value_heads=2),
 }
-
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def p2p_copy_gbs(nbytes=1 << 30, iters=10):

@@ -12,8 +12,8 @@ full pipe. Tests skip (with the reason) only when the binary is not built.
 import json
 import os
 import pathlib
-import re
 import random
+import re
 import signal
 import socket
 import subprocess
