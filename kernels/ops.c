@@ -338,18 +338,6 @@ void ops_matmul_fused_fwd(OpsCtx *ctx, void *out, const void *in, const void *w,
                           : "needs OC = (Hq + 2 Hkv) D");
         return;
     }
-    const OpsPagedAttnIn *at = f->attn;
-    if (at && (f->norm_w || f->swiglu || f->rope_store || !in || !at->q || !at->k_cache || !at->v_cache ||
-               !at->block_tables || !at->token_seq || !at->token_pos || at->Hq < 1 || at->Hkv < 1 || at->D < 1 ||
-               at->Hq % at->Hkv || (long long)IC != (long long)at->Hq * at->D)) {
-        ops_set_error(ctx, -1, __FILE__, __LINE__, "matmul_fused_fwd: attn %s",
-                      f->norm_w || f->swiglu || f->rope_store ? "with a norm, swiglu or rope_store"
-                      : !in || !at->q || !at->k_cache || !at->v_cache || !at->block_tables || !at->token_seq ||
-                              !at->token_pos
-                          ? "needs in, q, both caches, block_tables, token_seq and token_pos"
-                          : "needs Hq a multiple of Hkv and IC = Hq D");
-        return;
-    }
 #ifdef TANDEM_HAVE_CUDA
     if (ctx->backend == OPS_BACKEND_CUDA) {
         int slot = cuda_profile_begin(ctx);
@@ -359,9 +347,6 @@ void ops_matmul_fused_fwd(OpsCtx *ctx, void *out, const void *in, const void *w,
     }
 #endif
     // The unfused sequence (the CPU backend always; CUDA for shapes the fused kernel does not take).
-    if (at)   // `in` is this op's attention output (see ops.h)
-        ops_attention_paged_fwd(ctx, (void *)in, at->q, at->k_cache, at->v_cache, at->block_tables, at->token_seq,
-                                at->token_pos, N, at->Hq, at->Hkv, at->D, at->block_size, at->max_blocks, at->scale);
     const void *x = in;
     if (f->norm_w) {
         ops_rmsnorm_fwd(ctx, f->h, NULL, in, f->norm_w, N, IC, f->eps);
@@ -417,12 +402,9 @@ void ops_decode_layers_fwd(OpsCtx *ctx, void *x, const OpsDecodeLayers *d) {
                                               .slot_mapping = d->slot_mapping, .inv_freq = d->inv_freq,
                                               .k_cache = L->k_cache, .v_cache = L->v_cache, .Hq = d->Hq,
                                               .Hkv = d->Hkv, .D = d->D});
-        const OpsPagedAttnIn attn = {.q = d->q, .k_cache = L->k_cache, .v_cache = L->v_cache,
-                                     .block_tables = d->block_tables, .token_seq = d->token_seq,
-                                     .token_pos = d->positions, .Hq = d->Hq, .Hkv = d->Hkv, .D = d->D,
-                                     .block_size = d->block_size, .max_blocks = d->max_blocks, .scale = d->scale};
-        ops_matmul_fused_fwd(ctx, d->xmid, d->att, L->wo, NULL, 1, QD, C,
-                             &(OpsProjFusion){.residual = cur, .attn = &attn});
+        ops_attention_paged_fwd(ctx, d->att, d->q, L->k_cache, L->v_cache, d->block_tables, d->token_seq,
+                                d->positions, 1, d->Hq, d->Hkv, d->D, d->block_size, d->max_blocks, d->scale);
+        ops_matmul_fused_fwd(ctx, d->xmid, d->att, L->wo, NULL, 1, QD, C, &(OpsProjFusion){.residual = cur});
         ops_matmul_fused_fwd(ctx, d->act, d->xmid, L->wgu, NULL, 1, C, 2 * I,
                              &(OpsProjFusion){.norm_w = L->ln2, .eps = d->eps, .h = d->h, .swiglu = 1,
                                               .gu = d->gu});

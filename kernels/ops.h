@@ -176,18 +176,9 @@ void ops_matmul_bwd(OpsCtx *ctx, void *din, float *dw, float *dbias, const void 
 //                   v to row slot_mapping[i] of k_cache / v_cache (n_slots, Hkv, D; nowhere when negative), as
 //                   ops_matmul_fwd into qkv (N, OC, scratch) then ops_qkv_rope_store_fwd. Not with swiglu or
 //                   residual.
-//   attn != NULL:   the input is the decode layer's paged attention: `in` (N, IC = attn->Hq attn->D) is first
-//                   written as ops_attention_paged_fwd(in, attn->q, ...) computes it, then projected (the
-//                   attention's output side folded into its projection). Not with norm_w, swiglu or rope_store.
 // Otherwise as ops_matmul_fwd. Every backend computes the unfused sequence's values; the CUDA one runs the
 // sequence as one kernel where cuda_gemv.cu takes the shapes (1-2 rows), and may then differ in the last bits
-// (the norm's sum of squares, or the attention's sum of split weights, is taken in another order).
-typedef struct {
-    const void *q, *k_cache, *v_cache;
-    const int32_t *block_tables, *token_seq, *token_pos;
-    int Hq, Hkv, D, block_size, max_blocks;
-    float scale;
-} OpsPagedAttnIn;   // ops_attention_paged_fwd's arguments besides out and N
+// (the norm's sum of squares is taken in another order).
 typedef struct {
     const void *norm_w;
     float eps;
@@ -201,7 +192,6 @@ typedef struct {
     const float *inv_freq;
     void *k_cache, *v_cache;
     int Hq, Hkv, D;
-    const OpsPagedAttnIn *attn;
 } OpsProjFusion;
 void ops_matmul_fused_fwd(OpsCtx *ctx, void *out, const void *in, const void *w, const void *bias, int N, int IC,
                           int OC, const OpsProjFusion *f);
@@ -212,7 +202,7 @@ void ops_matmul_fused_fwd(OpsCtx *ctx, void *out, const void *in, const void *w,
 //   layer's caches (nowhere when negative) ; att = paged attention of q over the sequence token_seq[0]'s block
 //   table, positions 0..positions[0] ; xmid = x + att Wo^T ; x = xmid + swiglu(rmsnorm(xmid) Wgu^T) Wd^T
 // — the values of shared/model_layer.c's layer_decode_small: ops_matmul_fused_fwd (norm + rope_store), then
-// ops_matmul_fused_fwd (attn + residual), (norm + swiglu), (residual). Every backend computes
+// ops_attention_paged_fwd, ops_matmul_fused_fwd (residual), (norm + swiglu), (residual). Every backend computes
 // that sequence's values; with TANDEM_DECODE_LAYERS=1 the CUDA one runs all layers as one persistent kernel where
 // it takes the shapes (kernels/cuda/cuda_decode_layers.cu: one block per SM streaming its share of every weight
 // matrix through shared memory ahead of the step's data dependencies, grid-wide barriers between the layer's

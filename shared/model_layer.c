@@ -166,8 +166,6 @@ void layer_decode_small(Model *m, const void *p, LayerActs *a, const void *x, vo
     const int C = cfg->hidden_size, I = cfg->intermediate_size, D = cfg->head_dim, Hq = cfg->num_heads;
     const int QKV = Hq * D + 2 * cfg->num_kv_heads * D;
     const float eps = cfg->rms_norm_eps;
-    OpsPagedAttnIn paged_in;
-    const OpsPagedAttnIn *attn_in = NULL;   // set: the o projection computes att first (paged attention of q)
     if (!cfg->qk_norm && att->paged) {
         // q|k|v = rmsnorm(x) [Wq;Wk;Wv]^T + b, split, q and k turned, q to a->q and k, v to their cache slots
         ops_matmul_fused_fwd(o, a->q, x, param(m, p, lo->wq), param(m, p, lo->bq), N, C, QKV,
@@ -176,21 +174,18 @@ void layer_decode_small(Model *m, const void *p, LayerActs *a, const void *x, vo
                                               .slot_mapping = att->slot_mapping, .inv_freq = m->inv_freq,
                                               .k_cache = att->k_cache, .v_cache = att->v_cache, .Hq = Hq,
                                               .Hkv = cfg->num_kv_heads, .D = D});
-        paged_in = (OpsPagedAttnIn){.q = a->q, .k_cache = att->k_cache, .v_cache = att->v_cache,
-                                    .block_tables = att->block_tables, .token_seq = att->token_seq,
-                                    .token_pos = positions, .Hq = Hq, .Hkv = cfg->num_kv_heads, .D = D,
-                                    .block_size = att->block_size, .max_blocks = att->max_blocks,
-                                    .scale = m->attn_scale};
-        attn_in = &paged_in;
+        ops_attention_paged_fwd(o, a->att, a->q, att->k_cache, att->v_cache, att->block_tables, att->token_seq,
+                                positions, N, Hq, cfg->num_kv_heads, D, att->block_size, att->max_blocks,
+                                m->attn_scale);
     } else {
         // qkv = rmsnorm(x) [Wq;Wk;Wv]^T + b
         ops_matmul_fused_fwd(o, a->qkv, x, param(m, p, lo->wq), param(m, p, lo->bq), N, C, QKV,
                              &(OpsProjFusion){.norm_w = param(m, p, lo->ln1), .eps = eps, .h = a->h1});
         qkv_to_attention(m, p, a, positions, N, att);
     }
-    // xmid = x + att Wo^T, att = the paged attention of q first where attn_in is set
+    // xmid = x + att Wo^T
     ops_matmul_fused_fwd(o, a->xmid, a->att, param(m, p, lo->wo), NULL, N, Hq * D, C,
-                         &(OpsProjFusion){.residual = x, .attn = attn_in});
+                         &(OpsProjFusion){.residual = x});
     // act = swiglu(rmsnorm(xmid) [Wg;Wu]^T)
     ops_matmul_fused_fwd(o, a->act, a->xmid, param(m, p, lo->wgu), NULL, N, C, 2 * I,
                          &(OpsProjFusion){.norm_w = param(m, p, lo->ln2), .eps = eps, .h = a->h2, .swiglu = 1,

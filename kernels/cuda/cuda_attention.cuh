@@ -157,8 +157,6 @@ __device__ __forceinline__ long long pg_cache_offset(const int32_t *table, int p
 
 // NaN as a float (the output of tokens without cache).
 #define PG_NAN __int_as_float(0x7fc00000)
-// Context splits of one token at most (bounds the merge's weights in shared memory).
-#define PG_MAX_SPLITS 256
 
 // Everything one paged attention launch needs. out, q (N, Hq, D); caches (n_slots, Hkv, D); block_tables
 // (n_seqs, max_blocks); token_seq, token_pos (N). scale_log2 = scale * log2(e). Blocks serve query heads
@@ -193,12 +191,5 @@ typedef struct {
 long long cuda_paged_mma_slots(OpsCtx *ctx, CudaState *st, int D);
 // Launches it over grid (N * Hkv * n_hsub, n_splits); rope: the decode variant (a->inv_freq, a->slots set).
 void cuda_paged_mma_launch(OpsCtx *ctx, CudaState *st, const PgArgs *a, int N, int rope);
-
-// ops_attention_paged_fwd (p's arguments, out (N, Hq, D)) with the merge of context splits left to the caller:
-// where the kernel ran split (return value n_splits > 1) *part_acc / *part_ml hold the partials (PgArgs' layout,
-// in the stream scratch: valid until the next op that asks for scratch) and out is not written; 1: out is
-// complete (no splits, or a path without partials). 0: an error is recorded.
-int cuda_attention_paged_parts(OpsCtx *ctx, void *out, const OpsPagedAttnIn *p, int N, float **part_acc,
-                               float **part_ml);
 
 #endif

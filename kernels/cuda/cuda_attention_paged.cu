@@ -150,6 +150,7 @@ attention_paged_kernel(bf16 *out, const bf16 *q, const bf16 *k_cache, const bf16
 
 static const int PG_THREADS = 128;       // 4 warps
 static const int PG_WARPS = PG_THREADS / 32;
+static const int PG_MAX_SPLITS = 256;    // bounds the merge's weights in shared memory
 static const int PG_MERGE_THREADS = 128;
 
 // Positions per tile: 64 rows of up to 128 dims, 32 rows of up to 256 (16 or 32 KiB of K and V per stage).
@@ -632,19 +633,12 @@ static int pm_choose_splits(long long work, long long slots, long long max_tiles
     return n < 1 ? 1 : (int)n;
 }
 
-// Where a launch left the merge of its context splits to the caller (cuda_attention_paged_parts).
-typedef struct {
-    float *acc, *ml;
-    int n_splits;
-} PgParts;
-
 // The paged attention launch; inv_freq / slots non-NULL: the tensor-core kernel's decode variant reading q from the
-// fused projection qkv (q is then that, q_pitch its row), which the caller has checked it can take. keep non-NULL:
-// a split launch skips the merge and describes its partials there (keep->n_splits stays 1 otherwise).
+// fused projection qkv (q is then that, q_pitch its row), which the caller has checked it can take.
 static void paged_fwd(OpsCtx *ctx, void *out, const void *q, size_t q_pitch, const void *k_cache, const void *v_cache,
                       const int32_t *block_tables, const int32_t *token_seq, const int32_t *token_pos,
                       const float *inv_freq, const int32_t *slots, int N, int Hq, int Hkv, int D, int block_size,
-                      int max_blocks, float scale, PgParts *keep) {
+                      int max_blocks, float scale) {
     CudaState *st = cuda_enter(ctx);
     if (!st) return;
     CUDA_ARG_CHECK(ctx, N >= 0 && Hq > 0 && Hkv > 0 && Hq % Hkv == 0 && D > 0 && block_size > 0 && max_blocks > 0,
@@ -694,10 +688,6 @@ static void paged_fwd(OpsCtx *ctx, void *out, const void *q, size_t q_pitch, con
         pg_launch_grouped(ctx, st, &a, N);
     }
     if (a.n_splits == 1 || ops_status(ctx)) return;
-    if (keep) {
-        *keep = (PgParts){a.part_acc, a.part_ml, a.n_splits};
-        return;
-    }
     paged_merge_kernel<<<dim3(N, Hq), PG_MERGE_THREADS, a.n_splits * sizeof(float), st->stream>>>(
         (bf16 *)out, a.part_acc, a.part_ml, Hq, D, a.n_splits);
     CUDA_CHECK_LAUNCH(ctx);
@@ -707,19 +697,7 @@ void cuda_attention_paged_fwd(OpsCtx *ctx, void *out, const void *q, const void 
                               const int32_t *block_tables, const int32_t *token_seq, const int32_t *token_pos,
                               int N, int Hq, int Hkv, int D, int block_size, int max_blocks, float scale) {
     paged_fwd(ctx, out, q, (size_t)(Hq > 0 ? Hq : 0) * (D > 0 ? D : 0), k_cache, v_cache, block_tables, token_seq,
-              token_pos, NULL, NULL, N, Hq, Hkv, D, block_size, max_blocks, scale, NULL);
-}
-
-int cuda_attention_paged_parts(OpsCtx *ctx, void *out, const OpsPagedAttnIn *p, int N, float **part_acc,
-                               float **part_ml) {
-    PgParts keep = {NULL, NULL, 1};
-    paged_fwd(ctx, out, p->q, (size_t)(p->Hq > 0 ? p->Hq : 0) * (p->D > 0 ? p->D : 0), p->k_cache, p->v_cache,
-              p->block_tables, p->token_seq, p->token_pos, NULL, NULL, N, p->Hq, p->Hkv, p->D, p->block_size,
-              p->max_blocks, p->scale, &keep);
-    if (ops_status(ctx)) return 0;
-    *part_acc = keep.acc;
-    *part_ml = keep.ml;
-    return keep.n_splits;
+              token_pos, NULL, NULL, N, Hq, Hkv, D, block_size, max_blocks, scale);
 }
 
 // A decode step's split + RoPE + cache store + attention in one launch where the tensor-core kernel takes the
@@ -734,7 +712,7 @@ void cuda_attention_paged_decode_fwd(OpsCtx *ctx, void *out, void *q, void *k_ca
                       decode_fused_enabled();
     if (fused) {
         paged_fwd(ctx, out, qkv, QKV, k_cache, v_cache, block_tables, token_seq, token_pos, inv_freq, slot_mapping, N,
-                  Hq, Hkv, D, block_size, max_blocks, scale, NULL);
+                  Hq, Hkv, D, block_size, max_blocks, scale);
         return;
     }
     cuda_qkv_rope_store_fwd(ctx, q, k_cache, v_cache, slot_mapping, qkv, token_pos, inv_freq, N, Hq, Hkv, D);

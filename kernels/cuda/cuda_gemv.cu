@@ -22,10 +22,6 @@
 //     projection would be, and writes silu(g) u (cuda_swiglu.cu's arithmetic);
 //   epilogue residual: the projection rounded to bf16, plus the residual, rounded again (the unfused add's
 //     arithmetic);
-//   prologue attention merge (the o projection, ops_matmul_fused_fwd with attn): the paged attention kernel leaves
-//     its context splits' partials (at a row or two every sequence is split over many blocks), and every block of
-//     the projection merges them into its staged input itself (paged_merge_kernel's arithmetic: reading the
-//     partials costs about what reading the merged rows would) instead of a merge kernel between the two;
 //   epilogue RoPE + cache store (the q/k/v projection): a warp computes rows t D + i and t D + i + D/2 of head t
 //     together, rounds both to bf16, turns q and k heads with cuda_rope.cu's arithmetic (sincosf of the fp32
 //     angle, rot1 / rot2) and writes q to its buffer, k and v to their KV cache slots: the split, RoPE and store
@@ -34,7 +30,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/cuda/cuda_attention.cuh"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 
@@ -74,13 +69,7 @@ struct GemvArgs {
     const float *inv_freq;
     bf16 *k_cache, *v_cache;
     int Hq, Hkv, D;
-    // The input as the paged attention's split partials (cuda_attention_paged_parts; Hq heads of D, n_splits > 1),
-    // merged by every block (gemv_merge_input); block 0 also stores the merged rows to in. NULL: in is staged.
-    const float *part_acc, *part_ml;
-    int n_splits;
 };
-
-#define GEMV_WARPS (GEMV_THREADS / 32)
 
 // What the epilogue does with a warp's output(s).
 enum { GEMV_PLAIN = 0, GEMV_SWIGLU = 1, GEMV_ROPE = 2 };
@@ -99,65 +88,6 @@ __device__ __forceinline__ void block_sums(float v[NR], float *red) {
     for (int r = 0; r < NR; r++) v[r] = warp_sum(lane < nw ? red[r * 32 + lane] : 0.0f);
 }
 
-// The input rows (NR, Hq D) merged from the paged attention's split partials with paged_merge_kernel's arithmetic
-// (weights 2^(m_s - M) of the splits that saw positions, each output the sum over them in split order, NaN for a
-// token without cache; the weights' sum is taken in another order, so a value may differ in its last bit), a warp
-// per (row, query head), rounded to bf16 into xs. w_all: GEMV_WARPS x n_splits floats of shared memory. A split
-// that saw positions comes before every one that did not (splits are consecutive ranges of tiles), so the loops
-// stop at the last live one.
-template <int NR>
-__device__ __forceinline__ void gemv_merge_input(const GemvArgs &a, uint4 *xs, float *w_all) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, S = a.n_splits, D = a.D;
-    float *w_s = w_all + (size_t)warp * S;
-    bf16 *xb = reinterpret_cast<bf16 *>(xs);
-    bf16 *att = const_cast<bf16 *>(a.in);
-    for (int item = warp; item < NR * a.Hq; item += GEMV_WARPS) {   // item r Hq + h indexes the partials too
-        const float *ml = a.part_ml + (size_t)item * S * 2;
-        const float *acc = a.part_acc + (size_t)item * S * D;
-        float mx = -INFINITY;
-        int bad = 0, live = 0;   // live: 1 + the last split that saw positions
-        for (int s = lane; s < S; s += 32) {
-            const float l = ml[2 * s + 1];
-            if (isnan(l)) {
-                bad = 1;
-            } else if (l > 0.0f) {
-                mx = fmaxf(mx, ml[2 * s]);
-                live = s + 1;
-            }
-        }
-        bad = __any_sync(0xffffffffu, bad);
-        live = __reduce_max_sync(0xffffffffu, live);
-        const float M = warp_max(mx);
-        float lsum = 0.0f;
-        for (int s = lane; s < live; s += 32) {
-            const float l = ml[2 * s + 1];
-            const float w = l > 0.0f ? exp2f(ml[2 * s] - M) : 0.0f;
-            w_s[s] = w;
-            lsum += w * l;
-        }
-        const float inv = 1.0f / warp_sum(lsum);
-        __syncwarp();
-        for (int d = lane; d < D; d += 32) {
-            float o = 0.0f;
-            for (int s0 = 0; s0 < live; s0 += 8) {   // eight loads in flight, then the sums in split order
-                float v[8], w[8];
-#pragma unroll
-                for (int j = 0; j < 8; j++) {
-                    w[j] = s0 + j < live ? w_s[s0 + j] : 0.0f;
-                    v[j] = w[j] != 0.0f ? acc[(size_t)(s0 + j) * D + d] : 0.0f;   // empty splits wrote no acc
-                }
-#pragma unroll
-                for (int j = 0; j < 8; j++)
-                    if (w[j] != 0.0f) o += w[j] * v[j];
-            }
-            const bf16 y = f2bf(bad ? PG_NAN : o * inv);
-            xb[(size_t)item * D + d] = y;
-            if (blockIdx.x == 0) att[(size_t)item * D + d] = y;
-        }
-        __syncwarp();   // the warp's next item rewrites w_s
-    }
-}
-
 // out (NR, OC), in (NR, IC), w (OC, IC) [SWIGLU: (2I, IC), out (NR, I)], bias (OC) or NULL; IC % 8 == 0,
 // out/in/w/norm_w 16-byte aligned. Grid-stride over outputs, one warp per output column (SWIGLU: per gate/up pair;
 // ROPE: per pair of dims i, i + D/2 of a head) at a time.
@@ -167,12 +97,8 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(GemvArgs a) {
     extern __shared__ uint4 xs[];   // (NR, IC / 8)
     __shared__ float red[NR * 32];
     const int C8 = a.IC / 8;
-    if (MODE == GEMV_PLAIN && a.part_acc) {
-        gemv_merge_input<NR>(a, xs, reinterpret_cast<float *>(xs + NR * C8));
-    } else {
-        const uint4 *in4 = reinterpret_cast<const uint4 *>(a.in);
-        for (int i = threadIdx.x; i < NR * C8; i += blockDim.x) xs[i] = in4[i];
-    }
+    const uint4 *in4 = reinterpret_cast<const uint4 *>(a.in);
+    for (int i = threadIdx.x; i < NR * C8; i += blockDim.x) xs[i] = in4[i];
     __syncthreads();
     if (a.norm_w) {
         float ss[NR];
@@ -312,14 +238,9 @@ int cuda_gemv_applies(const CudaState *st, const void *out, const void *in, cons
            aligned16(w) && ((uintptr_t)bias & 1) == 0 && smem <= GEMV_MAX_SMEM;
 }
 
-// Dynamic shared memory of a launch: the staged rows, and the split weights of gemv_merge_input.
-static size_t gemv_smem(int N, int IC, int n_splits) {
-    return (size_t)N * IC * 2 + (n_splits > 1 ? (size_t)GEMV_WARPS * n_splits * sizeof(float) : 0);
-}
-
 template <int NR, int MODE>
 static void gemv_launch(OpsCtx *ctx, CudaState *st, const GemvArgs &a) {
-    const size_t smem = gemv_smem(NR, a.IC, a.part_acc ? a.n_splits : 1);
+    const size_t smem = (size_t)NR * a.IC * 2;
     // Enough warps to keep every SM streaming (as many blocks per SM as the staged rows let fit, at most 4 of
     // 512 threads); each warp then walks the outputs with a grid stride.
     const int warps_per_block = GEMV_THREADS / 32;
@@ -352,45 +273,14 @@ void cuda_gemv_fwd(OpsCtx *ctx, CudaState *st, void *out, const void *in, const 
     gemv_run(ctx, st, a, N, GEMV_PLAIN);
 }
 
-// TANDEM_GEMV_ATTN=0: the o projection fed by the paged attention waits for the attention's own merge kernel
-// instead of merging the splits itself, for comparisons. Read once.
-static int gemv_attn_enabled(void) {
-    static int on = -1;
-    if (on < 0) {
-        const char *v = getenv("TANDEM_GEMV_ATTN");
-        on = !(v && strcmp(v, "0") == 0);
-    }
-    return on;
-}
-
 int cuda_matmul_fused_fwd(OpsCtx *ctx, void *out, const void *in, const void *w, const void *bias, int N, int IC,
                           int OC, const OpsProjFusion *f) {
     CudaState *st = cuda_enter(ctx);
     if (!st) return 1;   // the error is recorded
     if (!cuda_gemv_applies(st, out, in, w, bias, N, IC) || !aligned16(f->norm_w) ||
-        ((uintptr_t)f->residual & 1) != 0 || (f->rope_store && (f->D % 2 != 0 || !gemv_rope_enabled())) ||
-        (f->attn && gemv_smem(N, IC, PG_MAX_SPLITS) > GEMV_MAX_SMEM))
+        ((uintptr_t)f->residual & 1) != 0 || (f->rope_store && (f->D % 2 != 0 || !gemv_rope_enabled())))
         return 0;
     GemvArgs a = {};
-    if (f->attn) {   // the input is the paged attention's output: its partials, or the merged rows
-        const OpsPagedAttnIn *p = f->attn;
-        float *part_acc = NULL, *part_ml = NULL;
-        int n_splits = 1;
-        if (gemv_attn_enabled()) {
-            n_splits = cuda_attention_paged_parts(ctx, (void *)in, p, N, &part_acc, &part_ml);
-        } else {
-            cuda_attention_paged_fwd(ctx, (void *)in, p->q, p->k_cache, p->v_cache, p->block_tables, p->token_seq,
-                                     p->token_pos, N, p->Hq, p->Hkv, p->D, p->block_size, p->max_blocks, p->scale);
-        }
-        if (ops_status(ctx) || n_splits < 1) return 1;   // the error is recorded
-        if (n_splits > 1) {
-            a.part_acc = part_acc;
-            a.part_ml = part_ml;
-            a.n_splits = n_splits;
-            a.Hq = p->Hq;
-            a.D = p->D;
-        }
-    }
     a.out = (bf16 *)out;
     a.in = (const bf16 *)in;
     a.w = (const bf16 *)w;
