@@ -601,6 +601,11 @@ int demo_main(int argc, char **argv) {
     // 3. SFT warm-up; 4. the rollout server and accuracy before GRPO; 5-6. GRPO with accuracy along the way.
     if (run_sft(d, ckpt, sizeof ckpt, err, sizeof err) != 0) goto out;
     d->control_port = demo_free_port();
+    if (d->control_port < 0) {
+        snprintf(err, sizeof err, "no free TCP port on 127.0.0.1 for the server's control channel: check that the "
+                 "loopback interface is up");
+        goto out;
+    }
     char control[64], slog[PATH_IN];
     snprintf(control, sizeof control, "tcp://127.0.0.1:%d", d->control_port);
     demo_path_in(d, slog, sizeof slog, "logs/server.log");

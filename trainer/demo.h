@@ -52,7 +52,7 @@ pid_t demo_spawn(char *const *argv, char *const *env, const char *log, char *err
 void demo_print_tail(const char *path, int n);
 // SIGTERM, then SIGKILL after grace_s seconds; reaps the child. Returns its wait status.
 int demo_stop(pid_t pid, double grace_s);
-// A TCP port on 127.0.0.1 that is free now.
+// A TCP port on 127.0.0.1 that is free now, from below the ephemeral range where one is; -1 when none is.
 int demo_free_port(void);
 // Seconds on a monotonic clock.
 double demo_now(void);
