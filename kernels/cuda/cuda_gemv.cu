@@ -33,7 +33,7 @@
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 
-#define GEMV_THREADS 512
+#define GEMV_THREADS 512   // the most threads a block may have (launch bound); gemv_block_warps picks the size
 #define GEMV_UNROLL 4      // 16-byte weight loads in flight per lane before the first is used
 #define GEMV_MAX_SMEM (48 * 1024)
 
@@ -238,18 +238,35 @@ int cuda_gemv_applies(const CudaState *st, const void *out, const void *in, cons
            aligned16(w) && ((uintptr_t)bias & 1) == 0 && smem <= GEMV_MAX_SMEM;
 }
 
+// Warps per block: 8. At batch 1 the small projections have few outputs (0.5B: 576 q|k|v pairs, 896 o and down
+// rows), and blocks of 8 warps spread them over about twice as many SMs as blocks of 16, each SM then pulling half
+// the bytes. H100, same call (bench/NOTES.md, twelfth pass): 0.5B steps at batch 1 / 2 0.881 / 0.952 ms against
+// 0.895-0.906 / 0.991-1.019 with 16 warps, 1.5B unchanged (1.758 / 1.906 against 1.755-1.782 / 1.899-1.901); blocks
+// of 4 warps were slower at 1.5B (1.814 / 2.052). TANDEM_GEMV_BLOCK_WARPS = 4 or 16 overrides it, for comparisons.
+// Read once.
+static int gemv_block_warps(void) {
+    static int w = 0;
+    if (!w) {
+        const char *v = getenv("TANDEM_GEMV_BLOCK_WARPS");
+        const int n = v ? atoi(v) : 0;
+        w = n == 4 || n == 16 ? n : 8;
+    }
+    return w;
+}
+
 template <int NR, int MODE>
 static void gemv_launch(OpsCtx *ctx, CudaState *st, const GemvArgs &a) {
     const size_t smem = (size_t)NR * a.IC * 2;
-    // Enough warps to keep every SM streaming (as many blocks per SM as the staged rows let fit, at most 4 of
-    // 512 threads); each warp then walks the outputs with a grid stride.
-    const int warps_per_block = GEMV_THREADS / 32;
-    long per_sm = smem ? (long)((200 * 1024) / smem) : 4;
-    per_sm = per_sm < 1 ? 1 : per_sm > 4 ? 4 : per_sm;
+    // Enough warps to keep every SM streaming (as many blocks per SM as the staged rows let fit, at most 64 warps
+    // an SM); each warp then walks the outputs with a grid stride.
+    const int warps_per_block = gemv_block_warps();
+    const long max_per_sm = 64 / warps_per_block;
+    long per_sm = smem ? (long)((200 * 1024) / smem) : max_per_sm;
+    per_sm = per_sm < 1 ? 1 : per_sm > max_per_sm ? max_per_sm : per_sm;
     const long n_out = MODE == GEMV_PLAIN ? a.OC : a.OC / 2;
     long blocks = (n_out + warps_per_block - 1) / warps_per_block;
     if (blocks > (long)st->sm_count * per_sm) blocks = (long)st->sm_count * per_sm;
-    gemv_kernel<NR, MODE><<<(unsigned)blocks, GEMV_THREADS, smem, st->stream>>>(a);
+    gemv_kernel<NR, MODE><<<(unsigned)blocks, warps_per_block * 32, smem, st->stream>>>(a);
     CUDA_CHECK_LAUNCH(ctx);
 }
 
