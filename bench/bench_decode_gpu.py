@@ -87,8 +87,8 @@ def main():
             if args.eager_too:
                 eager = {r["batch"]: r for r in run(exe, d, common + ["--eager"])[0]}
             variants = [v for v in args.ab.split(";") if v]
-            ab = {v: {r["batch"]: r for r in run(exe, d, common, extra_env=variant_env(v))[0]}
-                  for v in variants}
+            # One run per entry, in order: a variant named twice (an interleaved repeat) runs twice.
+            ab = [{r["batch"]: r for r in run(exe, d, common, extra_env=variant_env(v))[0]} for v in variants]
             for r in rows:
                 params = r["weight_bytes"] / 2
                 # roofline() takes K/V bytes per token and a mean context: give it the step's bytes per sequence
@@ -97,7 +97,7 @@ def main():
                 roof = min(mem, comp)
                 bytes_step = r["weight_bytes"] + r["kv_bytes_per_step"]
                 table.append((shape, r, roof, bytes_step / (r["step_ms"] * 1e-3) / bw, eager.get(r["batch"]),
-                              [(v, ab[v][r["batch"]]["step_ms"]) for v in variants]))
+                              [(v, ab[k][r["batch"]]["step_ms"]) for k, v in enumerate(variants)]))
                 print(json.dumps(dict(shape=shape, **r, roofline_tok_s=round(roof))), flush=True)
             if args.profile:
                 for b in args.profile.split(","):
