@@ -189,11 +189,7 @@ typedef struct {
 // Blocks of the kernel for head dim D that the device holds at once (resident per SM x SMs), making the
 // kernel's shared-memory opt-in on first use per device; 0 with the context's error set.
 long long cuda_paged_mma_slots(OpsCtx *ctx, CudaState *st, int D);
-// Launches it over grid (N * Hkv * n_hsub, n_splits); rope: the decode variant (a->inv_freq, a->slots set);
-// cluster (1 < n_splits <= PM_MAX_CLUSTER): each token's splits as one thread-block cluster that merges them itself
-// and writes out (no partials, no merge kernel).
-void cuda_paged_mma_launch(OpsCtx *ctx, CudaState *st, const PgArgs *a, int N, int rope, int cluster);
-// Splits the cluster variant takes at most (the portable cluster size).
-#define PM_MAX_CLUSTER 8
+// Launches it over grid (N * Hkv * n_hsub, n_splits); rope: the decode variant (a->inv_freq, a->slots set).
+void cuda_paged_mma_launch(OpsCtx *ctx, CudaState *st, const PgArgs *a, int N, int rope);
 
 #endif

@@ -27,8 +27,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include <cooperative_groups.h>
-
 #include "kernels/cuda/cuda_attention.cuh"
 
 static const int PM_THREADS = 128;
@@ -164,41 +162,6 @@ __device__ __forceinline__ void pm_rope_items(const PmItem &it, int n_items, bf1
     }
 }
 
-// CL: the n_splits blocks of one (token, kv head, head group) form a thread-block cluster, and instead of writing
-// partials for paged_merge_kernel they merge each other's through distributed shared memory: every block leaves its
-// (M, L) per head in M_s / L_s and its unnormalised sums at acc_s[h DP + d] (NaN L for a token without cache or a
-// hole, L = 0 for a split without positions), then the cluster's blocks share the gh x D outputs and compute each
-// with paged_merge_kernel's arithmetic (weights 2^(m_s - M) over the splits that saw positions, sums in split
-// order; the weights' sum too, where the merge kernel takes it in a tree: a value may differ in its last bit).
-// One launch and no global round trip instead of a partial write, a kernel boundary and a merge kernel.
-template <int DP>
-__device__ __forceinline__ void pm_cluster_merge(const PgArgs &a, const float *acc_s, const float *M_s,
-                                                 const float *L_s, bf16 *out, int gh) {
-    namespace cg = cooperative_groups;
-    cg::cluster_group cl = cg::this_cluster();
-    cl.sync();  // every split's M, L and sums are in place
-    const int S = a.n_splits, D = a.D;
-    for (int idx = (int)cl.block_rank() * PM_THREADS + threadIdx.x; idx < gh * D; idx += S * PM_THREADS) {
-        const int h = idx / D, d = idx % D;
-        float M = -INFINITY;
-        bool bad = false;
-        for (int s = 0; s < S; s++) {
-            const float l = cl.map_shared_rank(L_s, s)[h];
-            if (isnan(l)) bad = true;
-            else if (l > 0.0f) M = fmaxf(M, cl.map_shared_rank(M_s, s)[h]);
-        }
-        float lsum = 0.0f, acc = 0.0f;
-        for (int s = 0; s < S && !bad; s++) {
-            const float l = cl.map_shared_rank(L_s, s)[h];
-            const float w = l > 0.0f ? exp2f(cl.map_shared_rank(M_s, s)[h] - M) : 0.0f;
-            lsum += w * l;
-            if (w != 0.0f) acc += w * cl.map_shared_rank(acc_s, s)[h * DP + d];
-        }
-        out[idx] = f2bf(bad ? PG_NAN : acc * (1.0f / lsum));
-    }
-    cl.sync();  // no block leaves while another still reads its shared memory
-}
-
 // grid (N * Hkv * n_hsub, n_splits): block (i * Hkv * n_hsub + g * n_hsub + hs, s) takes query heads
 // g * G + 16 hs + [0, gh) of token i over its share s of the context (PgArgs describes the outputs).
 // ROPE (a decode step, cuda_attention_paged_decode_fwd): every block of the split that holds the token's own
@@ -206,7 +169,7 @@ __device__ __forceinline__ void pm_cluster_merge(const PgArgs &a, const float *a
 // such block — while its first tiles load, and loads the tile holding that row only after a barrier has made the
 // store visible; no other block reads the row (each token is its sequence's only one in the call), so no
 // grid-wide order is needed. q is turned on its way into shared memory.
-template <int DP, int NS, bool ROPE, bool CL>
+template <int DP, int NS, bool ROPE>
 __global__ void __launch_bounds__(PM_THREADS, PmCfg<DP, NS>::MIN_BLOCKS) paged_mma_kernel(const PgArgs a) {
     using C = PmCfg<DP, NS>;
     constexpr int LD = C::LD, TP = PM_TP, KC = DP / 16;
@@ -249,13 +212,7 @@ __global__ void __launch_bounds__(PM_THREADS, PmCfg<DP, NS>::MIN_BLOCKS) paged_m
             const PmItem it = {a, a.q + (size_t)i * a.q_pitch, D, nc, 0, hq0, g};
             pm_rope_items<LD>(it, PM_KV_ITEMS(nc), q_s, slot, pos, cs_s, sn_s);
         }
-        if (CL) {
-            if (tid < gh) {
-                M_s[tid] = token_bad ? PG_NAN : -INFINITY;
-                L_s[tid] = token_bad ? PG_NAN : 0.0f;
-            }
-            pm_cluster_merge<DP>(a, reinterpret_cast<const float *>(pm_smem), M_s, L_s, out, gh);
-        } else if (n_splits == 1) {  // only a bad token gets here: every token has at least one tile
+        if (n_splits == 1) {  // only a bad token gets here: every token has at least one tile
             for (int idx = tid; idx < gh * D; idx += PM_THREADS) out[idx] = f2bf(PG_NAN);
         } else if (tid < gh) {
             a.part_ml[(ml_base + (size_t)tid * n_splits) * 2] = token_bad ? PG_NAN : -INFINITY;
@@ -418,10 +375,7 @@ __global__ void __launch_bounds__(PM_THREADS, PmCfg<DP, NS>::MIN_BLOCKS) paged_m
     __syncthreads();  // copies landed and every read of kv_s is done: it becomes the reduction buffer
 
     if (bad) {
-        if (CL) {
-            if (tid < gh) M_s[tid] = L_s[tid] = PG_NAN;
-            pm_cluster_merge<DP>(a, reinterpret_cast<const float *>(pm_smem), M_s, L_s, out, gh);
-        } else if (n_splits == 1) {
+        if (n_splits == 1) {
             for (int idx = tid; idx < gh * D; idx += PM_THREADS) out[idx] = f2bf(PG_NAN);
         } else if (tid < gh) {
             a.part_ml[(ml_base + (size_t)tid * n_splits) * 2] = PG_NAN;
@@ -468,13 +422,8 @@ __global__ void __launch_bounds__(PM_THREADS, PmCfg<DP, NS>::MIN_BLOCKS) paged_m
         float acc = 0.0f;
 #pragma unroll
         for (int w = 0; w < PM_WARPS; w++) acc += red[(w * PM_HEADS + h) * DP + d];
-        if (CL) red[h * DP + d] = acc;  // warp 0's slot of this (h, d), read above by this thread alone
-        else if (n_splits == 1) out[idx] = f2bf(acc / L_s[h]);
+        if (n_splits == 1) out[idx] = f2bf(acc / L_s[h]);
         else a.part_acc[(ml_base + (size_t)h * n_splits) * D + d] = acc;
-    }
-    if (CL) {
-        pm_cluster_merge<DP>(a, red, M_s, L_s, out, gh);
-        return;
     }
     if (n_splits > 1 && tid < gh) {
         a.part_ml[(ml_base + (size_t)tid * n_splits) * 2] = M_s[tid];
@@ -500,20 +449,19 @@ static int pm_stages(int DP) {
 
 // Shared-memory opt-in and residency, once per device and variant (per[d] = blocks per SM + 1, 0 while unknown),
 // so that the launches a decode step replays from a CUDA graph make no attribute or occupancy call while captured.
-template <int DP, int NS, bool ROPE, bool CL> static long long pm_slots(OpsCtx *ctx, CudaState *st) {
+template <int DP, int NS, bool ROPE> static long long pm_slots(OpsCtx *ctx, CudaState *st) {
     static int per[64];
     const int dev = st->device;
     int known = dev < 64 ? __atomic_load_n(&per[dev], __ATOMIC_ACQUIRE) : 0;
     if (!known) {
         const int smem = PmCfg<DP, NS>::SMEM;
         if (smem > 48 * 1024 &&
-            attn_set_smem(ctx, st, paged_mma_kernel<DP, NS, ROPE, CL>, smem, "attention_paged_fwd"))
+            attn_set_smem(ctx, st, paged_mma_kernel<DP, NS, ROPE>, smem, "attention_paged_fwd"))
             return 0;
         int n = 0;
-        CUDA_CHECK_RET(ctx,
-                       cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, paged_mma_kernel<DP, NS, ROPE, CL>,
-                                                                     PM_THREADS, smem),
-                       0);
+        CUDA_CHECK_RET(
+            ctx, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, paged_mma_kernel<DP, NS, ROPE>, PM_THREADS, smem),
+            0);
         if (n < 1) n = 1;
         known = n + 1;
         if (dev < 64) __atomic_store_n(&per[dev], known, __ATOMIC_RELEASE);
@@ -521,55 +469,34 @@ template <int DP, int NS, bool ROPE, bool CL> static long long pm_slots(OpsCtx *
     return (long long)(known - 1) * st->sm_count;
 }
 
-// CL: the n_splits blocks of each (token, kv head, head group) launched as one cluster (cudaLaunchKernelEx; the
-// cluster shape is a launch attribute, which a graph records like the launch).
-template <int DP, int NS, bool ROPE, bool CL> static void pm_launch(OpsCtx *ctx, CudaState *st, const PgArgs *a, int N) {
-    if (!pm_slots<DP, NS, ROPE, CL>(ctx, st)) return;  // makes the opt-in when the caller did not ask for the slots
+template <int DP, int NS, bool ROPE> static void pm_launch(OpsCtx *ctx, CudaState *st, const PgArgs *a, int N) {
+    if (!pm_slots<DP, NS, ROPE>(ctx, st)) return;  // makes the opt-in when the caller did not ask for the slots
     const dim3 grid((unsigned)((long long)N * a->Hkv * a->n_hsub), (unsigned)a->n_splits);
-    if (!CL) {
-        paged_mma_kernel<DP, NS, ROPE, false><<<grid, PM_THREADS, PmCfg<DP, NS>::SMEM, st->stream>>>(*a);
-        CUDA_CHECK_LAUNCH(ctx);
-        return;
-    }
-    cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = grid;
-    cfg.blockDim = dim3(PM_THREADS);
-    cfg.dynamicSmemBytes = PmCfg<DP, NS>::SMEM;
-    cfg.stream = st->stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeClusterDimension;
-    attr[0].val.clusterDim.x = 1;
-    attr[0].val.clusterDim.y = (unsigned)a->n_splits;
-    attr[0].val.clusterDim.z = 1;
-    cfg.attrs = attr;
-    cfg.numAttrs = 1;
-    CUDA_CHECK(ctx, cudaLaunchKernelEx(&cfg, paged_mma_kernel<DP, NS, ROPE, true>, *a));
+    paged_mma_kernel<DP, NS, ROPE><<<grid, PM_THREADS, PmCfg<DP, NS>::SMEM, st->stream>>>(*a);
+    CUDA_CHECK_LAUNCH(ctx);
 }
 
 static int pm_dp(int D) { return D <= 32 ? 32 : D <= 64 ? 64 : 128; }
 
-template <int DP, int NS, bool ROPE>
-static void pm_launch_cl(OpsCtx *ctx, CudaState *st, const PgArgs *a, int N, int cluster) {
-    if (cluster) pm_launch<DP, NS, ROPE, true>(ctx, st, a, N);
-    else pm_launch<DP, NS, ROPE, false>(ctx, st, a, N);
+template <bool ROPE> static long long pm_slots_for(OpsCtx *ctx, CudaState *st, int DP, int NS) {
+    if (DP == 32) return NS == 2 ? pm_slots<32, 2, ROPE>(ctx, st) : pm_slots<32, 3, ROPE>(ctx, st);
+    if (DP == 64) return NS == 2 ? pm_slots<64, 2, ROPE>(ctx, st) : pm_slots<64, 3, ROPE>(ctx, st);
+    return NS == 2 ? pm_slots<128, 2, ROPE>(ctx, st) : pm_slots<128, 3, ROPE>(ctx, st);
 }
 
-template <bool ROPE>
-static void pm_launch_for(OpsCtx *ctx, CudaState *st, const PgArgs *a, int N, int DP, int NS, int cluster) {
-    if (DP == 32) NS == 2 ? pm_launch_cl<32, 2, ROPE>(ctx, st, a, N, cluster) : pm_launch_cl<32, 3, ROPE>(ctx, st, a, N, cluster);
-    else if (DP == 64) NS == 2 ? pm_launch_cl<64, 2, ROPE>(ctx, st, a, N, cluster) : pm_launch_cl<64, 3, ROPE>(ctx, st, a, N, cluster);
-    else NS == 2 ? pm_launch_cl<128, 2, ROPE>(ctx, st, a, N, cluster) : pm_launch_cl<128, 3, ROPE>(ctx, st, a, N, cluster);
+template <bool ROPE> static void pm_launch_for(OpsCtx *ctx, CudaState *st, const PgArgs *a, int N, int DP, int NS) {
+    if (DP == 32) NS == 2 ? pm_launch<32, 2, ROPE>(ctx, st, a, N) : pm_launch<32, 3, ROPE>(ctx, st, a, N);
+    else if (DP == 64) NS == 2 ? pm_launch<64, 2, ROPE>(ctx, st, a, N) : pm_launch<64, 3, ROPE>(ctx, st, a, N);
+    else NS == 2 ? pm_launch<128, 2, ROPE>(ctx, st, a, N) : pm_launch<128, 3, ROPE>(ctx, st, a, N);
 }
 
 long long cuda_paged_mma_slots(OpsCtx *ctx, CudaState *st, int D) {
-    const int DP = pm_dp(D), NS = pm_stages(DP);
-    if (DP == 32) return NS == 2 ? pm_slots<32, 2, false, false>(ctx, st) : pm_slots<32, 3, false, false>(ctx, st);
-    if (DP == 64) return NS == 2 ? pm_slots<64, 2, false, false>(ctx, st) : pm_slots<64, 3, false, false>(ctx, st);
-    return NS == 2 ? pm_slots<128, 2, false, false>(ctx, st) : pm_slots<128, 3, false, false>(ctx, st);
+    const int DP = pm_dp(D);
+    return pm_slots_for<false>(ctx, st, DP, pm_stages(DP));
 }
 
-void cuda_paged_mma_launch(OpsCtx *ctx, CudaState *st, const PgArgs *a, int N, int rope, int cluster) {
+void cuda_paged_mma_launch(OpsCtx *ctx, CudaState *st, const PgArgs *a, int N, int rope) {
     const int DP = pm_dp(a->D), NS = pm_stages(DP);
-    if (rope) pm_launch_for<true>(ctx, st, a, N, DP, NS, cluster);
-    else pm_launch_for<false>(ctx, st, a, N, DP, NS, cluster);
+    if (rope) pm_launch_for<true>(ctx, st, a, N, DP, NS);
+    else pm_launch_for<false>(ctx, st, a, N, DP, NS);
 }

@@ -620,17 +620,6 @@ static int decode_fused_enabled(void) {
     return on;
 }
 
-// TANDEM_PAGED_CLUSTER=0: a split launch of the tensor-core kernel writes partials for the merge kernel instead of
-// merging its splits inside a thread-block cluster, for comparisons. Read once.
-static int pm_cluster_enabled(void) {
-    static int on = -1;
-    if (on < 0) {
-        const char *v = getenv("TANDEM_PAGED_CLUSTER");
-        on = !(v && strcmp(v, "0") == 0);
-    }
-    return on;
-}
-
 // Context splits for the tensor-core kernel: `work` (token, kv head, head group) blocks, `slots` of them
 // resident at once. A batch that leaves resident places empty is split as far as one wave of blocks allows
 // (batch 1: one tile per split), never into more splits than the longest possible context has tiles; a batch
@@ -687,19 +676,14 @@ static void paged_fwd(OpsCtx *ctx, void *out, const void *q, size_t q_pitch, con
         if (!slots_resident) return;
         const long long max_tiles = ((long long)max_blocks * block_size + PM_TP - 1) / PM_TP;
         a.n_splits = pm_choose_splits((long long)N * Hkv * a.n_hsub, slots_resident, max_tiles);
-        // A split launch merges inside clusters of at most PM_MAX_CLUSTER blocks: fewer splits where more were
-        // chosen (at batch 1 each split then takes a few tiles instead of one).
-        const int cluster = a.n_splits > 1 && pm_cluster_enabled();
-        if (cluster && a.n_splits > PM_MAX_CLUSTER) a.n_splits = PM_MAX_CLUSTER;
-        if (a.n_splits > 1 && !cluster) {
+        if (a.n_splits > 1) {
             const size_t parts = (size_t)N * Hq * a.n_splits;
             float *scratch = (float *)cuda_scratch(ctx, st, parts * (D + 2) * sizeof(float));
             if (!scratch) return;
             a.part_acc = scratch;
             a.part_ml = scratch + parts * D;
         }
-        cuda_paged_mma_launch(ctx, st, &a, N, rope, cluster);
-        if (cluster) return;
+        cuda_paged_mma_launch(ctx, st, &a, N, rope);
     } else {
         pg_launch_grouped(ctx, st, &a, N);
     }
