@@ -17,7 +17,7 @@ BENCHES=(bench_model_step)
 for b in bench_attention bench_gemm bench_elementwise bench_attention_paged bench_decode_step bench_sample; do
   if [ -f "bench/$b.c" ]; then BENCHES+=("$b"); else echo "gpu-build: bench/$b.c not there; left out"; fi
 done
-cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DTANDEM_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
+cmake -S . -B "$B" -DCMAKE_BUILD_TYPE=Release -DTANDEM_CUDA=ON -DTANDEM_CPU_ARCH=x86-64-v3 -DCMAKE_CUDA_ARCHITECTURES=90 >/dev/null
 cmake --build "$B" -j "$(nproc)" --target tandem-serve tandem-train "${TESTS[@]}" "${BENCHES[@]}"
 # Keep only what the GPU machine needs (the carried folder must stay small).
 keep=$(mktemp -d)
