@@ -200,48 +200,6 @@ static void build_order(DataReader *d, uint64_t epoch) {
     d->pos = 0;
 }
 
-int data_open(DataReader **out, const char *path, const DataOptions *opt, char *err, size_t err_len) {
-    *out = NULL;
-    if (err && err_len) err[0] = '\0';
-    if (!path || !path[0]) {
-        set_err(err, err_len, "train_file: no dataset path given");
-        return -1;
-    }
-    if (!opt || !opt->tok || opt->world_size < 1 || opt->rank < 0 || opt->rank >= opt->world_size) {
-        set_err(err, err_len, "data_open: needs a tokenizer and 0 <= rank < world_size");
-        return -1;
-    }
-    DataReader *d = calloc(1, sizeof *d);
-    if (!d) {
-        set_err(err, err_len, "train_file: out of memory");
-        return -1;
-    }
-    d->opt = *opt;
-    if (list_files(d, path, err, err_len) != 0) goto fail;
-    for (uint32_t i = 0; i < d->n_files; i++)
-        if (scan_file(d, i, err, err_len) != 0) goto fail;
-    if (d->total == 0) {
-        set_err(err, err_len, "train_file: %s holds no record", path);
-        goto fail;
-    }
-    if (d->n_recs == 0) {
-        set_err(err, err_len, "train_file: %s has %zu records, fewer than the %d ranks: rank %d has none", path,
-                d->total, opt->world_size, opt->rank);
-        goto fail;
-    }
-    d->order = malloc(d->n_recs * sizeof *d->order);
-    if (!d->order) {
-        set_err(err, err_len, "train_file: out of memory");
-        goto fail;
-    }
-    build_order(d, 0);
-    *out = d;
-    return 0;
-fail:
-    data_close(d);
-    return -1;
-}
-
 void data_close(DataReader *d) {
     if (!d) return;
     for (size_t i = 0; i < d->n_files; i++) free(d->files[i]);
@@ -503,33 +461,110 @@ out:
     return rc;
 }
 
+// Reads and parses record r into row, naming it src ("file:line", src_len bytes). 1: a row; 0: its prompt is over
+// max_prompt_length and is skipped (row cleared); -1: an error naming src (row cleared), the over-long prompt
+// included with refuse_overlong.
+static int load_record(DataReader *d, const RecordRef *r, DataRow *row, char *src, size_t src_len, char *err,
+                       size_t err_len) {
+    memset(row, 0, sizeof *row);
+    snprintf(src, src_len, "%s:%llu", d->files[r->file], (unsigned long long)r->line);
+    ssize_t n = read_line(d, r, err, err_len, src);
+    if (n < 0) return -1;
+    if (parse_record(d, d->line, (size_t)n, row, src, err, err_len) != 0) {
+        data_row_clear(row);
+        return -1;
+    }
+    if (d->opt.max_prompt_length > 0 && row->prompt_len > (size_t)d->opt.max_prompt_length) {
+        if (d->opt.refuse_overlong)
+            set_err(err, err_len, "%s: the prompt has %zu tokens, more than max_prompt_length %d", src, row->prompt_len,
+                    d->opt.max_prompt_length);
+        data_row_clear(row);
+        return d->opt.refuse_overlong ? -1 : 0;
+    }
+    row->record = r->record;
+    snprintf(row->source, sizeof row->source, "%s", src);
+    return 1;
+}
+
 int data_next(DataReader *d, DataRow *row, char *err, size_t err_len) {
     memset(row, 0, sizeof *row);
     while (d->pos < d->n_recs) {
-        const RecordRef *r = &d->recs[d->order[d->pos]];
         char src[320];
-        snprintf(src, sizeof src, "%s:%llu", d->files[r->file], (unsigned long long)r->line);
-        ssize_t n = read_line(d, r, err, err_len, src);
-        if (n < 0) return -1;
-        if (parse_record(d, d->line, (size_t)n, row, src, err, err_len) != 0) {
-            data_row_clear(row);
-            return -1;
-        }
+        int rc = load_record(d, &d->recs[d->order[d->pos]], row, src, sizeof src, err, err_len);
+        if (rc < 0) return -1;
         d->pos++;
-        if (d->opt.max_prompt_length > 0 && row->prompt_len > (size_t)d->opt.max_prompt_length) {
-            if (d->opt.refuse_overlong) {
-                set_err(err, err_len, "%s: the prompt has %zu tokens, more than max_prompt_length %d", src,
-                        row->prompt_len, d->opt.max_prompt_length);
-                data_row_clear(row);
-                return -1;
-            }
-            d->skipped++;
-            data_row_clear(row);
-            continue;
-        }
-        row->record = r->record;
-        memcpy(row->source, src, sizeof row->source);
-        return 1;
+        if (rc == 1) return 1;
+        d->skipped++;
     }
     return 0;
 }
+
+// ---- opening ----------------------------------------------------------------------------------------
+
+// Every record of this rank's share goes once through what data_next will do to it, so that a malformed line
+// stops the run before its first step instead of when the reader reaches it, maybe hours in. The first bad line's
+// message is kept in err, followed by how many more there are and where the next one is.
+static int validate_records(DataReader *d, char *err, size_t err_len) {
+    size_t bad = 0;
+    char next_bad[320] = "", scratch[1024];
+    for (size_t i = 0; i < d->n_recs; i++) {
+        DataRow row;
+        char src[320];
+        int rc = load_record(d, &d->recs[i], &row, src, sizeof src, bad ? scratch : err, bad ? sizeof scratch : err_len);
+        if (rc >= 0) {
+            data_row_clear(&row);
+            continue;
+        }
+        if (bad++ == 1) snprintf(next_bad, sizeof next_bad, "%s", src);
+    }
+    if (bad > 1 && err) {
+        size_t used = strlen(err);
+        snprintf(err + used, err_len - used, " (and %zu more bad line%s in this rank's share, the next at %s)", bad - 1,
+                 bad == 2 ? "" : "s", next_bad);
+    }
+    return bad ? -1 : 0;
+}
+
+int data_open(DataReader **out, const char *path, const DataOptions *opt, char *err, size_t err_len) {
+    *out = NULL;
+    if (err && err_len) err[0] = '\0';
+    if (!path || !path[0]) {
+        set_err(err, err_len, "train_file: no dataset path given");
+        return -1;
+    }
+    if (!opt || !opt->tok || opt->world_size < 1 || opt->rank < 0 || opt->rank >= opt->world_size) {
+        set_err(err, err_len, "data_open: needs a tokenizer and 0 <= rank < world_size");
+        return -1;
+    }
+    DataReader *d = calloc(1, sizeof *d);
+    if (!d) {
+        set_err(err, err_len, "train_file: out of memory");
+        return -1;
+    }
+    d->opt = *opt;
+    if (list_files(d, path, err, err_len) != 0) goto fail;
+    for (uint32_t i = 0; i < d->n_files; i++)
+        if (scan_file(d, i, err, err_len) != 0) goto fail;
+    if (d->total == 0) {
+        set_err(err, err_len, "train_file: %s holds no record", path);
+        goto fail;
+    }
+    if (d->n_recs == 0) {
+        set_err(err, err_len, "train_file: %s has %zu records, fewer than the %d ranks: rank %d has none", path,
+                d->total, opt->world_size, opt->rank);
+        goto fail;
+    }
+    d->order = malloc(d->n_recs * sizeof *d->order);
+    if (!d->order) {
+        set_err(err, err_len, "train_file: out of memory");
+        goto fail;
+    }
+    if (validate_records(d, err, err_len) != 0) goto fail;
+    build_order(d, 0);
+    *out = d;
+    return 0;
+fail:
+    data_close(d);
+    return -1;
+}
+

@@ -18,8 +18,9 @@
 // completion starts where the two token sequences first differ.
 //
 // Sharding: rank r of N takes the records with g % N == r. Opening scans the files once for line starts
-// (no JSON parsing) and keeps the byte offset of each of its own records; a record is read and parsed only
-// when it is handed out, so no rank parses the dataset of another.
+// (no JSON parsing) and keeps the byte offset of each of its own records, then parses and tokenizes each of its
+// own records once, so that a malformed line stops the run at open, before any training step; only the offsets
+// are kept, and a record is read and parsed again when it is handed out. No rank parses the dataset of another.
 //
 // Order: epoch e hands out the rank's records in stored order when shuffling is off; with shuffling, in a
 // permutation that depends only on (seed, epoch, rank) and the shard size: a Fisher-Yates shuffle
@@ -65,7 +66,9 @@ typedef struct {
 typedef struct DataReader DataReader;
 
 // Opens path (a .jsonl file or a folder of them). Errors: missing path, empty folder, unreadable file,
-// a shard with no record (world_size larger than the record count). Starts at epoch 0, position 0.
+// a shard with no record (world_size larger than the record count), a malformed record of this rank's share
+// or (refuse_overlong) an over-long prompt: the first one's file:line and what is wrong, and how many more
+// there are. Starts at epoch 0, position 0.
 int data_open(DataReader **out, const char *path, const DataOptions *opt, char *err, size_t err_len);
 void data_close(DataReader *d);
 

@@ -1,7 +1,8 @@
 // tests/unit/test_trainer_data.c — the JSONL reader: sharding (rank r gets exactly the records g % N == r,
 // across files of a folder, blank lines not counted), deterministic per-epoch shuffling and resume by
 // data_seek, text and chat prompts (tokenized as TRL does), columns kept for rewards, max_prompt_length
-// skip/refuse, sft rows (prompt/completion split, EOS appended), and every malformed line named by file:line.
+// skip/refuse, sft rows (prompt/completion split, EOS appended), and every malformed line named by file:line
+// when the reader opens, before any row is handed out (a bad line near the end of a long file included).
 #include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -243,12 +244,11 @@ static void test_prompts(const Tokenizer *tok, const ChatTemplate *ct) {
     data_row_clear(&row);
     data_close(d);
 
-    // refuse_overlong: an error naming file:line, the length and the option.
+    // refuse_overlong: an error at open naming file:line, the length and the option, and the other two.
     o.max_prompt_length = 8, o.refuse_overlong = 1;
-    CHECK(data_open(&d, path_of("chat.jsonl"), &o, err, sizeof err) == 0);
-    CHECK(data_next(d, &row, err, sizeof err) < 0);
+    CHECK(data_open(&d, path_of("chat.jsonl"), &o, err, sizeof err) != 0 && d == NULL);
     CHECK(strstr(err, "chat.jsonl:1") && strstr(err, "max_prompt_length 8") && strstr(err, "tokens"));
-    data_close(d);
+    CHECK(strstr(err, "and 2 more bad lines") && strstr(err, "the next at") && strstr(err, "chat.jsonl:2"));
 }
 
 static void expect_bad_line(const Tokenizer *tok, const ChatTemplate *ct, int sft, const char *line,
@@ -261,22 +261,37 @@ static void expect_bad_line(const Tokenizer *tok, const ChatTemplate *ct, int sf
     DataReader *d = NULL;
     char err[512] = "", where[64];
     snprintf(where, sizeof where, "bad.jsonl:3");
-    if (data_open(&d, path_of("bad.jsonl"), &o, err, sizeof err) != 0) {
-        fprintf(stderr, "line %d: open failed: %s\n", lineno, err);
-        failures++;
-        return;
-    }
-    DataRow row;
-    int rc1 = data_next(d, &row, err, sizeof err);
-    if (rc1 == 1) data_row_clear(&row);
-    int rc2 = data_next(d, &row, err, sizeof err);
-    if (rc1 != 1 || rc2 >= 0 || !strstr(err, where) || !strstr(err, needle)) {
-        fprintf(stderr, "line %d: expected an error at %s mentioning '%s'; got rc %d/%d '%s'\n", lineno, where,
-                needle, rc1, rc2, err);
+    int rc = data_open(&d, path_of("bad.jsonl"), &o, err, sizeof err);
+    if (rc == 0 || d != NULL || !strstr(err, where) || !strstr(err, needle) || strstr(err, "more bad line")) {
+        fprintf(stderr, "line %d: expected data_open to fail at %s mentioning '%s'; got rc %d '%s'\n", lineno, where,
+                needle, rc, err);
         failures++;
     }
-    if (rc2 == 1) data_row_clear(&row);
     data_close(d);
+}
+
+// A bad line near the end of a long file stops data_open, before any row is read (it used to surface only when
+// the reader reached it, hundreds of steps in); the message counts the other bad lines and names the next one.
+// With 2 ranks, each checks its own share: the rank that does not read the bad lines opens fine.
+static void test_bad_line_near_the_end(const Tokenizer *tok) {
+    FILE *f = fopen(path_of("long.jsonl"), "w");
+    for (int line = 1; line <= 500; line++) {
+        if (line == 497 || line == 499) fprintf(f, "{\"prompt\": \"row %d\", }\n", line);
+        else fprintf(f, "{\"prompt\": \"row %d\", \"answer\": %d}\n", line, line);
+    }
+    fclose(f);
+    DataOptions o = opts(tok, NULL);
+    DataReader *d = NULL;
+    char err[512] = "";
+    CHECK(data_open(&d, path_of("long.jsonl"), &o, err, sizeof err) != 0 && d == NULL);
+    CHECK(strstr(err, "long.jsonl:497: invalid JSON") != NULL);
+    CHECK(strstr(err, "and 1 more bad line in this rank's share, the next at") && strstr(err, "long.jsonl:499)"));
+    // Records 496 and 498 (lines 497 and 499) are rank 0's of 2: rank 1 never reads them.
+    o.world_size = 2, o.rank = 1;
+    CHECK(data_open(&d, path_of("long.jsonl"), &o, err, sizeof err) == 0 && data_shard_records(d) == 250);
+    data_close(d);
+    o.rank = 0;
+    CHECK(data_open(&d, path_of("long.jsonl"), &o, err, sizeof err) != 0 && strstr(err, "long.jsonl:497"));
 }
 
 static void test_bad_lines(const Tokenizer *tok, const ChatTemplate *ct) {
@@ -401,6 +416,7 @@ int main(void) {
     test_shuffle(tok);
     test_prompts(tok, ct);
     test_bad_lines(tok, ct);
+    test_bad_line_near_the_end(tok);
     test_sft(tok, ct);
     test_open_errors(tok);
     chat_template_free(ct);
