@@ -13,23 +13,10 @@
 
 #include "shared/safetensors.h"
 #include "trainer/make_dirs.h"
+#include "trainer/remove_tree.h"
 
 static const char *TOKENIZER_FILES[] = {"tokenizer.json", "tokenizer_config.json", "generation_config.json",
                                         "special_tokens_map.json", "chat_template.jinja", "vocab.json", "merges.txt"};
-
-static int remove_tree(const char *path) {
-    DIR *d = opendir(path);
-    if (!d) return remove(path);
-    struct dirent *e;
-    while ((e = readdir(d))) {
-        if (!strcmp(e->d_name, ".") || !strcmp(e->d_name, "..")) continue;
-        char child[PATH_MAX + 256];
-        snprintf(child, sizeof child, "%s/%s", path, e->d_name);
-        remove_tree(child);
-    }
-    closedir(d);
-    return rmdir(path);
-}
 
 static int copy_file(const char *from, const char *to, char *err, size_t err_len) {
     FILE *in = fopen(from, "rb");
@@ -139,7 +126,7 @@ static void prune(const char *output_dir, int keep_last) {
         if (newer >= keep_last) {
             char path[PATH_MAX];
             snprintf(path, sizeof path, "%s/checkpoint-%ld", output_dir, steps[i]);
-            remove_tree(path);
+            remove_tree(path, NULL, 0);
         }
     }
 }
@@ -152,7 +139,7 @@ int checkpoint_save(Zero3 *z, Model *m, Comm *c, const CheckpointOptions *o, con
     snprintf(tmp_dir, sizeof tmp_dir, "%s.tmp", final_dir);
     int rc = 0;
     if (rank == 0) {
-        remove_tree(tmp_dir);
+        remove_tree(tmp_dir, NULL, 0);
         rc = make_dirs(tmp_dir, err, err_len);
     }
     // Every rank learns whether rank 0 could create the folder before anyone writes into it.
@@ -194,7 +181,7 @@ int checkpoint_save(Zero3 *z, Model *m, Comm *c, const CheckpointOptions *o, con
         if (rc == 0) {
             char path[PATH_MAX + 32];
             snprintf(path, sizeof path, "%s/trainer_state.json", tmp_dir);
-            json_t *j = progress_json(p, m, world, 0);
+            json_t *j = progress_json(p, m, world, zero3_stage(z));
             rc = write_json(path, j, err, err_len);
             json_decref(j);
         }
@@ -213,7 +200,7 @@ int checkpoint_save(Zero3 *z, Model *m, Comm *c, const CheckpointOptions *o, con
         return -1;
     }
     if (rank == 0) {
-        remove_tree(final_dir);
+        remove_tree(final_dir, NULL, 0);
         if (rename(tmp_dir, final_dir) != 0) {
             snprintf(err, err_len, "cannot rename %s to %s: %s", tmp_dir, final_dir, strerror(errno));
             rc = -1;

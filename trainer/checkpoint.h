@@ -3,8 +3,10 @@
 //
 //   OUTPUT_DIR/checkpoint-STEP/
 //     config.json, model.safetensors (or shards + index), tokenizer files copied from the base model
-//     trainer_state.json                       step, epoch, data position, RNG, world size, layout hash
-//     trainer_state/rank-R/optimizer.safetensors   this rank's master weights and Adam moments, per unit
+//     trainer_state.json                       step, epoch, data position, RNG, world size, ZeRO stage,
+//                                              layout hash
+//     trainer_state/rank-00000/optimizer.safetensors   rank 0's master weights and Adam moments, per unit
+//     (rank-00001, ...: the rank with five digits, one folder per rank)
 // Written under checkpoint-STEP.tmp and renamed once every rank has finished; only the last K are kept.
 #ifndef TANDEM_TRAINER_CHECKPOINT_H
 #define TANDEM_TRAINER_CHECKPOINT_H
@@ -36,8 +38,8 @@ typedef struct {
 int checkpoint_save(Zero3 *z, Model *m, Comm *c, const CheckpointOptions *o, const TrainProgress *p, char *saved_dir,
                     char *err, size_t err_len);
 // All ranks call together: restores master weights, Adam moments and progress from dir (a checkpoint-STEP
-// folder, or "latest" = the highest step under o->output_dir). Refuses another world size, ZeRO stage
-// layout or model layout, naming both values.
+// folder, or "latest" = the highest step under o->output_dir). Refuses another world size or model layout,
+// naming both values. Another ZeRO stage is fine: every stage keeps the same slices (trainer/zero3.h).
 int checkpoint_load(Zero3 *z, Model *m, Comm *c, const CheckpointOptions *o, const char *dir, TrainProgress *p,
                     char *loaded_dir, char *err, size_t err_len);
 

@@ -105,6 +105,7 @@ static int all_reduce(Zero3 *z, void *buf, size_t count, CommDtype dtype) {
 
 size_t zero3_shard_offset(const Zero3 *z, int unit) { return (size_t)z->rank * z->shard[unit]; }
 size_t zero3_shard_count(const Zero3 *z, int unit) { return z->shard[unit]; }
+int zero3_stage(const Zero3 *z) { return z->stage; }
 float *zero3_master_shard(Zero3 *z, int unit) { return z->master[unit]; }
 float *zero3_adam_m_shard(Zero3 *z, int unit) { return z->adam_m[unit]; }
 float *zero3_adam_v_shard(Zero3 *z, int unit) { return z->adam_v[unit]; }

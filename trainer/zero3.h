@@ -39,6 +39,8 @@ int zero3_load(Zero3 *z, const char *model_dir, char *err, size_t err_len);
 // Deterministic random init (same on every rank count): model_init_random's values, sliced.
 int zero3_init_random(Zero3 *z, uint64_t seed, float std, char *err, size_t err_len);
 void zero3_memory(const Zero3 *z, Zero3Memory *mem);
+// The ZeRO stage the state was created with (1, 2 or 3): checkpoints record it.
+int zero3_stage(const Zero3 *z);
 
 UnitSource zero3_source(Zero3 *z);
 // Gradients are accumulated across backward passes until zero3_step (gradient accumulation).
