@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "shared/version.h"
 #include "trainer/demo.h"
 #include "trainer/eval.h"
 #include "trainer/launch.h"
@@ -19,11 +20,18 @@ int main(int argc, char **argv) {
     TrainConfig cfg;
     train_config_default(&cfg);
     int r = train_config_parse_args(&cfg, argc, argv, err, sizeof err);
-    if (r == 1) {
+    if (r == TRAIN_CONFIG_HELP) {
         train_config_print_help(stdout);
-        printf("\nSubcommands: tandem-train launch --help (servers + ranks of a run on this machine),\n"
+        printf("\nThis text and the version:\n  -h, --help\n      this text\n  --version\n      the version of "
+               "tandem-train and how it was built\n"
+               "\nSubcommands: tandem-train launch --help (servers + ranks of a run on this machine),\n"
                "             tandem-train eval --help (score a held-out set through an OpenAI-compatible server),\n"
                "             tandem-train demo --help (the whole pipeline on a built-in task, no downloads)\n");
+        train_config_free(&cfg);
+        return 0;
+    }
+    if (r == TRAIN_CONFIG_VERSION) {
+        tandem_print_version(stdout, "tandem-train");
         train_config_free(&cfg);
         return 0;
     }

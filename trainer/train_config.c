@@ -29,7 +29,7 @@ static const char *const ignored_keys[] = {
     "report_to", "run_name", "logging_dir", "logging_strategy", "logging_first_step", "log_level",
     "disable_tqdm", "push_to_hub", "hub_model_id", "hub_strategy", "hub_private_repo", "save_strategy",
     "log_completions", "num_completions_to_print", "log_unique_prompts", "log_multimodal",
-    "dataloader_num_workers", "dataloader_pin_memory", "remove_unused_columns", "overwrite_output_dir",
+    "dataloader_num_workers", "dataloader_pin_memory", "remove_unused_columns",
     "bf16", "tf32", "trust_remote_code", "ddp_find_unused_parameters", "save_only_model", "use_cpu", NULL};
 
 // TRL keys whose behaviour tandem does not implement: accepted only at TRL's default (JSON text).
@@ -564,10 +564,11 @@ static int split_flag(const char *arg, char *buf, size_t cap, const char **value
 }
 
 int train_config_parse_args(TrainConfig *cfg, int argc, char *const *argv, char *err, size_t err_len) {
-    // Pass 1: --help and --config, so the file is applied before any flag whatever the order.
+    // Pass 1: --help, --version and --config, so the file is applied before any flag whatever the order.
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
-        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) return 1;
+        if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) return TRAIN_CONFIG_HELP;
+        if (strcmp(a, "--version") == 0) return TRAIN_CONFIG_VERSION;
         if (strcmp(a, "--config") == 0 || strncmp(a, "--config=", 9) == 0) {
             const char *path = a[8] == '=' ? a + 9 : (i + 1 < argc ? argv[++i] : NULL);
             if (!path || !path[0]) {

@@ -34,6 +34,7 @@ typedef struct {
     char *train_file;               // JSONL file or folder of *.jsonl shards (required)
     TrainMode mode;                 // grpo | sft
     char *output_dir;               // checkpoints, metrics.jsonl
+    int overwrite_output_dir;       // 1: an earlier run's files in output_dir are deleted first (else refused)
     char *chat_template;            // forced template family (NULL: recognised from the tokenizer)
     int max_prompt_length;          // tokens; 0 = no limit
     OverlongPrompts overlong_prompts;
@@ -102,9 +103,14 @@ typedef struct {
 void train_config_default(TrainConfig *cfg);
 void train_config_free(TrainConfig *cfg);
 
+// What train_config_parse_args returns when the command line asks for text instead of a run.
+enum {
+    TRAIN_CONFIG_HELP = 1,     // --help or -h: print train_config_print_help
+    TRAIN_CONFIG_VERSION = 2,  // --version: print the version
+};
 // argv[0] is the program name. Reads --config FILE first, then applies every other flag. Returns 0,
-// 1 when --help was given (nothing else is checked; print train_config_print_help), or a negative code
-// with a message naming the key. Does not run the cross-option checks: call train_config_finalize.
+// TRAIN_CONFIG_HELP or TRAIN_CONFIG_VERSION (nothing else is checked), or a negative code with a message
+// naming the key. Does not run the cross-option checks: call train_config_finalize.
 int train_config_parse_args(TrainConfig *cfg, int argc, char *const *argv, char *err, size_t err_len);
 // Applies a JSON object's keys (the config file's content). path names the source in messages (may be NULL).
 int train_config_apply_json(TrainConfig *cfg, const char *json_text, size_t len, const char *path, char *err,

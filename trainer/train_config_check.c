@@ -45,6 +45,9 @@ static int check_model_and_data(const TrainConfig *c, char *err, size_t err_len)
     if (!c->model || !c->model[0]) FAIL("model: required (--model DIR, a Hugging Face model folder)");
     if (!c->train_file || !c->train_file[0]) FAIL("train_file: required (--train-file FILE.jsonl or a folder)");
     if (!c->output_dir || !c->output_dir[0]) FAIL("output_dir: must not be empty");
+    if (c->overwrite_output_dir && c->resume && strcmp(c->resume, "latest") == 0)
+        FAIL("overwrite_output_dir: it deletes the checkpoints of output_dir that resume latest continues from; "
+             "give one of them");
     NEED(c->max_prompt_length >= 0, "max_prompt_length", "must be >= 0 (0 = no limit), got %d", c->max_prompt_length);
     NEED(c->data_seed >= -1, "data_seed", "must be >= 0, or -1 for seed; got %ld", c->data_seed);
     if (c->chat_template) {

@@ -56,7 +56,10 @@ const OptionSpec train_options[] = {
     OPT("model", OPT_STR, model, G_DATA, "Hugging Face model folder (config.json, safetensors, tokenizer) [required]"),
     OPT("train_file", OPT_STR, train_file, G_DATA, "JSONL file or folder of *.jsonl shards [required]"),
     ENUM("mode", mode, mode_name, 0, G_DATA, "grpo (rollouts + rewards) or sft (cross-entropy on completions)"),
-    OPT("output_dir", OPT_STR, output_dir, G_DATA, "folder for checkpoints and metrics.jsonl"),
+    OPT("output_dir", OPT_STR, output_dir, G_DATA, "folder for checkpoints and metrics.jsonl (created with its parents)"),
+    OPT("overwrite_output_dir", OPT_BOOL, overwrite_output_dir, G_DATA,
+        "delete an earlier run's metrics.jsonl and checkpoint-N folders in output_dir before starting; without it, "
+        "an output_dir that holds them is refused unless resume continues that run"),
     OPT("chat_template", OPT_STR, chat_template, G_DATA,
         "force a chat template family (chatml, qwen3, llama3, llama3.1, llama2, mistral, mistral-v1, zephyr); "
         "none: recognised from tokenizer_config.json"),
@@ -256,11 +259,15 @@ const char *train_option_type_name(const OptionSpec *o) {
     return "?";
 }
 
-// %.17g would print 1e-06 as 9.9999999999999995e-07; the shortest form that reads back exactly is wanted.
+// The shortest form that reads back exactly, as a person writes it: %.17g would print 1e-06 as
+// 9.9999999999999995e-07, and the shortest %g alone prints 60 as 6e+01. Exponents are kept only for magnitudes
+// people write that way (below 1e-4, 1e16 and above).
 static void fmt_double(double v, char *buf, size_t cap) {
+    const double mag = fabs(v);
+    const int exponent_ok = mag != 0 && (mag < 1e-4 || mag >= 1e16);
     for (int p = 1; p <= 17; p++) {
         snprintf(buf, cap, "%.*g", p, v);
-        if (strtod(buf, NULL) == v) return;
+        if (strtod(buf, NULL) == v && (exponent_ok || !strchr(buf, 'e'))) return;
     }
 }
 

@@ -15,6 +15,7 @@
 
 #include "trainer/lr_schedule.h"
 #include "trainer/make_dirs.h"
+#include "trainer/output_dir.h"
 
 double trainer_now(void) {
     struct timespec ts;
@@ -54,6 +55,27 @@ static int open_model(Trainer *t, char *err, size_t err_len) {
          cfg->model, mc.arch_name, t->model.layout.n_params, t->model.layout.n_units, cfg->zero_stage, t->world,
          mem.param_shard_bytes / 1e6, mem.master_bytes / 1e6, mem.adam_bytes / 1e6, mem.grad_bytes / 1e6,
          mem.gathered_bytes / 1e6, mem.grad_work_bytes / 1e6, mem.state_arena_bytes / 1e6, mem.work_arena_bytes / 1e6);
+    return 0;
+}
+
+// Rank 0 checks --output-dir for an earlier run (trainer/output_dir.h) before anything is loaded, and every rank
+// learns the outcome, so that a refusal stops all of them at once.
+static int prepare_output_dir(Trainer *t, char *err, size_t err_len) {
+    const TrainConfig *cfg = t->cfg;
+    int32_t ok = 1;
+    char removed[512] = "";
+    if (t->rank == 0)
+        ok = output_dir_prepare(cfg->output_dir, cfg->resume, cfg->overwrite_output_dir, removed, sizeof removed, err,
+                                err_len) == 0;
+    if (comm_broadcast(t->comm, &ok, 1, COMM_I32, 0) != 0) {
+        snprintf(err, err_len, "%s", comm_error(t->comm));
+        return -1;
+    }
+    if (!ok) {
+        if (t->rank != 0) snprintf(err, err_len, "rank 0 refused --output-dir %s (its message says why)", cfg->output_dir);
+        return -1;
+    }
+    if (removed[0]) log0(t, "--overwrite-output-dir: deleted the earlier run's %s from %s", removed, cfg->output_dir);
     return 0;
 }
 
@@ -115,6 +137,7 @@ int trainer_open(Trainer *t, TrainConfig *cfg, char *err, size_t err_len) {
     log0(t, "%d rank(s) joined (rendezvous at %s:%d), %s backend, ZeRO collectives over %s, weight sync over %s",
          t->world, ci.master_addr, ci.master_port, backend == OPS_BACKEND_CUDA ? "cuda" : "cpu",
          t->dcomm != t->comm ? "NCCL" : t->world > 1 ? "ZeroMQ" : "nothing (one rank)", t->sync.use_nccl ? "NCCL" : "ZeroMQ");
+    if (prepare_output_dir(t, err, err_len) != 0) return -1;
     if (open_model(t, err, err_len) != 0) return -1;
     if (tokenizer_load(&t->tok, cfg->model, err, err_len) != 0) return -1;
     char cerr[512];

@@ -15,8 +15,10 @@ from conftest import tool
 REQUIRED = ["--model", "/m", "--train-file", "/d.jsonl", "--rollout-servers", "tcp://h:1", "--rewards",
             "think_format"]
 
-# tandem's own options (no GRPOConfig field of that name).
-TANDEM_ONLY = {"model", "train_file", "mode", "chat_template", "max_prompt_length", "overlong_prompts", "rewards",
+# tandem's own options (no GRPOConfig field of that name). overwrite_output_dir is transformers 4's
+# TrainingArguments name; transformers 5 dropped the field.
+TANDEM_ONLY = {"model", "train_file", "mode", "overwrite_output_dir", "chat_template", "max_prompt_length",
+               "overlong_prompts", "rewards",
                "answer_column", "format_regex", "format_regex_mode", "soft_punish_cache", "length_penalty_coef",
                "length_penalty_target", "reward_url", "reward_timeout", "reward_connect_timeout", "reward_retries",
                "reward_backoff", "resume", "zero_stage", "device", "init_timeout", "comm_timeout",

@@ -175,7 +175,11 @@ static void test_flags_and_file(void) {
     CHECK(train_config_set(&c, "vllm_importance_sampling_clip_max", "9", err, sizeof err) == 0);
     CHECK(c.grpo.vllm_importance_sampling_clip_max == 2.5);  // the deprecated cap wins, as in TRL
     train_config_free(&c);
-    CHECK(parse(&c, err, sizeof err, "--model", "/m", "--help", NULL) == 1);
+    CHECK(parse(&c, err, sizeof err, "--model", "/m", "--help", NULL) == TRAIN_CONFIG_HELP);
+    train_config_free(&c);
+    CHECK(parse(&c, err, sizeof err, "--model", "/m", "-h", NULL) == TRAIN_CONFIG_HELP);
+    train_config_free(&c);
+    CHECK(parse(&c, err, sizeof err, "--version", "--learnig-rate", "1", NULL) == TRAIN_CONFIG_VERSION);
     train_config_free(&c);
     // Epoch-based total: ceil(epochs * steps per epoch).
     train_config_default(&c);
@@ -384,6 +388,14 @@ static void test_help_and_doc(void) {
         }
     }
     CHECK(strstr(help, "--learning-rate FLOAT  (default: 1e-06)"));
+    // Defaults as a person writes them: 60 and 300 seconds, not 6e+01 and 3e+02.
+    CHECK(strstr(help, "--reward-timeout FLOAT  (default: 60)"));
+    CHECK(strstr(help, "--reward-connect-timeout FLOAT  (default: 10)"));
+    CHECK(strstr(help, "--init-timeout FLOAT  (default: 300)"));
+    CHECK(strstr(help, "--comm-timeout FLOAT  (default: 600)"));
+    CHECK(strstr(help, "--adam-beta2 FLOAT  (default: 0.999)"));
+    CHECK(strstr(help, "--adam-epsilon FLOAT  (default: 1e-08)"));
+    CHECK(!strstr(help, "e+0"));
     CHECK(strstr(help, "--loss-type grpo|bnpo|dr_grpo|dapo|cispo|sapo|luspo|vespo  (default: dapo)"));
     train_config_free(&d);
     free(help);
