@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "shared/json_read.h"
+
 int http_error_set(HttpError *e, int status, const char *param, const char *fmt, ...) {
     if (!e) return -1;
     e->status = status;
@@ -87,13 +89,14 @@ int http_body_parse(const char *body, size_t len, json_t **out, HttpError *err) 
     *out = NULL;
     if (!body || len == 0) return http_error_set(err, 400, NULL, "request body is empty: expected a JSON object");
     json_error_t je;
-    json_t *j = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+    json_t *j = json_read_buffer(body, len, JSON_REJECT_DUPLICATES, &je);
     if (!j) {
         char key[64];
         size_t pos = je.position > 0 ? (size_t)je.position : 0;
         key_before(body, len, pos, key, sizeof key);
+        // Numbers beyond a double are read as +-DBL_MAX (shared/json_read.h): only NaN / Infinity get here.
         int nonfinite = strstr(je.text, "NaN") || strstr(je.text, "Infinity") ||
-                        (strstr(je.text, "near '-'") && pos < len && body[pos] == 'I') || strstr(je.text, "overflow");
+                        (strstr(je.text, "near '-'") && pos < len && body[pos] == 'I');
         if (nonfinite && key[0])
             return http_error_set(err, 400, key, "'%s' must be a finite number (malformed JSON at byte %d: %s)", key,
                                   je.position, je.text);
@@ -141,6 +144,10 @@ static int get_int_n(const json_t *obj, const char *key, const char *name, int64
     } else if (json_is_real(v) && json_real_value(v) == floor(json_real_value(v)) &&
                fabs(json_real_value(v)) < 9.0e15) {
         x = (int64_t)json_real_value(v); // 4.0 is an integer to Python clients too
+    } else if (json_is_real(v) && fabs(json_real_value(v)) >= 0x1p63) {
+        // An integer beyond int64 arrives as a real (shared/json_read.h): out of range, not of the wrong type.
+        return http_error_set(err, 400, name, "'%s' must be in [%lld, %lld], got %.17g", name, (long long)min,
+                              (long long)max, json_real_value(v));
     } else {
         return http_error_set(err, 400, name, "'%s' must be an integer, not %s", name, json_kind(v));
     }

@@ -15,6 +15,8 @@
 
 #include <jansson.h>
 
+#include "shared/json_read.h"
+
 // Upper bounds keep every derived product (Hq*D*C, V*C, ...) inside int64 and reject absurd fuzzed values.
 #define DIM_MAX    (1 << 20)   // hidden_size, intermediate_size, head_dim
 #define COUNT_MAX  (1 << 16)   // layers, heads
@@ -59,6 +61,10 @@ static int get_int(json_t *obj, const char *key, int required, int dflt, long lo
         *out = dflt;
         return 0;
     }
+    // An integer beyond int64 arrives as a real (shared/json_read.h): out of range, not of the wrong type.
+    if (json_is_real(v) && fabs(json_real_value(v)) >= 0x1p63)
+        return fail(err, err_len, "config.json: \"%s\" = %.17g is out of range [%lld, %lld]", key, json_real_value(v),
+                    lo, hi);
     if (!json_is_integer(v))
         return fail(err, err_len, "config.json: \"%s\" must be an integer, got %s", key, json_kind(v));
     json_int_t x = json_integer_value(v);
@@ -464,7 +470,7 @@ int config_parse(ModelConfig *cfg, const char *json_text, size_t len, char *err,
     json_error_t je;
     // Duplicate keys are refused: two "hidden_size" entries would make the file mean different things to
     // different readers.
-    json_t *root = json_loadb(json_text, len, JSON_REJECT_DUPLICATES, &je);
+    json_t *root = json_read_buffer(json_text, len, JSON_REJECT_DUPLICATES, &je);
     if (!root)
         return fail(err, err_len, "config.json: invalid JSON at line %d column %d: %s", je.line, je.column, je.text);
     int rc = parse_root(cfg, root, err, err_len);

@@ -22,6 +22,8 @@
 #include <unistd.h>
 #include <zmq.h>
 
+#include "shared/json_read.h"
+
 #define RDZV_ID_MAX 256               // ZeroMQ routing ids are at most 255 bytes
 #define RDZV_IN_MAX (64 << 10)        // rank 0 refuses bigger incoming messages (strangers on the port)
 #define RDZV_CLOSE_LINGER_MS 2000     // rank 0 flushes its last answers this long at close
@@ -174,7 +176,7 @@ static void close_frames(zmq_msg_t *f, int n, int max_frames) {
 
 static json_t *parse_json(zmq_msg_t *m) {
     json_error_t je;
-    return json_loadb(zmq_msg_data(m), zmq_msg_size(m), JSON_REJECT_DUPLICATES, &je);
+    return json_read_buffer(zmq_msg_data(m), zmq_msg_size(m), JSON_REJECT_DUPLICATES, &je);
 }
 
 // Rank 0: one incoming register. Returns 1 accepted, 0 refused without harm (a stranger or a garbled

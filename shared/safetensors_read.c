@@ -19,6 +19,7 @@
 #include <jansson.h>
 
 #include "shared/dtype.h"
+#include "shared/json_read.h"
 
 #define INDEX_FILE_MAX (64u << 20)
 
@@ -256,7 +257,7 @@ static int parse_file(SafetensorsSet *set, int fi, char *err, size_t err_len) {
         return fail(ST_ERR_INVALID, err, err_len, "%s: header is not a JSON object", P);
     json_error_t je;
     // Duplicate keys would silently drop a tensor; jansson's message quotes the repeated name.
-    json_t *root = json_loadb(hdr, (size_t)hlen, JSON_REJECT_DUPLICATES, &je);
+    json_t *root = json_read_buffer(hdr, (size_t)hlen, JSON_REJECT_DUPLICATES, &je);
     if (!root)
         return fail(ST_ERR_INVALID, err, err_len, "%s: header is not valid JSON (byte %d): %s", P, je.position,
                     je.text);
@@ -389,7 +390,7 @@ static int open_index(SafetensorsSet *set, const char *dir, char *err, size_t er
                     !text ? "out of memory" : bad_read ? "read error" : "larger than 64 MiB, refused");
     }
     json_error_t je;
-    json_t *root = json_loadb(text, n, JSON_REJECT_DUPLICATES, &je);
+    json_t *root = json_read_buffer(text, n, JSON_REJECT_DUPLICATES, &je);
     free(text);
     if (!root)
         return fail(ST_ERR_INVALID, err, err_len, "%s: invalid JSON at line %d column %d: %s", path, je.line,

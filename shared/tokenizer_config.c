@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "shared/tokenizer_internal.h"
+#include "shared/json_read.h"
 
 // A special token in tokenizer_config.json: "text" or {"content": "text", ...} (an AddedToken dict).
 static int token_string(json_t *cfg, const char *key, char **out, char *err, size_t err_len) {
@@ -52,7 +53,7 @@ static int load_generation_config(Tokenizer *t, const char *dir, char *err, size
     if (!f) return 0;   // optional file
     fclose(f);
     json_error_t je;
-    json_t *g = json_load_file(path, 0, &je);
+    json_t *g = json_read_file(path, 0, &je);
     if (!json_is_object(g)) {
         tok_set_err(err, err_len, "%s: invalid JSON at line %d: %s", path, je.line, je.text);
         json_decref(g);
@@ -96,7 +97,7 @@ int tok_load_configs(Tokenizer *t, const char *dir, char *err, size_t err_len) {
     if (f) {
         fclose(f);
         json_error_t je;
-        cfg = json_load_file(path, JSON_ALLOW_NUL, &je);
+        cfg = json_read_file(path, JSON_ALLOW_NUL, &je);
         if (!json_is_object(cfg)) {
             tok_set_err(err, err_len, "%s: invalid JSON at line %d: %s", path, je.line, je.text);
             json_decref(cfg);

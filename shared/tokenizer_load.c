@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 
 #include "shared/tokenizer_internal.h"
+#include "shared/json_read.h"
 
 #define MAX_TOKEN_ID 0x3FFFFFF   // ids above this are refused rather than allocated for (64M entries)
 
@@ -403,7 +404,7 @@ static int load_text(Tokenizer **out, char *text, size_t len, const char *name, 
         return TOK_EFORMAT;
     }
     json_error_t je;
-    json_t *root = json_loadb(text, len, JSON_ALLOW_NUL, &je);
+    json_t *root = json_read_buffer(text, len, JSON_ALLOW_NUL, &je);
     if (!root) {
         tok_set_err(err, err_len, "%s: invalid JSON at line %d column %d: %s", name, je.line, je.column, je.text);
         return TOK_EFORMAT;

@@ -8,6 +8,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "shared/json_read.h"
+
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "zmq_msg frames are little-endian arrays copied as they are: a big-endian host needs byte swapping"
 #endif
@@ -472,7 +474,7 @@ int zmsg_parse(ZmsgMsg *m, ZmsgDir dir, const ZmsgFrame *f, int nf, char *err, s
         return fail(err, err_len, "frame 0 (JSON header) has %zu bytes, more than the %u allowed", f[0].size,
                     ZMSG_HEADER_MAX);
     json_error_t je;
-    json_t *h = json_loadb(f[0].data, f[0].size, JSON_REJECT_DUPLICATES, &je);
+    json_t *h = json_read_buffer(f[0].data, f[0].size, JSON_REJECT_DUPLICATES, &je);
     if (!h)
         return fail(err, err_len, "frame 0 is not valid JSON: %s (line %d, column %d)", je.text, je.line, je.column);
     P p = {h, "message", err, err_len};

@@ -195,6 +195,9 @@ static void test_refusals(void) {
     refuse_text(__LINE__, "[1, 2]", "top level", NULL);
     refuse_text(__LINE__, "", "invalid JSON", NULL);
     refuse(__LINE__, LLAMA, "\"hidden_size\": 32", "invalid JSON", "hidden_size");
+    // every valid JSON number is read (shared/json_read.h), but an integer field beyond int64 is out of range
+    refuse_text(__LINE__, "{\"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 1000000000000000019884624838656}",
+                "vocab_size", "out of range");
 
     // every required field missing, then mistyped, then out of range: each message names the field
     static const char *req[] = {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",

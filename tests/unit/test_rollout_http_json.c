@@ -2,6 +2,7 @@
 // JSON -> SamplingParams (defaults per API, every field, every refusal naming its field), prompt shapes, the
 // OpenAI error object, logprobs / choices / TRL answers built from engine events, SSE framing, and the
 // Prometheus text of /metrics.
+#include <float.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -76,6 +77,12 @@ static void test_body_parse(void) {
     const char *inf = "{\"top_p\": -Infinity}";
     CHECK(http_body_parse(inf, strlen(inf), &j, &e) < 0 && strcmp(e.param, "top_p") == 0 &&
           strstr(e.message, "finite"));
+    // Every valid JSON number is read (shared/json_read.h): integers beyond int64 as reals, 1e400 as DBL_MAX.
+    const char *big = "{\"max_tokens\": 1000000000000000019884624838656, \"temperature\": 1e400}";
+    CHECK(http_body_parse(big, strlen(big), &j, &e) == 0 && json_is_real(json_object_get(j, "max_tokens")) &&
+          json_real_value(json_object_get(j, "temperature")) == DBL_MAX);
+    json_decref(j);
+    j = NULL;
     const char *dup = "{\"n\": 1, \"n\": 2}";
     CHECK(http_body_parse(dup, strlen(dup), &j, &e) < 0 && e.status == 400);
     j = parse("{\"prompt\": \"hi\"}");
@@ -147,6 +154,8 @@ static void test_completion_fields(void) {
     REFUSED(HTTP_API_COMPLETIONS, "{\"n\": -2}", "n", "got -2");
     REFUSED(HTTP_API_COMPLETIONS, "{\"n\": \"2\"}", "n", "must be an integer");
     REFUSED(HTTP_API_COMPLETIONS, "{\"n\": 1.5}", "n", "must be an integer");
+    REFUSED(HTTP_API_COMPLETIONS, "{\"max_tokens\": 99999999999999999999}", "max_tokens", "must be in [1, 2147483647]");
+    REFUSED(HTTP_API_COMPLETIONS, "{\"seed\": -99999999999999999999}", "seed", "must be in");
     REFUSED(HTTP_API_COMPLETIONS, "{\"n\": true}", "n", "must be an integer");
     REFUSED(HTTP_API_COMPLETIONS, "{\"max_tokens\": 0}", "max_tokens", NULL);
     REFUSED(HTTP_API_COMPLETIONS, "{\"max_tokens\": -1}", "max_tokens", NULL);

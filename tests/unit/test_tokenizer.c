@@ -290,8 +290,10 @@ static void test_configs(void) {
     snprintf(path, sizeof(path), "%s/tokenizer.json", dir);
     write_file(path, bytelevel_json());
     snprintf(path, sizeof(path), "%s/tokenizer_config.json", dir);
+    // model_max_length as transformers writes it when the model sets none (int(1e30)): beyond int64, still valid JSON.
     write_file(path, "{\"bos_token\":{\"content\":\"<|end|>\"},\"eos_token\":\"<|end|>\",\"pad_token\":\"aa\","
-                     "\"add_bos_token\":false,\"chat_template\":\"{% for m in messages %}{{ m }}{% endfor %}\"}");
+                     "\"add_bos_token\":false,\"chat_template\":\"{% for m in messages %}{{ m }}{% endfor %}\",\n"
+                     "\"model_max_length\": 1000000000000000019884624838656}");
     snprintf(path, sizeof(path), "%s/generation_config.json", dir);
     write_file(path, "{\"eos_token_id\":[259,261]}");
     char err[256];
@@ -324,6 +326,12 @@ static void test_configs(void) {
               "unknown family name");
         tokenizer_free(t);
     }
+    // A token id must still be an integer: one beyond int64 is refused, naming the field.
+    snprintf(path, sizeof(path), "%s/generation_config.json", dir);
+    write_file(path, "{\"eos_token_id\": 99999999999999999999}");
+    t = NULL;
+    CHECK(tokenizer_load(&t, dir, err, sizeof(err)) != 0 && strstr(err, "eos_token_id"), "huge eos id: %s", err);
+    tokenizer_free(t);
     snprintf(path, sizeof(path), "%s/tokenizer.json", dir); unlink(path);
     snprintf(path, sizeof(path), "%s/tokenizer_config.json", dir); unlink(path);
     snprintf(path, sizeof(path), "%s/generation_config.json", dir); unlink(path);
