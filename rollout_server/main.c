@@ -1,10 +1,10 @@
 // rollout_server/main.c — tandem-serve: loads a model into the engine (one engine per device with --devices),
 // serves HTTP (and the trainer's ZeroMQ control channel with --control), and on SIGTERM / SIGINT (or a ZeroMQ
-// `shutdown`) stops accepting, lets the work in flight finish within --drain-timeout, and exits 0.
+// `shutdown`) stops accepting, lets the work in flight finish within --drain-timeout, and exits 0. A signal that
+// comes during start-up ends the process at once with status 128 + signal (rollout_server/stop_request.h).
 #include <errno.h>
 #include <getopt.h>
 #include <inttypes.h>
-#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +15,7 @@
 
 #include "rollout_server/engine_group.h"
 #include "rollout_server/http_server.h"
+#include "rollout_server/stop_request.h"
 #include "rollout_server/zmq_control.h"
 
 typedef struct {
@@ -125,7 +126,11 @@ static void usage(FILE *f) {
             "  --served-model-name NAME      model id in /v1/models and answers (default: the folder's name)\n"
             "  --chat-template NAME          force a chat template family: chatml, qwen3, llama3, llama3.1, llama2,\n"
             "                                mistral, mistral-v1, zephyr (default: recognised from the model)\n"
-            "  --help                        this text\n",
+            "  --help                        this text\n"
+            "\n"
+            "Exit status: 0 after a drain (SIGTERM, SIGINT or a ZeroMQ shutdown once listening); 1 when start-up\n"
+            "fails; 2 on a usage error; 128 + N (143 for SIGTERM, 130 for SIGINT) when signal N arrives before the\n"
+            "server listens: start-up stops at once, nothing was served.\n",
             kv, ec.block_size, ec.max_num_seqs, ec.max_num_batched_tokens, ec.cuda_graph_max_batch,
             ec.max_queued_requests, body,
             ec.enable_prefix_caching ? "enabled" : "disabled", ec.seed);
@@ -315,36 +320,18 @@ static double now_s(void) {
     return (double)t.tv_sec + (double)t.tv_nsec / 1e9;
 }
 
-static pthread_t g_main_thread;
-
-// Called on the ZeroMQ thread after a `shutdown` request was acknowledged: wake main's sigwait.
-static void wake_main(void *user) { pthread_kill(g_main_thread, SIGUSR1); }
-
-// Threads that libraries started before main (OpenBLAS's pool) do not block SIGTERM/SIGINT. Once main has left
-// sigwait (draining), a repeated signal would be delivered to one of them and, with the default action, kill the
-// process mid-drain. With a handler it is absorbed there instead: the drain already under way continues.
-static void absorb_signal(int sig) { (void)sig; }
-
 int main(int argc, char **argv) {
     Options o;
     if (parse_options(argc, argv, &o) < 0) return 2;
 
-    // Every thread created from here on inherits this mask, so the signals reach only main's sigwait.
-    struct sigaction sa;
-    memset(&sa, 0, sizeof sa);
-    sa.sa_handler = absorb_signal;
-    sigemptyset(&sa.sa_mask);
-    sigaction(SIGTERM, &sa, NULL);
-    sigaction(SIGINT, &sa, NULL);
-    sigaction(SIGUSR1, &sa, NULL);
-    sigset_t sigs;
-    sigemptyset(&sigs);
-    sigaddset(&sigs, SIGTERM);
-    sigaddset(&sigs, SIGINT);
-    sigaddset(&sigs, SIGUSR1);
-    pthread_sigmask(SIG_BLOCK, &sigs, NULL);
+    char err[1024];
+    err[0] = 0;
+    // Before any thread exists: from here on SIGTERM / SIGINT are acted on wherever they land.
+    if (stop_request_init(err, sizeof err) != 0) {
+        serve_log("%s", err);
+        return 1;
+    }
     signal(SIGPIPE, SIG_IGN); // a client closing its socket mid-write must not end the process
-    g_main_thread = pthread_self();
 
     char kv[32], list[ENGINE_GROUP_MAX * 12], devs[sizeof list + 32];
     human_bytes(o.engine.kv_cache_bytes, kv, sizeof kv);
@@ -364,8 +351,6 @@ int main(int argc, char **argv) {
               o.engine.model_dir, devs, kv, o.engine.block_size, o.engine.max_num_seqs,
               o.engine.max_num_batched_tokens, o.engine.max_queued_requests,
               o.engine.enable_prefix_caching ? "on" : "off");
-    char err[1024];
-    err[0] = 0;
     double t0 = now_s();
     EngineGroup *engines = NULL;
     if (engine_group_create(&engines, &o.engine, o.devices, o.n_devices, err, sizeof err) != 0) {
@@ -391,20 +376,16 @@ int main(int argc, char **argv) {
             engine_group_destroy(engines, 0);
             return 1;
         }
-        zmq_control_on_shutdown(zmq, wake_main, NULL);
+        zmq_control_on_shutdown(zmq, stop_request_shutdown, NULL);
         serve_log("ZeroMQ control channel on %s", o.control);
     }
+    stop_request_serving(); // before the line that tells supervisors the server is up
     serve_log("listening on http://%s%s%s:%d (model id '%s'%s)", strchr(o.http.host, ':') ? "[" : "", o.http.host,
               strchr(o.http.host, ':') ? "]" : "", http_server_port(http),
               o.http.served_model_name ? o.http.served_model_name : engine_group_model_id(engines),
               o.http.api_key ? ", API key required" : "");
 
-    int sig = 0;
-    for (;;) {
-        if (sigwait(&sigs, &sig) != 0) continue;
-        if (sig == SIGUSR1 && !(zmq && zmq_control_shutdown_requested(zmq))) continue;
-        break;
-    }
+    int sig = stop_request_wait();
     const char *why = sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : "a ZeroMQ shutdown request";
     int drain_ms = (int)(o.drain_timeout_s * 1000);
     double deadline = now_s() + o.drain_timeout_s;
