@@ -8,23 +8,26 @@
 // ranks R * ranks ... R * ranks + ranks - 1. Rollout servers started by the launcher run on node 0 only and
 // listen on every interface there; every node's ranks reach them at MASTER_ADDR. External servers (Kubernetes:
 // their own pods) are --servers 0 plus the trainer's --rollout-servers after "--".
+#define _GNU_SOURCE  // sched_getaffinity, CPU_COUNT
 #include "trainer/launch.h"
 
 #include <errno.h>
 #include <fcntl.h>
 #include <limits.h>
 #include <netdb.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/prctl.h>
-#include <sys/stat.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "kernels/ops.h"
+#include "shared/version.h"
+#include "trainer/make_dirs.h"
 
 #define MAX_PROCS 256
 #define MAX_ARGS 512
@@ -69,7 +72,11 @@ static void usage(FILE *f) {
             "  --log-dir DIR          logs of the servers and of local ranks > 0 (default launch-logs)\n"
             "  --dns-timeout S        with WORLD_SIZE > 1, seconds to wait for --master-addr to resolve before\n"
             "                         starting the ranks (a pod's DNS name appears shortly after it starts) (default 300)\n"
-            "  --help                 this text\n");
+            "  --version              the version of tandem-train\n"
+            "  -h, --help             this text\n\n"
+            "CPU threads: every server and rank started here gets OPENBLAS_NUM_THREADS and OMP_NUM_THREADS =\n"
+            "this node's cores / processes started here (at least 1), so that they do not all take every core;\n"
+            "a variable you set yourself is passed on as it is. The start-up line says which values were used.\n");
 }
 
 // Server s's --device: entry s of a comma list (or the only entry); "cuda" places server s on GPU ranks + s
@@ -91,6 +98,42 @@ static void server_device_of(const char *spec, int s, int ranks, int servers, ch
     int gpus = ops_cuda_device_count();
     if (gpus >= ranks + servers) snprintf(out, len, "cuda:%d", ranks + s);
     else snprintf(out, len, "cuda:0");
+}
+
+// The cores this process may run on (its affinity mask: taskset, a container's cpuset), else the online ones.
+static int cores_available(void) {
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+    long n = sysconf(_SC_NPROCESSORS_ONLN);
+    return n > 0 ? (int)n : 1;
+}
+
+// The thread pools of the CPU backend: OpenBLAS for the GEMMs, OpenMP for the tiled kernels (kernels/cpu).
+static const char *const THREAD_VARS[] = {"OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"};
+#define N_THREAD_VARS (sizeof THREAD_VARS / sizeof *THREAD_VARS)
+
+// Each pool sizes itself to every core by default, so P processes on C cores would run P x C threads. Every
+// child gets a fair share, max(1, C / P), in each variable the user has not set (one set is passed on as it
+// is). Fills env (NAME=VALUE strings in bufs, NULL-terminated, at most N_THREAD_VARS) and says what it chose.
+static void thread_share_env(int processes, char bufs[][48], char **env) {
+    int cores = cores_available(), share = cores / (processes > 0 ? processes : 1), k = 0;
+    if (share < 1) share = 1;
+    char said[256] = "";
+    for (size_t i = 0; i < N_THREAD_VARS; i++) {
+        const char *user = getenv(THREAD_VARS[i]);
+        size_t used = strlen(said);
+        if (user) {
+            snprintf(said + used, sizeof said - used, "%s%s=%s (yours)", i ? ", " : "", THREAD_VARS[i], user);
+            continue;
+        }
+        snprintf(bufs[k], sizeof bufs[0], "%s=%d", THREAD_VARS[i], share);
+        snprintf(said + used, sizeof said - used, "%s%s", i ? ", " : "", bufs[k]);
+        env[k] = bufs[k];
+        k++;
+    }
+    env[k] = NULL;
+    fprintf(stderr, "tandem-train launch: %d CPU core(s) for %d process(es) here; each runs with %s%s\n", cores,
+            processes, said, k ? " (set the variable yourself to choose another value)" : "");
 }
 
 static void exe_dir(char *out, size_t len) {
@@ -239,8 +282,12 @@ int launch_main(int argc, char **argv) {
             train_start = i + 1;
             break;
         }
-        if (!strcmp(a, "--help")) {
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
+            return 0;
+        }
+        if (!strcmp(a, "--version")) {
+            tandem_print_version(stdout, "tandem-train");
             return 0;
         }
         if (!strncmp(a, "--server-arg=", 13)) {
@@ -298,8 +345,9 @@ int launch_main(int argc, char **argv) {
         return 2;
     }
     int world = nnodes * ranks, first_rank = node_rank * ranks;
-    if (mkdir(log_dir, 0755) != 0 && errno != EEXIST) {
-        fprintf(stderr, "tandem-train launch: cannot create --log-dir %s: %s\n", log_dir, strerror(errno));
+    char derr[PATH_MAX + 64];
+    if (make_dirs(log_dir, derr, sizeof derr) != 0) {
+        fprintf(stderr, "tandem-train launch: --log-dir: %s\n", derr);
         return 1;
     }
     char dir[PATH_MAX], serve_bin[PATH_MAX + 16], train_bin[PATH_MAX + 16];
@@ -314,6 +362,8 @@ int launch_main(int argc, char **argv) {
         fprintf(stderr, "tandem-train launch: node %d of %d: ranks %d..%d of WORLD_SIZE %d, MASTER_ADDR %s:%d\n",
                 node_rank, nnodes, first_rank, first_rank + ranks - 1, world, master_addr, master_port);
     if (world > 1 && wait_resolvable(master_addr, dns_timeout) != 0) return interrupted ? 130 : 1;
+    char thread_bufs[N_THREAD_VARS][48], *thread_env[N_THREAD_VARS + 1];
+    thread_share_env(ranks + (node_rank == 0 ? servers : 0), thread_bufs, thread_env);
 
     // Servers live on node 0. One node: loopback only, as before. Several: every interface of node 0, and the
     // other nodes' ranks reach them at MASTER_ADDR (an IPv6 literal in brackets, as ZeroMQ spells it).
@@ -340,13 +390,13 @@ int launch_main(int argc, char **argv) {
         Child *c = &children[n_children++];
         *c = (Child){.is_server = 1, .index = s};
         snprintf(c->log, sizeof c->log, "%s/server%d.log", log_dir, s);
-        c->pid = spawn(args, NULL, c->log);
+        c->pid = spawn(args, thread_env, c->log);
         fprintf(stderr, "tandem-train launch: rollout server %d (pid %d) on %s, device %s, log %s\n", s, (int)c->pid,
                 ctl, dev, c->log);
     }
     for (int lr = 0; lr < ranks; lr++) {
         int r = first_rank + lr;
-        char *args[MAX_ARGS], *env[8], buf[6][320];
+        char *args[MAX_ARGS], *env[6 + N_THREAD_VARS + 1], buf[6][320];
         int k = 0;
         args[k++] = train_bin;
         args[k++] = "--model", args[k++] = (char *)model;
@@ -359,8 +409,10 @@ int launch_main(int argc, char **argv) {
         snprintf(buf[3], sizeof buf[3], "MASTER_ADDR=%s", master_addr);
         snprintf(buf[4], sizeof buf[4], "MASTER_PORT=%d", master_port);
         snprintf(buf[5], sizeof buf[5], "NCCL_NVLS_ENABLE=0");
-        for (int j = 0; j < 6; j++) env[j] = buf[j];
-        env[6] = NULL;
+        int n_env = 0;
+        for (int j = 0; j < 6; j++) env[n_env++] = buf[j];
+        for (int j = 0; thread_env[j]; j++) env[n_env++] = thread_env[j];
+        env[n_env] = NULL;
         Child *c = &children[n_children++];
         *c = (Child){.is_server = 0, .index = r};
         if (lr > 0) snprintf(c->log, sizeof c->log, "%s/rank%d.log", log_dir, r);

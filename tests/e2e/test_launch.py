@@ -27,7 +27,7 @@ def launcher(args, cwd, env_extra=None, **kw):
     if not exe.exists():
         pytest.skip(f"{exe} is not built")
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_ENV}
-    env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", **(env_extra or {}))
+    env.update({"OMP_NUM_THREADS": "1", "OPENBLAS_NUM_THREADS": "1", **(env_extra or {})})
     return subprocess.Popen([str(exe), "launch", *args], cwd=cwd, env=env, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True, **kw)
 
@@ -199,3 +199,138 @@ def test_two_servers_with_a_device_each(setup):
     assert out.count("device cpu, log") == 2, out
     rows = [json.loads(x) for x in (d / "two" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2]
+
+
+def launched_children(launcher_pid):
+    """{pid: argv} of the launcher's children that have exec'd tandem-serve or a tandem-train rank."""
+    out = {}
+    for task in pathlib.Path(f"/proc/{launcher_pid}/task").glob("*"):
+        try:
+            pids = (task / "children").read_text().split()
+        except OSError:
+            continue
+        for pid in map(int, pids):
+            try:
+                argv = pathlib.Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                continue
+            prog = argv[0].decode()
+            if prog.endswith("tandem-serve") or (prog.endswith("tandem-train") and argv[1:2] != [b"launch"]):
+                out[pid] = [a.decode() for a in argv if a]
+    return out
+
+
+def environ_of(pid):
+    raw = pathlib.Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(x.decode().split("=", 1) for x in raw if b"=" in x)
+
+
+@pytest.mark.parametrize("user_env", [{}, {"OMP_NUM_THREADS": "3"}], ids=["shared-out", "user-set-omp"])
+def test_each_process_gets_a_share_of_the_cores(setup, user_env):
+    """On the CPU each server and rank gets OPENBLAS_NUM_THREADS and OMP_NUM_THREADS = cores / processes (at least
+    1), so that 1 + R processes do not each start a pool as wide as the machine; a variable the user set is passed
+    on as it is. The start-up line says what was chosen."""
+    d = setup
+    out_name = "threads-" + ("user" if user_env else "auto")
+    exe = (BUILD / "bin" / "tandem-train").resolve()
+    if not exe.exists():
+        pytest.skip(f"{exe} is not built")
+    env = {k: v for k, v in os.environ.items()
+           if k not in LAUNCH_ENV and k not in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS")}
+    env.update(user_env)
+    p = subprocess.Popen([str(exe), "launch", *common(d, out_name, 2)], cwd=d, env=env, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True)
+    seen = {}
+    deadline = time.time() + 120
+    while time.time() < deadline and len(seen) < 3 and p.poll() is None:
+        for pid, argv in launched_children(p.pid).items():
+            if pid not in seen:
+                try:
+                    seen[pid] = (argv[0], environ_of(pid))
+                except OSError:
+                    pass
+        time.sleep(0.05)
+    out, _ = p.communicate(timeout=300)
+    assert p.returncode == 0, out
+    assert len(seen) == 3, (seen, out)  # 1 server + 2 ranks
+    share = str(max(1, len(os.sched_getaffinity(0)) // 3))
+    want_omp = user_env.get("OMP_NUM_THREADS", share)
+    for prog, child_env in seen.values():
+        assert child_env.get("OPENBLAS_NUM_THREADS") == share, (prog, share, child_env.get("OPENBLAS_NUM_THREADS"))
+        assert child_env.get("OMP_NUM_THREADS") == want_omp, (prog, want_omp, child_env.get("OMP_NUM_THREADS"))
+    cores = len(os.sched_getaffinity(0))
+    line = f"{cores} CPU core(s) for 3 process(es) here; each runs with OPENBLAS_NUM_THREADS={share}, "
+    line += "OMP_NUM_THREADS=3 (yours)" if user_env else f"OMP_NUM_THREADS={share}"
+    assert line in out, out
+
+
+def test_help_and_version(setup):
+    exe = (BUILD / "bin" / "tandem-train").resolve()
+    if not exe.exists():
+        pytest.skip(f"{exe} is not built")
+    for args in (["--version"], ["launch", "--version"], ["eval", "--version"], ["--model", "x", "--version"]):
+        p = subprocess.run([str(exe), *args], capture_output=True, text=True, timeout=30)
+        assert p.returncode == 0 and p.stdout.startswith("tandem-train 0.") and "CUDA backend" in p.stdout, (args, p)
+    for sub in ([], ["launch"], ["eval"]):
+        short = subprocess.run([str(exe), *sub, "-h"], capture_output=True, text=True, timeout=30)
+        long = subprocess.run([str(exe), *sub, "--help"], capture_output=True, text=True, timeout=30)
+        assert short.returncode == 0 and short.stdout == long.stdout and "usage:" in short.stdout, sub
+        # Every default as a person writes it: no 6e+01 for 60 seconds.
+        assert "e+0" not in short.stdout, [x for x in short.stdout.splitlines() if "e+0" in x]
+        assert "--version" in short.stdout, sub
+    top = subprocess.run([str(exe), "--help"], capture_output=True, text=True, timeout=30).stdout
+    assert "--reward-timeout FLOAT  (default: 60)" in top and "--init-timeout FLOAT  (default: 300)" in top
+
+
+def write_bad_config(path):
+    path.write_text(json.dumps({"seed": "forty-two"}))
+    return ["--config", str(path)]
+
+
+@pytest.mark.parametrize("case", ["misspelled-flag", "bad-config-type", "rendezvous-port-in-use", "no-tokenizer"])
+def test_an_early_rank_error_ends_launch_at_once(setup, case):
+    """A rank that fails at start (a misspelled flag after --, a config value of the wrong type, a rendezvous port
+    another process holds, a model folder without tokenizer.json) ends launch within seconds, non-zero, with the
+    rank's error shown. The servers are still starting then: a SIGTERM they get during start-up must not be lost
+    (it used to be, whenever an OpenBLAS pool thread took it: launch then waited its 30 s grace before SIGKILL).
+    OPENBLAS_NUM_THREADS=2 gives the servers such a pool, as a machine with more cores does by default."""
+    d = setup
+    model, ranks, extra, expect = d / "model", 1, [], []
+    held = None
+    master_port = free_port()
+    if case == "misspelled-flag":
+        extra, expect = ["--learnig-rate", "1e-5"], ["unknown flag --learnig-rate (did you mean --learning-rate?)"]
+    elif case == "bad-config-type":
+        extra, expect = write_bad_config(d / "bad-config.json"), ["bad-config.json: seed: expected an integer"]
+    elif case == "rendezvous-port-in-use":
+        import socket
+        held = socket.socket()
+        held.bind(("127.0.0.1", master_port))
+        held.listen(1)
+        ranks, expect = 2, [f"cannot bind tcp://127.0.0.1:{master_port}", "Address already in use"]
+    else:
+        model = d / "model-without-tokenizer"
+        if not model.exists():
+            import shutil
+            shutil.copytree(d / "model", model)
+            (model / "tokenizer.json").unlink()
+        expect = ["tokenizer.json: cannot read"]
+    out_name = f"early-{case}"
+    args = ["--model", str(model), "--ranks", str(ranks), "--servers", "1", "--master-port", str(master_port),
+            "--control-port", str(free_port()), "--log-dir", str(d / f"{out_name}-logs"), "--",
+            *train_args(d, out_name, 3), *extra]
+    try:
+        t0 = time.time()
+        p = launcher(args, d, env_extra={"OMP_NUM_THREADS": "2", "OPENBLAS_NUM_THREADS": "2"})
+        out, _ = p.communicate(timeout=120)
+        elapsed = time.time() - t0
+    finally:
+        if held:
+            held.close()
+    assert p.returncode not in (0, None), out
+    for text in expect:
+        assert text in out, out
+    assert "stopping the others" in out, out
+    assert elapsed < 10, f"launch took {elapsed:.1f} s to stop after the rank's error:\n{out}"
+    time.sleep(0.5)
+    assert not any(alive(pid) for pid in pids_in(out)), out
