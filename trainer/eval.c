@@ -4,8 +4,12 @@
 // POST /v1/chat/completions, so the server applies its own chat template; other keys are the reward columns.
 // Each row asks for n completions; every completion is scored by every selected reward. pass@k uses the first
 // reward (a completion passes when it scores >= 1) with the unbiased estimator 1 - C(n - c, k) / C(n, k).
+// Row r (from 0) sends "seed": seed + r * n, so that on tandem-serve its completion c draws from stream
+// seed + r * n + c: the same command gives the same completions at any temperature and concurrency.
 #include "trainer/eval.h"
 
+#include <errno.h>
+#include <inttypes.h>
 #include <jansson.h>
 #include <math.h>
 #include <pthread.h>
@@ -14,6 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "shared/version.h"
 #include "trainer/http_client.h"
 #include "trainer/rewards.h"
 
@@ -22,6 +27,7 @@ typedef struct {
     const char *auth_header; // "Authorization: Bearer KEY\r\n", or NULL without a key
     int n, k, max_tokens, concurrency, timeout_s;
     double temperature, top_p;
+    int64_t seed;            // row r asks for seed + r * n
     RewardOptions ro;
 } EvalOptions;
 
@@ -59,15 +65,20 @@ static void usage(FILE *f) {
             "  --max-tokens N          per completion (default 256)\n"
             "  --temperature T         (default 0 = greedy)\n"
             "  --top-p P               (default 1)\n"
+            "  --seed S                sampling seed: row r (from 0) asks for seed S + r * n, so a run at\n"
+            "                          temperature > 0 gives the same completions when repeated (default 0)\n"
             "  --concurrency C         requests in flight (default 8)\n"
             "  --timeout S             per request, seconds (default 600)\n"
-            "  --output FILE           per-row results as JSONL (default: none)\n"
-            "  --help                  this text\n"
+            "  --output FILE           per-row results of the rows scored, as JSONL; not written when no row\n"
+            "                          was scored (default: none)\n"
+            "  --version               the version of tandem-train\n"
+            "  -h, --help              this text\n"
             "Prints a table and, last, one JSON line with the figures.\n");
 }
 
-// Builds the request for a row and returns the endpoint path ("/v1/completions" or "/v1/chat/completions").
-static const char *build_request(const EvalOptions *o, json_t *row, char **body) {
+// Builds the request for row `index` (from 0) and returns the endpoint path ("/v1/completions" or
+// "/v1/chat/completions").
+static const char *build_request(const EvalOptions *o, json_t *row, int index, char **body) {
     json_t *prompt = json_object_get(row, "prompt"), *messages = json_object_get(row, "messages");
     json_t *req = json_object();
     const char *path;
@@ -83,15 +94,17 @@ static const char *build_request(const EvalOptions *o, json_t *row, char **body)
     json_object_set_new(req, "max_tokens", json_integer(o->max_tokens));
     json_object_set_new(req, "temperature", json_real(o->temperature));
     json_object_set_new(req, "top_p", json_real(o->top_p));
+    json_object_set_new(req, "seed", json_integer((json_int_t)(o->seed + (int64_t)index * o->n)));
     *body = json_dumps(req, JSON_COMPACT);
     json_decref(req);
     return path;
 }
 
-static void run_row(EvalJob *j, EvalRow *r) {
+static void run_row(EvalJob *j, int index) {
     const EvalOptions *o = j->o;
+    EvalRow *r = &j->rows[index];
     char *body = NULL, url[4096];
-    const char *path = build_request(o, r->row, &body);
+    const char *path = build_request(o, r->row, index, &body);
     snprintf(url, sizeof url, "%s%s", o->url, path);
     HttpOptions ho = {.connect_timeout_ms = 10000, .timeout_ms = o->timeout_s * 1000, .headers = o->auth_header};
     HttpResponse resp = {0};
@@ -159,12 +172,70 @@ static void *worker(void *arg) {
         int i = j->next < j->n_rows ? j->next++ : -1;
         pthread_mutex_unlock(&j->mu);
         if (i < 0) return NULL;
-        run_row(j, &j->rows[i]);
+        run_row(j, i);
         pthread_mutex_lock(&j->mu);
         j->finished++;
         progress(j);
         pthread_mutex_unlock(&j->mu);
     }
+}
+
+static int row_failed(const EvalOptions *o, const EvalRow *r) { return r->err[0] || r->n_done != o->n; }
+
+// Prints every distinct error once, with how many rows it stopped and the first of them: a server that is
+// down fails every row with the same message. Returns the number of failed rows.
+#define ERROR_ROWS_NAMED 5
+typedef struct {
+    const char *err;              // the rows' message (points into the first row's EvalRow.err)
+    long count;                   // rows that failed with it
+    int rows[ERROR_ROWS_NAMED];   // the first of them, 1-based
+} ErrorGroup;
+
+static long report_failures(const EvalJob *j) {
+    enum { GROUPS = 8, ROWS_NAMED = ERROR_ROWS_NAMED };
+    ErrorGroup g[GROUPS];
+    int n_groups = 0;
+    long failed = 0, others = 0;
+    for (int i = 0; i < j->n_rows; i++) {
+        const EvalRow *r = &j->rows[i];
+        if (!row_failed(j->o, r)) continue;
+        failed++;
+        const char *err = r->err[0] ? r->err : "the server's answer had fewer completions than --n";
+        int k = 0;
+        while (k < n_groups && strcmp(g[k].err, err) != 0) k++;
+        if (k == n_groups) {
+            if (n_groups == GROUPS) {
+                others++;
+                continue;
+            }
+            g[n_groups++] = (ErrorGroup){.err = err};
+        }
+        if (g[k].count < ROWS_NAMED) g[k].rows[g[k].count] = i + 1;
+        g[k].count++;
+    }
+    for (int k = 0; k < n_groups; k++) {
+        char rows[96] = "";
+        size_t used = 0;
+        for (int q = 0; q < g[k].count && q < ROWS_NAMED; q++)
+            used += (size_t)snprintf(rows + used, sizeof rows - used, "%s%d", q ? ", " : "", g[k].rows[q]);
+        if (g[k].count > ROWS_NAMED) snprintf(rows + used, sizeof rows - used, ", ...");
+        fprintf(stderr, "tandem-train eval: %ld row%s failed (row%s %s): %s\n", g[k].count, g[k].count == 1 ? "" : "s",
+                g[k].count == 1 ? "" : "s", rows, g[k].err);
+    }
+    if (others) fprintf(stderr, "tandem-train eval: %ld more row%s failed with other errors\n", others, others == 1 ? "" : "s");
+    return failed;
+}
+
+// Seeds stay below 2^53: every JSON reader keeps them exact, and seed + row * n cannot overflow.
+#define SEED_MAX ((int64_t)1 << 53)
+
+static int parse_seed(const char *text, int64_t *out) {
+    char *end = NULL;
+    errno = 0;
+    long long v = strtoll(text, &end, 10);
+    if (!*text || errno || *end || v < 0 || v > SEED_MAX) return -1;
+    *out = v;
+    return 0;
 }
 
 static double pass_at_k(int n, int c, int k) {
@@ -181,8 +252,12 @@ int eval_main(int argc, char **argv) {
     const char *api_key = getenv("OPENAI_API_KEY"); // as the openai client reads it
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help")) {
+        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
             usage(stdout);
+            return 0;
+        }
+        if (!strcmp(a, "--version")) {
+            tandem_print_version(stdout, "tandem-train");
             return 0;
         }
         if (!v) {
@@ -203,6 +278,12 @@ int eval_main(int argc, char **argv) {
         else if (!strcmp(a, "--max-tokens")) o.max_tokens = atoi(v);
         else if (!strcmp(a, "--temperature")) o.temperature = atof(v);
         else if (!strcmp(a, "--top-p")) o.top_p = atof(v);
+        else if (!strcmp(a, "--seed")) {
+            if (parse_seed(v, &o.seed) != 0) {
+                fprintf(stderr, "tandem-train eval: --seed '%s' must be an integer in 0..%" PRId64 "\n", v, SEED_MAX);
+                return 2;
+            }
+        }
         else if (!strcmp(a, "--concurrency")) o.concurrency = atoi(v);
         else if (!strcmp(a, "--timeout")) o.timeout_s = atoi(v);
         else if (!strcmp(a, "--output")) o.output = v;
@@ -296,14 +377,14 @@ int eval_main(int argc, char **argv) {
         // Figures.
         size_t F = rewards_count(rw);
         double *sum = calloc(F, sizeof(double)), pass_sum = 0;
-        long *cnt = calloc(F, sizeof(long)), pass_rows = 0, failed = 0;
-        FILE *out = o.output ? fopen(o.output, "w") : NULL;
+        long *cnt = calloc(F, sizeof(long)), pass_rows = 0, failed = report_failures(&job);
+        // The output file holds the rows scored; it is created with the first one, so a run that scored
+        // nothing leaves no empty file that looks like a result.
+        FILE *out = NULL;
+        int out_failed = 0;
         for (int i = 0; i < job.n_rows; i++) {
             EvalRow *r = &job.rows[i];
-            if (r->err[0] || r->n_done != o.n) {
-                if (failed++ < 3) fprintf(stderr, "tandem-train eval: row %d: %s\n", i + 1, r->err);
-                continue;
-            }
+            if (row_failed(&o, r)) continue;
             int correct = 0, scored = 0;
             for (int c = 0; c < o.n; c++) {
                 for (size_t fn = 0; fn < F; fn++) {
@@ -321,6 +402,11 @@ int eval_main(int argc, char **argv) {
             if (scored == o.n) {
                 pass_sum += pass_at_k(o.n, correct, o.k);
                 pass_rows++;
+            }
+            if (o.output && !out && !out_failed && !(out = fopen(o.output, "w"))) {
+                fprintf(stderr, "tandem-train eval: cannot write --output %s: %s (the figures below are complete)\n",
+                        o.output, strerror(errno));
+                out_failed = 1;
             }
             if (out) {
                 json_t *res = json_object(), *comp = json_array(), *sc = json_array();
@@ -342,7 +428,14 @@ int eval_main(int argc, char **argv) {
                 json_decref(res);
             }
         }
-        if (out) fclose(out);
+        if (out && fclose(out) != 0) {
+            fprintf(stderr, "tandem-train eval: writing --output %s failed: %s\n", o.output, strerror(errno));
+            out_failed = 1;
+        } else if (o.output && !out && !out_failed) {
+            fprintf(stderr, "tandem-train eval: no row was scored, so --output %s was not written%s\n", o.output,
+                    access(o.output, F_OK) == 0 ? " (the file there is from an earlier run)" : "");
+        }
+        if (out_failed) rc = 1;
         json_t *summary = json_object();
         json_object_set_new(summary, "rows", json_integer(job.n_rows));
         json_object_set_new(summary, "failed_rows", json_integer(failed));
@@ -367,7 +460,12 @@ int eval_main(int argc, char **argv) {
         free(sum);
         free(cnt);
         if (failed) {
-            fprintf(stderr, "tandem-train eval: %ld of %d rows failed\n", failed, job.n_rows);
+            if (failed == job.n_rows)
+                fprintf(stderr, "tandem-train eval: %ld of %d rows failed (errors above): nothing was scored\n", failed,
+                        job.n_rows);
+            else
+                fprintf(stderr, "tandem-train eval: %ld of %d rows failed (errors above); the figures cover the %ld "
+                        "rows scored\n", failed, job.n_rows, job.n_rows - failed);
             rc = 1;
         }
     }

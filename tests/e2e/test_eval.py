@@ -102,3 +102,63 @@ def test_eval_api_key(tiny_model_dir, tmp_path):
         assert code == 1 and "answered 401" in err, out + err
     code, out, err = run_eval(["--url", "http://127.0.0.1:9", *base, "--api-key", "two\r\nX-Injected: 1"])
     assert code == 2 and "control character" in err
+
+
+def test_eval_seed_makes_sampling_reproducible(tiny_model_dir, tmp_path):
+    """--seed reaches the server's sampling: at temperature 1 the same seed gives the same completions (whatever
+    the concurrency), another seed other ones. Row r asks for seed + r * n, so rows with the same prompt differ."""
+    data = tmp_path / "heldout.jsonl"
+    data.write_text("".join(json.dumps({"prompt": "the quick brown fox"}) + "\n" for _ in range(4)))
+
+    def completions(srv, seed, concurrency):
+        out = tmp_path / f"seed{seed}-c{concurrency}.jsonl"
+        code, stdout, err = run_eval(["--url", srv.url, "--data", str(data), "--rewards", "think_format", "--n", "2",
+                                      "--temperature", "1.0", "--max-tokens", "8", "--seed", str(seed),
+                                      "--concurrency", str(concurrency), "--output", str(out)])
+        assert code == 0, stdout + err
+        return [r["completions"] for r in sorted(map(json.loads, out.read_text().splitlines()), key=lambda r: r["row"])]
+
+    with TandemServer(tiny_model_dir) as srv:
+        a = completions(srv, 5, 4)
+        b = completions(srv, 5, 1)
+        c = completions(srv, 6, 4)
+    assert a == b
+    assert a != c
+    flat = [t for row in a for t in row]
+    assert len(set(flat)) > 1, flat  # one prompt four times: the rows' seeds differ
+    code, out, err = run_eval(["--url", "http://127.0.0.1:9", "--data", str(data), "--seed", "-1"])
+    assert code == 2 and "--seed '-1' must be an integer" in err
+
+
+def test_eval_reports_each_error_once_and_writes_no_empty_output(tmp_path):
+    """A server that is not there fails every row with the same message: it is printed once with the number of
+    rows, and --output is not written (an empty file would look like a result)."""
+    data = tmp_path / "heldout.jsonl"
+    data.write_text("".join(json.dumps({"prompt": f"q {i}", "answer": "1"}) + "\n" for i in range(40)))
+    out = tmp_path / "res.jsonl"
+    code, stdout, err = run_eval(["--url", "http://127.0.0.1:9", "--data", str(data), "--output", str(out)])
+    assert code == 1
+    refused = [line for line in err.splitlines() if "cannot connect" in line]
+    assert len(refused) == 1, err
+    assert refused[0].startswith("tandem-train eval: 40 rows failed (rows 1, 2, 3, 4, 5, ...): "), err
+    assert "40 of 40 rows failed" in err and "nothing was scored" in err
+    assert not out.exists() and f"--output {out} was not written" in err
+    summary = json.loads(stdout.strip().splitlines()[-1])
+    assert summary["failed_rows"] == 40 and summary["pass@1"] is None
+
+
+def test_eval_output_holds_the_rows_scored(tiny_model_dir, tmp_path):
+    """Rows the server refuses (a prompt longer than the model's context) are reported and left out; the other rows
+    are scored and written."""
+    rows = [{"prompt": f"numbers plus {i} equals", "answer": str(i)} for i in range(5)]
+    rows[2] = {"prompt": "seven wizards " * 3000, "answer": "7"}
+    rows[4] = {"prompt": "lazy dog " * 3000, "answer": "7"}
+    data = tmp_path / "heldout.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "res.jsonl"
+    with TandemServer(tiny_model_dir) as srv:
+        code, stdout, err = run_eval(["--url", srv.url, "--data", str(data), "--max-tokens", "4", "--output", str(out)])
+    assert code == 1, stdout + err
+    assert "2 of 5 rows failed" in err and "the figures cover the 3 rows scored" in err, err
+    assert "answered 400" in err, err
+    assert [r["row"] for r in map(json.loads, out.read_text().splitlines())] == [1, 2, 4]
