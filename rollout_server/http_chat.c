@@ -76,6 +76,7 @@ int http_render_messages(HttpServer *s, const json_t *req, int add_generation_pr
     if (custom && !json_is_null(custom))
         return http_error_set(err, 400, "chat_template", "a per-request 'chat_template' is not supported; the "
                               "server uses the model's template or --chat-template");
+    if (http_need_tokenizer(engine_group_tokenizer(s->engines), "messages", "render chat messages", err) < 0) return -1;
     if (!s->chat)
         return http_error_set(err, 400, "messages", "this server has no chat template: %s", s->chat_err);
     ChatRenderOptions opt;

@@ -21,8 +21,17 @@ char *http_token_text(void *tokenizer, int32_t id, size_t *len) {
     return text;
 }
 
+int http_need_tokenizer(const Tokenizer *tok, const char *param, const char *cannot, HttpError *err) {
+    if (tok) return 0;
+    return http_error_set(err, 400, param, "this server has no tokenizer (its model folder has no tokenizer.json), "
+                          "so it cannot %s; it serves token ids: prompts as lists of token ids, answers with "
+                          "return_token_ids (their text is empty)", cannot);
+}
+
 int http_tokenize_prompts(const Tokenizer *tok, const HttpPromptList *l, int add_special_tokens, int32_t ***ids_out,
                           int **lens_out, HttpError *err) {
+    for (int i = 0; i < l->n; i++)
+        if (!l->items[i].ids && http_need_tokenizer(tok, "prompt", "take text prompts", err) < 0) return -1;
     int32_t **ids = calloc((size_t)l->n, sizeof *ids);
     int *lens = calloc((size_t)l->n, sizeof *lens);
     if (!ids || !lens) {

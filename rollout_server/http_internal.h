@@ -106,8 +106,14 @@ void http_gen_release(HttpGen *g);
 // Token text for logprobs: tokenizer_decode of the single id, special tokens kept (user = Tokenizer).
 char *http_token_text(void *tokenizer, int32_t id, size_t *len);
 
+// A server without a tokenizer (no tokenizer.json in the model folder) serves token ids only: 0 when tok is
+// there, else -1 with a 400 naming param that says so, what cannot be done ("take text prompts", ...) and what
+// works instead.
+int http_need_tokenizer(const Tokenizer *tok, const char *param, const char *cannot, HttpError *err);
+
 // Tokenizes every prompt of l that is text (add_special_tokens as HF); id prompts are copied. *ids and
-// *lens are malloc'd arrays of l->n entries (free with http_free_ids).
+// *lens are malloc'd arrays of l->n entries (free with http_free_ids). A text prompt without a tokenizer is a
+// 400 (http_need_tokenizer).
 int http_tokenize_prompts(const Tokenizer *tok, const HttpPromptList *l, int add_special_tokens, int32_t ***ids,
                           int **lens, HttpError *err);
 void http_free_ids(int32_t **ids, int *lens, int n);

@@ -73,6 +73,9 @@ void http_route_tokenize(HttpReq *r) {
     size_t n = 0;
     if (http_body_parse(r->body.data, r->body.len, &req, &e) < 0) goto fail;
     int has_msgs = json_object_get(req, "messages") != NULL, has_prompt = json_object_get(req, "prompt") != NULL;
+    if (http_need_tokenizer(engine_group_tokenizer(s->engines), has_msgs ? "messages" : "prompt",
+                            "tokenize text", &e) < 0)
+        goto fail;
     if (has_msgs == has_prompt) {
         http_error_set(&e, 400, has_msgs ? "messages" : "prompt", "send exactly one of 'prompt' and 'messages'");
         goto fail;
@@ -141,6 +144,8 @@ void http_route_detokenize(HttpReq *r) {
         goto fail;
     }
     if (http_parse_id_list(t, "tokens", s->vocab_size, &ids, &n, &e) < 0) goto fail;
+    if (http_need_tokenizer(engine_group_tokenizer(s->engines), "tokens", "turn token ids into text", &e) < 0)
+        goto fail;
     char *text = NULL;
     size_t len = 0;
     char msg[256];

@@ -403,7 +403,15 @@ int http_server_start(HttpServer **out, EngineGroup *g, const HttpConfig *cfg, c
     // missing or unknown still serves completions, and chat requests say why they cannot be served.
     char cerr[400];
     cerr[0] = 0;
-    if (chat_template_from_tokenizer(&s->chat, engine_group_tokenizer(g), s->chat_template, cerr, sizeof cerr) != 0) {
+    if (!engine_group_tokenizer(g)) { // no tokenizer.json: main.c says what is off, chat requests say why
+        if (s->chat_template) {
+            snprintf(err, err_len, "--chat-template %s needs a tokenizer, and the model folder has no "
+                     "tokenizer.json", s->chat_template);
+            free_server(s);
+            return -1;
+        }
+    } else if (chat_template_from_tokenizer(&s->chat, engine_group_tokenizer(g), s->chat_template, cerr,
+                                            sizeof cerr) != 0) {
         s->chat = NULL;
         if (s->chat_template) {
             snprintf(err, err_len, "--chat-template %s: %s", s->chat_template, cerr);

@@ -362,6 +362,12 @@ int main(int argc, char **argv) {
               o.n_devices > 1 ? "engines" : "engine", now_s() - t0, m->cfg.arch_name, m->cfg.num_layers,
               m->cfg.vocab_size, m->cfg.max_seq_len, engine_group_policy_version(engines));
 
+    if (!engine_group_tokenizer(engines))
+        serve_log("no tokenizer: %s has no tokenizer.json, so text is off: /v1/completions and /generate/ take "
+                  "prompts as token ids only and answer with empty text (ask for return_token_ids); text prompts, "
+                  "/v1/chat/completions, /tokenize, /detokenize and stop strings answer 400. Put the model's "
+                  "tokenizer.json in the folder to serve text",
+                  o.engine.model_dir);
     HttpServer *http = NULL;
     if (http_server_start(&http, engines, &o.http, err, sizeof err) != 0) {
         serve_log("cannot start the HTTP server: %s", err);
