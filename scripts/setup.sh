@@ -6,6 +6,8 @@
 #   - into that venv, tests/requirements-k8s.txt (kubectl for `kubectl kustomize`, kubernetes-validate), once
 #     per hash of that file (a stamp in the venv), so changing it never rebuilds the venv.
 # Prints the venv path on its last line.
+# TANDEM_SETUP_VENV=0 scripts/setup.sh installs the Debian packages only: all that building and running tandem
+# need (the venv, about 6 GB, is for the tests alone).
 set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 
