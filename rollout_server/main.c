@@ -17,6 +17,11 @@
 #include "rollout_server/http_server.h"
 #include "rollout_server/stop_request.h"
 #include "rollout_server/zmq_control.h"
+#include "shared/version.h"
+
+// Defaults of the options that are not engine or HTTP settings.
+#define DEFAULT_DRAIN_TIMEOUT_S 30.0
+#define DEFAULT_WEIGHT_SYNC_TIMEOUT_S 600.0
 
 typedef struct {
     EngineConfig engine;
@@ -34,7 +39,7 @@ enum {
     OPT_MODEL = 256, OPT_HOST, OPT_PORT, OPT_CONTROL, OPT_DEVICE, OPT_KV, OPT_BLOCK, OPT_SEQS, OPT_BATCHED,
     OPT_QUEUED, OPT_BODY, OPT_KEY, OPT_DRAIN, OPT_PREFIX, OPT_NO_PREFIX, OPT_SEED, OPT_NAME, OPT_TEMPLATE, OPT_HELP,
     OPT_SYNC_TIMEOUT, OPT_GPU_UTIL, OPT_DEVICES,
-    OPT_ENFORCE_EAGER, OPT_GRAPH_MAX_BATCH,
+    OPT_ENFORCE_EAGER, OPT_GRAPH_MAX_BATCH, OPT_VERSION,
 };
 
 static const struct option kLongOpts[] = {
@@ -62,6 +67,7 @@ static const struct option kLongOpts[] = {
     {"enforce-eager", no_argument, 0, OPT_ENFORCE_EAGER},
     {"cuda-graph-max-batch", required_argument, 0, OPT_GRAPH_MAX_BATCH},
     {"help", no_argument, 0, OPT_HELP},
+    {"version", no_argument, 0, OPT_VERSION},
     {0, 0, 0, 0},
 };
 
@@ -72,14 +78,25 @@ static void human_bytes(size_t b, char *out, size_t cap) {
     snprintf(out, cap, "%zu%s", b, unit[u]);
 }
 
+// A number of seconds as people write it: "30", "0.5", "600" (no exponent, no trailing zeros; millisecond
+// precision, which is what the timeouts resolve to).
+static void human_seconds(double s, char *out, size_t cap) {
+    snprintf(out, cap, "%.3f", s);
+    size_t n = strlen(out);
+    while (n > 0 && out[n - 1] == '0') out[--n] = '\0';
+    if (n > 0 && out[n - 1] == '.') out[--n] = '\0';
+}
+
 static void usage(FILE *f) {
     EngineConfig ec;
     engine_config_default(&ec);
     HttpConfig hc;
     http_config_default(&hc);
-    char kv[32], body[32];
+    char kv[32], body[32], drain[32], sync[32];
     human_bytes(ec.kv_cache_bytes, kv, sizeof kv);
     human_bytes(hc.max_body_bytes, body, sizeof body);
+    human_seconds(DEFAULT_DRAIN_TIMEOUT_S, drain, sizeof drain);
+    human_seconds(DEFAULT_WEIGHT_SYNC_TIMEOUT_S, sync, sizeof sync);
     fprintf(f,
             "usage: tandem-serve --model DIR [options]\n"
             "\n"
@@ -116,23 +133,24 @@ static void usage(FILE *f) {
             "  --api-key KEY                 require 'Authorization: Bearer KEY' on every route but /health and\n"
             "                                /health/; the environment variable TANDEM_API_KEY also sets it\n"
             "                                (default: none, no auth)\n"
-            "  --drain-timeout SECONDS       on SIGTERM/SIGINT, time given to requests in flight (default 30)\n"
+            "  --drain-timeout SECONDS       on SIGTERM/SIGINT, time given to requests in flight (default %s)\n"
             "  --weight-sync-timeout SECONDS a weight update over NCCL (joining the trainer's communicator, each\n"
             "                                receive) that stalls this long fails; the server keeps its weights\n"
-            "                                (default 600)\n"
+            "                                (default %s)\n"
             "  --enable-prefix-caching       reuse KV blocks of identical prompt prefixes across requests\n"
             "  --no-prefix-caching           do not (default: %s)\n"
             "  --seed N                      seed for requests that carry none (default %" PRIu64 ")\n"
             "  --served-model-name NAME      model id in /v1/models and answers (default: the folder's name)\n"
             "  --chat-template NAME          force a chat template family: chatml, qwen3, llama3, llama3.1, llama2,\n"
             "                                mistral, mistral-v1, zephyr (default: recognised from the model)\n"
-            "  --help                        this text\n"
+            "  -h, --help                    this text\n"
+            "  --version                     the version and how this binary was built\n"
             "\n"
             "Exit status: 0 after a drain (SIGTERM, SIGINT or a ZeroMQ shutdown once listening); 1 when start-up\n"
             "fails; 2 on a usage error; 128 + N (143 for SIGTERM, 130 for SIGINT) when signal N arrives before the\n"
             "server listens: start-up stops at once, nothing was served.\n",
             kv, ec.block_size, ec.max_num_seqs, ec.max_num_batched_tokens, ec.cuda_graph_max_batch,
-            ec.max_queued_requests, body,
+            ec.max_queued_requests, body, drain, sync,
             ec.enable_prefix_caching ? "enabled" : "disabled", ec.seed);
 }
 
@@ -181,14 +199,14 @@ static int parse_options(int argc, char **argv, Options *o) {
     memset(o, 0, sizeof *o);
     engine_config_default(&o->engine);
     http_config_default(&o->http);
-    o->drain_timeout_s = 30;
-    o->weight_sync_timeout_s = 600;
+    o->drain_timeout_s = DEFAULT_DRAIN_TIMEOUT_S;
+    o->weight_sync_timeout_s = DEFAULT_WEIGHT_SYNC_TIMEOUT_S;
     const char *env_key = getenv("TANDEM_API_KEY");
     if (env_key && env_key[0]) o->http.api_key = env_key;
     long long v;
     int c;
     opterr = 0;
-    while ((c = getopt_long(argc, argv, "", kLongOpts, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "h", kLongOpts, NULL)) != -1) {
         switch (c) {
         case OPT_MODEL: o->engine.model_dir = optarg; break;
         case OPT_HOST: o->http.host = optarg; break;
@@ -286,7 +304,9 @@ static int parse_options(int argc, char **argv, Options *o) {
             if (parse_long("cuda-graph-max-batch", optarg, 0, 1 << 20, &v)) return -1;
             o->engine.cuda_graph_max_batch = (int)v;
             break;
+        case 'h':
         case OPT_HELP: usage(stdout); exit(0);
+        case OPT_VERSION: tandem_print_version(stdout, "tandem-serve"); exit(0);
         default:
             fprintf(stderr, "tandem-serve: unknown option or missing value: %s (see --help)\n", argv[optind - 1]);
             return -1;
@@ -397,7 +417,9 @@ int main(int argc, char **argv) {
     double deadline = now_s() + o.drain_timeout_s;
     // Stop accepting before saying so: whoever reads the log line may rely on it.
     http_server_stop_accepting(http);
-    serve_log("received %s: no longer accepting requests; draining for up to %.1f s", why, o.drain_timeout_s);
+    char drain[32];
+    human_seconds(o.drain_timeout_s, drain, sizeof drain);
+    serve_log("received %s: no longer accepting requests; draining for up to %s s", why, drain);
     int left = http_server_drain(http, drain_ms);
     // Requests submitted over ZeroMQ get the rest of the drain time too.
     EngineStats st;

@@ -1,5 +1,7 @@
-"""tandem-serve as a process: signals at any moment of its life.
+"""tandem-serve as a process: its command line, and signals at any moment of its life.
 
+- `-h` prints the help exactly as `--help`, `--version` the project version; every default in the help is
+  written as people write numbers (30, 0.5, 1G; never 3e+01) and equals the one docs/http-api.md gives.
 - SIGTERM / SIGINT sent at a range of moments from the spawn on (before main, while the model loads, while HTTP
   starts, once listening) end the process within a couple of seconds every time: during start-up with status
   128 + signal and a log line saying start-up was interrupted, once listening after a drain with status 0.
@@ -15,7 +17,60 @@ import time
 
 import pytest
 
-from server_fixtures import serve_binary
+from server_fixtures import ROOT, serve_binary
+
+def run_serve(*args):
+    return subprocess.run([serve_binary(), *args], capture_output=True, text=True, timeout=30)
+
+
+def help_defaults(text):
+    """{"--option": "default as printed"} for every option whose help says (default X)."""
+    lines, option = {}, None
+    for line in text.splitlines():
+        m = re.match(r"^  (?:-h, )?(--[a-z-]+)", line)
+        if m:
+            option = m.group(1)
+            lines[option] = line
+        elif option and line.startswith("    "):
+            lines[option] += " " + line.strip()
+        else:
+            option = None
+    out = {}
+    for option, line in lines.items():
+        m = re.search(r"\(default:? ([^)]*)\)", line)
+        if m:
+            out[option] = m.group(1)
+    return out
+
+
+def test_h_is_help_and_version_is_the_project_version():
+    long_help, short_help = run_serve("--help"), run_serve("-h")
+    assert long_help.returncode == 0 and short_help.returncode == 0, (long_help.stderr, short_help.stderr)
+    assert long_help.stdout.startswith("usage: tandem-serve --model DIR") and short_help.stdout == long_help.stdout
+    assert "-h, --help" in long_help.stdout and "--version" in long_help.stdout
+    assert "128 + N (143 for SIGTERM, 130 for SIGINT)" in long_help.stdout
+    v = run_serve("--version")
+    project = re.search(r"project\(tandem\s+VERSION\s+([0-9.]+)", (ROOT / "CMakeLists.txt").read_text()).group(1)
+    assert v.returncode == 0 and re.match(rf"^tandem-serve {re.escape(project)} \(", v.stdout), v.stdout
+    bad = run_serve("-x")
+    assert bad.returncode == 2 and "see --help" in bad.stderr
+
+
+def test_help_defaults_are_written_as_people_write_them_and_match_the_docs():
+    defaults = help_defaults(run_serve("--help").stdout)
+    assert defaults["--drain-timeout"] == "30" and defaults["--weight-sync-timeout"] == "600", defaults
+    docs = {}
+    for line in (ROOT / "docs" / "http-api.md").read_text().splitlines():
+        m = re.match(r"^\| `(--[a-z-]+)[^`]*`[^|]*\| `([^`]*)` \|", line)
+        if m:
+            docs[m.group(1)] = m.group(2)
+    numeric = {k: v for k, v in defaults.items() if v[:1].isdigit() and k != "--host"}  # the host is 127.0.0.1
+    assert len(numeric) >= 10, defaults
+    for option, value in numeric.items():
+        # 30, 0.5, 1G: no exponent, no trailing zeros after a decimal point
+        assert re.fullmatch(r"[0-9]+(\.[0-9]*[1-9])?[KMGT]?", value), (option, value)
+        assert docs.get(option) == value, (option, value, docs.get(option))
+
 
 # Long enough to load (about a tenth of a second or more) that a signal sent when "starting:" is logged
 # lands in the middle of it.
