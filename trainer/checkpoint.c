@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "shared/json_read.h"
 #include "shared/safetensors.h"
 #include "trainer/make_dirs.h"
 #include "trainer/remove_tree.h"
@@ -247,7 +248,7 @@ int checkpoint_load(Zero3 *z, Model *m, Comm *c, const CheckpointOptions *o, con
     char state_path[PATH_MAX + 32];
     snprintf(state_path, sizeof state_path, "%s/trainer_state.json", path);
     json_error_t je;
-    json_t *j = json_load_file(state_path, 0, &je);
+    json_t *j = json_read_file(state_path, 0, &je);
     if (!j) {
         snprintf(err, err_len, "cannot read %s: %s", state_path, je.text);
         return -1;

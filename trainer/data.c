@@ -9,6 +9,8 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "shared/json_read.h"
+
 // Where one of this rank's records starts.
 typedef struct {
     uint32_t file;      // index into DataReader.files
@@ -374,7 +376,7 @@ static int parse_record(const DataReader *d, const char *text, size_t len, DataR
     if (len >= 3 && (unsigned char)text[0] == 0xEF && (unsigned char)text[1] == 0xBB && (unsigned char)text[2] == 0xBF)
         text += 3, len -= 3;  // UTF-8 byte order mark at the start of a file
     json_error_t je;
-    json_t *obj = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
+    json_t *obj = json_read_buffer(text, len, JSON_REJECT_DUPLICATES, &je);
     if (!obj) {
         set_err(err, err_len, "%s: invalid JSON: %s (column %d)", src, je.text, je.column);
         return -1;

@@ -18,6 +18,7 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "shared/json_read.h"
 #include "shared/version.h"
 #include "trainer/http_client.h"
 #include "trainer/rewards.h"
@@ -119,7 +120,7 @@ static void run_row(EvalJob *j, int index) {
     free(body);
     json_error_t je;
     // JSON_ALLOW_NUL: a completion may hold U+0000 (a sampled byte token); the rewards see the text before it.
-    json_t *ans = json_loadb(resp.body, resp.body_len, JSON_ALLOW_NUL, &je);
+    json_t *ans = json_read_buffer(resp.body, resp.body_len, JSON_ALLOW_NUL, &je);
     if (resp.status != 200 || !ans) {
         snprintf(r->err, sizeof r->err, "%.150s answered %d: %.300s", url, resp.status, resp.body ? resp.body : "");
         json_decref(ans);
@@ -346,7 +347,7 @@ int eval_main(int argc, char **argv) {
         lineno++;
         if (strspn(line, " \t\r\n") == strlen(line)) continue;
         json_error_t je;
-        json_t *row = json_loads(line, 0, &je);
+        json_t *row = json_read_buffer(line, strlen(line), 0, &je);
         json_t *p = row ? json_object_get(row, "prompt") : NULL, *msgs = row ? json_object_get(row, "messages") : NULL;
         if (!json_is_object(row) || !(json_is_string(p) || json_is_array(p) || json_is_array(msgs))) {
             fprintf(stderr, "tandem-train eval: %s:%d: %s\n", o.data, lineno,

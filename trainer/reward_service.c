@@ -9,6 +9,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "shared/json_read.h"
 #include "shared/tokenizer.h"
 #include "trainer/http_client.h"
 
@@ -149,7 +150,7 @@ int reward_service_parse_response(const char *body, size_t body_len, size_t n, c
                                   double **scores_out, char *err, size_t err_len) {
     *names_out = NULL, *n_funcs = 0, *scores_out = NULL;
     json_error_t je;
-    json_t *root = json_loadb(body, body_len, JSON_REJECT_DUPLICATES, &je);
+    json_t *root = json_read_buffer(body, body_len, JSON_REJECT_DUPLICATES, &je);
     if (!root) {
         set_err(err, err_len, "the body is not valid JSON (%s at line %d column %d)", je.text, je.line, je.column);
         return -1;

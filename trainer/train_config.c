@@ -10,6 +10,7 @@
 #include <string.h>
 #include <strings.h>
 
+#include "shared/json_read.h"
 #include "trainer/train_config_internal.h"
 
 static void set_err(char *err, size_t err_len, const char *fmt, ...) {
@@ -331,7 +332,7 @@ static int set_key(TrainConfig *cfg, const char *key, const json_t *v, const Sou
         if (strcmp(key, ignored_keys[i]) == 0) return note_ignored(cfg, key);
     for (int i = 0; unsupported_keys[i].key; i++) {
         if (strcmp(key, unsupported_keys[i].key) != 0) continue;
-        json_t *def = json_loads(unsupported_keys[i].def, JSON_DECODE_ANY, NULL);
+        json_t *def = json_read_buffer(unsupported_keys[i].def, strlen(unsupported_keys[i].def), JSON_DECODE_ANY, NULL);
         int same = def && json_equal(def, (json_t *)v);
         json_decref(def);
         if (same) return note_ignored(cfg, key);
@@ -461,7 +462,7 @@ int train_config_set(TrainConfig *cfg, const char *key_in, const char *value, ch
     if (!o) {
         // Unknown, or a TRL key tandem ignores or refuses: read the text as JSON when it is JSON
         // ("false", "0.6", "null"), so it compares with TRL's default; else as a string.
-        json_t *v = json_loads(value, JSON_DECODE_ANY, NULL);
+        json_t *v = json_read_buffer(value, strlen(value), JSON_DECODE_ANY, NULL);
         if (!v) v = json_string(value);
         int rc = set_key(cfg, key, v, &src, err, err_len);
         json_decref(v);
@@ -485,7 +486,7 @@ int train_config_apply_json(TrainConfig *cfg, const char *text, size_t len, cons
                             size_t err_len) {
     const char *name = path ? path : "config";
     json_error_t je;
-    json_t *root = json_loadb(text, len, JSON_REJECT_DUPLICATES, &je);
+    json_t *root = json_read_buffer(text, len, JSON_REJECT_DUPLICATES, &je);
     if (!root) {
         set_err(err, err_len, "%s: invalid JSON at line %d column %d: %s", name, je.line, je.column, je.text);
         return -1;

@@ -80,6 +80,11 @@ def test_eval_bad_input(tmp_path):
     assert code == 1 and "bad.jsonl:1" in err
     code, out, err = run_eval(["--url", "http://127.0.0.1:9", "--data", str(data), "--n", "2", "--k", "3"])
     assert code == 2 and "k <= n" in err
+    # Every valid JSON number is read: a column beyond int64 is no error (the row reaches the missing server).
+    big = tmp_path / "big.jsonl"
+    big.write_text('{"prompt": "p", "id": 100000000000000000000, "w": 1e400}\n')
+    code, out, err = run_eval(["--url", "http://127.0.0.1:9", "--data", str(big)])
+    assert code == 1 and "cannot connect" in err and "big.jsonl:1" not in err, err
 
 
 def test_eval_api_key(tiny_model_dir, tmp_path):

@@ -77,6 +77,18 @@ static void refuse_json(int line, const char *json, const char *n1, const char *
     train_config_free(&c);
 }
 
+// Every valid JSON number is read (shared/json_read.h): an integer literal beyond int64 is that number for a
+// FLOAT option, and an INT option refuses it by its type (jansson alone called the file invalid JSON).
+static void test_json_numbers(void) {
+    TrainConfig c;
+    char err[1024] = "";
+    const char *big = "{\"reward_timeout\": 100000000000000000000}";
+    CHECK(parse(&c, err, sizeof err, REQUIRED, NULL) == 0);
+    CHECK(train_config_apply_json(&c, big, strlen(big), "cfg.json", err, sizeof err) == 0 && c.reward_timeout == 1e20);
+    train_config_free(&c);
+    refuse_json(__LINE__, "{\"seed\": 100000000000000000000}", "seed", "expected an integer");
+}
+
 static void test_defaults(void) {
     TrainConfig c;
     train_config_default(&c);
@@ -426,6 +438,7 @@ int main(void) {
     test_parse_refusals();
     test_finalize_refusals();
     test_help_and_doc();
+    test_json_numbers();
     if (failures) {
         fprintf(stderr, "test_trainer_config: %d failure(s)\n", failures);
         return 1;

@@ -4,6 +4,7 @@
 // skip/refuse, sft rows (prompt/completion split, EOS appended), and every malformed line named by file:line
 // when the reader opens, before any row is handed out (a bad line near the end of a long file included).
 #include <dirent.h>
+#include <float.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -243,6 +244,19 @@ static void test_prompts(const Tokenizer *tok, const ChatTemplate *ct) {
     CHECK(json_integer_value(json_object_get(row.columns, "answer")) == 5 && row.n_ids == 11);
     data_row_clear(&row);
     data_close(d);
+
+    // Every valid JSON number is read (shared/json_read.h): a column beyond int64 (jansson alone called the line
+    // invalid JSON) is kept as the nearest double.
+    write_file("bignum.jsonl", "{\"prompt\": \"p\", \"id\": 1000000000000000019884624838656, \"w\": 1e400}\n");
+    CHECK(data_open(&d, path_of("bignum.jsonl"), &o, err, sizeof err) == 0);
+    if (d) {
+        CHECK(data_next(d, &row, err, sizeof err) == 1);
+        CHECK(json_is_real(json_object_get(row.columns, "id")) &&
+              json_real_value(json_object_get(row.columns, "id")) == 1e30);
+        CHECK(json_real_value(json_object_get(row.columns, "w")) == DBL_MAX);
+        data_row_clear(&row);
+        data_close(d);
+    }
 
     // refuse_overlong: an error at open naming file:line, the length and the option, and the other two.
     o.max_prompt_length = 8, o.refuse_overlong = 1;
