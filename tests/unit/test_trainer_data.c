@@ -3,7 +3,6 @@
 // data_seek, text and chat prompts (tokenized as TRL does), columns kept for rewards, max_prompt_length
 // skip/refuse, sft rows (prompt/completion split, EOS appended), and every malformed line named by file:line
 // when the reader opens, before any row is handed out (a bad line near the end of a long file included).
-#include <dirent.h>
 #include <float.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,6 +11,7 @@
 #include <unistd.h>
 
 #include "trainer/data.h"
+#include "trainer/remove_tree.h"
 
 static int failures = 0;
 #define CHECK(cond)                                                                  \
@@ -386,23 +386,6 @@ static void test_open_errors(const Tokenizer *tok) {
     CHECK(d == NULL);
 }
 
-static void remove_tree(const char *p) {
-    DIR *dd = opendir(p);
-    if (!dd) {
-        unlink(p);
-        return;
-    }
-    struct dirent *de;
-    while ((de = readdir(dd))) {
-        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
-        char sub[512];
-        snprintf(sub, sizeof sub, "%s/%s", p, de->d_name);
-        remove_tree(sub);
-    }
-    closedir(dd);
-    rmdir(p);
-}
-
 int main(void) {
     snprintf(dir, sizeof dir, "/tmp/tandem_data_XXXXXX");
     if (!mkdtemp(dir)) return 1;
@@ -423,7 +406,7 @@ int main(void) {
     if (tokenizer_load(&tok, sub, err, sizeof err) != 0 ||
         chat_template_create(&ct, NULL, "chatml", "<s>", "</s>", err, sizeof err) != 0) {
         fprintf(stderr, "setup: %s\n", err);
-        remove_tree(dir);
+        remove_tree(dir, NULL, 0);
         return 1;
     }
     test_sharding(tok);
@@ -435,7 +418,7 @@ int main(void) {
     test_open_errors(tok);
     chat_template_free(ct);
     tokenizer_free(tok);
-    remove_tree(dir);
+    remove_tree(dir, NULL, 0);
     if (failures) {
         fprintf(stderr, "test_trainer_data: %d failure(s)\n", failures);
         return 1;
