@@ -19,15 +19,18 @@
 #include <unistd.h>
 
 #include "kernels/ops.h"
+#include "shared/version.h"
+#include "trainer/make_dirs.h"
+#include "trainer/remove_tree.h"
 
 static const DemoOptions kDefaults = {
     .output_dir = "out/demo", .device = "auto", .seed = 1, .threads = 0,
     .digits = 3, .n_train = 20000, .n_heldout = 200, .n_validation = 200, .n_sft = 20000,
-    .hidden = 128, .layers = 2, .heads = 4, .intermediate = 256, .init_std = 0.02,
-    .sft_batch = 64, .sft_min_steps = 200, .sft_max_steps = 1000, .sft_check_every = 20, .sft_lr = 1e-3,
+    .hidden = 256, .layers = 2, .heads = 8, .intermediate = 512, .init_std = 0.02,
+    .sft_batch = 64, .sft_min_steps = 100, .sft_max_steps = 1000, .sft_check_every = 10, .sft_lr = 1e-3,
     .sft_target = 0.25,
-    .grpo_steps = 500, .prompts_per_step = 256, .num_generations = 4, .eval_every = 50,
-    .grpo_lr = 5e-4, .temperature = 1.0,
+    .grpo_steps = 600, .prompts_per_step = 256, .num_generations = 4, .eval_every = 25,
+    .grpo_lr = 5e-4, .temperature = 1.0, .stop_accuracy = 0.95, .stop_patience = 2,
 };
 
 typedef struct {
@@ -59,12 +62,14 @@ static const DemoFlag kFlags[] = {
     F("--sft-max-steps", 'i', sft_max_steps, "SFT warm-up: most steps (stops there whatever the accuracy)"),
     F("--sft-batch-size", 'i', sft_batch, "SFT warm-up: sequences per step"),
     F("--sft-learning-rate", 'd', sft_lr, "SFT warm-up: AdamW learning rate (5 % warmup, then constant)"),
-    F("--grpo-steps", 'i', grpo_steps, "GRPO: optimizer steps"),
+    F("--grpo-steps", 'i', grpo_steps, "GRPO: most optimizer steps (the cap when the validation target is not reached)"),
+    F("--stop-accuracy", 'd', stop_accuracy, "GRPO stops once validation accuracy is at least this at --stop-patience evaluations in a row (above 1: never)"),
+    F("--stop-patience", 'i', stop_patience, "GRPO: evaluations in a row at --stop-accuracy that stop it"),
     F("--prompts-per-step", 'i', prompts_per_step, "GRPO: prompts per step"),
     F("--num-generations", 'i', num_generations, "GRPO: completions per prompt (group size)"),
-    F("--grpo-learning-rate", 'd', grpo_lr, "GRPO: peak AdamW learning rate (10 warmup steps, then cosine, one level per segment between evaluations)"),
+    F("--grpo-learning-rate", 'd', grpo_lr, "GRPO: AdamW learning rate (10 warmup steps, then constant)"),
     F("--temperature", 'd', temperature, "GRPO: sampling temperature of the rollouts"),
-    F("--eval-every", 'i', eval_every, "GRPO: held-out accuracy every k steps (and before and after)"),
+    F("--eval-every", 'i', eval_every, "GRPO: validation and held-out accuracy every k steps (and before)"),
 };
 #undef F
 enum { N_FLAGS = sizeof kFlags / sizeof kFlags[0] };
@@ -80,10 +85,11 @@ static void flag_value(const DemoOptions *o, const DemoFlag *f, char *buf, size_
 static void usage(FILE *f) {
     fprintf(f, "usage: tandem-train demo [options]\n\n"
                "The whole of tandem on a built-in task, with nothing to download: creates a tiny Llama and its\n"
-               "tokenizer, writes a + b problems (train and held-out), SFT-warms the model, measures held-out\n"
+               "tokenizer, writes a + b problems (train, validation and held-out), SFT-warms the model, measures\n"
                "accuracy over HTTP through a rollout server, runs GRPO against that server (weights synced every\n"
-               "step, accuracy measured along the way), and writes OUTPUT_DIR/metrics.jsonl, demo_summary.json and\n"
-               "demo.svg (reward and accuracy per step).\n\n");
+               "step) until validation accuracy holds --stop-accuracy for --stop-patience evaluations (at most\n"
+               "--grpo-steps), and writes OUTPUT_DIR/metrics.jsonl, demo_summary.json and demo.svg (reward and\n"
+               "held-out accuracy per step). The held-out set is only measured: no decision looks at it.\n\n");
     DemoOptions d = kDefaults;
     for (int i = 0; i < N_FLAGS; i++) {
         char v[64], left[64];
@@ -92,7 +98,8 @@ static void usage(FILE *f) {
                  kFlags[i].type == 's' ? "TEXT" : kFlags[i].type == 'd' ? "FLOAT" : "N");
         fprintf(f, "  %-28s %s (default %s)\n", left, kFlags[i].help, v);
     }
-    fprintf(f, "  %-28s this text\n", "--help");
+    fprintf(f, "  %-28s this text\n", "--help, -h");
+    fprintf(f, "  %-28s the version, and how this binary was built\n", "--version");
 }
 
 static int parse_args(DemoOptions *o, int argc, char **argv) {
@@ -100,6 +107,7 @@ static int parse_args(DemoOptions *o, int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *eq = strchr(a, '=');
         if (!strcmp(a, "--help") || !strcmp(a, "-h")) return 1;
+        if (!strcmp(a, "--version")) return 2;
         size_t name_len = eq ? (size_t)(eq - a) : strlen(a);
         const DemoFlag *f = NULL;
         for (int k = 0; k < N_FLAGS; k++)
@@ -139,6 +147,7 @@ static int parse_args(DemoOptions *o, int argc, char **argv) {
              !(o->temperature > 0))
         why = "--grpo-steps, --prompts-per-step, --grpo-learning-rate and --temperature must be > 0, --num-generations >= 2";
     else if (o->eval_every < 1) why = "--eval-every must be >= 1";
+    else if (o->stop_patience < 1 || !(o->stop_accuracy >= 0)) why = "--stop-patience must be >= 1 and --stop-accuracy >= 0";
     if (why) {
         fprintf(stderr, "tandem-train demo: %s\n", why);
         return -1;
@@ -180,34 +189,22 @@ static int prepare_dir(Demo *d, char *err, size_t err_len) {
         for (size_t i = 0; i < sizeof mine / sizeof *mine; i++) {
             char p[PATH_IN];
             demo_path_in(d, p, sizeof p, mine[i]);
-            if (demo_remove_tree(p, err, err_len) != 0) return -1;
+            if (remove_tree(p, err, err_len) != 0) return -1;
         }
         if ((dp = opendir(d->dir))) {
             while ((e = readdir(dp))) {
                 if (strncmp(e->d_name, "checkpoint-", 11)) continue;
                 char p[DIR_MAX + 300];
                 snprintf(p, sizeof p, "%s/%s", d->dir, e->d_name);
-                if (demo_remove_tree(p, err, err_len) != 0) {
+                if (remove_tree(p, err, err_len) != 0) {
                     closedir(dp);
                     return -1;
                 }
             }
             closedir(dp);
         }
-    } else {
-        // mkdir -p
-        char p[DIR_MAX];
-        snprintf(p, sizeof p, "%s", d->dir);
-        for (char *s = p + 1; *s; s++) {
-            if (*s != '/') continue;
-            *s = 0;
-            if (mkdir(p, 0755) != 0 && errno != EEXIST) break;
-            *s = '/';
-        }
-        if (mkdir(p, 0755) != 0 && errno != EEXIST) {
-            snprintf(err, err_len, "cannot create %s: %s", d->dir, strerror(errno));
-            return -1;
-        }
+    } else if (make_dirs(d->dir, err, err_len) != 0) {
+        return -1;
     }
     FILE *f = fopen(marker, "w");
     if (!f) {
@@ -425,22 +422,28 @@ static int run_sft(Demo *d, char *ckpt, size_t ckpt_len, char *err, size_t err_l
     return 0;
 }
 
-// Held-out accuracy at a GRPO step, through the rollout server, recorded for the summary and the plot.
+// Validation and held-out accuracy at a GRPO step, through the rollout server. Validation decides when GRPO
+// stops; the held-out figure is only recorded (summary, plot), so the reported accuracy is not selected on.
 static int evaluate(Demo *d, int step, char *err, size_t err_len) {
-    char data[PATH_IN], out[PATH_IN], name[32];
-    demo_path_in(d, data, sizeof data, "data/heldout.jsonl");
+    char heldout[PATH_IN], val[PATH_IN], out[PATH_IN], name[32], vname[40];
+    demo_path_in(d, heldout, sizeof heldout, "data/heldout.jsonl");
+    demo_path_in(d, val, sizeof val, "data/validation.jsonl");
     snprintf(out, sizeof out, "%s/eval/step-%04d.jsonl", d->dir, step);
     snprintf(name, sizeof name, "eval-step-%04d", step);
+    snprintf(vname, sizeof vname, "validation-step-%04d", step);
     if (d->n_evals == 256) {
         snprintf(err, err_len, "more than 256 evaluations: raise --eval-every");
         return -1;
     }
     int i = d->n_evals;
-    if (eval_file(d, d->http_port, data, name, out, &d->eval_acc[i], &d->eval_form[i], err, err_len) != 0) return -1;
+    double vform = 0;
+    if (eval_file(d, d->http_port, val, vname, NULL, &d->eval_val[i], &vform, err, err_len) != 0) return -1;
+    if (eval_file(d, d->http_port, heldout, name, out, &d->eval_acc[i], &d->eval_form[i], err, err_len) != 0) return -1;
     d->eval_step[i] = step;
     d->n_evals++;
-    demo_say(d, "held-out accuracy at GRPO step %d: %.1f %% (%d problems, greedy; well-formed answers %.1f %%)", step,
-        100 * d->eval_acc[i], d->o.n_heldout, 100 * d->eval_form[i]);
+    demo_say(d, "GRPO step %d: validation accuracy %.1f %%, held-out accuracy %.1f %% (%d problems each, greedy; "
+             "well-formed held-out answers %.1f %%)", step, 100 * d->eval_val[i], 100 * d->eval_acc[i],
+             d->o.n_heldout, 100 * d->eval_form[i]);
     return 0;
 }
 
@@ -456,23 +459,26 @@ static void grpo_line(Demo *d, json_t *row, void *user) {
     double r = json_number_value(json_object_get(row, "reward"));
     if (step >= 1 && step <= d->o.grpo_steps) d->reward[step - 1] = r;
     g->sum += r, g->n++;
-    if (step % 10 != 0 && step != d->o.grpo_steps) return;
+    if (step % 10 != 0) return;
     double now = demo_now();
-    demo_say(d, "  grpo step %4lld/%d  mean reward %.3f over the last %d steps  (%.2f s/step)", step, d->o.grpo_steps,
+    demo_say(d, "  grpo step %4lld (at most %d)  mean reward %.3f over the last %d steps  (%.2f s/step)", step, d->o.grpo_steps,
         g->sum / g->n, g->n, (now - g->t_last) / g->n);
     g->t_last = now, g->sum = 0, g->n = 0;
 }
 
-// Learning rate of the GRPO segment that ends at `target`: the cosine schedule from the peak to 0 over the
-// run, taken at the segment's middle step (one level per segment; the trainer's own schedule would restart
-// with every segment's --max-steps).
-static double segment_lr(const DemoOptions *o, int done, int target) {
-    double mid = 0.5 * (done + target);
-    return o->grpo_lr * 0.5 * (1.0 + cos(M_PI * mid / o->grpo_steps));
+// Whether validation accuracy has been at least --stop-accuracy at the last --stop-patience evaluations after
+// GRPO steps (the one before GRPO does not count).
+static int reached_target(const Demo *d) {
+    int n = d->o.stop_patience;
+    if (d->n_evals - 1 < n) return 0;
+    for (int i = d->n_evals - n; i < d->n_evals; i++)
+        if (d->eval_val[i] < d->o.stop_accuracy) return 0;
+    return 1;
 }
 
 // GRPO in segments of eval_every steps: each segment resumes the last one's checkpoint (exactly: same data order,
-// optimizer state and sampling seeds), then the held-out set is scored while no trainer runs.
+// optimizer state and sampling seeds), then validation and held-out sets are scored while no trainer runs. It
+// stops once validation accuracy holds the target for --stop-patience evaluations, or at --grpo-steps.
 static int run_grpo(Demo *d, const char *model, char *err, size_t err_len) {
     char data[PATH_IN], metrics[PATH_IN], control[64];
     demo_path_in(d, data, sizeof data, "data/train.jsonl");
@@ -481,24 +487,29 @@ static int run_grpo(Demo *d, const char *model, char *err, size_t err_len) {
     char gens[16], batch[16], lr[32], temp[32], seed[24], comp[16], steps[16];
     snprintf(gens, sizeof gens, "%d", d->o.num_generations);
     snprintf(batch, sizeof batch, "%d", d->o.num_generations * d->o.prompts_per_step);
+    snprintf(lr, sizeof lr, "%g", d->o.grpo_lr);
     snprintf(temp, sizeof temp, "%g", d->o.temperature);
     snprintf(seed, sizeof seed, "%ld", d->o.seed);
     snprintf(comp, sizeof comp, "%d", completion_tokens(&d->o));
-    demo_say(d, "GRPO: %d steps of %d prompts x %d completions (temperature %g), reward answer_match (exact answer), "
-           "beta 0, learning rate %g (cosine), weights pushed to the rollout server after every step",
-        d->o.grpo_steps, d->o.prompts_per_step, d->o.num_generations, d->o.temperature, d->o.grpo_lr);
+    demo_say(d, "GRPO: %d prompts x %d completions a step (temperature %g), reward answer_match (exact answer), beta 0, "
+             "learning rate %g (10 warmup steps, then constant), weights pushed to the rollout server after every "
+             "step; stops once validation accuracy is at least %.0f %% at %d evaluations in a row (every %d steps), "
+             "or after %d steps", d->o.prompts_per_step, d->o.num_generations, d->o.temperature, d->o.grpo_lr,
+             100 * d->o.stop_accuracy, d->o.stop_patience, d->o.eval_every, d->o.grpo_steps);
     long off = 0;
     GrpoFollow g = {.t_last = demo_now()};
     double t = demo_now();
+    d->stop_reason = "step cap (--grpo-steps)";
     for (int done = 0; done < d->o.grpo_steps;) {
         int target = done + d->o.eval_every < d->o.grpo_steps ? done + d->o.eval_every : d->o.grpo_steps;
         snprintf(steps, sizeof steps, "%d", target);
-        snprintf(lr, sizeof lr, "%.6g", segment_lr(&d->o, done, target));
         char name[32];
         snprintf(name, sizeof name, "grpo-to-step-%04d", target);
         // Two trainer defaults are turned off because they only cost time here: activation checkpointing (the
         // model is tiny) and the rollout importance-sampling correction (trainer and server compute the same
         // logprobs on the CPU; on a GPU their bf16 differences are small next to the learning rate's steps).
+        // The schedule is constant after warmup: where the run ends is decided along the way, so a schedule that
+        // decays towards a fixed last step would not fit.
         char *argv[64] = {d->train_bin, "--model", (char *)model, "--train-file", data, "--output-dir", d->dir,
                           "--rollout-servers", control, "--rewards", "answer_match", "--num-generations", gens,
                           "--per-device-train-batch-size", batch, "--max-completion-length", comp,
@@ -515,12 +526,21 @@ static int run_grpo(Demo *d, const char *model, char *err, size_t err_len) {
         double t_seg = demo_now();
         if (run_child(d, argv, name, metrics, &off, grpo_line, &g, err, err_len) != 0) return -1;
         d->t_grpo += demo_now() - t_seg;
-        done = target;
+        done = d->grpo_done = target;
         double t_ev = demo_now();
         if (evaluate(d, done, err, err_len) != 0) return -1;
         g.t_last += demo_now() - t_ev;
+        if (reached_target(d)) {
+            d->stop_reason = "validation target reached";
+            demo_say(d, "validation accuracy at least %.0f %% at %d evaluations in a row: GRPO stops at step %d",
+                     100 * d->o.stop_accuracy, d->o.stop_patience, done);
+            break;
+        }
     }
-    demo_say(d, "GRPO done in %.1f s (%.1f s training, %.1f s held-out evaluation)", demo_now() - t, d->t_grpo, d->t_eval);
+    if (!strcmp(d->stop_reason, "step cap (--grpo-steps)"))
+        demo_say(d, "GRPO stopped at --grpo-steps %d before validation accuracy held %.0f %%", d->grpo_done,
+                 100 * d->o.stop_accuracy);
+    demo_say(d, "GRPO done in %.1f s (%.1f s training, %.1f s evaluation)", demo_now() - t, d->t_grpo, d->t_eval);
     return 0;
 }
 
@@ -535,8 +555,9 @@ int demo_main(int argc, char **argv) {
     int pr = parse_args(&d->o, argc, argv);
     if (pr != 0) {
         if (pr == 1) usage(stdout);
+        if (pr == 2) tandem_print_version(stdout, "tandem-train demo");
         free(d);
-        return pr == 1 ? 0 : 2;
+        return pr > 0 ? 0 : 2;
     }
     d->t0 = demo_now();
     char err[2048] = "";

@@ -3,9 +3,11 @@
 // One command creates a tiny Llama and its tokenizer (trainer/demo_files.c), writes train, validation and held-out
 // JSONL of a verifiable task (a + b, exact answers), SFT-warms the model with `tandem-train --mode sft` until it
 // answers a first share of the validation problems, starts a rollout server (`tandem-serve --control`) on the
-// warmed checkpoint, measures held-out accuracy over HTTP with `tandem-train eval`, runs GRPO against that server
-// in segments (held-out accuracy measured between them, while the trainer is stopped, so every figure belongs to
-// one policy version), and writes demo_summary.json and an SVG plot of reward and accuracy per step
+// warmed checkpoint, measures accuracy over HTTP with `tandem-train eval`, runs GRPO against that server in
+// segments (validation and held-out accuracy measured between them, while the trainer is stopped, so every figure
+// belongs to one policy version) until validation accuracy holds a target for a few evaluations in a row or a step
+// cap is reached (the held-out set decides nothing), and writes demo_summary.json and an SVG plot of reward and
+// accuracy per step
 // (trainer/demo_plot.c, trainer/demo_report.c). The children are spawned from this binary's folder
 // (trainer/demo_proc.c); their logs go to OUTPUT_DIR/logs.
 #ifndef TANDEM_TRAINER_DEMO_H
@@ -56,8 +58,6 @@ int demo_stop(pid_t pid, double grace_s);
 int demo_free_port(void);
 // Seconds on a monotonic clock.
 double demo_now(void);
-// Removes a file or a folder tree (no error when it does not exist). 0, or -1 with a message.
-int demo_remove_tree(const char *path, char *err, size_t err_len);
 // Set by SIGINT / SIGTERM once demo_install_signals ran.
 extern volatile int demo_interrupted;
 void demo_install_signals(void);

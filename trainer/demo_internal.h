@@ -15,9 +15,9 @@ typedef struct {
     double init_std;
     int sft_batch, sft_min_steps, sft_max_steps, sft_check_every;  // SFT warm-up
     double sft_lr, sft_target;
-    int grpo_steps, prompts_per_step, num_generations;   // GRPO
-    int eval_every;
-    double grpo_lr, temperature;
+    int grpo_steps, prompts_per_step, num_generations;   // GRPO (grpo_steps: the cap)
+    int eval_every, stop_patience;
+    double grpo_lr, temperature, stop_accuracy;
 } DemoOptions;
 
 // Tokens of a complete answer: the sum (digits + 1, zero-padded) and <eos>.
@@ -37,7 +37,10 @@ typedef struct {
     double t0;
     // Results.
     int n_evals;
-    double eval_step[256], eval_acc[256], eval_form[256];
+    double eval_step[256], eval_acc[256], eval_form[256];   // held-out: measured, never used to decide
+    double eval_val[256];    // validation accuracy at the same steps: decides when GRPO stops
+    int grpo_done;           // GRPO steps run (<= grpo_steps)
+    const char *stop_reason; // why GRPO stopped, for the summary
     double *reward;          // (grpo_steps) mean reward of each step, NaN until logged
     double t_sft, t_grpo, t_eval;
     int sft_steps, n_checks;

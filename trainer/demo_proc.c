@@ -2,7 +2,6 @@
 #define _GNU_SOURCE
 #include <errno.h>
 #include <fcntl.h>
-#include <ftw.h>
 #include <netinet/in.h>
 #include <signal.h>
 #include <stdint.h>
@@ -141,19 +140,4 @@ double demo_now(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);
     return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
-}
-
-static int remove_one(const char *path, const struct stat *st, int type, struct FTW *ftw) {
-    (void)st, (void)ftw;
-    return (type == FTW_DP ? rmdir(path) : unlink(path)) != 0 && errno != ENOENT ? -1 : 0;
-}
-
-int demo_remove_tree(const char *path, char *err, size_t err_len) {
-    struct stat st;
-    if (lstat(path, &st) != 0) return 0;
-    if (nftw(path, remove_one, 16, FTW_DEPTH | FTW_PHYS) != 0) {
-        snprintf(err, err_len, "cannot remove %s: %s", path, strerror(errno));
-        return -1;
-    }
-    return 0;
 }

@@ -67,7 +67,7 @@ void demo_show_examples(Demo *d) {
 
 int demo_write_results(Demo *d, size_t n_params, char *err, size_t err_len) {
     double wall = demo_now() - d->t0;
-    int n = d->o.grpo_steps, nr = 0;
+    int n = d->grpo_done, nr = 0;
     double *rx = malloc(n * sizeof(double)), *ry = malloc(n * sizeof(double));
     json_t *rewards = json_array(), *evals = json_array();
     for (int s = 0; s < n; s++) {
@@ -75,8 +75,9 @@ int demo_write_results(Demo *d, size_t n_params, char *err, size_t err_len) {
         if (!isnan(d->reward[s])) rx[nr] = s + 1, ry[nr] = d->reward[s], nr++;
     }
     for (int i = 0; i < d->n_evals; i++)
-        json_array_append_new(evals, json_pack("{s:i, s:f, s:f}", "step", (int)d->eval_step[i], "accuracy",
-                                               d->eval_acc[i], "well_formed", d->eval_form[i]));
+        json_array_append_new(evals, json_pack("{s:i, s:f, s:f, s:f}", "step", (int)d->eval_step[i], "accuracy",
+                                               d->eval_acc[i], "well_formed", d->eval_form[i], "validation_accuracy",
+                                               d->eval_val[i]));
     json_t *checks = json_array();
     for (int i = 0; i < d->n_checks; i++)
         json_array_append_new(checks, json_pack("{s:i, s:f}", "step", (int)d->check_step[i], "validation_accuracy",
@@ -106,11 +107,14 @@ int demo_write_results(Demo *d, size_t n_params, char *err, size_t err_len) {
     json_object_set_new(sum, "sft", json_pack("{s:i, s:i, s:f, s:f, s:o}", "steps", d->sft_steps, "batch_size",
                                               d->o.sft_batch, "learning_rate", d->o.sft_lr, "target_validation_accuracy",
                                               d->o.sft_target, "checks", checks));
-    json_object_set_new(sum, "grpo", json_pack("{s:i, s:i, s:i, s:i, s:f, s:s, s:f, s:f, s:s, s:i}", "steps",
-                                               d->o.grpo_steps, "prompts_per_step", d->o.prompts_per_step,
+    json_object_set_new(sum, "grpo", json_pack("{s:i, s:i, s:s, s:f, s:i, s:i, s:i, s:i, s:f, s:s, s:f, s:f, s:s, s:i}",
+                                               "steps", d->grpo_done, "max_steps", d->o.grpo_steps, "stopped_by",
+                                               d->stop_reason ? d->stop_reason : "", "stop_validation_accuracy",
+                                               d->o.stop_accuracy, "stop_patience", d->o.stop_patience,
+                                               "prompts_per_step", d->o.prompts_per_step,
                                                "num_generations", d->o.num_generations, "max_completion_length",
                                                completion_tokens(&d->o), "learning_rate", d->o.grpo_lr,
-                                               "lr_schedule", "10 warmup steps, cosine (one level per segment)",
+                                               "lr_schedule", "10 warmup steps, then constant",
                                                "temperature", d->o.temperature, "beta", 0.0, "reward",
                                                "answer_match", "eval_every", d->o.eval_every));
     char path[PATH_IN];
