@@ -1,6 +1,7 @@
 // trainer/checkpoint.c — consolidated HF checkpoints and sharded trainer state (see trainer/checkpoint.h).
 #include "trainer/checkpoint.h"
 
+#include <ctype.h>
 #include <dirent.h>
 #include <errno.h>
 #include <jansson.h>
@@ -13,6 +14,7 @@
 
 #include "shared/json_read.h"
 #include "shared/safetensors.h"
+#include "trainer/fsync_tree.h"
 #include "trainer/make_dirs.h"
 #include "trainer/remove_tree.h"
 
@@ -60,8 +62,9 @@ static json_t *progress_json(const TrainProgress *p, const Model *m, int world, 
                      "layout_hash", hash);
 }
 
-// Rank r's optimizer state: master, adam_m, adam_v slices of every unit as 1-D f32 tensors.
-static int save_rank_state(Zero3 *z, const Model *m, int rank, const char *dir, char *err, size_t err_len) {
+// This rank's optimizer state, written to rank_dir/optimizer.safetensors: master, adam_m, adam_v slices of every
+// unit as 1-D f32 tensors.
+static int save_rank_state(Zero3 *z, const Model *m, const char *rank_dir, char *err, size_t err_len) {
     int U = m->layout.n_units, rc = -1;
     StWriter *w = NULL;
     float **host = calloc((size_t)U * 3, sizeof(float *));
@@ -87,8 +90,7 @@ static int save_rank_state(Zero3 *z, const Model *m, int rank, const char *dir, 
         }
     }
     ops_synchronize(m->ops);
-    char rank_dir[PATH_MAX + 64], from[PATH_MAX + 96], to[PATH_MAX + 96];
-    snprintf(rank_dir, sizeof rank_dir, "%s/trainer_state/rank-%05d", dir, rank);
+    char from[PATH_MAX + 96], to[PATH_MAX + 96];
     if (make_dirs(rank_dir, err, err_len) != 0 || st_writer_write(w, rank_dir, 0, err, err_len) != 0) goto out;
     snprintf(from, sizeof from, "%s/model.safetensors", rank_dir);
     snprintf(to, sizeof to, "%s/optimizer.safetensors", rank_dir);
@@ -106,53 +108,243 @@ out:
     return rc;
 }
 
-// Removes checkpoint-N folders beyond the newest keep_last.
-static void prune(const char *output_dir, int keep_last) {
-    if (keep_last <= 0) return;
-    DIR *d = opendir(output_dir);
-    if (!d) return;
-    long steps[4096];
-    int n = 0;
-    struct dirent *e;
-    while ((e = readdir(d)) && n < 4096) {
-        char *end;
-        if (strncmp(e->d_name, "checkpoint-", 11) != 0) continue;
-        long s = strtol(e->d_name + 11, &end, 10);
-        if (*end == 0) steps[n++] = s;
-    }
-    closedir(d);
-    for (int i = 0; i < n; i++) {
-        int newer = 0;
-        for (int j = 0; j < n; j++) newer += steps[j] > steps[i];
-        if (newer >= keep_last) {
-            char path[PATH_MAX];
-            snprintf(path, sizeof path, "%s/checkpoint-%ld", output_dir, steps[i]);
-            remove_tree(path, NULL, 0);
-        }
-    }
+// Folder names of one step: the checkpoint, the folder it is written in, and where a copy being replaced or
+// deleted goes first (so that a stop half-way through a removal never leaves a partial checkpoint-N).
+typedef struct {
+    char final_dir[PATH_MAX], tmp_dir[PATH_MAX + 8], old_dir[PATH_MAX + 8];
+} StepDirs;
+
+static void step_dirs(const char *output_dir, long long step, StepDirs *d) {
+    snprintf(d->final_dir, sizeof d->final_dir, "%s/checkpoint-%lld", output_dir, step);
+    snprintf(d->tmp_dir, sizeof d->tmp_dir, "%s.tmp", d->final_dir);
+    snprintf(d->old_dir, sizeof d->old_dir, "%s.old", d->final_dir);
 }
 
-int checkpoint_save(Zero3 *z, Model *m, Comm *c, const CheckpointOptions *o, const TrainProgress *p, char *saved_dir,
-                    char *err, size_t err_len) {
-    const int rank = comm_rank(c), world = comm_world_size(c), U = m->layout.n_units;
-    char final_dir[PATH_MAX], tmp_dir[PATH_MAX + 8];
-    snprintf(final_dir, sizeof final_dir, "%s/checkpoint-%lld", o->output_dir, (long long)p->step);
-    snprintf(tmp_dir, sizeof tmp_dir, "%s.tmp", final_dir);
-    int rc = 0;
-    if (rank == 0) {
-        remove_tree(tmp_dir, NULL, 0);
-        rc = make_dirs(tmp_dir, err, err_len);
+static int exists(const char *path) {
+    struct stat st;
+    return lstat(path, &st) == 0;
+}
+
+// trainer_state.json is the last file a checkpoint gets: a folder without it is not complete.
+static int is_complete(const char *dir) {
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/trainer_state.json", dir);
+    return exists(path);
+}
+
+static void phase(const CheckpointOptions *o, CheckpointPhase ph, long long step) {
+    if (o->phase_hook) o->phase_hook(ph, step, o->phase_arg);
+}
+
+// Which of checkpoint-<digits>, checkpoint-<digits>.tmp and checkpoint-<digits>.old name is: the kind
+// (0 final, 1 tmp, 2 old) or -1 for anything else; *step receives the digits' value.
+static int checkpoint_name_kind(const char *name, long long *step) {
+    if (strncmp(name, "checkpoint-", 11) != 0 || !isdigit((unsigned char)name[11])) return -1;
+    char *end;
+    errno = 0;
+    *step = strtoll(name + 11, &end, 10);
+    if (errno) return -1;
+    if (*end == '\0') return 0;
+    if (strcmp(end, ".tmp") == 0) return 1;
+    if (strcmp(end, ".old") == 0) return 2;
+    return -1;
+}
+
+// Rank 0: finishes or removes what a stopped save or prune left in output_dir, saying so:
+//   checkpoint-N.old beside checkpoint-N        the replaced copy, not yet removed: removed;
+//   checkpoint-N.old, complete checkpoint-N.tmp a replacement stopped between its two renames: the new copy
+//                                               (complete, flushed) becomes checkpoint-N, the old is removed;
+//   checkpoint-N.old alone                      a checkpoint being deleted by save_total_limit: removed;
+//   checkpoint-N.tmp otherwise                  an unfinished checkpoint: removed.
+// A checkpoint-N folder is never touched here.
+static int recover_leftovers(const char *output_dir, char *err, size_t err_len) {
+    DIR *d = opendir(output_dir);
+    if (!d) {
+        if (errno == ENOENT) return 0;  // nothing written yet
+        snprintf(err, err_len, "cannot list %s: %s", output_dir, strerror(errno));
+        return -1;
     }
-    // Every rank learns whether rank 0 could create the folder before anyone writes into it.
+    long long *olds = NULL, *tmps = NULL;
+    size_t n_old = 0, n_tmp = 0, cap_old = 0, cap_tmp = 0;
+    int rc = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        long long step;
+        int kind = checkpoint_name_kind(e->d_name, &step);
+        long long **list = kind == 1 ? &tmps : kind == 2 ? &olds : NULL;
+        if (!list) continue;
+        size_t *n = kind == 1 ? &n_tmp : &n_old, *cap = kind == 1 ? &cap_tmp : &cap_old;
+        if (*n == *cap) {
+            size_t grown = *cap ? *cap * 2 : 8;
+            long long *g = realloc(*list, grown * sizeof **list);
+            if (!g) {
+                snprintf(err, err_len, "out of memory listing %s", output_dir);
+                rc = -1;
+                break;
+            }
+            *list = g, *cap = grown;
+        }
+        (*list)[(*n)++] = step;
+    }
+    closedir(d);
+    int changed = 0;
+    char rerr[PATH_MAX + 128];
+    for (size_t i = 0; rc == 0 && i < n_old; i++) {
+        StepDirs s;
+        step_dirs(output_dir, olds[i], &s);
+        if (!exists(s.final_dir) && is_complete(s.tmp_dir)) {
+            if (rename(s.tmp_dir, s.final_dir) != 0) {
+                snprintf(err, err_len, "cannot rename %s to %s: %s", s.tmp_dir, s.final_dir, strerror(errno));
+                rc = -1;
+                break;
+            }
+            fprintf(stderr, "tandem-train: a run stopped while replacing %s; its new copy (%s) was complete and "
+                    "is now %s; removing the old copy %s\n", s.final_dir, s.tmp_dir, s.final_dir, s.old_dir);
+        } else {
+            fprintf(stderr, "tandem-train: removing %s, a checkpoint a stopped run was replacing or deleting "
+                    "(save_total_limit)\n", s.old_dir);
+        }
+        if (remove_tree(s.old_dir, rerr, sizeof rerr) != 0) {
+            snprintf(err, err_len, "%s: delete it by hand", rerr);
+            rc = -1;
+        }
+        changed = 1;
+    }
+    for (size_t i = 0; rc == 0 && i < n_tmp; i++) {
+        StepDirs s;
+        step_dirs(output_dir, tmps[i], &s);
+        if (!exists(s.tmp_dir)) continue;  // renamed above
+        fprintf(stderr, "tandem-train: removing %s, an unfinished checkpoint of a run that stopped while writing "
+                "it\n", s.tmp_dir);
+        if (remove_tree(s.tmp_dir, rerr, sizeof rerr) != 0) {
+            snprintf(err, err_len, "%s: delete it by hand", rerr);
+            rc = -1;
+        }
+        changed = 1;
+    }
+    free(olds);
+    free(tmps);
+    if (rc == 0 && changed) rc = fsync_path(output_dir, err, err_len);
+    return rc;
+}
+
+// Removes checkpoint-N folders beyond the newest keep_last: each is renamed to checkpoint-N.old first, so that a
+// stop in the middle of the removal leaves no partial checkpoint-N behind (recover_leftovers removes the rest).
+static int prune(const CheckpointOptions *o, char *err, size_t err_len) {
+    if (o->keep_last <= 0) return 0;
+    DIR *d = opendir(o->output_dir);
+    if (!d) {
+        snprintf(err, err_len, "cannot list %s: %s", o->output_dir, strerror(errno));
+        return -1;
+    }
+    long long *steps = NULL;
+    size_t n = 0, cap = 0;
+    int rc = 0;
+    struct dirent *e;
+    while ((e = readdir(d))) {
+        long long step;
+        if (checkpoint_name_kind(e->d_name, &step) != 0) continue;
+        if (n == cap) {
+            size_t grown = cap ? cap * 2 : 16;
+            long long *g = realloc(steps, grown * sizeof *steps);
+            if (!g) {
+                snprintf(err, err_len, "out of memory listing %s", o->output_dir);
+                rc = -1;
+                break;
+            }
+            steps = g, cap = grown;
+        }
+        steps[n++] = step;
+    }
+    closedir(d);
+    char rerr[PATH_MAX + 128];
+    for (size_t i = 0; rc == 0 && i < n; i++) {
+        size_t newer = 0;
+        for (size_t j = 0; j < n; j++) newer += steps[j] > steps[i];
+        if (newer < (size_t)o->keep_last) continue;
+        StepDirs s;
+        step_dirs(o->output_dir, steps[i], &s);
+        if (rename(s.final_dir, s.old_dir) != 0) {
+            snprintf(err, err_len, "save_total_limit: cannot rename %s to %s: %s", s.final_dir, s.old_dir,
+                     strerror(errno));
+            rc = -1;
+            break;
+        }
+        phase(o, CHECKPOINT_PHASE_PRUNE_ASIDE, steps[i]);
+        if (remove_tree(s.old_dir, rerr, sizeof rerr) != 0) {
+            snprintf(err, err_len, "save_total_limit: %s", rerr);
+            rc = -1;
+        }
+    }
+    free(steps);
+    return rc == 0 ? fsync_path(o->output_dir, err, err_len) : rc;
+}
+
+// Rank 0, once every rank's part of s->tmp_dir is written and flushed: writes trainer_state.json (the mark of a
+// complete checkpoint), flushes it, renames the folder to checkpoint-N without ever removing an existing
+// checkpoint-N first (it is moved aside and removed once the new one is durable), then prunes.
+static int publish(const CheckpointOptions *o, const StepDirs *s, json_t *state, long long step, char *err,
+                   size_t err_len) {
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/trainer_state.json", s->tmp_dir);
+    if (fsync_tree(s->tmp_dir, err, err_len) != 0 || write_json(path, state, err, err_len) != 0 ||
+        fsync_path(path, err, err_len) != 0 || fsync_path(s->tmp_dir, err, err_len) != 0)
+        return -1;
+    phase(o, CHECKPOINT_PHASE_COMPLETE, step);
+    int replacing = exists(s->final_dir);
+    if (replacing) {
+        if (rename(s->final_dir, s->old_dir) != 0) {
+            snprintf(err, err_len, "cannot rename %s to %s: %s", s->final_dir, s->old_dir, strerror(errno));
+            return -1;
+        }
+        phase(o, CHECKPOINT_PHASE_OLD_ASIDE, step);
+    }
+    if (rename(s->tmp_dir, s->final_dir) != 0) {
+        snprintf(err, err_len, "cannot rename %s to %s: %s", s->tmp_dir, s->final_dir, strerror(errno));
+        return -1;
+    }
+    phase(o, CHECKPOINT_PHASE_RENAMED, step);
+    if (fsync_path(o->output_dir, err, err_len) != 0) return -1;
+    phase(o, CHECKPOINT_PHASE_DURABLE, step);
+    if (replacing) {
+        char rerr[PATH_MAX + 128];
+        if (remove_tree(s->old_dir, rerr, sizeof rerr) != 0) {
+            snprintf(err, err_len, "%s was saved, but its earlier copy could not be removed: %s", s->final_dir, rerr);
+            return -1;
+        }
+        phase(o, CHECKPOINT_PHASE_OLD_REMOVED, step);
+    }
+    if (prune(o, err, err_len) != 0) return -1;
+    phase(o, CHECKPOINT_PHASE_PRUNED, step);
+    return 0;
+}
+
+// Rank 0's outcome of a step every rank waits for: 0 on every rank when it worked, else -1 (rank 0 keeps its
+// message; the others get one saying where to look).
+static int share_outcome(Comm *c, int rc, const char *what, char *err, size_t err_len) {
     int32_t ok = rc == 0;
     if (comm_broadcast(c, &ok, 1, COMM_I32, 0) != 0) {
         snprintf(err, err_len, "checkpoint: %s", comm_error(c));
         return -1;
     }
-    if (!ok) {
-        if (rank != 0) snprintf(err, err_len, "checkpoint: rank 0 could not create %s", tmp_dir);
-        return -1;
+    if (!ok && comm_rank(c) != 0) snprintf(err, err_len, "checkpoint: rank 0 could not %s (its message says why)", what);
+    return ok ? 0 : -1;
+}
+
+int checkpoint_save(Zero3 *z, Model *m, Comm *c, const CheckpointOptions *o, const TrainProgress *p, char *saved_dir,
+                    char *err, size_t err_len) {
+    const int rank = comm_rank(c), world = comm_world_size(c), U = m->layout.n_units;
+    const long long step = (long long)p->step;
+    StepDirs s;
+    step_dirs(o->output_dir, step, &s);
+    int rc = 0;
+    if (rank == 0) {
+        rc = recover_leftovers(o->output_dir, err, err_len);
+        if (rc == 0) rc = make_dirs(s.tmp_dir, err, err_len);
+        if (rc == 0) phase(o, CHECKPOINT_PHASE_TMP_CREATED, step);
     }
+    // Every rank learns whether rank 0 could create the folder before anyone writes into it.
+    if (share_outcome(c, rc, "create the checkpoint folder", err, err_len) != 0) return -1;
     // Consolidated model: every rank takes part in each unit's gather; rank 0 keeps the values.
     float **units = calloc((size_t)U, sizeof(float *));
     if (!units) {
@@ -172,78 +364,91 @@ int checkpoint_save(Zero3 *z, Model *m, Comm *c, const CheckpointOptions *o, con
     }
     free(scratch);
     if (rc == 0 && rank == 0) {
-        rc = model_save_host(m, units, tmp_dir, o->save_bf16, o->max_shard_bytes, err, err_len);
+        rc = model_save_host(m, units, s.tmp_dir, o->save_bf16, o->max_shard_bytes, err, err_len);
         for (size_t i = 0; rc == 0 && i < sizeof TOKENIZER_FILES / sizeof *TOKENIZER_FILES; i++) {
             char from[PATH_MAX + 64], to[PATH_MAX + 128];
             snprintf(from, sizeof from, "%s/%s", o->base_model_dir, TOKENIZER_FILES[i]);
-            snprintf(to, sizeof to, "%s/%s", tmp_dir, TOKENIZER_FILES[i]);
+            snprintf(to, sizeof to, "%s/%s", s.tmp_dir, TOKENIZER_FILES[i]);
             rc = copy_file(from, to, err, err_len);
         }
-        if (rc == 0) {
-            char path[PATH_MAX + 32];
-            snprintf(path, sizeof path, "%s/trainer_state.json", tmp_dir);
-            json_t *j = progress_json(p, m, world, zero3_stage(z));
-            rc = write_json(path, j, err, err_len);
-            json_decref(j);
-        }
+        if (rc == 0) phase(o, CHECKPOINT_PHASE_MODEL_WRITTEN, step);
     }
     for (int u = 0; u < U; u++) free(units[u]);
     free(units);
-    if (rc == 0) rc = save_rank_state(z, m, rank, tmp_dir, err, err_len);
-    // All ranks must have written before rank 0 renames: agree on success first.
+    if (rc == 0) {
+        char rank_dir[PATH_MAX + 64];
+        snprintf(rank_dir, sizeof rank_dir, "%s/trainer_state/rank-%05d", s.tmp_dir, rank);
+        rc = save_rank_state(z, m, rank_dir, err, err_len);
+        // Each rank flushes what it wrote: on a shared file system the ranks of other nodes wrote theirs there.
+        if (rc == 0) rc = fsync_tree(rank_dir, err, err_len);
+        if (rc == 0) phase(o, CHECKPOINT_PHASE_RANK_WRITTEN, step);
+    }
+    // All ranks must have written before rank 0 publishes: agree on success first.
     int32_t all_ok = rc == 0;
     if (comm_all_reduce(c, &all_ok, 1, COMM_I32, COMM_SUM) != 0) {
         snprintf(err, err_len, "checkpoint: %s", comm_error(c));
         return -1;
     }
     if (all_ok != world) {
-        if (rc == 0) snprintf(err, err_len, "checkpoint %s: another rank failed to write its part", final_dir);
+        if (rc == 0) snprintf(err, err_len, "checkpoint %s: another rank failed to write its part", s.final_dir);
         return -1;
     }
     if (rank == 0) {
-        remove_tree(final_dir, NULL, 0);
-        if (rename(tmp_dir, final_dir) != 0) {
-            snprintf(err, err_len, "cannot rename %s to %s: %s", tmp_dir, final_dir, strerror(errno));
-            rc = -1;
-        }
-        prune(o->output_dir, o->keep_last);
+        json_t *state = progress_json(p, m, world, zero3_stage(z));
+        rc = state ? publish(o, &s, state, step, err, err_len) : -1;
+        if (!state) snprintf(err, err_len, "out of memory writing %s/trainer_state.json", s.tmp_dir);
+        json_decref(state);
     }
-    if (comm_barrier(c) != 0) {
-        snprintf(err, err_len, "checkpoint: %s", comm_error(c));
-        return -1;
-    }
-    if (saved_dir) snprintf(saved_dir, PATH_MAX, "%s", final_dir);
-    return rc;
+    if (share_outcome(c, rc, "publish the checkpoint", err, err_len) != 0) return -1;
+    if (saved_dir) snprintf(saved_dir, PATH_MAX, "%s", s.final_dir);
+    return 0;
 }
 
+// Rank 0: the highest checkpoint-N under output_dir that is complete (a checkpoint-N without trainer_state.json
+// is skipped, saying so). 0 with the folder in out, or -1 when there is none.
 static int latest_checkpoint(const char *output_dir, char *out, size_t out_len) {
     DIR *d = opendir(output_dir);
     if (!d) return -1;
-    long best = -1;
+    long long best = -1;
     struct dirent *e;
     while ((e = readdir(d))) {
-        char *end;
-        if (strncmp(e->d_name, "checkpoint-", 11) != 0) continue;
-        long s = strtol(e->d_name + 11, &end, 10);
-        if (*end == 0 && s > best) best = s;
+        long long step;
+        if (checkpoint_name_kind(e->d_name, &step) != 0 || step <= best) continue;
+        char dir[PATH_MAX];
+        snprintf(dir, sizeof dir, "%s/%s", output_dir, e->d_name);
+        if (!is_complete(dir)) {
+            fprintf(stderr, "tandem-train: --resume latest: skipping %s, which has no trainer_state.json (not a "
+                    "complete checkpoint)\n", dir);
+            continue;
+        }
+        best = step;
     }
     closedir(d);
     if (best < 0) return -1;
-    snprintf(out, out_len, "%s/checkpoint-%ld", output_dir, best);
+    snprintf(out, out_len, "%s/checkpoint-%lld", output_dir, best);
     return 0;
 }
 
 int checkpoint_load(Zero3 *z, Model *m, Comm *c, const CheckpointOptions *o, const char *dir, TrainProgress *p,
                     char *loaded_dir, char *err, size_t err_len) {
     const int rank = comm_rank(c), world = comm_world_size(c);
-    char path[PATH_MAX];
-    if (strcmp(dir, "latest") == 0) {
-        if (latest_checkpoint(o->output_dir, path, sizeof path) != 0) {
-            snprintf(err, err_len, "--resume latest: no checkpoint-N folder in %s", o->output_dir);
-            return -1;
+    // Rank 0 settles what a stopped run left (trainer/checkpoint.h) and picks the folder; every rank then reads
+    // the one it picked (on a shared file system another node's listing could lag behind).
+    char path[PATH_MAX] = "";
+    int rc = 0;
+    if (rank == 0) {
+        rc = recover_leftovers(o->output_dir, err, err_len);
+        if (rc == 0 && strcmp(dir, "latest") == 0 && latest_checkpoint(o->output_dir, path, sizeof path) != 0) {
+            snprintf(err, err_len, "--resume latest: no complete checkpoint-N folder in %s", o->output_dir);
+            rc = -1;
+        } else if (rc == 0 && strcmp(dir, "latest") != 0) {
+            snprintf(path, sizeof path, "%s", dir);
         }
-    } else {
-        snprintf(path, sizeof path, "%s", dir);
+    }
+    if (share_outcome(c, rc, "find the checkpoint to resume from", err, err_len) != 0) return -1;
+    if (comm_broadcast(c, path, sizeof path, COMM_U8, 0) != 0) {
+        snprintf(err, err_len, "resume: %s", comm_error(c));
+        return -1;
     }
     char state_path[PATH_MAX + 32];
     snprintf(state_path, sizeof state_path, "%s/trainer_state.json", path);
@@ -266,7 +471,6 @@ int checkpoint_load(Zero3 *z, Model *m, Comm *c, const CheckpointOptions *o, con
     }
     char mine[17];
     snprintf(mine, sizeof mine, "%016llx", (unsigned long long)m->layout.hash);
-    int rc = 0;
     if (saved_world != world) {
         snprintf(err, err_len, "%s was written by %d ranks; this run has %d: resume with WORLD_SIZE=%d", path,
                  saved_world, world, saved_world);

@@ -7,7 +7,19 @@
 //                                              layout hash
 //     trainer_state/rank-00000/optimizer.safetensors   rank 0's master weights and Adam moments, per unit
 //     (rank-00001, ...: the rank with five digits, one folder per rank)
-// Written under checkpoint-STEP.tmp and renamed once every rank has finished; only the last K are kept.
+//
+// Durability (a crash or power loss at any point leaves the newest complete checkpoint loadable):
+//   1. rank 0 makes checkpoint-STEP.tmp; every rank writes its part and fsyncs its files and its rank folder;
+//   2. once all ranks have, rank 0 fsyncs the rest, writes trainer_state.json last (a folder without it is not a
+//      complete checkpoint) and fsyncs it and the folder;
+//   3. an existing checkpoint-STEP (a run resumed from an earlier step saves the same step again) is renamed to
+//      checkpoint-STEP.old, never deleted first; checkpoint-STEP.tmp is renamed to checkpoint-STEP; the output
+//      folder is fsynced; then checkpoint-STEP.old is removed;
+//   4. only then are the checkpoints beyond the newest save_total_limit removed (each renamed to .old first).
+// What a stopped run leaves (.tmp and .old folders) is settled by rank 0 at the next save or resume, with a log
+// line: a .old beside a complete .tmp without checkpoint-STEP was a replacement stopped between its renames, and
+// the .tmp becomes checkpoint-STEP; every other .tmp and .old is removed. --resume latest takes the highest
+// complete checkpoint-STEP.
 #ifndef TANDEM_TRAINER_CHECKPOINT_H
 #define TANDEM_TRAINER_CHECKPOINT_H
 
@@ -26,19 +38,39 @@ typedef struct {
     int64_t policy_version;  // weights version last pushed to the servers
 } TrainProgress;
 
+// The points checkpoint_save passes, in order, for phase_hook. A test stops the process at each one to check
+// that whatever it leaves behind still resumes from a complete checkpoint.
+typedef enum {
+    CHECKPOINT_PHASE_TMP_CREATED,    // rank 0: checkpoint-STEP.tmp made (leftovers of a stopped run settled)
+    CHECKPOINT_PHASE_MODEL_WRITTEN,  // rank 0: model and tokenizer files written, not yet flushed
+    CHECKPOINT_PHASE_RANK_WRITTEN,   // every rank: its optimizer state written and flushed
+    CHECKPOINT_PHASE_COMPLETE,       // rank 0: trainer_state.json written, the .tmp folder flushed
+    CHECKPOINT_PHASE_OLD_ASIDE,      // rank 0: an existing checkpoint-STEP renamed to checkpoint-STEP.old
+    CHECKPOINT_PHASE_RENAMED,        // rank 0: checkpoint-STEP.tmp renamed to checkpoint-STEP
+    CHECKPOINT_PHASE_DURABLE,        // rank 0: the output folder flushed: the rename survives a power loss
+    CHECKPOINT_PHASE_OLD_REMOVED,    // rank 0: checkpoint-STEP.old removed
+    CHECKPOINT_PHASE_PRUNE_ASIDE,    // rank 0: a checkpoint beyond keep_last renamed to .old (step: that one's)
+    CHECKPOINT_PHASE_PRUNED,         // rank 0: the checkpoints beyond keep_last removed
+} CheckpointPhase;
+
 typedef struct {
     const char *output_dir;
     const char *base_model_dir;  // tokenizer files are copied from here
     int save_bf16;               // model tensors as bf16 (else fp32)
     size_t max_shard_bytes;      // 0 = one model.safetensors
     int keep_last;               // save_total_limit: 0 = keep all
+    // NULL, or called at each CheckpointPhase checkpoint_save passes (step: the checkpoint's, or for
+    // PRUNE_ASIDE the pruned one's) with phase_arg.
+    void (*phase_hook)(CheckpointPhase phase, long long step, void *phase_arg);
+    void *phase_arg;
 } CheckpointOptions;
 
 // All ranks call together. *saved_dir (optional, PATH_MAX) receives the final folder.
 int checkpoint_save(Zero3 *z, Model *m, Comm *c, const CheckpointOptions *o, const TrainProgress *p, char *saved_dir,
                     char *err, size_t err_len);
 // All ranks call together: restores master weights, Adam moments and progress from dir (a checkpoint-STEP
-// folder, or "latest" = the highest step under o->output_dir). Refuses another world size or model layout,
+// folder, or "latest" = the highest complete checkpoint-STEP under o->output_dir, after rank 0 has settled what a
+// stopped run left there, as checkpoint_save does). Refuses another world size or model layout,
 // naming both values. Another ZeRO stage is fine: every stage keeps the same slices (trainer/zero3.h).
 int checkpoint_load(Zero3 *z, Model *m, Comm *c, const CheckpointOptions *o, const char *dir, TrainProgress *p,
                     char *loaded_dir, char *err, size_t err_len);
