@@ -15,6 +15,7 @@
 
 #include "trainer/lr_schedule.h"
 #include "trainer/make_dirs.h"
+#include "trainer/metrics_trim.h"
 #include "trainer/output_dir.h"
 
 double trainer_now(void) {
@@ -204,6 +205,15 @@ int trainer_open(Trainer *t, TrainConfig *cfg, char *err, size_t err_len) {
             return -1;
         }
         snprintf(path, sizeof path, "%s/metrics.jsonl", cfg->output_dir);
+        if (cfg->resume) {
+            // Rows of the steps after the checkpoint, from the run that stopped, would be logged twice.
+            MetricsTrim trim;
+            if (metrics_trim_after_step(path, t->progress.step, &trim, err, err_len) != 0) return -1;
+            if (trim.later || trim.unreadable)
+                log0(t, "%s: removed %zu row(s) of steps after %lld and %zu unreadable line(s), left by the run that "
+                     "stopped after that checkpoint; kept %zu row(s), and this run logs the later steps again", path,
+                     trim.later, (long long)t->progress.step, trim.unreadable, trim.kept);
+        }
         if (!(t->metrics = fopen(path, cfg->resume ? "a" : "w"))) {
             snprintf(err, err_len, "cannot write %s: %s", path, strerror(errno));
             return -1;
