@@ -202,7 +202,14 @@ typedef struct {
     size_t chunk_pos;     // chunked: offset of the next chunk-size line
     char *body;           // chunked: decoded bytes so far
     size_t body_len, body_cap;
+    size_t max_body;      // the caller's limit on the body
 } RespState;
+
+static int too_large(const char *url, size_t max_body, const char *how, char *err, size_t err_len) {
+    set_err(err, err_len, "%s: the response body is larger than the limit of %zu bytes (%.6g MiB): %s", url, max_body,
+            max_body / 1048576.0, how);
+    return HTTP_E_TOO_LARGE;
+}
 
 static const char *find_line_end(const char *p, const char *end) {
     const char *nl = memchr(p, '\n', (size_t)(end - p));
@@ -306,6 +313,11 @@ static int advance_chunks(RespState *st, const char *url, char *err, size_t err_
             set_err(err, err_len, "%s: malformed chunk size line in a chunked response", url);
             return HTTP_E_PROTOCOL;
         }
+        if (size > st->max_body - st->body_len) {
+            char how[96];
+            snprintf(how, sizeof how, "a chunk of %llu bytes after %zu", size, st->body_len);
+            return too_large(url, st->max_body, how, err, err_len);
+        }
         const char *data = le + 1;
         if (size == 0) {
             // Trailer lines until an empty line.
@@ -353,6 +365,11 @@ static int response_complete(RespState *st, int eof, const char *url, char *err,
             }
         }
         if (st->status == 204 || st->status == 304) return 1;
+        if (!st->chunked && st->content_length > 0 && (unsigned long long)st->content_length > st->max_body) {
+            char how[64];
+            snprintf(how, sizeof how, "Content-Length is %lld", st->content_length);
+            return too_large(url, st->max_body, how, err, err_len);
+        }
         if (st->chunked) {
             int r = advance_chunks(st, url, err, err_len);
             if (r == 0 && eof) {
@@ -371,6 +388,7 @@ static int response_complete(RespState *st, int eof, const char *url, char *err,
             }
             return 0;
         }
+        if (have > st->max_body) return too_large(url, st->max_body, "the body ends with the connection", err, err_len);
         return eof ? 1 : 0;  // no length: the body ends with the connection
     }
 }
@@ -383,7 +401,7 @@ int http_post(const char *url, const char *content_type, const char *body, size_
     if (rc) return rc;
     int cto = opt && opt->connect_timeout_ms > 0 ? opt->connect_timeout_ms : 10000;
     int to = opt && opt->timeout_ms > 0 ? opt->timeout_ms : 60000;
-    size_t max_bytes = opt && opt->max_response_bytes ? opt->max_response_bytes : ((size_t)256 << 20);
+    size_t max_bytes = opt && opt->max_response_bytes ? opt->max_response_bytes : HTTP_DEFAULT_MAX_RESPONSE_BYTES;
 
     int fd = connect_host(&u, url, cto, err, err_len);
     if (fd < 0) return fd;
@@ -398,7 +416,7 @@ int http_post(const char *url, const char *content_type, const char *body, size_
                       u.path, ipv6 ? "[" : "", u.host, ipv6 ? "]" : "", strcmp(u.port, "80") ? ":" : "",
                       strcmp(u.port, "80") ? u.port : "", content_type ? content_type : "application/octet-stream",
                       body_len, opt && opt->headers ? opt->headers : "");
-    RespState st = {0};
+    RespState st = {.max_body = max_bytes};
     if (hn < 0 || (size_t)hn >= sizeof head) {
         set_err(err, err_len, "%s: request header too long", url);
         rc = HTTP_E_URL;
@@ -442,17 +460,24 @@ int http_post(const char *url, const char *content_type, const char *body, size_
             rc = HTTP_E_IO;
             goto done;
         }
-        if (st.len > max_bytes) {
-            set_err(err, err_len, "%s: response larger than %zu bytes", url, max_bytes);
-            rc = HTTP_E_TOO_LARGE;
-            goto done;
-        }
         int c = response_complete(&st, eof, url, err, err_len);
         if (c < 0) {
             rc = c;
             goto done;
         }
         if (c == 1) break;
+        if (st.chunked && st.head_end && st.chunk_pos > st.head_end) {
+            // Decoded chunks are in st.body: drop their raw bytes, so that the buffer holds one partial chunk.
+            memmove(st.buf + st.head_end, st.buf + st.chunk_pos, st.len - st.chunk_pos);
+            st.len -= st.chunk_pos - st.head_end;
+            st.chunk_pos = st.head_end;
+        }
+        // Bytes past the header beyond the body limit and room for one chunk's framing (a size line that never
+        // ends, more than Content-Length announced): refused whatever they are.
+        if (st.head_end && st.len - st.head_end > max_bytes + 65536) {
+            rc = too_large(url, max_bytes, "more bytes arrived than the body may hold", err, err_len);
+            goto done;
+        }
     }
     resp->status = st.status;
     if (st.chunked) {

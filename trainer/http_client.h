@@ -18,14 +18,18 @@ enum {
     HTTP_E_TIMEOUT = -3,    // connect or exchange ran past its timeout
     HTTP_E_IO = -4,         // the connection broke mid-exchange (reset, closed before the response was whole)
     HTTP_E_PROTOCOL = -5,   // the peer's bytes are not a valid HTTP/1.x response
-    HTTP_E_TOO_LARGE = -6,  // the response is larger than max_response_bytes
+    HTTP_E_TOO_LARGE = -6,  // the response body is larger than max_response_bytes
     HTTP_E_NOMEM = -7,
 };
+
+// A reply is held in memory whole: a body larger than the limit is refused as soon as that is known (from
+// Content-Length before the body is read, from a chunk's size line, or once the bytes received pass it).
+#define HTTP_DEFAULT_MAX_RESPONSE_BYTES ((size_t)64 << 20)
 
 typedef struct {
     int connect_timeout_ms;       // > 0
     int timeout_ms;               // > 0
-    size_t max_response_bytes;    // 0: 256 MiB
+    size_t max_response_bytes;    // largest body accepted; 0: HTTP_DEFAULT_MAX_RESPONSE_BYTES
     const char *headers;          // NULL, or extra header lines, each ending in "\r\n" (e.g. "Authorization: ...")
 } HttpOptions;
 

@@ -242,12 +242,13 @@ int reward_service_score(RewardService *rs, const RewardSample *samples, size_t 
     }
     HttpOptions ho = {.connect_timeout_ms = seconds_to_ms(rs->opt.connect_timeout_s),
                       .timeout_ms = seconds_to_ms(rs->opt.timeout_s),
-                      .max_response_bytes = 0};
+                      .max_response_bytes = rs->opt.max_response_bytes};
     HttpResponse resp = {0};
     char msg[1024] = "";
     double wait = fmin(rs->opt.backoff_s, BACKOFF_CAP_S);
-    int ok = 0;
+    int ok = 0, attempts = 0;
     for (int attempt = 0; attempt <= rs->opt.max_retries; attempt++) {
+        attempts++;
         if (attempt > 0) {
             sleep_s(wait);
             wait = fmin(wait * 2.0, BACKOFF_CAP_S);
@@ -255,6 +256,10 @@ int reward_service_score(RewardService *rs, const RewardSample *samples, size_t 
         http_response_free(&resp);
         int hrc = http_post(rs->url, "application/json", req, strlen(req), &ho, &resp, msg, sizeof msg);
         if (hrc == HTTP_E_CONNECT || hrc == HTTP_E_TIMEOUT || hrc == HTTP_E_IO) continue;  // worth another try
+        if (hrc == HTTP_E_TOO_LARGE) {
+            size_t used = strlen(msg);
+            snprintf(msg + used, sizeof msg - used, " (raise --reward-max-response-mb if such answers are expected)");
+        }
         if (hrc != HTTP_OK) break;
         if (resp.status == 200) {
             ok = 1;
@@ -267,7 +272,7 @@ int reward_service_score(RewardService *rs, const RewardSample *samples, size_t 
     }
     free(req);
     if (!ok) {
-        set_err(err, err_len, "reward service failed after %d attempt(s): %s", rs->opt.max_retries + 1, msg);
+        set_err(err, err_len, "reward service failed after %d attempt(s): %s", attempts, msg);
         http_response_free(&resp);
         return -1;
     }

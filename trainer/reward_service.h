@@ -14,8 +14,8 @@
 //   return the same names (in any order).
 // Failures: connection errors, timeouts, HTTP 5xx and 429 are retried up to max_retries times, waiting
 // backoff_s, then twice that, and so on (capped at 30 s). Other statuses and malformed bodies are not
-// retried: they would fail the same way again. The final error names the URL, the status and the start of
-// the body.
+// retried: they would fail the same way again; so is an answer larger than max_response_bytes (the whole
+// answer is held in memory). The final error names the URL, the status and the start of the body.
 #ifndef TANDEM_TRAINER_REWARD_SERVICE_H
 #define TANDEM_TRAINER_REWARD_SERVICE_H
 
@@ -29,6 +29,8 @@ typedef struct {
     double connect_timeout_s;   // per attempt (> 0)
     int max_retries;            // extra attempts after the first (>= 0)
     double backoff_s;           // wait before the first retry (>= 0), doubled for each further one
+    size_t max_response_bytes;  // a larger answer is refused, not retried (0: HTTP_DEFAULT_MAX_RESPONSE_BYTES,
+                                // 64 MiB); --reward-max-response-mb sets it
 } RewardServiceOptions;
 
 void reward_service_options_default(RewardServiceOptions *o);

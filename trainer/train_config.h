@@ -62,6 +62,7 @@ typedef struct {
     char *reward_url;               // external reward service (NULL: none)
     double reward_timeout, reward_connect_timeout, reward_backoff;   // seconds
     int reward_retries;
+    int reward_max_response_mb;     // largest reward-service answer read, MiB
     // ---- optimisation ----
     double learning_rate, weight_decay, adam_beta1, adam_beta2, adam_epsilon, max_grad_norm;
     LrSchedType lr_scheduler_type;

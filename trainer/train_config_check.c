@@ -128,6 +128,8 @@ static int check_rewards(const TrainConfig *c, char *err, size_t err_len) {
     NEED(isfinite(c->reward_connect_timeout) && c->reward_connect_timeout > 0, "reward_connect_timeout",
          "must be > 0 seconds, got %g", c->reward_connect_timeout);
     NEED(c->reward_retries >= 0, "reward_retries", "must be >= 0, got %d", c->reward_retries);
+    NEED(c->reward_max_response_mb >= 1, "reward_max_response_mb", "must be >= 1 MiB, got %d",
+         c->reward_max_response_mb);
     NEED(isfinite(c->reward_backoff) && c->reward_backoff >= 0, "reward_backoff", "must be >= 0 seconds, got %g",
          c->reward_backoff);
     if (c->reward_url) {
@@ -172,6 +174,7 @@ void train_config_reward_service_options(const TrainConfig *c, RewardServiceOpti
     so->connect_timeout_s = c->reward_connect_timeout;
     so->max_retries = c->reward_retries;
     so->backoff_s = c->reward_backoff;
+    so->max_response_bytes = (size_t)c->reward_max_response_mb << 20;
 }
 
 // Resolves steps_per_generation / generation_batch_size as GRPOConfig.__post_init__ does.

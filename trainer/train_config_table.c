@@ -142,6 +142,8 @@ const OptionSpec train_options[] = {
     OPT("reward_connect_timeout", OPT_F64, reward_connect_timeout, G_RWD, "seconds to connect to the service"),
     OPT("reward_retries", OPT_INT, reward_retries, G_RWD, "retries after a failed service call"),
     OPT("reward_backoff", OPT_F64, reward_backoff, G_RWD, "seconds before the first retry, doubled each time"),
+    OPT("reward_max_response_mb", OPT_INT, reward_max_response_mb, G_RWD,
+        "largest answer read from the service, MiB; a larger one is refused"),
 
     OPT("learning_rate", OPT_F64, learning_rate, G_OPT, "peak learning rate of AdamW"),
     ENUM("lr_scheduler_type", lr_scheduler_type, sched_name, 0, G_OPT,
@@ -202,6 +204,7 @@ void train_config_default(TrainConfig *c) {
     c->format_regex_mode = FORMAT_REGEX_FULL;
     c->length_penalty_coef = 1.0;
     c->reward_timeout = 60.0, c->reward_connect_timeout = 10.0, c->reward_retries = 3, c->reward_backoff = 1.0;
+    c->reward_max_response_mb = 64;
     c->learning_rate = 1e-6, c->weight_decay = 0.0, c->adam_beta1 = 0.9, c->adam_beta2 = 0.999;
     c->adam_epsilon = 1e-8, c->max_grad_norm = 1.0;
     c->lr_scheduler_type = LR_SCHED_LINEAR;

@@ -21,7 +21,7 @@ TANDEM_ONLY = {"model", "train_file", "mode", "overwrite_output_dir", "chat_temp
                "overlong_prompts", "rewards",
                "answer_column", "format_regex", "format_regex_mode", "soft_punish_cache", "length_penalty_coef",
                "length_penalty_target", "reward_url", "reward_timeout", "reward_connect_timeout", "reward_retries",
-               "reward_backoff", "resume", "zero_stage", "device", "init_timeout", "comm_timeout",
+               "reward_backoff", "reward_max_response_mb", "resume", "zero_stage", "device", "init_timeout", "comm_timeout",
                "rollout_servers", "rollout_timeout", "weight_sync_steps", "weight_sync_transport", "warmup_ratio",
                "keep_logits"}
 # Same meaning, different spelling of "unset" or a value that only names TRL's implementation.
