@@ -27,6 +27,9 @@ typedef struct {
     EngineConfig engine;
     HttpConfig http;
     const char *control;
+    const char *control_key_file;          // --control-key-file, else TANDEM_CONTROL_KEY_FILE
+    const char *control_authorized_keys;   // --control-authorized-keys, else TANDEM_CONTROL_AUTHORIZED_KEYS
+    int control_insecure;
     double drain_timeout_s;
     double weight_sync_timeout_s;
     int device_given;
@@ -39,7 +42,8 @@ enum {
     OPT_MODEL = 256, OPT_HOST, OPT_PORT, OPT_CONTROL, OPT_DEVICE, OPT_KV, OPT_BLOCK, OPT_SEQS, OPT_BATCHED,
     OPT_QUEUED, OPT_BODY, OPT_KEY, OPT_DRAIN, OPT_PREFIX, OPT_NO_PREFIX, OPT_SEED, OPT_NAME, OPT_TEMPLATE, OPT_HELP,
     OPT_SYNC_TIMEOUT, OPT_GPU_UTIL, OPT_DEVICES,
-    OPT_ENFORCE_EAGER, OPT_GRAPH_MAX_BATCH, OPT_VERSION,
+    OPT_ENFORCE_EAGER, OPT_GRAPH_MAX_BATCH, OPT_VERSION, OPT_CONTROL_KEY, OPT_CONTROL_AUTHORIZED,
+    OPT_CONTROL_INSECURE,
 };
 
 static const struct option kLongOpts[] = {
@@ -47,6 +51,9 @@ static const struct option kLongOpts[] = {
     {"host", required_argument, 0, OPT_HOST},
     {"port", required_argument, 0, OPT_PORT},
     {"control", required_argument, 0, OPT_CONTROL},
+    {"control-key-file", required_argument, 0, OPT_CONTROL_KEY},
+    {"control-authorized-keys", required_argument, 0, OPT_CONTROL_AUTHORIZED},
+    {"control-insecure", no_argument, 0, OPT_CONTROL_INSECURE},
     {"device", required_argument, 0, OPT_DEVICE},
     {"devices", required_argument, 0, OPT_DEVICES},
     {"kv-cache-memory", required_argument, 0, OPT_KV},
@@ -106,7 +113,16 @@ static void usage(FILE *f) {
             "  --model DIR                   model folder: config.json, *.safetensors, tokenizer.json (required)\n"
             "  --host ADDR                   address to listen on (default 127.0.0.1)\n"
             "  --port N                      HTTP port; 0 picks a free one and logs it (default 8000)\n"
-            "  --control ENDPOINT            ZeroMQ ROUTER endpoint, e.g. tcp://0.0.0.0:5555 (default: none)\n"
+            "  --control ENDPOINT            ZeroMQ ROUTER endpoint, e.g. tcp://127.0.0.1:5555; one that other\n"
+            "                                machines can reach (tcp://0.0.0.0:5555) needs keys (default: none)\n"
+            "  --control-key-file PATH       this server's CURVE key pair (tandem-train keygen writes one): the\n"
+            "                                control channel then admits only the clients listed in\n"
+            "                                --control-authorized-keys; env TANDEM_CONTROL_KEY_FILE (default: none)\n"
+            "  --control-authorized-keys PATH  client public keys allowed on the control channel, one a line; env\n"
+            "                                TANDEM_CONTROL_AUTHORIZED_KEYS (default: none)\n"
+            "  --control-insecure            allow --control on an address other machines can reach without keys\n"
+            "                                (anyone reaching it can pause, replace the weights, shut down); without\n"
+            "                                it such a --control needs the two options above (default: off)\n"
             "  --device cpu|cuda[:N]         compute backend and device index (default cpu)\n"
             "  --devices LIST                one engine per listed device, each with its own copy of the model\n"
             "                                and KV pool (data parallel); requests go to the least loaded engine,\n"
@@ -195,6 +211,51 @@ static int parse_bytes(const char *opt, const char *s, size_t *out) {
     return 0;
 }
 
+// Who may reach the control channel: keys come as a pair of files; without keys, only a local endpoint, unless
+// --control-insecure says the network is trusted (issue 22: a plain client paused, zeroed and stopped a server).
+static int check_control_security(const Options *o) {
+    int have_key = o->control_key_file != NULL, have_auth = o->control_authorized_keys != NULL;
+    if (have_key != have_auth) {
+        fprintf(stderr, "tandem-serve: %s needs %s as well: the server's key pair and the clients it admits go "
+                        "together (tandem-train keygen DIR writes both: DIR/server.key, DIR/authorized_keys)\n",
+                have_key ? "--control-key-file" : "--control-authorized-keys",
+                have_key ? "--control-authorized-keys" : "--control-key-file");
+        return -1;
+    }
+    if (have_key && !o->control) {
+        fprintf(stderr, "tandem-serve: --control-key-file secures the control channel, but there is none: add "
+                        "--control ENDPOINT\n");
+        return -1;
+    }
+    if (have_key && o->control_insecure) {
+        fprintf(stderr, "tandem-serve: --control-insecure and --control-key-file contradict each other: drop one\n");
+        return -1;
+    }
+    if (o->control && !have_key && !o->control_insecure && !zmq_control_endpoint_is_local(o->control)) {
+        fprintf(stderr, "tandem-serve: --control %s can be reached from other machines and no keys were given: anyone "
+                        "who reaches it could pause the engine, replace the weights or shut the server down. Give "
+                        "--control-key-file and --control-authorized-keys (tandem-train keygen DIR writes them), "
+                        "bind a loopback address (tcp://127.0.0.1:PORT), or pass --control-insecure on a network "
+                        "you trust\n", o->control);
+        return -1;
+    }
+    return 0;
+}
+
+// Reads the key files into keys. Returns 0, or -1 after logging why.
+static int load_control_keys(const Options *o, ZmqControlKeys *keys) {
+    char err[1024];
+    memset(keys, 0, sizeof *keys);
+    if (control_keypair_read(o->control_key_file, &keys->server, err, sizeof err) != 0 ||
+        control_authorized_keys_read(o->control_authorized_keys, keys->authorized, &keys->n_authorized, err,
+                                     sizeof err) != 0) {
+        serve_log("cannot read the control channel's keys: %s", err);
+        return -1;
+    }
+    keys->authorized_path = o->control_authorized_keys;
+    return 0;
+}
+
 static int parse_options(int argc, char **argv, Options *o) {
     memset(o, 0, sizeof *o);
     engine_config_default(&o->engine);
@@ -203,6 +264,9 @@ static int parse_options(int argc, char **argv, Options *o) {
     o->weight_sync_timeout_s = DEFAULT_WEIGHT_SYNC_TIMEOUT_S;
     const char *env_key = getenv("TANDEM_API_KEY");
     if (env_key && env_key[0]) o->http.api_key = env_key;
+    const char *env_ckey = getenv("TANDEM_CONTROL_KEY_FILE"), *env_cauth = getenv("TANDEM_CONTROL_AUTHORIZED_KEYS");
+    if (env_ckey && env_ckey[0]) o->control_key_file = env_ckey;
+    if (env_cauth && env_cauth[0]) o->control_authorized_keys = env_cauth;
     long long v;
     int c;
     opterr = 0;
@@ -215,6 +279,9 @@ static int parse_options(int argc, char **argv, Options *o) {
             o->http.port = (int)v;
             break;
         case OPT_CONTROL: o->control = optarg; break;
+        case OPT_CONTROL_KEY: o->control_key_file = optarg; break;
+        case OPT_CONTROL_AUTHORIZED: o->control_authorized_keys = optarg; break;
+        case OPT_CONTROL_INSECURE: o->control_insecure = 1; break;
         case OPT_DEVICE:
             if (strcmp(optarg, "cpu") == 0) {
                 o->engine.backend = OPS_BACKEND_CPU, o->engine.device = 0;
@@ -329,6 +396,7 @@ static int parse_options(int argc, char **argv, Options *o) {
         o->devices[0] = (EngineDevice){o->engine.backend, o->engine.device};
         o->n_devices = 1;
     }
+    if (check_control_security(o) != 0) return -1;
     // A trainer on the control channel may send NCCL weight updates, received into a second copy of the weights.
     o->engine.reserve_weight_copy = o->control != NULL;
     return 0;
@@ -352,6 +420,11 @@ int main(int argc, char **argv) {
         return 1;
     }
     signal(SIGPIPE, SIG_IGN); // a client closing its socket mid-write must not end the process
+
+    // Keys are read before the model loads, so a wrong path fails in a moment rather than after minutes.
+    static ZmqControlKeys control_keys;
+    int secure = o.control_key_file != NULL;
+    if (secure && load_control_keys(&o, &control_keys) != 0) return 1;
 
     char kv[32], list[ENGINE_GROUP_MAX * 12], devs[sizeof list + 32];
     human_bytes(o.engine.kv_cache_bytes, kv, sizeof kv);
@@ -396,14 +469,23 @@ int main(int argc, char **argv) {
     }
     ZmqControl *zmq = NULL;
     if (o.control) {
-        if (zmq_control_start(&zmq, engines, o.control, (int)(o.weight_sync_timeout_s * 1000), err, sizeof err) != 0) {
+        if (zmq_control_start(&zmq, engines, o.control, secure ? &control_keys : NULL,
+                              (int)(o.weight_sync_timeout_s * 1000), err, sizeof err) != 0) {
             serve_log("cannot start the ZeroMQ control channel on %s: %s", o.control, err);
             http_server_stop(http);
             engine_group_destroy(engines, 0);
             return 1;
         }
         zmq_control_on_shutdown(zmq, stop_request_shutdown, NULL);
-        serve_log("ZeroMQ control channel on %s", o.control);
+        if (secure)
+            serve_log("ZeroMQ control channel on %s, CURVE: server public key %s, %d client key(s) admitted from %s",
+                      o.control, control_keys.server.public_key, control_keys.n_authorized,
+                      o.control_authorized_keys);
+        else
+            serve_log("ZeroMQ control channel on %s, no keys: %s", o.control,
+                      zmq_control_endpoint_is_local(o.control)
+                          ? "only this machine can reach it"
+                          : "--control-insecure, anyone who reaches it can control this server");
     }
     stop_request_serving(); // before the line that tells supervisors the server is up
     serve_log("listening on http://%s%s%s:%d (model id '%s'%s)", strchr(o.http.host, ':') ? "[" : "", o.http.host,

@@ -53,6 +53,7 @@ struct ZmqControl {
     Job *incoming;              // jobs submitted by the socket thread, not yet taken by the collector
     WeightRecv wr;              // socket thread only
     WeightNccl *wn;             // socket thread only: transport nccl
+    ZmqControlAuth *auth;       // NULL without keys
 };
 
 static int fail(char *err, size_t err_len, const char *fmt, ...) {
@@ -682,6 +683,7 @@ static void control_free(ZmqControl *z) {
     if (z->push) zmq_close(z->push);
     if (z->pull) zmq_close(z->pull);
     if (z->router) zmq_close(z->router);
+    zmq_control_auth_stop(z->auth);
     if (z->ctx) zmq_ctx_term(z->ctx);
     while (z->incoming) {
         Job *j = z->incoming;
@@ -696,8 +698,8 @@ static void control_free(ZmqControl *z) {
     free(z);
 }
 
-int zmq_control_start(ZmqControl **out, EngineGroup *g, const char *endpoint, int weight_sync_timeout_ms, char *err,
-                      size_t err_len) {
+int zmq_control_start(ZmqControl **out, EngineGroup *g, const char *endpoint, const ZmqControlKeys *keys,
+                      int weight_sync_timeout_ms, char *err, size_t err_len) {
     *out = NULL;
     if (!g || !endpoint || !*endpoint) return fail(err, err_len, "zmq control: engines and an endpoint are needed");
     ZmqControl *z = calloc(1, sizeof *z);
@@ -722,6 +724,11 @@ int zmq_control_start(ZmqControl **out, EngineGroup *g, const char *endpoint, in
     // default high-water mark (ROUTER drops on overflow). Receive stays bounded: slow weight writes push back.
     zmq_setsockopt(z->router, ZMQ_SNDHWM, &zero, sizeof zero);
     zmq_setsockopt(z->router, ZMQ_LINGER, &linger, sizeof linger);
+    // Keys before bind: a socket bound without CURVE would admit the first clients in the clear.
+    if (keys && zmq_control_auth_start(&z->auth, z->ctx, z->router, keys, err, err_len) != 0) {
+        control_free(z);
+        return -1;
+    }
     if (zmq_bind(z->router, endpoint) < 0) {
         const int e = zmq_errno();
         fail(err, err_len, "zmq control: cannot bind %s: %s%s", endpoint, zmq_strerror(e),

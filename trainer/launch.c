@@ -2,12 +2,15 @@
 //
 //   tandem-train launch --model DIR [--nnodes N --node-rank R --master-addr HOST] [--ranks N] [--servers K]
 //                       [--server-device cpu|cuda] [--server-arg ARG]... [--master-port P] [--control-port P]
-//                       [--log-dir DIR] [--dns-timeout S] -- [tandem-train options]
+//                       [--log-dir DIR] [--dns-timeout S] [--control-keys DIR | --control-insecure]
+//                       -- [tandem-train options]
 //
 // Several nodes: the same command on every node, only --node-rank differs (torchrun's model). Node R starts
 // ranks R * ranks ... R * ranks + ranks - 1. Rollout servers started by the launcher run on node 0 only and
 // listen on every interface there; every node's ranks reach them at MASTER_ADDR. External servers (Kubernetes:
 // their own pods) are --servers 0 plus the trainer's --rollout-servers after "--".
+// The control channel is authenticated with CURVE (trainer/control_keygen.h): one node makes a fresh key folder
+// per run in --log-dir; several nodes need the same folder on each (--control-keys).
 #define _GNU_SOURCE  // sched_getaffinity, CPU_COUNT
 #include "trainer/launch.h"
 
@@ -27,6 +30,7 @@
 
 #include "kernels/ops.h"
 #include "shared/version.h"
+#include "trainer/control_keygen.h"
 #include "trainer/make_dirs.h"
 
 #define MAX_PROCS 256
@@ -72,6 +76,12 @@ static void usage(FILE *f) {
             "  --log-dir DIR          logs of the servers and of local ranks > 0 (default launch-logs)\n"
             "  --dns-timeout S        with WORLD_SIZE > 1, seconds to wait for --master-addr to resolve before\n"
             "                         starting the ranks (a pod's DNS name appears shortly after it starts) (default 300)\n"
+            "  --control-keys DIR     CURVE keys of the control channel, a folder made by tandem-train keygen DIR,\n"
+            "                         the same on every node: servers admit only the ranks' key (default: one\n"
+            "                         node makes a fresh folder for each run, --log-dir/control-keys; several\n"
+            "                         nodes need this option or --control-insecure)\n"
+            "  --control-insecure     no keys on the control channel: with --nnodes > 1 anyone who reaches node 0\n"
+            "                         can control its servers (default: off)\n"
             "  --version              the version of tandem-train\n"
             "  -h, --help             this text\n\n"
             "CPU threads: every server and rank started here gets OPENBLAS_NUM_THREADS and OMP_NUM_THREADS =\n"
@@ -269,12 +279,51 @@ static int wait_resolvable(const char *host, int timeout_s) {
     }
 }
 
+// Which key folder the run uses (keys_dir, "" for none). One node: a fresh one in log_dir/control-keys unless told
+// otherwise. Several nodes: the servers listen on every interface of node 0, so the keys must be given (one
+// folder copied to every node: a key made here would not reach the other nodes) or refused explicitly.
+// Returns 0, or after printing why 2 (a usage error) or 1 (the folder is incomplete or cannot be written).
+static int resolve_control_keys(const char *keys_arg, int insecure, int servers, int nnodes, const char *log_dir,
+                                char *keys_dir, size_t cap) {
+    char err[PATH_MAX + 256];
+    if (keys_arg && insecure) {
+        fprintf(stderr, "tandem-train launch: --control-keys and --control-insecure contradict each other: drop "
+                        "one\n");
+        return 2;
+    }
+    if (keys_arg) {
+        snprintf(keys_dir, cap, "%s", keys_arg);
+        if (!control_keygen_dir_complete(keys_dir, err, sizeof err)) {
+            fprintf(stderr, "tandem-train launch: --control-keys: %s\n", err);
+            return 1;
+        }
+        fprintf(stderr, "tandem-train launch: control channel authenticated with the CURVE keys in %s\n", keys_dir);
+        return 0;
+    }
+    if (insecure || servers == 0) return 0;   // --servers 0: the user's servers, the user's keys (after "--")
+    if (nnodes > 1) {
+        fprintf(stderr, "tandem-train launch: with --nnodes %d the rollout servers listen on every interface of node "
+                        "0, so their control channel needs keys: run tandem-train keygen DIR once, give every node "
+                        "the same DIR (a shared folder, a copy, or a Kubernetes Secret) and pass --control-keys "
+                        "DIR; or --control-insecure on a network you trust\n", nnodes);
+        return 2;
+    }
+    snprintf(keys_dir, cap, "%s/control-keys", log_dir);
+    if (control_keygen_write_dir(keys_dir, 1, err, sizeof err) != 0) {
+        fprintf(stderr, "tandem-train launch: cannot write this run's control keys: %s\n", err);
+        return 1;
+    }
+    fprintf(stderr, "tandem-train launch: control channel authenticated with fresh CURVE keys in %s (mode 0600)\n",
+            keys_dir);
+    return 0;
+}
+
 int launch_main(int argc, char **argv) {
     const char *model = NULL, *server_device = "cpu", *log_dir = "launch-logs";
     const char *nnodes_arg = NULL, *node_rank_arg = NULL, *master_addr_arg = NULL, *master_port_arg = NULL;
     int ranks = 1, servers = 1, master_port = 29500, control_port = 5555, dns_timeout = 300, n_server_args = 0;
-    int train_start = argc;
-    const char *server_args[64];
+    int train_start = argc, control_insecure = 0;
+    const char *server_args[64], *control_keys_arg = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -289,6 +338,10 @@ int launch_main(int argc, char **argv) {
         if (!strcmp(a, "--version")) {
             tandem_print_version(stdout, "tandem-train");
             return 0;
+        }
+        if (!strcmp(a, "--control-insecure")) {
+            control_insecure = 1;
+            continue;
         }
         if (!strncmp(a, "--server-arg=", 13)) {
             if (n_server_args < 64) server_args[n_server_args++] = a + 13;
@@ -312,6 +365,7 @@ int launch_main(int argc, char **argv) {
         else if (!strcmp(a, "--control-port")) bad = parse_int(a, v, 1, 65535, &control_port);
         else if (!strcmp(a, "--log-dir")) log_dir = v;
         else if (!strcmp(a, "--dns-timeout")) bad = parse_int(a, v, 0, 86400, &dns_timeout);
+        else if (!strcmp(a, "--control-keys")) control_keys_arg = v;
         else {
             fprintf(stderr, "tandem-train launch: unknown option %s (tandem-train options go after --)\n", a);
             return 2;
@@ -350,6 +404,15 @@ int launch_main(int argc, char **argv) {
         fprintf(stderr, "tandem-train launch: --log-dir: %s\n", derr);
         return 1;
     }
+    char keys_dir[PATH_MAX] = "";
+    int keys_rc = resolve_control_keys(control_keys_arg, control_insecure, servers, nnodes, log_dir, keys_dir,
+                                       sizeof keys_dir);
+    if (keys_rc != 0) return keys_rc;
+    char key_paths[4][PATH_MAX + 32];
+    snprintf(key_paths[0], sizeof key_paths[0], "%s/%s", keys_dir, CONTROL_KEYS_SERVER_KEY);
+    snprintf(key_paths[1], sizeof key_paths[1], "%s/%s", keys_dir, CONTROL_KEYS_AUTHORIZED);
+    snprintf(key_paths[2], sizeof key_paths[2], "%s/%s", keys_dir, CONTROL_KEYS_SERVER_PUB);
+    snprintf(key_paths[3], sizeof key_paths[3], "%s/%s", keys_dir, CONTROL_KEYS_CLIENT_KEY);
     char dir[PATH_MAX], serve_bin[PATH_MAX + 16], train_bin[PATH_MAX + 16];
     exe_dir(dir, sizeof dir);
     snprintf(serve_bin, sizeof serve_bin, "%s/tandem-serve", dir);
@@ -385,6 +448,12 @@ int launch_main(int argc, char **argv) {
         char dev[64];
         server_device_of(server_device, s, ranks, servers, dev, sizeof dev);
         args[k++] = "--device", args[k++] = strdup(dev);
+        if (keys_dir[0]) {
+            args[k++] = "--control-key-file", args[k++] = key_paths[0];
+            args[k++] = "--control-authorized-keys", args[k++] = key_paths[1];
+        } else if (nnodes > 1) {
+            args[k++] = "--control-insecure";
+        }
         for (int j = 0; j < n_server_args; j++) args[k++] = (char *)server_args[j];
         args[k] = NULL;
         Child *c = &children[n_children++];
@@ -401,6 +470,11 @@ int launch_main(int argc, char **argv) {
         args[k++] = train_bin;
         args[k++] = "--model", args[k++] = (char *)model;
         if (servers > 0) args[k++] = "--rollout-servers", args[k++] = endpoints;
+        // Before the user's options, so that keys given after "--" win (their flags come later).
+        if (keys_dir[0]) {
+            args[k++] = "--control-server-key", args[k++] = key_paths[2];
+            args[k++] = "--control-client-key", args[k++] = key_paths[3];
+        }
         for (int j = train_start; j < argc && k < MAX_ARGS - 1; j++) args[k++] = argv[j];
         args[k] = NULL;
         snprintf(buf[0], sizeof buf[0], "RANK=%d", r);

@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "shared/version.h"
+#include "trainer/control_keygen.h"
 #include "trainer/demo.h"
 #include "trainer/eval.h"
 #include "trainer/launch.h"
@@ -16,6 +17,7 @@ int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "launch") == 0) return launch_main(argc - 1, argv + 1);
     if (argc > 1 && strcmp(argv[1], "eval") == 0) return eval_main(argc - 1, argv + 1);
     if (argc > 1 && strcmp(argv[1], "demo") == 0) return demo_main(argc - 1, argv + 1);
+    if (argc > 1 && strcmp(argv[1], "keygen") == 0) return control_keygen_main(argc - 1, argv + 1);
     char err[2048];
     TrainConfig cfg;
     train_config_default(&cfg);
@@ -26,7 +28,8 @@ int main(int argc, char **argv) {
                "tandem-train and how it was built\n"
                "\nSubcommands: tandem-train launch --help (servers + ranks of a run on this machine),\n"
                "             tandem-train eval --help (score a held-out set through an OpenAI-compatible server),\n"
-               "             tandem-train demo --help (the whole pipeline on a built-in task, no downloads)\n");
+               "             tandem-train demo --help (the whole pipeline on a built-in task, no downloads)\n"
+               "             tandem-train keygen --help (CURVE keys for the ZeroMQ control channel)\n");
         train_config_free(&cfg);
         return 0;
     }

@@ -7,6 +7,7 @@
 #include <time.h>
 #include <zmq.h>
 
+#include "shared/control_keys.h"
 #include "shared/dtype.h"
 
 #define MAX_SERVERS ROLLOUT_MAX_SERVERS
@@ -24,6 +25,9 @@ typedef struct {
 
 struct RolloutClient {
     void *zctx;
+    int secure;                 // 1: every socket is a CURVE client with the keys below
+    ControlKey server_public;
+    ControlKeyPair client;
     Server servers[MAX_SERVERS];
     int n_servers;
     uint64_t layout_hash;
@@ -119,6 +123,15 @@ static int hello(RolloutClient *c, Server *s, int timeout_ms, char *err, size_t 
     int64_t id = c->next_id++;
     zmsg_init(&req, ZMSG_HELLO, ZMSG_DIR_REQUEST, id);
     req.protocol_version = ZMSG_PROTOCOL_VERSION;
+    // A server that refuses this client's handshake (CURVE keys missing or not admitted) leaves the socket with
+    // no connection, where a send would block for ever: wait for one, as long as for the answer.
+    zmq_pollitem_t out_item = {s->sock, 0, ZMQ_POLLOUT, 0};
+    int writable = zmq_poll(&out_item, 1, timeout_ms);
+    if (writable < 0) {
+        snprintf(err, err_len, "polling rollout server %s: %s", s->endpoint, zmq_strerror(zmq_errno()));
+        return -1;
+    }
+    if (writable == 0) return 0;
     if (send_msg(s, &req, err, err_len) != 0) return -1;
     int r = wait_reply(s, id, &rep, timeout_ms, err, err_len);
     if (r <= 0) return r == 0 ? 0 : -1;
@@ -137,17 +150,30 @@ static int hello(RolloutClient *c, Server *s, int timeout_ms, char *err, size_t 
     return rc;
 }
 
+// s->sock: a DEALER connected to s->endpoint, a CURVE client when the run has keys (set before connect: the
+// handshake starts at connect).
+static int open_socket(RolloutClient *c, Server *s, char *err, size_t err_len) {
+    s->sock = zmq_socket(c->zctx, ZMQ_DEALER);
+    int linger = 0;
+    if (!s->sock || zmq_setsockopt(s->sock, ZMQ_LINGER, &linger, sizeof linger) != 0) {
+        snprintf(err, err_len, "cannot open a socket for rollout server %s: %s", s->endpoint,
+                 zmq_strerror(zmq_errno()));
+        return -1;
+    }
+    if (c->secure && control_client_secure(s->sock, c->server_public, &c->client, err, err_len) != 0) return -1;
+    if (zmq_connect(s->sock, s->endpoint) != 0) {
+        snprintf(err, err_len, "cannot connect to rollout server %s: %s", s->endpoint, zmq_strerror(zmq_errno()));
+        return -1;
+    }
+    return 0;
+}
+
 // A fresh socket for a server that stopped answering: whatever was queued for the old connection (requests of
 // a round it missed, slices of an abandoned weight push) is dropped instead of reaching a restarted server.
 static int reopen(RolloutClient *c, Server *s, char *err, size_t err_len) {
     if (s->sock) zmq_close(s->sock);
-    s->sock = zmq_socket(c->zctx, ZMQ_DEALER);
-    int linger = 0;
-    if (!s->sock || zmq_setsockopt(s->sock, ZMQ_LINGER, &linger, sizeof linger) != 0 ||
-        zmq_connect(s->sock, s->endpoint) != 0) {
-        snprintf(err, err_len, "cannot reconnect to rollout server %s: %s", s->endpoint, zmq_strerror(zmq_errno()));
-        return -1;
-    }
+    s->sock = NULL;
+    if (open_socket(c, s, err, err_len) != 0) return -1;
     s->in_flight = 0;
     return 0;
 }
@@ -202,7 +228,7 @@ static int rollout_client_poll(RolloutClient *c, int64_t version, int timeout_ms
 }
 
 int rollout_client_create(RolloutClient **out, const char *endpoints, uint64_t layout_hash, int timeout_ms,
-                          char *err, size_t err_len) {
+                          const char *server_key_path, const char *client_key_path, char *err, size_t err_len) {
     *out = NULL;
     RolloutClient *c = calloc(1, sizeof *c);
     if (!c || !(c->zctx = zmq_ctx_new())) {
@@ -212,6 +238,22 @@ int rollout_client_create(RolloutClient **out, const char *endpoints, uint64_t l
     }
     c->layout_hash = layout_hash;
     c->timeout_ms = timeout_ms;
+    if ((server_key_path != NULL) != (client_key_path != NULL)) {
+        snprintf(err, err_len, "%s needs %s as well: a CURVE client needs the server's public key and a key pair of "
+                 "its own (tandem-train keygen DIR writes DIR/server.pub and DIR/client.key)",
+                 server_key_path ? "--control-server-key" : "--control-client-key",
+                 server_key_path ? "--control-client-key" : "--control-server-key");
+        goto fail;
+    }
+    if (server_key_path) {
+        char kerr[900];
+        if (control_public_key_read(server_key_path, c->server_public, kerr, sizeof kerr) != 0 ||
+            control_keypair_read(client_key_path, &c->client, kerr, sizeof kerr) != 0) {
+            snprintf(err, err_len, "the control channel's keys: %s", kerr);
+            goto fail;
+        }
+        c->secure = 1;
+    }
     c->next_id = 1;
     const char *p = endpoints;
     while (p && *p) {
@@ -224,13 +266,7 @@ int rollout_client_create(RolloutClient **out, const char *endpoints, uint64_t l
         Server *s = &c->servers[c->n_servers++];
         memcpy(s->endpoint, p, len);
         s->endpoint[len] = 0;
-        s->sock = zmq_socket(c->zctx, ZMQ_DEALER);
-        int linger = 0;
-        zmq_setsockopt(s->sock, ZMQ_LINGER, &linger, sizeof linger);
-        if (zmq_connect(s->sock, s->endpoint) != 0) {
-            snprintf(err, err_len, "--rollout-servers: cannot connect to %s: %s", s->endpoint, zmq_strerror(zmq_errno()));
-            goto fail;
-        }
+        if (open_socket(c, s, err, err_len) != 0) goto fail;
         p = comma ? comma + 1 : NULL;
     }
     if (c->n_servers == 0) {
@@ -248,7 +284,13 @@ int rollout_client_create(RolloutClient **out, const char *endpoints, uint64_t l
             if (r == 1) break;
             if (now_ms() >= deadline) {
                 snprintf(err, err_len, "rollout server %s did not answer within %d ms: is tandem-serve running with "
-                         "--control %s?", s->endpoint, timeout_ms, s->endpoint);
+                         "--control %s? %s", s->endpoint, timeout_ms, s->endpoint,
+                         c->secure ? "Its --control-key-file must be the pair of --control-server-key, and its "
+                                     "--control-authorized-keys must list this trainer's --control-client-key (its "
+                                     "log names refused clients)"
+                                   : "If it was started with --control-key-file, give this trainer "
+                                     "--control-server-key and --control-client-key: a server with keys does not "
+                                     "answer a client without them");
                 goto fail;
             }
             fprintf(stderr, "tandem-train: waiting for rollout server %s (no answer yet)\n", s->endpoint);

@@ -88,6 +88,8 @@ typedef struct {
     double comm_timeout;            // seconds: one collective
     char *rollout_servers;          // comma-separated tcp://host:port list (grpo)
     double rollout_timeout;         // seconds before a request is retried on another server
+    char *control_server_key;       // the servers' CURVE public key file (NULL: plain ZeroMQ)
+    char *control_client_key;       // this trainer's CURVE key pair file (NULL: plain ZeroMQ)
     int weight_sync_steps;          // push weights every k optimizer steps
     WeightSyncTransport weight_sync_transport;
     // ---- derived by train_config_finalize (not options) ----

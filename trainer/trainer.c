@@ -175,7 +175,8 @@ int trainer_open(Trainer *t, TrainConfig *cfg, char *err, size_t err_len) {
             return -1;
         }
         if (rollout_client_create(&t->rollout, cfg->rollout_servers, t->model.layout.hash,
-                                  (int)(cfg->rollout_timeout * 1000), err, err_len) != 0)
+                                  (int)(cfg->rollout_timeout * 1000), cfg->control_server_key,
+                                  cfg->control_client_key, err, err_len) != 0)
             return -1;
     }
     // Steps: per epoch, every rank consumes per_device_train_batch_size * gradient_accumulation_steps items per

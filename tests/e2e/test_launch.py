@@ -6,6 +6,7 @@ import json
 import os
 import pathlib
 import signal
+import stat
 import subprocess
 import sys
 import time
@@ -94,6 +95,12 @@ def test_launch_runs_servers_and_ranks(setup):
     rows = [json.loads(x) for x in (d / "ok" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert not any(alive(pid) for pid in pids_in(out))
+    # Out of the box the control channel is authenticated: fresh keys for the run, readable by its owner only.
+    keys = d / "ok-logs" / "control-keys"
+    assert f"control channel authenticated with fresh CURVE keys in {keys}" in out
+    for name in ("server.key", "server.pub", "client.key", "authorized_keys"):
+        assert stat.S_IMODE(os.stat(keys / name).st_mode) == 0o600, name
+    assert "CURVE: server public key" in (d / "ok-logs" / "server0.log").read_text()
 
 
 def test_a_failing_rank_stops_everything(setup):
@@ -127,14 +134,21 @@ def test_ctrl_c_stops_everything(setup):
 
 def test_two_nodes_on_localhost(setup):
     """The same command on two "nodes" (1 rank each): node 0 starts the server, node 1's rank reaches it through
-    --master-addr; RANK and WORLD_SIZE come from --nnodes/--node-rank, and the run trains to its last step."""
+    --master-addr; RANK and WORLD_SIZE come from --nnodes/--node-rank, and the run trains to its last step. The
+    server listens on every interface, so both nodes share one key folder (tandem-train keygen, --control-keys)."""
     d = setup
+    keys = d / "nodes-keys"
+    made = subprocess.run([str((BUILD / "bin" / "tandem-train").resolve()), "keygen", "--force", str(keys)],
+                          capture_output=True, text=True, timeout=30)
+    assert made.returncode == 0, made.stderr
     port, ctl = free_port(), free_port()
     procs = [launcher(["--model", str(d / "model"), "--nnodes", "2", "--node-rank", str(n), "--ranks", "1",
                        "--master-addr", "127.0.0.1", "--master-port", str(port), "--control-port", str(ctl),
-                       "--log-dir", str(d / f"nodes{n}-logs"), "--", *train_args(d, f"nodes{n}", 3)], d)
+                       "--control-keys", str(keys), "--log-dir", str(d / f"nodes{n}-logs"), "--",
+                       *train_args(d, f"nodes{n}", 3)], d)
              for n in (0, 1)]
     out0, out1 = finish_nodes(procs)
+    assert f"control channel authenticated with the CURVE keys in {keys}" in out0 + out1
     assert procs[0].returncode == 0, out0 + "\n---- node 1 ----\n" + out1
     assert procs[1].returncode == 0, out1 + "\n---- node 0 ----\n" + out0
     assert "node 0 of 2: ranks 0..0 of WORLD_SIZE 2" in out0 and "rollout server 0" in out0
@@ -184,8 +198,14 @@ def test_node_options_are_checked(setup):
     assert code == 2 and "NODE_RANK '7'" in out
     code, out = run(["--nnodes", "zero"])
     assert code == 2 and "--nnodes 'zero'" in out
-    code, out = run(["--nnodes", "2", "--master-addr", "tandem-nowhere.invalid", "--dns-timeout", "1"])
+    code, out = run(["--nnodes", "2", "--master-addr", "tandem-nowhere.invalid", "--dns-timeout", "1",
+                     "--control-insecure"])
     assert code == 1 and "MASTER_ADDR tandem-nowhere.invalid does not resolve" in out
+    # Servers on every interface of node 0 need keys shared by every node, or an explicit opt-out.
+    code, out = run(["--nnodes", "2", "--master-addr", "tandem-nowhere.invalid", "--dns-timeout", "1"])
+    assert code == 2 and "--control-keys DIR" in out and "tandem-train keygen" in out, out
+    code, out = run(["--control-keys", str(d / "no-such-keys")])
+    assert code == 1 and "no-such-keys/server.key" in out, out
 
 
 def test_two_servers_with_a_device_each(setup):
