@@ -12,7 +12,9 @@ and the manifests agree with the programs they run:
   probes are GET /health on the HTTP port;
 - GPU trainer pods mount a memory-backed /dev/shm;
 - the training config in the ConfigMap, with the manifest's flags, passes tandem-train's own option checks;
-- each overlay has the size it advertises, and spreads its pods one per node where it has several.
+- each overlay has the size it advertises, and spreads its pods one per node where it has several;
+- the control channel is authenticated: servers and trainer read their CURVE keys from one Secret whose keys are
+  the files `tandem-train keygen` writes, and NetworkPolicies admit only the run's pods to the pods of the run.
 
 The renderer and the validator come from tests/requirements-k8s.txt (scripts/setup.sh installs them into the
 test venv); without them the tests skip, saying so.
@@ -347,3 +349,83 @@ def test_training_config_passes_tandem_train(rel):
         p = subprocess.run(argv, capture_output=True, text=True, timeout=60, cwd=tmp, env=env)
     assert p.returncode == 1 and "no-model/config.json: cannot open" in p.stderr, \
         f"k8s/{rel}: tandem-train refused the config or the flags (exit {p.returncode}):\n{p.stderr}"
+
+
+# ---- control channel keys and network policy (issue 22) -------------------------------------------------------
+
+
+def secret_file(pod, c, path, where):
+    """(Secret name, key) of the file at path in container c, which must come from a Secret volume item."""
+    mounts = [m for m in c.get("volumeMounts", []) if path.startswith(m["mountPath"].rstrip("/") + "/")]
+    assert len(mounts) == 1, f"{where}: {path} is on no volume"
+    vol = [v for v in pod["volumes"] if v["name"] == mounts[0]["name"]][0]
+    assert "secret" in vol, f"{where}: {path} must come from a Secret, not {sorted(vol)}"
+    rel_path = path[len(mounts[0]["mountPath"].rstrip("/")) + 1:]
+    items = {i["path"]: i["key"] for i in vol["secret"].get("items", [])}
+    assert rel_path in items, f"{where}: Secret volume {vol['name']} has no item {rel_path}"
+    assert not vol["secret"].get("optional"), f"{where}: the keys must not be optional"
+    assert vol["secret"].get("defaultMode", 0o644) & 0o007 == 0, f"{where}: key files readable by others"
+    return vol["secret"]["secretName"], items[rel_path]
+
+
+@pytest.mark.parametrize("rel", [r for r in KUSTOMIZATIONS if r in SIZES])
+def test_control_channel_keys(rel, tmp_path):
+    """Every rollout server is a CURVE server and every trainer rank its client, with files of one Secret whose
+    keys are the files `tandem-train keygen` writes (so `kubectl create secret --from-file` of its folder fits)."""
+    docs = render(rel)
+    sts, spod, sc = one_server(docs, rel)
+    argv = container_argv(sts, spod, sc)
+    where = f"k8s/{rel}: StatefulSet {sts['metadata']['name']}"
+    used = {secret_file(spod, sc, flag_value(argv, f), where) for f in ("--control-key-file",
+                                                                          "--control-authorized-keys")}
+    job, pod, c = trainer_parts(docs)[0]
+    _, _, train = split_launch(container_argv(job, pod, c))
+    where = f"k8s/{rel}: Job {job['metadata']['name']}"
+    used |= {secret_file(pod, c, flag_value(train, f), where) for f in ("--control-server-key",
+                                                                          "--control-client-key")}
+    names = {s for s, _ in used}
+    assert len(names) == 1, f"k8s/{rel}: the keys come from several Secrets {names}"
+    out = subprocess.run([binary("tandem-train"), "keygen", str(tmp_path / "keys")], capture_output=True, text=True,
+                         timeout=30)
+    assert out.returncode == 0, out.stderr
+    written = {p.name for p in (tmp_path / "keys").iterdir()}
+    assert {k for _, k in used} == written, f"k8s/{rel}: Secret keys {sorted(k for _, k in used)} vs keygen's {written}"
+    # The Secret is the user's (never committed): the manifests must not ship one.
+    assert not [d for d in docs if d["kind"] == "Secret"], f"k8s/{rel}: a Secret with keys is in the manifests"
+
+
+def admitted(policy, labels):
+    """1 when an ingress rule of policy admits a pod with these labels (on any port)."""
+    for rule in policy["spec"].get("ingress", []):
+        peers = rule.get("from")
+        assert peers, f"NetworkPolicy {policy['metadata']['name']}: a rule without 'from' admits everyone"
+        for p in peers:
+            assert set(p) == {"podSelector"}, f"NetworkPolicy {policy['metadata']['name']}: only pods of the run"
+            sel = p["podSelector"].get("matchLabels") or {}
+            if sel and all(labels.get(k) == v for k, v in sel.items()):
+                return True
+    return False
+
+
+@pytest.mark.parametrize("rel", [r for r in KUSTOMIZATIONS if r in SIZES])
+def test_network_policy_admits_only_the_run(rel):
+    docs = render(rel)
+    policies = by_kind(docs, "NetworkPolicy")
+    trainer = pod_labels(trainer_parts(docs)[0][0])
+    server = pod_labels(one_server(docs, rel)[0])
+    stranger = {"app.kubernetes.io/name": "something-else"}
+
+    def policy_of(labels):
+        sel = [p for p in policies if all(labels.get(k) == v for k, v in
+                                          p["spec"]["podSelector"].get("matchLabels", {}).items())
+               and "Ingress" in p["spec"].get("policyTypes", [])]
+        assert sel, f"k8s/{rel}: no ingress NetworkPolicy selects pods labelled {labels}"
+        return sel
+
+    # Rollout pods (control 5555, HTTP 8000, NCCL): the trainer pods only.
+    assert any(admitted(p, trainer) for p in policy_of(server))
+    assert not any(admitted(p, stranger) for p in policy_of(server))
+    # Trainer pods: each other (rendezvous, collectives) and the servers (NCCL weight sync), nobody else.
+    assert any(admitted(p, trainer) for p in policy_of(trainer))
+    assert any(admitted(p, server) for p in policy_of(trainer))
+    assert not any(admitted(p, stranger) for p in policy_of(trainer))
