@@ -181,7 +181,10 @@ static int make_round(Trainer *t, Round *r, json_t *m, char *err, size_t err_len
         }
         int stale;
         double secs;
-        if (t->rank == 0) fprintf(stderr, "tandem-train: rollout servers lost mid-round; waiting for them, then retrying\n");
+        if (t->rank == 0)
+            fprintf(stderr, "tandem-train: rollout servers lost mid-round (generation attempt %d of 3); waiting up to "
+                    "%.0f s (6 x --rollout-timeout) for one to answer, then pushing the weights and generating the "
+                    "round again\n", attempt, 6.0 * c->rollout_timeout);
         if (rollout_client_refresh(t->rollout, t->progress.policy_version, 2000, &stale, err, err_len) != 0 ||
             weight_sync_push(t, &secs, err, err_len) != 0) {
             rc = -1;

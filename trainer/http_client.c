@@ -30,6 +30,23 @@ static int64_t now_ms(void) {
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+// poll of one descriptor until it is ready or deadline_ms passes, ticking wait_log (NULL: none) at least as
+// often as it is due: 1 ready, 0 deadline passed, -1 error (errno).
+static int poll_until(struct pollfd *pfd, int64_t deadline_ms, WaitLog *wait_log) {
+    for (;;) {
+        int64_t left = deadline_ms - now_ms();
+        if (left <= 0) return 0;
+        if (wait_log) {
+            int64_t due = (int64_t)(wait_log_due_in(wait_log) * 1000.0) + 1;
+            if (due < left) left = due;
+        }
+        int pr = poll(pfd, 1, left > INT32_MAX ? INT32_MAX : (int)left);
+        if (pr > 0) return 1;
+        if (pr < 0 && errno != EINTR) return -1;
+        if (wait_log) wait_log_tick(wait_log);
+    }
+}
+
 int http_parse_url(const char *url, HttpUrl *out, char *err, size_t err_len) {
     memset(out, 0, sizeof *out);
     if (!url || !url[0]) {
@@ -100,7 +117,8 @@ too_long:
 }
 
 // Connects to one of the host's addresses within timeout_ms each. Returns the socket or a negative code.
-static int connect_host(const HttpUrl *u, const char *url, int timeout_ms, char *err, size_t err_len) {
+static int connect_host(const HttpUrl *u, const char *url, int timeout_ms, WaitLog *wait_log, char *err,
+                        size_t err_len) {
     struct addrinfo hints = {0}, *res = NULL;
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_STREAM;
@@ -121,9 +139,7 @@ static int connect_host(const HttpUrl *u, const char *url, int timeout_ms, char 
         int c = connect(fd, ai->ai_addr, ai->ai_addrlen);
         if (c != 0 && errno == EINPROGRESS) {
             struct pollfd pfd = {.fd = fd, .events = POLLOUT};
-            int pr;
-            do pr = poll(&pfd, 1, timeout_ms);
-            while (pr < 0 && errno == EINTR);
+            int pr = poll_until(&pfd, now_ms() + timeout_ms, wait_log);
             if (pr == 0) {
                 timed_out = 1;
                 close(fd);
@@ -156,20 +172,13 @@ static int connect_host(const HttpUrl *u, const char *url, int timeout_ms, char 
 }
 
 // Waits until fd is ready for `events` or the deadline passes: 1 ready, 0 timeout, -1 error.
-static int wait_fd(int fd, short events, int64_t deadline) {
-    for (;;) {
-        int64_t left = deadline - now_ms();
-        if (left <= 0) return 0;
-        struct pollfd pfd = {.fd = fd, .events = events};
-        int pr = poll(&pfd, 1, left > INT32_MAX ? INT32_MAX : (int)left);
-        if (pr > 0) return 1;
-        if (pr == 0) return 0;
-        if (errno != EINTR) return -1;
-    }
+static int wait_fd(int fd, short events, int64_t deadline, WaitLog *wait_log) {
+    struct pollfd pfd = {.fd = fd, .events = events};
+    return poll_until(&pfd, deadline, wait_log);
 }
 
-static int send_all(int fd, const char *p, size_t n, int64_t deadline, const char *url, int timeout_ms, char *err,
-                    size_t err_len) {
+static int send_all(int fd, const char *p, size_t n, int64_t deadline, const char *url, int timeout_ms,
+                    WaitLog *wait_log, char *err, size_t err_len) {
     while (n > 0) {
         ssize_t w = send(fd, p, n, MSG_NOSIGNAL);
         if (w > 0) {
@@ -177,7 +186,7 @@ static int send_all(int fd, const char *p, size_t n, int64_t deadline, const cha
             continue;
         }
         if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
-            int r = wait_fd(fd, POLLOUT, deadline);
+            int r = wait_fd(fd, POLLOUT, deadline, wait_log);
             if (r == 0) {
                 set_err(err, err_len, "%s: timed out after %d ms while sending the request", url, timeout_ms);
                 return HTTP_E_TIMEOUT;
@@ -403,7 +412,8 @@ int http_post(const char *url, const char *content_type, const char *body, size_
     int to = opt && opt->timeout_ms > 0 ? opt->timeout_ms : 60000;
     size_t max_bytes = opt && opt->max_response_bytes ? opt->max_response_bytes : HTTP_DEFAULT_MAX_RESPONSE_BYTES;
 
-    int fd = connect_host(&u, url, cto, err, err_len);
+    WaitLog *wait_log = opt ? opt->wait_log : NULL;
+    int fd = connect_host(&u, url, cto, wait_log, err, err_len);
     if (fd < 0) return fd;
     int64_t deadline = now_ms() + to;
 
@@ -422,8 +432,8 @@ int http_post(const char *url, const char *content_type, const char *body, size_
         rc = HTTP_E_URL;
         goto done;
     }
-    rc = send_all(fd, head, (size_t)hn, deadline, url, to, err, err_len);
-    if (rc == HTTP_OK && body_len) rc = send_all(fd, body, body_len, deadline, url, to, err, err_len);
+    rc = send_all(fd, head, (size_t)hn, deadline, url, to, wait_log, err, err_len);
+    if (rc == HTTP_OK && body_len) rc = send_all(fd, body, body_len, deadline, url, to, wait_log, err, err_len);
     if (rc) goto done;
 
     for (;;) {
@@ -445,7 +455,7 @@ int http_post(const char *url, const char *content_type, const char *body, size_
         } else if (r == 0) {
             eof = 1;
         } else if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
-            int w = wait_fd(fd, POLLIN, deadline);
+            int w = wait_fd(fd, POLLIN, deadline, wait_log);
             if (w == 0) {
                 set_err(err, err_len, "%s: no complete response within %d ms (%zu bytes received)", url, to, st.len);
                 rc = HTTP_E_TIMEOUT;

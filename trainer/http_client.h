@@ -10,6 +10,8 @@
 
 #include <stddef.h>
 
+#include "trainer/wait_log.h"
+
 // Failure classes, so that a caller can decide what is worth a retry.
 enum {
     HTTP_OK = 0,
@@ -31,6 +33,8 @@ typedef struct {
     int timeout_ms;               // > 0
     size_t max_response_bytes;    // largest body accepted; 0: HTTP_DEFAULT_MAX_RESPONSE_BYTES
     const char *headers;          // NULL, or extra header lines, each ending in "\r\n" (e.g. "Authorization: ...")
+    WaitLog *wait_log;            // NULL, or ticked while the request waits (connecting, sending, the answer):
+                                  // a long wait says so about every WAIT_LOG_INTERVAL_S
 } HttpOptions;
 
 typedef struct {

@@ -12,6 +12,7 @@
 #include "shared/json_read.h"
 #include "shared/tokenizer.h"
 #include "trainer/http_client.h"
+#include "trainer/wait_log.h"
 
 #define SERVICE_SINGLE_NAME "reward_service"
 #define BACKOFF_CAP_S 30.0
@@ -216,6 +217,18 @@ static void sleep_s(double s) {
     while (nanosleep(&ts, &ts) != 0) {}
 }
 
+// The pause before a retry, saying about every WAIT_LOG_INTERVAL_S that it is still waiting.
+static void sleep_before_retry(const RewardService *rs, double seconds, int attempt) {
+    WaitLog w;
+    wait_log_start(&w, seconds, "--reward-backoff, doubled for each retry", "reward service %s: attempt %d of %d",
+                   rs->url, attempt + 1, rs->opt.max_retries + 1);
+    for (double left = seconds; left > 0; left = seconds - wait_log_elapsed(&w)) {
+        double due = wait_log_due_in(&w);
+        sleep_s(fmin(left, fmax(due, 0.001)));
+        wait_log_tick(&w);
+    }
+}
+
 static int seconds_to_ms(double s) {
     double ms = ceil(s * 1000.0);
     return ms >= (double)INT_MAX ? INT_MAX : (int)ms;
@@ -250,10 +263,17 @@ int reward_service_score(RewardService *rs, const RewardSample *samples, size_t 
     for (int attempt = 0; attempt <= rs->opt.max_retries; attempt++) {
         attempts++;
         if (attempt > 0) {
-            sleep_s(wait);
+            // msg names the URL (every failure's message does).
+            fprintf(stderr, "tandem-train: reward service: %s; attempt %d of %d in %.3g s\n", msg, attempt + 1,
+                    rs->opt.max_retries + 1, wait);
+            sleep_before_retry(rs, wait, attempt);
             wait = fmin(wait * 2.0, BACKOFF_CAP_S);
         }
         http_response_free(&resp);
+        WaitLog answer;
+        wait_log_start(&answer, rs->opt.connect_timeout_s + rs->opt.timeout_s,
+                       "--reward-connect-timeout + --reward-timeout", "reward service %s (%zu completions)", rs->url, n);
+        ho.wait_log = &answer;
         int hrc = http_post(rs->url, "application/json", req, strlen(req), &ho, &resp, msg, sizeof msg);
         if (hrc == HTTP_E_CONNECT || hrc == HTTP_E_TIMEOUT || hrc == HTTP_E_IO) continue;  // worth another try
         if (hrc == HTTP_E_TOO_LARGE) {
