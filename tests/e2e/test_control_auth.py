@@ -4,8 +4,9 @@ A tandem-serve started with keys from `tandem-train keygen` is attacked with pyz
 a CURVE client with a key pair of its own, and a CURVE client that holds a wrong server key each send hello,
 pause, a whole weight update of zeros as policy version 99 and shutdown. None gets an answer, the server keeps
 serving (/health, an authorized client's greedy output and policy version 0 unchanged), and each kind of refusal
-is logged once, not once per attempt. A server without keys refuses at start-up to bind an address other
-machines can reach, unless --control-insecure; the key options come in pairs.
+is logged once, not once per attempt; the same attack on a server without keys does all of that. A server
+without keys refuses at start-up to bind an address other machines can reach, unless --control-insecure; the key
+options come in pairs.
 """
 import json
 import os
@@ -158,6 +159,25 @@ def test_unauthenticated_clients_get_nothing_and_are_logged_once(server, keys):
     wrong = [l for l in log.splitlines() if "does not hold this server's public key" in l]
     assert len(plain) == 1 and len(wrong) == 1, log
     assert "CURVE: server public key " + server_pub.decode() in log
+
+
+def test_the_same_attack_works_on_a_server_without_keys(model_dir):
+    """The attack above is real: against a server without keys (loopback, as allowed) the same messages pause
+    it, swap in the zero weights as version 99 and shut it down. So the test above proves the keys stop it."""
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    srv = TandemServer(model_dir, "--control", endpoint, "--drain-timeout", "5")
+    try:
+        sock = dealer(endpoint)
+        hello = ask(sock, {"type": "hello", "id": 0})
+        got = [json.loads(parts[0]) for parts in attack(sock, hello)]
+        sock.close(0)
+        kinds = {(m["type"], m.get("version")) for m in got}
+        assert ("pause", None) in kinds and ("weights_end", 99) in kinds and ("shutdown", None) in kinds, got
+        srv.proc.wait(timeout=60)
+        assert srv.proc.returncode == 0, srv.log_text()
+    finally:
+        if srv.alive():
+            srv.kill()
 
 
 def test_a_reachable_bind_without_keys_is_refused(model_dir):
