@@ -56,7 +56,7 @@ static double now_s(void) {
 }
 
 // Returns -1 when `what` was logged less than an interval ago (the refusal is counted), else the number of
-// refusals folded into this line (0 for the first): the caller logs it.
+// refusals not logged since its last line (0 for the first): the caller logs it.
 static long refusal_should_log(ZmqControlAuth *a, const char *what) {
     double t = now_s();
     Refusal *r = NULL;
@@ -67,9 +67,14 @@ static long refusal_should_log(ZmqControlAuth *a, const char *what) {
         return -1;
     }
     if (!r) {
-        int slot = a->n_refusals < MAX_TRACKED ? a->n_refusals++ : 0;
-        for (int i = 1; i < a->n_refusals && a->n_refusals == MAX_TRACKED; i++)
-            if (a->refusals[i].logged_at < a->refusals[slot].logged_at) slot = i;
+        // A new address takes a free entry, else the one logged longest ago.
+        int slot = 0;
+        if (a->n_refusals < MAX_TRACKED) {
+            slot = a->n_refusals++;
+        } else {
+            for (int i = 1; i < MAX_TRACKED; i++)
+                if (a->refusals[i].logged_at < a->refusals[slot].logged_at) slot = i;
+        }
         r = &a->refusals[slot];
         snprintf(r->what, sizeof r->what, "%s", what);
         r->suppressed = 0;
@@ -132,7 +137,7 @@ static void handle_zap(ZmqControlAuth *a) {
     if (folded < 0) return;
     serve_log("refused a control connection from %s: its CURVE public key %s is not in %s (if that client is "
               "yours, add its public key there and restart this server); %ld more refusal(s) from that address "
-              "in the last minute not logged",
+              "since its last such line (at most one a minute)",
               address, client[0] ? client : "(none)", a->authorized_path, folded);
 }
 
@@ -163,7 +168,8 @@ static void handle_monitor_event(ZmqControlAuth *a) {
         why = "a client whose handshake failed (not a tandem control client?)";
     long folded = refusal_should_log(a, why);
     if (folded < 0) return;
-    serve_log("refused a control connection on %s from %s; %ld more such refusal(s) in the last minute not logged",
+    serve_log("refused a control connection on %s from %s; %ld more such refusal(s) since the last such line (at "
+              "most one a minute)",
               endpoint, why, folded);
 }
 
