@@ -165,7 +165,8 @@ static void handle_monitor_event(ZmqControlAuth *a) {
         why = "a CURVE client that does not hold this server's public key (its --control-server-key is another "
               "server's)";
     else
-        why = "a client whose handshake failed (not a tandem control client?)";
+        why = "a peer whose handshake did not complete (it closed the connection, a port scan, or not a tandem "
+              "control client)";
     long folded = refusal_should_log(a, why);
     if (folded < 0) return;
     serve_log("refused a control connection on %s from %s; %ld more such refusal(s) since the last such line (at "
