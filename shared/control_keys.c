@@ -54,26 +54,28 @@ static int read_key_lines(const char *path, KeyLine *lines, int cap, char *err, 
         size_t len = strlen(p);
         while (len > 0 && (p[len - 1] == '\n' || p[len - 1] == '\r' || p[len - 1] == ' ' || p[len - 1] == '\t'))
             p[--len] = '\0';
-        if (len == 0 || p[0] == '#') continue;
+        // Z85 uses '#' and ':' too, so a line that is exactly one key is a bare key before anything else.
         KeyLine kl = {{0}, {0}};
-        char *colon = strchr(p, ':');
-        if (colon) {
-            size_t llen = (size_t)(colon - p);
-            while (llen > 0 && (p[llen - 1] == ' ' || p[llen - 1] == '\t')) llen--;
-            if (llen >= sizeof kl.label || (strncmp(p, "public-key", llen) && strncmp(p, "secret-key", llen)) ||
-                llen != strlen("public-key")) {
+        if (!control_key_is_valid(p)) {
+            if (len == 0 || p[0] == '#') continue;
+            size_t llen = strcspn(p, ": \t");
+            char *rest = p + llen;
+            while (*rest == ' ' || *rest == '\t') rest++;
+            int labelled = llen == strlen("public-key") &&
+                           (!strncmp(p, "public-key", llen) || !strncmp(p, "secret-key", llen)) && *rest == ':';
+            if (!labelled) {
                 rc = fail(err, err_len, "%s line %d: expected \"public-key: KEY\", \"secret-key: KEY\" or a bare "
                           "40-character Z85 key", path, line_no);
                 break;
             }
             memcpy(kl.label, p, llen);
-            p = colon + 1;
+            p = rest + 1;
             while (*p == ' ' || *p == '\t') p++;
-        }
-        if (!control_key_is_valid(p)) {
-            rc = fail(err, err_len, "%s line %d: not a CURVE key (expected 40 Z85 characters, as written by "
-                      "tandem-train keygen)", path, line_no);
-            break;
+            if (!control_key_is_valid(p)) {
+                rc = fail(err, err_len, "%s line %d: not a CURVE key (expected 40 Z85 characters, as written by "
+                          "tandem-train keygen)", path, line_no);
+                break;
+            }
         }
         if (n == cap) {
             rc = fail(err, err_len, "%s: more than %d keys", path, cap);

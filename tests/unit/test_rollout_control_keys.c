@@ -2,14 +2,17 @@
 // --control endpoints may go without keys (rollout_server/zmq_control_auth.h).
 //
 // Key files: a written key pair reads back; files are mode 0600 even over a wider file and with umask 0; a bare
-// secret key yields its public key; a public line that is not the secret's, a malformed key, a secret key in an
-// authorized-keys file and an empty authorized-keys file are refused, each message naming the file (and line).
+// secret key yields its public key; a key with ':' in it (a Z85 digit) reads, bare or labelled; a public line that
+// is not the secret's, a malformed key, a secret key in an authorized-keys file and an empty authorized-keys file
+// are refused, each message naming the file (and line).
 // Endpoints: loopback, ipc and inproc are local; 0.0.0.0, *, other addresses, host names and "127.x" host names
 // are not.
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include <zmq.h>
 
 #include "check_macros.h"
 #include "rollout_server/zmq_control_auth.h"
@@ -94,6 +97,14 @@ static void test_authorized_keys(void) {
     write_text(path, text);
     CHECK(control_authorized_keys_read(path, keys, &n, err, sizeof err) == 0 && n == 2 &&
           !strcmp(keys[0], a.public_key) && !strcmp(keys[1], b.public_key), "two keys: %s", err);
+    // Z85 has ':' among its characters: a key that starts with one is still a bare key, labelled or not.
+    uint8_t raw[32] = {0xC7, 0x21, 0x6B, 0x40};   // 64 * 85^4: Z85 digit 64 is ':'
+    ControlKey colon;
+    REQUIRE(zmq_z85_encode(colon, raw, 32) != NULL && colon[0] == ':', "crafting a key that starts with ':'");
+    snprintf(text, sizeof text, "%s\npublic-key:%s\n", colon, colon);
+    write_text(path, text);
+    CHECK(control_authorized_keys_read(path, keys, &n, err, sizeof err) == 0 && n == 2 && !strcmp(keys[0], colon) &&
+          !strcmp(keys[1], colon), "a key with ':' in it: %s", err);
     snprintf(text, sizeof text, "secret-key: %s\n", a.secret_key);
     write_text(path, text);
     CHECK(control_authorized_keys_read(path, keys, &n, err, sizeof err) != 0 && strstr(err, "secret key"),
