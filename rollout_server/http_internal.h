@@ -19,6 +19,8 @@
 struct MHD_Daemon;
 struct MHD_Connection;
 struct ChatTemplate;
+struct HttpConnTracker;
+struct HttpConn;
 
 struct HttpServer {
     struct MHD_Daemon *daemon;
@@ -36,6 +38,7 @@ struct HttpServer {
     int vocab_size;             // the model's embedding rows: token ids must lie below
     int max_model_len;          // the model's usable context
     int64_t started;            // unix time the server started (/v1/models "created")
+    struct HttpConnTracker *conns; // read deadlines of the open connections (http_conn_deadline.h)
 };
 
 typedef struct HttpReq {
@@ -47,10 +50,13 @@ typedef struct HttpReq {
     char path[256];
     HttpBuf body;
     size_t body_seen;           // bytes received (also beyond the limit, which are discarded)
+    long long content_length;   // the Content-Length header, -1 when absent (a chunked upload)
     int too_large;
     HttpError early;            // an answer decided before the body was read (status 0 = none)
     int status;                 // status sent (0 = none yet)
     int gone;                   // the client went away (counted as 499)
+    struct HttpConn *tracked;   // this connection's read deadline (NULL: untracked)
+    int read_timed_out;         // closed for not arriving in full within --request-read-timeout (counted as 408)
     struct timespec t0;
     int64_t prompt_tokens, completion_tokens; // for the access log
 } HttpReq;

@@ -27,6 +27,7 @@ const char *http_error_type(int status) {
     case 401: return "authentication_error";
     case 404: return "not_found_error";
     case 405: return "method_not_allowed_error";
+    case 408: return "request_timeout_error";
     case 413: return "request_too_large_error";
     case 429: return "rate_limit_error";
     case 503: return "service_unavailable_error";

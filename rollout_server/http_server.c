@@ -5,6 +5,7 @@
 
 #include <arpa/inet.h>
 #include <errno.h>
+#include <limits.h>
 #include <microhttpd.h>
 #include <netdb.h>
 #include <poll.h>
@@ -16,6 +17,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "rollout_server/http_conn_deadline.h"
 #include "rollout_server/http_internal.h"
 #include "shared/chat_template.h"
 
@@ -42,6 +44,8 @@ void http_config_default(HttpConfig *c) {
     c->port = 8000;
     c->max_body_bytes = 1 << 20;
     c->max_connections = 1024;
+    c->max_connections_per_client = 0;
+    c->request_read_timeout_s = 10.0;
 }
 
 // ---- routing --------------------------------------------------------------------------------------
@@ -200,6 +204,13 @@ int http_client_gone(int fd) {
 
 // ---- the access handler -----------------------------------------------------------------------------
 
+static void read_timeout_error(HttpReq *r) {
+    char secs[32];
+    snprintf(secs, sizeof secs, "%g", r->srv->cfg.request_read_timeout_s);
+    http_error_set(&r->early, 408, NULL, "the request did not arrive in full within %s s (--request-read-timeout); "
+                   "send the headers and body at once", secs);
+}
+
 // Whether to keep reading a refused request's body (so the client reads our answer instead of a reset)
 // or answer at once: bodies beyond this are not worth reading.
 #define DISCARD_LIMIT ((size_t)64 << 20)
@@ -260,13 +271,22 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         const RouteDef *rd = find_route(url);
         r->route = rd ? rd->route : HTTP_ROUTE_OTHER;
         atomic_fetch_add(&s->metrics.in_flight, 1);
+        const union MHD_ConnectionInfo *sc = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+        r->tracked = sc ? sc->socket_context : NULL;
+        const char *length = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
+        unsigned long long declared = length ? strtoull(length, NULL, 10) : 0;
+        r->content_length = !length ? -1 : declared > LLONG_MAX ? LLONG_MAX : (long long)declared;
+        if (http_conn_request_late(s->conns, r->tracked)) { // headers came in past the deadline: say so
+            read_timeout_error(r);
+            http_reply_error(r, &r->early);
+            return r->status ? MHD_YES : MHD_NO;
+        }
         decide_early(r, rd, method);
         if (r->early.status) {
             // Answer before the body when the client waits for "100 Continue" (it then never sends the body),
             // or when the body is too large to be worth discarding (the client may see a reset instead).
-            const char *cl = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_CONTENT_LENGTH);
             const char *ex = MHD_lookup_connection_value(conn, MHD_HEADER_KIND, MHD_HTTP_HEADER_EXPECT);
-            if ((ex && strcasecmp(ex, "100-continue") == 0) || (cl && strtoull(cl, NULL, 10) > DISCARD_LIMIT)) {
+            if ((ex && strcasecmp(ex, "100-continue") == 0) || r->content_length > (long long)DISCARD_LIMIT) {
                 http_reply_error(r, &r->early);
                 return r->status ? MHD_YES : MHD_NO;
             }
@@ -277,6 +297,13 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         size_t n = *upload_data_size;
         *upload_data_size = 0;
         r->body_seen += n;
+        if (http_conn_request_late(s->conns, r->tracked)) {
+            // The body's last bytes: the final call answers 408. Any earlier: libmicrohttpd cannot answer while
+            // the body is arriving, so the connection closes.
+            if (r->content_length >= 0 && r->body_seen >= (unsigned long long)r->content_length) return MHD_YES;
+            r->read_timed_out = 1;
+            return MHD_NO;
+        }
         if (r->status) return MHD_YES; // already answered
         if (r->early.status) {
             if (r->body_seen > DISCARD_LIMIT) {
@@ -294,6 +321,9 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *conn, const 
         http_buf_append(&r->body, upload_data, n);
         return MHD_YES;
     }
+    if (!r->status && !r->early.status && http_conn_request_late(s->conns, r->tracked))
+        read_timeout_error(r); // the body's last bytes came in past the deadline
+    http_conn_request_in(s->conns, r->tracked);
     if (r->status) return MHD_YES; // answered during the upload
     if (r->early.status) {
         http_reply_error(r, &r->early);
@@ -316,12 +346,15 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     HttpReq *r = *con_cls;
     if (!r) return;
     *con_cls = NULL;
-    int status = r->status ? r->status : 499;
+    if (http_conn_was_cut(s->conns, r->tracked)) r->read_timed_out = 1;
+    http_conn_request_done(s->conns, r->tracked);
+    int status = r->status ? r->status : r->read_timed_out ? 408 : 499;
     http_metrics_count(&s->metrics, r->route, status);
     struct timespec t1;
     clock_gettime(CLOCK_MONOTONIC, &t1);
     double ms = (double)(t1.tv_sec - r->t0.tv_sec) * 1e3 + (double)(t1.tv_nsec - r->t0.tv_nsec) / 1e6;
-    const char *how = toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" :
+    const char *how = r->read_timed_out && !r->status ? " (not in full within --request-read-timeout: closed)" :
+                      toe == MHD_REQUEST_TERMINATED_COMPLETED_OK ? "" :
                       toe == MHD_REQUEST_TERMINATED_CLIENT_ABORT || toe == MHD_REQUEST_TERMINATED_READ_ERROR ?
                                                                  " (client went away)" :
                       toe == MHD_REQUEST_TERMINATED_DAEMON_SHUTDOWN ? " (server stopped)" : " (connection closed)";
@@ -337,18 +370,50 @@ static void on_completed(void *cls, struct MHD_Connection *conn, void **con_cls,
     pthread_mutex_unlock(&s->mu);
 }
 
+static void on_connection(void *cls, struct MHD_Connection *conn, void **socket_context,
+                          enum MHD_ConnectionNotificationCode code) {
+    HttpServer *s = cls;
+    if (code == MHD_CONNECTION_NOTIFY_STARTED) {
+        const union MHD_ConnectionInfo *fd = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CONNECTION_FD);
+        const union MHD_ConnectionInfo *addr = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+        *socket_context = fd ? http_conn_opened(s->conns, fd->connect_fd, addr ? addr->client_addr : NULL) : NULL;
+    } else {
+        http_conn_closed(s->conns, *socket_context);
+        *socket_context = NULL;
+    }
+}
+
+// Called when a request line is in, before its headers; what it returns becomes the access handler's
+// *con_cls, which must stay NULL for on_request to see its first call.
+static void *on_request_line(void *cls, const char *uri, struct MHD_Connection *conn) {
+    (void)uri;
+    HttpServer *s = cls;
+    const union MHD_ConnectionInfo *sc = MHD_get_connection_info(conn, MHD_CONNECTION_INFO_SOCKET_CONTEXT);
+    http_conn_request_line(s->conns, sc ? sc->socket_context : NULL);
+    return NULL;
+}
+
 static void mhd_log(void *cls, const char *fmt, va_list ap) {
+    HttpServer *s = cls;
     char msg[1024];
     vsnprintf(msg, sizeof msg, fmt, ap);
     size_t n = strlen(msg);
     while (n > 0 && (msg[n - 1] == '\n' || msg[n - 1] == '\r')) msg[--n] = 0;
-    serve_log("libmicrohttpd: %s", msg);
+    // libmicrohttpd says this when it turns a connection away: its address is over its share, or every slot
+    // is taken.
+    if (strncmp(msg, "Server reached connection limit", 31) == 0)
+        serve_log("libmicrohttpd: %s (a client address holds --max-connections-per-client %d connections, or "
+                  "the server --max-connections %d; if a trainer is turned away, raise them: "
+                  "docs/troubleshooting.md)", msg, s->cfg.max_connections_per_client, s->cfg.max_connections);
+    else
+        serve_log("libmicrohttpd: %s", msg);
 }
 
 // ---- lifecycle ------------------------------------------------------------------------------------
 
 static void free_server(HttpServer *s) {
     if (!s) return;
+    http_conn_tracker_free(s->conns);
     free(s->host);
     free(s->api_key);
     free(s->model_name);
@@ -369,6 +434,14 @@ int http_server_start(HttpServer **out, EngineGroup *g, const HttpConfig *cfg, c
     }
     if (cfg->max_body_bytes == 0) {
         snprintf(err, err_len, "--max-body-bytes must be > 0");
+        return -1;
+    }
+    if (cfg->max_connections < 1 || cfg->max_connections_per_client < 0) {
+        snprintf(err, err_len, "--max-connections must be >= 1 and --max-connections-per-client >= 0");
+        return -1;
+    }
+    if (!(cfg->request_read_timeout_s >= 0)) {
+        snprintf(err, err_len, "--request-read-timeout must be >= 0 seconds");
         return -1;
     }
     HttpServer *s = calloc(1, sizeof *s);
@@ -395,6 +468,8 @@ int http_server_start(HttpServer **out, EngineGroup *g, const HttpConfig *cfg, c
     s->cfg.api_key = s->api_key;
     s->cfg.served_model_name = s->model_name;
     s->cfg.chat_template = s->chat_template;
+    if (s->cfg.max_connections_per_client == 0 || s->cfg.max_connections_per_client > s->cfg.max_connections)
+        s->cfg.max_connections_per_client = s->cfg.max_connections;
     const Model *model = engine_group_model(g);
     s->vocab_size = model->cfg.vocab_size;
     s->started = (int64_t)time(NULL);
@@ -438,14 +513,24 @@ int http_server_start(HttpServer **out, EngineGroup *g, const HttpConfig *cfg, c
     unsigned flags = MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_POLL | MHD_USE_ITC |
                      MHD_USE_ERROR_LOG;
     if (ai->ai_family == AF_INET6) flags |= MHD_USE_IPv6;
-    int max_conn = cfg->max_connections > 0 ? cfg->max_connections : 1024;
+    if (http_conn_tracker_start(&s->conns, s->cfg.request_read_timeout_s, HTTP_IDLE_TIMEOUT_S, err, err_len) != 0) {
+        freeaddrinfo(ai);
+        free_server(s);
+        return -1;
+    }
+    // A connection over the cap, or over its client address's share, is accepted and closed at once (with one
+    // thread per connection, libmicrohttpd keeps polling the listening socket at the cap).
+    int max_conn = s->cfg.max_connections;
     s->daemon = MHD_start_daemon(flags, (uint16_t)cfg->port, NULL, NULL, on_request, s,
-                                 MHD_OPTION_EXTERNAL_LOGGER, mhd_log, NULL, // first, so it sees every message
+                                 MHD_OPTION_EXTERNAL_LOGGER, mhd_log, s, // first, so it sees every message
                                  MHD_OPTION_SOCK_ADDR, ai->ai_addr,
                                  MHD_OPTION_NOTIFY_COMPLETED, on_completed, s,
+                                 MHD_OPTION_NOTIFY_CONNECTION, on_connection, s,
+                                 MHD_OPTION_URI_LOG_CALLBACK, on_request_line, s,
                                  MHD_OPTION_CONNECTION_LIMIT, (unsigned)max_conn,
+                                 MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)s->cfg.max_connections_per_client,
                                  MHD_OPTION_LISTEN_BACKLOG_SIZE, (unsigned)(max_conn > 128 ? max_conn : 128),
-                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)120,
+                                 MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)HTTP_IDLE_TIMEOUT_S,
                                  MHD_OPTION_CONNECTION_MEMORY_LIMIT, (size_t)(64 * 1024),
                                  MHD_OPTION_THREAD_STACK_SIZE, (size_t)(2 << 20),
                                  MHD_OPTION_END);
@@ -456,6 +541,15 @@ int http_server_start(HttpServer **out, EngineGroup *g, const HttpConfig *cfg, c
         free_server(s);
         return -1;
     }
+    char read_limit[64];
+    if (s->cfg.request_read_timeout_s > 0)
+        snprintf(read_limit, sizeof read_limit, "within %g s", s->cfg.request_read_timeout_s);
+    else
+        snprintf(read_limit, sizeof read_limit, "without a time limit");
+    serve_log("HTTP connections: at most %d (--max-connections), %d per client address "
+              "(--max-connections-per-client); each request must arrive in full %s (--request-read-timeout); "
+              "kept-alive connections close after %d s without a request",
+              s->cfg.max_connections, s->cfg.max_connections_per_client, read_limit, HTTP_IDLE_TIMEOUT_S);
     const union MHD_DaemonInfo *di = MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_BIND_PORT);
     s->port = di ? di->port : cfg->port;
     *out = s;
@@ -492,6 +586,7 @@ void http_server_stop(HttpServer *s) {
     if (!s) return;
     http_server_stop_accepting(s);
     atomic_store(&s->aborting, 1); // waiting handlers and streams release their engine requests and return
+    http_conn_tracker_stop_sweep(s->conns); // no shutdown(2) on sockets the daemon is closing
     MHD_stop_daemon(s->daemon);   // closes every connection and joins their threads
     free_server(s);
 }

@@ -19,10 +19,18 @@ typedef struct {
     const char *api_key;            // NULL or "": no auth; else "Authorization: Bearer <key>" on all but /health(/)
     const char *served_model_name;  // NULL: engine_group_model_id()
     const char *chat_template;      // NULL: the model's own template; else a template family forced by name
-    int max_connections;            // concurrent connections (one thread each)
+    int max_connections;            // concurrent connections (one thread each); more are closed at once
+    int max_connections_per_client; // concurrent connections from one client address; more are closed at once;
+                                    // 0 = max_connections
+    double request_read_timeout_s;  // a request's headers and body must arrive within this many seconds of the
+                                    // connect (or of its request line on a kept-alive connection); 0 = no limit
 } HttpConfig;
 
-void http_config_default(HttpConfig *c); // 127.0.0.1:8000, 1 MiB bodies, no key, 1024 connections
+// Kept-alive connections with no request for this long are closed (also one whose next request line trickles).
+#define HTTP_IDLE_TIMEOUT_S 120
+
+// 127.0.0.1:8000, 1 MiB bodies, no key, 1024 connections, as many per client, 10 s to read a request.
+void http_config_default(HttpConfig *c);
 
 typedef struct HttpServer HttpServer;
 

@@ -42,6 +42,7 @@ enum {
     OPT_MODEL = 256, OPT_HOST, OPT_PORT, OPT_CONTROL, OPT_DEVICE, OPT_KV, OPT_BLOCK, OPT_SEQS, OPT_BATCHED,
     OPT_QUEUED, OPT_BODY, OPT_KEY, OPT_DRAIN, OPT_PREFIX, OPT_NO_PREFIX, OPT_SEED, OPT_NAME, OPT_TEMPLATE, OPT_HELP,
     OPT_SYNC_TIMEOUT, OPT_GPU_UTIL, OPT_DEVICES,
+    OPT_MAX_CONNECTIONS, OPT_MAX_CONNECTIONS_PER_CLIENT, OPT_REQUEST_READ_TIMEOUT,
     OPT_ENFORCE_EAGER, OPT_GRAPH_MAX_BATCH, OPT_VERSION, OPT_CONTROL_KEY, OPT_CONTROL_AUTHORIZED,
     OPT_CONTROL_INSECURE,
 };
@@ -63,6 +64,9 @@ static const struct option kLongOpts[] = {
     {"max-num-batched-tokens", required_argument, 0, OPT_BATCHED},
     {"max-queued-requests", required_argument, 0, OPT_QUEUED},
     {"max-body-bytes", required_argument, 0, OPT_BODY},
+    {"max-connections", required_argument, 0, OPT_MAX_CONNECTIONS},
+    {"max-connections-per-client", required_argument, 0, OPT_MAX_CONNECTIONS_PER_CLIENT},
+    {"request-read-timeout", required_argument, 0, OPT_REQUEST_READ_TIMEOUT},
     {"api-key", required_argument, 0, OPT_KEY},
     {"drain-timeout", required_argument, 0, OPT_DRAIN},
     {"weight-sync-timeout", required_argument, 0, OPT_SYNC_TIMEOUT},
@@ -99,10 +103,11 @@ static void usage(FILE *f) {
     engine_config_default(&ec);
     HttpConfig hc;
     http_config_default(&hc);
-    char kv[32], body[32], drain[32], sync[32];
+    char kv[32], body[32], drain[32], sync[32], read_timeout[32];
     human_bytes(ec.kv_cache_bytes, kv, sizeof kv);
     human_bytes(hc.max_body_bytes, body, sizeof body);
     human_seconds(DEFAULT_DRAIN_TIMEOUT_S, drain, sizeof drain);
+    human_seconds(hc.request_read_timeout_s, read_timeout, sizeof read_timeout);
     human_seconds(DEFAULT_WEIGHT_SYNC_TIMEOUT_S, sync, sizeof sync);
     fprintf(f,
             "usage: tandem-serve --model DIR [options]\n"
@@ -146,6 +151,16 @@ static void usage(FILE *f) {
             "                                still padded: the same kernels and shapes as the graphs (default: off)\n"
             "  --max-queued-requests N       queued requests beyond which new ones get 429 (default %d)\n"
             "  --max-body-bytes BYTES        largest HTTP request body; larger gets 413 (default %s)\n"
+            "  --max-connections N           concurrent HTTP connections, one thread each; more are accepted\n"
+            "                                and closed at once (default %d)\n"
+            "  --max-connections-per-client N  concurrent connections from one client address; more are\n"
+            "                                closed at once. A trainer needs its peak concurrent requests plus\n"
+            "                                its idle kept-alive connections; 0 = as --max-connections\n"
+            "                                (default: as --max-connections)\n"
+            "  --request-read-timeout SECONDS  a request's headers and body must arrive within this time of\n"
+            "                                the connect (or of its request line, on a kept-alive connection),\n"
+            "                                however steadily bytes trickle in: a slower request gets 408 or\n"
+            "                                its connection closed; 0 = no limit (default %s)\n"
             "  --api-key KEY                 require 'Authorization: Bearer KEY' on every route but /health and\n"
             "                                /health/; the environment variable TANDEM_API_KEY also sets it\n"
             "                                (default: none, no auth)\n"
@@ -166,7 +181,7 @@ static void usage(FILE *f) {
             "fails; 2 on a usage error; 128 + N (143 for SIGTERM, 130 for SIGINT) when signal N arrives before the\n"
             "server listens: start-up stops at once, nothing was served.\n",
             kv, ec.block_size, ec.max_num_seqs, ec.max_num_batched_tokens, ec.cuda_graph_max_batch,
-            ec.max_queued_requests, body, drain, sync,
+            ec.max_queued_requests, body, hc.max_connections, read_timeout, drain, sync,
             ec.enable_prefix_caching ? "enabled" : "disabled", ec.seed);
 }
 
@@ -333,6 +348,22 @@ static int parse_options(int argc, char **argv, Options *o) {
             if (parse_bytes("max-body-bytes", optarg, &o->http.max_body_bytes)) return -1;
             if (o->http.max_body_bytes == 0) return bad("max-body-bytes", optarg, "must be > 0");
             break;
+        case OPT_MAX_CONNECTIONS:
+            if (parse_long("max-connections", optarg, 1, 1 << 16, &v)) return -1;
+            o->http.max_connections = (int)v;
+            break;
+        case OPT_MAX_CONNECTIONS_PER_CLIENT:
+            if (parse_long("max-connections-per-client", optarg, 0, 1 << 16, &v)) return -1;
+            o->http.max_connections_per_client = (int)v;
+            break;
+        case OPT_REQUEST_READ_TIMEOUT: {
+            char *end;
+            double d = strtod(optarg, &end);
+            if (end == optarg || *end || !(d >= 0) || d > 86400)
+                return bad("request-read-timeout", optarg, "expected 0..86400 seconds (0 = no limit)");
+            o->http.request_read_timeout_s = d;
+            break;
+        }
         case OPT_KEY: o->http.api_key = optarg; break;
         case OPT_DRAIN: {
             char *end;
