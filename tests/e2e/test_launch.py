@@ -103,6 +103,19 @@ def test_launch_runs_servers_and_ranks(setup):
     assert "CURVE: server public key" in (d / "ok-logs" / "server0.log").read_text()
 
 
+def test_one_node_without_keys_when_asked(setup):
+    """--control-insecure on one node: no key folder, the server on loopback without CURVE, the run trains."""
+    d = setup
+    args = common(d, "insecure", 1)
+    args[args.index("--ranks") + 1] = "1"
+    args.insert(args.index("--"), "--control-insecure")
+    p = launcher(args, d)
+    out, _ = p.communicate(timeout=300)
+    assert p.returncode == 0, out
+    assert not (d / "insecure-logs" / "control-keys").exists()
+    assert "no keys: only this machine can reach it" in (d / "insecure-logs" / "server0.log").read_text()
+
+
 def test_a_failing_rank_stops_everything(setup):
     d = setup
     args = common(d, "bad", 3)
