@@ -62,7 +62,7 @@ static void usage(FILE *f) {
     fprintf(f,
             "usage: tandem-train keygen [--force] DIR\n\n"
             "Writes a fresh pair of CURVE key pairs for the ZeroMQ control channel into DIR (created with its\n"
-            "parents, mode 0700; every file mode 0600):\n"
+            "parents; DIR itself mode 0700 when made here, every file mode 0600):\n"
             "  DIR/" CONTROL_KEYS_SERVER_KEY "        tandem-serve --control-key-file\n"
             "  DIR/" CONTROL_KEYS_AUTHORIZED "   tandem-serve --control-authorized-keys\n"
             "  DIR/" CONTROL_KEYS_SERVER_PUB "        tandem-train --control-server-key\n"
