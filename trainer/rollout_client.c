@@ -285,9 +285,10 @@ int rollout_client_create(RolloutClient **out, const char *endpoints, uint64_t l
             if (now_ms() >= deadline) {
                 snprintf(err, err_len, "rollout server %s did not answer within %d ms: is tandem-serve running with "
                          "--control %s? %s", s->endpoint, timeout_ms, s->endpoint,
-                         c->secure ? "Its --control-key-file must be the pair of --control-server-key, and its "
-                                     "--control-authorized-keys must list this trainer's --control-client-key (its "
-                                     "log names refused clients)"
+                         c->secure ? "It must run with keys: its --control-key-file the pair of "
+                                     "--control-server-key, its --control-authorized-keys listing this trainer's "
+                                     "--control-client-key (its log names refused clients); a server without keys "
+                                     "does not answer a client with them"
                                    : "If it was started with --control-key-file, give this trainer "
                                      "--control-server-key and --control-client-key: a server with keys does not "
                                      "answer a client without them");

@@ -214,14 +214,28 @@ def test_keygen_files_are_private_and_not_overwritten(keys):
     assert (keys / "server.key").read_text() == before
 
 
-def test_a_trainer_without_keys_is_told_why(server, keys, tmp_path):
-    """A trainer that forgets the keys is not answered; its error says which options it lacks."""
+def run_trainer(model_dir, endpoint, tmp_path, *extra):
     data = tmp_path / "train.jsonl"
     data.write_text(json.dumps({"prompt": "a b c"}) + "\n")
-    out = subprocess.run([train_binary(), "--model", server.model_dir, "--train-file", str(data), "--output-dir",
-                          str(tmp_path / "out"), "--rollout-servers", server.endpoint, "--rollout-timeout", "2",
-                          "--rewards", "regex_format", "--format-regex", "[0-9]"],
-                         capture_output=True, text=True, timeout=120,
-                         env=dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1"))
+    return subprocess.run([train_binary(), "--model", str(model_dir), "--train-file", str(data), "--output-dir",
+                           str(tmp_path / "out"), "--rollout-servers", endpoint, "--rollout-timeout", "2",
+                           "--rewards", "regex_format", "--format-regex", "[0-9]", *extra],
+                          capture_output=True, text=True, timeout=120,
+                          env=dict(os.environ, OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1"))
+
+
+def test_a_trainer_without_keys_is_told_why(server, tmp_path):
+    """A trainer that forgets the keys is not answered (before, its hello blocked for ever on a socket with no
+    connection); its error says which options it lacks."""
+    out = run_trainer(server.model_dir, server.endpoint, tmp_path)
     assert out.returncode != 0, out.stdout + out.stderr
     assert "--control-server-key and --control-client-key" in out.stderr, out.stderr
+
+
+def test_a_trainer_with_keys_and_a_server_without_is_told_why(model_dir, keys, tmp_path):
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    with TandemServer(model_dir, "--control", endpoint, "--drain-timeout", "5"):
+        out = run_trainer(model_dir, endpoint, tmp_path, "--control-server-key", str(keys / "server.pub"),
+                          "--control-client-key", str(keys / "client.key"))
+    assert out.returncode != 0, out.stdout + out.stderr
+    assert "a server without keys does not answer a client with them" in out.stderr, out.stderr
