@@ -410,11 +410,12 @@ int launch_main(int argc, char **argv) {
     int keys_rc = resolve_control_keys(control_keys_arg, control_insecure, servers, nnodes, log_dir, keys_dir,
                                        sizeof keys_dir);
     if (keys_rc != 0) return keys_rc;
-    char key_paths[4][PATH_MAX + 32];
-    snprintf(key_paths[0], sizeof key_paths[0], "%s/%s", keys_dir, CONTROL_KEYS_SERVER_KEY);
-    snprintf(key_paths[1], sizeof key_paths[1], "%s/%s", keys_dir, CONTROL_KEYS_AUTHORIZED);
-    snprintf(key_paths[2], sizeof key_paths[2], "%s/%s", keys_dir, CONTROL_KEYS_SERVER_PUB);
-    snprintf(key_paths[3], sizeof key_paths[3], "%s/%s", keys_dir, CONTROL_KEYS_CLIENT_KEY);
+    char server_key_path[PATH_MAX + 32], authorized_path[PATH_MAX + 32], server_pub_path[PATH_MAX + 32],
+        client_key_path[PATH_MAX + 32];
+    snprintf(server_key_path, sizeof server_key_path, "%s/%s", keys_dir, CONTROL_KEYS_SERVER_KEY);
+    snprintf(authorized_path, sizeof authorized_path, "%s/%s", keys_dir, CONTROL_KEYS_AUTHORIZED);
+    snprintf(server_pub_path, sizeof server_pub_path, "%s/%s", keys_dir, CONTROL_KEYS_SERVER_PUB);
+    snprintf(client_key_path, sizeof client_key_path, "%s/%s", keys_dir, CONTROL_KEYS_CLIENT_KEY);
     char dir[PATH_MAX], serve_bin[PATH_MAX + 16], train_bin[PATH_MAX + 16];
     exe_dir(dir, sizeof dir);
     snprintf(serve_bin, sizeof serve_bin, "%s/tandem-serve", dir);
@@ -451,8 +452,8 @@ int launch_main(int argc, char **argv) {
         server_device_of(server_device, s, ranks, servers, dev, sizeof dev);
         args[k++] = "--device", args[k++] = strdup(dev);
         if (keys_dir[0]) {
-            args[k++] = "--control-key-file", args[k++] = key_paths[0];
-            args[k++] = "--control-authorized-keys", args[k++] = key_paths[1];
+            args[k++] = "--control-key-file", args[k++] = server_key_path;
+            args[k++] = "--control-authorized-keys", args[k++] = authorized_path;
         } else if (nnodes > 1) {
             args[k++] = "--control-insecure";
         }
@@ -474,8 +475,8 @@ int launch_main(int argc, char **argv) {
         if (servers > 0) args[k++] = "--rollout-servers", args[k++] = endpoints;
         // Before the user's options, so that keys given after "--" win (their flags come later).
         if (keys_dir[0]) {
-            args[k++] = "--control-server-key", args[k++] = key_paths[2];
-            args[k++] = "--control-client-key", args[k++] = key_paths[3];
+            args[k++] = "--control-server-key", args[k++] = server_pub_path;
+            args[k++] = "--control-client-key", args[k++] = client_key_path;
         }
         for (int j = train_start; j < argc && k < MAX_ARGS - 1; j++) args[k++] = argv[j];
         args[k] = NULL;
