@@ -238,6 +238,10 @@ int rollout_client_create(RolloutClient **out, const char *endpoints, uint64_t l
     }
     c->layout_hash = layout_hash;
     c->timeout_ms = timeout_ms;
+    // Flags and config keys win; the environment lets a Secret or a wrapper supply the paths.
+    const char *env_server = getenv("TANDEM_CONTROL_SERVER_KEY"), *env_client = getenv("TANDEM_CONTROL_CLIENT_KEY");
+    if (!server_key_path && env_server && env_server[0]) server_key_path = env_server;
+    if (!client_key_path && env_client && env_client[0]) client_key_path = env_client;
     if ((server_key_path != NULL) != (client_key_path != NULL)) {
         snprintf(err, err_len, "%s needs %s as well: a CURVE client needs the server's public key and a key pair of "
                  "its own (tandem-train keygen DIR writes DIR/server.pub and DIR/client.key)",

@@ -28,7 +28,8 @@ typedef struct RolloutClient RolloutClient;
 // Connects to every endpoint (comma-separated tcp://host:port list) and checks each server's layout hash
 // against the trainer's. A server that does not answer is waited for (a log line every few seconds) up to
 // timeout_ms; then the error names it. server_key_path (the servers' public key) and client_key_path (this
-// client's key pair; shared/control_keys.h formats) make every socket a CURVE client, both NULL a plain one.
+// client's key pair; shared/control_keys.h formats) make every socket a CURVE client; a NULL path is taken from
+// TANDEM_CONTROL_SERVER_KEY / TANDEM_CONTROL_CLIENT_KEY, and with neither given the sockets are plain.
 int rollout_client_create(RolloutClient **out, const char *endpoints, uint64_t layout_hash, int timeout_ms,
                           const char *server_key_path, const char *client_key_path, char *err, size_t err_len);
 void rollout_client_destroy(RolloutClient *c);

@@ -184,9 +184,11 @@ const OptionSpec train_options[] = {
     OPT("rollout_timeout", OPT_F64, rollout_timeout, G_DIST, "seconds before a generation request moves to "
         "another server"),
     OPT("control_server_key", OPT_STR, control_server_key, G_DIST, "file with the rollout servers' CURVE public "
-        "key (tandem-train keygen DIR: DIR/server.pub); with control_client_key, the control sockets authenticate"),
+        "key (tandem-train keygen DIR: DIR/server.pub); with control_client_key, the control sockets authenticate; "
+        "unset: env TANDEM_CONTROL_SERVER_KEY"),
     OPT("control_client_key", OPT_STR, control_client_key, G_DIST, "file with this trainer's CURVE key pair "
-        "(DIR/client.key), whose public key the servers' --control-authorized-keys lists"),
+        "(DIR/client.key), whose public key the servers' --control-authorized-keys lists; unset: env "
+        "TANDEM_CONTROL_CLIENT_KEY"),
     OPT("weight_sync_steps", OPT_INT, weight_sync_steps, G_DIST, "push weights to the servers every k steps"),
     ENUM("weight_sync_transport", weight_sync_transport, sync_name, 0, G_DIST,
          "nccl (GPUs), zmq (frames over the control socket); auto = nccl on cuda"),

@@ -239,3 +239,31 @@ def test_a_trainer_with_keys_and_a_server_without_is_told_why(model_dir, keys, t
                           "--control-client-key", str(keys / "client.key"))
     assert out.returncode != 0, out.stdout + out.stderr
     assert "a server without keys does not answer a client with them" in out.stderr, out.stderr
+
+
+def test_a_grpo_run_with_keys_from_the_environment(model_dir, keys, tmp_path):
+    """Two ranks (ZeRO-3: each sends its own weight shard on its own CURVE connection) train three steps against
+    a keyed server, their key paths given by TANDEM_CONTROL_SERVER_KEY / TANDEM_CONTROL_CLIENT_KEY; the server
+    ends on the pushed version 3 and refused nobody."""
+    from test_train_grpo import grpo_args, launch, write_dataset
+    data = tmp_path / "train.jsonl"
+    write_dataset(data)
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    env = {"TANDEM_CONTROL_SERVER_KEY": str(keys / "server.pub"),
+           "TANDEM_CONTROL_CLIENT_KEY": str(keys / "client.key")}
+    with TandemServer(model_dir, "--control", endpoint, "--control-key-file", str(keys / "server.key"),
+                      "--control-authorized-keys", str(keys / "authorized_keys"), "--drain-timeout", "5") as srv:
+        srv.endpoint = endpoint
+        procs = launch(grpo_args(model_dir, data, tmp_path / "run", endpoint, steps=3), 2, free_port(), tmp_path,
+                       env_extra=env)
+        codes = [p.wait(timeout=600) for p, _ in procs]
+        for _, log in procs:
+            log.close()
+        logs = "\n".join((tmp_path / f"rank{r}.log").read_text() for r in range(2))
+        assert codes == [0, 0], logs
+        good = authorized(srv, keys)
+        assert ask(good, {"type": "hello", "id": 1})["policy_version"] == 3
+        good.close(0)
+        assert "refused" not in srv.log_text(), srv.log_text()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3] and rows[-1]["policy_version"] == 3
