@@ -61,13 +61,13 @@ static const DemoFlag kFlags[] = {
     F("--sft-check-every", 'i', sft_check_every, "SFT warm-up: steps between checks (every step once past half the target)"),
     F("--sft-max-steps", 'i', sft_max_steps, "SFT warm-up: most steps (stops there whatever the accuracy)"),
     F("--sft-batch-size", 'i', sft_batch, "SFT warm-up: sequences per step"),
-    F("--sft-learning-rate", 'd', sft_lr, "SFT warm-up: AdamW learning rate (5 % warmup, then constant)"),
+    F("--sft-learning-rate", 'd', sft_lr, "SFT warm-up: AdamW learning rate (20 warmup steps, then constant)"),
     F("--grpo-steps", 'i', grpo_steps, "GRPO: most optimizer steps (the cap when the validation target is not reached)"),
     F("--stop-accuracy", 'd', stop_accuracy, "GRPO stops once validation accuracy is at least this at --stop-patience evaluations in a row (above 1: never)"),
     F("--stop-patience", 'i', stop_patience, "GRPO: evaluations in a row at --stop-accuracy that stop it"),
     F("--prompts-per-step", 'i', prompts_per_step, "GRPO: prompts per step"),
     F("--num-generations", 'i', num_generations, "GRPO: completions per prompt (group size)"),
-    F("--grpo-learning-rate", 'd', grpo_lr, "GRPO: AdamW learning rate (10 warmup steps, then constant)"),
+    F("--grpo-learning-rate", 'd', grpo_lr, "GRPO: peak AdamW learning rate (10 warmup steps, then a cosine towards 0 at --grpo-steps, one level per segment between evaluations)"),
     F("--temperature", 'd', temperature, "GRPO: sampling temperature of the rollouts"),
     F("--eval-every", 'i', eval_every, "GRPO: validation and held-out accuracy every k steps (and before)"),
 };
@@ -477,6 +477,15 @@ static int reached_target(const Demo *d) {
     return 1;
 }
 
+// Learning rate of the GRPO segment that ends at `target`: a cosine from the peak towards 0 at --grpo-steps (the
+// cap), taken at the segment's middle step (one level per segment: each segment is its own trainer run, whose own
+// schedule would restart with its --max-steps). A run that reaches the validation target early stops near the
+// peak; one that hovers just below it gets smaller steps, which is what lets it settle above the target.
+static double segment_lr(const DemoOptions *o, int done, int target) {
+    double mid = 0.5 * (done + target);
+    return o->grpo_lr * 0.5 * (1.0 + cos(M_PI * mid / o->grpo_steps));
+}
+
 // GRPO in segments of eval_every steps: each segment resumes the last one's checkpoint (exactly: same data order,
 // optimizer state and sampling seeds), then validation and held-out sets are scored while no trainer runs. It
 // stops once validation accuracy holds the target for --stop-patience evaluations, or at --grpo-steps.
@@ -488,15 +497,15 @@ static int run_grpo(Demo *d, const char *model, char *err, size_t err_len) {
     char gens[16], batch[16], lr[32], temp[32], seed[24], comp[16], steps[16];
     snprintf(gens, sizeof gens, "%d", d->o.num_generations);
     snprintf(batch, sizeof batch, "%d", d->o.num_generations * d->o.prompts_per_step);
-    snprintf(lr, sizeof lr, "%g", d->o.grpo_lr);
     snprintf(temp, sizeof temp, "%g", d->o.temperature);
     snprintf(seed, sizeof seed, "%ld", d->o.seed);
     snprintf(comp, sizeof comp, "%d", completion_tokens(&d->o));
     demo_say(d, "GRPO: %d prompts x %d completions a step (temperature %g), reward answer_match (exact answer), beta 0, "
-             "learning rate %g (10 warmup steps, then constant), weights pushed to the rollout server after every "
+             "learning rate %g (10 warmup steps, then a cosine towards 0 at step %d, one level per segment), weights "
+             "pushed to the rollout server after every "
              "step; stops once validation accuracy is at least %.0f %% at %d evaluations in a row (every %d steps), "
              "or after %d steps", d->o.prompts_per_step, d->o.num_generations, d->o.temperature, d->o.grpo_lr,
-             100 * d->o.stop_accuracy, d->o.stop_patience, d->o.eval_every, d->o.grpo_steps);
+             d->o.grpo_steps, 100 * d->o.stop_accuracy, d->o.stop_patience, d->o.eval_every, d->o.grpo_steps);
     long off = 0;
     GrpoFollow g = {.t_last = demo_now()};
     double t = demo_now();
@@ -504,13 +513,12 @@ static int run_grpo(Demo *d, const char *model, char *err, size_t err_len) {
     for (int done = 0; done < d->o.grpo_steps;) {
         int target = done + d->o.eval_every < d->o.grpo_steps ? done + d->o.eval_every : d->o.grpo_steps;
         snprintf(steps, sizeof steps, "%d", target);
+        snprintf(lr, sizeof lr, "%.6g", segment_lr(&d->o, done, target));
         char name[32];
         snprintf(name, sizeof name, "grpo-to-step-%04d", target);
         // Two trainer defaults are turned off because they only cost time here: activation checkpointing (the
         // model is tiny) and the rollout importance-sampling correction (trainer and server compute the same
         // logprobs on the CPU; on a GPU their bf16 differences are small next to the learning rate's steps).
-        // The schedule is constant after warmup: where the run ends is decided along the way, so a schedule that
-        // decays towards a fixed last step would not fit.
         char *argv[64] = {d->train_bin, "--model", (char *)model, "--train-file", data, "--output-dir", d->dir,
                           "--rollout-servers", control, "--rewards", "answer_match", "--num-generations", gens,
                           "--per-device-train-batch-size", batch, "--max-completion-length", comp,

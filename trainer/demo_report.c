@@ -114,7 +114,7 @@ int demo_write_results(Demo *d, size_t n_params, char *err, size_t err_len) {
                                                "prompts_per_step", d->o.prompts_per_step,
                                                "num_generations", d->o.num_generations, "max_completion_length",
                                                completion_tokens(&d->o), "learning_rate", d->o.grpo_lr,
-                                               "lr_schedule", "10 warmup steps, then constant",
+                                               "lr_schedule", "10 warmup steps, then cosine towards 0 at max_steps (one level per segment)",
                                                "temperature", d->o.temperature, "beta", 0.0, "reward",
                                                "answer_match", "eval_every", d->o.eval_every));
     char path[PATH_IN];
