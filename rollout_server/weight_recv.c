@@ -1,21 +1,13 @@
 // rollout_server/weight_recv.c — validate weight slices, write them into staging, track per-unit coverage.
 #include "rollout_server/weight_recv.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
 #include "shared/dtype.h"
-
-static int fail(char *err, size_t err_len, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    if (err && err_len) vsnprintf(err, err_len, fmt, ap);
-    va_end(ap);
-    return -1;
-}
+#include "shared/err.h"
 
 static double now_s(void) {
     struct timespec ts;
@@ -30,7 +22,7 @@ int weight_recv_init(WeightRecv *w, const Layout *layout, char *err, size_t err_
     w->layout_hash = layout->hash;
     w->version = -1;
     if (!(w->cov = calloc((size_t)w->n_units, sizeof *w->cov)))
-        return fail(err, err_len, "weight receiver: out of memory");
+        return err_fail(err, err_len, "weight receiver: out of memory");
     return 0;
 }
 
@@ -55,7 +47,7 @@ int weight_recv_begin(WeightRecv *w, int64_t version, uint64_t layout_hash, cons
         char a[17], b[17];
         zmsg_hash_to_hex(layout_hash, a);
         zmsg_hash_to_hex(w->layout_hash, b);
-        return fail(err, err_len,
+        return err_fail(err, err_len,
                     "weights_begin: layout hash mismatch: the sender's layout is %s but this server's model has "
                     "layout %s (different model config or architecture); refusing the update", a, b);
     }
@@ -114,25 +106,25 @@ int weight_recv_slice(WeightRecv *w, const void *owner, size_t owner_len, int ha
                       int64_t offset, int64_t count,
                       ZmsgDtype dtype, const void *data, WeightStagingFn staging, void *user, char *err,
                       size_t err_len) {
-    if (!w->active) return fail(err, err_len, "weights_slice: no weight update is open (send weights_begin first)");
+    if (!w->active) return err_fail(err, err_len, "weights_slice: no weight update is open (send weights_begin first)");
     if (!same_owner(w, owner, owner_len) && !(has_version && version == w->version))
-        return fail(err, err_len,
+        return err_fail(err, err_len,
                     "weights_slice: the weight update in progress (version %lld) was opened by another peer; send "
                     "weights_begin first, or give the slice that update's \"version\" (%s)", (long long)w->version,
                     has_version ? "this slice names another version" : "this slice names none");
     if (unit < 0 || unit >= w->n_units)
-        return fail(err, err_len, "weights_slice: unit %d out of range: the layout has units 0..%d", unit,
+        return err_fail(err, err_len, "weights_slice: unit %d out of range: the layout has units 0..%d", unit,
                     w->n_units - 1);
     int64_t numel = (int64_t)w->unit_numel[unit];
     if (offset < 0 || count < 1 || offset > numel || count > numel - offset)
-        return fail(err, err_len,
+        return err_fail(err, err_len,
                     "weights_slice: elements [%lld, %lld) are outside unit %d, which has %lld elements",
                     (long long)offset, (long long)offset + (long long)count, unit, (long long)numel);
     float *dst = staging(user, unit);
-    if (!dst) return fail(err, err_len, "weights_slice: the engine has no staging buffer for unit %d", unit);
+    if (!dst) return err_fail(err, err_len, "weights_slice: the engine has no staging buffer for unit %d", unit);
     // Record coverage first: if it cannot grow (out of memory) nothing was written and the slice is refused.
     if (coverage_add(&w->cov[unit], offset, offset + count))
-        return fail(err, err_len, "weights_slice: out of memory tracking unit %d", unit);
+        return err_fail(err, err_len, "weights_slice: out of memory tracking unit %d", unit);
     // (count) elements, little-endian, possibly unaligned in the frame: both paths copy bytewise-safe.
     if (dtype == ZMSG_DTYPE_BF16) dtype_bf16_to_f32_n(dst + offset, data, (size_t)count);
     else memcpy(dst + offset, data, (size_t)count * sizeof(float));
@@ -142,19 +134,19 @@ int weight_recv_slice(WeightRecv *w, const void *owner, size_t owner_len, int ha
 
 int weight_recv_ready(const WeightRecv *w, const void *owner, size_t owner_len, int64_t version, char *err,
                       size_t err_len) {
-    if (!w->active) return fail(err, err_len, "weights_end: no weight update is open (send weights_begin first)");
+    if (!w->active) return err_fail(err, err_len, "weights_end: no weight update is open (send weights_begin first)");
     if (!same_owner(w, owner, owner_len))
-        return fail(err, err_len, "weights_end: the weight update in progress (version %lld) was opened by another "
+        return err_fail(err, err_len, "weights_end: the weight update in progress (version %lld) was opened by another "
                     "peer", (long long)w->version);
     if (version != w->version)
-        return fail(err, err_len, "weights_end: version %lld does not match weights_begin's version %lld",
+        return err_fail(err, err_len, "weights_end: version %lld does not match weights_begin's version %lld",
                     (long long)version, (long long)w->version);
     for (int u = 0; u < w->n_units; u++) {
         int64_t numel = (int64_t)w->unit_numel[u];
         const WeightCoverage *c = &w->cov[u];
         if (!(c->n == 1 && c->iv[0] == 0 && c->iv[1] == numel)) {
             int64_t first_gap = (c->n == 0 || c->iv[0] > 0) ? 0 : c->iv[1];
-            return fail(err, err_len,
+            return err_fail(err, err_len,
                         "weights_end: unit %d is incomplete: %lld of its %lld elements received (first missing "
                         "element %lld); send the missing slices, then weights_end again", u,
                         (long long)weight_recv_covered(w, u), (long long)numel, (long long)first_gap);

@@ -14,6 +14,7 @@
 #include "rollout_server/weight_nccl.h"
 #include "rollout_server/weight_recv.h"
 #include "shared/zmq_msg.h"
+#include "shared/err.h"
 
 #define ZC_POLL_MS 100          // how often the threads look at the stop flag when idle
 #define ZC_LINGER_MS 500        // queued replies (e.g. shutdown's ack) get this long to leave at close
@@ -55,14 +56,6 @@ struct ZmqControl {
     WeightNccl *wn;             // socket thread only: transport nccl
     ZmqControlAuth *auth;       // NULL without keys
 };
-
-static int fail(char *err, size_t err_len, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    if (err && err_len) vsnprintf(err, err_len, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
 static double now_s(void) {
     struct timespec ts;
@@ -701,9 +694,9 @@ static void control_free(ZmqControl *z) {
 int zmq_control_start(ZmqControl **out, EngineGroup *g, const char *endpoint, const ZmqControlKeys *keys,
                       int weight_sync_timeout_ms, char *err, size_t err_len) {
     *out = NULL;
-    if (!g || !endpoint || !*endpoint) return fail(err, err_len, "zmq control: engines and an endpoint are needed");
+    if (!g || !endpoint || !*endpoint) return err_fail(err, err_len, "zmq control: engines and an endpoint are needed");
     ZmqControl *z = calloc(1, sizeof *z);
-    if (!z) return fail(err, err_len, "zmq control: out of memory");
+    if (!z) return err_fail(err, err_len, "zmq control: out of memory");
     z->g = g;
     pthread_mutex_init(&z->mu, NULL);
     pthread_cond_init(&z->cv, NULL);
@@ -716,7 +709,7 @@ int zmq_control_start(ZmqControl **out, EngineGroup *g, const char *endpoint, co
     z->ctx = zmq_ctx_new();
     if (z->ctx) z->router = zmq_socket(z->ctx, ZMQ_ROUTER);
     if (!z->router) {
-        fail(err, err_len, "zmq control: cannot create the ROUTER socket: %s", zmq_strerror(zmq_errno()));
+        err_fail(err, err_len, "zmq control: cannot create the ROUTER socket: %s", zmq_strerror(zmq_errno()));
         control_free(z);
         return -1;
     }
@@ -731,7 +724,7 @@ int zmq_control_start(ZmqControl **out, EngineGroup *g, const char *endpoint, co
     }
     if (zmq_bind(z->router, endpoint) < 0) {
         const int e = zmq_errno();
-        fail(err, err_len, "zmq control: cannot bind %s: %s%s", endpoint, zmq_strerror(e),
+        err_fail(err, err_len, "zmq control: cannot bind %s: %s%s", endpoint, zmq_strerror(e),
              e == EADDRINUSE ? " (another process holds that port: pick a free one with --control, or with "
                                "tandem-train launch --control-port, whose server i takes port P + i)"
                              : "");
@@ -742,7 +735,7 @@ int zmq_control_start(ZmqControl **out, EngineGroup *g, const char *endpoint, co
     z->pull = zmq_socket(z->ctx, ZMQ_PULL);
     z->push = zmq_socket(z->ctx, ZMQ_PUSH);
     if (!z->pull || !z->push) {
-        fail(err, err_len, "zmq control: cannot create the result pipe: %s", zmq_strerror(zmq_errno()));
+        err_fail(err, err_len, "zmq control: cannot create the result pipe: %s", zmq_strerror(zmq_errno()));
         control_free(z);
         return -1;
     }
@@ -751,13 +744,13 @@ int zmq_control_start(ZmqControl **out, EngineGroup *g, const char *endpoint, co
     zmq_setsockopt(z->pull, ZMQ_LINGER, &zero, sizeof zero);
     zmq_setsockopt(z->push, ZMQ_LINGER, &zero, sizeof zero);
     if (zmq_bind(z->pull, z->pipe_name) < 0 || zmq_connect(z->push, z->pipe_name) < 0) {
-        fail(err, err_len, "zmq control: cannot connect the result pipe: %s", zmq_strerror(zmq_errno()));
+        err_fail(err, err_len, "zmq control: cannot connect the result pipe: %s", zmq_strerror(zmq_errno()));
         control_free(z);
         return -1;
     }
     // Sockets created here migrate to their threads: pthread_create is the full barrier ZeroMQ asks for.
     if (pthread_create(&z->coll_thread, NULL, collector_main, z)) {
-        fail(err, err_len, "zmq control: cannot start the collector thread");
+        err_fail(err, err_len, "zmq control: cannot start the collector thread");
         control_free(z);
         return -1;
     }
@@ -765,7 +758,7 @@ int zmq_control_start(ZmqControl **out, EngineGroup *g, const char *endpoint, co
     if (pthread_create(&z->sock_thread, NULL, socket_main, z)) {
         atomic_store(&z->coll_stop, 1);
         pthread_join(z->coll_thread, NULL);
-        fail(err, err_len, "zmq control: cannot start the socket thread");
+        err_fail(err, err_len, "zmq control: cannot start the socket thread");
         control_free(z);
         return -1;
     }

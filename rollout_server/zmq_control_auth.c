@@ -4,7 +4,6 @@
 
 #include <errno.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -14,6 +13,7 @@
 #include <zmq.h>
 
 #include "rollout_server/http_server.h"
+#include "shared/err.h"
 
 #define ZAP_ENDPOINT "inproc://zeromq.zap.01"   // fixed by ZeroMQ's ZAP specification (RFC 27)
 #define AUTH_POLL_MS 100                         // how often the thread looks at the stop flag
@@ -40,14 +40,6 @@ struct ZmqControlAuth {
     Refusal refusals[MAX_TRACKED];   // thread only
     int n_refusals;
 };
-
-static int fail(char *err, size_t err_len, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    if (err && err_len) vsnprintf(err, err_len, fmt, ap);
-    va_end(ap);
-    return -1;
-}
 
 static double now_s(void) {
     struct timespec ts;
@@ -197,9 +189,9 @@ static void auth_free(ZmqControlAuth *a) {
 int zmq_control_auth_start(ZmqControlAuth **out, void *ctx, void *router, const ZmqControlKeys *keys, char *err,
                            size_t err_len) {
     *out = NULL;
-    if (keys->n_authorized < 1) return fail(err, err_len, "zmq control: CURVE needs at least one authorized key");
+    if (keys->n_authorized < 1) return err_fail(err, err_len, "zmq control: CURVE needs at least one authorized key");
     ZmqControlAuth *a = calloc(1, sizeof *a);
-    if (!a) return fail(err, err_len, "zmq control: out of memory");
+    if (!a) return err_fail(err, err_len, "zmq control: out of memory");
     memcpy(a->authorized, keys->authorized, sizeof(ControlKey) * (size_t)keys->n_authorized);
     a->n_authorized = keys->n_authorized;
     snprintf(a->authorized_path, sizeof a->authorized_path, "%s",
@@ -207,7 +199,7 @@ int zmq_control_auth_start(ZmqControlAuth **out, void *ctx, void *router, const 
     int zero = 0, one = 1;
     a->zap = zmq_socket(ctx, ZMQ_REP);
     if (!a->zap || zmq_setsockopt(a->zap, ZMQ_LINGER, &zero, sizeof zero) || zmq_bind(a->zap, ZAP_ENDPOINT)) {
-        fail(err, err_len, "zmq control: cannot start the ZAP handler: %s", zmq_strerror(zmq_errno()));
+        err_fail(err, err_len, "zmq control: cannot start the ZAP handler: %s", zmq_strerror(zmq_errno()));
         auth_free(a);
         return -1;
     }
@@ -221,7 +213,7 @@ int zmq_control_auth_start(ZmqControlAuth **out, void *ctx, void *router, const 
         zmq_setsockopt(router, ZMQ_ZAP_DOMAIN, domain, sizeof domain - 1) ||
         zmq_socket_monitor(router, a->monitor_name, events) != 0 || !(a->monitor = zmq_socket(ctx, ZMQ_PAIR)) ||
         zmq_setsockopt(a->monitor, ZMQ_LINGER, &zero, sizeof zero) || zmq_connect(a->monitor, a->monitor_name)) {
-        fail(err, err_len, "zmq control: cannot make the control socket a CURVE server: %s (libzmq must be built "
+        err_fail(err, err_len, "zmq control: cannot make the control socket a CURVE server: %s (libzmq must be built "
              "with libsodium)", zmq_strerror(zmq_errno()));
         zmq_socket_monitor(router, NULL, 0);
         auth_free(a);
@@ -229,7 +221,7 @@ int zmq_control_auth_start(ZmqControlAuth **out, void *ctx, void *router, const 
     }
     // The sockets migrate to the thread: pthread_create is the full barrier ZeroMQ asks for.
     if (pthread_create(&a->thread, NULL, auth_main, a)) {
-        fail(err, err_len, "zmq control: cannot start the ZAP handler thread");
+        err_fail(err, err_len, "zmq control: cannot start the ZAP handler thread");
         zmq_socket_monitor(router, NULL, 0);
         auth_free(a);
         return -1;

@@ -3,12 +3,12 @@
 
 #include <jansson.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "shared/json_read.h"
+#include "shared/err.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "zmq_msg frames are little-endian arrays copied as they are: a big-endian host needs byte swapping"
@@ -90,14 +90,6 @@ int zmsg_hash_from_hex(const char *s, uint64_t *h) {
     return 0;
 }
 
-static int fail(char *err, size_t err_len, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    if (err && err_len) vsnprintf(err, err_len, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
 // ---- parsing helpers: each names the message type and the field in its message -----------------------
 
 typedef struct {
@@ -109,7 +101,7 @@ typedef struct {
 
 static json_t *field(P *p, const char *key, int required, int *rc) {
     json_t *v = json_object_get(p->h, key);
-    if (!v && required) *rc = fail(p->err, p->err_len, "%s: missing field \"%s\"", p->tname, key);
+    if (!v && required) *rc = err_fail(p->err, p->err_len, "%s: missing field \"%s\"", p->tname, key);
     return v;
 }
 
@@ -123,10 +115,10 @@ static int get_i64(P *p, const char *key, int required, int64_t def, int64_t lo,
         return 0;
     }
     if (!json_is_integer(v))
-        return fail(p->err, p->err_len, "%s: field \"%s\" must be an integer", p->tname, key);
+        return err_fail(p->err, p->err_len, "%s: field \"%s\" must be an integer", p->tname, key);
     json_int_t x = json_integer_value(v);
     if (x < lo || x > hi)
-        return fail(p->err, p->err_len, "%s: field \"%s\" is %lld, outside [%lld, %lld]", p->tname, key,
+        return err_fail(p->err, p->err_len, "%s: field \"%s\" is %lld, outside [%lld, %lld]", p->tname, key,
                     (long long)x, (long long)lo, (long long)hi);
     *out = x;
     return 0;
@@ -148,9 +140,9 @@ static int get_num(P *p, const char *key, int required, double def, double *out)
         *out = def;
         return 0;
     }
-    if (!json_is_number(v)) return fail(p->err, p->err_len, "%s: field \"%s\" must be a number", p->tname, key);
+    if (!json_is_number(v)) return err_fail(p->err, p->err_len, "%s: field \"%s\" must be a number", p->tname, key);
     double x = json_number_value(v);
-    if (!isfinite(x)) return fail(p->err, p->err_len, "%s: field \"%s\" must be finite", p->tname, key);
+    if (!isfinite(x)) return err_fail(p->err, p->err_len, "%s: field \"%s\" must be finite", p->tname, key);
     *out = x;
     return 0;
 }
@@ -163,7 +155,7 @@ static int get_bool(P *p, const char *key, int required, int def, int *out) {
         *out = def;
         return 0;
     }
-    if (!json_is_boolean(v)) return fail(p->err, p->err_len, "%s: field \"%s\" must be true or false", p->tname, key);
+    if (!json_is_boolean(v)) return err_fail(p->err, p->err_len, "%s: field \"%s\" must be true or false", p->tname, key);
     *out = json_is_true(v);
     return 0;
 }
@@ -172,7 +164,7 @@ static int get_str(P *p, const char *key, const char **out) {
     int rc = 0;
     json_t *v = field(p, key, 1, &rc);
     if (rc) return rc;
-    if (!json_is_string(v)) return fail(p->err, p->err_len, "%s: field \"%s\" must be a string", p->tname, key);
+    if (!json_is_string(v)) return err_fail(p->err, p->err_len, "%s: field \"%s\" must be a string", p->tname, key);
     *out = json_string_value(v);
     return 0;
 }
@@ -194,7 +186,7 @@ static int get_hash(P *p, const char *key, uint64_t *out) {
     int rc = get_str(p, key, &s);
     if (rc) return rc;
     if (zmsg_hash_from_hex(s, out))
-        return fail(p->err, p->err_len, "%s: field \"%s\" must be 16 lowercase hex digits, got \"%.40s\"", p->tname,
+        return err_fail(p->err, p->err_len, "%s: field \"%s\" must be 16 lowercase hex digits, got \"%.40s\"", p->tname,
                     key, s);
     return 0;
 }
@@ -204,12 +196,12 @@ static int get_array(P *p, const char *key, int want, int max, json_t **arr) {
     int rc = 0;
     json_t *v = field(p, key, 1, &rc);
     if (rc) return rc;
-    if (!json_is_array(v)) return fail(p->err, p->err_len, "%s: field \"%s\" must be an array", p->tname, key);
+    if (!json_is_array(v)) return err_fail(p->err, p->err_len, "%s: field \"%s\" must be an array", p->tname, key);
     int len = (int)json_array_size(v);
     if (want >= 0 && len != want)
-        return fail(p->err, p->err_len, "%s: field \"%s\" has %d elements, expected %d", p->tname, key, len, want);
+        return err_fail(p->err, p->err_len, "%s: field \"%s\" has %d elements, expected %d", p->tname, key, len, want);
     if (len > max)
-        return fail(p->err, p->err_len, "%s: field \"%s\" has %d elements, at most %d allowed", p->tname, key, len,
+        return err_fail(p->err, p->err_len, "%s: field \"%s\" has %d elements, at most %d allowed", p->tname, key, len,
                     max);
     *arr = v;
     return 0;
@@ -222,7 +214,7 @@ static int array_i64(P *p, const char *key, int want, int64_t lo, int64_t hi, in
     for (int i = 0; i < want; i++) {
         json_t *x = json_array_get(a, i);
         if (!json_is_integer(x) || json_integer_value(x) < lo || json_integer_value(x) > hi)
-            return fail(p->err, p->err_len, "%s: field \"%s\"[%d] must be an integer in [%lld, %lld]", p->tname, key,
+            return err_fail(p->err, p->err_len, "%s: field \"%s\"[%d] must be an integer in [%lld, %lld]", p->tname, key,
                         i, (long long)lo, (long long)hi);
         out[i] = json_integer_value(x);
     }
@@ -245,7 +237,7 @@ static int check_keys(P *p, const char *allowed) {
             if ((size_t)(e - s) == kl && !strncmp(s, key, kl)) found = 1;
             s = e;
         }
-        if (!found) return fail(p->err, p->err_len, "%s: unknown field \"%.64s\"", p->tname, key);
+        if (!found) return err_fail(p->err, p->err_len, "%s: unknown field \"%.64s\"", p->tname, key);
     }
     return 0;
 }
@@ -253,7 +245,7 @@ static int check_keys(P *p, const char *allowed) {
 // Byte size of frame i must be exactly want.
 static int frame_size(P *p, const ZmsgFrame *f, int i, size_t want, const char *what) {
     if (f[i].size != want)
-        return fail(p->err, p->err_len, "%s: frame %d (%s) has %zu bytes, expected %zu", p->tname, i, what, f[i].size,
+        return err_fail(p->err, p->err_len, "%s: frame %d (%s) has %zu bytes, expected %zu", p->tname, i, what, f[i].size,
                     want);
     return 0;
 }
@@ -268,17 +260,17 @@ static int parse_sampling(P *p, ZmsgSampling *s) {
     if ((rc = get_int(p, "n", 0, 1, 1, ZMSG_MAX_COMPLETIONS, &s->n))) return rc;
     if ((rc = get_int(p, "max_tokens", 0, 16, 1, INT32_MAX, &s->max_tokens))) return rc;
     if ((rc = get_num(p, "temperature", 0, 1.0, &x))) return rc;
-    if (x < 0) return fail(p->err, p->err_len, "generate: field \"temperature\" must be >= 0, got %g", x);
+    if (x < 0) return err_fail(p->err, p->err_len, "generate: field \"temperature\" must be >= 0, got %g", x);
     s->temperature = (float)x;
     if ((rc = get_num(p, "top_p", 0, 1.0, &x))) return rc;
-    if (!(x > 0 && x <= 1)) return fail(p->err, p->err_len, "generate: field \"top_p\" must be in (0, 1], got %g", x);
+    if (!(x > 0 && x <= 1)) return err_fail(p->err, p->err_len, "generate: field \"top_p\" must be in (0, 1], got %g", x);
     s->top_p = (float)x;
     if ((rc = get_int(p, "top_k", 0, -1, -1, INT32_MAX, &s->top_k))) return rc;
     if ((rc = get_num(p, "min_p", 0, 0.0, &x))) return rc;
-    if (!(x >= 0 && x <= 1)) return fail(p->err, p->err_len, "generate: field \"min_p\" must be in [0, 1], got %g", x);
+    if (!(x >= 0 && x <= 1)) return err_fail(p->err, p->err_len, "generate: field \"min_p\" must be in [0, 1], got %g", x);
     s->min_p = (float)x;
     if ((rc = get_num(p, "repetition_penalty", 0, 1.0, &x))) return rc;
-    if (!(x > 0)) return fail(p->err, p->err_len, "generate: field \"repetition_penalty\" must be > 0, got %g", x);
+    if (!(x > 0)) return err_fail(p->err, p->err_len, "generate: field \"repetition_penalty\" must be > 0, got %g", x);
     s->repetition_penalty = (float)x;
     json_t *sv = json_object_get(p->h, "seed");
     if (sv && !json_is_null(sv)) {
@@ -292,7 +284,7 @@ static int parse_sampling(P *p, ZmsgSampling *s) {
         for (size_t i = 0; i < json_array_size(a); i++) {
             json_t *t = json_array_get(a, i);
             if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) > INT32_MAX)
-                return fail(p->err, p->err_len, "generate: field \"stop_token_ids\"[%zu] must be a token id >= 0", i);
+                return err_fail(p->err, p->err_len, "generate: field \"stop_token_ids\"[%zu] must be a token id >= 0", i);
             s->stop_token_ids[s->n_stop_token_ids++] = (int32_t)json_integer_value(t);
         }
     }
@@ -304,25 +296,25 @@ static int parse_generate(P *p, ZmsgMsg *m, const ZmsgFrame *f, int nf) {
     if ((rc = get_int(p, "n_prompts", 1, 0, 1, ZMSG_MAX_PROMPTS, &m->n_prompts))) return rc;
     if ((rc = parse_sampling(p, &m->sampling))) return rc;
     if (nf != 1 + m->n_prompts)
-        return fail(p->err, p->err_len, "generate: header says n_prompts %d, so %d frames are expected, got %d",
+        return err_fail(p->err, p->err_len, "generate: header says n_prompts %d, so %d frames are expected, got %d",
                     m->n_prompts, 1 + m->n_prompts, nf);
     m->prompts = calloc((size_t)m->n_prompts, sizeof *m->prompts);
     m->prompt_lens = calloc((size_t)m->n_prompts, sizeof *m->prompt_lens);
-    if (!m->prompts || !m->prompt_lens) return fail(p->err, p->err_len, "generate: out of memory");
+    if (!m->prompts || !m->prompt_lens) return err_fail(p->err, p->err_len, "generate: out of memory");
     for (int i = 0; i < m->n_prompts; i++) {
         const ZmsgFrame *fr = &f[1 + i];
         if (fr->size == 0 || fr->size % 4 || fr->size / 4 > INT32_MAX)
-            return fail(p->err, p->err_len,
+            return err_fail(p->err, p->err_len,
                         "generate: frame %d (prompt %d) has %zu bytes: expected a non-empty int32 array (a multiple "
                         "of 4 bytes)", 1 + i, i, fr->size);
         int len = (int)(fr->size / 4);
         // Copied: a frame's bytes carry no alignment guarantee, and the engine wants an int32 array.
-        if (!(m->prompts[i] = malloc(fr->size))) return fail(p->err, p->err_len, "generate: out of memory");
+        if (!(m->prompts[i] = malloc(fr->size))) return err_fail(p->err, p->err_len, "generate: out of memory");
         memcpy(m->prompts[i], fr->data, fr->size);
         m->prompt_lens[i] = len;
         for (int t = 0; t < len; t++)
             if (m->prompts[i][t] < 0)
-                return fail(p->err, p->err_len, "generate: prompt %d token %d is %d: token ids must be >= 0", i, t,
+                return err_fail(p->err, p->err_len, "generate: prompt %d token %d is %d: token ids must be >= 0", i, t,
                             m->prompts[i][t]);
     }
     return 0;
@@ -344,7 +336,7 @@ static int parse_result(P *p, ZmsgMsg *m, const ZmsgFrame *f, int nf) {
     int64_t *lens = calloc((size_t)n, sizeof *lens);
     if (!m->completion_lens || !m->finish_reasons || !m->policy_versions || !m->policy_versions_end || !lens) {
         free(lens);
-        return fail(p->err, p->err_len, "result: out of memory");
+        return err_fail(p->err, p->err_len, "result: out of memory");
     }
     rc = array_i64(p, "completion_lens", n, 0, INT32_MAX, lens);
     size_t total = 0;
@@ -363,16 +355,16 @@ static int parse_result(P *p, ZmsgMsg *m, const ZmsgFrame *f, int nf) {
         for (int j = 0; s && j <= ZMSG_FINISH_ERROR; j++)
             if (!strcmp(s, FINISH_NAMES[j])) k = j;
         if (k < 0)
-            return fail(p->err, p->err_len,
+            return err_fail(p->err, p->err_len,
                         "result: field \"finish_reasons\"[%d] must be \"length\", \"stop\", \"abort\" or \"error\"", i);
         m->finish_reasons[i] = (ZmsgFinish)k;
     }
-    if (nf != 3) return fail(p->err, p->err_len, "result: expected 3 frames (header, tokens, logprobs), got %d", nf);
+    if (nf != 3) return err_fail(p->err, p->err_len, "result: expected 3 frames (header, tokens, logprobs), got %d", nf);
     if ((rc = frame_size(p, f, 1, total * 4, "int32 completion tokens"))) return rc;
     if ((rc = frame_size(p, f, 2, total * 4, "float32 logprobs"))) return rc;
     m->tokens = malloc(total ? total * 4 : 4);
     m->logprobs = malloc(total ? total * 4 : 4);
-    if (!m->tokens || !m->logprobs) return fail(p->err, p->err_len, "result: out of memory");
+    if (!m->tokens || !m->logprobs) return err_fail(p->err, p->err_len, "result: out of memory");
     if (total) {
         memcpy(m->tokens, f[1].data, total * 4);
         memcpy(m->logprobs, f[2].data, total * 4);
@@ -389,7 +381,7 @@ static int parse_hello_reply(P *p, ZmsgMsg *m) {
     if ((rc = get_hash(p, "layout_hash", &m->layout_hash))) return rc;
     if ((rc = get_int(p, "n_units", 1, 0, 1, 1 << 20, &m->n_units))) return rc;
     if (!(m->unit_numel = calloc((size_t)m->n_units, sizeof *m->unit_numel)))
-        return fail(p->err, p->err_len, "hello: out of memory");
+        return err_fail(p->err, p->err_len, "hello: out of memory");
     if ((rc = array_i64(p, "unit_numel", m->n_units, 1, INT64_MAX, m->unit_numel))) return rc;
     if ((rc = get_i64(p, "policy_version", 1, 0, INT64_MIN, INT64_MAX, &m->policy_version))) return rc;
     if ((rc = get_int(p, "max_seq_len", 1, 0, 1, INT32_MAX, &m->max_seq_len))) return rc;
@@ -431,9 +423,9 @@ static int parse_weights(P *p, ZmsgMsg *m, const ZmsgFrame *f, int nf) {
         if ((rc = get_str(p, "dtype", &s))) return rc;
         if (!strcmp(s, "f32")) m->dtype = ZMSG_DTYPE_F32;
         else if (!strcmp(s, "bf16")) m->dtype = ZMSG_DTYPE_BF16;
-        else return fail(p->err, p->err_len,
+        else return err_fail(p->err, p->err_len,
                          "weights_slice: field \"dtype\" must be \"f32\" or \"bf16\", got \"%.32s\"", s);
-        if (nf != 2) return fail(p->err, p->err_len, "weights_slice: expected 2 frames (header, data), got %d", nf);
+        if (nf != 2) return err_fail(p->err, p->err_len, "weights_slice: expected 2 frames (header, data), got %d", nf);
         char what[48];
         snprintf(what, sizeof what, "%s slice data", zmsg_dtype_name(m->dtype));
         if ((rc = frame_size(p, f, 1, (size_t)m->count * zmsg_dtype_size(m->dtype), what))) return rc;
@@ -445,7 +437,7 @@ static int parse_weights(P *p, ZmsgMsg *m, const ZmsgFrame *f, int nf) {
         if ((rc = get_str(p, "transport", &s))) return rc;
         if (!strcmp(s, "zmq")) m->transport = ZMSG_TRANSPORT_ZMQ;
         else if (!strcmp(s, "nccl")) m->transport = ZMSG_TRANSPORT_NCCL;
-        else return fail(p->err, p->err_len,
+        else return err_fail(p->err, p->err_len,
                          "weights_begin: field \"transport\" must be \"zmq\" or \"nccl\", got \"%.32s\"", s);
         if ((rc = get_hash(p, "layout_hash", &m->layout_hash))) return rc;
         if (m->transport != ZMSG_TRANSPORT_NCCL) return 0;
@@ -454,7 +446,7 @@ static int parse_weights(P *p, ZmsgMsg *m, const ZmsgFrame *f, int nf) {
         if ((rc = get_int(p, "nccl_rank", 1, 0, m->trainer_ranks, m->nccl_world - 1, &m->nccl_rank))) return rc;
         if ((rc = get_str(p, "nccl_id", &s))) return rc;
         if (strlen(s) != 2 * ZMSG_NCCL_ID_BYTES || hex_decode(s, m->nccl_id, ZMSG_NCCL_ID_BYTES) != 0)
-            return fail(p->err, p->err_len, "weights_begin: field \"nccl_id\" must be %d lowercase hex digits",
+            return err_fail(p->err, p->err_len, "weights_begin: field \"nccl_id\" must be %d lowercase hex digits",
                         2 * ZMSG_NCCL_ID_BYTES);
         return 0;
     }
@@ -469,45 +461,45 @@ int zmsg_parse(ZmsgMsg *m, ZmsgDir dir, const ZmsgFrame *f, int nf, char *err, s
     memset(m, 0, sizeof *m);
     m->id = -1;
     m->dir = dir;
-    if (nf < 1 || !f) return fail(err, err_len, "empty message: frame 0 must be a JSON header");
+    if (nf < 1 || !f) return err_fail(err, err_len, "empty message: frame 0 must be a JSON header");
     if (f[0].size > ZMSG_HEADER_MAX)
-        return fail(err, err_len, "frame 0 (JSON header) has %zu bytes, more than the %u allowed", f[0].size,
+        return err_fail(err, err_len, "frame 0 (JSON header) has %zu bytes, more than the %u allowed", f[0].size,
                     ZMSG_HEADER_MAX);
     json_error_t je;
     json_t *h = json_read_buffer(f[0].data, f[0].size, JSON_REJECT_DUPLICATES, &je);
     if (!h)
-        return fail(err, err_len, "frame 0 is not valid JSON: %s (line %d, column %d)", je.text, je.line, je.column);
+        return err_fail(err, err_len, "frame 0 is not valid JSON: %s (line %d, column %d)", je.text, je.line, je.column);
     P p = {h, "message", err, err_len};
     int rc = -1;
     if (!json_is_object(h)) {
-        fail(err, err_len, "frame 0 must be a JSON object with \"type\" and \"id\"");
+        err_fail(err, err_len, "frame 0 must be a JSON object with \"type\" and \"id\"");
         goto done;
     }
     json_t *jid = json_object_get(h, "id");
     if (json_is_integer(jid) && json_integer_value(jid) >= 0) m->id = json_integer_value(jid);
     json_t *jt = json_object_get(h, "type");
     if (!json_is_string(jt)) {
-        fail(err, err_len, "header: field \"type\" %s", jt ? "must be a string" : "is missing");
+        err_fail(err, err_len, "header: field \"type\" %s", jt ? "must be a string" : "is missing");
         goto done;
     }
     int t = -1;
     for (int i = 0; i < ZMSG_N_TYPES; i++)
         if (!strcmp(json_string_value(jt), TYPE_NAMES[i])) t = i;
     if (t < 0) {
-        fail(err, err_len, "unknown message type \"%.64s\"", json_string_value(jt));
+        err_fail(err, err_len, "unknown message type \"%.64s\"", json_string_value(jt));
         goto done;
     }
     m->type = (ZmsgType)t;
     p.tname = TYPE_NAMES[t];
     const char *keys = dir == ZMSG_DIR_REQUEST ? KEYS_REQ[t] : KEYS_REP[t];
     if (!keys) {
-        fail(err, err_len, "message type \"%s\" is not valid as a %s", p.tname,
+        err_fail(err, err_len, "message type \"%s\" is not valid as a %s", p.tname,
              dir == ZMSG_DIR_REQUEST ? "request" : "reply");
         goto done;
     }
     // The id: a non-negative integer; an error reply may carry null (its request had none we could read).
     if (!(json_is_integer(jid) && json_integer_value(jid) >= 0) && !(t == ZMSG_ERROR && json_is_null(jid))) {
-        fail(err, err_len, "%s: field \"id\" %s", p.tname, jid ? "must be an integer >= 0" : "is missing");
+        err_fail(err, err_len, "%s: field \"id\" %s", p.tname, jid ? "must be an integer >= 0" : "is missing");
         goto done;
     }
     if ((rc = check_keys(&p, keys))) goto done;
@@ -535,7 +527,7 @@ int zmsg_parse(ZmsgMsg *m, ZmsgDir dir, const ZmsgFrame *f, int nf, char *err, s
     }
     // Types without data frames must come alone (those with frames checked their count above).
     if (rc == 0 && m->type != ZMSG_GENERATE && m->type != ZMSG_RESULT && m->type != ZMSG_WEIGHTS_SLICE && nf != 1)
-        rc = fail(err, err_len, "%s: expected 1 frame (the header), got %d", p.tname, nf);
+        rc = err_fail(err, err_len, "%s: expected 1 frame (the header), got %d", p.tname, nf);
 done:
     json_decref(h);
     if (rc) {
@@ -589,11 +581,11 @@ static json_t *i64_array(const int64_t *v, int n) {
 int zmsg_build(const ZmsgMsg *m, ZmsgOut *out, char *err, size_t err_len) {
     memset(out, 0, sizeof *out);
     const char *tname = zmsg_type_name(m->type);
-    if (!tname) return fail(err, err_len, "zmsg_build: invalid message type %d", (int)m->type);
+    if (!tname) return err_fail(err, err_len, "zmsg_build: invalid message type %d", (int)m->type);
     const char *keys = m->dir == ZMSG_DIR_REQUEST ? KEYS_REQ[m->type] : KEYS_REP[m->type];
-    if (!keys) return fail(err, err_len, "zmsg_build: \"%s\" is not valid as a %s", tname,
+    if (!keys) return err_fail(err, err_len, "zmsg_build: \"%s\" is not valid as a %s", tname,
                            m->dir == ZMSG_DIR_REQUEST ? "request" : "reply");
-    if (m->id < 0 && m->type != ZMSG_ERROR) return fail(err, err_len, "zmsg_build: %s: id must be >= 0", tname);
+    if (m->id < 0 && m->type != ZMSG_ERROR) return err_fail(err, err_len, "zmsg_build: %s: id must be >= 0", tname);
     int req = m->dir == ZMSG_DIR_REQUEST;
     int n_frames = 1;
     ZmsgFrame data[2] = {{0}};   // the data frames of result / weights_slice (generate's come from prompts)
@@ -622,16 +614,16 @@ int zmsg_build(const ZmsgMsg *m, ZmsgOut *out, char *err, size_t err_len) {
         const ZmsgSampling *s = &m->sampling;
         if (m->n_prompts < 1 || m->n_prompts > ZMSG_MAX_PROMPTS || !m->prompts || !m->prompt_lens) {
             json_decref(h);
-            return fail(err, err_len, "zmsg_build: generate needs 1..%d prompts", ZMSG_MAX_PROMPTS);
+            return err_fail(err, err_len, "zmsg_build: generate needs 1..%d prompts", ZMSG_MAX_PROMPTS);
         }
         for (int i = 0; i < m->n_prompts; i++)
             if (m->prompt_lens[i] < 1 || !m->prompts[i]) {
                 json_decref(h);
-                return fail(err, err_len, "zmsg_build: generate prompt %d is empty", i);
+                return err_fail(err, err_len, "zmsg_build: generate prompt %d is empty", i);
             }
         if (s->n_stop_token_ids < 0 || s->n_stop_token_ids > ZMSG_MAX_STOP) {
             json_decref(h);
-            return fail(err, err_len, "zmsg_build: generate has %d stop_token_ids, at most %d", s->n_stop_token_ids,
+            return err_fail(err, err_len, "zmsg_build: generate has %d stop_token_ids, at most %d", s->n_stop_token_ids,
                         ZMSG_MAX_STOP);
         }
         set_i(h, "n_prompts", m->n_prompts);
@@ -654,7 +646,7 @@ int zmsg_build(const ZmsgMsg *m, ZmsgOut *out, char *err, size_t err_len) {
         int n = m->n_completions;
         if (n < 1 || !m->completion_lens || !m->finish_reasons || !m->policy_versions || !m->policy_versions_end) {
             json_decref(h);
-            return fail(err, err_len, "zmsg_build: result needs n >= 1 and its per-completion arrays");
+            return err_fail(err, err_len, "zmsg_build: result needs n >= 1 and its per-completion arrays");
         }
         size_t total = 0;
         json_t *lens = json_array(), *fin = json_array();
@@ -674,7 +666,7 @@ int zmsg_build(const ZmsgMsg *m, ZmsgOut *out, char *err, size_t err_len) {
         set_i(h, "cached_tokens", m->cached_tokens);
         if (total && (!m->tokens || !m->logprobs)) {
             json_decref(h);
-            return fail(err, err_len, "zmsg_build: result has %zu tokens but no token / logprob array", total);
+            return err_fail(err, err_len, "zmsg_build: result has %zu tokens but no token / logprob array", total);
         }
         data[0] = (ZmsgFrame){m->tokens ? (const void *)m->tokens : "", total * 4};
         data[1] = (ZmsgFrame){m->logprobs ? (const void *)m->logprobs : "", total * 4};
@@ -717,7 +709,7 @@ int zmsg_build(const ZmsgMsg *m, ZmsgOut *out, char *err, size_t err_len) {
     case ZMSG_WEIGHTS_SLICE:
         if (m->count < 1 || m->offset < 0 || m->unit < 0 || !m->slice_data) {
             json_decref(h);
-            return fail(err, err_len, "zmsg_build: weights_slice needs unit >= 0, offset >= 0, count >= 1 and data");
+            return err_fail(err, err_len, "zmsg_build: weights_slice needs unit >= 0, offset >= 0, count >= 1 and data");
         }
         set_i(h, "unit", m->unit);
         set_i(h, "offset", m->offset);
@@ -744,7 +736,7 @@ int zmsg_build(const ZmsgMsg *m, ZmsgOut *out, char *err, size_t err_len) {
     out->frames = calloc((size_t)n_frames, sizeof *out->frames);
     if (!out->header || !out->frames) {
         zmsg_out_free(out);
-        return fail(err, err_len, "zmsg_build: out of memory");
+        return err_fail(err, err_len, "zmsg_build: out of memory");
     }
     out->header_len = strlen(out->header);
     out->frames[0] = (ZmsgFrame){out->header, out->header_len};
@@ -757,7 +749,7 @@ int zmsg_build(const ZmsgMsg *m, ZmsgOut *out, char *err, size_t err_len) {
     return 0;
 bad_units:
     json_decref(h);
-    return fail(err, err_len, "zmsg_build: hello reply needs n_units >= 1 and unit_numel");
+    return err_fail(err, err_len, "zmsg_build: hello reply needs n_units >= 1 and unit_numel");
 }
 
 void zmsg_out_free(ZmsgOut *out) {

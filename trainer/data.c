@@ -3,13 +3,13 @@
 
 #include <dirent.h>
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
 
 #include "shared/json_read.h"
+#include "shared/err.h"
 
 // Where one of this rank's records starts.
 typedef struct {
@@ -36,14 +36,6 @@ struct DataReader {
     size_t line_cap;
 };
 
-static void set_err(char *err, size_t err_len, const char *fmt, ...) {
-    if (!err || err_len == 0) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, err_len, fmt, ap);
-    va_end(ap);
-}
-
 // ---- file list --------------------------------------------------------------------------------------
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
@@ -60,7 +52,7 @@ static int add_file(DataReader *d, const char *path) {
 static int list_files(DataReader *d, const char *path, char *err, size_t err_len) {
     struct stat st;
     if (stat(path, &st) != 0) {
-        set_err(err, err_len, "train_file: %s: %s", path, strerror(errno));
+        err_fail(err, err_len, "train_file: %s: %s", path, strerror(errno));
         return -1;
     }
     if (!S_ISDIR(st.st_mode)) {
@@ -69,7 +61,7 @@ static int list_files(DataReader *d, const char *path, char *err, size_t err_len
     }
     DIR *dir = opendir(path);
     if (!dir) {
-        set_err(err, err_len, "train_file: %s: %s", path, strerror(errno));
+        err_fail(err, err_len, "train_file: %s: %s", path, strerror(errno));
         return -1;
     }
     struct dirent *de;
@@ -94,13 +86,13 @@ static int list_files(DataReader *d, const char *path, char *err, size_t err_len
     }
     closedir(dir);
     if (d->n_files == 0) {
-        set_err(err, err_len, "train_file: the folder %s holds no *.jsonl file", path);
+        err_fail(err, err_len, "train_file: the folder %s holds no *.jsonl file", path);
         return -1;
     }
     qsort(d->files, d->n_files, sizeof *d->files, cmp_str);
     return 0;
 oom:
-    set_err(err, err_len, "train_file: out of memory");
+    err_fail(err, err_len, "train_file: out of memory");
     return -1;
 }
 
@@ -122,14 +114,14 @@ static int keep_record(DataReader *d, uint32_t file, uint64_t offset, uint64_t l
 static int scan_file(DataReader *d, uint32_t fi, char *err, size_t err_len) {
     FILE *f = fopen(d->files[fi], "rb");
     if (!f) {
-        set_err(err, err_len, "train_file: %s: %s", d->files[fi], strerror(errno));
+        err_fail(err, err_len, "train_file: %s: %s", d->files[fi], strerror(errno));
         return -1;
     }
     enum { CHUNK = 1 << 20 };
     char *buf = malloc(CHUNK);
     if (!buf) {
         fclose(f);
-        set_err(err, err_len, "train_file: out of memory");
+        err_fail(err, err_len, "train_file: out of memory");
         return -1;
     }
     uint64_t base = 0, line_start = 0, line_no = 1;
@@ -163,12 +155,12 @@ static int scan_file(DataReader *d, uint32_t fi, char *err, size_t err_len) {
         if (rc) break;
     }
     if (rc == 0 && ferror(f)) {
-        set_err(err, err_len, "train_file: %s: read error", d->files[fi]);
+        err_fail(err, err_len, "train_file: %s: read error", d->files[fi]);
         rc = -1;
     } else if (rc == 0 && nonblank && keep_record(d, fi, line_start, line_no) != 0) {
         rc = -1;  // last line without a newline
     }
-    if (rc && err && !err[0]) set_err(err, err_len, "train_file: out of memory");
+    if (rc && err && !err[0]) err_fail(err, err_len, "train_file: out of memory");
     free(buf);
     fclose(f);
     return rc;
@@ -219,7 +211,7 @@ size_t data_skipped(const DataReader *d) { return d->skipped; }
 
 int data_seek(DataReader *d, uint64_t epoch, size_t position, char *err, size_t err_len) {
     if (position > d->n_recs) {
-        set_err(err, err_len, "data position %zu is past the end of this rank's %zu records", position, d->n_recs);
+        err_fail(err, err_len, "data position %zu is past the end of this rank's %zu records", position, d->n_recs);
         return -1;
     }
     build_order(d, epoch);  // deterministic: rebuilding equals continuing
@@ -250,17 +242,17 @@ static ssize_t read_line(DataReader *d, const RecordRef *r, char *err, size_t er
         d->fp = fopen(d->files[r->file], "rb");
         d->fp_file = r->file;
         if (!d->fp) {
-            set_err(err, err_len, "%s: %s", src, strerror(errno));
+            err_fail(err, err_len, "%s: %s", src, strerror(errno));
             return -1;
         }
     }
     if (fseeko(d->fp, (off_t)r->offset, SEEK_SET) != 0) {
-        set_err(err, err_len, "%s: seek failed: %s", src, strerror(errno));
+        err_fail(err, err_len, "%s: seek failed: %s", src, strerror(errno));
         return -1;
     }
     ssize_t n = getline(&d->line, &d->line_cap, d->fp);
     if (n < 0) {
-        set_err(err, err_len, "%s: the file changed since it was opened (line missing)", src);
+        err_fail(err, err_len, "%s: the file changed since it was opened (line missing)", src);
         return -1;
     }
     return n;
@@ -274,7 +266,7 @@ static int read_messages(const json_t *list, const char *key, ChatMessage *msgs,
     json_array_foreach(list, i, m) {
         const json_t *role = json_object_get(m, "role"), *content = json_object_get(m, "content");
         if (!json_is_object(m) || !json_is_string(role) || !json_is_string(content)) {
-            set_err(err, err_len, "%s: \"%s\"[%zu] must be an object with string \"role\" and \"content\"", src, key,
+            err_fail(err, err_len, "%s: \"%s\"[%zu] must be an object with string \"role\" and \"content\"", src, key,
                     i);
             return -1;
         }
@@ -288,12 +280,12 @@ static int read_messages(const json_t *list, const char *key, ChatMessage *msgs,
 static int render(const DataReader *d, const ChatMessage *msgs, size_t n, int add_gen, char **out, const char *src,
                   char *err, size_t err_len) {
     if (!d->opt.chat) {
-        set_err(err, err_len, "%s: the prompt is a list of messages but no chat template is loaded", src);
+        err_fail(err, err_len, "%s: the prompt is a list of messages but no chat template is loaded", src);
         return -1;
     }
     char terr[512];
     if (chat_render(d->opt.chat, msgs, n, add_gen, out, NULL, terr, sizeof terr) != 0) {
-        set_err(err, err_len, "%s: chat template: %s", src, terr);
+        err_fail(err, err_len, "%s: chat template: %s", src, terr);
         return -1;
     }
     return 0;
@@ -303,7 +295,7 @@ static int encode(const DataReader *d, const char *text, int add_special, int32_
                   char *err, size_t err_len) {
     char terr[512];
     if (tokenizer_encode(d->opt.tok, text, strlen(text), add_special, ids, n, terr, sizeof terr) != 0) {
-        set_err(err, err_len, "%s: tokenizer: %s", src, terr);
+        err_fail(err, err_len, "%s: tokenizer: %s", src, terr);
         return -1;
     }
     return 0;
@@ -352,7 +344,7 @@ static int tokenize_row(const DataReader *d, DataRow *row, const json_t *prompt,
         size_t k = 0;
         while (k < row->n_ids && k < n_full && row->ids[k] == full_ids[k]) k++;
         if (k >= n_full) {
-            set_err(err, err_len, "%s: the completion adds no token after the prompt", src);
+            err_fail(err, err_len, "%s: the completion adds no token after the prompt", src);
             goto out;
         }
         free(row->ids);
@@ -362,7 +354,7 @@ static int tokenize_row(const DataReader *d, DataRow *row, const json_t *prompt,
     rc = 0;
     goto out;
 oom:
-    set_err(err, err_len, "%s: out of memory", src);
+    err_fail(err, err_len, "%s: out of memory", src);
 out:
     free(msgs);
     free(full);
@@ -378,36 +370,36 @@ static int parse_record(const DataReader *d, const char *text, size_t len, DataR
     json_error_t je;
     json_t *obj = json_read_buffer(text, len, JSON_REJECT_DUPLICATES, &je);
     if (!obj) {
-        set_err(err, err_len, "%s: invalid JSON: %s (column %d)", src, je.text, je.column);
+        err_fail(err, err_len, "%s: invalid JSON: %s (column %d)", src, je.text, je.column);
         return -1;
     }
     int rc = -1;
     json_t *prompt = json_object_get(obj, "prompt"), *messages = json_object_get(obj, "messages");
     json_t *completion = json_object_get(obj, "completion"), *owned_completion = NULL, *owned_prompt = NULL;
     if (!json_is_object(obj)) {
-        set_err(err, err_len, "%s: a record must be a JSON object", src);
+        err_fail(err, err_len, "%s: a record must be a JSON object", src);
         goto out;
     }
     if (prompt && messages) {
-        set_err(err, err_len, "%s: has both \"prompt\" and \"messages\" (give one)", src);
+        err_fail(err, err_len, "%s: has both \"prompt\" and \"messages\" (give one)", src);
         goto out;
     }
     if (!prompt && !messages) {
-        set_err(err, err_len, "%s: no \"prompt\" or \"messages\" key", src);
+        err_fail(err, err_len, "%s: no \"prompt\" or \"messages\" key", src);
         goto out;
     }
     const char *pkey = prompt ? "prompt" : "messages";
     if (!prompt) prompt = messages;
     if (messages && !json_is_array(messages)) {
-        set_err(err, err_len, "%s: \"messages\" must be a list of chat messages", src);
+        err_fail(err, err_len, "%s: \"messages\" must be a list of chat messages", src);
         goto out;
     }
     if (!json_is_string(prompt) && !json_is_array(prompt)) {
-        set_err(err, err_len, "%s: \"prompt\" must be a string or a list of chat messages", src);
+        err_fail(err, err_len, "%s: \"prompt\" must be a string or a list of chat messages", src);
         goto out;
     }
     if (json_is_array(prompt) && json_array_size(prompt) == 0) {
-        set_err(err, err_len, "%s: \"%s\" is an empty list", src, pkey);
+        err_fail(err, err_len, "%s: \"%s\" is an empty list", src, pkey);
         goto out;
     }
     if (d->opt.sft) {
@@ -417,7 +409,7 @@ static int parse_record(const DataReader *d, const char *text, size_t len, DataR
             const json_t *last = json_array_get(messages, n - 1);
             const json_t *role = json_is_object(last) ? json_object_get(last, "role") : NULL;
             if (n < 2 || !json_is_string(role) || strcmp(json_string_value(role), "assistant") != 0) {
-                set_err(err, err_len, "%s: sft needs a \"completion\", or \"messages\" ending with an assistant "
+                err_fail(err, err_len, "%s: sft needs a \"completion\", or \"messages\" ending with an assistant "
                         "message after at least one other", src);
                 goto out;
             }
@@ -429,7 +421,7 @@ static int parse_record(const DataReader *d, const char *text, size_t len, DataR
                     goto oom;
             prompt = owned_prompt, completion = owned_completion;
         } else if (!completion) {
-            set_err(err, err_len, "%s: sft needs a \"completion\"", src);
+            err_fail(err, err_len, "%s: sft needs a \"completion\"", src);
             goto out;
         } else if (json_is_array(prompt) && json_is_string(completion)) {
             owned_completion = json_pack("[{s:s, s:O}]", "role", "assistant", "content", completion);
@@ -437,7 +429,7 @@ static int parse_record(const DataReader *d, const char *text, size_t len, DataR
             completion = owned_completion;
         } else if (json_is_string(prompt) != json_is_string(completion) || !(json_is_string(completion) ||
                                                                             json_is_array(completion))) {
-            set_err(err, err_len, "%s: \"completion\" must be a string for a text prompt, or a list of messages "
+            err_fail(err, err_len, "%s: \"completion\" must be a string for a text prompt, or a list of messages "
                     "for a message prompt", src);
             goto out;
         }
@@ -455,7 +447,7 @@ static int parse_record(const DataReader *d, const char *text, size_t len, DataR
     rc = 0;
     goto out;
 oom:
-    set_err(err, err_len, "%s: out of memory", src);
+    err_fail(err, err_len, "%s: out of memory", src);
 out:
     json_decref(owned_prompt);
     json_decref(owned_completion);
@@ -478,7 +470,7 @@ static int load_record(DataReader *d, const RecordRef *r, DataRow *row, char *sr
     }
     if (d->opt.max_prompt_length > 0 && row->prompt_len > (size_t)d->opt.max_prompt_length) {
         if (d->opt.refuse_overlong)
-            set_err(err, err_len, "%s: the prompt has %zu tokens, more than max_prompt_length %d", src, row->prompt_len,
+            err_fail(err, err_len, "%s: the prompt has %zu tokens, more than max_prompt_length %d", src, row->prompt_len,
                     d->opt.max_prompt_length);
         data_row_clear(row);
         return d->opt.refuse_overlong ? -1 : 0;
@@ -531,16 +523,16 @@ int data_open(DataReader **out, const char *path, const DataOptions *opt, char *
     *out = NULL;
     if (err && err_len) err[0] = '\0';
     if (!path || !path[0]) {
-        set_err(err, err_len, "train_file: no dataset path given");
+        err_fail(err, err_len, "train_file: no dataset path given");
         return -1;
     }
     if (!opt || !opt->tok || opt->world_size < 1 || opt->rank < 0 || opt->rank >= opt->world_size) {
-        set_err(err, err_len, "data_open: needs a tokenizer and 0 <= rank < world_size");
+        err_fail(err, err_len, "data_open: needs a tokenizer and 0 <= rank < world_size");
         return -1;
     }
     DataReader *d = calloc(1, sizeof *d);
     if (!d) {
-        set_err(err, err_len, "train_file: out of memory");
+        err_fail(err, err_len, "train_file: out of memory");
         return -1;
     }
     d->opt = *opt;
@@ -548,17 +540,17 @@ int data_open(DataReader **out, const char *path, const DataOptions *opt, char *
     for (uint32_t i = 0; i < d->n_files; i++)
         if (scan_file(d, i, err, err_len) != 0) goto fail;
     if (d->total == 0) {
-        set_err(err, err_len, "train_file: %s holds no record", path);
+        err_fail(err, err_len, "train_file: %s holds no record", path);
         goto fail;
     }
     if (d->n_recs == 0) {
-        set_err(err, err_len, "train_file: %s has %zu records, fewer than the %d ranks: rank %d has none", path,
+        err_fail(err, err_len, "train_file: %s has %zu records, fewer than the %d ranks: rank %d has none", path,
                 d->total, opt->world_size, opt->rank);
         goto fail;
     }
     d->order = malloc(d->n_recs * sizeof *d->order);
     if (!d->order) {
-        set_err(err, err_len, "train_file: out of memory");
+        err_fail(err, err_len, "train_file: out of memory");
         goto fail;
     }
     if (validate_records(d, err, err_len) != 0) goto fail;

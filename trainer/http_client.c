@@ -1,12 +1,12 @@
 // trainer/http_client.c — HTTP/1.1 POST over POSIX sockets (see http_client.h).
 #include "trainer/http_client.h"
+#include "shared/err.h"
 
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <netdb.h>
 #include <poll.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,14 +15,6 @@
 #include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
-
-static void set_err(char *err, size_t err_len, const char *fmt, ...) {
-    if (!err || err_len == 0) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, err_len, fmt, ap);
-    va_end(ap);
-}
 
 static int64_t now_ms(void) {
     struct timespec ts;
@@ -50,15 +42,15 @@ static int poll_until(struct pollfd *pfd, int64_t deadline_ms, WaitLog *wait_log
 int http_parse_url(const char *url, HttpUrl *out, char *err, size_t err_len) {
     memset(out, 0, sizeof *out);
     if (!url || !url[0]) {
-        set_err(err, err_len, "empty URL");
+        err_fail(err, err_len, "empty URL");
         return HTTP_E_URL;
     }
     if (strncmp(url, "https://", 8) == 0) {
-        set_err(err, err_len, "%s: https:// is not supported (plain http:// only; put a TLS proxy in front)", url);
+        err_fail(err, err_len, "%s: https:// is not supported (plain http:// only; put a TLS proxy in front)", url);
         return HTTP_E_URL;
     }
     if (strncmp(url, "http://", 7) != 0) {
-        set_err(err, err_len, "%s: the URL must start with http://", url);
+        err_fail(err, err_len, "%s: the URL must start with http://", url);
         return HTTP_E_URL;
     }
     const char *p = url + 7, *host_b, *host_e;
@@ -66,7 +58,7 @@ int http_parse_url(const char *url, HttpUrl *out, char *err, size_t err_len) {
         host_b = p + 1;
         host_e = strchr(host_b, ']');
         if (!host_e) {
-            set_err(err, err_len, "%s: unterminated [IPv6] host", url);
+            err_fail(err, err_len, "%s: unterminated [IPv6] host", url);
             return HTTP_E_URL;
         }
         p = host_e + 1;
@@ -77,7 +69,7 @@ int http_parse_url(const char *url, HttpUrl *out, char *err, size_t err_len) {
     }
     size_t hl = (size_t)(host_e - host_b);
     if (hl == 0 || hl >= sizeof out->host) {
-        set_err(err, err_len, "%s: missing or too long host name", url);
+        err_fail(err, err_len, "%s: missing or too long host name", url);
         return HTTP_E_URL;
     }
     memcpy(out->host, host_b, hl);
@@ -88,12 +80,12 @@ int http_parse_url(const char *url, HttpUrl *out, char *err, size_t err_len) {
         long port = 0;
         while (isdigit((unsigned char)*p) && port <= 65535) port = port * 10 + (*p++ - '0');
         if (p == pb || port < 1 || port > 65535 || (*p && *p != '/' && *p != '?')) {
-            set_err(err, err_len, "%s: bad port (expected 1..65535)", url);
+            err_fail(err, err_len, "%s: bad port (expected 1..65535)", url);
             return HTTP_E_URL;
         }
         snprintf(out->port, sizeof out->port, "%ld", port);
     } else if (*p && *p != '/' && *p != '?') {
-        set_err(err, err_len, "%s: unexpected character after the host", url);
+        err_fail(err, err_len, "%s: unexpected character after the host", url);
         return HTTP_E_URL;
     }
     const char *path = *p ? p : "/";
@@ -106,13 +98,13 @@ int http_parse_url(const char *url, HttpUrl *out, char *err, size_t err_len) {
     }
     for (const char *c = out->path; *c; c++) {
         if ((unsigned char)*c <= ' ' || *c == 0x7f) {
-            set_err(err, err_len, "%s: the path holds a space or control character (percent-encode it)", url);
+            err_fail(err, err_len, "%s: the path holds a space or control character (percent-encode it)", url);
             return HTTP_E_URL;
         }
     }
     return HTTP_OK;
 too_long:
-    set_err(err, err_len, "%s: path too long", url);
+    err_fail(err, err_len, "%s: path too long", url);
     return HTTP_E_URL;
 }
 
@@ -124,7 +116,7 @@ static int connect_host(const HttpUrl *u, const char *url, int timeout_ms, WaitL
     hints.ai_socktype = SOCK_STREAM;
     int gai = getaddrinfo(u->host, u->port, &hints, &res);
     if (gai != 0) {
-        set_err(err, err_len, "%s: cannot resolve host '%s': %s", url, u->host, gai_strerror(gai));
+        err_fail(err, err_len, "%s: cannot resolve host '%s': %s", url, u->host, gai_strerror(gai));
         return HTTP_E_CONNECT;
     }
     int rc = HTTP_E_CONNECT, last_errno = 0, timed_out = 0;
@@ -162,10 +154,10 @@ static int connect_host(const HttpUrl *u, const char *url, int timeout_ms, WaitL
     freeaddrinfo(res);
     if (rc < 0) {
         if (timed_out && !last_errno) {
-            set_err(err, err_len, "%s: connect timed out after %d ms", url, timeout_ms);
+            err_fail(err, err_len, "%s: connect timed out after %d ms", url, timeout_ms);
             return HTTP_E_TIMEOUT;
         }
-        set_err(err, err_len, "%s: cannot connect to %s:%s: %s", url, u->host, u->port,
+        err_fail(err, err_len, "%s: cannot connect to %s:%s: %s", url, u->host, u->port,
                 last_errno ? strerror(last_errno) : "no usable address");
     }
     return rc;
@@ -188,12 +180,12 @@ static int send_all(int fd, const char *p, size_t n, int64_t deadline, const cha
         if (w < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
             int r = wait_fd(fd, POLLOUT, deadline, wait_log);
             if (r == 0) {
-                set_err(err, err_len, "%s: timed out after %d ms while sending the request", url, timeout_ms);
+                err_fail(err, err_len, "%s: timed out after %d ms while sending the request", url, timeout_ms);
                 return HTTP_E_TIMEOUT;
             }
             if (r > 0) continue;
         }
-        set_err(err, err_len, "%s: sending the request failed: %s", url, strerror(errno));
+        err_fail(err, err_len, "%s: sending the request failed: %s", url, strerror(errno));
         return HTTP_E_IO;
     }
     return HTTP_OK;
@@ -215,7 +207,7 @@ typedef struct {
 } RespState;
 
 static int too_large(const char *url, size_t max_body, const char *how, char *err, size_t err_len) {
-    set_err(err, err_len, "%s: the response body is larger than the limit of %zu bytes (%.6g MiB): %s", url, max_body,
+    err_fail(err, err_len, "%s: the response body is larger than the limit of %zu bytes (%.6g MiB): %s", url, max_body,
             max_body / 1048576.0, how);
     return HTTP_E_TOO_LARGE;
 }
@@ -239,20 +231,20 @@ static int parse_head(RespState *st, const char *url, char *err, size_t err_len)
         if (p + 3 < end && p[0] == '\r' && p[1] == '\n' && p[2] == '\r' && p[3] == '\n') { he = p + 4; break; }
     }
     if (st->len >= 7 && strncmp(b, "HTTP/1.", 7) != 0) {
-        set_err(err, err_len, "%s: the reply is not HTTP (it starts with \"%.*s\")", url,
+        err_fail(err, err_len, "%s: the reply is not HTTP (it starts with \"%.*s\")", url,
                 (int)(st->len < 24 ? st->len : 24), b);
         return HTTP_E_PROTOCOL;
     }
     if (!he) {
         if (st->len > 64 * 1024) {
-            set_err(err, err_len, "%s: response header block larger than 64 KiB", url);
+            err_fail(err, err_len, "%s: response header block larger than 64 KiB", url);
             return HTTP_E_PROTOCOL;
         }
         return 0;
     }
     if (st->len < 12 || !isdigit((unsigned char)b[7]) || b[8] != ' ' || !isdigit((unsigned char)b[9]) ||
         !isdigit((unsigned char)b[10]) || !isdigit((unsigned char)b[11])) {
-        set_err(err, err_len, "%s: malformed status line", url);
+        err_fail(err, err_len, "%s: malformed status line", url);
         return HTTP_E_PROTOCOL;
     }
     st->status = (b[9] - '0') * 100 + (b[10] - '0') * 10 + (b[11] - '0');
@@ -269,7 +261,7 @@ static int parse_head(RespState *st, const char *url, char *err, size_t err_len)
             while (isdigit((unsigned char)*d) && cl < (1LL << 50)) cl = cl * 10 + (*d++ - '0');
             while (*d == ' ' || *d == '\t' || *d == '\r') d++;
             if (d == v || d != le) {
-                set_err(err, err_len, "%s: bad Content-Length header", url);
+                err_fail(err, err_len, "%s: bad Content-Length header", url);
                 return HTTP_E_PROTOCOL;
             }
             st->content_length = cl;
@@ -280,7 +272,7 @@ static int parse_head(RespState *st, const char *url, char *err, size_t err_len)
             if (ve - v >= 7 && strncasecmp(ve - 7, "chunked", 7) == 0) {
                 st->chunked = 1;
             } else {
-                set_err(err, err_len, "%s: unsupported Transfer-Encoding '%.*s'", url, (int)(ve - v), v);
+                err_fail(err, err_len, "%s: unsupported Transfer-Encoding '%.*s'", url, (int)(ve - v), v);
                 return HTTP_E_PROTOCOL;
             }
         }
@@ -319,7 +311,7 @@ static int advance_chunks(RespState *st, const char *url, char *err, size_t err_
             size = size * 16 + (unsigned)(isdigit(c) ? c - '0' : c - 'a' + 10);
         }
         if (d == p || (*d != ';' && *d != '\r' && *d != '\n' && *d != ' ')) {
-            set_err(err, err_len, "%s: malformed chunk size line in a chunked response", url);
+            err_fail(err, err_len, "%s: malformed chunk size line in a chunked response", url);
             return HTTP_E_PROTOCOL;
         }
         if (size > st->max_body - st->body_len) {
@@ -342,11 +334,11 @@ static int advance_chunks(RespState *st, const char *url, char *err, size_t err_
         size_t crlf = (after[0] == '\r') ? 2 : 1;
         if ((size_t)(end - after) < crlf) return 0;
         if ((crlf == 2 && after[1] != '\n') || (crlf == 1 && after[0] != '\n')) {
-            set_err(err, err_len, "%s: chunk data not followed by CRLF in a chunked response", url);
+            err_fail(err, err_len, "%s: chunk data not followed by CRLF in a chunked response", url);
             return HTTP_E_PROTOCOL;
         }
         if (body_append(st, data, (size_t)size) != 0) {
-            set_err(err, err_len, "%s: out of memory", url);
+            err_fail(err, err_len, "%s: out of memory", url);
             return HTTP_E_NOMEM;
         }
         st->chunk_pos = (size_t)(after + crlf - st->buf);
@@ -360,7 +352,7 @@ static int response_complete(RespState *st, int eof, const char *url, char *err,
             int r = parse_head(st, url, err, err_len);
             if (r <= 0) {
                 if (r == 0 && eof) {
-                    set_err(err, err_len, st->len ? "%s: connection closed inside the response header"
+                    err_fail(err, err_len, st->len ? "%s: connection closed inside the response header"
                                                   : "%s: connection closed without a response", url);
                     return st->len ? HTTP_E_PROTOCOL : HTTP_E_IO;
                 }
@@ -382,7 +374,7 @@ static int response_complete(RespState *st, int eof, const char *url, char *err,
         if (st->chunked) {
             int r = advance_chunks(st, url, err, err_len);
             if (r == 0 && eof) {
-                set_err(err, err_len, "%s: connection closed in the middle of a chunked body", url);
+                err_fail(err, err_len, "%s: connection closed in the middle of a chunked body", url);
                 return HTTP_E_IO;
             }
             return r;
@@ -391,7 +383,7 @@ static int response_complete(RespState *st, int eof, const char *url, char *err,
         if (st->content_length >= 0) {
             if (have >= (unsigned long long)st->content_length) return 1;
             if (eof) {
-                set_err(err, err_len, "%s: connection closed after %zu of %lld body bytes", url, have,
+                err_fail(err, err_len, "%s: connection closed after %zu of %lld body bytes", url, have,
                         st->content_length);
                 return HTTP_E_IO;
             }
@@ -428,7 +420,7 @@ int http_post(const char *url, const char *content_type, const char *body, size_
                       body_len, opt && opt->headers ? opt->headers : "");
     RespState st = {.max_body = max_bytes};
     if (hn < 0 || (size_t)hn >= sizeof head) {
-        set_err(err, err_len, "%s: request header too long", url);
+        err_fail(err, err_len, "%s: request header too long", url);
         rc = HTTP_E_URL;
         goto done;
     }
@@ -441,7 +433,7 @@ int http_post(const char *url, const char *content_type, const char *body, size_
             size_t cap = st.cap ? st.cap * 2 : 65536 * 2;
             char *nb = realloc(st.buf, cap);
             if (!nb) {
-                set_err(err, err_len, "%s: out of memory", url);
+                err_fail(err, err_len, "%s: out of memory", url);
                 rc = HTTP_E_NOMEM;
                 goto done;
             }
@@ -457,16 +449,16 @@ int http_post(const char *url, const char *content_type, const char *body, size_
         } else if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
             int w = wait_fd(fd, POLLIN, deadline, wait_log);
             if (w == 0) {
-                set_err(err, err_len, "%s: no complete response within %d ms (%zu bytes received)", url, to, st.len);
+                err_fail(err, err_len, "%s: no complete response within %d ms (%zu bytes received)", url, to, st.len);
                 rc = HTTP_E_TIMEOUT;
                 goto done;
             }
             if (w > 0) continue;
-            set_err(err, err_len, "%s: waiting for the response failed: %s", url, strerror(errno));
+            err_fail(err, err_len, "%s: waiting for the response failed: %s", url, strerror(errno));
             rc = HTTP_E_IO;
             goto done;
         } else {
-            set_err(err, err_len, "%s: receiving the response failed: %s", url, strerror(errno));
+            err_fail(err, err_len, "%s: receiving the response failed: %s", url, strerror(errno));
             rc = HTTP_E_IO;
             goto done;
         }
@@ -507,7 +499,7 @@ int http_post(const char *url, const char *content_type, const char *body, size_
         resp->body_len = n;
     }
     if (!resp->body) {
-        set_err(err, err_len, "%s: out of memory", url);
+        err_fail(err, err_len, "%s: out of memory", url);
         rc = HTTP_E_NOMEM;
         goto done;
     }

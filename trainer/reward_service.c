@@ -3,7 +3,6 @@
 
 #include <limits.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,6 +12,7 @@
 #include "shared/tokenizer.h"
 #include "trainer/http_client.h"
 #include "trainer/wait_log.h"
+#include "shared/err.h"
 
 #define SERVICE_SINGLE_NAME "reward_service"
 #define BACKOFF_CAP_S 30.0
@@ -23,14 +23,6 @@ struct RewardService {
     char **names;         // fixed by the first successful response
     size_t n_names;
 };
-
-static void set_err(char *err, size_t err_len, const char *fmt, ...) {
-    if (!err || err_len == 0) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, err_len, fmt, ap);
-    va_end(ap);
-}
 
 void reward_service_options_default(RewardServiceOptions *o) {
     memset(o, 0, sizeof *o);
@@ -45,17 +37,17 @@ int reward_service_create(RewardService **out, const RewardServiceOptions *o, ch
     HttpUrl u;
     char uerr[512];
     if (!o || http_parse_url(o->url, &u, uerr, sizeof uerr) != 0) {
-        set_err(err, err_len, "reward_url: %s", o ? uerr : "no options");
+        err_fail(err, err_len, "reward_url: %s", o ? uerr : "no options");
         return -1;
     }
     if (!(o->timeout_s > 0) || !(o->connect_timeout_s > 0) || o->max_retries < 0 || !(o->backoff_s >= 0)) {
-        set_err(err, err_len, "reward service %s: timeouts must be > 0, retries and backoff >= 0", o->url);
+        err_fail(err, err_len, "reward service %s: timeouts must be > 0, retries and backoff >= 0", o->url);
         return -1;
     }
     RewardService *rs = calloc(1, sizeof *rs);
     if (!rs || !(rs->url = strdup(o->url))) {
         free(rs);
-        set_err(err, err_len, "reward service: out of memory");
+        err_fail(err, err_len, "reward service: out of memory");
         return -1;
     }
     rs->opt = *o;
@@ -126,11 +118,11 @@ oom:
 // Reads one list of n scores into dst (stride 1). 0, or -1 with a message.
 static int read_scores(const json_t *list, const char *name, size_t n, double *dst, char *err, size_t err_len) {
     if (!json_is_array(list)) {
-        set_err(err, err_len, "\"%s\" must be a list of numbers (or null)", name);
+        err_fail(err, err_len, "\"%s\" must be a list of numbers (or null)", name);
         return -1;
     }
     if (json_array_size(list) != n) {
-        set_err(err, err_len, "\"%s\" has %zu scores for %zu completions", name, json_array_size(list), n);
+        err_fail(err, err_len, "\"%s\" has %zu scores for %zu completions", name, json_array_size(list), n);
         return -1;
     }
     for (size_t i = 0; i < n; i++) {
@@ -140,7 +132,7 @@ static int read_scores(const json_t *list, const char *name, size_t n, double *d
         } else if (json_is_number(v)) {
             dst[i] = json_number_value(v);
         } else {
-            set_err(err, err_len, "\"%s\"[%zu] is not a number or null", name, i);
+            err_fail(err, err_len, "\"%s\"[%zu] is not a number or null", name, i);
             return -1;
         }
     }
@@ -153,7 +145,7 @@ int reward_service_parse_response(const char *body, size_t body_len, size_t n, c
     json_error_t je;
     json_t *root = json_read_buffer(body, body_len, JSON_REJECT_DUPLICATES, &je);
     if (!root) {
-        set_err(err, err_len, "the body is not valid JSON (%s at line %d column %d)", je.text, je.line, je.column);
+        err_fail(err, err_len, "the body is not valid JSON (%s at line %d column %d)", je.text, je.line, je.column);
         return -1;
     }
     int rc = -1;
@@ -163,14 +155,14 @@ int reward_service_parse_response(const char *body, size_t body_len, size_t n, c
     const json_t *single = json_is_object(root) ? json_object_get(root, "scores") : NULL;
     const json_t *multi = json_is_object(root) ? json_object_get(root, "rewards") : NULL;
     if (!json_is_object(root) || (!single && !multi) || (single && multi)) {
-        set_err(err, err_len, "expected {\"scores\": [...]} or {\"rewards\": {\"name\": [...], ...}}");
+        err_fail(err, err_len, "expected {\"scores\": [...]} or {\"rewards\": {\"name\": [...], ...}}");
         goto out;
     }
     if (single) {
         k = 1;
     } else {
         if (!json_is_object(multi) || json_object_size(multi) == 0) {
-            set_err(err, err_len, "\"rewards\" must be a non-empty object of name -> list of scores");
+            err_fail(err, err_len, "\"rewards\" must be a non-empty object of name -> list of scores");
             goto out;
         }
         k = json_object_size(multi);
@@ -178,7 +170,7 @@ int reward_service_parse_response(const char *body, size_t body_len, size_t n, c
     names = calloc(k, sizeof *names);
     scores = malloc((k * n + 1) * sizeof *scores);
     if (!names || !scores) {
-        set_err(err, err_len, "out of memory");
+        err_fail(err, err_len, "out of memory");
         goto out;
     }
     if (single) {
@@ -190,7 +182,7 @@ int reward_service_parse_response(const char *body, size_t body_len, size_t n, c
         json_t *val;
         json_object_foreach((json_t *)multi, key, val) {
             if (!key[0]) {
-                set_err(err, err_len, "\"rewards\" has a function with an empty name");
+                err_fail(err, err_len, "\"rewards\" has a function with an empty name");
                 goto out;
             }
             if (!(names[f] = strdup(key))) goto oom;
@@ -203,7 +195,7 @@ int reward_service_parse_response(const char *body, size_t body_len, size_t n, c
     rc = 0;
     goto out;
 oom:
-    set_err(err, err_len, "out of memory");
+    err_fail(err, err_len, "out of memory");
 out:
     if (names) free_names(names, k);
     free(scores);
@@ -250,7 +242,7 @@ int reward_service_score(RewardService *rs, const RewardSample *samples, size_t 
     }
     char *req = reward_service_request_json(samples, n);
     if (!req) {
-        set_err(err, err_len, "reward service %s: out of memory building the request", rs->url);
+        err_fail(err, err_len, "reward service %s: out of memory building the request", rs->url);
         return -1;
     }
     HttpOptions ho = {.connect_timeout_ms = seconds_to_ms(rs->opt.connect_timeout_s),
@@ -292,7 +284,7 @@ int reward_service_score(RewardService *rs, const RewardSample *samples, size_t 
     }
     free(req);
     if (!ok) {
-        set_err(err, err_len, "reward service failed after %d attempt(s): %s", attempts, msg);
+        err_fail(err, err_len, "reward service failed after %d attempt(s): %s", attempts, msg);
         http_response_free(&resp);
         return -1;
     }
@@ -304,14 +296,14 @@ int reward_service_score(RewardService *rs, const RewardSample *samples, size_t 
     if (reward_service_parse_response(resp.body, resp.body_len, n, &names, &k, &got, perr, sizeof perr) != 0) {
         char ex[161];
         body_excerpt(resp.body, resp.body_len, ex, sizeof ex);
-        set_err(err, err_len, "reward service %s: bad response (status 200): %s; body starts: %s", rs->url, perr, ex);
+        err_fail(err, err_len, "reward service %s: bad response (status 200): %s; body starts: %s", rs->url, perr, ex);
         http_response_free(&resp);
         return -1;
     }
     http_response_free(&resp);
     int rc = -1;
     if (k > max_funcs || k > ld) {
-        set_err(err, err_len, "reward service %s returned %zu reward functions; room for %zu", rs->url, k,
+        err_fail(err, err_len, "reward service %s returned %zu reward functions; room for %zu", rs->url, k,
                 max_funcs < ld ? max_funcs : ld);
         goto out;
     }
@@ -322,7 +314,7 @@ int reward_service_score(RewardService *rs, const RewardSample *samples, size_t 
             for (size_t i = 0; i < n; i++) scores[i * ld + f] = got[f * n + i];
     } else {
         if (k != rs->n_names) {
-            set_err(err, err_len, "reward service %s returned %zu reward functions, earlier %zu", rs->url, k,
+            err_fail(err, err_len, "reward service %s returned %zu reward functions, earlier %zu", rs->url, k,
                     rs->n_names);
             goto out;
         }
@@ -330,7 +322,7 @@ int reward_service_score(RewardService *rs, const RewardSample *samples, size_t 
             size_t g = 0;
             while (g < k && strcmp(names[g], rs->names[f]) != 0) g++;
             if (g == k) {
-                set_err(err, err_len, "reward service %s no longer returns reward '%s'", rs->url, rs->names[f]);
+                err_fail(err, err_len, "reward service %s no longer returns reward '%s'", rs->url, rs->names[f]);
                 goto out;
             }
             for (size_t i = 0; i < n; i++) scores[i * ld + f] = got[g * n + i];

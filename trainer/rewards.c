@@ -1,11 +1,11 @@
 // trainer/rewards.c — built-in verifiable rewards (rules and formulas in rewards.h).
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "trainer/rewards.h"
+#include "shared/err.h"
 
 #include <ctype.h>
 #include <math.h>
 #include <pcre2.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,14 +23,6 @@ struct Rewards {
     char *answer_column;       // owned copies, so the caller's option strings may go away
     pcre2_code *regex;         // compiled --format-regex (NULL unless regex_format is selected)
 };
-
-static void set_err(char *err, size_t err_len, const char *fmt, ...) {
-    if (!err || err_len == 0) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, err_len, fmt, ap);
-    va_end(ap);
-}
 
 int reward_builtin_parse(const char *name) {
     for (int i = 0; name && i < REWARD_BUILTIN_COUNT; i++)
@@ -494,37 +486,37 @@ static int validate_options(const Rewards *r, const RewardOptions *o, char *err,
         switch (r->kind[i]) {
         case REWARD_ANSWER_MATCH:
             if (!o->answer_column || !o->answer_column[0]) {
-                set_err(err, err_len, "answer_column: answer_match needs the name of the dataset's answer column");
+                err_fail(err, err_len, "answer_column: answer_match needs the name of the dataset's answer column");
                 return -1;
             }
             break;
         case REWARD_REGEX_FORMAT:
             if (!o->format_regex || !o->format_regex[0]) {
-                set_err(err, err_len, "format_regex: regex_format is selected but no pattern is given");
+                err_fail(err, err_len, "format_regex: regex_format is selected but no pattern is given");
                 return -1;
             }
             break;
         case REWARD_LENGTH_PENALTY:
         case REWARD_SOFT_OVERLONG:
             if (o->max_completion_length <= 0) {
-                set_err(err, err_len, "max_completion_length: must be > 0 for %s (got %d)",
+                err_fail(err, err_len, "max_completion_length: must be > 0 for %s (got %d)",
                         reward_builtin_names[r->kind[i]], o->max_completion_length);
                 return -1;
             }
             if (r->kind[i] == REWARD_SOFT_OVERLONG &&
                 (o->soft_punish_cache <= 0 || o->soft_punish_cache > o->max_completion_length)) {
-                set_err(err, err_len, "soft_punish_cache: soft_overlong needs 0 < soft_punish_cache <= "
+                err_fail(err, err_len, "soft_punish_cache: soft_overlong needs 0 < soft_punish_cache <= "
                         "max_completion_length (%d); got %d", o->max_completion_length, o->soft_punish_cache);
                 return -1;
             }
             if (r->kind[i] == REWARD_LENGTH_PENALTY) {
                 if (!(o->length_penalty_coef >= 0.0) || !isfinite(o->length_penalty_coef)) {
-                    set_err(err, err_len, "length_penalty_coef: must be a finite number >= 0 (got %g)",
+                    err_fail(err, err_len, "length_penalty_coef: must be a finite number >= 0 (got %g)",
                             o->length_penalty_coef);
                     return -1;
                 }
                 if (o->length_penalty_target < 0 || o->length_penalty_target >= o->max_completion_length) {
-                    set_err(err, err_len, "length_penalty_target: must be >= 0 and < max_completion_length (%d); "
+                    err_fail(err, err_len, "length_penalty_target: must be >= 0 and < max_completion_length (%d); "
                             "got %d", o->max_completion_length, o->length_penalty_target);
                     return -1;
                 }
@@ -542,20 +534,20 @@ int rewards_create(Rewards **out, const char *const *names, size_t n, const Rewa
     *out = NULL;
     Rewards *r = calloc(1, sizeof *r);
     if (!r) {
-        set_err(err, err_len, "rewards: out of memory");
+        err_fail(err, err_len, "rewards: out of memory");
         return -1;
     }
     for (size_t i = 0; i < n; i++) {
         int k = reward_builtin_parse(names[i]);
         if (k < 0) {
-            set_err(err, err_len, "rewards: unknown built-in reward '%s' (known: answer_match, regex_format, "
+            err_fail(err, err_len, "rewards: unknown built-in reward '%s' (known: answer_match, regex_format, "
                     "think_format, length_penalty, soft_overlong)", names[i] ? names[i] : "(null)");
             rewards_free(r);
             return -1;
         }
         for (size_t j = 0; j < r->n; j++) {
             if (r->kind[j] == (RewardBuiltin)k) {
-                set_err(err, err_len, "rewards: '%s' is listed twice", names[i]);
+                err_fail(err, err_len, "rewards: '%s' is listed twice", names[i]);
                 rewards_free(r);
                 return -1;
             }
@@ -569,7 +561,7 @@ int rewards_create(Rewards **out, const char *const *names, size_t n, const Rewa
     r->opt = *opt;
     r->answer_column = strdup(opt->answer_column ? opt->answer_column : "answer");
     if (!r->answer_column) {
-        set_err(err, err_len, "rewards: out of memory");
+        err_fail(err, err_len, "rewards: out of memory");
         rewards_free(r);
         return -1;
     }
@@ -584,7 +576,7 @@ int rewards_create(Rewards **out, const char *const *names, size_t n, const Rewa
         if (!r->regex) {
             PCRE2_UCHAR msg[256];
             pcre2_get_error_message(ec, msg, sizeof msg);
-            set_err(err, err_len, "format_regex: the pattern does not compile at offset %zu: %s", (size_t)eo,
+            err_fail(err, err_len, "format_regex: the pattern does not compile at offset %zu: %s", (size_t)eo,
                     (const char *)msg);
             rewards_free(r);
             return -1;
@@ -611,7 +603,7 @@ const char *rewards_name(const Rewards *r, size_t i) {
 int rewards_score(const Rewards *r, const RewardSample *samples, size_t n, double *scores, size_t ld, char *err,
                   size_t err_len) {
     if (!r || (n && (!samples || !scores)) || ld < r->n) {
-        set_err(err, err_len, "rewards_score: bad arguments (ld %zu < %zu rewards, or NULL buffers)", ld,
+        err_fail(err, err_len, "rewards_score: bad arguments (ld %zu < %zu rewards, or NULL buffers)", ld,
                 r ? r->n : (size_t)0);
         return -1;
     }
@@ -619,7 +611,7 @@ int rewards_score(const Rewards *r, const RewardSample *samples, size_t n, doubl
     if (r->regex) {
         md = pcre2_match_data_create_from_pattern(r->regex, NULL);
         if (!md) {
-            set_err(err, err_len, "rewards_score: out of memory");
+            err_fail(err, err_len, "rewards_score: out of memory");
             return -1;
         }
     }
@@ -645,7 +637,7 @@ int rewards_score(const Rewards *r, const RewardSample *samples, size_t n, doubl
                 } else {
                     PCRE2_UCHAR msg[256];
                     pcre2_get_error_message(mrc, msg, sizeof msg);
-                    set_err(err, err_len, "regex_format: matching completion %zu failed: %s", i,
+                    err_fail(err, err_len, "regex_format: matching completion %zu failed: %s", i,
                             (const char *)msg);
                     pcre2_match_data_free(md);
                     return -1;

@@ -4,7 +4,6 @@
 #include <errno.h>
 #include <jansson.h>
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -12,14 +11,7 @@
 
 #include "shared/json_read.h"
 #include "trainer/train_config_internal.h"
-
-static void set_err(char *err, size_t err_len, const char *fmt, ...) {
-    if (!err || err_len == 0) return;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(err, err_len, fmt, ap);
-    va_end(ap);
-}
+#include "shared/err.h"
 
 // TRL keys that only configure TRL's own machinery (vLLM launch, reporting, Hub, precision flags tandem
 // fixes itself): accepted, recorded in cfg->ignored, and otherwise ignored.
@@ -109,7 +101,7 @@ static void flag_name(const char *key, char *buf, size_t cap) {
 #define SRC_ARGS(src) (src)->path ? (src)->path : "", (src)->path ? ": " : ""
 
 static int fail_type(const Source *src, const OptionSpec *o, const char *what, char *err, size_t err_len) {
-    set_err(err, err_len, SRC_FMT "%s: expected %s", SRC_ARGS(src), o->key, what);
+    err_fail(err, err_len, SRC_FMT "%s: expected %s", SRC_ARGS(src), o->key, what);
     return -1;
 }
 
@@ -125,7 +117,7 @@ static int set_from_json(TrainConfig *cfg, const OptionSpec *o, const json_t *v,
                          size_t err_len) {
     char *base = (char *)cfg;
     if (o->flags & OPTF_FLAG_ONLY) {
-        set_err(err, err_len, SRC_FMT "%s: only valid on the command line", SRC_ARGS(src), o->key);
+        err_fail(err, err_len, SRC_FMT "%s: only valid on the command line", SRC_ARGS(src), o->key);
         return -1;
     }
     if (o->flags & OPTF_GRPO) {
@@ -157,7 +149,7 @@ static int set_from_json(TrainConfig *cfg, const OptionSpec *o, const json_t *v,
                 snprintf(gerr + l, sizeof gerr - l, " (did you mean '%s'?)", s);
             }
         }
-        set_err(err, err_len, SRC_FMT "%s", SRC_ARGS(src), gerr);
+        err_fail(err, err_len, SRC_FMT "%s", SRC_ARGS(src), gerr);
         return -1;
     }
     switch (o->type) {
@@ -166,7 +158,7 @@ static int set_from_json(TrainConfig *cfg, const OptionSpec *o, const json_t *v,
         if (!json_is_integer(v)) return fail_type(src, o, "an integer", err, err_len);
         json_int_t x = json_integer_value(v);
         if (o->type == OPT_INT && (x < -2147483647LL || x > 2147483647LL)) {
-            set_err(err, err_len, SRC_FMT "%s: %lld is out of range", SRC_ARGS(src), o->key, (long long)x);
+            err_fail(err, err_len, SRC_FMT "%s: %lld is out of range", SRC_ARGS(src), o->key, (long long)x);
             return -1;
         }
         if (o->type == OPT_INT) *(int *)(base + o->off) = (int)x;
@@ -209,7 +201,7 @@ static int set_from_json(TrainConfig *cfg, const OptionSpec *o, const json_t *v,
         for (int i = 0; o->choice(i) && used < sizeof list; i++)
             used += (size_t)snprintf(list + used, sizeof list - used, "%s%s", i ? ", " : "", o->choice(i));
         const char *sug = suggest_choice(o, s);
-        set_err(err, err_len, SRC_FMT "%s: unknown value '%s' (one of: %s)%s%s%s", SRC_ARGS(src), o->key, s, list,
+        err_fail(err, err_len, SRC_FMT "%s: unknown value '%s' (one of: %s)%s%s%s", SRC_ARGS(src), o->key, s, list,
                 sug ? " — did you mean '" : "", sug ? sug : "", sug ? "'?" : "");
         return -1;
     }
@@ -241,7 +233,7 @@ static int set_from_json(TrainConfig *cfg, const OptionSpec *o, const json_t *v,
             const json_t *it = json_array_get(items, k);
             if (!json_is_string(it) || !json_string_length(it)) {
                 json_decref(items);
-                set_err(err, err_len, SRC_FMT "%s: item %zu must be a non-empty string", SRC_ARGS(src), o->key, k);
+                err_fail(err, err_len, SRC_FMT "%s: item %zu must be a non-empty string", SRC_ARGS(src), o->key, k);
                 return -1;
             }
             total += json_string_length(it) + 1;
@@ -297,7 +289,7 @@ static int set_from_json(TrainConfig *cfg, const OptionSpec *o, const json_t *v,
             const json_t *it = json_array_get(v, k);
             if (!json_is_number(it)) {
                 free(l);
-                set_err(err, err_len, SRC_FMT "%s: item %zu is not a number", SRC_ARGS(src), o->key, k);
+                err_fail(err, err_len, SRC_FMT "%s: item %zu is not a number", SRC_ARGS(src), o->key, k);
                 return -1;
             }
             l[k] = json_number_value(it);
@@ -309,7 +301,7 @@ static int set_from_json(TrainConfig *cfg, const OptionSpec *o, const json_t *v,
     }
     return -1;
 oom:
-    set_err(err, err_len, "%s: out of memory", o->key);
+    err_fail(err, err_len, "%s: out of memory", o->key);
     return -1;
 }
 
@@ -336,7 +328,7 @@ static int set_key(TrainConfig *cfg, const char *key, const json_t *v, const Sou
         int same = def && json_equal(def, (json_t *)v);
         json_decref(def);
         if (same) return note_ignored(cfg, key);
-        set_err(err, err_len, SRC_FMT "%s: TRL option not supported by tandem (only its default %s is accepted)",
+        err_fail(err, err_len, SRC_FMT "%s: TRL option not supported by tandem (only its default %s is accepted)",
                 SRC_ARGS(src), key, unsupported_keys[i].def);
         return -1;
     }
@@ -345,10 +337,10 @@ static int set_key(TrainConfig *cfg, const char *key, const json_t *v, const Sou
         char flag[128], sflag[128];
         flag_name(key, flag, sizeof flag);
         if (sug) flag_name(sug, sflag, sizeof sflag);
-        set_err(err, err_len, "unknown flag %s%s%s%s", flag, sug ? " (did you mean " : "", sug ? sflag : "",
+        err_fail(err, err_len, "unknown flag %s%s%s%s", flag, sug ? " (did you mean " : "", sug ? sflag : "",
                 sug ? "?)" : "");
     } else {
-        set_err(err, err_len, "%s: unknown key '%s'%s%s%s", src->path, key, sug ? " (did you mean '" : "",
+        err_fail(err, err_len, "%s: unknown key '%s'%s%s%s", src->path, key, sug ? " (did you mean '" : "",
                 sug ? sug : "", sug ? "'?)" : "");
     }
     return -1;
@@ -395,7 +387,7 @@ static json_t *text_to_json(const OptionSpec *o, const char *text, char *err, si
     case OPT_LONG: {
         long long x;
         if (parse_int_text(text, &x) == 0) return json_integer(x);
-        set_err(err, err_len, "%s (%s): expected an integer, got \"%s\"", o->key, flag, text);
+        err_fail(err, err_len, "%s (%s): expected an integer, got \"%s\"", o->key, flag, text);
         return NULL;
     }
     case OPT_F64:
@@ -403,14 +395,14 @@ static json_t *text_to_json(const OptionSpec *o, const char *text, char *err, si
         double x;
         if (o->type == OPT_OPT_F64 && is_none_text(text)) return json_null();
         if (parse_double_text(text, &x) == 0) return json_real(x);
-        set_err(err, err_len, "%s (%s): expected a number%s, got \"%s\"", o->key, flag,
+        err_fail(err, err_len, "%s (%s): expected a number%s, got \"%s\"", o->key, flag,
                 o->type == OPT_OPT_F64 ? " or none" : "", text);
         return NULL;
     }
     case OPT_BOOL: {
         int b;
         if (parse_bool_text(text, &b) == 0) return json_boolean(b);
-        set_err(err, err_len, "%s (%s): expected true or false, got \"%s\"", o->key, flag, text);
+        err_fail(err, err_len, "%s (%s): expected true or false, got \"%s\"", o->key, flag, text);
         return NULL;
     }
     case OPT_ENUM: {
@@ -445,7 +437,7 @@ static json_t *text_to_json(const OptionSpec *o, const char *text, char *err, si
         return arr;
     bad:
         json_decref(arr);
-        set_err(err, err_len, "%s (%s): expected comma-separated numbers, got \"%s\"", o->key, flag, text);
+        err_fail(err, err_len, "%s (%s): expected comma-separated numbers, got \"%s\"", o->key, flag, text);
         return NULL;
     }
     }
@@ -477,7 +469,7 @@ int train_config_set(TrainConfig *cfg, const char *key_in, const char *value, ch
         char flag[128], tmp[1024];
         flag_name(o->key, flag, sizeof flag);
         snprintf(tmp, sizeof tmp, "%s", err);
-        set_err(err, err_len, "%s (%s)%s", o->key, flag, tmp + strlen(o->key));
+        err_fail(err, err_len, "%s (%s)%s", o->key, flag, tmp + strlen(o->key));
     }
     return rc;
 }
@@ -488,12 +480,12 @@ int train_config_apply_json(TrainConfig *cfg, const char *text, size_t len, cons
     json_error_t je;
     json_t *root = json_read_buffer(text, len, JSON_REJECT_DUPLICATES, &je);
     if (!root) {
-        set_err(err, err_len, "%s: invalid JSON at line %d column %d: %s", name, je.line, je.column, je.text);
+        err_fail(err, err_len, "%s: invalid JSON at line %d column %d: %s", name, je.line, je.column, je.text);
         return -1;
     }
     if (!json_is_object(root)) {
         json_decref(root);
-        set_err(err, err_len, "%s: the config must be a JSON object of option keys", name);
+        err_fail(err, err_len, "%s: the config must be a JSON object of option keys", name);
         return -1;
     }
     Source src = {name};
@@ -512,7 +504,7 @@ int train_config_apply_json(TrainConfig *cfg, const char *text, size_t len, cons
 int train_config_load_file(TrainConfig *cfg, const char *path, char *err, size_t err_len) {
     FILE *f = fopen(path, "rb");
     if (!f) {
-        set_err(err, err_len, "config: cannot open %s: %s", path, strerror(errno));
+        err_fail(err, err_len, "config: cannot open %s: %s", path, strerror(errno));
         return -1;
     }
     char *buf = NULL;
@@ -525,7 +517,7 @@ int train_config_load_file(TrainConfig *cfg, const char *path, char *err, size_t
             if (!nb) {
                 free(buf);
                 fclose(f);
-                set_err(err, err_len, "config: out of memory reading %s", path);
+                err_fail(err, err_len, "config: out of memory reading %s", path);
                 return -1;
             }
             buf = nb;
@@ -537,13 +529,13 @@ int train_config_load_file(TrainConfig *cfg, const char *path, char *err, size_t
     fclose(f);
     if (rd_err) {
         free(buf);
-        set_err(err, err_len, "config: read error on %s", path);
+        err_fail(err, err_len, "config: read error on %s", path);
         return -1;
     }
     int rc = train_config_apply_json(cfg, buf ? buf : "", len, path, err, err_len);
     free(buf);
     if (rc == 0 && set_string(&cfg->config_file, path) != 0) {
-        set_err(err, err_len, "config: out of memory");
+        err_fail(err, err_len, "config: out of memory");
         return -1;
     }
     return rc;
@@ -573,7 +565,7 @@ int train_config_parse_args(TrainConfig *cfg, int argc, char *const *argv, char 
         if (strcmp(a, "--config") == 0 || strncmp(a, "--config=", 9) == 0) {
             const char *path = a[8] == '=' ? a + 9 : (i + 1 < argc ? argv[++i] : NULL);
             if (!path || !path[0]) {
-                set_err(err, err_len, "config (--config): needs a file path");
+                err_fail(err, err_len, "config (--config): needs a file path");
                 return -1;
             }
             int rc = train_config_load_file(cfg, path, err, err_len);
@@ -584,13 +576,13 @@ int train_config_parse_args(TrainConfig *cfg, int argc, char *const *argv, char 
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strncmp(a, "--", 2) != 0 || strcmp(a, "--") == 0) {
-            set_err(err, err_len, "unexpected argument '%s' (options are --name value or --name=value)", a);
+            err_fail(err, err_len, "unexpected argument '%s' (options are --name value or --name=value)", a);
             return -1;
         }
         char key[128];
         const char *value;
         if (split_flag(a, key, sizeof key, &value) != 0) {
-            set_err(err, err_len, "malformed flag '%s'", a);
+            err_fail(err, err_len, "malformed flag '%s'", a);
             return -1;
         }
         if (strcmp(key, "config") == 0) {
@@ -608,7 +600,7 @@ int train_config_parse_args(TrainConfig *cfg, int argc, char *const *argv, char 
             } else if (o) {
                 char flag[128];
                 flag_name(o->key, flag, sizeof flag);
-                set_err(err, err_len, "%s (%s): needs a value", o->key, flag);
+                err_fail(err, err_len, "%s (%s): needs a value", o->key, flag);
                 return -1;
             } else {
                 value = "";
