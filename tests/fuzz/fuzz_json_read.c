@@ -14,40 +14,9 @@
 #include <string.h>
 
 #include "shared/json_read.h"
+#include "tests/unit/json_testlib.h"
 
 #define REQUIRE(c) do { if (!(c)) { fprintf(stderr, "invariant failed: %s\n", #c); __builtin_trap(); } } while (0)
-
-// Equal values, reals bit for bit.
-static int same_value(const json_t *a, const json_t *b) {
-    if (json_typeof(a) != json_typeof(b)) return 0;
-    switch (json_typeof(a)) {
-    case JSON_REAL: {
-        double x = json_real_value(a), y = json_real_value(b);
-        return memcmp(&x, &y, sizeof x) == 0;
-    }
-    case JSON_INTEGER: return json_integer_value(a) == json_integer_value(b);
-    case JSON_STRING:
-        return json_string_length(a) == json_string_length(b) &&
-               memcmp(json_string_value(a), json_string_value(b), json_string_length(a)) == 0;
-    case JSON_ARRAY:
-        if (json_array_size(a) != json_array_size(b)) return 0;
-        for (size_t i = 0; i < json_array_size(a); i++)
-            if (!same_value(json_array_get(a, i), json_array_get(b, i))) return 0;
-        return 1;
-    case JSON_OBJECT: {
-        if (json_object_size(a) != json_object_size(b)) return 0;
-        const char *k;
-        size_t klen;
-        json_t *v;
-        json_object_keylen_foreach((json_t *)a, k, klen, v) {
-            const json_t *w = json_object_getn(b, k, klen);
-            if (!w || !same_value(v, w)) return 0;
-        }
-        return 1;
-    }
-    default: return 1;
-    }
-}
 
 static int all_finite(const json_t *v) {
     switch (json_typeof(v)) {
@@ -85,7 +54,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
                        (size_t)theirs.position <= len && text[theirs.position - 1] >= '0' &&
                        text[theirs.position - 1] <= '9';
     if (b) {
-        REQUIRE(a && same_value(a, b) && mine.position == theirs.position);
+        REQUIRE(a && json_same_value(a, b) && mine.position == theirs.position);
     } else if (json_error_code(&theirs) != json_error_numeric_overflow && !after_number) {
         REQUIRE(!a && mine.line == theirs.line && mine.column == theirs.column && mine.position == theirs.position &&
                 strcmp(mine.text, theirs.text) == 0 && json_error_code(&mine) == json_error_code(&theirs));

@@ -19,36 +19,9 @@
 
 #include "shared/json_read.h"
 #include "tests/unit/check_macros.h"
+#include "tests/unit/json_testlib.h"
 
 // ---- comparing values and errors --------------------------------------------------------------------------
-
-// Equal values, reals compared bit for bit (json_equal takes -0.0 for 0.0).
-static int same_value(const json_t *a, const json_t *b) {
-    if (!a || !b || json_typeof(a) != json_typeof(b)) return 0;
-    switch (json_typeof(a)) {
-    case JSON_REAL: {
-        double x = json_real_value(a), y = json_real_value(b);
-        return memcmp(&x, &y, sizeof x) == 0;
-    }
-    case JSON_INTEGER: return json_integer_value(a) == json_integer_value(b);
-    case JSON_STRING:
-        return json_string_length(a) == json_string_length(b) &&
-               memcmp(json_string_value(a), json_string_value(b), json_string_length(a)) == 0;
-    case JSON_ARRAY:
-        if (json_array_size(a) != json_array_size(b)) return 0;
-        for (size_t i = 0; i < json_array_size(a); i++)
-            if (!same_value(json_array_get(a, i), json_array_get(b, i))) return 0;
-        return 1;
-    case JSON_OBJECT: {
-        if (json_object_size(a) != json_object_size(b)) return 0;
-        const char *k;
-        json_t *v;
-        json_object_foreach((json_t *)a, k, v) if (!same_value(v, json_object_get(b, k))) return 0;
-        return 1;
-    }
-    default: return 1;
-    }
-}
 
 static int same_error(const json_error_t *a, const json_error_t *b) {
     return a->line == b->line && a->column == b->column && a->position == b->position &&
@@ -476,10 +449,10 @@ static void test_generated_documents(void) {
 
         json_error_t e;
         json_t *mine = json_read_buffer(g.doc.s, g.doc.n, 0, &e);
-        CHECK(mine && same_value(mine, expected), "document %s: %s", g.doc.s, mine ? "other values" : e.text);
+        CHECK(mine && json_same_value(mine, expected), "document %s: %s", g.doc.s, mine ? "other values" : e.text);
         json_t *twin = json_loadb(g.twin.s, g.twin.n, 0, &e);
         REQUIRE(twin, "twin refused by jansson: %s (%s)", g.twin.s, e.text);
-        if (!refused) CHECK(same_value(mine, twin), "no refused literal, yet not jansson's values: %s", g.doc.s);
+        if (!refused) CHECK(json_same_value(mine, twin), "no refused literal, yet not jansson's values: %s", g.doc.s);
         json_decref(mine);
         json_decref(twin);
         json_decref(expected);
