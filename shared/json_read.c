@@ -102,7 +102,7 @@ static int refused_number(char *lit, int is_integer, size_t flags, double *value
 // DIGITS: a real to jansson (it has an exponent), independent of the locale (no decimal point). Returns its length.
 static size_t real_token(double d, char out[32]) {
     char e[40];
-    snprintf(e, sizeof e, "%.16e", fabs(d)); // D.DDDDDDDDDDDDDDDDe+XXX, the point as the locale spells it
+    snprintf(e, sizeof e, "%.16e", fabs(d)); // "d.dddddddddddddddde+NNN" (17 significant digits); the point as the locale spells it
     char digits[17];
     int nd = 0;
     const char *p = e;
