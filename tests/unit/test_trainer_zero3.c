@@ -61,6 +61,11 @@ static void resident_losses(double *losses) {
             ops_adamw_step(ops, master[u], mm[u], vv[u], w.grads[u], w.params[u], m.layout.unit_numel[u], HP.lr, HP.beta1,
                            HP.beta2, HP.eps, HP.weight_decay, step, scale);
     }
+    for (int u = 0; u < U; u++) ops_free(ops, master[u]), ops_free(ops, mm[u]), ops_free(ops, vv[u]);
+    train_acts_free(acts, &m);
+    resident_free(&w, &m);
+    model_free(&m);
+    ops_destroy(ops);
 }
 
 int main(void) {
