@@ -56,6 +56,19 @@ static PackedBatch pack(json_t *seqs) {
     return p;
 }
 
+static void packed_free(PackedBatch *p) {
+    free(p->tokens);
+    free(p->targets);
+    free(p->cu);
+}
+
+// Frees what load() made.
+static void unload(OpsCtx *ops, Model *m, ResidentWeights *w) {
+    resident_free(w, m);
+    model_free(m);
+    ops_destroy(ops);
+}
+
 static Batch as_batch(const PackedBatch *p) {
     return (Batch){.n_seqs = p->B, .n_tokens = p->N, .tokens = p->tokens, .targets = p->targets,
                    .cu_seqlens = p->cu, .positions = NULL};
@@ -149,10 +162,13 @@ static int cmd_forward(const char *dir, const char *out_path) {
     if (rename(file, out_path) != 0) DIE("cannot move %s to %s", file, out_path);
     st_writer_free(sw);
     free(names);
+    free(logits);
+    free(lp);
+    free(ent);
+    free(dlp);
+    packed_free(&p);
     train_acts_free(acts, &m);
-    resident_free(&w, &m);
-    model_free(&m);
-    ops_destroy(ops);
+    unload(ops, &m, &w);
     json_decref(req);
     return 0;
 }
@@ -199,6 +215,17 @@ static int cmd_adamw(const char *dir) {
     json_object_set_new(out, "losses", losses);
     json_dumpf(out, stdout, JSON_REAL_PRECISION(9));
     putchar('\n');
+    json_decref(out);
+    free(lp);
+    free(dlp);
+    for (int u = 0; u < U; u++) ops_free(ops, master[u]), ops_free(ops, mom[u]), ops_free(ops, var[u]);
+    free(master);
+    free(mom);
+    free(var);
+    packed_free(&p);
+    train_acts_free(acts, &m);
+    unload(ops, &m, &w);
+    json_decref(req);
     return 0;
 }
 
@@ -233,6 +260,13 @@ static int cmd_generate(const char *dir) {
     json_object_set_new(res, "tokens", rows);
     json_dumpf(res, stdout, 0);
     putchar('\n');
+    json_decref(res);
+    free(out);
+    for (int b = 0; b < B; b++) free(pr[b]);
+    free(pr);
+    free(lens);
+    unload(ops, &m, &w);
+    json_decref(req);
     return 0;
 }
 
@@ -251,6 +285,7 @@ static int cmd_save(int argc, char **argv) {
     load(&ops, &m, &w, dir, 0);
     UnitSource src = resident_source(&w);
     if (model_save(&m, &src, out_dir, bf16, shard, err, sizeof err) != 0) DIE("%s", err);
+    unload(ops, &m, &w);
     return 0;
 }
 
