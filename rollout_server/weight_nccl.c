@@ -3,6 +3,7 @@
 #include "rollout_server/weight_nccl.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,7 +29,28 @@ struct WeightNccl {
     double t_begin, t_done;
     int rc;
     char err[768];
+    // Set (monotonic ms) when a new weights_begin replaces the update in flight: the receive thread's
+    // communicator then treats every other member as gone and fails within its grace period, instead of waiting
+    // its timeout for senders that moved on (the trainer aborted that update, e.g. another server died in it).
+    atomic_llong abandoned_ms;
 };
+
+static int64_t now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static int64_t abandoned_gone_ms(void *arg, int member) {
+    (void)member;
+    return atomic_load(&((WeightNccl *)arg)->abandoned_ms);
+}
+
+static void abandoned_name(void *arg, int member, char *out, size_t len) {
+    const WeightNccl *w = arg;
+    snprintf(out, len, "%s; a new weights_begin replaced this update", member < w->trainer_ranks ? "a trainer rank"
+                                                                                              : "a rollout server");
+}
 
 static double now_s(void) {
     struct timespec ts;
@@ -83,8 +105,9 @@ static void *receive_main(void *arg) {
     char err[640];
     w->rc = -1;
     if (!w->comm) {
-        if (comm_create_with_id(&w->comm, COMM_BACKEND_NCCL, w->id, w->rank, w->world, w->timeout_ms, engine_ops(e),
-                                err, sizeof err) != 0) {
+        const CommPeerWatch watch = {.gone_ms = abandoned_gone_ms, .name = abandoned_name, .arg = w};
+        if (comm_create_with_id_watched(&w->comm, COMM_BACKEND_NCCL, w->id, w->rank, w->world, w->timeout_ms, &watch,
+                                        engine_ops(e), err, sizeof err) != 0) {
             w->comm = NULL;
             snprintf(w->err, sizeof w->err, "joining the weight-sync communicator as member %d of %d: %s", w->rank,
                      w->world, err);
@@ -139,6 +162,7 @@ drop:
 }
 
 int weight_nccl_begin(WeightNccl *w, const ZmsgMsg *q, char *err, size_t err_len) {
+    if (w->running) atomic_store(&w->abandoned_ms, now_ms());   // a receive still waiting gives up within ~2 s
     join_thread(w);
     if (w->active)
         fprintf(stderr, "tandem-serve: weight update to version %lld abandoned by a new weights_begin\n",

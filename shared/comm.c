@@ -163,7 +163,7 @@ int comm_create(Comm **out, CommBackend backend, const CommInit *ci, OpsCtx *ops
     if (rc) return rc;
     Comm *c = new_comm(backend, ci->rank, ci->world_size, ci->timeout_ms, ops, err, err_len);
     if (!c) return COMM_ERR_SYSTEM;
-    rc = BACKEND(c, comm_nccl_create(c, ci, NULL, err, err_len), comm_host_create(c, ci, err, err_len));
+    rc = BACKEND(c, comm_nccl_create(c, ci, NULL, NULL, err, err_len), comm_host_create(c, ci, err, err_len));
     if (rc != 0) {
         free(c);
         return rc;
@@ -174,6 +174,12 @@ int comm_create(Comm **out, CommBackend backend, const CommInit *ci, OpsCtx *ops
 
 int comm_create_with_id(Comm **out, CommBackend backend, const uint8_t id[COMM_UNIQUE_ID_BYTES], int rank,
                         int world, int timeout_ms, OpsCtx *ops, char *err, size_t err_len) {
+    return comm_create_with_id_watched(out, backend, id, rank, world, timeout_ms, NULL, ops, err, err_len);
+}
+
+int comm_create_with_id_watched(Comm **out, CommBackend backend, const uint8_t id[COMM_UNIQUE_ID_BYTES], int rank,
+                                int world, int timeout_ms, const CommPeerWatch *watch, OpsCtx *ops, char *err,
+                                size_t err_len) {
     if (!out) return set_err(err, err_len, "comm_create_with_id: out is NULL");
     *out = NULL;
     if (backend == COMM_BACKEND_HOST) {
@@ -187,9 +193,10 @@ int comm_create_with_id(Comm **out, CommBackend backend, const uint8_t id[COMM_U
     if (timeout_ms <= 0) return set_err(err, err_len, "comm_create_with_id: timeout_ms %d must be > 0", timeout_ms);
     int rc = check_backend(backend, ops, "comm_create_with_id", err, err_len);
     if (rc) return rc;
+    if (watch && !watch->gone_ms) return set_err(err, err_len, "comm_create_with_id: a peer watch needs gone_ms");
     Comm *c = new_comm(backend, rank, world, timeout_ms, ops, err, err_len);
     if (!c) return COMM_ERR_SYSTEM;
-    rc = BACKEND(c, comm_nccl_create(c, NULL, id, err, err_len), COMM_ERR_UNSUPPORTED);
+    rc = BACKEND(c, comm_nccl_create(c, NULL, id, watch, err, err_len), COMM_ERR_UNSUPPORTED);
     if (rc != 0) {
         free(c);
         return rc;

@@ -91,6 +91,20 @@ int comm_unique_id(CommBackend backend, uint8_t id[COMM_UNIQUE_ID_BYTES], char *
 // that is gone. host: COMM_ERR_UNSUPPORTED.
 int comm_create_with_id(Comm **out, CommBackend backend, const uint8_t id[COMM_UNIQUE_ID_BYTES], int rank,
                         int world, int timeout_ms, OpsCtx *ops, char *err, size_t err_len);
+// What a member of a communicator joined by id knows about the others from a channel of its own (the trainer's
+// control connections to the rollout servers, say): gone_ms(arg, member) is the monotonic time in ms
+// (CLOCK_MONOTONIC) at which that member's process was last seen going away, 0 if never. Thread-safe: the
+// watchdog asks every tick. A call, or the joining, held up while a member is gone since it started fails after
+// a short grace (2 s) instead of the timeout, naming the member (name(arg, member, out, len)).
+typedef struct {
+    int64_t (*gone_ms)(void *arg, int member);
+    void (*name)(void *arg, int member, char *out, size_t len);
+    void *arg;
+} CommPeerWatch;
+// comm_create_with_id with a peer watch (copied; arg must outlive the communicator). NULL watch: none.
+int comm_create_with_id_watched(Comm **out, CommBackend backend, const uint8_t id[COMM_UNIQUE_ID_BYTES], int rank,
+                                int world, int timeout_ms, const CommPeerWatch *watch, OpsCtx *ops, char *err,
+                                size_t err_len);
 // 1 when this build and machine can run the backend (host: always; nccl: a CUDA build, a visible device and
 // a working libnccl).
 int comm_backend_available(CommBackend backend);

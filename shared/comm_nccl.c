@@ -16,8 +16,9 @@
 // has completed and notes when the oldest record's `start` completed: from then on the calls and compute work
 // it waits for are done and only the peers can hold it up. It trips when
 //   - that was timeout_ms ago (COMM_ERR_TIMEOUT);
-//   - a peer's process went away (its side-channel connection closed) and the oldest record has been stuck
-//     for GONE_GRACE_MS since both (or the timeout, if shorter) (COMM_ERR_PEER);
+//   - a peer's process went away (its side-channel connection closed, or, for a communicator joined by id, the
+//     caller's CommPeerWatch says so) and the oldest record has been stuck for GONE_GRACE_MS since both (or the
+//     timeout, if shorter) (COMM_ERR_PEER); while joining, a watched member gone for GONE_GRACE_MS;
 //   - NCCL reports an asynchronous error (a network failure, a remote error);
 //   - joining has not finished timeout_ms after it began.
 // Tripping probes the peers to name the culprit, records the message and aborts the communicator: NCCL's kernels
@@ -105,6 +106,7 @@ typedef struct {
     pthread_t watch;
     int watch_running;
     CommProbe *probe;                  // NULL without a peer table; the watchdog's once it runs
+    CommPeerWatch peer_watch;          // the caller's view of the members (joined by id); gone_ms NULL: none
 } Nccl;
 
 static int64_t now_ms(void) {
@@ -214,6 +216,29 @@ typedef struct {
     char head[512];
 } Trip;
 
+// When member p was last seen going away: by the side channel, else by the caller's watch; 0: never.
+static int64_t member_gone_ms(const Nccl *h, int p) {
+    int64_t at = h->probe ? comm_probe_gone_ms(h->probe, p) : 0;
+    if (!at && h->peer_watch.gone_ms && p != h->rank) at = h->peer_watch.gone_ms(h->peer_watch.arg, p);
+    return at;
+}
+
+// A member gone since `since` (ms) for at least `grace` ms, or -1.
+static int gone_member(const Nccl *h, int64_t since, int64_t grace, int64_t now) {
+    for (int p = 0; p < h->world; p++) {
+        int64_t at = member_gone_ms(h, p);
+        if (at && at >= since && now - at >= grace) return p;
+    }
+    return -1;
+}
+
+// "member p (<the watch's name>)" or "member p".
+static void member_name(const Nccl *h, int p, char *out, size_t len) {
+    char what[256] = "";
+    if (h->peer_watch.name) h->peer_watch.name(h->peer_watch.arg, p, what, sizeof what);
+    snprintf(out, len, "member %d%s%s%s", p, what[0] ? " (" : "", what, what[0] ? ")" : "");
+}
+
 // One look at the queue, mu held. Fills t when something must fail.
 static void watch_check(Nccl *h, Trip *t) {
     int64_t now = now_ms();
@@ -255,6 +280,16 @@ static void watch_check(Nccl *h, Trip *t) {
         }
     }
     if (h->init_pending) {
+        int gone = h->peer_watch.gone_ms ? gone_member(h, h->init_started_ms, GONE_GRACE_MS, now) : -1;
+        if (gone >= 0) {
+            char who[320];
+            member_name(h, gone, who, sizeof who);
+            t->code = COMM_ERR_PEER;
+            t->init = 1;
+            snprintf(t->head, sizeof t->head, "comm nccl: rank %d could not join the NCCL communicator of %d ranks: "
+                     "%s went away", h->rank, h->world, who);
+            return;
+        }
         if (now - h->init_started_ms >= h->timeout_ms) {
             t->code = COMM_ERR_TIMEOUT;
             t->init = 1;
@@ -277,13 +312,15 @@ static void watch_check(Nccl *h, Trip *t) {
     if (!r->started_ms) return;
     int64_t stuck = now - r->started_ms, grace = h->timeout_ms < GONE_GRACE_MS ? h->timeout_ms : GONE_GRACE_MS;
     int gone = -1;
-    for (int p = 0; h->probe && p < h->world && gone < 0; p++) {
-        int64_t at = comm_probe_gone_ms(h->probe, p), since = at > r->started_ms ? at : r->started_ms;
+    for (int p = 0; p < h->world && gone < 0; p++) {
+        int64_t at = member_gone_ms(h, p), since = at > r->started_ms ? at : r->started_ms;
         if (at && now - since >= grace) gone = p;
     }
+    char who[320] = "a peer";
+    if (gone >= 0 && !h->probe) member_name(h, gone, who, sizeof who);
     if (gone >= 0)
-        snprintf(t->head, sizeof t->head, "comm nccl%s: not complete %lld ms after it could start, and a peer went "
-                 "away", desc, (long long)stuck);
+        snprintf(t->head, sizeof t->head, "comm nccl%s: not complete %lld ms after it could start, and %s went "
+                 "away", desc, (long long)stuck, who);
     else if (stuck >= h->timeout_ms)
         snprintf(t->head, sizeof t->head, "comm nccl%s: not complete %lld ms after it could start (comm timeout %d ms)",
                  desc, (long long)stuck, h->timeout_ms);
@@ -297,7 +334,8 @@ static void watch_trip(Nccl *h, const Trip *t) {
     char diag[COMM_ERR_MAX] = "";
     int gone = 0;
     if (h->probe) gone = comm_probe_diagnose(h->probe, t->seq, t->init, diag, sizeof diag);
-    else if (h->world > 1) snprintf(diag, sizeof diag, "; the peers cannot be named (joined by id: no peer table)");
+    else if (h->world > 1 && !h->peer_watch.gone_ms)
+        snprintf(diag, sizeof diag, "; the peers cannot be named (joined by id: no peer table)");
     pthread_mutex_lock(&h->mu);
     if (!h->fail_code) {
         h->fail_code = gone ? COMM_ERR_PEER : t->code;   // a peer that went away explains the rest
@@ -426,7 +464,8 @@ static int meet(Nccl *h, const CommInit *ci, ncclUniqueId *uid, char *err, size_
     return rc;
 }
 
-int comm_nccl_create(Comm *c, const CommInit *ci, const uint8_t *id, char *err, size_t err_len) {
+int comm_nccl_create(Comm *c, const CommInit *ci, const uint8_t *id, const CommPeerWatch *watch, char *err,
+                     size_t err_len) {
     Nccl *h = calloc(1, sizeof *h);
     if (!h) {
         snprintf(err, err_len, "comm nccl: out of memory");
@@ -438,6 +477,7 @@ int comm_nccl_create(Comm *c, const CommInit *ci, const uint8_t *id, char *err, 
     h->rank = c->rank;
     h->world = c->world;
     h->timeout_ms = c->timeout_ms;
+    if (watch) h->peer_watch = *watch;
     h->device = ops_cuda_device(c->ops);
     h->compute = (cudaStream_t)ops_cuda_stream(c->ops);
     h->ring = calloc(RING_CAP, sizeof *h->ring);

@@ -9,10 +9,12 @@
 
 #include "shared/control_keys.h"
 #include "shared/dtype.h"
+#include "trainer/server_liveness.h"
+#include "trainer/wait_log.h"
 
 #define MAX_SERVERS ROLLOUT_MAX_SERVERS
 #define SLICE_ELEMS (1 << 20)     // elements per weights_slice frame
-#define WAIT_LOG_MS 5000          // how often "still waiting for ..." is logged
+#define POLL_SLICE_MS 100         // a wait looks at the server's liveness this often
 
 typedef struct {
     char endpoint[256];
@@ -21,6 +23,7 @@ typedef struct {
     int max_seq_len;
     int in_flight;      // prompts assigned and not answered
     int64_t policy_version;   // as of the last hello
+    int in_push;        // a member of the weight update in flight (rollout_weights_set_members)
 } Server;
 
 struct RolloutClient {
@@ -28,33 +31,62 @@ struct RolloutClient {
     int secure;                 // 1: every socket is a CURVE client with the keys below
     ControlKey server_public;
     ControlKeyPair client;
+    ServerLiveness *live;       // whether each server's connection is up (heartbeats, socket monitors)
     Server servers[MAX_SERVERS];
     int n_servers;
     uint64_t layout_hash;
     int timeout_ms;
     int64_t next_id;
     int next_server;    // round-robin cursor
+    double push_since_ms;   // when the weight update in flight began (its members: Server.in_push)
 };
 
-static double now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec * 1e3 + ts.tv_nsec / 1e6;
+static double now_ms(void) { return (double)server_liveness_now_ms(); }
+
+static int server_index(const RolloutClient *c, const Server *s) { return (int)(s - c->servers); }
+
+// 1 when s's connection dropped at or after since_ms (the process died, restarted or stopped answering
+// heartbeats): whatever was sent to it since is lost.
+static int gone_since(RolloutClient *c, const Server *s, double since_ms) {
+    int64_t at = server_liveness_gone_ms(c->live, server_index(c, s));
+    return at > 0 && (double)at >= since_ms;
 }
 
-// Sends a message (frames 0..n-1). Returns 0 or -1 with a message.
-static int send_msg(Server *s, const ZmsgMsg *m, char *err, size_t err_len) {
+// Sends a message (frames 0..n-1). A server that cannot take it (its connection is down, so the message would
+// queue, or its queue is full) is waited for while it stays connected, up to timeout_ms. Returns 0 sent, 1 not
+// sent (the server went away since since_ms, or stayed full: *gone says which), -1 error with a message.
+static int send_msg(RolloutClient *c, Server *s, const ZmsgMsg *m, double since_ms, int timeout_ms, int *gone,
+                    char *err, size_t err_len) {
+    *gone = 0;
     ZmsgOut out;
     if (zmsg_build(m, &out, err, err_len) != 0) return -1;
     int rc = 0;
+    const double deadline = now_ms() + timeout_ms;
     for (int i = 0; i < out.n_frames && rc == 0; i++) {
         int flags = i + 1 < out.n_frames ? ZMQ_SNDMORE : 0;
-        if (zmq_send(s->sock, out.frames[i].data, out.frames[i].size, flags) < 0) {
-            snprintf(err, err_len, "sending %s to rollout server %s failed: %s", zmsg_type_name(m->type), s->endpoint,
-                     zmq_strerror(zmq_errno()));
-            rc = -1;
+        // The first frame decides (libzmq queues a message whole): no blocking send, so a dead server cannot
+        // hold the caller.
+        while (i == 0 && zmq_send(s->sock, out.frames[0].data, out.frames[0].size, flags | ZMQ_DONTWAIT) < 0) {
+            if (zmq_errno() != EAGAIN) {
+                rc = -1;
+                break;
+            }
+            if ((*gone = gone_since(c, s, since_ms)) || now_ms() >= deadline) {
+                rc = 1;
+                break;
+            }
+            zmq_pollitem_t item = {s->sock, 0, ZMQ_POLLOUT, 0};
+            zmq_poll(&item, 1, POLL_SLICE_MS);
         }
+        if (i == 0) {
+            if (rc != 0) break;
+            continue;
+        }
+        if (zmq_send(s->sock, out.frames[i].data, out.frames[i].size, flags) < 0) rc = -1;
     }
+    if (rc < 0)
+        snprintf(err, err_len, "sending %s to rollout server %s failed: %s", zmsg_type_name(m->type), s->endpoint,
+                 zmq_strerror(zmq_errno()));
     zmsg_out_free(&out);
     return rc;
 }
@@ -88,15 +120,24 @@ static void close_parts(zmq_msg_t *parts, int n) {
     for (int i = 0; i < n; i++) zmq_msg_close(&parts[i]);
 }
 
-// Waits for the reply with this id from s, up to timeout_ms. Returns 1 (reply in *m), 0 on timeout, -1 on error
-// (an error reply becomes a message naming the server).
-static int wait_reply(Server *s, int64_t id, ZmsgMsg *m, int timeout_ms, char *err, size_t err_len) {
+// Waits for the reply with this id (request `what`, sent at since_ms) from s, up to timeout_ms, logging every
+// WAIT_LOG_INTERVAL_S while it waits. Returns 1 (reply in *m), 0 when none will come: the timeout passed, or the
+// server's connection dropped since the request (*gone = 1; it is lost with the process that had it), -1 on
+// error (an error reply becomes a message naming the server).
+static int wait_reply(RolloutClient *c, Server *s, int64_t id, const char *what, double since_ms, ZmsgMsg *m,
+                      int timeout_ms, int *gone, char *err, size_t err_len) {
+    *gone = 0;
     double deadline = now_ms() + timeout_ms;
+    WaitLog wl;
+    wait_log_start(&wl, timeout_ms / 1000.0, "--rollout-timeout", "rollout server %s to answer %s (connected)",
+                   s->endpoint, what);
     for (;;) {
         double left = deadline - now_ms();
         if (left <= 0) return 0;
+        if ((*gone = gone_since(c, s, since_ms))) return 0;
+        wait_log_tick(&wl);
         zmq_pollitem_t item = {s->sock, 0, ZMQ_POLLIN, 0};
-        if (zmq_poll(&item, 1, (long)left) < 0) {
+        if (zmq_poll(&item, 1, left < POLL_SLICE_MS ? (long)left : POLL_SLICE_MS) < 0) {
             snprintf(err, err_len, "polling rollout server %s: %s", s->endpoint, zmq_strerror(zmq_errno()));
             return -1;
         }
@@ -107,6 +148,13 @@ static int wait_reply(Server *s, int64_t id, ZmsgMsg *m, int timeout_ms, char *e
         close_parts(parts, n_parts);
         if (r < 0) return -1;
         if (r == 0) continue;
+        if (m->type == ZMSG_ERROR && gone_since(c, s, since_ms)) {
+            // A refusal from the process that replaced the one the request went to (e.g. a weight slice of an
+            // update the restarted server never began): the request is lost, not refused.
+            zmsg_free(m);
+            *gone = 1;
+            return 0;
+        }
         if (m->type == ZMSG_ERROR) {
             snprintf(err, err_len, "rollout server %s refused request %lld: [%s] %s", s->endpoint, (long long)m->id,
                      m->code, m->message);
@@ -124,16 +172,11 @@ static int hello(RolloutClient *c, Server *s, int timeout_ms, char *err, size_t 
     zmsg_init(&req, ZMSG_HELLO, ZMSG_DIR_REQUEST, id);
     req.protocol_version = ZMSG_PROTOCOL_VERSION;
     // A server that refuses this client's handshake (CURVE keys missing or not admitted) leaves the socket with
-    // no connection, where a send would block for ever: wait for one, as long as for the answer.
-    zmq_pollitem_t out_item = {s->sock, 0, ZMQ_POLLOUT, 0};
-    int writable = zmq_poll(&out_item, 1, timeout_ms);
-    if (writable < 0) {
-        snprintf(err, err_len, "polling rollout server %s: %s", s->endpoint, zmq_strerror(zmq_errno()));
-        return -1;
-    }
-    if (writable == 0) return 0;
-    if (send_msg(s, &req, err, err_len) != 0) return -1;
-    int r = wait_reply(s, id, &rep, timeout_ms, err, err_len);
+    // no connection, where the message cannot go: send_msg waits for one, as long as for the answer.
+    const double t0 = now_ms();
+    int gone, sr = send_msg(c, s, &req, t0, timeout_ms, &gone, err, err_len);
+    if (sr != 0) return sr < 0 ? -1 : 0;
+    int r = wait_reply(c, s, id, "hello", t0, &rep, timeout_ms, &gone, err, err_len);
     if (r <= 0) return r == 0 ? 0 : -1;
     int rc = 1;
     if (rep.layout_hash != c->layout_hash) {
@@ -161,6 +204,7 @@ static int open_socket(RolloutClient *c, Server *s, char *err, size_t err_len) {
         return -1;
     }
     if (c->secure && control_client_secure(s->sock, c->server_public, &c->client, err, err_len) != 0) return -1;
+    if (server_liveness_watch(c->live, server_index(c, s), s->sock, err, err_len) != 0) return -1;
     if (zmq_connect(s->sock, s->endpoint) != 0) {
         snprintf(err, err_len, "cannot connect to rollout server %s: %s", s->endpoint, zmq_strerror(zmq_errno()));
         return -1;
@@ -171,6 +215,7 @@ static int open_socket(RolloutClient *c, Server *s, char *err, size_t err_len) {
 // A fresh socket for a server that stopped answering: whatever was queued for the old connection (requests of
 // a round it missed, slices of an abandoned weight push) is dropped instead of reaching a restarted server.
 static int reopen(RolloutClient *c, Server *s, char *err, size_t err_len) {
+    server_liveness_unwatch(c->live, server_index(c, s));
     if (s->sock) zmq_close(s->sock);
     s->sock = NULL;
     if (open_socket(c, s, err, err_len) != 0) return -1;
@@ -193,12 +238,19 @@ static int rollout_client_poll(RolloutClient *c, int64_t version, int timeout_ms
 int rollout_client_refresh(RolloutClient *c, int64_t version, int timeout_ms, int *stale, char *err, size_t err_len) {
     // With no server answering, keep asking for up to six request timeouts: a restarting server comes back.
     double give_up = now_ms() + 6.0 * c->timeout_ms;
+    WaitLog wl;
+    wait_log_start(&wl, 6.0 * c->timeout_ms / 1000, "6 x --rollout-timeout", "a rollout server to answer (%d "
+                   "configured, none answers)", c->n_servers);
     for (;;) {
         int alive = 0;
+        const double t0 = now_ms();
         if (rollout_client_poll(c, version, timeout_ms, stale, &alive, err, err_len) != 0) return -1;
         if (alive > 0) return 0;
         if (now_ms() >= give_up) break;
-        fprintf(stderr, "tandem-train: waiting for a rollout server to answer (%d configured)\n", c->n_servers);
+        wait_log_tick(&wl);
+        // A refused connection answers at once: pause so that one round of hellos takes at least timeout_ms.
+        double rest = t0 + timeout_ms - now_ms();
+        if (rest > 0) zmq_poll(NULL, 0, (long)rest);
     }
     snprintf(err, err_len, "no rollout server answered for %.0f s (%d configured): is tandem-serve running?",
              6.0 * c->timeout_ms / 1000, c->n_servers);
@@ -238,6 +290,7 @@ int rollout_client_create(RolloutClient **out, const char *endpoints, uint64_t l
     }
     c->layout_hash = layout_hash;
     c->timeout_ms = timeout_ms;
+    if (server_liveness_create(&c->live, c->zctx, MAX_SERVERS, err, err_len) != 0) goto fail;
     // Flags and config keys win; the environment lets a Secret or a wrapper supply the paths.
     const char *env_server = getenv("TANDEM_CONTROL_SERVER_KEY"), *env_client = getenv("TANDEM_CONTROL_CLIENT_KEY");
     if (!server_key_path && env_server && env_server[0]) server_key_path = env_server;
@@ -280,9 +333,12 @@ int rollout_client_create(RolloutClient **out, const char *endpoints, uint64_t l
     double deadline = now_ms() + timeout_ms;
     for (int i = 0; i < c->n_servers; i++) {
         Server *s = &c->servers[i];
+        WaitLog wl;
+        wait_log_start(&wl, timeout_ms / 1000.0, "--rollout-timeout", "rollout server %s (no answer yet)",
+                       s->endpoint);
         for (;;) {
-            double left = deadline - now_ms();
-            int slice = left < WAIT_LOG_MS ? (int)(left > 0 ? left : 0) : WAIT_LOG_MS;
+            double left = deadline - now_ms(), t0 = now_ms();
+            int slice = left < 1000 ? (int)(left > 0 ? left : 0) : 1000;
             int r = hello(c, s, slice, err, err_len);
             if (r < 0) goto fail;
             if (r == 1) break;
@@ -298,7 +354,9 @@ int rollout_client_create(RolloutClient **out, const char *endpoints, uint64_t l
                                      "answer a client without them");
                 goto fail;
             }
-            fprintf(stderr, "tandem-train: waiting for rollout server %s (no answer yet)\n", s->endpoint);
+            wait_log_tick(&wl);
+            double rest = t0 + slice - now_ms();   // a refused connection answers at once
+            if (rest > 0) zmq_poll(NULL, 0, (long)rest);
         }
         s->alive = 1;
     }
@@ -311,6 +369,7 @@ fail:
 
 void rollout_client_destroy(RolloutClient *c) {
     if (!c) return;
+    server_liveness_destroy(c->live);
     for (int i = 0; i < c->n_servers; i++)
         if (c->servers[i].sock) zmq_close(c->servers[i].sock);
     if (c->zctx) zmq_ctx_term(c->zctx);
@@ -345,6 +404,9 @@ typedef struct {
     int done;
 } PromptState;
 
+static int send_prompt_to(RolloutClient *c, int sv, int i, const int32_t *const *prompts, const int *lens,
+                          const ZmsgSampling *s, PromptState *st, char *err, size_t err_len);
+
 static int pick_server(RolloutClient *c) {
     int best = -1;
     for (int k = 0; k < c->n_servers; k++) {
@@ -358,11 +420,21 @@ static int pick_server(RolloutClient *c) {
 
 static int send_prompt(RolloutClient *c, int i, const int32_t *const *prompts, const int *lens, const ZmsgSampling *s,
                        PromptState *st, char *err, size_t err_len) {
-    int sv = pick_server(c);
-    if (sv < 0) {
-        snprintf(err, err_len, "no rollout server is answering (all of %d timed out)", c->n_servers);
-        return ROLLOUT_ESERVERS_LOST;
+    for (;;) {
+        int sv = pick_server(c);
+        if (sv < 0) {
+            snprintf(err, err_len, "no rollout server is answering (all of %d timed out or went away)", c->n_servers);
+            return ROLLOUT_ESERVERS_LOST;
+        }
+        int r = send_prompt_to(c, sv, i, prompts, lens, s, st, err, err_len);
+        if (r <= 0) return r;
+        // Not taken: the server went away (or its queue stayed full); the prompt goes to another one.
     }
+}
+
+// Sends prompt i to server sv: 0 sent, 1 the server was set aside, -1 error.
+static int send_prompt_to(RolloutClient *c, int sv, int i, const int32_t *const *prompts, const int *lens,
+                          const ZmsgSampling *s, PromptState *st, char *err, size_t err_len) {
     ZmsgMsg m;
     zmsg_init(&m, ZMSG_GENERATE, ZMSG_DIR_REQUEST, c->next_id++);
     m.sampling = *s;
@@ -372,8 +444,14 @@ static int send_prompt(RolloutClient *c, int i, const int32_t *const *prompts, c
     m.n_prompts = 1;
     m.prompts = one;
     m.prompt_lens = one_len;
-    if (send_msg(&c->servers[sv], &m, err, err_len) != 0) return -1;
-    st[i] = (PromptState){.server = sv, .id = m.id, .sent_ms = now_ms()};
+    const double t0 = now_ms();
+    int gone, r = send_msg(c, &c->servers[sv], &m, t0, c->timeout_ms, &gone, err, err_len);
+    if (r < 0) return -1;
+    if (r > 0) {
+        mark_dead(c, &c->servers[sv], gone ? "went away" : "did not take a prompt in time");
+        return 1;
+    }
+    st[i] = (PromptState){.server = sv, .id = m.id, .sent_ms = t0};
     c->servers[sv].in_flight++;
     return 0;
 }
@@ -478,9 +556,10 @@ int rollout_generate(RolloutClient *c, int n_prompts, const int32_t *const *prom
                     goto send_failed;
                 continue;
             }
-            if (t - st[i].sent_ms > c->timeout_ms) {
-                Server *sv = &c->servers[st[i].server];
-                mark_dead(c, sv, "did not answer a prompt in time");
+            Server *sv = &c->servers[st[i].server];
+            int gone = gone_since(c, sv, st[i].sent_ms);
+            if (gone || t - st[i].sent_ms > c->timeout_ms) {
+                mark_dead(c, sv, gone ? "went away during generation" : "did not answer a prompt in time");
                 // Every prompt still waiting on it moves (its socket was replaced).
                 for (int q = 0; q < n_prompts; q++)
                     if (!st[q].done && st[q].server == (int)(sv - c->servers)) st[q].sent_ms = -1e18;
@@ -500,29 +579,71 @@ out:
 
 // ---- weights ------------------------------------------------------------------------------------
 
-int rollout_weights_begin(RolloutClient *c, int64_t version, char *err, size_t err_len) {
-    int started = 0;
+int64_t rollout_server_gone_ms(RolloutClient *c, int server) { return server_liveness_gone_ms(c->live, server); }
+
+const char *rollout_server_endpoint(const RolloutClient *c, int server) { return c->servers[server].endpoint; }
+
+// A member of the update in flight that is still counted on: alive and not gone since the update began.
+static int push_member(RolloutClient *c, Server *s) {
+    if (!s->in_push || !s->alive) return 0;
+    if (gone_since(c, s, c->push_since_ms)) {
+        mark_dead(c, s, "went away during a weight push");
+        return 0;
+    }
+    return 1;
+}
+
+// Sends request m (`what`) to s and waits for its answer (up to the request timeout, less if the server goes
+// away since the update began). Returns 1 (answer in *rep), 0 (the server is set aside), -1 error.
+static int push_call(RolloutClient *c, Server *s, ZmsgMsg *m, const char *what, ZmsgMsg *rep, char *err,
+                     size_t err_len) {
+    int gone, r = send_msg(c, s, m, c->push_since_ms, c->timeout_ms, &gone, err, err_len);
+    if (r == 0) r = wait_reply(c, s, m->id, what, c->push_since_ms, rep, c->timeout_ms, &gone, err, err_len);
+    else if (r > 0) r = 0;
+    if (r == 0) {
+        char why[128];
+        snprintf(why, sizeof why, gone ? "went away during %s" : "did not answer %s in time", what);
+        mark_dead(c, s, why);
+    }
+    return r;
+}
+
+int rollout_weights_lost_members(RolloutClient *c) {
+    int lost = 0;
     for (int k = 0; k < c->n_servers; k++) {
         Server *s = &c->servers[k];
-        if (!s->alive) continue;
+        if (s->in_push && !push_member(c, s)) lost++;
+    }
+    return lost;
+}
+
+void rollout_weights_set_members(RolloutClient *c, const int *servers, int n) {
+    c->push_since_ms = now_ms();
+    for (int k = 0; k < c->n_servers; k++) c->servers[k].in_push = 0;
+    for (int j = 0; j < n; j++) c->servers[servers[j]].in_push = 1;
+}
+
+int rollout_weights_begin(RolloutClient *c, int64_t version, int *members, int *n_members, char *err,
+                          size_t err_len) {
+    int alive[MAX_SERVERS], n_alive = rollout_alive_servers(c, alive);
+    rollout_weights_set_members(c, alive, n_alive);
+    *n_members = 0;
+    for (int j = 0; j < n_alive; j++) {
+        Server *s = &c->servers[alive[j]];
         ZmsgMsg m, rep;
         zmsg_init(&m, ZMSG_WEIGHTS_BEGIN, ZMSG_DIR_REQUEST, c->next_id++);
         m.version = version;
         m.transport = ZMSG_TRANSPORT_ZMQ;
         m.layout_hash = c->layout_hash;
-        if (send_msg(s, &m, err, err_len) != 0) return -1;
-        int r = wait_reply(s, m.id, &rep, c->timeout_ms, err, err_len);
+        int r = push_call(c, s, &m, "weights_begin", &rep, err, err_len);
         if (r < 0) return -1;
-        if (r == 0) {
-            mark_dead(c, s, "did not acknowledge weights_begin");
-            continue;
-        }
+        if (r == 0) continue;
         zmsg_free(&rep);
-        started++;
+        members[(*n_members)++] = alive[j];
     }
     // With no server answering, nothing is pushed now: rollout_client_refresh finds the servers that come back
     // with older weights and the caller pushes again then.
-    if (started == 0)
+    if (*n_members == 0)
         fprintf(stderr, "tandem-train: weight update %lld reached no rollout server\n", (long long)version);
     return 0;
 }
@@ -534,7 +655,8 @@ int rollout_alive_servers(const RolloutClient *c, int *servers) {
     return n;
 }
 
-// weights_begin (nccl) to server servers[j], not waiting for the answer; *id receives the request's id.
+// weights_begin (nccl) to server servers[j], not waiting for the answer; *id receives the request's id (-1: the
+// server went away and was set aside).
 static int begin_nccl_send(RolloutClient *c, Server *s, int64_t version, const uint8_t id[ZMSG_NCCL_ID_BYTES],
                            int trainer_ranks, int j, int n, int64_t *req_id, char *err, size_t err_len) {
     ZmsgMsg m;
@@ -547,18 +669,25 @@ static int begin_nccl_send(RolloutClient *c, Server *s, int64_t version, const u
     m.nccl_world = trainer_ranks + n;
     m.nccl_rank = trainer_ranks + j;
     *req_id = m.id;
-    return send_msg(s, &m, err, err_len);
+    int gone, r = send_msg(c, s, &m, c->push_since_ms, c->timeout_ms, &gone, err, err_len);
+    if (r > 0) {
+        mark_dead(c, s, gone ? "went away during weights_begin" : "did not take weights_begin in time");
+        *req_id = -1;
+    }
+    return r < 0 ? -1 : 0;
 }
 
 // The answer to weights_begin request req_id: 0 accepted, else as rollout_weights_begin_nccl.
 static int begin_nccl_wait(RolloutClient *c, Server *s, int64_t req_id, char *err, size_t err_len) {
     ZmsgMsg rep;
-    int r = wait_reply(s, req_id, &rep, c->timeout_ms, err, err_len);
+    int gone = 0, r = req_id < 0 ? 0 : wait_reply(c, s, req_id, "weights_begin", c->push_since_ms, &rep, c->timeout_ms,
+                                                  &gone, err, err_len);
     if (r < 0) return strstr(err, "[unsupported]") ? ROLLOUT_EUNSUPPORTED : -1;
     if (r == 0) {
-        // Members are fixed once told: a silent server fails this push, and the next one leaves it out.
-        mark_dead(c, s, "did not acknowledge weights_begin");
-        snprintf(err, err_len, "rollout server %s did not acknowledge weights_begin (nccl)", s->endpoint);
+        // Members are fixed once told: a lost server fails this push, and the next one leaves it out.
+        if (req_id >= 0) mark_dead(c, s, gone ? "went away during weights_begin" : "did not acknowledge weights_begin");
+        snprintf(err, err_len, "rollout server %s %s weights_begin (nccl)", s->endpoint,
+                 gone || req_id < 0 ? "went away during" : "did not acknowledge");
         return ROLLOUT_ESERVERS_LOST;
     }
     zmsg_free(&rep);
@@ -567,6 +696,7 @@ static int begin_nccl_wait(RolloutClient *c, Server *s, int64_t req_id, char *er
 
 int rollout_weights_begin_nccl(RolloutClient *c, int64_t version, const uint8_t id[ZMSG_NCCL_ID_BYTES],
                                int trainer_ranks, const int *servers, int n, char *err, size_t err_len) {
+    rollout_weights_set_members(c, servers, n);
     for (int j = 0; j < n; j++) {
         Server *s = &c->servers[servers[j]];
         int64_t req_id;
@@ -580,6 +710,7 @@ int rollout_weights_begin_nccl(RolloutClient *c, int64_t version, const uint8_t 
 int rollout_weights_begin_nccl_send(RolloutClient *c, int64_t version, const uint8_t id[ZMSG_NCCL_ID_BYTES],
                                     int trainer_ranks, const int *servers, int n, int64_t *req_ids, char *err,
                                     size_t err_len) {
+    rollout_weights_set_members(c, servers, n);
     for (int j = 0; j < n; j++)
         if (begin_nccl_send(c, &c->servers[servers[j]], version, id, trainer_ranks, j, n, &req_ids[j], err,
                             err_len) != 0)
@@ -608,7 +739,8 @@ int rollout_weights_send_slice(RolloutClient *c, int64_t version, int unit, int6
         int64_t n = count - off < SLICE_ELEMS ? count - off : SLICE_ELEMS;
         if (bf) dtype_f32_to_bf16_n(bf, values + off, (size_t)n);
         for (int k = 0; k < c->n_servers && rc == 0; k++) {
-            if (!c->servers[k].alive) continue;
+            Server *s = &c->servers[k];
+            if (!push_member(c, s)) continue;
             ZmsgMsg m;
             zmsg_init(&m, ZMSG_WEIGHTS_SLICE, ZMSG_DIR_REQUEST, c->next_id++);
             m.unit = unit;
@@ -618,7 +750,12 @@ int rollout_weights_send_slice(RolloutClient *c, int64_t version, int unit, int6
             m.slice_data = bf ? (const void *)bf : (const void *)(values + off);
             m.has_version = 1; // lets every rank send its own slices of the update rank 0 opened
             m.version = version;
-            rc = send_msg(&c->servers[k], &m, err, err_len);
+            int gone;
+            rc = send_msg(c, s, &m, c->push_since_ms, c->timeout_ms, &gone, err, err_len);
+            if (rc > 0) {
+                mark_dead(c, s, gone ? "went away during a weight push" : "did not take a weight slice in time");
+                rc = 0;
+            }
         }
     }
     free(bf);
@@ -628,12 +765,14 @@ int rollout_weights_send_slice(RolloutClient *c, int64_t version, int unit, int6
 int rollout_client_flush(RolloutClient *c, char *err, size_t err_len) {
     for (int k = 0; k < c->n_servers; k++) {
         Server *s = &c->servers[k];
-        if (!s->alive) continue;
+        if (!push_member(c, s)) continue;
         // A server handles one peer's messages in order: its answer to this hello means every slice sent before
         // it has been applied (a refused slice would have come back as an error first).
         int r = hello(c, s, c->timeout_ms, err, err_len);
         if (r < 0) return -1;
-        if (r == 0) mark_dead(c, s, "did not answer after a weight push");
+        if (r == 0)
+            mark_dead(c, s, gone_since(c, s, c->push_since_ms) ? "went away during a weight push"
+                                                               : "did not answer after a weight push");
     }
     return 0;
 }
@@ -642,11 +781,16 @@ int rollout_weights_end_send(RolloutClient *c, int64_t version, int64_t *req_ids
     for (int k = 0; k < c->n_servers; k++) {
         Server *s = &c->servers[k];
         req_ids[k] = -1;
-        if (!s->alive) continue;
+        if (!push_member(c, s)) continue;
         ZmsgMsg m;
         zmsg_init(&m, ZMSG_WEIGHTS_END, ZMSG_DIR_REQUEST, c->next_id++);
         m.version = version;
-        if (send_msg(s, &m, err, err_len) != 0) return -1;
+        int gone, r = send_msg(c, s, &m, c->push_since_ms, c->timeout_ms, &gone, err, err_len);
+        if (r < 0) return -1;
+        if (r > 0) {
+            mark_dead(c, s, gone ? "went away during weights_end" : "did not take weights_end in time");
+            continue;
+        }
         req_ids[k] = m.id;
     }
     return 0;
@@ -660,10 +804,11 @@ int rollout_weights_end_wait(RolloutClient *c, int64_t version, const int64_t *r
         if (req_ids[k] < 0 || !s->alive) continue;
         ZmsgMsg rep;
         // Slices are answered only when refused: such an error arrives before this reply and fails the push.
-        int r = wait_reply(s, req_ids[k], &rep, c->timeout_ms, err, err_len);
+        int gone, r = wait_reply(c, s, req_ids[k], "weights_end", c->push_since_ms, &rep, c->timeout_ms, &gone, err,
+                                 err_len);
         if (r < 0) return -1;
         if (r == 0) {
-            mark_dead(c, s, "did not acknowledge weights_end");
+            mark_dead(c, s, gone ? "went away during weights_end" : "did not acknowledge weights_end");
             continue;
         }
         s->policy_version = version;

@@ -51,10 +51,18 @@ void rollout_groups_free(RolloutGroup *groups, int n);
 int rollout_client_refresh(RolloutClient *c, int64_t version, int timeout_ms, int *stale, char *err, size_t err_len);
 
 // Weight push, transport zmq, to every server that answers (one that does not is set aside, as above): rank 0
-// begins (each server checks version and layout); every rank sends its slices (rollout_weights_send_slice) and
-// flushes; then rank 0 ends, which waits for every server's acknowledgement; *seconds receives the slowest
-// server's begin-to-swap time.
-int rollout_weights_begin(RolloutClient *c, int64_t version, char *err, size_t err_len);
+// begins (each server checks version and layout) and lists the servers that took it in members (n_members);
+// every rank makes them the update's members (rollout_weights_set_members), sends its slices
+// (rollout_weights_send_slice) and flushes; then rank 0 ends, which waits for every member's acknowledgement;
+// *seconds receives the slowest server's begin-to-swap time. A member whose connection drops during the update
+// (it died, restarted or stopped answering heartbeats: trainer/server_liveness.h) is set aside at once, and the
+// update goes on with the others; it is given the weights when it answers again (rollout_client_refresh).
+int rollout_weights_begin(RolloutClient *c, int64_t version, int *members, int *n_members, char *err,
+                          size_t err_len);
+// The servers (indices, n) that the update beginning now goes to; the other calls of the update address them.
+void rollout_weights_set_members(RolloutClient *c, const int *servers, int n);
+// After a failed update: sets aside the members that went away during it; returns how many members are gone.
+int rollout_weights_lost_members(RolloutClient *c);
 // Sends elements [offset, offset + count) of unit `unit` (host fp32; as bf16 when send_bf16, halving the bytes) to
 // every answering server as slices of update `version`. Any rank may send its own slices of the update that
 // rank 0 opened with rollout_weights_begin.
@@ -81,6 +89,10 @@ int rollout_weights_end_wait(RolloutClient *c, int64_t version, const int64_t *r
 #define ROLLOUT_MAX_SERVERS 64
 #define ROLLOUT_EUNSUPPORTED (-3)
 int rollout_alive_servers(const RolloutClient *c, int *servers);
+// When server k's control connection last dropped (monotonic ms, trainer/server_liveness.h; 0: never), and its
+// endpoint. Thread-safe: the NCCL watchdog of the weight-sync communicator asks while a push is on the GPU.
+int64_t rollout_server_gone_ms(RolloutClient *c, int server);
+const char *rollout_server_endpoint(const RolloutClient *c, int server);
 int rollout_weights_begin_nccl(RolloutClient *c, int64_t version, const uint8_t id[ZMSG_NCCL_ID_BYTES],
                                int trainer_ranks, const int *servers, int n, char *err, size_t err_len);
 // The same in two halves, so that the sending can be queued while the answers travel (a communicator that the

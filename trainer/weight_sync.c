@@ -7,6 +7,8 @@
 
 #include "trainer/trainer.h"
 
+#define WEIGHT_SYNC_ATTEMPTS 3   // NCCL pushes tried per update while members keep going away
+
 void weight_sync_close(WeightSync *ws) {
     comm_destroy_now(ws->comm);   // the servers keep running: a graceful finalize would wait on them
     ws->comm = NULL;
@@ -18,8 +20,26 @@ typedef struct {
     int32_t status;    // 0 go (nccl), 1 use zmq from now on, -1 failed (rank 0 has the message)
     int32_t fresh;     // 1: a new communicator (id below), else reuse the current one
     int32_t n_servers;
+    int32_t servers[ROLLOUT_MAX_SERVERS];   // (n_servers) the members W.. as rollout client indices
     uint8_t id[COMM_UNIQUE_ID_BYTES];
 } NcclPlan;
+
+// The weight-sync communicator's peer watch (comm.h): member W + j is server servers[j], gone when its control
+// connection dropped (trainer/server_liveness.h); trainer ranks are watched by the trainer's own communicator.
+static int64_t member_gone_ms(void *arg, int member) {
+    Trainer *t = arg;
+    int j = member - t->world;
+    return j >= 0 && j < t->sync.n_servers ? rollout_server_gone_ms(t->rollout, t->sync.servers[j]) : 0;
+}
+
+static void member_name(void *arg, int member, char *out, size_t len) {
+    Trainer *t = arg;
+    int j = member - t->world;
+    if (j >= 0 && j < t->sync.n_servers)
+        snprintf(out, len, "rollout server %s", rollout_server_endpoint(t->rollout, t->sync.servers[j]));
+    else
+        snprintf(out, len, "trainer rank %d", member);
+}
 
 // The elements of unit u that this rank owns and the unit really has (its slice may run into the padding).
 static size_t owned_count(const Trainer *t, int u, size_t *off) {
@@ -40,6 +60,7 @@ static void plan_nccl(Trainer *t, int64_t version, NcclPlan *plan, int64_t *req_
     int n = rollout_alive_servers(t->rollout, servers);
     memset(plan, 0, sizeof *plan);
     plan->n_servers = n;
+    for (int j = 0; j < n; j++) plan->servers[j] = servers[j];
     if (n == 0) {
         fprintf(stderr, "tandem-train: weight update %lld reached no rollout server\n", (long long)version);
         return;
@@ -83,13 +104,16 @@ static int send_nccl(Trainer *t, const NcclPlan *plan, char *err, size_t err_len
     const int W = t->world, S = plan->n_servers;
     if (plan->fresh) {
         weight_sync_close(ws);
-        if (comm_create_with_id(&ws->comm, COMM_BACKEND_NCCL, plan->id, t->rank, W + S,
-                                (int)(t->cfg->comm_timeout * 1000), t->ops, err, err_len) != 0) {
+        for (int j = 0; j < S; j++) ws->servers[j] = plan->servers[j];
+        ws->n_servers = S;
+        const CommPeerWatch watch = {.gone_ms = member_gone_ms, .name = member_name, .arg = t};
+        if (comm_create_with_id_watched(&ws->comm, COMM_BACKEND_NCCL, plan->id, t->rank, W + S,
+                                        (int)(t->cfg->comm_timeout * 1000), &watch, t->ops, err, err_len) != 0) {
             ws->comm = NULL;
+            ws->n_servers = 0;
             return -1;
         }
         memcpy(ws->id, plan->id, sizeof ws->id);
-        ws->n_servers = S;
     }
     const Layout *L = &t->model.layout;
     const size_t es = ops_dtype_size(t->ops);
@@ -213,6 +237,7 @@ static int push_nccl(Trainer *t, int64_t version, char *err, size_t err_len) {
     }
     if (plan.status == 1) return 1;
     if (plan.n_servers == 0) return 0;
+    if (t->rank != 0) rollout_weights_set_members(t->rollout, plan.servers, plan.n_servers);
     int rc = send_nccl(t, &plan, err, err_len);
     if (pending) {
         // Queued sends cannot finish without a server's receive: a refusal (or silence) aborts the communicator,
@@ -249,16 +274,39 @@ static int push_nccl(Trainer *t, int64_t version, char *err, size_t err_len) {
 static int push_zmq(Trainer *t, int64_t version, char *err, size_t err_len) {
     int rc = 0;
     const double t0 = trainer_now();
-    if (t->rank == 0) rc = rollout_weights_begin(t->rollout, version, err, err_len);
+    // Rank 0's verdict and the servers that took weights_begin: every rank sends its slices to those.
+    int32_t head[2 + ROLLOUT_MAX_SERVERS] = {0};
+    int members[ROLLOUT_MAX_SERVERS], n_members = 0;
+    if (t->rank == 0) rc = rollout_weights_begin(t->rollout, version, members, &n_members, err, err_len);
     t->sync.begin_seconds = t->rank == 0 ? trainer_now() - t0 : 0;
-    int32_t ok = rc == 0;
-    if (comm_broadcast(t->comm, &ok, 1, COMM_I32, 0) != 0 || !ok) {
-        if (rc == 0) snprintf(err, err_len, "weight sync: %s", ok ? comm_error(t->comm) : "rank 0 could not start it");
+    head[0] = rc == 0;
+    head[1] = n_members;
+    for (int j = 0; j < n_members; j++) head[2 + j] = members[j];
+    if (comm_broadcast(t->comm, head, 2 + ROLLOUT_MAX_SERVERS, COMM_I32, 0) != 0 || !head[0]) {
+        if (rc == 0)
+            snprintf(err, err_len, "weight sync: %s", head[0] ? comm_error(t->comm) : "rank 0 could not start it");
         return -1;
+    }
+    if (t->rank != 0) {
+        n_members = head[1];
+        for (int j = 0; j < n_members; j++) members[j] = head[2 + j];
+        rollout_weights_set_members(t->rollout, members, n_members);
     }
     rc = send_zmq(t, version, err, err_len);
     if (agree(t, rc, err, err_len) != 0) return -1;
     return finish(t, version, 0, NULL, err, err_len);
+}
+
+// After a failed NCCL push (every rank calls it): 1 when rank 0 saw a member server go away during it and a
+// new attempt with the others may begin (attempts left), else 0.
+static int retry_without_lost(Trainer *t, int64_t version, int attempt, const char *why) {
+    int32_t lost = t->rank == 0 && rollout_weights_lost_members(t->rollout) > 0;
+    if (comm_broadcast(t->comm, &lost, 1, COMM_I32, 0) != 0 || !lost || attempt >= WEIGHT_SYNC_ATTEMPTS) return 0;
+    if (t->rank == 0)
+        fprintf(stderr, "tandem-train: weight update %lld lost a rollout server (%s); pushing it again to the others "
+                "(attempt %d of %d); the lost server gets the weights when it answers again\n", (long long)version, why,
+                attempt + 1, WEIGHT_SYNC_ATTEMPTS);
+    return 1;
 }
 
 int weight_sync_push(Trainer *t, double *seconds, char *err, size_t err_len) {
@@ -266,7 +314,12 @@ int weight_sync_push(Trainer *t, double *seconds, char *err, size_t err_len) {
     double t0 = trainer_now();
     WeightSync *ws = &t->sync;
     if (ws->use_nccl) {
-        int rc = push_nccl(t, version, err, err_len);
+        int rc;
+        for (int attempt = 1;; attempt++) {
+            rc = push_nccl(t, version, err, err_len);
+            if (rc >= 0 || !retry_without_lost(t, version, attempt, err)) break;
+            weight_sync_close(ws);
+        }
         if (rc == 0) ws->nccl_worked = 1;
         // `auto` tries NCCL; if it never worked in this run (e.g. a server on this rank's own GPU, which one NCCL
         // communicator cannot hold, or a CPU server), zmq carries the weights from now on.

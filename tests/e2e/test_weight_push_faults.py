@@ -1,0 +1,154 @@
+"""A rollout server that stalls or dies in the middle of a GRPO run, at whatever moment (generation or a weight
+push): the trainer notices within seconds, not after its request timeout (left at the 600 s default here), carries on
+with the other server, and a server restarted on the same endpoint is given the current weights before it
+generates again.
+
+CPU (always): two CPU servers, weights over ZeroMQ. GPU (2 CUDA devices, else skipped): the trainer on cuda:0 (rank 0), one
+server on cuda:1, weights over NCCL: the stalled server holds up NCCL sends the trainer cannot cancel by itself; the
+trainer's watch on its control connection aborts the communicator, and the restarted server joins a new one.
+Each stall is SIGSTOP (the process and its ZeroMQ threads stop answering: the heartbeats catch it), followed by
+SIGKILL and a restart 2 s later.
+"""
+import json
+import os
+import pathlib
+import re
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from server_fixtures import BUILD, TandemServer, build_tiny_model, free_port, metric, metrics  # noqa: E402
+
+NOTICE_S = 15   # a stall must be noticed this soon (heartbeat timeout 4 s + a round's slack on a loaded box)
+
+
+def train_binary():
+    path = BUILD / "bin" / "tandem-train"
+    if not path.exists():
+        pytest.skip(f"{path} is not built (run scripts/test.sh, or set TANDEM_BUILD_DIR)")
+    return str(path)
+
+
+def cuda_devices():
+    try:
+        import torch
+        return torch.cuda.device_count()
+    except Exception:
+        return 0
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    d = tmp_path_factory.mktemp("push_faults")
+    model_dir = d / "model"
+    build_tiny_model(model_dir)
+    data = d / "train.jsonl"
+    words = ["the quick brown", "a lazy dog", "seven wizards", "numbers plus", "question answer", "think step"]
+    with open(data, "w") as f:
+        for i in range(64):
+            f.write(json.dumps({"prompt": words[i % len(words)] + f" {i % 10}"}) + "\n")
+    return d, model_dir, data
+
+
+def start_trainer(d, model_dir, data, control, steps, device, extra=()):
+    out_dir = d / f"run-{device}"
+    log_path = d / f"trainer-{device}.log"
+    args = [train_binary(), "--model", str(model_dir), "--train-file", str(data), "--output-dir", str(out_dir),
+            "--rollout-servers", control, "--rewards", "regex_format", "--format-regex", "[0-9]",
+            "--format-regex-mode", "search", "--num-generations", "8", "--per-device-train-batch-size", "8",
+            "--max-completion-length", "12", "--max-prompt-length", "64", "--learning-rate", "2e-2",
+            "--max-steps", str(steps), "--logging-steps", "1", "--save-steps", "0", "--seed", "3",
+            "--device", device, *extra]
+    env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
+               MASTER_PORT=str(free_port()), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", NCCL_NVLS_ENABLE="0")
+    log = open(log_path, "w")
+    proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
+    return proc, log, log_path
+
+
+def wait_for(log_path, pattern, timeout, proc=None):
+    """Seconds until `pattern` (regex) appears in the log, or None at the timeout (or when proc exits)."""
+    t0 = time.time()
+    while time.time() - t0 < timeout:
+        if re.search(pattern, log_path.read_text(errors="replace")):
+            return time.time() - t0
+        if proc is not None and proc.poll() is not None:
+            return None
+        time.sleep(0.1)
+    return None
+
+
+def stall_kill_restart(log_path, proc, victim, model_dir, control, serve_args, steps):
+    """SIGSTOP the victim server; require the trainer to name it gone within NOTICE_S; SIGKILL it, restart it on
+    the same endpoint 2 s later, and return the new server once the trainer has used it again."""
+    step = int(re.findall(r"step (\d+)/", log_path.read_text())[-1])
+    os.kill(victim.proc.pid, signal.SIGSTOP)
+    endpoint = re.escape(control)
+    noticed = wait_for(log_path, endpoint + r" (went away|did not answer|did not acknowledge)", NOTICE_S + 60, proc)
+    victim.kill()   # SIGKILL works on a stopped process
+    assert noticed is not None, log_path.read_text()[-3000:]
+    assert noticed < NOTICE_S, f"the stall was noticed after {noticed:.1f} s:\n" + log_path.read_text()[-3000:]
+    time.sleep(2)
+    back = TandemServer(model_dir, "--control", control, *serve_args)
+    return back, noticed, step
+
+
+def finish(proc, log, log_path, timeout=600):
+    code = proc.wait(timeout=timeout)
+    log.close()
+    text = log_path.read_text(errors="replace")
+    assert code == 0, text[-4000:]
+    return text
+
+
+def test_cpu_server_stalled_then_restarted(setup):
+    d, model_dir, data = setup
+    steps = 30
+    controls = [f"tcp://127.0.0.1:{free_port()}" for _ in range(2)]
+    with TandemServer(model_dir, "--control", controls[0]) as keep:
+        victim = TandemServer(model_dir, "--control", controls[1])
+        proc, log, log_path = start_trainer(d, model_dir, data, ",".join(controls), steps, "cpu")
+        try:
+            assert wait_for(log_path, r"step 3/", 300, proc) is not None, log_path.read_text()[-3000:]
+            back, noticed, at_step = stall_kill_restart(log_path, proc, victim, model_dir, controls[1], (), steps)
+            with back:
+                text = finish(proc, log, log_path)
+                assert "answers again" in text, text[-3000:]
+                version = metric(metrics(back.url), "tandem_policy_version")
+            assert metric(metrics(keep.url), "tandem_policy_version") == steps
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+            victim.kill()
+    assert version == steps, (version, text[-3000:])
+    print(f"cpu: stall at step {at_step} noticed after {noticed:.1f} s; the restarted server ended on version {version}")
+
+
+def test_gpu_nccl_server_stalled_then_restarted(setup):
+    if cuda_devices() < 2:
+        pytest.skip(f"the NCCL weight push needs 2 CUDA devices (trainer and server); {cuda_devices()} visible")
+    d, model_dir, data = setup
+    steps = 40
+    control = f"tcp://127.0.0.1:{free_port()}"
+    serve_args = ("--device", "cuda:1")
+    victim = TandemServer(model_dir, "--control", control, *serve_args)
+    proc, log, log_path = start_trainer(d, model_dir, data, control, steps, "cuda",
+                                        extra=("--weight-sync-transport", "nccl"))
+    try:
+        assert wait_for(log_path, r"step 5/", 300, proc) is not None, log_path.read_text()[-3000:]
+        back, noticed, at_step = stall_kill_restart(log_path, proc, victim, model_dir, control, serve_args, steps)
+        with back:
+            text = finish(proc, log, log_path)
+            version = metric(metrics(back.url), "tandem_policy_version")
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        victim.kill()
+    assert "answers again" in text, text[-3000:]
+    assert "using transport zmq" not in text, text[-3000:]
+    assert version == steps, (version, text[-3000:])
+    print(f"gpu: stall at step {at_step} noticed after {noticed:.1f} s; the restarted server ended on version {version}")

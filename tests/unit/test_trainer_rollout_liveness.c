@@ -1,0 +1,263 @@
+// tests/unit/test_trainer_rollout_liveness.c — the rollout client against servers that die mid-request.
+//
+// Fake servers (a ROUTER thread each, speaking shared/zmq_msg.h) answer hello, weights_begin/end and generate;
+// one told to die closes its socket right after a chosen request, as a killed process's kernel would. With a
+// request timeout of 60 s, the client must notice each death within a few seconds (its connection monitor), set
+// that server aside and finish the weight push or the generation with the others; a server started again on the
+// same endpoint answers as stale (older weights) so that the caller pushes to it before it generates.
+#include <pthread.h>
+#include <stdatomic.h>
+#include <string.h>
+#include <time.h>
+#include <zmq.h>
+
+#include "check_macros.h"
+#include "shared/zmq_msg.h"
+#include "trainer/rollout_client.h"
+
+#define LAYOUT_HASH 0x1234abcdULL
+#define TIMEOUT_MS 60000   // the request timeout: every death below must be noticed long before it
+
+typedef struct {
+    char endpoint[64];     // tcp://127.0.0.1:PORT (PORT 0: pick one, filled in once bound)
+    ZmsgType die_after;    // close the socket right after answering (or taking) this request type; -1: never
+    int64_t version;       // weights version it holds
+    atomic_int ready, stop, died;
+    pthread_t thread;
+    void *zctx;
+} FakeServer;
+
+static double now_s(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + ts.tv_nsec * 1e-9;
+}
+
+static void reply(void *sock, zmq_msg_t *identity, const ZmsgMsg *m) {
+    ZmsgOut out;
+    char err[256];
+    if (zmsg_build(m, &out, err, sizeof err) != 0) {
+        fprintf(stderr, "fake server: %s\n", err);
+        return;
+    }
+    zmq_send(sock, zmq_msg_data(identity), zmq_msg_size(identity), ZMQ_SNDMORE);
+    for (int i = 0; i < out.n_frames; i++)
+        zmq_send(sock, out.frames[i].data, out.frames[i].size, i + 1 < out.n_frames ? ZMQ_SNDMORE : 0);
+    zmsg_out_free(&out);
+}
+
+static void answer(FakeServer *f, void *sock, zmq_msg_t *identity, const ZmsgMsg *q) {
+    ZmsgMsg r;
+    int64_t numel[1] = {4};
+    zmsg_init(&r, q->type, ZMSG_DIR_REPLY, q->id);
+    switch (q->type) {
+    case ZMSG_HELLO:
+        r.protocol_version = ZMSG_PROTOCOL_VERSION;
+        snprintf(r.model_id, sizeof r.model_id, "fake");
+        r.layout_hash = LAYOUT_HASH;
+        r.n_units = 1;
+        r.unit_numel = numel;
+        r.policy_version = f->version;
+        r.max_seq_len = 64;
+        r.vocab_size = 16;
+        reply(sock, identity, &r);
+        break;
+    case ZMSG_WEIGHTS_BEGIN:
+        r.version = q->version;
+        reply(sock, identity, &r);
+        break;
+    case ZMSG_WEIGHTS_END:
+        f->version = q->version;
+        r.version = q->version;
+        reply(sock, identity, &r);
+        break;
+    case ZMSG_GENERATE: {
+        int n = q->sampling.n;
+        int comp_lens[16];
+        ZmsgFinish fin[16];
+        int64_t ver[16];
+        int32_t tok[16];
+        float lp[16];
+        for (int j = 0; j < n; j++) comp_lens[j] = 1, fin[j] = ZMSG_FINISH_LENGTH, ver[j] = f->version, tok[j] = 7,
+                                     lp[j] = -0.5f;
+        zmsg_init(&r, ZMSG_RESULT, ZMSG_DIR_REPLY, q->id);
+        r.n_prompts = 1;
+        r.n_completions = n;
+        r.completion_lens = comp_lens;
+        r.finish_reasons = fin;
+        r.policy_versions = ver;
+        r.policy_versions_end = ver;
+        r.tokens = tok;
+        r.logprobs = lp;
+        r.prompt_tokens = q->prompt_lens[0];
+        if (f->die_after != ZMSG_GENERATE) reply(sock, identity, &r);
+        break;
+    }
+    default:
+        break;   // weights_slice: answered only when refused
+    }
+}
+
+static void *server_main(void *arg) {
+    FakeServer *f = arg;
+    void *sock = zmq_socket(f->zctx, ZMQ_ROUTER);
+    int zero = 0;
+    zmq_setsockopt(sock, ZMQ_LINGER, &zero, sizeof zero);
+    if (zmq_bind(sock, f->endpoint) != 0) {
+        fprintf(stderr, "fake server: bind %s: %s\n", f->endpoint, zmq_strerror(zmq_errno()));
+        zmq_close(sock);
+        atomic_store(&f->ready, -1);
+        return NULL;
+    }
+    size_t len = sizeof f->endpoint;
+    zmq_getsockopt(sock, ZMQ_LAST_ENDPOINT, f->endpoint, &len);
+    atomic_store(&f->ready, 1);
+    while (!atomic_load(&f->stop)) {
+        zmq_pollitem_t item = {sock, 0, ZMQ_POLLIN, 0};
+        if (zmq_poll(&item, 1, 20) <= 0) continue;
+        zmq_msg_t parts[9];
+        int n = 0, more = 1;
+        while (more && n < 9) {
+            zmq_msg_init(&parts[n]);
+            if (zmq_msg_recv(&parts[n], sock, 0) < 0) break;
+            more = zmq_msg_more(&parts[n++]);
+        }
+        ZmsgFrame frames[8];
+        for (int i = 1; i < n; i++) frames[i - 1] = (ZmsgFrame){zmq_msg_data(&parts[i]), zmq_msg_size(&parts[i])};
+        ZmsgMsg q;
+        char err[256];
+        int dead = 0;
+        if (n > 1 && zmsg_parse(&q, ZMSG_DIR_REQUEST, frames, n - 1, err, sizeof err) == 0) {
+            answer(f, sock, &parts[0], &q);
+            dead = q.type == f->die_after;
+            zmsg_free(&q);
+        }
+        for (int i = 0; i < n; i++) zmq_msg_close(&parts[i]);
+        if (dead) break;
+    }
+    zmq_close(sock);   // a killed process: its kernel closes the connection
+    atomic_store(&f->died, 1);
+    return NULL;
+}
+
+static void server_start(FakeServer *f, void *zctx, const char *endpoint, int die_after, int64_t version) {
+    memset(f, 0, sizeof *f);
+    snprintf(f->endpoint, sizeof f->endpoint, "%s", endpoint);
+    f->die_after = (ZmsgType)die_after;
+    f->version = version;
+    f->zctx = zctx;
+    REQUIRE(pthread_create(&f->thread, NULL, server_main, f) == 0, "pthread_create");
+    while (!atomic_load(&f->ready)) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    REQUIRE(atomic_load(&f->ready) == 1, "fake server did not start");
+}
+
+static void server_stop(FakeServer *f) {
+    atomic_store(&f->stop, 1);
+    pthread_join(f->thread, NULL);
+}
+
+static RolloutClient *connect_to(FakeServer *a, FakeServer *b) {
+    char endpoints[160], err[512];
+    snprintf(endpoints, sizeof endpoints, "%s%s%s", a->endpoint, b ? "," : "", b ? b->endpoint : "");
+    RolloutClient *c = NULL;
+    REQUIRE(rollout_client_create(&c, endpoints, LAYOUT_HASH, TIMEOUT_MS, NULL, NULL, err, sizeof err) == 0, "%s",
+            err);
+    return c;
+}
+
+// A weight push (transport zmq, one rank) in which server b dies right after taking weights_begin.
+static void push_with_a_death(void *zctx) {
+    FakeServer a, b;
+    server_start(&a, zctx, "tcp://127.0.0.1:*", -1, 0);
+    server_start(&b, zctx, "tcp://127.0.0.1:*", ZMSG_WEIGHTS_BEGIN, 0);
+    RolloutClient *c = connect_to(&a, &b);
+    char err[512];
+    int members[ROLLOUT_MAX_SERVERS], n_members = 0;
+    float values[4] = {1, 2, 3, 4};
+    double t0 = now_s();
+    CHECK(rollout_weights_begin(c, 5, members, &n_members, err, sizeof err) == 0, "begin: %s", err);
+    CHECK(n_members == 2, "both servers took weights_begin (%d)", n_members);
+    while (!atomic_load(&b.died)) {
+        struct timespec ts = {0, 1000000};
+        nanosleep(&ts, NULL);
+    }
+    // Slices, the flush and the end go on while b is gone: none may wait for the 60 s timeout.
+    CHECK(rollout_weights_send_slice(c, 5, 0, 0, values, 4, 0, err, sizeof err) == 0, "slice: %s", err);
+    CHECK(rollout_client_flush(c, err, sizeof err) == 0, "flush: %s", err);
+    double seconds = 0;
+    CHECK(rollout_weights_end(c, 5, &seconds, NULL, err, sizeof err) == 0, "end: %s", err);
+    double took = now_s() - t0;
+    CHECK(took < 8.0, "a push that lost a server took %.1f s (request timeout %d ms)", took, TIMEOUT_MS);
+    CHECK(a.version == 5, "the surviving server holds version %lld", (long long)a.version);
+    int alive[ROLLOUT_MAX_SERVERS];
+    int n_alive = rollout_alive_servers(c, alive);
+    CHECK(n_alive == 1 && alive[0] == 0, "only the surviving server is counted on (%d alive)", n_alive);
+    CHECK(rollout_server_gone_ms(c, 1) > 0 && rollout_server_gone_ms(c, 0) == 0, "the monitor saw b's connection drop");
+
+    // b restarts on its endpoint with the base weights: it answers again, as stale, before it takes rollouts.
+    FakeServer b2;
+    char b_endpoint[64];
+    snprintf(b_endpoint, sizeof b_endpoint, "%s", b.endpoint);
+    pthread_join(b.thread, NULL);
+    server_start(&b2, zctx, b_endpoint, -1, 0);
+    int stale = 0;
+    CHECK(rollout_client_refresh(c, 5, 2000, &stale, err, sizeof err) == 0, "refresh: %s", err);
+    CHECK(stale == 1, "the restarted server is stale");
+    n_alive = rollout_alive_servers(c, alive);
+    CHECK(n_alive == 2, "the restarted server is counted on again (%d alive)", n_alive);
+    // The next push reaches both.
+    CHECK(rollout_weights_begin(c, 6, members, &n_members, err, sizeof err) == 0 && n_members == 2, "begin 6: %s", err);
+    CHECK(rollout_weights_send_slice(c, 6, 0, 0, values, 4, 0, err, sizeof err) == 0, "slice 6: %s", err);
+    CHECK(rollout_client_flush(c, err, sizeof err) == 0, "flush 6: %s", err);
+    CHECK(rollout_weights_end(c, 6, &seconds, NULL, err, sizeof err) == 0, "end 6: %s", err);
+    CHECK(a.version == 6 && b2.version == 6, "versions after the next push: %lld, %lld", (long long)a.version,
+          (long long)b2.version);
+    rollout_client_destroy(c);
+    server_stop(&a);
+    server_stop(&b2);
+}
+
+// A generation in which server b dies holding a prompt: the prompt moves to a within seconds.
+static void generate_with_a_death(void *zctx) {
+    FakeServer a, b;
+    server_start(&a, zctx, "tcp://127.0.0.1:*", -1, 0);
+    server_start(&b, zctx, "tcp://127.0.0.1:*", ZMSG_GENERATE, 0);
+    RolloutClient *c = connect_to(&a, &b);
+    char err[512];
+    int32_t p0[3] = {1, 2, 3}, p1[3] = {4, 5, 6};
+    const int32_t *prompts[2] = {p0, p1};
+    int lens[2] = {3, 3};
+    ZmsgSampling s;
+    zmsg_sampling_default(&s);
+    s.n = 2;
+    s.max_tokens = 1;
+    RolloutGroup groups[2];
+    double t0 = now_s();
+    int rc = rollout_generate(c, 2, prompts, lens, &s, groups, err, sizeof err);
+    double took = now_s() - t0;
+    CHECK(rc == 0, "generate: %s", err);
+    CHECK(took < 8.0, "a generation that lost a server took %.1f s (request timeout %d ms)", took, TIMEOUT_MS);
+    if (rc == 0) {
+        CHECK(groups[0].n == 2 && groups[1].n == 2 && groups[0].tokens[0] == 7, "both prompts answered");
+        rollout_groups_free(groups, 2);
+    }
+    rollout_client_destroy(c);
+    server_stop(&a);
+    pthread_join(b.thread, NULL);
+}
+
+int main(void) {
+    void *zctx = zmq_ctx_new();
+    push_with_a_death(zctx);
+    generate_with_a_death(zctx);
+    zmq_ctx_term(zctx);
+    if (failures) {
+        fprintf(stderr, "%d check(s) failed\n", failures);
+        return 1;
+    }
+    printf("ok\n");
+    return 0;
+}
