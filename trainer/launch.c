@@ -446,11 +446,11 @@ int launch_main(int argc, char **argv) {
         int k = 0;
         args[k++] = serve_bin;
         args[k++] = "--model", args[k++] = (char *)model;
-        args[k++] = "--control", args[k++] = strdup(ctl);
+        args[k++] = "--control", args[k++] = ctl;   // spawn() forks before this loop reuses it
         args[k++] = "--port", args[k++] = "0";
         char dev[64];
         server_device_of(server_device, s, ranks, servers, dev, sizeof dev);
-        args[k++] = "--device", args[k++] = strdup(dev);
+        args[k++] = "--device", args[k++] = dev;
         if (keys_dir[0]) {
             args[k++] = "--control-key-file", args[k++] = server_key_path;
             args[k++] = "--control-authorized-keys", args[k++] = authorized_path;
