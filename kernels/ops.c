@@ -346,24 +346,25 @@ void ops_matmul_fused_fwd(OpsCtx *ctx, void *out, const void *in, const void *w,
         if (done) return;
     }
 #endif
-    // The unfused sequence (the CPU backend always; CUDA for shapes the fused kernel does not take).
+    // The unfused sequence (the CPU backend always; CUDA for shapes the fused kernel does not take), with the
+    // batch-invariant GEMM of the decode steps this op serves.
     const void *x = in;
     if (f->norm_w) {
         ops_rmsnorm_fwd(ctx, f->h, NULL, in, f->norm_w, N, IC, f->eps);
         x = f->h;
     }
     if (f->swiglu) {
-        ops_matmul_fwd(ctx, f->gu, x, w, bias, N, IC, OC);
+        ops_matmul_fwd_batch_invariant(ctx, f->gu, x, w, bias, N, IC, OC);
         ops_swiglu_fwd(ctx, out, f->gu, N, OC / 2);
         return;
     }
     if (f->rope_store) {
-        ops_matmul_fwd(ctx, f->qkv, x, w, bias, N, IC, OC);
+        ops_matmul_fwd_batch_invariant(ctx, f->qkv, x, w, bias, N, IC, OC);
         ops_qkv_rope_store_fwd(ctx, out, f->k_cache, f->v_cache, f->slot_mapping, f->qkv, f->positions, f->inv_freq, N,
                                f->Hq, f->Hkv, f->D);
         return;
     }
-    ops_matmul_fwd(ctx, out, x, w, bias, N, IC, OC);
+    ops_matmul_fwd_batch_invariant(ctx, out, x, w, bias, N, IC, OC);
     if (f->residual) ops_add_inplace(ctx, out, f->residual, (size_t)N * OC);
 }
 
@@ -419,6 +420,11 @@ void ops_decode_layers_fwd(OpsCtx *ctx, void *x, const OpsDecodeLayers *d) {
 void ops_matmul_fwd(OpsCtx *ctx, void *out, const void *in, const void *w, const void *bias, int N, int IC, int OC) {
     DISPATCH(ctx, cuda_matmul_fwd(ctx, out, in, w, bias, N, IC, OC),
              cpu_matmul_fwd(F(out), CF(in), CF(w), CF(bias), N, IC, OC));
+}
+void ops_matmul_fwd_batch_invariant(OpsCtx *ctx, void *out, const void *in, const void *w, const void *bias, int N,
+                                    int IC, int OC) {
+    DISPATCH(ctx, cuda_matmul_fwd(ctx, out, in, w, bias, N, IC, OC),
+             cpu_matmul_fwd_batch_invariant(F(out), CF(in), CF(w), CF(bias), N, IC, OC));
 }
 void ops_matmul_bwd(OpsCtx *ctx, void *din, float *dw, float *dbias, const void *dout, const void *in, const void *w,
                     int N, int IC, int OC, int din_accumulate) {

@@ -158,6 +158,14 @@ void ops_qkv_rope_bwd(OpsCtx *ctx, void *dqkv, const void *dq, const void *dk, c
 
 // out (N, OC) = in (N, IC) @ w^T + bias ; w (OC, IC) as stored by PyTorch's Linear; bias (OC) or NULL.
 void ops_matmul_fwd(OpsCtx *ctx, void *out, const void *in, const void *w, const void *bias, int N, int IC, int OC);
+// The same product with each output row a function of its own input row alone: the same bits whatever N, the row's
+// place among the N rows and the thread count. The rollout server's forward (shared/model_decode.c) uses it, so that
+// a sequence's logits do not depend on which sequences share its step (continuous batching decides that by timing).
+// cpu: every dot product in one fixed order (kernels/cpu/cpu_matmul_batch_invariant.c; faster than OpenBLAS for a
+// few rows, slower for many: training keeps ops_matmul_fwd). cuda: ops_matmul_fwd, which does not promise this
+// (cuBLASLt may take another kernel for another N); the GPU server pads its decode steps to fixed sizes instead.
+void ops_matmul_fwd_batch_invariant(OpsCtx *ctx, void *out, const void *in, const void *w, const void *bias, int N,
+                                    int IC, int OC);
 // din (N, IC) = dout @ w (or += when din_accumulate) — skipped when din is NULL;
 // dw (OC, IC) fp32 += dout^T @ in — skipped when dw is NULL; dbias (OC) fp32 += column sums — skipped when NULL.
 void ops_matmul_bwd(OpsCtx *ctx, void *din, float *dw, float *dbias, const void *dout, const void *in,
@@ -168,17 +176,16 @@ void ops_matmul_bwd(OpsCtx *ctx, void *din, float *dw, float *dbias, const void 
 //   norm_w != NULL: the input rows are RMS-normalised first, in_n = rmsnorm(in) * norm_w (eps), as ops_rmsnorm_fwd;
 //                   h (N, IC) is scratch for it (written where the backend materialises in_n);
 //   swiglu: w is the fused [gate; up] (OC = 2I rows) and out (N, I) = silu(g) * u of the projection rounded to the
-//                   storage dtype, as ops_matmul_fwd then ops_swiglu_fwd; gu (N, OC) is scratch for it;
+//                   storage dtype, as the GEMM then ops_swiglu_fwd; gu (N, OC) is scratch for it;
 //   residual != NULL: out (N, OC) = the projection rounded to the storage dtype + residual (N, OC), rounded again,
-//                   as ops_matmul_fwd then ops_add_inplace (out must not be the residual). Not with swiglu.
+//                   as the GEMM then ops_add_inplace (out must not be the residual). Not with swiglu.
 //   rope_store:     w is the fused q|k|v projection (OC = (Hq + 2 Hkv) D); its output rounded to the storage dtype is
 //                   split, q and k turned by RoPE at positions (N) with inv_freq, q written to out (N, Hq, D), k and
 //                   v to row slot_mapping[i] of k_cache / v_cache (n_slots, Hkv, D; nowhere when negative), as
-//                   ops_matmul_fwd into qkv (N, OC, scratch) then ops_qkv_rope_store_fwd. Not with swiglu or
-//                   residual.
-// Otherwise as ops_matmul_fwd. Every backend computes the unfused sequence's values; the CUDA one runs the
-// sequence as one kernel where cuda_gemv.cu takes the shapes (1-2 rows), and may then differ in the last bits
-// (the norm's sum of squares is taken in another order).
+//                   the GEMM into qkv (N, OC, scratch) then ops_qkv_rope_store_fwd. Not with swiglu or residual.
+// Otherwise the GEMM alone. The GEMM is ops_matmul_fwd_batch_invariant (these are decode steps). Every backend
+// computes the unfused sequence's values; the CUDA one runs the sequence as one kernel where cuda_gemv.cu takes the
+// shapes (1-2 rows), and may then differ in the last bits (the norm's sum of squares is taken in another order).
 typedef struct {
     const void *norm_w;
     float eps;

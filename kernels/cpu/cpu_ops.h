@@ -30,6 +30,8 @@ void cpu_qkv_rope_bwd(float *dqkv, const float *dq, const float *dk, const float
                       const float *inv_freq, int N, int Hq, int Hkv, int D);
 
 void cpu_matmul_fwd(float *out, const float *in, const float *w, const float *bias, int N, int IC, int OC);
+void cpu_matmul_fwd_batch_invariant(float *out, const float *in, const float *w, const float *bias, int N, int IC,
+                                    int OC);
 void cpu_matmul_bwd(float *din, float *dw, float *dbias, const float *dout, const float *in, const float *w,
                     int N, int IC, int OC, int din_accumulate);
 
