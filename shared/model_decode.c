@@ -253,7 +253,7 @@ int model_decode_step(Model *m, DecodeBufs *b, UnitSource *src, KVCache *kv, int
         ops_rmsnorm_fwd(o, b->rows_normed, NULL, b->rows, elem_at(m, pf, m->layout.final_norm), n_logit_rows, C,
                         cfg->rms_norm_eps);
         const void *w_lm = p0 ? elem_at(m, p0, m->layout.embed) : elem_at(m, pf, m->layout.lm_head);
-        ops_matmul_fwd(o, b->logits, b->rows_normed, w_lm, NULL, n_logit_rows, C, V);
+        ops_matmul_fwd_batch_invariant(o, b->logits, b->rows_normed, w_lm, NULL, n_logit_rows, C, V);
         if (logits) ops_download_f32(o, logits, b->logits, (size_t)n_logit_rows * V);
         if (p0 && src->release) src->release(src->user, 0);
         if (src->release) src->release(src->user, uf);
@@ -405,7 +405,7 @@ static void padded_forward(Model *m, DecodeBufs *b, KVCache *kv, int P) {
                              elem_at(m, pf, m->layout.final_norm), P, C, cfg->rms_norm_eps);
     const void *w_lm = m->layout.lm_head == SIZE_MAX ? elem_at(m, b->units[0], m->layout.embed)
                                                      : elem_at(m, pf, m->layout.lm_head);
-    ops_matmul_fwd(o, b->logits, b->rows_normed, w_lm, NULL, P, C, V);
+    ops_matmul_fwd_batch_invariant(o, b->logits, b->rows_normed, w_lm, NULL, P, C, V);
 }
 
 // Records the padded step of rung r (size P) into one of its slots (an empty one, else the least recently used),

@@ -138,6 +138,16 @@ static void qkv_to_attention(Model *m, const void *p, LayerActs *a, const int32_
     }
 }
 
+// A projection of the layer's forward. The rollout server's steps (paged attention) take the batch-invariant GEMM:
+// continuous batching decides by timing which sequences share a step, and a sequence's logits must not depend on
+// it. Training takes ops_matmul_fwd (OpenBLAS on the CPU, faster for its thousands of rows); its micro-batches are
+// packed the same way run to run.
+static void project(Model *m, const AttnArgs *att, void *out, const void *in, const void *w, const void *bias, int N,
+                    int IC, int OC) {
+    if (att->paged) ops_matmul_fwd_batch_invariant(m->ops, out, in, w, bias, N, IC, OC);
+    else ops_matmul_fwd(m->ops, out, in, w, bias, N, IC, OC);
+}
+
 // From h1 (in a) to act, given the layer's complete input x_in: attention, then xmid = x_in + att Wo^T fused with
 // h2 = rmsnorm(xmid), the gate/up projection and SwiGLU.
 static void attention_and_mlp(Model *m, const void *p, LayerActs *a, const void *x_in, const int32_t *positions, int N,
@@ -149,12 +159,12 @@ static void attention_and_mlp(Model *m, const void *p, LayerActs *a, const void 
     const size_t QKV = (size_t)Hq * D + 2 * (size_t)cfg->num_kv_heads * D;
 
     // One GEMM over the fused weight and bias (both start at q's).
-    ops_matmul_fwd(o, a->qkv, a->h1, param(m, p, lo->wq), param(m, p, lo->bq), N, C, (int)QKV);
+    project(m, att, a->qkv, a->h1, param(m, p, lo->wq), param(m, p, lo->bq), N, C, (int)QKV);
     qkv_to_attention(m, p, a, positions, N, att);
-    ops_matmul_fwd(o, a->xmid, a->att, param(m, p, lo->wo), NULL, N, Hq * D, C);
+    project(m, att, a->xmid, a->att, param(m, p, lo->wo), NULL, N, Hq * D, C);
     ops_residual_rmsnorm_fwd(o, a->xmid, a->h2, a->rstd2, a->xmid, x_in, param(m, p, lo->ln2), N, C,
                              cfg->rms_norm_eps);
-    ops_matmul_fwd(o, a->gu, a->h2, param(m, p, lo->wgu), NULL, N, C, 2 * I);
+    project(m, att, a->gu, a->h2, param(m, p, lo->wgu), NULL, N, C, 2 * I);
     ops_swiglu_fwd(o, a->act, a->gu, N, I);
 }
 
@@ -206,7 +216,7 @@ void layer_forward_fused(Model *m, const void *p, LayerActs *a, void *x, const v
     ops_residual_rmsnorm_fwd(o, pending ? x : NULL, a->h1, a->rstd1, x, pending, param(m, p, lo->ln1), N, C,
                              cfg->rms_norm_eps);
     attention_and_mlp(m, p, a, x, positions, N, att);
-    if (mlp_out) ops_matmul_fwd(o, mlp_out, a->act, param(m, p, lo->wdown), NULL, N, I, C);
+    if (mlp_out) project(m, att, mlp_out, a->act, param(m, p, lo->wdown), NULL, N, I, C);
 }
 
 static float *grad_at(float *g, size_t off) { return off == ABSENT ? NULL : g + off; }
