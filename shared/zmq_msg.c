@@ -69,10 +69,24 @@ void zmsg_init(ZmsgMsg *m, ZmsgType type, ZmsgDir dir, int64_t id) {
     zmsg_sampling_default(&m->sampling);
 }
 
+// Copies src into dst (cap bytes with the NUL). A text too long is cut before the UTF-8 character that does not
+// fit whole: cut inside one, valid UTF-8 would become invalid, and zmsg_build would replace the whole text.
+static void copy_text(char *dst, size_t cap, const char *src) {
+    size_t n = strlen(src);
+    if (n >= cap) {
+        n = cap - 1;
+        // src[n] is the first byte left out: while it continues a character (10xxxxxx), leave that character
+        // out too (a character has at most 3 continuation bytes).
+        for (int k = 0; k < 3 && n > 0 && ((unsigned char)src[n] & 0xC0) == 0x80; k++) n--;
+    }
+    memcpy(dst, src, n);
+    dst[n] = '\0';
+}
+
 void zmsg_error(ZmsgMsg *m, int64_t id, const char *code, const char *message) {
     zmsg_init(m, ZMSG_ERROR, ZMSG_DIR_REPLY, id);
-    snprintf(m->code, sizeof m->code, "%s", code ? code : "error");
-    snprintf(m->message, sizeof m->message, "%s", message ? message : "");
+    copy_text(m->code, sizeof m->code, code ? code : "error");
+    copy_text(m->message, sizeof m->message, message ? message : "");
 }
 
 void zmsg_hash_to_hex(uint64_t h, char out[17]) { snprintf(out, 17, "%016llx", (unsigned long long)h); }
@@ -377,7 +391,7 @@ static int parse_hello_reply(P *p, ZmsgMsg *m) {
     const char *s;
     if ((rc = get_int(p, "protocol_version", 1, 0, 1, INT32_MAX, &m->protocol_version))) return rc;
     if ((rc = get_str(p, "model_id", &s))) return rc;
-    snprintf(m->model_id, sizeof m->model_id, "%s", s);
+    copy_text(m->model_id, sizeof m->model_id, s);
     if ((rc = get_hash(p, "layout_hash", &m->layout_hash))) return rc;
     if ((rc = get_int(p, "n_units", 1, 0, 1, 1 << 20, &m->n_units))) return rc;
     if (!(m->unit_numel = calloc((size_t)m->n_units, sizeof *m->unit_numel)))
@@ -518,9 +532,9 @@ int zmsg_parse(ZmsgMsg *m, ZmsgDir dir, const ZmsgFrame *f, int nf, char *err, s
     case ZMSG_ERROR: {
         const char *s;
         if ((rc = get_str(&p, "code", &s))) break;
-        snprintf(m->code, sizeof m->code, "%s", s);
+        copy_text(m->code, sizeof m->code, s);
         if ((rc = get_str(&p, "message", &s))) break;
-        snprintf(m->message, sizeof m->message, "%s", s);
+        copy_text(m->message, sizeof m->message, s);
         break;
     }
     default: rc = 0; break;

@@ -168,7 +168,8 @@ void zmsg_out_free(ZmsgOut *out);
 int zmsg_parse(ZmsgMsg *m, ZmsgDir dir, const ZmsgFrame *frames, int n_frames, char *err, size_t err_len);
 void zmsg_free(ZmsgMsg *m);
 
-// Builds the error reply for request id (-1 = unknown): code and message are copied (truncated to fit).
+// Builds the error reply for request id (-1 = unknown): code and message are copied, a text too long cut before
+// the first UTF-8 character that does not fit whole (zmsg_parse cuts model_id, code and message the same way).
 void zmsg_error(ZmsgMsg *m, int64_t id, const char *code, const char *message);
 
 // 16 lowercase hex digits; parse accepts exactly that (returns 0) or returns -1.

@@ -462,6 +462,17 @@ static void test_error_and_envelope(void) {
         CHECK(b.id == 17 && strstr(b.message, "UTF-8"));
         zmsg_free(&b);
     }
+    // A message too long for the field is cut before the character that does not fit whole ("é" is 2 bytes
+    // and would straddle the last byte), so it stays valid UTF-8 and keeps its text.
+    char long_msg[ZMSG_TEXT_MAX + 8];
+    memset(long_msg, 'a', ZMSG_TEXT_MAX - 2);
+    strcpy(long_msg + ZMSG_TEXT_MAX - 2, "\xc3\xa9zz");
+    zmsg_error(&m, 18, "x", long_msg);
+    CHECK(strlen(m.message) == ZMSG_TEXT_MAX - 2);
+    if (round_trip(&m, &b) == 0) {
+        CHECK(b.id == 18 && strlen(b.message) == ZMSG_TEXT_MAX - 2 && b.message[0] == 'a');
+        zmsg_free(&b);
+    }
     REFUSE(REP, "{\"type\":\"error\",\"id\":null,\"code\":\"x\"}", NULL, 0, "missing field \"message\"", NULL, -1);
     REFUSE(REQ, "{\"type\":\"error\",\"id\":1,\"code\":\"x\",\"message\":\"m\"}", NULL, 0, "not valid as a request",
            NULL, 1);
