@@ -6,6 +6,7 @@ probability up. Checks: both ranks exit 0, the mean reward of the last steps bea
 server's policy version followed the weight syncs, metrics.jsonl carries TRL's names, and the checkpoint the
 run wrote loads in transformers. A rank killed mid-run makes the other exit with an error naming it.
 """
+import contextlib
 import json
 import os
 import pathlib
@@ -17,7 +18,7 @@ import time
 import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from server_fixtures import BUILD, TandemServer, build_tiny_model, free_port, http_json  # noqa: E402
+from server_fixtures import BUILD, TandemServer, build_tiny_model, free_port, http_json, metric, metrics  # noqa: E402
 
 
 def train_binary():
@@ -154,7 +155,6 @@ def test_restarted_server_gets_the_weights(setup):
         procs[0][1].close()
         log = (d / "rank0.log").read_text()
         assert code == 0, log[-3000:]
-        from server_fixtures import metric, metrics
         version = metric(metrics(second.url), "tandem_policy_version")
     assert "answers again" in log or "pushing them" in log, log[-3000:]
     assert version == 30, version
@@ -190,34 +190,41 @@ def _metric_rows(out_dir):
 
 
 def _differing_keys(a, b):
-    """Keys whose values differ between two metrics rows, leaving out the wall-clock times (*_time, elapsed)."""
-    keys = {k for k in set(a) | set(b) if not k.endswith("_time") and k != "elapsed"}
+    """Keys whose values differ between two metrics rows, leaving out the wall-clock times (*_time, elapsed) and
+    sync_bytes (the bytes sent to all servers: twice as many for two)."""
+    keys = {k for k in set(a) | set(b) if not k.endswith("_time") and k not in ("elapsed", "sync_bytes")}
     return sorted(k for k in keys if a.get(k) != b.get(k))
 
 
 def test_grpo_cpu_is_reproducible_and_resume_exact(setup):
-    """Two identical GRPO runs on the CPU (2 ranks, one server each) log the same metrics bit for bit and end on the
-    same weights; a run resumed from the first's checkpoint-3 repeats its steps 4-6 bit for bit too (issue 22).
+    """Two identical GRPO runs on the CPU (2 ranks) log the same metrics bit for bit and end on the same weights; a
+    run resumed from the first's checkpoint-3 repeats its steps 4-6 bit for bit too (issue 22).
 
-    Each rank sends its prompts one message at a time and the server batches whatever has arrived, so which
-    completions share a step is up to timing; the second run's server even runs 2 threads instead of 1. That used
-    to move the server's logprobs by an ulp or so, which the importance-sampling correction feeds into the loss:
-    the runs parted by step 4. The server's forward is batch-invariant now (shared/model_layer.c), the sampling
-    seeds follow the run's seed, the step and the rank, and everything the trainer sums it sums in a fixed order."""
+    Each rank sends its prompts one message at a time and a server batches whatever has arrived, so which
+    completions share a step is up to timing. The second run even has two servers, one on 1 thread and one on 2,
+    which share the prompts. That used to move the servers' logprobs by an ulp or so, which the importance-sampling
+    correction feeds into the loss: the runs parted at once. The server's forward is batch-invariant now (its
+    numbers depend neither on the step's other sequences nor on the thread count: shared/model_layer.c), the
+    sampling seeds follow the run's seed, the step, the rank and the prompt, and the trainer sums in fixed orders."""
     d, model_dir, data = setup
     runs = {}
-    plan = (("a", [], {}), ("again", [], {"OMP_NUM_THREADS": "2", "OPENBLAS_NUM_THREADS": "2"}),
-            ("resumed", ["--resume", str(d / "repro-a" / "checkpoint-3")], {}))
-    for tag, extra, server_env in plan:
-        control = f"tcp://127.0.0.1:{free_port()}"
-        with TandemServer(model_dir, "--control", control, env=server_env):
-            args = grpo_args(model_dir, data, d / f"repro-{tag}", control, steps=6,
+    one, two = {}, {"OMP_NUM_THREADS": "2", "OPENBLAS_NUM_THREADS": "2"}
+    plan = (("a", [], [one]), ("again", [], [one, two]),
+            ("resumed", ["--resume", str(d / "repro-a" / "checkpoint-3")], [one]))
+    for tag, extra, server_envs in plan:
+        controls = [f"tcp://127.0.0.1:{free_port()}" for _ in server_envs]
+        with contextlib.ExitStack() as stack:
+            servers = [stack.enter_context(TandemServer(model_dir, "--control", control, env=env))
+                       for control, env in zip(controls, server_envs)]
+            args = grpo_args(model_dir, data, d / f"repro-{tag}", ",".join(controls), steps=6,
                              extra=["--save-steps", "3", "--per-device-train-batch-size", "16", *extra])
             procs = launch(args, 2, free_port(), d)
             codes = [p.wait(timeout=600) for p, _ in procs]
             for _, log in procs:
                 log.close()
+            generated = [metric(metrics(srv.url), "tandem_generation_tokens_total") for srv in servers]
         assert codes == [0, 0], (d / "rank0.log").read_text()[-3000:] + (d / "rank1.log").read_text()[-3000:]
+        assert all(g > 0 for g in generated), (tag, generated)   # two servers: both took prompts
         runs[tag] = _metric_rows(d / f"repro-{tag}")
     assert sorted(runs["a"]) == sorted(runs["again"]) == [1, 2, 3, 4, 5, 6]
     assert sorted(runs["resumed"]) == [4, 5, 6]
