@@ -565,8 +565,17 @@ int trainer_run_grpo(Trainer *t, char *err, size_t err_len) {
                 trainer_progress(t);
                 sums = (StepSums){0};
                 t_train = 0;
-                if (c->save_steps > 0 && t->progress.step % c->save_steps == 0 && trainer_save(t, err, err_len) != 0)
-                    goto fail;
+                if (c->save_steps > 0 && t->progress.step % c->save_steps == 0) {
+                    if (trainer_save(t, err, err_len) != 0) goto fail;
+                    // The round's rollouts are not part of a checkpoint: a run resumed from one saved before the
+                    // round's last micro-step generates a new round, so it does not repeat this run's next steps.
+                    if (t->rank == 0 && (it < c->num_iterations - 1 || s < S - 1) &&
+                        t->progress.step < t->total_steps)
+                        fprintf(stderr, "tandem-train: checkpoint-%lld was saved inside a generation round (%d "
+                                "micro-steps x %d iterations): a run resumed from it generates a new round there, so "
+                                "it will not repeat this run's next steps bit for bit; checkpoints at a round's last "
+                                "step do\n", (long long)t->progress.step, S, c->num_iterations);
+                }
                 if (t->progress.step >= t->total_steps) break;
             }
             if (t->progress.step >= t->total_steps) break;
