@@ -65,9 +65,16 @@ static int render_options(const json_t *req, ChatRenderOptions *opt, HttpError *
     return 0;
 }
 
-int http_render_messages(HttpServer *s, const json_t *req, int add_generation_prompt, char **text, size_t *len,
-                         HttpError *err) {
-    *text = NULL;
+void http_chat_messages_free(HttpChatMessages *m) {
+    if (!m) return;
+    for (size_t i = 0; m->owned && i < m->n; i++) free(m->owned[i]);
+    free(m->owned);
+    free(m->items);
+    memset(m, 0, sizeof *m);
+}
+
+int http_parse_messages(const json_t *req, HttpChatMessages *out, HttpError *err) {
+    memset(out, 0, sizeof *out);
     const json_t *msgs = json_object_get(req, "messages");
     if (!msgs || json_is_null(msgs)) return http_error_set(err, 400, "messages", "'messages' is required");
     if (!json_is_array(msgs) || json_array_size(msgs) == 0)
@@ -76,45 +83,57 @@ int http_render_messages(HttpServer *s, const json_t *req, int add_generation_pr
     if (custom && !json_is_null(custom))
         return http_error_set(err, 400, "chat_template", "a per-request 'chat_template' is not supported; the "
                               "server uses the model's template or --chat-template");
-    if (http_need_tokenizer(engine_group_tokenizer(s->engines), "messages", "render chat messages", err) < 0) return -1;
-    if (!s->chat)
-        return http_error_set(err, 400, "messages", "this server has no chat template: %s", s->chat_err);
-    ChatRenderOptions opt;
-    if (render_options(req, &opt, err) < 0) return -1;
+    if (render_options(req, &out->opt, err) < 0) return -1;
     size_t n = json_array_size(msgs);
-    ChatMessage *cm = calloc(n, sizeof *cm);
-    char **owned = calloc(n, sizeof *owned);
-    int rc = -1;
-    if (!cm || !owned) {
-        http_error_set(err, 500, NULL, "out of memory");
-        goto done;
+    out->items = calloc(n, sizeof *out->items);
+    out->owned = calloc(n, sizeof *out->owned);
+    out->n = n;
+    if (!out->items || !out->owned) {
+        http_chat_messages_free(out);
+        return http_error_set(err, 500, NULL, "out of memory");
     }
     for (size_t i = 0; i < n; i++) {
         const json_t *m = json_array_get(msgs, i);
         if (!json_is_object(m)) {
             http_error_set(err, 400, "messages", "'messages'[%zu] must be an object {role, content}", i);
-            goto done;
+            goto fail;
         }
         const json_t *role = json_object_get(m, "role");
         if (!json_is_string(role)) {
             http_error_set(err, 400, "messages", "'messages'[%zu].role must be a string", i);
-            goto done;
+            goto fail;
         }
-        if (!(owned[i] = message_content(json_object_get(m, "content"), i, err))) goto done;
-        cm[i].role = json_string_value(role);
-        cm[i].content = owned[i];
+        if (!(out->owned[i] = message_content(json_object_get(m, "content"), i, err))) goto fail;
+        out->items[i].role = json_string_value(role);
+        out->items[i].content = out->owned[i];
+    }
+    return 0;
+fail:
+    http_chat_messages_free(out);
+    return -1;
+}
+
+int http_render_messages(HttpServer *s, const json_t *req, int add_generation_prompt, char **text, size_t *len,
+                         HttpError *err) {
+    *text = NULL;
+    HttpChatMessages cm;
+    if (http_parse_messages(req, &cm, err) < 0) return -1;
+    int rc = -1;
+    if (http_need_tokenizer(engine_group_tokenizer(s->engines), "messages", "render chat messages", err) < 0)
+        goto done;
+    if (!s->chat) {
+        http_error_set(err, 400, "messages", "this server has no chat template: %s", s->chat_err);
+        goto done;
     }
     char msg[512];
     msg[0] = 0;
-    if (chat_render_ex(s->chat, cm, n, add_generation_prompt, &opt, text, len, msg, sizeof msg) != 0) {
+    if (chat_render_ex(s->chat, cm.items, cm.n, add_generation_prompt, &cm.opt, text, len, msg, sizeof msg) != 0) {
         http_error_set(err, 400, "messages", "chat template (%s): %s", chat_family_name(chat_template_family(s->chat)),
                        msg);
         goto done;
     }
     rc = 0;
 done:
-    for (size_t i = 0; owned && i < n; i++) free(owned[i]);
-    free(owned);
-    free(cm);
+    http_chat_messages_free(&cm);
     return rc;
 }

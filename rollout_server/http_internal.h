@@ -124,7 +124,8 @@ int http_tokenize_prompts(const Tokenizer *tok, const HttpPromptList *l, int add
                           int **lens, HttpError *err);
 void http_free_ids(int32_t **ids, int *lens, int n);
 
-// Renders req["messages"] (and chat_template_kwargs) with the server's chat template: *text malloc'd.
+// Renders the messages http_parse_messages reads with the server's chat template: *text malloc'd. Request errors
+// come first, then a server without a tokenizer or a chat template is a 400 naming "messages".
 int http_render_messages(HttpServer *s, const json_t *req, int add_generation_prompt, char **text, size_t *len,
                          HttpError *err);
 

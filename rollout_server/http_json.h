@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "rollout_server/engine.h"
+#include "shared/chat_template.h"
 
 // Bounds that keep one HTTP request from monopolising the engine; the engine applies its own limits too.
 #define HTTP_MAX_N 1024                 // completions per prompt
@@ -91,5 +92,18 @@ void http_prompts_free(HttpPromptList *l);
 
 // Reads a list of token ids (field named in errors) into a malloc'd array; ids must lie in [0, vocab_size).
 int http_parse_id_list(const json_t *val, const char *field, int vocab_size, int32_t **ids, int *n, HttpError *err);
+
+// The chat request's messages as the chat template takes them (rollout_server/http_chat.c).
+typedef struct {
+    ChatMessage *items;         // (n) role points into the request JSON, content into owned
+    char **owned;               // (n) each message's content: a string, "" for null, text parts joined by '\n'
+    size_t n;
+    ChatRenderOptions opt;      // chat_template_kwargs: enable_thinking (default true), date_string
+} HttpChatMessages;
+
+// Reads req["messages"] (a non-empty list of {role, content}) and chat_template_kwargs; a per-request
+// "chat_template" is refused. 0, or -1 with err (400 naming the field) and nothing to free.
+int http_parse_messages(const json_t *req, HttpChatMessages *out, HttpError *err);
+void http_chat_messages_free(HttpChatMessages *m);
 
 #endif
