@@ -2,6 +2,7 @@
 #include "rollout_server/http_json.h"
 
 #include <ctype.h>
+#include <float.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -9,6 +10,7 @@
 #include <string.h>
 
 #include "shared/json_read.h"
+#include "shared/tokenizer.h"
 
 int http_error_set(HttpError *e, int status, const char *param, const char *fmt, ...) {
     if (!e) return -1;
@@ -35,11 +37,25 @@ const char *http_error_type(int status) {
     }
 }
 
+// A JSON string of an error's text, which need not be valid UTF-8: a message may quote bytes of a body that is
+// not valid JSON, and vsnprintf cuts a long one wherever its buffer ends, inside a character too. jansson
+// refuses invalid UTF-8 (json_string gives NULL, and the key would be missing from the answer): invalid bytes
+// become U+FFFD, as Python's bytes.decode(errors="replace") does.
+static json_t *text_json(const char *s) {
+    json_t *v = json_string(s);
+    if (v) return v;
+    size_t n = 0;
+    char *fixed = tokenizer_utf8_repair(s, strlen(s), &n);
+    v = fixed ? json_stringn(fixed, n) : NULL;
+    free(fixed);
+    return v ? v : json_string("(out of memory)");
+}
+
 json_t *http_error_json(const HttpError *e) {
     json_t *inner = json_object();
-    json_object_set_new(inner, "message", json_string(e->message[0] ? e->message : "error"));
+    json_object_set_new(inner, "message", text_json(e->message[0] ? e->message : "error"));
     json_object_set_new(inner, "type", json_string(http_error_type(e->status)));
-    json_object_set_new(inner, "param", e->param[0] ? json_string(e->param) : json_null());
+    json_object_set_new(inner, "param", e->param[0] ? text_json(e->param) : json_null());
     json_object_set_new(inner, "code", json_integer(e->status));
     json_t *outer = json_object();
     json_object_set_new(outer, "error", inner);
@@ -367,6 +383,12 @@ static int refuse_unless_neutral(const json_t *obj, const char *key, HttpError *
     return http_error_set(err, 400, key, "'%s' is not supported by this server (send it as null or leave it out)", key);
 }
 
+// The engine samples with floats: a finite number beyond FLT_MAX would become inf, so it is out of range.
+static int fits_float(double x, const char *name, HttpError *err) {
+    if (fabs(x) > FLT_MAX) return http_error_set(err, 400, name, "'%s' must be at most %g, got %g", name, FLT_MAX, x);
+    return 0;
+}
+
 // The fields every API shares; prefix names them in errors (TRL's generation_kwargs).
 static int parse_common(const json_t *obj, const char *prefix, int vocab_size, HttpGenOptions *o, HttpError *err) {
     SamplingParams *sp = &o->sp;
@@ -382,11 +404,13 @@ static int parse_common(const json_t *obj, const char *prefix, int vocab_size, H
     if ((r = get_number_n(obj, "temperature", NAME("temperature"), &dv, err)) < 0) return -1;
     if (r) {
         if (dv < 0) return http_error_set(err, 400, name, "'%s' must be >= 0, got %g", name, dv);
+        if (fits_float(dv, name, err) < 0) return -1;
         sp->temperature = (float)dv;
     }
     if ((r = get_number_n(obj, "top_p", NAME("top_p"), &dv, err)) < 0) return -1;
     if (r) {
-        if (!(dv > 0 && dv <= 1)) return http_error_set(err, 400, name, "'%s' must be in (0, 1], got %g", name, dv);
+        // Checked as the float the engine gets: a positive double below the smallest float would become 0.
+        if (!((float)dv > 0 && dv <= 1)) return http_error_set(err, 400, name, "'%s' must be in (0, 1], got %g", name, dv);
         sp->top_p = (float)dv;
     }
     if ((r = get_int_n(obj, "top_k", NAME("top_k"), -1, INT32_MAX, &iv, err)) < 0) return -1;
@@ -398,7 +422,8 @@ static int parse_common(const json_t *obj, const char *prefix, int vocab_size, H
     }
     if ((r = get_number_n(obj, "repetition_penalty", NAME("repetition_penalty"), &dv, err)) < 0) return -1;
     if (r) {
-        if (!(dv > 0)) return http_error_set(err, 400, name, "'%s' must be > 0, got %g", name, dv);
+        if (fits_float(dv, name, err) < 0) return -1;
+        if (!((float)dv > 0)) return http_error_set(err, 400, name, "'%s' must be > 0, got %g", name, dv);
         sp->repetition_penalty = (float)dv;
     }
     if ((r = get_int_n(obj, "seed", NAME("seed"), INT64_MIN, INT64_MAX, &iv, err)) < 0) return -1;

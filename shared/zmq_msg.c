@@ -1,6 +1,7 @@
 // shared/zmq_msg.c — encode / decode the ZeroMQ channel's messages (docs/protocol-zmq.md), with strict checks.
 #include "shared/zmq_msg.h"
 
+#include <float.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -274,17 +275,26 @@ static int parse_sampling(P *p, ZmsgSampling *s) {
     if ((rc = get_int(p, "n", 0, 1, 1, ZMSG_MAX_COMPLETIONS, &s->n))) return rc;
     if ((rc = get_int(p, "max_tokens", 0, 16, 1, INT32_MAX, &s->max_tokens))) return rc;
     if ((rc = get_num(p, "temperature", 0, 1.0, &x))) return rc;
+    // The engine samples with floats: a finite value beyond FLT_MAX would become inf, and a positive top_p or
+    // repetition_penalty below the smallest float would become 0; both are out of range.
     if (x < 0) return err_fail(p->err, p->err_len, "generate: field \"temperature\" must be >= 0, got %g", x);
+    if (x > FLT_MAX)
+        return err_fail(p->err, p->err_len, "generate: field \"temperature\" must be at most %g, got %g", FLT_MAX, x);
     s->temperature = (float)x;
     if ((rc = get_num(p, "top_p", 0, 1.0, &x))) return rc;
-    if (!(x > 0 && x <= 1)) return err_fail(p->err, p->err_len, "generate: field \"top_p\" must be in (0, 1], got %g", x);
+    if (!((float)x > 0 && x <= 1))
+        return err_fail(p->err, p->err_len, "generate: field \"top_p\" must be in (0, 1], got %g", x);
     s->top_p = (float)x;
     if ((rc = get_int(p, "top_k", 0, -1, -1, INT32_MAX, &s->top_k))) return rc;
     if ((rc = get_num(p, "min_p", 0, 0.0, &x))) return rc;
     if (!(x >= 0 && x <= 1)) return err_fail(p->err, p->err_len, "generate: field \"min_p\" must be in [0, 1], got %g", x);
     s->min_p = (float)x;
     if ((rc = get_num(p, "repetition_penalty", 0, 1.0, &x))) return rc;
-    if (!(x > 0)) return err_fail(p->err, p->err_len, "generate: field \"repetition_penalty\" must be > 0, got %g", x);
+    if (x > FLT_MAX)
+        return err_fail(p->err, p->err_len, "generate: field \"repetition_penalty\" must be at most %g, got %g",
+                        FLT_MAX, x);
+    if (!((float)x > 0))
+        return err_fail(p->err, p->err_len, "generate: field \"repetition_penalty\" must be > 0, got %g", x);
     s->repetition_penalty = (float)x;
     json_t *sv = json_object_get(p->h, "seed");
     if (sv && !json_is_null(sv)) {

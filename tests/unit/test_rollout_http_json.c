@@ -111,6 +111,15 @@ static void test_error_json(void) {
     CHECK(strcmp(json_string_value(json_object_get(json_object_get(j, "error"), "type")),
                  "invalid_request_error") == 0);
     json_decref(j);
+    // A message quoting bytes that are not UTF-8 (jansson's error text quotes a malformed body), or cut inside a
+    // character at the end of its buffer, still reaches the client, with U+FFFD in their place; so does a param.
+    http_error_set(&e, 400, "k\xc3", "near '\xd5\x8e\x94' and cut \xe6\x97");
+    j = http_error_json(&e);
+    const char *msg = json_string_value(json_object_get(json_object_get(j, "error"), "message"));
+    const char *par = json_string_value(json_object_get(json_object_get(j, "error"), "param"));
+    CHECK(msg && strcmp(msg, "near '\xd5\x8e\xef\xbf\xbd' and cut \xef\xbf\xbd") == 0);
+    CHECK(par && strcmp(par, "k\xef\xbf\xbd") == 0);
+    json_decref(j);
     CHECK(http_status_for_engine(ENGINE_EINVAL) == 400 && http_status_for_engine(ENGINE_ETOOLONG) == 400);
     CHECK(http_status_for_engine(ENGINE_EQUEUE_FULL) == 429 && http_status_for_engine(ENGINE_ESHUTDOWN) == 503);
     CHECK(http_status_for_engine(ENGINE_EINTERNAL) == 500 && http_status_for_engine(ENGINE_ENOMEM) == 500);
@@ -166,6 +175,11 @@ static void test_completion_fields(void) {
     REFUSED(HTTP_API_COMPLETIONS, "{\"top_k\": -2}", "top_k", NULL);
     REFUSED(HTTP_API_COMPLETIONS, "{\"min_p\": 1.5}", "min_p", "[0, 1]");
     REFUSED(HTTP_API_COMPLETIONS, "{\"repetition_penalty\": 0}", "repetition_penalty", "> 0");
+    // The engine's floats: beyond FLT_MAX would be inf, a positive value below the smallest float 0.
+    REFUSED(HTTP_API_COMPLETIONS, "{\"temperature\": 1e39}", "temperature", "at most");
+    REFUSED(HTTP_API_COMPLETIONS, "{\"repetition_penalty\": 1e39}", "repetition_penalty", "at most");
+    REFUSED(HTTP_API_COMPLETIONS, "{\"repetition_penalty\": 1e-50}", "repetition_penalty", "> 0");
+    REFUSED(HTTP_API_COMPLETIONS, "{\"top_p\": 1e-50}", "top_p", "(0, 1]");
     REFUSED(HTTP_API_COMPLETIONS, "{\"seed\": \"7\"}", "seed", "integer");
     REFUSED(HTTP_API_COMPLETIONS, "{\"stop\": 5}", "stop", "string or a list");
     REFUSED(HTTP_API_COMPLETIONS, "{\"stop\": [\"a\", 3]}", "stop", "[1]");

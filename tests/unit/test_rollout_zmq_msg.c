@@ -215,6 +215,11 @@ static void test_generate_refusals(void) {
     REFUSE(REQ, G(",\"top_k\":-2"), one, 1, "\"top_k\" is -2", NULL, 5);
     REFUSE(REQ, G(",\"min_p\":1.01"), one, 1, "\"min_p\" must be in [0, 1]", NULL, 5);
     REFUSE(REQ, G(",\"repetition_penalty\":0"), one, 1, "\"repetition_penalty\" must be > 0", NULL, 5);
+    // The engine's floats: beyond FLT_MAX would be inf, a positive value below the smallest float 0.
+    REFUSE(REQ, G(",\"temperature\":1e39"), one, 1, "\"temperature\" must be at most", NULL, 5);
+    REFUSE(REQ, G(",\"repetition_penalty\":1e39"), one, 1, "\"repetition_penalty\" must be at most", NULL, 5);
+    REFUSE(REQ, G(",\"repetition_penalty\":1e-50"), one, 1, "\"repetition_penalty\" must be > 0", NULL, 5);
+    REFUSE(REQ, G(",\"top_p\":1e-50"), one, 1, "\"top_p\" must be in (0, 1]", NULL, 5);
     REFUSE(REQ, G(",\"seed\":-1"), one, 1, "\"seed\" is -1", NULL, 5);
     REFUSE(REQ, G(",\"seed\":\"7\""), one, 1, "\"seed\" must be an integer", NULL, 5);
     REFUSE(REQ, G(",\"stop_token_ids\":3"), one, 1, "\"stop_token_ids\" must be an array", NULL, 5);
