@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <zmq.h>
 
 #ifdef TANDEM_HAVE_CUDA
 #define HAVE_NCCL 1
@@ -55,6 +56,12 @@ size_t comm_dtype_size(CommDtype dtype) {
     case COMM_F64: return 8;
     }
     return 0;
+}
+
+int comm_set_heartbeats(void *dealer) {
+    int ivl = COMM_HEARTBEAT_IVL_MS, timeout = COMM_HEARTBEAT_TIMEOUT_MS;
+    if (zmq_setsockopt(dealer, ZMQ_HEARTBEAT_IVL, &ivl, sizeof ivl) != 0) return -1;
+    return zmq_setsockopt(dealer, ZMQ_HEARTBEAT_TIMEOUT, &timeout, sizeof timeout);
 }
 
 const char *comm_dtype_name(CommDtype dtype) {

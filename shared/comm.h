@@ -43,6 +43,7 @@
 #include <stdint.h>
 
 #include "kernels/ops.h"
+#include "shared/rendezvous.h"
 
 typedef enum { COMM_BACKEND_HOST = 0, COMM_BACKEND_NCCL = 1 } CommBackend;
 typedef enum { COMM_F32 = 0, COMM_BF16, COMM_I32, COMM_U8, COMM_F64 } CommDtype;
@@ -66,6 +67,8 @@ typedef struct {
     char master_addr[256];
     int master_port;
     int timeout_ms;          // rendezvous and per-call timeout (--init-timeout / --comm-timeout)
+    RdzvProgressFn progress; // the rendezvous's "still waiting" lines (shared/rendezvous.h); NULL: silent
+    void *progress_arg;
 } CommInit;
 
 // Reads the launch contract from the environment. Missing variables default to a single rank

@@ -365,8 +365,10 @@ static int xfer_run(Comm *c, Host *h, Xfer *x) {
         // Nothing moved, and every queue was just read: a peer we wait on that went away is not coming back.
         for (int p = 0; p < c->world; p++)
             if (h->waiting[p] && h->gone[p])
-                return comm_fail(c, COMM_ERR_PEER, "comm %s (call #%llu): %s went away (its connection closed)",
-                                 kind_name(x->kind), (unsigned long long)c->calls, who(h, p, wb, sizeof wb));
+                return comm_fail(c, COMM_ERR_PEER, "comm %s (call #%llu): %s went away (its connection closed: "
+                                 "the process exited, or stopped answering heartbeats for %d s)",
+                                 kind_name(x->kind), (unsigned long long)c->calls, who(h, p, wb, sizeof wb),
+                                 COMM_HEARTBEAT_TIMEOUT_MS / 1000);
         if (now - last >= c->timeout_ms) {
             char list[512] = "";
             size_t used = 0;
@@ -501,7 +503,8 @@ static int open_sockets(Comm *c, Host *h, const CommInit *ci, char *err, size_t 
     if (zmq_getsockopt(h->router, ZMQ_LAST_ENDPOINT, ep, &epl) != 0) return sys_fail(err, err_len, "ZMQ_LAST_ENDPOINT");
 
     RdzvConfig rc = {.rank = c->rank, .world_size = c->world, .master_addr = ci->master_addr,
-                     .master_port = ci->master_port, .timeout_ms = c->timeout_ms, .endpoint = ep};
+                     .master_port = ci->master_port, .timeout_ms = c->timeout_ms, .endpoint = ep,
+                     .progress = ci->progress, .progress_arg = ci->progress_arg};
     Rendezvous *rz = NULL;
     if (rendezvous_run(&rz, &rc, NULL, 0, err, err_len) != 0) return COMM_ERR_PEER;
     memcpy(h->peers, rendezvous_peers(rz), (size_t)c->world * sizeof *h->peers);
@@ -518,6 +521,7 @@ static int open_sockets(Comm *c, Host *h, const CommInit *ci, char *err, size_t 
         zmq_setsockopt(h->dealer[p], ZMQ_RCVHWM, &hwm, sizeof hwm);
         zmq_setsockopt(h->dealer[p], ZMQ_LINGER, &zero, sizeof zero);
         zmq_setsockopt(h->mon[p], ZMQ_LINGER, &zero, sizeof zero);
+        if (comm_set_heartbeats(h->dealer[p]) != 0) return sys_fail(err, err_len, "heartbeats");
         if (strchr(h->peers[p].endpoint, '[')) zmq_setsockopt(h->dealer[p], ZMQ_IPV6, &one, sizeof one);
         // The monitor is attached before connecting so that no close can slip by unseen.
         if (zmq_socket_monitor(h->dealer[p], mon_ep, ZMQ_EVENT_DISCONNECTED) != 0 || zmq_connect(h->mon[p], mon_ep) != 0)

@@ -8,6 +8,15 @@
 
 #define COMM_ERR_MAX 1024
 
+// ZMTP heartbeats on the connections to the peers (the host backend's data sockets, the nccl side channel): a peer
+// whose process stops answering (SIGSTOP, a hung or cut-off host) loses its connection as one that exits does, so
+// a frozen rank is named after about COMM_HEARTBEAT_TIMEOUT_MS instead of the call's whole timeout. libzmq's own
+// I/O thread answers the pings, so a rank that is only busy (computing, blocked in a call) keeps its connection.
+#define COMM_HEARTBEAT_IVL_MS 2000
+#define COMM_HEARTBEAT_TIMEOUT_MS 10000
+// Sets them on a DEALER (before it connects); 0 or -1 (errno from libzmq).
+int comm_set_heartbeats(void *dealer);
+
 // Fields are owned by the thread that uses the communicator; the nccl backend's own threads never touch them
 // (they report through the backend state, and comm.c picks that up with comm_nccl_poll).
 struct Comm {

@@ -150,6 +150,7 @@ int comm_probe_start(CommProbe *p, const RdzvPeer *peers, void (*state)(void *ar
         if (!p->dealer[q] || !p->mon[q]) return zfail(err, err_len, "DEALER socket");
         zmq_setsockopt(p->dealer[q], ZMQ_LINGER, &zero, sizeof zero);
         zmq_setsockopt(p->mon[q], ZMQ_LINGER, &zero, sizeof zero);
+        if (comm_set_heartbeats(p->dealer[q]) != 0) return zfail(err, err_len, "heartbeats");
         if (strchr(p->peers[q].endpoint, '[')) zmq_setsockopt(p->dealer[q], ZMQ_IPV6, &one, sizeof one);
         // The monitor is attached before connecting, so that no close can slip by unseen.
         if (zmq_socket_monitor(p->dealer[q], mon_ep, ZMQ_EVENT_DISCONNECTED) != 0 || zmq_connect(p->mon[q], mon_ep) != 0)
@@ -248,8 +249,9 @@ int comm_probe_diagnose(CommProbe *p, uint64_t seq, int init, char *out, size_t 
         char why[256] = "";
         if (p->gone_ms[q]) {
             gone++;
-            snprintf(why, sizeof why, "went away (its process closed its connections %lld ms ago)",
-                     (long long)(now_ms() - p->gone_ms[q]));
+            snprintf(why, sizeof why, "went away (its connections closed %lld ms ago: the process exited, or stopped "
+                     "answering heartbeats for %d s)", (long long)(now_ms() - p->gone_ms[q]),
+                     COMM_HEARTBEAT_TIMEOUT_MS / 1000);
         } else if (!p->ans[q].magic) {
             snprintf(why, sizeof why, "does not answer within %d ms (stopped or hung process, or its host or network "
                      "is down)", COMM_PROBE_WAIT_MS);

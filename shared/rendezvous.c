@@ -260,9 +260,20 @@ static int run_rank0(Rendezvous *r, const RdzvConfig *cfg, char *err, size_t err
     if (!have) return fail(err, err_len, "rendezvous: out of memory");
     have[0] = 1;
     int n_have = 1, rc = 0;
-    int64_t deadline = now_ms() + cfg->timeout_ms;
+    const int every = cfg->progress_ms > 0 ? cfg->progress_ms : RDZV_PROGRESS_MS;
+    int64_t start = now_ms(), deadline = start + cfg->timeout_ms, next_progress = start + every;
     while (n_have < r->world) {
-        int64_t left = deadline - now_ms();
+        int64_t now = now_ms(), left = deadline - now;
+        if (cfg->progress && now >= next_progress && left > 0) {
+            char missing[512], arrived[512], line[1400];
+            rank_list(missing, sizeof missing, have, r->world, 0);
+            rank_list(arrived, sizeof arrived, have, r->world, 1);
+            snprintf(line, sizeof line, "rendezvous at %s: waiting for rank%s %s of WORLD_SIZE %d (arrived: %s): "
+                     "%lld s of at most %d s", r->master, r->world - n_have > 1 ? "s" : "", missing, r->world, arrived,
+                     (long long)((now - start) / 1000), cfg->timeout_ms / 1000);
+            cfg->progress(cfg->progress_arg, line);
+            while (next_progress <= now) next_progress += every;
+        }
         if (left <= 0) {
             char missing[512], arrived[512];
             rank_list(missing, sizeof missing, have, r->world, 0);
@@ -275,7 +286,8 @@ static int run_rank0(Rendezvous *r, const RdzvConfig *cfg, char *err, size_t err
             break;
         }
         zmq_pollitem_t it = {r->sock, 0, ZMQ_POLLIN, 0};
-        if (zmq_poll(&it, 1, (long)left) < 0 && zmq_errno() != EINTR) {
+        int64_t slice = cfg->progress && next_progress - now < left ? next_progress - now : left;
+        if (zmq_poll(&it, 1, (long)(slice > 0 ? slice : 0)) < 0 && zmq_errno() != EINTR) {
             rc = fail(err, err_len, "rendezvous: zmq_poll: %s", zmq_strerror(zmq_errno()));
             break;
         }
@@ -355,16 +367,26 @@ static int parse_answer(Rendezvous *r, zmq_msg_t *f, int n, char *err, size_t er
 }
 
 // Other ranks: waits up to wait_ms for rank 0's answer to what was just sent. frames: 1 (barrier) or 2.
-static int await_answer(Rendezvous *r, int wait_ms, zmq_msg_t *f, int *n, const char *what, char *err,
-                        size_t err_len) {
-    int64_t deadline = now_ms() + wait_ms;
+static int await_answer(Rendezvous *r, int wait_ms, zmq_msg_t *f, int *n, const char *what,
+                        const RdzvConfig *cfg, char *err, size_t err_len) {
+    const int every = cfg && cfg->progress_ms > 0 ? cfg->progress_ms : RDZV_PROGRESS_MS;
+    int64_t start = now_ms(), deadline = start + wait_ms, next_progress = start + every;
     for (;;) {
-        int64_t left = deadline - now_ms();
+        int64_t now = now_ms(), left = deadline - now;
         if (left <= 0)
             return fail(err, err_len, "rendezvous: no answer from rank 0 at %s to the %s within %d ms (is rank 0 "
                         "running, and are MASTER_ADDR/MASTER_PORT right?)", r->master, what, wait_ms);
+        if (cfg && cfg->progress && now >= next_progress) {
+            char line[700];
+            snprintf(line, sizeof line, "rendezvous: rank %d waiting for rank 0 at %s to answer the %s (it answers "
+                     "once all %d ranks have registered): %lld s of at most %d s", r->rank, r->master, what, r->world,
+                     (long long)((now - start) / 1000), wait_ms / 1000);
+            cfg->progress(cfg->progress_arg, line);
+            while (next_progress <= now) next_progress += every;
+        }
+        int64_t slice = cfg && cfg->progress && next_progress - now < left ? next_progress - now : left;
         zmq_pollitem_t it = {r->sock, 0, ZMQ_POLLIN, 0};
-        if (zmq_poll(&it, 1, (long)left) < 0 && zmq_errno() != EINTR)
+        if (zmq_poll(&it, 1, (long)(slice > 0 ? slice : 0)) < 0 && zmq_errno() != EINTR)
             return fail(err, err_len, "rendezvous: zmq_poll: %s", zmq_strerror(zmq_errno()));
         if ((it.revents & ZMQ_POLLIN) && recv_frames(r->sock, f, 2, n) == 0) {
             if (*n <= 2) return 0;
@@ -392,7 +414,7 @@ static int run_other(Rendezvous *r, const RdzvConfig *cfg, char *err, size_t err
     zmq_msg_t f[2];
     int n = 0;
     int64_t wait = 2 * (int64_t)cfg->timeout_ms;
-    if (await_answer(r, wait > INT32_MAX ? INT32_MAX : (int)wait, f, &n, "registration", err, err_len) != 0)
+    if (await_answer(r, wait > INT32_MAX ? INT32_MAX : (int)wait, f, &n, "registration", cfg, err, err_len) != 0)
         return -1;
     rc = parse_answer(r, f, n, err, err_len);
     close_frames(f, n, 2);
@@ -526,7 +548,7 @@ static int barrier_other(Rendezvous *r, int timeout_ms, char *err, size_t err_le
     zmq_msg_t f[2];
     int n = 0;
     int64_t wait = 2 * (int64_t)timeout_ms;
-    if (await_answer(r, wait > INT32_MAX ? INT32_MAX : (int)wait, f, &n, "barrier", err, err_len) != 0) return -1;
+    if (await_answer(r, wait > INT32_MAX ? INT32_MAX : (int)wait, f, &n, "barrier", NULL, err, err_len) != 0) return -1;
     json_t *a = parse_json(&f[0]);
     json_error_t je;
     const char *type = "", *msg = "";

@@ -30,12 +30,20 @@ typedef struct {
     char endpoint[RDZV_ENDPOINT_MAX];   // the rank's data endpoint (backend-defined; "" allowed)
 } RdzvPeer;
 
+// While the rendezvous waits (rank 0 for the others, the others for rank 0), it says what it waits for every
+// RDZV_PROGRESS_MS through this function, one line without a newline (the caller prefixes and prints it).
+#define RDZV_PROGRESS_MS 10000
+typedef void (*RdzvProgressFn)(void *arg, const char *line);
+
 typedef struct {
     int rank, world_size;
     const char *master_addr;   // IPv4/IPv6 literal or host name
     int master_port;           // 1..65535
     int timeout_ms;            // > 0: rank 0 waits this long for registrations (others wait twice as long)
     const char *endpoint;      // this rank's data endpoint, published in the table (NULL = "")
+    RdzvProgressFn progress;   // NULL: silent
+    void *progress_arg;
+    int progress_ms;           // the interval of those lines; 0: RDZV_PROGRESS_MS
 } RdzvConfig;
 
 typedef struct Rendezvous Rendezvous;

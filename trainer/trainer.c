@@ -80,12 +80,20 @@ static int prepare_output_dir(Trainer *t, char *err, size_t err_len) {
     return 0;
 }
 
+// A rank lost before the rendezvous used to cost --init-timeout with no word: the rendezvous says every 10 s
+// which ranks it still waits for.
+static void print_rendezvous_progress(void *arg, const char *line) {
+    (void)arg;
+    fprintf(stderr, "tandem-train: %s (--init-timeout)\n", line);
+}
+
 int trainer_open(Trainer *t, TrainConfig *cfg, char *err, size_t err_len) {
     memset(t, 0, sizeof *t);
     t->cfg = cfg;
     t->t_start = trainer_now();
     CommInit ci;
     if (comm_init_from_env(&ci, (int)(cfg->init_timeout * 1000), err, err_len) != 0) return -1;
+    ci.progress = print_rendezvous_progress;
     t->rank = ci.rank;
     t->world = ci.world_size;
     if (train_config_finalize(cfg, t->world, err, err_len) != 0) return -1;

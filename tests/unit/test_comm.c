@@ -4,7 +4,8 @@
 // accumulation, one rounding), i32 (wrapping sums), f64, u8, with sum and max, for counts 0, 1, 7, 1009 and
 // 786433 (3 MiB of f32: many pieces, queues full), in place and not, with 1..4 ranks; point-to-point and
 // barrier; all_reduce bits identical across ranks, across calls and across runs with different arrival
-// orders; failures are answers, not hangs: a rank that exits, a rank that stays silent, a rank that never
+// orders; failures are answers, not hangs: a rank that exits, a rank that freezes (SIGSTOP: named by the
+// heartbeats within seconds, whatever the timeout), a rank that stays silent, a rank that never
 // arrives, a duplicate rank, a mismatched WORLD_SIZE, mismatched collectives — each named in the error within
 // the timeout; a rank that leaves normally after its last collective is not mistaken for a failure; the
 // launch contract from the environment and argument checks.
@@ -22,6 +23,7 @@
 #include <unistd.h>
 
 #include "shared/comm.h"
+#include "shared/comm_internal.h"
 #include "shared/dtype.h"
 #include "shared/rendezvous.h"
 
@@ -411,9 +413,10 @@ static void test_expectations_discriminate(void) {
 typedef struct {
     int scenario;
     int world;
+    volatile pid_t *frozen_pid;   // F_FROZEN: a MAP_SHARED page where the rank that stops itself leaves its pid
 } FaultArg;
 
-enum { F_EXIT, F_SILENT, F_MISSING, F_DUPLICATE, F_WORLD, F_MISMATCH, F_LEAVE, F_NO_RANK0 };
+enum { F_EXIT, F_SILENT, F_MISSING, F_DUPLICATE, F_WORLD, F_MISMATCH, F_LEAVE, F_NO_RANK0, F_FROZEN };
 
 // Expects rc < 0 with every needle in msg, within max_ms.
 static void expect_fail(int idx, const char *what, int rc, const char *msg, const char *n1, const char *n2,
@@ -466,6 +469,20 @@ static int fault_child(int idx, int port, void *argp) {
         expect_fail(idx, "peer exited", rc, comm_error(c), "rank 2 ", "went away", now_ms() - t0, 1000);
         CHECK(comm_all_reduce(c, buf, 64, COMM_F32, COMM_SUM) == COMM_ERR_FAILED);
         CHECK(strstr(comm_error(c), "rank 2 ") != NULL);   // the first failure's message stays
+    } else if (a->scenario == F_FROZEN) {
+        if (idx == 1) {   // a frozen process (SIGSTOP, a hung host): its connections stay open, nothing answers
+            usleep(300000);   // its last messages leave first (libzmq's I/O thread stops with it)
+            *a->frozen_pid = getpid();
+            raise(SIGSTOP);
+            _exit(0);     // resumed by rank 0 once it has named this rank
+        }
+        CHECK(comm_set_timeout(c, 60000) == 0);   // only the heartbeats can name it this soon
+        t0 = now_ms();
+        rc = comm_all_reduce(c, buf, 64, COMM_F32, COMM_SUM);
+        expect_fail(idx, "frozen peer", rc, comm_error(c), "rank 1 ", "stopped answering heartbeats", now_ms() - t0,
+                    COMM_HEARTBEAT_TIMEOUT_MS + 4000);
+        while (!*a->frozen_pid) usleep(1000);
+        kill(*a->frozen_pid, SIGCONT);
     } else if (a->scenario == F_SILENT) {
         if (idx == 1) {
             usleep(1000000);   // alive but silent past rank 0's 600 ms timeout
@@ -503,7 +520,16 @@ static int fault_child(int idx, int port, void *argp) {
 }
 
 static void run_fault(const char *name, int scenario, int world, int nproc, int wall_ms) {
-    FaultArg a = {scenario, world};
+    static volatile pid_t *shared_pid;
+    if (!shared_pid) {
+        shared_pid = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+        if (shared_pid == MAP_FAILED) {
+            perror("mmap");
+            exit(2);
+        }
+    }
+    *shared_pid = 0;
+    FaultArg a = {scenario, world, shared_pid};
     int codes[8];
     int64_t t0 = now_ms();
     int bad = spawn(nproc, fault_child, &a, wall_ms, codes);
@@ -550,6 +576,36 @@ static int rdzv_child(int idx, int port, void *argp) {
     return failures ? 1 : 0;
 }
 
+// Rank 2 of 3 never comes: while they wait, ranks 0 and 1 say so every progress_ms (200 ms here), naming it.
+typedef struct {
+    int lines;
+    int named;   // lines that name what is awaited
+} ProgressSeen;
+
+static void count_progress(void *arg, const char *line) {
+    ProgressSeen *seen = arg;
+    seen->lines++;
+    seen->named += strstr(line, "waiting for rank 2 of WORLD_SIZE 3 (arrived: 0, 1)") != NULL ||
+                   strstr(line, "rank 1 waiting for rank 0 at") != NULL;
+}
+
+static int rdzv_progress_child(int idx, int port, void *argp) {
+    (void)argp;
+    ProgressSeen seen = {0};
+    char err[1024] = "";
+    RdzvConfig cfg = {.rank = idx, .world_size = 3, .master_addr = "127.0.0.1", .master_port = port,
+                      .timeout_ms = 1000, .progress = count_progress, .progress_arg = &seen, .progress_ms = 200};
+    Rendezvous *r = NULL;
+    int rc = rendezvous_run(&r, &cfg, NULL, 0, err, sizeof err);
+    CHECK(rc != 0 && r == NULL);
+    if (seen.lines < 3 || seen.named != seen.lines) {
+        fprintf(stderr, "rank %d: %d progress lines, %d naming the wait (want >= 3, all)\n", idx, seen.lines,
+                seen.named);
+        failures++;
+    }
+    return failures ? 1 : 0;
+}
+
 static void test_rendezvous(void) {
     uint64_t *arrived = shared_u64(1);
     int codes[3];
@@ -558,6 +614,11 @@ static void test_rendezvous(void) {
     failures += bad;
     printf("rendezvous table, blob and barriers: %s (%lld ms)\n", bad ? "FAIL" : "ok", (long long)(now_ms() - t0));
     munmap(arrived, 8);
+    t0 = now_ms();
+    bad = spawn(2, rdzv_progress_child, NULL, 10000, codes);
+    failures += bad;
+    printf("rendezvous progress lines while a rank is missing: %s (%lld ms)\n", bad ? "FAIL" : "ok",
+           (long long)(now_ms() - t0));
 }
 
 // ---- single-process checks --------------------------------------------------------------------
@@ -652,6 +713,7 @@ int main(void) {
     run_fault("ranks call different collectives", F_MISMATCH, 2, 2, 10000);
     run_fault("a rank leaves right after its last collective", F_LEAVE, 3, 3, 20000);
     run_fault("rank 0 never arrives", F_NO_RANK0, 2, 1, 10000);
+    run_fault("a rank freezes (SIGSTOP)", F_FROZEN, 2, 2, 30000);
     printf("test_comm: %s (%d failure(s), %lld ms)\n", failures ? "FAILED" : "passed", failures,
            (long long)(now_ms() - t0));
     return failures ? 1 : 0;
