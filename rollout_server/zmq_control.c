@@ -717,6 +717,9 @@ int zmq_control_start(ZmqControl **out, EngineGroup *g, const char *endpoint, co
     // default high-water mark (ROUTER drops on overflow). Receive stays bounded: slow weight writes push back.
     zmq_setsockopt(z->router, ZMQ_SNDHWM, &zero, sizeof zero);
     zmq_setsockopt(z->router, ZMQ_LINGER, &linger, sizeof linger);
+    // A peer that sends a larger frame is disconnected instead of having it buffered whole.
+    int64_t max_frame = ZMSG_MAX_REQUEST_FRAME_BYTES;
+    zmq_setsockopt(z->router, ZMQ_MAXMSGSIZE, &max_frame, sizeof max_frame);
     // Keys before bind: a socket bound without CURVE would admit the first clients in the clear.
     if (keys && zmq_control_auth_start(&z->auth, z->ctx, z->router, keys, err, err_len) != 0) {
         control_free(z);

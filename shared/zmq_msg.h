@@ -18,6 +18,11 @@
 #define ZMSG_MAX_COMPLETIONS 4096   // n per prompt
 #define ZMSG_MODEL_ID_MAX 256
 #define ZMSG_TEXT_MAX 1024          // error message text
+// The largest frame each side takes (ZMQ_MAXMSGSIZE: a peer that sends more is disconnected before the frame is
+// read whole). Requests: a weight slice is 4 MiB (1 Mi elements of f32), a prompt at most max_seq_len tokens.
+// Replies: a result carries n x max_tokens tokens and as many logprobs (4096 x 16384 x 4 B = 256 MiB).
+#define ZMSG_MAX_REQUEST_FRAME_BYTES ((int64_t)64 << 20)
+#define ZMSG_MAX_REPLY_FRAME_BYTES ((int64_t)256 << 20)
 #define ZMSG_CODE_MAX 32
 
 typedef enum {

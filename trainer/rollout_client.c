@@ -198,7 +198,9 @@ static int hello(RolloutClient *c, Server *s, int timeout_ms, char *err, size_t 
 static int open_socket(RolloutClient *c, Server *s, char *err, size_t err_len) {
     s->sock = zmq_socket(c->zctx, ZMQ_DEALER);
     int linger = 0;
-    if (!s->sock || zmq_setsockopt(s->sock, ZMQ_LINGER, &linger, sizeof linger) != 0) {
+    int64_t max_frame = ZMSG_MAX_REPLY_FRAME_BYTES;   // a server that sends more is disconnected (and set aside)
+    if (!s->sock || zmq_setsockopt(s->sock, ZMQ_LINGER, &linger, sizeof linger) != 0 ||
+        zmq_setsockopt(s->sock, ZMQ_MAXMSGSIZE, &max_frame, sizeof max_frame) != 0) {
         snprintf(err, err_len, "cannot open a socket for rollout server %s: %s", s->endpoint,
                  zmq_strerror(zmq_errno()));
         return -1;

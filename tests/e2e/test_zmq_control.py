@@ -433,6 +433,21 @@ def send_update(c, units, version, layout_hash, dtype, rng, first_id, slices_per
     return rep   # slices are answered only on error: the first reply after them is weights_end's
 
 
+def test_an_oversized_frame_disconnects_its_sender_only(server, client):
+    """A frame past the server's cap (64 MiB: ZMQ_MAXMSGSIZE) is not buffered whole: its sender is disconnected
+    unanswered, and every other client is served as before."""
+    big = Client(server.endpoint)
+    try:
+        big.send({"type": "hello", "id": 1}, b"\0" * (80 << 20))
+        with pytest.raises(TimeoutError):
+            big.recv(timeout=3)
+    finally:
+        big.close()
+    rep, _ = client.ask({"type": "hello", "id": 2, "protocol_version": 1})
+    assert rep["type"] == "hello" and rep["id"] == 2, rep
+    assert server.alive()
+
+
 def test_a_control_port_in_use_is_a_clear_startup_error(models):
     """Another process holding the --control port: tandem-serve exits 1 at start-up, naming the port and the fix."""
     holder = socket.socket()
