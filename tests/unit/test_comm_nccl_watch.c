@@ -17,6 +17,7 @@
 #include <sys/mman.h>
 
 #include "shared/comm.h"
+#include "shared/comm_internal.h"   // COMM_ERR_MAX
 
 #ifdef TANDEM_HAVE_CUDA
 #include <cuda_runtime.h>
