@@ -13,6 +13,8 @@
 #          BUILD/bench/bench_elementwise (RMSNorm(+residual)/SwiGLU GB/s), BUILD/bench/bench_attention_paged
 #   decode bench/bench_decode_gpu.py $DECODE_ARGS (the decode step alone, no HTTP: GPU time per step vs roofline)
 #   demo   `tandem-train demo --device auto` (the README's demo on the GPU), output in $LOGS/demo
+#   faults test_comm_nccl_watch, test_comm_nccl, tests/e2e/test_weight_push_faults.py --gpu (a server stalled, killed
+#          and restarted during a GRPO run over NCCL; needs 2 GPUs)
 # Full logs go to $OUT (or /tmp/gpu-check); a summary table comes last. Builds nothing. Exits 1 when a test fails
 # or a script exits non-zero. One device command has 10 minutes: all of it may not fit, run the pieces apart.
 # Timeouts: TEST_TIMEOUT (default 300 s per test), BENCH_TIMEOUT (default 540 s per script).
@@ -110,6 +112,13 @@ if want kernels; then
 fi
 if want decode; then
   TAIL=60 run_py bench_decode_gpu python3 bench/bench_decode_gpu.py --build "$B" ${DECODE_ARGS:-}
+fi
+if want faults; then
+  # A rollout server or rank that dies or stalls: the weight-sync communicator's peer watch, the nccl backend's
+  # failure cases, and a GRPO run over NCCL whose server is stopped, killed and restarted (issue 22).
+  TAIL=12 run_py comm_nccl_watch "$B/tests/test_comm_nccl_watch"
+  TAIL=12 run_py comm_nccl "$B/tests/test_comm_nccl"
+  TANDEM_BUILD_DIR=$B TAIL=20 run_py weight_push_faults python3 tests/e2e/test_weight_push_faults.py --gpu
 fi
 if want demo; then
   TAIL=12 run_py demo "$B/bin/tandem-train" demo --output-dir "$LOGS/demo" --device auto
