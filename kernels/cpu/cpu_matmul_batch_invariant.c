@@ -26,7 +26,7 @@
 #include <string.h>
 
 #include "kernels/cpu/cpu_ops.h"
-#include "kernels/cpu/cpu_parallel.h"
+#include "kernels/cpu/cpu_tasks.h"
 
 #if defined(__AVX__)
 #include <immintrin.h>
@@ -38,6 +38,9 @@ enum {
     KC = 512,            // k block (a multiple of 8): a 3 x 4 tile's rows of `in` and `w` (14 KiB) stay in L1 over it
     W_BLOCK = 16384,     // bytes of w a task's column block spans over one k block (half an L1d)
     ROW_BLOCK = 96,      // rows of one task (a multiple of the 3-row tile)
+    // Multiply-adds per thread before a product is split across threads (about 0.1 ms of one core's work): a split
+    // costs a wake-up and a wait (kernels/cpu/cpu_tasks.h). OpenBLAS splits from 2^18 (interface/gemm.c).
+    MACS_PER_THREAD = 1 << 21,
 };
 
 typedef float v8 __attribute__((vector_size(32)));
@@ -172,6 +175,21 @@ static void task(float *out, const float *in, const float *w, const float *bias,
             for (int o = o0; o < o1; o++) out[(size_t)n * OC + o] += bias[o];
 }
 
+// The product's tasks: ROW_BLOCK rows x `cols` columns each, row blocks outer.
+typedef struct {
+    float *out;
+    const float *in, *w, *bias;
+    int N, IC, OC, cols, n_col_blocks;
+} Product;
+
+static void product_task(void *arg, long t) {
+    const Product *p = arg;
+    const int rb = (int)(t / p->n_col_blocks), cb = (int)(t % p->n_col_blocks);
+    const int n0 = rb * ROW_BLOCK, o0 = cb * p->cols;
+    const int n1 = p->N - n0 < ROW_BLOCK ? p->N : n0 + ROW_BLOCK, o1 = p->OC - o0 < p->cols ? p->OC : o0 + p->cols;
+    task(p->out, p->in, p->w, p->bias, p->IC, p->OC, n0, n1, o0, o1);
+}
+
 void cpu_matmul_fwd_batch_invariant(float *out, const float *in, const float *w, const float *bias, int N, int IC,
                                     int OC) {
     if (N <= 0 || OC <= 0) return;
@@ -187,13 +205,9 @@ void cpu_matmul_fwd_batch_invariant(float *out, const float *in, const float *w,
     const int kc = IC < KC ? IC : KC;
     int cols = W_BLOCK / (kc * (int)sizeof(float)) / 8 * 8;
     if (cols < 8) cols = 8;
-    const int n_row_blocks = (N + ROW_BLOCK - 1) / ROW_BLOCK, n_col_blocks = (OC + cols - 1) / cols;
-    const long n_tasks = (long)n_row_blocks * n_col_blocks;
-    CPU_OMP("omp parallel for schedule(static) if (n_tasks > 1 && (long)N * IC * OC >= 65536)")
-    for (long t = 0; t < n_tasks; t++) {
-        const int rb = (int)(t / n_col_blocks), cb = (int)(t % n_col_blocks);
-        const int n0 = rb * ROW_BLOCK, o0 = cb * cols;
-        const int n1 = N - n0 < ROW_BLOCK ? N : n0 + ROW_BLOCK, o1 = OC - o0 < cols ? OC : o0 + cols;
-        task(out, in, w, bias, IC, OC, n0, n1, o0, o1);
-    }
+    Product p = {.out = out, .in = in, .w = w, .bias = bias, .N = N, .IC = IC, .OC = OC, .cols = cols,
+                 .n_col_blocks = (OC + cols - 1) / cols};
+    const long n_tasks = (long)((N + ROW_BLOCK - 1) / ROW_BLOCK) * p.n_col_blocks;
+    const long by_work = (long)N * IC * OC / MACS_PER_THREAD, max_threads = cpu_max_threads();
+    cpu_run_tasks(product_task, &p, n_tasks, (int)(by_work < max_threads ? by_work : max_threads));
 }

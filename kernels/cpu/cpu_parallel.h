@@ -6,6 +6,9 @@
 // tiles (measured ~1.5-2x slower attention with 2 OpenBLAS threads than with 1), and two thread pools must
 // not both be active at once.
 // Without OpenMP (a compiler without it) the pragmas vanish and the same loops run serially.
+// The batch-invariant GEMM of the rollout server's forward (cpu_matmul_batch_invariant.c) splits its tiles over the
+// pool of kernels/cpu/cpu_tasks.h instead, whose threads sleep rather than spin between jobs (see there why), with
+// OpenMP's thread count.
 #ifndef TANDEM_KERNELS_CPU_PARALLEL_H
 #define TANDEM_KERNELS_CPU_PARALLEL_H
 
