@@ -55,6 +55,18 @@ static void *worker_main(void *p) {
     return NULL;
 }
 
+// A child of fork() has none of the workers, and a mutex another thread held at the fork stays held: it starts with
+// a fresh pool (the tandem binaries exec right after fork, but nothing here should hang if one did not).
+static void reset_in_child(void) {
+    pthread_mutex_init(&pool.job, NULL);
+    pthread_mutex_init(&pool.mu, NULL);
+    pthread_cond_init(&pool.work, NULL);
+    pthread_cond_init(&pool.done, NULL);
+    pool.n_workers = pool.wanted = pool.active = 0;
+}
+
+static void register_fork_handler(void) { pthread_atfork(NULL, NULL, reset_in_child); }
+
 int cpu_max_threads(void) {
 #ifdef _OPENMP
     return omp_get_max_threads();
@@ -70,6 +82,8 @@ void cpu_run_tasks(CpuTask task, void *arg, long n_tasks, int n_threads) {
         for (long t = 0; t < n_tasks; t++) task(arg, t);
         return;
     }
+    static pthread_once_t once = PTHREAD_ONCE_INIT;
+    pthread_once(&once, register_fork_handler);
     pthread_mutex_lock(&pool.job);
     pthread_mutex_lock(&pool.mu);
     // Workers start here, under `mu`, as of the current generation: the job posted below is new to them.

@@ -1,10 +1,13 @@
 // tests/unit/test_kernels_tasks.c — cpu_run_tasks (kernels/cpu/cpu_tasks.c), the worker pool of the batch-invariant
 // GEMM: every task runs exactly once for any task and thread count (more threads than tasks, than cores, one, none
 // to run), jobs right after one another with growing and shrinking thread counts, and two caller threads posting
-// jobs at the same time (they run one after the other; none is lost and none deadlocks).
+// jobs at the same time (they run one after the other; none is lost and none deadlocks), and a child of fork()
+// that runs a job (it has none of the parent's workers).
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include "kernels/cpu/cpu_tasks.h"
 #include "kernels_testlib.h"
@@ -54,6 +57,11 @@ int main(void) {
     for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
     KT_CHECK(arg[0] == 0 && arg[1] == 0, "two callers at once: %d and %d tasks did not run exactly once", arg[0],
              arg[1]);
+    const pid_t child = fork();
+    if (child == 0) _exit(job(&c, 100, 3) == 0 ? 0 : 1);
+    int status = 0;
+    KT_CHECK(child > 0 && waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+             "a job in a forked child: status %d", status);
     if (kt_failures) {
         fprintf(stderr, "test_kernels_tasks: %d failure(s)\n", kt_failures);
         return 1;
