@@ -289,18 +289,25 @@ int reward_service_score(RewardService *rs, const RewardSample *samples, size_t 
         return -1;
     }
 
+    int rc = reward_service_take_response(rs, resp.body, resp.body_len, n, scores, ld, max_funcs, n_funcs, err,
+                                          err_len);
+    http_response_free(&resp);
+    return rc;
+}
+
+int reward_service_take_response(RewardService *rs, const char *body, size_t body_len, size_t n, double *scores,
+                                 size_t ld, size_t max_funcs, size_t *n_funcs, char *err, size_t err_len) {
+    *n_funcs = 0;
     char **names = NULL;
     double *got = NULL;  // (k, n)
     size_t k = 0;
     char perr[512];
-    if (reward_service_parse_response(resp.body, resp.body_len, n, &names, &k, &got, perr, sizeof perr) != 0) {
+    if (reward_service_parse_response(body, body_len, n, &names, &k, &got, perr, sizeof perr) != 0) {
         char ex[161];
-        body_excerpt(resp.body, resp.body_len, ex, sizeof ex);
+        body_excerpt(body, body_len, ex, sizeof ex);
         err_fail(err, err_len, "reward service %s: bad response (status 200): %s; body starts: %s", rs->url, perr, ex);
-        http_response_free(&resp);
         return -1;
     }
-    http_response_free(&resp);
     int rc = -1;
     if (k > max_funcs || k > ld) {
         err_fail(err, err_len, "reward service %s returned %zu reward functions; room for %zu", rs->url, k,

@@ -51,6 +51,12 @@ const char *reward_service_name(const RewardService *rs, size_t i);
 int reward_service_score(RewardService *rs, const RewardSample *samples, size_t n, double *scores, size_t ld,
                          size_t max_funcs, size_t *n_funcs, char *err, size_t err_len);
 
+// What reward_service_score does with an answer of status 200 for n samples: parses body, checks it against the
+// names the first answer fixed (the first answer fixes them) and fills scores as reward_service_score does.
+// 0, or -1 with a message naming the URL, the problem and the start of the body.
+int reward_service_take_response(RewardService *rs, const char *body, size_t body_len, size_t n, double *scores,
+                                 size_t ld, size_t max_funcs, size_t *n_funcs, char *err, size_t err_len);
+
 // The request body for a batch (malloc'd JSON text) — what reward_service_score sends.
 char *reward_service_request_json(const RewardSample *samples, size_t n);
 // Parses a response body against n samples into a (n_funcs, n) matrix: *names and *scores malloc'd

@@ -16,7 +16,7 @@
 
 #define FUZZ_TOKENIZER_VOCAB 258
 
-static int fuzz_valid_utf8(const char *s, size_t n) {
+static inline int fuzz_valid_utf8(const char *s, size_t n) {
     size_t l = 0;
     char *r = tokenizer_utf8_repair(s, n, &l);
     int ok = r && l == n && memcmp(r, s, n) == 0;
@@ -25,7 +25,7 @@ static int fuzz_valid_utf8(const char *s, size_t n) {
 }
 
 // Byte b's character in byte-level BPE's vocabulary (GPT-2's bytes_to_unicode).
-static unsigned fuzz_byte_char(int b) {
+static inline unsigned fuzz_byte_char(int b) {
     int keep = (b >= 33 && b <= 126) || (b >= 161 && b <= 172) || (b >= 174 && b <= 255);
     if (keep) return (unsigned)b;
     unsigned n = 0;
@@ -36,7 +36,7 @@ static unsigned fuzz_byte_char(int b) {
 
 // Writes the tokenizer into a new folder under /tmp, loads it and removes the folder. Traps on failure (the
 // target cannot run without it).
-static Tokenizer *fuzz_load_tokenizer(void) {
+static inline Tokenizer *fuzz_load_tokenizer(void) {
     char dir[] = "/tmp/tandem-fuzz-tokXXXXXX", path[64], cfg[64], err[512];
     REQUIRE(mkdtemp(dir));
     snprintf(path, sizeof path, "%s/tokenizer.json", dir);
