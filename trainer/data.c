@@ -277,24 +277,24 @@ static int read_messages(const json_t *list, const char *key, ChatMessage *msgs,
 }
 
 // Renders messages (n) with the chat template. *out malloc'd.
-static int render(const DataReader *d, const ChatMessage *msgs, size_t n, int add_gen, char **out, const char *src,
+static int render(const DataOptions *opt, const ChatMessage *msgs, size_t n, int add_gen, char **out, const char *src,
                   char *err, size_t err_len) {
-    if (!d->opt.chat) {
+    if (!opt->chat) {
         err_fail(err, err_len, "%s: the prompt is a list of messages but no chat template is loaded", src);
         return -1;
     }
     char terr[512];
-    if (chat_render(d->opt.chat, msgs, n, add_gen, out, NULL, terr, sizeof terr) != 0) {
+    if (chat_render(opt->chat, msgs, n, add_gen, out, NULL, terr, sizeof terr) != 0) {
         err_fail(err, err_len, "%s: chat template: %s", src, terr);
         return -1;
     }
     return 0;
 }
 
-static int encode(const DataReader *d, const char *text, int add_special, int32_t **ids, size_t *n, const char *src,
+static int encode(const DataOptions *opt, const char *text, int add_special, int32_t **ids, size_t *n, const char *src,
                   char *err, size_t err_len) {
     char terr[512];
-    if (tokenizer_encode(d->opt.tok, text, strlen(text), add_special, ids, n, terr, sizeof terr) != 0) {
+    if (tokenizer_encode(opt->tok, text, strlen(text), add_special, ids, n, terr, sizeof terr) != 0) {
         err_fail(err, err_len, "%s: tokenizer: %s", src, terr);
         return -1;
     }
@@ -302,7 +302,7 @@ static int encode(const DataReader *d, const char *text, int add_special, int32_
 }
 
 // Builds row->prompt_text / ids / prompt_len from the parsed prompt (and completion in sft mode).
-static int tokenize_row(const DataReader *d, DataRow *row, const json_t *prompt, const json_t *completion,
+static int tokenize_row(const DataOptions *opt, DataRow *row, const json_t *prompt, const json_t *completion,
                         const char *src, char *err, size_t err_len) {
     int rc = -1;
     ChatMessage *msgs = NULL;
@@ -311,9 +311,9 @@ static int tokenize_row(const DataReader *d, DataRow *row, const json_t *prompt,
     size_t n_full = 0;
     if (json_is_string(prompt)) {
         if (!(row->prompt_text = strdup(json_string_value(prompt)))) goto oom;
-        if (encode(d, row->prompt_text, 1, &row->ids, &row->n_ids, src, err, err_len) != 0) goto out;
-        if (d->opt.sft) {
-            const char *eos = tokenizer_eos_token(d->opt.tok);
+        if (encode(opt, row->prompt_text, 1, &row->ids, &row->n_ids, src, err, err_len) != 0) goto out;
+        if (opt->sft) {
+            const char *eos = tokenizer_eos_token(opt->tok);
             const char *c = json_string_value(completion);
             size_t pl = strlen(row->prompt_text), cl = strlen(c), el = eos ? strlen(eos) : 0;
             // TRL appends the EOS token text unless the completion already ends with it.
@@ -323,22 +323,22 @@ static int tokenize_row(const DataReader *d, DataRow *row, const json_t *prompt,
             memcpy(full + pl, c, cl);
             if (add_eos) memcpy(full + pl + cl, eos, el);
             full[pl + cl + (add_eos ? el : 0)] = '\0';
-            if (encode(d, full, 1, &full_ids, &n_full, src, err, err_len) != 0) goto out;
+            if (encode(opt, full, 1, &full_ids, &n_full, src, err, err_len) != 0) goto out;
         }
     } else {
         size_t np = json_array_size(prompt), nc = completion ? json_array_size(completion) : 0;
         if (!(msgs = calloc(np + nc + 1, sizeof *msgs))) goto oom;
         if (read_messages(prompt, "prompt", msgs, src, err, err_len) != 0) goto out;
-        if (render(d, msgs, np, 1, &row->prompt_text, src, err, err_len) != 0) goto out;
-        if (encode(d, row->prompt_text, 0, &row->ids, &row->n_ids, src, err, err_len) != 0) goto out;
-        if (d->opt.sft) {
+        if (render(opt, msgs, np, 1, &row->prompt_text, src, err, err_len) != 0) goto out;
+        if (encode(opt, row->prompt_text, 0, &row->ids, &row->n_ids, src, err, err_len) != 0) goto out;
+        if (opt->sft) {
             if (read_messages(completion, "completion", msgs + np, src, err, err_len) != 0) goto out;
-            if (render(d, msgs, np + nc, 0, &full, src, err, err_len) != 0) goto out;
-            if (encode(d, full, 0, &full_ids, &n_full, src, err, err_len) != 0) goto out;
+            if (render(opt, msgs, np + nc, 0, &full, src, err, err_len) != 0) goto out;
+            if (encode(opt, full, 0, &full_ids, &n_full, src, err, err_len) != 0) goto out;
         }
     }
     row->prompt_len = row->n_ids;
-    if (d->opt.sft) {
+    if (opt->sft) {
         // The completion starts where the prompt's ids and the full ids first differ (TRL's
         // common_prefix_length): a template or a merge across the boundary can change the prompt's tail.
         size_t k = 0;
@@ -362,9 +362,9 @@ out:
     return rc;
 }
 
-// Parses one record into row. 0, or -1 with a message naming src (file:line).
-static int parse_record(const DataReader *d, const char *text, size_t len, DataRow *row, const char *src, char *err,
-                        size_t err_len) {
+int data_parse_row(const DataOptions *opt, const char *text, size_t len, DataRow *row, const char *src, char *err,
+                   size_t err_len) {
+    memset(row, 0, sizeof *row);
     if (len >= 3 && (unsigned char)text[0] == 0xEF && (unsigned char)text[1] == 0xBB && (unsigned char)text[2] == 0xBF)
         text += 3, len -= 3;  // UTF-8 byte order mark at the start of a file
     json_error_t je;
@@ -402,7 +402,7 @@ static int parse_record(const DataReader *d, const char *text, size_t len, DataR
         err_fail(err, err_len, "%s: \"%s\" is an empty list", src, pkey);
         goto out;
     }
-    if (d->opt.sft) {
+    if (opt->sft) {
         if (!completion && messages) {
             // A conversation: its last message is the target.
             size_t n = json_array_size(messages);
@@ -434,7 +434,7 @@ static int parse_record(const DataReader *d, const char *text, size_t len, DataR
             goto out;
         }
     }
-    if (tokenize_row(d, row, prompt, completion, src, err, err_len) != 0) goto out;
+    if (tokenize_row(opt, row, prompt, completion, src, err, err_len) != 0) goto out;
     row->prompt = json_incref(prompt);
     row->columns = json_object();
     if (!row->columns) goto oom;
@@ -452,6 +452,7 @@ out:
     json_decref(owned_prompt);
     json_decref(owned_completion);
     json_decref(obj);
+    if (rc != 0) data_row_clear(row);
     return rc;
 }
 
@@ -464,10 +465,7 @@ static int load_record(DataReader *d, const RecordRef *r, DataRow *row, char *sr
     snprintf(src, src_len, "%s:%llu", d->files[r->file], (unsigned long long)r->line);
     ssize_t n = read_line(d, r, err, err_len, src);
     if (n < 0) return -1;
-    if (parse_record(d, d->line, (size_t)n, row, src, err, err_len) != 0) {
-        data_row_clear(row);
-        return -1;
-    }
+    if (data_parse_row(&d->opt, d->line, (size_t)n, row, src, err, err_len) != 0) return -1;
     if (d->opt.max_prompt_length > 0 && row->prompt_len > (size_t)d->opt.max_prompt_length) {
         if (d->opt.refuse_overlong)
             err_fail(err, err_len, "%s: the prompt has %zu tokens, more than max_prompt_length %d", src, row->prompt_len,

@@ -86,6 +86,14 @@ void data_tell(const DataReader *d, uint64_t *epoch, size_t *position);
 int data_next(DataReader *d, DataRow *row, char *err, size_t err_len);
 void data_row_clear(DataRow *row);
 
+// Parses one record's text (a line of the file, its newline included or not) into row as data_next does for each
+// record: the JSON object, its prompt / messages / completion checked, rendered and tokenized per opt (its
+// tokenizer, chat template and sft; the reader's max_prompt_length and sharding are not applied here). src names
+// the record in messages ("file:line"). 0 with row filled (free with data_row_clear; record and source are the
+// reader's to set), or -1 with a message naming src and row left empty.
+int data_parse_row(const DataOptions *opt, const char *text, size_t len, DataRow *row, const char *src, char *err,
+                   size_t err_len);
+
 // Prompts skipped for max_prompt_length since data_open.
 size_t data_skipped(const DataReader *d);
 
