@@ -73,7 +73,7 @@ static void test_shape(const Shape *s, int with_bias) {
     // Slices of every length at several offsets, and every row alone: the same bits.
     int mismatched_slices = 0;
     for (int len = 1; len <= N; len += len < 8 ? 1 : len)
-        for (int at = 0; at + len <= N; at += len > 3 ? len : 1) {
+        for (int at = 0; at + len <= N; at += (len > 3 ? len : 1) * (N > 100 ? 7 : 1)) {
             cpu_matmul_fwd_batch_invariant(part, in + (size_t)at * IC, w, b, len, IC, OC);
             mismatched_slices += memcmp(part, out + (size_t)at * OC, (size_t)len * OC * sizeof *part) != 0;
         }
