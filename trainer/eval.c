@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <inttypes.h>
 #include <jansson.h>
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -101,6 +102,40 @@ static const char *build_request(const EvalOptions *o, json_t *row, int index, c
     return path;
 }
 
+int eval_read_answer(const char *url, int status, const char *body, size_t body_len, int n, char **texts,
+                     int *completion_tokens, char *err, size_t err_len) {
+    *completion_tokens = 0;
+    json_error_t je;
+    // JSON_ALLOW_NUL: a completion may hold U+0000 (a sampled byte token); the rewards see the text before it.
+    json_t *ans = json_read_buffer(body, body_len, JSON_ALLOW_NUL, &je);
+    if (status != 200 || !ans) {
+        snprintf(err, err_len, "%.150s answered %d: %.300s", url, status, body ? body : "");
+        json_decref(ans);
+        return -1;
+    }
+    json_t *choices = json_object_get(ans, "choices");
+    // A count the server got wrong (negative, beyond int) must not become a negative length for the rewards.
+    json_int_t tokens = json_integer_value(json_object_get(json_object_get(ans, "usage"), "completion_tokens"));
+    *completion_tokens = tokens < 0 ? 0 : tokens > INT_MAX ? INT_MAX : (int)tokens;
+    int got = 0;
+    for (size_t i = 0; i < json_array_size(choices); i++) {
+        json_t *c = json_array_get(choices, i);
+        json_t *ji = json_object_get(c, "index");
+        json_int_t idx = json_is_integer(ji) ? json_integer_value(ji) : (json_int_t)i;
+        json_t *t = json_object_get(c, "text");
+        if (!t) t = json_object_get(json_object_get(c, "message"), "content");
+        if (idx < 0 || idx >= n || !json_is_string(t) || texts[idx]) continue;
+        if (!(texts[idx] = strdup(json_string_value(t)))) {
+            snprintf(err, err_len, "out of memory");
+            json_decref(ans);
+            return -1;
+        }
+        got++;
+    }
+    json_decref(ans);
+    return got;
+}
+
 static void run_row(EvalJob *j, int index) {
     const EvalOptions *o = j->o;
     EvalRow *r = &j->rows[index];
@@ -118,29 +153,17 @@ static void run_row(EvalJob *j, int index) {
         return;
     }
     free(body);
-    json_error_t je;
-    // JSON_ALLOW_NUL: a completion may hold U+0000 (a sampled byte token); the rewards see the text before it.
-    json_t *ans = json_read_buffer(resp.body, resp.body_len, JSON_ALLOW_NUL, &je);
-    if (resp.status != 200 || !ans) {
-        snprintf(r->err, sizeof r->err, "%.150s answered %d: %.300s", url, resp.status, resp.body ? resp.body : "");
-        json_decref(ans);
+    int usage_tokens = 0;
+    if (!(r->texts = calloc(o->n, sizeof(char *)))) {
+        snprintf(r->err, sizeof r->err, "out of memory");
         http_response_free(&resp);
         return;
     }
+    int got = eval_read_answer(url, resp.status, resp.body, resp.body_len, o->n, r->texts, &usage_tokens, r->err,
+                               sizeof r->err);
     http_response_free(&resp);
-    json_t *choices = json_object_get(ans, "choices");
-    int usage_tokens = (int)json_integer_value(json_object_get(json_object_get(ans, "usage"), "completion_tokens"));
-    r->texts = calloc(o->n, sizeof(char *));
-    for (size_t i = 0; i < json_array_size(choices); i++) {
-        json_t *c = json_array_get(choices, i);
-        int idx = json_is_integer(json_object_get(c, "index")) ? (int)json_integer_value(json_object_get(c, "index")) : (int)i;
-        json_t *t = json_object_get(c, "text");
-        if (!t) t = json_object_get(json_object_get(c, "message"), "content");
-        if (idx < 0 || idx >= o->n || !json_is_string(t) || r->texts[idx]) continue;
-        r->texts[idx] = strdup(json_string_value(t));
-        r->n_done++;
-    }
-    json_decref(ans);
+    if (got < 0) return;
+    r->n_done = got;
     if (r->n_done != o->n) {
         snprintf(r->err, sizeof r->err, "%.400s returned %d usable choices for n = %d", url, r->n_done, o->n);
         return;

@@ -193,18 +193,7 @@ static int send_all(int fd, const char *p, size_t n, int64_t deadline, const cha
 
 // ---- response parsing -------------------------------------------------------------------------------
 
-typedef struct {
-    char *buf;            // raw bytes received
-    size_t len, cap;
-    size_t head_end;      // offset of the first body byte (0 until the header block is complete)
-    int status;
-    int chunked;
-    long long content_length;  // -1 when absent
-    size_t chunk_pos;     // chunked: offset of the next chunk-size line
-    char *body;           // chunked: decoded bytes so far
-    size_t body_len, body_cap;
-    size_t max_body;      // the caller's limit on the body
-} RespState;
+typedef HttpResponseReader RespState;
 
 static int too_large(const char *url, size_t max_body, const char *how, char *err, size_t err_len) {
     err_fail(err, err_len, "%s: the response body is larger than the limit of %zu bytes (%.6g MiB): %s", url, max_body,
@@ -361,6 +350,7 @@ static int response_complete(RespState *st, int eof, const char *url, char *err,
             if (st->status >= 100 && st->status < 200) {  // interim response: drop it and read the next one
                 memmove(st->buf, st->buf + st->head_end, st->len - st->head_end);
                 st->len -= st->head_end;
+                st->buf[st->len] = '\0';
                 st->head_end = 0;
                 continue;
             }
@@ -394,6 +384,75 @@ static int response_complete(RespState *st, int eof, const char *url, char *err,
     }
 }
 
+void http_response_reader_init(HttpResponseReader *r, size_t max_body) {
+    memset(r, 0, sizeof *r);
+    r->max_body = max_body ? max_body : HTTP_DEFAULT_MAX_RESPONSE_BYTES;
+}
+
+void http_response_reader_free(HttpResponseReader *r) {
+    if (!r) return;
+    free(r->buf);
+    free(r->body);
+    memset(r, 0, sizeof *r);
+}
+
+int http_response_reader_feed(HttpResponseReader *st, const char *bytes, size_t n, int eof, const char *url, char *err,
+                              size_t err_len) {
+    if (st->len + n + 1 > st->cap) {
+        size_t cap = st->cap ? st->cap : 65536 * 2;
+        while (cap < st->len + n + 1) cap *= 2;
+        char *nb = realloc(st->buf, cap);
+        if (!nb) {
+            err_fail(err, err_len, "%s: out of memory", url);
+            return HTTP_E_NOMEM;
+        }
+        st->buf = nb, st->cap = cap;
+    }
+    if (n) memcpy(st->buf + st->len, bytes, n);
+    st->len += n;
+    st->buf[st->len] = '\0';  // the header parsers stop at a NUL as well as at the end
+    int c = response_complete(st, eof, url, err, err_len);
+    if (c != 0) return c;
+    if (st->chunked && st->head_end && st->chunk_pos > st->head_end) {
+        // Decoded chunks are in st->body: drop their raw bytes, so that the buffer holds one partial chunk.
+        memmove(st->buf + st->head_end, st->buf + st->chunk_pos, st->len - st->chunk_pos);
+        st->len -= st->chunk_pos - st->head_end;
+        st->chunk_pos = st->head_end;
+        st->buf[st->len] = '\0';
+    }
+    // Bytes past the header beyond the body limit and room for one chunk's framing (a size line that never
+    // ends, more than Content-Length announced): refused whatever they are.
+    if (st->head_end && st->len - st->head_end > st->max_body + 65536)
+        return too_large(url, st->max_body, "more bytes arrived than the body may hold", err, err_len);
+    return 0;
+}
+
+int http_response_reader_take(HttpResponseReader *st, HttpResponse *resp, const char *url, char *err, size_t err_len) {
+    memset(resp, 0, sizeof *resp);
+    resp->status = st->status;
+    if (st->chunked) {
+        resp->body = st->body ? st->body : calloc(1, 1);
+        resp->body_len = st->body_len;
+        st->body = NULL;
+    } else {
+        size_t n = st->len - st->head_end;
+        if (st->content_length >= 0 && (unsigned long long)n > (unsigned long long)st->content_length)
+            n = (size_t)st->content_length;
+        if (st->status == 204 || st->status == 304) n = 0;
+        resp->body = malloc(n + 1);
+        if (resp->body) {
+            memcpy(resp->body, st->buf + st->head_end, n);
+            resp->body[n] = '\0';
+        }
+        resp->body_len = n;
+    }
+    if (!resp->body) {
+        err_fail(err, err_len, "%s: out of memory", url);
+        return HTTP_E_NOMEM;
+    }
+    return HTTP_OK;
+}
+
 int http_post(const char *url, const char *content_type, const char *body, size_t body_len, const HttpOptions *opt,
               HttpResponse *resp, char *err, size_t err_len) {
     memset(resp, 0, sizeof *resp);
@@ -418,7 +477,9 @@ int http_post(const char *url, const char *content_type, const char *body, size_
                       u.path, ipv6 ? "[" : "", u.host, ipv6 ? "]" : "", strcmp(u.port, "80") ? ":" : "",
                       strcmp(u.port, "80") ? u.port : "", content_type ? content_type : "application/octet-stream",
                       body_len, opt && opt->headers ? opt->headers : "");
-    RespState st = {.max_body = max_bytes};
+    HttpResponseReader st;
+    http_response_reader_init(&st, max_bytes);
+    char *chunk = NULL;   // one recv's bytes
     if (hn < 0 || (size_t)hn >= sizeof head) {
         err_fail(err, err_len, "%s: request header too long", url);
         rc = HTTP_E_URL;
@@ -428,25 +489,15 @@ int http_post(const char *url, const char *content_type, const char *body, size_
     if (rc == HTTP_OK && body_len) rc = send_all(fd, body, body_len, deadline, url, to, wait_log, err, err_len);
     if (rc) goto done;
 
+    enum { RECV_BYTES = 65536 };
+    if (!(chunk = malloc(RECV_BYTES))) {
+        err_fail(err, err_len, "%s: out of memory", url);
+        rc = HTTP_E_NOMEM;
+        goto done;
+    }
     for (;;) {
-        if (st.len + 65536 + 1 > st.cap) {
-            size_t cap = st.cap ? st.cap * 2 : 65536 * 2;
-            char *nb = realloc(st.buf, cap);
-            if (!nb) {
-                err_fail(err, err_len, "%s: out of memory", url);
-                rc = HTTP_E_NOMEM;
-                goto done;
-            }
-            st.buf = nb, st.cap = cap;
-        }
-        ssize_t r = recv(fd, st.buf + st.len, st.cap - st.len - 1, 0);
-        int eof = 0;
-        if (r > 0) {
-            st.len += (size_t)r;
-            st.buf[st.len] = '\0';
-        } else if (r == 0) {
-            eof = 1;
-        } else if (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR) {
+        ssize_t r = recv(fd, chunk, RECV_BYTES, 0);
+        if (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR)) {
             int w = wait_fd(fd, POLLIN, deadline, wait_log);
             if (w == 0) {
                 err_fail(err, err_len, "%s: no complete response within %d ms (%zu bytes received)", url, to, st.len);
@@ -457,57 +508,24 @@ int http_post(const char *url, const char *content_type, const char *body, size_
             err_fail(err, err_len, "%s: waiting for the response failed: %s", url, strerror(errno));
             rc = HTTP_E_IO;
             goto done;
-        } else {
+        }
+        if (r < 0) {
             err_fail(err, err_len, "%s: receiving the response failed: %s", url, strerror(errno));
             rc = HTTP_E_IO;
             goto done;
         }
-        int c = response_complete(&st, eof, url, err, err_len);
+        int c = http_response_reader_feed(&st, chunk, (size_t)r, r == 0, url, err, err_len);
         if (c < 0) {
             rc = c;
             goto done;
         }
         if (c == 1) break;
-        if (st.chunked && st.head_end && st.chunk_pos > st.head_end) {
-            // Decoded chunks are in st.body: drop their raw bytes, so that the buffer holds one partial chunk.
-            memmove(st.buf + st.head_end, st.buf + st.chunk_pos, st.len - st.chunk_pos);
-            st.len -= st.chunk_pos - st.head_end;
-            st.chunk_pos = st.head_end;
-        }
-        // Bytes past the header beyond the body limit and room for one chunk's framing (a size line that never
-        // ends, more than Content-Length announced): refused whatever they are.
-        if (st.head_end && st.len - st.head_end > max_bytes + 65536) {
-            rc = too_large(url, max_bytes, "more bytes arrived than the body may hold", err, err_len);
-            goto done;
-        }
     }
-    resp->status = st.status;
-    if (st.chunked) {
-        resp->body = st.body ? st.body : calloc(1, 1);
-        resp->body_len = st.body_len;
-        st.body = NULL;
-    } else {
-        size_t n = st.len - st.head_end;
-        if (st.content_length >= 0 && (unsigned long long)n > (unsigned long long)st.content_length)
-            n = (size_t)st.content_length;
-        if (st.status == 204 || st.status == 304) n = 0;
-        resp->body = malloc(n + 1);
-        if (resp->body) {
-            memcpy(resp->body, st.buf + st.head_end, n);
-            resp->body[n] = '\0';
-        }
-        resp->body_len = n;
-    }
-    if (!resp->body) {
-        err_fail(err, err_len, "%s: out of memory", url);
-        rc = HTTP_E_NOMEM;
-        goto done;
-    }
-    rc = HTTP_OK;
+    rc = http_response_reader_take(&st, resp, url, err, err_len);
 done:
     close(fd);
-    free(st.buf);
-    free(st.body);
+    free(chunk);
+    http_response_reader_free(&st);
     return rc;
 }
 

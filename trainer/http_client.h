@@ -52,6 +52,31 @@ typedef struct {
 // Parses an http:// URL. 0, or HTTP_E_URL with a message saying what is wrong.
 int http_parse_url(const char *url, HttpUrl *out, char *err, size_t err_len);
 
+// The response side of http_post without the socket: it is fed the connection's bytes as they arrive, in pieces
+// of any size, so tests and fuzz targets drive the same parser with any split of a response.
+typedef struct {
+    char *buf;                 // raw bytes received and not yet decoded, NUL-terminated (len bytes)
+    size_t len, cap;
+    size_t head_end;           // offset of the first body byte (0 until the header block is complete)
+    int status;
+    int chunked;
+    long long content_length;  // -1 when absent
+    size_t chunk_pos;          // chunked: offset of the next chunk-size line
+    char *body;                // chunked: decoded bytes so far
+    size_t body_len, body_cap;
+    size_t max_body;           // the largest body accepted
+} HttpResponseReader;
+
+void http_response_reader_init(HttpResponseReader *r, size_t max_body);   // 0: HTTP_DEFAULT_MAX_RESPONSE_BYTES
+// Takes n more bytes; eof: the peer closed the connection (n may be 0). Returns 1 when the response is whole
+// (call http_response_reader_take), 0 when more bytes are needed, or a negative HTTP_E_* (PROTOCOL, TOO_LARGE,
+// IO for a response cut short, NOMEM) with a message naming url.
+int http_response_reader_feed(HttpResponseReader *r, const char *bytes, size_t n, int eof, const char *url, char *err,
+                              size_t err_len);
+// After feed returned 1: the status and the body (malloc'd, NUL-terminated) into resp. HTTP_OK or HTTP_E_NOMEM.
+int http_response_reader_take(HttpResponseReader *r, HttpResponse *resp, const char *url, char *err, size_t err_len);
+void http_response_reader_free(HttpResponseReader *r);
+
 // POSTs body (body_len bytes) with the given Content-Type. Any HTTP status is a success at this level
 // (resp->status tells); the message of a failure names the URL. The caller frees resp->body.
 int http_post(const char *url, const char *content_type, const char *body, size_t body_len, const HttpOptions *opt,
