@@ -51,15 +51,78 @@ static int write_json(const char *path, json_t *j, char *err, size_t err_len) {
     return 0;
 }
 
-static json_t *progress_json(const TrainProgress *p, const Model *m, int world, int stage) {
+json_t *checkpoint_state_to_json(const CheckpointState *st) {
     char hash[17], rng0[17], rng1[17];
-    snprintf(hash, sizeof hash, "%016llx", (unsigned long long)m->layout.hash);
+    const TrainProgress *p = &st->progress;
+    snprintf(hash, sizeof hash, "%016llx", (unsigned long long)st->layout_hash);
     snprintf(rng0, sizeof rng0, "%016llx", (unsigned long long)p->rng[0]);
     snprintf(rng1, sizeof rng1, "%016llx", (unsigned long long)p->rng[1]);
     return json_pack("{s:I, s:I, s:I, s:[s,s], s:I, s:i, s:i, s:s}", "global_step", (json_int_t)p->step, "epoch",
                      (json_int_t)p->epoch, "data_position", (json_int_t)p->data_position, "rng", rng0, rng1,
-                     "policy_version", (json_int_t)p->policy_version, "world_size", world, "zero_stage", stage,
-                     "layout_hash", hash);
+                     "policy_version", (json_int_t)p->policy_version, "world_size", st->world_size, "zero_stage",
+                     st->zero_stage, "layout_hash", hash);
+}
+
+// 16 lowercase hex digits, as checkpoint_state_to_json writes them, into *out; -1 on anything else.
+static int hex64(const char *s, uint64_t *out) {
+    uint64_t v = 0;
+    for (int i = 0; i < 16; i++) {
+        int d = s[i] >= '0' && s[i] <= '9' ? s[i] - '0' : s[i] >= 'a' && s[i] <= 'f' ? s[i] - 'a' + 10 : -1;
+        if (d < 0) return -1;
+        v = v << 4 | (uint64_t)d;
+    }
+    if (s[16] != '\0') return -1;
+    *out = v;
+    return 0;
+}
+
+int checkpoint_state_from_json(const json_t *j, const char *name, CheckpointState *st, char *err, size_t err_len) {
+    memset(st, 0, sizeof *st);
+    json_error_t je;
+    json_int_t step, epoch, pos, version;
+    int world, stage = 0;
+    const char *hash, *r0, *r1;
+    // zero_stage is optional: checkpoints are resumable under any stage (trainer/zero3.h), it is only recorded.
+    if (json_unpack_ex((json_t *)j, &je, 0, "{s:I, s:I, s:I, s:[s,s], s:I, s:i, s?i, s:s}", "global_step", &step,
+                       "epoch", &epoch, "data_position", &pos, "rng", &r0, &r1, "policy_version", &version,
+                       "world_size", &world, "zero_stage", &stage, "layout_hash", &hash) != 0) {
+        snprintf(err, err_len, "%s: %s", name, je.text);
+        return -1;
+    }
+    // What a save writes: counts from 0, at least one rank, hex of 64-bit values. Anything else is a damaged or
+    // hand-made file, which must not resume at a negative step or with a made-up random state.
+    if (step < 0 || epoch < 0 || pos < 0 || world < 1) {
+        snprintf(err, err_len, "%s: global_step, epoch and data_position must be >= 0 and world_size >= 1 (got %lld, "
+                 "%lld, %lld, %d)", name, (long long)step, (long long)epoch, (long long)pos, world);
+        return -1;
+    }
+    TrainProgress *p = &st->progress;
+    if (hex64(r0, &p->rng[0]) != 0 || hex64(r1, &p->rng[1]) != 0 || hex64(hash, &st->layout_hash) != 0) {
+        snprintf(err, err_len, "%s: rng and layout_hash must be 16 lowercase hex digits each", name);
+        memset(st, 0, sizeof *st);
+        return -1;
+    }
+    p->step = step, p->epoch = epoch, p->data_position = pos, p->policy_version = version;
+    st->world_size = world, st->zero_stage = stage;
+    return 0;
+}
+
+int checkpoint_read_unit_state(const SafetensorsSet *set, const char *path, int unit, size_t n, float *master,
+                               float *adam_m, float *adam_v, char *err, size_t err_len) {
+    static const char *const kind[3] = {"master", "adam_m", "adam_v"};
+    float *dst[3] = {master, adam_m, adam_v};
+    for (int k = 0; k < 3; k++) {
+        char name[48];
+        snprintf(name, sizeof name, "%s.%d", kind[k], unit);
+        const StTensor *t = st_find(set, name);
+        int64_t shape[1] = {(int64_t)n};
+        if (!t) {
+            snprintf(err, err_len, "%s lacks %s", path, name);
+            return -1;
+        }
+        if (st_check_shape(t, 1, shape, err, err_len) != 0 || st_read_f32(t, dst[k], n, err, err_len) != 0) return -1;
+    }
+    return 0;
 }
 
 // This rank's optimizer state, written to rank_dir/optimizer.safetensors: master, adam_m, adam_v slices of every
@@ -394,7 +457,9 @@ int checkpoint_save(Zero3 *z, Model *m, Comm *c, const CheckpointOptions *o, con
         return -1;
     }
     if (rank == 0) {
-        json_t *state = progress_json(p, m, world, zero3_stage(z));
+        CheckpointState cs = {.progress = *p, .world_size = world, .zero_stage = zero3_stage(z),
+                              .layout_hash = m->layout.hash};
+        json_t *state = checkpoint_state_to_json(&cs);
         rc = state ? publish(o, &s, state, step, err, err_len) : -1;
         if (!state) snprintf(err, err_len, "out of memory writing %s/trainer_state.json", s.tmp_dir);
         json_decref(state);
@@ -458,34 +523,21 @@ int checkpoint_load(Zero3 *z, Model *m, Comm *c, const CheckpointOptions *o, con
         snprintf(err, err_len, "cannot read %s: %s", state_path, je.text);
         return -1;
     }
-    json_int_t step, epoch, pos, version;
-    int saved_world;
-    const char *hash, *r0, *r1;
-    int bad = json_unpack_ex(j, &je, 0, "{s:I, s:I, s:I, s:[s,s], s:I, s:i, s:s}", "global_step", &step, "epoch",
-                             &epoch, "data_position", &pos, "rng", &r0, &r1, "policy_version", &version, "world_size",
-                             &saved_world, "layout_hash", &hash);
-    if (bad) {
-        snprintf(err, err_len, "%s: %s", state_path, je.text);
-        json_decref(j);
-        return -1;
-    }
-    char mine[17];
-    snprintf(mine, sizeof mine, "%016llx", (unsigned long long)m->layout.hash);
-    if (saved_world != world) {
-        snprintf(err, err_len, "%s was written by %d ranks; this run has %d: resume with WORLD_SIZE=%d", path,
-                 saved_world, world, saved_world);
-        rc = -1;
-    } else if (strcmp(hash, mine) != 0) {
-        snprintf(err, err_len, "%s has layout hash %s, this model's is %s: resume with the same --model", path, hash, mine);
-        rc = -1;
-    }
-    if (rc == 0) {
-        *p = (TrainProgress){.step = step, .epoch = epoch, .data_position = pos, .policy_version = version};
-        p->rng[0] = strtoull(r0, NULL, 16);
-        p->rng[1] = strtoull(r1, NULL, 16);
-    }
+    CheckpointState cs;
+    rc = checkpoint_state_from_json(j, state_path, &cs, err, err_len);
     json_decref(j);
     if (rc != 0) return -1;
+    if (cs.world_size != world) {
+        snprintf(err, err_len, "%s was written by %d ranks; this run has %d: resume with WORLD_SIZE=%d", path,
+                 cs.world_size, world, cs.world_size);
+        return -1;
+    }
+    if (cs.layout_hash != m->layout.hash) {
+        snprintf(err, err_len, "%s has layout hash %016llx, this model's is %016llx: resume with the same --model", path,
+                 (unsigned long long)cs.layout_hash, (unsigned long long)m->layout.hash);
+        return -1;
+    }
+    *p = cs.progress;
 
     char opt_path[PATH_MAX + 64];
     snprintf(opt_path, sizeof opt_path, "%s/trainer_state/rank-%05d/optimizer.safetensors", path, rank);
@@ -494,20 +546,16 @@ int checkpoint_load(Zero3 *z, Model *m, Comm *c, const CheckpointOptions *o, con
     float *buf[3] = {0};
     for (int u = 0; u < m->layout.n_units && rc == 0; u++) {
         size_t n = zero3_shard_count(z, u);
-        const char *kind[3] = {"master", "adam_m", "adam_v"};
         for (int k = 0; k < 3 && rc == 0; k++) {
-            char name[48];
-            snprintf(name, sizeof name, "%s.%d", kind[k], u);
-            const StTensor *t = st_find(set, name);
-            int64_t shape[1] = {(int64_t)n};
-            buf[k] = realloc(buf[k], (n ? n : 1) * sizeof(float));
-            if (!t) {
-                snprintf(err, err_len, "%s lacks %s", opt_path, name);
-                rc = -1;
-            } else if (st_check_shape(t, 1, shape, err, err_len) != 0 || st_read_f32(t, buf[k], n, err, err_len) != 0) {
+            float *grown = realloc(buf[k], (n ? n : 1) * sizeof(float));
+            if (grown) {
+                buf[k] = grown;
+            } else {
+                snprintf(err, err_len, "out of memory restoring unit %d", u);
                 rc = -1;
             }
         }
+        if (rc == 0) rc = checkpoint_read_unit_state(set, opt_path, u, n, buf[0], buf[1], buf[2], err, err_len);
         if (rc == 0 && zero3_restore_shard(z, u, buf[0], buf[1], buf[2]) != 0) {
             snprintf(err, err_len, "restoring unit %d: %s", u, ops_error(m->ops));
             rc = -1;

@@ -26,8 +26,11 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include <jansson.h>
+
 #include "shared/comm.h"
 #include "shared/model.h"
+#include "shared/safetensors.h"
 #include "trainer/zero3.h"
 
 typedef struct {
@@ -74,5 +77,24 @@ int checkpoint_save(Zero3 *z, Model *m, Comm *c, const CheckpointOptions *o, con
 // naming both values. Another ZeRO stage is fine: every stage keeps the same slices (trainer/zero3.h).
 int checkpoint_load(Zero3 *z, Model *m, Comm *c, const CheckpointOptions *o, const char *dir, TrainProgress *p,
                     char *loaded_dir, char *err, size_t err_len);
+
+// What trainer_state.json holds: {"global_step", "epoch", "data_position", "rng": [hex, hex], "policy_version",
+// "world_size", "zero_stage", "layout_hash": hex} (hex: 16 lowercase hex digits of a 64-bit value).
+typedef struct {
+    TrainProgress progress;
+    int world_size;
+    int zero_stage;              // recorded only: any stage resumes (0 when the file has none)
+    uint64_t layout_hash;
+} CheckpointState;
+
+json_t *checkpoint_state_to_json(const CheckpointState *st);   // a new reference, NULL on out of memory
+// Reads trainer_state.json's JSON (name: the file, for messages) as checkpoint_load does. Refuses a missing or
+// mistyped field, a negative step, epoch or data position, world_size < 1, and rng / layout_hash that are not
+// 16 lowercase hex digits. 0, or -1 with a message naming the file.
+int checkpoint_state_from_json(const json_t *j, const char *name, CheckpointState *st, char *err, size_t err_len);
+// Reads unit's optimizer slices (n floats each: "master.<unit>", "adam_m.<unit>", "adam_v.<unit>") from a rank's
+// optimizer.safetensors (path: the file, for messages), as checkpoint_load does. 0, or -1 with a message.
+int checkpoint_read_unit_state(const SafetensorsSet *set, const char *path, int unit, size_t n, float *master,
+                               float *adam_m, float *adam_v, char *err, size_t err_len);
 
 #endif

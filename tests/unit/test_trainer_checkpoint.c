@@ -80,7 +80,37 @@ static void test_stage(int stage) {
     zero3_destroy(z);
 }
 
+// trainer_state.json as a save writes it is read back whole; a damaged one (negative counts, no ranks, hex that
+// is not 16 lowercase digits, a missing field) is refused with the file's name instead of resuming from it.
+static void test_state_json(void) {
+    static const char *const good = "{\"global_step\": 50, \"epoch\": 1, \"data_position\": 12800, \"rng\": "
+                                    "[\"0000000000000001\", \"9e3779b97f4a7c15\"], \"policy_version\": 50, "
+                                    "\"world_size\": 2, \"zero_stage\": 3, \"layout_hash\": \"509d21c0b51d40f9\"}";
+    char err[512];
+    CheckpointState st;
+    json_t *j = json_loads(good, 0, NULL);
+    CHECK(checkpoint_state_from_json(j, "state.json", &st, err, sizeof err) == 0, "good state refused: %s", err);
+    CHECK(st.progress.step == 50 && st.progress.epoch == 1 && st.progress.data_position == 12800 &&
+              st.progress.rng[1] == 0x9e3779b97f4a7c15ULL && st.world_size == 2 && st.zero_stage == 3 &&
+              st.layout_hash == 0x509d21c0b51d40f9ULL, "state read wrong");
+    json_decref(j);
+    static const struct {
+        const char *key, *value;
+    } bad[] = {{"global_step", "-1"}, {"data_position", "-5"}, {"world_size", "0"}, {"layout_hash", "\"509D21C0B51D40F9\""},
+               {"rng", "[\"zz\", \"9e3779b97f4a7c15\"]"}, {"rng", "[\"00000000000000010\", \"1\"]"},
+               {"epoch", "\"1\""}};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        j = json_loads(good, 0, NULL);
+        json_object_set_new(j, bad[i].key, json_loads(bad[i].value, JSON_DECODE_ANY, NULL));
+        err[0] = '\0';
+        CHECK(checkpoint_state_from_json(j, "state.json", &st, err, sizeof err) != 0 && strstr(err, "state.json"),
+              "%s = %s accepted", bad[i].key, bad[i].value);
+        json_decref(j);
+    }
+}
+
 int main(void) {
+    test_state_json();
     static const char *const contract[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"};
     for (size_t i = 0; i < sizeof contract / sizeof *contract; i++) unsetenv(contract[i]);
     snprintf(root, sizeof root, "/tmp/tandem_ckpt_XXXXXX");
