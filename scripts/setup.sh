@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Installs what tandem's build and tests need; safe to run again (it skips what is already there).
-#   - Debian packages (compiler, CMake, jansson, libmicrohttpd, ZeroMQ, OpenBLAS, PCRE2, utf8proc, clang)
+#   - Debian packages (compiler, CMake, jansson, libmicrohttpd, ZeroMQ, OpenBLAS, PCRE2, utf8proc; clang and its
+#     sanitizer + libFuzzer runtimes for the sanitizer job of scripts/test.sh)
 #   - the reference-test Python venv, cached outside the clone and keyed by tests/requirements.txt's hash
 #     (PyPI's torch wheel brings several GB of CUDA libraries: one install per machine, reused by every run).
 #   - into that venv, tests/requirements-k8s.txt (kubectl for `kubectl kustomize`, kubernetes-validate), once
@@ -17,12 +18,22 @@ missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
+sudo_cmd=""; [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
 if ((${#missing[@]})); then
   echo "setup: installing Debian packages: ${missing[*]}" >&2
-  sudo_cmd=""; [ "$(id -u)" -ne 0 ] && sudo_cmd="sudo"
   $sudo_cmd apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq "${missing[@]}" >/dev/null
 fi
+# clang links a sanitized program only with its ASan / UBSan / libFuzzer runtimes. Since Debian 12 and Ubuntu 23.04
+# they are a package of their own (libclang-rt-dev) that clang merely recommends, so an installer that skips
+# recommended packages leaves them out; before, clang's own packages carried them. A trial link decides.
+probe=$(mktemp)
+if ! echo 'int main(void) { return 0; }' | clang -x c -fsanitize=address,undefined -o "$probe" - 2>/dev/null; then
+  echo "setup: installing Debian packages: libclang-rt-dev (clang's sanitizer runtimes)" >&2
+  $sudo_cmd apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $sudo_cmd apt-get install -y -qq libclang-rt-dev >/dev/null
+fi
+rm -f "$probe"
 
 # TANDEM_SETUP_VENV=0: the Debian packages only (what building and running tandem need; scripts/demo.sh).
 if [ "${TANDEM_SETUP_VENV:-1}" = "0" ]; then
