@@ -106,7 +106,7 @@ def stall_kill_restart(log_path, proc, victim, model_dir, control, serve_args, s
     step = int(re.findall(r"step (\d+)/", log_path.read_text())[-1])
     os.kill(victim.proc.pid, signal.SIGSTOP)
     endpoint = re.escape(control)
-    noticed = wait_for(log_path, endpoint + r" (went away|did not answer|did not acknowledge)", NOTICE_S + 60, proc)
+    noticed = wait_for(log_path, endpoint + r" (went away|did not answer|does not answer|did not acknowledge)", NOTICE_S + 60, proc)
     victim.kill()   # SIGKILL works on a stopped process
     assert noticed is not None, log_path.read_text()[-3000:]
     assert noticed < NOTICE_S, f"the stall was noticed after {noticed:.1f} s:\n" + log_path.read_text()[-3000:]
