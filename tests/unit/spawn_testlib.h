@@ -1,6 +1,6 @@
 // tests/unit/spawn_testlib.h — forked ranks for the multi-process communicator tests (test_comm_nccl*.c):
 // CHECK that counts failures per process, spawn (fork n children, bounded wall time), report (their exit codes
-// against the wanted ones). Include once, in the test's .c file, after the system headers it needs.
+// against the wanted ones), gpu_count (in CUDA builds, for a test that includes cuda_runtime.h first: the devices NCCL can use, asked in a child). Include once, in the test's .c file, after the system headers it needs.
 #ifndef TANDEM_TESTS_SPAWN_TESTLIB_H
 #define TANDEM_TESTS_SPAWN_TESTLIB_H
 
@@ -23,14 +23,14 @@ static int failures = 0;   // in a child: its failures (its exit code); in the p
         }                                                                                           \
     } while (0)
 
-static int64_t now_ms(void) {
+static inline int64_t now_ms(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
 // A port the kernel just handed out on 127.0.0.1 (free now; every scenario takes a new one).
-static int free_port(void) {
+static inline int free_port(void) {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
     socklen_t len = sizeof a;
@@ -47,10 +47,10 @@ typedef int (*ChildFn)(int idx, int port, void *arg);   // runs in a child; retu
 // Forks n children running fn(idx) (before any CUDA call in this process: CUDA does not survive fork), waits
 // at most wall_ms (then kills them: a hang is a failure). Once child 0 has exited the others get linger_ms
 // more, then are killed (sleepers). codes[i]: exit code, -1 when killed or crashed.
-static void spawn(int n, ChildFn fn, void *arg, int wall_ms, int linger_ms, int *codes) {
+static inline void spawn(int n, ChildFn fn, void *arg, int wall_ms, int linger_ms, int *codes) {
     int port = free_port();
-    pid_t pid[4];
-    int done[4] = {0}, left = n;
+    pid_t pid[8];
+    int done[8] = {0}, left = n;
     fflush(stdout);
     fflush(stderr);
     for (int i = 0; i < n; i++) {
@@ -88,7 +88,7 @@ static void spawn(int n, ChildFn fn, void *arg, int wall_ms, int linger_ms, int 
     }
 }
 
-static int report(const char *name, int n, const int *codes, const int *want) {
+static inline int report(const char *name, int n, const int *codes, const int *want) {
     int bad = 0;
     for (int i = 0; i < n; i++)
         if (codes[i] != want[i]) {
@@ -100,5 +100,22 @@ static int report(const char *name, int n, const int *codes, const int *want) {
     failures += bad;
     return bad;
 }
+
+#if defined(TANDEM_HAVE_CUDA) && defined(__CUDA_RUNTIME_H__)
+// Devices NCCL can use, asked in a child: CUDA must not start in this process before the forks.
+static inline int gpu_count(void) {
+    fflush(stdout);
+    fflush(stderr);
+    pid_t pid = fork();
+    if (pid == 0) {
+        int n = 0;
+        if (!comm_backend_available(COMM_BACKEND_NCCL) || cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
+        _exit(n > 100 ? 100 : n);
+    }
+    int st = 0;
+    if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st)) return 0;
+    return WEXITSTATUS(st);
+}
+#endif
 
 #endif

@@ -27,22 +27,9 @@
 #include "shared/dtype.h"
 #include "shared/rendezvous.h"
 
-static int failures = 0;   // in a child: this rank's failures (its exit code); in the parent: the total
-#define CHECK(cond)                                                                                 \
-    do {                                                                                            \
-        if (!(cond)) {                                                                              \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);                \
-            failures++;                                                                             \
-        }                                                                                           \
-    } while (0)
+#include "spawn_testlib.h"
 
 #define LARGE 786433   // a prime: divisible by no world size, and > 3 pieces of 1 MiB as f32
-
-static int64_t now_ms(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 static uint64_t now_ns(void) {
     struct timespec ts;
@@ -50,64 +37,12 @@ static uint64_t now_ns(void) {
     return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
 }
 
-// A port the kernel just handed out on 127.0.0.1 (free now; every scenario takes a new one).
-static int free_port(void) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
-        perror("free_port");
-        exit(2);
-    }
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
 // ---- processes --------------------------------------------------------------------------------
 
-typedef int (*ChildFn)(int idx, int port, void *arg);   // runs in a child; returns its exit code
-
-// Forks n children running fn(idx), waits at most wall_ms for all of them (then kills them: a hang is a
-// failure), and stores each exit code (-1 = killed or crashed). Returns the number of non-zero codes.
-static int spawn(int n, ChildFn fn, void *arg, int wall_ms, int *codes) {
-    int port = free_port();
-    pid_t pid[8];
-    for (int i = 0; i < n; i++) codes[i] = -1;
-    fflush(stdout);
-    fflush(stderr);
-    for (int i = 0; i < n; i++) {
-        pid[i] = fork();
-        if (pid[i] == 0) {
-            failures = 0;
-            int rc = fn(i, port, arg);
-            fflush(stderr);
-            _exit(rc);
-        }
-    }
-    int bad = 0, left = n;
-    int64_t deadline = now_ms() + wall_ms;
-    int done[8] = {0};
-    while (left > 0) {
-        for (int i = 0; i < n; i++) {
-            int st;
-            if (done[i] || waitpid(pid[i], &st, WNOHANG) != pid[i]) continue;
-            done[i] = 1;
-            left--;
-            codes[i] = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
-        }
-        if (left > 0 && now_ms() > deadline) {
-            fprintf(stderr, "spawn: children still running after %d ms: killing them (a hang)\n", wall_ms);
-            for (int i = 0; i < n; i++)
-                if (!done[i]) {
-                    kill(pid[i], SIGKILL);
-                    waitpid(pid[i], NULL, 0);
-                    codes[i] = -1;
-                    done[i] = 1;
-                }
-            left = 0;
-        }
-        if (left > 0) usleep(5000);
-    }
+// spawn_testlib.h's spawn (no linger: every child must exit by itself); returns how many did not exit with 0.
+static int spawn_all(int n, ChildFn fn, void *arg, int wall_ms, int *codes) {
+    spawn(n, fn, arg, wall_ms, -1, codes);
+    int bad = 0;
     for (int i = 0; i < n; i++) bad += codes[i] != 0;
     return bad;
 }
@@ -365,7 +300,7 @@ static void test_collectives(void) {
         dig[6] = 0;
         dig[7] = (uint64_t)w;
         SuiteArg a = {dig, 0};
-        int bad = spawn(w, suite_child, &a, 60000, codes);
+        int bad = spawn_all(w, suite_child, &a, 60000, codes);
         if (bad) fprintf(stderr, "collective suite with %d ranks: %d rank(s) failed\n", w, bad);
         failures += bad;
         printf("collectives, %d rank(s): %s (%lld ms)\n", w, bad ? "FAIL" : "ok", (long long)(now_ms() - t0));
@@ -378,7 +313,7 @@ static void test_collectives(void) {
         memset(dig, 0, 8 * 8);
         dig[7] = 3;
         SuiteArg a = {dig, 1};
-        failures += spawn(3, suite_child, &a, 60000, codes);
+        failures += spawn_all(3, suite_child, &a, 60000, codes);
         for (int r = 0; r < 3; r++) {
             if (run == 0) first[r] = dig[r];
             else CHECK(dig[r] == first[r] && dig[r] != 0);
@@ -532,7 +467,7 @@ static void run_fault(const char *name, int scenario, int world, int nproc, int 
     FaultArg a = {scenario, world, shared_pid};
     int codes[8];
     int64_t t0 = now_ms();
-    int bad = spawn(nproc, fault_child, &a, wall_ms, codes);
+    int bad = spawn_all(nproc, fault_child, &a, wall_ms, codes);
     failures += bad;
     printf("failure case '%s': %s (%lld ms)\n", name, bad ? "FAIL" : "ok", (long long)(now_ms() - t0));
 }
@@ -610,12 +545,12 @@ static void test_rendezvous(void) {
     uint64_t *arrived = shared_u64(1);
     int codes[3];
     int64_t t0 = now_ms();
-    int bad = spawn(3, rdzv_child, arrived, 10000, codes);
+    int bad = spawn_all(3, rdzv_child, arrived, 10000, codes);
     failures += bad;
     printf("rendezvous table, blob and barriers: %s (%lld ms)\n", bad ? "FAIL" : "ok", (long long)(now_ms() - t0));
     munmap(arrived, 8);
     t0 = now_ms();
-    bad = spawn(2, rdzv_progress_child, NULL, 10000, codes);
+    bad = spawn_all(2, rdzv_progress_child, NULL, 10000, codes);
     failures += bad;
     printf("rendezvous progress lines while a rank is missing: %s (%lld ms)\n", bad ? "FAIL" : "ok",
            (long long)(now_ms() - t0));

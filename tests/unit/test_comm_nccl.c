@@ -205,20 +205,6 @@ static double now_s(void) {
 static uint8_t *shared_id;           // MAP_SHARED page: rank 0 hands rank 1 the id for comm_create_with_id
 static volatile int *shared_flag;
 
-// Devices NCCL can use, asked in a child: CUDA must not start in this process before the forks.
-static int gpu_count(void) {
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid == 0) {
-        int n = 0;
-        if (!comm_backend_available(COMM_BACKEND_NCCL) || cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
-        _exit(n > 100 ? 100 : n);
-    }
-    int st = 0;
-    if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st)) return 0;
-    return WEXITSTATUS(st);
-}
 
 typedef struct {
     int rank, world;

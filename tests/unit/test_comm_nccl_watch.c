@@ -78,22 +78,29 @@ static int open_ops(OpsCtx **ops, int rank) {
     return 0;
 }
 
+// Both members: a CUDA context on GPU `rank`, the id from member 0, joined with `watch`. NULL on failure (said).
+static Comm *join_watched(int rank, const CommPeerWatch *watch, OpsCtx **ops) {
+    if (open_ops(ops, rank) != 0) return NULL;
+    uint8_t id[COMM_UNIQUE_ID_BYTES];
+    share_id(rank, id);
+    char err[COMM_ERR_MAX];
+    Comm *c = NULL;
+    if (comm_create_with_id_watched(&c, COMM_BACKEND_NCCL, id, rank, 2, LONG_TIMEOUT_MS, watch, *ops, err,
+                                    sizeof err) != 0) {
+        fprintf(stderr, "rank %d: join: %s\n", rank, err);
+        ops_destroy(*ops);
+        return NULL;
+    }
+    return c;
+}
+
 static void mark_gone(int rank) { __atomic_store_n(&shared->gone_ms[rank], now_ms(), __ATOMIC_RELEASE); }
 
 static int call_child(int rank, int port, void *arg) {
     (void)port, (void)arg;
     OpsCtx *ops;
-    if (open_ops(&ops, rank) != 0) return 1;
-    uint8_t id[COMM_UNIQUE_ID_BYTES];
-    share_id(rank, id);
-    char err[COMM_ERR_MAX];
-    CommPeerWatch watch = {.gone_ms = watch_gone_ms, .name = watch_name};
-    Comm *c = NULL;
-    if (comm_create_with_id_watched(&c, COMM_BACKEND_NCCL, id, rank, 2, LONG_TIMEOUT_MS, &watch, ops, err,
-                                    sizeof err) != 0) {
-        fprintf(stderr, "rank %d: join: %s\n", rank, err);
-        return 1;
-    }
+    Comm *c = join_watched(rank, &(CommPeerWatch){.gone_ms = watch_gone_ms, .name = watch_name}, &ops);
+    if (!c) return 1;
     size_t n = (size_t)1 << 20;
     void *buf = ops_malloc(ops, n * 2);
     // One round trip that works: the watch has said nothing yet.
@@ -158,17 +165,8 @@ static int join_child(int rank, int port, void *arg) {
 static int healthy_child(int rank, int port, void *arg) {
     (void)port, (void)arg;
     OpsCtx *ops;
-    if (open_ops(&ops, rank) != 0) return 1;
-    uint8_t id[COMM_UNIQUE_ID_BYTES];
-    share_id(rank, id);
-    char err[COMM_ERR_MAX];
-    CommPeerWatch watch = {.gone_ms = never_gone_ms};
-    Comm *c = NULL;
-    if (comm_create_with_id_watched(&c, COMM_BACKEND_NCCL, id, rank, 2, LONG_TIMEOUT_MS, &watch, ops, err,
-                                    sizeof err) != 0) {
-        fprintf(stderr, "rank %d: join: %s\n", rank, err);
-        return 1;
-    }
+    Comm *c = join_watched(rank, &(CommPeerWatch){.gone_ms = never_gone_ms}, &ops);
+    if (!c) return 1;
     size_t n = (size_t)1 << 20;
     uint16_t *host = malloc(n * 2);
     void *buf = ops_malloc(ops, n * 2);
@@ -189,21 +187,6 @@ static int healthy_child(int rank, int port, void *arg) {
     free(host);
     ops_destroy(ops);
     return failures ? 1 : 0;
-}
-
-// Devices NCCL can use, asked in a child: CUDA must not start in this process before the forks.
-static int gpu_count(void) {
-    fflush(stdout);
-    fflush(stderr);
-    pid_t pid = fork();
-    if (pid == 0) {
-        int n = 0;
-        if (!comm_backend_available(COMM_BACKEND_NCCL) || cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
-        _exit(n > 100 ? 100 : n);
-    }
-    int st = 0;
-    if (pid < 0 || waitpid(pid, &st, 0) != pid || !WIFEXITED(st)) return 0;
-    return WEXITSTATUS(st);
 }
 
 static void scenario(const char *name, ChildFn fn, const int *want) {
