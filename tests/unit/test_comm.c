@@ -378,7 +378,9 @@ static int fault_child(int idx, int port, void *argp) {
     switch (a->scenario) {
     case F_MISSING:   // ranks 0 and 1 of 3 start; rank 2 never does
         expect_fail(idx, "missing rank", rc, err, "rank 2 ", "did not arrive", dt, 1200);
-        CHECK(dt >= 550);
+        // Rank 0 waits its whole timeout; rank 1 hears of it from rank 0, so its own wait is shorter by however
+        // much later it started (tens of ms on a loaded box).
+        if (idx == 0) CHECK(dt >= 550);
         return failures ? 1 : 0;
     case F_DUPLICATE: expect_fail(idx, "duplicate rank", rc, err, "rank 1 registered twice", NULL, dt, 1500);
         return failures ? 1 : 0;
