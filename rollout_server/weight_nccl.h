@@ -1,4 +1,4 @@
-// rollout_server/weight_nccl.h — the receiving end of a weight update over NCCL (DESIGN.md "Weight sync",
+// rollout_server/weight_nccl.h — the receiving end of a weight update over NCCL (docs/architecture.md "Weight sync",
 // transport nccl; docs/protocol-zmq.md).
 //
 // weights_begin {transport "nccl", nccl_id, nccl_world, nccl_rank, trainer_ranks} starts a receive thread: it

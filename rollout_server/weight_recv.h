@@ -1,4 +1,5 @@
-// rollout_server/weight_recv.h — the receiving end of a weight update (DESIGN.md "Weight sync", transport zmq).
+// rollout_server/weight_recv.h — the receiving end of a weight update (docs/architecture.md "Weight sync",
+// transport zmq).
 //
 // An update is weights_begin -> slices -> weights_end. Each slice (unit, offset, count) is written into the
 // engine's staging copy of that unit; coverage is tracked per unit as a sorted list of disjoint element

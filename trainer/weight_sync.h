@@ -1,4 +1,4 @@
-// trainer/weight_sync.h — pushing the policy's weights to the rollout servers (DESIGN.md "Weight sync").
+// trainer/weight_sync.h — pushing the policy's weights to the rollout servers (docs/architecture.md "Weight sync").
 //
 // Transport zmq: rank 0 opens the update, every rank sends its own fp32 master slices as ZeroMQ frames to
 // every server, rank 0 closes it (docs/protocol-zmq.md).

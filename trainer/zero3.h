@@ -1,4 +1,5 @@
-// trainer/zero3.h — the ZeRO engine: every unit of the policy sharded across ranks (DESIGN.md "Trainer: ZeRO-3").
+// trainer/zero3.h — the ZeRO engine: every unit of the policy sharded across ranks (docs/architecture.md
+// "Trainer: ZeRO-3").
 //
 // Rank r of N owns slice r of every unit, the unit padded to layout_padded_unit_numel(unit, N):
 //   fp32 master weights, Adam m and v, fp32 gradient (stages 1-3), and the storage-dtype parameters (stage 3).

@@ -8,8 +8,9 @@
 // the order of fp32 gradient reductions and in the GEMM shapes (each rank holds half the batch), and bf16
 // parameters turn a rounding difference of a master weight into a 1-ulp bf16 step (2^-8 relative), which the next
 // steps carry.
-// Also checks the memory claim of DESIGN.md: model state per rank (bf16 slice + fp32 master, Adam m and v,
-// gradient slice) <= 18 bytes x params / N (plus alignment padding), plus the gathered units.
+// Also checks the memory claim of docs/architecture.md ("Trainer: ZeRO-3"): model state per rank (bf16 slice +
+// fp32 master, Adam m and v, gradient slice) <= 18 bytes x params / N (plus alignment padding), plus the
+// gathered units.
 // Skips (77) without 2 GPUs. The parent never touches CUDA (a CUDA context does not survive fork()): it counts
 // GPUs with nvidia-smi.
 #include "zero3_testlib.h"
