@@ -259,6 +259,11 @@ int comm_rank(const Comm *c) { return c ? c->rank : -1; }
 int comm_world_size(const Comm *c) { return c ? c->world : 0; }
 const char *comm_error(const Comm *c) { return c ? c->err : "comm: NULL communicator"; }
 
+const char *comm_peer_endpoint(const Comm *c, int peer) {
+    if (!c || c->backend != COMM_BACKEND_HOST || peer < 0 || peer >= c->world) return NULL;
+    return comm_host_peer_endpoint(c, peer);
+}
+
 // A communicator that failed earlier, or (nccl) whose watchdog found a failure since the last call: the code
 // to return (the first time the failure's own code, then COMM_ERR_FAILED), else 0.
 static int check_state(Comm *c) {

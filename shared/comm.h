@@ -127,6 +127,9 @@ int comm_set_timeout(Comm *c, int timeout_ms);
 int comm_rank(const Comm *c);
 int comm_world_size(const Comm *c);
 const char *comm_error(const Comm *c);
+// host backend: the data endpoint rank `peer` published at the rendezvous ("tcp://addr:port"); its libzmq answers
+// ZMTP heartbeats, so a connection to it tells whether that rank's process lives. NULL for nccl or a bad peer.
+const char *comm_peer_endpoint(const Comm *c, int peer);
 size_t comm_dtype_size(CommDtype dtype);
 
 // recv (world * count) = concatenation of every rank's send (count), in rank order.

@@ -752,3 +752,8 @@ int comm_host_barrier(Comm *c) {
         }
     return xfer_end(c, &x);
 }
+
+const char *comm_host_peer_endpoint(const Comm *c, int peer) {
+    const Host *h = c->impl;
+    return h && h->peers ? h->peers[peer].endpoint : NULL;
+}

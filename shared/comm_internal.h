@@ -36,6 +36,7 @@ const char *comm_dtype_name(CommDtype dtype);
 // Host backend. Arguments were checked by comm.c (ranges, NULLs, overlaps, count > 0).
 int comm_host_create(Comm *c, const CommInit *ci, char *err, size_t err_len);
 void comm_host_destroy(Comm *c);
+const char *comm_host_peer_endpoint(const Comm *c, int peer);
 int comm_host_all_gather(Comm *c, void *recv, const void *send, size_t count, CommDtype dtype);
 int comm_host_reduce_scatter(Comm *c, void *recv, const void *send, size_t count, CommDtype dtype, CommOp op);
 int comm_host_all_reduce(Comm *c, void *buf, size_t count, CommDtype dtype, CommOp op);

@@ -17,6 +17,7 @@
 #include "trainer/make_dirs.h"
 #include "trainer/metrics_trim.h"
 #include "trainer/output_dir.h"
+#include "trainer/rank_watch.h"
 
 double trainer_now(void) {
     struct timespec ts;
@@ -127,8 +128,10 @@ int trainer_open(Trainer *t, TrainConfig *cfg, char *err, size_t err_len) {
             snprintf(err, err_len, "%s", comm_error(t->comm));
             return -1;
         }
-        if (comm_create_with_id(&t->dcomm, COMM_BACKEND_NCCL, id, t->rank, t->world, (int)(cfg->init_timeout * 1000),
-                                t->ops, err, err_len) != 0) {
+        if (rank_watch_create(&t->rank_watch, t->comm, t->rank, t->world, err, err_len) != 0) return -1;
+        const CommPeerWatch watch = rank_watch_peer_watch(t->rank_watch);
+        if (comm_create_with_id_watched(&t->dcomm, COMM_BACKEND_NCCL, id, t->rank, t->world,
+                                        (int)(cfg->init_timeout * 1000), &watch, t->ops, err, err_len) != 0) {
             t->dcomm = t->comm;
             return -1;
         }
@@ -249,6 +252,7 @@ void trainer_close(Trainer *t) {
     if (t->model.ops) model_free(&t->model);
     weight_sync_close(&t->sync);
     if (t->dcomm && t->dcomm != t->comm) comm_destroy(t->dcomm);
+    rank_watch_destroy(t->rank_watch);
     comm_destroy(t->comm);
     ops_destroy(t->ops);
     memset(t, 0, sizeof *t);

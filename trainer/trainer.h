@@ -30,6 +30,7 @@ typedef struct Trainer {
     Comm *comm;                 // host collectives on host memory: rewards, metrics, flags (ZeroMQ)
     Comm *dcomm;                // the ZeRO state's collectives on backend memory: NCCL for several CUDA ranks,
                                 // else the same communicator as comm
+    struct RankWatch *rank_watch; // the other ranks' liveness for dcomm when it is NCCL (trainer/rank_watch.h)
     WeightSync sync;            // the weight push to the rollout servers
     OpsCtx *ops;
     Model model;

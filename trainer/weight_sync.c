@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "trainer/server_liveness.h"
 #include "trainer/trainer.h"
 
 #define WEIGHT_SYNC_ATTEMPTS 3   // NCCL pushes tried per update while members keep going away
@@ -66,6 +67,10 @@ static void plan_nccl(Trainer *t, int64_t version, NcclPlan *plan, int64_t *req_
         return;
     }
     int same = ws->comm && ws->n_servers == n && !memcmp(ws->servers, servers, (size_t)n * sizeof *servers);
+    // A member whose connection dropped since the communicator was made (it restarted, even at the same place in
+    // the list) is not in it any more: a fresh process cannot join an old id, so the group is made again.
+    for (int j = 0; same && j < n; j++)
+        if (rollout_server_gone_ms(t->rollout, servers[j]) >= ws->joined_ms) same = 0;
     if (!same) {
         if (comm_unique_id(COMM_BACKEND_NCCL, plan->id, err, err_len) != 0) {
             plan->status = -1;
@@ -114,6 +119,7 @@ static int send_nccl(Trainer *t, const NcclPlan *plan, char *err, size_t err_len
             return -1;
         }
         memcpy(ws->id, plan->id, sizeof ws->id);
+        ws->joined_ms = server_liveness_now_ms();
     }
     const Layout *L = &t->model.layout;
     const size_t es = ops_dtype_size(t->ops);

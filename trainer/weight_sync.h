@@ -37,6 +37,7 @@ typedef struct {
     double end_seconds;               // weights_end to every server, answered: the wait for the servers' receive
                                       // to finish plus their swap
     double commit_seconds;            // the servers' swap alone, as they report it (the largest)
+    int64_t joined_ms;                // when this rank joined the communicator (server_liveness_now_ms's clock)
     double send_start;                // when this rank began queuing the last push's sends (trainer_now)
 } WeightSync;
 

@@ -176,11 +176,57 @@ def test_gpu_nccl_server_stalled_then_restarted(setup):
     print(f"gpu: stall at step {at_step} noticed after {noticed:.1f} s; the restarted server ended on version {version}")
 
 
+def test_gpu_frozen_rank_is_named_within_seconds(setup):
+    """Two CUDA ranks (SFT, ZeRO-3 over NCCL, --comm-timeout 600): rank 1 is stopped (SIGSTOP) mid-run. Rank 0 must
+    fail within seconds naming rank 1 (the ZeRO communicator's peer watch, trainer/rank_watch.h), not after the
+    600 s timeout."""
+    if cuda_devices() < 2:
+        skip(f"two CUDA ranks need 2 CUDA devices; {cuda_devices()} visible")
+    d, model_dir, _ = setup
+    data = d / "sft.jsonl"
+    with open(data, "w") as f:
+        for i in range(4096):
+            f.write(json.dumps({"prompt": f"question {i % 7} plus {i % 5} equals",
+                                "completion": f" answer {(i % 7) + (i % 5)}"}) + "\n")
+    port = free_port()
+    procs = []
+    for rank in range(2):
+        env = dict(os.environ, RANK=str(rank), WORLD_SIZE="2", LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                   MASTER_PORT=str(port), NCCL_NVLS_ENABLE="0")
+        log = open(d / f"frozen-rank{rank}.log", "w")
+        args = [train_binary(), "--mode", "sft", "--model", str(model_dir), "--train-file", str(data),
+                "--output-dir", str(d / "frozen"), "--per-device-train-batch-size", "4", "--max-steps", "100000",
+                "--save-steps", "0", "--logging-steps", "1", "--zero-stage", "3", "--device", "cuda",
+                "--comm-timeout", "600"]
+        procs.append((subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT), log))
+    log0 = d / "frozen-rank0.log"
+    try:
+        assert wait_for(log0, r"step 3/", 300, procs[0][0]) is not None, log0.read_text()[-3000:]
+        os.kill(procs[1][0].pid, signal.SIGSTOP)
+        t0 = time.time()
+        code = procs[0][0].wait(timeout=120)
+        took = time.time() - t0
+    finally:
+        for p, log in procs:
+            if p.poll() is None:
+                p.kill()
+                p.wait()
+            log.close()
+    text = log0.read_text(errors="replace")
+    assert code != 0, text[-3000:]
+    assert "rank 1" in text and "went away" in text, text[-3000:]
+    assert took < 30, f"rank 0 ended {took:.1f} s after rank 1 froze:\n" + text[-3000:]
+    print(f"gpu: a frozen rank was named after {took:.1f} s (comm timeout 600 s)")
+
+
 if __name__ == "__main__":
     if "--gpu" not in sys.argv:
         sys.exit("usage: test_weight_push_faults.py --gpu   (the GPU case without pytest; TANDEM_BUILD_DIR: the build)")
     try:
-        test_gpu_nccl_server_stalled_then_restarted(make_setup(pathlib.Path(tempfile.mkdtemp(prefix="push-faults-"))))
-        print("summary: PASS: a server stalled during an NCCL run was set aside, restarted and given the weights")
+        setup_dirs = make_setup(pathlib.Path(tempfile.mkdtemp(prefix="push-faults-")))
+        test_gpu_nccl_server_stalled_then_restarted(setup_dirs)
+        test_gpu_frozen_rank_is_named_within_seconds(setup_dirs)
+        print("summary: PASS: a server stalled during an NCCL run was set aside, restarted and given the weights; "
+              "a frozen CUDA rank was named within seconds")
     except Skip as e:
         print(f"summary: SKIPPED: {e}")
