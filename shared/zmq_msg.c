@@ -76,8 +76,8 @@ static void copy_text(char *dst, size_t cap, const char *src) {
     size_t n = strlen(src);
     if (n >= cap) {
         n = cap - 1;
-        // src[n] is the first byte left out: while it continues a character (10xxxxxx), leave that character
-        // out too (a character has at most 3 continuation bytes).
+        // src[n] is the first byte left out: while it continues a character (its top two bits are 10), leave that
+        // character out too (a character has at most 3 continuation bytes).
         for (int k = 0; k < 3 && n > 0 && ((unsigned char)src[n] & 0xC0) == 0x80; k++) n--;
     }
     memcpy(dst, src, n);
