@@ -1,5 +1,5 @@
 // trainer/rollout_client.c — DEALER sockets to the rollout servers (see trainer/rollout_client.h).
-#include "trainer/rollout_client.h"
+#include "trainer/rollout_client_internal.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,46 +8,12 @@
 #include <zmq.h>
 
 #include "shared/control_keys.h"
-#include "shared/dtype.h"
 #include "trainer/server_liveness.h"
 #include "trainer/wait_log.h"
 
-#define MAX_SERVERS ROLLOUT_MAX_SERVERS
-#define SLICE_ELEMS (1 << 20)     // elements per weights_slice frame
-#define POLL_SLICE_MS 100         // a wait looks at the server's liveness this often
-
-typedef struct {
-    char endpoint[256];
-    void *sock;
-    int alive;
-    int max_seq_len;
-    int in_flight;      // prompts assigned and not answered
-    int64_t policy_version;   // as of the last hello
-    int in_push;        // a member of the weight update in flight (rollout_weights_set_members)
-} Server;
-
-struct RolloutClient {
-    void *zctx;
-    int secure;                 // 1: every socket is a CURVE client with the keys below
-    ControlKey server_public;
-    ControlKeyPair client;
-    ServerLiveness *live;       // whether each server's connection is up (heartbeats, socket monitors)
-    Server servers[MAX_SERVERS];
-    int n_servers;
-    uint64_t layout_hash;
-    int timeout_ms;
-    int64_t next_id;
-    int next_server;    // round-robin cursor
-    double push_since_ms;   // when the weight update in flight began (its members: Server.in_push)
-};
-
-static double now_ms(void) { return (double)server_liveness_now_ms(); }
-
-static int server_index(const RolloutClient *c, const Server *s) { return (int)(s - c->servers); }
-
 // 1 when s's connection dropped at or after since_ms (the process died, restarted or stopped answering
 // heartbeats): whatever was sent to it since is lost.
-static int gone_since(RolloutClient *c, const Server *s, double since_ms) {
+int rollout_gone_since(RolloutClient *c, const Server *s, double since_ms) {
     int64_t at = server_liveness_gone_ms(c->live, server_index(c, s));
     return at > 0 && (double)at >= since_ms;
 }
@@ -55,7 +21,7 @@ static int gone_since(RolloutClient *c, const Server *s, double since_ms) {
 // Sends a message (frames 0..n-1). A server that cannot take it (its connection is down, so the message would
 // queue, or its queue is full) is waited for while it stays connected, up to timeout_ms. Returns 0 sent, 1 not
 // sent (the server went away since since_ms, or stayed full: *gone says which), -1 error with a message.
-static int send_msg(RolloutClient *c, Server *s, const ZmsgMsg *m, double since_ms, int timeout_ms, int *gone,
+int rollout_send_msg(RolloutClient *c, Server *s, const ZmsgMsg *m, double since_ms, int timeout_ms, int *gone,
                     char *err, size_t err_len) {
     *gone = 0;
     ZmsgOut out;
@@ -71,7 +37,7 @@ static int send_msg(RolloutClient *c, Server *s, const ZmsgMsg *m, double since_
                 rc = -1;
                 break;
             }
-            if ((*gone = gone_since(c, s, since_ms)) || now_ms() >= deadline) {
+            if ((*gone = rollout_gone_since(c, s, since_ms)) || now_ms() >= deadline) {
                 rc = 1;
                 break;
             }
@@ -124,7 +90,7 @@ static void close_parts(zmq_msg_t *parts, int n) {
 // WAIT_LOG_INTERVAL_S while it waits. Returns 1 (reply in *m), 0 when none will come: the timeout passed, or the
 // server's connection dropped since the request (*gone = 1; it is lost with the process that had it), -1 on
 // error (an error reply becomes a message naming the server).
-static int wait_reply(RolloutClient *c, Server *s, int64_t id, const char *what, double since_ms, ZmsgMsg *m,
+int rollout_wait_reply(RolloutClient *c, Server *s, int64_t id, const char *what, double since_ms, ZmsgMsg *m,
                       int timeout_ms, int *gone, char *err, size_t err_len) {
     *gone = 0;
     double deadline = now_ms() + timeout_ms;
@@ -134,7 +100,7 @@ static int wait_reply(RolloutClient *c, Server *s, int64_t id, const char *what,
     for (;;) {
         double left = deadline - now_ms();
         if (left <= 0) return 0;
-        if ((*gone = gone_since(c, s, since_ms))) return 0;
+        if ((*gone = rollout_gone_since(c, s, since_ms))) return 0;
         wait_log_tick(&wl);
         zmq_pollitem_t item = {s->sock, 0, ZMQ_POLLIN, 0};
         if (zmq_poll(&item, 1, left < POLL_SLICE_MS ? (long)left : POLL_SLICE_MS) < 0) {
@@ -148,7 +114,7 @@ static int wait_reply(RolloutClient *c, Server *s, int64_t id, const char *what,
         close_parts(parts, n_parts);
         if (r < 0) return -1;
         if (r == 0) continue;
-        if (m->type == ZMSG_ERROR && gone_since(c, s, since_ms)) {
+        if (m->type == ZMSG_ERROR && rollout_gone_since(c, s, since_ms)) {
             // A refusal from the process that replaced the one the request went to (e.g. a weight slice of an
             // update the restarted server never began): the request is lost, not refused.
             zmsg_free(m);
@@ -166,7 +132,7 @@ static int wait_reply(RolloutClient *c, Server *s, int64_t id, const char *what,
     }
 }
 
-static int hello(RolloutClient *c, Server *s, int timeout_ms, char *err, size_t err_len) {
+int rollout_hello(RolloutClient *c, Server *s, int timeout_ms, char *err, size_t err_len) {
     ZmsgMsg req, rep;
     int64_t id = c->next_id++;
     zmsg_init(&req, ZMSG_HELLO, ZMSG_DIR_REQUEST, id);
@@ -174,9 +140,9 @@ static int hello(RolloutClient *c, Server *s, int timeout_ms, char *err, size_t 
     // A server that refuses this client's handshake (CURVE keys missing or not admitted) leaves the socket with
     // no connection, where the message cannot go: send_msg waits for one, as long as for the answer.
     const double t0 = now_ms();
-    int gone, sr = send_msg(c, s, &req, t0, timeout_ms, &gone, err, err_len);
+    int gone, sr = rollout_send_msg(c, s, &req, t0, timeout_ms, &gone, err, err_len);
     if (sr != 0) return sr < 0 ? -1 : 0;
-    int r = wait_reply(c, s, id, "hello", t0, &rep, timeout_ms, &gone, err, err_len);
+    int r = rollout_wait_reply(c, s, id, "hello", t0, &rep, timeout_ms, &gone, err, err_len);
     if (r <= 0) return r == 0 ? 0 : -1;
     int rc = 1;
     if (rep.layout_hash != c->layout_hash) {
@@ -225,7 +191,7 @@ static int reopen(RolloutClient *c, Server *s, char *err, size_t err_len) {
     return 0;
 }
 
-static void mark_dead(RolloutClient *c, Server *s, const char *why) {
+void rollout_mark_dead(RolloutClient *c, Server *s, const char *why) {
     if (!s->alive) return;
     fprintf(stderr, "tandem-train: rollout server %s %s; carrying on with the others and checking it again every "
             "round\n", s->endpoint, why);
@@ -265,10 +231,10 @@ static int rollout_client_poll(RolloutClient *c, int64_t version, int timeout_ms
     int alive = 0;
     for (int k = 0; k < c->n_servers; k++) {
         Server *s = &c->servers[k];
-        int r = hello(c, s, timeout_ms, err, err_len);
+        int r = rollout_hello(c, s, timeout_ms, err, err_len);
         if (r < 0) return -1;
         if (r == 0) {
-            mark_dead(c, s, "does not answer");
+            rollout_mark_dead(c, s, "does not answer");
             continue;
         }
         if (!s->alive) fprintf(stderr, "tandem-train: rollout server %s answers again (weights version %lld)\n",
@@ -341,7 +307,7 @@ int rollout_client_create(RolloutClient **out, const char *endpoints, uint64_t l
         for (;;) {
             double left = deadline - now_ms(), t0 = now_ms();
             int slice = left < 1000 ? (int)(left > 0 ? left : 0) : 1000;
-            int r = hello(c, s, slice, err, err_len);
+            int r = rollout_hello(c, s, slice, err, err_len);
             if (r < 0) goto fail;
             if (r == 1) break;
             if (now_ms() >= deadline) {
@@ -447,10 +413,10 @@ static int send_prompt_to(RolloutClient *c, int sv, int i, const int32_t *const 
     m.prompts = one;
     m.prompt_lens = one_len;
     const double t0 = now_ms();
-    int gone, r = send_msg(c, &c->servers[sv], &m, t0, c->timeout_ms, &gone, err, err_len);
+    int gone, r = rollout_send_msg(c, &c->servers[sv], &m, t0, c->timeout_ms, &gone, err, err_len);
     if (r < 0) return -1;
     if (r > 0) {
-        mark_dead(c, &c->servers[sv], gone ? "went away" : "did not take a prompt in time");
+        rollout_mark_dead(c, &c->servers[sv], gone ? "went away" : "did not take a prompt in time");
         return 1;
     }
     st[i] = (PromptState){.server = sv, .id = m.id, .sent_ms = t0};
@@ -525,7 +491,7 @@ int rollout_generate(RolloutClient *c, int n_prompts, const int32_t *const *prom
                     }
                     if (strcmp(m.code, "shutting_down") == 0) {
                         // A draining server (SIGTERM, a node drain) is a lost server: its prompts move now.
-                        mark_dead(c, &c->servers[k], "is shutting down");
+                        rollout_mark_dead(c, &c->servers[k], "is shutting down");
                         for (int q = 0; q < n_prompts; q++)
                             if (!st[q].done && st[q].server == k) {
                                 st[q].server = -1;
@@ -559,9 +525,9 @@ int rollout_generate(RolloutClient *c, int n_prompts, const int32_t *const *prom
                 continue;
             }
             Server *sv = &c->servers[st[i].server];
-            int gone = gone_since(c, sv, st[i].sent_ms);
+            int gone = rollout_gone_since(c, sv, st[i].sent_ms);
             if (gone || t - st[i].sent_ms > c->timeout_ms) {
-                mark_dead(c, sv, gone ? "went away during generation" : "did not answer a prompt in time");
+                rollout_mark_dead(c, sv, gone ? "went away during generation" : "did not answer a prompt in time");
                 // Every prompt still waiting on it moves (its socket was replaced).
                 for (int q = 0; q < n_prompts; q++)
                     if (!st[q].done && st[q].server == (int)(sv - c->servers)) st[q].sent_ms = -1e18;
@@ -577,255 +543,4 @@ out:
     if (rc != 0) rollout_groups_free(out, n_prompts);
     free(st);
     return rc;
-}
-
-// ---- weights ------------------------------------------------------------------------------------
-
-int64_t rollout_server_gone_ms(RolloutClient *c, int server) { return server_liveness_gone_ms(c->live, server); }
-
-const char *rollout_server_endpoint(const RolloutClient *c, int server) { return c->servers[server].endpoint; }
-
-// A member of the update in flight that is still counted on: alive and not gone since the update began.
-static int push_member(RolloutClient *c, Server *s) {
-    if (!s->in_push || !s->alive) return 0;
-    if (gone_since(c, s, c->push_since_ms)) {
-        mark_dead(c, s, "went away during a weight push");
-        return 0;
-    }
-    return 1;
-}
-
-// Sends request m (`what`) to s and waits for its answer (up to the request timeout, less if the server goes
-// away since the update began). Returns 1 (answer in *rep), 0 (the server is set aside), -1 error.
-static int push_call(RolloutClient *c, Server *s, ZmsgMsg *m, const char *what, ZmsgMsg *rep, char *err,
-                     size_t err_len) {
-    int gone, r = send_msg(c, s, m, c->push_since_ms, c->timeout_ms, &gone, err, err_len);
-    if (r == 0) r = wait_reply(c, s, m->id, what, c->push_since_ms, rep, c->timeout_ms, &gone, err, err_len);
-    else if (r > 0) r = 0;
-    if (r == 0) {
-        char why[128];
-        snprintf(why, sizeof why, gone ? "went away during %s" : "did not answer %s in time", what);
-        mark_dead(c, s, why);
-    }
-    return r;
-}
-
-int rollout_weights_lost_members(RolloutClient *c) {
-    int lost = 0;
-    for (int k = 0; k < c->n_servers; k++) {
-        Server *s = &c->servers[k];
-        if (s->in_push && !push_member(c, s)) lost++;
-    }
-    return lost;
-}
-
-void rollout_weights_set_members(RolloutClient *c, const int *servers, int n) {
-    c->push_since_ms = now_ms();
-    for (int k = 0; k < c->n_servers; k++) c->servers[k].in_push = 0;
-    for (int j = 0; j < n; j++) c->servers[servers[j]].in_push = 1;
-}
-
-int rollout_weights_begin(RolloutClient *c, int64_t version, int *members, int *n_members, char *err,
-                          size_t err_len) {
-    int alive[MAX_SERVERS], n_alive = rollout_alive_servers(c, alive);
-    rollout_weights_set_members(c, alive, n_alive);
-    *n_members = 0;
-    for (int j = 0; j < n_alive; j++) {
-        Server *s = &c->servers[alive[j]];
-        ZmsgMsg m, rep;
-        zmsg_init(&m, ZMSG_WEIGHTS_BEGIN, ZMSG_DIR_REQUEST, c->next_id++);
-        m.version = version;
-        m.transport = ZMSG_TRANSPORT_ZMQ;
-        m.layout_hash = c->layout_hash;
-        int r = push_call(c, s, &m, "weights_begin", &rep, err, err_len);
-        if (r < 0) return -1;
-        if (r == 0) continue;
-        zmsg_free(&rep);
-        members[(*n_members)++] = alive[j];
-    }
-    // With no server answering, nothing is pushed now: rollout_client_refresh finds the servers that come back
-    // with older weights and the caller pushes again then.
-    if (*n_members == 0)
-        fprintf(stderr, "tandem-train: weight update %lld reached no rollout server\n", (long long)version);
-    return 0;
-}
-
-int rollout_alive_servers(const RolloutClient *c, int *servers) {
-    int n = 0;
-    for (int k = 0; k < c->n_servers; k++)
-        if (c->servers[k].alive) servers[n++] = k;
-    return n;
-}
-
-// weights_begin (nccl) to server servers[j], not waiting for the answer; *id receives the request's id (-1: the
-// server went away and was set aside).
-static int begin_nccl_send(RolloutClient *c, Server *s, int64_t version, const uint8_t id[ZMSG_NCCL_ID_BYTES],
-                           int trainer_ranks, int j, int n, int64_t *req_id, char *err, size_t err_len) {
-    ZmsgMsg m;
-    zmsg_init(&m, ZMSG_WEIGHTS_BEGIN, ZMSG_DIR_REQUEST, c->next_id++);
-    m.version = version;
-    m.transport = ZMSG_TRANSPORT_NCCL;
-    m.layout_hash = c->layout_hash;
-    memcpy(m.nccl_id, id, ZMSG_NCCL_ID_BYTES);
-    m.trainer_ranks = trainer_ranks;
-    m.nccl_world = trainer_ranks + n;
-    m.nccl_rank = trainer_ranks + j;
-    *req_id = m.id;
-    int gone, r = send_msg(c, s, &m, c->push_since_ms, c->timeout_ms, &gone, err, err_len);
-    if (r > 0) {
-        mark_dead(c, s, gone ? "went away during weights_begin" : "did not take weights_begin in time");
-        *req_id = -1;
-    }
-    return r < 0 ? -1 : 0;
-}
-
-// The answer to weights_begin request req_id: 0 accepted, else as rollout_weights_begin_nccl.
-static int begin_nccl_wait(RolloutClient *c, Server *s, int64_t req_id, char *err, size_t err_len) {
-    ZmsgMsg rep;
-    int gone = 0, r = req_id < 0 ? 0 : wait_reply(c, s, req_id, "weights_begin", c->push_since_ms, &rep, c->timeout_ms,
-                                                  &gone, err, err_len);
-    if (r < 0) return strstr(err, "[unsupported]") ? ROLLOUT_EUNSUPPORTED : -1;
-    if (r == 0) {
-        // Members are fixed once told: a lost server fails this push, and the next one leaves it out.
-        if (req_id >= 0) mark_dead(c, s, gone ? "went away during weights_begin" : "did not acknowledge weights_begin");
-        snprintf(err, err_len, "rollout server %s %s weights_begin (nccl)", s->endpoint,
-                 gone || req_id < 0 ? "went away during" : "did not acknowledge");
-        return ROLLOUT_ESERVERS_LOST;
-    }
-    zmsg_free(&rep);
-    return 0;
-}
-
-int rollout_weights_begin_nccl(RolloutClient *c, int64_t version, const uint8_t id[ZMSG_NCCL_ID_BYTES],
-                               int trainer_ranks, const int *servers, int n, char *err, size_t err_len) {
-    rollout_weights_set_members(c, servers, n);
-    for (int j = 0; j < n; j++) {
-        Server *s = &c->servers[servers[j]];
-        int64_t req_id;
-        if (begin_nccl_send(c, s, version, id, trainer_ranks, j, n, &req_id, err, err_len) != 0) return -1;
-        int rc = begin_nccl_wait(c, s, req_id, err, err_len);
-        if (rc != 0) return rc;
-    }
-    return 0;
-}
-
-int rollout_weights_begin_nccl_send(RolloutClient *c, int64_t version, const uint8_t id[ZMSG_NCCL_ID_BYTES],
-                                    int trainer_ranks, const int *servers, int n, int64_t *req_ids, char *err,
-                                    size_t err_len) {
-    rollout_weights_set_members(c, servers, n);
-    for (int j = 0; j < n; j++)
-        if (begin_nccl_send(c, &c->servers[servers[j]], version, id, trainer_ranks, j, n, &req_ids[j], err,
-                            err_len) != 0)
-            return -1;
-    return 0;
-}
-
-int rollout_weights_begin_nccl_wait(RolloutClient *c, const int *servers, int n, const int64_t *req_ids, char *err,
-                                    size_t err_len) {
-    for (int j = 0; j < n; j++) {
-        int rc = begin_nccl_wait(c, &c->servers[servers[j]], req_ids[j], err, err_len);
-        if (rc != 0) return rc;
-    }
-    return 0;
-}
-
-int rollout_weights_send_slice(RolloutClient *c, int64_t version, int unit, int64_t offset, const float *values,
-                               int64_t count, int send_bf16, char *err, size_t err_len) {
-    uint16_t *bf = NULL;
-    if (send_bf16 && !(bf = malloc((size_t)(count < SLICE_ELEMS ? count : SLICE_ELEMS) * 2 + 2))) {
-        snprintf(err, err_len, "out of memory converting unit %d to bf16", unit);
-        return -1;
-    }
-    int rc = 0;
-    for (int64_t off = 0; off < count && rc == 0; off += SLICE_ELEMS) {
-        int64_t n = count - off < SLICE_ELEMS ? count - off : SLICE_ELEMS;
-        if (bf) dtype_f32_to_bf16_n(bf, values + off, (size_t)n);
-        for (int k = 0; k < c->n_servers && rc == 0; k++) {
-            Server *s = &c->servers[k];
-            if (!push_member(c, s)) continue;
-            ZmsgMsg m;
-            zmsg_init(&m, ZMSG_WEIGHTS_SLICE, ZMSG_DIR_REQUEST, c->next_id++);
-            m.unit = unit;
-            m.offset = offset + off;
-            m.count = n;
-            m.dtype = bf ? ZMSG_DTYPE_BF16 : ZMSG_DTYPE_F32;
-            m.slice_data = bf ? (const void *)bf : (const void *)(values + off);
-            m.has_version = 1; // lets every rank send its own slices of the update rank 0 opened
-            m.version = version;
-            int gone;
-            rc = send_msg(c, s, &m, c->push_since_ms, c->timeout_ms, &gone, err, err_len);
-            if (rc > 0) {
-                mark_dead(c, s, gone ? "went away during a weight push" : "did not take a weight slice in time");
-                rc = 0;
-            }
-        }
-    }
-    free(bf);
-    return rc;
-}
-
-int rollout_client_flush(RolloutClient *c, char *err, size_t err_len) {
-    for (int k = 0; k < c->n_servers; k++) {
-        Server *s = &c->servers[k];
-        if (!push_member(c, s)) continue;
-        // A server handles one peer's messages in order: its answer to this hello means every slice sent before
-        // it has been applied (a refused slice would have come back as an error first).
-        int r = hello(c, s, c->timeout_ms, err, err_len);
-        if (r < 0) return -1;
-        if (r == 0)
-            mark_dead(c, s, gone_since(c, s, c->push_since_ms) ? "went away during a weight push"
-                                                               : "did not answer after a weight push");
-    }
-    return 0;
-}
-
-int rollout_weights_end_send(RolloutClient *c, int64_t version, int64_t *req_ids, char *err, size_t err_len) {
-    for (int k = 0; k < c->n_servers; k++) {
-        Server *s = &c->servers[k];
-        req_ids[k] = -1;
-        if (!push_member(c, s)) continue;
-        ZmsgMsg m;
-        zmsg_init(&m, ZMSG_WEIGHTS_END, ZMSG_DIR_REQUEST, c->next_id++);
-        m.version = version;
-        int gone, r = send_msg(c, s, &m, c->push_since_ms, c->timeout_ms, &gone, err, err_len);
-        if (r < 0) return -1;
-        if (r > 0) {
-            mark_dead(c, s, gone ? "went away during weights_end" : "did not take weights_end in time");
-            continue;
-        }
-        req_ids[k] = m.id;
-    }
-    return 0;
-}
-
-int rollout_weights_end_wait(RolloutClient *c, int64_t version, const int64_t *req_ids, double *seconds,
-                             double *commit_seconds, char *err, size_t err_len) {
-    double slowest = 0, slowest_commit = 0;
-    for (int k = 0; k < c->n_servers; k++) {
-        Server *s = &c->servers[k];
-        if (req_ids[k] < 0 || !s->alive) continue;
-        ZmsgMsg rep;
-        // Slices are answered only when refused: such an error arrives before this reply and fails the push.
-        int gone, r = wait_reply(c, s, req_ids[k], "weights_end", c->push_since_ms, &rep, c->timeout_ms, &gone, err,
-                                 err_len);
-        if (r < 0) return -1;
-        if (r == 0) {
-            mark_dead(c, s, gone ? "went away during weights_end" : "did not acknowledge weights_end");
-            continue;
-        }
-        s->policy_version = version;
-        if (rep.seconds > slowest) slowest = rep.seconds;
-        if (rep.commit_seconds > slowest_commit) slowest_commit = rep.commit_seconds;
-        zmsg_free(&rep);
-    }
-    if (seconds) *seconds = slowest;
-    if (commit_seconds) *commit_seconds = slowest_commit;
-    return 0;
-}
-
-int rollout_weights_end(RolloutClient *c, int64_t version, double *seconds, double *commit_seconds, char *err,
-                        size_t err_len) {
-    int64_t req_ids[MAX_SERVERS];
-    if (rollout_weights_end_send(c, version, req_ids, err, err_len) != 0) return -1;
-    return rollout_weights_end_wait(c, version, req_ids, seconds, commit_seconds, err, err_len);
 }
