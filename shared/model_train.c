@@ -86,7 +86,7 @@ int train_acts_create(TrainActs **out, const Model *m, int max_tokens, int max_s
     a->n_slots = checkpoint ? 1 : L;
     size_t rows = (ops_backend(o) == OPS_BACKEND_CUDA ? LOGIT_CHUNK_ELEMS_GPU : LOGIT_CHUNK_ELEMS_CPU) / V;
     // On a GPU, whole 128-row tiles: the lm_head GEMMs of a 1,664-row chunk ran 11-14 % faster than of 1,766 rows
-    // (bench/NOTES.md, "GEMMs of one training step").
+    // (bench/notes/gpu-passes-h200.md, "GEMMs of one training step").
     if (ops_backend(o) == OPS_BACKEND_CUDA && rows >= 128) rows -= rows % 128;
     a->chunk_rows = (int)(rows < 1 ? 1 : rows > N ? N : rows);
     a->tokens = track(a, o, N * 4);

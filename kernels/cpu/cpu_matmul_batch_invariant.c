@@ -17,7 +17,7 @@
 // Every tile shape below computes each of its outputs with exactly these operations (they differ only in how many
 // outputs share the loads), so a row computed in a 3 x 4 tile of a big step equals the same row computed alone.
 //
-// Speed, one thread on the development box's Zen 3 (bench/NOTES.md, issue 22): one row (a decode step of one
+// Speed, one thread on the development box's Zen 3 (bench/notes/cpu.md, issue 22): one row (a decode step of one
 // sequence) streams w once, ~4.5x OpenBLAS 0.3.21's sgemm with M = 1 (which runs its GEMM kernels on one row); from
 // tens of rows on, a 3-row x 4-column register tile reaches 0.75-1.1x OpenBLAS (no packing: both operands are read
 // in place). Training keeps OpenBLAS (kernels/cpu/cpu_matmul.c): its micro-batches are packed the same way run to
@@ -32,7 +32,7 @@
 #include <immintrin.h>
 #endif
 
-// Block sizes, tried on the development box's Zen 3 (bench/NOTES.md): KC 256 / 512 / 1024, W_BLOCK 8 / 16 / 32 KiB,
+// Block sizes, tried on the development box's Zen 3 (bench/notes/cpu.md): KC 256 / 512 / 1024, W_BLOCK 8 / 16 / 32 KiB,
 // ROW_BLOCK 48 / 96 / 192. KC is part of the summation order: changing it changes the bits (not their invariance).
 enum {
     KC = 512,            // k block (a multiple of 8): a 3 x 4 tile's rows of `in` and `w` (14 KiB) stay in L1 over it

@@ -2,7 +2,7 @@
 // one persistent kernel.
 //
 // Why: at batch 1 a decode step reads every weight once and does little else, so its bound is the HBM bandwidth,
-// yet as separate kernels (five or six a layer, bench/NOTES.md) every launch pays a few microseconds of fixed
+// yet as separate kernels (five or six a layer, bench/README.md) every launch pays a few microseconds of fixed
 // latency before its first weight arrives and a tail after its last: 0.5B ran at ~37 % of the bound and 1.5B at
 // ~59 %. Here the weights never wait for the data: the weight stream does not depend on the activations, so it
 // runs ahead of them.
@@ -12,7 +12,8 @@
 // block's output ~1-2 us, so five phases a layer cost about what the graph's kernel boundaries did; the attention
 // with its merge (7-11 us) and the gate/up phase (7 / 18 us; for 1.5B the ring holds only a third of its rows,
 // so it streams on the critical path) are the longest.
-// TANDEM_DECODE_LAYERS_TRACE=1 prints each phase's time (eager steps). bench/NOTES.md, tenth pass, has the numbers.
+// TANDEM_DECODE_LAYERS_TRACE=1 prints each phase's time (eager steps). bench/notes/gpu-decode-batch1.md, tenth pass,
+// has the numbers.
 //
 // Shape: one block per SM (a cooperative launch: all blocks resident), DL_WARPS consumer warps and one producer
 // warp. Every weight matrix's output rows are split evenly over the blocks (block b owns rows [n b / B,
@@ -681,7 +682,7 @@ __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers_kernel(const __gr
 // ---- host side ------------------------------------------------------------------------------------------
 
 // Off unless TANDEM_DECODE_LAYERS=1: on an H100 the kernel is still slower than the sequence of ops it stands for
-// (bench/NOTES.md, tenth pass). Read once.
+// (bench/notes/gpu-decode-batch1.md, tenth pass). Read once.
 static int decode_layers_enabled(void) {
     static int on = -1;
     if (on < 0) {

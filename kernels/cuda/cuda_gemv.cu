@@ -240,9 +240,10 @@ int cuda_gemv_applies(const CudaState *st, const void *out, const void *in, cons
 
 // Warps per block: 8. At batch 1 the small projections have few outputs (0.5B: 576 q|k|v pairs, 896 o and down
 // rows), and blocks of 8 warps spread them over about twice as many SMs as blocks of 16, each SM then pulling half
-// the bytes. H100, same call (bench/NOTES.md, twelfth pass): 0.5B steps at batch 1 / 2 0.881 / 0.952 ms against
-// 0.895-0.906 / 0.991-1.019 with 16 warps, 1.5B unchanged (1.758 / 1.906 against 1.755-1.782 / 1.899-1.901); blocks
-// of 4 warps were slower at 1.5B (1.814 / 2.052). TANDEM_GEMV_BLOCK_WARPS = 4 or 16 overrides it, for comparisons.
+// the bytes. H100, same call (bench/notes/gpu-decode-batch1.md, twelfth pass): 0.5B steps at batch 1 / 2
+// 0.881 / 0.952 ms against 0.895-0.906 / 0.991-1.019 with 16 warps, 1.5B unchanged (1.758 / 1.906 against
+// 1.755-1.782 / 1.899-1.901); blocks of 4 warps were slower at 1.5B (1.814 / 2.052). TANDEM_GEMV_BLOCK_WARPS = 4
+// or 16 overrides it, for comparisons.
 // Read once.
 static int gemv_block_warps(void) {
     static int w = 0;

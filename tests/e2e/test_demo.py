@@ -3,7 +3,7 @@
 - The full default run (CPU, 2 threads): held-out accuracy before GRPO below 50 %, after above 90 %, GRPO stopped by
   its validation rule (validation accuracy at least 95 % at two evaluations in a row), not by the step cap; the
   summary, metrics.jsonl and the SVG plot (both series, one reward point per GRPO step, one accuracy point per
-  evaluation) are written. It takes about 6-10 minutes on 2 cores (bench/NOTES.md, "The demo's spread").
+  evaluation) are written. It takes about 6-10 minutes on 2 cores (bench/notes/demo.md, "The demo's spread").
 - The stopping rule: a target of 0 stops GRPO at the first evaluation.
 - A small configuration that runs every phase in seconds (the plumbing, without the accuracy target), twice in the
   same folder (the second run replaces the first one's files).
