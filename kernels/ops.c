@@ -368,55 +368,6 @@ void ops_matmul_fused_fwd(OpsCtx *ctx, void *out, const void *in, const void *w,
     if (f->residual) ops_add_inplace(ctx, out, f->residual, (size_t)N * OC);
 }
 
-void ops_decode_layers_fwd(OpsCtx *ctx, void *x, const OpsDecodeLayers *d) {
-    if (ctx->error_code) return;
-    if (!x || !d || !d->layers || d->n_layers < 1 || d->C < 1 || d->I < 1 || d->Hq < 1 || d->Hkv < 1 || d->D < 2 ||
-        d->D % 2 || d->Hq % d->Hkv || !d->positions || !d->slot_mapping || !d->token_seq || !d->block_tables ||
-        !d->inv_freq || d->block_size < 1 || d->max_blocks < 1 || !d->h || !d->qkv || !d->q || !d->att ||
-        !d->xmid || !d->gu || !d->act || !d->x_alt) {
-        ops_set_error(ctx, -1, __FILE__, __LINE__,
-                      "decode_layers_fwd: %s", !x || !d || !d->layers ? "NULL x, arguments or layers"
-                      : d->n_layers < 1 || d->C < 1 || d->I < 1 || d->Hq < 1 || d->Hkv < 1 ? "empty shapes"
-                      : d->D < 2 || d->D % 2 || d->Hq % d->Hkv ? "D must be even and Hq a multiple of Hkv"
-                      : !d->h || !d->qkv || !d->q || !d->att || !d->xmid || !d->gu || !d->act || !d->x_alt
-                          ? "missing scratch"
-                          : "missing positions, slot_mapping, token_seq, block_tables or inv_freq, or bad cache shape");
-        return;
-    }
-#ifdef TANDEM_HAVE_CUDA
-    if (IS_CUDA(ctx)) {
-        int slot = cuda_profile_begin(ctx);
-        const int done = cuda_decode_layers_fwd(ctx, x, d);
-        cuda_profile_end(ctx, slot, "ops_decode_layers_fwd");
-        if (done) return;
-    }
-#endif
-    // The sequence (the CPU backend always; CUDA where the persistent kernel does not take the shapes), the residual
-    // stream alternating between x and x_alt.
-    const int C = d->C, I = d->I, QD = d->Hq * d->D, QKV = QD + 2 * d->Hkv * d->D;
-    void *cur = x, *other = d->x_alt;
-    for (int l = 0; l < d->n_layers && !ctx->error_code; l++) {
-        const OpsDecodeLayer *L = &d->layers[l];
-        ops_matmul_fused_fwd(ctx, d->q, cur, L->wqkv, L->bqkv, 1, C, QKV,
-                             &(OpsProjFusion){.norm_w = L->ln1, .eps = d->eps, .h = d->h, .rope_store = 1,
-                                              .qkv = d->qkv, .positions = d->positions,
-                                              .slot_mapping = d->slot_mapping, .inv_freq = d->inv_freq,
-                                              .k_cache = L->k_cache, .v_cache = L->v_cache, .Hq = d->Hq,
-                                              .Hkv = d->Hkv, .D = d->D});
-        ops_attention_paged_fwd(ctx, d->att, d->q, L->k_cache, L->v_cache, d->block_tables, d->token_seq,
-                                d->positions, 1, d->Hq, d->Hkv, d->D, d->block_size, d->max_blocks, d->scale);
-        ops_matmul_fused_fwd(ctx, d->xmid, d->att, L->wo, NULL, 1, QD, C, &(OpsProjFusion){.residual = cur});
-        ops_matmul_fused_fwd(ctx, d->act, d->xmid, L->wgu, NULL, 1, C, 2 * I,
-                             &(OpsProjFusion){.norm_w = L->ln2, .eps = d->eps, .h = d->h, .swiglu = 1,
-                                              .gu = d->gu});
-        ops_matmul_fused_fwd(ctx, other, d->act, L->wdown, NULL, 1, I, C, &(OpsProjFusion){.residual = d->xmid});
-        void *t = cur;
-        cur = other;
-        other = t;
-    }
-    if (cur != x) ops_copy(ctx, x, cur, (size_t)C * ops_dtype_size(ctx));
-}
-
 void ops_matmul_fwd(OpsCtx *ctx, void *out, const void *in, const void *w, const void *bias, int N, int IC, int OC) {
     DISPATCH(ctx, cuda_matmul_fwd(ctx, out, in, w, bias, N, IC, OC),
              cpu_matmul_fwd(F(out), CF(in), CF(w), CF(bias), N, IC, OC));

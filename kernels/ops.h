@@ -203,38 +203,6 @@ typedef struct {
 void ops_matmul_fused_fwd(OpsCtx *ctx, void *out, const void *in, const void *w, const void *bias, int N, int IC,
                           int OC, const OpsProjFusion *f);
 
-// A whole decode step's stack of layers for one token (a batch of one sequence), models without qk_norm, paged
-// KV cache. For every layer l in order, with x the residual stream (1, C), updated in place:
-//   q|k|v = rmsnorm(x) Wqkv^T + bqkv ; rope(q, k) at positions[0], k and v stored to slot slot_mapping[0] of the
-//   layer's caches (nowhere when negative) ; att = paged attention of q over the sequence token_seq[0]'s block
-//   table, positions 0..positions[0] ; xmid = x + att Wo^T ; x = xmid + swiglu(rmsnorm(xmid) Wgu^T) Wd^T
-// — the values of shared/model_layer.c's layer_decode_small: ops_matmul_fused_fwd (norm + rope_store), then
-// ops_attention_paged_fwd, ops_matmul_fused_fwd (residual), (norm + swiglu), (residual). Every backend computes
-// that sequence's values; with TANDEM_DECODE_LAYERS=1 the CUDA one runs all layers as one persistent kernel where
-// it takes the shapes (kernels/cuda/cuda_decode_layers.cu: one block per SM streaming its share of every weight
-// matrix through shared memory ahead of the step's data dependencies, grid-wide barriers between the layer's
-// phases), and then differs from the sequence in the last bits (sums taken in other orders). Off by default: not
-// yet faster than the sequence on an H100.
-typedef struct {
-    const void *ln1, *wqkv, *bqkv;     // (C), (QKV, C), (QKV) or NULL; QKV = (Hq + 2 Hkv) D
-    const void *wo;                    // (C, Hq D)
-    const void *ln2, *wgu, *wdown;     // (C), (2 I, C) = [gate; up], (C, I)
-    void *k_cache, *v_cache;           // (n_slots, Hkv, D)
-} OpsDecodeLayer;
-typedef struct {
-    int n_layers, C, I, Hq, Hkv, D;
-    float eps, scale;
-    const OpsDecodeLayer *layers;      // host array (n_layers) of backend pointers
-    const int32_t *positions, *slot_mapping, *token_seq; // (1) backend memory
-    const int32_t *block_tables;       // (n_seqs, max_blocks)
-    const float *inv_freq;             // (D / 2)
-    int block_size, max_blocks;
-    // Scratch for the sequence (where a backend runs it): h (C), qkv (QKV), q (Hq D), att (Hq D), xmid (C),
-    // gu (2 I), act (I), x_alt (C).
-    void *h, *qkv, *q, *att, *xmid, *gu, *act, *x_alt;
-} OpsDecodeLayers;
-void ops_decode_layers_fwd(OpsCtx *ctx, void *x, const OpsDecodeLayers *d);
-
 // ---- attention --------------------------------------------------------------------------------
 
 // Training attention over B packed sequences (no padding): sequence b holds tokens

@@ -52,7 +52,6 @@ struct DecodeBufs {
     const void **units;         // (n_units) the step's acquired parameters
     const void **key;           // (n_key) the step's graph key (DecodeGraph.key)
     int n_units, n_key;
-    OpsDecodeLayer *stack;      // (num_layers) batch-1 steps: the layers for ops_decode_layers_fwd
     DecodeRung rungs[DECODE_LADDER_MAX];
     uint64_t clock;             // padded steps run so far
     DecodeGraphStats stats;
@@ -139,10 +138,8 @@ static void padded_free(DecodeBufs *b, const Model *m) {
     free(b->pad_host);
     free(b->units);
     free(b->key);
-    free(b->stack);
     b->pad_ids = b->pad_host = NULL;
     b->units = b->key = NULL;
-    b->stack = NULL;
     b->n_ladder = 0;
     b->use_graphs = 0;
 }
@@ -307,8 +304,7 @@ int decode_bufs_enable_padded(DecodeBufs *b, const Model *m, int max_batch, int 
     b->pad_host = malloc((size_t)4 * P * sizeof(int32_t));
     b->units = calloc((size_t)b->n_units, sizeof *b->units);
     b->key = calloc((size_t)b->n_key, sizeof *b->key);
-    b->stack = calloc((size_t)m->cfg.num_layers, sizeof *b->stack);
-    int ok = b->pad_ids && b->pad_host && b->units && b->key && b->stack;
+    int ok = b->pad_ids && b->pad_host && b->units && b->key;
     for (int r = 0; r < n; r++)
         for (int k = 0; k < DECODE_GRAPH_SLOTS && ok; k++)
             ok = (b->rungs[r].slot[k].key = calloc((size_t)b->n_key, sizeof(void *))) != NULL;
@@ -342,33 +338,6 @@ static double seconds_now(void) {
     return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
 }
 
-// A batch-1 step's layers as one ops_decode_layers_fwd on b->x[0] (models without qk_norm): the values of
-// layer_decode_small for every layer.
-static void decode_stack(Model *m, DecodeBufs *b, KVCache *kv, const int32_t *pos, const int32_t *slots,
-                         const int32_t *seq) {
-    const ModelConfig *cfg = &m->cfg;
-    const LayerOffsets *lo = &m->layout.layer;
-    for (int l = 0; l < cfg->num_layers; l++) {
-        const void *p = b->units[layout_layer_unit(l)];
-        b->stack[l] = (OpsDecodeLayer){.ln1 = elem_at(m, p, lo->ln1), .wqkv = elem_at(m, p, lo->wq),
-                                       .bqkv = lo->bq == SIZE_MAX ? NULL : elem_at(m, p, lo->bq),
-                                       .wo = elem_at(m, p, lo->wo), .ln2 = elem_at(m, p, lo->ln2),
-                                       .wgu = elem_at(m, p, lo->wgu), .wdown = elem_at(m, p, lo->wdown),
-                                       .k_cache = kv->k[l], .v_cache = kv->v[l]};
-    }
-    const LayerActs *a = &b->acts;
-    ops_decode_layers_fwd(m->ops, b->x[0],
-                          &(OpsDecodeLayers){.n_layers = cfg->num_layers, .C = cfg->hidden_size,
-                                             .I = cfg->intermediate_size, .Hq = cfg->num_heads,
-                                             .Hkv = cfg->num_kv_heads, .D = cfg->head_dim, .eps = cfg->rms_norm_eps,
-                                             .scale = m->attn_scale, .layers = b->stack, .positions = pos,
-                                             .slot_mapping = slots, .token_seq = seq,
-                                             .block_tables = b->block_tables, .inv_freq = m->inv_freq,
-                                             .block_size = kv->block_size, .max_blocks = b->max_blocks, .h = a->h1,
-                                             .qkv = a->qkv, .q = a->q, .att = a->att, .xmid = a->xmid, .gu = a->gu,
-                                             .act = a->act, .x_alt = b->x[1]});
-}
-
 // Queues the padded step over P rows (the inputs are already in pad_ids and block_tables): the same ops, shapes
 // and buffers whether it runs now or is recorded into a graph, so both give the same bits.
 static void padded_forward(Model *m, DecodeBufs *b, KVCache *kv, int P) {
@@ -382,21 +351,17 @@ static void padded_forward(Model *m, DecodeBufs *b, KVCache *kv, int P) {
                     .decode = 1};
     int cur = 0;
     const void *pending = NULL;   // as in model_decode_step: the previous layer's xmid, added by the next norm
-    if (P == 1 && !cfg->qk_norm) {
-        decode_stack(m, b, kv, pos, slots, seq);   // every layer in one op (one persistent kernel on CUDA)
-    } else {
-        for (int l = 0; l < cfg->num_layers; l++) {
-            att.k_cache = kv->k[l];
-            att.v_cache = kv->v[l];
-            if (P <= DECODE_SMALL_ROWS) {   // a row or two: the projections carry the norms, SwiGLU and residual adds
-                layer_decode_small(m, b->units[layout_layer_unit(l)], &b->acts, b->x[cur], b->x[cur ^ 1], pos, P, &att);
-            } else {
-                layer_forward_fused(m, b->units[layout_layer_unit(l)], &b->acts, b->x[cur], pending, b->x[cur ^ 1], pos,
-                                    P, &att);
-                pending = b->acts.xmid;
-            }
-            cur ^= 1;
+    for (int l = 0; l < cfg->num_layers; l++) {
+        att.k_cache = kv->k[l];
+        att.v_cache = kv->v[l];
+        if (P <= DECODE_SMALL_ROWS) {   // a row or two: the projections carry the norms, SwiGLU and residual adds
+            layer_decode_small(m, b->units[layout_layer_unit(l)], &b->acts, b->x[cur], b->x[cur ^ 1], pos, P, &att);
+        } else {
+            layer_forward_fused(m, b->units[layout_layer_unit(l)], &b->acts, b->x[cur], pending, b->x[cur ^ 1], pos, P,
+                                &att);
+            pending = b->acts.xmid;
         }
+        cur ^= 1;
     }
     // Every row is a sequence's next token: the final norm reads the residual stream in place (no row gather),
     // adding the last layer's pending half first.

@@ -38,9 +38,6 @@ CudaProfile *cuda_profile_create(void);
 void cuda_profile_destroy(CudaProfile *p);
 int cuda_profile_enabled_by_env(void);
 
-// Words of CudaState.grid_sync.
-#define GRID_SYNC_WORDS 64
-
 typedef struct {
     int device;
     int sm_count;
@@ -61,9 +58,6 @@ typedef struct {
     int n_scratch_retired;
     CudaFault *fault_dev;         // device fault record
     CudaFault *fault_host;        // pinned host mirror, read after a stream synchronize
-    unsigned long long *grid_sync; // (GRID_SYNC_WORDS) cuda_decode_layers.cu's grid barrier counter (only ever
-                                   // incremented) and per-kv-head counters (back to 0 after each use): zeroed at
-                                   // creation, one launch at a time on the context's stream
     uint16_t *stage;              // pinned host staging for fp32 <-> bf16 conversion (CONVERT_CHUNK elements)
     int fault_armed;              // a kernel that may fault ran since the last check
     CudaGemmPlan *plans;          // small cache of GEMM plans (cuda_matmul.cu owns its contents)

@@ -78,10 +78,6 @@ int cuda_state_create(OpsCtx *ctx, int device, void **state, char *err, size_t e
     if (e != cudaSuccess) return state_fail(st, err, err_len, "fault record cudaMalloc", cudaGetErrorString(e));
     e = cudaMemset(st->fault_dev, 0, sizeof(CudaFault));
     if (e != cudaSuccess) return state_fail(st, err, err_len, "fault record cudaMemset", cudaGetErrorString(e));
-    e = cudaMalloc(&st->grid_sync, GRID_SYNC_WORDS * sizeof(unsigned long long));
-    if (e != cudaSuccess) return state_fail(st, err, err_len, "grid barrier cudaMalloc", cudaGetErrorString(e));
-    e = cudaMemset(st->grid_sync, 0, GRID_SYNC_WORDS * sizeof(unsigned long long));
-    if (e != cudaSuccess) return state_fail(st, err, err_len, "grid barrier cudaMemset", cudaGetErrorString(e));
     e = cudaMallocHost(&st->fault_host, sizeof(CudaFault));
     if (e != cudaSuccess) return state_fail(st, err, err_len, "cudaMallocHost", cudaGetErrorString(e));
     memset(st->fault_host, 0, sizeof(CudaFault));
@@ -113,7 +109,6 @@ void cuda_state_destroy(void *state) {
     cuda_profile_destroy(st->profile);
     if (st->lt_workspace) cudaFree(st->lt_workspace);
     if (st->fault_dev) cudaFree(st->fault_dev);
-    if (st->grid_sync) cudaFree(st->grid_sync);
     if (st->fault_host) cudaFreeHost(st->fault_host);
     if (st->stage) cudaFreeHost(st->stage);
     if (st->lt) cublasLtDestroy(st->lt);

@@ -77,9 +77,6 @@ void cuda_attention_paged_decode_fwd(OpsCtx *ctx, void *out, void *q, void *k_ca
                                      const int32_t *slot_mapping, const void *qkv, const int32_t *block_tables,
                                      const int32_t *token_seq, const int32_t *token_pos, const float *inv_freq, int N,
                                      int Hq, int Hkv, int D, int block_size, int max_blocks, float scale);
-// The persistent kernel of ops_decode_layers_fwd (cuda_decode_layers.cu): 1 when it ran (or failed with the error
-// recorded), 0 when it does not take the shapes, pointers or device (the caller runs the sequence).
-int cuda_decode_layers_fwd(OpsCtx *ctx, void *x, const OpsDecodeLayers *d);
 void cuda_swiglu_fwd(OpsCtx *ctx, void *out, const void *gu, int N, int inner);
 void cuda_swiglu_bwd(OpsCtx *ctx, void *dgu, const void *dout, const void *gu, int N, int inner);
 void cuda_logprobs_fwd(OpsCtx *ctx, float *logprobs, float *lse, float *entropy, const void *logits,

@@ -1,5 +1,5 @@
 // ops_testlib.h — the CPU and CUDA contexts of the tests that compare backends, and moving test data between the
-// host and an ops backend (test_cuda_attention*, test_cuda_decode_layers, test_cuda_vs_cpu). A failed allocation
+// host and an ops backend (test_cuda_attention*, test_cuda_vs_cpu). A failed allocation
 // ends the test with a message.
 #ifndef TANDEM_TESTS_OPS_TESTLIB_H
 #define TANDEM_TESTS_OPS_TESTLIB_H

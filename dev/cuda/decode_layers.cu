@@ -1,19 +1,25 @@
-// kernels/cuda/cuda_decode_layers.cu — ops_decode_layers_fwd: a batch-1 decode step's whole stack of layers as
-// one persistent kernel.
+// dev/cuda/decode_layers.cu — an experiment, not part of tandem's build: a batch-1 decode step's whole stack of
+// layers as one persistent kernel, with its own main that checks it against a CPU reference and times it.
+// Build and run by hand (dev/cuda/README.md):
+//   nvcc -O3 -std=c++17 -arch=sm_90 -o decode_layers dev/cuda/decode_layers.cu
+//   ./decode_layers            the correctness cases, then full-depth Qwen2.5-0.5B / 1.5B steps timed
+//   ./decode_layers --trace    the same, and each phase's time per layer of the timed shapes (stderr)
 //
-// Why: at batch 1 a decode step reads every weight once and does little else, so its bound is the HBM bandwidth,
-// yet as separate kernels (five or six a layer, bench/README.md) every launch pays a few microseconds of fixed
-// latency before its first weight arrives and a tail after its last: 0.5B ran at ~37 % of the bound and 1.5B at
-// ~59 %. Here the weights never wait for the data: the weight stream does not depend on the activations, so it
-// runs ahead of them.
-// Status: correct (tests/unit/test_cuda_decode_layers.c) but not yet faster, so off by default
-// (TANDEM_DECODE_LAYERS=1 turns it on): on an H100, batch-1 steps of 1.006 / 1.925 ms against 0.892 / 1.768 for
-// the sequence (0.5B / 1.5B). A grid barrier costs 2-3 us and every phase's first dependent load of another
-// block's output ~1-2 us, so five phases a layer cost about what the graph's kernel boundaries did; the attention
-// with its merge (7-11 us) and the gate/up phase (7 / 18 us; for 1.5B the ring holds only a third of its rows,
-// so it streams on the critical path) are the longest.
-// TANDEM_DECODE_LAYERS_TRACE=1 prints each phase's time (eager steps). bench/notes/gpu-decode-batch1.md, tenth pass,
-// has the numbers.
+// Idea: at batch 1 a decode step reads every weight once and does little else, so its bound is HBM bandwidth;
+// as separate kernels (five or six a layer) every launch pays a fixed latency before its first weight arrives
+// and a tail after its last. Here the weight stream does not depend on the activations, so it runs ahead of them.
+// Where it stands (bench/notes/gpu-decode-batch1.md, tenth pass, has the numbers): correct, but on an H100 still
+// slower than the production sequence of kernels it would replace (shared/model_layer.c layer_decode_small,
+// replayed as a CUDA graph): a grid barrier and every phase's first dependent load of another block's output
+// cost about what the graph's kernel boundaries did, and the attention with its merge and the gate/up phase
+// (whose rows for 1.5B do not fit the ring, so they stream on the critical path) are the longest phases. It left
+// the production library so that no op carries a switch to an experiment; this file is where to try the next
+// idea on it.
+//
+// What one step computes, for every layer l in order, x the residual stream (C), updated in place:
+//   q|k|v = rmsnorm(x) Wqkv^T + bqkv ; rope(q, k) at positions[0], k and v stored to slot slots[0] of the layer's
+//   caches (nowhere when negative) ; att = attention of q over the sequence's block table, positions
+//   0..positions[0] ; xmid = x + att Wo^T ; x = xmid + swiglu(rmsnorm(xmid) Wgu^T) Wd^T
 //
 // Shape: one block per SM (a cooperative launch: all blocks resident), DL_WARPS consumer warps and one producer
 // warp. Every weight matrix's output rows are split evenly over the blocks (block b owns rows [n b / B,
@@ -36,18 +42,65 @@
 //   D  o rows of att, + residual -> xmid
 //   E  h2 = rmsnorm(xmid), gate and up rows, silu(g) u -> act
 //   F  down rows, + xmid -> x (in place)
-// The rounding points are the sequence's (cuda_gemv.cu's fused projections, cuda_attention_paged.cu's output):
-// h1, h2, the projections and each residual sum are rounded to bf16 where the sequence stores them; the sums run
-// in another order, so results agree with the sequence to the last bits, not bit for bit. The kernel is
-// deterministic (no atomics on data: the same bits every run, eager or replayed in a graph).
+// The rounding points are the production sequence's (kernels/cuda/cuda_gemv.cu's fused projections,
+// cuda_attention_paged.cu's output): h1, h2, the projections and each residual sum are rounded to bf16 where the
+// sequence stores them; the sums run in another order, so results agree with it to the last bits, not bit for
+// bit. The kernel is deterministic (no atomics on data: the same bits every run).
+//
+// The checks (each case: random bf16 weights, caches and x; the block table scattered over a pool):
+//   the residual stream after the last layer and every layer's stored k / v row within TOL of the CPU reference
+//   (fp32, from the same bf16 values) by max_i |gpu - cpu| / (|cpu| + rms(cpu)): each layer rounds h, q|k|v,
+//   att, xmid, act and x to bf16 where the CPU keeps fp32, and the differences pass through the layers (1-3e-2
+//   after two or three random layers, as the production sequence on the GPU shows too);
+//   every cache row other than the token's slot left as it was, bit for bit;
+//   a second run from the same inputs gives the same bits.
+// Shapes: the Qwen2.5-0.5B and 1.5B layers (head dims 64 / 128, groups of 7 / 6 query heads, q/k/v bias), a
+// Llama-style layer without bias, and the Qwen2.5-3B group of 8; contexts from the first position to 2,000 (one
+// attention item to 32 of them, items that end mid-block), a token whose slot is -1 (stores nothing).
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+#include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include <type_traits>
 
-#include "kernels/cuda/cuda_common.cuh"
-#include "kernels/cuda/cuda_ops.h"
+#define CUDA_CHECK(call)                                                                                     \
+    do {                                                                                                     \
+        cudaError_t e_ = (call);                                                                             \
+        if (e_ != cudaSuccess) {                                                                             \
+            fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_));    \
+            exit(1);                                                                                         \
+        }                                                                                                    \
+    } while (0)
+
+typedef __nv_bfloat16 bf16;
+
+// ---- device helpers (as kernels/cuda/cuda_common.cuh has them) ------------------------------------------
+
+__device__ __forceinline__ float bf2f(bf16 x) { return __bfloat162float(x); }
+__device__ __forceinline__ bf16 f2bf(float x) { return __float2bfloat16_rn(x); }
+// RoPE's rotation with the roundings of the production kernels (cuda_rope.cu, cuda_gemv.cu).
+__device__ __forceinline__ float rot1(float a, float b, float c, float s) { return __fmaf_rn(c, a, -__fmul_rn(s, b)); }
+__device__ __forceinline__ float rot2(float a, float b, float c, float s) { return __fmaf_rn(s, a, __fmul_rn(c, b)); }
+__device__ __forceinline__ float silu_f(float g) { return g / (1.0f + expf(-g)); }
+__device__ __forceinline__ void unpack8f(uint4 u, float f[8]) {
+    const __nv_bfloat162 *p = reinterpret_cast<const __nv_bfloat162 *>(&u);
+#pragma unroll
+    for (int j = 0; j < 4; j++) {
+        const float2 t = __bfloat1622float2(p[j]);
+        f[2 * j] = t.x;
+        f[2 * j + 1] = t.y;
+    }
+}
+__device__ __forceinline__ float warp_sum(float v) {
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+// ---- the kernel and its parts (as they were in kernels/cuda/cuda_decode_layers.cu) ------------------------
 
 #define DL_WARPS 8                       // consumer warps; one more warp produces
 #define DL_CONSUMERS (DL_WARPS * 32)
@@ -72,13 +125,13 @@ struct DlArgs {
     bf16 *qkv, *att, *xmid, *act;
     float *part_acc;            // (Hq, D, DL_MAX_PARTS) an attention item's unnormalised output
     float *part_ml;             // (Hq, DL_MAX_PARTS, 2) its max and sum
-    unsigned long long *counter; // the grid barrier's arrivals (CudaState.grid_sync[0])
-    unsigned long long *head_count; // (Hkv) attention items finished per kv head (CudaState.grid_sync[1..])
+    unsigned long long *counter; // the grid barrier's arrivals (grid_sync[0] of the host side)
+    unsigned long long *head_count; // (Hkv) attention items finished per kv head (grid_sync[1..])
     const int32_t *positions, *slots, *token_seq, *block_tables;
     const float *inv_freq;
     int block_size, max_blocks;
     int n_stages, slot_bytes, act_floats, part_floats, vec_elems;
-    unsigned long long *trace;  // TANDEM_DECODE_LAYERS_TRACE: (2 blocks, L, DL_TRACE_POINTS) globaltimer stamps
+    unsigned long long *trace;  // --trace: (2 blocks, L, DL_TRACE_POINTS) globaltimer stamps, else NULL
     DlLayer layer[DL_MAX_LAYERS];
 };
 
@@ -300,8 +353,8 @@ __device__ void load_vec(float *xa, const bf16 *v, int n) {
     consumers_sync();
 }
 
-// xa (C) = rmsnorm(x) * w rounded to bf16, with cuda_gemv.cu's prologue arithmetic (o = w (x r)); w in shared
-// memory.
+// xa (C) = rmsnorm(x) * w rounded to bf16, with kernels/cuda/cuda_gemv.cu's prologue arithmetic (o = w (x r));
+// w in shared memory.
 __device__ void load_normed(float *xa, const bf16 *x, const bf16 *w, int C, float eps, float *red) {
     const uint4 *x4 = reinterpret_cast<const uint4 *>(x), *w4 = reinterpret_cast<const uint4 *>(w);
     float ss = 0.0f;
@@ -679,50 +732,156 @@ __global__ void __launch_bounds__(DL_THREADS, 1) decode_layers_kernel(const __gr
 #endif
 }
 
-// ---- host side ------------------------------------------------------------------------------------------
 
-// Off unless TANDEM_DECODE_LAYERS=1: on an H100 the kernel is still slower than the sequence of ops it stands for
-// (bench/notes/gpu-decode-batch1.md, tenth pass). Read once.
-static int decode_layers_enabled(void) {
-    static int on = -1;
-    if (on < 0) {
-        const char *v = getenv("TANDEM_DECODE_LAYERS");
-        on = v && strcmp(v, "1") == 0;
-    }
-    return on;
+// ---- host side: the launch --------------------------------------------------------------------------------
+
+// One step's arguments: the layers (device pointers) and the token's inputs (device memory).
+struct Step {
+    int L, C, I, Hq, Hkv, D;
+    float eps, scale;
+    const DlLayer *layers;                                    // host array (L)
+    bf16 *x;                                                  // (C)
+    const int32_t *positions, *slots, *token_seq, *block_tables;
+    const float *inv_freq;                                    // (D / 2)
+    int block_size, max_blocks;
+};
+
+// What the launches of one device share: the grid barrier's words (zeroed once: the counter only ever grows,
+// the per-kv-head counters go back to 0 after each use) and the step's scratch.
+struct Device {
+    int sm_count;
+    size_t max_smem_optin;
+    int major;
+    unsigned long long *grid_sync;   // (GRID_SYNC_WORDS)
+    char *scratch;
+    size_t scratch_bytes;
+};
+#define GRID_SYNC_WORDS 64
+
+static void device_open(Device *dv) {
+    memset(dv, 0, sizeof *dv);
+    cudaDeviceProp prop;
+    CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+    dv->sm_count = prop.multiProcessorCount;
+    dv->max_smem_optin = prop.sharedMemPerBlockOptin;
+    dv->major = prop.major;
+    CUDA_CHECK(cudaMalloc(&dv->grid_sync, GRID_SYNC_WORDS * sizeof(unsigned long long)));
+    CUDA_CHECK(cudaMemset(dv->grid_sync, 0, GRID_SYNC_WORDS * sizeof(unsigned long long)));
+    printf("device: %s, %d SMs, %zu B of shared memory per block\n", prop.name, dv->sm_count, dv->max_smem_optin);
+}
+
+static void device_close(Device *dv) {
+    cudaFree(dv->grid_sync);
+    cudaFree(dv->scratch);
 }
 
 static int aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
 
-template <int D>
-static int launch(OpsCtx *ctx, CudaState *st, DlArgs *a, size_t smem) {
-    // The attribute belongs to the function on the current device: set it on every eager launch (a recording is
-    // always preceded by an eager run of the same step on the same device).
-    if (!cuda_recording(st))
-        CUDA_CHECK_RET(ctx, cudaFuncSetAttribute(decode_layers_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                                 (int)smem), 1);
+// The launch's configuration: 0 when the kernel does not take the step (shapes, alignment, device), else 1 with
+// *a (every field but the trace) and *smem set.
+static int configure(Device *dv, const Step *d, DlArgs *a, size_t *smem) {
+    const int D = d->D, G = d->Hq / d->Hkv, C = d->C, I = d->I, QD = d->Hq * D, QKV = QD + 2 * d->Hkv * D;
+    if ((D != 64 && D != 128) || G > DL_MAX_G || d->Hkv > GRID_SYNC_WORDS - 1 || d->L > DL_MAX_LAYERS || C % 8 ||
+        I % 8 || !aligned16(d->x))
+        return 0;
+    for (int l = 0; l < d->L; l++) {
+        const DlLayer *y = &d->layers[l];
+        if (!aligned16(y->ln1) || !aligned16(y->wqkv) || !aligned16(y->bqkv) || !aligned16(y->wo) ||
+            !aligned16(y->ln2) || !aligned16(y->wgu) || !aligned16(y->wdown) || !aligned16(y->k_cache) ||
+            !aligned16(y->v_cache))
+            return 0;
+    }
+    const int nb = dv->sm_count;
+    // Bulk copies and mbarrier transaction counts are Hopper's; the residual rows of a block are one per thread.
+    if (dv->major < 9 || C / nb + 1 > DL_CONSUMERS) return 0;
+    memset(a, 0, sizeof *a);
+    // Shared memory: the ring, two layers' small vectors, xa (the widest phase input, or an attention item's
+    // scratch), part (a phase's lane partials of its dot products), red, the mbarriers.
+    const int wide = I > C ? (I > QD ? I : QD) : (C > QD ? C : QD);
+    const int att_floats = G * D + 2 * D + DL_WARPS * G * 8 + DL_WARPS * G * (2 + D);
+    a->act_floats = ((wide > att_floats ? wide : att_floats) + 3) / 4 * 4;
+    const int rows_qkv = (QKV + nb - 1) / nb, rows_gu = 2 * ((I + nb - 1) / nb), rows_c = (C + nb - 1) / nb;
+    const int most = rows_qkv > rows_gu ? rows_qkv : rows_gu;
+    a->part_floats = ((most > rows_c ? most : rows_c) * 33 + 3) / 4 * 4;   // 32 lane partials a row, padded
+    a->vec_elems = (2 * C + QKV + 7) / 8 * 8;
+    a->slot_bytes = ((2 * wide > DL_SLOT_MIN ? 2 * wide : DL_SLOT_MIN) + 127) / 128 * 128;   // a whole row fits
+    const size_t fixed = 2 * (size_t)a->vec_elems * 2 + (size_t)(a->act_floats + a->part_floats + 32) * 4 + 4 * 8;
+    const size_t budget = dv->max_smem_optin > fixed ? dv->max_smem_optin - fixed : 0;
+    int stages = (int)(budget / (a->slot_bytes + 16));
+    if (stages > DL_MAX_STAGES) stages = DL_MAX_STAGES;
+    if (stages < DL_MIN_STAGES) return 0;
+    a->n_stages = stages;
+    *smem = (size_t)stages * a->slot_bytes + fixed + (size_t)stages * 16;
+
+    a->L = d->L;
+    a->C = C;
+    a->I = I;
+    a->Hq = d->Hq;
+    a->Hkv = d->Hkv;
+    a->eps = d->eps;
+    a->scale = d->scale;
+    a->positions = d->positions;
+    a->slots = d->slots;
+    a->token_seq = d->token_seq;
+    a->block_tables = d->block_tables;
+    a->inv_freq = d->inv_freq;
+    a->block_size = d->block_size;
+    a->max_blocks = d->max_blocks;
+    a->counter = dv->grid_sync;
+    a->head_count = dv->grid_sync + 1;
+    a->x = d->x;
+    for (int l = 0; l < d->L; l++) a->layer[l] = d->layers[l];
+    // Scratch: qkv, att, xmid, act (bf16), then the attention partials (fp32), each 256-byte aligned.
+    const size_t b_qkv = ((size_t)QKV * 2 + 255) / 256 * 256, b_c = ((size_t)C * 2 + 255) / 256 * 256;
+    const size_t b_att = ((size_t)QD * 2 + 255) / 256 * 256;
+    const size_t b_i = ((size_t)I * 2 + 255) / 256 * 256;
+    const size_t b_acc = (size_t)d->Hq * DL_MAX_PARTS * D * 4, b_ml = (size_t)d->Hq * DL_MAX_PARTS * 2 * 4;
+    const size_t need = b_qkv + b_att + b_c + b_i + b_acc + b_ml;
+    if (need > dv->scratch_bytes) {
+        CUDA_CHECK(cudaFree(dv->scratch));
+        CUDA_CHECK(cudaMalloc(&dv->scratch, need));
+        dv->scratch_bytes = need;
+    }
+    char *scratch = dv->scratch;
+    a->qkv = (bf16 *)scratch;
+    scratch += b_qkv;
+    a->att = (bf16 *)scratch;
+    scratch += b_att;
+    a->xmid = (bf16 *)scratch;
+    scratch += b_c;
+    a->act = (bf16 *)scratch;
+    scratch += b_i;
+    a->part_acc = (float *)scratch;
+    a->part_ml = (float *)(scratch + b_acc);
+    return 1;
+}
+
+template <int D> static int launch_d(Device *dv, const DlArgs *a, size_t smem, cudaStream_t stream) {
+    CUDA_CHECK(cudaFuncSetAttribute(decode_layers_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)smem));
     int per_sm = 0;
-    CUDA_CHECK_RET(ctx, cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_layers_kernel<D>, DL_THREADS,
-                                                                       smem), 1);
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_layers_kernel<D>, DL_THREADS, smem));
     if (per_sm < 1) return 0;
     cudaLaunchConfig_t cfg = {};
-    cfg.gridDim = dim3((unsigned)st->sm_count);
+    cfg.gridDim = dim3((unsigned)dv->sm_count);
     cfg.blockDim = dim3(DL_THREADS);
     cfg.dynamicSmemBytes = smem;
-    cfg.stream = st->stream;
+    cfg.stream = stream;
     cudaLaunchAttribute attr[1];
     attr[0].id = cudaLaunchAttributeCooperative;   // every block resident at once: the grid barrier needs it
     attr[0].val.cooperative = 1;
     cfg.attrs = attr;
     cfg.numAttrs = 1;
-    CUDA_CHECK_RET(ctx, cudaLaunchKernelEx(&cfg, decode_layers_kernel<D>, *a), 1);
+    CUDA_CHECK(cudaLaunchKernelEx(&cfg, decode_layers_kernel<D>, *a));
     return 1;
 }
 
-// TANDEM_DECODE_LAYERS_TRACE=1 (eager steps only): after the launch, the mean time of each phase over the layers
-// past the first, as block 0 and the last block saw it, to stderr.
-static void print_trace(OpsCtx *ctx, CudaState *st, const unsigned long long *t, int L, int stages, size_t smem) {
-    CUDA_CHECK(ctx, cudaStreamSynchronize(st->stream));
+static int launch(Device *dv, const DlArgs *a, int D, size_t smem, cudaStream_t stream) {
+    return D == 64 ? launch_d<64>(dv, a, smem, stream) : launch_d<128>(dv, a, smem, stream);
+}
+
+// After a traced launch: the mean time of each phase over the layers past the first, as block 0 and the last
+// block saw it.
+static void print_trace(const unsigned long long *t, int L, int stages, size_t smem) {
     static const char *names[DL_TRACE_POINTS] = {"F..A wait/vecs", "A norm+qkv", "A barrier", "B attention",
                                                  "B barrier", "D o", "D barrier", "E norm+gate/up",
                                                  "E barrier", "F down"};
@@ -741,105 +900,454 @@ static void print_trace(OpsCtx *ctx, CudaState *st, const unsigned long long *t,
     }
 }
 
-int cuda_decode_layers_fwd(OpsCtx *ctx, void *x, const OpsDecodeLayers *d) {
-    if (!decode_layers_enabled()) return 0;
-    const int D = d->D, G = d->Hq / d->Hkv, C = d->C, I = d->I, QD = d->Hq * D, QKV = QD + 2 * d->Hkv * D;
-    if ((D != 64 && D != 128) || G > DL_MAX_G || d->Hkv > GRID_SYNC_WORDS - 1 || d->n_layers > DL_MAX_LAYERS ||
-        C % 8 || I % 8 || !aligned16(x))
-        return 0;
-    for (int l = 0; l < d->n_layers; l++) {
-        const OpsDecodeLayer *L = &d->layers[l];
-        if (!aligned16(L->ln1) || !aligned16(L->wqkv) || !aligned16(L->bqkv) || !aligned16(L->wo) ||
-            !aligned16(L->ln2) || !aligned16(L->wgu) || !aligned16(L->wdown) || !aligned16(L->k_cache) ||
-            !aligned16(L->v_cache))
-            return 0;
-    }
-    CudaState *st = cuda_enter(ctx);
-    if (!st) return 1;   // the error is recorded
-    const int nb = st->sm_count;
-    int major = 0;
-    CUDA_CHECK_RET(ctx, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, st->device), 1);
-    // Bulk copies and mbarrier transaction counts are Hopper's; the residual rows of a block are one per thread.
-    if (major < 9 || C / nb + 1 > DL_CONSUMERS) return 0;
+// ---- the cases --------------------------------------------------------------------------------------------
 
-    DlArgs *a = (DlArgs *)calloc(1, sizeof(DlArgs));
-    if (!a) {
-        ops_set_error(ctx, -1, __FILE__, __LINE__, "decode_layers_fwd: out of host memory");
-        return 1;
-    }
-    // Shared memory: the ring, two layers' small vectors, xa (the widest phase input, or an attention item's
-    // scratch), part (a phase's lane partials of its dot products), red, the mbarriers.
-    const int wide = I > C ? (I > QD ? I : QD) : (C > QD ? C : QD);
-    const int att_floats = G * D + 2 * D + DL_WARPS * G * 8 + DL_WARPS * G * (2 + D);
-    a->act_floats = ((wide > att_floats ? wide : att_floats) + 3) / 4 * 4;
-    const int rows_qkv = (QKV + nb - 1) / nb, rows_gu = 2 * ((I + nb - 1) / nb), rows_c = (C + nb - 1) / nb;
-    const int most = rows_qkv > rows_gu ? rows_qkv : rows_gu;
-    a->part_floats = ((most > rows_c ? most : rows_c) * 33 + 3) / 4 * 4;   // 32 lane partials a row, padded
-    a->vec_elems = (2 * C + QKV + 7) / 8 * 8;
-    a->slot_bytes = ((2 * wide > DL_SLOT_MIN ? 2 * wide : DL_SLOT_MIN) + 127) / 128 * 128;   // a whole row fits
-    const size_t fixed = 2 * (size_t)a->vec_elems * 2 + (size_t)(a->act_floats + a->part_floats + 32) * 4 + 4 * 8;
-    const size_t budget = st->max_smem_optin > fixed ? st->max_smem_optin - fixed : 0;
-    int stages = (int)(budget / (a->slot_bytes + 16));
-    if (stages > DL_MAX_STAGES) stages = DL_MAX_STAGES;
-    if (stages < DL_MIN_STAGES) {
-        free(a);
-        return 0;
-    }
-    a->n_stages = stages;
-    const size_t smem = (size_t)stages * a->slot_bytes + fixed + (size_t)stages * 16;
+static uint64_t rng_state = 0x2F1B5E7A90C3D481ull;
+static uint64_t rng_next(void) {   // splitmix64
+    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+    return z ^ (z >> 31);
+}
+static double rng_uniform(void) { return (double)(rng_next() >> 11) * (1.0 / 9007199254740992.0) * 2.0 - 1.0; }
+static int rng_below(int n) { return (int)(rng_next() % (uint64_t)n); }
 
-    a->L = d->n_layers;
-    a->C = C;
-    a->I = I;
-    a->Hq = d->Hq;
-    a->Hkv = d->Hkv;
-    a->eps = d->eps;
-    a->scale = d->scale;
-    a->positions = d->positions;
-    a->slots = d->slot_mapping;
-    a->token_seq = d->token_seq;
-    a->block_tables = d->block_tables;
-    a->inv_freq = d->inv_freq;
-    a->block_size = d->block_size;
-    a->max_blocks = d->max_blocks;
-    a->counter = st->grid_sync;
-    a->head_count = st->grid_sync + 1;
-    a->x = (bf16 *)x;
-    for (int l = 0; l < d->n_layers; l++) {
-        const OpsDecodeLayer *L = &d->layers[l];
-        a->layer[l] = DlLayer{(const bf16 *)L->ln1, (const bf16 *)L->wqkv, (const bf16 *)L->bqkv,
-                              (const bf16 *)L->wo,  (const bf16 *)L->ln2,  (const bf16 *)L->wgu,
-                              (const bf16 *)L->wdown, (bf16 *)L->k_cache, (bf16 *)L->v_cache};
+static uint16_t bf16_bits(float f) {   // round to nearest even (no NaN among the inputs)
+    uint32_t u;
+    memcpy(&u, &f, 4);
+    return (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+}
+static float bf16_value(uint16_t b) {
+    const uint32_t u = (uint32_t)b << 16;
+    float f;
+    memcpy(&f, &u, 4);
+    return f;
+}
+static float round_bf16(float f) { return bf16_value(bf16_bits(f)); }
+
+static float *random_bf16(size_t n, float center, float spread) {
+    float *h = (float *)malloc(n * sizeof *h);
+    for (size_t i = 0; i < n; i++) h[i] = round_bf16(center + spread * (float)rng_uniform());
+    return h;
+}
+
+static bf16 *upload(const float *h, size_t n) {
+    uint16_t *b = (uint16_t *)malloc(n * 2);
+    for (size_t i = 0; i < n; i++) b[i] = bf16_bits(h[i]);
+    void *d = NULL;
+    CUDA_CHECK(cudaMalloc(&d, n * 2));
+    CUDA_CHECK(cudaMemcpy(d, b, n * 2, cudaMemcpyHostToDevice));
+    free(b);
+    return (bf16 *)d;
+}
+static void download(float *h, const bf16 *d, size_t n) {
+    uint16_t *b = (uint16_t *)malloc(n * 2);
+    CUDA_CHECK(cudaMemcpy(b, d, n * 2, cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < n; i++) h[i] = bf16_value(b[i]);
+    free(b);
+}
+template <typename T> static T *upload_raw(const T *h, size_t n) {
+    void *d = NULL;
+    CUDA_CHECK(cudaMalloc(&d, n * sizeof(T)));
+    CUDA_CHECK(cudaMemcpy(d, h, n * sizeof(T), cudaMemcpyHostToDevice));
+    return (T *)d;
+}
+
+struct Shape {
+    const char *name;
+    int L, C, I, Hq, Hkv, D, bias;
+};
+
+enum { T_LN1, T_WQKV, T_BQKV, T_WO, T_LN2, T_WGU, T_WDOWN, N_TENSORS };
+
+// One case's host values: weights, caches (n_slots, Hkv, D) per layer, x, the block table and the token.
+struct Case {
+    Shape s;
+    int n_slots, max_blocks, block_size, pos, slot;
+    float **w[N_TENSORS];
+    float **kc, **vc;
+    float *x, *inv_freq;
+    int32_t *table;
+};
+
+static void tensor_sizes(const Shape *s, size_t n[N_TENSORS]) {
+    const size_t QD = (size_t)s->Hq * s->D, QKV = QD + 2 * (size_t)s->Hkv * s->D;
+    n[T_LN1] = s->C, n[T_WQKV] = QKV * s->C, n[T_BQKV] = QKV, n[T_WO] = (size_t)s->C * QD, n[T_LN2] = s->C;
+    n[T_WGU] = 2 * (size_t)s->I * s->C, n[T_WDOWN] = (size_t)s->C * s->I;
+}
+
+// A context of pos + 1 positions in blocks scattered over a pool of three spare blocks more; table entries past
+// the context are -1.
+static void case_make(Case *k, Shape s, int pos, int store) {
+    memset(k, 0, sizeof *k);
+    k->s = s;
+    k->block_size = 16;
+    k->pos = pos;
+    const int n_ctx_blocks = (pos + 1 + k->block_size - 1) / k->block_size, n_pool = n_ctx_blocks + 3;
+    k->max_blocks = n_ctx_blocks + 2;
+    int *perm = (int *)malloc(n_pool * sizeof(int));
+    for (int i = 0; i < n_pool; i++) perm[i] = i;
+    for (int i = n_pool - 1; i > 0; i--) {
+        const int j = rng_below(i + 1), t = perm[i];
+        perm[i] = perm[j];
+        perm[j] = t;
     }
-    // Scratch: qkv, att, xmid, act (bf16), then the attention partials (fp32), each 256-byte aligned.
-    const size_t b_qkv = ((size_t)QKV * 2 + 255) / 256 * 256, b_c = ((size_t)C * 2 + 255) / 256 * 256;
-    const size_t b_att = ((size_t)QD * 2 + 255) / 256 * 256;
-    const size_t b_i = ((size_t)I * 2 + 255) / 256 * 256;
-    const size_t b_acc = (size_t)d->Hq * DL_MAX_PARTS * D * 4, b_ml = (size_t)d->Hq * DL_MAX_PARTS * 2 * 4;
-    char *scratch = (char *)cuda_scratch(ctx, st, b_qkv + b_att + b_c + b_i + b_acc + b_ml);
-    if (!scratch) {
-        free(a);
-        return 1;   // the error is recorded
+    k->table = (int32_t *)malloc(k->max_blocks * sizeof(int32_t));
+    for (int b = 0; b < k->max_blocks; b++) k->table[b] = b < n_ctx_blocks ? perm[b] : -1;
+    free(perm);
+    k->n_slots = n_pool * k->block_size;
+    k->slot = store ? k->table[pos / k->block_size] * k->block_size + pos % k->block_size : -1;
+    size_t n[N_TENSORS];
+    tensor_sizes(&s, n);
+    const float center[N_TENSORS] = {1.0f, 0.0f, 0.0f, 0.0f, 1.0f, 0.0f, 0.0f};
+    const float spread[N_TENSORS] = {0.2f, 0.06f, 0.5f, 0.06f, 0.2f, 0.06f, 0.04f};
+    for (int t = 0; t < N_TENSORS; t++) {
+        k->w[t] = (float **)calloc(s.L, sizeof(float *));
+        for (int l = 0; l < s.L; l++) k->w[t][l] = random_bf16(n[t], center[t], spread[t]);
     }
-    a->qkv = (bf16 *)scratch;
-    scratch += b_qkv;
-    a->att = (bf16 *)scratch;
-    scratch += b_att;
-    a->xmid = (bf16 *)scratch;
-    scratch += b_c;
-    a->act = (bf16 *)scratch;
-    scratch += b_i;
-    a->part_acc = (float *)scratch;
-    a->part_ml = (float *)(scratch + b_acc);
-    const char *tr = getenv("TANDEM_DECODE_LAYERS_TRACE");
-    const int tracing = tr && strcmp(tr, "0") != 0 && !cuda_recording(st);
-    const size_t n_trace = 2 * (size_t)d->n_layers * DL_TRACE_POINTS;
-    if (tracing) CUDA_CHECK_RET(ctx, cudaMallocManaged(&a->trace, n_trace * 8), 1);
-    const int done = D == 64 ? launch<64>(ctx, st, a, smem) : launch<128>(ctx, st, a, smem);
-    if (tracing) {
-        print_trace(ctx, st, a->trace, d->n_layers, stages, smem);
-        cudaFree(a->trace);
+    const size_t KVD = (size_t)s.Hkv * s.D;
+    k->kc = (float **)calloc(s.L, sizeof(float *));
+    k->vc = (float **)calloc(s.L, sizeof(float *));
+    for (int l = 0; l < s.L; l++) {
+        k->kc[l] = random_bf16((size_t)k->n_slots * KVD, 0.0f, 1.0f);
+        k->vc[l] = random_bf16((size_t)k->n_slots * KVD, 0.0f, 1.0f);
+    }
+    k->x = random_bf16(s.C, 0.0f, 1.0f);
+    k->inv_freq = (float *)malloc((size_t)s.D / 2 * sizeof(float));
+    for (int i = 0; i < s.D / 2; i++) k->inv_freq[i] = powf(10000.0f, -2.0f * i / (float)s.D);
+}
+
+static void case_free(Case *k) {
+    for (int t = 0; t < N_TENSORS; t++) {
+        for (int l = 0; l < k->s.L; l++) free(k->w[t][l]);
+        free(k->w[t]);
+    }
+    for (int l = 0; l < k->s.L; l++) free(k->kc[l]), free(k->vc[l]);
+    free(k->kc), free(k->vc), free(k->x), free(k->inv_freq), free(k->table);
+}
+
+// ---- the CPU reference (fp32 values, sums in double) ------------------------------------------------------
+
+static void rmsnorm(float *out, const float *x, const float *w, int C, float eps) {
+    double ss = 0.0;
+    for (int i = 0; i < C; i++) ss += (double)x[i] * x[i];
+    const float r = (float)(1.0 / sqrt(ss / C + eps));
+    for (int i = 0; i < C; i++) out[i] = x[i] * r * w[i];
+}
+
+static void matvec(float *out, const float *w, const float *x, const float *bias, int rows, int K) {
+    for (int o = 0; o < rows; o++) {
+        double s = bias ? bias[o] : 0.0;
+        const float *row = w + (size_t)o * K;
+        for (int i = 0; i < K; i++) s += (double)row[i] * x[i];
+        out[o] = (float)s;
+    }
+}
+
+static void rope(float *v, int pos, const float *inv_freq, int D) {
+    const int half = D / 2;
+    for (int i = 0; i < half; i++) {
+        const double a = (double)pos * inv_freq[i], c = cos(a), s = sin(a);
+        const double x1 = v[i], x2 = v[i + half];
+        v[i] = (float)(x1 * c - x2 * s);
+        v[i + half] = (float)(x2 * c + x1 * s);
+    }
+}
+
+// The step on the case's host values: x and the caches updated in place.
+static void reference_step(Case *k) {
+    const Shape *s = &k->s;
+    const int C = s->C, I = s->I, D = s->D, Hq = s->Hq, Hkv = s->Hkv, G = Hq / Hkv, QD = Hq * D;
+    const int QKV = QD + 2 * Hkv * D, KVD = Hkv * D, pos = k->pos;
+    const float eps = 1e-6f, scale = 1.0f / sqrtf((float)D);
+    float *h = (float *)malloc(C * sizeof(float)), *qkv = (float *)malloc(QKV * sizeof(float));
+    float *att = (float *)malloc(QD * sizeof(float)), *xmid = (float *)malloc(C * sizeof(float));
+    float *gu = (float *)malloc(2 * (size_t)I * sizeof(float)), *act = (float *)malloc(I * sizeof(float));
+    float *down = (float *)malloc(C * sizeof(float)), *p = (float *)malloc((pos + 1) * sizeof(float));
+    for (int l = 0; l < s->L; l++) {
+        rmsnorm(h, k->x, k->w[T_LN1][l], C, eps);
+        matvec(qkv, k->w[T_WQKV][l], h, s->bias ? k->w[T_BQKV][l] : NULL, QKV, C);
+        for (int hh = 0; hh < Hq + Hkv; hh++) rope(qkv + hh * D, pos, k->inv_freq, D);
+        if (k->slot >= 0) {
+            memcpy(k->kc[l] + (size_t)k->slot * KVD, qkv + QD, KVD * sizeof(float));
+            memcpy(k->vc[l] + (size_t)k->slot * KVD, qkv + QD + KVD, KVD * sizeof(float));
+        }
+        for (int hh = 0; hh < Hq; hh++) {
+            const int g = hh / G;
+            const float *q = qkv + hh * D;
+            double mx = -INFINITY;
+            int bad = 0;
+            for (int t = 0; t <= pos; t++) {
+                const int blk = t / k->block_size < k->max_blocks ? k->table[t / k->block_size] : -1;
+                if (blk < 0) {
+                    bad = 1;
+                    break;
+                }
+                const float *kr = k->kc[l] + ((size_t)(blk * k->block_size + t % k->block_size) * Hkv + g) * D;
+                double dot = 0.0;
+                for (int i = 0; i < D; i++) dot += (double)q[i] * kr[i];
+                p[t] = (float)(dot * scale);
+                if (p[t] > mx) mx = p[t];
+            }
+            double sum = 0.0;
+            for (int t = 0; t <= pos && !bad; t++) sum += (p[t] = (float)exp(p[t] - mx));
+            for (int i = 0; i < D; i++) {
+                double o = 0.0;
+                for (int t = 0; t <= pos && !bad; t++) {
+                    const int blk = k->table[t / k->block_size];
+                    o += (double)p[t] * k->vc[l][((size_t)(blk * k->block_size + t % k->block_size) * Hkv + g) * D + i];
+                }
+                att[hh * D + i] = bad ? NAN : (float)(o / sum);
+            }
+        }
+        matvec(xmid, k->w[T_WO][l], att, NULL, C, QD);
+        for (int i = 0; i < C; i++) xmid[i] += k->x[i];
+        rmsnorm(h, xmid, k->w[T_LN2][l], C, eps);
+        matvec(gu, k->w[T_WGU][l], h, NULL, 2 * I, C);
+        for (int i = 0; i < I; i++) act[i] = gu[i] / (1.0f + expf(-gu[i])) * gu[I + i];
+        matvec(down, k->w[T_WDOWN][l], act, NULL, C, I);
+        for (int i = 0; i < C; i++) k->x[i] = xmid[i] + down[i];
+    }
+    free(h), free(qkv), free(att), free(xmid), free(gu), free(act), free(down), free(p);
+}
+
+// ---- the GPU side of a case -------------------------------------------------------------------------------
+
+struct GpuCase {
+    DlLayer *layers;   // host array of device pointers
+    bf16 *x;
+    int32_t *pos, *slot, *seq, *table;
+    float *inv_freq;
+    Step step;
+};
+
+static void gpu_case_make(GpuCase *g, const Case *k) {
+    const Shape *s = &k->s;
+    size_t n[N_TENSORS];
+    tensor_sizes(s, n);
+    const size_t KVD = (size_t)s->Hkv * s->D;
+    g->layers = (DlLayer *)calloc(s->L, sizeof(DlLayer));
+    for (int l = 0; l < s->L; l++) {
+        DlLayer *y = &g->layers[l];
+        y->ln1 = upload(k->w[T_LN1][l], n[T_LN1]);
+        y->wqkv = upload(k->w[T_WQKV][l], n[T_WQKV]);
+        y->bqkv = s->bias ? upload(k->w[T_BQKV][l], n[T_BQKV]) : NULL;
+        y->wo = upload(k->w[T_WO][l], n[T_WO]);
+        y->ln2 = upload(k->w[T_LN2][l], n[T_LN2]);
+        y->wgu = upload(k->w[T_WGU][l], n[T_WGU]);
+        y->wdown = upload(k->w[T_WDOWN][l], n[T_WDOWN]);
+        y->k_cache = upload(k->kc[l], (size_t)k->n_slots * KVD);
+        y->v_cache = upload(k->vc[l], (size_t)k->n_slots * KVD);
+    }
+    const int32_t pos = k->pos, slot = k->slot, seq = 0;
+    g->x = upload(k->x, s->C);
+    g->pos = upload_raw(&pos, 1);
+    g->slot = upload_raw(&slot, 1);
+    g->seq = upload_raw(&seq, 1);
+    g->table = upload_raw(k->table, (size_t)k->max_blocks);
+    g->inv_freq = upload_raw(k->inv_freq, (size_t)s->D / 2);
+    Step st = {};
+    st.L = s->L, st.C = s->C, st.I = s->I, st.Hq = s->Hq, st.Hkv = s->Hkv, st.D = s->D;
+    st.eps = 1e-6f;
+    st.scale = 1.0f / sqrtf((float)s->D);
+    st.layers = g->layers;
+    st.x = g->x;
+    st.positions = g->pos, st.slots = g->slot, st.token_seq = g->seq, st.block_tables = g->table;
+    st.inv_freq = g->inv_freq;
+    st.block_size = k->block_size, st.max_blocks = k->max_blocks;
+    g->step = st;
+}
+
+static void gpu_case_free(GpuCase *g, int L) {
+    for (int l = 0; l < L; l++) {
+        DlLayer *y = &g->layers[l];
+        cudaFree((void *)y->ln1), cudaFree((void *)y->wqkv), cudaFree((void *)y->bqkv), cudaFree((void *)y->wo);
+        cudaFree((void *)y->ln2), cudaFree((void *)y->wgu), cudaFree((void *)y->wdown);
+        cudaFree(y->k_cache), cudaFree(y->v_cache);
+    }
+    cudaFree(g->x), cudaFree(g->pos), cudaFree(g->slot), cudaFree(g->seq), cudaFree(g->table), cudaFree(g->inv_freq);
+    free(g->layers);
+}
+
+// x and every layer's caches after one launch on a fresh copy of the case: k then v, (L, n_slots * KVD) each.
+struct Result {
+    float *x, **kc, **vc;
+};
+
+static int gpu_run(Device *dv, const Case *k, Result *r) {
+    GpuCase g;
+    gpu_case_make(&g, k);
+    DlArgs *a = (DlArgs *)malloc(sizeof(DlArgs));
+    size_t smem = 0;
+    int ran = configure(dv, &g.step, a, &smem) && launch(dv, a, k->s.D, smem, 0);
+    CUDA_CHECK(cudaDeviceSynchronize());
+    const size_t n = (size_t)k->n_slots * k->s.Hkv * k->s.D;
+    r->x = (float *)malloc(k->s.C * sizeof(float));
+    r->kc = (float **)calloc(k->s.L, sizeof(float *));
+    r->vc = (float **)calloc(k->s.L, sizeof(float *));
+    download(r->x, g.x, k->s.C);
+    for (int l = 0; l < k->s.L; l++) {
+        r->kc[l] = (float *)malloc(n * sizeof(float));
+        r->vc[l] = (float *)malloc(n * sizeof(float));
+        download(r->kc[l], g.layers[l].k_cache, n);
+        download(r->vc[l], g.layers[l].v_cache, n);
     }
     free(a);
-    return done;
+    gpu_case_free(&g, k->s.L);
+    return ran;
+}
+
+static void result_free(Result *r, int L) {
+    for (int l = 0; l < L; l++) free(r->kc[l]), free(r->vc[l]);
+    free(r->kc), free(r->vc), free(r->x);
+}
+
+// ---- checks -----------------------------------------------------------------------------------------------
+
+static const double TOL = 5e-2;
+static int failures, n_cases;
+static double worst_err;
+
+static double scaled_err(const float *g, const float *c, size_t n) {
+    double ss = 0.0, worst = 0.0;
+    for (size_t i = 0; i < n; i++) ss += (double)c[i] * c[i];
+    const double rms = sqrt(ss / (double)n);
+    for (size_t i = 0; i < n; i++) {
+        const double e = fabs((double)g[i] - c[i]) / (fabs(c[i]) + rms + 1e-30);
+        if (!(e <= worst)) worst = isnan(e) ? INFINITY : e;
+    }
+    return worst;
+}
+
+static void run_case(Device *dv, Shape s, int pos, int store) {
+    char what[96];
+    snprintf(what, sizeof what, "%s x%d pos %d%s", s.name, s.L, pos, store ? "" : " (slot -1)");
+    Case k;
+    case_make(&k, s, pos, store);
+    Result r1, r2;
+    const int ran1 = gpu_run(dv, &k, &r1), ran2 = gpu_run(dv, &k, &r2);
+    if (!ran1 || !ran2) {
+        printf("FAIL %s: the kernel does not take this shape on this device\n", what);
+        failures++;
+        result_free(&r1, s.L), result_free(&r2, s.L);
+        case_free(&k);
+        return;
+    }
+    reference_step(&k);   // k now holds the expected x and caches (only the token's slot row changes)
+    const size_t KVD = (size_t)s.Hkv * s.D;
+    double e = scaled_err(r1.x, k.x, s.C);
+    size_t other_bad = 0, diff = memcmp(r1.x, r2.x, s.C * sizeof(float)) != 0;
+    for (int l = 0; l < s.L; l++) {
+        if (k.slot >= 0) {
+            e = fmax(e, scaled_err(r1.kc[l] + (size_t)k.slot * KVD, k.kc[l] + (size_t)k.slot * KVD, KVD));
+            e = fmax(e, scaled_err(r1.vc[l] + (size_t)k.slot * KVD, k.vc[l] + (size_t)k.slot * KVD, KVD));
+        }
+        for (int sl = 0; sl < k.n_slots; sl++) {
+            if (sl == k.slot) continue;
+            other_bad += memcmp(r1.kc[l] + (size_t)sl * KVD, k.kc[l] + (size_t)sl * KVD, KVD * 4) != 0;
+            other_bad += memcmp(r1.vc[l] + (size_t)sl * KVD, k.vc[l] + (size_t)sl * KVD, KVD * 4) != 0;
+        }
+        const size_t n = (size_t)k.n_slots * KVD * sizeof(float);
+        diff += memcmp(r1.kc[l], r2.kc[l], n) != 0 || memcmp(r1.vc[l], r2.vc[l], n) != 0;
+    }
+    const int ok = e <= TOL && !other_bad && !diff;
+    printf("%s %-36s error %.2e, %zu other cache rows changed, %zu buffers differ between two runs\n",
+           ok ? "  ok  " : "FAIL  ", what, e, other_bad, diff);
+    failures += !ok;
+    n_cases++;
+    if (e > worst_err) worst_err = e;
+    result_free(&r1, s.L), result_free(&r2, s.L);
+    case_free(&k);
+}
+
+// ---- timing -----------------------------------------------------------------------------------------------
+
+// Mean time of a step over `iters` launches (after a warm-up) at context pos + 1; with trace, one more launch
+// whose phases are printed. The launches update x and the token's cache slot in place, which changes values but
+// not the work.
+static void time_shape(Device *dv, Shape s, int pos, int iters, int trace) {
+    Case k;
+    case_make(&k, s, pos, 1);
+    GpuCase g;
+    gpu_case_make(&g, &k);
+    DlArgs *a = (DlArgs *)malloc(sizeof(DlArgs));
+    size_t smem = 0;
+    if (!configure(dv, &g.step, a, &smem)) {
+        printf("%s: the kernel does not take this shape on this device\n", s.name);
+        failures++;
+    } else {
+        cudaStream_t stream;
+        cudaEvent_t ev[2];
+        CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+        CUDA_CHECK(cudaEventCreate(&ev[0]));
+        CUDA_CHECK(cudaEventCreate(&ev[1]));
+        for (int i = 0; i < 10; i++) launch(dv, a, s.D, smem, stream);
+        CUDA_CHECK(cudaEventRecord(ev[0], stream));
+        for (int i = 0; i < iters; i++) launch(dv, a, s.D, smem, stream);
+        CUDA_CHECK(cudaEventRecord(ev[1], stream));
+        CUDA_CHECK(cudaEventSynchronize(ev[1]));
+        float ms = 0.0f;
+        CUDA_CHECK(cudaEventElapsedTime(&ms, ev[0], ev[1]));
+        size_t n[N_TENSORS], bytes = 0;
+        tensor_sizes(&s, n);
+        for (int t = 0; t < N_TENSORS; t++) bytes += (t == T_BQKV && !s.bias ? 0 : n[t]) * 2;
+        bytes *= s.L;
+        const double step_s = ms / 1e3 / iters;
+        printf("%s x%d, context %d: %.1f us a step, weights %.1f MB at %.0f GB/s (%d stages, %zu B shared)\n",
+               s.name, s.L, pos + 1, step_s * 1e6, bytes / 1e6, bytes / step_s / 1e9, a->n_stages, smem);
+        if (trace) {
+            const size_t n_trace = 2 * (size_t)s.L * DL_TRACE_POINTS;
+            unsigned long long *t_dev = NULL;
+            CUDA_CHECK(cudaMalloc(&t_dev, n_trace * 8));
+            a->trace = t_dev;
+            launch(dv, a, s.D, smem, stream);
+            CUDA_CHECK(cudaStreamSynchronize(stream));
+            unsigned long long *t = (unsigned long long *)malloc(n_trace * 8);
+            CUDA_CHECK(cudaMemcpy(t, t_dev, n_trace * 8, cudaMemcpyDeviceToHost));
+            print_trace(t, s.L, a->n_stages, smem);
+            free(t);
+            cudaFree(t_dev);
+        }
+        cudaEventDestroy(ev[0]), cudaEventDestroy(ev[1]);
+        cudaStreamDestroy(stream);
+    }
+    free(a);
+    gpu_case_free(&g, s.L);
+    case_free(&k);
+}
+
+int main(int argc, char **argv) {
+    int trace = 0, iters = 200;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "--trace")) trace = 1;
+        else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
+        else {
+            fprintf(stderr, "usage: %s [--trace] [--iters N]\n", argv[0]);
+            return 2;
+        }
+    }
+    Device dv;
+    device_open(&dv);
+    const Shape q05 = {"qwen2.5-0.5b", 3, 896, 4864, 14, 2, 64, 1};
+    const Shape q15 = {"qwen2.5-1.5b", 2, 1536, 8960, 12, 2, 128, 1};
+    const Shape llama = {"llama no bias", 3, 256, 512, 4, 2, 64, 0};
+    const Shape q3b = {"qwen2.5-3b group 8", 1, 2048, 11008, 16, 2, 128, 1};
+    const int positions[] = {0, 63, 64, 100, 511, 2000};
+    for (size_t i = 0; i < sizeof positions / sizeof positions[0]; i++) {
+        run_case(&dv, q05, positions[i], 1);
+        run_case(&dv, q15, positions[i], 1);
+    }
+    run_case(&dv, q05, 77, 0);
+    run_case(&dv, llama, 0, 1);
+    run_case(&dv, llama, 300, 1);
+    run_case(&dv, q3b, 700, 1);
+    printf("decode_layers: %d cases, worst error %.2e (tolerance %.0e), %d failure(s)\n", n_cases, worst_err, TOL,
+           failures);
+    Shape full05 = q05, full15 = q15;
+    full05.L = 24;
+    full15.L = 28;
+    time_shape(&dv, full05, 511, iters, trace);
+    time_shape(&dv, full15, 511, iters, trace);
+    device_close(&dv);
+    return failures ? 1 : 0;
 }
