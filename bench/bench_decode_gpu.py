@@ -20,14 +20,13 @@ import sys
 import tempfile
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from bench_serve_gpu import SHAPES, VOCAB, measure_ceilings, roofline, use_devlib  # noqa: E402
+from benchlib import QWEN_SHAPES, QWEN_VOCAB, measure_ceilings, roofline, use_devlib
 
 
 def write_config(d, shape):
-    cfg = dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", vocab_size=VOCAB, tie_word_embeddings=True,
-               max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0, hidden_act="silu",
-               **SHAPES[shape])
+    cfg = dict(architectures=["Qwen2ForCausalLM"], model_type="qwen2", vocab_size=QWEN_VOCAB,
+               tie_word_embeddings=True, max_position_embeddings=32768, rms_norm_eps=1e-6, rope_theta=1000000.0,
+               hidden_act="silu", **QWEN_SHAPES[shape])
     (d / "config.json").write_text(json.dumps(cfg))
 
 

@@ -29,13 +29,9 @@ import time
 import torch
 import torch.nn.functional as F
 
+from benchlib import qwen_config
+
 VARIANTS = ["heuristic:0:32", "autotune:2:32", "ws128:1:128"]
-QWEN = {
-    "0.5b": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                 num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True),
-    "1.5b": dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-                 num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True),
-}
 ROUNDS = 5
 
 
@@ -114,9 +110,8 @@ def flop(g):
 
 def step_bench(build, shape, autotune):
     """tok/s of bench_model_step (update mode) with autotuning on or off."""
-    from transformers import Qwen2Config
     exe = pathlib.Path(build) / "bench" / "bench_model_step"
-    cfg = Qwen2Config(**QWEN[shape], max_position_embeddings=4096)
+    cfg = qwen_config(shape)
     with tempfile.TemporaryDirectory() as d:
         cfg.save_pretrained(d)
         out = subprocess.run([str(exe), d, "--device", "cuda", "--batch", "8", "--seq", "1024", "--steps", "5",

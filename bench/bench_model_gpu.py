@@ -26,14 +26,11 @@ import tempfile
 import time
 
 import torch
-from transformers import AutoModelForCausalLM, Qwen2Config
+from transformers import AutoModelForCausalLM
 
-SHAPES = {
-    "qwen2.5-0.5b": dict(vocab_size=151936, hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
-                         num_attention_heads=14, num_key_value_heads=2, tie_word_embeddings=True),
-    "qwen2.5-1.5b": dict(vocab_size=151936, hidden_size=1536, intermediate_size=8960, num_hidden_layers=28,
-                         num_attention_heads=12, num_key_value_heads=2, tie_word_embeddings=True),
-}
+from benchlib import QWEN_SHAPES, qwen_config
+
+SHAPES = {f"qwen2.5-{s}": s for s in QWEN_SHAPES}  # the --shapes names
 PEAK = 989e12
 
 
@@ -88,7 +85,7 @@ def main():
         flags = {"update": ["--checkpoint", "--adamw"], "update-nockpt": ["--adamw"], "fwdbwd": []}[mode]
         flags += [] if args.recompute_logits else ["--keep-logits"]
         for name in args.shapes.split(","):
-            cfg = Qwen2Config(**SHAPES[name], max_position_embeddings=4096)
+            cfg = qwen_config(SHAPES[name])
             with tempfile.TemporaryDirectory() as d:
                 cfg.save_pretrained(d)
                 out = subprocess.run([str(exe), d, "--device", "cuda", "--batch", str(args.batch), "--seq",

@@ -5,7 +5,7 @@
     python3 bench/bench_pool_gpu.py --configs 1+1 --shape 0.5b --steps 4      # smoke test on 2 GPUs
     python3 bench/bench_pool_gpu.py --device-check                             # CPU dry run: 2 ranks + 1 server
 
-Model: random bf16 Qwen2.5-shaped (tied, vocab 151936) built with transformers as bench_sync_gpu.py does, with
+Model: random bf16 Qwen2.5-shaped (tied, vocab 151936) built with transformers (benchlib.build_model), with
 the small byte-level tokenizer of tests/e2e/server_fixtures.py (tiny: that file's 2-layer Llama, vocab 300).
 Task: prompts ask for a number; reward = the built-in regex_format (search) on the decoded completion. Only 300
 of the 151,936 ids decode to text with that tokenizer, so a random 0.5b/1.5b model writes a digit in about 2 % of
@@ -27,90 +27,26 @@ import argparse
 import json
 import os
 import pathlib
-import shutil
 import signal
 import statistics
 import subprocess
 import sys
-import tarfile
 import tempfile
 import threading
 import time
 
 import torch
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "e2e"))
-import server_fixtures  # noqa: E402
-from server_fixtures import free_port  # noqa: E402 (a run of free ports; bench_zero3_gpu imports it from here)
+import benchlib
+from benchlib import build_model, use_devlib
+from server_fixtures import free_port
 
-SHAPES = {
-    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                 num_key_value_heads=2),
-    "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                 num_key_value_heads=2),
-    "tiny": None,
-}
 # Per shape: reward pattern, learning rate, max completion length. A random model's near-uniform policy moves only
 # with large Adam steps: tiny's 2e-2 is scripts/gpu-grpo-check.py's; on a CPU proxy (Qwen2 width 384, 2 layers,
 # vocab 151936) '.' rose from about 0.45 to 0.77 in 8 steps at 1e-2 and stayed flat at 4e-4, so the real widths
 # (896, 1536) get about 1e-2 * 384 / width (Adam moves each layer's output in proportion to lr * width).
 TASKS = {"tiny": ("[0-9]", 2e-2, 12), "0.5b": (".", 3e-3, 256), "1.5b": (".", 2e-3, 256)}
 WORDS = ["the quick brown", "a lazy dog", "seven wizards", "numbers plus", "question answer", "think step"]
-
-
-def use_devlib(build):
-    """Puts the carried folder's bundled libraries (scripts/gpu-build.sh packs them as devlib.tar.xz) on the
-    library path of the processes this script starts; unpacks them first (into /tmp when the folder is read-only)."""
-    lib = build / "devlib"
-    if not lib.is_dir() and (build / "devlib.tar.xz").exists():
-        for dest in (build, pathlib.Path(tempfile.gettempdir()) / "tandem-pool-devlib"):
-            try:
-                dest.mkdir(parents=True, exist_ok=True)
-                with tarfile.open(build / "devlib.tar.xz") as tar:
-                    tar.extractall(dest, filter="data")
-                lib = dest / "devlib"
-                break
-            except OSError as e:
-                print(f"cannot unpack {build / 'devlib.tar.xz'} into {dest}: {e}", file=sys.stderr)
-    if lib.is_dir():
-        os.environ["LD_LIBRARY_PATH"] = f"{lib}:{os.environ.get('LD_LIBRARY_PATH', '')}"
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast can take a shared host's GPUs down
-
-
-def build_model(d, shape):
-    """Writes the model folder; returns {parameter name: numel} (tied embeddings once, as saved)."""
-    if shape == "tiny":
-        model = server_fixtures.build_tiny_model(d)
-        return {n: p.numel() for n, p in model.named_parameters()}
-    from transformers import AutoModelForCausalLM, Qwen2Config
-    server_fixtures.build_tokenizer(d)
-    torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=4096, bos_token_id=None,
-                      eos_token_id=None, **SHAPES[shape])
-    with torch.device("cuda:0"):  # random init on the GPU: seconds instead of a minute
-        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
-    model.save_pretrained(d, safe_serialization=True)
-    numels = {n: p.numel() for n, p in model.named_parameters()}
-    del model
-    torch.cuda.empty_cache()
-    return numels
-
-
-def p2p_copy_gbs(dst, nbytes=1 << 30, iters=10):
-    """torch copy of a 1 GiB tensor cuda:0 -> cuda:dst, GB/s one direction."""
-    a = torch.ones(nbytes // 2, dtype=torch.bfloat16, device="cuda:0")
-    b = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=f"cuda:{dst}")
-    for _ in range(3):
-        b.copy_(a)
-    torch.cuda.synchronize(0), torch.cuda.synchronize(dst)
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        b.copy_(a)
-    torch.cuda.synchronize(0), torch.cuda.synchronize(dst)
-    dt = time.perf_counter() - t0
-    del a, b
-    torch.cuda.empty_cache()
-    return nbytes * iters / dt / 1e9
 
 
 def gpu_mem_mib():
@@ -159,6 +95,11 @@ def expected_rank_bytes(model_dir, params, T, batch, tokens_per_seq):
     return total, text
 
 
+def print_step(n, r):
+    print(f"  step {n}: reward {r['reward']:.3f}, step {r['step_time']:.2f} s (train {r['train_time']:.2f}, "
+          f"sync {r['sync_time']:.3f})", flush=True)
+
+
 def run_config(a, T, S, model_dir, data, work, regex, lr, comp_len):
     """Runs one T+S configuration; returns (metrics rows, launch log text, failure note or '', mem dict)."""
     cpu = a.device_check
@@ -183,37 +124,12 @@ def run_config(a, T, S, model_dir, data, work, regex, lr, comp_len):
     base = gpu_mem_mib()
     sampler = MemSampler()
     sampler.start()
-    note, stopped = "", False
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline, seen = time.time() + a.timeout, 0
         try:
-            while True:
-                exited = proc.poll() is not None  # asked before reading, so that its last rows are read
-                done = metrics.read_text().split("\n")[:-1] if metrics.exists() else []  # whole lines only
-                for line in done[seen:]:
-                    r = json.loads(line)
-                    seen += 1
-                    print(f"  step {seen}: reward {r['reward']:.3f}, step {r['step_time']:.2f} s (train "
-                          f"{r['train_time']:.2f}, sync {r['sync_time']:.3f})", flush=True)
-                if seen >= a.steps:
-                    break
-                if exited:
-                    note = f"tandem-train launch exited with {proc.returncode} after {seen} of {a.steps} steps"
-                    break
-                if time.time() > deadline:
-                    note = f"timeout after {a.timeout} s ({seen} of {a.steps} steps)"
-                    break
-                time.sleep(0.5)
+            _, note = benchlib.follow_metrics(proc, metrics, a.steps, a.timeout, print_step, poll_s=0.5)
         finally:
-            if proc.poll() is None:  # SIGTERM: the launcher stops its ranks and servers
-                stopped = True
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=90)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+            stopped = benchlib.stop(proc, 90)  # SIGTERM: the launcher stops its ranks and servers
     sampler.halt.set()
     sampler.join()
     text = log_path.read_text(errors="replace")
@@ -221,16 +137,9 @@ def run_config(a, T, S, model_dir, data, work, regex, lr, comp_len):
     if not note and want not in text:
         note = f"the trainer's start line lacks {want!r}"
     if note:
-        tails = [f"--- launcher + rank 0 log (tail)\n{text[-4000:]}"]
-        for p in sorted(logs.glob("*.log")) if logs.is_dir() else []:
-            tails.append(f"--- {p.name} (tail)\n{p.read_text(errors='replace')[-1500:]}")
-        note += "\n" + "\n".join(tails)
-    if os.environ.get("OUT"):  # the launcher's, ranks' and servers' logs beside the table
-        keep = pathlib.Path(os.environ["OUT"]) / f"pool_{T}+{S}-logs"
-        keep.mkdir(parents=True, exist_ok=True)
-        for p in [log_path, *(sorted(logs.glob("*.log")) if logs.is_dir() else [])]:
-            shutil.copy(p, keep / p.name)
-    rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+        note += benchlib.launch_log_tails(text, logs)
+    benchlib.keep_launch_logs(f"pool_{T}+{S}", log_path, logs)  # the launcher's, ranks' and servers' logs
+    rows = benchlib.read_metrics(metrics)
     mem = {g: (sampler.peak[g], sampler.peak[g] - base.get(g, 0)) for g in sorted(sampler.peak)}
     print(f"{T}+{S}: {len(rows)} steps, {'stopped after the last step' if stopped else 'exited by itself'}",
           flush=True)
@@ -302,7 +211,7 @@ def main():
     ap.add_argument("--trainers", type=int, default=7)
     ap.add_argument("--servers", type=int, default=1)
     ap.add_argument("--configs", default="", help="comma list of T+S, run in turn (overrides --trainers/--servers)")
-    ap.add_argument("--shape", choices=list(SHAPES), default="1.5b")
+    ap.add_argument("--shape", choices=[*benchlib.QWEN_SHAPES, "tiny"], default="1.5b")
     ap.add_argument("--steps", type=int, default=20)
     ap.add_argument("--batch", type=int, default=16, help="completions per rank per step (multiple of 8)")
     ap.add_argument("--lr", type=float, default=None, help="learning rate (default: per shape, see TASKS)")
@@ -347,7 +256,7 @@ def main():
         print(f"{a.shape}: {params / 1e6:.1f}M params, reward regex_format {regex!r} (search), lr {lr}, "
               f"max completion {comp_len}, batch {a.batch} per rank", flush=True)
         for T, S in configs:
-            copy = float("nan") if a.device_check else p2p_copy_gbs(T)
+            copy = float("nan") if a.device_check else benchlib.p2p_copy_gbs(T)
             rows, log, note, mem = run_config(a, T, S, model_dir, data, work, regex, lr, comp_len)
             zero_line = next((ln.split("tandem-train: ", 1)[-1] for ln in log.splitlines() if "ZeRO-3 over" in ln), "")
             _, expect = expected_rank_bytes(model_dir, params, T, a.batch, prompt_len + comp_len)

@@ -12,15 +12,13 @@ import argparse
 import concurrent.futures
 import os
 import pathlib
-import sys
 import tempfile
 import time
 
 import torch
 from transformers import AutoModelForCausalLM, LlamaConfig
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "e2e"))
-import server_fixtures  # noqa: E402
+from benchlib import server_fixtures
 
 
 def build_model(out_dir):

@@ -28,83 +28,22 @@ differ in rounding, so long continuations may part on near-ties).
 """
 import argparse
 import concurrent.futures
-import os
 import pathlib
-import sys
-import tarfile
 import tempfile
 import time
 
 import torch
-from transformers import AutoModelForCausalLM, Qwen2Config
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "e2e"))
-import server_fixtures  # noqa: E402
+import benchlib
+from benchlib import measure_ceilings, roofline, server_fixtures, use_devlib
 
-
-def use_devlib(build):
-    """Puts the carried folder's bundled libraries (scripts/gpu-build.sh packs them as devlib.tar.xz) on the
-    library path of the tandem processes this script starts; unpacks them first when needed."""
-    lib = build / "devlib"
-    if not lib.is_dir() and (build / "devlib.tar.xz").exists():
-        try:
-            with tarfile.open(build / "devlib.tar.xz") as tar:
-                tar.extractall(build, filter="data")
-        except OSError as e:  # a read-only folder: scripts/gpu-check.sh unpacks elsewhere and sets the path
-            print(f"cannot unpack {build / 'devlib.tar.xz'}: {e}", file=sys.stderr)
-    if lib.is_dir():
-        os.environ["LD_LIBRARY_PATH"] = f"{lib}:{os.environ.get('LD_LIBRARY_PATH', '')}"
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast can take a shared host's GPUs down
-
-SHAPES = {
-    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                 num_key_value_heads=2),
-    "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                 num_key_value_heads=2),
-}
-VOCAB = 151936
+VOCAB = benchlib.QWEN_VOCAB
 PROMPT_LEN = 32
 
 
 def build_model(d, shape):
-    server_fixtures.build_tokenizer(d)
-    torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=VOCAB, tie_word_embeddings=True, max_position_embeddings=4096, bos_token_id=None,
-                      eos_token_id=None, **SHAPES[shape])
-    with torch.device("cuda"):  # random init on the GPU: seconds instead of a minute for 1.5B
-        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, attn_implementation="sdpa").eval()
-    model.save_pretrained(d, safe_serialization=True)
-    return model, cfg
-
-
-def measure_ceilings():
-    """(device copy GB/s counting read + write, bf16 matmul FLOP/s) on the current GPU."""
-    n = 1 << 30  # bf16 elements: 2 GiB per buffer
-    src = torch.empty(n, dtype=torch.bfloat16, device="cuda").fill_(1)
-    dst = torch.empty_like(src)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    for _ in range(3):
-        dst.copy_(src)
-    start.record()
-    for _ in range(10):
-        dst.copy_(src)
-    end.record()
-    torch.cuda.synchronize()
-    bw = 2 * 2 * n * 10 / (start.elapsed_time(end) * 1e-3)
-    del src, dst
-    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
-    b = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
-    for _ in range(5):
-        a @ b
-    start.record()
-    for _ in range(20):
-        a @ b
-    end.record()
-    torch.cuda.synchronize()
-    peak = 2 * 8192 ** 3 * 20 / (start.elapsed_time(end) * 1e-3)
-    del a, b
-    torch.cuda.empty_cache()
-    return bw, peak
+    model = benchlib.build_qwen_model(d, shape, "cuda", attn_implementation="sdpa").eval()
+    return model, model.config
 
 
 def prompts_for(c, length=PROMPT_LEN):
@@ -179,16 +118,10 @@ def engine_split(before, after, wall):
             f" (model+sampling by kind: {kinds})")
 
 
-def roofline(b, ctx_mean, weight_bytes, kv_bytes_per_token, params, bw, peak):
-    """(memory bound, compute bound) in tokens/s for a decode batch of b sequences at mean context ctx_mean."""
-    mem = b * bw / (weight_bytes + b * kv_bytes_per_token * ctx_mean)
-    return mem, peak / (2 * params)
-
-
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default="build-gpu.carry")
-    ap.add_argument("--shape", choices=list(SHAPES), default="0.5b")
+    ap.add_argument("--shape", choices=list(benchlib.QWEN_SHAPES), default="0.5b")
     ap.add_argument("--streams", default="1,64,256,512")
     ap.add_argument("--max-tokens", type=int, default=128)
     ap.add_argument("--quick", action=argparse.BooleanOptionalAction, default=True,

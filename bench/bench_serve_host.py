@@ -23,14 +23,12 @@ import random
 import re
 import shutil
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "e2e"))
-import server_fixtures  # noqa: E402
-from server_fixtures import free_port  # noqa: E402
+from benchlib import server_fixtures
+from server_fixtures import free_port
 
 
 def build_model(out_dir):

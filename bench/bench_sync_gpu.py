@@ -21,73 +21,15 @@ import argparse
 import json
 import os
 import pathlib
-import signal
 import subprocess
 import sys
-import tarfile
 import tempfile
-import time
 
 import torch
-from transformers import AutoModelForCausalLM, Qwen2Config
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "e2e"))
-import server_fixtures  # noqa: E402
-from server_fixtures import free_port  # noqa: E402
-
-
-def use_devlib(build):
-    """Puts the carried folder's bundled libraries (scripts/gpu-build.sh packs them as devlib.tar.xz) on the
-    library path of the tandem processes this script starts; unpacks them first when needed."""
-    lib = build / "devlib"
-    if not lib.is_dir() and (build / "devlib.tar.xz").exists():
-        try:
-            with tarfile.open(build / "devlib.tar.xz") as tar:
-                tar.extractall(build, filter="data")
-        except OSError as e:  # a read-only folder: scripts/gpu-check.sh unpacks elsewhere and sets the path
-            print(f"cannot unpack {build / 'devlib.tar.xz'}: {e}", file=sys.stderr)
-    if lib.is_dir():
-        os.environ["LD_LIBRARY_PATH"] = f"{lib}:{os.environ.get('LD_LIBRARY_PATH', '')}"
-    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast can take a shared host's GPUs down
-
-SHAPES = {
-    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                 num_key_value_heads=2),
-    "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
-                 num_key_value_heads=2),
-}
-
-
-def p2p_copy_gbs(nbytes=1 << 30, iters=10):
-    a = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda:0").fill_(1)
-    b = torch.empty(nbytes // 2, dtype=torch.bfloat16, device="cuda:1")
-    for _ in range(3):
-        b.copy_(a)
-    torch.cuda.synchronize(0)
-    torch.cuda.synchronize(1)
-    t0 = time.perf_counter()
-    for _ in range(iters):
-        b.copy_(a)
-    torch.cuda.synchronize(0)
-    torch.cuda.synchronize(1)
-    dt = time.perf_counter() - t0
-    del a, b
-    torch.cuda.empty_cache()
-    return nbytes * iters / dt / 1e9
-
-
-def build_model(d, shape):
-    server_fixtures.build_tokenizer(d)
-    torch.manual_seed(0)
-    cfg = Qwen2Config(vocab_size=151936, tie_word_embeddings=True, max_position_embeddings=4096, bos_token_id=None,
-                      eos_token_id=None, **SHAPES[shape])
-    with torch.device("cuda:0"):
-        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16)
-    model.save_pretrained(d, safe_serialization=True)
-    params = sum(p.numel() for p in model.parameters())  # tied: the embedding once, as saved
-    del model
-    torch.cuda.empty_cache()
-    return params
+import benchlib
+from benchlib import build_model, server_fixtures, use_devlib
+from server_fixtures import free_port
 
 
 def run_sync(build, model_dir, data, work, transport, steps, select, timeout, extra_env=None, tag=None):
@@ -113,38 +55,19 @@ def run_sync(build, model_dir, data, work, transport, steps, select, timeout, ex
     with server_fixtures.TandemServer(model_dir, "--control", control, "--kv-cache-memory", "2G", *sargs, env=senv,
                                       start_timeout=300) as srv, open(log_path, "w") as log:
         proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
-        deadline = time.time() + timeout
-        note = ""
-        while True:
-            n = len(metrics.read_text().splitlines()) if metrics.exists() else 0
-            if n >= steps:
-                break
-            if proc.poll() is not None:
-                note = f"tandem-train exited with {proc.returncode} after {n} steps"
-                break
-            if time.time() > deadline:
-                note = f"timeout after {timeout} s ({n} steps)"
-                break
-            time.sleep(0.2)
-        if proc.poll() is None:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                proc.wait()
+        _, note = benchlib.follow_metrics(proc, metrics, steps, timeout, what="tandem-train")
+        benchlib.stop(proc, 30, group=False)
         server_log = srv.log_text()
     text = log_path.read_text(errors="replace")
     if note:
         note += f"\n--- trainer log (tail)\n{text[-3000:]}\n--- server log (tail)\n{server_log[-2000:]}"
-    rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
-    return rows, text, note
+    return benchlib.read_metrics(metrics), text, note
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default="build-gpu.carry")
-    ap.add_argument("--shape", choices=list(SHAPES), default="1.5b")
+    ap.add_argument("--shape", choices=list(benchlib.QWEN_SHAPES), default="1.5b")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--transports", default="nccl", help="comma-separated: nccl, zmq")
     ap.add_argument("--server-gpu", choices=["cvd", "index"], default="cvd")
@@ -158,17 +81,14 @@ def main():
     build = pathlib.Path(args.build).resolve()
     use_devlib(build)
     server_fixtures.BUILD = build
-    copy = float("nan") if args.dry_run_cpu else p2p_copy_gbs()
+    copy = float("nan") if args.dry_run_cpu else benchlib.p2p_copy_gbs()
     print(f"torch copy cuda:0 -> cuda:1, 1 GiB: {copy:.1f} GB/s", flush=True)
     results, ok = [], True
     with tempfile.TemporaryDirectory() as d:
         d = pathlib.Path(d)
         model_dir = d / "model"
         model_dir.mkdir()
-        if args.dry_run_cpu:
-            params = sum(p.numel() for p in server_fixtures.build_tiny_model(model_dir).parameters())
-        else:
-            params = build_model(model_dir, args.shape)
+        params = sum(build_model(model_dir, "tiny" if args.dry_run_cpu else args.shape).values())
         data = d / "train.jsonl"
         with open(data, "w") as f:
             for i in range(64):

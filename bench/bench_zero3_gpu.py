@@ -4,7 +4,7 @@
                                      [--batch 2] [--seq-len 1024] [--grad-accum 1] [--no-checkpointing]
     python3 bench/bench_zero3_gpu.py --dry-run-cpu      # tiny model, CPU backend, 2 ranks (checks this script)
 
-Model: random bf16 Qwen2.5-shaped (tied, vocab 151936) built with transformers as bench_sync_gpu.py does, with the
+Model: random bf16 Qwen2.5-shaped (tied, vocab 151936) built with transformers (benchlib.build_model), with the
 byte-level tokenizer of tests/e2e/server_fixtures.py (dry run: that file's 2-layer Llama, vocab 300, fp32 on CPU).
 Data: prompt/completion rows of exactly --seq-len tokens (--prompt-len of prompt; the completion ends with the EOS
 text), counted with that tokenizer, so every step has the same size on every rank.
@@ -43,19 +43,17 @@ import json
 import os
 import pathlib
 import random
-import shutil
 import signal
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 import torch
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "tests" / "e2e"))
-import server_fixtures  # noqa: E402
-from bench_pool_gpu import SHAPES, build_model, free_port, use_devlib  # noqa: E402,F401 (same folder)
+import benchlib
+from benchlib import build_model, server_fixtures, use_devlib
+from server_fixtures import free_port
 
 LAYOUT_ALIGN = 64  # shared/layout.h
 # A decoder layer's tensors in the order shared/layout.c places them (those a model lacks are skipped).
@@ -134,6 +132,10 @@ def write_data(path, tok_file, eos, n_rows, seq_len, prompt_len, seed=0):
             f.write(json.dumps({"prompt": prompt, "completion": completion}) + "\n")
 
 
+def print_step(n, r):
+    print(f"  step {n}: {r['step_time']:.3f} s, loss {r['loss']:.3f}", flush=True)
+
+
 def run(a, ranks, overlap, model_dir, data, work, cpu):
     """One launch; returns (metrics rows, launch log text, failure note or '')."""
     tag = f"{ranks}r-{'on' if overlap else 'off'}"
@@ -150,35 +152,12 @@ def run(a, ranks, overlap, model_dir, data, work, cpu):
         env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     print(f"== {tag}: TANDEM_ZERO3_OVERLAP={env['TANDEM_ZERO3_OVERLAP']} " + " ".join(cmd), flush=True)
     metrics, log_path = out / "metrics.jsonl", work / f"launch-{tag}.log"
-    note = ""
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        deadline, seen = time.time() + a.timeout, 0
         try:
-            while True:
-                exited = proc.poll() is not None  # asked before reading, so that its last rows are read
-                done = metrics.read_text().split("\n")[:-1] if metrics.exists() else []  # whole lines only
-                for line in done[seen:]:
-                    r = json.loads(line)
-                    seen += 1
-                    print(f"  step {seen}: {r['step_time']:.3f} s, loss {r['loss']:.3f}", flush=True)
-                if seen >= a.steps:
-                    break
-                if exited:
-                    note = f"tandem-train launch exited with {proc.returncode} after {seen} of {a.steps} steps"
-                    break
-                if time.time() > deadline:
-                    note = f"timeout after {a.timeout} s ({seen} of {a.steps} steps)"
-                    break
-                time.sleep(0.2)
+            _, note = benchlib.follow_metrics(proc, metrics, a.steps, a.timeout, print_step)
         finally:
-            if proc.poll() is None:  # SIGTERM: the launcher stops its ranks
-                proc.send_signal(signal.SIGTERM)
-                try:
-                    proc.wait(timeout=60)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    proc.wait()
+            benchlib.stop(proc, 60)  # SIGTERM: the launcher stops its ranks
     text = log_path.read_text(errors="replace")
     # The rank-0 log says whether the switch took and which collectives ran.
     said_off = "TANDEM_ZERO3_OVERLAP=0" in text
@@ -188,24 +167,16 @@ def run(a, ranks, overlap, model_dir, data, work, cpu):
     if not note and want not in text:
         note = f"rank 0's log lacks {want!r}"
     if note:
-        tails = [f"--- launcher + rank 0 log (tail)\n{text[-4000:]}"]
-        for p in sorted(logs.glob("*.log")) if logs.is_dir() else []:
-            tails.append(f"--- {p.name} (tail)\n{p.read_text(errors='replace')[-1500:]}")
-        note += "\n" + "\n".join(tails)
-    if os.environ.get("OUT"):  # the launcher's and ranks' logs beside the table
-        keep = pathlib.Path(os.environ["OUT"]) / f"zero3_{tag}-logs"
-        keep.mkdir(parents=True, exist_ok=True)
-        for p in [log_path, *(sorted(logs.glob("*.log")) if logs.is_dir() else [])]:
-            shutil.copy(p, keep / p.name)
-    rows = [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
-    return rows, text, note
+        note += benchlib.launch_log_tails(text, logs)
+    benchlib.keep_launch_logs(f"zero3_{tag}", log_path, logs)  # the launcher's and ranks' logs beside the table
+    return benchlib.read_metrics(metrics), text, note
 
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default="build-gpu.carry")
     ap.add_argument("--ranks", type=int, default=0, help="R; default: the visible GPUs (2 in the dry run)")
-    ap.add_argument("--shape", choices=list(SHAPES), default="1.5b")
+    ap.add_argument("--shape", choices=[*benchlib.QWEN_SHAPES, "tiny"], default="1.5b")
     ap.add_argument("--steps", type=int, default=8, help="optimizer steps per run (the median leaves out 1-2)")
     ap.add_argument("--batch", type=int, default=2, help="sequences per rank per micro-step")
     ap.add_argument("--grad-accum", type=int, default=1, help="micro-steps per optimizer step")

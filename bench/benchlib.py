@@ -1,0 +1,204 @@
+"""Helpers the bench scripts share: the Qwen2.5 shapes, the carried libraries, random models, the roofline's
+ceilings, the GPU-to-GPU copy, and following a `tandem-train launch` run through its metrics.jsonl.
+
+The scripts run as `python3 bench/NAME.py` (by hand or through scripts/gpu-check.sh) and `import benchlib`: Python
+puts a script's own folder first on sys.path, so this module is found from any working directory. It imports only
+the standard library itself (torch and transformers inside the functions that use them), and puts tests/e2e on
+sys.path for `server_fixtures` (the e2e tests' server, tokenizer and tiny-model helpers).
+"""
+import json
+import os
+import pathlib
+import shutil
+import signal
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+E2E = ROOT / "tests" / "e2e"
+if str(E2E) not in sys.path:
+    sys.path.insert(0, str(E2E))
+import server_fixtures  # noqa: E402
+
+# Layer shapes of Qwen2.5-0.5B and -1.5B (tied embeddings, vocabulary QWEN_VOCAB).
+QWEN_SHAPES = {
+    "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                 num_key_value_heads=2),
+    "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
+                 num_key_value_heads=2),
+}
+QWEN_VOCAB = 151936
+
+
+def qwen_config(shape, **overrides):
+    """A transformers Qwen2Config of a QWEN_SHAPES shape: tied embeddings, context 4096, random weights to come."""
+    from transformers import Qwen2Config
+    kw = dict(vocab_size=QWEN_VOCAB, tie_word_embeddings=True, max_position_embeddings=4096, **QWEN_SHAPES[shape])
+    kw.update(overrides)
+    return Qwen2Config(**kw)
+
+
+def use_devlib(build):
+    """Puts the carried folder's bundled libraries (scripts/gpu-build.sh packs them as devlib.tar.xz) on the
+    library path of the processes this script starts; unpacks them first (into /tmp when the folder is read-only)."""
+    lib = build / "devlib"
+    if not lib.is_dir() and (build / "devlib.tar.xz").exists():
+        for dest in (build, pathlib.Path(tempfile.gettempdir()) / "tandem-bench-devlib"):
+            try:
+                dest.mkdir(parents=True, exist_ok=True)
+                with tarfile.open(build / "devlib.tar.xz") as tar:
+                    tar.extractall(dest, filter="data")
+                lib = dest / "devlib"
+                break
+            except OSError as e:
+                print(f"cannot unpack {build / 'devlib.tar.xz'} into {dest}: {e}", file=sys.stderr)
+    if lib.is_dir():
+        os.environ["LD_LIBRARY_PATH"] = f"{lib}:{os.environ.get('LD_LIBRARY_PATH', '')}"
+    os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast can take a shared host's GPUs down
+
+
+def build_qwen_model(d, shape, device="cuda:0", **from_config):
+    """Saves a random bf16 Qwen2.5-shaped model (QWEN_SHAPES) with server_fixtures' small byte-level tokenizer into
+    folder d; returns the model, still on `device`. from_config: extra arguments of from_config (attention)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    server_fixtures.build_tokenizer(d)
+    torch.manual_seed(0)
+    cfg = qwen_config(shape, bos_token_id=None, eos_token_id=None)
+    with torch.device(device):  # random init on the GPU: seconds instead of a minute for 1.5B
+        model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, **from_config)
+    model.save_pretrained(d, safe_serialization=True)
+    return model
+
+
+def build_model(d, shape):
+    """Writes a model folder, "tiny" (server_fixtures' 2-layer Llama, vocab 300, for the CPU dry runs) or a
+    QWEN_SHAPES shape; returns {parameter name: numel} (tied embeddings once, as saved) and frees the GPU's copy."""
+    if shape == "tiny":
+        model = server_fixtures.build_tiny_model(d)
+        return {n: p.numel() for n, p in model.named_parameters()}
+    import torch
+    model = build_qwen_model(d, shape)
+    numels = {n: p.numel() for n, p in model.named_parameters()}
+    del model
+    torch.cuda.empty_cache()
+    return numels
+
+
+def measure_ceilings():
+    """(device copy GB/s counting read + write, bf16 matmul FLOP/s) on the current GPU."""
+    import torch
+    n = 1 << 30  # bf16 elements: 2 GiB per buffer
+    src = torch.empty(n, dtype=torch.bfloat16, device="cuda").fill_(1)
+    dst = torch.empty_like(src)
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    for _ in range(3):
+        dst.copy_(src)
+    start.record()
+    for _ in range(10):
+        dst.copy_(src)
+    end.record()
+    torch.cuda.synchronize()
+    bw = 2 * 2 * n * 10 / (start.elapsed_time(end) * 1e-3)
+    del src, dst
+    a = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    b = torch.randn(8192, 8192, dtype=torch.bfloat16, device="cuda")
+    for _ in range(5):
+        a @ b
+    start.record()
+    for _ in range(20):
+        a @ b
+    end.record()
+    torch.cuda.synchronize()
+    peak = 2 * 8192 ** 3 * 20 / (start.elapsed_time(end) * 1e-3)
+    del a, b
+    torch.cuda.empty_cache()
+    return bw, peak
+
+
+def roofline(b, ctx_mean, weight_bytes, kv_bytes_per_token, params, bw, peak):
+    """(memory bound, compute bound) in tokens/s for a decode batch of b sequences at mean context ctx_mean."""
+    mem = b * bw / (weight_bytes + b * kv_bytes_per_token * ctx_mean)
+    return mem, peak / (2 * params)
+
+
+def p2p_copy_gbs(dst=1, nbytes=1 << 30, iters=10):
+    """torch copy of a 1 GiB tensor cuda:0 -> cuda:dst, GB/s one direction."""
+    import torch
+    a = torch.ones(nbytes // 2, dtype=torch.bfloat16, device="cuda:0")
+    b = torch.empty(nbytes // 2, dtype=torch.bfloat16, device=f"cuda:{dst}")
+    for _ in range(3):
+        b.copy_(a)
+    torch.cuda.synchronize(0), torch.cuda.synchronize(dst)
+    t0 = time.perf_counter()
+    for _ in range(iters):
+        b.copy_(a)
+    torch.cuda.synchronize(0), torch.cuda.synchronize(dst)
+    dt = time.perf_counter() - t0
+    del a, b
+    torch.cuda.empty_cache()
+    return nbytes * iters / dt / 1e9
+
+
+def follow_metrics(proc, metrics, steps, timeout, show=None, poll_s=0.2, what="tandem-train launch"):
+    """Waits until the metrics.jsonl at `metrics` has `steps` whole rows, proc exits or `timeout` seconds pass;
+    show(row number, row) is called for each new row. Returns (rows seen, failure note or '')."""
+    deadline, seen = time.time() + timeout, 0
+    while True:
+        exited = proc.poll() is not None  # asked before reading, so that its last rows are read
+        done = metrics.read_text().split("\n")[:-1] if metrics.exists() else []  # whole lines only
+        for line in done[seen:]:
+            r = json.loads(line)
+            seen += 1
+            if show:
+                show(seen, r)
+        if seen >= steps:
+            return seen, ""
+        if exited:
+            return seen, f"{what} exited with {proc.returncode} after {seen} of {steps} steps"
+        if time.time() > deadline:
+            return seen, f"timeout after {timeout} s ({seen} of {steps} steps)"
+        time.sleep(poll_s)
+
+
+def stop(proc, wait_s, group=True):
+    """SIGTERM to proc if it still runs (a launcher then stops its ranks and servers), SIGKILL after wait_s seconds
+    (to its process group when group: it was started with start_new_session). Returns whether it was running."""
+    if proc.poll() is not None:
+        return False
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=wait_s)
+    except subprocess.TimeoutExpired:
+        if group:
+            os.killpg(proc.pid, signal.SIGKILL)
+        else:
+            proc.kill()
+        proc.wait()
+    return True
+
+
+def launch_log_tails(text, logs):
+    """For a failure note: the tail of the launcher's log text and of each log in the launch's --log-dir."""
+    tails = [f"--- launcher + rank 0 log (tail)\n{text[-4000:]}"]
+    for p in sorted(logs.glob("*.log")) if logs.is_dir() else []:
+        tails.append(f"--- {p.name} (tail)\n{p.read_text(errors='replace')[-1500:]}")
+    return "\n" + "\n".join(tails)
+
+
+def keep_launch_logs(name, log_path, logs):
+    """Copies the launcher's log and the launch's --log-dir logs to $OUT/NAME-logs when OUT is set (the device
+    tool's output folder), to read beside the table."""
+    if os.environ.get("OUT"):
+        keep = pathlib.Path(os.environ["OUT"]) / f"{name}-logs"
+        keep.mkdir(parents=True, exist_ok=True)
+        for p in [log_path, *(sorted(logs.glob("*.log")) if logs.is_dir() else [])]:
+            shutil.copy(p, keep / p.name)
+
+
+def read_metrics(metrics):
+    """The rows of a metrics.jsonl, [] when it is not there."""
+    return [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
