@@ -24,9 +24,6 @@
 //
 // Splits, empty splits, tokens without cache (NaN), and the partial layout are exactly the grouped kernel's
 // (see cuda_attention_paged.cu and PgArgs in cuda_attention.cuh), so the same merge kernel combines them.
-#include <stdlib.h>
-#include <string.h>
-
 #include "kernels/cuda/cuda_attention.cuh"
 
 static const int PM_THREADS = 128;
@@ -433,19 +430,13 @@ __global__ void __launch_bounds__(PM_THREADS, PmCfg<DP, NS>::MIN_BLOCKS) paged_m
 
 // ---- host side ---------------------------------------------------------------------------------------
 
-// Pipeline stages per padded head dim, measured on an H200 (bench_attention_paged, Qwen2.5 heads, batch 64-512):
-// with 2 stages 4 blocks of head dim 64 are resident per SM, and 3.1-3.8 TB/s beat 3 stages' 3 blocks (2.4-3.5);
-// with 3 stages 2 blocks of head dim 128 (3.1-3.6 TB/s) beat 2 stages' 3 blocks (2.5-3.7, worse at batch 256).
-// TANDEM_PAGED_STAGES=2|3 overrides them (read once; for benchmarks).
-static int pm_stages(int DP) {
-    static int forced = -1;
-    if (forced < 0) {
-        const char *e = getenv("TANDEM_PAGED_STAGES");
-        forced = e && (!strcmp(e, "2") || !strcmp(e, "3")) ? atoi(e) : 0;
-    }
-    if (forced) return forced;
-    return DP <= 64 ? 2 : 3;
-}
+// Pipeline stages per padded head dim: more stages per block means fewer blocks resident per SM, and which keeps
+// more of the cache in flight was measured, not derived (bench_attention_paged, Qwen2.5 heads, batch 64-512;
+// bench/notes/gpu-passes-h100.md): up to head dim 64 two stages (four blocks an SM) beat three (three blocks); at
+// head dim 128 three stages (two blocks) beat two (three blocks), most clearly at batch 256.
+template <int DP> struct PmStages {
+    static constexpr int NS = DP <= 64 ? 2 : 3;
+};
 
 // Shared-memory opt-in and residency, once per device and variant (per[d] = blocks per SM + 1, 0 while unknown),
 // so that the launches a decode step replays from a CUDA graph make no attribute or occupancy call while captured.
@@ -478,25 +469,22 @@ template <int DP, int NS, bool ROPE> static void pm_launch(OpsCtx *ctx, CudaStat
 
 static int pm_dp(int D) { return D <= 32 ? 32 : D <= 64 ? 64 : 128; }
 
-template <bool ROPE> static long long pm_slots_for(OpsCtx *ctx, CudaState *st, int DP, int NS) {
-    if (DP == 32) return NS == 2 ? pm_slots<32, 2, ROPE>(ctx, st) : pm_slots<32, 3, ROPE>(ctx, st);
-    if (DP == 64) return NS == 2 ? pm_slots<64, 2, ROPE>(ctx, st) : pm_slots<64, 3, ROPE>(ctx, st);
-    return NS == 2 ? pm_slots<128, 2, ROPE>(ctx, st) : pm_slots<128, 3, ROPE>(ctx, st);
+template <bool ROPE> static long long pm_slots_for(OpsCtx *ctx, CudaState *st, int DP) {
+    if (DP == 32) return pm_slots<32, PmStages<32>::NS, ROPE>(ctx, st);
+    if (DP == 64) return pm_slots<64, PmStages<64>::NS, ROPE>(ctx, st);
+    return pm_slots<128, PmStages<128>::NS, ROPE>(ctx, st);
 }
 
-template <bool ROPE> static void pm_launch_for(OpsCtx *ctx, CudaState *st, const PgArgs *a, int N, int DP, int NS) {
-    if (DP == 32) NS == 2 ? pm_launch<32, 2, ROPE>(ctx, st, a, N) : pm_launch<32, 3, ROPE>(ctx, st, a, N);
-    else if (DP == 64) NS == 2 ? pm_launch<64, 2, ROPE>(ctx, st, a, N) : pm_launch<64, 3, ROPE>(ctx, st, a, N);
-    else NS == 2 ? pm_launch<128, 2, ROPE>(ctx, st, a, N) : pm_launch<128, 3, ROPE>(ctx, st, a, N);
+template <bool ROPE> static void pm_launch_for(OpsCtx *ctx, CudaState *st, const PgArgs *a, int N, int DP) {
+    if (DP == 32) pm_launch<32, PmStages<32>::NS, ROPE>(ctx, st, a, N);
+    else if (DP == 64) pm_launch<64, PmStages<64>::NS, ROPE>(ctx, st, a, N);
+    else pm_launch<128, PmStages<128>::NS, ROPE>(ctx, st, a, N);
 }
 
-long long cuda_paged_mma_slots(OpsCtx *ctx, CudaState *st, int D) {
-    const int DP = pm_dp(D);
-    return pm_slots_for<false>(ctx, st, DP, pm_stages(DP));
-}
+long long cuda_paged_mma_slots(OpsCtx *ctx, CudaState *st, int D) { return pm_slots_for<false>(ctx, st, pm_dp(D)); }
 
 void cuda_paged_mma_launch(OpsCtx *ctx, CudaState *st, const PgArgs *a, int N, int rope) {
-    const int DP = pm_dp(a->D), NS = pm_stages(DP);
-    if (rope) pm_launch_for<true>(ctx, st, a, N, DP, NS);
-    else pm_launch_for<false>(ctx, st, a, N, DP, NS);
+    const int DP = pm_dp(a->D);
+    if (rope) pm_launch_for<true>(ctx, st, a, N, DP);
+    else pm_launch_for<false>(ctx, st, a, N, DP);
 }

@@ -5,9 +5,9 @@
 // in slot T[pos / block_size] * block_size + pos % block_size.
 //
 // Attention: head dims up to 128 (every Qwen2.5 model) take the tensor-core kernel of cuda_attention_decode.cu,
-// whose host side (its split rule) is here too. The rest, and every call under TANDEM_PAGED_ATTN=grouped, take
-// the grouped kernel below, which the tensor-core one replaced as the default (bound by its fp32 arithmetic,
-// it read the cache at 0.9-1.2 TB/s on an H200; the tensor-core kernel 3.1-3.8 TB/s at batch 256-512).
+// whose host side (its split rule) is here too. Larger head dims take the grouped kernel below, which the
+// tensor-core one replaced where it can: the grouped kernel's fp32 dot products on CUDA cores, not memory, bound
+// it well below the bandwidth that the tensor-core kernel reaches.
 // The grouped kernel: one block of 4 warps per (query token, kv head[, split of the context]) handles every
 // query head of the GQA group (up to GP = 8 at a time), so a K/V row is read from memory once
 // per token and reused by the whole group. The context streams through shared memory in tiles of TP
@@ -34,11 +34,8 @@
 // level, and NaN makes the mistake visible in the logits instead of reading memory outside the cache.
 //
 // The first kernel (one block per query token and query head, scalar loads) remains for what the other two
-// do not take (D not a multiple of 8, caches not 16-byte aligned), and is selected for every call when
-// TANDEM_PAGED_ATTN=legacy is set (read once per process; for comparisons in benchmarks).
+// do not take (D not a multiple of 8, caches not 16-byte aligned).
 #include <math.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "kernels/cuda/cuda_attention.cuh"
 
@@ -55,7 +52,7 @@ __global__ void kv_cache_store_kernel(bf16 *k_cache, bf16 *v_cache, const bf16 *
     }
 }
 
-// ---- the per-head kernel (fallback and legacy) -------------------------------------------------------
+// ---- the per-head kernel (the fallback) ----------------------------------------------------------------
 
 static const int PA_WARPS = 4;
 static const int PA_MAX_D = 256;  // a lane holds up to PA_MAX_D / 32 accumulator dims
@@ -557,7 +554,7 @@ template <int LPR> static void pg_launch_gp(OpsCtx *ctx, CudaState *st, const Pg
     }
 }
 
-// The grouped kernel's launch: its own split rule (unchanged, the comparison baseline) and scratch.
+// The grouped kernel's launch: its own split rule and scratch.
 static void pg_launch_grouped(OpsCtx *ctx, CudaState *st, PgArgs *ap, int N) {
     PgArgs a = *ap;
     const int G = a.G, Hkv = a.Hkv, D = a.D, max_blocks = a.max_blocks, block_size = a.block_size;
@@ -594,32 +591,6 @@ static void pg_launch_grouped(OpsCtx *ctx, CudaState *st, PgArgs *ap, int N) {
     *ap = a;
 }
 
-// TANDEM_PAGED_ATTN=legacy: every call takes the per-head kernel; =grouped: the grouped kernel where it
-// applies (never the tensor-core one). Read once; the race between threads that read it first is benign (they
-// store the same value).
-enum { PG_IMPL_DEFAULT = 0, PG_IMPL_GROUPED = 1, PG_IMPL_LEGACY = 2 };
-static int pg_impl_forced(void) {
-    static int forced = -1;
-    if (forced < 0) {
-        const char *e = getenv("TANDEM_PAGED_ATTN");
-        if (e && !strcmp(e, "legacy")) forced = PG_IMPL_LEGACY;
-        else if (e && !strcmp(e, "grouped")) forced = PG_IMPL_GROUPED;
-        else forced = PG_IMPL_DEFAULT;
-    }
-    return forced;
-}
-
-// TANDEM_PAGED_DECODE_FUSED=0 runs a decode step's RoPE + cache store and attention as the two ops (read once; for
-// benchmarks and bisection).
-static int decode_fused_enabled(void) {
-    static int on = -1;
-    if (on < 0) {
-        const char *e = getenv("TANDEM_PAGED_DECODE_FUSED");
-        on = !(e && !strcmp(e, "0"));
-    }
-    return on;
-}
-
 // Context splits for the tensor-core kernel: `work` (token, kv head, head group) blocks, `slots` of them
 // resident at once. A batch that leaves resident places empty is split as far as one wave of blocks allows
 // (batch 1: one tile per split), never into more splits than the longest possible context has tiles; a batch
@@ -648,9 +619,8 @@ static void paged_fwd(OpsCtx *ctx, void *out, const void *q, size_t q_pitch, con
                    D, PA_MAX_D);
     CUDA_ARG_CHECK(ctx, Hq <= 65535, "attention_paged_fwd: %d query heads exceed the grid limit", Hq);
     if (N == 0) return;
-    const int impl = pg_impl_forced(), rope = inv_freq != NULL;
-    const int vec = attn_vec_ok(D, k_cache, v_cache, k_cache, v_cache);
-    if (!rope && (impl == PG_IMPL_LEGACY || !vec)) {
+    const int rope = inv_freq != NULL;
+    if (!rope && !attn_vec_ok(D, k_cache, v_cache, k_cache, v_cache)) {
         dim3 grid(N, Hq);
         attention_paged_kernel<<<grid, PA_WARPS * 32, 0, st->stream>>>(
             (bf16 *)out, (const bf16 *)q, (const bf16 *)k_cache, (const bf16 *)v_cache, block_tables, token_seq,
@@ -667,7 +637,7 @@ static void paged_fwd(OpsCtx *ctx, void *out, const void *q, size_t q_pitch, con
     PgArgs a = {(bf16 *)out, NULL, NULL, (const bf16 *)q, (const bf16 *)k_cache, (const bf16 *)v_cache, block_tables,
                 token_seq, token_pos, Hq, Hkv, D, block_size, bs_shift, max_blocks, scale * ATTN_LOG2E, G, 0, 1,
                 ((uintptr_t)q & 15) == 0 && q_pitch % 8 == 0, q_pitch, inv_freq, slots};
-    if (rope || (impl == PG_IMPL_DEFAULT && D <= PM_MAX_D)) {
+    if (rope || D <= PM_MAX_D) {
         a.n_hsub = (G + PM_HEADS - 1) / PM_HEADS;
         CUDA_ARG_CHECK(ctx, (long long)N * Hkv * a.n_hsub <= 0x7fffffffLL,
                        "attention_paged_fwd: %d tokens x %d kv heads exceed the grid limit", N, Hkv);
@@ -707,9 +677,8 @@ void cuda_attention_paged_decode_fwd(OpsCtx *ctx, void *out, void *q, void *k_ca
                                      const int32_t *token_seq, const int32_t *token_pos, const float *inv_freq, int N,
                                      int Hq, int Hkv, int D, int block_size, int max_blocks, float scale) {
     const size_t QKV = (size_t)(Hq + 2 * Hkv) * (size_t)(D > 0 ? D : 0);
-    const int fused = pg_impl_forced() == PG_IMPL_DEFAULT && D > 0 && D <= PM_MAX_D && D % 16 == 0 &&
-                      attn_vec_ok(D, k_cache, v_cache, k_cache, v_cache) && ((uintptr_t)qkv & 15) == 0 &&
-                      decode_fused_enabled();
+    const int fused = D > 0 && D <= PM_MAX_D && D % 16 == 0 && attn_vec_ok(D, k_cache, v_cache, k_cache, v_cache) &&
+                      ((uintptr_t)qkv & 15) == 0;
     if (fused) {
         paged_fwd(ctx, out, qkv, QKV, k_cache, v_cache, block_tables, token_seq, token_pos, inv_freq, slot_mapping, N,
                   Hq, Hkv, D, block_size, max_blocks, scale);

@@ -121,7 +121,7 @@ void *cuda_scratch(OpsCtx *ctx, CudaState *st, size_t bytes);
 
 // The forward projection for at most GEMV_MAX_ROWS rows (decode steps), cuda_gemv.cu: out (N, OC) = in (N, IC)
 // w^T + bias, as cuda_matmul_fwd computes it. cuda_gemv_applies says whether the shapes, alignment and device
-// allow it (TANDEM_GEMV=0: never); cuda_matmul_fwd then calls cuda_gemv_fwd instead of cuBLASLt.
+// allow it; cuda_matmul_fwd then calls cuda_gemv_fwd instead of cuBLASLt.
 #define GEMV_MAX_ROWS 2
 int cuda_gemv_applies(const CudaState *st, const void *out, const void *in, const void *w, const void *bias, int N,
                       int IC);

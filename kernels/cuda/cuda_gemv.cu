@@ -6,12 +6,11 @@
 // contiguous in memory: IC values) and streams them in 16-byte vectors with several loads in flight per lane,
 // while the N input rows sit in shared memory (bf16, N x IC); each lane keeps N fp32 partial dot products, the
 // warp sums them with shuffles, and lane 0 adds the bias and rounds once, as the cuBLASLt bias epilogue does.
-// Measured on an H200 (bench/bench_decode_gpu.py --ab TANDEM_GEMV=0, whole decode steps with CUDA graphs):
-// 1.12x / 1.16x faster steps at batch 1 (Qwen2.5-0.5B / 1.5B shapes) than with cuBLASLt, but 0.72x / 0.68x at
-// batch 8, where reading eight staged input rows from shared memory for every weight vector costs more than the
-// pass saves: hence at most two rows.
-// cuda_matmul_fwd calls it when cuda_gemv_applies; TANDEM_GEMV=0 turns it off (comparisons). The summation order
-// differs from cuBLASLt's, so results differ from it in the last bits.
+// Whole decode steps are faster this way than with cuBLASLt at one and two rows, but slower at eight, where
+// reading eight staged input rows from shared memory for every weight vector costs more than the pass saves:
+// hence at most two rows (bench/notes/gpu-passes-h200.md has the comparison).
+// cuda_matmul_fwd calls it when cuda_gemv_applies. The summation order differs from cuBLASLt's, so results differ
+// from it in the last bits.
 //
 // The same pass also runs ops_matmul_fused_fwd (cuda_matmul_fused_fwd), the decode step's projections with their
 // neighbours folded in, one kernel instead of two or three:
@@ -27,13 +26,18 @@
 //     angle, rot1 / rot2) and writes q to its buffer, k and v to their KV cache slots: the split, RoPE and store
 //     kernel of a decode layer folded in.
 #include <stdint.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/cuda_ops.h"
 
-#define GEMV_THREADS 512   // the most threads a block may have (launch bound); gemv_block_warps picks the size
+// Warps per block. At batch 1 the small projections have few outputs (0.5B: 576 q|k|v pairs, 896 o and down rows),
+// and blocks of 8 warps spread them over about twice as many SMs as blocks of 16, each SM then pulling half the
+// bytes; blocks of 4 warps lost at 1.5B (bench/notes/gpu-decode-batch1.md, twelfth pass).
+#define GEMV_WARPS 8
+#define GEMV_THREADS (GEMV_WARPS * 32)
+// The launch bound of the kernel as it was measured (blocks of up to 16 warps were tried with it): it sets the
+// register budget the compiler allocates for, and a bound of GEMV_THREADS would compile other code.
+#define GEMV_LAUNCH_BOUND 512
 #define GEMV_UNROLL 4      // 16-byte weight loads in flight per lane before the first is used
 #define GEMV_MAX_SMEM (48 * 1024)
 
@@ -92,7 +96,7 @@ __device__ __forceinline__ void block_sums(float v[NR], float *red) {
 // out/in/w/norm_w 16-byte aligned. Grid-stride over outputs, one warp per output column (SWIGLU: per gate/up pair;
 // ROPE: per pair of dims i, i + D/2 of a head) at a time.
 template <int NR, int MODE>
-__global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(GemvArgs a) {
+__global__ void __launch_bounds__(GEMV_LAUNCH_BOUND) gemv_kernel(GemvArgs a) {
     constexpr bool SWIGLU = MODE == GEMV_SWIGLU, ROPE = MODE == GEMV_ROPE;
     extern __shared__ uint4 xs[];   // (NR, IC / 8)
     __shared__ float red[NR * 32];
@@ -208,51 +212,14 @@ __global__ void __launch_bounds__(GEMV_THREADS) gemv_kernel(GemvArgs a) {
     }
 }
 
-static int gemv_enabled(void) {
-    static int on = -1;   // read once per process
-    if (on < 0) {
-        const char *v = getenv("TANDEM_GEMV");
-        on = !(v && strcmp(v, "0") == 0);
-    }
-    return on;
-}
-
 static int aligned16(const void *p) { return ((uintptr_t)p & 15) == 0; }
-
-// TANDEM_GEMV_ROPE=0: the q/k/v projection's RoPE + cache-store epilogue is not fused (the projection and the
-// RoPE kernel run apart, as before it existed), for comparisons. Read once.
-static int gemv_rope_enabled(void) {
-    static int on = -1;
-    if (on < 0) {
-        const char *v = getenv("TANDEM_GEMV_ROPE");
-        on = !(v && strcmp(v, "0") == 0);
-    }
-    return on;
-}
 
 int cuda_gemv_applies(const CudaState *st, const void *out, const void *in, const void *w, const void *bias, int N,
                       int IC) {
     (void)st;
     const size_t smem = (size_t)N * IC * 2;   // the input rows, staged in shared memory
-    return gemv_enabled() && N >= 1 && N <= GEMV_MAX_ROWS && IC % 8 == 0 && aligned16(out) && aligned16(in) &&
-           aligned16(w) && ((uintptr_t)bias & 1) == 0 && smem <= GEMV_MAX_SMEM;
-}
-
-// Warps per block: 8. At batch 1 the small projections have few outputs (0.5B: 576 q|k|v pairs, 896 o and down
-// rows), and blocks of 8 warps spread them over about twice as many SMs as blocks of 16, each SM then pulling half
-// the bytes. H100, same call (bench/notes/gpu-decode-batch1.md, twelfth pass): 0.5B steps at batch 1 / 2
-// 0.881 / 0.952 ms against 0.895-0.906 / 0.991-1.019 with 16 warps, 1.5B unchanged (1.758 / 1.906 against
-// 1.755-1.782 / 1.899-1.901); blocks of 4 warps were slower at 1.5B (1.814 / 2.052). TANDEM_GEMV_BLOCK_WARPS = 4
-// or 16 overrides it, for comparisons.
-// Read once.
-static int gemv_block_warps(void) {
-    static int w = 0;
-    if (!w) {
-        const char *v = getenv("TANDEM_GEMV_BLOCK_WARPS");
-        const int n = v ? atoi(v) : 0;
-        w = n == 4 || n == 16 ? n : 8;
-    }
-    return w;
+    return N >= 1 && N <= GEMV_MAX_ROWS && IC % 8 == 0 && aligned16(out) && aligned16(in) && aligned16(w) &&
+           ((uintptr_t)bias & 1) == 0 && smem <= GEMV_MAX_SMEM;
 }
 
 template <int NR, int MODE>
@@ -260,14 +227,13 @@ static void gemv_launch(OpsCtx *ctx, CudaState *st, const GemvArgs &a) {
     const size_t smem = (size_t)NR * a.IC * 2;
     // Enough warps to keep every SM streaming (as many blocks per SM as the staged rows let fit, at most 64 warps
     // an SM); each warp then walks the outputs with a grid stride.
-    const int warps_per_block = gemv_block_warps();
-    const long max_per_sm = 64 / warps_per_block;
+    const long max_per_sm = 64 / GEMV_WARPS;
     long per_sm = smem ? (long)((200 * 1024) / smem) : max_per_sm;
     per_sm = per_sm < 1 ? 1 : per_sm > max_per_sm ? max_per_sm : per_sm;
     const long n_out = MODE == GEMV_PLAIN ? a.OC : a.OC / 2;
-    long blocks = (n_out + warps_per_block - 1) / warps_per_block;
+    long blocks = (n_out + GEMV_WARPS - 1) / GEMV_WARPS;
     if (blocks > (long)st->sm_count * per_sm) blocks = (long)st->sm_count * per_sm;
-    gemv_kernel<NR, MODE><<<(unsigned)blocks, warps_per_block * 32, smem, st->stream>>>(a);
+    gemv_kernel<NR, MODE><<<(unsigned)blocks, GEMV_THREADS, smem, st->stream>>>(a);
     CUDA_CHECK_LAUNCH(ctx);
 }
 
@@ -296,7 +262,7 @@ int cuda_matmul_fused_fwd(OpsCtx *ctx, void *out, const void *in, const void *w,
     CudaState *st = cuda_enter(ctx);
     if (!st) return 1;   // the error is recorded
     if (!cuda_gemv_applies(st, out, in, w, bias, N, IC) || !aligned16(f->norm_w) ||
-        ((uintptr_t)f->residual & 1) != 0 || (f->rope_store && (f->D % 2 != 0 || !gemv_rope_enabled())))
+        ((uintptr_t)f->residual & 1) != 0 || (f->rope_store && f->D % 2 != 0))
         return 0;
     GemvArgs a = {};
     a.out = (bf16 *)out;

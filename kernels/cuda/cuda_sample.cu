@@ -23,8 +23,6 @@
 // Every reduction runs in a fixed order that depends only on V (the block size does), never on the other
 // samples of the launch or on timing: the result of a sample is reproducible and batch-independent.
 #include <math.h>
-#include <stdlib.h>
-#include <string.h>
 
 #include "kernels/cuda/cuda_common.cuh"
 
@@ -70,7 +68,6 @@ struct RowView {
     const uint32_t *pen_bits; // bitmap of the distinct history ids (only read when penalised)
     float pen, inv_t;
     bool penalised;
-    bool fast_exp;            // the draw's weights by weight_fast (TANDEM_SAMPLE_EXP=libm: the library's exp)
 
     __device__ __forceinline__ float raw(int i) const { return bf2f(x[i]); }
     // The CPU twin's float rounding, step by step (no fused multiply-add): penalty, then * (1/T). -0 becomes +0:
@@ -404,7 +401,7 @@ __device__ int id_search(SampleShared &sh, const RowView &r, int V, int chunk, b
         const float z = r.z_of(i, raw);
         if (!draw) return z == xt ? 1.0 : 0.0;
         if (!(z > xt || (z == xt && i <= id_cut))) return 0.0;
-        return r.fast_exp ? weight_fast(z, zm, sh.exp_tab) : weight(z, zm);
+        return weight_fast(z, zm, sh.exp_tab);
     };
     auto value = [&](int i) -> double { return value_of(i, r.raw(i)); };
     if (threadIdx.x == 0) sh.bc.last_pos = -1;
@@ -620,6 +617,9 @@ __device__ __forceinline__ void warp_argmax(float &v, int &i) {
 // sum of exp(x - m)).
 static constexpr int GREEDY_PER_LANE = 4;
 static constexpr int GREEDY_WARPS = 8;  // warps of a greedy_chunks_kernel block
+// Blocks per SM a greedy launch spreads its rows' chunks over: fewer left small batches short of memory
+// parallelism, more gained nothing (bench/notes/gpu-passes-h100.md).
+static constexpr int GREEDY_BLOCKS_PER_SM = 8;
 struct GreedyChunk {
     float zmax;
     int arg;
@@ -645,7 +645,6 @@ greedy_chunks_kernel(GreedyChunk *chunks, const bf16 *logits, const OpsSamplePar
     r.pen_bits = pen_bits;
     r.pen = p.repetition_penalty;
     r.inv_t = 1.0f;
-    r.fast_exp = false;
     r.penalised = build_pen_bits(pen_bits, p, history, history_offsets, s, V, n_history);
     GreedyChunk *out = chunks + (size_t)s * n_chunks;
     const int e = vec ? 8 : 1, stride = gridDim.y * nwarps;
@@ -759,7 +758,7 @@ __global__ void greedy_combine_kernel(int32_t *tokens, float *logprobs, const Gr
 __global__ void __launch_bounds__(512)
 sample_rows_kernel(int32_t *tokens, float *logprobs, const bf16 *logits, const OpsSampleParams *params,
                    const int32_t *history, const int32_t *history_offsets, int n_rows, int V, int n_history,
-                   int chunk, double qscale, bool fast_exp, bool one_pass) {
+                   int chunk, double qscale) {
     extern __shared__ uint32_t pen_bits[];
     __shared__ SampleShared sh;
     const int s = blockIdx.x, tid = threadIdx.x;
@@ -777,12 +776,11 @@ sample_rows_kernel(int32_t *tokens, float *logprobs, const bf16 *logits, const O
     r.pen_bits = pen_bits;
     r.pen = p.repetition_penalty;
     r.inv_t = __fdiv_rn(1.0f, p.temperature);
-    r.fast_exp = fast_exp;
     r.penalised = build_pen_bits(pen_bits, p, history, history_offsets, s, V, n_history);
     // No filter and no penalty (the general path's tests, NaN parameters included): one read of the row.
     const bool unfiltered = !(p.top_k > 0 && p.top_k < V) && !(p.top_p < 1.0f) && !(p.min_p > 0.0f);
     const bool row_vectors = (V & 7) == 0 && (reinterpret_cast<uintptr_t>(r.x) & 15u) == 0;
-    if (one_pass && unfiltered && !r.penalised && row_vectors &&
+    if (unfiltered && !r.penalised && row_vectors &&
         (V + ONE_PASS_CHUNK - 1) / ONE_PASS_CHUNK <= SAMPLE_MAX_CHUNKS) {
         int tok;
         double lse;
@@ -795,8 +793,8 @@ sample_rows_kernel(int32_t *tokens, float *logprobs, const bf16 *logits, const O
         }
     }
 
-    if (fast_exp)  // the draw's table: read after the block reductions below (each synchronises)
-        for (int j = tid; j < 256; j += blockDim.x) sh.exp_tab[j] = exp2(j / 256.0);
+    // The draw's table: read after the block reductions below (each synchronises).
+    for (int j = tid; j < 256; j += blockDim.x) sh.exp_tab[j] = exp2(j / 256.0);
     // Pass 1: the max of z and an online log-sum-exp of the unpenalised raw / T, each thread over its ids in
     // increasing order (row_scan).
     float zmax = -INFINITY, lm = -INFINITY;
@@ -920,33 +918,17 @@ void cuda_sample_rows(OpsCtx *ctx, int32_t *tokens, float *logprobs, const void 
     if (dyn + static_bytes > 48 * 1024)
         CUDA_CHECK(ctx,
                    cudaFuncSetAttribute(sample_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
-    static int fast_exp = -1;  // TANDEM_SAMPLE_EXP=libm: the library's exp for the draw's weights (comparisons)
-    if (fast_exp < 0) {
-        const char *e = getenv("TANDEM_SAMPLE_EXP");
-        fast_exp = !(e && !strcmp(e, "libm"));
-    }
-    static int one_pass = -1;  // TANDEM_SAMPLE_ONE_PASS=0: unfiltered draws take the two passes too (comparisons)
-    if (one_pass < 0) {
-        const char *e = getenv("TANDEM_SAMPLE_ONE_PASS");
-        one_pass = !(e && !strcmp(e, "0"));
-    }
     sample_rows_kernel<<<n, threads, dyn, st->stream>>>(tokens, logprobs, (const bf16 *)logits, params, history,
-                                                         history_offsets, n_rows, V, n_history, chunk, qscale,
-                                                         fast_exp != 0, one_pass != 0);
+                                                         history_offsets, n_rows, V, n_history, chunk, qscale);
     CUDA_CHECK_LAUNCH(ctx);
-    // Greedy samples: chunks of 1024 ids (128 for rows not read in vectors), spread over about eight blocks per SM
-    // for the whole launch (a block takes a chunk per warp at least; 8 beat 4 by 5-13 % at 64-512 rows on an
-    // H100, 16 and 32 were within 5 % of 8).
+    // Greedy samples: chunks of 1024 ids (128 for rows not read in vectors), spread over about GREEDY_BLOCKS_PER_SM
+    // blocks per SM for the whole launch (a block takes a chunk per warp at least).
     const int vec = V % 8 == 0 && ((uintptr_t)logits & 15u) == 0;
     const int per = 32 * GREEDY_PER_LANE * (vec ? 8 : 1), n_chunks = (V + per - 1) / per;
     GreedyChunk *chunks = (GreedyChunk *)cuda_scratch(ctx, st, (size_t)n * n_chunks * sizeof(GreedyChunk));
     if (!chunks) return;
-    static int per_sm = 0;  // TANDEM_SAMPLE_GREEDY_BLOCKS=N: about N blocks per SM (default 8; for comparisons)
-    if (!per_sm) {
-        const char *e = getenv("TANDEM_SAMPLE_GREEDY_BLOCKS");
-        per_sm = e && atoi(e) > 0 && atoi(e) <= 64 ? atoi(e) : 8;
-    }
-    const int want = (per_sm * st->sm_count + n - 1) / n, most = (n_chunks + GREEDY_WARPS - 1) / GREEDY_WARPS;
+    const int want = (GREEDY_BLOCKS_PER_SM * st->sm_count + n - 1) / n;
+    const int most = (n_chunks + GREEDY_WARPS - 1) / GREEDY_WARPS;
     const int G = want < 1 ? 1 : want > most ? most : want;
     if (dyn > 48 * 1024)
         CUDA_CHECK(ctx,

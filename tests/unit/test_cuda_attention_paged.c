@@ -1,6 +1,5 @@
 // tests/unit/test_cuda_attention_paged.c — ops_attention_paged_fwd on the CUDA backend (the tensor-core kernel
-// for head dims up to 128, the grouped kernel beyond, or the kernel TANDEM_PAGED_ATTN selects) against its CPU
-// twin (kernels/cpu/cpu_attention_paged.c).
+// for head dims up to 128, the grouped kernel beyond) against its CPU twin (kernels/cpu/cpu_attention_paged.c).
 //
 // Cache: random bf16 K/V in blocks scattered over a pool by a random permutation (unused table entries -1).
 // Cases, for head dims 64 and 128 and GQA groups 1, 2, 6, 7, 8 (two kv heads):
