@@ -1,4 +1,7 @@
-// trainer/grpo_train.c — the GRPO loop of one rank (see trainer/trainer.h for the shape of a round).
+// trainer/grpo_train.c — the GRPO loop of one rank: per round the phases generate, rewards and advantages
+// (trainer/grpo_round.c), then old / reference logprobs, micro-steps (forward, GRPO loss, backward), optimizer
+// steps, weight pushes and the log (see trainer/trainer.h for the shape of a round). The micro-steps' buffers
+// live in one workspace that grows to the largest micro-batch seen, so a steady-state step allocates nothing here.
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -6,300 +9,120 @@
 #include <string.h>
 
 #include "trainer/grpo_loss.h"
+#include "trainer/grpo_round.h"
 #include "trainer/trainer.h"
 
-// One generation round's completions on this rank: n_local = prompts * G, completion i of prompt p at p*G + j.
+// A micro-batch's buffers: B completions of at most T tokens, N packed prompt + completion tokens.
 typedef struct {
-    int n_prompts, n;           // prompts, completions (n = n_prompts * G)
-    DataRow *rows;              // (n_prompts)
-    RolloutGroup *groups;       // (n_prompts)
-    int32_t **comp;             // (n) completion ids (into groups)
-    int *comp_len;              // (n)
-    float **sampling_logps;     // (n) server logprobs (into groups)
-    uint8_t *truncated;         // (n) finish reason "length"
-    float *advantages;          // (n)
-    float **old_logps;          // (n) -> (comp_len) trainer logprobs before this round's updates, or NULL
-    float **ref_logps;          // (n) -> (comp_len), beta > 0
-} Round;
+    size_t cap_bt, cap_b, cap_n;
+    int *idx;                             // (B) completion indices
+    float *logps, *entropies;             // (B, T) the forward's, on the completion tokens
+    float *old, *ref, *sampling;          // (B, T)
+    float *grad, *grad_entropy;           // (B, T) dL/dlogprob, dL/dentropy
+    float *is_ratio;                      // (B, T) or (B): grpo_rollout_is_ratio_len
+    float *advantages;                    // (B)
+    uint8_t *mask, *truncated;            // (B, T), (B)
+    int32_t *tokens, *targets, *cu;       // (N), (N), (B + 1) the packed batch
+    float *packed_logps, *packed_entropies; // (N)
+    float *dlogps, *dentropies;           // (N) gradients at the packed positions
+} MicroBuffers;
 
-static void round_free(Round *r) {
-    for (int p = 0; p < r->n_prompts; p++) data_row_clear(&r->rows[p]);
-    if (r->groups) rollout_groups_free(r->groups, r->n_prompts);
-    for (int i = 0; i < r->n; i++) {
-        if (r->old_logps) free(r->old_logps[i]);
-        if (r->ref_logps) free(r->ref_logps[i]);
-    }
-    free(r->rows);
-    free(r->groups);
-    free(r->comp);
-    free(r->comp_len);
-    free(r->sampling_logps);
-    free(r->truncated);
-    free(r->advantages);
-    free(r->old_logps);
-    free(r->ref_logps);
-    memset(r, 0, sizeof *r);
+static void micro_buffers_free(MicroBuffers *w) {
+    free(w->idx), free(w->logps), free(w->entropies), free(w->old), free(w->ref), free(w->sampling), free(w->grad);
+    free(w->grad_entropy), free(w->is_ratio), free(w->advantages), free(w->mask), free(w->truncated), free(w->tokens);
+    free(w->targets), free(w->cu), free(w->packed_logps), free(w->packed_entropies), free(w->dlogps);
+    free(w->dentropies);
+    memset(w, 0, sizeof *w);
 }
 
-// Packs completions idx[0..B) (prompt + completion each) and runs the forward of `src`: per-token logprobs
-// (and entropies) of the completion tokens into (B, T) arrays. T = longest completion.
-static int forward_completions(Trainer *t, UnitSource *src, const Round *r, const int *idx, int B, int T,
-                               float *logps, float *entropies, char *err, size_t err_len) {
+// Grows the buffers to hold B completions of T tokens packed into N tokens.
+static int micro_buffers_fit(MicroBuffers *w, int B, int T, int N, char *err, size_t err_len) {
+    size_t bt = (size_t)B * T + 1, b = (size_t)B + 1, n = (size_t)N + 1;
+    int ok = 1;
+#define GROW(field, count, cap) \
+    if ((count) > (cap)) { \
+        free(w->field); \
+        ok &= (w->field = malloc((count) * sizeof *w->field)) != NULL; \
+    }
+    GROW(logps, bt, w->cap_bt) GROW(entropies, bt, w->cap_bt) GROW(old, bt, w->cap_bt) GROW(ref, bt, w->cap_bt)
+    GROW(sampling, bt, w->cap_bt) GROW(grad, bt, w->cap_bt) GROW(grad_entropy, bt, w->cap_bt)
+    GROW(is_ratio, bt, w->cap_bt) GROW(mask, bt, w->cap_bt)
+    GROW(idx, b, w->cap_b) GROW(advantages, b, w->cap_b) GROW(truncated, b, w->cap_b) GROW(cu, b, w->cap_b)
+    GROW(tokens, n, w->cap_n) GROW(targets, n, w->cap_n) GROW(packed_logps, n, w->cap_n)
+    GROW(packed_entropies, n, w->cap_n) GROW(dlogps, n, w->cap_n) GROW(dentropies, n, w->cap_n)
+#undef GROW
+    if (!ok) {
+        micro_buffers_free(w);
+        snprintf(err, err_len, "out of memory for a micro-batch of %d completions (%d tokens)", B, N);
+        return -1;
+    }
+    if (bt > w->cap_bt) w->cap_bt = bt;
+    if (b > w->cap_b) w->cap_b = b;
+    if (n > w->cap_n) w->cap_n = n;
+    return 0;
+}
+
+// Tokens of completions idx[0..B) packed with their prompts.
+static int packed_tokens(const Trainer *t, const GrpoRound *r, const int *idx, int B) {
     const int G = t->cfg->grpo.num_generations;
     int N = 0;
     for (int b = 0; b < B; b++) N += (int)r->rows[idx[b] / G].n_ids + r->comp_len[idx[b]];
+    return N;
+}
+
+// Packs completions w->idx[0..B) (prompt + completion each) and runs the forward of `src`: per-token logprobs
+// (and entropies) of the completion tokens into w->logps / w->entropies as (B, T). T = longest completion.
+static int forward_completions(Trainer *t, UnitSource *src, const GrpoRound *r, MicroBuffers *w, int B, int T,
+                               int with_entropies, char *err, size_t err_len) {
+    const int G = t->cfg->grpo.num_generations;
+    const int *idx = w->idx;
+    int N = packed_tokens(t, r, idx, B);
     if (trainer_ensure_acts(t, N, B, err, err_len) != 0) return -1;
-    int32_t *tok = malloc(N * 4), *tgt = malloc(N * 4), *cu = malloc((B + 1) * 4);
-    float *lp = malloc(N * 4), *ent = malloc(N * 4);
-    int rc = -1;
-    if (!tok || !tgt || !cu || !lp || !ent) {
-        snprintf(err, err_len, "out of memory packing a micro-batch of %d tokens", N);
-        goto out;
-    }
     int n = 0;
-    cu[0] = 0;
+    w->cu[0] = 0;
     for (int b = 0; b < B; b++) {
         const DataRow *row = &r->rows[idx[b] / G];
         int P = (int)row->n_ids, L = r->comp_len[idx[b]];
         for (int j = 0; j < P + L; j++) {
-            tok[n + j] = j < P ? row->ids[j] : r->comp[idx[b]][j - P];
+            w->tokens[n + j] = j < P ? row->ids[j] : r->comp[idx[b]][j - P];
             // Position j predicts token j + 1: scored only when that token is a completion token.
-            tgt[n + j] = (j + 1 >= P && j + 1 < P + L) ? r->comp[idx[b]][j + 1 - P] : -1;
+            w->targets[n + j] = (j + 1 >= P && j + 1 < P + L) ? r->comp[idx[b]][j + 1 - P] : -1;
         }
         n += P + L;
-        cu[b + 1] = n;
+        w->cu[b + 1] = n;
     }
-    Batch batch = {.n_seqs = B, .n_tokens = N, .tokens = tok, .targets = tgt, .cu_seqlens = cu};
-    if (model_forward(&t->model, t->acts, src, &batch, (float)(1.0 / t->cfg->temperature), lp, ent, NULL, err,
-                      err_len) != 0)
-        goto out;
+    Batch batch = {.n_seqs = B, .n_tokens = N, .tokens = w->tokens, .targets = w->targets, .cu_seqlens = w->cu};
+    if (model_forward(&t->model, t->acts, src, &batch, (float)(1.0 / t->cfg->temperature), w->packed_logps,
+                      w->packed_entropies, NULL, err, err_len) != 0)
+        return -1;
     for (int b = 0; b < B; b++) {
         int P = (int)r->rows[idx[b] / G].n_ids, L = r->comp_len[idx[b]];
         for (int k = 0; k < T; k++) {
-            int pos = cu[b] + P - 1 + k;
-            logps[b * T + k] = k < L ? lp[pos] : 0.0f;
-            if (entropies) entropies[b * T + k] = k < L ? ent[pos] : 0.0f;
+            int pos = w->cu[b] + P - 1 + k;
+            w->logps[b * T + k] = k < L ? w->packed_logps[pos] : 0.0f;
+            if (with_entropies) w->entropies[b * T + k] = k < L ? w->packed_entropies[pos] : 0.0f;
         }
     }
-    rc = 0;
-out:
-    free(tok), free(tgt), free(cu), free(lp), free(ent);
-    return rc;
+    return 0;
 }
 
-// The completion ids of the round, with the per-token logprobs of `src` (no gradient): old or reference logps.
-static int score_all(Trainer *t, UnitSource *src, Round *r, float **out, int micro, char *err, size_t err_len) {
-    int *idx = malloc((size_t)micro * sizeof(int));
-    if (!idx) {
-        snprintf(err, err_len, "out of memory for a micro-batch");
-        return -1;
-    }
+// The per-token logprobs of `src` (no gradient) of every completion of the round into out (r->off slices): the
+// old or the reference logprobs.
+static int score_all(Trainer *t, UnitSource *src, GrpoRound *r, MicroBuffers *w, float *out, int micro, char *err,
+                     size_t err_len) {
     for (int s = 0; s < r->n; s += micro) {
         int B = r->n - s < micro ? r->n - s : micro, T = 0;
-        for (int b = 0; b < B; b++) {
-            idx[b] = s + b;
+        for (int b = 0; b < B; b++)
             if (r->comp_len[s + b] > T) T = r->comp_len[s + b];
-        }
-        float *lp = malloc((size_t)B * T * 4);
-        if (!lp || forward_completions(t, src, r, idx, B, T, lp, NULL, err, err_len) != 0) {
-            free(lp);
-            free(idx);
+        if (micro_buffers_fit(w, B, T, 0, err, err_len) != 0) return -1;
+        for (int b = 0; b < B; b++) w->idx[b] = s + b;
+        if (micro_buffers_fit(w, B, T, packed_tokens(t, r, w->idx, B), err, err_len) != 0 ||
+            forward_completions(t, src, r, w, B, T, 0, err, err_len) != 0)
             return -1;
-        }
-        for (int b = 0; b < B; b++) {
-            out[s + b] = malloc((r->comp_len[s + b] + 1) * 4);
-            memcpy(out[s + b], lp + b * T, r->comp_len[s + b] * 4);
-        }
-        free(lp);
+        for (int b = 0; b < B; b++)
+            memcpy(out + r->off[s + b], w->logps + (size_t)b * T, r->comp_len[s + b] * sizeof(float));
     }
-    free(idx);
     return 0;
-}
-
-// Generation, rewards and advantages for one round. Fills metrics with TRL's names.
-static int make_round(Trainer *t, Round *r, json_t *m, char *err, size_t err_len) {
-    TrainConfig *c = t->cfg;
-    const int G = c->grpo.num_generations;
-    memset(r, 0, sizeof *r);
-    r->n_prompts = c->per_device_train_batch_size * c->resolved_steps_per_generation / G;
-    r->n = r->n_prompts * G;
-    r->rows = calloc(r->n_prompts, sizeof *r->rows);
-    r->groups = calloc(r->n_prompts, sizeof *r->groups);
-    r->comp = calloc(r->n, sizeof *r->comp);
-    r->comp_len = calloc(r->n, sizeof *r->comp_len);
-    r->sampling_logps = calloc(r->n, sizeof *r->sampling_logps);
-    r->truncated = calloc(r->n, 1);
-    r->advantages = calloc(r->n, sizeof *r->advantages);
-    const int32_t **prompts = calloc(r->n_prompts, sizeof *prompts);
-    int *plens = calloc(r->n_prompts, sizeof *plens);
-    if (!r->rows || !r->groups || !r->comp || !r->comp_len || !r->sampling_logps || !r->truncated || !r->advantages ||
-        !prompts || !plens) {
-        snprintf(err, err_len, "out of memory for a generation round");
-        free(prompts), free(plens);
-        return -1;
-    }
-    for (int p = 0; p < r->n_prompts; p++) {
-        if (trainer_next_row(t, &r->rows[p], err, err_len) < 0) {
-            free(prompts), free(plens);
-            return -1;
-        }
-        prompts[p] = r->rows[p].ids;
-        plens[p] = (int)r->rows[p].n_ids;
-    }
-    ZmsgSampling s;
-    zmsg_sampling_default(&s);
-    s.n = G;
-    s.max_tokens = c->grpo.max_completion_length;
-    s.temperature = (float)c->temperature;
-    s.top_p = (float)c->top_p;
-    s.top_k = c->top_k > 0 ? c->top_k : -1;
-    s.min_p = (float)c->min_p;
-    s.repetition_penalty = (float)c->repetition_penalty;
-    s.has_seed = 1;
-    // Distinct seeds per rank and step, reproducible from the run's seed.
-    s.seed = ((uint64_t)c->seed * 1000003ULL + (uint64_t)t->progress.step * 7919ULL + (uint64_t)t->rank * 104729ULL) &
-             0x3FFFFFFFFFFFFFFFULL;
-    double t0 = trainer_now();
-    int rc;
-    for (int attempt = 1;; attempt++) {
-        rc = rollout_generate(t->rollout, r->n_prompts, prompts, plens, &s, r->groups, err, err_len);
-        if (rc == -1) break;
-        // Every rank agrees whether the round's generation worked: if one lost all its servers, all retry
-        // together after the servers come back with this run's weights (a collective weight push).
-        int32_t lost = rc != 0;
-        if (comm_all_reduce(t->comm, &lost, 1, COMM_I32, COMM_MAX) != 0) {
-            snprintf(err, err_len, "%s", comm_error(t->comm));
-            rc = -1;
-            break;
-        }
-        if (!lost) break;
-        if (rc == 0) rollout_groups_free(r->groups, r->n_prompts);
-        if (attempt == 3) {
-            snprintf(err, err_len, "generation failed 3 times: the rollout servers keep going away");
-            rc = -1;
-            break;
-        }
-        int stale;
-        double secs;
-        if (t->rank == 0)
-            fprintf(stderr, "tandem-train: rollout servers lost mid-round (generation attempt %d of 3); waiting up to "
-                    "%.0f s (6 x --rollout-timeout) for one to answer, then pushing the weights and generating the "
-                    "round again\n", attempt, 6.0 * c->rollout_timeout);
-        if (rollout_client_refresh(t->rollout, t->progress.policy_version, 2000, &stale, err, err_len) != 0 ||
-            weight_sync_push(t, &secs, err, err_len) != 0) {
-            rc = -1;
-            break;
-        }
-    }
-    free(prompts), free(plens);
-    if (rc != 0) return -1;
-    double t_gen = trainer_now() - t0;
-    int32_t eos[16];
-    int n_eos = (int)tokenizer_eos_ids(t->tok, eos, 16);
-    double len_sum = 0, clipped = 0;
-    for (int p = 0; p < r->n_prompts; p++) {
-        int off = 0;
-        for (int j = 0; j < G; j++) {
-            int i = p * G + j;
-            r->comp[i] = r->groups[p].tokens + off;
-            r->sampling_logps[i] = r->groups[p].logprobs + off;
-            r->comp_len[i] = r->groups[p].lens[j];
-            r->truncated[i] = grpo_completion_is_truncated(r->comp[i], r->comp_len[i], eos, n_eos,
-                                                           tokenizer_pad_id(t->tok));
-            off += r->comp_len[i];
-            len_sum += r->comp_len[i];
-            clipped += r->groups[p].finish[j] == ZMSG_FINISH_LENGTH;
-        }
-    }
-    // Rewards: built-ins, then the service's functions.
-    t0 = trainer_now();
-    int F_builtin = (int)rewards_count(t->rewards), F = F_builtin;
-    RewardSample *samples = calloc(r->n, sizeof *samples);
-    char **texts = calloc(r->n, sizeof *texts);
-    double *svc = NULL;
-    if (!samples || !texts) goto oom;
-    for (int i = 0; i < r->n; i++) {
-        size_t len;
-        if (tokenizer_decode(t->tok, r->comp[i], r->comp_len[i], 1, &texts[i], &len, err, err_len) != 0) goto fail;
-        samples[i] = (RewardSample){.completion = texts[i], .completion_tokens = r->comp_len[i],
-                                    .prompt = r->rows[i / G].prompt, .columns = r->rows[i / G].columns};
-    }
-    int F_svc = 0;
-    if (t->reward_service) {
-        // The service's function count is known after its first answer: score into a wide buffer, then copy.
-        svc = malloc((size_t)r->n * 64 * sizeof(double));
-        if (!svc) goto oom;
-        size_t nf = 0;
-        if (reward_service_score(t->reward_service, samples, r->n, svc, 64, 64, &nf, err, err_len) != 0) goto fail;
-        F_svc = (int)nf;
-        F += F_svc;
-    }
-    double *scores = malloc((size_t)r->n * (F ? F : 1) * sizeof(double));
-    float *local = malloc((size_t)r->n * (F ? F : 1) * sizeof(float));
-    float *all = malloc((size_t)r->n * t->world * (F ? F : 1) * sizeof(float));
-    float *adv_all = malloc((size_t)r->n * t->world * sizeof(float));
-    double *fmean = calloc(F ? F : 1, sizeof(double)), *fstd = calloc(F ? F : 1, sizeof(double));
-    float *weights = NULL;
-    if (!scores || !local || !all || !adv_all || !fmean || !fstd) {
-        free(scores), free(local), free(all), free(adv_all), free(fmean), free(fstd);
-        goto oom;
-    }
-    if (rewards_score(t->rewards, samples, r->n, scores, F, err, err_len) != 0) goto fail2;
-    for (int i = 0; i < r->n; i++)
-        for (int f = 0; f < F_svc; f++) scores[i * F + F_builtin + f] = svc[i * 64 + f];
-    for (size_t k = 0; k < (size_t)r->n * F; k++) local[k] = (float)scores[k];
-    if (c->reward_weights) {
-        if ((int)c->n_reward_weights != F) {
-            snprintf(err, err_len, "reward_weights has %zu entries but there are %d reward functions", c->n_reward_weights, F);
-            goto fail2;
-        }
-        weights = malloc(F * sizeof(float));
-        for (int f = 0; f < F; f++) weights[f] = (float)c->reward_weights[f];
-    }
-    // Advantages over the whole generation batch: every rank's rewards, in rank order (TRL's gather).
-    if (comm_all_gather(t->comm, all, local, (size_t)r->n * F, COMM_F32) != 0) {
-        snprintf(err, err_len, "gathering rewards: %s", comm_error(t->comm));
-        goto fail2;
-    }
-    GrpoRewardMetrics rm;
-    if (grpo_advantages(&c->grpo, r->n * t->world, F, all, weights, adv_all, &rm, fmean, fstd, err, err_len) != 0)
-        goto fail2;
-    memcpy(r->advantages, adv_all + (size_t)t->rank * r->n, r->n * sizeof(float));
-    json_object_set_new(m, "reward", json_real(rm.reward));
-    json_object_set_new(m, "reward_std", json_real(rm.reward_std));
-    json_object_set_new(m, "frac_reward_zero_std", json_real(rm.frac_reward_zero_std));
-    for (int f = 0; f < F; f++) {
-        const char *name = f < F_builtin ? rewards_name(t->rewards, f) : reward_service_name(t->reward_service, f - F_builtin);
-        char key[160];
-        snprintf(key, sizeof key, "rewards/%s/mean", name);
-        json_object_set_new(m, key, json_real(fmean[f]));
-        snprintf(key, sizeof key, "rewards/%s/std", name);
-        json_object_set_new(m, key, json_real(fstd[f]));
-    }
-    double sums[3] = {len_sum, clipped, (double)r->n};
-    if (comm_all_reduce(t->comm, sums, 3, COMM_F64, COMM_SUM) != 0) {
-        snprintf(err, err_len, "reducing metrics: %s", comm_error(t->comm));
-        goto fail2;
-    }
-    json_object_set_new(m, "completions/mean_length", json_real(sums[0] / sums[2]));
-    json_object_set_new(m, "completions/clipped_ratio", json_real(sums[1] / sums[2]));
-    json_object_set_new(m, "rollout_time", json_real(t_gen));
-    json_object_set_new(m, "prompts_skipped", json_integer((json_int_t)data_skipped(t->data)));
-    json_object_set_new(m, "reward_time", json_real(trainer_now() - t0));
-    free(scores), free(local), free(all), free(adv_all), free(fmean), free(fstd), free(weights);
-    for (int i = 0; i < r->n; i++) free(texts[i]);
-    free(texts), free(samples), free(svc);
-    return 0;
-fail2:
-    free(scores), free(local), free(all), free(adv_all), free(fmean), free(fstd), free(weights);
-fail:
-    if (texts)
-        for (int i = 0; i < r->n; i++) free(texts[i]);
-    free(texts), free(samples), free(svc);
-    return -1;
-oom:
-    snprintf(err, err_len, "out of memory scoring %d completions", r->n);
-    goto fail;
 }
 
 static void add(double *acc, double v) { *acc += v; }
@@ -348,246 +171,258 @@ typedef struct {
 } StepSums;
 
 // Micro-batch s of the round: forward, GRPO loss, backward (gradients accumulate in the ZeRO state).
-static int micro_step(Trainer *t, UnitSource *policy, Round *r, int s, int need_old, int off_policy, double active,
-                      GrpoEntropyControl *ec, StepSums *acc, char *err, size_t err_len) {
+static int micro_step(Trainer *t, UnitSource *policy, const GrpoRound *r, MicroBuffers *w, int s, int need_old,
+                      int off_policy, double active, GrpoEntropyControl *ec, StepSums *acc, char *err,
+                      size_t err_len) {
     const GrpoOptions *o = &t->cfg->grpo;
     const int GA = t->cfg->gradient_accumulation_steps, S = t->cfg->resolved_steps_per_generation;
-    const int B = t->cfg->per_device_train_batch_size;
-    int T = 0, *idx = malloc(B * sizeof(int));
-    if (!idx) {
-        snprintf(err, err_len, "out of memory for a micro-batch");
-        return -1;
-    }
-    for (int b = 0; b < B; b++) {
-        idx[b] = s * B + b;
-        if (r->comp_len[idx[b]] > T) T = r->comp_len[idx[b]];
-    }
-    size_t BT = (size_t)B * T;
-    float *lp = malloc(BT * 4), *ent = malloc(BT * 4), *old = NULL, *refl = NULL, *samp = malloc(BT * 4);
-    float *grad = malloc(BT * 4), *adv = malloc(B * 4), *isr = NULL;
+    const int B = t->cfg->per_device_train_batch_size, G = o->num_generations;
+    int T = 0;
+    for (int b = 0; b < B; b++)
+        if (r->comp_len[s * B + b] > T) T = r->comp_len[s * B + b];
+    if (micro_buffers_fit(w, B, T, 0, err, err_len) != 0) return -1;
+    for (int b = 0; b < B; b++) w->idx[b] = s * B + b;
+    const int N = packed_tokens(t, r, w->idx, B);
+    if (micro_buffers_fit(w, B, T, N, err, err_len) != 0) return -1;
+    const size_t BT = (size_t)B * T;
     // dL/dentropy: only the entropy bonus has one.
     const int bonus = o->entropy_coef != 0 || o->use_adaptive_entropy;
-    float *gent = bonus ? calloc(BT, 4) : NULL;
-    uint8_t *mask = calloc(BT, 1), *trunc = malloc(B);
-    if (need_old) old = calloc(BT, 4);
-    if (t->ref) refl = calloc(BT, 4);
+    float *gent = bonus ? w->grad_entropy : NULL;
+    if (gent) memset(gent, 0, BT * sizeof *gent);
     for (int b = 0; b < B; b++) {
-        int i = idx[b];
-        adv[b] = r->advantages[i];
-        trunc[b] = r->truncated[i];
+        int i = w->idx[b];
+        const float *old_i = need_old ? r->old_logps + r->off[i] : NULL, *ref_i = t->ref ? r->ref_logps + r->off[i] : NULL;
+        w->advantages[b] = r->advantages[i];
+        w->truncated[b] = r->truncated[i];
         for (int k = 0; k < T; k++) {
             int in = k < r->comp_len[i];
-            mask[b * T + k] = in;
-            samp[b * T + k] = in ? r->sampling_logps[i][k] : 0.0f;
-            if (old) old[b * T + k] = in ? r->old_logps[i][k] : 0.0f;
-            if (refl) refl[b * T + k] = in ? r->ref_logps[i][k] : 0.0f;
+            w->mask[b * T + k] = in;
+            w->sampling[b * T + k] = in ? r->sampling_logps[i][k] : 0.0f;
+            if (old_i) w->old[b * T + k] = in ? old_i[k] : 0.0f;
+            if (ref_i) w->ref[b * T + k] = in ? ref_i[k] : 0.0f;
         }
     }
-    grpo_mask_truncated_completions(o, B, T, trunc, mask);
-    int rc = forward_completions(t, policy, r, idx, B, T, lp, ent, err, err_len);
+    const float *old = need_old ? w->old : NULL;
+    grpo_mask_truncated_completions(o, B, T, w->truncated, w->mask);
+    int rc = forward_completions(t, policy, r, w, B, T, 1, err, err_len);
+    const float *isr = NULL;
     if (rc == 0 && o->vllm_importance_sampling_correction) {
-        isr = malloc(grpo_rollout_is_ratio_len(o, B, T) * 4 + 4);
         GrpoRolloutIsMetrics im;
-        rc = grpo_rollout_is_ratio(o, B, T, old, samp, mask, isr, &im, err, err_len);
+        rc = grpo_rollout_is_ratio(o, B, T, old, w->sampling, w->mask, w->is_ratio, &im, err, err_len);
+        isr = w->is_ratio;
     }
     // top_entropy_quantile < 1: the threshold is the quantile over every rank's active tokens (TRL gathers them).
     int has_thr = 0;
     float thr = 0;
     if (rc == 0 && o->top_entropy_quantile < 1) {
-        rc = entropy_threshold(t, o, B, T, ent, mask, &thr, err, err_len);
+        rc = entropy_threshold(t, o, B, T, w->entropies, w->mask, &thr, err, err_len);
         has_thr = rc == 0;
     }
+    if (rc != 0) return -1;
     GrpoLossMetrics lm;
-    if (rc == 0) {
-        GrpoLossInput in = {.has_entropy_threshold = has_thr, .entropy_threshold = thr, .batch = B, .max_len = T,
-                            .logps = lp,
-                            .old_logps = off_policy ? old : NULL,
-                            .ref_logps = refl, .sampling_logps = samp, .entropies = ent, .mask = mask,
-                            .advantages = adv, .is_ratio = isr, .num_items_in_batch = active,
-                            .num_processes = t->world, .gradient_accumulation_steps = GA,
-                            .steps_per_generation = S, .training = 1,
-                            .entropy_coef = grpo_entropy_apply_coef(ec, o)};
-        rc = grpo_loss(o, &in, grad, gent, &lm, err, err_len);
-    }
-    if (rc == 0) {
-        grpo_entropy_control_accumulate(ec, o, &lm);
-        // dL/dlogprob back to the packed token positions of the forward just run.
-        int N = 0;
-        for (int b = 0; b < B; b++) N += (int)r->rows[idx[b] / o->num_generations].n_ids + r->comp_len[idx[b]];
-        float *dlp = calloc(N, 4), *dent = gent ? calloc(N, 4) : NULL;
-        int n = 0;
-        for (int b = 0; b < B; b++) {
-            int P = (int)r->rows[idx[b] / o->num_generations].n_ids, L = r->comp_len[idx[b]];
-            for (int k = 0; k < L; k++) {
-                dlp[n + P - 1 + k] = grad[b * T + k];
-                if (dent) dent[n + P - 1 + k] = gent[b * T + k];
-            }
-            n += P + L;
+    GrpoLossInput in = {.has_entropy_threshold = has_thr, .entropy_threshold = thr, .batch = B, .max_len = T,
+                        .logps = w->logps, .old_logps = off_policy ? old : NULL,
+                        .ref_logps = t->ref ? w->ref : NULL, .sampling_logps = w->sampling,
+                        .entropies = w->entropies, .mask = w->mask, .advantages = w->advantages, .is_ratio = isr,
+                        .num_items_in_batch = active, .num_processes = t->world, .gradient_accumulation_steps = GA,
+                        .steps_per_generation = S, .training = 1, .entropy_coef = grpo_entropy_apply_coef(ec, o)};
+    if (grpo_loss(o, &in, w->grad, gent, &lm, err, err_len) != 0) return -1;
+    grpo_entropy_control_accumulate(ec, o, &lm);
+    // dL/dlogprob back to the packed token positions of the forward just run.
+    memset(w->dlogps, 0, (size_t)N * sizeof *w->dlogps);
+    if (gent) memset(w->dentropies, 0, (size_t)N * sizeof *w->dentropies);
+    for (int b = 0, n = 0; b < B; b++) {
+        int P = (int)r->rows[w->idx[b] / G].n_ids, L = r->comp_len[w->idx[b]];
+        for (int k = 0; k < L; k++) {
+            w->dlogps[n + P - 1 + k] = w->grad[b * T + k];
+            if (gent) w->dentropies[n + P - 1 + k] = gent[b * T + k];
         }
-        rc = model_backward_entropy(&t->model, t->acts, policy, dlp, dent, err, err_len);
-        free(dlp);
-        free(dent);
-        add(&acc->loss, lm.loss);
-        add(&acc->kl, lm.kl_sum), add(&acc->kl_n, lm.kl_count);
-        add(&acc->ent, lm.entropy_sum), add(&acc->ent_n, lm.entropy_count);
-        add(&acc->clip_low, lm.clip_low_sum), add(&acc->clip_high, lm.clip_high_sum);
-        add(&acc->clip_region, lm.clip_region_sum);
-        add(&acc->clip_n, lm.clip_count);
+        n += P + L;
     }
-    free(gent);
-    free(lp), free(ent), free(old), free(refl), free(samp), free(grad), free(adv), free(isr), free(mask),
-        free(trunc);
-    free(idx);
+    if (model_backward_entropy(&t->model, t->acts, policy, w->dlogps, gent ? w->dentropies : NULL, err, err_len) != 0)
+        return -1;
+    add(&acc->loss, lm.loss);
+    add(&acc->kl, lm.kl_sum), add(&acc->kl_n, lm.kl_count);
+    add(&acc->ent, lm.entropy_sum), add(&acc->ent_n, lm.entropy_count);
+    add(&acc->clip_low, lm.clip_low_sum), add(&acc->clip_high, lm.clip_high_sum);
+    add(&acc->clip_region, lm.clip_region_sum);
+    add(&acc->clip_n, lm.clip_count);
+    return 0;
+}
+
+// The push that ends an optimizer step, when due: its timings for the log.
+typedef struct {
+    double seconds, bytes, transfer, begin, end, commit;
+} SyncTimes;
+
+static int push_if_due(Trainer *t, SyncTimes *st, char *err, size_t err_len) {
+    *st = (SyncTimes){0};
+    if (t->progress.step % t->cfg->weight_sync_steps != 0 && t->progress.step != t->total_steps) return 0;
+    if (weight_sync_push(t, &st->seconds, err, err_len) != 0) return -1;
+    *st = (SyncTimes){.seconds = st->seconds, .bytes = t->sync.bytes, .transfer = t->sync.transfer_seconds,
+                      .begin = t->sync.begin_seconds, .end = t->sync.end_seconds, .commit = t->sync.commit_seconds};
+    return 0;
+}
+
+// The log phase: the round's metrics (m) with this optimizer step's, reduced over ranks, to metrics.jsonl.
+static int log_step(Trainer *t, const json_t *m, const StepSums *sums, float grad_norm, double lr, double active,
+                    double t_train, const SyncTimes *st, double t_round, char *err, size_t err_len) {
+    const GrpoOptions *o = &t->cfg->grpo;
+    double red[10] = {sums->loss, sums->kl, sums->kl_n, sums->ent, sums->ent_n, sums->clip_low, sums->clip_high,
+                      sums->clip_region, sums->clip_n, st->bytes};
+    if (comm_all_reduce(t->comm, red, 10, COMM_F64, COMM_SUM) != 0) {
+        snprintf(err, err_len, "%s", comm_error(t->comm));
+        return -1;
+    }
+    if (t->progress.step % t->cfg->logging_steps != 0 && t->progress.step != t->total_steps) return 0;
+    json_t *mm = json_deep_copy(m);
+    if (!mm) {
+        snprintf(err, err_len, "out of memory for the step's metrics");
+        return -1;
+    }
+    json_object_set_new(mm, "loss", json_real(red[0] / t->world));
+    if (o->beta != 0) json_object_set_new(mm, "kl", json_real(red[1] / (red[2] > 0 ? red[2] : 1)));
+    json_object_set_new(mm, "entropy", json_real(red[3] / (red[4] > 0 ? red[4] : 1)));
+    json_object_set_new(mm, "clip_ratio/low_mean", json_real(red[5] / (red[8] > 0 ? red[8] : 1)));
+    json_object_set_new(mm, "clip_ratio/high_mean", json_real(red[6] / (red[8] > 0 ? red[8] : 1)));
+    json_object_set_new(mm, "clip_ratio/region_mean", json_real(red[7] / (red[8] > 0 ? red[8] : 1)));
+    json_object_set_new(mm, "grad_norm", json_real(grad_norm));
+    json_object_set_new(mm, "learning_rate", json_real(lr));
+    json_object_set_new(mm, "num_tokens", json_real(active));
+    json_object_set_new(mm, "train_time", json_real(t_train));
+    json_object_set_new(mm, "sync_time", json_real(st->seconds));
+    json_object_set_new(mm, "sync_bytes", json_real(red[9]));   // sent by all ranks to all servers
+    json_object_set_new(mm, "sync_transfer_time", json_real(st->transfer));   // rank 0's sending alone
+    // the rest of rank 0's push: weights_begin answered, weights_end answered (the servers' receive finishing +
+    // their swap), and the swap alone as the slowest server reports it
+    json_object_set_new(mm, "sync_begin_time", json_real(st->begin));
+    json_object_set_new(mm, "sync_end_time", json_real(st->end));
+    json_object_set_new(mm, "sync_commit_time", json_real(st->commit));
+    json_object_set_new(mm, "step_time", json_real(trainer_now() - t_round));
+    json_object_set_new(mm, "policy_version", json_integer(t->progress.policy_version));
+    trainer_log(t, mm);
+    return 0;
+}
+
+// Before a round: a server that restarted (or missed a push) gets this run's weights before it generates for it.
+static int refresh_servers(Trainer *t, char *err, size_t err_len) {
+    int stale = 0;
+    if (rollout_client_refresh(t->rollout, t->progress.policy_version, 2000, &stale, err, err_len) != 0) return -1;
+    int32_t any_stale = stale;
+    if (comm_all_reduce(t->comm, &any_stale, 1, COMM_I32, COMM_MAX) != 0) {
+        snprintf(err, err_len, "%s", comm_error(t->comm));
+        return -1;
+    }
+    if (!any_stale) return 0;
+    double secs;
+    if (t->rank == 0)
+        fprintf(stderr, "tandem-train: a rollout server holds other weights than version %lld: pushing them\n",
+                (long long)t->progress.policy_version);
+    return weight_sync_push(t, &secs, err, err_len);
+}
+
+// One round: generate, rewards, advantages, old / reference logprobs, then its micro-steps and optimizer steps
+// (each followed by the push when due, the log and a checkpoint when due).
+static int run_round(Trainer *t, GrpoRound *r, MicroBuffers *w, UnitSource *policy, UnitSource *ref,
+                     GrpoEntropyControl *ec, char *err, size_t err_len) {
+    TrainConfig *c = t->cfg;
+    const GrpoOptions *o = &c->grpo;
+    const int micro = c->per_device_train_batch_size, GA = c->gradient_accumulation_steps;
+    const int S = c->resolved_steps_per_generation;
+    double t_round = trainer_now();
+    if (refresh_servers(t, err, err_len) != 0) return -1;
+    json_t *m = json_object();
+    int F = 0, rc = -1;
+    if (!m) {
+        snprintf(err, err_len, "out of memory for the round's metrics");
+        return -1;
+    }
+    if (grpo_round_generate(t, r, err, err_len) != 0 || grpo_round_rewards(t, r, &F, err, err_len) != 0 ||
+        grpo_round_advantages(t, r, F, m, err, err_len) != 0)
+        goto out;
+    // Logprobs before any update of this round: the off-policy ratio (num_iterations > 1 or more micro-steps than
+    // one optimizer step) and the rollout importance-sampling correction need them.
+    const int need_old = c->num_iterations > 1 || S > GA || o->vllm_importance_sampling_correction;
+    if (grpo_round_reserve_logps(r, need_old, t->ref != NULL, err, err_len) != 0) goto out;
+    if (need_old && score_all(t, policy, r, w, r->old_logps, micro, err, err_len) != 0) goto out;
+    if (t->ref && score_all(t, ref, r, w, r->ref_logps, micro, err, err_len) != 0) goto out;
+    // num_items_in_batch: active completion tokens of the whole generation batch, every rank.
+    double active = 0;
+    for (int i = 0; i < r->n; i++) active += (o->mask_truncated_completions && r->truncated[i]) ? 0 : r->comp_len[i];
+    if (comm_all_reduce(t->comm, &active, 1, COMM_F64, COMM_SUM) != 0) {
+        snprintf(err, err_len, "%s", comm_error(t->comm));
+        goto out;
+    }
+    StepSums sums = {0};
+    double t_train = 0;
+    int micro_done = 0;
+    for (int it = 0; it < c->num_iterations && t->progress.step < t->total_steps; it++) {
+        for (int s = 0; s < S && t->progress.step < t->total_steps; s++) {
+            double t0 = trainer_now();
+            if (micro_step(t, policy, r, w, s, need_old, c->num_iterations > 1 || S > GA, active, ec, &sums, err,
+                           err_len) != 0)
+                goto out;
+            t_train += trainer_now() - t0;
+            if (++micro_done % GA != 0) continue;
+            float gn;
+            double lr;
+            t0 = trainer_now();
+            if (trainer_optimizer_step(t, &gn, &lr, err, err_len) != 0) goto out;
+            t_train += trainer_now() - t0;
+            if (o->use_adaptive_entropy) {
+                double win[2] = {ec->window_sum, ec->window_count};
+                if (comm_all_reduce(t->comm, win, 2, COMM_F64, COMM_SUM) != 0) {
+                    snprintf(err, err_len, "%s", comm_error(t->comm));
+                    goto out;
+                }
+                grpo_entropy_control_step(ec, o, win[0], win[1]);
+            }
+            SyncTimes st;
+            if (push_if_due(t, &st, err, err_len) != 0 ||
+                log_step(t, m, &sums, gn, lr, active, t_train, &st, t_round, err, err_len) != 0)
+                goto out;
+            trainer_progress(t);
+            sums = (StepSums){0};
+            t_train = 0;
+            if (c->save_steps > 0 && t->progress.step % c->save_steps == 0) {
+                if (trainer_save(t, err, err_len) != 0) goto out;
+                // The round's rollouts are not part of a checkpoint: a run resumed from one saved before the
+                // round's last micro-step generates a new round, so it does not repeat this run's next steps.
+                if (t->rank == 0 && (it < c->num_iterations - 1 || s < S - 1) && t->progress.step < t->total_steps)
+                    fprintf(stderr, "tandem-train: checkpoint-%lld was saved inside a generation round (%d "
+                            "micro-steps x %d iterations): a run resumed from it generates a new round there, so "
+                            "it will not repeat this run's next steps bit for bit; checkpoints at a round's last "
+                            "step do\n", (long long)t->progress.step, S, c->num_iterations);
+            }
+        }
+    }
+    rc = 0;
+out:
+    json_decref(m);
+    grpo_round_clear(r);
     return rc;
 }
 
-
 int trainer_run_grpo(Trainer *t, char *err, size_t err_len) {
     TrainConfig *c = t->cfg;
-    GrpoOptions *o = &c->grpo;
-    const int micro = c->per_device_train_batch_size, GA = c->gradient_accumulation_steps;
-    const int S = c->resolved_steps_per_generation;
     UnitSource policy = zero3_source(t->policy), ref = t->ref ? zero3_source(t->ref) : (UnitSource){0};
     GrpoEntropyControl ec;
-    grpo_entropy_control_init(&ec, o);
+    grpo_entropy_control_init(&ec, &c->grpo);
     // Resumed: the servers may hold other weights (a later step of the run that stopped, or the base model
     // after a restart) — give them this step's before the first rollout.
     if (c->resume) {
         double secs;
         if (weight_sync_push(t, &secs, err, err_len) != 0) return -1;
     }
-    while (t->progress.step < t->total_steps) {
-        double t_round = trainer_now();
-        // A server that restarted (or missed a push) gets this run's weights before it generates for it.
-        int stale = 0;
-        if (rollout_client_refresh(t->rollout, t->progress.policy_version, 2000, &stale, err, err_len) != 0) return -1;
-        int32_t any_stale = stale;
-        if (comm_all_reduce(t->comm, &any_stale, 1, COMM_I32, COMM_MAX) != 0) {
-            snprintf(err, err_len, "%s", comm_error(t->comm));
-            return -1;
-        }
-        if (any_stale) {
-            double secs;
-            if (t->rank == 0)
-                fprintf(stderr, "tandem-train: a rollout server holds other weights than version %lld: pushing them\n",
-                        (long long)t->progress.policy_version);
-            if (weight_sync_push(t, &secs, err, err_len) != 0) return -1;
-        }
-        Round r;
-        json_t *m = json_object();
-        if (make_round(t, &r, m, err, err_len) != 0) {
-            json_decref(m);
-            round_free(&r);
-            return -1;
-        }
-        // Logprobs before any update of this round: the off-policy ratio (num_iterations > 1 or more micro-steps
-        // than one optimizer step) and the rollout importance-sampling correction need them.
-        int need_old = c->num_iterations > 1 || S > GA || o->vllm_importance_sampling_correction;
-        if (need_old) {
-            r.old_logps = calloc(r.n, sizeof(float *));
-            if (score_all(t, &policy, &r, r.old_logps, micro, err, err_len) != 0) goto fail;
-        }
-        if (t->ref) {
-            r.ref_logps = calloc(r.n, sizeof(float *));
-            if (score_all(t, &ref, &r, r.ref_logps, micro, err, err_len) != 0) goto fail;
-        }
-        // num_items_in_batch: active completion tokens of the whole generation batch, every rank.
-        double active = 0;
-        for (int i = 0; i < r.n; i++)
-            active += (o->mask_truncated_completions && r.truncated[i]) ? 0 : r.comp_len[i];
-        if (comm_all_reduce(t->comm, &active, 1, COMM_F64, COMM_SUM) != 0) {
-            snprintf(err, err_len, "%s", comm_error(t->comm));
-            goto fail;
-        }
-        StepSums sums = {0};
-        double t_train = 0;
-        int micro_done = 0;
-        for (int it = 0; it < c->num_iterations; it++) {
-            for (int s = 0; s < S; s++) {
-                double t0 = trainer_now();
-                int rc = micro_step(t, &policy, &r, s, need_old, c->num_iterations > 1 || S > GA, active, &ec, &sums,
-                                    err, err_len);
-                if (rc != 0) goto fail;
-                t_train += trainer_now() - t0;
-                if (++micro_done % GA != 0) continue;
-                // Optimizer step.
-                float gn;
-                double lr;
-                t0 = trainer_now();
-                if (trainer_optimizer_step(t, &gn, &lr, err, err_len) != 0) goto fail;
-                t_train += trainer_now() - t0;
-                if (o->use_adaptive_entropy) {
-                    double w[2] = {ec.window_sum, ec.window_count};
-                    if (comm_all_reduce(t->comm, w, 2, COMM_F64, COMM_SUM) != 0) {
-                        snprintf(err, err_len, "%s", comm_error(t->comm));
-                        goto fail;
-                    }
-                    grpo_entropy_control_step(&ec, o, w[0], w[1]);
-                }
-                double t_sync = 0, sync_bytes = 0, t_transfer = 0, t_begin = 0, t_end = 0, t_commit = 0;
-                if (t->progress.step % c->weight_sync_steps == 0 || t->progress.step == t->total_steps) {
-                    if (weight_sync_push(t, &t_sync, err, err_len) != 0) goto fail;
-                    sync_bytes = t->sync.bytes;
-                    t_transfer = t->sync.transfer_seconds;
-                    t_begin = t->sync.begin_seconds;
-                    t_end = t->sync.end_seconds;
-                    t_commit = t->sync.commit_seconds;
-                }
-                double red[10] = {sums.loss, sums.kl, sums.kl_n, sums.ent, sums.ent_n, sums.clip_low, sums.clip_high,
-                                  sums.clip_region, sums.clip_n, sync_bytes};
-                if (comm_all_reduce(t->comm, red, 10, COMM_F64, COMM_SUM) != 0) {
-                    snprintf(err, err_len, "%s", comm_error(t->comm));
-                    goto fail;
-                }
-                json_t *mm = json_deep_copy(m);
-                json_object_set_new(mm, "loss", json_real(red[0] / t->world));
-                if (o->beta != 0) json_object_set_new(mm, "kl", json_real(red[1] / (red[2] > 0 ? red[2] : 1)));
-                json_object_set_new(mm, "entropy", json_real(red[3] / (red[4] > 0 ? red[4] : 1)));
-                json_object_set_new(mm, "clip_ratio/low_mean", json_real(red[5] / (red[8] > 0 ? red[8] : 1)));
-                json_object_set_new(mm, "clip_ratio/high_mean", json_real(red[6] / (red[8] > 0 ? red[8] : 1)));
-                json_object_set_new(mm, "clip_ratio/region_mean", json_real(red[7] / (red[8] > 0 ? red[8] : 1)));
-                json_object_set_new(mm, "grad_norm", json_real(gn));
-                json_object_set_new(mm, "learning_rate", json_real(lr));
-                json_object_set_new(mm, "num_tokens", json_real(active));
-                json_object_set_new(mm, "train_time", json_real(t_train));
-                json_object_set_new(mm, "sync_time", json_real(t_sync));
-                json_object_set_new(mm, "sync_bytes", json_real(red[9]));   // sent by all ranks to all servers
-                json_object_set_new(mm, "sync_transfer_time", json_real(t_transfer));   // rank 0's sending alone
-                // the rest of rank 0's push: weights_begin answered, weights_end answered (the servers' receive
-                // finishing + their swap), and the swap alone as the slowest server reports it
-                json_object_set_new(mm, "sync_begin_time", json_real(t_begin));
-                json_object_set_new(mm, "sync_end_time", json_real(t_end));
-                json_object_set_new(mm, "sync_commit_time", json_real(t_commit));
-                json_object_set_new(mm, "step_time", json_real(trainer_now() - t_round));
-                json_object_set_new(mm, "policy_version", json_integer(t->progress.policy_version));
-                if (t->progress.step % c->logging_steps == 0 || t->progress.step == t->total_steps) trainer_log(t, mm);
-                else json_decref(mm);
-                trainer_progress(t);
-                sums = (StepSums){0};
-                t_train = 0;
-                if (c->save_steps > 0 && t->progress.step % c->save_steps == 0) {
-                    if (trainer_save(t, err, err_len) != 0) goto fail;
-                    // The round's rollouts are not part of a checkpoint: a run resumed from one saved before the
-                    // round's last micro-step generates a new round, so it does not repeat this run's next steps.
-                    if (t->rank == 0 && (it < c->num_iterations - 1 || s < S - 1) &&
-                        t->progress.step < t->total_steps)
-                        fprintf(stderr, "tandem-train: checkpoint-%lld was saved inside a generation round (%d "
-                                "micro-steps x %d iterations): a run resumed from it generates a new round there, so "
-                                "it will not repeat this run's next steps bit for bit; checkpoints at a round's last "
-                                "step do\n", (long long)t->progress.step, S, c->num_iterations);
-                }
-                if (t->progress.step >= t->total_steps) break;
-            }
-            if (t->progress.step >= t->total_steps) break;
-        }
-        json_decref(m);
-        round_free(&r);
-        continue;
-    fail:
-        json_decref(m);
-        round_free(&r);
-        return -1;
-    }
+    GrpoRound r;
+    MicroBuffers w = {0};
+    const int n_prompts = c->per_device_train_batch_size * c->resolved_steps_per_generation / c->grpo.num_generations;
+    if (grpo_round_init(&r, n_prompts, c->grpo.num_generations, t->world, err, err_len) != 0) return -1;
+    int rc = 0;
+    while (rc == 0 && t->progress.step < t->total_steps) rc = run_round(t, &r, &w, &policy, &ref, &ec, err, err_len);
+    grpo_round_free(&r);
+    micro_buffers_free(&w);
+    if (rc != 0) return -1;
     if (c->save_steps == 0 || t->progress.step % c->save_steps != 0) return trainer_save(t, err, err_len);
     return 0;
 }

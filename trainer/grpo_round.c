@@ -1,0 +1,247 @@
+// trainer/grpo_round.c — the generate, rewards and advantages phases of a GRPO step (trainer/grpo_round.h).
+#include "trainer/grpo_round.h"
+
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "trainer/grpo_loss.h"
+
+static int oom(char *err, size_t err_len, const char *what) {
+    snprintf(err, err_len, "out of memory for %s", what);
+    return -1;
+}
+
+int grpo_round_init(GrpoRound *r, int n_prompts, int G, int world, char *err, size_t err_len) {
+    memset(r, 0, sizeof *r);
+    r->n_prompts = n_prompts;
+    r->n = n_prompts * G;
+    const size_t n = (size_t)r->n;
+    r->rows = calloc(n_prompts, sizeof *r->rows);
+    r->groups = calloc(n_prompts, sizeof *r->groups);
+    r->prompts = calloc(n_prompts, sizeof *r->prompts);
+    r->prompt_lens = calloc(n_prompts, sizeof *r->prompt_lens);
+    r->comp = calloc(n, sizeof *r->comp);
+    r->comp_len = calloc(n, sizeof *r->comp_len);
+    r->sampling_logps = calloc(n, sizeof *r->sampling_logps);
+    r->truncated = calloc(n, 1);
+    r->advantages = calloc(n, sizeof *r->advantages);
+    r->off = calloc(n + 1, sizeof *r->off);
+    r->samples = calloc(n, sizeof *r->samples);
+    r->texts = calloc(n, sizeof *r->texts);
+    r->adv_all = calloc(n * (size_t)world, sizeof *r->adv_all);
+    if (!r->rows || !r->groups || !r->prompts || !r->prompt_lens || !r->comp || !r->comp_len || !r->sampling_logps ||
+        !r->truncated || !r->advantages || !r->off || !r->samples || !r->texts || !r->adv_all) {
+        grpo_round_free(r);
+        return oom(err, err_len, "a generation round");
+    }
+    return 0;
+}
+
+void grpo_round_clear(GrpoRound *r) {
+    for (int p = 0; p < r->n_prompts; p++) data_row_clear(&r->rows[p]);
+    if (r->have_groups) rollout_groups_free(r->groups, r->n_prompts);
+    r->have_groups = 0;
+    for (int i = 0; i < r->n; i++) {
+        free(r->texts[i]);
+        r->texts[i] = NULL;
+    }
+}
+
+void grpo_round_free(GrpoRound *r) {
+    if (r->rows && r->texts) grpo_round_clear(r);
+    free(r->rows), free(r->groups), free(r->prompts), free(r->prompt_lens), free(r->comp), free(r->comp_len);
+    free(r->sampling_logps), free(r->truncated), free(r->advantages), free(r->off), free(r->old_logps);
+    free(r->ref_logps), free(r->samples), free(r->texts), free(r->service_scores), free(r->scores), free(r->local);
+    free(r->all), free(r->adv_all), free(r->fmean), free(r->fstd), free(r->weights);
+    memset(r, 0, sizeof *r);
+}
+
+int grpo_round_generate(Trainer *t, GrpoRound *r, char *err, size_t err_len) {
+    TrainConfig *c = t->cfg;
+    const int G = c->grpo.num_generations;
+    for (int p = 0; p < r->n_prompts; p++) {
+        if (trainer_next_row(t, &r->rows[p], err, err_len) < 0) return -1;
+        r->prompts[p] = r->rows[p].ids;
+        r->prompt_lens[p] = (int)r->rows[p].n_ids;
+    }
+    ZmsgSampling s;
+    zmsg_sampling_default(&s);
+    s.n = G;
+    s.max_tokens = c->grpo.max_completion_length;
+    s.temperature = (float)c->temperature;
+    s.top_p = (float)c->top_p;
+    s.top_k = c->top_k > 0 ? c->top_k : -1;
+    s.min_p = (float)c->min_p;
+    s.repetition_penalty = (float)c->repetition_penalty;
+    s.has_seed = 1;
+    // Distinct seeds per rank and step, reproducible from the run's seed.
+    s.seed = ((uint64_t)c->seed * 1000003ULL + (uint64_t)t->progress.step * 7919ULL + (uint64_t)t->rank * 104729ULL) &
+             0x3FFFFFFFFFFFFFFFULL;
+    double t0 = trainer_now();
+    for (int attempt = 1;; attempt++) {
+        int rc = rollout_generate(t->rollout, r->n_prompts, r->prompts, r->prompt_lens, &s, r->groups, err, err_len);
+        if (rc == -1) return -1;
+        // Every rank agrees whether the round's generation worked: if one lost all its servers, all retry
+        // together after the servers come back with this run's weights (a collective weight push).
+        int32_t lost = rc != 0;
+        if (comm_all_reduce(t->comm, &lost, 1, COMM_I32, COMM_MAX) != 0) {
+            snprintf(err, err_len, "%s", comm_error(t->comm));
+            if (rc == 0) rollout_groups_free(r->groups, r->n_prompts);
+            return -1;
+        }
+        if (!lost) break;
+        if (rc == 0) rollout_groups_free(r->groups, r->n_prompts);
+        if (attempt == 3) {
+            snprintf(err, err_len, "generation failed 3 times: the rollout servers keep going away");
+            return -1;
+        }
+        int stale;
+        double secs;
+        if (t->rank == 0)
+            fprintf(stderr, "tandem-train: rollout servers lost mid-round (generation attempt %d of 3); waiting up to "
+                    "%.0f s (6 x --rollout-timeout) for one to answer, then pushing the weights and generating the "
+                    "round again\n", attempt, 6.0 * c->rollout_timeout);
+        if (rollout_client_refresh(t->rollout, t->progress.policy_version, 2000, &stale, err, err_len) != 0 ||
+            weight_sync_push(t, &secs, err, err_len) != 0)
+            return -1;
+    }
+    r->have_groups = 1;
+    r->generate_seconds = trainer_now() - t0;
+    int32_t eos[16];
+    int n_eos = (int)tokenizer_eos_ids(t->tok, eos, 16);
+    r->len_sum = 0, r->clipped = 0;
+    r->off[0] = 0;
+    for (int p = 0; p < r->n_prompts; p++) {
+        int off = 0;
+        for (int j = 0; j < G; j++) {
+            int i = p * G + j;
+            r->comp[i] = r->groups[p].tokens + off;
+            r->sampling_logps[i] = r->groups[p].logprobs + off;
+            r->comp_len[i] = r->groups[p].lens[j];
+            r->truncated[i] = grpo_completion_is_truncated(r->comp[i], r->comp_len[i], eos, n_eos,
+                                                           tokenizer_pad_id(t->tok));
+            off += r->comp_len[i];
+            r->off[i + 1] = r->off[i] + (size_t)r->comp_len[i];
+            r->len_sum += r->comp_len[i];
+            r->clipped += r->groups[p].finish[j] == ZMSG_FINISH_LENGTH;
+        }
+    }
+    return 0;
+}
+
+// Grows the per-function buffers to F functions.
+static int fit_funcs(Trainer *t, GrpoRound *r, int F, char *err, size_t err_len) {
+    if (F <= r->cap_f && r->scores) return 0;
+    const size_t n = (size_t)r->n, f = (size_t)(F ? F : 1);
+    free(r->scores), free(r->local), free(r->all), free(r->fmean), free(r->fstd), free(r->weights);
+    r->scores = malloc(n * f * sizeof *r->scores);
+    r->local = malloc(n * f * sizeof *r->local);
+    r->all = malloc(n * (size_t)t->world * f * sizeof *r->all);
+    r->fmean = calloc(f, sizeof *r->fmean);
+    r->fstd = calloc(f, sizeof *r->fstd);
+    r->weights = malloc(f * sizeof *r->weights);
+    if (!r->scores || !r->local || !r->all || !r->fmean || !r->fstd || !r->weights) {
+        r->cap_f = 0;
+        return oom(err, err_len, "the rewards of a round");
+    }
+    r->cap_f = (int)f;
+    return 0;
+}
+
+int grpo_round_rewards(Trainer *t, GrpoRound *r, int *n_funcs, char *err, size_t err_len) {
+    const int G = t->cfg->grpo.num_generations;
+    double t0 = trainer_now();
+    int F_builtin = (int)rewards_count(t->rewards), F = F_builtin;
+    for (int i = 0; i < r->n; i++) {
+        size_t len;
+        if (tokenizer_decode(t->tok, r->comp[i], r->comp_len[i], 1, &r->texts[i], &len, err, err_len) != 0) return -1;
+        r->samples[i] = (RewardSample){.completion = r->texts[i], .completion_tokens = r->comp_len[i],
+                                       .prompt = r->rows[i / G].prompt, .columns = r->rows[i / G].columns};
+    }
+    int F_svc = 0;
+    if (t->reward_service) {
+        // The service's function count is known after its first answer: score into a wide buffer, then copy.
+        if (!r->service_scores &&
+            !(r->service_scores = malloc((size_t)r->n * GRPO_SERVICE_MAX_FUNCS * sizeof *r->service_scores)))
+            return oom(err, err_len, "the reward service's scores");
+        size_t nf = 0;
+        if (reward_service_score(t->reward_service, r->samples, r->n, r->service_scores, GRPO_SERVICE_MAX_FUNCS,
+                                 GRPO_SERVICE_MAX_FUNCS, &nf, err, err_len) != 0)
+            return -1;
+        F_svc = (int)nf;
+        F += F_svc;
+    }
+    if (fit_funcs(t, r, F, err, err_len) != 0) return -1;
+    if (rewards_score(t->rewards, r->samples, r->n, r->scores, F, err, err_len) != 0) return -1;
+    for (int i = 0; i < r->n; i++)
+        for (int f = 0; f < F_svc; f++)
+            r->scores[i * F + F_builtin + f] = r->service_scores[(size_t)i * GRPO_SERVICE_MAX_FUNCS + f];
+    for (size_t k = 0; k < (size_t)r->n * F; k++) r->local[k] = (float)r->scores[k];
+    r->reward_seconds = trainer_now() - t0;
+    *n_funcs = F;
+    return 0;
+}
+
+int grpo_round_advantages(Trainer *t, GrpoRound *r, int F, json_t *m, char *err, size_t err_len) {
+    TrainConfig *c = t->cfg;
+    double t0 = trainer_now();
+    const int F_builtin = (int)rewards_count(t->rewards);
+    const float *weights = NULL;
+    if (c->reward_weights) {
+        if ((int)c->n_reward_weights != F) {
+            snprintf(err, err_len, "reward_weights has %zu entries but there are %d reward functions",
+                     c->n_reward_weights, F);
+            return -1;
+        }
+        for (int f = 0; f < F; f++) r->weights[f] = (float)c->reward_weights[f];
+        weights = r->weights;
+    }
+    // Every rank's rewards, in rank order (TRL's gather).
+    if (comm_all_gather(t->comm, r->all, r->local, (size_t)r->n * F, COMM_F32) != 0) {
+        snprintf(err, err_len, "gathering rewards: %s", comm_error(t->comm));
+        return -1;
+    }
+    GrpoRewardMetrics rm;
+    if (grpo_advantages(&c->grpo, r->n * t->world, F, r->all, weights, r->adv_all, &rm, r->fmean, r->fstd, err,
+                        err_len) != 0)
+        return -1;
+    memcpy(r->advantages, r->adv_all + (size_t)t->rank * r->n, r->n * sizeof(float));
+    json_object_set_new(m, "reward", json_real(rm.reward));
+    json_object_set_new(m, "reward_std", json_real(rm.reward_std));
+    json_object_set_new(m, "frac_reward_zero_std", json_real(rm.frac_reward_zero_std));
+    for (int f = 0; f < F; f++) {
+        const char *name = f < F_builtin ? rewards_name(t->rewards, f)
+                                         : reward_service_name(t->reward_service, f - F_builtin);
+        char key[160];
+        snprintf(key, sizeof key, "rewards/%s/mean", name);
+        json_object_set_new(m, key, json_real(r->fmean[f]));
+        snprintf(key, sizeof key, "rewards/%s/std", name);
+        json_object_set_new(m, key, json_real(r->fstd[f]));
+    }
+    double sums[3] = {r->len_sum, r->clipped, (double)r->n};
+    if (comm_all_reduce(t->comm, sums, 3, COMM_F64, COMM_SUM) != 0) {
+        snprintf(err, err_len, "reducing metrics: %s", comm_error(t->comm));
+        return -1;
+    }
+    json_object_set_new(m, "completions/mean_length", json_real(sums[0] / sums[2]));
+    json_object_set_new(m, "completions/clipped_ratio", json_real(sums[1] / sums[2]));
+    json_object_set_new(m, "rollout_time", json_real(r->generate_seconds));
+    json_object_set_new(m, "prompts_skipped", json_integer((json_int_t)data_skipped(t->data)));
+    json_object_set_new(m, "reward_time", json_real(r->reward_seconds + trainer_now() - t0));
+    return 0;
+}
+
+int grpo_round_reserve_logps(GrpoRound *r, int old, int ref, char *err, size_t err_len) {
+    size_t need = r->off[r->n] ? r->off[r->n] : 1;
+    if (need > r->logps_cap) {
+        free(r->old_logps), free(r->ref_logps);
+        r->old_logps = r->ref_logps = NULL;
+        r->logps_cap = need + need / 4;  // rounds differ in length: room for a somewhat longer one
+    }
+    if (old && !r->old_logps && !(r->old_logps = malloc(r->logps_cap * sizeof(float))))
+        return oom(err, err_len, "the round's old logprobs");
+    if (ref && !r->ref_logps && !(r->ref_logps = malloc(r->logps_cap * sizeof(float))))
+        return oom(err, err_len, "the round's reference logprobs");
+    return 0;
+}
