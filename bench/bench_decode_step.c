@@ -162,12 +162,21 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_decode_step: need --ctx >= 0, --steps >= 1, --warmup >= 0\n");
         return 2;
     }
+    // The context's settings from the environment bench/bench_*_gpu.py sets (kernels/cuda/README.md):
+    // TANDEM_PROFILE_OPS=1 times every op, TANDEM_GEMM_AUTOTUNE=0|1|2 the GEMM autotuning.
+    const char *profile = getenv("TANDEM_PROFILE_OPS"), *tune = getenv("TANDEM_GEMM_AUTOTUNE");
+    OpsSettings settings = {.profile_ops = profile && *profile && strcmp(profile, "0") != 0};
+    if (tune && *tune && ops_gemm_autotune_parse(tune, &settings.gemm_autotune) != 0) {
+        fprintf(stderr, "bench_decode_step: TANDEM_GEMM_AUTOTUNE=%s: expected 0, 1 or 2\n", tune);
+        return 2;
+    }
     char err[1024];
     ModelConfig cfg;
     OpsCtx *ops;
     Model m;
     ResidentWeights w;
-    if (config_load(&cfg, argv[1], err, sizeof err) != 0 || ops_create(&ops, backend, 0, err, sizeof err) != 0 ||
+    if (config_load(&cfg, argv[1], err, sizeof err) != 0 ||
+        ops_create_with_settings(&ops, backend, 0, &settings, err, sizeof err) != 0 ||
         model_init(&m, &cfg, ops, err, sizeof err) != 0 || resident_alloc(&w, &m, 0, err, sizeof err) != 0) {
         fprintf(stderr, "bench_decode_step: %s\n", err);
         return 1;

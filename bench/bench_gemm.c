@@ -12,8 +12,8 @@
 // dw is fp32 += (cuBLASLt beta 1); din and the forwards write bf16. --fused-qkv lists one [q | k | v]
 // projection instead (what fusing them would give); --lm-only only the lm_head GEMMs.
 //
-// Each --variant is a CUDA context made under TANDEM_GEMM_AUTOTUNE / TANDEM_GEMM_WORKSPACE_MB (default one,
-// "default:1:32"); every GEMM is timed on all of them in alternation (see time_gemm). Prints one JSON line per
+// Each --variant is a CUDA context made with those settings (OpsSettings gemm_autotune 0|1|2 as
+// ops_gemm_autotune_parse reads it, gemm_workspace_mib; default one, "default:1:32"); every GEMM is timed on all of them in alternation (see time_gemm). Prints one JSON line per
 // distinct GEMM: name, kind (fwd, fwd+bias, din, din+=, dw+=), N (rows of the activation), IC, OC, calls per
 // step, milliseconds per call per variant; then a "step" line with the GEMM time per step per variant (every
 // GEMM weighted by its calls) and the step's GEMM TFLOP (2 N IC OC per call). bench/bench_gemm_gpu.py runs it
@@ -149,30 +149,19 @@ done:
     return rc;
 }
 
-// "NAME:AUTOTUNE:WORKSPACE_MB" -> a context created under TANDEM_GEMM_WORKSPACE_MB and latched to
-// TANDEM_GEMM_AUTOTUNE by one small GEMM (cuda_matmul.cu reads the variable on a context's first GEMM).
+// "NAME:AUTOTUNE:WORKSPACE_MB" -> a context created with those settings.
 static int variant_create(Variant *v, const char *spec) {
-    char tune[8], ws[16];
-    if (sscanf(spec, "%31[^:]:%7[^:]:%15s", v->name, tune, ws) != 3) {
+    char tune[8];
+    OpsSettings settings = {0};
+    if (sscanf(spec, "%31[^:]:%7[^:]:%d", v->name, tune, &settings.gemm_workspace_mib) != 3 ||
+        ops_gemm_autotune_parse(tune, &settings.gemm_autotune) != 0) {
         fprintf(stderr, "bench_gemm: bad --variant %s (NAME:AUTOTUNE:WORKSPACE_MB)\n", spec);
         return -1;
     }
-    setenv("TANDEM_GEMM_AUTOTUNE", tune, 1);
-    setenv("TANDEM_GEMM_WORKSPACE_MB", ws, 1);
     char err[256];
-    if (ops_create(&v->ctx, OPS_BACKEND_CUDA, 0, err, sizeof err) != 0) {
+    if (ops_create_with_settings(&v->ctx, OPS_BACKEND_CUDA, 0, &settings, err, sizeof err) != 0) {
         fprintf(stderr, "bench_gemm: cannot create the CUDA context: %s\n", err);
         v->ctx = NULL;
-        return -1;
-    }
-    void *x = ops_malloc(v->ctx, 64 * 2), *y = ops_malloc(v->ctx, 64 * 2);
-    ops_matmul_fwd(v->ctx, y, x, x, NULL, 8, 8, 8);
-    ops_synchronize(v->ctx);
-    ops_free(v->ctx, x), ops_free(v->ctx, y);
-    unsetenv("TANDEM_GEMM_AUTOTUNE");
-    unsetenv("TANDEM_GEMM_WORKSPACE_MB");
-    if (ops_status(v->ctx)) {
-        fprintf(stderr, "bench_gemm: variant %s: %s\n", v->name, ops_error(v->ctx));
         return -1;
     }
     return 0;

@@ -40,13 +40,22 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--device") && i + 1 < argc) backend = !strcmp(argv[++i], "cuda") ? OPS_BACKEND_CUDA : OPS_BACKEND_CPU;
         else { fprintf(stderr, "bench_model_step: unknown option %s\n", argv[i]); return 2; }
     }
+    // The context's settings from the environment bench/bench_*_gpu.py sets (kernels/cuda/README.md):
+    // TANDEM_PROFILE_OPS=1 times every op, TANDEM_GEMM_AUTOTUNE=0|1|2 the GEMM autotuning.
+    const char *profile = getenv("TANDEM_PROFILE_OPS"), *tune = getenv("TANDEM_GEMM_AUTOTUNE");
+    OpsSettings settings = {.profile_ops = profile && *profile && strcmp(profile, "0") != 0};
+    if (tune && *tune && ops_gemm_autotune_parse(tune, &settings.gemm_autotune) != 0) {
+        fprintf(stderr, "bench_model_step: TANDEM_GEMM_AUTOTUNE=%s: expected 0, 1 or 2\n", tune);
+        return 2;
+    }
     char err[1024];
     ModelConfig cfg;
     OpsCtx *ops;
     Model m;
     ResidentWeights w;
     TrainActs *acts;
-    if (config_load(&cfg, argv[1], err, sizeof err) != 0 || ops_create(&ops, backend, 0, err, sizeof err) != 0 ||
+    if (config_load(&cfg, argv[1], err, sizeof err) != 0 ||
+        ops_create_with_settings(&ops, backend, 0, &settings, err, sizeof err) != 0 ||
         model_init(&m, &cfg, ops, err, sizeof err) != 0 || resident_alloc(&w, &m, 1, err, sizeof err) != 0 ||
         train_acts_create(&acts, &m, B * T, B,
                           (checkpoint ? TRAIN_ACTS_CHECKPOINT : 0) | (keep_logits ? TRAIN_ACTS_KEEP_LOGITS : 0), err,

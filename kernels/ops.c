@@ -108,15 +108,42 @@ int ops_backend_available(OpsBackend backend) {
 #endif
 }
 
+int ops_gemm_autotune_parse(const char *text, OpsGemmAutotune *out) {
+    if (!text) return -1;
+    if (!strcmp(text, "1") || !strcmp(text, "on")) *out = OPS_GEMM_AUTOTUNE_ON;
+    else if (!strcmp(text, "0") || !strcmp(text, "off")) *out = OPS_GEMM_AUTOTUNE_OFF;
+    else if (!strcmp(text, "2") || !strcmp(text, "log")) *out = OPS_GEMM_AUTOTUNE_LOG;
+    else return -1;
+    return 0;
+}
+
 int ops_create(OpsCtx **out, OpsBackend backend, int device, char *err, size_t err_len) {
+    return ops_create_with_settings(out, backend, device, NULL, err, err_len);
+}
+
+int ops_create_with_settings(OpsCtx **out, OpsBackend backend, int device, const OpsSettings *settings, char *err,
+                             size_t err_len) {
     *out = NULL;
+    const OpsSettings defaults = {0};
+    if (!settings) settings = &defaults;
+    if (settings->gemm_autotune < OPS_GEMM_AUTOTUNE_ON || settings->gemm_autotune > OPS_GEMM_AUTOTUNE_LOG) {
+        snprintf(err, err_len, "gemm_autotune %d is not an OpsGemmAutotune", (int)settings->gemm_autotune);
+        return -1;
+    }
+    if (settings->gemm_workspace_mib < 0 || settings->gemm_workspace_mib > 4096) {
+        snprintf(err, err_len, "gemm_workspace_mib %d is outside 0..4096", settings->gemm_workspace_mib);
+        return -1;
+    }
     OpsCtx *ctx = calloc(1, sizeof *ctx);
     if (!ctx) { snprintf(err, err_len, "out of host memory creating the compute context"); return -1; }
     ctx->backend = backend;
     ctx->device = device;
     if (backend == OPS_BACKEND_CUDA) {
 #ifdef TANDEM_HAVE_CUDA
-        if (cuda_state_create(ctx, device, &ctx->backend_state, err, err_len) != 0) { free(ctx); return -1; }
+        if (cuda_state_create(ctx, device, settings, &ctx->backend_state, err, err_len) != 0) {
+            free(ctx);
+            return -1;
+        }
 #else
         snprintf(err, err_len, "this build has no CUDA backend: rebuild with nvcc on PATH (cmake -DTANDEM_CUDA=ON)");
         free(ctx);

@@ -32,19 +32,43 @@ typedef struct OpsCtx OpsCtx;
 
 // ---- context, memory, errors ------------------------------------------------------------------
 
-// Creates a context on `backend` (device index for cuda). Returns 0, or a negative code with a message in err.
+// A context's settings, fixed when it is created; kernels/cuda/README.md lists each with its default and who sets
+// it. A zeroed OpsSettings holds the defaults. The cpu backend has no settings of its own and ignores them.
+typedef enum {
+    OPS_GEMM_AUTOTUNE_ON = 0,   // cuda: a GEMM shape met for the first time has cuBLASLt's candidate algorithms
+                                // timed on the spot and keeps the fastest (kernels/cuda/cuda_matmul.cu)
+    OPS_GEMM_AUTOTUNE_OFF = 1,  // every shape keeps the heuristic's first pick, which depends on the shape alone: two
+                                // processes then run the same algorithms and their GEMMs agree bit for bit
+    OPS_GEMM_AUTOTUNE_LOG = 2,  // on, with one line per decision on stderr
+} OpsGemmAutotune;
+typedef struct {
+    OpsGemmAutotune gemm_autotune;
+    int gemm_workspace_mib;     // cuda: the cuBLASLt workspace in MiB, 1..4096; 0: 32 (NVIDIA's advice for Hopper)
+    int profile_ops;            // cuda: 1 times every op with events for ops_profile_print; graphs cannot be recorded
+                                // meanwhile (ops_graph_supported is 0)
+} OpsSettings;
+
+// Creates a context on `backend` (device index for cuda) with the default settings. Returns 0, or a negative code
+// with a message in err.
 int ops_create(OpsCtx **out, OpsBackend backend, int device, char *err, size_t err_len);
+// The same with the given settings (NULL: the defaults); settings out of range are refused.
+int ops_create_with_settings(OpsCtx **out, OpsBackend backend, int device, const OpsSettings *settings, char *err,
+                             size_t err_len);
+// Reads an OpsGemmAutotune from text, as a binary's option or environment variable gives it: "1" or "on", "0" or
+// "off", "2" or "log". Returns 0, or -1 (and *out unchanged) for other text.
+int ops_gemm_autotune_parse(const char *text, OpsGemmAutotune *out);
 void ops_destroy(OpsCtx *ctx);
 OpsBackend ops_backend(const OpsCtx *ctx);
 int ops_backend_available(OpsBackend backend); // 1 if compiled in and (for cuda) a device is visible
 int ops_cuda_device_count(void);                // visible CUDA devices; 0 in a CPU build or without a driver
-// cuda, with TANDEM_PROFILE_OPS=1 in the environment when the context was created: prints the GPU time of each
-// op since the last print to stderr (largest first) and starts over. Otherwise does nothing.
+// cuda, on a context created with profile_ops: prints the GPU time of each op since the last print to stderr
+// (largest first) and starts over. Otherwise does nothing.
 void ops_profile_print(OpsCtx *ctx);
 // cuda: whether a GEMM shape met for the first time may be autotuned (its candidate algorithms timed on the spot;
-// kernels/cuda/cuda_matmul.cu). On by default (TANDEM_GEMM_AUTOTUNE=0 turns it off for good); callers whose shapes
-// rarely recur — a server's prefill steps, one token count each — turn it off around them, so that no step pays
-// tens of milliseconds of timing for a shape it will not meet again. Returns the previous setting. cpu: no effect.
+// kernels/cuda/cuda_matmul.cu). Allowed by default on a context whose gemm_autotune is not OPS_GEMM_AUTOTUNE_OFF
+// (which no call here overrides); callers whose shapes rarely recur — a server's prefill steps, one token count
+// each — pause it around them, so that no step pays for timing candidates of a shape it will not meet again.
+// Returns the previous setting. cpu: no effect.
 int ops_set_gemm_tuning(OpsCtx *ctx, int allowed);
 size_t ops_dtype_size(const OpsCtx *ctx);      // bytes per storage element: 4 (cpu) or 2 (cuda)
 
@@ -328,8 +352,8 @@ void ops_sum_squares(OpsCtx *ctx, float *out, const float *x, size_t n);
 
 typedef struct OpsGraph OpsGraph;
 
-// 1 when this context can record graphs: cuda, without per-op profiling (TANDEM_PROFILE_OPS times each op with
-// events, which a replay would not reproduce). 0 otherwise.
+// 1 when this context can record graphs: cuda, without per-op profiling (profile_ops times each op with events,
+// which a replay would not reproduce). 0 otherwise.
 int ops_graph_supported(OpsCtx *ctx);
 // Starts recording. Returns 0, OPS_GRAPH_UNSUPPORTED (nothing started, no error recorded), or the context's
 // error code (an earlier error, or one starting the capture).

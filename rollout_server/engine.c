@@ -750,7 +750,7 @@ int engine_create(Engine **out, const EngineConfig *cfg, char *err, size_t err_l
     }
     char msg[768];
     rc = ENGINE_EINTERNAL;
-    if (ops_create(&e->ops, cfg->backend, cfg->device, msg, sizeof msg) != 0) {
+    if (ops_create_with_settings(&e->ops, cfg->backend, cfg->device, &cfg->ops, msg, sizeof msg) != 0) {
         snprintf(err, err_len, "cannot start the %s backend: %s", cfg->backend == OPS_BACKEND_CUDA ? "cuda" : "cpu", msg);
         goto fail;
     }
@@ -804,7 +804,7 @@ int engine_create(Engine **out, const EngineConfig *cfg, char *err, size_t err_l
                 top, sizes,
                 decode_bufs_graphs_on(e->bufs) ? "replayed as CUDA graphs (recorded now)"
                 : cfg->enforce_eager ? "run eagerly (--enforce-eager)"
-                                     : "run eagerly (CUDA graphs are off while TANDEM_PROFILE_OPS times each op)");
+                                     : "run eagerly (CUDA graphs are off while profile_ops times each op)");
     }
     // The KV pool: as many blocks as the memory budget holds. Each step writes up to max_num_batched_tokens
     // tokens (or a whole context, if shorter), so a pool smaller than that is a configuration mistake.

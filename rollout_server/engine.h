@@ -86,6 +86,7 @@ typedef struct {
     const char *model_dir;
     OpsBackend backend;
     int device;
+    OpsSettings ops;            // the compute context's settings (kernels/cuda/README.md); zeroed: the defaults
     size_t kv_cache_bytes;      // KV pool size (--kv-cache-memory)
     double gpu_memory_utilization; // > 0 (cuda): size the KV pool so that the device's use stays within this
                                 // fraction of its memory, counting weights, workspace and what others use;

@@ -282,6 +282,12 @@ static int parse_options(int argc, char **argv, Options *o) {
     const char *env_ckey = getenv("TANDEM_CONTROL_KEY_FILE"), *env_cauth = getenv("TANDEM_CONTROL_AUTHORIZED_KEYS");
     if (env_ckey && env_ckey[0]) o->control_key_file = env_ckey;
     if (env_cauth && env_cauth[0]) o->control_authorized_keys = env_cauth;
+    const char *env_tune = getenv("TANDEM_GEMM_AUTOTUNE");   // kernels/cuda/README.md
+    if (env_tune && env_tune[0] && ops_gemm_autotune_parse(env_tune, &o->engine.ops.gemm_autotune) != 0) {
+        fprintf(stderr, "tandem-serve: TANDEM_GEMM_AUTOTUNE=%s: expected 0 (off), 1 (on) or 2 (on, logged)\n",
+                env_tune);
+        return -1;
+    }
     long long v;
     int c;
     opterr = 0;

@@ -36,7 +36,6 @@ typedef struct CudaGemmPlan CudaGemmPlan;
 typedef struct CudaProfile CudaProfile;
 CudaProfile *cuda_profile_create(void);
 void cuda_profile_destroy(CudaProfile *p);
-int cuda_profile_enabled_by_env(void);
 
 typedef struct {
     int device;
@@ -62,10 +61,10 @@ typedef struct {
     int fault_armed;              // a kernel that may fault ran since the last check
     CudaGemmPlan *plans;          // small cache of GEMM plans (cuda_matmul.cu owns its contents)
     int n_plans;
-    int gemm_autotune;            // TANDEM_GEMM_AUTOTUNE, read on the first plan: 0 unread, 1 off, 2 on, 3 on + log
+    OpsGemmAutotune gemm_autotune; // the context's setting (OpsSettings)
     int gemm_tuning_paused;       // ops_set_gemm_tuning(ctx, 0): new shapes take the heuristic's first pick
     double gemm_tune_s;           // host seconds spent timing GEMM candidates (bounded, see cuda_matmul.cu)
-    CudaProfile *profile;         // per-op timing (TANDEM_PROFILE_OPS), NULL when off (cuda_profile.cu)
+    CudaProfile *profile;         // per-op timing (OpsSettings.profile_ops), NULL when off (cuda_profile.cu)
 } CudaState;
 
 // Records "call failed: reason" with the call site; the *_RET variants return a value instead of void.

@@ -7,14 +7,8 @@
 
 #include "kernels/cuda/cuda_common.cuh"
 
-// cuBLASLt workspace: 32 MiB is what NVIDIA recommends for Hopper (split-K and stream-K partials).
-// TANDEM_GEMM_WORKSPACE_MB overrides it (bench/bench_gemm_gpu.py measures other sizes with it).
+// cuBLASLt workspace by default: 32 MiB is what NVIDIA recommends for Hopper (split-K and stream-K partials).
 static const size_t LT_WORKSPACE_BYTES = 32u << 20;
-static size_t lt_workspace_bytes(void) {
-    const char *v = getenv("TANDEM_GEMM_WORKSPACE_MB");
-    long mb = v && *v ? strtol(v, NULL, 10) : 0;
-    return mb > 0 && mb <= 4096 ? (size_t)mb << 20 : LT_WORKSPACE_BYTES;
-}
 // Host staging for the fp32 <-> bf16 conversions: 1 Mi elements per chunk (2 MiB of bf16).
 static const size_t CONVERT_CHUNK = 1u << 20;
 
@@ -36,7 +30,8 @@ static int state_fail(CudaState *st, char *err, size_t err_len, const char *what
     return -1;
 }
 
-int cuda_state_create(OpsCtx *ctx, int device, void **state, char *err, size_t err_len) {
+int cuda_state_create(OpsCtx *ctx, int device, const OpsSettings *settings, void **state, char *err,
+                      size_t err_len) {
     (void)ctx;
     *state = NULL;
     int count = cuda_device_count();
@@ -54,6 +49,7 @@ int cuda_state_create(OpsCtx *ctx, int device, void **state, char *err, size_t e
         return -1;
     }
     st->device = device;
+    st->gemm_autotune = settings->gemm_autotune;
     cudaError_t e = cudaSetDevice(device);
     if (e != cudaSuccess) return state_fail(st, err, err_len, "cudaSetDevice", cudaGetErrorString(e));
     cudaDeviceProp prop;
@@ -70,7 +66,8 @@ int cuda_state_create(OpsCtx *ctx, int device, void **state, char *err, size_t e
     st->main_stream = st->stream;
     cublasStatus_t s = cublasLtCreate(&st->lt);
     if (s != CUBLAS_STATUS_SUCCESS) return state_fail(st, err, err_len, "cublasLtCreate", cublasLtGetStatusString(s));
-    const size_t ws_bytes = lt_workspace_bytes();
+    const size_t ws_bytes =
+        settings->gemm_workspace_mib ? (size_t)settings->gemm_workspace_mib << 20 : LT_WORKSPACE_BYTES;
     e = cudaMalloc(&st->lt_workspace, ws_bytes);
     if (e != cudaSuccess) return state_fail(st, err, err_len, "cuBLASLt workspace cudaMalloc", cudaGetErrorString(e));
     st->lt_workspace_bytes = ws_bytes;
@@ -83,8 +80,8 @@ int cuda_state_create(OpsCtx *ctx, int device, void **state, char *err, size_t e
     memset(st->fault_host, 0, sizeof(CudaFault));
     e = cudaMallocHost(&st->stage, CONVERT_CHUNK * sizeof(uint16_t));
     if (e != cudaSuccess) return state_fail(st, err, err_len, "staging cudaMallocHost", cudaGetErrorString(e));
-    if (cuda_profile_enabled_by_env() && !(st->profile = cuda_profile_create()))
-        return state_fail(st, err, err_len, "TANDEM_PROFILE_OPS events", "cudaEventCreate failed");
+    if (settings->profile_ops && !(st->profile = cuda_profile_create()))
+        return state_fail(st, err, err_len, "per-op profiling events", "cudaEventCreate failed");
     e = cudaDeviceSynchronize();
     if (e != cudaSuccess) return state_fail(st, err, err_len, "cudaDeviceSynchronize", cudaGetErrorString(e));
     *state = st;

@@ -14,7 +14,7 @@
 // alignment, the same product goes through cublasGemmEx (same layouts and types), whose contract covers any
 // size and leading dimension; a bias is then added by a small kernel.
 //
-// Autotuning (TANDEM_GEMM_AUTOTUNE: unset or 1 on, 0 off, 2 on and one line per decision on stderr). The
+// Autotuning (OpsSettings.gemm_autotune: on by default, off, or on with one line per decision on stderr). The
 // heuristic's first pick is not always the fastest on a transformer's shapes (thin k/v projections, dW reduced
 // over 8k tokens, lm_head chunks): on the first use of a plan key the heuristic's best TUNE_CANDIDATES
 // algorithms are each run on the caller's operands, twice round, and the fastest is kept if it beats the first
@@ -24,7 +24,7 @@
 // algorithm), for GEMMs under TUNE_MIN_FLOP, or once a context has spent TUNE_BUDGET_S on it (a server meets
 // many token counts), nor while the caller has paused it (ops_set_gemm_tuning: a server's prefill steps, whose
 // token counts rarely recur, take the heuristic's pick). The pick depends on timings, so two processes may differ
-// in the last bits of a GEMM (within bf16 tolerance); TANDEM_GEMM_AUTOTUNE=0 gives the heuristic's deterministic
+// in the last bits of a GEMM (within bf16 tolerance); OPS_GEMM_AUTOTUNE_OFF gives the heuristic's deterministic
 // choice.
 #include <cublas_v2.h>
 #include <math.h>
@@ -40,7 +40,6 @@ static const char *const KIND_NAME[] = {"fwd", "fwd+bias", "din", "dw"};
 // A training step of one model has ~30 keys; a server adds a few per token count it meets.
 static const int MAX_PLANS = 256;
 
-enum { TUNE_UNREAD = 0, TUNE_OFF = 1, TUNE_ON = 2, TUNE_LOG = 3 };
 #define TUNE_CANDIDATES 16
 // Smaller GEMMs take a few us and are bound by launch, not the algorithm. 5e8 takes in a 0.5B model's o projection
 // at 512 decode rows (0.8 GFLOP), whose first pick ran 12.9 us and the kept one 9.5 us on an H100.
@@ -80,14 +79,6 @@ static unsigned ptr_alignment(const void *p) {
     unsigned al = 256;
     while (al > 1 && (a & (al - 1))) al >>= 1;
     return al;
-}
-
-static int autotune_mode(CudaState *st) {
-    if (st->gemm_autotune == TUNE_UNREAD) {
-        const char *v = getenv("TANDEM_GEMM_AUTOTUNE");
-        st->gemm_autotune = !v || !*v ? TUNE_ON : !strcmp(v, "0") ? TUNE_OFF : !strcmp(v, "2") ? TUNE_LOG : TUNE_ON;
-    }
-    return st->gemm_autotune;
 }
 
 // Builds the descriptors of one plan and asks the heuristic for up to max_cand algorithms, best first, into
@@ -242,7 +233,7 @@ static int plan_tune(OpsCtx *ctx, CudaState *st, CudaGemmPlan *p, const cublasLt
         // The first pick stays unless another is clearly faster (or the first pick failed).
         if (best != 0 && isfinite(best_ms[0]) && best_ms[best] > best_ms[0] * (1.0 - TUNE_MIN_GAIN)) best = 0;
         if (isfinite(best_ms[best])) p->algo = cand[best].algo;
-        if (st->gemm_autotune == TUNE_LOG)
+        if (st->gemm_autotune == OPS_GEMM_AUTOTUNE_LOG)
             fprintf(stderr,
                     "tandem gemm autotune: %-8s m=%d n=%d k=%d beta=%g: %d candidates, first pick %.1f us, "
                     "kept #%d %.1f us (%.2fx)\n",
@@ -267,7 +258,7 @@ int cuda_set_gemm_tuning(OpsCtx *ctx, int allowed) {
 }
 
 static int may_tune(OpsCtx *ctx, CudaState *st, const CudaGemmPlan *p, int n_cand) {
-    if (n_cand < 2 || autotune_mode(st) == TUNE_OFF || st->gemm_tuning_paused) return 0;
+    if (n_cand < 2 || st->gemm_autotune == OPS_GEMM_AUTOTUNE_OFF || st->gemm_tuning_paused) return 0;
     if (2.0 * p->m * p->n * p->k < TUNE_MIN_FLOP || st->gemm_tune_s >= TUNE_BUDGET_S) return 0;
     cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
     CUDA_CHECK_RET(ctx, cudaStreamIsCapturing(st->stream, &cs), -1);

@@ -10,8 +10,8 @@
 extern "C" {
 #endif
 
-// Backend state (stream, cuBLAS(Lt) handle, workspace) hangs off the context.
-int cuda_state_create(OpsCtx *ctx, int device, void **state, char *err, size_t err_len);
+// Backend state (stream, cuBLAS(Lt) handle, workspace) hangs off the context; settings checked by the caller.
+int cuda_state_create(OpsCtx *ctx, int device, const OpsSettings *settings, void **state, char *err, size_t err_len);
 void cuda_state_destroy(void *state);
 int cuda_device_count(void);
 // Per-op timing (kernels/cuda/cuda_profile.cu): begin returns a slot (-1 when profiling is off).

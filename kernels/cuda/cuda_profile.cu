@@ -1,6 +1,6 @@
-// kernels/cuda/cuda_profile.cu — per-op GPU time, for finding where a step goes (TANDEM_PROFILE_OPS=1).
+// kernels/cuda/cuda_profile.cu — per-op GPU time, for finding where a step goes (OpsSettings.profile_ops).
 //
-// When the variable is set at context creation, kernels/ops.c brackets every CUDA op with two events on the
+// On a context created with it, kernels/ops.c brackets every CUDA op with two events on the
 // compute stream; pairs are resolved in batches (a stream synchronize every PROFILE_PAIRS ops, which slows the
 // run: use it to see shares, not to time) and summed per op name. ops_profile_print writes the table.
 #include <stdio.h>
@@ -21,11 +21,6 @@ struct CudaProfile {
     long calls[PROFILE_NAMES];
     int n_names;
 };
-
-int cuda_profile_enabled_by_env(void) {
-    const char *v = getenv("TANDEM_PROFILE_OPS");
-    return v && *v && strcmp(v, "0") != 0;
-}
 
 CudaProfile *cuda_profile_create(void) {
     CudaProfile *p = (CudaProfile *)calloc(1, sizeof *p);
@@ -98,7 +93,7 @@ void cuda_profile_print(OpsCtx *ctx) {
             order[b] = order[b - 1];
             order[b - 1] = t;
         }
-    fprintf(stderr, "GPU time per op (TANDEM_PROFILE_OPS; total %.1f ms):\n", total);
+    fprintf(stderr, "GPU time per op (profile_ops; total %.1f ms):\n", total);
     for (int a = 0; a < p->n_names; a++) {
         int k = order[a];
         fprintf(stderr, "  %-28s %10.2f ms %5.1f %%  %8ld calls\n", p->name[k], p->ms[k],

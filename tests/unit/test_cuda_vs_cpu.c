@@ -464,18 +464,16 @@ static void test_matmul_cases(const char *label) {
     test_matmul_case(520, 1000, 1030, 2, label);
 }
 
-// Every case twice: on a context that autotunes its GEMM plans (TANDEM_GEMM_AUTOTUNE=2 also logs each decision
-// on stderr), and on one that keeps the heuristic's first pick (=0). The variable is read on a context's first
-// GEMM, so each context gets its own setting.
+// Every case twice: on a context that autotunes its GEMM plans (and logs each decision on stderr), and on one that
+// keeps the heuristic's first pick.
 static void test_matmul(void) {
-    const char *saved = getenv("TANDEM_GEMM_AUTOTUNE");
-    char *keep = saved ? strdup(saved) : NULL;
     OpsCtx *gpu_default = gpu;
-    const char *modes[2] = {"2", "0"}, *labels[2] = {"", " h"};
+    const OpsGemmAutotune modes[2] = {OPS_GEMM_AUTOTUNE_LOG, OPS_GEMM_AUTOTUNE_OFF};
+    const char *labels[2] = {"", " h"};
     for (int i = 0; i < 2; i++) {
         char err[256];
-        setenv("TANDEM_GEMM_AUTOTUNE", modes[i], 1);
-        if (ops_create(&gpu, OPS_BACKEND_CUDA, 0, err, sizeof err) != 0) {
+        const OpsSettings settings = {.gemm_autotune = modes[i]};
+        if (ops_create_with_settings(&gpu, OPS_BACKEND_CUDA, 0, &settings, err, sizeof err) != 0) {
             printf("FAIL matmul: cannot create a CUDA context: %s\n", err);
             failures++;
             gpu = gpu_default;
@@ -485,9 +483,6 @@ static void test_matmul(void) {
         ops_destroy(gpu);
         gpu = gpu_default;
     }
-    if (keep) setenv("TANDEM_GEMM_AUTOTUNE", keep, 1);
-    else unsetenv("TANDEM_GEMM_AUTOTUNE");
-    free(keep);
 }
 
 // Training attention over packed sequences of the given lengths.
