@@ -17,11 +17,11 @@
 // Every tile shape below computes each of its outputs with exactly these operations (they differ only in how many
 // outputs share the loads), so a row computed in a 3 x 4 tile of a big step equals the same row computed alone.
 //
-// Speed, one thread on the development box's Zen 3 (bench/notes/cpu.md, issue 22): one row (a decode step of one
-// sequence) streams w once, ~4.5x OpenBLAS 0.3.21's sgemm with M = 1 (which runs its GEMM kernels on one row); from
-// tens of rows on, a 3-row x 4-column register tile reaches 0.75-1.1x OpenBLAS (no packing: both operands are read
-// in place). Training keeps OpenBLAS (kernels/cpu/cpu_matmul.c): its micro-batches are packed the same way run to
-// run, and its thousands of rows are where OpenBLAS is ahead.
+// Where it is used (bench/notes/cpu.md, issue 22, has the figures): one row (a decode step of one sequence) streams
+// w once, which beats OpenBLAS's sgemm with M = 1 (it runs its GEMM kernels on one row); from tens of rows on, a
+// 3-row x 4-column register tile comes near OpenBLAS without packing (both operands are read in place). Training
+// keeps OpenBLAS (kernels/cpu/cpu_matmul.c): its micro-batches are packed the same way run to run, and its
+// thousands of rows are where OpenBLAS is ahead.
 #include <stddef.h>
 #include <string.h>
 
@@ -38,8 +38,9 @@ enum {
     KC = 512,            // k block (a multiple of 8): a 3 x 4 tile's rows of `in` and `w` (14 KiB) stay in L1 over it
     W_BLOCK = 16384,     // bytes of w a task's column block spans over one k block (half an L1d)
     ROW_BLOCK = 96,      // rows of one task (a multiple of the 3-row tile)
-    // Multiply-adds per thread before a product is split across threads (about 0.1 ms of one core's work): a split
-    // costs a wake-up and a wait (kernels/cpu/cpu_tasks.h). OpenBLAS splits from 2^18 (interface/gemm.c).
+    // Multiply-adds per thread before a product is split across threads, enough that each thread's share outweighs
+    // what a split costs, a wake-up and a wait (kernels/cpu/cpu_tasks.h). OpenBLAS splits from 2^18
+    // (interface/gemm.c).
     MACS_PER_THREAD = 1 << 21,
 };
 

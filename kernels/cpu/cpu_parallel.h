@@ -3,8 +3,8 @@
 // The big GEMMs (linear layers) are threaded by OpenBLAS itself. Work made of many small independent pieces
 // (attention per sequence and head, log-softmax per row) is split across cores with OpenMP instead, each piece
 // running its small sgemms single-threaded: OpenBLAS's own threading costs more than it gains on 64 x 128
-// tiles (measured ~1.5-2x slower attention with 2 OpenBLAS threads than with 1), and two thread pools must
-// not both be active at once.
+// tiles (attention measured slower with 2 OpenBLAS threads than with 1), and two thread pools must not both be
+// active at once.
 // Without OpenMP (a compiler without it) the pragmas vanish and the same loops run serially.
 // The batch-invariant GEMM of the rollout server's forward (cpu_matmul_batch_invariant.c) splits its tiles over the
 // pool of kernels/cpu/cpu_tasks.h instead, whose threads sleep rather than spin between jobs (see there why), with

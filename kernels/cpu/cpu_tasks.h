@@ -3,10 +3,9 @@
 // Why not OpenMP: libgomp's threads spin at the end of a parallel region (OMP_WAIT_POLICY unset) before they sleep,
 // and the caller spins at the region's barrier. On a box with more runnable threads than cores (the 2-core
 // development box running a server and two ranks) the spinning thread holds the core that the thread it waits for
-// needs, and every region costs a scheduling slice, a few ms: a server's step has one per projection, and with the
-// GEMM split by OpenMP the demo model's steps ran 2-15x slower on 2 threads than on 1 there (medians;
-// bench/notes/cpu.md, issue 22). Here every wait is a condition variable, so a waiting thread gives its core away
-// at once.
+// needs, and every region costs a scheduling slice: a server's step has one per projection, and with the GEMM split
+// by OpenMP the demo model's steps ran slower on 2 threads than on 1 there (bench/notes/cpu.md, issue 22). Here
+// every wait is a condition variable, so a waiting thread gives its core away at once.
 #ifndef TANDEM_KERNELS_CPU_TASKS_H
 #define TANDEM_KERNELS_CPU_TASKS_H
 

@@ -28,9 +28,8 @@
 //
 // Head dims are padded with zero columns to DP in {32, 64, 128, 256}; DP = 256 runs as two column chunks
 // of 128 (S and dP computed once per chunk) to bound the registers the dK, dV accumulators need. The tile
-// shapes of 64 and 128 were picked on an H100 (Qwen2.5 heads, 8 x 1024 tokens, bench/bench_attention_gpu.py):
-// 129 and 125 TFLOP/s all passes included (main kernel alone 157 and 151), PyTorch's flash backend (single
-// bf16 P and dS) 114 and 131 in the same run.
+// shapes of 64 and 128 were picked by timing candidates against PyTorch's flash backend in the same run (Qwen2.5
+// heads, 8 x 1024 tokens, bench/bench_attention_gpu.py; the figures are in bench/notes/).
 #include "kernels/cuda/cuda_attention.cuh"
 
 // NW warps of MR x 16 keys each; query tiles of BM rows; DC output columns per block.

@@ -16,8 +16,8 @@
 // Blocks come heaviest first from the tile map (cuda_attention.cuh); there is no (T x T) matrix anywhere.
 //
 // Head dims are padded with zero columns to DP in {32, 64, 128, 256}. The tile shapes of 64 and 128 were
-// picked on an H100 (Qwen2.5 heads, 8 x 1024 tokens, bench/bench_attention_gpu.py): 181 and 201 TFLOP/s,
-// PyTorch's flash backend 175 and 205 in the same run.
+// picked by timing candidates against PyTorch's flash backend in the same run (Qwen2.5 heads, 8 x 1024 tokens,
+// bench/bench_attention_gpu.py; the figures are in bench/notes/).
 
 #include <limits.h>
 

@@ -93,8 +93,9 @@ __device__ __forceinline__ double weight(float z, float zm) { return exp(__dsub_
 // exp(z - zm) for the draw's running sums (id_search), which take one per id of the row: exp(d) = 2^(j/256) *
 // 2^e * e^r with d = (256 e + j) ln2 / 256 + r, |r| <= ln2 / 512, e^r - 1 by a degree-5 polynomial (truncation
 // below 1e-20) and 2^(j/256) from exp_tab (exp2 of the double, within an ulp). Within ~2 ulp of exp(), so the
-// CDF still agrees with the CPU twin's to ~1e-15; it saves ~5 % of a temperature-1 draw of 512 rows on an H100
-// (421 vs 443 us, bench/bench_sample). The subnormal range, -inf, NaN and d > 0 take the library's exp.
+// CDF still agrees with the CPU twin's to ~1e-15, and cheaper than the library's double exp in a loop that takes
+// one per id (bench/bench_sample; bench/notes/gpu-passes-h100.md). The subnormal range, -inf, NaN and d > 0 take
+// the library's exp.
 __device__ __forceinline__ double weight_fast(float z, float zm, const double *exp_tab) {
     const double d = __dsub_rn((double)z, (double)zm);
     if (!(d >= -708.0 && d <= 0.0)) return exp(d);
@@ -173,8 +174,8 @@ __device__ __forceinline__ float exp_sum(const float *x, int n, float m) {
 // Calls f(i0, raw, n) over this thread's ids of the row in increasing order, raw[0 .. n) the logits of ids
 // i0 .. i0 + n - 1. Rows whose length and start allow it are read as 16-byte vectors of 8 ids (vector c of the
 // row goes to thread c mod blockDim), ROW_SCAN_VECS vectors in flight per thread: one bf16 load at a time left the
-// block waiting on memory latency (a 512-row greedy step took ~0.3 ms at V = 151936 on an H100, a tenth of a
-// 0.5B decode step). Other rows go id by id (n = 1).
+// block waiting on memory latency, which made greedy sampling a sizeable share of a small model's decode step.
+// Other rows go id by id (n = 1).
 static constexpr int ROW_SCAN_VECS = 2;  // 16-byte vectors in flight per thread (registers: two blocks per SM)
 template <typename F> __device__ __forceinline__ void row_scan(const RowView &r, int V, F f) {
     if ((V & 7) == 0 && (reinterpret_cast<uintptr_t>(r.x) & 15u) == 0) {
@@ -214,11 +215,10 @@ __device__ void radix_hist(SampleShared &sh, const RowView &r, int V, float lo, 
     __syncthreads();
     // Integer counts and masses: the order of the adds does not change the histogram. Counts: the lanes of a warp
     // that meet the same bin together add through one atomic, the group's size by its lowest lane (the bins of a
-    // level are few where logits crowd, and same-address shared atomics serialise: top-k at 512 rows of random
-    // logits 1123 -> 865 us on an H100; test_cuda_sample's grid, rows of ties included, 21.9 -> 12.0 ms a call).
+    // level are few where logits crowd, and same-address shared atomics serialise; rows of ties are the worst).
     // Correct for any set of lanes that happen to run together: each lane is in exactly one group per id. Masses
     // keep an atomic per lane: summing a group's 64-bit masses across lanes (shuffles, or 16-bit lane reductions)
-    // made top-p 3.6x slower.
+    // cost top-p more than the serialised atomics did.
     const int lane = threadIdx.x & 31;
     row_scan(r, V, [&](int i0, const float *raw, int n) {
         for (int j = 0; j < n; j++) {
@@ -409,7 +409,7 @@ __device__ int id_search(SampleShared &sh, const RowView &r, int V, int chunk, b
     // Chunk sums, each a warp tree over per-lane partial sums. Chunks of ID_VEC_CHUNK ids over a row of 16-byte
     // vectors: lane l adds ids 8 l .. 8 l + 7 of the chunk (one vector), and a warp loads ID_PREFETCH chunks
     // before summing them (eight independent weights per lane and loads in flight: lane-strided single ids kept
-    // the block waiting on latency, ~0.3 ms for 512 rows at V = 151936). Otherwise lane l adds ids l, l + 32, ...
+    // the block waiting on latency). Otherwise lane l adds ids l, l + 32, ...
     constexpr int ID_PREFETCH = 2;
     if (chunk == ID_VEC_CHUNK && (V & 7) == 0 && (reinterpret_cast<uintptr_t>(r.x) & 15u) == 0) {
         const uint4 *xv = reinterpret_cast<const uint4 *>(r.x);
