@@ -65,10 +65,10 @@ int ops_cuda_device_count(void);                // visible CUDA devices; 0 in a 
 // (largest first) and starts over. Otherwise does nothing.
 void ops_profile_print(OpsCtx *ctx);
 // cuda: whether a GEMM shape met for the first time may be autotuned (its candidate algorithms timed on the spot;
-// kernels/cuda/cuda_matmul.cu). Allowed by default on a context whose gemm_autotune is not OPS_GEMM_AUTOTUNE_OFF
-// (which no call here overrides); callers whose shapes rarely recur — a server's prefill steps, one token count
-// each — pause it around them, so that no step pays for timing candidates of a shape it will not meet again.
-// Returns the previous setting. cpu: no effect.
+// kernels/cuda/cuda_matmul.cu). Allowed by default; a context created with OPS_GEMM_AUTOTUNE_OFF never tunes,
+// whatever this says. Callers whose shapes rarely recur — a server's prefill steps, one token count each — pause
+// it around them, so that no step pays for timing candidates of a shape it will not meet again. Returns the
+// previous setting. cpu: no effect.
 int ops_set_gemm_tuning(OpsCtx *ctx, int allowed);
 size_t ops_dtype_size(const OpsCtx *ctx);      // bytes per storage element: 4 (cpu) or 2 (cuda)
 

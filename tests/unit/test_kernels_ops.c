@@ -7,6 +7,8 @@
 //      Tolerance rtol 1e-4, absolute floor 1e-5 x max|grad| (fp32 chain vs double finite differences).
 //   2. Errors: an out-of-range token records an error that names the row, later ops are no-ops until
 //      ops_clear_error, a bad head grouping is refused, an unavailable CUDA backend is refused with a message.
+//   3. Settings: ops_gemm_autotune_parse's words, and ops_create_with_settings refusing settings out of range
+//      (with a message, no context) and taking valid ones on the CPU backend, which ignores them.
 #include "kernels/ops.h"
 #include "kernels_testlib.h"
 
@@ -264,6 +266,43 @@ static void test_errors(OpsCtx *ctx) {
     }
 }
 
+static void test_settings(void) {
+    static const struct {
+        const char *text;
+        int ok;
+        OpsGemmAutotune want;
+    } cases[] = {{"1", 1, OPS_GEMM_AUTOTUNE_ON},  {"on", 1, OPS_GEMM_AUTOTUNE_ON},   {"0", 1, OPS_GEMM_AUTOTUNE_OFF},
+                 {"off", 1, OPS_GEMM_AUTOTUNE_OFF}, {"2", 1, OPS_GEMM_AUTOTUNE_LOG}, {"log", 1, OPS_GEMM_AUTOTUNE_LOG},
+                 {"", 0, OPS_GEMM_AUTOTUNE_ON},   {"3", 0, OPS_GEMM_AUTOTUNE_ON},    {"yes", 0, OPS_GEMM_AUTOTUNE_ON},
+                 {NULL, 0, OPS_GEMM_AUTOTUNE_ON}};
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        OpsGemmAutotune got = (OpsGemmAutotune)-1;
+        const int rc = ops_gemm_autotune_parse(cases[i].text, &got);
+        KT_CHECK(cases[i].ok ? rc == 0 && got == cases[i].want : rc == -1 && got == (OpsGemmAutotune)-1,
+                 "ops_gemm_autotune_parse(\"%s\"): rc %d, setting %d", cases[i].text ? cases[i].text : "(null)", rc,
+                 (int)got);
+    }
+    const OpsSettings bad[] = {{.gemm_autotune = (OpsGemmAutotune)3}, {.gemm_autotune = (OpsGemmAutotune)-1},
+                               {.gemm_workspace_mib = -1}, {.gemm_workspace_mib = 4097}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        OpsCtx *ctx = NULL;
+        char err[256] = "";
+        KT_CHECK(ops_create_with_settings(&ctx, OPS_BACKEND_CPU, 0, &bad[i], err, sizeof err) < 0 && ctx == NULL &&
+                     err[0],
+                 "settings %zu out of range must be refused with a message (got \"%s\")", i, err);
+    }
+    OpsCtx *ctx = NULL;
+    char err[256] = "";
+    const OpsSettings valid = {.gemm_autotune = OPS_GEMM_AUTOTUNE_LOG, .gemm_workspace_mib = 4096, .profile_ops = 1};
+    KT_CHECK(ops_create_with_settings(&ctx, OPS_BACKEND_CPU, 0, &valid, err, sizeof err) == 0 && ctx != NULL,
+             "valid settings on the CPU backend: %s", err);
+    if (ctx) {
+        KT_CHECK(ops_graph_supported(ctx) == 0, "the CPU backend records no graphs, profiled or not");
+        ops_profile_print(ctx);
+        ops_destroy(ctx);
+    }
+}
+
 int main(void) {
     kt_seed(2024);
     OpsCtx *ctx = NULL;
@@ -277,5 +316,6 @@ int main(void) {
     test_block(ctx);
     test_errors(ctx);
     ops_destroy(ctx);
+    test_settings();
     return kt_finish("test_kernels_ops");
 }
