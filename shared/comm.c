@@ -1,5 +1,6 @@
 // shared/comm.c — comm.h's front: the launch contract from the environment, argument checks shared by every
 // backend, and dispatch to the backend (comm_host.c; comm_nccl.c in CUDA builds).
+#include "shared/err.h"
 #include "shared/comm_internal.h"
 
 #include <errno.h>
@@ -26,17 +27,6 @@
 
 static const char NO_NCCL[] = "the nccl backend needs a CUDA build (cmake -DTANDEM_CUDA=ON with nvcc and NCCL); "
                               "this build has only the host backend";
-
-static int set_err(char *err, size_t len, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
-static int set_err(char *err, size_t len, const char *fmt, ...) {
-    if (err && len) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, len, fmt, ap);
-        va_end(ap);
-    }
-    return COMM_ERR_INVALID;
-}
 
 int comm_fail(Comm *c, int code, const char *fmt, ...) {
     va_list ap;
@@ -87,16 +77,16 @@ static int env_int(const char *name, int def, int lo, int hi, int *out, int *pre
     errno = 0;
     long x = strtol(v, &end, 10);
     if (!*v || errno || end == v || *end != '\0')
-        return set_err(err, len, "environment variable %s='%s' is not an integer", name, v);
-    if (x < lo || x > hi) return set_err(err, len, "environment variable %s=%ld is outside %d..%d", name, x, lo, hi);
+        return err_fail_code(COMM_ERR_INVALID, err, len, "environment variable %s='%s' is not an integer", name, v);
+    if (x < lo || x > hi) return err_fail_code(COMM_ERR_INVALID, err, len, "environment variable %s=%ld is outside %d..%d", name, x, lo, hi);
     *out = (int)x;
     return 0;
 }
 
 int comm_init_from_env(CommInit *ci, int timeout_ms, char *err, size_t err_len) {
-    if (!ci) return set_err(err, err_len, "comm_init_from_env: ci is NULL");
+    if (!ci) return err_fail_code(COMM_ERR_INVALID, err, err_len, "comm_init_from_env: ci is NULL");
     memset(ci, 0, sizeof *ci);
-    if (timeout_ms <= 0) return set_err(err, err_len, "comm timeout %d ms must be > 0", timeout_ms);
+    if (timeout_ms <= 0) return err_fail_code(COMM_ERR_INVALID, err, err_len, "comm timeout %d ms must be > 0", timeout_ms);
     ci->timeout_ms = timeout_ms;
     int has_rank, has_world, has_local, has_port;
     if (env_int("WORLD_SIZE", 1, 1, 1 << 20, &ci->world_size, &has_world, err, err_len) ||
@@ -105,19 +95,19 @@ int comm_init_from_env(CommInit *ci, int timeout_ms, char *err, size_t err_len) 
         env_int("MASTER_PORT", 29500, 1, 65535, &ci->master_port, &has_port, err, err_len))
         return COMM_ERR_INVALID;
     if (ci->world_size > 1 && !has_rank)
-        return set_err(err, err_len, "WORLD_SIZE is %d but RANK is not set", ci->world_size);
+        return err_fail_code(COMM_ERR_INVALID, err, err_len, "WORLD_SIZE is %d but RANK is not set", ci->world_size);
     if (ci->rank >= ci->world_size)
-        return set_err(err, err_len, "RANK %d is outside WORLD_SIZE %d%s", ci->rank, ci->world_size,
+        return err_fail_code(COMM_ERR_INVALID, err, err_len, "RANK %d is outside WORLD_SIZE %d%s", ci->rank, ci->world_size,
                        has_world ? "" : " (WORLD_SIZE is not set)");
     const char *addr = getenv("MASTER_ADDR");
     if (!addr) addr = "127.0.0.1";
-    if (!*addr) return set_err(err, err_len, "environment variable MASTER_ADDR is empty");
+    if (!*addr) return err_fail_code(COMM_ERR_INVALID, err, err_len, "environment variable MASTER_ADDR is empty");
     if (strlen(addr) >= sizeof ci->master_addr)
-        return set_err(err, err_len, "environment variable MASTER_ADDR is longer than %zu bytes",
+        return err_fail_code(COMM_ERR_INVALID, err, err_len, "environment variable MASTER_ADDR is longer than %zu bytes",
                        sizeof ci->master_addr - 1);
     for (const char *p = addr; *p; p++)
         if (*p <= ' ' || *p == '/' || *p == '[' || *p == ']')
-            return set_err(err, err_len, "environment variable MASTER_ADDR='%s' is not a host name or IP address",
+            return err_fail_code(COMM_ERR_INVALID, err, err_len, "environment variable MASTER_ADDR='%s' is not a host name or IP address",
                            addr);
     snprintf(ci->master_addr, sizeof ci->master_addr, "%s", addr);
     return 0;
@@ -126,13 +116,13 @@ int comm_init_from_env(CommInit *ci, int timeout_ms, char *err, size_t err_len) 
 // The backend is known, compiled in, and (nccl) has a CUDA compute context to work beside.
 static int check_backend(CommBackend backend, OpsCtx *ops, const char *fn, char *err, size_t err_len) {
     if (backend == COMM_BACKEND_HOST) return 0;
-    if (backend != COMM_BACKEND_NCCL) return set_err(err, err_len, "%s: unknown backend %d", fn, (int)backend);
+    if (backend != COMM_BACKEND_NCCL) return err_fail_code(COMM_ERR_INVALID, err, err_len, "%s: unknown backend %d", fn, (int)backend);
     if (!HAVE_NCCL) {
-        set_err(err, err_len, "%s: %s", fn, NO_NCCL);
+        err_fail_code(COMM_ERR_INVALID, err, err_len, "%s: %s", fn, NO_NCCL);
         return COMM_ERR_UNSUPPORTED;
     }
     if (!ops || ops_backend(ops) != OPS_BACKEND_CUDA)
-        return set_err(err, err_len, "%s: the nccl backend needs a CUDA compute context (ops %s)", fn,
+        return err_fail_code(COMM_ERR_INVALID, err, err_len, "%s: the nccl backend needs a CUDA compute context (ops %s)", fn,
                        ops ? "is a CPU context" : "is NULL");
     return 0;
 }
@@ -140,7 +130,7 @@ static int check_backend(CommBackend backend, OpsCtx *ops, const char *fn, char 
 static Comm *new_comm(CommBackend backend, int rank, int world, int timeout_ms, OpsCtx *ops, char *err, size_t err_len) {
     Comm *c = calloc(1, sizeof *c);
     if (!c) {
-        set_err(err, err_len, "comm: out of memory");
+        err_fail_code(COMM_ERR_INVALID, err, err_len, "comm: out of memory");
         return NULL;
     }
     c->backend = backend;
@@ -152,19 +142,19 @@ static Comm *new_comm(CommBackend backend, int rank, int world, int timeout_ms, 
 }
 
 int comm_create(Comm **out, CommBackend backend, const CommInit *ci, OpsCtx *ops, char *err, size_t err_len) {
-    if (!out) return set_err(err, err_len, "comm_create: out is NULL");
+    if (!out) return err_fail_code(COMM_ERR_INVALID, err, err_len, "comm_create: out is NULL");
     *out = NULL;
-    if (!ci) return set_err(err, err_len, "comm_create: ci is NULL");
-    if (ci->world_size < 1) return set_err(err, err_len, "comm_create: world_size %d must be >= 1", ci->world_size);
+    if (!ci) return err_fail_code(COMM_ERR_INVALID, err, err_len, "comm_create: ci is NULL");
+    if (ci->world_size < 1) return err_fail_code(COMM_ERR_INVALID, err, err_len, "comm_create: world_size %d must be >= 1", ci->world_size);
     if (ci->rank < 0 || ci->rank >= ci->world_size)
-        return set_err(err, err_len, "comm_create: rank %d is outside world_size %d", ci->rank, ci->world_size);
-    if (ci->local_rank < 0) return set_err(err, err_len, "comm_create: local_rank %d is negative", ci->local_rank);
-    if (ci->timeout_ms <= 0) return set_err(err, err_len, "comm_create: timeout_ms %d must be > 0", ci->timeout_ms);
+        return err_fail_code(COMM_ERR_INVALID, err, err_len, "comm_create: rank %d is outside world_size %d", ci->rank, ci->world_size);
+    if (ci->local_rank < 0) return err_fail_code(COMM_ERR_INVALID, err, err_len, "comm_create: local_rank %d is negative", ci->local_rank);
+    if (ci->timeout_ms <= 0) return err_fail_code(COMM_ERR_INVALID, err, err_len, "comm_create: timeout_ms %d must be > 0", ci->timeout_ms);
     if (ci->world_size > 1) {
         if (!memchr(ci->master_addr, '\0', sizeof ci->master_addr) || !ci->master_addr[0])
-            return set_err(err, err_len, "comm_create: master_addr is empty or not terminated");
+            return err_fail_code(COMM_ERR_INVALID, err, err_len, "comm_create: master_addr is empty or not terminated");
         if (ci->master_port < 1 || ci->master_port > 65535)
-            return set_err(err, err_len, "comm_create: master_port %d is outside 1..65535", ci->master_port);
+            return err_fail_code(COMM_ERR_INVALID, err, err_len, "comm_create: master_port %d is outside 1..65535", ci->master_port);
     }
     int rc = check_backend(backend, ops, "comm_create", err, err_len);
     if (rc) return rc;
@@ -187,20 +177,20 @@ int comm_create_with_id(Comm **out, CommBackend backend, const uint8_t id[COMM_U
 int comm_create_with_id_watched(Comm **out, CommBackend backend, const uint8_t id[COMM_UNIQUE_ID_BYTES], int rank,
                                 int world, int timeout_ms, const CommPeerWatch *watch, OpsCtx *ops, char *err,
                                 size_t err_len) {
-    if (!out) return set_err(err, err_len, "comm_create_with_id: out is NULL");
+    if (!out) return err_fail_code(COMM_ERR_INVALID, err, err_len, "comm_create_with_id: out is NULL");
     *out = NULL;
     if (backend == COMM_BACKEND_HOST) {
-        set_err(err, err_len, "comm_create_with_id: the host backend joins through the rendezvous only (comm_create)");
+        err_fail_code(COMM_ERR_INVALID, err, err_len, "comm_create_with_id: the host backend joins through the rendezvous only (comm_create)");
         return COMM_ERR_UNSUPPORTED;
     }
-    if (!id) return set_err(err, err_len, "comm_create_with_id: id is NULL");
-    if (world < 1) return set_err(err, err_len, "comm_create_with_id: world %d must be >= 1", world);
+    if (!id) return err_fail_code(COMM_ERR_INVALID, err, err_len, "comm_create_with_id: id is NULL");
+    if (world < 1) return err_fail_code(COMM_ERR_INVALID, err, err_len, "comm_create_with_id: world %d must be >= 1", world);
     if (rank < 0 || rank >= world)
-        return set_err(err, err_len, "comm_create_with_id: rank %d is outside world %d", rank, world);
-    if (timeout_ms <= 0) return set_err(err, err_len, "comm_create_with_id: timeout_ms %d must be > 0", timeout_ms);
+        return err_fail_code(COMM_ERR_INVALID, err, err_len, "comm_create_with_id: rank %d is outside world %d", rank, world);
+    if (timeout_ms <= 0) return err_fail_code(COMM_ERR_INVALID, err, err_len, "comm_create_with_id: timeout_ms %d must be > 0", timeout_ms);
     int rc = check_backend(backend, ops, "comm_create_with_id", err, err_len);
     if (rc) return rc;
-    if (watch && !watch->gone_ms) return set_err(err, err_len, "comm_create_with_id: a peer watch needs gone_ms");
+    if (watch && !watch->gone_ms) return err_fail_code(COMM_ERR_INVALID, err, err_len, "comm_create_with_id: a peer watch needs gone_ms");
     Comm *c = new_comm(backend, rank, world, timeout_ms, ops, err, err_len);
     if (!c) return COMM_ERR_SYSTEM;
     rc = BACKEND(c, comm_nccl_create(c, NULL, id, watch, err, err_len), COMM_ERR_UNSUPPORTED);
@@ -213,16 +203,16 @@ int comm_create_with_id_watched(Comm **out, CommBackend backend, const uint8_t i
 }
 
 int comm_unique_id(CommBackend backend, uint8_t id[COMM_UNIQUE_ID_BYTES], char *err, size_t err_len) {
-    if (!id) return set_err(err, err_len, "comm_unique_id: id is NULL");
+    if (!id) return err_fail_code(COMM_ERR_INVALID, err, err_len, "comm_unique_id: id is NULL");
     if (backend == COMM_BACKEND_HOST) {
-        set_err(err, err_len, "comm_unique_id: the host backend has no unique id (its ranks meet at the rendezvous)");
+        err_fail_code(COMM_ERR_INVALID, err, err_len, "comm_unique_id: the host backend has no unique id (its ranks meet at the rendezvous)");
         return COMM_ERR_UNSUPPORTED;
     }
-    if (backend != COMM_BACKEND_NCCL) return set_err(err, err_len, "comm_unique_id: unknown backend %d", (int)backend);
+    if (backend != COMM_BACKEND_NCCL) return err_fail_code(COMM_ERR_INVALID, err, err_len, "comm_unique_id: unknown backend %d", (int)backend);
 #if HAVE_NCCL
     return comm_nccl_unique_id(id, err, err_len);
 #else
-    set_err(err, err_len, "comm_unique_id: %s", NO_NCCL);
+    err_fail_code(COMM_ERR_INVALID, err, err_len, "comm_unique_id: %s", NO_NCCL);
     return COMM_ERR_UNSUPPORTED;
 #endif
 }

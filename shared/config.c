@@ -3,6 +3,7 @@
 // Defaults follow the transformers 5.x config classes (LlamaConfig, Qwen2Config, Qwen3Config, MistralConfig), so a
 // file means here what it means to transformers; the few places where tandem is stricter are refusals with a
 // message naming the field, never a silent reinterpretation.
+#include "shared/err.h"
 #include "shared/config.h"
 
 #include <errno.h>
@@ -22,16 +23,6 @@
 #define COUNT_MAX  (1 << 16)   // layers, heads
 #define VOCAB_MAX  (1 << 26)
 #define CONFIG_FILE_MAX (16u << 20)
-
-static int fail(char *err, size_t err_len, const char *fmt, ...) {
-    if (err && err_len) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, err_len, fmt, ap);
-        va_end(ap);
-    }
-    return CONFIG_ERR_INVALID;
-}
 
 static const char *json_kind(const json_t *v) {
     switch (json_typeof(v)) {
@@ -57,19 +48,19 @@ static int get_int(json_t *obj, const char *key, int required, int dflt, long lo
                    char *err, size_t err_len) {
     json_t *v = get(obj, key);
     if (!v) {
-        if (required) return fail(err, err_len, "config.json: missing required field \"%s\"", key);
+        if (required) return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: missing required field \"%s\"", key);
         *out = dflt;
         return 0;
     }
     // An integer beyond int64 arrives as a real (shared/json_read.h): out of range, not of the wrong type.
     if (json_is_real(v) && fabs(json_real_value(v)) >= 0x1p63)
-        return fail(err, err_len, "config.json: \"%s\" = %.17g is out of range [%lld, %lld]", key, json_real_value(v),
+        return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"%s\" = %.17g is out of range [%lld, %lld]", key, json_real_value(v),
                     lo, hi);
     if (!json_is_integer(v))
-        return fail(err, err_len, "config.json: \"%s\" must be an integer, got %s", key, json_kind(v));
+        return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"%s\" must be an integer, got %s", key, json_kind(v));
     json_int_t x = json_integer_value(v);
     if (x < lo || x > hi)
-        return fail(err, err_len, "config.json: \"%s\" = %lld is out of range [%lld, %lld]", key, (long long)x, lo,
+        return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"%s\" = %lld is out of range [%lld, %lld]", key, (long long)x, lo,
                     hi);
     *out = (int)x;
     return 0;
@@ -82,7 +73,7 @@ static int get_bool(json_t *obj, const char *key, int dflt, int *out, char *err,
         return 0;
     }
     if (!json_is_boolean(v))
-        return fail(err, err_len, "config.json: \"%s\" must be true or false, got %s", key, json_kind(v));
+        return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"%s\" must be true or false, got %s", key, json_kind(v));
     *out = json_is_true(v);
     return 0;
 }
@@ -92,21 +83,21 @@ static int get_number(json_t *obj, const char *where, const char *key, int requi
                       char *err, size_t err_len) {
     json_t *v = get(obj, key);
     if (!v) {
-        if (required) return fail(err, err_len, "config.json: missing required field \"%s%s\"", where, key);
+        if (required) return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: missing required field \"%s%s\"", where, key);
         *out = dflt;
         return 0;
     }
     if (!json_is_number(v))
-        return fail(err, err_len, "config.json: \"%s%s\" must be a number, got %s", where, key, json_kind(v));
+        return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"%s%s\" must be a number, got %s", where, key, json_kind(v));
     *out = json_number_value(v);
-    if (!isfinite(*out)) return fail(err, err_len, "config.json: \"%s%s\" is not finite", where, key);
+    if (!isfinite(*out)) return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"%s%s\" is not finite", where, key);
     return 0;
 }
 
 static int positive_float(double x, const char *where, const char *key, float *out, char *err, size_t err_len) {
     // Positive after rounding to float32 too: 1e-86 would silently become 0.
     if (!(x > 0.0) || x > 3.0e38 || !((float)x > 0.0f))
-        return fail(err, err_len, "config.json: \"%s%s\" = %g must be a positive float32", where, key, x);
+        return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"%s%s\" = %g must be a positive float32", where, key, x);
     *out = (float)x;
     return 0;
 }
@@ -131,17 +122,17 @@ static const ArchInfo *find_arch(json_t *root, char *err, size_t err_len) {
     json_t *archs = get(root, "architectures");
     if (archs) {
         if (!json_is_array(archs))
-            return fail(err, err_len, "config.json: \"architectures\" must be an array, got %s", json_kind(archs)),
+            return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"architectures\" must be an array, got %s", json_kind(archs)),
                    NULL;
         if (json_array_size(archs) > 0) {
             json_t *a0 = json_array_get(archs, 0);
             if (!json_is_string(a0))
-                return fail(err, err_len, "config.json: \"architectures\"[0] must be a string, got %s",
+                return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"architectures\"[0] must be a string, got %s",
                             json_kind(a0)),
                        NULL;
             for (size_t i = 0; i < N_ARCHS; i++)
                 if (strcmp(json_string_value(a0), ARCHS[i].arch_name) == 0) return &ARCHS[i];
-            fail(err, err_len,
+            err_fail_code(CONFIG_ERR_INVALID, err, err_len,
                  "config.json: unsupported architecture \"%.64s\" (\"architectures\"[0]); supported: "
                  "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM",
                  json_string_value(a0));
@@ -150,13 +141,13 @@ static const ArchInfo *find_arch(json_t *root, char *err, size_t err_len) {
     }
     json_t *mt = get(root, "model_type");
     if (!mt)
-        return fail(err, err_len, "config.json: missing \"architectures\" (and no \"model_type\" to fall back on)"),
+        return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: missing \"architectures\" (and no \"model_type\" to fall back on)"),
                NULL;
     if (!json_is_string(mt))
-        return fail(err, err_len, "config.json: \"model_type\" must be a string, got %s", json_kind(mt)), NULL;
+        return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"model_type\" must be a string, got %s", json_kind(mt)), NULL;
     for (size_t i = 0; i < N_ARCHS; i++)
         if (strcmp(json_string_value(mt), ARCHS[i].model_type) == 0) return &ARCHS[i];
-    fail(err, err_len,
+    err_fail_code(CONFIG_ERR_INVALID, err, err_len,
          "config.json: unsupported model_type \"%.64s\" (no \"architectures\"); supported: llama, qwen2, qwen3, "
          "mistral",
          json_string_value(mt));
@@ -172,7 +163,7 @@ static int parse_rope(ModelConfig *cfg, json_t *root, char *err, size_t err_len)
     json_t *rs = get(root, "rope_scaling");
     if (rs) {
         if (!json_is_object(rs))
-            return fail(err, err_len, "config.json: \"rope_scaling\" must be an object or null, got %s",
+            return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"rope_scaling\" must be an object or null, got %s",
                         json_kind(rs));
         if (json_object_size(rs) > 0) {
             rp = rs;
@@ -182,7 +173,7 @@ static int parse_rope(ModelConfig *cfg, json_t *root, char *err, size_t err_len)
     if (!rp) {
         json_t *p = get(root, "rope_parameters");
         if (p && !json_is_object(p))
-            return fail(err, err_len, "config.json: \"rope_parameters\" must be an object or null, got %s",
+            return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"rope_parameters\" must be an object or null, got %s",
                         json_kind(p));
         rp = p;
     }
@@ -194,7 +185,7 @@ static int parse_rope(ModelConfig *cfg, json_t *root, char *err, size_t err_len)
         // Per-layer-type rope dicts ({"full_attention": {...}, ...}) would silently read as the default rope here.
         if (json_is_object(json_object_get(rp, "full_attention")) ||
             json_is_object(json_object_get(rp, "sliding_attention")))
-            return fail(err, err_len, "config.json: per-layer-type \"%.*s\" (nested by attention type) is not "
+            return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: per-layer-type \"%.*s\" (nested by attention type) is not "
                         "supported", (int)strlen(where) - 1, where);
         if (get_number(rp, where, "rope_theta", 0, theta, &theta, err, err_len)) return CONFIG_ERR_INVALID;
         if (get_number(rp, where, "partial_rotary_factor", 0, prf, &prf, err, err_len)) return CONFIG_ERR_INVALID;
@@ -206,7 +197,7 @@ static int parse_rope(ModelConfig *cfg, json_t *root, char *err, size_t err_len)
         }
         if (t) {
             if (!json_is_string(t))
-                return fail(err, err_len, "config.json: \"%s%s\" must be a string, got %s", where, tkey,
+                return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"%s%s\" must be a string, got %s", where, tkey,
                             json_kind(t));
             type = json_string_value(t);
         }
@@ -215,7 +206,7 @@ static int parse_rope(ModelConfig *cfg, json_t *root, char *err, size_t err_len)
                        err, err_len))
         return CONFIG_ERR_INVALID;
     if (prf != 1.0)
-        return fail(err, err_len, "config.json: \"partial_rotary_factor\" = %g is not supported (only 1.0)", prf);
+        return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"partial_rotary_factor\" = %g is not supported (only 1.0)", prf);
     cfg->rope_factor = 1.0f;
     cfg->rope_low_freq_factor = 1.0f;
     cfg->rope_high_freq_factor = 1.0f;
@@ -241,7 +232,7 @@ static int parse_rope(ModelConfig *cfg, json_t *root, char *err, size_t err_len)
             return CONFIG_ERR_INVALID;
         // The smoothing step divides by (high - low): equal factors would make it 0/0.
         if (!(cfg->rope_high_freq_factor > cfg->rope_low_freq_factor))
-            return fail(err, err_len, "config.json: \"%shigh_freq_factor\" (%g) must be greater than "
+            return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"%shigh_freq_factor\" (%g) must be greater than "
                         "low_freq_factor (%g)", where, cfg->rope_high_freq_factor, cfg->rope_low_freq_factor);
         // transformers' standardize_rope_params falls back to max_position_embeddings.
         json_t *o = get(rp, "original_max_position_embeddings");
@@ -249,16 +240,16 @@ static int parse_rope(ModelConfig *cfg, json_t *root, char *err, size_t err_len)
             cfg->rope_original_max_position = cfg->max_position_embeddings;
         } else {
             if (!json_is_integer(o))
-                return fail(err, err_len, "config.json: \"%soriginal_max_position_embeddings\" must be an integer, "
+                return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"%soriginal_max_position_embeddings\" must be an integer, "
                             "got %s", where, json_kind(o));
             json_int_t x = json_integer_value(o);
             if (x <= 0 || x > INT_MAX)
-                return fail(err, err_len, "config.json: \"%soriginal_max_position_embeddings\" = %lld is out of "
+                return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"%soriginal_max_position_embeddings\" = %lld is out of "
                             "range", where, (long long)x);
             cfg->rope_original_max_position = (int)x;
         }
     } else {
-        return fail(err, err_len, "config.json: unsupported rope type \"%.32s\" (\"%srope_type\"); supported: "
+        return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: unsupported rope type \"%.32s\" (\"%srope_type\"); supported: "
                     "default, llama3, linear", type, where);
     }
     return 0;
@@ -298,20 +289,20 @@ static int parse_sliding_window(ModelConfig *cfg, json_t *root, char *err, size_
     json_t *lt = get(root, "layer_types");
     if (lt) {
         if (!json_is_array(lt))
-            return fail(err, err_len, "config.json: \"layer_types\" must be an array, got %s", json_kind(lt));
+            return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"layer_types\" must be an array, got %s", json_kind(lt));
         if ((long long)json_array_size(lt) != cfg->num_layers)
-            return fail(err, err_len, "config.json: \"layer_types\" has %zu entries, num_hidden_layers is %d",
+            return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"layer_types\" has %zu entries, num_hidden_layers is %d",
                         json_array_size(lt), cfg->num_layers);
         for (size_t i = 0; i < json_array_size(lt); i++) {
             json_t *e = json_array_get(lt, i);
             const char *s = json_string_value(e);
             if (!s)
-                return fail(err, err_len, "config.json: \"layer_types\"[%zu] must be a string, got %s", i,
+                return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"layer_types\"[%zu] must be a string, got %s", i,
                             json_kind(e));
             if (strcmp(s, "sliding_attention") == 0)
                 any_sliding = 1;
             else if (strcmp(s, "full_attention") != 0)
-                return fail(err, err_len, "config.json: \"layer_types\"[%zu] = \"%.32s\" is not supported "
+                return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"layer_types\"[%zu] = \"%.32s\" is not supported "
                             "(full_attention or sliding_attention)", i, s);
         }
     } else {
@@ -340,20 +331,20 @@ static int parse_token_ids(ModelConfig *cfg, json_t *root, char *err, size_t err
     if (json_is_integer(e)) {
         json_int_t x = json_integer_value(e);
         if (x < 0 || x > INT_MAX)
-            return fail(err, err_len, "config.json: \"eos_token_id\" = %lld is out of range", (long long)x);
+            return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"eos_token_id\" = %lld is out of range", (long long)x);
         cfg->eos_token_ids[cfg->n_eos_token_ids++] = (int)x;
         return 0;
     }
     if (!json_is_array(e))
-        return fail(err, err_len, "config.json: \"eos_token_id\" must be an integer, a list or null, got %s",
+        return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"eos_token_id\" must be an integer, a list or null, got %s",
                     json_kind(e));
     if (json_array_size(e) > (size_t)cap)
-        return fail(err, err_len, "config.json: \"eos_token_id\" lists %zu ids, at most %d are supported",
+        return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"eos_token_id\" lists %zu ids, at most %d are supported",
                     json_array_size(e), cap);
     for (size_t i = 0; i < json_array_size(e); i++) {
         json_t *x = json_array_get(e, i);
         if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) > INT_MAX)
-            return fail(err, err_len, "config.json: \"eos_token_id\"[%zu] must be a non-negative integer", i);
+            return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"eos_token_id\"[%zu] must be a non-negative integer", i);
         cfg->eos_token_ids[cfg->n_eos_token_ids++] = (int)json_integer_value(x);
     }
     return 0;
@@ -370,10 +361,10 @@ static int parse_dtype(ModelConfig *cfg, json_t *root, char *err, size_t err_len
     cfg->torch_dtype[0] = '\0';
     if (!d) return 0;
     if (!json_is_string(d))
-        return fail(err, err_len, "config.json: \"%s\" must be a string, got %s", key, json_kind(d));
+        return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"%s\" must be a string, got %s", key, json_kind(d));
     const char *s = json_string_value(d);
     if (strcmp(s, "bfloat16") && strcmp(s, "float16") && strcmp(s, "float32"))
-        return fail(err, err_len, "config.json: \"%s\" = \"%.32s\" is not supported (bfloat16, float16, float32)",
+        return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"%s\" = \"%.32s\" is not supported (bfloat16, float16, float32)",
                     key, s);
     snprintf(cfg->torch_dtype, sizeof cfg->torch_dtype, "%s", s);
     return 0;
@@ -381,7 +372,7 @@ static int parse_dtype(ModelConfig *cfg, json_t *root, char *err, size_t err_len
 
 static int parse_root(ModelConfig *cfg, json_t *root, char *err, size_t err_len) {
     if (!json_is_object(root))
-        return fail(err, err_len, "config.json: the top level must be an object, got %s", json_kind(root));
+        return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: the top level must be an object, got %s", json_kind(root));
     const ArchInfo *ai = find_arch(root, err, err_len);
     if (!ai) return CONFIG_ERR_INVALID;
     cfg->arch = ai->arch;
@@ -402,7 +393,7 @@ static int parse_root(ModelConfig *cfg, json_t *root, char *err, size_t err_len)
     if (get_int(root, "num_key_value_heads", 0, kv_default, 1, COUNT_MAX, &cfg->num_kv_heads, err, err_len))
         return CONFIG_ERR_INVALID;
     if (Hq % cfg->num_kv_heads != 0)
-        return fail(err, err_len, "config.json: \"num_key_value_heads\" (%d) must divide num_attention_heads (%d)",
+        return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"num_key_value_heads\" (%d) must divide num_attention_heads (%d)",
                     cfg->num_kv_heads, Hq);
 
     // head_dim: Qwen3Config defaults it to 128; the others derive C / Hq when it is missing or null.
@@ -411,15 +402,15 @@ static int parse_root(ModelConfig *cfg, json_t *root, char *err, size_t err_len)
     if (cfg->head_dim == 0 || ai->arch == ARCH_LLAMA) {
         // LlamaConfig.validate_architecture checks divisibility even with an explicit head_dim.
         if (C % Hq != 0)
-            return fail(err, err_len, "config.json: \"num_attention_heads\" (%d) must divide hidden_size (%d)", Hq,
+            return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"num_attention_heads\" (%d) must divide hidden_size (%d)", Hq,
                         C);
         if (cfg->head_dim == 0) cfg->head_dim = C / Hq;
     }
     if (cfg->head_dim % 2 != 0)
-        return fail(err, err_len, "config.json: \"head_dim\" (%d) must be even: rotary embeddings rotate pairs",
+        return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"head_dim\" (%d) must be even: rotary embeddings rotate pairs",
                     cfg->head_dim);
     if ((long long)Hq * cfg->head_dim > DIM_MAX)
-        return fail(err, err_len, "config.json: num_attention_heads * head_dim (%lld) is out of range",
+        return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: num_attention_heads * head_dim (%lld) is out of range",
                     (long long)Hq * cfg->head_dim);
 
     if (get_int(root, "max_position_embeddings", 0, ai->max_position, 1, INT_MAX, &cfg->max_position_embeddings,
@@ -434,9 +425,9 @@ static int parse_root(ModelConfig *cfg, json_t *root, char *err, size_t err_len)
     json_t *act = get(root, "hidden_act");
     if (act) {
         if (!json_is_string(act))
-            return fail(err, err_len, "config.json: \"hidden_act\" must be a string, got %s", json_kind(act));
+            return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"hidden_act\" must be a string, got %s", json_kind(act));
         if (strcmp(json_string_value(act), "silu") != 0)
-            return fail(err, err_len, "config.json: \"hidden_act\" = \"%.32s\" is not supported (only silu)",
+            return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"hidden_act\" = \"%.32s\" is not supported (only silu)",
                         json_string_value(act));
     }
 
@@ -452,7 +443,7 @@ static int parse_root(ModelConfig *cfg, json_t *root, char *err, size_t err_len)
     if (ai->arch == ARCH_LLAMA) {
         int mlp_bias = 0;
         if (get_bool(root, "mlp_bias", 0, &mlp_bias, err, err_len)) return CONFIG_ERR_INVALID;
-        if (mlp_bias) return fail(err, err_len, "config.json: \"mlp_bias\": true is not supported");
+        if (mlp_bias) return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"mlp_bias\": true is not supported");
     }
     cfg->qk_norm = ai->arch == ARCH_QWEN3;
 
@@ -465,14 +456,14 @@ static int parse_root(ModelConfig *cfg, json_t *root, char *err, size_t err_len)
 }
 
 int config_parse(ModelConfig *cfg, const char *json_text, size_t len, char *err, size_t err_len) {
-    if (!cfg || !json_text) return fail(err, err_len, "config_parse: NULL argument");
+    if (!cfg || !json_text) return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config_parse: NULL argument");
     memset(cfg, 0, sizeof *cfg);
     json_error_t je;
     // Duplicate keys are refused: two "hidden_size" entries would make the file mean different things to
     // different readers.
     json_t *root = json_read_buffer(json_text, len, JSON_REJECT_DUPLICATES, &je);
     if (!root)
-        return fail(err, err_len, "config.json: invalid JSON at line %d column %d: %s", je.line, je.column, je.text);
+        return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: invalid JSON at line %d column %d: %s", je.line, je.column, je.text);
     int rc = parse_root(cfg, root, err, err_len);
     json_decref(root);
     if (rc) memset(cfg, 0, sizeof *cfg);

@@ -6,6 +6,7 @@
 //               + frame 1: rank 0's blob (possibly empty)
 //   rank -> 0 : {"type":"barrier","rank":r,"round":k}     0 -> rank : {"type":"barrier_done","round":k}
 //   0 -> rank : {"type":"error","message":m}              (any time; the receiver fails with m)
+#include "shared/err.h"
 #include "shared/rendezvous.h"
 
 #include <arpa/inet.h>
@@ -49,16 +50,6 @@ static int64_t now_ms(void) {
     return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
-static int fail(char *err, size_t len, const char *fmt, ...) {
-    if (err && len) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, len, fmt, ap);
-        va_end(ap);
-    }
-    return -1;
-}
-
 static int is_ipv6_literal(const char *a) { return strchr(a, ':') != NULL; }
 
 // "tcp://host:port", with brackets around an IPv6 literal. bind: a host name becomes "*", because ZeroMQ
@@ -75,32 +66,32 @@ static void master_endpoint(char *out, size_t len, const char *addr, int port, i
 
 int rendezvous_local_address(const char *master_addr, int master_port, char *out, size_t out_len, char *err,
                              size_t err_len) {
-    if (!master_addr || !*master_addr) return fail(err, err_len, "MASTER_ADDR is empty");
+    if (!master_addr || !*master_addr) return err_fail(err, err_len, "MASTER_ADDR is empty");
     char port[16];
     snprintf(port, sizeof port, "%d", master_port);
     struct addrinfo hints = {0}, *res = NULL;
     hints.ai_family = AF_UNSPEC;
     hints.ai_socktype = SOCK_DGRAM;
     int rc = getaddrinfo(master_addr, port, &hints, &res);
-    if (rc != 0) return fail(err, err_len, "cannot resolve MASTER_ADDR '%s': %s", master_addr, gai_strerror(rc));
+    if (rc != 0) return err_fail(err, err_len, "cannot resolve MASTER_ADDR '%s': %s", master_addr, gai_strerror(rc));
     // A connected UDP socket makes the kernel pick the route and source address; no packet is sent.
     int fd = socket(res->ai_family, SOCK_DGRAM, 0);
     if (fd < 0 || connect(fd, res->ai_addr, res->ai_addrlen) != 0) {
         int e = errno;
         if (fd >= 0) close(fd);
         freeaddrinfo(res);
-        return fail(err, err_len, "no route to MASTER_ADDR '%s': %s", master_addr, strerror(e));
+        return err_fail(err, err_len, "no route to MASTER_ADDR '%s': %s", master_addr, strerror(e));
     }
     struct sockaddr_storage ss;
     socklen_t sl = sizeof ss;
     rc = getsockname(fd, (struct sockaddr *)&ss, &sl);
     close(fd);
     freeaddrinfo(res);
-    if (rc != 0) return fail(err, err_len, "getsockname: %s", strerror(errno));
+    if (rc != 0) return err_fail(err, err_len, "getsockname: %s", strerror(errno));
     const void *a = ss.ss_family == AF_INET6 ? (const void *)&((struct sockaddr_in6 *)&ss)->sin6_addr
                                              : (const void *)&((struct sockaddr_in *)&ss)->sin_addr;
     if (!inet_ntop(ss.ss_family, a, out, (socklen_t)out_len))
-        return fail(err, err_len, "inet_ntop: %s", strerror(errno));
+        return err_fail(err, err_len, "inet_ntop: %s", strerror(errno));
     return 0;
 }
 
@@ -199,20 +190,20 @@ static int handle_register(Rendezvous *r, unsigned char *have, const unsigned ch
     }
     int rc = 1;
     if (ver != RDZV_PROTOCOL_VERSION) {
-        fail(err, err_len, "rendezvous: rank %lld (host %s, pid %lld) speaks protocol version %lld, rank 0 speaks %d "
+        err_fail(err, err_len, "rendezvous: rank %lld (host %s, pid %lld) speaks protocol version %lld, rank 0 speaks %d "
              "(mixed builds?)", (long long)rank, host, (long long)pid, (long long)ver, RDZV_PROTOCOL_VERSION);
         rc = -1;
     } else if (world != r->world) {
-        fail(err, err_len, "rendezvous: rank %lld (host %s, pid %lld) has WORLD_SIZE %lld but rank 0 has WORLD_SIZE %d",
+        err_fail(err, err_len, "rendezvous: rank %lld (host %s, pid %lld) has WORLD_SIZE %lld but rank 0 has WORLD_SIZE %d",
              (long long)rank, host, (long long)pid, (long long)world, r->world);
         rc = -1;
     } else if (rank < 0 || rank >= r->world) {
-        fail(err, err_len, "rendezvous: rank %lld (host %s, pid %lld) is outside WORLD_SIZE %d", (long long)rank,
+        err_fail(err, err_len, "rendezvous: rank %lld (host %s, pid %lld) is outside WORLD_SIZE %d", (long long)rank,
              host, (long long)pid, r->world);
         rc = -1;
     } else if (have[rank]) {
         const RdzvPeer *p = &r->peers[rank];
-        fail(err, err_len, "rendezvous: rank %lld registered twice (host %s, pid %d and host %s, pid %lld): "
+        err_fail(err, err_len, "rendezvous: rank %lld registered twice (host %s, pid %d and host %s, pid %lld): "
              "duplicate RANK", (long long)rank, p->hostname, p->pid, host, (long long)pid);
         rc = -1;
     }
@@ -245,7 +236,7 @@ static int run_rank0(Rendezvous *r, const RdzvConfig *cfg, char *err, size_t err
     char bind_ep[RDZV_ENDPOINT_MAX + 16];
     master_endpoint(bind_ep, sizeof bind_ep, cfg->master_addr, cfg->master_port, 1);
     r->sock = zmq_socket(r->zctx, ZMQ_ROUTER);
-    if (!r->sock) return fail(err, err_len, "rendezvous: zmq_socket: %s", zmq_strerror(zmq_errno()));
+    if (!r->sock) return err_fail(err, err_len, "rendezvous: zmq_socket: %s", zmq_strerror(zmq_errno()));
     int one = 1, linger = RDZV_CLOSE_LINGER_MS;
     int64_t maxsz = RDZV_IN_MAX;
     zmq_setsockopt(r->sock, ZMQ_ROUTER_MANDATORY, &one, sizeof one);
@@ -253,11 +244,11 @@ static int run_rank0(Rendezvous *r, const RdzvConfig *cfg, char *err, size_t err
     zmq_setsockopt(r->sock, ZMQ_MAXMSGSIZE, &maxsz, sizeof maxsz);
     if (is_ipv6_literal(cfg->master_addr)) zmq_setsockopt(r->sock, ZMQ_IPV6, &one, sizeof one);
     if (zmq_bind(r->sock, bind_ep) != 0)
-        return fail(err, err_len, "rendezvous: rank 0 cannot bind %s (MASTER_ADDR/MASTER_PORT): %s", bind_ep,
+        return err_fail(err, err_len, "rendezvous: rank 0 cannot bind %s (MASTER_ADDR/MASTER_PORT): %s", bind_ep,
                     zmq_strerror(zmq_errno()));
 
     unsigned char *have = calloc((size_t)r->world, 1);
-    if (!have) return fail(err, err_len, "rendezvous: out of memory");
+    if (!have) return err_fail(err, err_len, "rendezvous: out of memory");
     have[0] = 1;
     int n_have = 1, rc = 0;
     const int every = cfg->progress_ms > 0 ? cfg->progress_ms : RDZV_PROGRESS_MS;
@@ -278,7 +269,7 @@ static int run_rank0(Rendezvous *r, const RdzvConfig *cfg, char *err, size_t err
             char missing[512], arrived[512];
             rank_list(missing, sizeof missing, have, r->world, 0);
             rank_list(arrived, sizeof arrived, have, r->world, 1);
-            fail(err, err_len, "rendezvous at %s: rank%s %s of WORLD_SIZE %d did not arrive within %d ms "
+            err_fail(err, err_len, "rendezvous at %s: rank%s %s of WORLD_SIZE %d did not arrive within %d ms "
                  "(arrived: %s)", r->master, r->world - n_have > 1 ? "s" : "", missing, r->world, cfg->timeout_ms,
                  arrived);
             broadcast_error(r, have, NULL, 0, err);
@@ -288,7 +279,7 @@ static int run_rank0(Rendezvous *r, const RdzvConfig *cfg, char *err, size_t err
         zmq_pollitem_t it = {r->sock, 0, ZMQ_POLLIN, 0};
         int64_t slice = cfg->progress && next_progress - now < left ? next_progress - now : left;
         if (zmq_poll(&it, 1, (long)(slice > 0 ? slice : 0)) < 0 && zmq_errno() != EINTR) {
-            rc = fail(err, err_len, "rendezvous: zmq_poll: %s", zmq_strerror(zmq_errno()));
+            rc = err_fail(err, err_len, "rendezvous: zmq_poll: %s", zmq_strerror(zmq_errno()));
             break;
         }
         if (!(it.revents & ZMQ_POLLIN)) continue;
@@ -309,7 +300,7 @@ static int run_rank0(Rendezvous *r, const RdzvConfig *cfg, char *err, size_t err
         json_t *t = table_json(r);
         for (int k = 1; k < r->world && rc == 0; k++)
             if (!t || send_json(r->sock, r->ids[k], r->id_len[k], t, r->blob, r->blob_len, 1) != 0) {
-                fail(err, err_len, "rendezvous: rank %d (host %s, pid %d) went away after registering: %s", k,
+                err_fail(err, err_len, "rendezvous: rank %d (host %s, pid %d) went away after registering: %s", k,
                      r->peers[k].hostname, r->peers[k].pid, zmq_strerror(zmq_errno()));
                 broadcast_error(r, have, NULL, 0, err);
                 rc = -1;
@@ -330,14 +321,14 @@ static int parse_answer(Rendezvous *r, zmq_msg_t *f, int n, char *err, size_t er
     int rc = -1;
     if (j && json_unpack_ex(j, &je, 0, "{s:s}", "type", &type) == 0 && strcmp(type, "error") == 0 &&
         json_unpack_ex(j, &je, JSON_STRICT, "{s:s, s:s}", "type", &type, "message", &msg) == 0) {
-        fail(err, err_len, "%s (reported by rank 0 at %s)", msg, r->master);
+        err_fail(err, err_len, "%s (reported by rank 0 at %s)", msg, r->master);
     } else if (!j || n != 2 ||
                json_unpack_ex(j, &je, JSON_STRICT, "{s:s, s:I, s:I, s:o}", "type", &type, "version", &ver,
                               "world_size", &world, "peers", &peers) != 0 || strcmp(type, "table") != 0) {
-        fail(err, err_len, "rendezvous: rank 0 at %s sent a malformed answer (expected a peer table)", r->master);
+        err_fail(err, err_len, "rendezvous: rank 0 at %s sent a malformed answer (expected a peer table)", r->master);
     } else if (ver != RDZV_PROTOCOL_VERSION || world != r->world || !json_is_array(peers) ||
                json_array_size(peers) != (size_t)r->world || zmq_msg_size(&f[1]) > RDZV_BLOB_MAX) {
-        fail(err, err_len, "rendezvous: rank 0's table (version %lld, WORLD_SIZE %lld) does not match this rank "
+        err_fail(err, err_len, "rendezvous: rank 0's table (version %lld, WORLD_SIZE %lld) does not match this rank "
              "(version %d, WORLD_SIZE %d)", (long long)ver, (long long)world, RDZV_PROTOCOL_VERSION, r->world);
     } else {
         rc = 0;
@@ -347,7 +338,7 @@ static int parse_answer(Rendezvous *r, zmq_msg_t *f, int n, char *err, size_t er
             if (json_unpack_ex(json_array_get(peers, (size_t)k), &je, JSON_STRICT, "{s:I, s:I, s:s, s:s}", "rank",
                                &pr, "pid", &pid, "hostname", &host, "endpoint", &ep) != 0 || pr != k ||
                 strlen(host) >= RDZV_HOST_MAX || strlen(ep) >= RDZV_ENDPOINT_MAX) {
-                rc = fail(err, err_len, "rendezvous: entry %d of rank 0's peer table is malformed", k);
+                rc = err_fail(err, err_len, "rendezvous: entry %d of rank 0's peer table is malformed", k);
                 break;
             }
             r->peers[k].rank = k;
@@ -358,7 +349,7 @@ static int parse_answer(Rendezvous *r, zmq_msg_t *f, int n, char *err, size_t er
         size_t bl = zmq_msg_size(&f[1]);
         if (rc == 0 && bl) {
             r->blob = malloc(bl);
-            if (!r->blob) rc = fail(err, err_len, "rendezvous: out of memory");
+            if (!r->blob) rc = err_fail(err, err_len, "rendezvous: out of memory");
             else memcpy(r->blob, zmq_msg_data(&f[1]), bl), r->blob_len = bl;
         }
     }
@@ -374,7 +365,7 @@ static int await_answer(Rendezvous *r, int wait_ms, zmq_msg_t *f, int *n, const 
     for (;;) {
         int64_t now = now_ms(), left = deadline - now;
         if (left <= 0)
-            return fail(err, err_len, "rendezvous: no answer from rank 0 at %s to the %s within %d ms (is rank 0 "
+            return err_fail(err, err_len, "rendezvous: no answer from rank 0 at %s to the %s within %d ms (is rank 0 "
                         "running, and are MASTER_ADDR/MASTER_PORT right?)", r->master, what, wait_ms);
         if (cfg && cfg->progress && now >= next_progress) {
             char line[700];
@@ -387,7 +378,7 @@ static int await_answer(Rendezvous *r, int wait_ms, zmq_msg_t *f, int *n, const 
         int64_t slice = cfg && cfg->progress && next_progress - now < left ? next_progress - now : left;
         zmq_pollitem_t it = {r->sock, 0, ZMQ_POLLIN, 0};
         if (zmq_poll(&it, 1, (long)(slice > 0 ? slice : 0)) < 0 && zmq_errno() != EINTR)
-            return fail(err, err_len, "rendezvous: zmq_poll: %s", zmq_strerror(zmq_errno()));
+            return err_fail(err, err_len, "rendezvous: zmq_poll: %s", zmq_strerror(zmq_errno()));
         if ((it.revents & ZMQ_POLLIN) && recv_frames(r->sock, f, 2, n) == 0) {
             if (*n <= 2) return 0;
             close_frames(f, *n, 2);
@@ -397,20 +388,20 @@ static int await_answer(Rendezvous *r, int wait_ms, zmq_msg_t *f, int *n, const 
 
 static int run_other(Rendezvous *r, const RdzvConfig *cfg, char *err, size_t err_len) {
     r->sock = zmq_socket(r->zctx, ZMQ_DEALER);
-    if (!r->sock) return fail(err, err_len, "rendezvous: zmq_socket: %s", zmq_strerror(zmq_errno()));
+    if (!r->sock) return err_fail(err, err_len, "rendezvous: zmq_socket: %s", zmq_strerror(zmq_errno()));
     int one = 1, zero = 0;
     zmq_setsockopt(r->sock, ZMQ_LINGER, &zero, sizeof zero);   // we wait for answers; nothing to flush at close
     if (is_ipv6_literal(cfg->master_addr)) zmq_setsockopt(r->sock, ZMQ_IPV6, &one, sizeof one);
     // Connecting before rank 0 has bound is fine: ZeroMQ retries and delivers the queued register.
     if (zmq_connect(r->sock, r->master) != 0)
-        return fail(err, err_len, "rendezvous: cannot connect to %s: %s", r->master, zmq_strerror(zmq_errno()));
+        return err_fail(err, err_len, "rendezvous: cannot connect to %s: %s", r->master, zmq_strerror(zmq_errno()));
     const RdzvPeer *me = &r->peers[r->rank];
     json_t *j = json_pack("{s:s, s:i, s:i, s:i, s:i, s:s, s:s}", "type", "register", "version",
                           RDZV_PROTOCOL_VERSION, "rank", r->rank, "world_size", r->world, "pid", me->pid,
                           "hostname", me->hostname, "endpoint", me->endpoint);
     int rc = j ? send_json(r->sock, NULL, 0, j, NULL, 0, 0) : -1;
     json_decref(j);
-    if (rc != 0) return fail(err, err_len, "rendezvous: cannot send the registration: %s", zmq_strerror(zmq_errno()));
+    if (rc != 0) return err_fail(err, err_len, "rendezvous: cannot send the registration: %s", zmq_strerror(zmq_errno()));
     zmq_msg_t f[2];
     int n = 0;
     int64_t wait = 2 * (int64_t)cfg->timeout_ms;
@@ -423,24 +414,24 @@ static int run_other(Rendezvous *r, const RdzvConfig *cfg, char *err, size_t err
 
 int rendezvous_run(Rendezvous **out, const RdzvConfig *cfg, const void *blob, size_t blob_len, char *err,
                    size_t err_len) {
-    if (!out || !cfg) return fail(err, err_len, "rendezvous_run: NULL argument");
+    if (!out || !cfg) return err_fail(err, err_len, "rendezvous_run: NULL argument");
     *out = NULL;
-    if (cfg->world_size < 1) return fail(err, err_len, "rendezvous: WORLD_SIZE %d must be >= 1", cfg->world_size);
+    if (cfg->world_size < 1) return err_fail(err, err_len, "rendezvous: WORLD_SIZE %d must be >= 1", cfg->world_size);
     if (cfg->rank < 0 || cfg->rank >= cfg->world_size)
-        return fail(err, err_len, "rendezvous: RANK %d is outside WORLD_SIZE %d", cfg->rank, cfg->world_size);
+        return err_fail(err, err_len, "rendezvous: RANK %d is outside WORLD_SIZE %d", cfg->rank, cfg->world_size);
     if (!cfg->master_addr || !*cfg->master_addr || strlen(cfg->master_addr) >= RDZV_ENDPOINT_MAX)
-        return fail(err, err_len, "rendezvous: MASTER_ADDR is empty or longer than %d bytes", RDZV_ENDPOINT_MAX - 1);
+        return err_fail(err, err_len, "rendezvous: MASTER_ADDR is empty or longer than %d bytes", RDZV_ENDPOINT_MAX - 1);
     if (cfg->master_port < 1 || cfg->master_port > 65535)
-        return fail(err, err_len, "rendezvous: MASTER_PORT %d is outside 1..65535", cfg->master_port);
-    if (cfg->timeout_ms <= 0) return fail(err, err_len, "rendezvous: timeout %d ms must be > 0", cfg->timeout_ms);
+        return err_fail(err, err_len, "rendezvous: MASTER_PORT %d is outside 1..65535", cfg->master_port);
+    if (cfg->timeout_ms <= 0) return err_fail(err, err_len, "rendezvous: timeout %d ms must be > 0", cfg->timeout_ms);
     if (cfg->endpoint && strlen(cfg->endpoint) >= RDZV_ENDPOINT_MAX)
-        return fail(err, err_len, "rendezvous: endpoint longer than %d bytes", RDZV_ENDPOINT_MAX - 1);
+        return err_fail(err, err_len, "rendezvous: endpoint longer than %d bytes", RDZV_ENDPOINT_MAX - 1);
     if (cfg->rank == 0 && blob_len > RDZV_BLOB_MAX)
-        return fail(err, err_len, "rendezvous: blob of %zu bytes exceeds %u", blob_len, RDZV_BLOB_MAX);
-    if (cfg->rank == 0 && blob_len && !blob) return fail(err, err_len, "rendezvous: blob is NULL");
+        return err_fail(err, err_len, "rendezvous: blob of %zu bytes exceeds %u", blob_len, RDZV_BLOB_MAX);
+    if (cfg->rank == 0 && blob_len && !blob) return err_fail(err, err_len, "rendezvous: blob is NULL");
 
     Rendezvous *r = calloc(1, sizeof *r);
-    if (!r) return fail(err, err_len, "rendezvous: out of memory");
+    if (!r) return err_fail(err, err_len, "rendezvous: out of memory");
     r->rank = cfg->rank;
     r->world = cfg->world_size;
     r->peers = calloc((size_t)r->world, sizeof *r->peers);
@@ -449,7 +440,7 @@ int rendezvous_run(Rendezvous **out, const RdzvConfig *cfg, const void *blob, si
     r->zctx = zmq_ctx_new();
     master_endpoint(r->master, sizeof r->master, cfg->master_addr, cfg->master_port, 0);
     int rc = 0;
-    if (!r->peers || !r->ids || !r->id_len || !r->zctx) rc = fail(err, err_len, "rendezvous: out of memory");
+    if (!r->peers || !r->ids || !r->id_len || !r->zctx) rc = err_fail(err, err_len, "rendezvous: out of memory");
     if (rc == 0) {
         RdzvPeer *me = &r->peers[r->rank];
         me->rank = r->rank;
@@ -459,7 +450,7 @@ int rendezvous_run(Rendezvous **out, const RdzvConfig *cfg, const void *blob, si
         snprintf(me->endpoint, sizeof me->endpoint, "%s", cfg->endpoint ? cfg->endpoint : "");
         if (r->rank == 0 && blob_len) {
             r->blob = malloc(blob_len);
-            if (!r->blob) rc = fail(err, err_len, "rendezvous: out of memory");
+            if (!r->blob) rc = err_fail(err, err_len, "rendezvous: out of memory");
             else memcpy(r->blob, blob, blob_len), r->blob_len = blob_len;
         }
     }
@@ -481,7 +472,7 @@ const void *rendezvous_blob(const Rendezvous *r, size_t *len) {
 
 static int barrier_rank0(Rendezvous *r, int timeout_ms, char *err, size_t err_len) {
     unsigned char *have = calloc((size_t)r->world, 1);
-    if (!have) return fail(err, err_len, "rendezvous: out of memory");
+    if (!have) return err_fail(err, err_len, "rendezvous: out of memory");
     have[0] = 1;
     int n_have = 1, rc = 0;
     int64_t deadline = now_ms() + timeout_ms;
@@ -490,14 +481,14 @@ static int barrier_rank0(Rendezvous *r, int timeout_ms, char *err, size_t err_le
         if (left <= 0) {
             char missing[512];
             rank_list(missing, sizeof missing, have, r->world, 0);
-            rc = fail(err, err_len, "rendezvous barrier %d: rank%s %s did not arrive within %d ms", r->round,
+            rc = err_fail(err, err_len, "rendezvous barrier %d: rank%s %s did not arrive within %d ms", r->round,
                       r->world - n_have > 1 ? "s" : "", missing, timeout_ms);
             broadcast_error(r, have, NULL, 0, err);
             break;
         }
         zmq_pollitem_t it = {r->sock, 0, ZMQ_POLLIN, 0};
         if (zmq_poll(&it, 1, (long)left) < 0 && zmq_errno() != EINTR) {
-            rc = fail(err, err_len, "rendezvous: zmq_poll: %s", zmq_strerror(zmq_errno()));
+            rc = err_fail(err, err_len, "rendezvous: zmq_poll: %s", zmq_strerror(zmq_errno()));
             break;
         }
         if (!(it.revents & ZMQ_POLLIN)) continue;
@@ -517,7 +508,7 @@ static int barrier_rank0(Rendezvous *r, int timeout_ms, char *err, size_t err_le
             if (id && id_len < RDZV_ID_MAX)
                 send_error_to(r->sock, id, id_len, "rendezvous: expected a barrier message from a registered rank");
         } else if (round != r->round || have[k]) {
-            rc = fail(err, err_len, "rendezvous barrier %d: rank %lld is at barrier %lld (ranks out of step)",
+            rc = err_fail(err, err_len, "rendezvous barrier %d: rank %lld is at barrier %lld (ranks out of step)",
                       r->round, (long long)k, (long long)round);
             broadcast_error(r, have, id, id_len, err);
         } else {
@@ -531,7 +522,7 @@ static int barrier_rank0(Rendezvous *r, int timeout_ms, char *err, size_t err_le
         json_t *d = json_pack("{s:s, s:i}", "type", "barrier_done", "round", r->round);
         for (int k = 1; k < r->world; k++)
             if (!d || send_json(r->sock, r->ids[k], r->id_len[k], d, NULL, 0, 0) != 0) {
-                rc = fail(err, err_len, "rendezvous barrier %d: rank %d went away", r->round, k);
+                rc = err_fail(err, err_len, "rendezvous barrier %d: rank %d went away", r->round, k);
                 break;
             }
         json_decref(d);
@@ -544,7 +535,7 @@ static int barrier_other(Rendezvous *r, int timeout_ms, char *err, size_t err_le
     json_t *j = json_pack("{s:s, s:i, s:i}", "type", "barrier", "rank", r->rank, "round", r->round);
     int rc = j ? send_json(r->sock, NULL, 0, j, NULL, 0, 0) : -1;
     json_decref(j);
-    if (rc != 0) return fail(err, err_len, "rendezvous: cannot send barrier: %s", zmq_strerror(zmq_errno()));
+    if (rc != 0) return err_fail(err, err_len, "rendezvous: cannot send barrier: %s", zmq_strerror(zmq_errno()));
     zmq_msg_t f[2];
     int n = 0;
     int64_t wait = 2 * (int64_t)timeout_ms;
@@ -559,18 +550,18 @@ static int barrier_other(Rendezvous *r, int timeout_ms, char *err, size_t err_le
         rc = 0;
     else if (a && json_unpack_ex(a, &je, JSON_STRICT, "{s:s, s:s}", "type", &type, "message", &msg) == 0 &&
              strcmp(type, "error") == 0)
-        fail(err, err_len, "%s (reported by rank 0 at %s)", msg, r->master);
+        err_fail(err, err_len, "%s (reported by rank 0 at %s)", msg, r->master);
     else
-        fail(err, err_len, "rendezvous barrier %d: malformed answer from rank 0 at %s", r->round, r->master);
+        err_fail(err, err_len, "rendezvous barrier %d: malformed answer from rank 0 at %s", r->round, r->master);
     json_decref(a);
     close_frames(f, n, 2);
     return rc;
 }
 
 int rendezvous_barrier(Rendezvous *r, int timeout_ms, char *err, size_t err_len) {
-    if (!r) return fail(err, err_len, "rendezvous_barrier: NULL handle");
-    if (r->failed) return fail(err, err_len, "rendezvous_barrier: the rendezvous failed earlier");
-    if (timeout_ms <= 0) return fail(err, err_len, "rendezvous_barrier: timeout %d ms must be > 0", timeout_ms);
+    if (!r) return err_fail(err, err_len, "rendezvous_barrier: NULL handle");
+    if (r->failed) return err_fail(err, err_len, "rendezvous_barrier: the rendezvous failed earlier");
+    if (timeout_ms <= 0) return err_fail(err, err_len, "rendezvous_barrier: timeout %d ms must be > 0", timeout_ms);
     int rc = 0;
     if (r->world > 1) rc = r->rank == 0 ? barrier_rank0(r, timeout_ms, err, err_len) : barrier_other(r, timeout_ms, err, err_len);
     if (rc != 0) r->failed = 1;

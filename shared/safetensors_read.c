@@ -4,6 +4,7 @@
 // below 100 MB, a JSON object whose entries have a known dtype, non-negative dims whose product does not overflow,
 // begin <= end inside the data section, end - begin == numel * dtype size, and no two tensors sharing bytes.
 // Anything else is refused with a message that names the file and the tensor, never a crash.
+#include "shared/err.h"
 #include "shared/safetensors.h"
 
 #include <errno.h>
@@ -67,16 +68,6 @@ int st_dtype_from_name(const char *name, StDtype *out) {
             return 0;
         }
     return -1;
-}
-
-static int fail(int code, char *err, size_t err_len, const char *fmt, ...) {
-    if (err && err_len) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, err_len, fmt, ap);
-        va_end(ap);
-    }
-    return code;
 }
 
 void st_close(SafetensorsSet *set) {
@@ -151,18 +142,18 @@ static int parse_entry(StTensor *t, json_t *info, const StFile *f, const unsigne
                        char *err, size_t err_len) {
     const char *P = f->path, *N = t->name;
     if (!json_is_object(info))
-        return fail(ST_ERR_INVALID, err, err_len, "%s: tensor \"%s\": header entry is not an object", P, N);
+        return err_fail_code(ST_ERR_INVALID, err, err_len, "%s: tensor \"%s\": header entry is not an object", P, N);
     json_t *dt = json_object_get(info, "dtype"), *sh = json_object_get(info, "shape"),
            *off = json_object_get(info, "data_offsets");
     if (!json_is_string(dt))
-        return fail(ST_ERR_INVALID, err, err_len, "%s: tensor \"%s\": \"dtype\" missing or not a string", P, N);
+        return err_fail_code(ST_ERR_INVALID, err, err_len, "%s: tensor \"%s\": \"dtype\" missing or not a string", P, N);
     if (st_dtype_from_name(json_string_value(dt), &t->dtype))
-        return fail(ST_ERR_INVALID, err, err_len, "%s: tensor \"%s\": unknown dtype \"%.16s\"", P, N,
+        return err_fail_code(ST_ERR_INVALID, err, err_len, "%s: tensor \"%s\": unknown dtype \"%.16s\"", P, N,
                     json_string_value(dt));
     if (!json_is_array(sh))
-        return fail(ST_ERR_INVALID, err, err_len, "%s: tensor \"%s\": \"shape\" missing or not an array", P, N);
+        return err_fail_code(ST_ERR_INVALID, err, err_len, "%s: tensor \"%s\": \"shape\" missing or not an array", P, N);
     if (json_array_size(sh) > ST_MAX_DIMS)
-        return fail(ST_ERR_INVALID, err, err_len, "%s: tensor \"%s\": %zu dims, at most %d are supported", P, N,
+        return err_fail_code(ST_ERR_INVALID, err, err_len, "%s: tensor \"%s\": %zu dims, at most %d are supported", P, N,
                     json_array_size(sh), ST_MAX_DIMS);
     t->ndim = (int)json_array_size(sh);
     uint64_t numel = 1;
@@ -170,36 +161,36 @@ static int parse_entry(StTensor *t, json_t *info, const StFile *f, const unsigne
     for (int d = 0; d < t->ndim; d++) {
         uint64_t dim;
         if (json_u63(json_array_get(sh, d), &dim))
-            return fail(ST_ERR_INVALID, err, err_len, "%s: tensor \"%s\": shape[%d] is not a non-negative integer",
+            return err_fail_code(ST_ERR_INVALID, err, err_len, "%s: tensor \"%s\": shape[%d] is not a non-negative integer",
                         P, N, d);
         t->shape[d] = (int64_t)dim;
         // A zero dim makes the product 0 whatever follows, but an overflow before it is still a corrupt header.
         if (__builtin_mul_overflow(numel, dim, &numel) || numel > (UINT64_MAX >> 3)) overflow = 1;
     }
     if (overflow)
-        return fail(ST_ERR_INVALID, err, err_len, "%s: tensor \"%s\": the element count overflows", P, N);
+        return err_fail_code(ST_ERR_INVALID, err, err_len, "%s: tensor \"%s\": the element count overflows", P, N);
     t->numel = numel;
     uint64_t bits = numel * (uint64_t)st_dtype_bits(t->dtype);   // numel < 2^61, bits <= 64: no overflow
     if (bits % 8)
-        return fail(ST_ERR_INVALID, err, err_len, "%s: tensor \"%s\": %llu elements of %s do not fill whole bytes",
+        return err_fail_code(ST_ERR_INVALID, err, err_len, "%s: tensor \"%s\": %llu elements of %s do not fill whole bytes",
                     P, N, (unsigned long long)numel, st_dtype_name(t->dtype));
     if (!json_is_array(off) || json_array_size(off) != 2)
-        return fail(ST_ERR_INVALID, err, err_len, "%s: tensor \"%s\": \"data_offsets\" must be [begin, end]", P,
+        return err_fail_code(ST_ERR_INVALID, err, err_len, "%s: tensor \"%s\": \"data_offsets\" must be [begin, end]", P,
                     N);
     uint64_t begin, end;
     if (json_u63(json_array_get(off, 0), &begin) || json_u63(json_array_get(off, 1), &end))
-        return fail(ST_ERR_INVALID, err, err_len, "%s: tensor \"%s\": data_offsets are not non-negative integers",
+        return err_fail_code(ST_ERR_INVALID, err, err_len, "%s: tensor \"%s\": data_offsets are not non-negative integers",
                     P, N);
     if (begin > end)
-        return fail(ST_ERR_INVALID, err, err_len, "%s: tensor \"%s\": data_offsets [%llu, %llu] are reversed", P,
+        return err_fail_code(ST_ERR_INVALID, err, err_len, "%s: tensor \"%s\": data_offsets [%llu, %llu] are reversed", P,
                     N, (unsigned long long)begin, (unsigned long long)end);
     if (end > data_len)
-        return fail(ST_ERR_INVALID, err, err_len,
+        return err_fail_code(ST_ERR_INVALID, err, err_len,
                     "%s: tensor \"%s\": data_offsets [%llu, %llu] run past the data section (%llu bytes; file "
                     "truncated?)",
                     P, N, (unsigned long long)begin, (unsigned long long)end, (unsigned long long)data_len);
     if (end - begin != bits / 8)
-        return fail(ST_ERR_INVALID, err, err_len,
+        return err_fail_code(ST_ERR_INVALID, err, err_len,
                     "%s: tensor \"%s\": data_offsets span %llu bytes but shape and dtype %s need %llu", P, N,
                     (unsigned long long)(end - begin), st_dtype_name(t->dtype), (unsigned long long)(bits / 8));
     t->data = data + begin;
@@ -220,7 +211,7 @@ static int check_overlap(SafetensorsSet *set, size_t first, const StFile *f, cha
     size_t n = set->n_tensors - first;
     if (n < 2) return 0;
     const StTensor **order = malloc(n * sizeof *order);
-    if (!order) return fail(ST_ERR_NOMEM, err, err_len, "%s: out of memory", f->path);
+    if (!order) return err_fail_code(ST_ERR_NOMEM, err, err_len, "%s: out of memory", f->path);
     for (size_t i = 0; i < n; i++) order[i] = &set->tensors[first + i];
     qsort(order, n, sizeof *order, cmp_tensor_data);
     int rc = 0;
@@ -229,7 +220,7 @@ static int check_overlap(SafetensorsSet *set, size_t first, const StFile *f, cha
         const StTensor *t = order[i];
         if (t->nbytes == 0) continue;
         if (prev && (const unsigned char *)t->data < (const unsigned char *)prev->data + prev->nbytes)
-            rc = fail(ST_ERR_INVALID, err, err_len, "%s: tensor \"%s\" overlaps tensor \"%s\" in the data section",
+            rc = err_fail_code(ST_ERR_INVALID, err, err_len, "%s: tensor \"%s\" overlaps tensor \"%s\" in the data section",
                       f->path, t->name, prev->name);
         prev = t;
     }
@@ -242,27 +233,27 @@ static int parse_file(SafetensorsSet *set, int fi, char *err, size_t err_len) {
     const StFile *f = &set->files[fi];
     const char *P = f->path;
     if (f->size < 8)
-        return fail(ST_ERR_INVALID, err, err_len, "%s: %zu bytes is too small for a safetensors file (truncated?)",
+        return err_fail_code(ST_ERR_INVALID, err, err_len, "%s: %zu bytes is too small for a safetensors file (truncated?)",
                     P, f->size);
     uint64_t hlen = 0;
     for (int i = 7; i >= 0; i--) hlen = (hlen << 8) | f->bytes[i];   // little-endian u64
     if (hlen > ST_MAX_HEADER_BYTES)
-        return fail(ST_ERR_INVALID, err, err_len, "%s: header length %llu exceeds the 100 MB limit", P,
+        return err_fail_code(ST_ERR_INVALID, err, err_len, "%s: header length %llu exceeds the 100 MB limit", P,
                     (unsigned long long)hlen);
     if (hlen > f->size - 8)
-        return fail(ST_ERR_INVALID, err, err_len, "%s: header length %llu runs past the end of the file (%zu bytes; "
+        return err_fail_code(ST_ERR_INVALID, err, err_len, "%s: header length %llu runs past the end of the file (%zu bytes; "
                     "truncated?)", P, (unsigned long long)hlen, f->size);
     const char *hdr = (const char *)f->bytes + 8;
     if (hlen == 0 || hdr[0] != '{')
-        return fail(ST_ERR_INVALID, err, err_len, "%s: header is not a JSON object", P);
+        return err_fail_code(ST_ERR_INVALID, err, err_len, "%s: header is not a JSON object", P);
     json_error_t je;
     // Duplicate keys would silently drop a tensor; jansson's message quotes the repeated name.
     json_t *root = json_read_buffer(hdr, (size_t)hlen, JSON_REJECT_DUPLICATES, &je);
     if (!root)
-        return fail(ST_ERR_INVALID, err, err_len, "%s: header is not valid JSON (byte %d): %s", P, je.position,
+        return err_fail_code(ST_ERR_INVALID, err, err_len, "%s: header is not valid JSON (byte %d): %s", P, je.position,
                     je.text);
     int rc = 0;
-    if (!json_is_object(root)) rc = fail(ST_ERR_INVALID, err, err_len, "%s: header is not a JSON object", P);
+    if (!json_is_object(root)) rc = err_fail_code(ST_ERR_INVALID, err, err_len, "%s: header is not a JSON object", P);
     const unsigned char *data = f->bytes + 8 + hlen;
     const uint64_t data_len = f->size - 8 - hlen;
     const size_t first = set->n_tensors;
@@ -273,14 +264,14 @@ static int parse_file(SafetensorsSet *set, int fi, char *err, size_t err_len) {
         if (strcmp(key, "__metadata__") == 0) {
             // str -> str only, as the format defines it.
             if (!json_is_object(val)) {
-                rc = fail(ST_ERR_INVALID, err, err_len, "%s: \"__metadata__\" is not an object", P);
+                rc = err_fail_code(ST_ERR_INVALID, err, err_len, "%s: \"__metadata__\" is not an object", P);
                 break;
             }
             const char *mk;
             json_t *mv;
             json_object_foreach(val, mk, mv) {
                 if (!json_is_string(mv)) {
-                    rc = fail(ST_ERR_INVALID, err, err_len, "%s: \"__metadata__\".\"%s\" is not a string", P, mk);
+                    rc = err_fail_code(ST_ERR_INVALID, err, err_len, "%s: \"__metadata__\".\"%s\" is not a string", P, mk);
                     break;
                 }
             }
@@ -288,11 +279,11 @@ static int parse_file(SafetensorsSet *set, int fi, char *err, size_t err_len) {
         }
         StTensor *t = push_tensor(set);
         if (!t) {
-            rc = fail(ST_ERR_NOMEM, err, err_len, "%s: out of memory", P);
+            rc = err_fail_code(ST_ERR_NOMEM, err, err_len, "%s: out of memory", P);
             break;
         }
         if (!(t->name = strdup(key))) {
-            rc = fail(ST_ERR_NOMEM, err, err_len, "%s: out of memory", P);
+            rc = err_fail_code(ST_ERR_NOMEM, err, err_len, "%s: out of memory", P);
             break;
         }
         set->n_tensors++;   // counted now so that st_close frees the name even if the entry is refused
@@ -308,7 +299,7 @@ static int finish_set(SafetensorsSet *set, char *err, size_t err_len) {
     if (set->n_tensors > 1) qsort(set->tensors, set->n_tensors, sizeof *set->tensors, cmp_tensor_name);
     for (size_t i = 1; i < set->n_tensors; i++)
         if (strcmp(set->tensors[i - 1].name, set->tensors[i].name) == 0)
-            return fail(ST_ERR_INVALID, err, err_len, "tensor \"%s\" appears in both %s and %s",
+            return err_fail_code(ST_ERR_INVALID, err, err_len, "tensor \"%s\" appears in both %s and %s",
                         set->tensors[i].name, set->tensors[i - 1].path, set->tensors[i].path);
     return 0;
 }
@@ -319,11 +310,11 @@ int st_parse_buffer(SafetensorsSet **out, const void *buf, size_t len, const cha
                     size_t err_len) {
     *out = NULL;
     SafetensorsSet *set = new_set();
-    if (!set) return fail(ST_ERR_NOMEM, err, err_len, "%s: out of memory", file_name);
+    if (!set) return err_fail_code(ST_ERR_NOMEM, err, err_len, "%s: out of memory", file_name);
     int fi = add_file(set, file_name, file_name);
     if (fi < 0) {
         st_close(set);
-        return fail(ST_ERR_NOMEM, err, err_len, "%s: out of memory", file_name);
+        return err_fail_code(ST_ERR_NOMEM, err, err_len, "%s: out of memory", file_name);
     }
     set->files[fi].bytes = buf;
     set->files[fi].size = len;
@@ -345,14 +336,14 @@ static int open_shard(SafetensorsSet *set, const char *dir, const char *name, ch
     else
         snprintf(path, sizeof path, "%s", name);
     int fi = add_file(set, name, path);
-    if (fi < 0) return fail(ST_ERR_NOMEM, err, err_len, "%s: out of memory", path);
+    if (fi < 0) return err_fail_code(ST_ERR_NOMEM, err, err_len, "%s: out of memory", path);
     StFile *f = &set->files[fi];
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return fail(ST_ERR_IO, err, err_len, "%s: cannot open: %s", path, strerror(errno));
+    if (fd < 0) return err_fail_code(ST_ERR_IO, err, err_len, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) {
         close(fd);
-        return fail(ST_ERR_IO, err, err_len, "%s: not a regular file", path);
+        return err_fail_code(ST_ERR_IO, err, err_len, "%s: not a regular file", path);
     }
     f->size = (size_t)st.st_size;
     if (f->size > 0) {
@@ -361,7 +352,7 @@ static int open_shard(SafetensorsSet *set, const char *dir, const char *name, ch
             int e = errno;
             close(fd);
             f->size = 0;
-            return fail(ST_ERR_IO, err, err_len, "%s: cannot mmap: %s", path, strerror(e));
+            return err_fail_code(ST_ERR_IO, err, err_len, "%s: cannot mmap: %s", path, strerror(e));
         }
         f->bytes = m;
         f->mapped = 1;
@@ -379,25 +370,25 @@ static int open_index(SafetensorsSet *set, const char *dir, char *err, size_t er
     char path[4096];
     snprintf(path, sizeof path, "%s/model.safetensors.index.json", dir);
     FILE *fp = fopen(path, "rb");
-    if (!fp) return fail(ST_ERR_IO, err, err_len, "%s: cannot open: %s", path, strerror(errno));
+    if (!fp) return err_fail_code(ST_ERR_IO, err, err_len, "%s: cannot open: %s", path, strerror(errno));
     char *text = malloc(INDEX_FILE_MAX + 1);
     size_t n = text ? fread(text, 1, INDEX_FILE_MAX + 1, fp) : 0;
     int bad_read = ferror(fp);
     fclose(fp);
     if (!text || bad_read || n > INDEX_FILE_MAX) {
         free(text);
-        return fail(text ? ST_ERR_IO : ST_ERR_NOMEM, err, err_len, "%s: %s", path,
+        return err_fail_code(text ? ST_ERR_IO : ST_ERR_NOMEM, err, err_len, "%s: %s", path,
                     !text ? "out of memory" : bad_read ? "read error" : "larger than 64 MiB, refused");
     }
     json_error_t je;
     json_t *root = json_read_buffer(text, n, JSON_REJECT_DUPLICATES, &je);
     free(text);
     if (!root)
-        return fail(ST_ERR_INVALID, err, err_len, "%s: invalid JSON at line %d column %d: %s", path, je.line,
+        return err_fail_code(ST_ERR_INVALID, err, err_len, "%s: invalid JSON at line %d column %d: %s", path, je.line,
                     je.column, je.text);
     int rc = 0;
     json_t *wm = json_is_object(root) ? json_object_get(root, "weight_map") : NULL;
-    if (!json_is_object(wm)) rc = fail(ST_ERR_INVALID, err, err_len, "%s: \"weight_map\" missing or not an object", path);
+    if (!json_is_object(wm)) rc = err_fail_code(ST_ERR_INVALID, err, err_len, "%s: \"weight_map\" missing or not an object", path);
     const char *tname;
     json_t *fname;
     // Open each distinct shard once, in first-mention order.
@@ -405,7 +396,7 @@ static int open_index(SafetensorsSet *set, const char *dir, char *err, size_t er
         if (rc) break;
         const char *fn = json_string_value(fname);
         if (!fn || !is_plain_file_name(fn)) {
-            rc = fail(ST_ERR_INVALID, err, err_len, "%s: weight_map entry for tensor \"%s\" is not a file name in "
+            rc = err_fail_code(ST_ERR_INVALID, err, err_len, "%s: weight_map entry for tensor \"%s\" is not a file name in "
                       "the folder", path, tname);
             break;
         }
@@ -414,7 +405,7 @@ static int open_index(SafetensorsSet *set, const char *dir, char *err, size_t er
         if (seen) continue;
         char msg[1024];
         rc = open_shard(set, dir, fn, msg, sizeof msg);
-        if (rc) fail(rc, err, err_len, "%s (listed for tensor \"%s\" in %s)", msg, tname, path);
+        if (rc) err_fail_code(rc, err, err_len, "%s (listed for tensor \"%s\" in %s)", msg, tname, path);
     }
     if (!rc) rc = finish_set(set, err, err_len);
     // Every tensor the index names must be in the shard the index names.
@@ -422,10 +413,10 @@ static int open_index(SafetensorsSet *set, const char *dir, char *err, size_t er
         if (rc) break;
         const StTensor *t = st_find(set, tname);
         if (!t)
-            rc = fail(ST_ERR_INVALID, err, err_len, "tensor \"%s\": %s lists it in %s/%s, which does not contain it",
+            rc = err_fail_code(ST_ERR_INVALID, err, err_len, "tensor \"%s\": %s lists it in %s/%s, which does not contain it",
                       tname, path, dir, json_string_value(fname));
         else if (strcmp(t->file, json_string_value(fname)) != 0)
-            rc = fail(ST_ERR_INVALID, err, err_len, "tensor \"%s\": %s lists it in %s but it is in %s", tname, path,
+            rc = err_fail_code(ST_ERR_INVALID, err, err_len, "tensor \"%s\": %s lists it in %s but it is in %s", tname, path,
                       json_string_value(fname), t->path);
     }
     json_decref(root);
@@ -434,16 +425,16 @@ static int open_index(SafetensorsSet *set, const char *dir, char *err, size_t er
 
 int st_open(SafetensorsSet **out, const char *model_dir, char *err, size_t err_len) {
     *out = NULL;
-    if (strlen(model_dir) > 3000) return fail(ST_ERR_IO, err, err_len, "%.64s...: path too long", model_dir);
+    if (strlen(model_dir) > 3000) return err_fail_code(ST_ERR_IO, err, err_len, "%.64s...: path too long", model_dir);
     SafetensorsSet *set = new_set();
-    if (!set) return fail(ST_ERR_NOMEM, err, err_len, "%s: out of memory", model_dir);
+    if (!set) return err_fail_code(ST_ERR_NOMEM, err, err_len, "%s: out of memory", model_dir);
     struct stat st;
     int rc;
     char single[4096], index[4096];
     snprintf(single, sizeof single, "%s/model.safetensors", model_dir);
     snprintf(index, sizeof index, "%s/model.safetensors.index.json", model_dir);
     if (stat(model_dir, &st) != 0) {
-        rc = fail(ST_ERR_IO, err, err_len, "%s: %s", model_dir, strerror(errno));
+        rc = err_fail_code(ST_ERR_IO, err, err_len, "%s: %s", model_dir, strerror(errno));
     } else if (S_ISREG(st.st_mode)) {
         rc = open_shard(set, NULL, model_dir, err, err_len);
         if (!rc) rc = finish_set(set, err, err_len);
@@ -453,7 +444,7 @@ int st_open(SafetensorsSet **out, const char *model_dir, char *err, size_t err_l
     } else if (stat(index, &st) == 0) {
         rc = open_index(set, model_dir, err, err_len);
     } else {
-        rc = fail(ST_ERR_IO, err, err_len, "%s: neither model.safetensors nor model.safetensors.index.json found",
+        rc = err_fail_code(ST_ERR_IO, err, err_len, "%s: neither model.safetensors nor model.safetensors.index.json found",
                   model_dir);
     }
     if (rc) {
@@ -475,7 +466,7 @@ static void shape_str(char *buf, size_t len, int ndim, const int64_t *shape) {
 
 int st_check_param(const StTensor *t, char *err, size_t err_len) {
     if (t->dtype == ST_F32 || t->dtype == ST_F16 || t->dtype == ST_BF16) return 0;
-    return fail(ST_ERR_INVALID, err, err_len, "%s: tensor \"%s\" has dtype %s; parameters must be BF16, F16 or F32",
+    return err_fail_code(ST_ERR_INVALID, err, err_len, "%s: tensor \"%s\" has dtype %s; parameters must be BF16, F16 or F32",
                 t->path, t->name, st_dtype_name(t->dtype));
 }
 
@@ -486,7 +477,7 @@ int st_check_shape(const StTensor *t, int ndim, const int64_t *shape, char *err,
     char have[160], want[160];
     shape_str(have, sizeof have, t->ndim, t->shape);
     shape_str(want, sizeof want, ndim, shape);
-    return fail(ST_ERR_INVALID, err, err_len, "%s: tensor \"%s\" has shape %s, expected %s", t->path, t->name, have,
+    return err_fail_code(ST_ERR_INVALID, err, err_len, "%s: tensor \"%s\" has shape %s, expected %s", t->path, t->name, have,
                 want);
 }
 
@@ -494,7 +485,7 @@ static int check_read(const StTensor *t, size_t n, char *err, size_t err_len) {
     int rc = st_check_param(t, err, err_len);
     if (rc) return rc;
     if ((uint64_t)n != t->numel)
-        return fail(ST_ERR_INVALID, err, err_len, "%s: tensor \"%s\" has %llu elements, the destination holds %zu",
+        return err_fail_code(ST_ERR_INVALID, err, err_len, "%s: tensor \"%s\" has %llu elements, the destination holds %zu",
                     t->path, t->name, (unsigned long long)t->numel, n);
     return 0;
 }

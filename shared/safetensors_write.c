@@ -4,6 +4,7 @@
 // {"__metadata__": {"format": "pt"}, tensors...} padded with spaces so that the data section starts on an 8-byte
 // boundary, then the tensors' bytes back to back in header order. "format": "pt" is what transformers'
 // from_pretrained checks for before it trusts a safetensors checkpoint.
+#include "shared/err.h"
 #include "shared/safetensors.h"
 
 #include <errno.h>
@@ -38,19 +39,9 @@ struct StWriter {
     size_t n, cap;
 };
 
-static int fail(int code, char *err, size_t err_len, const char *fmt, ...) {
-    if (err && err_len) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err, err_len, fmt, ap);
-        va_end(ap);
-    }
-    return code;
-}
-
 int st_writer_create(StWriter **out, char *err, size_t err_len) {
     *out = calloc(1, sizeof(StWriter));
-    return *out ? 0 : fail(ST_ERR_NOMEM, err, err_len, "safetensors writer: out of memory");
+    return *out ? 0 : err_fail_code(ST_ERR_NOMEM, err, err_len, "safetensors writer: out of memory");
 }
 
 void st_writer_free(StWriter *w) {
@@ -65,29 +56,29 @@ static int storable(StDtype d) { return d == ST_F32 || d == ST_BF16 || d == ST_F
 int st_writer_add(StWriter *w, const char *name, StDtype dtype, int ndim, const int64_t *shape, const void *data,
                   StDtype src_dtype, char *err, size_t err_len) {
     if (!name || !name[0] || strcmp(name, "__metadata__") == 0)
-        return fail(ST_ERR_INVALID, err, err_len, "safetensors writer: invalid tensor name \"%s\"", name ? name : "");
+        return err_fail_code(ST_ERR_INVALID, err, err_len, "safetensors writer: invalid tensor name \"%s\"", name ? name : "");
     if (!storable(dtype) || !storable(src_dtype))
-        return fail(ST_ERR_INVALID, err, err_len, "safetensors writer: tensor \"%s\": dtype %s from %s is not "
+        return err_fail_code(ST_ERR_INVALID, err, err_len, "safetensors writer: tensor \"%s\": dtype %s from %s is not "
                     "supported (F32, BF16, F16)", name, st_dtype_name(dtype), st_dtype_name(src_dtype));
     if (ndim < 0 || ndim > ST_MAX_DIMS)
-        return fail(ST_ERR_INVALID, err, err_len, "safetensors writer: tensor \"%s\": %d dims", name, ndim);
+        return err_fail_code(ST_ERR_INVALID, err, err_len, "safetensors writer: tensor \"%s\": %d dims", name, ndim);
     uint64_t numel = 1;
     for (int d = 0; d < ndim; d++) {
         if (shape[d] < 0 || __builtin_mul_overflow(numel, (uint64_t)shape[d], &numel) || numel > (UINT64_MAX >> 3))
-            return fail(ST_ERR_INVALID, err, err_len, "safetensors writer: tensor \"%s\": bad shape", name);
+            return err_fail_code(ST_ERR_INVALID, err, err_len, "safetensors writer: tensor \"%s\": bad shape", name);
     }
     if (numel && !data)
-        return fail(ST_ERR_INVALID, err, err_len, "safetensors writer: tensor \"%s\": no data", name);
+        return err_fail_code(ST_ERR_INVALID, err, err_len, "safetensors writer: tensor \"%s\": no data", name);
     if (w->n == w->cap) {
         size_t cap = w->cap ? 2 * w->cap : 64;
         WTensor *nt = realloc(w->tensors, cap * sizeof *nt);
-        if (!nt) return fail(ST_ERR_NOMEM, err, err_len, "safetensors writer: out of memory");
+        if (!nt) return err_fail_code(ST_ERR_NOMEM, err, err_len, "safetensors writer: out of memory");
         w->tensors = nt;
         w->cap = cap;
     }
     WTensor *t = &w->tensors[w->n];
     memset(t, 0, sizeof *t);
-    if (!(t->name = strdup(name))) return fail(ST_ERR_NOMEM, err, err_len, "safetensors writer: out of memory");
+    if (!(t->name = strdup(name))) return err_fail_code(ST_ERR_NOMEM, err, err_len, "safetensors writer: out of memory");
     t->dtype = dtype;
     t->src_dtype = src_dtype;
     t->ndim = ndim;
@@ -150,12 +141,12 @@ static int write_file(const StWriter *w, int shard, const char *path, char *err,
         // json_object_set_new refuses a key that is not valid UTF-8 (safetensors headers are UTF-8 JSON).
         if (json_object_set_new(hdr, t->name, e) != 0) {
             json_decref(hdr);
-            return fail(ST_ERR_INVALID, err, err_len, "%s: tensor name \"%s\" is not valid UTF-8", path, t->name);
+            return err_fail_code(ST_ERR_INVALID, err, err_len, "%s: tensor name \"%s\" is not valid UTF-8", path, t->name);
         }
     }
     char *text = json_dumps(hdr, JSON_COMPACT);
     json_decref(hdr);
-    if (!text) return fail(ST_ERR_NOMEM, err, err_len, "%s: out of memory", path);
+    if (!text) return err_fail_code(ST_ERR_NOMEM, err, err_len, "%s: out of memory", path);
     size_t tlen = strlen(text);
     size_t hlen = (tlen + 7) / 8 * 8;   // pad with spaces: data starts 8-byte aligned (8 + hlen)
 
@@ -167,8 +158,8 @@ static int write_file(const StWriter *w, int shard, const char *path, char *err,
         int e = errno;
         free(text);
         free(buf);
-        return buf ? fail(ST_ERR_IO, err, err_len, "%s: cannot create: %s", tmp, strerror(e))
-                   : fail(ST_ERR_NOMEM, err, err_len, "%s: out of memory", path);
+        return buf ? err_fail_code(ST_ERR_IO, err, err_len, "%s: cannot create: %s", tmp, strerror(e))
+                   : err_fail_code(ST_ERR_NOMEM, err, err_len, "%s: out of memory", path);
     }
     unsigned char len8[8];
     for (int i = 0; i < 8; i++) len8[i] = (unsigned char)((uint64_t)hlen >> (8 * i));
@@ -184,12 +175,12 @@ static int write_file(const StWriter *w, int shard, const char *path, char *err,
     bad |= fclose(fp) != 0;
     if (bad) {
         unlink(tmp);
-        return fail(ST_ERR_IO, err, err_len, "%s: write failed: %s", tmp, strerror(e));
+        return err_fail_code(ST_ERR_IO, err, err_len, "%s: write failed: %s", tmp, strerror(e));
     }
     if (rename(tmp, path) != 0) {
         e = errno;
         unlink(tmp);
-        return fail(ST_ERR_IO, err, err_len, "%s: cannot rename into place: %s", path, strerror(e));
+        return err_fail_code(ST_ERR_IO, err, err_len, "%s: cannot rename into place: %s", path, strerror(e));
     }
     return 0;
 }
@@ -208,24 +199,24 @@ static int write_index(const StWriter *w, const char *dir, char **names, uint64_
     json_decref(root);
     if (rc != 0) {
         unlink(tmp);
-        return fail(ST_ERR_IO, err, err_len, "%s: write failed", tmp);
+        return err_fail_code(ST_ERR_IO, err, err_len, "%s: write failed", tmp);
     }
     if (rename(tmp, path) != 0) {
         int e = errno;
         unlink(tmp);
-        return fail(ST_ERR_IO, err, err_len, "%s: cannot rename into place: %s", path, strerror(e));
+        return err_fail_code(ST_ERR_IO, err, err_len, "%s: cannot rename into place: %s", path, strerror(e));
     }
     return 0;
 }
 
 int st_writer_write(StWriter *w, const char *dir, uint64_t max_shard_bytes, char *err, size_t err_len) {
-    if (strlen(dir) > 4000) return fail(ST_ERR_IO, err, err_len, "%.64s...: path too long", dir);
+    if (strlen(dir) > 4000) return err_fail_code(ST_ERR_IO, err, err_len, "%.64s...: path too long", dir);
     if (w->n > 1) qsort(w->tensors, w->n, sizeof *w->tensors, cmp_wtensor);
     for (size_t i = 1; i < w->n; i++)
         if (strcmp(w->tensors[i - 1].name, w->tensors[i].name) == 0)
-            return fail(ST_ERR_INVALID, err, err_len, "%s: tensor \"%s\" was added twice", dir, w->tensors[i].name);
+            return err_fail_code(ST_ERR_INVALID, err, err_len, "%s: tensor \"%s\" was added twice", dir, w->tensors[i].name);
     if (mkdir(dir, 0755) != 0 && errno != EEXIST)
-        return fail(ST_ERR_IO, err, err_len, "%s: cannot create folder: %s", dir, strerror(errno));
+        return err_fail_code(ST_ERR_IO, err, err_len, "%s: cannot create folder: %s", dir, strerror(errno));
 
     // Greedy shard assignment in name order: start a new shard when the next tensor would overflow this one.
     uint64_t total = 0, cur = 0;
@@ -250,15 +241,15 @@ int st_writer_write(StWriter *w, const char *dir, uint64_t max_shard_bytes, char
         if (!rc) unlink(index);   // a stale index would describe other files
         return rc;
     }
-    if (n_shards > 99999) return fail(ST_ERR_INVALID, err, err_len, "%s: %d shards is too many", dir, n_shards);
+    if (n_shards > 99999) return err_fail_code(ST_ERR_INVALID, err, err_len, "%s: %d shards is too many", dir, n_shards);
     char **names = calloc((size_t)n_shards, sizeof *names);
-    if (!names) return fail(ST_ERR_NOMEM, err, err_len, "%s: out of memory", dir);
+    if (!names) return err_fail_code(ST_ERR_NOMEM, err, err_len, "%s: out of memory", dir);
     int rc = 0;
     for (int s = 0; s < n_shards && !rc; s++) {
         char name[64], path[4300];
         snprintf(name, sizeof name, "model-%05d-of-%05d.safetensors", s + 1, n_shards);
         if (!(names[s] = strdup(name))) {
-            rc = fail(ST_ERR_NOMEM, err, err_len, "%s: out of memory", dir);
+            rc = err_fail_code(ST_ERR_NOMEM, err, err_len, "%s: out of memory", dir);
             break;
         }
         snprintf(path, sizeof path, "%s/%s", dir, name);

@@ -5,13 +5,13 @@
 #include <string.h>
 #include <utf8proc.h>
 
+#include "shared/err.h"
 #include "shared/tokenizer_internal.h"
 
 void tok_set_err(char *err, size_t err_len, const char *fmt, ...) {
-    if (!err || err_len == 0) return;
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(err, err_len, fmt, ap);
+    err_vset(err, err_len, fmt, ap);
     va_end(ap);
 }
 
