@@ -14,9 +14,7 @@
 // Successive calls read different blocks of the pool (up to 64 table sets, "table_sets"), as the layers of a
 // decode step do, so that the smaller cases are not timed out of L2.
 // Times are host clock over `iters` back-to-back calls after a warm-up: the GPU time per call when it exceeds
-// the launch cost (a few microseconds), which the smallest cases do not. TANDEM_PAGED_ATTN=grouped selects the
-// grouped (fp32 CUDA-core) kernel and =legacy the per-head one for comparison ("impl" names the choice:
-// "default" is the tensor-core kernel for head dims up to 128). Exits 77 when no CUDA device is visible.
+// the launch cost (a few microseconds), which the smallest cases do not. Exits 77 when no CUDA device is visible.
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -109,11 +107,9 @@ static int run_one(OpsCtx *ctx, void *k_cache, void *v_cache, int n_pool, int Hq
         return -1;
     }
     const double kv_bytes = (double)B * C * Hkv * D * 2.0 * ops_dtype_size(ctx);
-    const char *env = getenv("TANDEM_PAGED_ATTN");
-    const char *impl = env && (!strcmp(env, "legacy") || !strcmp(env, "grouped")) ? env : "default";
-    printf("{\"impl\": \"%s\", \"hq\": %d, \"hkv\": %d, \"d\": %d, \"batch\": %d, \"ctx\": %d, \"max_len\": %d, "
+    printf("{\"hq\": %d, \"hkv\": %d, \"d\": %d, \"batch\": %d, \"ctx\": %d, \"max_len\": %d, "
            "\"table_sets\": %d, \"us\": %.2f, \"kv_mb\": %.2f, \"kv_gbs\": %.1f}\n",
-           impl, Hq, Hkv, D, B, C, max_blocks * BLOCK, n_sets,
+           Hq, Hkv, D, B, C, max_blocks * BLOCK, n_sets,
            dt * 1e6, kv_bytes / 1e6, kv_bytes / dt / 1e9);
     fflush(stdout);
     return 0;

@@ -4,7 +4,7 @@ same run, so that the end-to-end figures of bench_serve_gpu.py can be split into
 
     python3 bench/bench_decode_gpu.py --build build-gpu.carry [--shapes 0.5b,1.5b] [--batches 1,64,256,512]
                                       [--ctx 512] [--steps 64] [--eager-too] [--profile 1,512]
-                                      [--ab TANDEM_GEMV=0;TANDEM_PAGED_ATTN=legacy]
+                                      [--ab TANDEM_GEMM_AUTOTUNE=0]
 
 roofline (tokens/s) = min(B * copy_bw / (weight bytes + K/V bytes read), peak bf16 / (2 * params)); copy_bw is a
 device-to-device copy (read + write) and peak a large bf16 matmul, both timed with torch here. --profile reruns the
@@ -66,7 +66,7 @@ def main():
     ap.add_argument("--eager-too", action="store_true", help="also every batch size without CUDA graphs")
     ap.add_argument("--profile", default="", help="batch sizes to profile op by op (eager), e.g. 1,512")
     ap.add_argument("--ab", default="", help="environment variants to time beside the default, separated by ';', "
-                    "each NAME=VALUE or several joined by ',', e.g. 'TANDEM_GEMV=0;TANDEM_GEMV=0,TANDEM_GEMV_ROPE=0'")
+                    "each NAME=VALUE or several joined by ',', e.g. 'TANDEM_GEMM_AUTOTUNE=0;TANDEM_GEMM_AUTOTUNE=2'")
     args = ap.parse_args()
     build = pathlib.Path(args.build).resolve()
     use_devlib(build)

@@ -8,7 +8,7 @@ checkpointing, lm_head in model_train.c's row chunks) with its calls per step, a
 variants in alternation (one CUDA context each, same process):
   heuristic  TANDEM_GEMM_AUTOTUNE=0: cuBLASLt heuristic's first pick (the behaviour before autotuning)
   autotune   TANDEM_GEMM_AUTOTUNE=2: the fastest of the heuristic's candidates, timed on first use (logged)
-  ws128      autotune with a 128 MiB cuBLASLt workspace (TANDEM_GEMM_WORKSPACE_MB=128) instead of 32 MiB
+  ws128      autotune with a 128 MiB cuBLASLt workspace (bench_gemm --variant ws128: OpsSettings.gemm_workspace_mib = 128) instead of 32 MiB
 PyTorch runs the same shapes and dtypes on the same GPU, also as the median of 5 timed rounds: F.linear (bf16,
 bias when the GEMM has one), torch.mm / Tensor.addmm_ for din, and for dw an fp32-output addmm (out_dtype=float32,
 accumulating like tandem's beta 1) where this torch has it, else a bf16 mm added into the fp32 gradient.

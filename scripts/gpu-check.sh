@@ -107,7 +107,6 @@ if want kernels; then
   [ -x "$B/bench/bench_elementwise" ] && TAIL=30 run_py bench_elementwise "$B/bench/bench_elementwise"
   if [ -x "$B/bench/bench_attention_paged" ]; then
     TAIL=40 run_py bench_attention_paged "$B/bench/bench_attention_paged"
-    TAIL=40 TANDEM_PAGED_ATTN=legacy run_py bench_attention_paged_legacy "$B/bench/bench_attention_paged" --iters 10
   fi
 fi
 if want decode; then
