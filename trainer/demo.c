@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include "kernels/ops.h"
+#include "shared/cli.h"
 #include "shared/version.h"
 #include "trainer/make_dirs.h"
 #include "trainer/remove_tree.h"
@@ -33,126 +34,78 @@ static const DemoOptions kDefaults = {
     .grpo_lr = 5e-4, .temperature = 1.0, .stop_accuracy = 0.95, .stop_patience = 2,
 };
 
-typedef struct {
-    const char *flag;
-    char type;       // s: text, i: int, l: long, d: double
-    size_t off;
-    const char *help;
-} DemoFlag;
-
-#define F(name, type, field, help) {name, type, offsetof(DemoOptions, field), help}
-static const DemoFlag kFlags[] = {
-    F("--output-dir", 's', output_dir, "folder for everything the demo writes (a previous demo there is replaced)"),
-    F("--device", 's', device, "auto, cpu or cuda: trainer and rollout server (auto = cuda when a GPU is visible)"),
-    F("--seed", 'l', seed, "seed of the model init, the data, SFT and GRPO"),
-    F("--threads", 'i', threads, "CPU threads per process (OpenBLAS); 0 = every core"),
-    F("--digits", 'i', digits, "task: a + b with operands of exactly this many digits, every number written least significant digit first"),
-    F("--train-size", 'i', n_train, "training problems (GRPO prompts)"),
-    F("--heldout-size", 'i', n_heldout, "held-out problems (none of them is a training problem)"),
-    F("--validation-size", 'i', n_validation, "validation problems: decide when SFT and GRPO stop (disjoint from the others)"),
-    F("--sft-size", 'i', n_sft, "training problems with their answers for the SFT warm-up"),
-    F("--hidden-size", 'i', hidden, "model: hidden size"),
-    F("--layers", 'i', layers, "model: decoder layers"),
-    F("--heads", 'i', heads, "model: attention heads"),
-    F("--intermediate-size", 'i', intermediate, "model: MLP size"),
-    F("--init-std", 'd', init_std, "model: std of the random normal init of every matrix"),
-    F("--sft-target", 'd', sft_target, "SFT warm-up stops at the first check where validation accuracy reaches this"),
-    F("--sft-min-steps", 'i', sft_min_steps, "SFT warm-up: steps before the first check"),
-    F("--sft-check-every", 'i', sft_check_every, "SFT warm-up: steps between checks (every step once past a fifth of the target)"),
-    F("--sft-max-steps", 'i', sft_max_steps, "SFT warm-up: most steps (stops there whatever the accuracy)"),
-    F("--sft-batch-size", 'i', sft_batch, "SFT warm-up: sequences per step"),
-    F("--sft-learning-rate", 'd', sft_lr, "SFT warm-up: AdamW learning rate (20 warmup steps, then constant)"),
-    F("--grpo-steps", 'i', grpo_steps, "GRPO: most optimizer steps (the cap when the validation target is not reached)"),
-    F("--stop-accuracy", 'd', stop_accuracy, "GRPO stops once validation accuracy is at least this at --stop-patience evaluations in a row (above 1: never)"),
-    F("--stop-patience", 'i', stop_patience, "GRPO: evaluations in a row at --stop-accuracy that stop it"),
-    F("--prompts-per-step", 'i', prompts_per_step, "GRPO: prompts per step"),
-    F("--num-generations", 'i', num_generations, "GRPO: completions per prompt (group size)"),
-    F("--grpo-learning-rate", 'd', grpo_lr, "GRPO: peak AdamW learning rate (10 warmup steps, then a cosine towards 0 at --grpo-steps, one level per segment between evaluations)"),
-    F("--temperature", 'd', temperature, "GRPO: sampling temperature of the rollouts"),
-    F("--eval-every", 'i', eval_every, "GRPO: validation and held-out accuracy every k steps (and before)"),
+// Option rows: N(flag, field, min, help) is an int of at least min; R(...) a double in a range.
+#define OPT(flag_, type_, field, bounds_, lo, hi, lo_excl, help_)                                                 \
+    {.flag = flag_, .type = type_, .offset = offsetof(DemoOptions, field), .help = help_, .bounds = bounds_, .min = lo, \
+     .max = hi, .min_exclusive = lo_excl}
+#define N(flag, field, lo, help) OPT(flag, CLI_INT, field, CLI_BOUND_MIN, lo, 0, 0, help)
+#define POS(flag, field, help) OPT(flag, CLI_DOUBLE, field, CLI_BOUND_MIN, 0, 0, 1, help)
+static const CliOption kOptions[] = {
+    {.flag = "--output-dir", .type = CLI_TEXT, .offset = offsetof(DemoOptions, output_dir), .value_name = "DIR",
+     .help = "folder for everything the demo writes (a previous demo there is replaced)"},
+    {.flag = "--device", .type = CLI_TEXT, .offset = offsetof(DemoOptions, device), .value_name = "auto|cpu|cuda",
+     .help = "trainer and rollout server (auto = cuda when a GPU is visible)", .choices = "auto|cpu|cuda"},
+    OPT("--seed", CLI_LONG, seed, CLI_BOUND_MIN | CLI_BOUND_MAX, 0, 9007199254740992.0, 0,
+        "seed of the model init, the data, SFT and GRPO"),
+    N("--threads", threads, 0, "CPU threads per process (OpenBLAS); 0 = every core"),
+    OPT("--digits", CLI_INT, digits, CLI_BOUND_MIN | CLI_BOUND_MAX, 1, 9, 0,
+        "task: a + b with operands of exactly this many digits, every number written least significant digit first"),
+    N("--train-size", n_train, 1, "training problems (GRPO prompts)"),
+    N("--heldout-size", n_heldout, 1, "held-out problems (none of them is a training problem)"),
+    N("--validation-size", n_validation, 1, "validation problems: decide when SFT and GRPO stop (disjoint from the others)"),
+    N("--sft-size", n_sft, 1, "training problems with their answers for the SFT warm-up"),
+    N("--hidden-size", hidden, 1, "model: hidden size"),
+    N("--layers", layers, 1, "model: decoder layers"),
+    N("--heads", heads, 1, "model: attention heads"),
+    N("--intermediate-size", intermediate, 1, "model: MLP size"),
+    POS("--init-std", init_std, "model: std of the random normal init of every matrix"),
+    OPT("--sft-target", CLI_DOUBLE, sft_target, CLI_BOUND_MIN | CLI_BOUND_MAX, 0, 1, 0,
+        "SFT warm-up stops at the first check where validation accuracy reaches this"),
+    N("--sft-min-steps", sft_min_steps, 1, "SFT warm-up: steps before the first check"),
+    N("--sft-check-every", sft_check_every, 1, "SFT warm-up: steps between checks (every step once past a fifth of the target)"),
+    N("--sft-max-steps", sft_max_steps, 1, "SFT warm-up: most steps (stops there whatever the accuracy)"),
+    N("--sft-batch-size", sft_batch, 1, "SFT warm-up: sequences per step"),
+    POS("--sft-learning-rate", sft_lr, "SFT warm-up: AdamW learning rate (20 warmup steps, then constant)"),
+    N("--grpo-steps", grpo_steps, 1, "GRPO: most optimizer steps (the cap when the validation target is not reached)"),
+    OPT("--stop-accuracy", CLI_DOUBLE, stop_accuracy, CLI_BOUND_MIN, 0, 0, 0,
+        "GRPO stops once validation accuracy is at least this at --stop-patience evaluations in a row (above 1: never)"),
+    N("--stop-patience", stop_patience, 1, "GRPO: evaluations in a row at --stop-accuracy that stop it"),
+    N("--prompts-per-step", prompts_per_step, 1, "GRPO: prompts per step"),
+    N("--num-generations", num_generations, 2, "GRPO: completions per prompt (group size)"),
+    POS("--grpo-learning-rate", grpo_lr, "GRPO: peak AdamW learning rate (10 warmup steps, then a cosine towards 0 at --grpo-steps, one level per segment between evaluations)"),
+    POS("--temperature", temperature, "GRPO: sampling temperature of the rollouts"),
+    N("--eval-every", eval_every, 1, "GRPO: validation and held-out accuracy every k steps (and before)"),
 };
-#undef F
-enum { N_FLAGS = sizeof kFlags / sizeof kFlags[0] };
+#undef OPT
+#undef N
+#undef POS
 
-static void flag_value(const DemoOptions *o, const DemoFlag *f, char *buf, size_t len) {
-    const char *p = (const char *)o + f->off;
-    if (f->type == 's') snprintf(buf, len, "%s", *(const char *const *)p);
-    else if (f->type == 'i') snprintf(buf, len, "%d", *(const int *)p);
-    else if (f->type == 'l') snprintf(buf, len, "%ld", *(const long *)p);
-    else snprintf(buf, len, "%g", *(const double *)p);
-}
+static const CliSpec kSpec = {
+    .command = "tandem-train demo",
+    .synopsis = "[options]",
+    .description =
+        "The whole of tandem on a built-in task, with nothing to download: creates a tiny Llama and its\n"
+        "tokenizer, writes a + b problems (train, validation and held-out), SFT-warms the model, measures\n"
+        "accuracy over HTTP through a rollout server, runs GRPO against that server (weights synced every\n"
+        "step) until validation accuracy holds --stop-accuracy for --stop-patience evaluations (at most\n"
+        "--grpo-steps), and writes OUTPUT_DIR/metrics.jsonl, demo_summary.json and demo.svg (reward and\n"
+        "held-out accuracy per step). The held-out set is only measured: no decision looks at it.",
+    .options = kOptions,
+    .n_options = sizeof kOptions / sizeof kOptions[0],
+};
 
-static void usage(FILE *f) {
-    fprintf(f, "usage: tandem-train demo [options]\n\n"
-               "The whole of tandem on a built-in task, with nothing to download: creates a tiny Llama and its\n"
-               "tokenizer, writes a + b problems (train, validation and held-out), SFT-warms the model, measures\n"
-               "accuracy over HTTP through a rollout server, runs GRPO against that server (weights synced every\n"
-               "step) until validation accuracy holds --stop-accuracy for --stop-patience evaluations (at most\n"
-               "--grpo-steps), and writes OUTPUT_DIR/metrics.jsonl, demo_summary.json and demo.svg (reward and\n"
-               "held-out accuracy per step). The held-out set is only measured: no decision looks at it.\n\n");
-    DemoOptions d = kDefaults;
-    for (int i = 0; i < N_FLAGS; i++) {
-        char v[64], left[64];
-        flag_value(&d, &kFlags[i], v, sizeof v);
-        snprintf(left, sizeof left, "%s %s", kFlags[i].flag,
-                 kFlags[i].type == 's' ? "TEXT" : kFlags[i].type == 'd' ? "FLOAT" : "N");
-        fprintf(f, "  %-28s %s (default %s)\n", left, kFlags[i].help, v);
-    }
-    fprintf(f, "  %-28s this text\n", "--help, -h");
-    fprintf(f, "  %-28s the version, and how this binary was built\n", "--version");
-}
-
+// CLI_OK, CLI_HELP, CLI_VERSION, or CLI_ERROR after printing why.
 static int parse_args(DemoOptions *o, int argc, char **argv) {
     *o = kDefaults;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *eq = strchr(a, '=');
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) return 1;
-        if (!strcmp(a, "--version")) return 2;
-        size_t name_len = eq ? (size_t)(eq - a) : strlen(a);
-        const DemoFlag *f = NULL;
-        for (int k = 0; k < N_FLAGS; k++)
-            if (strlen(kFlags[k].flag) == name_len && !strncmp(kFlags[k].flag, a, name_len)) f = &kFlags[k];
-        if (!f) {
-            fprintf(stderr, "tandem-train demo: unknown option %s (see tandem-train demo --help)\n", a);
-            return -1;
-        }
-        const char *v = eq ? eq + 1 : i + 1 < argc ? argv[++i] : NULL;
-        if (!v) {
-            fprintf(stderr, "tandem-train demo: %s needs a value\n", f->flag);
-            return -1;
-        }
-        char *p = (char *)o + f->off, *end = NULL;
-        errno = 0;
-        if (f->type == 's') *(const char **)p = v;
-        else if (f->type == 'd') *(double *)p = strtod(v, &end);
-        else {
-            long x = strtol(v, &end, 10);
-            if (f->type == 'i' && (x < INT_MIN || x > INT_MAX)) errno = ERANGE;
-            if (f->type == 'i') *(int *)p = (int)x;
-            else *(long *)p = x;
-        }
-        if (f->type != 's' && (errno || end == v || *end)) {
-            fprintf(stderr, "tandem-train demo: %s %s: not a %s\n", f->flag, v, f->type == 'd' ? "number" : "integer");
-            return -1;
-        }
+    char err[512];
+    int rc = cli_parse(&kSpec, o, argc, argv, NULL, err, sizeof err);
+    if (rc == CLI_OK && o->sft_max_steps < o->sft_min_steps) {
+        snprintf(err, sizeof err, "tandem-train demo: --sft-max-steps %d is below --sft-min-steps %d", o->sft_max_steps,
+                 o->sft_min_steps);
+        rc = CLI_ERROR;
     }
-    const char *why = NULL;
-    if (strcmp(o->device, "auto") && strcmp(o->device, "cpu") && strcmp(o->device, "cuda")) why = "--device is auto, cpu or cuda";
-    else if (o->threads < 0) why = "--threads must be >= 0";
-    else if (o->seed < 0) why = "--seed must be >= 0";
-    else if (o->sft_min_steps < 1 || o->sft_check_every < 1 || o->sft_max_steps < o->sft_min_steps || o->sft_batch < 1 ||
-             !(o->sft_lr > 0) || !(o->sft_target >= 0 && o->sft_target <= 1))
-        why = "SFT: steps, batch size and learning rate > 0, --sft-max-steps >= --sft-min-steps, 0 <= --sft-target <= 1";
-    else if (o->grpo_steps < 1 || o->prompts_per_step < 1 || o->num_generations < 2 || !(o->grpo_lr > 0) ||
-             !(o->temperature > 0))
-        why = "--grpo-steps, --prompts-per-step, --grpo-learning-rate and --temperature must be > 0, --num-generations >= 2";
-    else if (o->eval_every < 1) why = "--eval-every must be >= 1";
-    else if (o->stop_patience < 1 || !(o->stop_accuracy >= 0)) why = "--stop-patience must be >= 1 and --stop-accuracy >= 0";
-    if (why) {
-        fprintf(stderr, "tandem-train demo: %s\n", why);
-        return -1;
-    }
-    return 0;
+    if (rc == CLI_ERROR) fprintf(stderr, "%s\n", err);
+    return rc;
 }
 
 // ---- the run ---------------------------------------------------------------------------------------------
@@ -282,7 +235,7 @@ static int run_child(Demo *d, char **argv, const char *name, const char *metrics
 static int start_server(Demo *d, const char *model, const char *control, const char *log, pid_t *pid, int *port,
                         char *err, size_t err_len) {
     char seed[24];
-    snprintf(seed, sizeof seed, "%ld", d->o.seed);
+    snprintf(seed, sizeof seed, "%lld", d->o.seed);
     char *argv[32] = {d->serve_bin, "--model", (char *)model, "--port", "0", "--device", d->device,
                       "--kv-cache-memory", "64M", "--max-num-seqs", "512", "--seed", seed, NULL};
     if (control) argv[13] = "--control", argv[14] = (char *)control, argv[15] = NULL;
@@ -370,7 +323,7 @@ static int run_sft(Demo *d, char *ckpt, size_t ckpt_len, char *err, size_t err_l
     char steps[16], batch[16], lr[32], seed[24];
     snprintf(batch, sizeof batch, "%d", d->o.sft_batch);
     snprintf(lr, sizeof lr, "%g", d->o.sft_lr);
-    snprintf(seed, sizeof seed, "%ld", d->o.seed);
+    snprintf(seed, sizeof seed, "%lld", d->o.seed);
     demo_say(d, "SFT warm-up: %d sequences a step, learning rate %g (20 warmup steps, then constant), until %.0f %% of the "
            "%d validation problems are answered exactly (checked every %d steps from step %d, every step past a fifth of it; at most %d steps)",
         d->o.sft_batch, d->o.sft_lr, 100 * d->o.sft_target, d->o.n_validation, d->o.sft_check_every,
@@ -498,7 +451,7 @@ static int run_grpo(Demo *d, const char *model, char *err, size_t err_len) {
     snprintf(gens, sizeof gens, "%d", d->o.num_generations);
     snprintf(batch, sizeof batch, "%d", d->o.num_generations * d->o.prompts_per_step);
     snprintf(temp, sizeof temp, "%g", d->o.temperature);
-    snprintf(seed, sizeof seed, "%ld", d->o.seed);
+    snprintf(seed, sizeof seed, "%lld", d->o.seed);
     snprintf(comp, sizeof comp, "%d", completion_tokens(&d->o));
     demo_say(d, "GRPO: %d prompts x %d completions a step (temperature %g), reward answer_match (exact answer), beta 0, "
              "learning rate %g (10 warmup steps, then a cosine towards 0 at step %d, one level per segment), weights "
@@ -562,11 +515,11 @@ int demo_main(int argc, char **argv) {
     Demo *d = calloc(1, sizeof *d);
     if (!d) return 1;
     int pr = parse_args(&d->o, argc, argv);
-    if (pr != 0) {
-        if (pr == 1) usage(stdout);
-        if (pr == 2) tandem_print_version(stdout, "tandem-train demo");
+    if (pr != CLI_OK) {
+        if (pr == CLI_HELP) cli_usage(&kSpec, &kDefaults, stdout);
+        if (pr == CLI_VERSION) tandem_print_version(stdout, "tandem-train demo");
         free(d);
-        return pr > 0 ? 0 : 2;
+        return pr == CLI_ERROR ? 2 : 0;
     }
     d->t0 = demo_now();
     char err[2048] = "";

@@ -8,7 +8,7 @@
 
 typedef struct {
     const char *output_dir, *device;
-    long seed;
+    long long seed;
     int threads;
     int digits, n_train, n_heldout, n_validation, n_sft; // task
     int hidden, layers, heads, intermediate;              // model

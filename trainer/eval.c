@@ -15,10 +15,12 @@
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 
+#include "shared/cli.h"
 #include "shared/json_read.h"
 #include "shared/version.h"
 #include "trainer/http_client.h"
@@ -26,10 +28,12 @@
 
 typedef struct {
     const char *url, *data, *model_name, *output, *rewards_csv;
+    const char *api_key;     // --api-key, else OPENAI_API_KEY (as the openai client reads it)
+    const char *format_mode; // --format-regex-mode: full or search
     const char *auth_header; // "Authorization: Bearer KEY\r\n", or NULL without a key
     int n, k, max_tokens, concurrency, timeout_s;
     double temperature, top_p;
-    int64_t seed;            // row r asks for seed + r * n
+    long long seed;          // row r asks for seed + r * n
     RewardOptions ro;
 } EvalOptions;
 
@@ -50,33 +54,55 @@ typedef struct {
     pthread_mutex_t mu;
 } EvalJob;
 
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: tandem-train eval --url http://HOST:PORT --data FILE.jsonl [options]\n\n"
-            "Scores a held-out JSONL through an OpenAI-compatible server (tandem-serve, vLLM, ...) with the\n"
-            "built-in rewards: the mean of every reward and pass@k of the first one.\n\n"
-            "  --url URL               server base URL (required)\n"
-            "  --data FILE             JSONL: \"prompt\" (text or chat messages) or \"messages\", plus reward columns\n"
-            "  --model-name NAME       the request's \"model\" field (default: none sent)\n"
-            "  --api-key KEY           sent as 'Authorization: Bearer KEY' (default: env OPENAI_API_KEY, else none)\n"
-            "  --rewards LIST          comma-separated built-ins (default answer_match)\n"
-            "  --answer-column NAME    column answer_match reads (default answer)\n"
-            "  --format-regex RE       pattern of regex_format; --format-regex-mode full|search (default full)\n"
-            "  --n N                   completions per prompt (default 1)\n"
-            "  --k K                   pass@k (default 1, at most n)\n"
-            "  --max-tokens N          per completion (default 256)\n"
-            "  --temperature T         (default 0 = greedy)\n"
-            "  --top-p P               (default 1)\n"
-            "  --seed S                sampling seed: row r (from 0) asks for seed S + r * n, so a run at\n"
-            "                          temperature > 0 gives the same completions when repeated (default 0)\n"
-            "  --concurrency C         requests in flight (default 8)\n"
-            "  --timeout S             per request, seconds (default 600)\n"
-            "  --output FILE           per-row results of the rows scored, as JSONL; not written when no row\n"
-            "                          was scored (default: none)\n"
-            "  --version               the version of tandem-train\n"
-            "  -h, --help              this text\n"
-            "Prints a table and, last, one JSON line with the figures.\n");
-}
+// Seeds stay below 2^53: every JSON reader keeps them exact, and seed + row * n cannot overflow.
+#define SEED_MAX 9007199254740992.0
+
+#define TEXT(flag_, field, value, help_) \
+    {.flag = flag_, .type = CLI_TEXT, .offset = offsetof(EvalOptions, field), .value_name = value, .help = help_}
+#define N(flag_, field, help_)                                                                                      \
+    {.flag = flag_, .type = CLI_INT, .offset = offsetof(EvalOptions, field), .help = help_, .bounds = CLI_BOUND_MIN, \
+     .min = 1}
+static const CliOption kOptions[] = {
+    {.flag = "--url", .type = CLI_TEXT, .offset = offsetof(EvalOptions, url), .value_name = "URL",
+     .help = "server base URL (http://HOST:PORT)", .required = 1},
+    {.flag = "--data", .type = CLI_TEXT, .offset = offsetof(EvalOptions, data), .value_name = "FILE",
+     .help = "JSONL: \"prompt\" (text or chat messages) or \"messages\", plus reward columns", .required = 1},
+    TEXT("--model-name", model_name, "NAME", "the request's \"model\" field"),
+    {.flag = "--api-key", .type = CLI_TEXT, .offset = offsetof(EvalOptions, api_key), .value_name = "KEY",
+     .help = "sent as 'Authorization: Bearer KEY'", .default_note = "env OPENAI_API_KEY, else none"},
+    TEXT("--rewards", rewards_csv, "LIST", "comma-separated built-in rewards"),
+    TEXT("--answer-column", ro.answer_column, "NAME", "the column answer_match reads"),
+    TEXT("--format-regex", ro.format_regex, "RE", "pattern of regex_format"),
+    {.flag = "--format-regex-mode", .type = CLI_TEXT, .offset = offsetof(EvalOptions, format_mode),
+     .value_name = "full|search", .help = "regex_format matches the whole completion or searches it",
+     .choices = "full|search"},
+    N("--n", n, "completions per prompt"),
+    N("--k", k, "pass@k (at most n)"),
+    N("--max-tokens", max_tokens, "tokens per completion at most"),
+    {.flag = "--temperature", .type = CLI_DOUBLE, .offset = offsetof(EvalOptions, temperature),
+     .help = "sampling temperature (0 = greedy)", .bounds = CLI_BOUND_MIN, .min = 0},
+    {.flag = "--top-p", .type = CLI_DOUBLE, .offset = offsetof(EvalOptions, top_p), .help = "nucleus sampling",
+     .bounds = CLI_BOUND_MIN | CLI_BOUND_MAX, .min = 0, .max = 1, .min_exclusive = 1},
+    {.flag = "--seed", .type = CLI_LONG, .offset = offsetof(EvalOptions, seed),
+     .help = "sampling seed: row r (from 0) asks for seed + r * n, so a run at temperature > 0 gives the same "
+             "completions when repeated",
+     .bounds = CLI_BOUND_MIN | CLI_BOUND_MAX, .min = 0, .max = SEED_MAX},
+    N("--concurrency", concurrency, "requests in flight"),
+    N("--timeout", timeout_s, "seconds per request"),
+    TEXT("--output", output, "FILE", "per-row results of the rows scored, as JSONL; not written when no row was scored"),
+};
+#undef TEXT
+#undef N
+
+static const CliSpec kSpec = {
+    .command = "tandem-train eval",
+    .synopsis = "--url http://HOST:PORT --data FILE.jsonl [options]",
+    .description = "Scores a held-out JSONL through an OpenAI-compatible server (tandem-serve, vLLM, ...) with the\n"
+                   "built-in rewards: the mean of every reward and pass@k of the first one.",
+    .epilog = "Prints a table and, last, one JSON line with the figures.",
+    .options = kOptions,
+    .n_options = sizeof kOptions / sizeof kOptions[0],
+};
 
 // Builds the request for row `index` (from 0) and returns the endpoint path ("/v1/completions" or
 // "/v1/chat/completions").
@@ -250,18 +276,6 @@ static long report_failures(const EvalJob *j) {
     return failed;
 }
 
-// Seeds stay below 2^53: every JSON reader keeps them exact, and seed + row * n cannot overflow.
-#define SEED_MAX ((int64_t)1 << 53)
-
-static int parse_seed(const char *text, int64_t *out) {
-    char *end = NULL;
-    errno = 0;
-    long long v = strtoll(text, &end, 10);
-    if (!*text || errno || *end || v < 0 || v > SEED_MAX) return -1;
-    *out = v;
-    return 0;
-}
-
 static double pass_at_k(int n, int c, int k) {
     if (n - c < k) return 1.0;
     double p = 1.0; // C(n - c, k) / C(n, k) = prod_{i = n - c + 1}^{n} (1 - k / i)
@@ -271,57 +285,21 @@ static double pass_at_k(int n, int c, int k) {
 
 int eval_main(int argc, char **argv) {
     EvalOptions o = {.n = 1, .k = 1, .max_tokens = 256, .concurrency = 8, .timeout_s = 600, .temperature = 0,
-                     .top_p = 1, .rewards_csv = "answer_match"};
+                     .top_p = 1, .rewards_csv = "answer_match", .format_mode = "full"};
     reward_options_default(&o.ro);
-    const char *api_key = getenv("OPENAI_API_KEY"); // as the openai client reads it
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i], *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            usage(stdout);
-            return 0;
-        }
-        if (!strcmp(a, "--version")) {
-            tandem_print_version(stdout, "tandem-train");
-            return 0;
-        }
-        if (!v) {
-            fprintf(stderr, "tandem-train eval: %s needs a value (see tandem-train eval --help)\n", a);
-            return 2;
-        }
-        i++;
-        if (!strcmp(a, "--url")) o.url = v;
-        else if (!strcmp(a, "--data")) o.data = v;
-        else if (!strcmp(a, "--model-name")) o.model_name = v;
-        else if (!strcmp(a, "--api-key")) api_key = v;
-        else if (!strcmp(a, "--rewards")) o.rewards_csv = v;
-        else if (!strcmp(a, "--answer-column")) o.ro.answer_column = v;
-        else if (!strcmp(a, "--format-regex")) o.ro.format_regex = v;
-        else if (!strcmp(a, "--format-regex-mode")) o.ro.format_regex_search = !strcmp(v, "search");
-        else if (!strcmp(a, "--n")) o.n = atoi(v);
-        else if (!strcmp(a, "--k")) o.k = atoi(v);
-        else if (!strcmp(a, "--max-tokens")) o.max_tokens = atoi(v);
-        else if (!strcmp(a, "--temperature")) o.temperature = atof(v);
-        else if (!strcmp(a, "--top-p")) o.top_p = atof(v);
-        else if (!strcmp(a, "--seed")) {
-            if (parse_seed(v, &o.seed) != 0) {
-                fprintf(stderr, "tandem-train eval: --seed '%s' must be an integer in 0..%" PRId64 "\n", v, SEED_MAX);
-                return 2;
-            }
-        }
-        else if (!strcmp(a, "--concurrency")) o.concurrency = atoi(v);
-        else if (!strcmp(a, "--timeout")) o.timeout_s = atoi(v);
-        else if (!strcmp(a, "--output")) o.output = v;
-        else {
-            fprintf(stderr, "tandem-train eval: unknown option %s (see --help)\n", a);
-            return 2;
-        }
-    }
-    if (!o.url || !o.data || o.n < 1 || o.k < 1 || o.k > o.n || o.max_tokens < 1 || o.concurrency < 1 ||
-        o.timeout_s < 1 || o.temperature < 0 || !(o.top_p > 0 && o.top_p <= 1)) {
-        fprintf(stderr, "tandem-train eval: need --url and --data, 1 <= k <= n, max-tokens >= 1, concurrency >= 1, "
-                        "temperature >= 0, 0 < top-p <= 1 (see --help)\n");
+    const EvalOptions defaults = o;
+    char cli_err[512];
+    int pr = cli_parse(&kSpec, &o, argc, argv, NULL, cli_err, sizeof cli_err);
+    if (pr == CLI_HELP) cli_usage(&kSpec, &defaults, stdout);
+    if (pr == CLI_VERSION) tandem_print_version(stdout, "tandem-train");
+    if (pr == CLI_ERROR) fprintf(stderr, "%s\n", cli_err);
+    if (pr != CLI_OK) return pr == CLI_ERROR ? 2 : 0;
+    if (o.k > o.n) {
+        fprintf(stderr, "tandem-train eval: --k %d is above --n %d (pass@k needs k <= n)\n", o.k, o.n);
         return 2;
     }
+    o.ro.format_regex_search = !strcmp(o.format_mode, "search");
+    const char *api_key = o.api_key ? o.api_key : getenv("OPENAI_API_KEY");
     if (api_key && *api_key) {
         // A key is one header value: control characters would end the header and inject others.
         for (const char *p = api_key; *p; p++)

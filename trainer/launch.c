@@ -29,6 +29,7 @@
 #include <unistd.h>
 
 #include "kernels/ops.h"
+#include "shared/cli.h"
 #include "shared/version.h"
 #include "trainer/control_keygen.h"
 #include "trainer/make_dirs.h"
@@ -49,47 +50,74 @@ static volatile sig_atomic_t interrupted;
 
 static void on_signal(int sig) { interrupted = sig; }
 
-static void usage(FILE *f) {
-    fprintf(f,
-            "usage: tandem-train launch --model DIR [options] -- [tandem-train options]\n\n"
-            "Starts the rollout servers and the trainer ranks of one run on this node; stops them all when one\n"
-            "fails or on Ctrl-C. Local rank 0's output streams here; the others' go to --log-dir.\n"
-            "Several nodes: run the same command on each, with its own --node-rank. Each rank gets RANK =\n"
-            "node_rank * ranks + local rank, WORLD_SIZE = nnodes * ranks, LOCAL_RANK, MASTER_ADDR, MASTER_PORT.\n\n"
-            "  --model DIR            model folder, given to the servers and the ranks (required)\n"
-            "  --ranks N              trainer ranks on this node (default 1)\n"
-            "  --nnodes N             nodes in the run (default: env NNODES, else 1)\n"
-            "  --node-rank R          this node's index, 0 .. nnodes-1 (default: env NODE_RANK, else\n"
-            "                         JOB_COMPLETION_INDEX (Kubernetes indexed Job), else 0)\n"
-            "  --master-addr HOST     node 0's host name or IP address (default: env MASTER_ADDR, else 127.0.0.1)\n"
-            "  --master-port P        rendezvous port of rank 0 (default: env MASTER_PORT, else 29500)\n"
-            "  --servers K            rollout servers, started on node 0 (default 1; 0 for --mode sft or for\n"
-            "                         servers of your own, given as --rollout-servers after --)\n"
-            "  --server-device D      the servers' devices: cpu, cuda:N, a comma list with one entry per server\n"
-            "                         (cuda:7,cuda:6), or cuda: the GPUs after the trainer ranks' (local rank r\n"
-            "                         uses GPU r, so server i takes GPU ranks + i) when this node has that many,\n"
-            "                         else GPU 0 for all (default cpu)\n"
-            "  --server-arg ARG       one more tandem-serve argument (repeatable; default none),\n"
-            "                         e.g. --server-arg=--kv-cache-memory=2G\n"
-            "  --control-port P       ZeroMQ control port of server 0; server i uses P + i (default 5555). With\n"
-            "                         --nnodes > 1 the servers listen on every interface of node 0\n"
-            "  --log-dir DIR          logs of the servers and of local ranks > 0 (default launch-logs)\n"
-            "  --dns-timeout S        with WORLD_SIZE > 1, seconds to wait for --master-addr to resolve before\n"
-            "                         starting the ranks (a pod's DNS name appears shortly after it starts) (default 300)\n"
-            "  --control-keys DIR     CURVE keys of the control channel, a folder made by tandem-train keygen DIR,\n"
-            "                         the same on every node: servers admit only the ranks' key (default: one\n"
-            "                         node makes a fresh folder for each run, --log-dir/control-keys; several\n"
-            "                         nodes need this option or --control-insecure)\n"
-            "  --control-insecure     no keys on the control channel: with --nnodes > 1 anyone who reaches node 0\n"
-            "                         can control its servers; on one node any local process can, and weight\n"
-            "                         pushes over zmq skip CURVE's encryption (about 10x the bandwidth)\n"
-            "                         (default: off)\n"
-            "  --version              the version of tandem-train\n"
-            "  -h, --help             this text\n\n"
-            "CPU threads: every server and rank started here gets OPENBLAS_NUM_THREADS and OMP_NUM_THREADS =\n"
-            "this node's cores / processes started here (at least 1), so that they do not all take every core;\n"
-            "a variable you set yourself is passed on as it is. The start-up line says which values were used.\n");
-}
+typedef struct {
+    const char *model, *server_device, *log_dir, *control_keys;
+    const char *nnodes, *node_rank, *master_addr, *master_port;   // flag or environment, checked after parsing
+    int ranks, servers, control_port, dns_timeout, control_insecure;
+    CliList server_args;
+} LaunchOptions;
+
+#define TEXT(flag_, field, value, help_, note)                                                                     \
+    {.flag = flag_, .type = CLI_TEXT, .offset = offsetof(LaunchOptions, field), .value_name = value, .help = help_, \
+     .default_note = note}
+#define INT(flag_, field, lo, hi, help_)                                                                            \
+    {.flag = flag_, .type = CLI_INT, .offset = offsetof(LaunchOptions, field), .help = help_,                       \
+     .bounds = CLI_BOUND_MIN | CLI_BOUND_MAX, .min = lo, .max = hi}
+static const CliOption kOptions[] = {
+    {.flag = "--model", .type = CLI_TEXT, .offset = offsetof(LaunchOptions, model), .value_name = "DIR",
+     .help = "model folder, given to the servers and the ranks", .required = 1},
+    INT("--ranks", ranks, 1, 128, "trainer ranks on this node"),
+    TEXT("--nnodes", nnodes, "N", "nodes in the run", "env NNODES, else 1"),
+    TEXT("--node-rank", node_rank, "R", "this node's index, 0 .. nnodes-1",
+         "env NODE_RANK, else JOB_COMPLETION_INDEX (Kubernetes indexed Job), else 0"),
+    TEXT("--master-addr", master_addr, "HOST", "node 0's host name or IP address", "env MASTER_ADDR, else 127.0.0.1"),
+    TEXT("--master-port", master_port, "P", "rendezvous port of rank 0", "env MASTER_PORT, else 29500"),
+    INT("--servers", servers, 0, 64,
+        "rollout servers, started on node 0 (0 for --mode sft or for servers of your own, given as --rollout-servers "
+        "after --)"),
+    TEXT("--server-device", server_device, "D",
+         "the servers' devices: cpu, cuda:N, a comma list with one entry per server (cuda:7,cuda:6), or cuda: the GPUs "
+         "after the trainer ranks' (local rank r uses GPU r, so server i takes GPU ranks + i) when this node has that "
+         "many, else GPU 0 for all", NULL),
+    {.flag = "--server-arg", .type = CLI_LIST, .offset = offsetof(LaunchOptions, server_args), .value_name = "ARG",
+     .help = "one more tandem-serve argument, e.g. --server-arg=--kv-cache-memory=2G"},
+    {.flag = "--control-port", .type = CLI_INT, .offset = offsetof(LaunchOptions, control_port), .value_name = "P",
+     .help = "ZeroMQ control port of server 0; server i uses P + i. With --nnodes > 1 the servers listen on every "
+             "interface of node 0",
+     .bounds = CLI_BOUND_MIN | CLI_BOUND_MAX, .min = 1, .max = 65535},
+    TEXT("--log-dir", log_dir, "DIR", "logs of the servers and of local ranks > 0", NULL),
+    INT("--dns-timeout", dns_timeout, 0, 86400,
+        "with WORLD_SIZE > 1, seconds to wait for --master-addr to resolve before starting the ranks (a pod's DNS "
+        "name appears shortly after it starts)"),
+    TEXT("--control-keys", control_keys, "DIR",
+         "CURVE keys of the control channel, a folder made by tandem-train keygen DIR, the same on every node: "
+         "servers admit only the ranks' key",
+         "one node makes a fresh folder for each run, --log-dir/control-keys; several nodes need this option or "
+         "--control-insecure"),
+    {.flag = "--control-insecure", .type = CLI_SWITCH, .offset = offsetof(LaunchOptions, control_insecure),
+     .help = "no keys on the control channel: with --nnodes > 1 anyone who reaches node 0 can control its servers; "
+             "on one node any local process can, and weight pushes over zmq skip CURVE's encryption (about 10x the "
+             "bandwidth)"},
+};
+#undef TEXT
+#undef INT
+
+static const CliSpec kSpec = {
+    .command = "tandem-train launch",
+    .synopsis = "--model DIR [options] -- [tandem-train options]",
+    .description =
+        "Starts the rollout servers and the trainer ranks of one run on this node; stops them all when one\n"
+        "fails or on Ctrl-C. Local rank 0's output streams here; the others' go to --log-dir.\n"
+        "Several nodes: run the same command on each, with its own --node-rank. Each rank gets RANK =\n"
+        "node_rank * ranks + local rank, WORLD_SIZE = nnodes * ranks, LOCAL_RANK, MASTER_ADDR, MASTER_PORT.",
+    .epilog =
+        "Options after -- go to the trainer ranks (tandem-train's own options).\n"
+        "CPU threads: every server and rank started here gets OPENBLAS_NUM_THREADS and OMP_NUM_THREADS =\n"
+        "this node's cores / processes started here (at least 1), so that they do not all take every core;\n"
+        "a variable you set yourself is passed on as it is. The start-up line says which values were used.",
+    .options = kOptions,
+    .n_options = sizeof kOptions / sizeof kOptions[0],
+};
 
 // Server s's --device: entry s of a comma list (or the only entry); "cuda" places server s on GPU ranks + s
 // (the trainer's local rank r uses GPU r) when the node has that many GPUs, else on GPU 0 beside the ranks.
@@ -321,59 +349,23 @@ static int resolve_control_keys(const char *keys_arg, int insecure, int servers,
 }
 
 int launch_main(int argc, char **argv) {
-    const char *model = NULL, *server_device = "cpu", *log_dir = "launch-logs";
-    const char *nnodes_arg = NULL, *node_rank_arg = NULL, *master_addr_arg = NULL, *master_port_arg = NULL;
-    int ranks = 1, servers = 1, master_port = 29500, control_port = 5555, dns_timeout = 300, n_server_args = 0;
-    int train_start = argc, control_insecure = 0;
-    const char *server_args[64], *control_keys_arg = NULL;
-    for (int i = 1; i < argc; i++) {
-        const char *a = argv[i];
-        const char *v = i + 1 < argc ? argv[i + 1] : NULL;
-        if (!strcmp(a, "--")) {
-            train_start = i + 1;
-            break;
-        }
-        if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-            usage(stdout);
-            return 0;
-        }
-        if (!strcmp(a, "--version")) {
-            tandem_print_version(stdout, "tandem-train");
-            return 0;
-        }
-        if (!strcmp(a, "--control-insecure")) {
-            control_insecure = 1;
-            continue;
-        }
-        if (!strncmp(a, "--server-arg=", 13)) {
-            if (n_server_args < 64) server_args[n_server_args++] = a + 13;
-            continue;
-        }
-        if (!v) {
-            fprintf(stderr, "tandem-train launch: %s needs a value (see tandem-train launch --help)\n", a);
-            return 2;
-        }
-        i++;
-        int bad = 0;
-        if (!strcmp(a, "--model")) model = v;
-        else if (!strcmp(a, "--ranks")) bad = parse_int(a, v, 1, 128, &ranks);
-        else if (!strcmp(a, "--servers")) bad = parse_int(a, v, 0, 64, &servers);
-        else if (!strcmp(a, "--server-device")) server_device = v;
-        else if (!strcmp(a, "--server-arg")) { if (n_server_args < 64) server_args[n_server_args++] = v; }
-        else if (!strcmp(a, "--nnodes")) nnodes_arg = v;
-        else if (!strcmp(a, "--node-rank")) node_rank_arg = v;
-        else if (!strcmp(a, "--master-addr")) master_addr_arg = v;
-        else if (!strcmp(a, "--master-port")) master_port_arg = v;
-        else if (!strcmp(a, "--control-port")) bad = parse_int(a, v, 1, 65535, &control_port);
-        else if (!strcmp(a, "--log-dir")) log_dir = v;
-        else if (!strcmp(a, "--dns-timeout")) bad = parse_int(a, v, 0, 86400, &dns_timeout);
-        else if (!strcmp(a, "--control-keys")) control_keys_arg = v;
-        else {
-            fprintf(stderr, "tandem-train launch: unknown option %s (tandem-train options go after --)\n", a);
-            return 2;
-        }
-        if (bad) return 2;
-    }
+    LaunchOptions o = {.server_device = "cpu", .log_dir = "launch-logs", .ranks = 1, .servers = 1,
+                       .control_port = 5555, .dns_timeout = 300};
+    const LaunchOptions defaults = o;
+    int train_start = argc;
+    char cli_err[512];
+    int pr = cli_parse(&kSpec, &o, argc, argv, &train_start, cli_err, sizeof cli_err);
+    if (pr == CLI_HELP) cli_usage(&kSpec, &defaults, stdout);
+    if (pr == CLI_VERSION) tandem_print_version(stdout, "tandem-train");
+    if (pr == CLI_ERROR)
+        fprintf(stderr, "%s%s\n", cli_err, strstr(cli_err, "unknown option") ? " (tandem-train options go after --)" : "");
+    if (pr != CLI_OK) return pr == CLI_ERROR ? 2 : 0;
+    const char *model = o.model, *server_device = o.server_device, *log_dir = o.log_dir;
+    const char *nnodes_arg = o.nnodes, *node_rank_arg = o.node_rank, *master_addr_arg = o.master_addr;
+    const char *master_port_arg = o.master_port, *control_keys_arg = o.control_keys;
+    int ranks = o.ranks, servers = o.servers, master_port = 29500, control_port = o.control_port;
+    int dns_timeout = o.dns_timeout, control_insecure = o.control_insecure, n_server_args = o.server_args.n;
+    const char *const *server_args = o.server_args.items;
     // Flags win over the environment; NODE_RANK over JOB_COMPLETION_INDEX (set by a Kubernetes indexed Job).
     static const char *const env_nnodes[] = {"NNODES", NULL}, *const env_node[] = {"NODE_RANK", "JOB_COMPLETION_INDEX", NULL},
                              *const env_addr[] = {"MASTER_ADDR", NULL}, *const env_port[] = {"MASTER_PORT", NULL};
@@ -395,9 +387,9 @@ int launch_main(int argc, char **argv) {
         fprintf(stderr, "tandem-train launch: %s '%s' is not a host name or IP address\n", what, master_addr);
         return 2;
     }
-    if (!model || control_port + servers > 65535) {
-        fprintf(stderr, "tandem-train launch: need --model, 1 <= --ranks <= 128, 0 <= --servers <= 64 and valid ports "
-                        "(see --help)\n");
+    if (control_port + servers > 65535) {
+        fprintf(stderr, "tandem-train launch: --control-port %d + --servers %d runs past port 65535\n", control_port,
+                servers);
         return 2;
     }
     int world = nnodes * ranks, first_rank = node_rank * ranks;

@@ -157,12 +157,19 @@ def test_the_model_folder_loads_in_hf_tokenizers_and_transformers(tmp_path):
 def test_help_lists_every_option_with_its_default():
     proc = subprocess.run([demo_binary(), "demo", "--help"], capture_output=True, text=True, timeout=30)
     assert proc.returncode == 0
-    options = [line.split()[0] for line in proc.stdout.splitlines() if line.startswith("  --")]
+    # One entry per option: its line and the continuation lines (a long help wraps, indented past the flags).
+    entries = []
+    for line in proc.stdout.splitlines():
+        if line.startswith("  --"):
+            entries.append(line)
+        elif entries and line.startswith(" " * 31) and line.strip():
+            entries[-1] += " " + line.strip()
+    options = [e.split()[0] for e in entries]
     for flag in ("--output-dir", "--device", "--seed", "--grpo-steps", "--sft-target"):
         assert flag in options
-    for line in proc.stdout.splitlines():
-        if line.startswith("  --") and not line.startswith(("  --help", "  --version")):
-            assert "(default " in line, line
+    for entry in entries:
+        if not entry.startswith(("  --help", "  --version")):
+            assert "(default " in entry, entry
     bad = subprocess.run([demo_binary(), "demo", "--grpo-stepz", "3"], capture_output=True, text=True, timeout=30)
     assert bad.returncode == 2 and "unknown option --grpo-stepz" in bad.stderr
     short = subprocess.run([demo_binary(), "demo", "-h"], capture_output=True, text=True, timeout=30)

@@ -132,7 +132,7 @@ def test_eval_seed_makes_sampling_reproducible(tiny_model_dir, tmp_path):
     flat = [t for row in a for t in row]
     assert len(set(flat)) > 1, flat  # one prompt four times: the rows' seeds differ
     code, out, err = run_eval(["--url", "http://127.0.0.1:9", "--data", str(data), "--seed", "-1"])
-    assert code == 2 and "--seed '-1' must be an integer" in err
+    assert code == 2 and "--seed -1 is out of range" in err
 
 
 def test_eval_reports_each_error_once_and_writes_no_empty_output(tmp_path):
