@@ -8,9 +8,8 @@
 
 struct BlockManager {
     int n_blocks, block_size, prefix_caching;
-    KVCache *kv;            // NULL: bookkeeping only
-    OpsCtx *ops;
-    size_t token_bytes;     // one token's K (or V) row in one layer: Hkv * D * dtype size
+    BmCopyRows copy_rows;   // NULL: bookkeeping only
+    void *copy_user;
     int32_t *ref;           // (n_blocks) reference counts
     uint8_t *hashed;        // (n_blocks) 1 when registered in the prefix table
     uint64_t *hash;         // (n_blocks) chained hash of a registered block
@@ -38,8 +37,8 @@ uint64_t bm_block_hash(uint64_t parent, const int32_t *tokens, int n) {
     return mix64(h);
 }
 
-int bm_create(BlockManager **out, int n_blocks, int block_size, int enable_prefix_caching, KVCache *kv,
-              OpsCtx *ops, size_t token_bytes, char *err, size_t err_len) {
+int bm_create(BlockManager **out, int n_blocks, int block_size, int enable_prefix_caching, BmCopyRows copy_rows,
+              void *copy_user, char *err, size_t err_len) {
     *out = NULL;
     if (n_blocks < 1 || block_size < 1) {
         snprintf(err, err_len, "block pool of %d blocks x %d tokens: both must be >= 1", n_blocks, block_size);
@@ -50,9 +49,8 @@ int bm_create(BlockManager **out, int n_blocks, int block_size, int enable_prefi
     bm->n_blocks = n_blocks;
     bm->block_size = block_size;
     bm->prefix_caching = enable_prefix_caching != 0;
-    bm->kv = kv;
-    bm->ops = ops;
-    bm->token_bytes = token_bytes;
+    bm->copy_rows = copy_rows;
+    bm->copy_user = copy_user;
     uint32_t cap = 16;
     while (cap < 2u * (uint32_t)n_blocks) cap <<= 1;
     bm->ht_mask = cap - 1;
@@ -242,12 +240,7 @@ int bm_blocks_needed(const BlockManager *bm, const BlockTable *t, int first_writ
 
 // dst's first `rows` token rows of every layer's K and V <- src's.
 static void copy_block_rows(BlockManager *bm, int32_t dst, int32_t src, int rows) {
-    if (!bm->kv || rows <= 0) return;
-    const size_t blk = (size_t)bm->block_size * bm->token_bytes, bytes = (size_t)rows * bm->token_bytes;
-    for (int l = 0; l < bm->kv->n_layers; l++) {
-        ops_copy(bm->ops, (char *)bm->kv->k[l] + dst * blk, (char *)bm->kv->k[l] + src * blk, bytes);
-        ops_copy(bm->ops, (char *)bm->kv->v[l] + dst * blk, (char *)bm->kv->v[l] + src * blk, bytes);
-    }
+    if (bm->copy_rows && rows > 0) bm->copy_rows(bm->copy_user, dst, src, rows);
 }
 
 int bm_ensure(BlockManager *bm, BlockTable *t, int first_write, int n_total) {

@@ -1,8 +1,8 @@
 // rollout_server/block_manager.h — the paged KV cache's block pool: which physical block holds which part of
 // which sequence.
 //
-// The pool has n_blocks blocks of block_size token slots each (the K/V memory itself is a KVCache; this module
-// only hands out block ids and copies blocks). Blocks are reference-counted: sequences forked from one prompt
+// The pool has n_blocks blocks of block_size token slots each (the K/V memory itself is the model runner's; this
+// module only hands out block ids and asks for blocks to be copied). Blocks are reference-counted: sequences forked from one prompt
 // share its blocks, and a shared block is copied (copy-on-write) before a sequence writes into it.
 //
 // Prefix caching: once every token of a block has its K/V computed, the block is registered under a hash of
@@ -19,9 +19,6 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "kernels/ops.h"
-#include "shared/model.h"
-
 // One sequence's block table: logical block j (tokens [j*bs, (j+1)*bs)) lives in physical block ids[j].
 typedef struct {
     int32_t *ids;       // (cap) physical block ids
@@ -33,10 +30,13 @@ typedef struct {
 
 typedef struct BlockManager BlockManager;
 
-// kv may be NULL (then copy-on-write only moves block ids, for tests of the bookkeeping alone); otherwise
-// kv's pools are (n_blocks * block_size, token_bytes) per layer in the backend memory of ops.
-int bm_create(BlockManager **out, int n_blocks, int block_size, int enable_prefix_caching, KVCache *kv,
-              OpsCtx *ops, size_t token_bytes, char *err, size_t err_len);
+// Copies the first `rows` token rows of block src into block dst, K and V of every layer (runner_copy_kv_rows).
+typedef void (*BmCopyRows)(void *user, int32_t dst, int32_t src, int rows);
+
+// copy_rows (called with copy_user) copies the K/V of a shared block that copy-on-write replaces; NULL moves block
+// ids only, for tests of the bookkeeping alone.
+int bm_create(BlockManager **out, int n_blocks, int block_size, int enable_prefix_caching, BmCopyRows copy_rows,
+              void *copy_user, char *err, size_t err_len);
 void bm_destroy(BlockManager *bm);
 
 int bm_block_size(const BlockManager *bm);

@@ -1,12 +1,12 @@
 // rollout_server/engine.c — the generation engine: set-up and tear-down, and the engine thread's loop (admit,
-// schedule, run the model, sample, emit, apply control requests). Submission and the control calls made by other
-// threads are in engine_control.c; request handles in engine_request.c.
+// schedule, hand the step to the model runner, fork, emit, apply control requests). The device side of a step —
+// model, KV pool, step arrays, graphs, sampling — is the model runner's (model_runner.c). Submission and the
+// control calls made by other threads are in engine_control.c; request handles in engine_request.c.
 //
-// Threads: the engine thread alone touches the model, the KV cache, the block manager, the scheduler and the
-// sequences. Other threads talk to it through the engine mutex (incoming and abort lists, control requests,
-// the published stats) and through each request's own mutex (its event queue). The engine thread never holds
-// the engine mutex while it takes a request's mutex, so clients may take them in the other order.
-#include <math.h>
+// Threads: the engine thread alone touches the runner, the block manager, the scheduler and the sequences. Other
+// threads talk to it through the engine mutex (incoming and abort lists, control requests, the published stats)
+// and through each request's own mutex (its event queue). The engine thread never holds the engine mutex while
+// it takes a request's mutex, so clients may take them in the other order.
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "rollout_server/engine_internal.h"
+#include "rollout_server/sampler.h"
 
 // ---- defaults and names -------------------------------------------------------------------------
 
@@ -50,7 +51,7 @@ const char *finish_reason_name(FinishReason r) {
     }
 }
 
-const Model *engine_model(const Engine *e) { return &e->m; }
+const Model *engine_model(const Engine *e) { return e->m; }
 const Tokenizer *engine_tokenizer(const Engine *e) { return e->tok; }
 const char *engine_model_id(const Engine *e) { return e->model_id; }
 
@@ -131,21 +132,13 @@ static void maybe_done(Engine *e, EngineRequest *r) {
     let_go(e, r);
 }
 
-// Appends sample k's token to its completion q, turns it into text and an event. When the request asks for top
-// logprobs, the token's logprob and the alternatives both come from the host copy of its logits row (one
-// distribution for the two).
+// Appends sample k's token to its completion q, turns it into text and an event.
 static void emit_token(Engine *e, EngSeq *q, int k) {
     EngineRequest *r = q->req;
     Sequence *s = &q->s;
-    const int n_top = r->p.top_logprobs;
-    const int32_t tok = e->samp_tok[k];
-    float lp = e->samp_lp[k];
-    if (n_top > 0) {
-        const float inv_t = r->p.temperature < SAMPLER_GREEDY_BELOW ? 1.0f : 1.0f / r->p.temperature;
-        lp = sampler_logprob(e->logits + (size_t)e->samp_params[k].logits_row * e->V, e->V, inv_t, tok, n_top, e->top);
-    }
+    const int32_t tok = e->out.tokens[k];
     s->tokens[s->n_tokens++] = tok;
-    const int last = s->n_tokens - s->n_prompt >= r->p.max_tokens || s->n_tokens >= e->m.cfg.max_seq_len;
+    const int last = s->n_tokens - s->n_prompt >= r->p.max_tokens || s->n_tokens >= e->m->cfg.max_seq_len;
     DetokResult res;
     char err[256];
     e->text.len = 0;
@@ -156,8 +149,9 @@ static void emit_token(Engine *e, EngSeq *q, int k) {
     }
     e->live.generation_tokens_total++;
     int wake;
-    if (request_push(r, q->index, tok, lp, e->top, e->text.data, e->text.len, res.finish, res.stop_reason,
-                     res.stop_token, e->version, &wake) != 0 && res.finish == FINISH_NONE)
+    if (request_push(r, q->index, tok, e->out.logprobs[k], e->out.top + (size_t)k * ENGINE_MAX_TOP_LOGPROBS,
+                     e->text.data, e->text.len, res.finish, res.stop_reason, res.stop_token, e->version, &wake) != 0 &&
+        res.finish == FINISH_NONE)
         res.finish = FINISH_ERROR; // the event could not be queued: end the completion (it says FINISH_ERROR)
     if (wake && r->wake_slot < 0) { // one wake per request and step, after the step's last event (wake_clients)
         r->wake_slot = e->n_wake;
@@ -189,130 +183,74 @@ static void fork_request(Engine *e, EngineRequest *r, int k0) {
         if (!r->seqs[i].finished && r->seqs[i].s.status == SEQ_NEW) sched_add_waiting(&e->sched, &r->seqs[i].s, 1);
 }
 
-// ---- sampling on the backend --------------------------------------------------------------------
+// Completion 0 of r was admitted for the first time (q): r leaves the queue.
+static void admit(Engine *e, EngineRequest *r, const Sequence *q) {
+    r->admitted = 1;
+    e->n_requests_running++;
+    queued_dec(e);
+    e->live.prompt_tokens_total += r->prompt_len;
+    e->live.cached_prompt_tokens_total += q->cached_at_admission;
+    pthread_mutex_lock(&r->mu);
+    r->cached_tokens = q->cached_at_admission;
+    pthread_mutex_unlock(&r->mu);
+}
 
-// Room for n samples and nh history ids, host and backend. Returns 0 or -1 (out of memory).
-static int samp_reserve(Engine *e, int n, int64_t nh) {
-    if (nh > INT32_MAX) return -1;
-    if (n > e->samp_cap) {
-        const int cap = n > 2 * e->samp_cap ? n : 2 * e->samp_cap;
-        EngSeq **seq = realloc(e->samp_seq, (size_t)cap * sizeof *seq);
-        if (seq) e->samp_seq = seq;
-        OpsSampleParams *par = realloc(e->samp_params, (size_t)cap * sizeof *par);
-        if (par) e->samp_params = par;
-        int32_t *off = realloc(e->samp_off, (size_t)(cap + 1) * sizeof *off);
-        if (off) e->samp_off = off;
-        int32_t *tok = realloc(e->samp_tok, (size_t)cap * sizeof *tok);
-        if (tok) e->samp_tok = tok;
-        float *lp = realloc(e->samp_lp, (size_t)cap * sizeof *lp);
-        if (lp) e->samp_lp = lp;
-        if (!seq || !par || !off || !tok || !lp) return -1;
-        ops_free(e->ops, e->d_params);
-        ops_free(e->ops, e->d_off);
-        ops_free(e->ops, e->d_tok);
-        ops_free(e->ops, e->d_lp);
-        e->d_params = ops_malloc(e->ops, (size_t)cap * sizeof *e->d_params);
-        e->d_off = ops_malloc(e->ops, (size_t)(cap + 1) * sizeof *e->d_off);
-        e->d_tok = ops_malloc(e->ops, (size_t)cap * sizeof *e->d_tok);
-        e->d_lp = ops_malloc(e->ops, (size_t)cap * sizeof *e->d_lp);
-        if (!e->d_params || !e->d_off || !e->d_tok || !e->d_lp) {
-            e->samp_cap = 0; // whatever was allocated is freed and re-made by the next call
-            return -1;
-        }
-        e->samp_cap = cap;
-    }
-    if (nh > e->hist_cap) {
-        const int64_t want = nh > 2 * (int64_t)e->hist_cap ? nh : 2 * (int64_t)e->hist_cap;
-        const int cap = want > INT32_MAX ? INT32_MAX : (int)want;
-        int32_t *h = realloc(e->samp_hist, (size_t)cap * sizeof *h);
-        if (!h) return -1;
-        e->samp_hist = h;
-        ops_free(e->ops, e->d_hist);
-        if (!(e->d_hist = ops_malloc(e->ops, (size_t)cap * sizeof *e->d_hist))) {
-            e->hist_cap = 0;
-            return -1;
-        }
-        e->hist_cap = cap;
-    }
+// Room for n runner samples. Returns 0 or -1 (out of memory).
+static int samples_reserve(Engine *e, int n) {
+    if (n <= e->samples_cap) return 0;
+    const int cap = n > 2 * e->samples_cap ? n : 2 * e->samples_cap;
+    RunnerSample *s = realloc(e->samples, (size_t)cap * sizeof *s);
+    if (!s) return -1;
+    e->samples = s;
+    e->samples_cap = cap;
     return 0;
 }
 
-// The step's samples, in step order: a request's first logits row is sampled by each of its n completions, any
-// other row by its own completion. Each draws the uniform of (its stream, its output position); penalised
-// samples carry their whole history (prompt then generated ids). Returns 0 or -1 (out of memory).
-static int build_samples(Engine *e) {
+// The step as the runner takes it: the scheduled sequences in step order, and the samples of each one whose last
+// token the step computes, in step order too: a request's first logits row is sampled by each of its n
+// completions, any other row by its own completion. Each draws the uniform of (its stream, its output position);
+// penalised samples carry their whole history (prompt then generated ids). Returns the number of samples, or -1
+// with a message (out of memory).
+static int plan_step(Engine *e, char *err, size_t err_len) {
     Scheduler *s = &e->sched;
-    int n = 0;
-    int64_t nh = 0;
-    for (int pass = 0; pass < 2; pass++) {
-        if (pass == 1) {
-            if (samp_reserve(e, n, nh) != 0) return -1;
-            n = 0;
-            nh = 0;
-            e->samp_off[0] = 0;
-        }
-        for (int i = 0; i < s->n_step; i++) {
-            if (e->row_of[i] < 0) continue;
-            EngSeq *q = (EngSeq *)s->step[i];
-            EngineRequest *r = q->req;
-            const SamplingParams *p = &r->p;
-            const int m = r->forked ? 1 : r->n;
-            for (int c = 0; c < m; c++, n++) {
-                EngSeq *cq = r->forked ? q : &r->seqs[c];
-                const Sequence *cs = &cq->s;
-                const int penalised = p->repetition_penalty != 1.0f;
-                if (pass == 1) {
-                    e->samp_seq[n] = cq;
-                    e->samp_params[n] = (OpsSampleParams){
-                        .u = sampler_uniform(r->seed + (uint64_t)cq->index, (uint64_t)(cs->n_tokens - cs->n_prompt)),
-                        .temperature = p->temperature,
-                        .top_p = p->top_p,
-                        .min_p = p->min_p,
-                        .repetition_penalty = p->repetition_penalty,
-                        .top_k = p->top_k,
-                        .logits_row = e->row_of[i],
-                    };
-                    if (penalised) memcpy(e->samp_hist + nh, cs->tokens, (size_t)cs->n_tokens * sizeof *cs->tokens);
-                }
-                if (penalised) nh += cs->n_tokens;
-                if (pass == 1) e->samp_off[n + 1] = (int32_t)nh;
-            }
-        }
+    int n_samples = 0, n_rows = 0;
+    for (int i = 0; i < s->n_step; i++) {
+        const Sequence *q = s->step[i];
+        EngineRequest *r = ((EngSeq *)q)->req;
+        if (q->just_admitted && q->n_admissions == 1 && ((const EngSeq *)q)->index == 0) admit(e, r, q);
+        const int sampled = q->n_computed + q->sched == q->n_tokens;
+        e->run_seqs[i] = (RunnerSeq){.tokens = q->tokens, .n_computed = q->n_computed, .n_sched = q->sched,
+                                     .blocks = q->table.ids, .n_blocks = q->table.n,
+                                     .n_samples = !sampled ? 0 : r->forked ? 1 : r->n};
+        n_samples += e->run_seqs[i].n_samples;
+        n_rows += sampled;
     }
-    e->n_samp = n;
-    return 0;
-}
-
-// Samples the step's logits rows where they are (backend memory) and downloads the ids and logprobs, 8 bytes a
-// sample, plus the rows whose requests asked for top logprobs. Returns 0 or -1 with a message.
-static int sample_step(Engine *e, int n_rows, char *err, size_t err_len) {
-    OpsCtx *o = e->ops;
-    const int n = e->n_samp, nh = e->samp_off[n], V = e->V;
-    const void *logits = decode_bufs_logits(e->bufs);
-    ops_copy_to_device(o, e->d_params, e->samp_params, (size_t)n * sizeof *e->d_params);
-    ops_copy_to_device(o, e->d_off, e->samp_off, (size_t)(n + 1) * sizeof *e->d_off);
-    if (nh > 0) ops_copy_to_device(o, e->d_hist, e->samp_hist, (size_t)nh * sizeof *e->d_hist);
-    ops_sample_rows(o, e->d_tok, e->d_lp, logits, e->d_params, e->d_hist, e->d_off, n, n_rows, V, nh);
-    ops_copy_to_host(o, e->samp_tok, e->d_tok, (size_t)n * sizeof *e->samp_tok);
-    ops_copy_to_host(o, e->samp_lp, e->d_lp, (size_t)n * sizeof *e->samp_lp);
-    const size_t es = ops_dtype_size(o);
-    for (int k = 0, last = -1; k < n; k++) { // a fork's samples share one row, next to each other
-        const int row = e->samp_params[k].logits_row;
-        if (e->samp_seq[k]->req->p.top_logprobs <= 0 || row == last) continue;
-        ops_download_f32(o, e->logits + (size_t)row * V, (const char *)logits + (size_t)row * V * es, (size_t)V);
-        last = row;
-    }
-    if (ops_status(o)) {
-        snprintf(err, err_len, "sampling failed: %s", ops_error(o));
+    if (samples_reserve(e, n_samples) != 0) {
+        snprintf(err, err_len, "out of memory for the step's %d sampling rows", n_rows);
         return -1;
     }
-    for (int k = 0; k < n; k++)
-        if (e->samp_tok[k] < 0 || e->samp_tok[k] >= V) {
-            snprintf(err, err_len, "sampling gave token %d for sample %d of %d (vocabulary %d)", e->samp_tok[k], k, n,
-                     V);
-            return -1;
+    for (int i = 0, k = 0; i < s->n_step; i++) {
+        EngSeq *q = (EngSeq *)s->step[i];
+        EngineRequest *r = q->req;
+        const SamplingParams *p = &r->p;
+        const int penalised = p->repetition_penalty != 1.0f;
+        for (int c = 0; c < e->run_seqs[i].n_samples; c++, k++) {
+            const EngSeq *cq = r->forked ? q : &r->seqs[c];
+            const Sequence *cs = &cq->s;
+            e->samples[k] = (RunnerSample){
+                .p = {.u = sampler_uniform(r->seed + (uint64_t)cq->index, (uint64_t)(cs->n_tokens - cs->n_prompt)),
+                      .temperature = p->temperature,
+                      .top_p = p->top_p,
+                      .min_p = p->min_p,
+                      .repetition_penalty = p->repetition_penalty,
+                      .top_k = p->top_k},
+                .history = penalised ? cs->tokens : NULL,
+                .n_history = penalised ? cs->n_tokens : 0,
+                .top_logprobs = p->top_logprobs,
+            };
         }
-    return 0;
+    }
+    return n_samples;
 }
 
 // Everything in the step failed (backend error): each request involved ends with FINISH_ERROR.
@@ -327,154 +265,33 @@ static void fail_step(Engine *e) {
     for (int j = 0; j < n; j++) end_request(e, e->scratch_reqs[j], FINISH_ERROR);
 }
 
-// Logs what the last step did to the decode graphs: the first graph recorded for a batch size, or a recording that
-// failed. Recording a size again for swapped-in weight buffers is routine and not logged.
-static void log_graphs(Engine *e) {
-    DecodeGraphStats g;
-    decode_bufs_graph_stats(e->bufs, &g);
-    const int64_t events = g.recordings + g.failures;
-    if (events == e->graph_logged) return;
-    e->graph_logged = events;
-    if (g.last_failed)
-        fprintf(stderr, "tandem-serve: recording the CUDA graph of decode batch %d failed, %s: %s\n", g.last_batch,
-                g.last_gave_up ? "that batch size runs eagerly from now on" : "it runs eagerly until a retry succeeds",
-                g.last_error);
-    else if (!g.last_again)
-        fprintf(stderr, "tandem-serve: CUDA graph of decode batch %d recorded in %.1f ms (%.1f MiB device memory; "
-                        "%d graphs)\n", g.last_batch, g.last_seconds * 1e3, g.last_bytes / 1048576.0, g.graphs);
-}
-
-// Records the decode graph of every ladder size before serving, on padding-only steps (token 0 at position 0 of
-// block 0, slot -1: nothing is stored, the outputs are dropped), as vLLM captures its graphs at start-up: otherwise
-// the first step at each batch size runs eagerly and records (40-140 ms each on an H100), and a load ramping up to
-// 512 sequences met four or five of them. A size that fails here records, or runs eagerly, on its first real step.
-static void record_decode_graphs(Engine *e, int top) {
-    const double t0 = now_seconds();
-    for (int i = 0; i < top; i++) {
-        e->tok_ids[i] = 0;
-        e->tok_pos[i] = 0;
-        e->slots[i] = -1;
-        e->tables[i] = 0;
-    }
-    int ladder[64];
-    const int n_ladder = decode_ladder(top, ladder, 64);
-    char err[512] = "";
-    int failed = 0;
-    for (int r = 0; r < n_ladder; r++) {
-        if (model_decode_step_padded(&e->m, e->bufs, &e->src, &e->kv, ladder[r], e->tok_ids, e->tok_pos, e->slots,
-                                     e->tables, 1, NULL, err, sizeof err) != 0) {
-            failed++;
-            ops_clear_error(e->ops);
-        }
-    }
-    ops_synchronize(e->ops);
-    if (ops_status(e->ops)) {
-        snprintf(err, sizeof err, "%s", ops_error(e->ops));
-        ops_clear_error(e->ops);
-        failed = failed ? failed : 1;
-    }
-    DecodeGraphStats g;
-    decode_bufs_graph_stats(e->bufs, &g);
-    e->graph_logged = g.recordings + g.failures;
-    if (failed || g.failures)
-        fprintf(stderr, "tandem-serve: recording the decode graphs at start-up failed for %d of %d batch sizes (%s); "
-                        "they record on their first step instead\n", failed > g.failures ? failed : (int)g.failures,
-                n_ladder, err[0] ? err : g.last_error);
-    fprintf(stderr, "tandem-serve: %d decode graphs recorded in %.2f s\n", g.graphs, now_seconds() - t0);
-}
-
 // One engine step. Returns the number of tokens it ran (0: nothing could be scheduled).
 static int run_step(Engine *e) {
     Scheduler *s = &e->sched;
     const double t0 = now_seconds();
     const int64_t preempt_before = s->preemptions;
-    if (sched_step(s) == 0) return 0;
-    const int bs = e->cfg.block_size;
-    // Block tables go to the model as rows of mb entries, mb = the step's longest table, not max_blocks: entries
-    // past a table's end are never read (each token reads its own positions' blocks, all within its table).
-    int mb = 1;
-    for (int i = 0; i < s->n_step; i++)
-        if (s->step[i]->table.n > mb) mb = s->step[i]->table.n;
-    int n = 0, n_rows = 0;
-    for (int i = 0; i < s->n_step; i++) {
-        Sequence *q = s->step[i];
-        EngSeq *es = (EngSeq *)q;
-        if (q->just_admitted && q->n_admissions == 1 && es->index == 0) { // the request's first admission
-            EngineRequest *r = es->req;
-            r->admitted = 1;
-            e->n_requests_running++;
-            queued_dec(e);
-            e->live.prompt_tokens_total += r->prompt_len;
-            e->live.cached_prompt_tokens_total += q->cached_at_admission;
-            pthread_mutex_lock(&r->mu);
-            r->cached_tokens = q->cached_at_admission;
-            pthread_mutex_unlock(&r->mu);
-        }
-        for (int t = 0; t < q->sched; t++, n++) {
-            const int pos = q->n_computed + t;
-            e->tok_ids[n] = q->tokens[pos];
-            e->tok_seq[n] = i;
-            e->tok_pos[n] = pos;
-            e->slots[n] = q->table.ids[pos / bs] * bs + pos % bs;
-        }
-        int32_t *tab = e->tables + (size_t)i * mb;
-        memcpy(tab, q->table.ids, (size_t)q->table.n * sizeof *tab);
-        for (int j = q->table.n; j < mb; j++) tab[j] = -1;
-        if (q->n_computed + q->sched == q->n_tokens) {
-            e->rows[n_rows] = n - 1;
-            e->row_of[i] = n_rows++;
-        } else {
-            e->row_of[i] = -1;
-        }
-    }
+    const int n = sched_step(s);
+    if (n == 0) return 0;
     char err[512];
-    int failed = 0;
-    // Decode-only: one token per sequence, each its sequence's last (so token i is sequence i's and logits row i).
-    const int decode_only = n == s->n_step && n_rows == n;
-    if (build_samples(e) != 0) {
-        snprintf(err, sizeof err, "out of memory for the step's %d sampling rows", n_rows);
-        failed = 1;
-    } else {
-        const double tc = now_seconds();
-        int kind = decode_only ? ENGINE_STEP_DECODE_EAGER : ENGINE_STEP_PREFILL;
-        // The logits stay in backend memory: the sampling op reads them there.
-        if (decode_only && decode_bufs_padded_size(e->bufs, n) > 0) {
-            DecodeGraphStats before, after;
-            decode_bufs_graph_stats(e->bufs, &before);
-            failed = model_decode_step_padded(&e->m, e->bufs, &e->src, &e->kv, n, e->tok_ids, e->tok_pos, e->slots,
-                                              e->tables, mb, NULL, err, sizeof err) != 0;
-            decode_bufs_graph_stats(e->bufs, &after);
-            if (after.replays > before.replays) kind = ENGINE_STEP_DECODE_GRAPH;
-            log_graphs(e);
-        } else {
-            // Prefill steps meet a new token count almost every time: their GEMMs take cuBLASLt's first pick instead
-            // of being timed on the spot (which cost a 0.5B prefill step ~55 ms on an H100).
-            const int tuning = ops_set_gemm_tuning(e->ops, 0);
-            failed = model_decode_step(&e->m, e->bufs, &e->src, &e->kv, n, e->tok_ids, e->tok_seq, e->tok_pos,
-                                       e->slots, e->tables, s->n_step, mb, e->rows, n_rows, NULL, err, sizeof err) != 0;
-            ops_set_gemm_tuning(e->ops, tuning);
+    const int n_samples = plan_step(e, err, sizeof err);
+    int failed = n_samples < 0;
+    if (!failed) {
+        failed = runner_step(e->runner, e->run_seqs, s->n_step, e->samples, n_samples, &e->out, err, sizeof err) != 0;
+        if (e->out.kind >= 0) {
+            e->live.step_compute_seconds_sum += e->out.compute_seconds;
+            e->live.steps_by_kind[e->out.kind]++;
+            e->live.compute_seconds_by_kind[e->out.kind] += e->out.compute_seconds;
         }
-        failed = failed || (n_rows > 0 && sample_step(e, n_rows, err, sizeof err) != 0);
-        if (!failed && n_rows == 0) { // nothing to sample: still wait for the step, and see it succeeded
-            ops_synchronize(e->ops);
-            if ((failed = ops_status(e->ops) != 0))
-                snprintf(err, sizeof err, "decode step failed: %s", ops_error(e->ops));
-        }
-        const double dc = now_seconds() - tc;
-        e->live.step_compute_seconds_sum += dc;
-        e->live.steps_by_kind[kind]++;
-        e->live.compute_seconds_by_kind[kind] += dc;
     }
     if (failed) {
         fprintf(stderr, "tandem-serve: engine step failed, its requests end with an error: %s\n", err);
-        ops_clear_error(e->ops);
         fail_step(e);
     } else {
         sched_commit(s);
         // A request is freed only after its last completion finishes, so later entries stay valid. Samples are
-        // in step order (build_samples).
+        // in step order (plan_step).
         for (int i = 0, k = 0; i < s->n_step; i++) {
-            if (e->row_of[i] < 0) continue;
+            if (e->run_seqs[i].n_samples == 0) continue;
             EngSeq *q = (EngSeq *)s->step[i];
             EngineRequest *r = q->req;
             if (!r->forked) {
@@ -510,37 +327,40 @@ static void publish_stats(Engine *e) { // under mu
     st->kv_blocks_cached = bm_num_cached(e->bm);
 }
 
-static void apply_commit(Engine *e, int64_t version) { // not under mu
-    const Layout *L = &e->m.layout;
-    int rc = 0;
+// Swaps the runner's device staging in (device) or uploads the host staging units the commit took, then resets
+// the prefix cache (its blocks hold K/V of the old weights). Not under mu.
+static void apply_commit(Engine *e, int64_t version, int device) {
     char msg[512] = "";
-    for (int u = 0; u < L->n_units; u++) {
-        if (e->commit_device) {
-            // Transport nccl: the received copy becomes live; the old one receives the next update.
-            void *live = e->w.params[u];
-            e->w.params[u] = e->dstaging[u];
-            e->dstaging[u] = live;
-            continue;
-        }
-        if (!e->commit_units[u]) continue;
-        ops_upload_f32(e->ops, e->w.params[u], e->commit_units[u], L->unit_numel[u]);
+    int rc = device ? runner_swap_device_weights(e->runner, msg, sizeof msg)
+                    : runner_upload_weights(e->runner, e->commit_units, msg, sizeof msg);
+    for (int u = 0; u < e->m->layout.n_units; u++) {
         free(e->commit_units[u]);
         e->commit_units[u] = NULL;
     }
-    ops_synchronize(e->ops);
-    if (ops_status(e->ops)) {
-        rc = ENGINE_EINTERNAL;
-        snprintf(msg, sizeof msg, "uploading the new weights failed (the weights may be partly updated): %s",
-                 ops_error(e->ops));
-        ops_clear_error(e->ops);
-    } else {
-        bm_reset_prefix_cache(e->bm);
-    }
+    if (rc == 0) bm_reset_prefix_cache(e->bm);
+    else rc = ENGINE_EINTERNAL;
     pthread_mutex_lock(&e->mu);
     if (rc == 0) e->version = version;
     e->commit_rc = rc;
     snprintf(e->commit_err, sizeof e->commit_err, "%s", msg);
     pthread_mutex_unlock(&e->mu);
+}
+
+// Moves the incoming requests into the scheduler's queue, and drops and frees the ones their clients released
+// (those the engine still held lose their sequences). Not under mu.
+static void take_requests(Engine *e, EngineRequest *in, EngineRequest *aborted) {
+    for (EngineRequest *r = in, *next; r; r = next) {
+        next = r->next_in;
+        sched_add_waiting(&e->sched, &r->seqs[0].s, 0);
+    }
+    for (EngineRequest *r = aborted, *next; r; r = next) {
+        next = r->next_abort;
+        pthread_mutex_lock(&r->mu);
+        const int done = r->engine_done;
+        pthread_mutex_unlock(&r->mu);
+        if (!done) drop_sequences(e, r);
+        request_free(r); // released by the client, which left it to us
+    }
 }
 
 static void *engine_main(void *arg) {
@@ -549,12 +369,13 @@ static void *engine_main(void *arg) {
     for (;;) {
         if (e->commit_req != e->commit_done) {
             const int64_t gen = e->commit_req, version = e->commit_version;
-            for (int u = 0; u < e->m.layout.n_units && !e->commit_device; u++) {
+            const int device = e->commit_device;
+            for (int u = 0; u < e->m->layout.n_units && !device; u++) {
                 e->commit_units[u] = e->staging[u];
                 e->staging[u] = NULL;
             }
             pthread_mutex_unlock(&e->mu);
-            apply_commit(e, version);
+            apply_commit(e, version, device);
             pthread_mutex_lock(&e->mu);
             e->commit_done = gen;
             publish_stats(e);
@@ -574,18 +395,7 @@ static void *engine_main(void *arg) {
             e->in_head = e->in_tail = e->aborts = NULL;
             e->idle = 0; // until the loop looks again: engine_destroy must not take the queue for empty
             pthread_mutex_unlock(&e->mu);
-            for (EngineRequest *r = in, *next; r; r = next) {
-                next = r->next_in;
-                sched_add_waiting(&e->sched, &r->seqs[0].s, 0);
-            }
-            for (EngineRequest *r = ab, *next; r; r = next) {
-                next = r->next_abort;
-                pthread_mutex_lock(&r->mu);
-                const int done = r->engine_done;
-                pthread_mutex_unlock(&r->mu);
-                if (!done) drop_sequences(e, r);
-                request_free(r); // released by the client, which left it to us
-            }
+            take_requests(e, in, ab);
             pthread_mutex_lock(&e->mu);
             publish_stats(e);
             continue;
@@ -649,49 +459,20 @@ void engine_post_abort(Engine *e, EngineRequest *r) { // under r->mu (see engine
 
 static void engine_free(Engine *e) {
     if (!e) return;
-    if (e->dstaging) {
-        for (int u = 0; u < e->m.layout.n_units; u++) ops_free(e->ops, e->dstaging[u]);
-        free(e->dstaging);
-    }
     if (e->staging) {
-        for (int u = 0; u < e->m.layout.n_units; u++) free(e->staging[u]);
+        for (int u = 0; u < e->m->layout.n_units; u++) free(e->staging[u]);
         free(e->staging);
     }
     free(e->commit_units);
-    free(e->tok_ids);
-    free(e->tok_seq);
-    free(e->tok_pos);
-    free(e->slots);
-    free(e->tables);
-    free(e->rows);
-    free(e->row_of);
-    free(e->logits);
-    free(e->samp_seq);
-    free(e->samp_params);
-    free(e->samp_off);
-    free(e->samp_hist);
-    free(e->samp_tok);
-    free(e->samp_lp);
-    if (e->ops) {
-        ops_free(e->ops, e->d_params);
-        ops_free(e->ops, e->d_off);
-        ops_free(e->ops, e->d_hist);
-        ops_free(e->ops, e->d_tok);
-        ops_free(e->ops, e->d_lp);
-    }
+    free(e->run_seqs);
+    free(e->samples);
     free(e->scratch_reqs);
     free(e->wake_reqs);
     textbuf_free(&e->text);
     sched_destroy(&e->sched);
     bm_destroy(e->bm);
-    if (e->bufs) decode_bufs_free(e->bufs, &e->m);
-    if (e->kv.k) kv_cache_free(&e->kv, &e->m);
     if (e->tok) tokenizer_free(e->tok);
-    if (e->have_model) {
-        resident_free(&e->w, &e->m);
-        model_free(&e->m);
-    }
-    if (e->ops) ops_destroy(e->ops);
+    runner_free(e->runner);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->wake);
     pthread_cond_destroy(&e->ack);
@@ -713,7 +494,7 @@ static int check_config(const EngineConfig *c, char *err, size_t err_len) {
 static void collect_eos(Engine *e) {
     int32_t ids[ENGINE_MAX_EOS];
     int n = 0;
-    for (int i = 0; i < e->m.cfg.n_eos_token_ids && n < ENGINE_MAX_EOS; i++) ids[n++] = e->m.cfg.eos_token_ids[i];
+    for (int i = 0; i < e->m->cfg.n_eos_token_ids && n < ENGINE_MAX_EOS; i++) ids[n++] = e->m->cfg.eos_token_ids[i];
     if (e->tok) {
         int32_t t[ENGINE_MAX_EOS];
         size_t nt = tokenizer_eos_ids(e->tok, t, ENGINE_MAX_EOS);
@@ -748,22 +529,12 @@ int engine_create(Engine **out, const EngineConfig *cfg, char *err, size_t err_l
         while (start > 0 && cfg->model_dir[start - 1] != '/') start--;
         snprintf(e->model_id, sizeof e->model_id, "%.*s", (int)(len - start), cfg->model_dir + start);
     }
-    char msg[768];
-    rc = ENGINE_EINTERNAL;
-    if (ops_create_with_settings(&e->ops, cfg->backend, cfg->device, &cfg->ops, msg, sizeof msg) != 0) {
-        snprintf(err, err_len, "cannot start the %s backend: %s", cfg->backend == OPS_BACKEND_CUDA ? "cuda" : "cpu", msg);
-        goto fail;
-    }
-    if (model_load(&e->m, &e->w, e->ops, cfg->model_dir, msg, sizeof msg) != 0) {
-        snprintf(err, err_len, "cannot load the model from %s: %s", cfg->model_dir, msg);
-        rc = ENGINE_EINVAL;
-        goto fail;
-    }
-    e->have_model = 1;
-    e->src = resident_source(&e->w);
-    e->V = e->m.cfg.vocab_size;
+    if ((rc = runner_create(&e->runner, cfg, err, err_len)) != 0) goto fail;
+    e->m = runner_model(e->runner);
+    e->V = e->m->cfg.vocab_size;
+    e->n_blocks = runner_num_blocks(e->runner);
     {
-        char path[4096];
+        char path[4096], msg[768];
         struct stat stt;
         snprintf(path, sizeof path, "%s/tokenizer.json", cfg->model_dir);
         if (stat(path, &stt) == 0 && tokenizer_load(&e->tok, cfg->model_dir, msg, sizeof msg) != 0) {
@@ -773,114 +544,27 @@ int engine_create(Engine **out, const EngineConfig *cfg, char *err, size_t err_l
         }
     }
     collect_eos(e);
-
-    // Step workspace first, so that --gpu-memory-utilization sees what it takes.
-    const int bs = cfg->block_size, max_len = e->m.cfg.max_seq_len;
-    e->max_blocks = (max_len + bs - 1) / bs;
-    if (decode_bufs_create(&e->bufs, &e->m, cfg->max_num_batched_tokens, cfg->max_num_seqs, e->max_blocks,
-                           cfg->max_num_seqs, msg, sizeof msg) != 0) {
-        snprintf(err, err_len, "%s (lower --max-num-batched-tokens or --max-num-seqs)", msg);
-        rc = ENGINE_ENOMEM;
-        goto fail;
-    }
-    // Decode-only steps on the GPU: padded to the ladder of batch sizes and replayed as CUDA graphs (recorded on
-    // the first step of each size). With --enforce-eager they run eagerly at the same padded sizes, which keeps
-    // their numbers identical to the graphs'. On the CPU nothing is padded: there is no launch cost to save.
-    if (cfg->backend == OPS_BACKEND_CUDA && cfg->cuda_graph_max_batch > 0) {
-        const int top = decode_bufs_enable_padded(e->bufs, &e->m, cfg->cuda_graph_max_batch, !cfg->enforce_eager, msg,
-                                                  sizeof msg);
-        if (top < 0) {
-            snprintf(err, err_len, "%s (lower --cuda-graph-max-batch)", msg);
-            rc = ENGINE_ENOMEM;
-            goto fail;
-        }
-        int ladder[64];
-        const int n_ladder = decode_ladder(top, ladder, 64);
-        char sizes[512];
-        size_t used = 0;
-        for (int i = 0; i < n_ladder && used < sizeof sizes; i++)
-            used += (size_t)snprintf(sizes + used, sizeof sizes - used, "%s%d", i ? ", " : "", ladder[i]);
-        fprintf(stderr, "tandem-serve: decode-only steps of up to %d sequences are padded to batch sizes %s and %s\n",
-                top, sizes,
-                decode_bufs_graphs_on(e->bufs) ? "replayed as CUDA graphs (recorded now)"
-                : cfg->enforce_eager ? "run eagerly (--enforce-eager)"
-                                     : "run eagerly (CUDA graphs are off while profile_ops times each op)");
-    }
-    // The KV pool: as many blocks as the memory budget holds. Each step writes up to max_num_batched_tokens
-    // tokens (or a whole context, if shorter), so a pool smaller than that is a configuration mistake.
-    const char *budget_flag = "--kv-cache-memory";
-    size_t kv_bytes = cfg->kv_cache_bytes;
-    if (cfg->gpu_memory_utilization > 0) {
-        size_t free_b, total_b;
-        if (ops_memory_info(e->ops, &free_b, &total_b) != 0) {
-            snprintf(err, err_len, "--gpu-memory-utilization needs a CUDA device (this engine runs on the %s); use "
-                     "--kv-cache-memory", cfg->backend == OPS_BACKEND_CUDA ? "GPU but its memory cannot be read" : "CPU");
-            ops_clear_error(e->ops);
-            rc = ENGINE_EINVAL;
-            goto fail;
-        }
-        // Everything in use now (our weights and workspace, other processes) counts against the fraction;
-        // the rest goes to the KV pool, less the NCCL weight copy and a margin for the sampler, cuBLAS and NCCL.
-        const size_t weights = e->m.layout.n_params * ops_dtype_size(e->ops);
-        const size_t margin = (size_t)512 << 20;
-        const double allowed = cfg->gpu_memory_utilization * (double)total_b;
-        const double used = (double)(total_b - free_b);
-        const double left = allowed - used - (double)margin - (cfg->reserve_weight_copy ? (double)weights : 0.0);
-        kv_bytes = left > 0 ? (size_t)left : 0;
-        budget_flag = "--gpu-memory-utilization";
-        fprintf(stderr, "tandem-serve: GPU memory %.1f GiB, %.0f %% allowed = %.1f GiB; in use %.1f GiB (weights %.2f "
-                        "GiB, workspace, others), weight-update copy %.2f GiB, margin 0.5 GiB -> KV pool %.2f GiB\n",
-                total_b / 1073741824.0, cfg->gpu_memory_utilization * 100, allowed / 1073741824.0,
-                used / 1073741824.0, weights / 1073741824.0, cfg->reserve_weight_copy ? weights / 1073741824.0 : 0.0,
-                kv_bytes / 1073741824.0);
-    }
-    const size_t per_block = kv_cache_bytes_per_block(&e->m, bs);
-    const size_t n_blocks = kv_bytes / per_block;
-    const int step_tokens = cfg->max_num_batched_tokens < max_len ? cfg->max_num_batched_tokens : max_len;
-    const size_t min_blocks = ((size_t)step_tokens + bs - 1) / bs;
-    if (n_blocks < min_blocks || n_blocks > INT32_MAX / (size_t)bs) {
-        snprintf(err, err_len, "the KV pool (%s) of %zu bytes holds %zu KV blocks of %d tokens (%zu bytes each), but "
-                 "one step of %d tokens needs %zu (%zu bytes): raise %s or lower --max-num-batched-tokens",
-                 budget_flag, kv_bytes, n_blocks, bs, per_block, step_tokens, min_blocks, min_blocks * per_block,
-                 budget_flag);
-        rc = ENGINE_EINVAL;
-        goto fail;
-    }
-    e->n_blocks = (int)n_blocks;
-    if (kv_cache_create(&e->kv, &e->m, e->n_blocks, bs, msg, sizeof msg) != 0) {
-        snprintf(err, err_len, "%s (lower %s)", msg, budget_flag);
-        rc = ENGINE_ENOMEM;
-        goto fail;
-    }
-    const size_t token_bytes = (size_t)e->m.cfg.num_kv_heads * e->m.cfg.head_dim * ops_dtype_size(e->ops);
-    if (bm_create(&e->bm, e->n_blocks, bs, cfg->enable_prefix_caching, &e->kv, e->ops, token_bytes, msg, sizeof msg) != 0 ||
+    char msg[512];
+    const size_t S = (size_t)cfg->max_num_seqs, n_units = (size_t)e->m->layout.n_units;
+    if (bm_create(&e->bm, e->n_blocks, cfg->block_size, cfg->enable_prefix_caching, runner_copy_kv_rows, e->runner,
+                  msg, sizeof msg) != 0 ||
         sched_init(&e->sched, e->bm, cfg->max_num_seqs, cfg->max_num_batched_tokens) != 0 ||
-        samp_reserve(e, cfg->max_num_seqs, 0) != 0)
+        samples_reserve(e, cfg->max_num_seqs) != 0)
         goto oom;
-    const size_t T = (size_t)cfg->max_num_batched_tokens, S = (size_t)cfg->max_num_seqs;
-    e->tok_ids = malloc(T * sizeof *e->tok_ids);
-    e->tok_seq = malloc(T * sizeof *e->tok_seq);
-    e->tok_pos = malloc(T * sizeof *e->tok_pos);
-    e->slots = malloc(T * sizeof *e->slots);
-    e->tables = malloc(S * e->max_blocks * sizeof *e->tables);
-    e->rows = malloc(S * sizeof *e->rows);
-    e->row_of = malloc(S * sizeof *e->row_of);
-    e->logits = malloc(S * e->V * sizeof *e->logits);
+    e->run_seqs = malloc(S * sizeof *e->run_seqs);
     e->scratch_reqs = malloc(S * sizeof *e->scratch_reqs);
     e->wake_reqs = malloc(S * sizeof *e->wake_reqs);
-    e->staging = calloc((size_t)e->m.layout.n_units, sizeof *e->staging);
-    e->dstaging = calloc((size_t)e->m.layout.n_units, sizeof *e->dstaging);
-    e->commit_units = calloc((size_t)e->m.layout.n_units, sizeof *e->commit_units);
-    if (!e->tok_ids || !e->tok_seq || !e->tok_pos || !e->slots || !e->tables || !e->rows || !e->row_of ||
-        !e->logits || !e->scratch_reqs || !e->wake_reqs || !e->staging || !e->dstaging || !e->commit_units ||
+    e->staging = calloc(n_units, sizeof *e->staging);
+    e->commit_units = calloc(n_units, sizeof *e->commit_units);
+    if (!e->run_seqs || !e->scratch_reqs || !e->wake_reqs || !e->staging || !e->commit_units ||
         textbuf_append(&e->text, "", 0) != 0)
         goto oom;
-    if (e->bufs && decode_bufs_graphs_on(e->bufs)) record_decode_graphs(e, decode_bufs_padded_max(e->bufs));
     e->accepting = 1;
     e->idle = 1;
     publish_stats(e);
     if (pthread_create(&e->thread, NULL, engine_main, e) != 0) {
         snprintf(err, err_len, "cannot start the engine thread");
+        rc = ENGINE_EINTERNAL;
         goto fail;
     }
     e->thread_started = 1;

@@ -56,9 +56,9 @@ static int check_params(const Engine *e, const int32_t *prompt, int prompt_len, 
             return snprintf(err, err_len, "stop token id %d is outside the vocabulary [0, %d)", p->stop_token_ids[i], e->V),
                    ENGINE_EINVAL;
     const int64_t total = (int64_t)prompt_len + p->max_tokens;
-    if (total > e->m.cfg.max_seq_len)
+    if (total > e->m->cfg.max_seq_len)
         return snprintf(err, err_len, "the prompt (%d tokens) plus max_tokens (%d) is %lld tokens, beyond the model's "
-                        "context of %d", prompt_len, p->max_tokens, (long long)total, e->m.cfg.max_seq_len), ENGINE_ETOOLONG;
+                        "context of %d", prompt_len, p->max_tokens, (long long)total, e->m->cfg.max_seq_len), ENGINE_ETOOLONG;
     const int bs = e->cfg.block_size;
     if ((total + bs - 1) / bs > e->n_blocks)
         return snprintf(err, err_len, "the prompt (%d tokens) plus max_tokens (%d) is %lld tokens, beyond the whole KV "
@@ -137,27 +137,22 @@ void engine_reset_prefix_cache(Engine *e) {
 }
 
 float *engine_weights_staging(Engine *e, int unit) {
-    if (unit < 0 || unit >= e->m.layout.n_units) return NULL;
+    if (unit < 0 || unit >= e->m->layout.n_units) return NULL;
     pthread_mutex_lock(&e->mu);
-    if (!e->staging[unit]) e->staging[unit] = calloc(e->m.layout.unit_numel[unit], sizeof(float));
+    if (!e->staging[unit]) e->staging[unit] = calloc(e->m->layout.unit_numel[unit], sizeof(float));
     float *p = e->staging[unit];
     pthread_mutex_unlock(&e->mu);
     return p;
 }
 
 void *engine_weights_device_staging(Engine *e, int unit) {
-    if (unit < 0 || unit >= e->m.layout.n_units) return NULL;
     pthread_mutex_lock(&e->mu);
-    if (!e->dstaging[unit]) {
-        e->dstaging[unit] = ops_malloc(e->ops, e->m.layout.unit_numel[unit] * ops_dtype_size(e->ops));
-        if (!e->dstaging[unit]) ops_clear_error(e->ops); // the caller reports the missing memory
-    }
-    void *p = e->dstaging[unit];
+    void *p = runner_weights_device_staging(e->runner, unit);
     pthread_mutex_unlock(&e->mu);
     return p;
 }
 
-OpsCtx *engine_ops(Engine *e) { return e->ops; }
+OpsCtx *engine_ops(Engine *e) { return runner_ops(e->runner); }
 
 static int commit(Engine *e, int64_t version, int device, char *err, size_t err_len);
 
@@ -166,8 +161,10 @@ int engine_commit_weights(Engine *e, int64_t version, char *err, size_t err_len)
 }
 
 int engine_commit_device_weights(Engine *e, int64_t version, char *err, size_t err_len) {
-    for (int u = 0; u < e->m.layout.n_units; u++)
-        if (!e->dstaging[u]) return snprintf(err, err_len, "unit %d was never received", u), ENGINE_EINVAL;
+    pthread_mutex_lock(&e->mu);
+    const int missing = runner_weights_device_missing(e->runner);
+    pthread_mutex_unlock(&e->mu);
+    if (missing >= 0) return snprintf(err, err_len, "unit %d was never received", missing), ENGINE_EINVAL;
     return commit(e, version, 1, err, err_len);
 }
 

@@ -10,7 +10,7 @@
 #include "rollout_server/block_manager.h"
 #include "rollout_server/detok.h"
 #include "rollout_server/engine.h"
-#include "rollout_server/sampler.h"
+#include "rollout_server/model_runner.h"
 #include "rollout_server/scheduler.h"
 
 // One completion as the engine thread sees it. `s` first: the scheduler's Sequence* is an EngSeq*.
@@ -70,46 +70,27 @@ struct EngineRequest {
 struct Engine {
     EngineConfig cfg;
     char model_id[256];
-    OpsCtx *ops;
-    Model m;
-    ResidentWeights w;
-    int have_model;
-    UnitSource src;
-    KVCache kv;
-    DecodeBufs *bufs;
+    ModelRunner *runner;            // the device side: model, weights, KV pool, step workspace, sampling
+    const Model *m;                 // runner_model(runner)
     Tokenizer *tok;                 // NULL: the model folder has no tokenizer.json
     int32_t eos[ENGINE_MAX_EOS];
     int n_eos;
     BlockManager *bm;
     Scheduler sched;
-    int n_blocks, max_blocks, V;
-    // Step arrays (host): one entry per token of the step, max_num_batched_tokens of them ...
-    int32_t *tok_ids, *tok_seq, *tok_pos, *slots;
-    int32_t *tables;                // (max_num_seqs, max_blocks) room for the block tables of the step's sequences,
-                                    // filled as (n_step, the step's longest table) (run_step)
-    int32_t *rows;                  // (max_num_seqs) step token index of each logits row
-    int *row_of;                    // (max_num_seqs) logits row of each step sequence, -1 = none
-    float *logits;                  // (max_num_seqs, V) host copies of the logits rows that top logprobs need
-    // Sampling on the backend (ops_sample_rows, engine.c): one sample per completion that gets a token in the
-    // step. Arrays grow on demand: samp_cap samples, hist_cap history ids.
-    int n_samp, samp_cap, hist_cap;
-    EngSeq **samp_seq;              // (samp_cap) host: the completion each sample is for
-    OpsSampleParams *samp_params;   // (samp_cap) host
-    int32_t *samp_off;              // (samp_cap + 1) host: history offsets (histories of penalised samples only)
-    int32_t *samp_hist;             // (hist_cap) host
-    int32_t *samp_tok;              // (samp_cap) host: sampled ids
-    float *samp_lp;                 // (samp_cap) host: their logprobs
-    OpsSampleParams *d_params;      // backend copies of the above
-    int32_t *d_off, *d_hist, *d_tok;
-    float *d_lp;
+    int n_blocks, V;
+    // The step as the runner gets it: run_seqs (max_num_seqs) in the scheduler's step order, then each sampled
+    // sequence's samples (a request's first logits row is sampled by each of its n completions, any other row by
+    // its own completion); the runner's results stay in `out` until the next step.
+    RunnerSeq *run_seqs;
+    RunnerSample *samples;          // (samples_cap), grown on demand
+    int samples_cap;
+    RunnerOutput out;
     EngineRequest **scratch_reqs;   // (max_num_seqs)
     EngineRequest **wake_reqs;      // (max_num_seqs) requests whose client is woken once at the end of the step
     int n_wake;
-    TokenLogprob top[ENGINE_MAX_TOP_LOGPROBS];
     TextBuf text;                   // one token's new text
     float **commit_units;           // (n_units) staging buffers taken by a commit
     EngineStats live;               // engine thread's counters, copied to `stats` under the mutex
-    int64_t graph_logged;           // decode graph recordings + failures already logged (log_graphs)
     int n_requests_running;
     // Shared, under mu.
     pthread_t thread;
@@ -126,8 +107,7 @@ struct Engine {
     int commit_rc;
     char commit_err[512];
     float **staging;                // (n_units) host fp32 copies being received, NULL until asked for
-    void **dstaging;                // (n_units) transport nccl: second copies in backend memory (storage dtype)
-    int commit_device;              // the pending commit swaps dstaging in (else uploads staging)
+    int commit_device;              // the pending commit swaps the runner's device staging in (else uploads staging)
     uint64_t n_submitted;
     int64_t version;
     EngineStats stats;

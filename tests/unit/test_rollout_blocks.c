@@ -11,7 +11,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "kernels/ops.h"
 #include "rollout_server/block_manager.h"
 #include "rollout_server/scheduler.h"
 
@@ -29,7 +28,7 @@ static int failures = 0;
 static BlockManager *make_bm(int n_blocks, int bs, int prefix) {
     char err[256];
     BlockManager *bm;
-    if (bm_create(&bm, n_blocks, bs, prefix, NULL, NULL, 0, err, sizeof err) != 0) {
+    if (bm_create(&bm, n_blocks, bs, prefix, NULL, NULL, err, sizeof err) != 0) {
         fprintf(stderr, "bm_create: %s\n", err);
         exit(1);
     }
@@ -77,30 +76,39 @@ static void test_alloc_release_exhaustion(void) {
     bm_destroy(bm);
 }
 
+// A K/V pool on the host standing in for the model runner's: the block manager's copy-on-write asks it to copy
+// rows (BmCopyRows), which it does for every layer and counts.
+typedef struct {
+    int n_layers, bs, row;      // row = Hkv * D floats per token
+    float *k[2], *v[2];         // (n_blocks * bs, row) per layer
+    int copies;
+} HostKv;
+
+static void host_copy_rows(void *user, int32_t dst, int32_t src, int rows) {
+    HostKv *kv = user;
+    const size_t blk = (size_t)kv->bs * kv->row, bytes = (size_t)rows * kv->row * sizeof(float);
+    for (int l = 0; l < kv->n_layers; l++) {
+        memcpy(kv->k[l] + dst * blk, kv->k[l] + src * blk, bytes);
+        memcpy(kv->v[l] + dst * blk, kv->v[l] + src * blk, bytes);
+    }
+    kv->copies++;
+}
+
 // Fork shares every block; the first write into the shared partial block copies its valid rows (all layers).
 static void test_fork_cow(void) {
     char err[256];
-    OpsCtx *ops;
-    if (ops_create(&ops, OPS_BACKEND_CPU, 0, err, sizeof err) != 0) {
-        fprintf(stderr, "%s\n", err);
-        exit(1);
-    }
-    const int n_blocks = 6, bs = 4, L = 2, row = 3; // row = Hkv * D floats per token
-    KVCache kv = {.n_layers = L, .n_blocks = n_blocks, .block_size = bs};
-    void *kp[2], *vp[2];
-    kv.k = kp;
-    kv.v = vp;
+    const int n_blocks = 6, bs = 4, L = 2, row = 3;
+    HostKv kv = {.n_layers = L, .bs = bs, .row = row};
     for (int l = 0; l < L; l++) {
-        kv.k[l] = ops_malloc(ops, (size_t)n_blocks * bs * row * sizeof(float));
-        kv.v[l] = ops_malloc(ops, (size_t)n_blocks * bs * row * sizeof(float));
-        float *k = kv.k[l], *v = kv.v[l];
+        kv.k[l] = malloc((size_t)n_blocks * bs * row * sizeof(float));
+        kv.v[l] = malloc((size_t)n_blocks * bs * row * sizeof(float));
         for (int i = 0; i < n_blocks * bs * row; i++) {
-            k[i] = 1000.0f * l + i;
-            v[i] = -1000.0f * l - i;
+            kv.k[l][i] = 1000.0f * l + i;
+            kv.v[l][i] = -1000.0f * l - i;
         }
     }
     BlockManager *bm;
-    CHECK(bm_create(&bm, n_blocks, bs, 1, &kv, ops, row * sizeof(float), err, sizeof err) == 0, "%s", err);
+    CHECK(bm_create(&bm, n_blocks, bs, 1, host_copy_rows, &kv, err, sizeof err) == 0, "%s", err);
     BlockTable p, c1, c2;
     bm_table_init(&p, 4);
     bm_table_init(&c1, 4);
@@ -112,7 +120,8 @@ static void test_fork_cow(void) {
     CHECK(bm_num_used(bm) == 2, "forks take no new blocks (used %d)", bm_num_used(bm));
     CHECK(bm_blocks_needed(bm, &c1, 6, 7) == 1, "writing position 6 needs a private copy of block 1");
     CHECK(bm_ensure(bm, &c1, 6, 7) == 0, "c1 writes its first token");
-    CHECK(c1.ids[0] == p.ids[0] && c1.ids[1] != p.ids[1], "only the partial block is copied");
+    CHECK(c1.ids[0] == p.ids[0] && c1.ids[1] != p.ids[1] && kv.copies == 1, "only the partial block is copied "
+          "(%d copies)", kv.copies);
     CHECK(bm_refcount(bm, p.ids[1]) == 2 && bm_refcount(bm, c1.ids[1]) == 1 && bm_refcount(bm, p.ids[0]) == 3,
           "refcounts after copy-on-write");
     for (int l = 0; l < L; l++) {
@@ -127,6 +136,7 @@ static void test_fork_cow(void) {
     CHECK(bm_ensure(bm, &c2, 6, 7) == 0, "c2 copies too");
     CHECK(bm_refcount(bm, p.ids[1]) == 1, "p holds its partial block alone now");
     CHECK(bm_ensure(bm, &p, 6, 7) == 0 && bm_refcount(bm, p.ids[1]) == 1, "p writes in place (sole holder)");
+    CHECK(kv.copies == 2, "one copy each for c1 and c2, none for a fresh block or the sole holder (%d)", kv.copies);
     bm_release(bm, &c1);
     bm_release(bm, &c2);
     bm_release(bm, &p);
@@ -137,10 +147,9 @@ static void test_fork_cow(void) {
     bm_table_destroy(&c2);
     bm_destroy(bm);
     for (int l = 0; l < L; l++) {
-        ops_free(ops, kv.k[l]);
-        ops_free(ops, kv.v[l]);
+        free(kv.k[l]);
+        free(kv.v[l]);
     }
-    ops_destroy(ops);
 }
 
 static void fill_tokens(int32_t *t, int n, int base) {

@@ -1,0 +1,103 @@
+// rollout_server/model_runner.h — the model runner: what runs an engine step on the compute device (nano-vllm's
+// ModelRunner). The engine (engine.c) decides what a step holds — admission, the scheduler's plan, forks, events,
+// aborts, pause and weight commits — and hands the runner the step's sequences and samples; the runner gives back
+// one token and logprob per sample. Everything on the device side is the runner's: the compute context, the model
+// and its resident weights (and the second copy an NCCL update is received into), the paged KV cache (sized from
+// the memory budget and allocated here), the step workspace (token, slot and block-table arrays, DecodeBufs), the
+// choice between replaying a CUDA graph, a padded eager decode and an unpadded step, and sampling on the device
+// (ops_sample_rows) with the host logits rows that top logprobs need.
+//
+// Owned by the engine thread: every call comes from it, except runner_weights_device_staging and
+// runner_weights_device_missing (a receiving thread, under the engine's mutex; see there) and runner_ops.
+//
+// Tensor parallelism: nothing at this seam names a device. A runner over a tensor-parallel group would be one
+// ModelRunner holding one compute context per device, each with its shard of the weights and of the KV heads, and
+// the same block ids naming the same token slots in every device's pool. runner_step would run the step on every
+// device (a thread per device, or one thread queueing on each, with NCCL all-reduces inside the model) and sample
+// the gathered logits on its lead device; runner_num_blocks would be the count every pool holds, runner_copy_kv_rows
+// would copy on every device, runner_model would describe the whole model (the trainer's layout, which weight
+// updates address), runner_weights_device_staging would hand out whole units on the lead device that
+// runner_swap_device_weights scatters into the shards, runner_ops would be the lead device's context, and its
+// EngineConfig would name the group. The engine and everything above it would not change.
+#ifndef TANDEM_ROLLOUT_MODEL_RUNNER_H
+#define TANDEM_ROLLOUT_MODEL_RUNNER_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "kernels/ops.h"
+#include "rollout_server/engine.h"
+#include "shared/model.h"
+
+typedef struct ModelRunner ModelRunner;
+
+// One sequence of a step, as the scheduler planned it.
+typedef struct {
+    const int32_t *tokens;  // its ids, prompt then generated (at least n_computed + n_sched of them)
+    int n_computed;         // leading tokens whose K/V are in the cache
+    int n_sched;            // this step computes tokens [n_computed, n_computed + n_sched), >= 1
+    const int32_t *blocks;  // (n_blocks) the physical KV block of each of its logical blocks; covers every token
+    int n_blocks;           // the step writes
+    int n_samples;          // samples drawn from the logits of token n_computed + n_sched - 1, which must then be
+                            // its last token (0: a prefill chunk with more of the prompt to come). A fork's first
+                            // token is several samples of one row.
+} RunnerSeq;
+
+// One sample: the next token of one completion.
+typedef struct {
+    OpsSampleParams p;        // what to draw (kernels/ops.h); p.logits_row is set by the runner
+    const int32_t *history;   // (n_history) ids the repetition penalty applies to; NULL when the penalty is off
+    int n_history;
+    int top_logprobs;         // alternatives to report, 0..ENGINE_MAX_TOP_LOGPROBS
+} RunnerSample;
+
+// What a step gave. Pointers stay valid until the next runner_step.
+typedef struct {
+    const int32_t *tokens;    // (n_samples) sampled ids, in [0, V)
+    const float *logprobs;    // (n_samples) log_softmax(logits / T)[token] (EngineEvent.logprobs)
+    const TokenLogprob *top;  // (n_samples, ENGINE_MAX_TOP_LOGPROBS): sample k's first top_logprobs entries are
+                              // its alternatives, best first (its logprob then comes from the same host row)
+    int kind;                 // ENGINE_STEP_*, or -1 when the step failed before it reached the model
+    double compute_seconds;   // in the model and sampling calls (backend work and issuing it)
+} RunnerOutput;
+
+// Starts the compute context of cfg->backend / cfg->device, loads the model from cfg->model_dir, sets up the step
+// workspace and the decode graphs, sizes the KV pool (cfg->kv_cache_bytes, or what --gpu-memory-utilization
+// leaves) and allocates it. Returns 0, or an ENGINE_* code with a message that says what to change.
+int runner_create(ModelRunner **out, const EngineConfig *cfg, char *err, size_t err_len);
+void runner_free(ModelRunner *r);
+
+// The model as loaded (config, layout: what weight updates address). Valid until runner_free.
+const Model *runner_model(const ModelRunner *r);
+// KV blocks in the pool (block ids 0..n-1, cfg->block_size tokens each).
+int runner_num_blocks(const ModelRunner *r);
+// The compute context where runner_weights_device_staging's copies live (the NCCL receiver's and the peer
+// copies' between engines).
+OpsCtx *runner_ops(ModelRunner *r);
+
+// Runs one step: seqs (n_seqs <= max_num_seqs, at most max_num_batched_tokens scheduled tokens in all) in step
+// order, and the samples of each sequence with n_samples > 0, in the same order, n_samples in all. Writes every
+// scheduled token's K/V into its block and samples on the device. Returns 0 with *out filled, or -1 with a
+// message (out of memory for the samples, a backend failure: the step's K/V writes are then undefined).
+int runner_step(ModelRunner *r, const RunnerSeq *seqs, int n_seqs, const RunnerSample *samples, int n_samples,
+                RunnerOutput *out, char *err, size_t err_len);
+
+// Copies the first `rows` token rows of block src into block dst, in every layer's K and V: the block manager's
+// copy-on-write of a shared partial block (BmCopyRows; user is the runner).
+void runner_copy_kv_rows(void *user, int32_t dst, int32_t src, int rows);
+
+// ---- weights --------------------------------------------------------------------------------------------
+// Uploads host fp32 units (units[u] holds layout.unit_numel[u] values; NULL leaves unit u as it is) into the live
+// weights and waits for the device. Returns 0, or -1 with a message (the weights may then be partly updated).
+int runner_upload_weights(ModelRunner *r, float *const *units, char *err, size_t err_len);
+// Transport nccl: the second copy of unit `unit` in backend memory (storage dtype, unit_numel elements) that a
+// receiver fills, made on first use; NULL when out of device memory (or unit out of range). Called from other
+// threads: the engine serialises these calls with its mutex, and never runs them during runner_swap_device_weights.
+void *runner_weights_device_staging(ModelRunner *r, int unit);
+// The first unit without a device staging copy, or -1 when every unit has one.
+int runner_weights_device_missing(const ModelRunner *r);
+// Swaps every unit's device staging copy with its live weights (pointers only; the old weights receive the next
+// update) and checks the device. Returns 0, or -1 with a message.
+int runner_swap_device_weights(ModelRunner *r, char *err, size_t err_len);
+
+#endif
