@@ -79,18 +79,14 @@ static void queued_dec(Engine *e) {
 
 // Takes every sequence of r out of the scheduler and gives back its blocks.
 static void drop_sequences(Engine *e, EngineRequest *r) {
-    for (int i = 0; i < r->n; i++) {
-        EngSeq *q = &r->seqs[i];
-        sched_remove(&e->sched, &q->s);
-        q->finished = 1;
-    }
-    if (!r->admitted) queued_dec(e);
+    for (int i = 0; i < r->n; i++) sched_remove(&e->sched, &r->seqs[i].s);
+    if (r->state == REQ_QUEUED) queued_dec(e);
     else e->n_requests_running--;
     r->n_live = 0;
 }
 
-// The engine thread lets go of r (which may free it): a wake pending for the step is dropped, since letting go
-// wakes the client anyway.
+// The engine thread lets go of r (state REQ_DONE): a wake pending for the step is dropped, since letting go wakes
+// the client anyway. r stays allocated: a client that released it left it on the abort list.
 static void let_go(Engine *e, EngineRequest *r) {
     if (r->wake_slot >= 0) {
         e->wake_reqs[r->wake_slot] = NULL;
@@ -114,14 +110,13 @@ static void wake_clients(Engine *e) {
 static void end_request(Engine *e, EngineRequest *r, FinishReason reason) {
     int wake;
     for (int i = 0; i < r->n; i++)
-        if (!r->seqs[i].finished)
+        if (r->seqs[i].s.status != SEQ_DONE)
             request_push(r, i, -1, 0.0f, NULL, NULL, 0, reason, NULL, -1, e->version, &wake);
     drop_sequences(e, r);
     let_go(e, r);
 }
 
 static void finish_seq(Engine *e, EngSeq *q) {
-    q->finished = 1;
     sched_remove(&e->sched, &q->s);
     q->req->n_live--;
 }
@@ -165,7 +160,7 @@ static void emit_token(Engine *e, EngSeq *q, int k) {
 // running set (those beyond max_num_seqs wait at the front of the queue, keeping their blocks).
 static void fork_request(Engine *e, EngineRequest *r, int k0) {
     EngSeq *parent = &r->seqs[0];
-    r->forked = 1;
+    request_set_state(r, REQ_DECODE);
     for (int i = 1; i < r->n; i++) {
         EngSeq *c = &r->seqs[i];
         bm_fork(e->bm, &c->s.table, &parent->s.table);
@@ -175,22 +170,22 @@ static void fork_request(Engine *e, EngineRequest *r, int k0) {
     int first_surplus = r->n;
     for (int i = 1; i < r->n; i++) {
         EngSeq *c = &r->seqs[i];
-        if (c->finished) continue;
+        if (c->s.status == SEQ_DONE) continue;
         if (e->sched.running.count < e->sched.max_num_seqs) sched_add_running(&e->sched, &c->s);
         else if (first_surplus == r->n) first_surplus = i;
     }
     for (int i = r->n - 1; i >= first_surplus; i--)
-        if (!r->seqs[i].finished && r->seqs[i].s.status == SEQ_NEW) sched_add_waiting(&e->sched, &r->seqs[i].s, 1);
+        if (r->seqs[i].s.status == SEQ_NEW) sched_add_waiting(&e->sched, &r->seqs[i].s, 1);
 }
 
 // Completion 0 of r was admitted for the first time (q): r leaves the queue.
 static void admit(Engine *e, EngineRequest *r, const Sequence *q) {
-    r->admitted = 1;
     e->n_requests_running++;
     queued_dec(e);
     e->live.prompt_tokens_total += r->prompt_len;
     e->live.cached_prompt_tokens_total += q->cached_at_admission;
     pthread_mutex_lock(&r->mu);
+    r->state = REQ_PREFILL;
     r->cached_tokens = q->cached_at_admission;
     pthread_mutex_unlock(&r->mu);
 }
@@ -217,11 +212,11 @@ static int plan_step(Engine *e, char *err, size_t err_len) {
     for (int i = 0; i < s->n_step; i++) {
         const Sequence *q = s->step[i];
         EngineRequest *r = ((EngSeq *)q)->req;
-        if (q->just_admitted && q->n_admissions == 1 && ((const EngSeq *)q)->index == 0) admit(e, r, q);
+        if (r->state == REQ_QUEUED && q->just_admitted) admit(e, r, q);
         const int sampled = q->n_computed + q->sched == q->n_tokens;
         e->run_seqs[i] = (RunnerSeq){.tokens = q->tokens, .n_computed = q->n_computed, .n_sched = q->sched,
                                      .blocks = q->table.ids, .n_blocks = q->table.n,
-                                     .n_samples = !sampled ? 0 : r->forked ? 1 : r->n};
+                                     .n_samples = !sampled ? 0 : r->state == REQ_DECODE ? 1 : r->n};
         n_samples += e->run_seqs[i].n_samples;
         n_rows += sampled;
     }
@@ -235,7 +230,7 @@ static int plan_step(Engine *e, char *err, size_t err_len) {
         const SamplingParams *p = &r->p;
         const int penalised = p->repetition_penalty != 1.0f;
         for (int c = 0; c < e->run_seqs[i].n_samples; c++, k++) {
-            const EngSeq *cq = r->forked ? q : &r->seqs[c];
+            const EngSeq *cq = r->state == REQ_DECODE ? q : &r->seqs[c];
             const Sequence *cs = &cq->s;
             e->samples[k] = (RunnerSample){
                 .p = {.u = sampler_uniform(r->seed + (uint64_t)cq->index, (uint64_t)(cs->n_tokens - cs->n_prompt)),
@@ -288,13 +283,13 @@ static int run_step(Engine *e) {
         fail_step(e);
     } else {
         sched_commit(s);
-        // A request is freed only after its last completion finishes, so later entries stay valid. Samples are
-        // in step order (plan_step).
+        // Samples are in step order (plan_step). Letting go of a request never frees it here (a released one waits
+        // on the abort list), so later entries stay valid.
         for (int i = 0, k = 0; i < s->n_step; i++) {
             if (e->run_seqs[i].n_samples == 0) continue;
             EngSeq *q = (EngSeq *)s->step[i];
             EngineRequest *r = q->req;
-            if (!r->forked) {
+            if (r->state != REQ_DECODE) {
                 fork_request(e, r, k);
                 k += r->n;
             } else {
@@ -355,10 +350,7 @@ static void take_requests(Engine *e, EngineRequest *in, EngineRequest *aborted) 
     }
     for (EngineRequest *r = aborted, *next; r; r = next) {
         next = r->next_abort;
-        pthread_mutex_lock(&r->mu);
-        const int done = r->engine_done;
-        pthread_mutex_unlock(&r->mu);
-        if (!done) drop_sequences(e, r);
+        if (r->state != REQ_DONE) drop_sequences(e, r);
         request_free(r); // released by the client, which left it to us
     }
 }

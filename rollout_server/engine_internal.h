@@ -13,14 +13,26 @@
 #include "rollout_server/model_runner.h"
 #include "rollout_server/scheduler.h"
 
-// One completion as the engine thread sees it. `s` first: the scheduler's Sequence* is an EngSeq*.
+// One completion as the engine thread sees it. `s` first: the scheduler's Sequence* is an EngSeq*. Its state is
+// s.status: SEQ_DONE once its finish event is queued, or its request was dropped.
 typedef struct {
     Sequence s;
     struct EngineRequest *req;
     int index;         // completion index 0..n-1
     Detok detok;
-    int finished;      // its finish event has been queued (or the client is gone)
 } EngSeq;
+
+// Where a request is in the engine (docs/architecture.md, "A request in the engine"). Only the engine thread
+// changes it, always under the request's mu: the engine thread reads it without the lock, other threads with it.
+typedef enum {
+    REQ_QUEUED = 0, // submitted, not yet admitted: on the incoming list, then completion 0 waits in the scheduler
+                    // (counted in Engine.n_queued)
+    REQ_PREFILL,    // admitted: completion 0 computes the prompt, in chunks; preempted, it waits again and recomputes
+                    // (counted in Engine.n_requests_running from here on)
+    REQ_DECODE,     // forked: each of the n completions got its first token; the unfinished ones decode (n_live)
+    REQ_DONE,       // the engine thread let go of it: every completion finished, or the request was ended
+                    // (shutdown, a failed step) or dropped (released by its client)
+} ReqState;
 
 // Tokens, logprobs and text of one completion waiting for the client. Consecutive steps of a completion are
 // coalesced into one slot while the client has not popped it (and the policy version is the same).
@@ -46,8 +58,9 @@ struct EngineRequest {
     EngSeq *seqs;              // (n) completion 0 prefills the prompt; 1..n-1 are forked from it
     struct EngineRequest *next_in;    // incoming list (under the engine mutex)
     struct EngineRequest *next_abort; // abort list (under the engine mutex): a queued request may be on both
+    ReqState state;            // written by the engine thread under mu (see ReqState)
     // engine thread only
-    int forked, admitted, n_live, in_abort_list_done;
+    int n_live;                // completions not finished yet
     int wake_slot;             // its index in Engine.wake_reqs while a wake is pending for the step, else -1
     // under mu
     pthread_mutex_t mu;
@@ -60,9 +73,8 @@ struct EngineRequest {
     int n_finish_delivered;
     int cached_tokens;
     int wake_on_finish;        // the client waits for finish events only (engine_request_wake_on_finish)
-    int engine_done;           // the engine thread let go of it
-    int released;              // the client let go of it
-    int abort_pending;         // on the engine's abort list: only the engine thread frees it
+    int released;              // the client let go of it: freed then if state is REQ_DONE, else it went on the
+                               // engine's abort list and the engine thread frees it
 };
 
 #define ENGINE_MAX_EOS 16
@@ -129,7 +141,10 @@ int request_push(EngineRequest *r, int index, int32_t tok, float logprob, const 
                  int64_t version, int *wake);
 // Wakes a client waiting in engine_request_next.
 void request_wake(EngineRequest *r);
-// The engine thread is done with r: frees it when the client has released it (and it is not on the abort list).
+// The engine thread is done with r: state REQ_DONE, and its client is woken. A client that released r before
+// this put it on the abort list, where the engine thread frees it; one that releases it later frees it.
 void request_engine_done(EngineRequest *r);
+// Moves r to `state` (engine thread).
+void request_set_state(EngineRequest *r, ReqState state);
 
 #endif

@@ -3,9 +3,9 @@
 // pushes, the client pops. Slots are recycled through a free list, so a long generation allocates nothing per
 // token once its buffers have grown.
 //
-// Lifetime: the handle is freed by whichever side lets go last — the engine thread (request_engine_done) or the
-// client (engine_request_release). A client that lets go early puts the request on the engine's abort list;
-// from then on only the engine thread may free it.
+// Lifetime: the handle is freed by whichever side lets go last — the engine thread (request_engine_done, state
+// REQ_DONE) or the client (engine_request_release). A client that lets go first puts the request on the engine's
+// abort list; from then on only the engine thread may free it.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -49,6 +49,7 @@ int request_alloc(EngineRequest **out, Engine *e, const int32_t *prompt, int pro
             return ENGINE_ENOMEM;
         }
     }
+    r->state = REQ_QUEUED;
     r->n_live = r->n;
     r->wake_slot = -1;
     *out = r;
@@ -196,13 +197,17 @@ void engine_request_wake_on_finish(EngineRequest *r) {
     pthread_mutex_unlock(&r->mu);
 }
 
+void request_set_state(EngineRequest *r, ReqState state) {
+    pthread_mutex_lock(&r->mu);
+    r->state = state;
+    pthread_mutex_unlock(&r->mu);
+}
+
 void request_engine_done(EngineRequest *r) {
     pthread_mutex_lock(&r->mu);
-    r->engine_done = 1;
-    const int free_it = r->released && !r->abort_pending;
+    r->state = REQ_DONE;
     pthread_cond_broadcast(&r->cv);
     pthread_mutex_unlock(&r->mu);
-    if (free_it) request_free(r);
 }
 
 int engine_request_next(EngineRequest *r, EngineEvent *ev, int timeout_ms) {
@@ -219,7 +224,7 @@ int engine_request_next(EngineRequest *r, EngineEvent *ev, int timeout_ms) {
     pthread_mutex_lock(&r->mu);
     while (r->q_len == 0) {
         // Every completion's finish delivered, or the engine gone without one (an event it could not allocate).
-        if (r->n_finish_delivered == r->n || r->engine_done) {
+        if (r->n_finish_delivered == r->n || r->state == REQ_DONE) {
             pthread_mutex_unlock(&r->mu);
             return -1;
         }
@@ -270,13 +275,10 @@ void engine_request_release(EngineRequest *r) {
     if (!r) return;
     pthread_mutex_lock(&r->mu);
     r->released = 1;
-    const int done = r->engine_done;
-    if (!done) {
-        // Lock order: handle mutex, then engine mutex (the engine thread never holds its own mutex while it
-        // takes a handle's).
-        r->abort_pending = 1;
-        engine_post_abort(r->e, r);
-    }
+    const int done = r->state == REQ_DONE;
+    // Lock order: handle mutex, then engine mutex (the engine thread never holds its own mutex while it takes a
+    // handle's).
+    if (!done) engine_post_abort(r->e, r);
     pthread_mutex_unlock(&r->mu);
     if (done) request_free(r);
 }
