@@ -26,7 +26,7 @@
 
 static const DemoOptions kDefaults = {
     .output_dir = "out/demo", .device = "auto", .seed = 1, .threads = 0,
-    .digits = 3, .n_train = 20000, .n_heldout = 500, .n_validation = 500, .n_sft = 20000,
+    .digits = 3, .n_train = 20000, .n_heldout = 200, .n_validation = 200, .n_sft = 20000,
     .hidden = 256, .layers = 2, .heads = 8, .intermediate = 512, .init_std = 0.02,
     .sft_batch = 64, .sft_min_steps = 100, .sft_max_steps = 1000, .sft_check_every = 10, .sft_lr = 1e-3,
     .sft_target = 0.25,
@@ -34,7 +34,7 @@ static const DemoOptions kDefaults = {
     .grpo_lr = 5e-4, .temperature = 1.0, .stop_accuracy = 0.95, .stop_patience = 2,
 };
 
-// Option rows: N(flag, field, min, help) is an int of at least min; R(...) a double in a range.
+// Option rows: N(flag, field, min, help) is an int of at least min, POS(flag, field, help) a double above 0.
 #define OPT(flag_, type_, field, bounds_, lo, hi, lo_excl, help_)                                                 \
     {.flag = flag_, .type = type_, .offset = offsetof(DemoOptions, field), .help = help_, .bounds = bounds_, .min = lo, \
      .max = hi, .min_exclusive = lo_excl}
@@ -49,7 +49,7 @@ static const CliOption kOptions[] = {
         "seed of the model init, the data, SFT and GRPO"),
     N("--threads", threads, 0, "CPU threads per process (OpenBLAS); 0 = every core"),
     OPT("--digits", CLI_INT, digits, CLI_BOUND_MIN | CLI_BOUND_MAX, 1, 9, 0,
-        "task: a + b with operands of exactly this many digits, every number written least significant digit first"),
+        "task: a + b with operands of exactly this many digits"),
     N("--train-size", n_train, 1, "training problems (GRPO prompts)"),
     N("--heldout-size", n_heldout, 1, "held-out problems (none of them is a training problem)"),
     N("--validation-size", n_validation, 1, "validation problems: decide when SFT and GRPO stop (disjoint from the others)"),
@@ -62,7 +62,7 @@ static const CliOption kOptions[] = {
     OPT("--sft-target", CLI_DOUBLE, sft_target, CLI_BOUND_MIN | CLI_BOUND_MAX, 0, 1, 0,
         "SFT warm-up stops at the first check where validation accuracy reaches this"),
     N("--sft-min-steps", sft_min_steps, 1, "SFT warm-up: steps before the first check"),
-    N("--sft-check-every", sft_check_every, 1, "SFT warm-up: steps between checks (every step once past a fifth of the target)"),
+    N("--sft-check-every", sft_check_every, 1, "SFT warm-up: steps between checks (every step once past half the target)"),
     N("--sft-max-steps", sft_max_steps, 1, "SFT warm-up: most steps (stops there whatever the accuracy)"),
     N("--sft-batch-size", sft_batch, 1, "SFT warm-up: sequences per step"),
     POS("--sft-learning-rate", sft_lr, "SFT warm-up: AdamW learning rate (20 warmup steps, then constant)"),
@@ -325,7 +325,7 @@ static int run_sft(Demo *d, char *ckpt, size_t ckpt_len, char *err, size_t err_l
     snprintf(lr, sizeof lr, "%g", d->o.sft_lr);
     snprintf(seed, sizeof seed, "%lld", d->o.seed);
     demo_say(d, "SFT warm-up: %d sequences a step, learning rate %g (20 warmup steps, then constant), until %.0f %% of the "
-           "%d validation problems are answered exactly (checked every %d steps from step %d, every step past a fifth of it; at most %d steps)",
+           "%d validation problems are answered exactly (checked every %d steps from step %d, every step past half of it; at most %d steps)",
         d->o.sft_batch, d->o.sft_lr, 100 * d->o.sft_target, d->o.n_validation, d->o.sft_check_every,
         d->o.sft_min_steps, d->o.sft_max_steps);
     double t = demo_now();
@@ -364,9 +364,9 @@ static int run_sft(Demo *d, char *ckpt, size_t ckpt_len, char *err, size_t err_l
         if (d->n_checks < 64) d->check_step[d->n_checks] = done, d->check_acc[d->n_checks++] = acc;
         demo_say(d, "  sft  step %4d  validation accuracy %.1f %% (well-formed answers %.1f %%)", done, 100 * acc, 100 * form);
         if (acc >= d->o.sft_target) break;
-        // Accuracy climbs in a sudden jump once it starts (from 6 % to 44 % in 10 steps at the default size): past
-        // a fifth of the target every step is checked, so the start of GRPO stays close to the target.
-        if (acc >= 0.2 * d->o.sft_target) every = 1;
+        // Accuracy climbs in a sudden jump once it starts (over 20 points in 5 steps at the default size): past
+        // half the target every step is checked, so the start of GRPO stays close to the target.
+        if (acc >= 0.5 * d->o.sft_target) every = 1;
         if (done >= d->o.sft_max_steps)
             demo_say(d, "  sft  stopped at --sft-max-steps %d below the target of %.0f %%", done, 100 * d->o.sft_target);
     }
@@ -578,8 +578,7 @@ int demo_main(int argc, char **argv) {
     DemoDataSpec ds = {.digits = d->o.digits, .n_train = d->o.n_train, .n_heldout = d->o.n_heldout,
                        .n_validation = d->o.n_validation, .n_sft = d->o.n_sft < d->o.n_train ? d->o.n_sft : d->o.n_train, .seed = (uint64_t)d->o.seed};
     if (demo_write_data(data, &ds, err, sizeof err) != 0) goto out;
-    demo_say(d, "task: \"a+b=\" with %d-digit operands, every number least significant digit first (\"321+654=9750\" is "
-           "123 + 456 = 0579), the sum checked exactly (reward answer_match); %d training, %d "
+    demo_say(d, "task: \"a+b=\" with %d-digit operands, the sum checked exactly (reward answer_match); %d training, %d "
            "validation and %d held-out problems, no problem in two sets -> %s", d->o.digits, d->o.n_train,
         d->o.n_validation, d->o.n_heldout, data);
     // 3. SFT warm-up; 4. the rollout server and accuracy before GRPO; 5-6. GRPO with accuracy along the way.

@@ -162,13 +162,6 @@ static int keyset_insert(KeySet *k, uint64_t key) {  // 1 = inserted, 0 = alread
     return 1;
 }
 
-static void reverse_in_place(char *s) {
-    for (size_t lo = 0, hi = strlen(s); hi > 1 && lo < hi - 1; lo++, hi--) {
-        char t = s[lo];
-        s[lo] = s[hi - 1], s[hi - 1] = t;
-    }
-}
-
 static int write_row(FILE *f, const char *prompt, const char *key, json_t *value) {
     json_t *row = json_pack("{s:s, s:o}", "prompt", prompt, key, value);
     char *line = row ? json_dumps(row, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
@@ -227,19 +220,11 @@ int demo_write_data(const char *dir, const DemoDataSpec *s, char *err, size_t er
         }
     }
     for (size_t i = 0; i < n; i++) {
-        // Every number is written least significant digit first ("123+456=" is written "321+654=", the sum 0579
-        // as "9750"), zero-padded to a fixed width: the digit of the sum at place k then sits at the same
-        // distance from the operand digits at place k for every k, and its carry comes from the digit just
-        // written, so the model learns one rule for all places (as in addition by hand). Written most
-        // significant first, each digit of the sum depends on the whole carry chain below it, which a 2-layer
-        // model learns slowly and unevenly across seeds.
-        char prompt[64], answer[32], ra[16], rb[16];
-        snprintf(ra, sizeof ra, "%0*llu", s->digits, (unsigned long long)a[i]);
-        snprintf(rb, sizeof rb, "%0*llu", s->digits, (unsigned long long)b[i]);
+        char prompt[64], answer[32];
+        snprintf(prompt, sizeof prompt, "%llu+%llu=", (unsigned long long)a[i], (unsigned long long)b[i]);
+        // The answer has digits + 1 digits, zero-padded ("0730"): every digit of the sum sits at a fixed position.
         snprintf(answer, sizeof answer, "%0*llu", s->digits + 1, (unsigned long long)(a[i] + b[i]));
-        reverse_in_place(ra), reverse_in_place(rb), reverse_in_place(answer);
-        snprintf(prompt, sizeof prompt, "%s+%s=", ra, rb);
-        json_t *value = json_string(answer);
+        json_t *value = json_integer((json_int_t)(a[i] + b[i]));
         int w = 0;
         if (i < (size_t)s->n_heldout) {
             w = write_row(f[HELDOUT], prompt, "answer", value);

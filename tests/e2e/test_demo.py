@@ -98,16 +98,12 @@ def test_small_configuration_runs_every_phase(tmp_path):
     assert [len(data[n]) for n in ("train.jsonl", "validation.jsonl", "heldout.jsonl")] == [500, 20, 20]
     prompts = [set(r["prompt"] for r in data[n]) for n in ("train.jsonl", "validation.jsonl", "heldout.jsonl")]
     assert not (prompts[0] & prompts[1]) and not (prompts[0] & prompts[2]) and not (prompts[1] & prompts[2])
-    # Every number least significant digit first: "321+654=" is 123 + 456, its answer "9750" is 0579.
-    def lsd_first(text):
-        return int(text[::-1])
-
     for r in data["heldout.jsonl"]:
-        a, b = map(lsd_first, r["prompt"].rstrip("=").split("+"))
-        assert len(r["prompt"]) == 8 and lsd_first(r["answer"]) == a + b and len(r["answer"]) == 4
+        a, b = map(int, r["prompt"].rstrip("=").split("+"))
+        assert r["answer"] == a + b
     for r in data["sft.jsonl"]:
-        a, b = map(lsd_first, r["prompt"].rstrip("=").split("+"))
-        assert lsd_first(r["completion"]) == a + b and len(r["completion"]) == 4
+        a, b = map(int, r["prompt"].rstrip("=").split("+"))
+        assert int(r["completion"]) == a + b and len(r["completion"]) == 4
     assert "held-out accuracy" in proc.stdout
     # A second run in the same folder replaces the first one's files (metrics.jsonl is not appended to).
     run_demo(out, *SMALL, "--grpo-steps", 2, timeout=300)
