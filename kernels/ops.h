@@ -303,8 +303,8 @@ typedef struct {
     int32_t logits_row;        // the row of `logits` this sample reads (several samples may share a row)
 } OpsSampleParams;
 
-// One token per sample s in [0, n), with the semantics of rollout_server/sampler.h (r = params[s].logits_row,
-// x = the row's logits):
+// One token per sample s in [0, n) (r = params[s].logits_row, x = the row's logits; the host reference is
+// kernels/cpu/cpu_sample.c):
 //   logprobs[s] = log_softmax(x / T)[tokens[s]] of the raw logits (T = 1 when greedy), before penalty and filters;
 //   repetition penalty (Hugging Face) on each distinct id of history[history_offsets[s] .. history_offsets[s+1])
 //     (ids outside [0, V) are skipped, repeats count once);

@@ -1,13 +1,14 @@
-// kernels/cpu/cpu_sample.c — the CPU twin of ops_sample_rows: the next token of each sample from one fp32 logits
-// row, with the semantics of rollout_server/sampler.h, organised the way the CUDA kernel is: every filter ends up
-// as a cut on the penalised, temperature-scaled logit x — min-p at a value t0, top-k at the k-th largest value,
-// top-p at a value xt plus an id inside xt's ties — and the draw walks the kept tokens in id order:
+// kernels/cpu/cpu_sample.c — the CPU twin of ops_sample_rows and the host reference of the rollout server's
+// sampling semantics (kernels/ops.h states them; vLLM's order, which TRL's GRPO generation runs on): the next token
+// of each sample from one fp32 logits row, organised the way the CUDA kernel is: every filter ends up as a cut on
+// the penalised, temperature-scaled logit x — min-p at a value t0, top-k at the k-th largest value, top-p at a
+// value xt plus an id inside xt's ties — and the draw walks the kept tokens in id order:
 //   kept(i) = x[i] > xt  ||  (x[i] == xt && i <= id_cut).
 //
-// The arithmetic is rollout_server/sampler.c's, step for step (x in float; weights w = exp(x - max x) and every
-// sum in double, in the same order), so both pick the same token and report the same logprob bit for bit; the
-// cuts only restate its filters (tests/unit/test_rollout_sampler_ops.c holds the two together, and the CUDA
-// test holds the kernel to this file).
+// The arithmetic is pinned down (x in float; weights w = exp(x - max x) and every sum in double, always in the same
+// order), so a token follows from its row, parameters and uniform alone; the cuts only restate the filters
+// (tests/unit/test_rollout_sampler_ops.c holds this file to the semantics written out plainly, and the CUDA test
+// holds the kernel to this file).
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -59,8 +60,8 @@ static float key_float(uint32_t k) {
     return f;
 }
 
-// Does a token with scaled logit t survive min-p (and underflow)? sampler.c keeps w = exp(t - xm) when w > 0
-// and, with min-p on, when w >= min_p. Monotone in t, so the survivors are exactly {x >= t0}.
+// Does a token with scaled logit t survive min-p (and underflow)? It does when w = exp(t - xm) > 0 and, with
+// min-p on, w >= min_p. Monotone in t, so the survivors are exactly {x >= t0}.
 static int survives(float t, double xm, float min_p) {
     const double w = exp((double)t - xm);
     return w > 0.0 && (!(min_p > 0.0f) || w >= min_p);
@@ -80,7 +81,7 @@ static int lowest_survivor(double xm, float min_p, float *t0) {
     return 1;
 }
 
-// logsumexp of logits * inv_t over V entries, in double (sampler.c's row_lse).
+// logsumexp of logits * inv_t over V entries, in double.
 static double row_lse(const float *logits, int V, float inv_t) {
     float m = -INFINITY;
     for (int i = 0; i < V; i++) {
@@ -125,7 +126,8 @@ static int cand_cmp(const void *pa, const void *pb) {
 
 // The top-p cut among the survivors {x >= x_lo}: the kept tokens are the first ones in (x desc, id asc) order
 // while the mass ranked above is below top_p * total. Sets (*xt, *id_cut) to the last kept token. Only tokens
-// above a weight floor that already holds top_p of the mass are sorted (sampler.c's floors, in its order).
+// above a weight floor that already holds top_p of the mass are sorted (the floor starts at 1e-4 of the top
+// weight and is lowered 10^4-fold until it does).
 static void top_p_cut(Scratch *s, int V, float x_lo, float top_p, float *xt, int *id_cut) {
     const float *x = s->x;
     const double *w = s->w;

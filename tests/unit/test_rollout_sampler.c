@@ -1,6 +1,9 @@
-// test_rollout_sampler.c — the rollout server's sampler against naive implementations written here:
+// test_rollout_sampler.c — the rollout server's sampling as the engine runs it (ops_sample_rows on the CPU backend,
+// whose host reference is kernels/cpu/cpu_sample.c, drawing with sampler_uniform; top logprobs from
+// sampler_logprob) against naive implementations written here:
 //   - reported logprobs are exactly log_softmax(logits / T) of the raw logits (T = 1 when greedy), before any
-//     penalty or filter; top logprobs are the best ids of that distribution, best first;
+//     penalty or filter; top logprobs are the best ids of that distribution, best first, and sampler_logprob
+//     gives the op's logprob;
 //   - greedy = argmax of the repetition-penalised logits (HF semantics: positive / penalty, negative * penalty,
 //     each distinct history token once);
 //   - every filter (temperature, min-p, top-k with ties, top-p, and all together): sampled tokens always lie in
@@ -12,6 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "kernels/ops.h"
 #include "rollout_server/sampler.h"
 
 static int failures = 0;
@@ -29,6 +33,47 @@ static uint64_t lcg = 99;
 static double frand(void) {
     lcg = lcg * 6364136223846793005ULL + 1442695040888963407ULL;
     return (double)(lcg >> 11) / 9007199254740992.0;
+}
+
+static OpsCtx *ctx; // the CPU backend
+
+// n draws from one row of V logits under p through ops_sample_rows, as the engine hands them over: draw i uses the
+// uniform of (stream, pos0 + i) and carries the history hist (nh ids). tok, lp (n).
+static void sample_n(const float *logits, int V, const SamplingParams *p, const int32_t *hist, int nh,
+                     uint64_t stream, uint64_t pos0, int n, int32_t *tok, float *lp) {
+    OpsSampleParams *par = malloc((size_t)n * sizeof *par);
+    int32_t *off = malloc((size_t)(n + 1) * sizeof *off);
+    int32_t *h = malloc((size_t)n * nh * sizeof *h + sizeof *h);
+    if (!par || !off || !h) {
+        fprintf(stderr, "out of memory\n");
+        exit(2);
+    }
+    for (int i = 0; i < n; i++) {
+        par[i] = (OpsSampleParams){.u = sampler_uniform(stream, pos0 + (uint64_t)i),
+                                   .temperature = p->temperature,
+                                   .top_p = p->top_p,
+                                   .min_p = p->min_p,
+                                   .repetition_penalty = p->repetition_penalty,
+                                   .top_k = p->top_k,
+                                   .logits_row = 0};
+        off[i] = i * nh;
+        if (nh > 0) memcpy(h + (size_t)i * nh, hist, (size_t)nh * sizeof *hist);
+    }
+    off[n] = n * nh;
+    ops_sample_rows(ctx, tok, lp, logits, par, nh > 0 ? h : NULL, nh > 0 ? off : NULL, n, 1, V, n * nh);
+    CHECK(ops_status(ctx) == 0, "ops_sample_rows: %s", ops_error(ctx));
+    ops_clear_error(ctx);
+    free(par);
+    free(off);
+    free(h);
+}
+
+// One draw: the token of (stream, pos) and its logprob.
+static int32_t sample1(const float *logits, int V, const SamplingParams *p, const int32_t *hist, int nh,
+                       uint64_t stream, uint64_t pos, float *lp) {
+    int32_t tok;
+    sample_n(logits, V, p, hist, nh, stream, pos, 1, &tok, lp);
+    return tok;
 }
 
 static void sampling(SamplingParams *p, float t, int top_k, float top_p, float min_p, float rep) {
@@ -95,7 +140,7 @@ static void naive_probs(const float *logits, int V, const SamplingParams *p, con
     free(alive);
 }
 
-static void test_logprobs_exact(Sampler *s, int V) {
+static void test_logprobs_exact(int V) {
     float *logits = malloc((size_t)V * sizeof *logits);
     for (int i = 0; i < V; i++) logits[i] = (float)(4 * frand() - 2);
     const float temps[6] = {0.0f, 0.7f, 1.3f, 0.0f, 0.7f, 1.3f};
@@ -108,13 +153,17 @@ static void test_logprobs_exact(Sampler *s, int V) {
         TokenLogprob top[6];
         float lp;
         const double T = temps[ti] > 0 ? temps[ti] : 1.0;
+        const float inv_t = temps[ti] > 0 ? 1.0f / temps[ti] : 1.0f;
         double m = -INFINITY, sum = 0;
         for (int i = 0; i < V; i++) m = fmax(m, logits[i] / T);
         for (int i = 0; i < V; i++) sum += exp(logits[i] / T - m);
         const double lse = m + log(sum);
         for (int pos = 0; pos < 20; pos++) {
-            int32_t t = sampler_sample(s, logits, &p, hist, 3, 7, pos, &lp, top);
+            int32_t t = sample1(logits, V, &p, hist, 3, 7, pos, &lp);
             CHECK(fabs(lp - (logits[t] / T - lse)) < 1e-5, "T %g: logprob %g vs %g", T, lp, logits[t] / T - lse);
+            // The runner's top logprobs come from sampler_logprob on the same row: one distribution for the two.
+            const float host_lp = sampler_logprob(logits, V, inv_t, t, p.top_logprobs, top);
+            CHECK(fabs(host_lp - lp) < 1e-6, "T %g: sampler_logprob %g vs the op's %g", T, host_lp, lp);
         }
         // Top logprobs: the 6 best of the unfiltered distribution, best first.
         for (int k = 0; k < 6; k++) {
@@ -127,44 +176,48 @@ static void test_logprobs_exact(Sampler *s, int V) {
     free(logits);
 }
 
-static void test_greedy_and_penalty(Sampler *s) {
+static void test_greedy_and_penalty(void) {
     float logits[6] = {1.0f, 3.0f, 2.5f, -0.5f, -0.4f, 0.0f};
     SamplingParams p;
     float lp;
     sampling(&p, 0.0f, 0, 1.0f, 0.0f, 1.0f);
-    CHECK(sampler_sample(s, logits, &p, NULL, 0, 1, 0, &lp, NULL) == 1, "argmax");
+    CHECK(sample1(logits, 6, &p, NULL, 0, 1, 0, &lp) == 1, "argmax");
     sampling(&p, 1e-7f, 0, 1.0f, 0.0f, 1.0f); // logits / 1e-7 would overflow: treated as greedy, logprobs at T = 1
     int all_argmax = 1;
-    for (int pos = 0; pos < 50; pos++) all_argmax &= sampler_sample(s, logits, &p, NULL, 0, 9, pos, &lp, NULL) == 1;
+    for (int pos = 0; pos < 50; pos++) all_argmax &= sample1(logits, 6, &p, NULL, 0, 9, pos, &lp) == 1;
     CHECK(all_argmax && fabs(lp - sampler_logprob(logits, 6, 1.0f, 1, 0, NULL)) < 1e-7, "tiny temperature is greedy");
     // Penalty 1.5 on id 1 (3 -> 2) makes id 2 (2.5) the argmax; duplicates in the history apply it once.
     int32_t hist[4] = {1, 1, 1, 4};
     sampling(&p, 0.0f, 0, 1.0f, 0.0f, 1.5f);
-    CHECK(sampler_sample(s, logits, &p, hist, 4, 1, 0, &lp, NULL) == 2, "penalised argmax");
+    CHECK(sample1(logits, 6, &p, hist, 4, 1, 0, &lp) == 2, "penalised argmax");
     CHECK(fabs(lp - sampler_logprob(logits, 6, 1.0f, 2, 0, NULL)) < 1e-7, "greedy logprob at T=1 of raw logits");
     // Negative logits are multiplied: -0.4 * 1.5 = -0.6 < -0.5, so id 0 now beats id 1.
     float neg[6] = {-0.5f, -0.4f, -3.0f, -3.0f, -3.0f, -3.0f};
     int32_t h2[1] = {1};
-    CHECK(sampler_sample(s, neg, &p, h2, 1, 1, 0, &lp, NULL) == 0, "a negative logit is multiplied by the penalty");
+    CHECK(sample1(neg, 6, &p, h2, 1, 1, 0, &lp) == 0, "a negative logit is multiplied by the penalty");
     // Ties go to the lower id.
     float tie[6] = {0.5f, 2.0f, 2.0f, 1.0f, 0.0f, 0.0f};
     sampling(&p, 0.0f, 0, 1.0f, 0.0f, 1.0f);
-    CHECK(sampler_sample(s, tie, &p, NULL, 0, 1, 0, &lp, NULL) == 1, "tie -> lower id");
+    CHECK(sample1(tie, 6, &p, NULL, 0, 1, 0, &lp) == 1, "tie -> lower id");
 }
 
 // Draws n tokens at positions 0..n-1 and compares frequencies with the naive filtered softmax.
-static void check_distribution(Sampler *s, const float *logits, int V, const SamplingParams *p, const int32_t *hist,
-                               int nh, const char *what) {
+static void check_distribution(const float *logits, int V, const SamplingParams *p, const int32_t *hist, int nh,
+                               const char *what) {
     enum { N = 100000 };
     double prob[16];
     naive_probs(logits, V, p, hist, nh, prob);
     int count[16] = {0}, outside = 0;
-    float lp;
+    int32_t *tok = malloc(N * sizeof *tok);
+    float *lp = malloc(N * sizeof *lp);
+    sample_n(logits, V, p, hist, nh, 1234, 0, N, tok, lp);
     for (int i = 0; i < N; i++) {
-        int32_t t = sampler_sample(s, logits, p, hist, nh, 1234, (uint64_t)i, &lp, NULL);
+        const int32_t t = tok[i] >= 0 && tok[i] < V ? tok[i] : 0;
+        outside += tok[i] != t || prob[t] == 0.0;
         count[t]++;
-        outside += prob[t] == 0.0;
     }
+    free(tok);
+    free(lp);
     CHECK(outside == 0, "%s: %d draws outside the filtered support", what, outside);
     for (int i = 0; i < V; i++) {
         double f = (double)count[i] / N, se = sqrt(fmax(prob[i] * (1 - prob[i]), 1e-12) / N);
@@ -172,33 +225,33 @@ static void check_distribution(Sampler *s, const float *logits, int V, const Sam
     }
 }
 
-static void test_filters(Sampler *s8) {
+static void test_filters(void) {
     const float logits[8] = {2.0f, 1.5f, 1.5f, 0.3f, -0.2f, -1.0f, 0.9f, -2.5f};
     const int32_t hist[3] = {0, 6, 6};
     SamplingParams p;
     sampling(&p, 1.0f, 0, 1.0f, 0.0f, 1.0f);
-    check_distribution(s8, logits, 8, &p, NULL, 0, "T=1");
+    check_distribution(logits, 8, &p, NULL, 0, "T=1");
     sampling(&p, 0.5f, 0, 1.0f, 0.0f, 1.0f);
-    check_distribution(s8, logits, 8, &p, NULL, 0, "T=0.5");
+    check_distribution(logits, 8, &p, NULL, 0, "T=0.5");
     sampling(&p, 1.0f, 2, 1.0f, 0.0f, 1.0f); // ids 1 and 2 tie for second place: both kept
-    check_distribution(s8, logits, 8, &p, NULL, 0, "top_k=2 with a tie");
+    check_distribution(logits, 8, &p, NULL, 0, "top_k=2 with a tie");
     sampling(&p, 1.0f, 0, 0.6f, 0.0f, 1.0f);
-    check_distribution(s8, logits, 8, &p, NULL, 0, "top_p=0.6");
+    check_distribution(logits, 8, &p, NULL, 0, "top_p=0.6");
     sampling(&p, 1.0f, 0, 1.0f, 0.2f, 1.0f);
-    check_distribution(s8, logits, 8, &p, NULL, 0, "min_p=0.2");
+    check_distribution(logits, 8, &p, NULL, 0, "min_p=0.2");
     sampling(&p, 1.0f, 0, 1.0f, 0.0f, 1.8f);
-    check_distribution(s8, logits, 8, &p, hist, 3, "repetition_penalty=1.8");
+    check_distribution(logits, 8, &p, hist, 3, "repetition_penalty=1.8");
     sampling(&p, 0.8f, 4, 0.9f, 0.05f, 1.3f);
-    check_distribution(s8, logits, 8, &p, hist, 3, "all filters");
+    check_distribution(logits, 8, &p, hist, 3, "all filters");
     sampling(&p, 1.0f, 0, 0.01f, 0.0f, 1.0f); // tiny top_p keeps only the top token
-    check_distribution(s8, logits, 8, &p, NULL, 0, "top_p=0.01");
+    check_distribution(logits, 8, &p, NULL, 0, "top_p=0.01");
 }
 
 // A large vocabulary: top-p's candidate pre-selection and top-k's selection must keep exactly the naive set.
 static void test_support_large(void) {
     const int V = 1000;
-    Sampler *s;
-    sampler_create(&s, V);
+    int32_t tok[8000];
+    float lps[8000];
     float *logits = malloc((size_t)V * sizeof *logits);
     double *prob = malloc((size_t)V * sizeof *prob);
     int *hit = calloc((size_t)V, sizeof *hit);
@@ -210,10 +263,10 @@ static void test_support_large(void) {
         naive_probs(logits, V, &p, NULL, 0, prob);
         memset(hit, 0, (size_t)V * sizeof *hit);
         int outside = 0, kept = 0, missed = 0;
-        float lp;
+        sample_n(logits, V, &p, NULL, 0, 77, 0, 8000, tok, lps);
         for (int i = 0; i < 8000; i++) {
-            int32_t t = sampler_sample(s, logits, &p, NULL, 0, 77, (uint64_t)i, &lp, NULL);
-            outside += prob[t] == 0.0;
+            const int32_t t = tok[i] >= 0 && tok[i] < V ? tok[i] : 0;
+            outside += tok[i] != t || prob[t] == 0.0;
             hit[t] = 1;
         }
         for (int i = 0; i < V; i++) {
@@ -226,10 +279,9 @@ static void test_support_large(void) {
     free(logits);
     free(prob);
     free(hit);
-    sampler_free(s);
 }
 
-static void test_randomness(Sampler *s8) {
+static void test_randomness(void) {
     double mean = 0;
     int in_range = 1;
     for (int i = 0; i < 100000; i++) {
@@ -246,11 +298,11 @@ static void test_randomness(Sampler *s8) {
     int same_seed = 1, diff = 0;
     float lp;
     for (int pos = 0; pos < 64; pos++) {
-        int32_t a = sampler_sample(s8, logits, &p, NULL, 0, 1000, pos, &lp, NULL);
-        // Interleave another stream: the sampler keeps no state between calls.
-        sampler_sample(s8, logits, &p, NULL, 0, 3, pos * 7, &lp, NULL);
-        int32_t b = sampler_sample(s8, logits, &p, NULL, 0, 1000, pos, &lp, NULL);
-        int32_t c = sampler_sample(s8, logits, &p, NULL, 0, 1001, pos, &lp, NULL);
+        int32_t a = sample1(logits, 8, &p, NULL, 0, 1000, pos, &lp);
+        // Interleave another stream: sampling keeps no state between calls.
+        sample1(logits, 8, &p, NULL, 0, 3, pos * 7, &lp);
+        int32_t b = sample1(logits, 8, &p, NULL, 0, 1000, pos, &lp);
+        int32_t c = sample1(logits, 8, &p, NULL, 0, 1001, pos, &lp);
         same_seed &= a == b;
         diff += a != c;
     }
@@ -259,19 +311,17 @@ static void test_randomness(Sampler *s8) {
 }
 
 int main(void) {
-    Sampler *s50, *s8, *s6;
-    if (sampler_create(&s50, 50) || sampler_create(&s8, 8) || sampler_create(&s6, 6)) {
-        fprintf(stderr, "sampler_create failed\n");
+    char err[256];
+    if (ops_create(&ctx, OPS_BACKEND_CPU, 0, err, sizeof err) != 0) {
+        fprintf(stderr, "cpu backend: %s\n", err);
         return 1;
     }
-    test_logprobs_exact(s50, 50);
-    test_greedy_and_penalty(s6);
-    test_filters(s8);
+    test_logprobs_exact(50);
+    test_greedy_and_penalty();
+    test_filters();
     test_support_large();
-    test_randomness(s8);
-    sampler_free(s50);
-    sampler_free(s8);
-    sampler_free(s6);
+    test_randomness();
+    ops_destroy(ctx);
     if (failures) {
         fprintf(stderr, "test_rollout_sampler: %d failure(s)\n", failures);
         return 1;

@@ -1,10 +1,11 @@
-// test_rollout_sampler_ops.c — the fused sampling op (ops_sample_rows) on the CPU backend against the rollout
-// server's host sampler (rollout_server/sampler.c), which the engine used before the op existed:
+// test_rollout_sampler_ops.c — the fused sampling op (ops_sample_rows) on the CPU backend (kernels/cpu/cpu_sample.c,
+// the host reference the CUDA kernel is held to) against its semantics as kernels/ops.h states them, written out
+// plainly here (ref_sample: one full sort instead of the op's cuts and candidate floors):
 //   - the whole parameter grid (greedy, T 0.3 / 1 / 1.7, top_k 0 / 1 / 5 / 50, top_p 1 / 0.9 / 0.3, min_p 0 / 0.1,
 //     repetition penalty 1 / 1.3) over rows of V = 1 .. 151936 of several shapes (ties from bf16 quantisation
 //     and from a coarse grid, peaked, flat, one big tie, -inf entries), with histories holding repeats and
 //     out-of-range ids, many samples sharing one logits row: the same token for every sample and the same
-//     logprob (within 1e-5; they are in fact computed identically);
+//     logprob (within 1e-5);
 //   - edge parameters (top_k >= V or V - 1, top_p tiny or 0, min_p 1 or above, a row of only -inf);
 //   - a logits_row outside the rows gives token -1 and a NaN logprob; a sample's result does not depend on the
 //     other samples of the call.
@@ -37,15 +38,130 @@ static void *xmalloc(size_t n) {
     return p;
 }
 
-static SamplingParams to_sampling(const OpsSampleParams *o) {
-    SamplingParams p;
-    sampling_params_default(&p);
-    p.temperature = o->temperature;
-    p.top_k = o->top_k;
-    p.top_p = o->top_p;
-    p.min_p = o->min_p;
-    p.repetition_penalty = o->repetition_penalty;
-    return p;
+// ---- the reference -----------------------------------------------------------------------------------
+//
+// ops_sample_rows' semantics (kernels/ops.h) with nothing but a sort: penalty on each distinct history id in
+// [0, V); greedy: the argmax (lowest id on ties); otherwise x = penalised logits * (1 / T) in float and
+// w = exp(x - max x) in double, the survivors of min-p (w > 0, and w >= min_p when min_p > 0), then of top-k
+// (x at least the k-th largest survivor's), then the top-p prefix of the survivors in (x desc, id asc) order,
+// kept while the weight ranked above is below top_p of theirs; the draw walks the kept ids in id order until the
+// cumulated weight passes u times their total. Sums run in id order (the prefix's in sorted order) in double, so
+// the token is not just as likely as the op's but the same one.
+
+typedef struct {
+    float x;
+    int32_t id;
+} RefCand;
+
+typedef struct {
+    int V;
+    float *x;
+    double *w;
+    unsigned char *alive, *penalised;
+    RefCand *c;
+} Ref;
+
+static Ref ref_new(int V) {
+    Ref r = {.V = V};
+    r.x = xmalloc((size_t)V * sizeof *r.x);
+    r.w = xmalloc((size_t)V * sizeof *r.w);
+    r.alive = xmalloc((size_t)V);
+    r.penalised = xmalloc((size_t)V);
+    r.c = xmalloc((size_t)V * sizeof *r.c);
+    return r;
+}
+
+static void ref_free(Ref *r) {
+    free(r->x);
+    free(r->w);
+    free(r->alive);
+    free(r->penalised);
+    free(r->c);
+}
+
+static int ref_cmp(const void *pa, const void *pb) {
+    const RefCand *a = pa, *b = pb;
+    if (a->x != b->x) return a->x > b->x ? -1 : 1;
+    return a->id < b->id ? -1 : (a->id > b->id);
+}
+
+// log_softmax(logits * inv_t)[id] of the raw row, in double.
+static float ref_logprob(const float *logits, int V, float inv_t, int32_t id) {
+    float m = -INFINITY;
+    for (int i = 0; i < V; i++) m = fmaxf(m, logits[i] * inv_t);
+    double sum = 0.0;
+    for (int i = 0; i < V && m != -INFINITY; i++) sum += exp((double)(logits[i] * inv_t) - m);
+    const double lse = m == -INFINITY ? -INFINITY : m + log(sum);
+    return (float)((double)(logits[id] * inv_t) - lse);
+}
+
+// The kept set of a non-greedy sample (r->alive), over r->x already scaled and r->w.
+static void ref_filter(Ref *r, const OpsSampleParams *p) {
+    const int V = r->V;
+    int n = 0;
+    for (int i = 0; i < V; i++) {
+        r->alive[i] = r->w[i] > 0.0 && (!(p->min_p > 0.0f) || r->w[i] >= p->min_p);
+        if (r->alive[i]) r->c[n++] = (RefCand){r->x[i], i};
+    }
+    const int top_k_on = p->top_k > 0 && p->top_k < V && n > p->top_k;
+    if (!top_k_on && !(p->top_p < 1.0f)) return;
+    qsort(r->c, (size_t)n, sizeof *r->c, ref_cmp);
+    if (top_k_on) {
+        const float kth = r->c[p->top_k - 1].x;
+        while (n > 0 && r->c[n - 1].x < kth) r->alive[r->c[--n].id] = 0;
+    }
+    if (p->top_p < 1.0f) {
+        double total = 0.0;
+        for (int i = 0; i < V; i++)
+            if (r->alive[i]) total += r->w[i];
+        const double need = p->top_p * total;
+        double above = 0.0;
+        int keep = 0;
+        while (keep < n && (keep == 0 || above < need)) above += r->w[r->c[keep++].id];
+        for (int j = keep; j < n; j++) r->alive[r->c[j].id] = 0;
+    }
+}
+
+static int32_t ref_sample(Ref *r, const float *logits, const OpsSampleParams *p, const int32_t *hist, int nh,
+                          float *lp) {
+    const int V = r->V;
+    const int greedy = p->temperature < OPS_SAMPLE_GREEDY_BELOW;
+    const float inv_t = greedy ? 1.0f : 1.0f / p->temperature;
+    memcpy(r->x, logits, (size_t)V * sizeof *r->x);
+    if (p->repetition_penalty != 1.0f) {
+        memset(r->penalised, 0, (size_t)V);
+        for (int h = 0; h < nh; h++) {
+            const int32_t t = hist[h];
+            if (t < 0 || t >= V || r->penalised[t]) continue;
+            r->penalised[t] = 1;
+            r->x[t] = r->x[t] > 0 ? r->x[t] / p->repetition_penalty : r->x[t] * p->repetition_penalty;
+        }
+    }
+    int32_t tok = 0;
+    if (greedy) {
+        for (int i = 1; i < V; i++)
+            if (r->x[i] > r->x[tok]) tok = i;
+    } else {
+        float xm = -INFINITY;
+        for (int i = 0; i < V; i++) xm = fmaxf(xm, r->x[i] *= inv_t);
+        for (int i = 0; i < V; i++) r->w[i] = xm == -INFINITY ? 0.0 : exp((double)r->x[i] - xm);
+        ref_filter(r, p);
+        double total = 0.0;
+        for (int i = 0; i < V; i++)
+            if (r->alive[i]) total += r->w[i];
+        const double target = p->u * total;
+        double cum = 0.0;
+        tok = -1;
+        for (int i = 0; i < V; i++) {
+            if (!r->alive[i]) continue;
+            tok = i;
+            cum += r->w[i];
+            if (cum > target) break;
+        }
+        if (tok < 0) tok = 0; // nothing kept (every logit -inf, min_p > 1): id 0
+    }
+    *lp = ref_logprob(logits, V, inv_t, tok);
+    return tok;
 }
 
 // A batch of n samples over n_rows rows of V logits, each sample with its own params, history, stream, pos.
@@ -106,25 +222,19 @@ static int same_lp(float a, float b, double tol) {
     return (isnan(a) && isnan(b)) || a == b || fabs((double)a - b) <= tol;
 }
 
-// Every sample of the batch against sampler_sample. Returns the number of mismatching samples.
+// Every sample of the batch against the reference. Returns the number of mismatching samples.
 static int compare_batch(OpsCtx *ctx, const SBatch *b, int *n_bitwise, double *max_lp_diff) {
     int32_t *tok = xmalloc((size_t)b->n * sizeof *tok);
     float *lp = xmalloc((size_t)b->n * sizeof *lp);
     run_op(ctx, b, tok, lp);
-    Sampler *smp;
-    if (sampler_create(&smp, b->V) != 0) {
-        fprintf(stderr, "out of memory\n");
-        exit(2);
-    }
+    Ref ref = ref_new(b->V);
     int bad = 0;
     for (int s = 0; s < b->n; s++) {
         const OpsSampleParams *o = &b->params[s];
-        const SamplingParams p = to_sampling(o);
         const int32_t *h = b->history + b->offsets[s];
         const int nh = b->offsets[s + 1] - b->offsets[s];
         float want_lp;
-        const int32_t want = sampler_sample(smp, b->logits + (size_t)o->logits_row * b->V, &p, h, nh, b->stream[s],
-                                            b->pos[s], &want_lp, NULL);
+        const int32_t want = ref_sample(&ref, b->logits + (size_t)o->logits_row * b->V, o, h, nh, &want_lp);
         const double d = same_lp(lp[s], want_lp, 0.0) ? 0.0 : fabs((double)lp[s] - want_lp);
         if (!(d <= *max_lp_diff)) *max_lp_diff = isnan(d) ? INFINITY : d;
         *n_bitwise += memcmp(&lp[s], &want_lp, sizeof want_lp) == 0;
@@ -133,12 +243,12 @@ static int compare_batch(OpsCtx *ctx, const SBatch *b, int *n_bitwise, double *m
                 fprintf(stderr, "  V=%d sample %d (row %d, %s, history %d): ", b->V, s, o->logits_row,
                         st_kind_name[b->kind[o->logits_row]], nh);
                 st_print_params(stderr, o);
-                fprintf(stderr, "\n    op token %d logprob %.9g | sampler token %d logprob %.9g\n", tok[s], lp[s],
+                fprintf(stderr, "\n    op token %d logprob %.9g | reference token %d logprob %.9g\n", tok[s], lp[s],
                         want, want_lp);
             }
         }
     }
-    sampler_free(smp);
+    ref_free(&ref);
     free(tok);
     free(lp);
     return bad;
@@ -154,12 +264,12 @@ static void test_grid(OpsCtx *ctx) {
     for (size_t i = 0; i < sizeof plan / sizeof plan[0]; i++) {
         SBatch b = make_batch(plan[i][0], plan[i][1], plan[i][2], (int)i * 7, 40);
         const int nb = compare_batch(ctx, &b, &bitwise, &max_lp);
-        CHECK(nb == 0, "V=%d: %d of %d samples differ from sampler_sample", b.V, nb, b.n);
+        CHECK(nb == 0, "V=%d: %d of %d samples differ from the reference", b.V, nb, b.n);
         total += b.n;
         bad += nb;
         batch_free(&b);
     }
-    printf("grid: %d samples, %d differ from sampler_sample, %d logprobs bitwise equal, max |logprob diff| %.3g\n",
+    printf("grid: %d samples, %d differ from the reference, %d logprobs bitwise equal, max |logprob diff| %.3g\n",
            total, bad, bitwise, max_lp);
     CHECK(max_lp <= 1e-5, "max |logprob diff| %.3g > 1e-5", max_lp);
 }
@@ -188,23 +298,21 @@ static void test_edges(OpsCtx *ctx) {
     }
     int bitwise = 0;
     double max_lp = 0.0;
-    CHECK(compare_batch(ctx, &b, &bitwise, &max_lp) == 0, "edge parameters differ from sampler_sample");
+    CHECK(compare_batch(ctx, &b, &bitwise, &max_lp) == 0, "edge parameters differ from the reference");
     batch_free(&b);
 
-    // A row of only -inf: both answer id 0 (nothing to choose from), and a NaN logprob.
+    // A row of only -inf: both answer id 0 (nothing to choose from), and the op a NaN logprob.
     float row[8];
     for (int i = 0; i < 8; i++) row[i] = -INFINITY;
     OpsSampleParams p = {.u = 0.5, .temperature = 1.0f, .top_p = 0.9f, .repetition_penalty = 1.0f};
     int32_t tok = -7;
     float lp = 0.0f;
     ops_sample_rows(ctx, &tok, &lp, row, &p, NULL, NULL, 1, 1, 8, 0);
-    Sampler *smp;
-    sampler_create(&smp, 8);
-    SamplingParams sp = to_sampling(&p);
+    Ref ref = ref_new(8);
     float want_lp;
-    const int32_t want = sampler_sample(smp, row, &sp, NULL, 0, 1, 0, &want_lp, NULL);
-    CHECK(tok == 0 && want == 0, "all -inf: op %d, sampler %d", tok, want);
-    sampler_free(smp);
+    const int32_t want = ref_sample(&ref, row, &p, NULL, 0, &want_lp);
+    CHECK(tok == 0 && want == 0 && isnan(lp), "all -inf: op %d (logprob %g), reference %d", tok, lp, want);
+    ref_free(&ref);
 }
 
 static void test_bad_row_and_independence(OpsCtx *ctx) {
