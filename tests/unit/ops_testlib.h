@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
+#include "check_macros.h"
 #include "kernels/ops.h"
 
 // Opens a CPU and a CUDA context: 0; without a CUDA device "SKIP" and 77 (ctest's skip code); when a context cannot
@@ -23,6 +24,18 @@ static inline int kt_open_cpu_gpu(OpsCtx **cpu, OpsCtx **gpu) {
         printf("FAIL: cannot create the contexts: %s\n", err);
         return 1;
     }
+    return 0;
+}
+
+// After a case ran on both contexts (synchronizes the CUDA one): 1 when neither recorded an error; else a FAIL line
+// naming `what` and both errors, a failure counted, both errors cleared, and 0.
+static inline int kt_expect_no_errors(OpsCtx *cpu, OpsCtx *gpu, const char *what) {
+    ops_synchronize(gpu);
+    if (ops_status(cpu) == 0 && ops_status(gpu) == 0) return 1;
+    printf("FAIL %s: unexpected error: cpu \"%s\" cuda \"%s\"\n", what, ops_error(cpu), ops_error(gpu));
+    failures++;
+    ops_clear_error(cpu);
+    ops_clear_error(gpu);
     return 0;
 }
 

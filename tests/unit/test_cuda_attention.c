@@ -23,28 +23,14 @@
 #include <string.h>
 
 #include "kernels/ops.h"
+#include "kernels_testlib.h"
 #include "ops_testlib.h"
 
 static OpsCtx *cpu, *gpu;
-static int failures;
 
 static uint64_t rng_state = 0x243F6A8885A308D3ull;
-static uint64_t rng_next(void) {  // splitmix64
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static float urand(float lo, float hi) { return lo + (hi - lo) * (float)((rng_next() >> 40) * (1.0 / 16777216.0)); }
-
-static float round_bf16(float f) {  // round-to-nearest-even, what the CUDA upload does
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    u &= 0xffff0000u;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
+static uint64_t rng_next(void) { return kt_splitmix_next(&rng_state); }
+static float urand(float lo, float hi) { return kt_uniform_in(rng_next(), lo, hi); }
 
 // The same tensor on both backends: storage dtype (bf16 / fp32) unless f32.
 typedef struct {
@@ -73,7 +59,7 @@ static void buf_set(Buf b, const float *h) {
 }
 static Buf buf_rand(size_t n, float lo, float hi) {
     float *h = malloc(n * sizeof *h);
-    for (size_t i = 0; i < n; i++) h[i] = round_bf16(urand(lo, hi));
+    for (size_t i = 0; i < n; i++) h[i] = kt_round_bf16(urand(lo, hi));
     Buf b = buf_new(n, 0);
     buf_set(b, h);
     free(h);
@@ -88,16 +74,6 @@ static float *fetch(OpsCtx *ctx, const void *p, size_t n, int f32) {
     if (f32) ops_copy_to_host(ctx, h, p, n * 4);
     else ops_download_f32(ctx, h, p, n);
     return h;
-}
-
-static void expect_ok(const char *what) {
-    ops_synchronize(gpu);
-    if (ops_status(cpu) || ops_status(gpu)) {
-        printf("FAIL %-28s unexpected error: cpu \"%s\" cuda \"%s\"\n", what, ops_error(cpu), ops_error(gpu));
-        failures++;
-        ops_clear_error(cpu);
-        ops_clear_error(gpu);
-    }
 }
 
 static void check(const char *name, const char *tensor, Buf b, double tol) {
@@ -149,7 +125,7 @@ static void run_case(const char *name, const int32_t *cu, int B, int N, int Hq, 
     Buf lse = buf_new((size_t)N * Hq, 1);
     ops_attention_fwd(cpu, out.c, lse.c, q.c, k.c, v.c, cus.c, B, N, Hq, Hkv, D, scale);
     ops_attention_fwd(gpu, out.g, lse.g, q.g, k.g, v.g, cus.g, B, N, Hq, Hkv, D, scale);
-    expect_ok(name);
+    kt_expect_no_errors(cpu, gpu, name);
     check(name, "out", out, 2e-2);
     {  // lse rows outside every sequence are never written: compare the covered range only.
         Buf view = lse;
@@ -157,7 +133,7 @@ static void run_case(const char *name, const int32_t *cu, int B, int N, int Hq, 
         check(name, "lse", view, 1e-5);
     }
     float *out_h = fetch(cpu, out.c, nq, 0), *lse_h = fetch(cpu, lse.c, (size_t)N * Hq, 1);
-    for (size_t i = 0; i < nq; i++) out_h[i] = round_bf16(out_h[i]);
+    for (size_t i = 0; i < nq; i++) out_h[i] = kt_round_bf16(out_h[i]);
     buf_set(out, out_h);
     buf_set(lse, lse_h);
     free(out_h), free(lse_h);
@@ -165,7 +141,7 @@ static void run_case(const char *name, const int32_t *cu, int B, int N, int Hq, 
     Buf dq = buf_rand(nq, -9, 9), dk = buf_rand(nk, -9, 9), dv = buf_rand(nk, -9, 9);  // overwritten
     ops_attention_bwd(cpu, dq.c, dk.c, dv.c, dout.c, q.c, k.c, v.c, out.c, lse.c, cus.c, B, N, Hq, Hkv, D, scale);
     ops_attention_bwd(gpu, dq.g, dk.g, dv.g, dout.g, q.g, k.g, v.g, out.g, lse.g, cus.g, B, N, Hq, Hkv, D, scale);
-    expect_ok(name);
+    kt_expect_no_errors(cpu, gpu, name);
     check(name, "dq", dq, 1e-2);
     check(name, "dk", dk, 1e-2);
     check(name, "dv", dv, 1e-2);
@@ -212,10 +188,5 @@ int main(void) {
     run_case("gaps and an empty sequence", gaps, 3, 320, 4, 2, 64);
     ops_destroy(cpu);
     ops_destroy(gpu);
-    if (failures) {
-        printf("FAIL: %d check(s) out of tolerance or erroring\n", failures);
-        return 1;
-    }
-    printf("PASS: CUDA attention matches the CPU twin within the stated tolerances\n");
-    return 0;
+    return check_exit_code("test_cuda_attention");
 }

@@ -21,11 +21,11 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check_macros.h"
 #include "kernels/ops.h"
 #include "shared/dtype.h"
 #include "shared/model.h"
-
-#include "check_macros.h"
+#include "testlib.h"
 
 static const char *LLAMA =
     "{\"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 512, \"hidden_size\": 256,"
@@ -57,15 +57,11 @@ typedef struct {
 
 static void rig_init(Rig *r, OpsBackend be, const char *json, uint64_t seed, int cap) {
     char err[512];
-    ModelConfig cfg;
     memset(r, 0, sizeof *r);
-    REQUIRE(config_parse(&cfg, json, strlen(json), err, sizeof err) == 0, "%s", err);
     REQUIRE(ops_create(&r->o, be, 0, err, sizeof err) == 0, "%s", err);
-    REQUIRE(model_init(&r->m, &cfg, r->o, err, sizeof err) == 0, "%s", err);
-    REQUIRE(resident_alloc(&r->w, &r->m, 0, err, sizeof err) == 0, "%s", err);
-    model_init_random(&r->m, &r->w, seed, 0.05f);
+    REQUIRE(tiny_model_init(&r->m, &r->w, r->o, json, 0, seed, 0.05f, err, sizeof err) == 0, "%s", err);
     r->src = resident_source(&r->w);
-    r->V = cfg.vocab_size;
+    r->V = r->m.cfg.vocab_size;
     REQUIRE(kv_cache_create(&r->kv, &r->m, S * MB, BS, err, sizeof err) == 0, "%s", err);
     REQUIRE(decode_bufs_create(&r->b, &r->m, S * 16, S, MB, S, err, sizeof err) == 0, "%s", err);
     r->cap = cap;
@@ -101,8 +97,7 @@ static void rig_init(Rig *r, OpsBackend be, const char *json, uint64_t seed, int
 static void rig_free(Rig *r) {
     decode_bufs_free(r->b, &r->m);
     kv_cache_free(&r->kv, &r->m);
-    resident_free(&r->w, &r->m);
-    model_free(&r->m);
+    tiny_model_free(&r->m, &r->w);
     ops_destroy(r->o);
 }
 
@@ -526,10 +521,5 @@ int main(void) {
     test_graph_api();
     test_decode("llama", LLAMA);
     test_decode("qwen3", QWEN3);
-    if (failures) {
-        fprintf(stderr, "%d check(s) failed\n", failures);
-        return 1;
-    }
-    printf("all CUDA graph decode checks passed\n");
-    return 0;
+    return check_exit_code("test_cuda_graph_decode");
 }

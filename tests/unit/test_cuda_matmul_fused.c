@@ -53,8 +53,8 @@ static float *run(OpsCtx *ctx, int flags, int N, int IC, int OC, const float *in
                        .residual = d_res};
     ops_matmul_fused_fwd(ctx, d_out, d_in, d_w, d_bias, N, IC, OC, &f);
     float *out = down(ctx, d_out, n_out);
-    KT_CHECK(ops_status(ctx) == 0, "matmul_fused flags %d N=%d IC=%d OC=%d: unexpected error \"%s\"", flags, N, IC, OC,
-             ops_error(ctx));
+    CHECK(ops_status(ctx) == 0, "matmul_fused flags %d N=%d IC=%d OC=%d: unexpected error \"%s\"", flags, N, IC, OC,
+          ops_error(ctx));
     ops_clear_error(ctx);
     void *bufs[] = {d_in, d_w, d_bias, d_nw, d_out, d_res, h, gu};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) ops_free(ctx, bufs[i]);
@@ -76,9 +76,9 @@ static void check_case(OpsCtx *cpu, OpsCtx *gpu, int flags, int N, int IC, int O
         const double d = fabs((double)g[i] - c[i]) / (fabs(c[i]) + rms);
         if (!(d <= e)) e = d;   // NaN propagates
     }
-    KT_CHECK(e <= 2e-2, "matmul_fused %s%s%s%s N=%d IC=%d OC=%d: error %.3g > 2e-2", flags & NORM ? "norm " : "",
-             flags & SWIGLU ? "swiglu " : "", flags & RESIDUAL ? "residual " : "", flags & BIAS ? "bias " : "", N, IC,
-             OC, e);
+    CHECK(e <= 2e-2, "matmul_fused %s%s%s%s N=%d IC=%d OC=%d: error %.3g > 2e-2", flags & NORM ? "norm " : "",
+          flags & SWIGLU ? "swiglu " : "", flags & RESIDUAL ? "residual " : "", flags & BIAS ? "bias " : "", N, IC,
+          OC, e);
     free(in), free(w), free(bias), free(norm_w), free(res), free(c), free(g);
 }
 
@@ -117,8 +117,8 @@ static void run_rope(OpsCtx *ctx, int N, int IC, int Hq, int Hkv, int D, const f
     *q = down(ctx, d_q, (size_t)N * Hq * D);
     *kc = down(ctx, d_kc, n_cache);
     *vc = down(ctx, d_vc, n_cache);
-    KT_CHECK(ops_status(ctx) == 0, "matmul_fused rope_store N=%d IC=%d %d/%d D=%d: unexpected error \"%s\"", N, IC, Hq,
-             Hkv, D, ops_error(ctx));
+    CHECK(ops_status(ctx) == 0, "matmul_fused rope_store N=%d IC=%d %d/%d D=%d: unexpected error \"%s\"", N, IC, Hq,
+          Hkv, D, ops_error(ctx));
     ops_clear_error(ctx);
     void *bufs[] = {d_in, d_w, d_bias, d_nw, d_q, h, qkv, d_kc, d_vc, d_pos, d_slot, d_if};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) ops_free(ctx, bufs[i]);
@@ -140,9 +140,9 @@ static void check_rope_case(OpsCtx *cpu, OpsCtx *gpu, int N, int IC, int Hq, int
     run_rope(gpu, N, IC, Hq, Hkv, D, in, w, bias, norm_w, cache0, pos, slot, inv_freq, &gq, &gk, &gv);
     const double eq = scaled_err(cq, gq, (size_t)N * Hq * D), ek = scaled_err(ck, gk, n_cache),
                  ev = scaled_err(cv, gv, n_cache);
-    KT_CHECK(eq <= 2e-2 && ek <= 2e-2 && ev <= 2e-2,
-             "matmul_fused rope_store N=%d IC=%d %d/%d D=%d: error q %.3g k cache %.3g v cache %.3g > 2e-2", N, IC, Hq,
-             Hkv, D, eq, ek, ev);
+    CHECK(eq <= 2e-2 && ek <= 2e-2 && ev <= 2e-2,
+          "matmul_fused rope_store N=%d IC=%d %d/%d D=%d: error q %.3g k cache %.3g v cache %.3g > 2e-2", N, IC, Hq,
+          Hkv, D, eq, ek, ev);
     free(in), free(w), free(bias), free(norm_w), free(cache0), free(inv_freq);
     free(cq), free(ck), free(cv), free(gq), free(gk), free(gv);
 }
@@ -167,15 +167,15 @@ static void test_misuse(OpsCtx *ctx) {
     };
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         ops_matmul_fused_fwd(ctx, d, d, d, NULL, 1, 4, bad[i].oc, &bad[i].f);
-        KT_CHECK(ops_status(ctx) != 0 && strstr(ops_error(ctx), "matmul_fused_fwd"), "%s: not refused (\"%s\")",
-                 bad[i].what, ops_error(ctx));
+        CHECK(ops_status(ctx) != 0 && strstr(ops_error(ctx), "matmul_fused_fwd"), "%s: not refused (\"%s\")",
+              bad[i].what, ops_error(ctx));
         ops_clear_error(ctx);
     }
     ops_matmul_fused_fwd(ctx, d, d, d, NULL, 1, 4, 4, NULL);
-    KT_CHECK(ops_status(ctx) != 0, "NULL fusion: not refused");
+    CHECK(ops_status(ctx) != 0, "NULL fusion: not refused");
     ops_clear_error(ctx);
     ops_matmul_fused_fwd(ctx, d, d, d, NULL, 0, 4, 4, &(OpsProjFusion){0});
-    KT_CHECK(ops_status(ctx) == 0, "N = 0 recorded \"%s\"", ops_error(ctx));
+    CHECK(ops_status(ctx) == 0, "N = 0 recorded \"%s\"", ops_error(ctx));
     ops_free(ctx, d);
 }
 
@@ -183,22 +183,16 @@ int main(void) {
     kt_seed(0xF05E);
     char err[256];
     OpsCtx *cpu = NULL, *gpu = NULL;
-    if (ops_create(&cpu, OPS_BACKEND_CPU, 0, err, sizeof err) != 0) {
-        fprintf(stderr, "FAIL: cpu context: %s\n", err);
-        return 1;
-    }
+    REQUIRE(ops_create(&cpu, OPS_BACKEND_CPU, 0, err, sizeof err) == 0, "cpu context: %s", err);
     test_misuse(cpu);
-    printf("%s: cpu misuse refused\n", kt_failures ? "FAIL" : "ok");
-    if (kt_failures) return 1;
+    printf("%s: cpu misuse refused\n", failures ? "FAIL" : "ok");
+    if (failures) return 1;
     if (!ops_backend_available(OPS_BACKEND_CUDA)) {
         printf("SKIP: no CUDA device (the CPU checks passed)\n");
         ops_destroy(cpu);
         return 77;
     }
-    if (ops_create(&gpu, OPS_BACKEND_CUDA, 0, err, sizeof err) != 0) {
-        fprintf(stderr, "FAIL: cuda context: %s\n", err);
-        return 1;
-    }
+    REQUIRE(ops_create(&gpu, OPS_BACKEND_CUDA, 0, err, sizeof err) == 0, "cuda context: %s", err);
     test_misuse(gpu);
     // (IC, OC) of the decode projections: 0.5B qkv, o, gate/up, down; 1.5B gate/up, down; odd small shapes (IC % 8
     // != 0 takes the unfused sequence on the GPU too).
@@ -223,5 +217,5 @@ int main(void) {
     }
     ops_destroy(gpu);
     ops_destroy(cpu);
-    return kt_finish("test_cuda_matmul_fused");
+    return check_exit_code("test_cuda_matmul_fused");
 }

@@ -150,8 +150,8 @@ static Result run_case(OpsCtx *ctx, const Case *c, int fused) {
     }
     Result r = {store_down(ctx, q, c->t_q),    store_down(ctx, k, c->t_kv),  store_down(ctx, v, c->t_kv),
                 store_down(ctx, dqkv, c->t_qkv), store_down(ctx, dq, c->t_q), store_down(ctx, dk, c->t_kv)};
-    KT_CHECK(ops_status(ctx) == 0, "qkv_rope N=%d Hq=%d Hkv=%d D=%d off=%d (%s): unexpected error \"%s\"", s->N,
-             s->Hq, s->Hkv, s->D, s->off, fused ? "fused" : "unfused", ops_error(ctx));
+    CHECK(ops_status(ctx) == 0, "qkv_rope N=%d Hq=%d Hkv=%d D=%d off=%d (%s): unexpected error \"%s\"", s->N,
+          s->Hq, s->Hkv, s->D, s->off, fused ? "fused" : "unfused", ops_error(ctx));
     ops_clear_error(ctx);
     void *bufs[] = {qkv, q, k, v, dq, dk, dv, dqkv, pos, inv};
     for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) ops_free(ctx, bufs[i]);
@@ -163,9 +163,9 @@ static void expect_same_bits(const char *backend, const Shape *s, const char *wh
     size_t bad = 0, first = 0;
     for (size_t i = 0; i < n; i++)
         if (memcmp(&got[i], &want[i], sizeof *got) != 0 && !bad++) first = i;
-    KT_CHECK(bad == 0, "%s N=%d Hq=%d Hkv=%d D=%d off=%d: %s differs from the unfused ops in %zu of %zu elements "
-             "(first [%zu]: %.9g vs %.9g)", backend, s->N, s->Hq, s->Hkv, s->D, s->off, what, bad, n, first,
-             bad ? got[first] : 0.0, bad ? want[first] : 0.0);
+    CHECK(bad == 0, "%s N=%d Hq=%d Hkv=%d D=%d off=%d: %s differs from the unfused ops in %zu of %zu elements "
+          "(first [%zu]: %.9g vs %.9g)", backend, s->N, s->Hq, s->Hkv, s->D, s->off, what, bad, n, first,
+          bad ? got[first] : 0.0, bad ? want[first] : 0.0);
 }
 
 // Fused against unfused on one backend: every output buffer and the backward's inputs, bit for bit.
@@ -211,8 +211,8 @@ static void check_store_equals_unfused(OpsCtx *ctx, const char *backend, Shape s
         out[fused][0] = store_down(ctx, q, c.t_q);
         out[fused][1] = store_down(ctx, kc, t_cache);
         out[fused][2] = store_down(ctx, vc, t_cache);
-        KT_CHECK(ops_status(ctx) == 0, "qkv_rope_store N=%d (%s): unexpected error \"%s\"", s.N,
-                 fused ? "fused" : "unfused", ops_error(ctx));
+        CHECK(ops_status(ctx) == 0, "qkv_rope_store N=%d (%s): unexpected error \"%s\"", s.N,
+              fused ? "fused" : "unfused", ops_error(ctx));
         ops_clear_error(ctx);
         void *bufs[] = {qkv, q, k, v, kc, vc, pos, sl, inv};
         for (size_t i = 0; i < sizeof bufs / sizeof *bufs; i++) ops_free(ctx, bufs[i]);
@@ -243,14 +243,14 @@ static void test_errors(OpsCtx *ctx) {
     float one[64] = {0};
     int32_t pos[2] = {0, 1};
     ops_qkv_rope_fwd(ctx, one, one, one, one, pos, one, 0, 2, 1, 4);  // N 0: nothing to do, no error
-    KT_CHECK(ops_status(ctx) == 0, "qkv_rope_fwd with N=0 recorded \"%s\"", ops_error(ctx));
+    CHECK(ops_status(ctx) == 0, "qkv_rope_fwd with N=0 recorded \"%s\"", ops_error(ctx));
     ops_qkv_rope_fwd(ctx, one, one, one, one, pos, one, 2, 2, 0, 4);
-    KT_CHECK(ops_status(ctx) != 0 && strstr(ops_error(ctx), "Hkv=0"), "qkv_rope_fwd with Hkv=0: \"%s\"",
-             ops_error(ctx));
+    CHECK(ops_status(ctx) != 0 && strstr(ops_error(ctx), "Hkv=0"), "qkv_rope_fwd with Hkv=0: \"%s\"",
+          ops_error(ctx));
     ops_clear_error(ctx);
     ops_qkv_rope_bwd(ctx, one, one, NULL, one, pos, one, 2, 2, 1, 4);
-    KT_CHECK(ops_status(ctx) != 0 && strstr(ops_error(ctx), "NULL"), "qkv_rope_bwd with dk NULL: \"%s\"",
-             ops_error(ctx));
+    CHECK(ops_status(ctx) != 0 && strstr(ops_error(ctx), "NULL"), "qkv_rope_bwd with dk NULL: \"%s\"",
+          ops_error(ctx));
     ops_clear_error(ctx);
 }
 
@@ -273,7 +273,7 @@ static void expect_close(const char *op, const Shape *s, const char *what, const
     const double e = scaled_error(g, c, n);
     printf("%-4s %-14s N=%-4d Hq=%-2d Hkv=%-2d D=%-3d off=%d %-5s err %9.3e tol %7.1e\n", e <= tol ? "ok" : "FAIL", op,
            s->N, s->Hq, s->Hkv, s->D, s->off, what, e, tol);
-    KT_CHECK(e <= tol, "%s %s: cuda vs cpu error %g over %g", op, what, e, tol);
+    CHECK(e <= tol, "%s %s: cuda vs cpu error %g over %g", op, what, e, tol);
 }
 
 static void check_cuda_vs_cpu(OpsCtx *cpu, OpsCtx *gpu, Shape s) {
@@ -325,8 +325,8 @@ static void check_adamw_case(OpsCtx *cpu, OpsCtx *gpu, size_t n, const size_t o[
         ops_free(cpu, grad.c), ops_free(gpu, grad.g);
         free(h_grad);
     }
-    KT_CHECK(ops_status(cpu) == 0 && ops_status(gpu) == 0, "adamw n=%zu: errors \"%s\" \"%s\"", n, ops_error(cpu),
-             ops_error(gpu));
+    CHECK(ops_status(cpu) == 0 && ops_status(gpu) == 0, "adamw n=%zu: errors \"%s\" \"%s\"", n, ops_error(cpu),
+          ops_error(gpu));
     const char *names[3] = {"master", "m", "v"};
     F32Pair *bufs[3] = {&master, &m, &v};
     char label[64];
@@ -336,7 +336,7 @@ static void check_adamw_case(OpsCtx *cpu, OpsCtx *gpu, size_t n, const size_t o[
         float *c = down_f32(cpu, bufs[b]->c, total), *g = down_f32(gpu, bufs[b]->g, total);
         const double e = scaled_error(g, c, total);  // slack included: nothing written outside
         printf("%-4s %-28s %-6s err %9.3e tol %7.1e\n", e <= 1e-6 ? "ok" : "FAIL", label, names[b], e, 1e-6);
-        KT_CHECK(e <= 1e-6, "%s %s: error %g", label, names[b], e);
+        CHECK(e <= 1e-6, "%s %s: error %g", label, names[b], e);
         free(c), free(g);
     }
     float *pc = kt_falloc(n), *pg = kt_falloc(n);
@@ -344,7 +344,7 @@ static void check_adamw_case(OpsCtx *cpu, OpsCtx *gpu, size_t n, const size_t o[
     ops_download_f32(gpu, pg, (char *)p_g + 2 * o[4], n);
     const double e = scaled_error(pg, pc, n);
     printf("%-4s %-28s %-6s err %9.3e tol %7.1e\n", e <= 1e-2 ? "ok" : "FAIL", label, "param", e, 1e-2);
-    KT_CHECK(e <= 1e-2, "%s param_out: error %g", label, e);
+    CHECK(e <= 1e-2, "%s param_out: error %g", label, e);
     free(pc), free(pg), free(h_master), free(h_zero);
     ops_free(cpu, p_c), ops_free(gpu, p_g);
     ops_free(cpu, master.c), ops_free(gpu, master.g), ops_free(cpu, m.c), ops_free(gpu, m.g);
@@ -377,17 +377,17 @@ static void check_adamw_paths_agree(OpsCtx *gpu, size_t n) {
         ops_copy_to_host(gpu, par[path], p, n * 2);
         ops_free(gpu, master), ops_free(gpu, v), ops_free(gpu, grad), ops_free(gpu, m), ops_free(gpu, p);
     }
-    KT_CHECK(ops_status(gpu) == 0, "adamw paths n=%zu: error \"%s\"", n, ops_error(gpu));
+    CHECK(ops_status(gpu) == 0, "adamw paths n=%zu: error \"%s\"", n, ops_error(gpu));
     const char *names[3] = {"master", "m", "v"};
     for (int b = 0; b < 3; b++) {
         const int same = memcmp(res[0][b], res[1][b], n * 4) == 0;
         printf("%-4s adamw n=%-7zu vector vs single %-6s identical bits\n", same ? "ok" : "FAIL", n, names[b]);
-        KT_CHECK(same, "adamw n=%zu: %s differs between the vector and the one-at-a-time path", n, names[b]);
+        CHECK(same, "adamw n=%zu: %s differs between the vector and the one-at-a-time path", n, names[b]);
         free(res[0][b]), free(res[1][b]);
     }
     const int same = memcmp(par[0], par[1], n * 2) == 0;
     printf("%-4s adamw n=%-7zu vector vs single %-6s identical bits\n", same ? "ok" : "FAIL", n, "param");
-    KT_CHECK(same, "adamw n=%zu: param_out differs between the paths", n);
+    CHECK(same, "adamw n=%zu: param_out differs between the paths", n);
     free(par[0]), free(par[1]), free(h_master), free(h_m), free(h_v), free(h_grad);
 }
 
@@ -406,8 +406,8 @@ static void check_sum_squares_case(OpsCtx *cpu, OpsCtx *gpu, size_t n, size_t of
     const double e = fabs((double)g - c) / fabs(c);
     printf("%-4s sum_squares n=%-8zu off=%zu  cpu %.9g cuda %.9g err %9.3e tol 1.0e-06\n", e <= 1e-6 ? "ok" : "FAIL",
            n, off, c, g, e);
-    KT_CHECK(e <= 1e-6 && ops_status(gpu) == 0, "sum_squares n=%zu off=%zu: cpu %.9g cuda %.9g (\"%s\")", n, off, c,
-             g, ops_error(gpu));
+    CHECK(e <= 1e-6 && ops_status(gpu) == 0, "sum_squares n=%zu off=%zu: cpu %.9g cuda %.9g (\"%s\")", n, off, c,
+          g, ops_error(gpu));
     ops_free(cpu, x.c), ops_free(gpu, x.g), ops_free(cpu, out.c), ops_free(gpu, out.g);
     free(h);
 }
@@ -431,15 +431,12 @@ int main(void) {
     kt_seed(0x51D3);
     char err[256];
     OpsCtx *cpu = NULL, *gpu = NULL;
-    if (ops_create(&cpu, OPS_BACKEND_CPU, 0, err, sizeof err) != 0) {
-        fprintf(stderr, "FAIL: cpu context: %s\n", err);
-        return 1;
-    }
+    REQUIRE(ops_create(&cpu, OPS_BACKEND_CPU, 0, err, sizeof err) == 0, "cpu context: %s", err);
     for (int i = 0; i < N_SHAPES; i++) check_fused_equals_unfused(cpu, "cpu", SHAPES[i]);
     for (int i = 0; i < N_SHAPES; i++) check_store_equals_unfused(cpu, "cpu", SHAPES[i]);
     test_errors(cpu);
-    printf("%s: cpu fused split/pack + RoPE == copy_2d + rope on %d shapes\n", kt_failures ? "FAIL" : "ok", N_SHAPES);
-    if (kt_failures) {
+    printf("%s: cpu fused split/pack + RoPE == copy_2d + rope on %d shapes\n", failures ? "FAIL" : "ok", N_SHAPES);
+    if (failures) {
         ops_destroy(cpu);
         return 1;
     }
@@ -448,24 +445,15 @@ int main(void) {
         ops_destroy(cpu);
         return 77;
     }
-    if (ops_create(&gpu, OPS_BACKEND_CUDA, 0, err, sizeof err) != 0) {
-        fprintf(stderr, "FAIL: cuda context: %s\n", err);
-        ops_destroy(cpu);
-        return 1;
-    }
+    REQUIRE(ops_create(&gpu, OPS_BACKEND_CUDA, 0, err, sizeof err) == 0, "cuda context: %s", err);
     for (int i = 0; i < N_SHAPES; i++) check_fused_equals_unfused(gpu, "cuda", SHAPES[i]);
     for (int i = 0; i < N_SHAPES; i++) check_store_equals_unfused(gpu, "cuda", SHAPES[i]);
-    printf("%s: cuda fused split/pack + RoPE == cudaMemcpy2D + rope on %d shapes\n", kt_failures ? "FAIL" : "ok",
+    printf("%s: cuda fused split/pack + RoPE == cudaMemcpy2D + rope on %d shapes\n", failures ? "FAIL" : "ok",
            N_SHAPES);
     for (int i = 0; i < N_SHAPES; i++) check_cuda_vs_cpu(cpu, gpu, SHAPES[i]);
     test_errors(gpu);
     test_optimizer(cpu, gpu);
     ops_destroy(gpu);
     ops_destroy(cpu);
-    if (kt_failures) {
-        printf("FAIL: %d check(s)\n", kt_failures);
-        return 1;
-    }
-    printf("PASS\n");
-    return 0;
+    return check_exit_code("test_cuda_qkv_rope");
 }

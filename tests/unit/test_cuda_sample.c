@@ -21,27 +21,9 @@
 #include <time.h>
 
 #include "kernels/ops.h"
+#include "tests/unit/check_macros.h"
 #include "tests/unit/sample_testlib.h"
-
-static int failures = 0;
-#define CHECK(cond, ...)                                                             \
-    do {                                                                             \
-        if (!(cond)) {                                                               \
-            failures++;                                                              \
-            fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                            \
-            fputc('\n', stderr);                                                     \
-        }                                                                            \
-    } while (0)
-
-static void *xmalloc(size_t n) {
-    void *p = malloc(n ? n : 1);
-    if (!p) {
-        fprintf(stderr, "out of memory\n");
-        exit(2);
-    }
-    return p;
-}
+#include "tests/unit/testlib.h"
 
 static OpsCtx *cpu, *gpu;
 
@@ -515,10 +497,5 @@ int main(void) {
     test_batch_independence();
     ops_destroy(gpu);
     ops_destroy(cpu);
-    if (failures) {
-        fprintf(stderr, "%d check(s) failed\n", failures);
-        return 1;
-    }
-    printf("cuda sampling matches the cpu op\n");
-    return 0;
+    return check_exit_code("test_cuda_sample");
 }

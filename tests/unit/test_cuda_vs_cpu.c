@@ -31,38 +31,22 @@
 #include <string.h>
 
 #include "kernels/ops.h"
+#include "kernels_testlib.h"
 #include "paged_testlib.h"
 #include "ops_testlib.h"
 
 static OpsCtx *cpu, *gpu;
-static int failures;
 
 // ---- random numbers, bf16 rounding ------------------------------------------------------------------
 
 static uint64_t rng_state = 0x9E3779B97F4A7C15ull;
-static uint64_t rng_next(void) {  // splitmix64
-    uint64_t z = (rng_state += 0x9E3779B97F4A7C15ull);
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
-    return z ^ (z >> 31);
-}
-static float urand(float lo, float hi) { return lo + (hi - lo) * (float)((rng_next() >> 40) * (1.0 / 16777216.0)); }
+static uint64_t rng_next(void) { return kt_splitmix_next(&rng_state); }
+static float urand(float lo, float hi) { return kt_uniform_in(rng_next(), lo, hi); }
 static int irand(int n) { return (int)(rng_next() % (uint64_t)n); }
-
-// Round-to-nearest-even to bf16, kept in an fp32 (what the CUDA upload would do; done here so that the CPU
-// backend sees the same values).
-static float round_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    u &= 0xffff0000u;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
 
 static float *rand_host(size_t n, float lo, float hi) {
     float *h = malloc(n * sizeof *h);
-    for (size_t i = 0; i < n; i++) h[i] = round_bf16(urand(lo, hi));
+    for (size_t i = 0; i < n; i++) h[i] = kt_round_bf16(urand(lo, hi));
     return h;
 }
 
@@ -129,15 +113,7 @@ static float *fetch(OpsCtx *ctx, void *base, int kind, size_t n) {
     return h;
 }
 
-static void expect_ok(const char *what) {
-    ops_synchronize(gpu);
-    if (ops_status(cpu) || ops_status(gpu)) {
-        printf("FAIL %-22s unexpected error: cpu \"%s\" cuda \"%s\"\n", what, ops_error(cpu), ops_error(gpu));
-        failures++;
-        ops_clear_error(cpu);
-        ops_clear_error(gpu);
-    }
-}
+static void expect_ok(const char *what) { kt_expect_no_errors(cpu, gpu, what); }
 
 // Compares n elements from element off of both sides and prints a table row. NaN matches only NaN.
 static void check_view(const char *op, const char *tensor, Buf b, size_t off, size_t n, double tol) {
@@ -505,7 +481,7 @@ static void test_attention_case(const int *lens, int B, int Hq, int Hkv, int D) 
     // Backward from the CPU's forward output and lse on both sides (the op's inputs, bf16-exact), so the
     // comparison isolates the backward kernels.
     float *out_h = fetch(cpu, out.c, STORAGE, out.n), *lse_h = fetch(cpu, lse.c, F32, lse.n);
-    for (size_t i = 0; i < out.n; i++) out_h[i] = round_bf16(out_h[i]);
+    for (size_t i = 0; i < out.n; i++) out_h[i] = kt_round_bf16(out_h[i]);
     buf_set(out, 0, out_h, out.n);
     buf_set(lse, 0, lse_h, lse.n);
     free(out_h), free(lse_h);
@@ -765,7 +741,7 @@ static void test_logprobs_case(int N, int V, float inv_t, float offset) {
     int32_t tg[32];
     for (int i = 0; i < N; i++) tg[i] = i % 5 == 2 ? -1 : irand(V);  // some ignored rows
     float *lg = rand_host((size_t)N * V, -8, 8);
-    for (int j = 0; j < V; j++) lg[j] = round_bf16(lg[j] + offset);  // row 0 shifted: large logits stay stable
+    for (int j = 0; j < V; j++) lg[j] = kt_round_bf16(lg[j] + offset);  // row 0 shifted: large logits stay stable
     Buf logits = buf_from(STORAGE, lg, (size_t)N * V), targets = buf_from(I32, tg, N);
     Buf lp = buf_new(F32, N), lse = buf_new(F32, N), ent = buf_new(F32, N);
     ops_logprobs_fwd(cpu, lp.c, lse.c, ent.c, logits.c, targets.c, N, V, inv_t);
@@ -859,10 +835,5 @@ int main(void) {
     test_sum_squares();
     ops_destroy(cpu);
     ops_destroy(gpu);
-    if (failures) {
-        printf("FAIL: %d check(s) out of tolerance or erroring\n", failures);
-        return 1;
-    }
-    printf("PASS: every CUDA op matches its CPU twin within the stated tolerances\n");
-    return 0;
+    return check_exit_code("test_cuda_vs_cpu");
 }

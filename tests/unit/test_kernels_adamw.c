@@ -40,13 +40,13 @@ static void run_case(const char *name, float lr, float beta1, float beta2, float
     }
     char what[128];
     snprintf(what, sizeof what, "%s: master after %d steps", name, steps);
-    kt_close(what, p, pd, n, 2e-6, 1e-7);
+    check_close(what, p, pd, n, 2e-6, 1e-7);
     snprintf(what, sizeof what, "%s: exp_avg", name);
-    kt_close(what, m, md, n, 1e-5, 1e-6);
+    check_close(what, m, md, n, 1e-5, 1e-6);
     snprintf(what, sizeof what, "%s: exp_avg_sq", name);
-    kt_close(what, v, vd, n, 1e-5, 1e-6);
+    check_close(what, v, vd, n, 1e-5, 1e-6);
     if (with_param_out)
-        KT_CHECK(memcmp(out, p, n * sizeof(float)) == 0, "%s: param_out must equal the updated master", name);
+        CHECK(memcmp(out, p, n * sizeof(float)) == 0, "%s: param_out must equal the updated master", name);
     free(p), free(m), free(v), free(g), free(out), free(pd), free(md), free(vd);
 }
 
@@ -54,5 +54,5 @@ int main(void) {
     kt_seed(99);
     run_case("adamw wd=0.1", 1e-2f, 0.9f, 0.999f, 1e-8f, 0.1f, 1);
     run_case("adamw wd=0", 3e-3f, 0.8f, 0.95f, 1e-6f, 0.0f, 0);
-    return kt_finish("test_kernels_adamw");
+    return check_exit_code("test_kernels_adamw");
 }

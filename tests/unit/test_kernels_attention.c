@@ -135,9 +135,9 @@ static void check_attention(const char *name, const int32_t *cu, int B, int Hq, 
     cpu_attention_fwd(out, lse, q, k, v, cu, B, a.N, Hq, Hkv, D, (float)a.scale);
     char what[160];
     snprintf(what, sizeof what, "%s: attention out", name);
-    kt_close(what, out, want_out, nq, 1e-5, 1e-6);
+    check_close(what, out, want_out, nq, 1e-5, 1e-6);
     snprintf(what, sizeof what, "%s: attention lse", name);
-    kt_close(what, lse, want_lse, (size_t)a.N * Hq, 1e-5, 1e-6);
+    check_close(what, lse, want_lse, (size_t)a.N * Hq, 1e-5, 1e-6);
 
     double *g = kt_dalloc(nq + 2 * nk), *r = kt_to_double(dout, nq);
     attn_ref_bwd(g, g + nq, g + nq + nk, r, qd, kd, vd, &a);
@@ -149,7 +149,7 @@ static void check_attention(const char *name, const int32_t *cu, int B, int Hq, 
         float *gf = kt_falloc(nq + 2 * nk);
         for (size_t i = 0; i < nq + 2 * nk; i++) gf[i] = (float)g[i];
         snprintf(what, sizeof what, "%s: closed-form gradient vs finite differences", name);
-        kt_close(what, gf, gfd, nq + 2 * nk, 1e-6, 1e-6);
+        check_close(what, gf, gfd, nq + 2 * nk, 1e-6, 1e-6);
         memcpy(g, gfd, (nq + 2 * nk) * sizeof(double));
         free(gfd), free(gf);
     }
@@ -159,13 +159,13 @@ static void check_attention(const char *name, const int32_t *cu, int B, int Hq, 
     cpu_attention_bwd(dq, dk, dv, dout, q, k, v, out, lse, cu, B, a.N, Hq, Hkv, D, (float)a.scale);
     // One absolute floor for all three gradients: with a one-token sequence dq and dk are exactly zero in
     // exact arithmetic and fp32 leaves ~1e-9 there, which only makes sense against the gradients' scale.
-    const double atol = 1e-5 * kt_max_abs(g, nq + 2 * nk);
+    const double atol = 1e-5 * check_max_abs(g, nq + 2 * nk);
     snprintf(what, sizeof what, "%s: attention dq", name);
-    kt_close_abs(what, dq, g, nq, 1e-4, atol);
+    check_close_abs(what, dq, g, nq, 1e-4, atol);
     snprintf(what, sizeof what, "%s: attention dk", name);
-    kt_close_abs(what, dk, g + nq, nk, 1e-4, atol);
+    check_close_abs(what, dk, g + nq, nk, 1e-4, atol);
     snprintf(what, sizeof what, "%s: attention dv", name);
-    kt_close_abs(what, dv, g + nq + nk, nk, 1e-4, atol);
+    check_close_abs(what, dv, g + nq + nk, nk, 1e-4, atol);
     free(q), free(k), free(v), free(dout), free(params), free(want_out), free(want_lse), free(out), free(lse);
     free(g), free(r), free(dq), free(dk), free(dv);
 }
@@ -206,7 +206,7 @@ static void check_paged(const char *name, const int *lens, int B, int Hq, int Hk
     for (int b = 0; b < B; b++)
         for (int lb = 0; lb < max_blocks; lb++)
             tables[b * max_blocks + lb] = lb * block_size < lens[b] ? perm[next++] : -1;
-    KT_CHECK(next <= n_blocks, "%s: pool too small for the test", name);
+    CHECK(next <= n_blocks, "%s: pool too small for the test", name);
 
     // Token i -> (seq, pos, slot); plus one padding token (slot -1, NaN k/v) in the first store call.
     int32_t *seq = malloc(sizeof(int32_t) * N), *pos = malloc(sizeof(int32_t) * N), *slot = malloc(sizeof(int32_t) * (N + 1));
@@ -237,7 +237,7 @@ static void check_paged(const char *name, const int *lens, int B, int Hq, int Hk
     cpu_attention_paged_fwd(out, q, kc, vc, tables, seq, pos, N, Hq, Hkv, D, block_size, max_blocks, scale);
     char what[160];
     snprintf(what, sizeof what, "%s: paged prefill vs training attention", name);
-    kt_close(what, out, want, nq, 1e-5, 1e-5);
+    check_close(what, out, want, nq, 1e-5, 1e-5);
 
     // Decodes mid-sequence: one token per sequence at a position inside it, in a shuffled batch order. The
     // cache also holds the later positions, which must stay invisible.
@@ -254,12 +254,12 @@ static void check_paged(const char *name, const int *lens, int B, int Hq, int Hk
     }
     cpu_attention_paged_fwd(dout, dq, kc, vc, tables, dseq, dpos, B, Hq, Hkv, D, block_size, max_blocks, scale);
     snprintf(what, sizeof what, "%s: paged decode mid-sequence vs training attention", name);
-    kt_close(what, dout, dwant, (size_t)B * Hq * D, 1e-5, 1e-5);
+    check_close(what, dout, dwant, (size_t)B * Hq * D, 1e-5, 1e-5);
 
     // A position past the block table has no cache behind it: NaN output, no out-of-bounds read.
     int32_t bad_seq = 0, bad_pos = max_blocks * block_size;
     cpu_attention_paged_fwd(dout, dq, kc, vc, tables, &bad_seq, &bad_pos, 1, Hq, Hkv, D, block_size, max_blocks, scale);
-    KT_CHECK(isnan(dout[0]) && isnan(dout[(size_t)Hq * D - 1]), "%s: position past the block table must give NaN", name);
+    CHECK(isnan(dout[0]) && isnan(dout[(size_t)Hq * D - 1]), "%s: position past the block table must give NaN", name);
 
     free(q), free(k), free(v), free(out_train), free(lse), free(perm), free(tables), free(seq), free(pos), free(slot);
     free(kc), free(vc), free(k1), free(v1), free(slot1), free(want), free(out), free(dq), free(dout), free(dwant);
@@ -282,13 +282,13 @@ static void check_threads(void) {
         cpu_attention_fwd(out[r], lse[r], q, k, v, cu, B, N, Hq, Hkv, D, 0.25f);
         cpu_attention_bwd(dq[r], dk[r], dv[r], dout, q, k, v, out[r], lse[r], cu, B, N, Hq, Hkv, D, 0.25f);
     }
-    KT_CHECK(memcmp(out[0], out[1], nq * sizeof(float)) == 0 && memcmp(lse[0], lse[1], (size_t)N * Hq * sizeof(float)) == 0,
-             "attention forward differs between 1 and 2 threads");
-    KT_CHECK(memcmp(dq[0], dq[1], nq * sizeof(float)) == 0 && memcmp(dk[0], dk[1], nk * sizeof(float)) == 0 &&
+    CHECK(memcmp(out[0], out[1], nq * sizeof(float)) == 0 && memcmp(lse[0], lse[1], (size_t)N * Hq * sizeof(float)) == 0,
+          "attention forward differs between 1 and 2 threads");
+    CHECK(memcmp(dq[0], dq[1], nq * sizeof(float)) == 0 && memcmp(dk[0], dk[1], nk * sizeof(float)) == 0 &&
                  memcmp(dv[0], dv[1], nk * sizeof(float)) == 0,
-             "attention backward differs between 1 and 2 threads");
-    KT_CHECK(openblas_get_num_threads() == blas_before, "OpenBLAS thread count %d after attention, %d before",
-             openblas_get_num_threads(), blas_before);
+          "attention backward differs between 1 and 2 threads");
+    CHECK(openblas_get_num_threads() == blas_before, "OpenBLAS thread count %d after attention, %d before",
+          openblas_get_num_threads(), blas_before);
     for (int r = 0; r < 2; r++) free(out[r]), free(lse[r]), free(dq[r]), free(dk[r]), free(dv[r]);
     free(q), free(k), free(v), free(dout);
 }
@@ -315,5 +315,5 @@ int main(void) {
     check_paged("paged MHA bs=160", lens_b, 2, 2, 2, 8, 160, 4);
     const int lens_c[4] = {16, 17, 3, 33}; // lengths at and just past block boundaries
     check_paged("paged GQA bs=16 Hq=6 Hkv=2", lens_c, 4, 6, 2, 10, 16, 12);
-    return kt_finish("test_kernels_attention");
+    return check_exit_code("test_kernels_attention");
 }

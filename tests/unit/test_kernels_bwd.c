@@ -62,8 +62,8 @@ static void test_rmsnorm_bwd(void) {
     float *dx = seeded(nx, 1.0), *dw = seeded(c.C, 1.0); // both accumulate
     double *want_dx = grad_plus(dx, g, nx), *want_dw = grad_plus(dw, g + nx, c.C);
     cpu_rmsnorm_bwd(dx, dw, dout, x, w, rstd, c.N, c.C);
-    kt_close("rmsnorm dx (accumulated)", dx, want_dx, nx, RTOL, ATOL);
-    kt_close("rmsnorm dw (accumulated)", dw, want_dw, c.C, RTOL, ATOL);
+    check_close("rmsnorm dx (accumulated)", dx, want_dx, nx, RTOL, ATOL);
+    check_close("rmsnorm dw (accumulated)", dw, want_dw, c.C, RTOL, ATOL);
     free(x), free(w), free(dout), free(out), free(r), free(p), free(g), free(dx), free(dw), free(want_dx), free(want_dw);
 }
 
@@ -106,9 +106,9 @@ static void test_residual_rmsnorm_bwd(void) {
     float *dres = nan_filled(nx), *dw = seeded(c.C, 1.0);
     double *want_dw = grad_plus(dw, g + 2 * nx, c.C);
     cpu_residual_rmsnorm_bwd(dres, dw, dres_in, dout, x_out, w, rstd, c.N, c.C);
-    kt_close("residual_rmsnorm dres vs d/dx", dres, g, nx, RTOL, ATOL);
-    kt_close("residual_rmsnorm dres vs d/dresidual", dres, g + nx, nx, RTOL, ATOL);
-    kt_close("residual_rmsnorm dw (accumulated)", dw, want_dw, c.C, RTOL, ATOL);
+    check_close("residual_rmsnorm dres vs d/dx", dres, g, nx, RTOL, ATOL);
+    check_close("residual_rmsnorm dres vs d/dresidual", dres, g + nx, nx, RTOL, ATOL);
+    check_close("residual_rmsnorm dw (accumulated)", dw, want_dw, c.C, RTOL, ATOL);
 
     // The unfused backward (rmsnorm_bwd accumulating into a copy of dres_in) gives the same bits; so does the fused
     // op in place on dres_in.
@@ -117,15 +117,15 @@ static void test_residual_rmsnorm_bwd(void) {
     memcpy(inplace, dres_in, nx * sizeof(float));
     cpu_rmsnorm_bwd(dx, NULL, dout, x_out, w, rstd, c.N, c.C);
     cpu_residual_rmsnorm_bwd(inplace, NULL, inplace, dout, x_out, w, rstd, c.N, c.C);
-    KT_CHECK(memcmp(dx, dres, nx * sizeof(float)) == 0, "fused backward differs from rmsnorm_bwd's accumulation");
-    KT_CHECK(memcmp(inplace, dres, nx * sizeof(float)) == 0, "fused backward in place on dres_in differs");
+    CHECK(memcmp(dx, dres, nx * sizeof(float)) == 0, "fused backward differs from rmsnorm_bwd's accumulation");
+    CHECK(memcmp(inplace, dres, nx * sizeof(float)) == 0, "fused backward in place on dres_in differs");
 
     // dres_in NULL: the norm's input gradient alone (the r2 term's gradient, r2 itself, taken away).
     float *alone = nan_filled(nx);
     double *want_alone = kt_dalloc(nx);
     for (size_t i = 0; i < nx; i++) want_alone[i] = g[i] - r[nx + i];
     cpu_residual_rmsnorm_bwd(alone, NULL, NULL, dout, x_out, w, rstd, c.N, c.C);
-    kt_close("residual_rmsnorm dres (dres_in NULL, overwrite)", alone, want_alone, nx, RTOL, ATOL);
+    check_close("residual_rmsnorm dres (dres_in NULL, overwrite)", alone, want_alone, nx, RTOL, ATOL);
     free(x), free(res), free(w), free(dout), free(dres_in), free(x_out), free(out), free(r), free(p), free(g);
     free(dres), free(dw), free(want_dw), free(dx), free(inplace), free(alone), free(want_alone);
 }
@@ -157,13 +157,13 @@ static void test_rope_bwd(void) {
     c.r = r;
     kt_fd_grad(f_rope, p, n, &c, g);
     cpu_rope_bwd(dx, pos, inv_freq, c.N, c.H, c.D); // in place: dout becomes dx
-    kt_close("rope dx", dx, g, n, RTOL, ATOL);
+    check_close("rope dx", dx, g, n, RTOL, ATOL);
     // Forward then backward is the identity (a rotation's transpose is its inverse).
     float *y = kt_falloc(n);
     memcpy(y, x, n * sizeof(float));
     cpu_rope_fwd(y, pos, inv_freq, c.N, c.H, c.D);
     cpu_rope_bwd(y, pos, inv_freq, c.N, c.H, c.D);
-    kt_close("rope bwd(fwd(x)) == x", y, p, n, 1e-6, 1e-6);
+    check_close("rope bwd(fwd(x)) == x", y, p, n, 1e-6, 1e-6);
     free(x), free(dx), free(r), free(p), free(g), free(y);
 }
 
@@ -196,19 +196,19 @@ static void test_matmul_bwd(void) {
     float *din = nan_filled(nin), *dw = seeded(nw, 1.0), *dbias = seeded(c.OC, 1.0);
     double *want_dw = grad_plus(dw, g + nin, nw), *want_db = grad_plus(dbias, g + nin + nw, c.OC);
     cpu_matmul_bwd(din, dw, dbias, dout, in, w, c.N, c.IC, c.OC, 0);
-    kt_close("matmul din (overwrite)", din, g, nin, RTOL, ATOL);
-    kt_close("matmul dw (accumulated)", dw, want_dw, nw, RTOL, ATOL);
-    kt_close("matmul dbias (accumulated)", dbias, want_db, c.OC, RTOL, ATOL);
+    check_close("matmul din (overwrite)", din, g, nin, RTOL, ATOL);
+    check_close("matmul dw (accumulated)", dw, want_dw, nw, RTOL, ATOL);
+    check_close("matmul dbias (accumulated)", dbias, want_db, c.OC, RTOL, ATOL);
 
     // din accumulated; dw and dbias skipped when NULL.
     float *din2 = seeded(nin, 1.0);
     double *want_din2 = grad_plus(din2, g, nin);
     cpu_matmul_bwd(din2, NULL, NULL, dout, in, w, c.N, c.IC, c.OC, 1);
-    kt_close("matmul din (accumulated)", din2, want_din2, nin, RTOL, ATOL);
+    check_close("matmul din (accumulated)", din2, want_din2, nin, RTOL, ATOL);
     // din skipped when NULL: only dw grows (by one more gradient).
     for (size_t i = 0; i < nw; i++) want_dw[i] += g[nin + i];
     cpu_matmul_bwd(NULL, dw, NULL, dout, in, w, c.N, c.IC, c.OC, 0);
-    kt_close("matmul dw (second accumulation, din NULL)", dw, want_dw, nw, RTOL, ATOL);
+    check_close("matmul dw (second accumulation, din NULL)", dw, want_dw, nw, RTOL, ATOL);
     free(in), free(w), free(bias), free(dout), free(r), free(p), free(g), free(din), free(dw), free(dbias);
     free(want_dw), free(want_db), free(din2), free(want_din2);
 }
@@ -233,7 +233,7 @@ static void test_swiglu_bwd(void) {
     c.r = r;
     kt_fd_grad(f_swiglu, p, ngu, &c, g);
     cpu_swiglu_bwd(dgu, dout, gu, c.N, c.I);
-    kt_close("swiglu dgu (overwrite)", dgu, g, ngu, RTOL, ATOL);
+    check_close("swiglu dgu (overwrite)", dgu, g, ngu, RTOL, ATOL);
     free(gu), free(dout), free(dgu), free(r), free(p), free(g);
 }
 
@@ -286,7 +286,7 @@ static void test_logprobs_entropy_bwd(void) {
     cpu_logprobs_fwd(lp, lse, ent, logits, targets, c.N, c.V, c.inv_t);
     float *dlogits = nan_filled(n);
     cpu_logprobs_bwd(dlogits, dlp, dent, ent, logits, targets, lse, c.N, c.V, c.inv_t);
-    kt_close("logprobs+entropy dlogits (overwrite)", dlogits, g, n, RTOL, ATOL);
+    check_close("logprobs+entropy dlogits (overwrite)", dlogits, g, n, RTOL, ATOL);
     free(logits), free(p), free(g), free(dlogits);
 }
 
@@ -304,9 +304,9 @@ static void test_logprobs_bwd(void) {
     cpu_logprobs_fwd(lp, lse, NULL, logits, targets, c.N, c.V, c.inv_t);
     float *dlogits = nan_filled(n);
     cpu_logprobs_bwd(dlogits, dlp, NULL, NULL, logits, targets, lse, c.N, c.V, c.inv_t);
-    kt_close("logprobs dlogits (overwrite)", dlogits, g, n, RTOL, ATOL);
+    check_close("logprobs dlogits (overwrite)", dlogits, g, n, RTOL, ATOL);
     for (int j = 0; j < c.V; j++)
-        if (dlogits[c.V + j] != 0.0f) { KT_CHECK(0, "ignored row 1 must get an all-zero gradient"); break; }
+        if (dlogits[c.V + j] != 0.0f) { CHECK(0, "ignored row 1 must get an all-zero gradient"); break; }
     // In place (the trainer's kept logits become their gradient): the same bits, with and without an entropy term.
     float ent[5], dent[5];
     kt_fill(dent, 5, 1.0);
@@ -316,8 +316,8 @@ static void test_logprobs_bwd(void) {
         memcpy(inplace, logits, n * sizeof *inplace);
         cpu_logprobs_bwd(dlogits, dlp, with_ent ? dent : NULL, ent, logits, targets, lse, c.N, c.V, c.inv_t);
         cpu_logprobs_bwd(inplace, dlp, with_ent ? dent : NULL, ent, inplace, targets, lse, c.N, c.V, c.inv_t);
-        KT_CHECK(memcmp(inplace, dlogits, n * sizeof *inplace) == 0, "logprobs_bwd in place differs (entropy %d)",
-                 with_ent);
+        CHECK(memcmp(inplace, dlogits, n * sizeof *inplace) == 0, "logprobs_bwd in place differs (entropy %d)",
+              with_ent);
         free(inplace);
     }
     free(logits), free(p), free(g), free(dlogits);
@@ -342,7 +342,7 @@ static void test_embedding_bwd(void) {
     kt_fd_grad(f_embedding, p, nt, &c, g);
     double *want = grad_plus(dtable, g, nt);
     cpu_embedding_bwd(dtable, dout, tokens, c.N, c.C);
-    kt_close("embedding dtable (accumulated)", dtable, want, nt, RTOL, ATOL);
+    check_close("embedding dtable (accumulated)", dtable, want, nt, RTOL, ATOL);
     free(table), free(dout), free(dtable), free(r), free(p), free(g), free(want);
 }
 
@@ -356,5 +356,5 @@ int main(void) {
     test_logprobs_bwd();
     test_logprobs_entropy_bwd();
     test_embedding_bwd();
-    return kt_finish("test_kernels_bwd");
+    return check_exit_code("test_kernels_bwd");
 }

@@ -19,12 +19,12 @@ static void check_block(OpsCtx *ctx, size_t rows, size_t cols, size_t dp, size_t
     for (size_t r = 0; r < rows; r++)
         for (size_t c = 0; c < cols; c++) want[doff + r * dp + c] = src[soff + r * sp + c];
     ops_copy_2d(ctx, dst + doff, dp, src + soff, sp, rows, cols);
-    KT_CHECK(ops_status(ctx) == 0, "copy_2d %zux%zu pitches %zu/%zu: unexpected error \"%s\"", rows, cols, dp, sp,
-             ops_error(ctx));
+    CHECK(ops_status(ctx) == 0, "copy_2d %zux%zu pitches %zu/%zu: unexpected error \"%s\"", rows, cols, dp, sp,
+          ops_error(ctx));
     size_t bad = 0;
     for (size_t i = 0; i < n_dst; i++) bad += memcmp(&dst[i], &want[i], sizeof(float)) != 0;
-    KT_CHECK(bad == 0, "copy_2d %zux%zu pitches dst %zu src %zu (offsets %zu/%zu): %zu elements differ", rows, cols,
-             dp, sp, doff, soff, bad);
+    CHECK(bad == 0, "copy_2d %zux%zu pitches dst %zu src %zu (offsets %zu/%zu): %zu elements differ", rows, cols,
+          dp, sp, doff, soff, bad);
     free(dst);
     free(src);
     free(want);
@@ -55,12 +55,12 @@ static void test_split_pack(OpsCtx *ctx) {
         for (int i = 0; i < KVD; i++) bad += k[n * KVD + i] != qkv[n * QKV + QD + i];
         for (int i = 0; i < KVD; i++) bad += v[n * KVD + i] != qkv[n * QKV + QD + KVD + i];
     }
-    KT_CHECK(bad == 0, "split of the fused projection: %d elements misplaced", bad);
+    CHECK(bad == 0, "split of the fused projection: %d elements misplaced", bad);
     ops_copy_2d(ctx, back, QKV, q, QD, N, QD);
     ops_copy_2d(ctx, back + QD, QKV, k, KVD, N, KVD);
     ops_copy_2d(ctx, back + QD + KVD, QKV, v, KVD, N, KVD);
-    KT_CHECK(memcmp(back, qkv, sizeof qkv) == 0, "packing q, k, v back must rebuild the fused rows bit for bit");
-    KT_CHECK(ops_status(ctx) == 0, "split/pack: unexpected error \"%s\"", ops_error(ctx));
+    CHECK(memcmp(back, qkv, sizeof qkv) == 0, "packing q, k, v back must rebuild the fused rows bit for bit");
+    CHECK(ops_status(ctx) == 0, "split/pack: unexpected error \"%s\"", ops_error(ctx));
 }
 
 static void test_errors(OpsCtx *ctx) {
@@ -71,19 +71,19 @@ static void test_errors(OpsCtx *ctx) {
     kt_fill(c, 16, 1.0);
     ops_copy_2d(ctx, a, 4, c, 4, 0, 4);
     ops_copy_2d(ctx, a, 4, c, 4, 4, 0);
-    KT_CHECK(ops_status(ctx) == 0 && memcmp(a, b, sizeof a) == 0, "rows or cols 0 must be a no-op");
+    CHECK(ops_status(ctx) == 0 && memcmp(a, b, sizeof a) == 0, "rows or cols 0 must be a no-op");
     ops_copy_2d(ctx, a, 4, c, 3, 2, 4);
-    KT_CHECK(ops_status(ctx) < 0 && strstr(ops_error(ctx), "4 elements") && strstr(ops_error(ctx), "src 3"),
-             "cols above the source pitch must be refused with the shape named: \"%s\"", ops_error(ctx));
-    KT_CHECK(memcmp(a, b, sizeof a) == 0, "a refused copy must not write");
+    CHECK(ops_status(ctx) < 0 && strstr(ops_error(ctx), "4 elements") && strstr(ops_error(ctx), "src 3"),
+          "cols above the source pitch must be refused with the shape named: \"%s\"", ops_error(ctx));
+    CHECK(memcmp(a, b, sizeof a) == 0, "a refused copy must not write");
     ops_clear_error(ctx);
     ops_copy_2d(ctx, a, 3, c, 4, 2, 4);
-    KT_CHECK(ops_status(ctx) < 0 && strstr(ops_error(ctx), "dst 3"),
-             "cols above the destination pitch must be refused: \"%s\"", ops_error(ctx));
+    CHECK(ops_status(ctx) < 0 && strstr(ops_error(ctx), "dst 3"),
+          "cols above the destination pitch must be refused: \"%s\"", ops_error(ctx));
     ops_clear_error(ctx);
     ops_copy_2d(ctx, NULL, 4, c, 4, 2, 4);
-    KT_CHECK(ops_status(ctx) < 0 && strstr(ops_error(ctx), "NULL"), "a NULL buffer must be refused: \"%s\"",
-             ops_error(ctx));
+    CHECK(ops_status(ctx) < 0 && strstr(ops_error(ctx), "NULL"), "a NULL buffer must be refused: \"%s\"",
+          ops_error(ctx));
     ops_clear_error(ctx);
 }
 
@@ -91,13 +91,10 @@ int main(void) {
     kt_seed(77);
     OpsCtx *ctx = NULL;
     char err[256];
-    if (ops_create(&ctx, OPS_BACKEND_CPU, 0, err, sizeof err) != 0) {
-        fprintf(stderr, "ops_create(cpu) failed: %s\n", err);
-        return 1;
-    }
+    REQUIRE(ops_create(&ctx, OPS_BACKEND_CPU, 0, err, sizeof err) == 0, "cpu context: %s", err);
     test_blocks(ctx);
     test_split_pack(ctx);
     test_errors(ctx);
     ops_destroy(ctx);
-    return kt_finish("test_kernels_copy");
+    return check_exit_code("test_kernels_copy");
 }

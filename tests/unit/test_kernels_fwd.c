@@ -24,8 +24,8 @@ static void test_vexp(void) {
             const float tf = (float)t;
             if (tf == 0.0f || isinf(tf) || tf < 1.17549435e-38f) {
                 // Subnormal and edge results: within one subnormal step (2^-149) of the exact value.
-                KT_CHECK(fabs((double)ys[i] - t) <= 1.4012984643e-45 || (isinf(tf) && isinf(ys[i])),
-                         "vexp(%.9g) = %.9g, want %.9g", xs[i], ys[i], t);
+                CHECK(fabs((double)ys[i] - t) <= 1.4012984643e-45 || (isinf(tf) && isinf(ys[i])),
+                      "vexp(%.9g) = %.9g, want %.9g", xs[i], ys[i], t);
                 continue;
             }
             const double ulp = ldexp(1.0, ilogb(tf) - 23);
@@ -33,12 +33,12 @@ static void test_vexp(void) {
             if (e > worst_ulps) { worst_ulps = e; worst_x = xs[i]; }
         }
     }
-    KT_CHECK(worst_ulps <= 1.0, "vexp error %.3f ulp at x = %.9g (bound 1 ulp)", worst_ulps, worst_x);
-    KT_CHECK(isnan(cpu_vexp(NAN)), "vexp(NaN) must be NaN");
-    KT_CHECK(cpu_vexp(-INFINITY) == 0.0f, "vexp(-inf) must be 0");
-    KT_CHECK(isinf(cpu_vexp(INFINITY)), "vexp(inf) must be inf");
-    KT_CHECK(cpu_vexp(0.0f) == 1.0f && cpu_vexp(-0.0f) == 1.0f, "vexp(0) must be exactly 1");
-    KT_CHECK(cpu_vexp(-1e30f) == 0.0f && isinf(cpu_vexp(1e30f)), "vexp of huge arguments must saturate");
+    CHECK(worst_ulps <= 1.0, "vexp error %.3f ulp at x = %.9g (bound 1 ulp)", worst_ulps, worst_x);
+    CHECK(isnan(cpu_vexp(NAN)), "vexp(NaN) must be NaN");
+    CHECK(cpu_vexp(-INFINITY) == 0.0f, "vexp(-inf) must be 0");
+    CHECK(isinf(cpu_vexp(INFINITY)), "vexp(inf) must be inf");
+    CHECK(cpu_vexp(0.0f) == 1.0f && cpu_vexp(-0.0f) == 1.0f, "vexp(0) must be exactly 1");
+    CHECK(cpu_vexp(-1e30f) == 0.0f && isinf(cpu_vexp(1e30f)), "vexp of huge arguments must saturate");
 }
 
 static void test_vmax(void) {
@@ -47,14 +47,14 @@ static void test_vmax(void) {
         kt_fill(x, 37, 100.0);
         double want = -INFINITY;
         for (int i = 0; i < n; i++) want = fmax(want, x[i]);
-        KT_CHECK(cpu_vmax(x, n) == (float)want, "vmax of %d elements: got %g want %g", n, cpu_vmax(x, n), want);
+        CHECK(cpu_vmax(x, n) == (float)want, "vmax of %d elements: got %g want %g", n, cpu_vmax(x, n), want);
     }
     float neg[5] = {-3.0f, -0.0f, -7.5f, -1e-30f, -2.0f};
-    KT_CHECK(cpu_vmax(neg, 5) == 0.0f, "vmax of negatives with -0 must be 0 (got %g)", cpu_vmax(neg, 5));
+    CHECK(cpu_vmax(neg, 5) == 0.0f, "vmax of negatives with -0 must be 0 (got %g)", cpu_vmax(neg, 5));
     float inf_row[3] = {-INFINITY, -INFINITY, -5.0f};
-    KT_CHECK(cpu_vmax(inf_row, 3) == -5.0f, "vmax must skip -inf");
+    CHECK(cpu_vmax(inf_row, 3) == -5.0f, "vmax must skip -inf");
     float nan_row[4] = {1.0f, NAN, 3.0f, 2.0f};
-    KT_CHECK(isnan(cpu_vmax(nan_row, 4)), "a NaN in the row must make the max NaN");
+    CHECK(isnan(cpu_vmax(nan_row, 4)), "a NaN in the row must make the max NaN");
 }
 
 static void test_add_inplace(void) {
@@ -65,10 +65,10 @@ static void test_add_inplace(void) {
     double *want = kt_dalloc(n);
     for (size_t i = 0; i < n; i++) want[i] = (double)y[i] + x[i];
     cpu_add_inplace(y, x, n);
-    kt_close("add_inplace", y, want, n, 1e-7, 0.0); // one fp32 rounding
+    check_close("add_inplace", y, want, n, 1e-7, 0.0); // one fp32 rounding
     for (size_t i = 0; i < n; i++) want[i] = (double)y[i] + x[i];
     cpu_add_f32(y, x, n);
-    kt_close("add_f32", y, want, n, 1e-7, 0.0);
+    check_close("add_f32", y, want, n, 1e-7, 0.0);
     free(y), free(x), free(want);
 }
 
@@ -78,10 +78,10 @@ static void test_embedding(void) {
     kt_fill(table, (size_t)V * C, 1.0);
     int32_t tokens[9] = {3, 0, 10, 3, 7, 1, 10, 5, 2};
     int bad = -1;
-    KT_CHECK(cpu_embedding_fwd(out, tokens, table, N, C, V, &bad) == 0, "valid ids must succeed");
+    CHECK(cpu_embedding_fwd(out, tokens, table, N, C, V, &bad) == 0, "valid ids must succeed");
     for (int i = 0; i < N; i++)
-        KT_CHECK(memcmp(out + (size_t)i * C, table + (size_t)tokens[i] * C, C * sizeof(float)) == 0,
-                 "embedding row %d is not table row %d", i, tokens[i]);
+        CHECK(memcmp(out + (size_t)i * C, table + (size_t)tokens[i] * C, C * sizeof(float)) == 0,
+              "embedding row %d is not table row %d", i, tokens[i]);
     // An id outside [0, V) fails with its row, before anything is written.
     float *out2 = kt_falloc((size_t)N * C);
     for (int trial = 0; trial < 2; trial++) {
@@ -89,10 +89,10 @@ static void test_embedding(void) {
         memcpy(badtok, tokens, sizeof badtok);
         badtok[6] = trial == 0 ? V : -1;
         bad = -1;
-        KT_CHECK(cpu_embedding_fwd(out2, badtok, table, N, C, V, &bad) == -1, "id %d must be refused", badtok[6]);
-        KT_CHECK(bad == 6, "bad row reported as %d, want 6", bad);
+        CHECK(cpu_embedding_fwd(out2, badtok, table, N, C, V, &bad) == -1, "id %d must be refused", badtok[6]);
+        CHECK(bad == 6, "bad row reported as %d, want 6", bad);
         for (size_t i = 0; i < (size_t)N * C; i++)
-            if (out2[i] != 0.0f) { KT_CHECK(0, "out written although an id was invalid"); break; }
+            if (out2[i] != 0.0f) { CHECK(0, "out written although an id was invalid"); break; }
     }
     free(table), free(out), free(out2);
 }
@@ -112,10 +112,10 @@ static void test_rmsnorm(void) {
         for (int c = 0; c < C; c++) want[n * C + c] = (double)w[c] * x[n * C + c] * r;
     }
     cpu_rmsnorm_fwd(out, rstd, x, w, N, C, eps);
-    kt_close("rmsnorm out", out, want, (size_t)N * C, RTOL, ATOL);
-    kt_close("rmsnorm rstd", rstd, want_r, N, RTOL, 0.0);
+    check_close("rmsnorm out", out, want, (size_t)N * C, RTOL, ATOL);
+    check_close("rmsnorm rstd", rstd, want_r, N, RTOL, 0.0);
     cpu_rmsnorm_fwd(out, NULL, x, w, N, C, eps); // rstd is optional
-    kt_close("rmsnorm out (rstd NULL)", out, want, (size_t)N * C, RTOL, ATOL);
+    check_close("rmsnorm out (rstd NULL)", out, want, (size_t)N * C, RTOL, ATOL);
     free(x), free(w), free(out), free(want);
 }
 
@@ -149,40 +149,40 @@ static void test_residual_rmsnorm(void) {
         char what[64];
         cpu_residual_rmsnorm_fwd(x_out, out, rstd, x, res, w, N, C, eps);
         snprintf(what, sizeof what, "residual_rmsnorm C=%d x_out", C);
-        kt_close(what, x_out, want_sum, n, 1.2e-7, 0.0); // one fp32 rounding (2^-24 relative, twice for margin)
+        check_close(what, x_out, want_sum, n, 1.2e-7, 0.0); // one fp32 rounding (2^-24 relative, twice for margin)
         snprintf(what, sizeof what, "residual_rmsnorm C=%d out", C);
-        kt_close(what, out, want, n, RTOL, ATOL);
+        check_close(what, out, want, n, RTOL, ATOL);
         snprintf(what, sizeof what, "residual_rmsnorm C=%d rstd", C);
-        kt_close(what, rstd, want_r, N, RTOL, 0.0);
+        check_close(what, rstd, want_r, N, RTOL, 0.0);
 
         // The unfused pair on a copy.
         float *y = kt_falloc(n), *out2 = kt_falloc(n);
         memcpy(y, x, n * sizeof(float));
         cpu_add_inplace(y, res, n);
         cpu_rmsnorm_fwd(out2, rstd2, y, w, N, C, eps);
-        KT_CHECK(same_bits(x_out, y, n) && same_bits(out, out2, n) && same_bits(rstd, rstd2, N),
-                 "C=%d: fused residual + rmsnorm differs from add_inplace + rmsnorm_fwd", C);
+        CHECK(same_bits(x_out, y, n) && same_bits(out, out2, n) && same_bits(rstd, rstd2, N),
+              "C=%d: fused residual + rmsnorm differs from add_inplace + rmsnorm_fwd", C);
 
         // In place on x, then on residual: the same bits.
         float *xi = kt_falloc(n), *ri = kt_falloc(n);
         memcpy(xi, x, n * sizeof(float));
         memcpy(ri, res, n * sizeof(float));
         cpu_residual_rmsnorm_fwd(xi, out2, rstd2, xi, res, w, N, C, eps);
-        KT_CHECK(same_bits(xi, x_out, n) && same_bits(out2, out, n) && same_bits(rstd2, rstd, N),
-                 "C=%d: x_out aliasing x changes the result", C);
+        CHECK(same_bits(xi, x_out, n) && same_bits(out2, out, n) && same_bits(rstd2, rstd, N),
+              "C=%d: x_out aliasing x changes the result", C);
         cpu_residual_rmsnorm_fwd(ri, out2, NULL, x, ri, w, N, C, eps);
-        KT_CHECK(same_bits(ri, x_out, n) && same_bits(out2, out, n), "C=%d: x_out aliasing residual changes the result",
-                 C);
+        CHECK(same_bits(ri, x_out, n) && same_bits(out2, out, n), "C=%d: x_out aliasing residual changes the result",
+              C);
 
         // No residual: the plain norm of x_out repeats the fused out and rstd; x_out is not written.
         float *untouched = kt_falloc(n);
         for (size_t i = 0; i < n; i++) untouched[i] = NAN;
         cpu_residual_rmsnorm_fwd(untouched, out2, rstd2, x_out, NULL, w, N, C, eps);
-        KT_CHECK(same_bits(out2, out, n) && same_bits(rstd2, rstd, N),
-                 "C=%d: a plain norm of the stored x_out differs from the fused op's", C);
+        CHECK(same_bits(out2, out, n) && same_bits(rstd2, rstd, N),
+              "C=%d: a plain norm of the stored x_out differs from the fused op's", C);
         int written = 0;
         for (size_t i = 0; i < n; i++) written |= !isnan(untouched[i]);
-        KT_CHECK(!written, "C=%d: x_out written although residual is NULL", C);
+        CHECK(!written, "C=%d: x_out written although residual is NULL", C);
         free(x), free(res), free(w), free(x_out), free(out), free(want_sum), free(want), free(y), free(out2), free(xi),
             free(ri), free(untouched);
     }
@@ -194,19 +194,19 @@ static void test_residual_rmsnorm_errors(void) {
     OpsCtx *ctx = NULL;
     char err[256];
     if (ops_create(&ctx, OPS_BACKEND_CPU, 0, err, sizeof err) != 0) {
-        KT_CHECK(0, "ops_create(cpu) failed: %s", err);
+        CHECK(0, "ops_create(cpu) failed: %s", err);
         return;
     }
     float x[8] = {1, 2, 3, 4, 5, 6, 7, 8}, res[8] = {0}, w[4] = {1, 1, 1, 1}, out[8], rstd[2];
     ops_residual_rmsnorm_fwd(ctx, NULL, out, rstd, x, res, w, 2, 4, 1e-6f);
-    KT_CHECK(ops_status(ctx) < 0 && strstr(ops_error(ctx), "without x_out"),
-             "a residual without x_out must be refused: \"%s\"", ops_error(ctx));
+    CHECK(ops_status(ctx) < 0 && strstr(ops_error(ctx), "without x_out"),
+          "a residual without x_out must be refused: \"%s\"", ops_error(ctx));
     ops_clear_error(ctx);
     ops_residual_rmsnorm_bwd(ctx, out, NULL, NULL, x, x, w, rstd, 2, 0);
-    KT_CHECK(ops_status(ctx) < 0 && strstr(ops_error(ctx), "C=0"), "C = 0 must be refused: \"%s\"", ops_error(ctx));
+    CHECK(ops_status(ctx) < 0 && strstr(ops_error(ctx), "C=0"), "C = 0 must be refused: \"%s\"", ops_error(ctx));
     ops_clear_error(ctx);
     ops_residual_rmsnorm_fwd(ctx, NULL, out, rstd, x, NULL, w, 2, 4, 1e-6f); // no residual: x_out may be NULL
-    KT_CHECK(ops_status(ctx) == 0, "a plain norm through the fused op failed: %s", ops_error(ctx));
+    CHECK(ops_status(ctx) == 0, "a plain norm through the fused op failed: %s", ops_error(ctx));
     ops_destroy(ctx);
 }
 
@@ -234,7 +234,7 @@ static void test_rope(void) {
     double *want = kt_dalloc(n);
     rope_ref(want, x, pos, inv_freq, N, H, D);
     cpu_rope_fwd(x, pos, inv_freq, N, H, D);
-    kt_close("rope fwd", x, want, n, RTOL, ATOL);
+    check_close("rope fwd", x, want, n, RTOL, ATOL);
     free(x), free(want);
 }
 
@@ -255,7 +255,7 @@ static void test_matmul(void) {
             }
         for (size_t i = 0; i < (size_t)N * OC; i++) out[i] = NAN; // overwrite semantics: old contents ignored
         cpu_matmul_fwd(out, in, w, with_bias ? bias : NULL, N, IC, OC);
-        kt_close(with_bias ? "matmul fwd (bias)" : "matmul fwd", out, want, (size_t)N * OC, RTOL, ATOL);
+        check_close(with_bias ? "matmul fwd (bias)" : "matmul fwd", out, want, (size_t)N * OC, RTOL, ATOL);
     }
     free(in), free(w), free(bias), free(out), free(want);
 }
@@ -273,7 +273,7 @@ static void test_swiglu(void) {
             want[n * I + i] = g / (1.0 + exp(-g)) * u;
         }
     cpu_swiglu_fwd(out, gu, N, I);
-    kt_close("swiglu fwd", out, want, (size_t)N * I, RTOL, ATOL);
+    check_close("swiglu fwd", out, want, (size_t)N * I, RTOL, ATOL);
     free(gu), free(out), free(want);
 }
 
@@ -310,12 +310,12 @@ static void test_logprobs(void) {
         logprobs_ref(wlp, wlse, went, logits, targets, N, V, inv_t);
         for (int n = 0; n < N; n++) lp[n] = lse[n] = ent[n] = NAN;
         cpu_logprobs_fwd(lp, lse, ent, logits, targets, N, V, inv_t);
-        kt_close("logprobs", lp, wlp, N, RTOL, ATOL);
-        kt_close("logprobs lse", lse, wlse, N, RTOL, ATOL);
-        kt_close("logprobs entropy", ent, went, N, RTOL, ATOL);
-        KT_CHECK(lp[1] == 0.0f && lp[4] == 0.0f, "ignored rows must have logprob exactly 0");
+        check_close("logprobs", lp, wlp, N, RTOL, ATOL);
+        check_close("logprobs lse", lse, wlse, N, RTOL, ATOL);
+        check_close("logprobs entropy", ent, went, N, RTOL, ATOL);
+        CHECK(lp[1] == 0.0f && lp[4] == 0.0f, "ignored rows must have logprob exactly 0");
         cpu_logprobs_fwd(lp, lse, NULL, logits, targets, N, V, inv_t); // entropy is optional
-        kt_close("logprobs (entropy NULL)", lp, wlp, N, RTOL, ATOL);
+        check_close("logprobs (entropy NULL)", lp, wlp, N, RTOL, ATOL);
     }
     // Large logits (|z| ~ 1e4): everything stays finite and accurate; targets include the row's argmax,
     // whose logprob is a small number computed from huge ones.
@@ -330,13 +330,13 @@ static void test_logprobs(void) {
     logprobs_ref(wlp, wlse, went, logits, targets, N, V, 1.0f);
     cpu_logprobs_fwd(lp, lse, ent, logits, targets, N, V, 1.0f);
     for (int n = 0; n < N; n++)
-        KT_CHECK(isfinite(lp[n]) && isfinite(lse[n]) && isfinite(ent[n]), "large logits: row %d not finite", n);
-    kt_close("logprobs large", lp, wlp, N, RTOL, ATOL);
-    kt_close("logprobs large lse", lse, wlse, N, RTOL, 0.0);
+        CHECK(isfinite(lp[n]) && isfinite(lse[n]) && isfinite(ent[n]), "large logits: row %d not finite", n);
+    check_close("logprobs large", lp, wlp, N, RTOL, ATOL);
+    check_close("logprobs large lse", lse, wlse, N, RTOL, 0.0);
     // The entropy of these rows is O(1) while the logits are O(1e4): an absolute bound scaled by the logits'
     // fp32 resolution (ulp(1e4) ~ 1e-3) is the meaningful one.
     for (int n = 0; n < N; n++)
-        KT_CHECK(fabs(ent[n] - went[n]) <= 2e-3, "large logits: entropy row %d got %g want %g", n, ent[n], went[n]);
+        CHECK(fabs(ent[n] - went[n]) <= 2e-3, "large logits: entropy row %d got %g want %g", n, ent[n], went[n]);
     free(logits);
 }
 
@@ -348,7 +348,7 @@ static void test_sum_squares(void) {
     for (size_t i = 0; i < n; i++) want += (double)x[i] * x[i];
     float out = 1.5f; // accumulates onto what is there
     cpu_sum_squares(&out, x, n);
-    KT_CHECK(fabs(out - want) <= 1e-6 * want, "sum_squares got %.9g want %.9g", out, want);
+    CHECK(fabs(out - want) <= 1e-6 * want, "sum_squares got %.9g want %.9g", out, want);
     // Many tiny squares after one large one: a float running sum would drop all of them.
     for (size_t i = 0; i < n; i++) x[i] = 1e-3f;
     x[0] = 100.0f;
@@ -356,7 +356,7 @@ static void test_sum_squares(void) {
     for (size_t i = 0; i < n; i++) want += (double)x[i] * x[i];
     out = 0.0f;
     cpu_sum_squares(&out, x, n);
-    KT_CHECK(fabs(out - want) <= 1e-6 * want, "sum_squares (tiny terms) got %.9g want %.9g", out, want);
+    CHECK(fabs(out - want) <= 1e-6 * want, "sum_squares (tiny terms) got %.9g want %.9g", out, want);
     free(x);
 }
 
@@ -374,5 +374,5 @@ int main(void) {
     test_swiglu();
     test_logprobs();
     test_sum_squares();
-    return kt_finish("test_kernels_fwd");
+    return check_exit_code("test_kernels_fwd");
 }

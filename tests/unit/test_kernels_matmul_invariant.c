@@ -68,7 +68,7 @@ static void test_shape(const Shape *s, int with_bias) {
     for (size_t i = 0; i < (size_t)N * OC; i++) out[i] = NAN; // overwrite semantics: old contents ignored
     cpu_matmul_fwd_batch_invariant(out, in, w, b, N, IC, OC);
     reference(want, in, w, b, N, IC, OC);
-    kt_close(name, out, want, (size_t)N * OC, RTOL, ATOL);
+    check_close(name, out, want, (size_t)N * OC, RTOL, ATOL);
 
     // Slices of every length at several offsets, and every row alone: the same bits.
     int mismatched_slices = 0;
@@ -77,13 +77,13 @@ static void test_shape(const Shape *s, int with_bias) {
             cpu_matmul_fwd_batch_invariant(part, in + (size_t)at * IC, w, b, len, IC, OC);
             mismatched_slices += memcmp(part, out + (size_t)at * OC, (size_t)len * OC * sizeof *part) != 0;
         }
-    KT_CHECK(mismatched_slices == 0, "%s: %d slices of the rows differ from the whole", name, mismatched_slices);
+    CHECK(mismatched_slices == 0, "%s: %d slices of the rows differ from the whole", name, mismatched_slices);
     if (omp_set_num_threads)
         for (int t = 1; t <= 3; t++) {
             omp_set_num_threads(t);
             cpu_matmul_fwd_batch_invariant(part, in, w, b, N, IC, OC);
-            KT_CHECK(memcmp(part, out, (size_t)N * OC * sizeof *part) == 0, "%s: %d OpenMP threads change the bits",
-                     name, t);
+            CHECK(memcmp(part, out, (size_t)N * OC * sizeof *part) == 0, "%s: %d OpenMP threads change the bits",
+                  name, t);
         }
 #if defined(__FMA__)
     int off_order = 0;
@@ -92,7 +92,7 @@ static void test_shape(const Shape *s, int with_bias) {
             const float x = documented_order(in + (size_t)n * IC, w + (size_t)o * IC, b ? b + o : NULL, IC);
             off_order += memcmp(&x, out + (size_t)n * OC + o, sizeof x) != 0;
         }
-    KT_CHECK(off_order == 0, "%s: %d outputs are not summed in the documented order", name, off_order);
+    CHECK(off_order == 0, "%s: %d outputs are not summed in the documented order", name, off_order);
 #endif
     free(in), free(w), free(bias), free(out), free(part), free(want);
 }
@@ -102,11 +102,11 @@ static void test_empty_inner(void) {
     float bias[3] = {1.5f, -2.0f, 0.25f}, out[6];
     for (int i = 0; i < 6; i++) out[i] = NAN;
     cpu_matmul_fwd_batch_invariant(out, NULL, NULL, bias, 2, 0, 3);
-    KT_CHECK(memcmp(out, bias, sizeof bias) == 0 && memcmp(out + 3, bias, sizeof bias) == 0, "IC = 0 with bias");
+    CHECK(memcmp(out, bias, sizeof bias) == 0 && memcmp(out + 3, bias, sizeof bias) == 0, "IC = 0 with bias");
     cpu_matmul_fwd_batch_invariant(out, NULL, NULL, NULL, 2, 0, 3);
     int zeros = 0;
     for (int i = 0; i < 6; i++) zeros += out[i] == 0.0f;
-    KT_CHECK(zeros == 6, "IC = 0 without bias: zeros");
+    CHECK(zeros == 6, "IC = 0 without bias: zeros");
 }
 
 int main(void) {
@@ -115,10 +115,5 @@ int main(void) {
         for (int with_bias = 0; with_bias < 2; with_bias++) test_shape(&SHAPES[i], with_bias);
     test_empty_inner();
     if (omp_set_num_threads) omp_set_num_threads(1);
-    if (kt_failures) {
-        fprintf(stderr, "test_kernels_matmul_invariant: %d failure(s)\n", kt_failures);
-        return 1;
-    }
-    printf("test_kernels_matmul_invariant: all passed\n");
-    return 0;
+    return check_exit_code("test_kernels_matmul_invariant");
 }

@@ -207,7 +207,7 @@ static void test_block(OpsCtx *ctx) {
     ops_rmsnorm_bwd(ctx, dx0, g_wn, dh, x0, wn, rstd0, N, C);            // + attention path
     ops_embedding_bwd(ctx, g_table, dx0, d_tok, N, C);
     ops_synchronize(ctx);
-    KT_CHECK(ops_status(ctx) == 0, "block through ops.h failed: %s", ops_error(ctx));
+    CHECK(ops_status(ctx) == 0, "block through ops.h failed: %s", ops_error(ctx));
 
     // Reference gradients by finite differences of the double block.
     double Pd[P_TOTAL], r[N];
@@ -221,9 +221,9 @@ static void test_block(OpsCtx *ctx) {
     ops_download_f32(ctx, got_table, g_table, V * C);
     ops_download_f32(ctx, got_wq, g_wq, HQ * HD * C);
     ops_download_f32(ctx, got_lp, lp, N);
-    kt_close("block: d embedding table", got_table, want_table, V * C, 1e-4, 1e-5);
-    kt_close("block: d W_q", got_wq, want_wq, HQ * HD * C, 1e-4, 1e-5);
-    KT_CHECK(got_lp[3] == 0.0f, "block: the ignored row's logprob must be 0");
+    check_close("block: d embedding table", got_table, want_table, V * C, 1e-4, 1e-5);
+    check_close("block: d W_q", got_wq, want_wq, HQ * HD * C, 1e-4, 1e-5);
+    CHECK(got_lp[3] == 0.0f, "block: the ignored row's logprob must be 0");
 
     void *bufs[] = {table, wn, wq, wk, wv, wo, wgu, wd, wf, wlm, d_tok, d_pos, d_tgt, d_cu, d_freq, d_dlp, x0, h, q, k, v,
                     att, x1, o, gu, a, x2, mlp, hf, logits, rstd0, rstdf, lse_att, lp, lse, ent, dlogits, dhf, dx2, da,
@@ -239,30 +239,30 @@ static void test_errors(OpsCtx *ctx) {
     bad[3] = V + 5;
     for (int i = 0; i < N * C; i++) out[i] = -7.0f;
     ops_embedding_fwd(ctx, out, bad, table, N, C, V);
-    KT_CHECK(ops_status(ctx) < 0, "an out-of-range token must record an error");
-    KT_CHECK(strstr(ops_error(ctx), "row 3") != NULL, "the error must name the row: \"%s\"", ops_error(ctx));
-    KT_CHECK(strstr(ops_error(ctx), "16") != NULL, "the error must name the token id: \"%s\"", ops_error(ctx));
-    KT_CHECK(out[0] == -7.0f, "a refused embedding must not write its output");
+    CHECK(ops_status(ctx) < 0, "an out-of-range token must record an error");
+    CHECK(strstr(ops_error(ctx), "row 3") != NULL, "the error must name the row: \"%s\"", ops_error(ctx));
+    CHECK(strstr(ops_error(ctx), "16") != NULL, "the error must name the token id: \"%s\"", ops_error(ctx));
+    CHECK(out[0] == -7.0f, "a refused embedding must not write its output");
     ops_add_inplace(ctx, y, x, 4); // after an error every op is a no-op
-    KT_CHECK(y[0] == 1.0f && y[3] == 4.0f, "ops after an error must not run");
-    KT_CHECK(ops_malloc(ctx, 16) == NULL, "ops_malloc after an error must return NULL");
+    CHECK(y[0] == 1.0f && y[3] == 4.0f, "ops after an error must not run");
+    CHECK(ops_malloc(ctx, 16) == NULL, "ops_malloc after an error must return NULL");
     ops_clear_error(ctx);
-    KT_CHECK(ops_status(ctx) == 0 && ops_error(ctx)[0] == 0, "ops_clear_error must reset the context");
+    CHECK(ops_status(ctx) == 0 && ops_error(ctx)[0] == 0, "ops_clear_error must reset the context");
     ops_add_inplace(ctx, y, x, 4);
-    KT_CHECK(y[0] == 2.0f && y[3] == 5.0f, "ops must run again after ops_clear_error");
+    CHECK(y[0] == 2.0f && y[3] == 5.0f, "ops must run again after ops_clear_error");
 
     float q[3 * 6], kv[2 * 6], o[3 * 6], lse[3 * 3];
     const int32_t cu[2] = {0, 1};
     ops_attention_fwd(ctx, o, lse, q, kv, kv, cu, 1, 1, 3, 2, 6, 1.0f);
-    KT_CHECK(ops_status(ctx) < 0 && strstr(ops_error(ctx), "Hq=3") && strstr(ops_error(ctx), "Hkv=2"),
-             "Hq not a multiple of Hkv must be refused with both named: \"%s\"", ops_error(ctx));
+    CHECK(ops_status(ctx) < 0 && strstr(ops_error(ctx), "Hq=3") && strstr(ops_error(ctx), "Hkv=2"),
+          "Hq not a multiple of Hkv must be refused with both named: \"%s\"", ops_error(ctx));
     ops_clear_error(ctx);
 
     if (!ops_backend_available(OPS_BACKEND_CUDA)) {
         OpsCtx *cuda = NULL;
         char err[256] = "";
-        KT_CHECK(ops_create(&cuda, OPS_BACKEND_CUDA, 0, err, sizeof err) < 0 && cuda == NULL && err[0],
-                 "creating an unavailable CUDA context must fail with a message");
+        CHECK(ops_create(&cuda, OPS_BACKEND_CUDA, 0, err, sizeof err) < 0 && cuda == NULL && err[0],
+              "creating an unavailable CUDA context must fail with a message");
     }
 }
 
@@ -278,26 +278,26 @@ static void test_settings(void) {
     for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
         OpsGemmAutotune got = (OpsGemmAutotune)-1;
         const int rc = ops_gemm_autotune_parse(cases[i].text, &got);
-        KT_CHECK(cases[i].ok ? rc == 0 && got == cases[i].want : rc == -1 && got == (OpsGemmAutotune)-1,
-                 "ops_gemm_autotune_parse(\"%s\"): rc %d, setting %d", cases[i].text ? cases[i].text : "(null)", rc,
-                 (int)got);
+        CHECK(cases[i].ok ? rc == 0 && got == cases[i].want : rc == -1 && got == (OpsGemmAutotune)-1,
+              "ops_gemm_autotune_parse(\"%s\"): rc %d, setting %d", cases[i].text ? cases[i].text : "(null)", rc,
+              (int)got);
     }
     const OpsSettings bad[] = {{.gemm_autotune = (OpsGemmAutotune)3}, {.gemm_autotune = (OpsGemmAutotune)-1},
                                {.gemm_workspace_mib = -1}, {.gemm_workspace_mib = 4097}};
     for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
         OpsCtx *ctx = NULL;
         char err[256] = "";
-        KT_CHECK(ops_create_with_settings(&ctx, OPS_BACKEND_CPU, 0, &bad[i], err, sizeof err) < 0 && ctx == NULL &&
+        CHECK(ops_create_with_settings(&ctx, OPS_BACKEND_CPU, 0, &bad[i], err, sizeof err) < 0 && ctx == NULL &&
                      err[0],
-                 "settings %zu out of range must be refused with a message (got \"%s\")", i, err);
+              "settings %zu out of range must be refused with a message (got \"%s\")", i, err);
     }
     OpsCtx *ctx = NULL;
     char err[256] = "";
     const OpsSettings valid = {.gemm_autotune = OPS_GEMM_AUTOTUNE_LOG, .gemm_workspace_mib = 4096, .profile_ops = 1};
-    KT_CHECK(ops_create_with_settings(&ctx, OPS_BACKEND_CPU, 0, &valid, err, sizeof err) == 0 && ctx != NULL,
-             "valid settings on the CPU backend: %s", err);
+    CHECK(ops_create_with_settings(&ctx, OPS_BACKEND_CPU, 0, &valid, err, sizeof err) == 0 && ctx != NULL,
+          "valid settings on the CPU backend: %s", err);
     if (ctx) {
-        KT_CHECK(ops_graph_supported(ctx) == 0, "the CPU backend records no graphs, profiled or not");
+        CHECK(ops_graph_supported(ctx) == 0, "the CPU backend records no graphs, profiled or not");
         ops_profile_print(ctx);
         ops_destroy(ctx);
     }
@@ -307,15 +307,12 @@ int main(void) {
     kt_seed(2024);
     OpsCtx *ctx = NULL;
     char err[256];
-    if (ops_create(&ctx, OPS_BACKEND_CPU, 0, err, sizeof err) != 0) {
-        fprintf(stderr, "ops_create(cpu) failed: %s\n", err);
-        return 1;
-    }
-    KT_CHECK(ops_backend(ctx) == OPS_BACKEND_CPU && ops_dtype_size(ctx) == 4 && ops_backend_available(OPS_BACKEND_CPU),
-             "a CPU context stores fp32");
+    REQUIRE(ops_create(&ctx, OPS_BACKEND_CPU, 0, err, sizeof err) == 0, "cpu context: %s", err);
+    CHECK(ops_backend(ctx) == OPS_BACKEND_CPU && ops_dtype_size(ctx) == 4 && ops_backend_available(OPS_BACKEND_CPU),
+          "a CPU context stores fp32");
     test_block(ctx);
     test_errors(ctx);
     ops_destroy(ctx);
     test_settings();
-    return kt_finish("test_kernels_ops");
+    return check_exit_code("test_kernels_ops");
 }

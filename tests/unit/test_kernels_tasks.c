@@ -48,24 +48,19 @@ int main(void) {
     for (size_t t = 0; t < sizeof THREADS / sizeof *THREADS; t++)
         for (size_t n = 0; n < sizeof TASKS / sizeof *TASKS; n++) {
             const int bad = job(&c, TASKS[n], THREADS[t]);
-            KT_CHECK(bad == 0, "%ld tasks on %d threads: %d did not run exactly once", TASKS[n], THREADS[t], bad);
+            CHECK(bad == 0, "%ld tasks on %d threads: %d did not run exactly once", TASKS[n], THREADS[t], bad);
         }
-    KT_CHECK(cpu_max_threads() >= 1, "cpu_max_threads() = %d", cpu_max_threads());
+    CHECK(cpu_max_threads() >= 1, "cpu_max_threads() = %d", cpu_max_threads());
     pthread_t th[2];
     int arg[2] = {0, 1};
-    for (int i = 0; i < 2; i++) KT_CHECK(pthread_create(&th[i], NULL, caller, &arg[i]) == 0, "pthread_create");
+    for (int i = 0; i < 2; i++) CHECK(pthread_create(&th[i], NULL, caller, &arg[i]) == 0, "pthread_create");
     for (int i = 0; i < 2; i++) pthread_join(th[i], NULL);
-    KT_CHECK(arg[0] == 0 && arg[1] == 0, "two callers at once: %d and %d tasks did not run exactly once", arg[0],
-             arg[1]);
+    CHECK(arg[0] == 0 && arg[1] == 0, "two callers at once: %d and %d tasks did not run exactly once", arg[0],
+          arg[1]);
     const pid_t child = fork();
     if (child == 0) _exit(job(&c, 100, 3) == 0 ? 0 : 1);
     int status = 0;
-    KT_CHECK(child > 0 && waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0,
-             "a job in a forked child: status %d", status);
-    if (kt_failures) {
-        fprintf(stderr, "test_kernels_tasks: %d failure(s)\n", kt_failures);
-        return 1;
-    }
-    printf("test_kernels_tasks: all passed\n");
-    return 0;
+    CHECK(child > 0 && waitpid(child, &status, 0) == child && WIFEXITED(status) && WEXITSTATUS(status) == 0,
+          "a job in a forked child: status %d", status);
+    return check_exit_code("test_kernels_tasks");
 }
