@@ -1,6 +1,7 @@
 // tests/unit/spawn_testlib.h — forked ranks for the multi-process communicator tests (test_comm_nccl*.c):
-// CHECK that counts failures per process, spawn (fork n children, bounded wall time), report (their exit codes
-// against the wanted ones), gpu_count (in CUDA builds, for a test that includes cuda_runtime.h first: the devices NCCL can use, asked in a child). Include once, in the test's .c file, after the system headers it needs.
+// spawn (fork n children, bounded wall time), report (their exit codes against the wanted ones), gpu_count (in CUDA
+// builds, for a test that includes cuda_runtime.h first: the devices NCCL can use, asked in a child). Include once,
+// in the test's .c file, after the system headers it needs.
 #ifndef TANDEM_TESTS_SPAWN_TESTLIB_H
 #define TANDEM_TESTS_SPAWN_TESTLIB_H
 
@@ -14,14 +15,7 @@
 #include <time.h>
 #include <unistd.h>
 
-static int failures = 0;   // in a child: its failures (its exit code); in the parent: the total
-#define CHECK(cond)                                                                                 \
-    do {                                                                                            \
-        if (!(cond)) {                                                                              \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);                \
-            failures++;                                                                             \
-        }                                                                                           \
-    } while (0)
+#include "check_macros.h"   // CHECK and failures: in a child its failures (its exit code), in the parent the total
 
 static inline int64_t now_ms(void) {
     struct timespec ts;

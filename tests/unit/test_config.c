@@ -9,16 +9,8 @@
 
 #include <jansson.h>
 
+#include "check_macros.h"
 #include "shared/config.h"
-
-static int failures = 0;
-#define CHECK(cond)                                                                                 \
-    do {                                                                                            \
-        if (!(cond)) {                                                                              \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);                \
-            failures++;                                                                             \
-        }                                                                                           \
-    } while (0)
 
 static const char *BASE = "\"vocab_size\": 1000, \"hidden_size\": 64, \"intermediate_size\": 128, "
                           "\"num_hidden_layers\": 3, \"num_attention_heads\": 4";
@@ -423,10 +415,5 @@ int main(void) {
     test_inv_freq();
     test_round_trip();
     test_load();
-    if (failures) {
-        fprintf(stderr, "test_config: %d failure(s)\n", failures);
-        return 1;
-    }
-    printf("test_config: all passed\n");
-    return 0;
+    return check_exit_code("test_config");
 }

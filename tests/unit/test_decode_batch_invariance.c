@@ -16,10 +16,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check_macros.h"
 #include "kernels/ops.h"
 #include "shared/model.h"
-
-#include "check_macros.h"
+#include "testlib.h"
 
 // OpenBLAS's and OpenMP's thread counts are process-wide; the library is linked through tandem_kernels, OpenMP only
 // where the compiler has it (weak: NULL without it).
@@ -84,11 +84,8 @@ static void perturb(Rig *r, int unit, size_t off, size_t n, float base, uint64_t
 
 static void rig_init(Rig *r, OpsCtx *o, const char *json) {
     char err[512];
-    ModelConfig cfg;
-    REQUIRE(config_parse(&cfg, json, strlen(json), err, sizeof err) == 0, "%s", err);
-    REQUIRE(model_init(&r->m, &cfg, o, err, sizeof err) == 0, "%s", err);
-    REQUIRE(resident_alloc(&r->w, &r->m, 0, err, sizeof err) == 0, "%s", err);
-    model_init_random(&r->m, &r->w, 5, 0.08f);
+    REQUIRE(tiny_model_init(&r->m, &r->w, o, json, 0, 5, 0.08f, err, sizeof err) == 0, "%s", err);
+    const ModelConfig cfg = r->m.cfg;
     const LayerOffsets *lo = &r->m.layout.layer;
     const size_t C = cfg.hidden_size, D = cfg.head_dim, QKV = (cfg.num_heads + 2 * (size_t)cfg.num_kv_heads) * D;
     for (int l = 0; l < cfg.num_layers; l++) {
@@ -112,8 +109,7 @@ static void rig_free(Rig *r) {
     free(r->logits);
     decode_bufs_free(r->b, &r->m);
     kv_cache_free(&r->kv, &r->m);
-    resident_free(&r->w, &r->m);
-    model_free(&r->m);
+    tiny_model_free(&r->m, &r->w);
 }
 
 // Fresh sequences: the target's prompt and decode tokens are fixed; the others' prompts come from `seed`.
@@ -282,10 +278,5 @@ int main(void) {
     for (size_t i = 0; i < sizeof CONFIGS / sizeof *CONFIGS; i++) test_config(o, CONFIGS[i][0], CONFIGS[i][1]);
     openblas_set_num_threads(blas_threads);
     ops_destroy(o);
-    if (failures) {
-        fprintf(stderr, "test_decode_batch_invariance: %d failure(s)\n", failures);
-        return 1;
-    }
-    printf("test_decode_batch_invariance: all passed\n");
-    return 0;
+    return check_exit_code("test_decode_batch_invariance");
 }

@@ -12,10 +12,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check_macros.h"
 #include "kernels/ops.h"
 #include "shared/model.h"
-
-#include "check_macros.h"
+#include "testlib.h"
 
 static const char *LLAMA =
     "{\"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 300, \"hidden_size\": 128,"
@@ -42,19 +42,15 @@ static int same_bits(const float *a, const float *b, size_t n) { return memcmp(a
 
 static void run(OpsBackend be, const char *name) {
     char err[512];
-    ModelConfig cfg;
     OpsCtx *o;
     Model m;
     ResidentWeights w;
     KVCache kv;
     DecodeBufs *b;
-    REQUIRE(config_parse(&cfg, LLAMA, strlen(LLAMA), err, sizeof err) == 0, "%s", err);
     REQUIRE(ops_create(&o, be, 0, err, sizeof err) == 0, "%s", err);
-    REQUIRE(model_init(&m, &cfg, o, err, sizeof err) == 0, "%s", err);
-    REQUIRE(resident_alloc(&w, &m, 0, err, sizeof err) == 0, "%s", err);
-    model_init_random(&m, &w, 11, 0.05f);
+    REQUIRE(tiny_model_init(&m, &w, o, LLAMA, 0, 11, 0.05f, err, sizeof err) == 0, "%s", err);
     UnitSource src = resident_source(&w);
-    const int V = cfg.vocab_size;
+    const int V = m.cfg.vocab_size;
     REQUIRE(kv_cache_create(&kv, &m, S * MB, BS, err, sizeof err) == 0, "%s", err);
     REQUIRE(decode_bufs_create(&b, &m, S * 8, S, MB, S, err, sizeof err) == 0, "%s", err);
     REQUIRE(decode_bufs_enable_padded(b, &m, S, 1, err, sizeof err) == S, "%s", err);
@@ -138,18 +134,12 @@ static void run(OpsBackend be, const char *name) {
     free(lb);
     decode_bufs_free(b, &m);
     kv_cache_free(&kv, &m);
-    resident_free(&w, &m);
-    model_free(&m);
+    tiny_model_free(&m, &w);
     ops_destroy(o);
 }
 
 int main(void) {
     run(OPS_BACKEND_CPU, "cpu");
     if (ops_backend_available(OPS_BACKEND_CUDA)) run(OPS_BACKEND_CUDA, "cuda");
-    if (failures) {
-        fprintf(stderr, "test_decode_narrow_tables: %d failure(s)\n", failures);
-        return 1;
-    }
-    printf("test_decode_narrow_tables: all passed\n");
-    return 0;
+    return check_exit_code("test_decode_narrow_tables");
 }

@@ -20,6 +20,7 @@
 #include "shared/json_read.h"
 #include "tests/unit/check_macros.h"
 #include "tests/unit/json_testlib.h"
+#include "tests/unit/testlib.h"
 
 // ---- comparing values and errors --------------------------------------------------------------------------
 
@@ -191,9 +192,7 @@ static void test_file(void) {
     CHECK(j && json_real_value(json_object_get(j, "model_max_length")) == 1e30, "file: %s", j ? "" : e.text);
     CHECK(strcmp(e.source, "<stream>") == 0, "source '%s'", e.source);
     json_decref(j);
-    FILE *f = fopen(path, "w");
-    fputs("{\"a\": 1e400,\n \"b\": }", f);
-    fclose(f);
+    write_text_file(path, "{\"a\": 1e400,\n \"b\": }");
     j = json_read_file(path, 0, &e);
     CHECK(!j && e.line == 2 && e.column == 7 && e.position == 20 && strcmp(e.text, "unexpected token near '}'") == 0 &&
               strcmp(e.source, "<stream>") == 0,
@@ -522,10 +521,5 @@ int main(void) {
     test_error_positions();
     test_file();
     test_generated_documents();
-    if (failures) {
-        fprintf(stderr, "%d failure(s)\n", failures);
-        return 1;
-    }
-    printf("test_json_read: all passed\n");
-    return 0;
+    return check_exit_code("test_json_read");
 }

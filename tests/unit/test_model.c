@@ -13,19 +13,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check_macros.h"
 #include "kernels/ops.h"
 #include "shared/model.h"
-
-static int failures = 0;
-#define CHECK(cond, ...)                                                        \
-    do {                                                                        \
-        if (!(cond)) {                                                          \
-            failures++;                                                         \
-            fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                       \
-            fputc('\n', stderr);                                                \
-        }                                                                       \
-    } while (0)
+#include "testlib.h"
 
 static const char *CONFIG_QWEN3 =
     "{\"architectures\": [\"Qwen3ForCausalLM\"], \"vocab_size\": 67, \"hidden_size\": 32, \"intermediate_size\": 48,"
@@ -56,18 +47,12 @@ typedef struct {
 
 static void tiny_init(Tiny *t, const char *json) {
     char err[512];
-    ModelConfig cfg;
-    if (config_parse(&cfg, json, strlen(json), err, sizeof err) != 0 || ops_create(&t->ops, OPS_BACKEND_CPU, 0, err, sizeof err) != 0 ||
-        model_init(&t->m, &cfg, t->ops, err, sizeof err) != 0 || resident_alloc(&t->w, &t->m, 1, err, sizeof err) != 0) {
-        fprintf(stderr, "set-up failed: %s\n", err);
-        exit(1);
-    }
-    model_init_random(&t->m, &t->w, 7, 0.3f);
+    REQUIRE(ops_create(&t->ops, OPS_BACKEND_CPU, 0, err, sizeof err) == 0, "%s", err);
+    REQUIRE(tiny_model_init(&t->m, &t->w, t->ops, json, 1, 7, 0.3f, err, sizeof err) == 0, "%s", err);
 }
 
 static void tiny_free(Tiny *t) {
-    resident_free(&t->w, &t->m);
-    model_free(&t->m);
+    tiny_model_free(&t->m, &t->w);
     ops_destroy(t->ops);
 }
 
@@ -267,10 +252,5 @@ int main(void) {
     test_paged_equals_training(CONFIG_LLAMA);
     test_checkpointing_and_accumulation(CONFIG_QWEN3);
     test_checkpointing_and_accumulation(CONFIG_LLAMA);
-    if (failures) {
-        fprintf(stderr, "test_model: %d failure(s)\n", failures);
-        return 1;
-    }
-    printf("test_model: all checks passed\n");
-    return 0;
+    return check_exit_code("test_model");
 }

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check_macros.h"
 #include "kernels/ops.h"
 #include "shared/dtype.h"
 #include "shared/model.h"
@@ -29,9 +30,6 @@ typedef struct {
     ResidentWeights w;
     TrainActs *acts;
 } Side;
-
-static int failures = 0;
-#define CHECK(cond, ...) do { if (!(cond)) { failures++; fprintf(stderr, __VA_ARGS__); fputc('\n', stderr); } } while (0)
 
 // The GPU side keeps the forward's logits for the backward (the trainer's default), the CPU side recomputes them.
 static void side_init(Side *s, OpsBackend be, const ModelConfig *cfg, float *const *units, int N, int B) {
@@ -148,10 +146,5 @@ int main(void) {
         model_free(&tmp);
         ops_destroy(cpu0);
     }
-    if (failures) {
-        fprintf(stderr, "test_model_cuda: %d failure(s)\n", failures);
-        return 1;
-    }
-    printf("test_model_cuda: all checks passed\n");
-    return 0;
+    return check_exit_code("test_model_cuda");
 }

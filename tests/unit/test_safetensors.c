@@ -10,17 +10,10 @@
 
 #include <jansson.h>
 
+#include "check_macros.h"
 #include "shared/dtype.h"
 #include "shared/safetensors.h"
-
-static int failures = 0;
-#define CHECK(cond)                                                                                 \
-    do {                                                                                            \
-        if (!(cond)) {                                                                              \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);                \
-            failures++;                                                                             \
-        }                                                                                           \
-    } while (0)
+#include "testlib.h"
 
 static char root_dir[] = "/tmp/tandem_test_st_XXXXXX";
 
@@ -46,12 +39,6 @@ static void write_raw(const char *path, uint64_t hlen, const char *header, const
     fwrite(l8, 1, 8, f);
     fwrite(header, 1, strlen(header), f);
     if (data_len) fwrite(data, 1, data_len, f);
-    fclose(f);
-}
-
-static void write_text(const char *path, const char *text) {
-    FILE *f = fopen(path, "w");
-    fputs(text, f);
     fclose(f);
 }
 
@@ -302,7 +289,7 @@ static void test_corrupt_single_files(void) {
     expect_refusal(__LINE__, p, "\"w\"", "truncated.safetensors");
     // truncated inside the length prefix
     path_in(p, sizeof p, "tiny.safetensors");
-    write_text(p, "abc");
+    write_text_file(p, "abc");
     expect_refusal(__LINE__, p, "tiny.safetensors", "too small");
     // header length beyond the file, and beyond the 100 MB limit
     path_in(p, sizeof p, "hlen.safetensors");
@@ -398,35 +385,35 @@ static void test_corrupt_shards(void) {
     write_raw(p, strlen(h2), h2, data, 8);
     snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
 
-    write_text(p, "{\"weight_map\": {\"a\": \"s1.safetensors\", \"b\": \"s2.safetensors\"}}");
+    write_text_file(p, "{\"weight_map\": {\"a\": \"s1.safetensors\", \"b\": \"s2.safetensors\"}}");
     SafetensorsSet *s = NULL;
     char err[512];
     CHECK(st_open(&s, dir, err, sizeof err) == 0 && st_count(s) == 2);
     st_close(s);
 
     // index naming a missing shard: the message names the file and the tensor
-    write_text(p, "{\"weight_map\": {\"a\": \"s1.safetensors\", \"b\": \"s3.safetensors\"}}");
+    write_text_file(p, "{\"weight_map\": {\"a\": \"s1.safetensors\", \"b\": \"s3.safetensors\"}}");
     expect_refusal(__LINE__, dir, "s3.safetensors", "\"b\"");
     // index naming a tensor its shard lacks
-    write_text(p, "{\"weight_map\": {\"a\": \"s1.safetensors\", \"c\": \"s2.safetensors\"}}");
+    write_text_file(p, "{\"weight_map\": {\"a\": \"s1.safetensors\", \"c\": \"s2.safetensors\"}}");
     expect_refusal(__LINE__, dir, "\"c\"", "s2.safetensors");
     // index naming the wrong shard
-    write_text(p, "{\"weight_map\": {\"a\": \"s2.safetensors\", \"b\": \"s1.safetensors\"}}");
+    write_text_file(p, "{\"weight_map\": {\"a\": \"s2.safetensors\", \"b\": \"s1.safetensors\"}}");
     expect_refusal(__LINE__, dir, "\"a\"", "s1.safetensors");
     // a path outside the folder, a non-string, bad JSON, no weight_map
-    write_text(p, "{\"weight_map\": {\"a\": \"../s1.safetensors\"}}");
+    write_text_file(p, "{\"weight_map\": {\"a\": \"../s1.safetensors\"}}");
     expect_refusal(__LINE__, dir, "\"a\"", "file name");
-    write_text(p, "{\"weight_map\": {\"a\": 5}}");
+    write_text_file(p, "{\"weight_map\": {\"a\": 5}}");
     expect_refusal(__LINE__, dir, "\"a\"", "index.json");
-    write_text(p, "{\"weight_map\": {\"a\": \"s1.safetensors\",}");
+    write_text_file(p, "{\"weight_map\": {\"a\": \"s1.safetensors\",}");
     expect_refusal(__LINE__, dir, "index.json", "JSON");
-    write_text(p, "{\"metadata\": {}}");
+    write_text_file(p, "{\"metadata\": {}}");
     expect_refusal(__LINE__, dir, "index.json", "weight_map");
     // the same tensor in two shards
     snprintf(p, sizeof p, "%s/s2.safetensors", dir);
     write_raw(p, strlen(h2dup), h2dup, data, 16);
     snprintf(p, sizeof p, "%s/model.safetensors.index.json", dir);
-    write_text(p, "{\"weight_map\": {\"a\": \"s1.safetensors\", \"b\": \"s2.safetensors\"}}");
+    write_text_file(p, "{\"weight_map\": {\"a\": \"s1.safetensors\", \"b\": \"s2.safetensors\"}}");
     expect_refusal(__LINE__, dir, "\"a\"", "s2.safetensors");
     // a corrupt shard: the message names that shard
     snprintf(p, sizeof p, "%s/s2.safetensors", dir);
@@ -500,10 +487,5 @@ int main(void) {
     test_corrupt_shards();
     test_mutations();
     remove_tree(root_dir);
-    if (failures) {
-        fprintf(stderr, "test_safetensors: %d failure(s)\n", failures);
-        return 1;
-    }
-    printf("test_safetensors: all passed\n");
-    return 0;
+    return check_exit_code("test_safetensors");
 }

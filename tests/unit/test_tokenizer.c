@@ -9,19 +9,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "check_macros.h"
 #include "shared/chat_template.h"
 #include "shared/tokenizer.h"
-
-static int failures = 0;
-#define CHECK(cond, ...)                                                     \
-    do {                                                                     \
-        if (!(cond)) {                                                       \
-            failures++;                                                      \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                    \
-            fprintf(stderr, "\n");                                           \
-        }                                                                    \
-    } while (0)
+#include "testlib.h"
 
 // GPT-2's byte alphabet: printable Latin-1 bytes stand for themselves, the other 68 take 256.. in order.
 static unsigned bytelevel_cp(int b) {
@@ -279,23 +270,18 @@ static void test_errors(void) {
     tokenizer_free(t);
 }
 
-static void write_file(const char *path, const char *text) {
-    FILE *f = fopen(path, "wb");
-    if (f) { fputs(text, f); fclose(f); }
-}
-
 static void test_configs(void) {
     char dir[] = "/tmp/tandem_tok_XXXXXX", path[512];
     if (!mkdtemp(dir)) { CHECK(0, "mkdtemp"); return; }
     snprintf(path, sizeof(path), "%s/tokenizer.json", dir);
-    write_file(path, bytelevel_json());
+    write_text_file(path, bytelevel_json());
     snprintf(path, sizeof(path), "%s/tokenizer_config.json", dir);
     // model_max_length as transformers writes it when the model sets none (int(1e30)): beyond int64, still valid JSON.
-    write_file(path, "{\"bos_token\":{\"content\":\"<|end|>\"},\"eos_token\":\"<|end|>\",\"pad_token\":\"aa\","
+    write_text_file(path, "{\"bos_token\":{\"content\":\"<|end|>\"},\"eos_token\":\"<|end|>\",\"pad_token\":\"aa\","
                      "\"add_bos_token\":false,\"chat_template\":\"{% for m in messages %}{{ m }}{% endfor %}\",\n"
                      "\"model_max_length\": 1000000000000000019884624838656}");
     snprintf(path, sizeof(path), "%s/generation_config.json", dir);
-    write_file(path, "{\"eos_token_id\":[259,261]}");
+    write_text_file(path, "{\"eos_token_id\":[259,261]}");
     char err[256];
     Tokenizer *t = NULL;
     CHECK(tokenizer_load(&t, dir, err, sizeof(err)) == 0, "load dir: %s", err);
@@ -328,7 +314,7 @@ static void test_configs(void) {
     }
     // A token id must still be an integer: one beyond int64 is refused, naming the field.
     snprintf(path, sizeof(path), "%s/generation_config.json", dir);
-    write_file(path, "{\"eos_token_id\": 99999999999999999999}");
+    write_text_file(path, "{\"eos_token_id\": 99999999999999999999}");
     t = NULL;
     CHECK(tokenizer_load(&t, dir, err, sizeof(err)) != 0 && strstr(err, "eos_token_id"), "huge eos id: %s", err);
     tokenizer_free(t);
@@ -384,10 +370,5 @@ int main(void) {
     test_errors();
     test_configs();
     test_threads();
-    if (failures) {
-        fprintf(stderr, "%d check(s) failed\n", failures);
-        return 1;
-    }
-    printf("test_tokenizer: all checks passed\n");
-    return 0;
+    return check_exit_code("test_tokenizer");
 }

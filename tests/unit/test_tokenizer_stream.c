@@ -10,19 +10,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "check_macros.h"
 #include "shared/tokenizer.h"
 #include "shared/tokenizer_internal.h"
-
-static int failures = 0;
-#define CHECK(cond, ...)                                                     \
-    do {                                                                     \
-        if (!(cond)) {                                                       \
-            failures++;                                                      \
-            fprintf(stderr, "FAIL %s:%d: %s: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                    \
-            fprintf(stderr, "\n");                                           \
-        }                                                                    \
-    } while (0)
 
 // Appends a byte string to the JSON as a vocab key spelled in GPT-2's byte alphabet.
 static char *put_bytelevel_key(char *w, const char *raw, size_t n) {
@@ -296,10 +286,5 @@ int main(void) {
     test_random_sequences(t, 20000);
     tokenizer_free(t);
     test_path_choice();
-    if (failures) {
-        fprintf(stderr, "test_tokenizer_stream: %d failures\n", failures);
-        return 1;
-    }
-    printf("test_tokenizer_stream: all checks passed\n");
-    return 0;
+    return check_exit_code("test_tokenizer_stream");
 }
