@@ -128,10 +128,5 @@ int main(void) {
     comm_destroy(comm);
     ops_destroy(ops);
     remove_tree(root, NULL, 0);
-    if (failures) {
-        fprintf(stderr, "test_trainer_checkpoint: %d failure(s)\n", failures);
-        return 1;
-    }
-    printf("test_trainer_checkpoint: ok\n");
-    return 0;
+    return check_exit_code("test_trainer_checkpoint");
 }

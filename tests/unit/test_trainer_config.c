@@ -10,17 +10,9 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "check_macros.h"
 #include "trainer/train_config.h"
 #include "trainer/train_config_internal.h"
-
-static int failures = 0;
-#define CHECK(cond)                                                                  \
-    do {                                                                             \
-        if (!(cond)) {                                                               \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-            failures++;                                                              \
-        }                                                                            \
-    } while (0)
 
 #define REQUIRED "--model", "/m", "--train-file", "/d.jsonl", "--rollout-servers", "tcp://h:5555", "--rewards", \
                  "think_format"
@@ -439,10 +431,5 @@ int main(void) {
     test_finalize_refusals();
     test_help_and_doc();
     test_json_numbers();
-    if (failures) {
-        fprintf(stderr, "test_trainer_config: %d failure(s)\n", failures);
-        return 1;
-    }
-    printf("test_trainer_config: ok\n");
-    return 0;
+    return check_exit_code("test_trainer_config");
 }

@@ -10,17 +10,10 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "check_macros.h"
 #include "trainer/data.h"
+#include "testlib.h"
 #include "trainer/remove_tree.h"
-
-static int failures = 0;
-#define CHECK(cond)                                                                  \
-    do {                                                                             \
-        if (!(cond)) {                                                               \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-            failures++;                                                              \
-        }                                                                            \
-    } while (0)
 
 static char dir[64];
 
@@ -60,18 +53,8 @@ static void write_tokenizer(const char *folder, int with_config) {
     fclose(f);
     if (with_config) {
         snprintf(path, sizeof path, "%s/tokenizer_config.json", folder);
-        f = fopen(path, "w");
-        fprintf(f, "{\"bos_token\": \"<s>\", \"eos_token\": \"</s>\"}");
-        fclose(f);
+        write_text_file(path, "{\"bos_token\": \"<s>\", \"eos_token\": \"</s>\"}");
     }
-}
-
-static void write_file(const char *name, const char *text) {
-    char path[256];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "w");
-    fputs(text, f);
-    fclose(f);
 }
 
 static char *path_of(const char *name) {
@@ -79,6 +62,8 @@ static char *path_of(const char *name) {
     snprintf(p, sizeof p, "%s/%s", dir, name);
     return p;
 }
+
+static void write_file(const char *name, const char *text) { write_text_file(path_of(name), text); }
 
 static DataOptions opts(const Tokenizer *tok, const ChatTemplate *ct) {
     DataOptions o = {.tok = tok, .chat = ct, .world_size = 1, .seed = 7};
@@ -419,10 +404,5 @@ int main(void) {
     chat_template_free(ct);
     tokenizer_free(tok);
     remove_tree(dir, NULL, 0);
-    if (failures) {
-        fprintf(stderr, "test_trainer_data: %d failure(s)\n", failures);
-        return 1;
-    }
-    printf("test_trainer_data: ok\n");
-    return 0;
+    return check_exit_code("test_trainer_data");
 }

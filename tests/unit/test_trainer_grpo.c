@@ -12,25 +12,8 @@
 
 #include <jansson.h>
 
+#include "check_macros.h"
 #include "trainer/grpo_loss.h"
-
-static int failures = 0;
-#define CHECK(cond)                                                                  \
-    do {                                                                             \
-        if (!(cond)) {                                                               \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-            failures++;                                                              \
-        }                                                                            \
-    } while (0)
-#define CHECK_NEAR(a, b, tol)                                                                                \
-    do {                                                                                                     \
-        double a_ = (a), b_ = (b);                                                                           \
-        if (!(fabs(a_ - b_) <= (tol))) {                                                                     \
-            fprintf(stderr, "%s:%d: %s = %.9g, expected %.9g (tol %g)\n", __FILE__, __LINE__, #a, a_, b_, \
-                    (double)(tol));                                                                          \
-            failures++;                                                                                      \
-        }                                                                                                    \
-    } while (0)
 
 static GrpoOptions opts(int num_generations) {
     GrpoOptions o;
@@ -528,10 +511,5 @@ int main(void) {
     test_masks_and_ratio();
     test_loss_gradients();
     test_loss_edges();
-    if (failures) {
-        fprintf(stderr, "test_trainer_grpo: %d failure(s)\n", failures);
-        return 1;
-    }
-    printf("test_trainer_grpo: ok\n");
-    return 0;
+    return check_exit_code("test_trainer_grpo");
 }

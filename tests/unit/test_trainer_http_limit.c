@@ -12,9 +12,7 @@
 // the limit, the announced ones at once (well under the 2 s before their body starts);
 // bodies of exactly the limit are read whole. The default limit is 64 MiB. Through the reward service the
 // refusal is not retried and names --reward-max-response-mb, which the option table maps to the client.
-#include <arpa/inet.h>
 #include <errno.h>
-#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +23,7 @@
 #include <unistd.h>
 
 #include "check_macros.h"
+#include "testlib.h"
 #include "trainer/http_client.h"
 #include "trainer/reward_service.h"
 #include "trainer/train_config.h"
@@ -131,13 +130,7 @@ static void serve(int fd) {
 }
 
 static pid_t start_server(int *port) {
-    int lfd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t al = sizeof a;
-    REQUIRE(lfd >= 0 && bind(lfd, (struct sockaddr *)&a, sizeof a) == 0 && listen(lfd, 8) == 0 &&
-                getsockname(lfd, (struct sockaddr *)&a, &al) == 0,
-            "listen: %s", strerror(errno));
-    *port = ntohs(a.sin_port);
+    const int lfd = listen_loopback(8, port);
     pid_t pid = fork();
     REQUIRE(pid >= 0, "fork");
     if (pid == 0) {
@@ -261,10 +254,5 @@ int main(void) {
     test_option();
     kill(server, SIGTERM);
     waitpid(server, NULL, 0);
-    if (failures) {
-        fprintf(stderr, "test_trainer_http_limit: %d failure(s)\n", failures);
-        return 1;
-    }
-    printf("test_trainer_http_limit: ok\n");
-    return 0;
+    return check_exit_code("test_trainer_http_limit");
 }

@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include "check_macros.h"
+#include "testlib.h"
 #include "trainer/metrics_trim.h"
 #include "trainer/remove_tree.h"
 
@@ -21,19 +22,12 @@ static const char *ROWS_1_TO_4 =
     "{\"loss\":1e400,\"step\":3}\n"
     "{\"step\":4,\"rewards/x/mean\":0.5}\n";
 
-static void write_text(const char *path, const char *text) {
-    FILE *f = fopen(path, "wb");
-    REQUIRE(f && fputs(text, f) >= 0 && fclose(f) == 0, "write %s", path);
-}
-
-static char *read_text(const char *path) {
-    FILE *f = fopen(path, "rb");
-    REQUIRE(f, "read %s", path);
-    static char buf[8192];
-    size_t n = fread(buf, 1, sizeof buf - 1, f);
-    fclose(f);
-    buf[n] = '\0';
-    return buf;
+// Checks that the file at path holds exactly `want`.
+static void check_holds(const char *path, const char *want) {
+    char *text = read_text_file(path);
+    REQUIRE(text, "read %s", path);
+    CHECK(strcmp(text, want) == 0, "%s holds:\n%s\nwant:\n%s", path, text, want);
+    free(text);
 }
 
 int main(void) {
@@ -45,12 +39,12 @@ int main(void) {
 
     char text[4096];
     snprintf(text, sizeof text, "%s{\"step\":5,\"loss\":1}\n\n{\"step\":6,\"loss\":0.9}\n{\"step\":7,\"lo", ROWS_1_TO_4);
-    write_text(path, text);
+    write_text_file(path, text);
     MetricsTrim t;
     CHECK(metrics_trim_after_step(path, 4, &t, err, sizeof err) == 0, "trim: %s", err);
     CHECK(t.kept == 4 && t.later == 2 && t.unreadable == 1, "counts: kept %zu, later %zu, unreadable %zu", t.kept,
           t.later, t.unreadable);
-    CHECK(strcmp(read_text(path), ROWS_1_TO_4) == 0, "after the trim the file holds:\n%s", read_text(path));
+    check_holds(path, ROWS_1_TO_4);
     CHECK(access(tmp, F_OK) != 0, "%s left behind", tmp);
 
     // Nothing to remove: the file is not rewritten.
@@ -63,17 +57,11 @@ int main(void) {
 
     // Trimming to an earlier step; then a file that does not exist.
     CHECK(metrics_trim_after_step(path, 1, &t, err, sizeof err) == 0 && t.kept == 1 && t.later == 3, "trim at 1");
-    CHECK(strcmp(read_text(path), "{\"loss\":1.5,\"step\":1,\"elapsed\":0.1}\n") == 0, "trim at 1 holds:\n%s",
-          read_text(path));
+    check_holds(path, "{\"loss\":1.5,\"step\":1,\"elapsed\":0.1}\n");
     remove(path);
     CHECK(metrics_trim_after_step(path, 3, &t, err, sizeof err) == 0 && t.kept == 0, "a missing file: %s", err);
     CHECK(access(path, F_OK) != 0, "a missing file was created");
 
     remove_tree(root, NULL, 0);
-    if (failures) {
-        fprintf(stderr, "test_trainer_metrics_trim: %d failure(s)\n", failures);
-        return 1;
-    }
-    printf("test_trainer_metrics_trim: ok\n");
-    return 0;
+    return check_exit_code("test_trainer_metrics_trim");
 }

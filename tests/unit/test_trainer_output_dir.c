@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include "check_macros.h"
+#include "testlib.h"
 #include "trainer/output_dir.h"
 #include "trainer/remove_tree.h"
 
@@ -23,27 +24,20 @@ static const char *at(const char *name) {
     return p[k];
 }
 
-static void write_text(const char *path, const char *text) {
-    FILE *f = fopen(path, "w");
-    REQUIRE(f, "cannot write %s", path);
-    fputs(text, f);
-    fclose(f);
-}
-
 static int exists(const char *path) { return access(path, F_OK) == 0; }
 
 // out/ as an earlier run leaves it, with a user's file and a folder that only looks like a checkpoint.
 static void earlier_run(void) {
     mkdir(at("out"), 0755);
-    write_text(at("out/metrics.jsonl"), "{\"step\": 1}\n");
+    write_text_file(at("out/metrics.jsonl"), "{\"step\": 1}\n");
     const char *dirs[] = {"out/checkpoint-3", "out/checkpoint-12", "out/checkpoint-15.tmp", "out/checkpoint-best"};
     for (size_t i = 0; i < sizeof dirs / sizeof *dirs; i++) {
         mkdir(at(dirs[i]), 0755);
         char f[300];
         snprintf(f, sizeof f, "%s/trainer_state.json", at(dirs[i]));
-        write_text(f, "{}");
+        write_text_file(f, "{}");
     }
-    write_text(at("out/notes.txt"), "mine\n");
+    write_text_file(at("out/notes.txt"), "mine\n");
 }
 
 static void test_new_and_foreign_folders(void) {
@@ -51,8 +45,8 @@ static void test_new_and_foreign_folders(void) {
     CHECK(output_dir_prepare(at("missing/deeper"), NULL, 0, removed, sizeof removed, err, sizeof err) == 0,
           "a folder that does not exist yet: %s", err);
     mkdir(at("mine"), 0755);
-    write_text(at("mine/notes.txt"), "x");
-    write_text(at("mine/metrics.jsonl"), "");  // a run that stopped before its first step
+    write_text_file(at("mine/notes.txt"), "x");
+    write_text_file(at("mine/metrics.jsonl"), "");  // a run that stopped before its first step
     mkdir(at("mine/checkpoint-best"), 0755);
     CHECK(output_dir_prepare(at("mine"), NULL, 0, removed, sizeof removed, err, sizeof err) == 0,
           "no earlier run there: %s", err);
@@ -79,7 +73,7 @@ static void test_overwrite(void) {
     earlier_run();
     // A link named like a checkpoint: the link goes, the folder it points to stays whole.
     mkdir(at("elsewhere"), 0755);
-    write_text(at("elsewhere/keep.txt"), "keep");
+    write_text_file(at("elsewhere/keep.txt"), "keep");
     CHECK(symlink(at("elsewhere"), at("out/checkpoint-20")) == 0, "symlink");
     CHECK(output_dir_prepare(at("out"), NULL, 1, removed, sizeof removed, err, sizeof err) == 0, "overwrite: %s", err);
     CHECK(strcmp(removed, "metrics.jsonl, checkpoint-3, checkpoint-12, checkpoint-15.tmp, checkpoint-20") == 0,
@@ -115,10 +109,5 @@ int main(void) {
     test_overwrite_with_resume();
     char err[512];
     CHECK(remove_tree(root, err, sizeof err) == 0 && !exists(root), "remove_tree: %s", err);
-    if (failures) {
-        fprintf(stderr, "test_trainer_output_dir: %d failure(s)\n", failures);
-        return 1;
-    }
-    printf("test_trainer_output_dir: ok\n");
-    return 0;
+    return check_exit_code("test_trainer_output_dir");
 }

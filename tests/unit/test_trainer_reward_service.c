@@ -53,10 +53,5 @@ static void test_malformed_answers(void) {
 int main(void) {
     test_every_json_number();
     test_malformed_answers();
-    if (failures) {
-        fprintf(stderr, "test_trainer_reward_service: %d failure(s)\n", failures);
-        return 1;
-    }
-    printf("test_trainer_reward_service: ok\n");
-    return 0;
+    return check_exit_code("test_trainer_reward_service");
 }

@@ -9,16 +9,8 @@
 
 #include <jansson.h>
 
+#include "check_macros.h"
 #include "trainer/rewards.h"
-
-static int failures = 0;
-#define CHECK(cond)                                                                  \
-    do {                                                                             \
-        if (!(cond)) {                                                               \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond); \
-            failures++;                                                              \
-        }                                                                            \
-    } while (0)
 
 static void expect_extract(int line, const char *text, const char *want) {
     char *got = NULL;
@@ -298,10 +290,5 @@ int main(void) {
     test_answer_match();
     test_think_and_lengths();
     test_set();
-    if (failures) {
-        fprintf(stderr, "test_trainer_rewards: %d failure(s)\n", failures);
-        return 1;
-    }
-    printf("test_trainer_rewards: ok\n");
-    return 0;
+    return check_exit_code("test_trainer_rewards");
 }

@@ -254,10 +254,5 @@ int main(void) {
     push_with_a_death(zctx);
     generate_with_a_death(zctx);
     zmq_ctx_term(zctx);
-    if (failures) {
-        fprintf(stderr, "%d check(s) failed\n", failures);
-        return 1;
-    }
-    printf("ok\n");
-    return 0;
+    return check_exit_code("test_trainer_rollout_liveness");
 }

@@ -6,17 +6,15 @@
 //   - http_post to a server that takes the connection and never answers ticks its WaitLog while it waits: with
 //     a 0.2 s interval and a 1 s timeout, 3 to 5 lines, then the timeout.
 //   - The reward service says why it retries and which attempt comes next, once per retry.
-#include <arpa/inet.h>
 #include <fcntl.h>
-#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/socket.h>
 #include <time.h>
 #include <unistd.h>
 
 #include "check_macros.h"
+#include "testlib.h"
 #include "trainer/http_client.h"
 #include "trainer/reward_service.h"
 #include "trainer/wait_log.h"
@@ -76,16 +74,7 @@ static void test_tight_loop(void) {
 }
 
 // A listening socket that is never accepted from: the kernel takes the connection, nobody answers.
-static int silent_server(int *port) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t al = sizeof a;
-    REQUIRE(fd >= 0 && bind(fd, (struct sockaddr *)&a, sizeof a) == 0 && listen(fd, 4) == 0 &&
-                getsockname(fd, (struct sockaddr *)&a, &al) == 0,
-            "listen");
-    *port = ntohs(a.sin_port);
-    return fd;
-}
+static int silent_server(int *port) { return listen_loopback(4, port); }
 
 static void test_http_wait(void) {
     int port, lfd = silent_server(&port);
@@ -134,10 +123,5 @@ int main(void) {
     test_tight_loop();
     test_http_wait();
     test_reward_service_retry();
-    if (failures) {
-        fprintf(stderr, "test_trainer_wait_log: %d failure(s)\n", failures);
-        return 1;
-    }
-    printf("test_trainer_wait_log: ok\n");
-    return 0;
+    return check_exit_code("test_trainer_wait_log");
 }

@@ -5,6 +5,8 @@
 // unit 0 is gathered twice per step) for 5 AdamW steps with clipping.
 // Checks: N ranks equal 1 rank within 1e-5 relative (only the summation order of reductions differs), the loss
 // goes down, and a resident single-process run (no ZeRO) gives the same losses.
+#include "check_macros.h"
+#include "testlib.h"
 #include "zero3_testlib.h"
 
 static const Z3Case CASE = {
@@ -24,16 +26,13 @@ static const Z3Case CASE = {
 static void resident_losses(double *losses) {
     char err[512];
     OpsCtx *ops;
-    ModelConfig cfg;
     Model m;
     ResidentWeights w;
     if (ops_create(&ops, OPS_BACKEND_CPU, 0, err, sizeof err) ||
-        config_parse(&cfg, CASE.config, strlen(CASE.config), err, sizeof err) ||
-        model_init(&m, &cfg, ops, err, sizeof err) || resident_alloc(&w, &m, 1, err, sizeof err)) {
+        tiny_model_init(&m, &w, ops, CASE.config, 1, 99, CASE.init_std, err, sizeof err)) {
         fprintf(stderr, "%s\n", err);
         exit(1);
     }
-    model_init_random(&m, &w, 99, CASE.init_std);
     int U = m.layout.n_units;
     float *master[16], *mm[16], *vv[16];
     for (int u = 0; u < U; u++) {
@@ -63,13 +62,12 @@ static void resident_losses(double *losses) {
     }
     for (int u = 0; u < U; u++) ops_free(ops, master[u]), ops_free(ops, mm[u]), ops_free(ops, vv[u]);
     train_acts_free(acts, &m);
-    resident_free(&w, &m);
-    model_free(&m);
+    tiny_model_free(&m, &w);
     ops_destroy(ops);
 }
 
 int main(void) {
-    int failures = 0, k = 0;
+    int k = 0;
     // The parent runs no kernel before the forks: the CPU kernels' OpenMP thread pool does not survive fork().
     Z3Result ones[4] = {{0}};
     for (int stage = 1; stage <= 3; stage++) {
@@ -79,16 +77,12 @@ int main(void) {
             return 1;
         }
         const double *l1 = one.v + Z3_HEAD;
-        if (!(l1[STEPS - 1] < l1[0])) {
-            fprintf(stderr, "stage %d: loss did not go down (%g -> %g)\n", stage, l1[0], l1[STEPS - 1]);
-            failures++;
-        }
+        CHECK(l1[STEPS - 1] < l1[0], "stage %d: loss did not go down (%g -> %g)", stage, l1[0], l1[STEPS - 1]);
         for (int world = 2; world <= 4; world *= 2) {
             Z3Result many = {0};
-            if (z3_run_world(&CASE, world, stage, k++, &many) != 0 || many.n != one.n) {
-                fprintf(stderr, "stage %d world %d: run failed or wrote %zu values (1 rank: %zu)\n", stage, world,
-                        many.n, one.n);
-                failures++;
+            const int ran = z3_run_world(&CASE, world, stage, k++, &many) == 0 && many.n == one.n;
+            CHECK(ran, "stage %d world %d: run failed or wrote %zu values (1 rank: %zu)", stage, world, many.n, one.n);
+            if (!ran) {
                 free(many.v);
                 continue;
             }
@@ -96,7 +90,7 @@ int main(void) {
             fflush(stdout);
             printf("stage %d, %d ranks vs 1: max relative difference %.3g (losses %.6f -> %.6f)\n", stage, world, worst,
                    many.v[Z3_HEAD], many.v[Z3_HEAD + STEPS - 1]);
-            if (worst > 1e-5) failures++;
+            CHECK(worst <= 1e-5, "stage %d world %d: %.3g over 1e-5", stage, world, worst);
             free(many.v);
         }
         ones[stage] = one;
@@ -106,18 +100,10 @@ int main(void) {
     for (int stage = 1; stage <= 3; stage++) {
         for (int i = 0; i < STEPS; i++) {
             double e = fabs(ones[stage].v[Z3_HEAD + i] - base_losses[i]) / fabs(base_losses[i]);
-            if (e > 1e-5) {
-                fprintf(stderr, "stage %d step %d: ZeRO loss %.9g vs resident %.9g\n", stage, i,
-                        ones[stage].v[Z3_HEAD + i], base_losses[i]);
-                failures++;
-            }
+            CHECK(e <= 1e-5, "stage %d step %d: ZeRO loss %.9g vs resident %.9g", stage, i, ones[stage].v[Z3_HEAD + i],
+                  base_losses[i]);
         }
         free(ones[stage].v);
     }
-    if (failures) {
-        fprintf(stderr, "test_trainer_zero3: %d failure(s)\n", failures);
-        return 1;
-    }
-    printf("test_trainer_zero3: all checks passed\n");
-    return 0;
+    return check_exit_code("test_trainer_zero3");
 }

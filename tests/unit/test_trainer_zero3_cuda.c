@@ -13,6 +13,7 @@
 // gathered units.
 // Skips (77) without 2 GPUs. The parent never touches CUDA (a CUDA context does not survive fork()): it counts
 // GPUs with nvidia-smi.
+#include "check_macros.h"
 #include "zero3_testlib.h"
 
 static const Z3Case CASE = {
@@ -51,15 +52,13 @@ int main(void) {
         printf("SKIP: needs 2 GPUs and an NCCL build (%d GPU(s) visible)\n", gpus);
         return 77;
     }
-    int failures = 0, k = 0;
+    int k = 0;
     for (int stage = 1; stage <= 3; stage++) {
         Z3Result one = {0}, two = {0};
-        if (z3_run_world(&CASE, 1, stage, k++, &one) != 0 || z3_run_world(&CASE, 2, stage, k++, &two) != 0 ||
-            one.n != two.n) {
-            fprintf(stderr, "stage %d: a run failed\n", stage);
-            failures++;
-            continue;
-        }
+        const int ran = z3_run_world(&CASE, 1, stage, k++, &one) == 0 &&
+                        z3_run_world(&CASE, 2, stage, k++, &two) == 0 && one.n == two.n;
+        CHECK(ran, "stage %d: a run failed", stage);
+        if (!ran) continue;
         double worst_loss = z3_worst_in(&one, &two, Z3_HEAD, Z3_NORMS, 0);
         double worst_norm = z3_worst_in(&one, &two, Z3_NORMS, Z3_PARAMS, 0);
         double worst = z3_worst_in(&one, &two, Z3_PARAMS, one.n, 1);
@@ -69,23 +68,13 @@ int main(void) {
                "per rank: model state %.2f bytes/param/N (limit 18), gathered units %.1f MB, gradient work %.1f MB\n",
                stage, two.v[Z3_HEAD], two.v[Z3_HEAD + Z3_STEPS - 1], worst_loss, worst_norm, worst, state / (params / 2),
                gathered / 1e6, grad_work / 1e6);
-        if (!(two.v[Z3_HEAD + Z3_STEPS - 1] < two.v[Z3_HEAD])) {
-            fprintf(stderr, "stage %d: loss did not go down\n", stage);
-            failures++;
-        }
-        if (worst_loss > 5e-3 || worst_norm > 2e-2 || worst > 2e-2) failures++;
+        CHECK(two.v[Z3_HEAD + Z3_STEPS - 1] < two.v[Z3_HEAD], "stage %d: loss did not go down", stage);
+        CHECK(worst_loss <= 5e-3 && worst_norm <= 2e-2 && worst <= 2e-2, "stage %d: over the tolerances", stage);
         // 18 bytes/param/N plus the alignment padding of each unit's slices (LAYOUT_ALIGN elements per rank).
-        if (stage >= 2 && state / (params / 2) > 18.05) {
-            fprintf(stderr, "stage %d: model state %.2f bytes/param/N > 18\n", stage, state / (params / 2));
-            failures++;
-        }
+        CHECK(stage < 2 || state / (params / 2) <= 18.05, "stage %d: model state %.2f bytes/param/N > 18", stage,
+              state / (params / 2));
         free(one.v);
         free(two.v);
     }
-    if (failures) {
-        fprintf(stderr, "test_trainer_zero3_cuda: %d failure(s)\n", failures);
-        return 1;
-    }
-    printf("test_trainer_zero3_cuda: all checks passed\n");
-    return 0;
+    return check_exit_code("test_trainer_zero3_cuda");
 }
