@@ -1,4 +1,6 @@
-// rollout_server/zmq_control.c — the ROUTER socket thread and the generate collector thread (zmq_control.h).
+// rollout_server/zmq_control.c — the control channel's ROUTER socket thread (zmq_control.h): receive, dispatch,
+// reply (hello, stats, pause / resume / reset_cache, shutdown), forward the collector's results; and the lifecycle.
+// Generate requests and their collector thread are in zmq_generate.c, weight updates in zmq_weights.c.
 #include "rollout_server/zmq_control.h"
 
 #include <errno.h>
@@ -11,53 +13,14 @@
 #include <time.h>
 #include <zmq.h>
 
-#include "rollout_server/weight_nccl.h"
-#include "rollout_server/weight_recv.h"
-#include "shared/zmq_msg.h"
+#include "rollout_server/zmq_control_internal.h"
 #include "shared/err.h"
 
-#define ZC_POLL_MS 100          // how often the threads look at the stop flag when idle
 #define ZC_LINGER_MS 500        // queued replies (e.g. shutdown's ack) get this long to leave at close
 #define ZC_MAX_FRAMES (ZMSG_MAX_PROMPTS + 2)   // routing id + header + prompts
 #define ZC_RECV_BATCH 64        // messages read before results waiting on the inproc pipe get forwarded
 
-// One prompt of a generate in flight: the engine handle and what its n completions produced so far.
-typedef struct Job {
-    struct Job *next;
-    EngineRequest *req;
-    int engine;                 // the engine it was routed to
-    unsigned char rid[256];     // the peer's routing id (where the result goes)
-    size_t rid_len;
-    int64_t id;
-    int prompt_index, n_prompts, n;
-    int32_t **tok;              // (n) -> (cap[i]) generated ids of completion i
-    float **lp;                 // (n) -> (cap[i]) their logprobs
-    int *len, *cap;             // (n)
-    ZmsgFinish *fin;            // (n)
-    int64_t *v0, *v1;           // (n) policy version of the first / last token
-    int *seen, *done;           // (n)
-    int n_done;
-} Job;
-
-struct ZmqControl {
-    EngineGroup *g;
-    void *ctx, *router, *pull, *push;
-    char pipe_name[64];
-    pthread_t sock_thread, coll_thread;
-    int sock_started, coll_started;
-    atomic_int stop, coll_stop, shutdown_requested;
-    atomic_llong prompts_in_flight;
-    void (*on_shutdown)(void *);
-    void *on_shutdown_user;
-    pthread_mutex_t mu;         // guards incoming and on_shutdown
-    pthread_cond_t cv;
-    Job *incoming;              // jobs submitted by the socket thread, not yet taken by the collector
-    WeightRecv wr;              // socket thread only
-    WeightNccl *wn;             // socket thread only: transport nccl
-    ZmqControlAuth *auth;       // NULL without keys
-};
-
-static double now_s(void) {
+double zc_now(void) {
     struct timespec ts;
     clock_gettime(CLOCK_MONOTONIC, &ts);
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
@@ -70,7 +33,7 @@ static void send_frames(void *sock, const void *rid, size_t rid_len, const ZmsgO
         zmq_send(sock, o->frames[i].data, o->frames[i].size, i + 1 < o->n_frames ? ZMQ_SNDMORE : 0);
 }
 
-static void send_msg(void *sock, const void *rid, size_t rid_len, const ZmsgMsg *m) {
+void zc_send_msg(void *sock, const void *rid, size_t rid_len, const ZmsgMsg *m) {
     ZmsgOut o;
     char err[256];
     if (zmsg_build(m, &o, err, sizeof err)) {
@@ -84,8 +47,7 @@ static void send_msg(void *sock, const void *rid, size_t rid_len, const ZmsgMsg 
     zmsg_out_free(&o);
 }
 
-static void send_error(void *sock, const void *rid, size_t rid_len, int64_t id, const char *code, const char *fmt,
-                       ...) {
+void zc_send_error(void *sock, const void *rid, size_t rid_len, int64_t id, const char *code, const char *fmt, ...) {
     ZmsgMsg m;
     char text[ZMSG_TEXT_MAX];
     va_list ap;
@@ -93,224 +55,18 @@ static void send_error(void *sock, const void *rid, size_t rid_len, int64_t id, 
     vsnprintf(text, sizeof text, fmt, ap);
     va_end(ap);
     zmsg_error(&m, id, code, text);
-    send_msg(sock, rid, rid_len, &m);
+    zc_send_msg(sock, rid, rid_len, &m);
 }
 
 static void send_ack(ZmqControl *z, const void *rid, size_t rid_len, ZmsgType t, int64_t id) {
     ZmsgMsg m;
     zmsg_init(&m, t, ZMSG_DIR_REPLY, id);
-    send_msg(z->router, rid, rid_len, &m);
-}
-
-// ---- collector thread: pump engine events of every job, send each finished prompt's result ------------
-
-static void job_free(Job *j) {
-    if (!j) return;
-    for (int i = 0; i < j->n; i++) {
-        if (j->tok) free(j->tok[i]);
-        if (j->lp) free(j->lp[i]);
-    }
-    free(j->tok);
-    free(j->lp);
-    free(j->len);
-    free(j->cap);
-    free(j->fin);
-    free(j->v0);
-    free(j->v1);
-    free(j->seen);
-    free(j->done);
-    free(j);
-}
-
-static Job *job_new(int n) {
-    Job *j = calloc(1, sizeof *j);
-    if (!j) return NULL;
-    j->n = n;
-    j->tok = calloc((size_t)n, sizeof *j->tok);
-    j->lp = calloc((size_t)n, sizeof *j->lp);
-    j->len = calloc((size_t)n, sizeof *j->len);
-    j->cap = calloc((size_t)n, sizeof *j->cap);
-    j->fin = calloc((size_t)n, sizeof *j->fin);
-    j->v0 = calloc((size_t)n, sizeof *j->v0);
-    j->v1 = calloc((size_t)n, sizeof *j->v1);
-    j->seen = calloc((size_t)n, sizeof *j->seen);
-    j->done = calloc((size_t)n, sizeof *j->done);
-    if (!j->tok || !j->lp || !j->len || !j->cap || !j->fin || !j->v0 || !j->v1 || !j->seen || !j->done) {
-        job_free(j);
-        return NULL;
-    }
-    return j;
-}
-
-static ZmsgFinish map_finish(FinishReason r) {
-    switch (r) {
-    case FINISH_LENGTH: return ZMSG_FINISH_LENGTH;
-    case FINISH_STOP: return ZMSG_FINISH_STOP;
-    case FINISH_ABORT: return ZMSG_FINISH_ABORT;
-    default: return ZMSG_FINISH_ERROR;
-    }
-}
-
-// Appends one engine event to its completion. When memory runs out the completion is finished as "error",
-// so the result still goes out.
-static void job_event(Job *j, const EngineEvent *ev) {
-    int i = ev->index;
-    if (i < 0 || i >= j->n || j->done[i]) return;
-    if (ev->n_tokens > 0) {
-        if (j->len[i] + ev->n_tokens > j->cap[i]) {
-            int cap = j->cap[i] ? j->cap[i] : 64;
-            while (cap < j->len[i] + ev->n_tokens) cap *= 2;
-            int32_t *t = realloc(j->tok[i], sizeof(int32_t) * (size_t)cap);
-            if (t) j->tok[i] = t;
-            float *l = realloc(j->lp[i], sizeof(float) * (size_t)cap);
-            if (l) j->lp[i] = l;
-            if (!t || !l) {
-                j->fin[i] = ZMSG_FINISH_ERROR;
-                j->done[i] = 1;
-                j->n_done++;
-                return;
-            }
-            j->cap[i] = cap;
-        }
-        memcpy(j->tok[i] + j->len[i], ev->tokens, sizeof(int32_t) * (size_t)ev->n_tokens);
-        memcpy(j->lp[i] + j->len[i], ev->logprobs, sizeof(float) * (size_t)ev->n_tokens);
-        j->len[i] += ev->n_tokens;
-    }
-    if (ev->n_tokens > 0 || !j->seen[i]) {
-        if (!j->seen[i]) j->v0[i] = ev->policy_version;
-        j->v1[i] = ev->policy_version;
-        j->seen[i] = 1;
-    }
-    if (ev->finish != FINISH_NONE) {
-        j->fin[i] = map_finish(ev->finish);
-        j->done[i] = 1;
-        j->n_done++;
-    }
-}
-
-// Sends the prompt's result through the inproc PUSH socket (the socket thread forwards it to the peer).
-static void job_send(ZmqControl *z, Job *j) {
-    size_t total = 0;
-    for (int i = 0; i < j->n; i++) total += (size_t)j->len[i];
-    int32_t *tok = malloc(sizeof(int32_t) * (total ? total : 1));
-    float *lp = malloc(sizeof(float) * (total ? total : 1));
-    if (!tok || !lp) {
-        free(tok);
-        free(lp);
-        send_error(z->push, j->rid, j->rid_len, j->id, "out_of_memory",
-                   "generate: out of memory assembling the result of prompt %d", j->prompt_index);
-        return;
-    }
-    size_t at = 0;
-    for (int i = 0; i < j->n; i++) {
-        if (j->len[i]) {
-            memcpy(tok + at, j->tok[i], sizeof(int32_t) * (size_t)j->len[i]);
-            memcpy(lp + at, j->lp[i], sizeof(float) * (size_t)j->len[i]);
-        }
-        at += (size_t)j->len[i];
-    }
-    ZmsgMsg m;
-    zmsg_init(&m, ZMSG_RESULT, ZMSG_DIR_REPLY, j->id);
-    m.prompt_index = j->prompt_index;
-    m.n_prompts = j->n_prompts;
-    m.n_completions = j->n;
-    m.completion_lens = j->len;
-    m.finish_reasons = j->fin;
-    m.policy_versions = j->v0;
-    m.policy_versions_end = j->v1;
-    m.tokens = tok;
-    m.logprobs = lp;
-    m.prompt_tokens = engine_request_prompt_tokens(j->req);
-    m.cached_tokens = engine_request_cached_tokens(j->req);
-    send_msg(z->push, j->rid, j->rid_len, &m);
-    free(tok);
-    free(lp);
-}
-
-// Reads every event available now (timeout_ms for the first one). Returns 1 if any arrived.
-static int job_pump(Job *j, int timeout_ms) {
-    EngineEvent ev;
-    int got = 0;
-    while (j->n_done < j->n) {
-        int rc = engine_request_next(j->req, &ev, got ? 0 : timeout_ms);
-        if (rc == 1) {
-            job_event(j, &ev);
-            got = 1;
-        } else if (rc < 0) {
-            // The engine says nothing more will come: completions without a finish event ended in error.
-            for (int i = 0; i < j->n; i++)
-                if (!j->done[i]) {
-                    j->fin[i] = ZMSG_FINISH_ERROR;
-                    j->done[i] = 1;
-                    j->n_done++;
-                }
-            got = 1;
-        } else {
-            break;
-        }
-    }
-    return got;
-}
-
-static void *collector_main(void *arg) {
-    ZmqControl *z = arg;
-    Job *jobs = NULL;
-    for (;;) {
-        pthread_mutex_lock(&z->mu);
-        if (!jobs && !z->incoming && !atomic_load(&z->coll_stop)) {
-            struct timespec ts;
-            clock_gettime(CLOCK_REALTIME, &ts);
-            ts.tv_nsec += ZC_POLL_MS * 1000000L;
-            if (ts.tv_nsec >= 1000000000L) {
-                ts.tv_sec++;
-                ts.tv_nsec -= 1000000000L;
-            }
-            pthread_cond_timedwait(&z->cv, &z->mu, &ts);
-        }
-        while (z->incoming) {   // move new jobs to the end of the local list, keeping submission order
-            Job *j = z->incoming;
-            z->incoming = j->next;
-            j->next = NULL;
-            Job **tail = &jobs;
-            while (*tail) tail = &(*tail)->next;
-            *tail = j;
-        }
-        pthread_mutex_unlock(&z->mu);
-        if (atomic_load(&z->coll_stop)) break;
-        int any = 0;
-        for (Job **pj = &jobs; *pj;) {
-            Job *j = *pj;
-            any |= job_pump(j, 0);
-            if (j->n_done == j->n) {
-                job_send(z, j);
-                engine_group_release(z->g, j->req, j->engine, j->n);
-                atomic_fetch_sub(&z->prompts_in_flight, 1);
-                *pj = j->next;
-                job_free(j);
-            } else {
-                pj = &j->next;
-            }
-        }
-        // Nothing ready: block briefly on the oldest job instead of spinning (its finishes wake us at once; the
-        // others' finishes wait at most this long, which only delays a result, never a token).
-        if (!any && jobs) job_pump(jobs, 5);
-    }
-    // Stopping: abort what is still running.
-    while (jobs) {
-        Job *j = jobs;
-        jobs = j->next;
-        engine_group_release(z->g, j->req, j->engine, j->n);
-        atomic_fetch_sub(&z->prompts_in_flight, 1);
-        job_free(j);
-    }
-    zmq_close(z->push);
-    z->push = NULL;
-    return NULL;
+    zc_send_msg(z->router, rid, rid_len, &m);
 }
 
 // ---- socket thread: parse requests, act, reply --------------------------------------------------------
 
-static const char *engine_code(int rc) {
+const char *zc_engine_code(int rc) {
     switch (rc) {
     case ENGINE_EINVAL: return "invalid";
     case ENGINE_ETOOLONG: return "too_long";
@@ -323,16 +79,16 @@ static const char *engine_code(int rc) {
 
 static void do_hello(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q) {
     if (q->protocol_version && q->protocol_version != ZMSG_PROTOCOL_VERSION) {
-        send_error(z->router, rid, rl, q->id, "unsupported_version",
-                   "hello: this server speaks protocol version %d, the peer asked for %d", ZMSG_PROTOCOL_VERSION,
-                   q->protocol_version);
+        zc_send_error(z->router, rid, rl, q->id, "unsupported_version",
+                      "hello: this server speaks protocol version %d, the peer asked for %d", ZMSG_PROTOCOL_VERSION,
+                      q->protocol_version);
         return;
     }
     const Model *model = engine_group_model(z->g);
     const Layout *L = &model->layout;
     int64_t *numel = malloc(sizeof(int64_t) * (size_t)L->n_units);
     if (!numel) {
-        send_error(z->router, rid, rl, q->id, "out_of_memory", "hello: out of memory");
+        zc_send_error(z->router, rid, rl, q->id, "out_of_memory", "hello: out of memory");
         return;
     }
     for (int u = 0; u < L->n_units; u++) numel[u] = (int64_t)L->unit_numel[u];
@@ -346,64 +102,8 @@ static void do_hello(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q
     m.policy_version = engine_group_policy_version(z->g);
     m.max_seq_len = model->cfg.max_seq_len;
     m.vocab_size = model->cfg.vocab_size;
-    send_msg(z->router, rid, rl, &m);
+    zc_send_msg(z->router, rid, rl, &m);
     free(numel);
-}
-
-static void do_generate(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q) {
-    const ZmsgSampling *s = &q->sampling;
-    SamplingParams sp;
-    sampling_params_default(&sp);
-    sp.n = s->n;
-    sp.max_tokens = s->max_tokens;
-    sp.temperature = s->temperature;
-    sp.top_p = s->top_p;
-    sp.top_k = s->top_k;
-    sp.min_p = s->min_p;
-    sp.repetition_penalty = s->repetition_penalty;
-    sp.has_seed = s->has_seed;
-    sp.seed = s->seed;
-    sp.ignore_eos = s->ignore_eos;
-    sp.no_text = 1; // results carry ids and logprobs only
-    for (int i = 0; i < s->n_stop_token_ids && i < ENGINE_MAX_STOP; i++) sp.stop_token_ids[i] = s->stop_token_ids[i];
-    sp.n_stop_token_ids = s->n_stop_token_ids < ENGINE_MAX_STOP ? s->n_stop_token_ids : ENGINE_MAX_STOP;
-    // All prompts or none: a refusal of prompt k releases (aborts) prompts 0..k-1 and answers one error.
-    Job *first = NULL, **tail = &first;
-    char err[512];
-    for (int p = 0; p < q->n_prompts; p++) {
-        Job *j = job_new(s->n);
-        int rc = j ? engine_group_submit(z->g, q->prompts[p], q->prompt_lens[p], &sp, &j->req, &j->engine, err,
-                                         sizeof err)
-                   : ENGINE_ENOMEM;
-        if (rc) {
-            if (!j) snprintf(err, sizeof err, "out of memory");
-            job_free(j);
-            while (first) {
-                Job *n = first->next;
-                engine_group_release(z->g, first->req, first->engine, first->n);
-                job_free(first);
-                first = n;
-            }
-            send_error(z->router, rid, rl, q->id, engine_code(rc), "generate: prompt %d of %d refused: %s", p,
-                       q->n_prompts, err);
-            return;
-        }
-        engine_request_wake_on_finish(j->req); // results go out whole: per-step wakes would only cost the engine
-        memcpy(j->rid, rid, rl);
-        j->rid_len = rl;
-        j->id = q->id;
-        j->prompt_index = p;
-        j->n_prompts = q->n_prompts;
-        *tail = j;
-        tail = &j->next;
-    }
-    atomic_fetch_add(&z->prompts_in_flight, q->n_prompts);
-    pthread_mutex_lock(&z->mu);
-    Job **t = &z->incoming;
-    while (*t) t = &(*t)->next;
-    *t = first;
-    pthread_cond_signal(&z->cv);
-    pthread_mutex_unlock(&z->mu);
 }
 
 static void do_stats(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q) {
@@ -427,117 +127,7 @@ static void do_stats(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q
     s->policy_version = es.policy_version;
     s->paused = es.paused;
     s->prompts_in_flight = atomic_load(&z->prompts_in_flight);
-    send_msg(z->router, rid, rl, &m);
-}
-
-static float *staging_of(void *user, int unit) { return engine_group_weights_staging((EngineGroup *)user, unit); }
-
-// Transport nccl (rollout_server/weight_nccl.h): checks, then the receive runs on its own thread; the reply goes
-// out at once so that the trainer ranks can start sending.
-static void begin_nccl(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q) {
-    char err[768];
-    if (!weight_nccl_supported(z->wn, err, sizeof err)) {
-        send_error(z->router, rid, rl, q->id, "unsupported", "weights_begin: transport \"nccl\": %s; use transport "
-                   "\"zmq\"", err);
-        return;
-    }
-    if (q->layout_hash != z->wr.layout_hash) {
-        char a[17], b[17];
-        zmsg_hash_to_hex(q->layout_hash, a);
-        zmsg_hash_to_hex(z->wr.layout_hash, b);
-        send_error(z->router, rid, rl, q->id, "layout_mismatch", "weights_begin: layout hash %s, this server's model "
-                   "has %s", a, b);
-        return;
-    }
-    weight_recv_reset(&z->wr);   // a zmq update still open is abandoned, as by any weights_begin
-    int bad_engine, bad_unit;
-    if (engine_group_device_staging_ready(z->g, &bad_engine, &bad_unit) != 0) {
-        send_error(z->router, rid, rl, q->id, "out_of_memory", "weights_begin: no GPU memory on %s for the second "
-                   "copy of the weights that an NCCL update is received into (unit %d); lower --kv-cache-memory",
-                   engine_group_device_name(z->g, bad_engine), bad_unit);
-        return;
-    }
-    if (weight_nccl_begin(z->wn, q, err, sizeof err) != 0) {
-        send_error(z->router, rid, rl, q->id, "internal", "weights_begin: %s", err);
-        return;
-    }
-    ZmsgMsg m;
-    zmsg_init(&m, ZMSG_WEIGHTS_BEGIN, ZMSG_DIR_REPLY, q->id);
-    m.version = q->version;
-    send_msg(z->router, rid, rl, &m);
-}
-
-static void end_nccl(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q) {
-    char err[768];
-    double received;
-    if (weight_nccl_finish(z->wn, q->version, &received, err, sizeof err) != 0) {
-        fprintf(stderr, "tandem-serve: weight update to version %lld over NCCL failed; serving the previous "
-                        "weights: %s\n", (long long)q->version, err);
-        send_error(z->router, rid, rl, q->id, "internal", "weights_end: %s", err);
-        return;
-    }
-    double t0 = now_s();
-    int rc = engine_group_commit_device_weights(z->g, q->version, err, sizeof err);
-    double t1 = now_s();
-    if (rc) {
-        send_error(z->router, rid, rl, q->id, engine_code(rc), "weights_end: commit failed: %s", err);
-        return;
-    }
-    ZmsgMsg m;
-    zmsg_init(&m, ZMSG_WEIGHTS_END, ZMSG_DIR_REPLY, q->id);
-    m.version = q->version;
-    m.seconds = received + (t1 - t0);
-    m.commit_seconds = t1 - t0;
-    send_msg(z->router, rid, rl, &m);
-}
-
-static void do_weights(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q) {
-    char err[768];
-    if (q->type == ZMSG_WEIGHTS_BEGIN) {
-        if (q->transport == ZMSG_TRANSPORT_NCCL) {
-            begin_nccl(z, rid, rl, q);
-            return;
-        }
-        weight_nccl_abandon(z->wn);
-        int64_t abandoned;
-        if (weight_recv_begin(&z->wr, q->version, q->layout_hash, rid, rl, &abandoned, err, sizeof err)) {
-            send_error(z->router, rid, rl, q->id, "layout_mismatch", "%s", err);
-            return;
-        }
-        if (abandoned >= 0)
-            fprintf(stderr, "zmq_control: weight update to version %lld abandoned by a new weights_begin\n",
-                    (long long)abandoned);
-        ZmsgMsg m;
-        zmsg_init(&m, ZMSG_WEIGHTS_BEGIN, ZMSG_DIR_REPLY, q->id);
-        m.version = q->version;
-        send_msg(z->router, rid, rl, &m);
-    } else if (q->type == ZMSG_WEIGHTS_SLICE) {
-        if (weight_recv_slice(&z->wr, rid, rl, q->has_version, q->version, q->unit, q->offset, q->count, q->dtype, q->slice_data, staging_of,
-                              z->g, err, sizeof err))
-            send_error(z->router, rid, rl, q->id, "bad_slice", "%s", err);
-    } else if (weight_nccl_active(z->wn)) {
-        end_nccl(z, rid, rl, q);
-    } else {
-        if (weight_recv_ready(&z->wr, rid, rl, q->version, err, sizeof err)) {
-            send_error(z->router, rid, rl, q->id, "weights_incomplete", "%s", err);
-            return;
-        }
-        double t0 = now_s();
-        int rc = engine_group_commit_weights(z->g, q->version, err, sizeof err);
-        double t1 = now_s();
-        double total = t1 - z->wr.t_begin;
-        weight_recv_reset(&z->wr);
-        if (rc) {
-            send_error(z->router, rid, rl, q->id, engine_code(rc), "weights_end: commit failed: %s", err);
-            return;
-        }
-        ZmsgMsg m;
-        zmsg_init(&m, ZMSG_WEIGHTS_END, ZMSG_DIR_REPLY, q->id);
-        m.version = q->version;
-        m.seconds = total;
-        m.commit_seconds = t1 - t0;
-        send_msg(z->router, rid, rl, &m);
-    }
+    zc_send_msg(z->router, rid, rl, &m);
 }
 
 // One message from the ROUTER: frames[0] the peer's routing id, frames[1..] what the peer sent.
@@ -546,7 +136,7 @@ static void handle(ZmqControl *z, zmq_msg_t *parts, int n_parts, int overflow) {
     size_t rl = zmq_msg_size(&parts[0]);
     if (rl > 256) return;   // ZeroMQ never makes such ids; nothing sensible to answer to
     if (overflow) {
-        send_error(z->router, rid, rl, -1, "bad_message", "message has more than %d frames", ZC_MAX_FRAMES - 1);
+        zc_send_error(z->router, rid, rl, -1, "bad_message", "message has more than %d frames", ZC_MAX_FRAMES - 1);
         return;
     }
     ZmsgFrame fr[ZC_MAX_FRAMES];
@@ -554,12 +144,12 @@ static void handle(ZmqControl *z, zmq_msg_t *parts, int n_parts, int overflow) {
     ZmsgMsg q;
     char err[768];
     if (zmsg_parse(&q, ZMSG_DIR_REQUEST, fr, n_parts - 1, err, sizeof err)) {
-        send_error(z->router, rid, rl, q.id, "bad_message", "%s", err);
+        zc_send_error(z->router, rid, rl, q.id, "bad_message", "%s", err);
         return;
     }
     switch (q.type) {
     case ZMSG_HELLO: do_hello(z, rid, rl, &q); break;
-    case ZMSG_GENERATE: do_generate(z, rid, rl, &q); break;
+    case ZMSG_GENERATE: zc_generate(z, rid, rl, &q); break;
     case ZMSG_PAUSE:
         engine_group_pause(z->g);
         send_ack(z, rid, rl, q.type, q.id);
@@ -585,8 +175,8 @@ static void handle(ZmqControl *z, zmq_msg_t *parts, int n_parts, int overflow) {
     }
     case ZMSG_WEIGHTS_BEGIN:
     case ZMSG_WEIGHTS_SLICE:
-    case ZMSG_WEIGHTS_END: do_weights(z, rid, rl, &q); break;
-    default: send_error(z->router, rid, rl, q.id, "bad_message", "%s is not a request", zmsg_type_name(q.type));
+    case ZMSG_WEIGHTS_END: zc_weights(z, rid, rl, &q); break;
+    default: zc_send_error(z->router, rid, rl, q.id, "bad_message", "%s is not a request", zmsg_type_name(q.type));
     }
     zmsg_free(&q);
 }
@@ -678,12 +268,8 @@ static void control_free(ZmqControl *z) {
     if (z->router) zmq_close(z->router);
     zmq_control_auth_stop(z->auth);
     if (z->ctx) zmq_ctx_term(z->ctx);
-    while (z->incoming) {
-        Job *j = z->incoming;
-        z->incoming = j->next;
-        engine_group_release(z->g, j->req, j->engine, j->n);
-        job_free(j);
-    }
+    zc_drop_jobs(z, z->incoming);
+    z->incoming = NULL;
     weight_recv_free(&z->wr);
     weight_nccl_free(z->wn);
     pthread_mutex_destroy(&z->mu);
@@ -752,7 +338,7 @@ int zmq_control_start(ZmqControl **out, EngineGroup *g, const char *endpoint, co
         return -1;
     }
     // Sockets created here migrate to their threads: pthread_create is the full barrier ZeroMQ asks for.
-    if (pthread_create(&z->coll_thread, NULL, collector_main, z)) {
+    if (pthread_create(&z->coll_thread, NULL, zc_collector_main, z)) {
         err_fail(err, err_len, "zmq control: cannot start the collector thread");
         control_free(z);
         return -1;

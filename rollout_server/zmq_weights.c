@@ -1,0 +1,117 @@
+// rollout_server/zmq_weights.c — weight updates on the control channel (zmq_control.h): weights_begin,
+// weights_slice and weights_end with transport "zmq" (slices received into the engines' host staging,
+// rollout_server/weight_recv.h) or "nccl" (a receive thread filling the engines' device staging,
+// rollout_server/weight_nccl.h), then the commit to every engine. Runs on the socket thread.
+#include <stdio.h>
+
+#include "rollout_server/zmq_control_internal.h"
+
+static float *staging_of(void *user, int unit) { return engine_group_weights_staging((EngineGroup *)user, unit); }
+
+// Transport nccl (rollout_server/weight_nccl.h): checks, then the receive runs on its own thread; the reply goes
+// out at once so that the trainer ranks can start sending.
+static void begin_nccl(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q) {
+    char err[768];
+    if (!weight_nccl_supported(z->wn, err, sizeof err)) {
+        zc_send_error(z->router, rid, rl, q->id, "unsupported", "weights_begin: transport \"nccl\": %s; use transport "
+                      "\"zmq\"", err);
+        return;
+    }
+    if (q->layout_hash != z->wr.layout_hash) {
+        char a[17], b[17];
+        zmsg_hash_to_hex(q->layout_hash, a);
+        zmsg_hash_to_hex(z->wr.layout_hash, b);
+        zc_send_error(z->router, rid, rl, q->id, "layout_mismatch", "weights_begin: layout hash %s, this server's "
+                      "model has %s", a, b);
+        return;
+    }
+    weight_recv_reset(&z->wr);   // a zmq update still open is abandoned, as by any weights_begin
+    int bad_engine, bad_unit;
+    if (engine_group_device_staging_ready(z->g, &bad_engine, &bad_unit) != 0) {
+        zc_send_error(z->router, rid, rl, q->id, "out_of_memory", "weights_begin: no GPU memory on %s for the second "
+                      "copy of the weights that an NCCL update is received into (unit %d); lower --kv-cache-memory",
+                      engine_group_device_name(z->g, bad_engine), bad_unit);
+        return;
+    }
+    if (weight_nccl_begin(z->wn, q, err, sizeof err) != 0) {
+        zc_send_error(z->router, rid, rl, q->id, "internal", "weights_begin: %s", err);
+        return;
+    }
+    ZmsgMsg m;
+    zmsg_init(&m, ZMSG_WEIGHTS_BEGIN, ZMSG_DIR_REPLY, q->id);
+    m.version = q->version;
+    zc_send_msg(z->router, rid, rl, &m);
+}
+
+static void end_nccl(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q) {
+    char err[768];
+    double received;
+    if (weight_nccl_finish(z->wn, q->version, &received, err, sizeof err) != 0) {
+        fprintf(stderr, "tandem-serve: weight update to version %lld over NCCL failed; serving the previous "
+                        "weights: %s\n", (long long)q->version, err);
+        zc_send_error(z->router, rid, rl, q->id, "internal", "weights_end: %s", err);
+        return;
+    }
+    double t0 = zc_now();
+    int rc = engine_group_commit_device_weights(z->g, q->version, err, sizeof err);
+    double t1 = zc_now();
+    if (rc) {
+        zc_send_error(z->router, rid, rl, q->id, zc_engine_code(rc), "weights_end: commit failed: %s", err);
+        return;
+    }
+    ZmsgMsg m;
+    zmsg_init(&m, ZMSG_WEIGHTS_END, ZMSG_DIR_REPLY, q->id);
+    m.version = q->version;
+    m.seconds = received + (t1 - t0);
+    m.commit_seconds = t1 - t0;
+    zc_send_msg(z->router, rid, rl, &m);
+}
+
+void zc_weights(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q) {
+    char err[768];
+    if (q->type == ZMSG_WEIGHTS_BEGIN) {
+        if (q->transport == ZMSG_TRANSPORT_NCCL) {
+            begin_nccl(z, rid, rl, q);
+            return;
+        }
+        weight_nccl_abandon(z->wn);
+        int64_t abandoned;
+        if (weight_recv_begin(&z->wr, q->version, q->layout_hash, rid, rl, &abandoned, err, sizeof err)) {
+            zc_send_error(z->router, rid, rl, q->id, "layout_mismatch", "%s", err);
+            return;
+        }
+        if (abandoned >= 0)
+            fprintf(stderr, "zmq_control: weight update to version %lld abandoned by a new weights_begin\n",
+                    (long long)abandoned);
+        ZmsgMsg m;
+        zmsg_init(&m, ZMSG_WEIGHTS_BEGIN, ZMSG_DIR_REPLY, q->id);
+        m.version = q->version;
+        zc_send_msg(z->router, rid, rl, &m);
+    } else if (q->type == ZMSG_WEIGHTS_SLICE) {
+        if (weight_recv_slice(&z->wr, rid, rl, q->has_version, q->version, q->unit, q->offset, q->count, q->dtype, q->slice_data, staging_of,
+                              z->g, err, sizeof err))
+            zc_send_error(z->router, rid, rl, q->id, "bad_slice", "%s", err);
+    } else if (weight_nccl_active(z->wn)) {
+        end_nccl(z, rid, rl, q);
+    } else {
+        if (weight_recv_ready(&z->wr, rid, rl, q->version, err, sizeof err)) {
+            zc_send_error(z->router, rid, rl, q->id, "weights_incomplete", "%s", err);
+            return;
+        }
+        double t0 = zc_now();
+        int rc = engine_group_commit_weights(z->g, q->version, err, sizeof err);
+        double t1 = zc_now();
+        double total = t1 - z->wr.t_begin;
+        weight_recv_reset(&z->wr);
+        if (rc) {
+            zc_send_error(z->router, rid, rl, q->id, zc_engine_code(rc), "weights_end: commit failed: %s", err);
+            return;
+        }
+        ZmsgMsg m;
+        zmsg_init(&m, ZMSG_WEIGHTS_END, ZMSG_DIR_REPLY, q->id);
+        m.version = q->version;
+        m.seconds = total;
+        m.commit_seconds = t1 - t0;
+        zc_send_msg(z->router, rid, rl, &m);
+    }
+}
