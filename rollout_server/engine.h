@@ -1,5 +1,6 @@
-// rollout_server/engine.h — the generation engine: one engine thread owns the model, the paged KV cache and
-// the scheduler; HTTP handler threads and the ZeroMQ thread only submit requests and read their events.
+// rollout_server/engine.h — the generation engine: one engine thread owns the scheduler and the model runner (the
+// model, the paged KV cache: rollout_server/model_runner.h); HTTP handler threads and the ZeroMQ thread only submit
+// requests and read their events.
 //
 // Life of a request: engine_submit() queues it (or refuses: queue full, invalid parameters, too long) and
 // returns a handle. The engine thread admits it, prefills its prompt once (chunked, within the step's token

@@ -108,7 +108,7 @@ static int pack_samples(ModelRunner *r, const RunnerSeq *seqs, int n_seqs, const
     r->samp_off[0] = 0;
     for (int i = 0, k = 0, row = 0; i < n_seqs; i++) {
         if (seqs[i].n_samples <= 0) continue;
-        for (int c = 0; c < seqs[i].n_samples && k < n; c++, k++) {
+        for (int c = 0; c < seqs[i].n_samples; c++, k++) {
             const RunnerSample *s = &samples[k];
             const int h = s->history ? s->n_history : 0;
             r->samp_params[k] = s->p;
@@ -245,7 +245,12 @@ int runner_step(ModelRunner *r, const RunnerSeq *seqs, int n_seqs, const RunnerS
                 RunnerOutput *out, char *err, size_t err_len) {
     memset(out, 0, sizeof *out);
     out->kind = -1;
-    int mb, n_rows;
+    int mb, n_rows, asked = 0;
+    for (int i = 0; i < n_seqs; i++) asked += seqs[i].n_samples > 0 ? seqs[i].n_samples : 0;
+    if (asked != n_samples) {
+        snprintf(err, err_len, "the step's sequences ask for %d samples but %d are given", asked, n_samples);
+        return -1;
+    }
     const int n = fill_step_arrays(r, seqs, n_seqs, &mb, &n_rows);
     if (n < 0) {
         snprintf(err, err_len, "a step of %d sequences does not fit the runner's workspace (%d sequences, %d tokens, "

@@ -1,0 +1,212 @@
+// test_rollout_model_runner.c — the model runner's seam (rollout_server/model_runner.h) on a tiny random model, CPU
+// backend, without the engine:
+//   - the KV pool holds what its budget buys, and a budget below one step's blocks is refused naming the flag;
+//   - a prefill and a decode step give greedy tokens whose reported logprob is the first of the top logprobs;
+//   - runner_copy_kv_rows really copies K/V: a sequence reading a copied block decodes exactly like the one reading
+//     the original (bit for bit), and one reading a block never written does not;
+//   - several samples of one row (a fork's first tokens) draw independently: same uniform, same token;
+//   - a step whose samples do not match its sequences is refused;
+//   - weights: uploading no unit changes nothing, swapping in the device staging changes the output and swapping back
+//     restores it bit for bit; runner_weights_device_missing tracks the staging copies.
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "rollout_server/model_runner.h"
+
+static int failures = 0;
+#define CHECK(cond, ...)                                                             \
+    do {                                                                             \
+        if (!(cond)) {                                                               \
+            failures++;                                                              \
+            fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
+            fprintf(stderr, __VA_ARGS__);                                            \
+            fputc('\n', stderr);                                                     \
+        }                                                                            \
+    } while (0)
+
+static const char *CONFIG =
+    "{\"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 64, \"hidden_size\": 32, \"intermediate_size\": 48,"
+    " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"max_position_embeddings\": 160,"
+    " \"rms_norm_eps\": 1e-6, \"tie_word_embeddings\": false, \"eos_token_id\": 63, \"bos_token_id\": 0}";
+enum { BS = 4 };
+static char dir[256];
+
+static void die(const char *what, const char *err) {
+    fprintf(stderr, "set-up failed: %s: %s\n", what, err);
+    exit(1);
+}
+
+static void make_model_dir(void) {
+    char err[512];
+    snprintf(dir, sizeof dir, "/tmp/tandem_runner_XXXXXX");
+    if (!mkdtemp(dir)) die("mkdtemp", dir);
+    ModelConfig cfg;
+    OpsCtx *ops;
+    Model m;
+    ResidentWeights w;
+    if (config_parse(&cfg, CONFIG, strlen(CONFIG), err, sizeof err) || ops_create(&ops, OPS_BACKEND_CPU, 0, err, sizeof err) ||
+        model_init(&m, &cfg, ops, err, sizeof err) || resident_alloc(&w, &m, 0, err, sizeof err))
+        die("model", err);
+    model_init_random(&m, &w, 5, 0.5f);
+    UnitSource src = resident_source(&w);
+    if (model_save(&m, &src, dir, 0, 0, err, sizeof err)) die("model_save", err);
+    resident_free(&w, &m);
+    model_free(&m);
+    ops_destroy(ops);
+}
+
+static void remove_model_dir(void) {
+    char cmd[300];
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", dir);
+}
+
+static EngineConfig config(size_t kv_bytes) {
+    EngineConfig c;
+    engine_config_default(&c);
+    c.model_dir = dir;
+    c.block_size = BS;
+    c.max_num_seqs = 8;
+    c.max_num_batched_tokens = 64;
+    c.kv_cache_bytes = kv_bytes;
+    return c;
+}
+
+static RunnerSample greedy_sample(int top_logprobs) {
+    return (RunnerSample){.p = {.temperature = 0.0f, .top_p = 1.0f, .repetition_penalty = 1.0f},
+                          .top_logprobs = top_logprobs};
+}
+
+static const int32_t PROMPT[6] = {3, 14, 15, 9, 26, 5};
+
+// Prefills PROMPT into blocks (b0, b1) and samples its next token greedily. Returns the token; *lp its logprob.
+static int32_t prefill(ModelRunner *r, int32_t b0, int32_t b1, float *lp) {
+    const int32_t blocks[2] = {b0, b1};
+    RunnerSeq q = {.tokens = PROMPT, .n_computed = 0, .n_sched = 6, .blocks = blocks, .n_blocks = 2, .n_samples = 1};
+    RunnerSample s = greedy_sample(0);
+    RunnerOutput out;
+    char err[512];
+    if (runner_step(r, &q, 1, &s, 1, &out, err, sizeof err) != 0) {
+        CHECK(0, "prefill: %s", err);
+        *lp = NAN;
+        return -1;
+    }
+    CHECK(out.kind == ENGINE_STEP_PREFILL, "a step with prompt tokens is a prefill step (kind %d)", out.kind);
+    *lp = out.logprobs[0];
+    return out.tokens[0];
+}
+
+static void test_kv_sizing(void) {
+    char err[512];
+    ModelRunner *r;
+    EngineConfig c = config((size_t)64 << 10);
+    CHECK(runner_create(&r, &c, err, sizeof err) == 0, "%s", err);
+    const size_t per_block = kv_cache_bytes_per_block(runner_model(r), BS);
+    CHECK(runner_num_blocks(r) == (int)(c.kv_cache_bytes / per_block), "%d blocks of %zu bytes in %zu bytes",
+          runner_num_blocks(r), per_block, c.kv_cache_bytes);
+    runner_free(r);
+    // One step of 64 tokens needs 16 blocks; a budget of 8 is a configuration mistake.
+    c = config(8 * per_block);
+    CHECK(runner_create(&r, &c, err, sizeof err) == ENGINE_EINVAL && strstr(err, "--kv-cache-memory"),
+          "a pool below one step's blocks is refused: %s", err);
+}
+
+static void test_steps_and_copies(ModelRunner *r) {
+    char err[512];
+    float lp0;
+    int32_t seq[8];
+    memcpy(seq, PROMPT, sizeof PROMPT);
+    seq[6] = prefill(r, 0, 1, &lp0);
+    CHECK(seq[6] >= 0 && seq[6] < 64 && isfinite(lp0), "prefill gives token %d logprob %g", seq[6], lp0);
+    // Block 1 holds positions 4..5 of the prompt: copy them into block 2; block 3 is never written.
+    runner_copy_kv_rows(r, 2, 1, 2);
+    const int32_t own[2] = {0, 1}, copied[2] = {0, 2}, blank[2] = {0, 3};
+    RunnerSeq q[3] = {
+        {.tokens = seq, .n_computed = 6, .n_sched = 1, .blocks = own, .n_blocks = 2, .n_samples = 1},
+        {.tokens = seq, .n_computed = 6, .n_sched = 1, .blocks = copied, .n_blocks = 2, .n_samples = 1},
+        {.tokens = seq, .n_computed = 6, .n_sched = 1, .blocks = blank, .n_blocks = 2, .n_samples = 1},
+    };
+    RunnerSample s[3] = {greedy_sample(3), greedy_sample(3), greedy_sample(3)};
+    RunnerOutput out;
+    CHECK(runner_step(r, q, 3, s, 3, &out, err, sizeof err) == 0, "decode: %s", err);
+    CHECK(out.kind == ENGINE_STEP_DECODE_EAGER, "a decode-only step on the CPU runs eagerly (kind %d)", out.kind);
+    CHECK(out.tokens[0] == out.tokens[1] && memcmp(&out.logprobs[0], &out.logprobs[1], sizeof(float)) == 0,
+          "the copied block decodes like the original: %d %.9g vs %d %.9g", out.tokens[0], out.logprobs[0],
+          out.tokens[1], out.logprobs[1]);
+    CHECK(memcmp(&out.logprobs[0], &out.logprobs[2], sizeof(float)) != 0,
+          "a block never written decodes differently (logprob %.9g both)", out.logprobs[0]);
+    const TokenLogprob *top = out.top;
+    CHECK(top[0].id == out.tokens[0] && top[0].logprob == out.logprobs[0] && top[1].logprob <= top[0].logprob &&
+          top[2].logprob <= top[1].logprob, "greedy: the token is the best of the top logprobs, which come best first");
+
+    // Three samples of one row, as at a fork: the same uniform draws the same token, another may not.
+    const int32_t blocks[2] = {4, 5};
+    RunnerSeq f = {.tokens = PROMPT, .n_computed = 0, .n_sched = 6, .blocks = blocks, .n_blocks = 2, .n_samples = 3};
+    RunnerSample fs[3];
+    for (int k = 0; k < 3; k++)
+        fs[k] = (RunnerSample){.p = {.u = k == 2 ? 0.999 : 0.001, .temperature = 1.0f, .top_p = 1.0f,
+                                     .repetition_penalty = 1.0f}};
+    CHECK(runner_step(r, &f, 1, fs, 3, &out, err, sizeof err) == 0, "fork row: %s", err);
+    CHECK(out.tokens[0] == out.tokens[1] && out.logprobs[0] == out.logprobs[1],
+          "samples of one row with one uniform agree: %d vs %d", out.tokens[0], out.tokens[1]);
+    CHECK(out.tokens[0] != out.tokens[2], "u 0.001 and 0.999 of a 64-token softmax pick different tokens (%d)",
+          out.tokens[0]);
+
+    // Samples must match the sequences' n_samples.
+    CHECK(runner_step(r, &f, 1, fs, 2, &out, err, sizeof err) != 0 && strstr(err, "samples"),
+          "a step with fewer samples than its sequences ask for is refused: %s", err);
+}
+
+static void test_weights(ModelRunner *r) {
+    char err[512];
+    const Layout *L = &runner_model(r)->layout;
+    float before, after;
+    const int32_t t_before = prefill(r, 6, 7, &before);
+    float **none = calloc((size_t)L->n_units, sizeof *none);
+    CHECK(runner_upload_weights(r, none, err, sizeof err) == 0, "%s", err);
+    free(none);
+    const int32_t t_same = prefill(r, 6, 7, &after);
+    CHECK(t_same == t_before && memcmp(&after, &before, sizeof after) == 0, "uploading no unit changes nothing");
+
+    CHECK(runner_weights_device_missing(r) == 0, "no staging yet: unit 0 is missing (%d)",
+          runner_weights_device_missing(r));
+    OpsCtx *ops = runner_ops(r);
+    for (int u = 0; u < L->n_units; u++) {
+        void *d = runner_weights_device_staging(r, u);
+        CHECK(d != NULL, "staging of unit %d", u);
+        float *host = calloc(L->unit_numel[u], sizeof *host);
+        for (size_t i = 0; i < L->unit_numel[u]; i++) host[i] = 0.01f * (float)((i * 7 + u) % 13) - 0.06f;
+        if (d) ops_upload_f32(ops, d, host, L->unit_numel[u]);
+        free(host);
+    }
+    CHECK(runner_weights_device_missing(r) == -1, "every unit staged");
+    CHECK(runner_swap_device_weights(r, err, sizeof err) == 0, "%s", err);
+    prefill(r, 6, 7, &after);
+    CHECK(memcmp(&after, &before, sizeof after) != 0, "other weights, other logprob (%.9g)", after);
+    CHECK(runner_swap_device_weights(r, err, sizeof err) == 0, "%s", err);
+    const int32_t t_back = prefill(r, 6, 7, &after);
+    CHECK(t_back == t_before && memcmp(&after, &before, sizeof after) == 0,
+          "swapping back restores the output: %d %.9g vs %d %.9g", t_back, after, t_before, before);
+}
+
+int main(void) {
+    make_model_dir();
+    test_kv_sizing();
+    char err[512];
+    ModelRunner *r;
+    EngineConfig c = config((size_t)64 << 10);
+    if (runner_create(&r, &c, err, sizeof err) != 0) die("runner_create", err);
+    test_steps_and_copies(r);
+    test_weights(r);
+    runner_free(r);
+    remove_model_dir();
+    if (failures) {
+        fprintf(stderr, "test_rollout_model_runner: %d failure(s)\n", failures);
+        return 1;
+    }
+    printf("test_rollout_model_runner: all passed\n");
+    return 0;
+}
