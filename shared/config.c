@@ -7,6 +7,7 @@
 #include "shared/config.h"
 
 #include <errno.h>
+#include <float.h>
 #include <limits.h>
 #include <math.h>
 #include <stdarg.h>
@@ -16,6 +17,7 @@
 
 #include <jansson.h>
 
+#include "shared/json_get.h"
 #include "shared/json_read.h"
 
 // Upper bounds keep every derived product (Hq*D*C, V*C, ...) inside int64 and reject absurd fuzzed values.
@@ -24,82 +26,24 @@
 #define VOCAB_MAX  (1 << 26)
 #define CONFIG_FILE_MAX (16u << 20)
 
-static const char *json_kind(const json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a real number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    default: return "null";
-    }
-}
+// Every read goes through shared/json_get.h: messages start "config.json: " (config_load puts the file's path
+// there) and name the field's full path; null reads as absent, as transformers takes it for its default.
+#define FAIL_INVALID(...) err_fail_code(CONFIG_ERR_INVALID, at->err, at->err_len, __VA_ARGS__)
 
-// A key counts as absent when missing or null (transformers then uses its default).
-static json_t *get(json_t *obj, const char *key) {
-    json_t *v = json_object_get(obj, key);
-    return (v && !json_is_null(v)) ? v : NULL;
-}
-
-// Integer field in [lo, hi]. *out keeps `dflt` when the key is absent; required fields pass required=1.
-static int get_int(json_t *obj, const char *key, int required, int dflt, long long lo, long long hi, int *out,
-                   char *err, size_t err_len) {
-    json_t *v = get(obj, key);
-    if (!v) {
-        if (required) return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: missing required field \"%s\"", key);
-        *out = dflt;
-        return 0;
-    }
-    // An integer beyond int64 arrives as a real (shared/json_read.h): out of range, not of the wrong type.
-    if (json_is_real(v) && fabs(json_real_value(v)) >= 0x1p63)
-        return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"%s\" = %.17g is out of range [%lld, %lld]", key, json_real_value(v),
-                    lo, hi);
-    if (!json_is_integer(v))
-        return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"%s\" must be an integer, got %s", key, json_kind(v));
-    json_int_t x = json_integer_value(v);
-    if (x < lo || x > hi)
-        return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"%s\" = %lld is out of range [%lld, %lld]", key, (long long)x, lo,
-                    hi);
-    *out = (int)x;
-    return 0;
-}
-
-static int get_bool(json_t *obj, const char *key, int dflt, int *out, char *err, size_t err_len) {
-    json_t *v = get(obj, key);
-    if (!v) {
-        *out = dflt;
-        return 0;
-    }
-    if (!json_is_boolean(v))
-        return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"%s\" must be true or false, got %s", key, json_kind(v));
-    *out = json_is_true(v);
-    return 0;
-}
-
-// Number (integer or real) field; `where` prefixes the key in messages (e.g. "rope_parameters.").
-static int get_number(json_t *obj, const char *where, const char *key, int required, double dflt, double *out,
-                      char *err, size_t err_len) {
-    json_t *v = get(obj, key);
-    if (!v) {
-        if (required) return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: missing required field \"%s%s\"", where, key);
-        *out = dflt;
-        return 0;
-    }
-    if (!json_is_number(v))
-        return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"%s%s\" must be a number, got %s", where, key, json_kind(v));
-    *out = json_number_value(v);
-    if (!isfinite(*out)) return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"%s%s\" is not finite", where, key);
-    return 0;
-}
-
-static int positive_float(double x, const char *where, const char *key, float *out, char *err, size_t err_len) {
-    // Positive after rounding to float32 too: 1e-86 would silently become 0.
+// A positive float32, also after rounding (1e-86 would silently become 0).
+static int positive_float(const JsonAt *at, const char *key, double x, float *out) {
     if (!(x > 0.0) || x > 3.0e38 || !((float)x > 0.0f))
-        return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"%s%s\" = %g must be a positive float32", where, key, x);
+        return json_get_fail(at, key, "must be a positive float32, got %g", x);
     *out = (float)x;
     return 0;
+}
+
+// A number member that must be a positive float32.
+static int get_positive_float(const JsonAt *at, const char *key, JsonPresence presence, double default_value,
+                              float *out) {
+    double x;
+    int rc = json_get_double(at, key, presence, default_value, -DBL_MAX, DBL_MAX, &x);
+    return rc ? rc : positive_float(at, key, x, out);
 }
 
 typedef struct {
@@ -118,192 +62,132 @@ static const ArchInfo ARCHS[] = {
 };
 #define N_ARCHS (sizeof ARCHS / sizeof ARCHS[0])
 
-static const ArchInfo *find_arch(json_t *root, char *err, size_t err_len) {
-    json_t *archs = get(root, "architectures");
-    if (archs) {
-        if (!json_is_array(archs))
-            return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"architectures\" must be an array, got %s", json_kind(archs)),
-                   NULL;
-        if (json_array_size(archs) > 0) {
-            json_t *a0 = json_array_get(archs, 0);
-            if (!json_is_string(a0))
-                return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"architectures\"[0] must be a string, got %s",
-                            json_kind(a0)),
-                       NULL;
-            for (size_t i = 0; i < N_ARCHS; i++)
-                if (strcmp(json_string_value(a0), ARCHS[i].arch_name) == 0) return &ARCHS[i];
-            err_fail_code(CONFIG_ERR_INVALID, err, err_len,
-                 "config.json: unsupported architecture \"%.64s\" (\"architectures\"[0]); supported: "
-                 "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM",
-                 json_string_value(a0));
-            return NULL;
-        }
+static const ArchInfo *find_arch(const JsonAt *at) {
+    JsonAt archs;
+    if (json_get_array(at, "architectures", JSON_GET_OPTIONAL, &archs)) return NULL;
+    if (archs.json && json_array_size(archs.json) > 0) {
+        JsonAt first = json_at_element(&archs, 0);
+        const char *name;
+        if (json_get_string(&first, NULL, JSON_GET_REQUIRED, NULL, JSON_ANY_LENGTH, &name, NULL)) return NULL;
+        for (size_t i = 0; i < N_ARCHS; i++)
+            if (strcmp(name, ARCHS[i].arch_name) == 0) return &ARCHS[i];
+        FAIL_INVALID("config.json: unsupported architecture \"%.64s\" (\"architectures\"[0]); supported: "
+                     "LlamaForCausalLM, Qwen2ForCausalLM, Qwen3ForCausalLM, MistralForCausalLM",
+                     name);
+        return NULL;
     }
-    json_t *mt = get(root, "model_type");
-    if (!mt)
-        return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: missing \"architectures\" (and no \"model_type\" to fall back on)"),
-               NULL;
-    if (!json_is_string(mt))
-        return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"model_type\" must be a string, got %s", json_kind(mt)), NULL;
+    const char *model_type;
+    if (json_get_string(at, "model_type", JSON_GET_OPTIONAL, NULL, JSON_ANY_LENGTH, &model_type, NULL)) return NULL;
+    if (!model_type) {
+        FAIL_INVALID("config.json: missing \"architectures\" (and no \"model_type\" to fall back on)");
+        return NULL;
+    }
     for (size_t i = 0; i < N_ARCHS; i++)
-        if (strcmp(json_string_value(mt), ARCHS[i].model_type) == 0) return &ARCHS[i];
-    err_fail_code(CONFIG_ERR_INVALID, err, err_len,
-         "config.json: unsupported model_type \"%.64s\" (no \"architectures\"); supported: llama, qwen2, qwen3, "
-         "mistral",
-         json_string_value(mt));
+        if (strcmp(model_type, ARCHS[i].model_type) == 0) return &ARCHS[i];
+    FAIL_INVALID("config.json: unsupported model_type \"%.64s\" (no \"architectures\"); supported: llama, qwen2, "
+                 "qwen3, mistral",
+                 model_type);
     return NULL;
 }
 
 // Rotary embedding parameters. transformers 4.x: top-level rope_theta + rope_scaling ({"rope_type"|"type", ...}
 // or null); 5.x: rope_parameters {"rope_type", "rope_theta", ...}. As in transformers' convert_rope_params_to_dict,
 // a non-empty rope_scaling wins, and a theta inside the dict wins over the top-level one.
-static int parse_rope(ModelConfig *cfg, json_t *root, char *err, size_t err_len) {
-    json_t *rp = NULL;
-    const char *where = "rope_parameters.";
-    json_t *rs = get(root, "rope_scaling");
-    if (rs) {
-        if (!json_is_object(rs))
-            return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"rope_scaling\" must be an object or null, got %s",
-                        json_kind(rs));
-        if (json_object_size(rs) > 0) {
-            rp = rs;
-            where = "rope_scaling.";
-        }
-    }
-    if (!rp) {
-        json_t *p = get(root, "rope_parameters");
-        if (p && !json_is_object(p))
-            return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"rope_parameters\" must be an object or null, got %s",
-                        json_kind(p));
-        rp = p;
+static int parse_rope(ModelConfig *cfg, const JsonAt *at) {
+    JsonAt rope;   // rope.json NULL: neither dict
+    if (json_get_object(at, "rope_scaling", JSON_GET_OPTIONAL, &rope)) return CONFIG_ERR_INVALID;
+    if (!rope.json || json_object_size(rope.json) == 0) {
+        if (json_get_object(at, "rope_parameters", JSON_GET_OPTIONAL, &rope)) return CONFIG_ERR_INVALID;
     }
     double theta, prf;
-    if (get_number(root, "", "rope_theta", 0, 10000.0, &theta, err, err_len)) return CONFIG_ERR_INVALID;
-    if (get_number(root, "", "partial_rotary_factor", 0, 1.0, &prf, err, err_len)) return CONFIG_ERR_INVALID;
-    const char *type = "default";
-    if (rp) {
-        // Per-layer-type rope dicts ({"full_attention": {...}, ...}) would silently read as the default rope here.
-        if (json_is_object(json_object_get(rp, "full_attention")) ||
-            json_is_object(json_object_get(rp, "sliding_attention")))
-            return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: per-layer-type \"%.*s\" (nested by attention type) is not "
-                        "supported", (int)strlen(where) - 1, where);
-        if (get_number(rp, where, "rope_theta", 0, theta, &theta, err, err_len)) return CONFIG_ERR_INVALID;
-        if (get_number(rp, where, "partial_rotary_factor", 0, prf, &prf, err, err_len)) return CONFIG_ERR_INVALID;
-        json_t *t = get(rp, "rope_type");
-        const char *tkey = "rope_type";
-        if (!t) {
-            t = get(rp, "type");
-            tkey = "type";
-        }
-        if (t) {
-            if (!json_is_string(t))
-                return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"%s%s\" must be a string, got %s", where, tkey,
-                            json_kind(t));
-            type = json_string_value(t);
-        }
-    }
-    if (positive_float(theta, (rp && json_object_get(rp, "rope_theta")) ? where : "", "rope_theta", &cfg->rope_theta,
-                       err, err_len))
+    if (json_get_double(at, "rope_theta", JSON_GET_OPTIONAL, 10000.0, -DBL_MAX, DBL_MAX, &theta) ||
+        json_get_double(at, "partial_rotary_factor", JSON_GET_OPTIONAL, 1.0, -DBL_MAX, DBL_MAX, &prf))
         return CONFIG_ERR_INVALID;
-    if (prf != 1.0)
-        return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"partial_rotary_factor\" = %g is not supported (only 1.0)", prf);
+    const JsonAt *theta_at = at, *prf_at = at;   // where each value came from, for messages
+    const char *type = "default";
+    if (rope.json) {
+        // Per-layer-type rope dicts ({"full_attention": {...}, ...}) would silently read as the default rope here.
+        if (json_is_object(json_object_get(rope.json, "full_attention")) ||
+            json_is_object(json_object_get(rope.json, "sliding_attention")))
+            return json_get_fail(&rope, NULL, "holds per-layer-type parameters (nested by attention type), which are "
+                                 "not supported");
+        if (json_get_present(&rope, "rope_theta")) theta_at = &rope;
+        if (json_get_present(&rope, "partial_rotary_factor")) prf_at = &rope;
+        if (json_get_double(&rope, "rope_theta", JSON_GET_OPTIONAL, theta, -DBL_MAX, DBL_MAX, &theta) ||
+            json_get_double(&rope, "partial_rotary_factor", JSON_GET_OPTIONAL, prf, -DBL_MAX, DBL_MAX, &prf))
+            return CONFIG_ERR_INVALID;
+        const char *type_key = json_get_present(&rope, "rope_type") ? "rope_type" : "type";
+        if (json_get_string(&rope, type_key, JSON_GET_OPTIONAL, "default", JSON_ANY_LENGTH, &type, NULL))
+            return CONFIG_ERR_INVALID;
+        if (strcmp(type, "default") && strcmp(type, "linear") && strcmp(type, "llama3"))
+            return json_get_fail(&rope, type_key, "= \"%.32s\" is not supported (default, llama3, linear)", type);
+    }
+    if (positive_float(theta_at, "rope_theta", theta, &cfg->rope_theta)) return CONFIG_ERR_INVALID;
+    if (prf != 1.0) return json_get_fail(prf_at, "partial_rotary_factor", "= %g is not supported (only 1.0)", prf);
     cfg->rope_factor = 1.0f;
     cfg->rope_low_freq_factor = 1.0f;
     cfg->rope_high_freq_factor = 1.0f;
     cfg->rope_original_max_position = 0;
-    double v;
     if (strcmp(type, "default") == 0) {
         cfg->rope_type = ROPE_DEFAULT;
     } else if (strcmp(type, "linear") == 0) {
         cfg->rope_type = ROPE_LINEAR;
-        if (get_number(rp, where, "factor", 1, 0, &v, err, err_len) ||
-            positive_float(v, where, "factor", &cfg->rope_factor, err, err_len))
-            return CONFIG_ERR_INVALID;
-    } else if (strcmp(type, "llama3") == 0) {
+        if (get_positive_float(&rope, "factor", JSON_GET_REQUIRED, 0, &cfg->rope_factor)) return CONFIG_ERR_INVALID;
+    } else {
         cfg->rope_type = ROPE_LLAMA3;
-        if (get_number(rp, where, "factor", 1, 0, &v, err, err_len) ||
-            positive_float(v, where, "factor", &cfg->rope_factor, err, err_len))
-            return CONFIG_ERR_INVALID;
-        if (get_number(rp, where, "low_freq_factor", 1, 0, &v, err, err_len) ||
-            positive_float(v, where, "low_freq_factor", &cfg->rope_low_freq_factor, err, err_len))
-            return CONFIG_ERR_INVALID;
-        if (get_number(rp, where, "high_freq_factor", 1, 0, &v, err, err_len) ||
-            positive_float(v, where, "high_freq_factor", &cfg->rope_high_freq_factor, err, err_len))
+        if (get_positive_float(&rope, "factor", JSON_GET_REQUIRED, 0, &cfg->rope_factor) ||
+            get_positive_float(&rope, "low_freq_factor", JSON_GET_REQUIRED, 0, &cfg->rope_low_freq_factor) ||
+            get_positive_float(&rope, "high_freq_factor", JSON_GET_REQUIRED, 0, &cfg->rope_high_freq_factor))
             return CONFIG_ERR_INVALID;
         // The smoothing step divides by (high - low): equal factors would make it 0/0.
         if (!(cfg->rope_high_freq_factor > cfg->rope_low_freq_factor))
-            return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"%shigh_freq_factor\" (%g) must be greater than "
-                        "low_freq_factor (%g)", where, cfg->rope_high_freq_factor, cfg->rope_low_freq_factor);
+            return json_get_fail(&rope, "high_freq_factor", "(%g) must be greater than low_freq_factor (%g)",
+                                 cfg->rope_high_freq_factor, cfg->rope_low_freq_factor);
         // transformers' standardize_rope_params falls back to max_position_embeddings.
-        json_t *o = get(rp, "original_max_position_embeddings");
-        if (!o) {
-            cfg->rope_original_max_position = cfg->max_position_embeddings;
-        } else {
-            if (!json_is_integer(o))
-                return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"%soriginal_max_position_embeddings\" must be an integer, "
-                            "got %s", where, json_kind(o));
-            json_int_t x = json_integer_value(o);
-            if (x <= 0 || x > INT_MAX)
-                return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"%soriginal_max_position_embeddings\" = %lld is out of "
-                            "range", where, (long long)x);
-            cfg->rope_original_max_position = (int)x;
-        }
-    } else {
-        return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: unsupported rope type \"%.32s\" (\"%srope_type\"); supported: "
-                    "default, llama3, linear", type, where);
+        if (json_get_int(&rope, "original_max_position_embeddings", JSON_GET_OPTIONAL, cfg->max_position_embeddings,
+                         1, INT_MAX, &cfg->rope_original_max_position))
+            return CONFIG_ERR_INVALID;
     }
     return 0;
 }
 
 // Sliding-window attention is accepted, not refused: the window becomes a cap on the sequence length, so every
 // sequence tandem runs is shorter than the window and windowed attention equals full attention exactly.
-static int parse_sliding_window(ModelConfig *cfg, json_t *root, char *err, size_t err_len) {
-    int sw = 0;
+static int parse_sliding_window(ModelConfig *cfg, const JsonAt *at) {
     cfg->sliding_window = 0;
     cfg->max_window_layers = 0;
+    if (cfg->arch != ARCH_MISTRAL && cfg->arch != ARCH_QWEN2 && cfg->arch != ARCH_QWEN3) return 0;
+    // MistralConfig and Qwen2/3Config: sliding_window defaults to 4096 when the key is missing; null disables it.
+    int sw = 0;
+    const int sw_default = json_object_get(at->json, "sliding_window") ? 0 : 4096;
+    if (json_get_int(at, "sliding_window", JSON_GET_OPTIONAL, sw_default, 1, INT_MAX, &sw)) return CONFIG_ERR_INVALID;
     if (cfg->arch == ARCH_MISTRAL) {
-        // MistralConfig: sliding_window defaults to 4096 when the key is missing; null disables it.
-        json_t *v = json_object_get(root, "sliding_window");
-        if (!v) {
-            sw = 4096;
-        } else if (!json_is_null(v)) {
-            if (get_int(root, "sliding_window", 0, 0, 1, INT_MAX, &sw, err, err_len)) return CONFIG_ERR_INVALID;
-        }
         cfg->sliding_window = sw;
         return 0;
     }
-    if (cfg->arch != ARCH_QWEN2 && cfg->arch != ARCH_QWEN3) return 0;
     // Qwen2/3: the window applies only with use_sliding_window, and only to the layers layer_types marks
     // "sliding_attention" (by default the layers from max_window_layers on).
     int use = 0;
-    if (get_bool(root, "use_sliding_window", 0, &use, err, err_len)) return CONFIG_ERR_INVALID;
-    if (get_int(root, "max_window_layers", 0, 28, 0, INT_MAX, &cfg->max_window_layers, err, err_len))
+    if (json_get_bool(at, "use_sliding_window", JSON_GET_OPTIONAL, 0, &use) ||
+        json_get_int(at, "max_window_layers", JSON_GET_OPTIONAL, 28, 0, INT_MAX, &cfg->max_window_layers))
         return CONFIG_ERR_INVALID;
-    json_t *v = json_object_get(root, "sliding_window");
-    if (!v) {
-        sw = 4096;
-    } else if (!json_is_null(v)) {
-        if (get_int(root, "sliding_window", 0, 0, 1, INT_MAX, &sw, err, err_len)) return CONFIG_ERR_INVALID;
-    }
     int any_sliding = 0;
-    json_t *lt = get(root, "layer_types");
-    if (lt) {
-        if (!json_is_array(lt))
-            return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"layer_types\" must be an array, got %s", json_kind(lt));
-        if ((long long)json_array_size(lt) != cfg->num_layers)
-            return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"layer_types\" has %zu entries, num_hidden_layers is %d",
-                        json_array_size(lt), cfg->num_layers);
-        for (size_t i = 0; i < json_array_size(lt); i++) {
-            json_t *e = json_array_get(lt, i);
-            const char *s = json_string_value(e);
-            if (!s)
-                return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"layer_types\"[%zu] must be a string, got %s", i,
-                            json_kind(e));
+    JsonAt layer_types;
+    if (json_get_array(at, "layer_types", JSON_GET_OPTIONAL, &layer_types)) return CONFIG_ERR_INVALID;
+    if (layer_types.json) {
+        const size_t n = json_array_size(layer_types.json);
+        if ((long long)n != cfg->num_layers)
+            return json_get_fail(&layer_types, NULL, "has %zu entries, num_hidden_layers is %d", n, cfg->num_layers);
+        for (size_t i = 0; i < n; i++) {
+            JsonAt entry = json_at_element(&layer_types, i);
+            const char *s;
+            if (json_get_string(&entry, NULL, JSON_GET_REQUIRED, NULL, JSON_ANY_LENGTH, &s, NULL))
+                return CONFIG_ERR_INVALID;
             if (strcmp(s, "sliding_attention") == 0)
                 any_sliding = 1;
             else if (strcmp(s, "full_attention") != 0)
-                return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"layer_types\"[%zu] = \"%.32s\" is not supported "
-                            "(full_attention or sliding_attention)", i, s);
+                return json_get_fail(&entry, NULL, "= \"%.32s\" is not supported (full_attention or "
+                                     "sliding_attention)", s);
         }
     } else {
         any_sliding = cfg->max_window_layers < cfg->num_layers;
@@ -314,141 +198,123 @@ static int parse_sliding_window(ModelConfig *cfg, json_t *root, char *err, size_
 
 // bos/eos ids. A missing key takes the class default (LlamaConfig and MistralConfig: bos 1, eos 2; Qwen2/3: none);
 // an explicit null means none.
-static int parse_token_ids(ModelConfig *cfg, json_t *root, char *err, size_t err_len) {
+static int parse_token_ids(ModelConfig *cfg, const JsonAt *at) {
     const int llama_like = cfg->arch == ARCH_LLAMA || cfg->arch == ARCH_MISTRAL;
-    cfg->bos_token_id = -1;
-    json_t *b = json_object_get(root, "bos_token_id");
-    if (get_int(root, "bos_token_id", 0, (!b && llama_like) ? 1 : -1, 0, INT_MAX, &cfg->bos_token_id, err, err_len))
+    const int bos_default = (!json_object_get(at->json, "bos_token_id") && llama_like) ? 1 : -1;
+    if (json_get_int(at, "bos_token_id", JSON_GET_OPTIONAL, bos_default, 0, INT_MAX, &cfg->bos_token_id))
         return CONFIG_ERR_INVALID;
     cfg->n_eos_token_ids = 0;
-    json_t *e = json_object_get(root, "eos_token_id");
+    const json_t *e = json_object_get(at->json, "eos_token_id");
     if (!e) {
         if (llama_like) cfg->eos_token_ids[cfg->n_eos_token_ids++] = 2;
         return 0;
     }
     if (json_is_null(e)) return 0;
     const int cap = (int)(sizeof cfg->eos_token_ids / sizeof cfg->eos_token_ids[0]);
-    if (json_is_integer(e)) {
-        json_int_t x = json_integer_value(e);
-        if (x < 0 || x > INT_MAX)
-            return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"eos_token_id\" = %lld is out of range", (long long)x);
-        cfg->eos_token_ids[cfg->n_eos_token_ids++] = (int)x;
+    if (json_is_number(e)) {
+        if (json_get_int(at, "eos_token_id", JSON_GET_REQUIRED, 0, 0, INT_MAX, &cfg->eos_token_ids[0]))
+            return CONFIG_ERR_INVALID;
+        cfg->n_eos_token_ids = 1;
         return 0;
     }
     if (!json_is_array(e))
-        return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"eos_token_id\" must be an integer, a list or null, got %s",
-                    json_kind(e));
+        return json_get_fail(at, "eos_token_id", "must be an integer, a list or null, got %s", json_kind_name(e));
+    JsonAt ids = json_at_value(at, e, "eos_token_id");
     if (json_array_size(e) > (size_t)cap)
-        return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"eos_token_id\" lists %zu ids, at most %d are supported",
-                    json_array_size(e), cap);
+        return json_get_fail(&ids, NULL, "lists %zu ids, at most %d are supported", json_array_size(e), cap);
     for (size_t i = 0; i < json_array_size(e); i++) {
-        json_t *x = json_array_get(e, i);
-        if (!json_is_integer(x) || json_integer_value(x) < 0 || json_integer_value(x) > INT_MAX)
-            return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"eos_token_id\"[%zu] must be a non-negative integer", i);
-        cfg->eos_token_ids[cfg->n_eos_token_ids++] = (int)json_integer_value(x);
+        JsonAt id = json_at_element(&ids, i);
+        if (json_get_int(&id, NULL, JSON_GET_REQUIRED, 0, 0, INT_MAX, &cfg->eos_token_ids[cfg->n_eos_token_ids]))
+            return CONFIG_ERR_INVALID;
+        cfg->n_eos_token_ids++;
     }
     return 0;
 }
 
-static int parse_dtype(ModelConfig *cfg, json_t *root, char *err, size_t err_len) {
+static int parse_dtype(ModelConfig *cfg, const JsonAt *at) {
     // transformers 5.x writes "dtype", 4.x "torch_dtype"; "dtype" wins when both are present.
-    const char *key = "dtype";
-    json_t *d = get(root, key);
-    if (!d) {
-        key = "torch_dtype";
-        d = get(root, key);
-    }
+    const char *key = json_get_present(at, "dtype") ? "dtype" : "torch_dtype";
+    const char *s;
     cfg->torch_dtype[0] = '\0';
-    if (!d) return 0;
-    if (!json_is_string(d))
-        return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"%s\" must be a string, got %s", key, json_kind(d));
-    const char *s = json_string_value(d);
+    if (json_get_string(at, key, JSON_GET_OPTIONAL, NULL, JSON_ANY_LENGTH, &s, NULL)) return CONFIG_ERR_INVALID;
+    if (!s) return 0;
     if (strcmp(s, "bfloat16") && strcmp(s, "float16") && strcmp(s, "float32"))
-        return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"%s\" = \"%.32s\" is not supported (bfloat16, float16, float32)",
-                    key, s);
+        return json_get_fail(at, key, "= \"%.32s\" is not supported (bfloat16, float16, float32)", s);
     snprintf(cfg->torch_dtype, sizeof cfg->torch_dtype, "%s", s);
     return 0;
 }
 
-static int parse_root(ModelConfig *cfg, json_t *root, char *err, size_t err_len) {
-    if (!json_is_object(root))
-        return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: the top level must be an object, got %s", json_kind(root));
-    const ArchInfo *ai = find_arch(root, err, err_len);
+static int parse_root(ModelConfig *cfg, const JsonAt *at) {
+    if (!json_is_object(at->json))
+        return json_get_fail(at, NULL, "must be an object, got %s", json_kind_name(at->json));
+    const ArchInfo *ai = find_arch(at);
     if (!ai) return CONFIG_ERR_INVALID;
     cfg->arch = ai->arch;
     snprintf(cfg->arch_name, sizeof cfg->arch_name, "%s", ai->arch_name);
 
-    if (get_int(root, "vocab_size", 1, 0, 1, VOCAB_MAX, &cfg->vocab_size, err, err_len) ||
-        get_int(root, "hidden_size", 1, 0, 1, DIM_MAX, &cfg->hidden_size, err, err_len) ||
-        get_int(root, "intermediate_size", 1, 0, 1, DIM_MAX, &cfg->intermediate_size, err, err_len) ||
-        get_int(root, "num_hidden_layers", 1, 0, 1, COUNT_MAX, &cfg->num_layers, err, err_len) ||
-        get_int(root, "num_attention_heads", 1, 0, 1, COUNT_MAX, &cfg->num_heads, err, err_len))
+    if (json_get_int(at, "vocab_size", JSON_GET_REQUIRED, 0, 1, VOCAB_MAX, &cfg->vocab_size) ||
+        json_get_int(at, "hidden_size", JSON_GET_REQUIRED, 0, 1, DIM_MAX, &cfg->hidden_size) ||
+        json_get_int(at, "intermediate_size", JSON_GET_REQUIRED, 0, 1, DIM_MAX, &cfg->intermediate_size) ||
+        json_get_int(at, "num_hidden_layers", JSON_GET_REQUIRED, 0, 1, COUNT_MAX, &cfg->num_layers) ||
+        json_get_int(at, "num_attention_heads", JSON_GET_REQUIRED, 0, 1, COUNT_MAX, &cfg->num_heads))
         return CONFIG_ERR_INVALID;
     const int C = cfg->hidden_size, Hq = cfg->num_heads;
 
     // num_key_value_heads: a missing key takes the class default (Qwen2/3: 32, Mistral: 8, Llama: Hq);
     // an explicit null becomes Hq in every class's __post_init__.
-    json_t *kv = json_object_get(root, "num_key_value_heads");
-    int kv_default = (kv == NULL && ai->kv_heads > 0) ? ai->kv_heads : Hq;
-    if (get_int(root, "num_key_value_heads", 0, kv_default, 1, COUNT_MAX, &cfg->num_kv_heads, err, err_len))
+    const int kv_default = (!json_object_get(at->json, "num_key_value_heads") && ai->kv_heads > 0) ? ai->kv_heads : Hq;
+    if (json_get_int(at, "num_key_value_heads", JSON_GET_OPTIONAL, kv_default, 1, COUNT_MAX, &cfg->num_kv_heads))
         return CONFIG_ERR_INVALID;
     if (Hq % cfg->num_kv_heads != 0)
-        return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"num_key_value_heads\" (%d) must divide num_attention_heads (%d)",
-                    cfg->num_kv_heads, Hq);
+        return json_get_fail(at, "num_key_value_heads", "(%d) must divide num_attention_heads (%d)",
+                             cfg->num_kv_heads, Hq);
 
     // head_dim: Qwen3Config defaults it to 128; the others derive C / Hq when it is missing or null.
-    int derived_dim = (ai->arch == ARCH_QWEN3 && json_object_get(root, "head_dim") == NULL) ? 128 : 0;
-    if (get_int(root, "head_dim", 0, derived_dim, 1, DIM_MAX, &cfg->head_dim, err, err_len)) return CONFIG_ERR_INVALID;
+    const int derived_dim = (ai->arch == ARCH_QWEN3 && !json_object_get(at->json, "head_dim")) ? 128 : 0;
+    if (json_get_int(at, "head_dim", JSON_GET_OPTIONAL, derived_dim, 1, DIM_MAX, &cfg->head_dim))
+        return CONFIG_ERR_INVALID;
     if (cfg->head_dim == 0 || ai->arch == ARCH_LLAMA) {
         // LlamaConfig.validate_architecture checks divisibility even with an explicit head_dim.
         if (C % Hq != 0)
-            return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"num_attention_heads\" (%d) must divide hidden_size (%d)", Hq,
-                        C);
+            return json_get_fail(at, "num_attention_heads", "(%d) must divide hidden_size (%d)", Hq, C);
         if (cfg->head_dim == 0) cfg->head_dim = C / Hq;
     }
     if (cfg->head_dim % 2 != 0)
-        return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"head_dim\" (%d) must be even: rotary embeddings rotate pairs",
-                    cfg->head_dim);
+        return json_get_fail(at, "head_dim", "(%d) must be even: rotary embeddings rotate pairs", cfg->head_dim);
     if ((long long)Hq * cfg->head_dim > DIM_MAX)
-        return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: num_attention_heads * head_dim (%lld) is out of range",
-                    (long long)Hq * cfg->head_dim);
+        return FAIL_INVALID("config.json: num_attention_heads * head_dim (%lld) is out of range",
+                            (long long)Hq * cfg->head_dim);
 
-    if (get_int(root, "max_position_embeddings", 0, ai->max_position, 1, INT_MAX, &cfg->max_position_embeddings,
-                err, err_len))
+    if (json_get_int(at, "max_position_embeddings", JSON_GET_OPTIONAL, ai->max_position, 1, INT_MAX,
+                     &cfg->max_position_embeddings) ||
+        get_positive_float(at, "rms_norm_eps", JSON_GET_OPTIONAL, 1e-6, &cfg->rms_norm_eps))
         return CONFIG_ERR_INVALID;
 
-    double eps;
-    if (get_number(root, "", "rms_norm_eps", 0, 1e-6, &eps, err, err_len) ||
-        positive_float(eps, "", "rms_norm_eps", &cfg->rms_norm_eps, err, err_len))
+    const char *act;
+    if (json_get_string(at, "hidden_act", JSON_GET_OPTIONAL, "silu", JSON_ANY_LENGTH, &act, NULL))
         return CONFIG_ERR_INVALID;
+    if (strcmp(act, "silu") != 0)
+        return json_get_fail(at, "hidden_act", "= \"%.32s\" is not supported (only silu)", act);
 
-    json_t *act = get(root, "hidden_act");
-    if (act) {
-        if (!json_is_string(act))
-            return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"hidden_act\" must be a string, got %s", json_kind(act));
-        if (strcmp(json_string_value(act), "silu") != 0)
-            return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"hidden_act\" = \"%.32s\" is not supported (only silu)",
-                        json_string_value(act));
-    }
-
-    if (get_bool(root, "tie_word_embeddings", 0, &cfg->tie_word_embeddings, err, err_len)) return CONFIG_ERR_INVALID;
+    if (json_get_bool(at, "tie_word_embeddings", JSON_GET_OPTIONAL, 0, &cfg->tie_word_embeddings))
+        return CONFIG_ERR_INVALID;
     // Bias flags as each architecture's modeling code uses them: Qwen2 always has q/k/v bias, Llama and Qwen3
     // read attention_bias, Mistral never has one; only Llama's MLP reads mlp_bias.
     cfg->attention_bias = 0;
     if (ai->arch == ARCH_QWEN2) {
         cfg->attention_bias = 1;
     } else if (ai->arch == ARCH_LLAMA || ai->arch == ARCH_QWEN3) {
-        if (get_bool(root, "attention_bias", 0, &cfg->attention_bias, err, err_len)) return CONFIG_ERR_INVALID;
+        if (json_get_bool(at, "attention_bias", JSON_GET_OPTIONAL, 0, &cfg->attention_bias))
+            return CONFIG_ERR_INVALID;
     }
     if (ai->arch == ARCH_LLAMA) {
         int mlp_bias = 0;
-        if (get_bool(root, "mlp_bias", 0, &mlp_bias, err, err_len)) return CONFIG_ERR_INVALID;
-        if (mlp_bias) return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: \"mlp_bias\": true is not supported");
+        if (json_get_bool(at, "mlp_bias", JSON_GET_OPTIONAL, 0, &mlp_bias)) return CONFIG_ERR_INVALID;
+        if (mlp_bias) return json_get_fail(at, "mlp_bias", "= true is not supported");
     }
     cfg->qk_norm = ai->arch == ARCH_QWEN3;
 
-    if (parse_rope(cfg, root, err, err_len) || parse_sliding_window(cfg, root, err, err_len) ||
-        parse_token_ids(cfg, root, err, err_len) || parse_dtype(cfg, root, err, err_len))
+    if (parse_rope(cfg, at) || parse_sliding_window(cfg, at) || parse_token_ids(cfg, at) || parse_dtype(cfg, at))
         return CONFIG_ERR_INVALID;
     cfg->max_seq_len = cfg->max_position_embeddings;
     if (cfg->sliding_window > 0 && cfg->sliding_window < cfg->max_seq_len) cfg->max_seq_len = cfg->sliding_window;
@@ -464,7 +330,8 @@ int config_parse(ModelConfig *cfg, const char *json_text, size_t len, char *err,
     json_t *root = json_read_buffer(json_text, len, JSON_REJECT_DUPLICATES, &je);
     if (!root)
         return err_fail_code(CONFIG_ERR_INVALID, err, err_len, "config.json: invalid JSON at line %d column %d: %s", je.line, je.column, je.text);
-    int rc = parse_root(cfg, root, err, err_len);
+    JsonAt at = json_at_document(root, "config.json", 1, CONFIG_ERR_INVALID, err, err_len);
+    int rc = parse_root(cfg, &at);
     json_decref(root);
     if (rc) memset(cfg, 0, sizeof *cfg);
     return rc;

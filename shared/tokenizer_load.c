@@ -9,6 +9,7 @@
 #include <sys/stat.h>
 
 #include "shared/tokenizer_internal.h"
+#include "shared/json_get.h"
 #include "shared/json_read.h"
 
 #define MAX_TOKEN_ID 0x3FFFFFF   // ids above this are refused rather than allocated for (64M entries)
@@ -21,32 +22,16 @@ static char *dup_bytes(const char *s, size_t n) {
     return p;
 }
 
-// Optional boolean field: absent or null -> def; wrong type -> error naming the field.
-static int get_bool(json_t *obj, const char *key, int def, int *out, const char *where, char *err, size_t err_len) {
-    json_t *v = json_object_get(obj, key);
-    if (!v || json_is_null(v)) { *out = def; return 0; }
-    if (!json_is_boolean(v)) {
-        tok_set_err(err, err_len, "%s.%s: expected true/false", where, key);
-        return TOK_EFORMAT;
-    }
-    *out = json_is_true(v);
-    return 0;
-}
-
-// Optional string field: absent or null -> NULL.
-static int get_str(json_t *obj, const char *key, char **out, size_t *len, const char *where, char *err,
-                   size_t err_len) {
-    json_t *v = json_object_get(obj, key);
+// A string member copied (it may hold NUL bytes); absent or null: NULL.
+static int get_string_copy(const JsonAt *at, const char *key, char **out, size_t *len) {
+    const char *s;
+    size_t n;
     *out = NULL;
     if (len) *len = 0;
-    if (!v || json_is_null(v)) return 0;
-    if (!json_is_string(v)) {
-        tok_set_err(err, err_len, "%s.%s: expected a string", where, key);
-        return TOK_EFORMAT;
-    }
-    *out = dup_bytes(json_string_value(v), json_string_length(v));
-    if (!*out) return TOK_ENOMEM;
-    if (len) *len = json_string_length(v);
+    int rc = json_get_string(at, key, JSON_GET_OPTIONAL, NULL, JSON_ANY_LENGTH, &s, &n);
+    if (rc || !s) return rc;
+    if (!(*out = dup_bytes(s, n))) return TOK_ENOMEM;
+    if (len) *len = n;
     return 0;
 }
 
@@ -202,38 +187,30 @@ static int parse_merges(Tokenizer *t, json_t *merges, char *err, size_t err_len)
     return rc;
 }
 
-static int parse_model(Tokenizer *t, json_t *model, int32_t *max_id, char *err, size_t err_len) {
-    if (!json_is_object(model)) {
-        tok_set_err(err, err_len, "model: missing or not an object");
-        return TOK_EFORMAT;
-    }
-    json_t *type = json_object_get(model, "type");
+static int parse_model(Tokenizer *t, const JsonAt *root, int32_t *max_id, char *err, size_t err_len) {
+    JsonAt model;
+    if (json_get_object(root, "model", JSON_GET_REQUIRED, &model)) return TOK_EFORMAT;
+    json_t *type = json_object_get(model.json, "type");
     if (type && !(json_is_string(type) && strcmp(json_string_value(type), "BPE") == 0)) {
         tok_set_err(err, err_len, "model.type: \"%s\" is not supported (only BPE)",
                     json_is_string(type) ? json_string_value(type) : "(not a string)");
         return TOK_EFORMAT;
     }
-    json_t *dropout = json_object_get(model, "dropout");
-    if (dropout && !json_is_null(dropout)) {
-        if (!json_is_number(dropout) || json_number_value(dropout) < 0 || json_number_value(dropout) > 1) {
-            tok_set_err(err, err_len, "model.dropout: expected null or a number in [0, 1]");
-            return TOK_EFORMAT;
-        }
-        if (json_number_value(dropout) > 0) {
-            tok_set_err(err, err_len, "model.dropout: %g is not supported (BPE dropout makes encoding random)",
-                        json_number_value(dropout));
-            return TOK_EFORMAT;
-        }
-    }
+    double dropout;
     int rc;
-    if ((rc = get_str(model, "unk_token", &t->unk_token, NULL, "model", err, err_len)) ||
-        (rc = get_str(model, "continuing_subword_prefix", &t->cont_prefix, &t->cont_prefix_len, "model", err, err_len)) ||
-        (rc = get_str(model, "end_of_word_suffix", &t->eow_suffix, &t->eow_suffix_len, "model", err, err_len)) ||
-        (rc = get_bool(model, "fuse_unk", 0, &t->fuse_unk, "model", err, err_len)) ||
-        (rc = get_bool(model, "byte_fallback", 0, &t->byte_fallback, "model", err, err_len)) ||
-        (rc = get_bool(model, "ignore_merges", 0, &t->ignore_merges, "model", err, err_len)))
+    if ((rc = json_get_double(&model, "dropout", JSON_GET_OPTIONAL, 0.0, 0.0, 1.0, &dropout))) return rc;
+    if (dropout > 0) {
+        tok_set_err(err, err_len, "model.dropout: %g is not supported (BPE dropout makes encoding random)", dropout);
+        return TOK_EFORMAT;
+    }
+    if ((rc = get_string_copy(&model, "unk_token", &t->unk_token, NULL)) ||
+        (rc = get_string_copy(&model, "continuing_subword_prefix", &t->cont_prefix, &t->cont_prefix_len)) ||
+        (rc = get_string_copy(&model, "end_of_word_suffix", &t->eow_suffix, &t->eow_suffix_len)) ||
+        (rc = json_get_bool(&model, "fuse_unk", JSON_GET_OPTIONAL, 0, &t->fuse_unk)) ||
+        (rc = json_get_bool(&model, "byte_fallback", JSON_GET_OPTIONAL, 0, &t->byte_fallback)) ||
+        (rc = json_get_bool(&model, "ignore_merges", JSON_GET_OPTIONAL, 0, &t->ignore_merges)))
         return rc;
-    json_t *vocab = json_object_get(model, "vocab"), *merges = json_object_get(model, "merges");
+    json_t *vocab = json_object_get(model.json, "vocab"), *merges = json_object_get(model.json, "merges");
     if (!vocab || !merges) {
         tok_set_err(err, err_len, "model: missing %s", !vocab ? "vocab" : "merges");
         return TOK_EFORMAT;
@@ -250,53 +227,44 @@ static int parse_model(Tokenizer *t, json_t *model, int32_t *max_id, char *err, 
 }
 
 // AddedVocabulary::add_tokens: ids come from the vocab when the content is known, else are appended.
-static int parse_added(Tokenizer *t, json_t *arr, int32_t *max_id, char *err, size_t err_len) {
-    if (!arr || json_is_null(arr)) return 0;
-    if (!json_is_array(arr)) {
-        tok_set_err(err, err_len, "added_tokens: expected an array");
-        return TOK_EFORMAT;
-    }
-    t->added = calloc(json_array_size(arr) + 1, sizeof(TokAddedToken));
+static int parse_added(Tokenizer *t, const JsonAt *root, int32_t *max_id, char *err, size_t err_len) {
+    JsonAt arr;
+    int rc;
+    if ((rc = json_get_array(root, "added_tokens", JSON_GET_OPTIONAL, &arr)) || !arr.json) return rc;
+    t->added = calloc(json_array_size(arr.json) + 1, sizeof(TokAddedToken));
     if (!t->added) return TOK_ENOMEM;
     int32_t next_id = t->model_vocab_size;
-    size_t i;
-    json_t *o;
-    json_array_foreach(arr, i, o) {
-        char where[48];
-        snprintf(where, sizeof(where), "added_tokens[%zu]", i);
-        json_t *c = json_object_get(o, "content");
-        if (!json_is_object(o) || !json_is_string(c)) {
-            tok_set_err(err, err_len, "%s.content: expected a string", where);
-            return TOK_EFORMAT;
-        }
+    for (size_t i = 0; i < json_array_size(arr.json); i++) {
+        JsonAt entry;
+        const char *content;
+        size_t n;
         TokAddedToken tk = {0};
-        int special, rc;
-        if ((rc = get_bool(o, "special", 0, &special, where, err, err_len)) ||
-            (rc = get_bool(o, "single_word", 0, &tk.single_word, where, err, err_len)) ||
-            (rc = get_bool(o, "lstrip", 0, &tk.lstrip, where, err, err_len)) ||
-            (rc = get_bool(o, "rstrip", 0, &tk.rstrip, where, err, err_len)) ||
-            (rc = get_bool(o, "normalized", !special, &tk.normalized, where, err, err_len)))
+        int special;
+        const JsonAt element = json_at_element(&arr, i);
+        if ((rc = json_get_object(&element, NULL, JSON_GET_REQUIRED, &entry)) ||
+            (rc = json_get_string(&entry, "content", JSON_GET_REQUIRED, NULL, JSON_ANY_LENGTH, &content, &n)) ||
+            (rc = json_get_bool(&entry, "special", JSON_GET_OPTIONAL, 0, &special)) ||
+            (rc = json_get_bool(&entry, "single_word", JSON_GET_OPTIONAL, 0, &tk.single_word)) ||
+            (rc = json_get_bool(&entry, "lstrip", JSON_GET_OPTIONAL, 0, &tk.lstrip)) ||
+            (rc = json_get_bool(&entry, "rstrip", JSON_GET_OPTIONAL, 0, &tk.rstrip)) ||
+            (rc = json_get_bool(&entry, "normalized", JSON_GET_OPTIONAL, !special, &tk.normalized)))
             return rc;
         tk.special = special;
-        size_t n = json_string_length(c);
         if (n == 0) continue;   // HF ignores empty tokens
-        int32_t id = tok_strmap_get(&t->added_map, json_string_value(c), n);
+        int32_t id = tok_strmap_get(&t->added_map, content, n);
         int32_t existing = -1;
         for (size_t k = 0; id >= 0 && k < t->n_added; k++)
             if (t->added[k].id == id) existing = (int32_t)k;
-        if (id < 0) id = tok_strmap_get(&t->vocab, json_string_value(c), n);
+        if (id < 0) id = tok_strmap_get(&t->vocab, content, n);
         if (id < 0) id = next_id++;
-        if (id > MAX_TOKEN_ID) {
-            tok_set_err(err, err_len, "%s: id %d is too large", where, id);
-            return TOK_EFORMAT;
-        }
+        if (id > MAX_TOKEN_ID) return json_get_fail(&entry, NULL, "gets id %d, which is too large", id);
         TokAddedToken *dst;
         if (existing >= 0) {   // same content again: the later flags win, the id and the string stay
             dst = &t->added[existing];
             tk.content = dst->content;
         } else {
             dst = &t->added[t->n_added++];
-            tk.content = dup_bytes(json_string_value(c), n);
+            tk.content = dup_bytes(content, n);
             if (!tk.content) { t->n_added--; return TOK_ENOMEM; }
         }
         tk.len = n;
@@ -366,6 +334,8 @@ static int load_from_json(Tokenizer **out, json_t *root, const char *dir, int nu
         tok_set_err(err, err_len, "version: unknown tokenizer.json version (expected \"1.0\")");
         return TOK_EFORMAT;
     }
+    // Members read through shared/json_get.h: messages name their path ("model.byte_fallback"); null is absent.
+    const JsonAt at = json_at_document(root, NULL, 1, TOK_EFORMAT, err, err_len);
     Tokenizer *t = calloc(1, sizeof(Tokenizer));
     if (!t) return TOK_ENOMEM;
     t->unk_id = t->bos_id = t->pad_id = -1;
@@ -374,11 +344,11 @@ static int load_from_json(Tokenizer **out, json_t *root, const char *dir, int nu
     int32_t max_id = -1;
     json_t *post = json_object_get(root, "post_processor");
     int rc = tok_cache_init(t);
-    if (!rc) rc = parse_model(t, json_object_get(root, "model"), &max_id, err, err_len);
+    if (!rc) rc = parse_model(t, &at, &max_id, err, err_len);
     if (!rc) rc = tok_parse_normalizer(t, json_object_get(root, "normalizer"), err, err_len);
     if (!rc) rc = tok_parse_pre_tokenizer(t, json_object_get(root, "pre_tokenizer"), err, err_len);
     if (!rc) rc = tok_parse_decoder(t, json_object_get(root, "decoder"), err, err_len);
-    if (!rc) rc = parse_added(t, json_object_get(root, "added_tokens"), &max_id, err, err_len);
+    if (!rc) rc = parse_added(t, &at, &max_id, err, err_len);
     if (!rc) rc = normalize_added(t, err, err_len);
     if (!rc) rc = tok_parse_post_processor(t, post, err, err_len);
     if (!rc) rc = build_id_table(t, max_id);

@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "shared/json_get.h"
 #include "shared/json_read.h"
 #include "shared/err.h"
 
@@ -105,84 +106,10 @@ int zmsg_hash_from_hex(const char *s, uint64_t *h) {
     return 0;
 }
 
-// ---- parsing helpers: each names the message type and the field in its message -----------------------
-
-typedef struct {
-    json_t *h;
-    const char *tname;
-    char *err;
-    size_t err_len;
-} P;
-
-static json_t *field(P *p, const char *key, int required, int *rc) {
-    json_t *v = json_object_get(p->h, key);
-    if (!v && required) *rc = err_fail(p->err, p->err_len, "%s: missing field \"%s\"", p->tname, key);
-    return v;
-}
-
-// Integer in [lo, hi]; absent optional -> def. JSON reals and booleans are refused.
-static int get_i64(P *p, const char *key, int required, int64_t def, int64_t lo, int64_t hi, int64_t *out) {
-    int rc = 0;
-    json_t *v = field(p, key, required, &rc);
-    if (rc) return rc;
-    if (!v) {
-        *out = def;
-        return 0;
-    }
-    if (!json_is_integer(v))
-        return err_fail(p->err, p->err_len, "%s: field \"%s\" must be an integer", p->tname, key);
-    json_int_t x = json_integer_value(v);
-    if (x < lo || x > hi)
-        return err_fail(p->err, p->err_len, "%s: field \"%s\" is %lld, outside [%lld, %lld]", p->tname, key,
-                    (long long)x, (long long)lo, (long long)hi);
-    *out = x;
-    return 0;
-}
-
-static int get_int(P *p, const char *key, int required, int def, int lo, int hi, int *out) {
-    int64_t x = 0;
-    int rc = get_i64(p, key, required, def, lo, hi, &x);
-    if (rc == 0) *out = (int)x;
-    return rc;
-}
-
-// Finite number (integer or real); range checks are the caller's.
-static int get_num(P *p, const char *key, int required, double def, double *out) {
-    int rc = 0;
-    json_t *v = field(p, key, required, &rc);
-    if (rc) return rc;
-    if (!v) {
-        *out = def;
-        return 0;
-    }
-    if (!json_is_number(v)) return err_fail(p->err, p->err_len, "%s: field \"%s\" must be a number", p->tname, key);
-    double x = json_number_value(v);
-    if (!isfinite(x)) return err_fail(p->err, p->err_len, "%s: field \"%s\" must be finite", p->tname, key);
-    *out = x;
-    return 0;
-}
-
-static int get_bool(P *p, const char *key, int required, int def, int *out) {
-    int rc = 0;
-    json_t *v = field(p, key, required, &rc);
-    if (rc) return rc;
-    if (!v) {
-        *out = def;
-        return 0;
-    }
-    if (!json_is_boolean(v)) return err_fail(p->err, p->err_len, "%s: field \"%s\" must be true or false", p->tname, key);
-    *out = json_is_true(v);
-    return 0;
-}
-
-static int get_str(P *p, const char *key, const char **out) {
-    int rc = 0;
-    json_t *v = field(p, key, 1, &rc);
-    if (rc) return rc;
-    if (!json_is_string(v)) return err_fail(p->err, p->err_len, "%s: field \"%s\" must be a string", p->tname, key);
-    *out = json_string_value(v);
-    return 0;
-}
+// ---- parsing helpers ---------------------------------------------------------------------------------
+// Fields are read through shared/json_get.h with the message type as the document's name, so every message names
+// the type and the field ("generate: field \"top_p\" must be in (0, 1], got 1.5"); null is a value here, of the
+// wrong type wherever it is not allowed.
 
 // Lowercase hex digits (2 * n) into n bytes; -1 on anything else.
 static int hex_decode(const char *s, uint8_t *out, int n) {
@@ -196,51 +123,42 @@ static int hex_decode(const char *s, uint8_t *out, int n) {
     return 0;
 }
 
-static int get_hash(P *p, const char *key, uint64_t *out) {
+static int get_hash(const JsonAt *at, const char *key, uint64_t *out) {
     const char *s = NULL;
-    int rc = get_str(p, key, &s);
+    int rc = json_get_string(at, key, JSON_GET_REQUIRED, NULL, JSON_ANY_LENGTH, &s, NULL);
     if (rc) return rc;
     if (zmsg_hash_from_hex(s, out))
-        return err_fail(p->err, p->err_len, "%s: field \"%s\" must be 16 lowercase hex digits, got \"%.40s\"", p->tname,
-                    key, s);
+        return json_get_fail(at, key, "must be 16 lowercase hex digits, got \"%.40s\"", s);
     return 0;
 }
 
-// Array of exactly `want` elements (want < 0: any length up to max), returned in *arr.
-static int get_array(P *p, const char *key, int want, int max, json_t **arr) {
-    int rc = 0;
-    json_t *v = field(p, key, 1, &rc);
+// A required array of exactly `want` elements (want < 0: any length up to max).
+static int get_array(const JsonAt *at, const char *key, int want, int max, JsonAt *arr) {
+    int rc = json_get_array(at, key, JSON_GET_REQUIRED, arr);
     if (rc) return rc;
-    if (!json_is_array(v)) return err_fail(p->err, p->err_len, "%s: field \"%s\" must be an array", p->tname, key);
-    int len = (int)json_array_size(v);
-    if (want >= 0 && len != want)
-        return err_fail(p->err, p->err_len, "%s: field \"%s\" has %d elements, expected %d", p->tname, key, len, want);
-    if (len > max)
-        return err_fail(p->err, p->err_len, "%s: field \"%s\" has %d elements, at most %d allowed", p->tname, key, len,
-                    max);
-    *arr = v;
+    int len = (int)json_array_size(arr->json);
+    if (want >= 0 && len != want) return json_get_fail(at, key, "has %d elements, expected %d", len, want);
+    if (len > max) return json_get_fail(at, key, "has %d elements, at most %d allowed", len, max);
     return 0;
 }
 
-static int array_i64(P *p, const char *key, int want, int64_t lo, int64_t hi, int64_t *out) {
-    json_t *a;
-    int rc = get_array(p, key, want, want, &a);
-    if (rc) return rc;
-    for (int i = 0; i < want; i++) {
-        json_t *x = json_array_get(a, i);
-        if (!json_is_integer(x) || json_integer_value(x) < lo || json_integer_value(x) > hi)
-            return err_fail(p->err, p->err_len, "%s: field \"%s\"[%d] must be an integer in [%lld, %lld]", p->tname, key,
-                        i, (long long)lo, (long long)hi);
-        out[i] = json_integer_value(x);
+// A required array of exactly `want` integers in [lo, hi].
+static int array_i64(const JsonAt *at, const char *key, int want, int64_t lo, int64_t hi, int64_t *out) {
+    JsonAt arr;
+    int rc = get_array(at, key, want, want, &arr);
+    for (int i = 0; i < want && !rc; i++) {
+        JsonAt element = json_at_element(&arr, (size_t)i);
+        rc = json_get_int64(&element, NULL, JSON_GET_REQUIRED, 0, lo, hi, &out[i]);
     }
-    return 0;
+    return rc;
 }
 
 // Refuses keys the type does not define (a misspelt option must not be silently ignored).
-static int check_keys(P *p, const char *allowed) {
+static int check_keys(const JsonAt *at, const char *allowed) {
     const char *key;
     json_t *v;
-    json_object_foreach(p->h, key, v) {
+    json_t *header = (json_t *)at->json;   // jansson's iteration takes a non-const object; nothing is changed
+    json_object_foreach(header, key, v) {
         if (!strcmp(key, "type") || !strcmp(key, "id")) continue;
         size_t kl = strlen(key);
         int found = 0;
@@ -252,106 +170,102 @@ static int check_keys(P *p, const char *allowed) {
             if ((size_t)(e - s) == kl && !strncmp(s, key, kl)) found = 1;
             s = e;
         }
-        if (!found) return err_fail(p->err, p->err_len, "%s: unknown field \"%.64s\"", p->tname, key);
+        if (!found) return err_fail(at->err, at->err_len, "%s: unknown field \"%.64s\"", at->doc, key);
     }
     return 0;
 }
 
 // Byte size of frame i must be exactly want.
-static int frame_size(P *p, const ZmsgFrame *f, int i, size_t want, const char *what) {
+static int frame_size(const JsonAt *at, const ZmsgFrame *f, int i, size_t want, const char *what) {
     if (f[i].size != want)
-        return err_fail(p->err, p->err_len, "%s: frame %d (%s) has %zu bytes, expected %zu", p->tname, i, what, f[i].size,
-                    want);
+        return err_fail(at->err, at->err_len, "%s: frame %d (%s) has %zu bytes, expected %zu", at->doc, i, what,
+                        f[i].size, want);
     return 0;
 }
 
 // ---- per-type parsing --------------------------------------------------------------------------------
 
-static int parse_sampling(P *p, ZmsgSampling *s) {
+static int parse_sampling(const JsonAt *at, ZmsgSampling *s) {
     double x;
     int64_t seed;
     int rc;
     zmsg_sampling_default(s);
-    if ((rc = get_int(p, "n", 0, 1, 1, ZMSG_MAX_COMPLETIONS, &s->n))) return rc;
-    if ((rc = get_int(p, "max_tokens", 0, 16, 1, INT32_MAX, &s->max_tokens))) return rc;
-    if ((rc = get_num(p, "temperature", 0, 1.0, &x))) return rc;
+    if ((rc = json_get_int(at, "n", JSON_GET_OPTIONAL, 1, 1, ZMSG_MAX_COMPLETIONS, &s->n))) return rc;
+    if ((rc = json_get_int(at, "max_tokens", JSON_GET_OPTIONAL, 16, 1, INT32_MAX, &s->max_tokens))) return rc;
+    if ((rc = json_get_double(at, "temperature", JSON_GET_OPTIONAL, 1.0, -DBL_MAX, DBL_MAX, &x))) return rc;
     // The engine samples with floats: a finite value beyond FLT_MAX would become inf, and a positive top_p or
     // repetition_penalty below the smallest float would become 0; both are out of range.
-    if (x < 0) return err_fail(p->err, p->err_len, "generate: field \"temperature\" must be >= 0, got %g", x);
-    if (x > FLT_MAX)
-        return err_fail(p->err, p->err_len, "generate: field \"temperature\" must be at most %g, got %g", FLT_MAX, x);
+    if (x < 0) return json_get_fail(at, "temperature", "must be >= 0, got %g", x);
+    if (x > FLT_MAX) return json_get_fail(at, "temperature", "must be at most %g, got %g", FLT_MAX, x);
     s->temperature = (float)x;
-    if ((rc = get_num(p, "top_p", 0, 1.0, &x))) return rc;
-    if (!((float)x > 0 && x <= 1))
-        return err_fail(p->err, p->err_len, "generate: field \"top_p\" must be in (0, 1], got %g", x);
+    if ((rc = json_get_double(at, "top_p", JSON_GET_OPTIONAL, 1.0, -DBL_MAX, DBL_MAX, &x))) return rc;
+    if (!((float)x > 0 && x <= 1)) return json_get_fail(at, "top_p", "must be in (0, 1], got %g", x);
     s->top_p = (float)x;
-    if ((rc = get_int(p, "top_k", 0, -1, -1, INT32_MAX, &s->top_k))) return rc;
-    if ((rc = get_num(p, "min_p", 0, 0.0, &x))) return rc;
-    if (!(x >= 0 && x <= 1)) return err_fail(p->err, p->err_len, "generate: field \"min_p\" must be in [0, 1], got %g", x);
+    if ((rc = json_get_int(at, "top_k", JSON_GET_OPTIONAL, -1, -1, INT32_MAX, &s->top_k))) return rc;
+    if ((rc = json_get_double(at, "min_p", JSON_GET_OPTIONAL, 0.0, -DBL_MAX, DBL_MAX, &x))) return rc;
+    if (!(x >= 0 && x <= 1)) return json_get_fail(at, "min_p", "must be in [0, 1], got %g", x);
     s->min_p = (float)x;
-    if ((rc = get_num(p, "repetition_penalty", 0, 1.0, &x))) return rc;
-    if (x > FLT_MAX)
-        return err_fail(p->err, p->err_len, "generate: field \"repetition_penalty\" must be at most %g, got %g",
-                        FLT_MAX, x);
-    if (!((float)x > 0))
-        return err_fail(p->err, p->err_len, "generate: field \"repetition_penalty\" must be > 0, got %g", x);
+    if ((rc = json_get_double(at, "repetition_penalty", JSON_GET_OPTIONAL, 1.0, -DBL_MAX, DBL_MAX, &x))) return rc;
+    if (x > FLT_MAX) return json_get_fail(at, "repetition_penalty", "must be at most %g, got %g", FLT_MAX, x);
+    if (!((float)x > 0)) return json_get_fail(at, "repetition_penalty", "must be > 0, got %g", x);
     s->repetition_penalty = (float)x;
-    json_t *sv = json_object_get(p->h, "seed");
+    json_t *sv = json_object_get(at->json, "seed");
     if (sv && !json_is_null(sv)) {
-        if ((rc = get_i64(p, "seed", 1, 0, 0, INT64_MAX, &seed))) return rc;
+        if ((rc = json_get_int64(at, "seed", JSON_GET_REQUIRED, 0, 0, INT64_MAX, &seed))) return rc;
         s->has_seed = 1;
         s->seed = (uint64_t)seed;
     }
-    if (json_object_get(p->h, "stop_token_ids")) {
-        json_t *a;
-        if ((rc = get_array(p, "stop_token_ids", -1, ZMSG_MAX_STOP, &a))) return rc;
-        for (size_t i = 0; i < json_array_size(a); i++) {
-            json_t *t = json_array_get(a, i);
-            if (!json_is_integer(t) || json_integer_value(t) < 0 || json_integer_value(t) > INT32_MAX)
-                return err_fail(p->err, p->err_len, "generate: field \"stop_token_ids\"[%zu] must be a token id >= 0", i);
-            s->stop_token_ids[s->n_stop_token_ids++] = (int32_t)json_integer_value(t);
+    if (json_object_get(at->json, "stop_token_ids")) {
+        JsonAt ids;
+        if ((rc = get_array(at, "stop_token_ids", -1, ZMSG_MAX_STOP, &ids))) return rc;
+        for (size_t i = 0; i < json_array_size(ids.json); i++) {
+            JsonAt id = json_at_element(&ids, i);
+            int token;
+            if ((rc = json_get_int(&id, NULL, JSON_GET_REQUIRED, 0, 0, INT32_MAX, &token))) return rc;
+            s->stop_token_ids[s->n_stop_token_ids++] = token;
         }
     }
-    return get_bool(p, "ignore_eos", 0, 0, &s->ignore_eos);
+    return json_get_bool(at, "ignore_eos", JSON_GET_OPTIONAL, 0, &s->ignore_eos);
 }
 
-static int parse_generate(P *p, ZmsgMsg *m, const ZmsgFrame *f, int nf) {
+static int parse_generate(const JsonAt *at, ZmsgMsg *m, const ZmsgFrame *f, int nf) {
     int rc;
-    if ((rc = get_int(p, "n_prompts", 1, 0, 1, ZMSG_MAX_PROMPTS, &m->n_prompts))) return rc;
-    if ((rc = parse_sampling(p, &m->sampling))) return rc;
+    if ((rc = json_get_int(at, "n_prompts", JSON_GET_REQUIRED, 0, 1, ZMSG_MAX_PROMPTS, &m->n_prompts))) return rc;
+    if ((rc = parse_sampling(at, &m->sampling))) return rc;
     if (nf != 1 + m->n_prompts)
-        return err_fail(p->err, p->err_len, "generate: header says n_prompts %d, so %d frames are expected, got %d",
+        return err_fail(at->err, at->err_len, "generate: header says n_prompts %d, so %d frames are expected, got %d",
                     m->n_prompts, 1 + m->n_prompts, nf);
     m->prompts = calloc((size_t)m->n_prompts, sizeof *m->prompts);
     m->prompt_lens = calloc((size_t)m->n_prompts, sizeof *m->prompt_lens);
-    if (!m->prompts || !m->prompt_lens) return err_fail(p->err, p->err_len, "generate: out of memory");
+    if (!m->prompts || !m->prompt_lens) return err_fail(at->err, at->err_len, "generate: out of memory");
     for (int i = 0; i < m->n_prompts; i++) {
         const ZmsgFrame *fr = &f[1 + i];
         if (fr->size == 0 || fr->size % 4 || fr->size / 4 > INT32_MAX)
-            return err_fail(p->err, p->err_len,
+            return err_fail(at->err, at->err_len,
                         "generate: frame %d (prompt %d) has %zu bytes: expected a non-empty int32 array (a multiple "
                         "of 4 bytes)", 1 + i, i, fr->size);
         int len = (int)(fr->size / 4);
         // Copied: a frame's bytes carry no alignment guarantee, and the engine wants an int32 array.
-        if (!(m->prompts[i] = malloc(fr->size))) return err_fail(p->err, p->err_len, "generate: out of memory");
+        if (!(m->prompts[i] = malloc(fr->size))) return err_fail(at->err, at->err_len, "generate: out of memory");
         memcpy(m->prompts[i], fr->data, fr->size);
         m->prompt_lens[i] = len;
         for (int t = 0; t < len; t++)
             if (m->prompts[i][t] < 0)
-                return err_fail(p->err, p->err_len, "generate: prompt %d token %d is %d: token ids must be >= 0", i, t,
-                            m->prompts[i][t]);
+                return err_fail(at->err, at->err_len, "generate: prompt %d token %d is %d: token ids must be >= 0", i,
+                                t, m->prompts[i][t]);
     }
     return 0;
 }
 
-static int parse_result(P *p, ZmsgMsg *m, const ZmsgFrame *f, int nf) {
+static int parse_result(const JsonAt *at, ZmsgMsg *m, const ZmsgFrame *f, int nf) {
     int rc;
-    json_t *a;
-    if ((rc = get_int(p, "n_prompts", 1, 0, 1, ZMSG_MAX_PROMPTS, &m->n_prompts))) return rc;
-    if ((rc = get_int(p, "prompt_index", 1, 0, 0, m->n_prompts - 1, &m->prompt_index))) return rc;
-    if ((rc = get_int(p, "n", 1, 0, 1, ZMSG_MAX_COMPLETIONS, &m->n_completions))) return rc;
-    if ((rc = get_int(p, "prompt_tokens", 1, 0, 0, INT32_MAX, &m->prompt_tokens))) return rc;
-    if ((rc = get_int(p, "cached_tokens", 1, 0, 0, m->prompt_tokens, &m->cached_tokens))) return rc;
+    JsonAt reasons;
+    if ((rc = json_get_int(at, "n_prompts", JSON_GET_REQUIRED, 0, 1, ZMSG_MAX_PROMPTS, &m->n_prompts))) return rc;
+    if ((rc = json_get_int(at, "prompt_index", JSON_GET_REQUIRED, 0, 0, m->n_prompts - 1, &m->prompt_index)) ||
+        (rc = json_get_int(at, "n", JSON_GET_REQUIRED, 0, 1, ZMSG_MAX_COMPLETIONS, &m->n_completions)) ||
+        (rc = json_get_int(at, "prompt_tokens", JSON_GET_REQUIRED, 0, 0, INT32_MAX, &m->prompt_tokens)) ||
+        (rc = json_get_int(at, "cached_tokens", JSON_GET_REQUIRED, 0, 0, m->prompt_tokens, &m->cached_tokens)))
+        return rc;
     int n = m->n_completions;
     m->completion_lens = calloc((size_t)n, sizeof *m->completion_lens);
     m->finish_reasons = calloc((size_t)n, sizeof *m->finish_reasons);
@@ -360,9 +274,9 @@ static int parse_result(P *p, ZmsgMsg *m, const ZmsgFrame *f, int nf) {
     int64_t *lens = calloc((size_t)n, sizeof *lens);
     if (!m->completion_lens || !m->finish_reasons || !m->policy_versions || !m->policy_versions_end || !lens) {
         free(lens);
-        return err_fail(p->err, p->err_len, "result: out of memory");
+        return err_fail(at->err, at->err_len, "result: out of memory");
     }
-    rc = array_i64(p, "completion_lens", n, 0, INT32_MAX, lens);
+    rc = array_i64(at, "completion_lens", n, 0, INT32_MAX, lens);
     size_t total = 0;
     for (int i = 0; i < n && !rc; i++) {
         m->completion_lens[i] = (int)lens[i];
@@ -370,25 +284,25 @@ static int parse_result(P *p, ZmsgMsg *m, const ZmsgFrame *f, int nf) {
     }
     free(lens);
     if (rc) return rc;
-    if ((rc = array_i64(p, "policy_versions", n, INT64_MIN, INT64_MAX, m->policy_versions))) return rc;
-    if ((rc = array_i64(p, "policy_versions_end", n, INT64_MIN, INT64_MAX, m->policy_versions_end))) return rc;
-    if ((rc = get_array(p, "finish_reasons", n, n, &a))) return rc;
+    if ((rc = array_i64(at, "policy_versions", n, INT64_MIN, INT64_MAX, m->policy_versions))) return rc;
+    if ((rc = array_i64(at, "policy_versions_end", n, INT64_MIN, INT64_MAX, m->policy_versions_end))) return rc;
+    if ((rc = get_array(at, "finish_reasons", n, n, &reasons))) return rc;
     for (int i = 0; i < n; i++) {
-        const char *s = json_string_value(json_array_get(a, i));
+        JsonAt reason = json_at_element(&reasons, (size_t)i);
+        const char *s = json_string_value(reason.json);
         int k = -1;
         for (int j = 0; s && j <= ZMSG_FINISH_ERROR; j++)
             if (!strcmp(s, FINISH_NAMES[j])) k = j;
-        if (k < 0)
-            return err_fail(p->err, p->err_len,
-                        "result: field \"finish_reasons\"[%d] must be \"length\", \"stop\", \"abort\" or \"error\"", i);
+        if (k < 0) return json_get_fail(&reason, NULL, "must be \"length\", \"stop\", \"abort\" or \"error\"");
         m->finish_reasons[i] = (ZmsgFinish)k;
     }
-    if (nf != 3) return err_fail(p->err, p->err_len, "result: expected 3 frames (header, tokens, logprobs), got %d", nf);
-    if ((rc = frame_size(p, f, 1, total * 4, "int32 completion tokens"))) return rc;
-    if ((rc = frame_size(p, f, 2, total * 4, "float32 logprobs"))) return rc;
+    if (nf != 3)
+        return err_fail(at->err, at->err_len, "result: expected 3 frames (header, tokens, logprobs), got %d", nf);
+    if ((rc = frame_size(at, f, 1, total * 4, "int32 completion tokens"))) return rc;
+    if ((rc = frame_size(at, f, 2, total * 4, "float32 logprobs"))) return rc;
     m->tokens = malloc(total ? total * 4 : 4);
     m->logprobs = malloc(total ? total * 4 : 4);
-    if (!m->tokens || !m->logprobs) return err_fail(p->err, p->err_len, "result: out of memory");
+    if (!m->tokens || !m->logprobs) return err_fail(at->err, at->err_len, "result: out of memory");
     if (total) {
         memcpy(m->tokens, f[1].data, total * 4);
         memcpy(m->logprobs, f[2].data, total * 4);
@@ -396,23 +310,25 @@ static int parse_result(P *p, ZmsgMsg *m, const ZmsgFrame *f, int nf) {
     return 0;
 }
 
-static int parse_hello_reply(P *p, ZmsgMsg *m) {
+static int parse_hello_reply(const JsonAt *at, ZmsgMsg *m) {
     int rc;
     const char *s;
-    if ((rc = get_int(p, "protocol_version", 1, 0, 1, INT32_MAX, &m->protocol_version))) return rc;
-    if ((rc = get_str(p, "model_id", &s))) return rc;
+    if ((rc = json_get_int(at, "protocol_version", JSON_GET_REQUIRED, 0, 1, INT32_MAX, &m->protocol_version)))
+        return rc;
+    if ((rc = json_get_string(at, "model_id", JSON_GET_REQUIRED, NULL, JSON_ANY_LENGTH, &s, NULL))) return rc;
     copy_text(m->model_id, sizeof m->model_id, s);
-    if ((rc = get_hash(p, "layout_hash", &m->layout_hash))) return rc;
-    if ((rc = get_int(p, "n_units", 1, 0, 1, 1 << 20, &m->n_units))) return rc;
+    if ((rc = get_hash(at, "layout_hash", &m->layout_hash))) return rc;
+    if ((rc = json_get_int(at, "n_units", JSON_GET_REQUIRED, 0, 1, 1 << 20, &m->n_units))) return rc;
     if (!(m->unit_numel = calloc((size_t)m->n_units, sizeof *m->unit_numel)))
-        return err_fail(p->err, p->err_len, "hello: out of memory");
-    if ((rc = array_i64(p, "unit_numel", m->n_units, 1, INT64_MAX, m->unit_numel))) return rc;
-    if ((rc = get_i64(p, "policy_version", 1, 0, INT64_MIN, INT64_MAX, &m->policy_version))) return rc;
-    if ((rc = get_int(p, "max_seq_len", 1, 0, 1, INT32_MAX, &m->max_seq_len))) return rc;
-    return get_int(p, "vocab_size", 1, 0, 1, INT32_MAX, &m->vocab_size);
+        return err_fail(at->err, at->err_len, "hello: out of memory");
+    if ((rc = array_i64(at, "unit_numel", m->n_units, 1, INT64_MAX, m->unit_numel))) return rc;
+    if ((rc = json_get_int64(at, "policy_version", JSON_GET_REQUIRED, 0, INT64_MIN, INT64_MAX, &m->policy_version)) ||
+        (rc = json_get_int(at, "max_seq_len", JSON_GET_REQUIRED, 0, 1, INT32_MAX, &m->max_seq_len)))
+        return rc;
+    return json_get_int(at, "vocab_size", JSON_GET_REQUIRED, 0, 1, INT32_MAX, &m->vocab_size);
 }
 
-static int parse_stats_reply(P *p, ZmsgStats *s) {
+static int parse_stats_reply(const JsonAt *at, ZmsgStats *s) {
     struct {
         const char *k;
         int64_t *v;
@@ -426,57 +342,62 @@ static int parse_stats_reply(P *p, ZmsgStats *s) {
         {"prompts_in_flight", &s->prompts_in_flight},
     };
     int rc;
-    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++)
-        if ((rc = get_i64(p, ints[i].k, 1, 0, ints[i].v == &s->policy_version ? INT64_MIN : 0, INT64_MAX, ints[i].v)))
-            return rc;
-    if ((rc = get_num(p, "step_seconds_sum", 1, 0, &s->step_seconds_sum))) return rc;
-    return get_bool(p, "paused", 1, 0, &s->paused);
+    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
+        const int64_t min = ints[i].v == &s->policy_version ? INT64_MIN : 0;
+        if ((rc = json_get_int64(at, ints[i].k, JSON_GET_REQUIRED, 0, min, INT64_MAX, ints[i].v))) return rc;
+    }
+    if ((rc = json_get_double(at, "step_seconds_sum", JSON_GET_REQUIRED, 0, -DBL_MAX, DBL_MAX, &s->step_seconds_sum)))
+        return rc;
+    return json_get_bool(at, "paused", JSON_GET_REQUIRED, 0, &s->paused);
 }
 
-static int parse_weights(P *p, ZmsgMsg *m, const ZmsgFrame *f, int nf) {
+static int parse_weights(const JsonAt *at, ZmsgMsg *m, const ZmsgFrame *f, int nf) {
     int rc;
     const char *s;
     if (m->type == ZMSG_WEIGHTS_SLICE) {
-        if ((rc = get_int(p, "unit", 1, 0, 0, INT32_MAX, &m->unit))) return rc;
-        if ((rc = get_i64(p, "offset", 1, 0, 0, INT64_MAX / 4, &m->offset))) return rc;
-        if ((rc = get_i64(p, "count", 1, 0, 1, INT64_MAX / 4, &m->count))) return rc;
+        if ((rc = json_get_int(at, "unit", JSON_GET_REQUIRED, 0, 0, INT32_MAX, &m->unit))) return rc;
+        if ((rc = json_get_int64(at, "offset", JSON_GET_REQUIRED, 0, 0, INT64_MAX / 4, &m->offset))) return rc;
+        if ((rc = json_get_int64(at, "count", JSON_GET_REQUIRED, 0, 1, INT64_MAX / 4, &m->count))) return rc;
         // Optional: the update this slice belongs to; with it, a peer other than the opener may send slices
         // (every ZeRO rank sends its own), see docs/protocol-zmq.md.
-        m->has_version = json_object_get(p->h, "version") != NULL;
-        if ((rc = get_i64(p, "version", 0, 0, INT64_MIN, INT64_MAX, &m->version))) return rc;
-        if ((rc = get_str(p, "dtype", &s))) return rc;
+        m->has_version = json_object_get(at->json, "version") != NULL;
+        if ((rc = json_get_int64(at, "version", JSON_GET_OPTIONAL, 0, INT64_MIN, INT64_MAX, &m->version)))
+            return rc;
+        if ((rc = json_get_string(at, "dtype", JSON_GET_REQUIRED, NULL, JSON_ANY_LENGTH, &s, NULL))) return rc;
         if (!strcmp(s, "f32")) m->dtype = ZMSG_DTYPE_F32;
         else if (!strcmp(s, "bf16")) m->dtype = ZMSG_DTYPE_BF16;
-        else return err_fail(p->err, p->err_len,
-                         "weights_slice: field \"dtype\" must be \"f32\" or \"bf16\", got \"%.32s\"", s);
-        if (nf != 2) return err_fail(p->err, p->err_len, "weights_slice: expected 2 frames (header, data), got %d", nf);
+        else return json_get_fail(at, "dtype", "must be \"f32\" or \"bf16\", got \"%.32s\"", s);
+        if (nf != 2)
+            return err_fail(at->err, at->err_len, "weights_slice: expected 2 frames (header, data), got %d", nf);
         char what[48];
         snprintf(what, sizeof what, "%s slice data", zmsg_dtype_name(m->dtype));
-        if ((rc = frame_size(p, f, 1, (size_t)m->count * zmsg_dtype_size(m->dtype), what))) return rc;
+        if ((rc = frame_size(at, f, 1, (size_t)m->count * zmsg_dtype_size(m->dtype), what))) return rc;
         m->slice_data = f[1].data;
         return 0;
     }
-    if ((rc = get_i64(p, "version", 1, 0, INT64_MIN, INT64_MAX, &m->version))) return rc;
+    if ((rc = json_get_int64(at, "version", JSON_GET_REQUIRED, 0, INT64_MIN, INT64_MAX, &m->version))) return rc;
     if (m->type == ZMSG_WEIGHTS_BEGIN && m->dir == ZMSG_DIR_REQUEST) {
-        if ((rc = get_str(p, "transport", &s))) return rc;
+        if ((rc = json_get_string(at, "transport", JSON_GET_REQUIRED, NULL, JSON_ANY_LENGTH, &s, NULL))) return rc;
         if (!strcmp(s, "zmq")) m->transport = ZMSG_TRANSPORT_ZMQ;
         else if (!strcmp(s, "nccl")) m->transport = ZMSG_TRANSPORT_NCCL;
-        else return err_fail(p->err, p->err_len,
-                         "weights_begin: field \"transport\" must be \"zmq\" or \"nccl\", got \"%.32s\"", s);
-        if ((rc = get_hash(p, "layout_hash", &m->layout_hash))) return rc;
+        else return json_get_fail(at, "transport", "must be \"zmq\" or \"nccl\", got \"%.32s\"", s);
+        if ((rc = get_hash(at, "layout_hash", &m->layout_hash))) return rc;
         if (m->transport != ZMSG_TRANSPORT_NCCL) return 0;
-        if ((rc = get_int(p, "trainer_ranks", 1, 0, 1, 1 << 20, &m->trainer_ranks))) return rc;
-        if ((rc = get_int(p, "nccl_world", 1, 0, m->trainer_ranks + 1, 1 << 20, &m->nccl_world))) return rc;
-        if ((rc = get_int(p, "nccl_rank", 1, 0, m->trainer_ranks, m->nccl_world - 1, &m->nccl_rank))) return rc;
-        if ((rc = get_str(p, "nccl_id", &s))) return rc;
+        if ((rc = json_get_int(at, "trainer_ranks", JSON_GET_REQUIRED, 0, 1, 1 << 20, &m->trainer_ranks)) ||
+            (rc = json_get_int(at, "nccl_world", JSON_GET_REQUIRED, 0, m->trainer_ranks + 1, 1 << 20,
+                               &m->nccl_world)) ||
+            (rc = json_get_int(at, "nccl_rank", JSON_GET_REQUIRED, 0, m->trainer_ranks, m->nccl_world - 1,
+                               &m->nccl_rank)))
+            return rc;
+        if ((rc = json_get_string(at, "nccl_id", JSON_GET_REQUIRED, NULL, JSON_ANY_LENGTH, &s, NULL))) return rc;
         if (strlen(s) != 2 * ZMSG_NCCL_ID_BYTES || hex_decode(s, m->nccl_id, ZMSG_NCCL_ID_BYTES) != 0)
-            return err_fail(p->err, p->err_len, "weights_begin: field \"nccl_id\" must be %d lowercase hex digits",
-                        2 * ZMSG_NCCL_ID_BYTES);
+            return json_get_fail(at, "nccl_id", "must be %d lowercase hex digits", 2 * ZMSG_NCCL_ID_BYTES);
         return 0;
     }
     if (m->type == ZMSG_WEIGHTS_END && m->dir == ZMSG_DIR_REPLY) {
-        if ((rc = get_num(p, "seconds", 1, 0, &m->seconds))) return rc;
-        return get_num(p, "commit_seconds", 1, 0, &m->commit_seconds);
+        if ((rc = json_get_double(at, "seconds", JSON_GET_REQUIRED, 0, -DBL_MAX, DBL_MAX, &m->seconds))) return rc;
+        return json_get_double(at, "commit_seconds", JSON_GET_REQUIRED, 0, -DBL_MAX, DBL_MAX,
+                               &m->commit_seconds);
     }
     return 0;
 }
@@ -493,7 +414,7 @@ int zmsg_parse(ZmsgMsg *m, ZmsgDir dir, const ZmsgFrame *f, int nf, char *err, s
     json_t *h = json_read_buffer(f[0].data, f[0].size, JSON_REJECT_DUPLICATES, &je);
     if (!h)
         return err_fail(err, err_len, "frame 0 is not valid JSON: %s (line %d, column %d)", je.text, je.line, je.column);
-    P p = {h, "message", err, err_len};
+    JsonAt at = json_at_document(h, "message", 0, -1, err, err_len);
     int rc = -1;
     if (!json_is_object(h)) {
         err_fail(err, err_len, "frame 0 must be a JSON object with \"type\" and \"id\"");
@@ -514,36 +435,37 @@ int zmsg_parse(ZmsgMsg *m, ZmsgDir dir, const ZmsgFrame *f, int nf, char *err, s
         goto done;
     }
     m->type = (ZmsgType)t;
-    p.tname = TYPE_NAMES[t];
+    at.doc = TYPE_NAMES[t];
     const char *keys = dir == ZMSG_DIR_REQUEST ? KEYS_REQ[t] : KEYS_REP[t];
     if (!keys) {
-        err_fail(err, err_len, "message type \"%s\" is not valid as a %s", p.tname,
+        err_fail(err, err_len, "message type \"%s\" is not valid as a %s", at.doc,
              dir == ZMSG_DIR_REQUEST ? "request" : "reply");
         goto done;
     }
     // The id: a non-negative integer; an error reply may carry null (its request had none we could read).
     if (!(json_is_integer(jid) && json_integer_value(jid) >= 0) && !(t == ZMSG_ERROR && json_is_null(jid))) {
-        err_fail(err, err_len, "%s: field \"id\" %s", p.tname, jid ? "must be an integer >= 0" : "is missing");
+        err_fail(err, err_len, "%s: field \"id\" %s", at.doc, jid ? "must be an integer >= 0" : "is missing");
         goto done;
     }
-    if ((rc = check_keys(&p, keys))) goto done;
+    if ((rc = check_keys(&at, keys))) goto done;
     m->owned_ = 1;
     switch (m->type) {
     case ZMSG_HELLO:
-        rc = dir == ZMSG_DIR_REQUEST ? get_int(&p, "protocol_version", 0, 0, 1, INT32_MAX, &m->protocol_version)
-                                     : parse_hello_reply(&p, m);
+        rc = dir == ZMSG_DIR_REQUEST ? json_get_int(&at, "protocol_version", JSON_GET_OPTIONAL, 0, 1, INT32_MAX,
+                                                    &m->protocol_version)
+                                     : parse_hello_reply(&at, m);
         break;
-    case ZMSG_GENERATE: rc = parse_generate(&p, m, f, nf); break;
-    case ZMSG_RESULT: rc = parse_result(&p, m, f, nf); break;
-    case ZMSG_STATS: rc = dir == ZMSG_DIR_REPLY ? parse_stats_reply(&p, &m->stats) : 0; break;
+    case ZMSG_GENERATE: rc = parse_generate(&at, m, f, nf); break;
+    case ZMSG_RESULT: rc = parse_result(&at, m, f, nf); break;
+    case ZMSG_STATS: rc = dir == ZMSG_DIR_REPLY ? parse_stats_reply(&at, &m->stats) : 0; break;
     case ZMSG_WEIGHTS_BEGIN:
     case ZMSG_WEIGHTS_SLICE:
-    case ZMSG_WEIGHTS_END: rc = parse_weights(&p, m, f, nf); break;
+    case ZMSG_WEIGHTS_END: rc = parse_weights(&at, m, f, nf); break;
     case ZMSG_ERROR: {
         const char *s;
-        if ((rc = get_str(&p, "code", &s))) break;
+        if ((rc = json_get_string(&at, "code", JSON_GET_REQUIRED, NULL, JSON_ANY_LENGTH, &s, NULL))) break;
         copy_text(m->code, sizeof m->code, s);
-        if ((rc = get_str(&p, "message", &s))) break;
+        if ((rc = json_get_string(&at, "message", JSON_GET_REQUIRED, NULL, JSON_ANY_LENGTH, &s, NULL))) break;
         copy_text(m->message, sizeof m->message, s);
         break;
     }
@@ -551,7 +473,7 @@ int zmsg_parse(ZmsgMsg *m, ZmsgDir dir, const ZmsgFrame *f, int nf, char *err, s
     }
     // Types without data frames must come alone (those with frames checked their count above).
     if (rc == 0 && m->type != ZMSG_GENERATE && m->type != ZMSG_RESULT && m->type != ZMSG_WEIGHTS_SLICE && nf != 1)
-        rc = err_fail(err, err_len, "%s: expected 1 frame (the header), got %d", p.tname, nf);
+        rc = err_fail(err, err_len, "%s: expected 1 frame (the header), got %d", at.doc, nf);
 done:
     json_decref(h);
     if (rc) {

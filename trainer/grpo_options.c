@@ -1,10 +1,14 @@
 // trainer/grpo_options.c — GRPOConfig's loss-related options: TRL 1.16 defaults, names, JSON keys, validation.
 #include "trainer/grpo_loss.h"
 
+#include <float.h>
 #include <jansson.h>
+#include <limits.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
+
+#include "shared/json_get.h"
 
 void grpo_options_default(GrpoOptions *o) {
     memset(o, 0, sizeof(*o));
@@ -165,45 +169,23 @@ int grpo_options_validate(const GrpoOptions *o, char *err, size_t err_len) {
 }
 
 // ---- JSON keys ----
-
-static int get_number(const char *key, const json_t *v, double *out, char *err, size_t err_len) {
-    if (!json_is_number(v)) FAIL("%s: expected a number", key);
-    *out = json_number_value(v);
-    return 0;
-}
-
-static int get_int(const char *key, const json_t *v, int *out, char *err, size_t err_len) {
-    if (!json_is_integer(v)) FAIL("%s: expected an integer", key);
-    json_int_t x = json_integer_value(v);
-    if (x < -2147483647 || x > 2147483647) FAIL("%s: out of range", key);
-    *out = (int)x;
-    return 0;
-}
-
-static int get_bool(const char *key, const json_t *v, int *out, char *err, size_t err_len) {
-    if (!json_is_boolean(v)) FAIL("%s: expected true or false", key);
-    *out = json_is_true(v);
-    return 0;
-}
+// Each value is read through shared/json_get.h under its key, so a refusal names it
+// (`field "beta" must be a number, got a string`).
 
 // A float that TRL allows to be None: JSON null clears *has.
-static int get_optional(const char *key, const json_t *v, int *has, double *out, char *err, size_t err_len) {
-    if (json_is_null(v)) {
+static int get_optional_number(const JsonAt *at, int *has, double *out) {
+    if (json_is_null(at->json)) {
         *has = 0;
         return 0;
     }
-    int rc = get_number(key, v, out, err, err_len);
+    int rc = json_get_double(at, NULL, JSON_GET_REQUIRED, 0.0, -DBL_MAX, DBL_MAX, out);
     if (rc == 0) *has = 1;
     return rc;
 }
 
-static int get_string(const char *key, const json_t *v, const char **out, char *err, size_t err_len) {
-    if (!json_is_string(v)) FAIL("%s: expected a string", key);
-    *out = json_string_value(v);
-    return 0;
-}
-
 int grpo_options_set_json(GrpoOptions *o, const char *key, const json_t *v, char *err, size_t err_len) {
+    const JsonAt options = json_at_document(NULL, NULL, 0, GRPO_ERR_INVALID, err, err_len);
+    const JsonAt at = json_at_value(&options, v, key);
     const char *s = NULL;
     int rc;
     struct { const char *key; double *dst; } numbers[] = {
@@ -224,7 +206,7 @@ int grpo_options_set_json(GrpoOptions *o, const char *key, const json_t *v, char
     };
     for (int i = 0; i < COUNT(numbers); i++)
         if (strcmp(key, numbers[i].key) == 0) {
-            rc = get_number(key, v, numbers[i].dst, err, err_len);
+            rc = json_get_double(&at, NULL, JSON_GET_REQUIRED, 0.0, -DBL_MAX, DBL_MAX, numbers[i].dst);
             return rc < 0 ? rc : 1;
         }
     struct { const char *key; int *has; double *dst; } optionals[] = {
@@ -236,7 +218,7 @@ int grpo_options_set_json(GrpoOptions *o, const char *key, const json_t *v, char
     };
     for (int i = 0; i < COUNT(optionals); i++)
         if (strcmp(key, optionals[i].key) == 0) {
-            rc = get_optional(key, v, optionals[i].has, optionals[i].dst, err, err_len);
+            rc = get_optional_number(&at, optionals[i].has, optionals[i].dst);
             return rc < 0 ? rc : 1;
         }
     struct { const char *key; int *dst; } bools[] = {
@@ -247,27 +229,27 @@ int grpo_options_set_json(GrpoOptions *o, const char *key, const json_t *v, char
     };
     for (int i = 0; i < COUNT(bools); i++)
         if (strcmp(key, bools[i].key) == 0) {
-            rc = get_bool(key, v, bools[i].dst, err, err_len);
+            rc = json_get_bool(&at, NULL, JSON_GET_REQUIRED, 0, bools[i].dst);
             return rc < 0 ? rc : 1;
         }
     if (strcmp(key, "num_generations") == 0) {
-        rc = get_int(key, v, &o->num_generations, err, err_len);
+        rc = json_get_int(&at, NULL, JSON_GET_REQUIRED, 0, -INT_MAX, INT_MAX, &o->num_generations);
         return rc < 0 ? rc : 1;
     }
     if (strcmp(key, "max_completion_length") == 0) {
-        rc = get_int(key, v, &o->max_completion_length, err, err_len);
+        rc = json_get_int(&at, NULL, JSON_GET_REQUIRED, 0, -INT_MAX, INT_MAX, &o->max_completion_length);
         return rc < 0 ? rc : 1;
     }
     if (strcmp(key, "vllm_importance_sampling_clip_max") == 0) {
         // The deprecated _cap, when given, overrides clip_max whatever the key order (GRPOConfig.__post_init__).
         if (o->clip_max_from_cap) return 1;
-        rc = get_optional(key, v, &o->has_vllm_importance_sampling_clip_max, &o->vllm_importance_sampling_clip_max,
-                          err, err_len);
+        rc = get_optional_number(&at, &o->has_vllm_importance_sampling_clip_max, &o->vllm_importance_sampling_clip_max);
         return rc < 0 ? rc : 1;
     }
     if (strcmp(key, "vllm_importance_sampling_cap") == 0) {
         if (json_is_null(v)) return 1;   // None: clip_max stays as it is
-        rc = get_number(key, v, &o->vllm_importance_sampling_clip_max, err, err_len);
+        rc = json_get_double(&at, NULL, JSON_GET_REQUIRED, 0.0, -DBL_MAX, DBL_MAX,
+                             &o->vllm_importance_sampling_clip_max);
         if (rc < 0) return rc;
         o->has_vllm_importance_sampling_clip_max = 1;
         o->clip_max_from_cap = 1;
@@ -278,27 +260,27 @@ int grpo_options_set_json(GrpoOptions *o, const char *key, const json_t *v, char
             o->scale_rewards = json_is_true(v) ? GRPO_SCALE_GROUP : GRPO_SCALE_NONE;
             return 1;
         }
-        if ((rc = get_string(key, v, &s, err, err_len)) < 0) return rc;
+        if ((rc = json_get_string(&at, NULL, JSON_GET_REQUIRED, NULL, JSON_ANY_LENGTH, &s, NULL)) < 0) return rc;
         rc = grpo_scale_rewards_parse(s, &o->scale_rewards, err, err_len);
         return rc < 0 ? rc : 1;
     }
     if (strcmp(key, "loss_type") == 0) {
-        if ((rc = get_string(key, v, &s, err, err_len)) < 0) return rc;
+        if ((rc = json_get_string(&at, NULL, JSON_GET_REQUIRED, NULL, JSON_ANY_LENGTH, &s, NULL)) < 0) return rc;
         rc = grpo_loss_type_parse(s, &o->loss_type, err, err_len);
         return rc < 0 ? rc : 1;
     }
     if (strcmp(key, "multi_objective_aggregation") == 0) {
-        if ((rc = get_string(key, v, &s, err, err_len)) < 0) return rc;
+        if ((rc = json_get_string(&at, NULL, JSON_GET_REQUIRED, NULL, JSON_ANY_LENGTH, &s, NULL)) < 0) return rc;
         rc = grpo_multi_objective_parse(s, &o->multi_objective_aggregation, err, err_len);
         return rc < 0 ? rc : 1;
     }
     if (strcmp(key, "importance_sampling_level") == 0) {
-        if ((rc = get_string(key, v, &s, err, err_len)) < 0) return rc;
+        if ((rc = json_get_string(&at, NULL, JSON_GET_REQUIRED, NULL, JSON_ANY_LENGTH, &s, NULL)) < 0) return rc;
         rc = grpo_is_level_parse(s, &o->importance_sampling_level, err, err_len);
         return rc < 0 ? rc : 1;
     }
     if (strcmp(key, "vllm_importance_sampling_mode") == 0) {
-        if ((rc = get_string(key, v, &s, err, err_len)) < 0) return rc;
+        if ((rc = json_get_string(&at, NULL, JSON_GET_REQUIRED, NULL, JSON_ANY_LENGTH, &s, NULL)) < 0) return rc;
         GrpoRolloutIsMode m;
         rc = grpo_rollout_is_mode_parse(s, &m, err, err_len);
         if (rc < 0) return rc;

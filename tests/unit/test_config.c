@@ -189,7 +189,7 @@ static void test_refusals(void) {
     refuse(__LINE__, LLAMA, "\"hidden_size\": 32", "invalid JSON", "hidden_size");
     // every valid JSON number is read (shared/json_read.h), but an integer field beyond int64 is out of range
     refuse_text(__LINE__, "{\"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 1000000000000000019884624838656}",
-                "vocab_size", "out of range");
+                "vocab_size", "outside");
 
     // every required field missing, then mistyped, then out of range: each message names the field
     static const char *req[] = {"vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
@@ -212,16 +212,16 @@ static void test_refusals(void) {
         free(t);
         json_object_set_new(o, req[i], json_integer(0));
         t = json_dumps(o, 0);
-        refuse_text(__LINE__, t, req[i], "out of range");
+        refuse_text(__LINE__, t, req[i], "outside");
         free(t);
         json_object_set_new(o, req[i], json_integer(-5));
         t = json_dumps(o, 0);
-        refuse_text(__LINE__, t, req[i], "out of range");
+        refuse_text(__LINE__, t, req[i], "outside");
         free(t);
         json_decref(o);
     }
     refuse(__LINE__, LLAMA, "\"num_key_value_heads\": 3", "num_key_value_heads", "divide");
-    refuse(__LINE__, LLAMA, "\"num_key_value_heads\": 0", "num_key_value_heads", "out of range");
+    refuse(__LINE__, LLAMA, "\"num_key_value_heads\": 0", "num_key_value_heads", "outside");
     refuse(__LINE__, LLAMA, "\"num_key_value_heads\": \"2\"", "num_key_value_heads", "integer");
     refuse_text(__LINE__, "{" LLAMA ", \"vocab_size\": 10, \"hidden_size\": 66, \"intermediate_size\": 8, "
                 "\"num_hidden_layers\": 1, \"num_attention_heads\": 4}", "num_attention_heads", "hidden_size");
@@ -236,7 +236,7 @@ static void test_refusals(void) {
                       "\"head_dim\": 16}";
     CHECK(config_parse(&c, mis, strlen(mis), err, sizeof err) == 0 && c.head_dim == 16);
     refuse(__LINE__, MISTRAL, "\"num_key_value_heads\": 4, \"head_dim\": 15", "head_dim", "even");
-    refuse(__LINE__, LLAMA, "\"head_dim\": -2", "head_dim", "out of range");
+    refuse(__LINE__, LLAMA, "\"head_dim\": -2", "head_dim", "outside");
     refuse(__LINE__, LLAMA, "\"max_position_embeddings\": 0", "max_position_embeddings", NULL);
     refuse(__LINE__, LLAMA, "\"max_position_embeddings\": 1e4", "max_position_embeddings", "integer");
 

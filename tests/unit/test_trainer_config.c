@@ -212,7 +212,7 @@ static void test_parse_refusals(void) {
     REFUSE("unexpected argument '--'", NULL, "--");
     REFUSE("config (--config): needs a file path", NULL, "--config");
     REFUSE("config: cannot open /nonexistent/cfg.json", NULL, "--config", "/nonexistent/cfg.json");
-    REFUSE("num_generations", "out of range", "--num-generations", "99999999999");
+    REFUSE("num_generations", "outside", "--num-generations", "99999999999");
     REFUSE("sync_ref_model: TRL option not supported by tandem", NULL, "--sync-ref-model", "true");
 
     refuse_json(__LINE__, "{\"learning_rate\": 1e-5,", "cfg.json: invalid JSON", NULL);
