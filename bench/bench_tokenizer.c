@@ -19,8 +19,8 @@
 #include <string.h>
 #include <time.h>
 
-#include "shared/tokenizer.h"
-#include "shared/tokenizer_internal.h"
+#include "shared/tokenizer/tokenizer.h"
+#include "shared/tokenizer/tokenizer_internal.h"
 
 static double now_s(void) {
     struct timespec ts;

@@ -96,7 +96,7 @@ void ops_download_f32(OpsCtx *ctx, float *dst_host, const void *src, size_t n);
 // Waits for all queued work (a no-op on cpu).
 void ops_synchronize(OpsCtx *ctx);
 // cuda: the context's device index and its compute stream (a cudaStream_t), for code that queues work beside
-// the ops and orders itself against them with events (shared/comm.h's nccl backend). cpu: -1 and NULL.
+// the ops and orders itself against them with events (shared/comm/comm.h's nccl backend). cpu: -1 and NULL.
 int ops_cuda_device(const OpsCtx *ctx);
 void *ops_cuda_stream(OpsCtx *ctx);
 // cuda: free and total bytes of the context's device (cudaMemGetInfo), returns 0. cpu: -1 (no device memory).

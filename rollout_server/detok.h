@@ -17,7 +17,7 @@
 #include <stdint.h>
 
 #include "rollout_server/engine.h"
-#include "shared/tokenizer.h"
+#include "shared/tokenizer/tokenizer.h"
 
 // A growable byte buffer (grows by doubling; never shrinks, so steady state allocates nothing).
 typedef struct {

@@ -16,7 +16,7 @@
 
 #include "kernels/ops.h"
 #include "shared/model.h"
-#include "shared/tokenizer.h"
+#include "shared/tokenizer/tokenizer.h"
 
 #define ENGINE_MAX_STOP 16          // stop strings and stop token ids per request, each
 #define ENGINE_MAX_TOP_LOGPROBS 20

@@ -1,10 +1,10 @@
 // rollout_server/http_chat.c — OpenAI chat "messages" -> prompt text through the model's chat template
-// (shared/chat_template.h), for /v1/chat/completions and /tokenize.
+// (shared/tokenizer/chat_template.h), for /v1/chat/completions and /tokenize.
 #include <stdlib.h>
 #include <string.h>
 
 #include "rollout_server/http_internal.h"
-#include "shared/chat_template.h"
+#include "shared/tokenizer/chat_template.h"
 
 // Content is a string, null (an assistant turn without text), or a list of {"type": "text", "text": ...}
 // parts, which are joined with newlines as vLLM does. Returns a malloc'd string or NULL with err set.

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "shared/json_read.h"
-#include "shared/tokenizer.h"
+#include "shared/tokenizer/tokenizer.h"
 
 int http_error_set(HttpError *e, int status, const char *param, const char *fmt, ...) {
     if (!e) return -1;

@@ -10,7 +10,7 @@
 #include <stdint.h>
 
 #include "rollout_server/engine.h"
-#include "shared/chat_template.h"
+#include "shared/tokenizer/chat_template.h"
 
 // Bounds that keep one HTTP request from monopolising the engine; the engine applies its own limits too.
 #define HTTP_MAX_N 1024                 // completions per prompt

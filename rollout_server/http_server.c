@@ -19,7 +19,7 @@
 
 #include "rollout_server/http_conn_deadline.h"
 #include "rollout_server/http_internal.h"
-#include "shared/chat_template.h"
+#include "shared/tokenizer/chat_template.h"
 
 void serve_log(const char *fmt, ...) {
     struct timespec ts;

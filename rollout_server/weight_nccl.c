@@ -9,7 +9,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "shared/comm.h"
+#include "shared/comm/comm.h"
 #include "shared/layout.h"
 
 #define BUCKET_BYTES ((size_t)1 << 30)   // = the trainer's WEIGHT_SYNC_BUCKET_BYTES: both sides group alike

@@ -28,7 +28,7 @@
 
 #include <jansson.h>
 
-#include "shared/comm.h"
+#include "shared/comm/comm.h"
 #include "shared/model.h"
 #include "shared/safetensors.h"
 #include "trainer/zero3.h"

@@ -38,8 +38,8 @@
 
 #include <jansson.h>
 
-#include "shared/chat_template.h"
-#include "shared/tokenizer.h"
+#include "shared/tokenizer/chat_template.h"
+#include "shared/tokenizer/tokenizer.h"
 
 typedef struct {
     const Tokenizer *tok;           // required

@@ -9,7 +9,7 @@
 
 #include <stddef.h>
 
-#include "shared/comm.h"
+#include "shared/comm/comm.h"
 
 typedef struct RankWatch RankWatch;
 

@@ -9,7 +9,7 @@
 #include <time.h>
 
 #include "shared/json_read.h"
-#include "shared/tokenizer.h"
+#include "shared/tokenizer/tokenizer.h"
 #include "trainer/http_client.h"
 #include "trainer/wait_log.h"
 #include "shared/err.h"

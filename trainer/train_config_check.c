@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "shared/chat_template.h"
+#include "shared/tokenizer/chat_template.h"
 #include "trainer/http_client.h"
 #include "trainer/reward_service.h"
 #include "trainer/rewards.h"

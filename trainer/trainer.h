@@ -11,10 +11,10 @@
 
 #include <stdio.h>
 
-#include "shared/chat_template.h"
-#include "shared/comm.h"
+#include "shared/tokenizer/chat_template.h"
+#include "shared/comm/comm.h"
 #include "shared/model.h"
-#include "shared/tokenizer.h"
+#include "shared/tokenizer/tokenizer.h"
 #include "trainer/checkpoint.h"
 #include "trainer/data.h"
 #include "trainer/reward_service.h"

@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "shared/comm.h"
+#include "shared/comm/comm.h"
 #include "trainer/rollout_client.h"
 
 #define WEIGHT_SYNC_BUCKET_BYTES ((size_t)1 << 30)

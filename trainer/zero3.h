@@ -15,7 +15,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "shared/comm.h"
+#include "shared/comm/comm.h"
 #include "shared/model.h"
 
 typedef struct {

@@ -16,7 +16,7 @@
 
 #include "fuzz_testlib.h"
 #include "rollout_server/http_internal.h"
-#include "shared/chat_template.h"
+#include "shared/tokenizer/chat_template.h"
 
 #define VOCAB 300
 

@@ -10,7 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "shared/tokenizer.h"
+#include "shared/tokenizer/tokenizer.h"
 
 #define REQUIRE(c) do { if (!(c)) { fprintf(stderr, "invariant failed: %s\n", #c); __builtin_trap(); } } while (0)
 

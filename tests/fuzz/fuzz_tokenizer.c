@@ -14,8 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "shared/chat_template.h"
-#include "shared/tokenizer.h"
+#include "shared/tokenizer/chat_template.h"
+#include "shared/tokenizer/tokenizer.h"
 
 #define REQUIRE(c) do { if (!(c)) { fprintf(stderr, "invariant failed: %s\n", #c); __builtin_trap(); } } while (0)
 

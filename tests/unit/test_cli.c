@@ -93,7 +93,7 @@ int main(void) {
     EXPECT_ERROR("--verbose takes no value", "--name", "x", "--verbose=1");
     // The list refuses more than it holds.
     {
-        char *argv[CLI_LIST_MAX * 2 + 4] = {"tool", "--name", "x"};
+        char *argv[CLI_LIST_MAX * 2 + 8] = {"tool", "--name", "x"};   // 3 + 2 * (CLI_LIST_MAX + 1) entries
         int argc = 3;
         for (int i = 0; i <= CLI_LIST_MAX; i++) argv[argc++] = "--extra", argv[argc++] = "v";
         o = kDefaults;

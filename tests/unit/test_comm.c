@@ -1,4 +1,4 @@
-// tests/unit/test_comm.c — shared/comm.h with the host backend: real processes (fork) on 127.0.0.1.
+// tests/unit/test_comm.c — shared/comm/comm.h with the host backend: real processes (fork) on 127.0.0.1.
 //
 // Proves: every collective equals the result computed here in rank order (bit for bit) for f32, bf16 (fp32
 // accumulation, one rounding), i32 (wrapping sums), f64, u8, with sum and max, for counts 0, 1, 7, 1009 and
@@ -22,10 +22,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "shared/comm.h"
-#include "shared/comm_internal.h"
+#include "shared/comm/comm.h"
+#include "shared/comm/comm_internal.h"
 #include "shared/dtype.h"
-#include "shared/rendezvous.h"
+#include "shared/comm/rendezvous.h"
 
 #include "spawn_testlib.h"
 

@@ -1,4 +1,4 @@
-// tests/unit/test_comm_nccl.c — shared/comm.h with the nccl backend: one process per GPU (fork) on 127.0.0.1.
+// tests/unit/test_comm_nccl.c — shared/comm/comm.h with the nccl backend: one process per GPU (fork) on 127.0.0.1.
 //
 // Every build: the API answers without a GPU (host: no unique id, no join by id, groups and comm_synchronize are
 // no-ops; nccl without CUDA: COMM_ERR_UNSUPPORTED with a message; nccl without a CUDA compute context: refused),
@@ -34,10 +34,10 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "shared/comm.h"
-#include "shared/comm_internal.h"
+#include "shared/comm/comm.h"
+#include "shared/comm/comm_internal.h"
 #include "shared/dtype.h"
-#include "shared/rendezvous.h"
+#include "shared/comm/rendezvous.h"
 
 #ifdef TANDEM_HAVE_CUDA
 #include <cuda_runtime.h>

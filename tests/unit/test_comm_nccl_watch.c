@@ -16,8 +16,8 @@
 #include <string.h>
 #include <sys/mman.h>
 
-#include "shared/comm.h"
-#include "shared/comm_internal.h"   // COMM_ERR_MAX
+#include "shared/comm/comm.h"
+#include "shared/comm/comm_internal.h"   // COMM_ERR_MAX
 
 #ifdef TANDEM_HAVE_CUDA
 #include <cuda_runtime.h>

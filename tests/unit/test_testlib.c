@@ -20,7 +20,7 @@
 #include "check_macros.h"
 #include "kernels/ops.h"
 #include "shared/model.h"
-#include "shared/tokenizer.h"
+#include "shared/tokenizer/tokenizer.h"
 #include "testlib.h"
 
 static const char *LLAMA =

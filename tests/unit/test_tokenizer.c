@@ -10,8 +10,8 @@
 #include <unistd.h>
 
 #include "check_macros.h"
-#include "shared/chat_template.h"
-#include "shared/tokenizer.h"
+#include "shared/tokenizer/chat_template.h"
+#include "shared/tokenizer/tokenizer.h"
 #include "testlib.h"
 
 // GPT-2's byte alphabet: printable Latin-1 bytes stand for themselves, the other 68 take 256.. in order.

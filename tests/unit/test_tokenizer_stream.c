@@ -11,8 +11,8 @@
 #include <string.h>
 
 #include "check_macros.h"
-#include "shared/tokenizer.h"
-#include "shared/tokenizer_internal.h"
+#include "shared/tokenizer/tokenizer.h"
+#include "shared/tokenizer/tokenizer_internal.h"
 
 // Appends a byte string to the JSON as a vocab key spelled in GPT-2's byte alphabet.
 static char *put_bytelevel_key(char *w, const char *raw, size_t n) {

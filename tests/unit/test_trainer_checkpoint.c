@@ -12,7 +12,7 @@
 
 #include "check_macros.h"
 #include "kernels/ops.h"
-#include "shared/comm.h"
+#include "shared/comm/comm.h"
 #include "shared/model.h"
 #include "trainer/checkpoint.h"
 #include "trainer/remove_tree.h"

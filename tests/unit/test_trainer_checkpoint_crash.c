@@ -29,7 +29,7 @@
 
 #include "check_macros.h"
 #include "kernels/ops.h"
-#include "shared/comm.h"
+#include "shared/comm/comm.h"
 #include "shared/model.h"
 #include "testlib.h"
 #include "trainer/checkpoint.h"

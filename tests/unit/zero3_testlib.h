@@ -19,7 +19,7 @@
 #include <unistd.h>
 
 #include "kernels/ops.h"
-#include "shared/comm.h"
+#include "shared/comm/comm.h"
 #include "shared/model.h"
 #include "trainer/zero3.h"
 

@@ -15,8 +15,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "shared/chat_template.h"
-#include "shared/tokenizer.h"
+#include "shared/tokenizer/chat_template.h"
+#include "shared/tokenizer/tokenizer.h"
 
 static json_t *error_obj(const char *msg) { return json_pack("{s:s}", "error", msg); }
 

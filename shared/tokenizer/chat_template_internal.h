@@ -1,9 +1,9 @@
-// shared/chat_template_internal.h — the ChatTemplate record shared by chat_template.c (recognition) and
+// shared/tokenizer/chat_template_internal.h — the ChatTemplate record shared by chat_template.c (recognition) and
 // chat_template_render.c (rendering). Not a public API.
 #ifndef TANDEM_SHARED_CHAT_TEMPLATE_INTERNAL_H
 #define TANDEM_SHARED_CHAT_TEMPLATE_INTERNAL_H
 
-#include "shared/chat_template.h"
+#include "shared/tokenizer/chat_template.h"
 
 struct ChatTemplate {
     ChatFamily family;

@@ -1,4 +1,4 @@
-// shared/tokenizer_internal.h — data structures shared by the tokenizer_*.c files (not a public API).
+// shared/tokenizer/tokenizer_internal.h — data structures shared by the tokenizer_*.c files (not a public API).
 //
 // The pipeline mirrors HF tokenizers step by step so each stage can be checked against its Rust twin:
 //   text -> added-token split (raw) -> per segment: normalizer -> added-token split (normalized)
@@ -12,7 +12,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "shared/tokenizer.h"
+#include "shared/tokenizer/tokenizer.h"
 
 // ---- small growable buffers -----------------------------------------------------------------------
 

@@ -1,4 +1,4 @@
-// shared/tokenizer_load.c — tokenizer.json: top level, BPE model (vocab, merges) and added tokens.
+// shared/tokenizer/tokenizer_load.c — tokenizer.json: top level, BPE model (vocab, merges) and added tokens.
 // The pipeline parts (normalizer, pre-tokenizer, decoder, post-processor) are in tokenizer_load_pipeline.c.
 #define _GNU_SOURCE   // memmem
 #include <errno.h>
@@ -8,7 +8,7 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include "shared/tokenizer_internal.h"
+#include "shared/tokenizer/tokenizer_internal.h"
 #include "shared/json_get.h"
 #include "shared/json_read.h"
 

@@ -1,4 +1,4 @@
-// shared/tokenizer_stream.c — the streaming decoder (HF's DecodeStream / step_decode_stream).
+// shared/tokenizer/tokenizer_stream.c — the streaming decoder (HF's DecodeStream / step_decode_stream).
 //
 // HF keeps a window of ids (the ids of the last emitted chunk plus those not yet emitted) and, per id,
 // decodes the window up to three times: to refresh an empty prefix, to see what the new id adds, and to
@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "shared/tokenizer_internal.h"
+#include "shared/tokenizer/tokenizer_internal.h"
 
 int tok_stream_prepare(Tokenizer *t) {
     for (int32_t id = 0; t->special_set.n > 0 && id < t->n_ids; id++)

@@ -1,4 +1,4 @@
-// shared/tokenizer.h — Hugging Face compatible tokenizer (tokenizer.json) with no Python at run time.
+// shared/tokenizer/tokenizer.h — Hugging Face compatible tokenizer (tokenizer.json) with no Python at run time.
 //
 // What is supported (anything else in a tokenizer.json is a load error naming the field):
 //   model          BPE: vocab, merges as "a b" strings or ["a","b"] pairs, ignore_merges, byte_fallback

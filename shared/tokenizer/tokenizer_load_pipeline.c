@@ -1,11 +1,11 @@
-// shared/tokenizer_load_pipeline.c — tokenizer.json's normalizer, pre_tokenizer, decoder and
+// shared/tokenizer/tokenizer_load_pipeline.c — tokenizer.json's normalizer, pre_tokenizer, decoder and
 // post_processor sections. Sequences are flattened (applying a Sequence is applying its parts in order).
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "shared/tokenizer_internal.h"
+#include "shared/tokenizer/tokenizer_internal.h"
 
 // GPT-2's pre-tokenizer regex, which HF's ByteLevel uses when use_regex is true.
 static const char GPT2_REGEX[] = "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^\\s\\p{L}\\p{N}]+|\\s+(?!\\S)|\\s+";

@@ -1,9 +1,9 @@
-// shared/tokenizer_encode.c — tokenizer_encode: added tokens, normalizer, pre-tokenizers, BPE and the
+// shared/tokenizer/tokenizer_encode.c — tokenizer_encode: added tokens, normalizer, pre-tokenizers, BPE and the
 // post-processor, in HF's order (TokenizerImpl::encode_single_sequence + post_process).
 #include <stdlib.h>
 #include <string.h>
 
-#include "shared/tokenizer_internal.h"
+#include "shared/tokenizer/tokenizer_internal.h"
 
 static void ctx_free(TokEncodeCtx *x) {
     tok_regex_scratch_free(&x->rs);

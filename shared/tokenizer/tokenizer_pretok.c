@@ -1,11 +1,11 @@
-// shared/tokenizer_pretok.c — pre-tokenizers (Split, ByteLevel, Metaspace, Digits), run depth first on
+// shared/tokenizer/tokenizer_pretok.c — pre-tokenizers (Split, ByteLevel, Metaspace, Digits), run depth first on
 // one normalized segment: each piece a pre-tokenizer produces goes through the next one and finally
 // through the BPE model. Equivalent to HF applying each pre-tokenizer to all splits in turn, because every
 // pre-tokenizer acts on one split at a time.
 #include <stdlib.h>
 #include <string.h>
 
-#include "shared/tokenizer_internal.h"
+#include "shared/tokenizer/tokenizer_internal.h"
 
 static int run_level(const Tokenizer *t, TokEncodeCtx *x, size_t level, const char *s, size_t len,
                      int at_origin, TokIds *out, char *err, size_t err_len);

@@ -1,4 +1,4 @@
-// shared/rendezvous.c — rank 0's ZeroMQ rendezvous: registrations in, peer table + blob out (rendezvous.h).
+// shared/comm/rendezvous.c — rank 0's ZeroMQ rendezvous: registrations in, peer table + blob out (rendezvous.h).
 //
 // Wire format (one ZeroMQ message each; JSON in frame 0, strict: unknown keys are refused):
 //   rank -> 0 : {"type":"register","version":1,"rank":r,"world_size":W,"pid":p,"hostname":h,"endpoint":e}
@@ -7,7 +7,7 @@
 //   rank -> 0 : {"type":"barrier","rank":r,"round":k}     0 -> rank : {"type":"barrier_done","round":k}
 //   0 -> rank : {"type":"error","message":m}              (any time; the receiver fails with m)
 #include "shared/err.h"
-#include "shared/rendezvous.h"
+#include "shared/comm/rendezvous.h"
 
 #include <arpa/inet.h>
 #include <errno.h>

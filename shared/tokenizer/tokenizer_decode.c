@@ -1,9 +1,9 @@
-// shared/tokenizer_decode.c — ids -> text through the decoder chain (ByteLevel, Metaspace, Replace,
+// shared/tokenizer/tokenizer_decode.c — ids -> text through the decoder chain (ByteLevel, Metaspace, Replace,
 // ByteFallback, Fuse, Strip). The streaming decoder built on it is in tokenizer_stream.c.
 #include <stdlib.h>
 #include <string.h>
 
-#include "shared/tokenizer_internal.h"
+#include "shared/tokenizer/tokenizer_internal.h"
 
 // GPT-2's bytes_to_unicode: printable Latin-1 bytes stand for themselves, the other 68 bytes take the
 // code points 256.. in byte order.

@@ -1,4 +1,4 @@
-// shared/comm_probe.c — the side channel of the nccl backend (comm_internal.h): which peer holds up a call
+// shared/comm/comm_probe.c — the side channel of the nccl backend (comm_internal.h): which peer holds up a call
 // that NCCL cannot finish.
 //
 // NCCL cannot say which rank is missing when a collective stalls, so every rank that joined through the
@@ -11,7 +11,7 @@
 //     answer within COMM_PROBE_WAIT_MS (stopped or hung process, host or network down), that failed itself, or
 //     that has queued fewer operations than the stalled one needs (it has not reached that call).
 // Wire format: probe = {magic, from rank} (8 bytes), answer = Answer (32 bytes), little-endian as they are.
-#include "shared/comm_internal.h"
+#include "shared/comm/comm_internal.h"
 
 #include <errno.h>
 #include <pthread.h>

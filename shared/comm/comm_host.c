@@ -1,4 +1,4 @@
-// shared/comm_host.c — the `host` backend of comm.h: CPU processes exchanging data over ZeroMQ TCP sockets.
+// shared/comm/comm_host.c — the `host` backend of comm.h: CPU processes exchanging data over ZeroMQ TCP sockets.
 //
 // Sockets of rank r (world N):
 //   router     ROUTER bound on an ephemeral port of the address that routes to MASTER_ADDR, published through
@@ -17,7 +17,7 @@
 // Reductions: rank r reduces its chunk piece by piece, adding contributions in rank order 0..N-1 into an
 // accumulator (fp32 for bf16) and rounding once; all_reduce = reduce_scatter + all_gather over chunks of
 // ceil(count / N) elements, so every rank ends with the same bits whatever the arrival order.
-#include "shared/comm_internal.h"
+#include "shared/comm/comm_internal.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -29,7 +29,7 @@
 #include <zmq.h>
 
 #include "shared/dtype.h"
-#include "shared/rendezvous.h"
+#include "shared/comm/rendezvous.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "comm_host headers and payloads are copied as they are: a big-endian host needs byte swapping"

@@ -1,12 +1,12 @@
-// shared/chat_template_render.c — renders messages exactly as each family's Jinja template does
+// shared/tokenizer/chat_template_render.c — renders messages exactly as each family's Jinja template does
 // (transformers renders with trim_blocks and lstrip_blocks; the strings below are the results).
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include "shared/chat_template_internal.h"
-#include "shared/tokenizer_internal.h"
+#include "shared/tokenizer/chat_template_internal.h"
+#include "shared/tokenizer/tokenizer_internal.h"
 
 typedef struct { const char *s; size_t n; } Str;
 

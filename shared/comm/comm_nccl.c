@@ -1,7 +1,7 @@
-// shared/comm_nccl.c — the `nccl` backend of comm.h: an NCCL communicator on the OpsCtx's GPU, a
+// shared/comm/comm_nccl.c — the `nccl` backend of comm.h: an NCCL communicator on the OpsCtx's GPU, a
 // communication stream beside its compute stream, and a watchdog that turns a stalled call into an error.
 //
-// Joining: rank 0 makes the NCCL unique id and hands it out as the rendezvous blob (shared/rendezvous.h). The
+// Joining: rank 0 makes the NCCL unique id and hands it out as the rendezvous blob (shared/comm/rendezvous.h). The
 // communicator is non-blocking (ncclConfig_t.blocking = 0): joining and every NCCL call return at once, with
 // ncclInProgress while NCCL finishes queuing in the background (polled with ncclCommGetAsyncError), so that no
 // call can hang the caller and a stalled communicator can be abandoned (ncclCommAbort).
@@ -24,11 +24,11 @@
 // Tripping probes the peers to name the culprit, records the message and aborts the communicator: NCCL's kernels
 // see its abort flag and exit, so nothing queued behind them (the compute stream included) stays stuck.
 //
-// Side channel (shared/comm_probe.c; ranks that joined through the rendezvous, world > 1): each rank publishes a
+// Side channel (shared/comm/comm_probe.c; ranks that joined through the rendezvous, world > 1): each rank publishes a
 // ZeroMQ probe socket in the rendezvous; a peer whose process exits is seen at once (its connection closes), and
 // a diagnosis asks every peer how far it got, naming the ones that went away, do not answer, or have not
 // reached the stalled call.
-#include "shared/comm_internal.h"
+#include "shared/comm/comm_internal.h"
 
 #include <cuda_runtime.h>
 #include <errno.h>

@@ -1,4 +1,4 @@
-// shared/tokenizer_util.c — buffers, UTF-8 helpers and hash maps used by the tokenizer.
+// shared/tokenizer/tokenizer_util.c — buffers, UTF-8 helpers and hash maps used by the tokenizer.
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -6,7 +6,7 @@
 #include <utf8proc.h>
 
 #include "shared/err.h"
-#include "shared/tokenizer_internal.h"
+#include "shared/tokenizer/tokenizer_internal.h"
 
 void tok_set_err(char *err, size_t err_len, const char *fmt, ...) {
     va_list ap;

@@ -1,10 +1,10 @@
-// shared/comm_internal.h — what comm.c (dispatch, argument checks) shares with the backends (comm_host.c,
+// shared/comm/comm_internal.h — what comm.c (dispatch, argument checks) shares with the backends (comm_host.c,
 // comm_nccl.c). Not for users of comm.h.
 #ifndef TANDEM_SHARED_COMM_INTERNAL_H
 #define TANDEM_SHARED_COMM_INTERNAL_H
 
-#include "shared/comm.h"
-#include "shared/rendezvous.h"
+#include "shared/comm/comm.h"
+#include "shared/comm/rendezvous.h"
 
 #define COMM_ERR_MAX 1024
 

@@ -1,9 +1,9 @@
-// shared/tokenizer_added.c — added/special tokens: matched in the text before the model sees it, as HF's
+// shared/tokenizer/tokenizer_added.c — added/special tokens: matched in the text before the model sees it, as HF's
 // AddedVocabulary::find_matches does (leftmost-longest, then single_word / lstrip / rstrip).
 #include <stdlib.h>
 #include <string.h>
 
-#include "shared/tokenizer_internal.h"
+#include "shared/tokenizer/tokenizer_internal.h"
 
 static int trie_new_node(TokTrie *tr) {
     if (tr->n_nodes == tr->cap_nodes) {

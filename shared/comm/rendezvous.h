@@ -1,4 +1,4 @@
-// shared/rendezvous.h — how the trainer ranks find each other (launch contract: RANK, WORLD_SIZE,
+// shared/comm/rendezvous.h — how the trainer ranks find each other (launch contract: RANK, WORLD_SIZE,
 // MASTER_ADDR, MASTER_PORT; docs/operations-comm.md).
 //
 // Rank 0 binds a ZeroMQ ROUTER at tcp://MASTER_ADDR:MASTER_PORT; every other rank connects a DEALER and

@@ -1,4 +1,4 @@
-// shared/chat_template.h — chat messages -> prompt text, equal to transformers' apply_chat_template with
+// shared/tokenizer/chat_template.h — chat messages -> prompt text, equal to transformers' apply_chat_template with
 // the model's own Jinja template, for the template families tandem knows.
 //
 // tandem does not interpret Jinja. It recognises the family of tokenizer_config.json's chat_template from
@@ -26,7 +26,7 @@
 
 #include <stddef.h>
 
-#include "shared/tokenizer.h"
+#include "shared/tokenizer/tokenizer.h"
 
 #ifdef __cplusplus
 extern "C" {

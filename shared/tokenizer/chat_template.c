@@ -1,10 +1,10 @@
-// shared/chat_template.c — recognising a chat template's family from its Jinja source, and reading the
+// shared/tokenizer/chat_template.c — recognising a chat template's family from its Jinja source, and reading the
 // literals that vary within a family. Rendering is in chat_template_render.c.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "shared/chat_template_internal.h"
+#include "shared/tokenizer/chat_template_internal.h"
 
 #define OVERRIDE_HINT \
     "pass --chat-template with one of: chatml, qwen3, llama3, llama3.1, llama2, mistral, mistral-v1, zephyr"

@@ -1,8 +1,8 @@
-// shared/comm.h — collectives among trainer ranks (and, for the weight sync, rollout servers).
+// shared/comm/comm.h — collectives among trainer ranks (and, for the weight sync, rollout servers).
 //
 // Two backends, one set of calls with NCCL's semantics:
 //   host : CPU processes on one or several machines, data over ZeroMQ TCP sockets (CPU runs, CI).
-//   nccl : GPUs within and across nodes (shared/comm_nccl.c; CUDA builds only).
+//   nccl : GPUs within and across nodes (shared/comm/comm_nccl.c; CUDA builds only).
 // Buffers are backend memory (host memory for `host`, device memory of the OpsCtx's device for `nccl`).
 // Counts are elements. Every rank must call the same collectives in the same order (the host backend detects
 // a mismatch and names both calls; with nccl a mismatch stalls and ends in the timeout below). A count of 0
@@ -43,7 +43,7 @@
 #include <stdint.h>
 
 #include "kernels/ops.h"
-#include "shared/rendezvous.h"
+#include "shared/comm/rendezvous.h"
 
 typedef enum { COMM_BACKEND_HOST = 0, COMM_BACKEND_NCCL = 1 } CommBackend;
 typedef enum { COMM_F32 = 0, COMM_BF16, COMM_I32, COMM_U8, COMM_F64 } CommDtype;
@@ -67,7 +67,7 @@ typedef struct {
     char master_addr[256];
     int master_port;
     int timeout_ms;          // rendezvous and per-call timeout (--init-timeout / --comm-timeout)
-    RdzvProgressFn progress; // the rendezvous's "still waiting" lines (shared/rendezvous.h); NULL: silent
+    RdzvProgressFn progress; // the rendezvous's "still waiting" lines (shared/comm/rendezvous.h); NULL: silent
     void *progress_arg;
 } CommInit;
 

@@ -1,9 +1,9 @@
-// shared/tokenizer_bpe.c — the BPE model: one pre-tokenized word -> ids, as HF's BPE::tokenize does
+// shared/tokenizer/tokenizer_bpe.c — the BPE model: one pre-tokenized word -> ids, as HF's BPE::tokenize does
 // (symbols per character, unk / byte_fallback, then merges by rank), behind a striped word cache.
 #include <stdlib.h>
 #include <string.h>
 
-#include "shared/tokenizer_internal.h"
+#include "shared/tokenizer/tokenizer_internal.h"
 
 #define CACHE_MAX_WORD 256          // HF caches words shorter than this
 #define CACHE_BLOCK (64 * 1024)     // word bytes live in fixed blocks so map keys never move

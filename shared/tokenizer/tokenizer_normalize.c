@@ -1,10 +1,10 @@
-// shared/tokenizer_normalize.c — the normalizer chain (NFC/NFD/NFKC/NFKD via utf8proc, Prepend, Replace),
+// shared/tokenizer/tokenizer_normalize.c — the normalizer chain (NFC/NFD/NFKC/NFKD via utf8proc, Prepend, Replace),
 // applied to each text segment between added tokens, as HF's Normalizer::normalize does.
 #include <stdlib.h>
 #include <string.h>
 #include <utf8proc.h>
 
-#include "shared/tokenizer_internal.h"
+#include "shared/tokenizer/tokenizer_internal.h"
 
 // HF normalizes with the `unicode-normalization-alignments` crate, whose tables stop at Unicode 9.0: code
 // points assigned later carry no normalization data there (combining class 0, no decomposition, no

@@ -1,7 +1,7 @@
-// shared/comm.c — comm.h's front: the launch contract from the environment, argument checks shared by every
+// shared/comm/comm.c — comm.h's front: the launch contract from the environment, argument checks shared by every
 // backend, and dispatch to the backend (comm_host.c; comm_nccl.c in CUDA builds).
 #include "shared/err.h"
-#include "shared/comm_internal.h"
+#include "shared/comm/comm_internal.h"
 
 #include <errno.h>
 #include <stdarg.h>

@@ -1,10 +1,10 @@
-// shared/tokenizer_regex.c — Split/Replace patterns: HF writes Oniguruma (Ruby syntax) regexes; we run
+// shared/tokenizer/tokenizer_regex.c — Split/Replace patterns: HF writes Oniguruma (Ruby syntax) regexes; we run
 // them on PCRE2 (UTF, UCP, JIT) after rewriting the spellings whose meaning differs between the engines.
 #define _GNU_SOURCE   // memmem
 #include <stdlib.h>
 #include <string.h>
 
-#include "shared/tokenizer_internal.h"
+#include "shared/tokenizer/tokenizer_internal.h"
 
 // White_Space, which Oniguruma's \s matches (PCRE2's UCP \s also takes U+180E, so we spell it out).
 static const char WS_CLASS_BODY[] =

@@ -1,4 +1,4 @@
-// shared/tokenizer_config.c — tokenizer_config.json and generation_config.json: special token ids,
+// shared/tokenizer/tokenizer_config.c — tokenizer_config.json and generation_config.json: special token ids,
 // add_bos_token, chat template.
 #include <errno.h>
 #include <jansson.h>
@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "shared/tokenizer_internal.h"
+#include "shared/tokenizer/tokenizer_internal.h"
 #include "shared/json_read.h"
 
 // A special token in tokenizer_config.json: "text" or {"content": "text", ...} (an AddedToken dict).
