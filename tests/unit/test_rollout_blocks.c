@@ -13,17 +13,7 @@
 
 #include "rollout_server/block_manager.h"
 #include "rollout_server/scheduler.h"
-
-static int failures = 0;
-#define CHECK(cond, ...)                                                             \
-    do {                                                                             \
-        if (!(cond)) {                                                               \
-            failures++;                                                              \
-            fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                            \
-            fputc('\n', stderr);                                                     \
-        }                                                                            \
-    } while (0)
+#include "tests/unit/check_macros.h"
 
 static BlockManager *make_bm(int n_blocks, int bs, int prefix) {
     char err[256];

@@ -17,17 +17,7 @@
 #include <unistd.h>
 
 #include "rollout_server/engine_group.h"
-
-static int failures = 0;
-#define CHECK(cond, ...)                                                             \
-    do {                                                                             \
-        if (!(cond)) {                                                               \
-            failures++;                                                              \
-            fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                            \
-            fputc('\n', stderr);                                                     \
-        }                                                                            \
-    } while (0)
+#include "tests/unit/check_macros.h"
 
 static const char *CONFIG =
     "{\"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 256, \"hidden_size\": 128, \"intermediate_size\": 256,"

@@ -13,15 +13,7 @@
 #include "rollout_server/http_json.h"
 #include "rollout_server/http_metrics.h"
 #include "rollout_server/http_response.h"
-
-static int failures = 0;
-#define CHECK(cond)                                                                                 \
-    do {                                                                                            \
-        if (!(cond)) {                                                                              \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);                \
-            failures++;                                                                             \
-        }                                                                                           \
-    } while (0)
+#include "tests/unit/check_macros.h"
 
 #define VOCAB 300
 

@@ -17,17 +17,7 @@
 #include "kernels/ops.h"
 #include "rollout_server/sampler.h"
 #include "tests/unit/sample_testlib.h"
-
-static int failures = 0;
-#define CHECK(cond, ...)                                                             \
-    do {                                                                             \
-        if (!(cond)) {                                                               \
-            failures++;                                                              \
-            fprintf(stderr, "%s:%d: CHECK(%s) failed: ", __FILE__, __LINE__, #cond); \
-            fprintf(stderr, __VA_ARGS__);                                            \
-            fputc('\n', stderr);                                                     \
-        }                                                                            \
-    } while (0)
+#include "tests/unit/check_macros.h"
 
 static void *xmalloc(size_t n) {
     void *p = malloc(n ? n : 1);

@@ -10,15 +10,7 @@
 #include "shared/config.h"
 #include "shared/dtype.h"
 #include "shared/layout.h"
-
-static int failures = 0;
-#define CHECK(cond)                                                                                 \
-    do {                                                                                            \
-        if (!(cond)) {                                                                              \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);                \
-            failures++;                                                                             \
-        }                                                                                           \
-    } while (0)
+#include "tests/unit/check_macros.h"
 
 typedef struct {
     float **bufs;    // (n_units) -> (unit_numel) staging copies

@@ -9,15 +9,7 @@
 
 #include "shared/dtype.h"
 #include "shared/zmq_msg.h"
-
-static int failures = 0;
-#define CHECK(cond)                                                                                 \
-    do {                                                                                            \
-        if (!(cond)) {                                                                              \
-            fprintf(stderr, "%s:%d: CHECK failed: %s\n", __FILE__, __LINE__, #cond);                \
-            failures++;                                                                             \
-        }                                                                                           \
-    } while (0)
+#include "tests/unit/check_macros.h"
 
 // Encodes m, copies every frame to an odd address (ZeroMQ gives no alignment), parses it back into *back.
 static int round_trip(const ZmsgMsg *m, ZmsgMsg *back) {
