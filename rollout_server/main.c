@@ -3,8 +3,8 @@
 // `shutdown`) stops accepting, lets the work in flight finish within --drain-timeout, and exits 0. A signal that
 // comes during start-up ends the process at once with status 128 + signal (rollout_server/stop_request.h).
 #include <errno.h>
-#include <getopt.h>
 #include <inttypes.h>
+#include <stddef.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -17,6 +17,7 @@
 #include "rollout_server/http_server.h"
 #include "rollout_server/stop_request.h"
 #include "rollout_server/zmq_control.h"
+#include "shared/cli.h"
 #include "shared/version.h"
 
 // Defaults of the options that are not engine or HTTP settings.
@@ -38,50 +39,6 @@ typedef struct {
     int n_devices;
 } Options;
 
-enum {
-    OPT_MODEL = 256, OPT_HOST, OPT_PORT, OPT_CONTROL, OPT_DEVICE, OPT_KV, OPT_BLOCK, OPT_SEQS, OPT_BATCHED,
-    OPT_QUEUED, OPT_BODY, OPT_KEY, OPT_DRAIN, OPT_PREFIX, OPT_NO_PREFIX, OPT_SEED, OPT_NAME, OPT_TEMPLATE, OPT_HELP,
-    OPT_SYNC_TIMEOUT, OPT_GPU_UTIL, OPT_DEVICES,
-    OPT_MAX_CONNECTIONS, OPT_MAX_CONNECTIONS_PER_CLIENT, OPT_REQUEST_READ_TIMEOUT,
-    OPT_ENFORCE_EAGER, OPT_GRAPH_MAX_BATCH, OPT_VERSION, OPT_CONTROL_KEY, OPT_CONTROL_AUTHORIZED,
-    OPT_CONTROL_INSECURE,
-};
-
-static const struct option kLongOpts[] = {
-    {"model", required_argument, 0, OPT_MODEL},
-    {"host", required_argument, 0, OPT_HOST},
-    {"port", required_argument, 0, OPT_PORT},
-    {"control", required_argument, 0, OPT_CONTROL},
-    {"control-key-file", required_argument, 0, OPT_CONTROL_KEY},
-    {"control-authorized-keys", required_argument, 0, OPT_CONTROL_AUTHORIZED},
-    {"control-insecure", no_argument, 0, OPT_CONTROL_INSECURE},
-    {"device", required_argument, 0, OPT_DEVICE},
-    {"devices", required_argument, 0, OPT_DEVICES},
-    {"kv-cache-memory", required_argument, 0, OPT_KV},
-    {"gpu-memory-utilization", required_argument, 0, OPT_GPU_UTIL},
-    {"block-size", required_argument, 0, OPT_BLOCK},
-    {"max-num-seqs", required_argument, 0, OPT_SEQS},
-    {"max-num-batched-tokens", required_argument, 0, OPT_BATCHED},
-    {"max-queued-requests", required_argument, 0, OPT_QUEUED},
-    {"max-body-bytes", required_argument, 0, OPT_BODY},
-    {"max-connections", required_argument, 0, OPT_MAX_CONNECTIONS},
-    {"max-connections-per-client", required_argument, 0, OPT_MAX_CONNECTIONS_PER_CLIENT},
-    {"request-read-timeout", required_argument, 0, OPT_REQUEST_READ_TIMEOUT},
-    {"api-key", required_argument, 0, OPT_KEY},
-    {"drain-timeout", required_argument, 0, OPT_DRAIN},
-    {"weight-sync-timeout", required_argument, 0, OPT_SYNC_TIMEOUT},
-    {"enable-prefix-caching", no_argument, 0, OPT_PREFIX},
-    {"no-prefix-caching", no_argument, 0, OPT_NO_PREFIX},
-    {"seed", required_argument, 0, OPT_SEED},
-    {"served-model-name", required_argument, 0, OPT_NAME},
-    {"chat-template", required_argument, 0, OPT_TEMPLATE},
-    {"enforce-eager", no_argument, 0, OPT_ENFORCE_EAGER},
-    {"cuda-graph-max-batch", required_argument, 0, OPT_GRAPH_MAX_BATCH},
-    {"help", no_argument, 0, OPT_HELP},
-    {"version", no_argument, 0, OPT_VERSION},
-    {0, 0, 0, 0},
-};
-
 static void human_bytes(size_t b, char *out, size_t cap) {
     const char *unit[] = {"", "K", "M", "G", "T"};
     int u = 0;
@@ -98,92 +55,115 @@ static void human_seconds(double s, char *out, size_t cap) {
     if (n > 0 && out[n - 1] == '.') out[--n] = '\0';
 }
 
-static void usage(FILE *f) {
-    EngineConfig ec;
-    engine_config_default(&ec);
-    HttpConfig hc;
-    http_config_default(&hc);
-    char kv[32], body[32], drain[32], sync[32], read_timeout[32];
-    human_bytes(ec.kv_cache_bytes, kv, sizeof kv);
-    human_bytes(hc.max_body_bytes, body, sizeof body);
-    human_seconds(DEFAULT_DRAIN_TIMEOUT_S, drain, sizeof drain);
-    human_seconds(hc.request_read_timeout_s, read_timeout, sizeof read_timeout);
-    human_seconds(DEFAULT_WEIGHT_SYNC_TIMEOUT_S, sync, sizeof sync);
-    fprintf(f,
-            "usage: tandem-serve --model DIR [options]\n"
-            "\n"
-            "Serves a Hugging Face model folder over HTTP (OpenAI-compatible and TRL vllm-serve routes, see\n"
-            "docs/http-api.md) and, with --control, over the trainer's ZeroMQ channel (docs/protocol-zmq.md).\n"
-            "\n"
-            "  --model DIR                   model folder: config.json, *.safetensors, tokenizer.json (required)\n"
-            "  --host ADDR                   address to listen on (default 127.0.0.1)\n"
-            "  --port N                      HTTP port; 0 picks a free one and logs it (default 8000)\n"
-            "  --control ENDPOINT            ZeroMQ ROUTER endpoint, e.g. tcp://127.0.0.1:5555; one that other\n"
-            "                                machines can reach (tcp://0.0.0.0:5555) needs keys (default: none)\n"
-            "  --control-key-file PATH       this server's CURVE key pair (tandem-train keygen writes one): the\n"
-            "                                control channel then admits only the clients listed in\n"
-            "                                --control-authorized-keys; env TANDEM_CONTROL_KEY_FILE (default: none)\n"
-            "  --control-authorized-keys PATH  client public keys allowed on the control channel, one a line; env\n"
-            "                                TANDEM_CONTROL_AUTHORIZED_KEYS (default: none)\n"
-            "  --control-insecure            allow --control on an address other machines can reach without keys\n"
-            "                                (anyone reaching it can pause, replace the weights, shut down); without\n"
-            "                                it such a --control needs the two options above (default: off)\n"
-            "  --device cpu|cuda[:N]         compute backend and device index (default cpu)\n"
-            "  --devices LIST                one engine per listed device, each with its own copy of the model\n"
-            "                                and KV pool (data parallel); requests go to the least loaded engine,\n"
-            "                                weight updates to all: cuda:0,cuda:1 or 0,1 (CUDA devices), cpu,cpu;\n"
-            "                                not with --device (default: none, one engine on --device)\n"
-            "  --kv-cache-memory BYTES       KV cache pool size; suffixes K, M, G, T (x1024) (default %s)\n"
-            "  --gpu-memory-utilization F    cuda: size the KV pool so that this server's GPU (each engine's, with\n"
-            "                                --devices) stays within fraction F of its memory, counting the weights,\n"
-            "                                the step workspace, memory other processes hold and (with --control)\n"
-            "                                the copy NCCL weight updates land in; replaces --kv-cache-memory\n"
-            "                                (default: off)\n"
-            "  --block-size N                tokens per KV cache block (default %d)\n"
-            "  --max-num-seqs N              sequences decoded together per step (default %d)\n"
-            "  --max-num-batched-tokens N    tokens per engine step, decodes plus prefill chunks (default %d)\n"
-            "  --cuda-graph-max-batch N      cuda: decode-only steps (one new token per sequence) of up to N\n"
-            "                                sequences are padded to a ladder of batch sizes (1, 2, 4, 8, 16, 24,\n"
-            "                                32, 48, 64, 96, ..., N) and replayed as CUDA graphs, all recorded at\n"
-            "                                start-up; larger steps and steps with prompt tokens run op by op;\n"
-            "                                0 = never pad (default %d)\n"
-            "  --enforce-eager               cuda: run decode-only steps op by op instead of replaying CUDA graphs,\n"
-            "                                still padded: the same kernels and shapes as the graphs (default: off)\n"
-            "  --max-queued-requests N       queued requests beyond which new ones get 429 (default %d)\n"
-            "  --max-body-bytes BYTES        largest HTTP request body; larger gets 413 (default %s)\n"
-            "  --max-connections N           concurrent HTTP connections, one thread each; more are accepted\n"
-            "                                and closed at once (default %d)\n"
-            "  --max-connections-per-client N  concurrent connections from one client address; more are\n"
-            "                                closed at once. A trainer needs its peak concurrent requests plus\n"
-            "                                its idle kept-alive connections; 0 = as --max-connections\n"
-            "                                (default: as --max-connections)\n"
-            "  --request-read-timeout SECONDS  a request's headers and body must arrive within this time of\n"
-            "                                the connect (or of its request line, on a kept-alive connection),\n"
-            "                                however steadily bytes trickle in: a slower request gets 408 or\n"
-            "                                its connection closed; 0 = no limit (default %s)\n"
-            "  --api-key KEY                 require 'Authorization: Bearer KEY' on every route but /health and\n"
-            "                                /health/; the environment variable TANDEM_API_KEY also sets it\n"
-            "                                (default: none, no auth)\n"
-            "  --drain-timeout SECONDS       on SIGTERM/SIGINT, time given to requests in flight (default %s)\n"
-            "  --weight-sync-timeout SECONDS a weight update over NCCL (joining the trainer's communicator, each\n"
-            "                                receive) that stalls this long fails; the server keeps its weights\n"
-            "                                (default %s)\n"
-            "  --enable-prefix-caching       reuse KV blocks of identical prompt prefixes across requests\n"
-            "  --no-prefix-caching           do not (default: %s)\n"
-            "  --seed N                      seed for requests that carry none (default %" PRIu64 ")\n"
-            "  --served-model-name NAME      model id in /v1/models and answers (default: the folder's name)\n"
-            "  --chat-template NAME          force a chat template family: chatml, qwen3, llama3, llama3.1, llama2,\n"
-            "                                mistral, mistral-v1, zephyr (default: recognised from the model)\n"
-            "  -h, --help                    this text\n"
-            "  --version                     the version and how this binary was built\n"
-            "\n"
-            "Exit status: 0 after a drain (SIGTERM, SIGINT or a ZeroMQ shutdown once listening); 1 when start-up\n"
-            "fails; 2 on a usage error; 128 + N (143 for SIGTERM, 130 for SIGINT) when signal N arrives before the\n"
-            "server listens: start-up stops at once, nothing was served.\n",
-            kv, ec.block_size, ec.max_num_seqs, ec.max_num_batched_tokens, ec.cuda_graph_max_batch,
-            ec.max_queued_requests, body, hc.max_connections, read_timeout, drain, sync,
-            ec.enable_prefix_caching ? "enabled" : "disabled", ec.seed);
+// The options as given (text for the ones parsed further below: devices, byte counts, the seed).
+typedef struct {
+    const char *model, *host, *control, *control_key_file, *control_authorized_keys, *device, *devices, *kv,
+        *body, *api_key, *served_name, *chat_template, *seed;
+    int port, block_size, max_num_seqs, max_batched, max_queued, max_connections, max_per_client, graph_max_batch;
+    double gpu_util, read_timeout, drain_timeout, sync_timeout;
+    int control_insecure, enforce_eager, prefix_on, prefix_off;
+    char kv_default[32], body_default[32], seed_default[32];
+} ServeArgs;
+
+#define TEXT(flag_, field, value, help_, note) \
+    {.flag = flag_, .type = CLI_TEXT, .offset = offsetof(ServeArgs, field), .value_name = value, .help = help_, \
+     .default_note = note}
+#define INT(flag_, field, lo, hi, help_, note) \
+    {.flag = flag_, .type = CLI_INT, .offset = offsetof(ServeArgs, field), .help = help_, \
+     .bounds = CLI_BOUND_MIN | CLI_BOUND_MAX, .min = lo, .max = hi, .default_note = note}
+#define SECONDS(flag_, field, lo, hi, help_, note) \
+    {.flag = flag_, .type = CLI_DOUBLE, .offset = offsetof(ServeArgs, field), .value_name = "SECONDS", \
+     .help = help_, .bounds = CLI_BOUND_MIN | CLI_BOUND_MAX, .min = lo, .max = hi, .default_note = note}
+#define SWITCH(flag_, field, help_, note) \
+    {.flag = flag_, .type = CLI_SWITCH, .offset = offsetof(ServeArgs, field), .help = help_, .default_note = note}
+
+enum { N_SERVE_OPTIONS = 29 };
+
+// The option table; prefix_default says whether prefix caching is on by default (engine_config_default).
+static void serve_options(CliOption out[N_SERVE_OPTIONS], int prefix_default) {
+    const CliOption table[N_SERVE_OPTIONS] = {
+        {.flag = "--model", .type = CLI_TEXT, .offset = offsetof(ServeArgs, model), .value_name = "DIR",
+         .help = "model folder: config.json, *.safetensors, tokenizer.json", .required = 1},
+        TEXT("--host", host, "ADDR", "address to listen on", NULL),
+        INT("--port", port, 0, 65535, "HTTP port; 0 picks a free one and logs it", NULL),
+        TEXT("--control", control, "ENDPOINT",
+             "ZeroMQ ROUTER endpoint, e.g. tcp://127.0.0.1:5555; one that other machines can reach "
+             "(tcp://0.0.0.0:5555) needs keys", NULL),
+        TEXT("--control-key-file", control_key_file, "PATH",
+             "this server's CURVE key pair (tandem-train keygen writes one): the control channel then admits only the "
+             "clients listed in --control-authorized-keys", "env TANDEM_CONTROL_KEY_FILE, else none"),
+        TEXT("--control-authorized-keys", control_authorized_keys, "PATH",
+             "client public keys allowed on the control channel, one a line",
+             "env TANDEM_CONTROL_AUTHORIZED_KEYS, else none"),
+        SWITCH("--control-insecure", control_insecure,
+               "allow --control on an address other machines can reach without keys (anyone reaching it can pause, "
+               "replace the weights, shut down); without it such a --control needs the two options above", NULL),
+        TEXT("--device", device, "cpu|cuda[:N]", "compute backend and device index", NULL),
+        TEXT("--devices", devices, "LIST",
+             "one engine per listed device, each with its own copy of the model and KV pool (data parallel); "
+             "requests go to the least loaded engine, weight updates to all: cuda:0,cuda:1 or 0,1 (CUDA devices), "
+             "cpu,cpu; not with --device", "none, one engine on --device"),
+        TEXT("--kv-cache-memory", kv, "BYTES", "KV cache pool size; suffixes K, M, G, T (x1024)", NULL),
+        {.flag = "--gpu-memory-utilization", .type = CLI_DOUBLE, .offset = offsetof(ServeArgs, gpu_util),
+         .value_name = "F",
+         .help = "cuda: size the KV pool so that this server's GPU (each engine's, with --devices) stays within "
+                 "fraction F of its memory, counting the weights, the step workspace, memory other processes hold "
+                 "and (with --control) the copy NCCL weight updates land in; replaces --kv-cache-memory",
+         .bounds = CLI_BOUND_MIN | CLI_BOUND_MAX, .min = 0, .max = 1, .min_exclusive = 1, .default_note = "off"},
+        INT("--block-size", block_size, 1, 4096, "tokens per KV cache block", NULL),
+        INT("--max-num-seqs", max_num_seqs, 1, 1 << 20, "sequences decoded together per step", NULL),
+        INT("--max-num-batched-tokens", max_batched, 1, 1 << 24,
+            "tokens per engine step, decodes plus prefill chunks", NULL),
+        INT("--cuda-graph-max-batch", graph_max_batch, 0, 1 << 20,
+            "cuda: decode-only steps (one new token per sequence) of up to N sequences are padded to a ladder of "
+            "batch sizes (1, 2, 4, 8, 16, 24, 32, 48, 64, 96, ..., N) and replayed as CUDA graphs, all recorded at "
+            "start-up; larger steps and steps with prompt tokens run op by op; 0 = never pad", NULL),
+        SWITCH("--enforce-eager", enforce_eager,
+               "cuda: run decode-only steps op by op instead of replaying CUDA graphs, still padded: the same kernels "
+               "and shapes as the graphs", NULL),
+        INT("--max-queued-requests", max_queued, 1, 1 << 24, "queued requests beyond which new ones get 429", NULL),
+        TEXT("--max-body-bytes", body, "BYTES", "largest HTTP request body; larger gets 413", NULL),
+        INT("--max-connections", max_connections, 1, 1 << 16,
+            "concurrent HTTP connections, one thread each; more are accepted and closed at once", NULL),
+        INT("--max-connections-per-client", max_per_client, 0, 1 << 16,
+            "concurrent connections from one client address; more are closed at once. A trainer needs its peak "
+            "concurrent requests plus its idle kept-alive connections; 0 = as --max-connections",
+            "as --max-connections"),
+        SECONDS("--request-read-timeout", read_timeout, 0, 86400,
+                "a request's headers and body must arrive within this time of the connect (or of its request line, "
+                "on a kept-alive connection), however steadily bytes trickle in: a slower request gets 408 or its "
+                "connection closed; 0 = no limit", NULL),
+        TEXT("--api-key", api_key, "KEY",
+             "require 'Authorization: Bearer KEY' on every route but /health and /health/",
+             "env TANDEM_API_KEY, else none (no auth)"),
+        SECONDS("--drain-timeout", drain_timeout, 0, 86400, "on SIGTERM/SIGINT, time given to requests in flight",
+                NULL),
+        SECONDS("--weight-sync-timeout", sync_timeout, 1, 86400,
+                "a weight update over NCCL (joining the trainer's communicator, each receive) that stalls this long "
+                "fails; the server keeps its weights", NULL),
+        SWITCH("--enable-prefix-caching", prefix_on, "reuse KV blocks of identical prompt prefixes across requests",
+               prefix_default ? "on" : "off"),
+        SWITCH("--no-prefix-caching", prefix_off, "do not reuse them", prefix_default ? "off" : "on"),
+        TEXT("--seed", seed, "N", "seed for requests that carry none", NULL),
+        TEXT("--served-model-name", served_name, "NAME", "model id in /v1/models and answers", "the folder's name"),
+        TEXT("--chat-template", chat_template, "NAME",
+             "force a chat template family: chatml, qwen3, llama3, llama3.1, llama2, mistral, mistral-v1, zephyr",
+             "recognised from the model"),
+    };
+    memcpy(out, table, sizeof table);
 }
+#undef TEXT
+#undef INT
+#undef SECONDS
+#undef SWITCH
+
+static const char kDescription[] =
+    "Serves a Hugging Face model folder over HTTP (OpenAI-compatible and TRL vllm-serve routes, see\n"
+    "docs/http-api.md) and, with --control, over the trainer's ZeroMQ channel (docs/protocol-zmq.md).";
+static const char kEpilog[] =
+    "Exit status: 0 after a drain (SIGTERM, SIGINT or a ZeroMQ shutdown once listening); 1 when start-up\n"
+    "fails; 2 on a usage error; 128 + N (143 for SIGTERM, 130 for SIGINT) when signal N arrives before the\n"
+    "server listens: start-up stops at once, nothing was served.";
 
 static int bad(const char *opt, const char *val, const char *why) {
     fprintf(stderr, "tandem-serve: --%s %s: %s (see --help)\n", opt, val, why);
@@ -277,149 +257,108 @@ static int parse_options(int argc, char **argv, Options *o) {
     http_config_default(&o->http);
     o->drain_timeout_s = DEFAULT_DRAIN_TIMEOUT_S;
     o->weight_sync_timeout_s = DEFAULT_WEIGHT_SYNC_TIMEOUT_S;
-    const char *env_key = getenv("TANDEM_API_KEY");
-    if (env_key && env_key[0]) o->http.api_key = env_key;
-    const char *env_ckey = getenv("TANDEM_CONTROL_KEY_FILE"), *env_cauth = getenv("TANDEM_CONTROL_AUTHORIZED_KEYS");
-    if (env_ckey && env_ckey[0]) o->control_key_file = env_ckey;
-    if (env_cauth && env_cauth[0]) o->control_authorized_keys = env_cauth;
     const char *env_tune = getenv("TANDEM_GEMM_AUTOTUNE");   // kernels/cuda/README.md
     if (env_tune && env_tune[0] && ops_gemm_autotune_parse(env_tune, &o->engine.ops.gemm_autotune) != 0) {
         fprintf(stderr, "tandem-serve: TANDEM_GEMM_AUTOTUNE=%s: expected 0 (off), 1 (on) or 2 (on, logged)\n",
                 env_tune);
         return -1;
     }
-    long long v;
-    int c;
-    opterr = 0;
-    while ((c = getopt_long(argc, argv, "h", kLongOpts, NULL)) != -1) {
-        switch (c) {
-        case OPT_MODEL: o->engine.model_dir = optarg; break;
-        case OPT_HOST: o->http.host = optarg; break;
-        case OPT_PORT:
-            if (parse_long("port", optarg, 0, 65535, &v)) return -1;
-            o->http.port = (int)v;
-            break;
-        case OPT_CONTROL: o->control = optarg; break;
-        case OPT_CONTROL_KEY: o->control_key_file = optarg; break;
-        case OPT_CONTROL_AUTHORIZED: o->control_authorized_keys = optarg; break;
-        case OPT_CONTROL_INSECURE: o->control_insecure = 1; break;
-        case OPT_DEVICE:
-            if (strcmp(optarg, "cpu") == 0) {
-                o->engine.backend = OPS_BACKEND_CPU, o->engine.device = 0;
-            } else if (strncmp(optarg, "cuda", 4) == 0 && (optarg[4] == 0 || optarg[4] == ':')) {
-                o->engine.backend = OPS_BACKEND_CUDA, o->engine.device = 0;
-                if (optarg[4] == ':' && parse_long("device", optarg + 5, 0, 1023, &v)) return -1;
-                if (optarg[4] == ':') o->engine.device = (int)v;
-            } else {
-                return bad("device", optarg, "expected cpu, cuda or cuda:N");
-            }
-            o->device_given = 1;
-            break;
-        case OPT_DEVICES: {
-            char why[256];
-            o->n_devices = engine_devices_parse(optarg, o->devices, ENGINE_GROUP_MAX, why, sizeof why);
-            if (o->n_devices < 0) return bad("devices", optarg, why);
-            o->devices_arg = optarg;
-            break;
-        }
-        case OPT_GPU_UTIL: {
-            char *end;
-            double d = strtod(optarg, &end);
-            if (end == optarg || *end || !(d > 0) || d > 1)
-                return bad("gpu-memory-utilization", optarg, "expected a fraction in (0, 1], e.g. 0.9");
-            o->engine.gpu_memory_utilization = d;
-            break;
-        }
-        case OPT_KV:
-            if (parse_bytes("kv-cache-memory", optarg, &o->engine.kv_cache_bytes)) return -1;
-            if (o->engine.kv_cache_bytes == 0) return bad("kv-cache-memory", optarg, "must be > 0");
-            break;
-        case OPT_BLOCK:
-            if (parse_long("block-size", optarg, 1, 4096, &v)) return -1;
-            o->engine.block_size = (int)v;
-            break;
-        case OPT_SEQS:
-            if (parse_long("max-num-seqs", optarg, 1, 1 << 20, &v)) return -1;
-            o->engine.max_num_seqs = (int)v;
-            break;
-        case OPT_BATCHED:
-            if (parse_long("max-num-batched-tokens", optarg, 1, 1 << 24, &v)) return -1;
-            o->engine.max_num_batched_tokens = (int)v;
-            break;
-        case OPT_QUEUED:
-            if (parse_long("max-queued-requests", optarg, 1, 1 << 24, &v)) return -1;
-            o->engine.max_queued_requests = (int)v;
-            break;
-        case OPT_BODY:
-            if (parse_bytes("max-body-bytes", optarg, &o->http.max_body_bytes)) return -1;
-            if (o->http.max_body_bytes == 0) return bad("max-body-bytes", optarg, "must be > 0");
-            break;
-        case OPT_MAX_CONNECTIONS:
-            if (parse_long("max-connections", optarg, 1, 1 << 16, &v)) return -1;
-            o->http.max_connections = (int)v;
-            break;
-        case OPT_MAX_CONNECTIONS_PER_CLIENT:
-            if (parse_long("max-connections-per-client", optarg, 0, 1 << 16, &v)) return -1;
-            o->http.max_connections_per_client = (int)v;
-            break;
-        case OPT_REQUEST_READ_TIMEOUT: {
-            char *end;
-            double d = strtod(optarg, &end);
-            if (end == optarg || *end || !(d >= 0) || d > 86400)
-                return bad("request-read-timeout", optarg, "expected 0..86400 seconds (0 = no limit)");
-            o->http.request_read_timeout_s = d;
-            break;
-        }
-        case OPT_KEY: o->http.api_key = optarg; break;
-        case OPT_DRAIN: {
-            char *end;
-            double d = strtod(optarg, &end);
-            if (end == optarg || *end || !(d >= 0) || d > 86400)
-                return bad("drain-timeout", optarg, "expected 0..86400 seconds");
-            o->drain_timeout_s = d;
-            break;
-        }
-        case OPT_SYNC_TIMEOUT: {
-            char *end;
-            double d = strtod(optarg, &end);
-            if (end == optarg || *end || !(d >= 1) || d > 86400)
-                return bad("weight-sync-timeout", optarg, "expected 1..86400 seconds");
-            o->weight_sync_timeout_s = d;
-            break;
-        }
-        case OPT_PREFIX: o->engine.enable_prefix_caching = 1; break;
-        case OPT_NO_PREFIX: o->engine.enable_prefix_caching = 0; break;
-        case OPT_SEED: {
-            char *end;
-            errno = 0;
-            unsigned long long s = strtoull(optarg, &end, 10);
-            if (errno || end == optarg || *end || optarg[0] == '-')
-                return bad("seed", optarg, "expected an unsigned integer");
-            o->engine.seed = (uint64_t)s;
-            break;
-        }
-        case OPT_NAME:
-            if (!optarg[0]) return bad("served-model-name", "\"\"", "must not be empty");
-            o->http.served_model_name = optarg;
-            break;
-        case OPT_TEMPLATE: o->http.chat_template = optarg; break;
-        case OPT_ENFORCE_EAGER: o->engine.enforce_eager = 1; break;
-        case OPT_GRAPH_MAX_BATCH:
-            if (parse_long("cuda-graph-max-batch", optarg, 0, 1 << 20, &v)) return -1;
-            o->engine.cuda_graph_max_batch = (int)v;
-            break;
-        case 'h':
-        case OPT_HELP: usage(stdout); exit(0);
-        case OPT_VERSION: tandem_print_version(stdout, "tandem-serve"); exit(0);
-        default:
-            fprintf(stderr, "tandem-serve: unknown option or missing value: %s (see --help)\n", argv[optind - 1]);
-            return -1;
-        }
+    // The defaults as --help prints them, then the options given.
+    ServeArgs a = {.host = o->http.host, .device = "cpu", .port = o->http.port, .block_size = o->engine.block_size,
+                   .max_num_seqs = o->engine.max_num_seqs, .max_batched = o->engine.max_num_batched_tokens,
+                   .max_queued = o->engine.max_queued_requests, .max_connections = o->http.max_connections,
+                   .max_per_client = o->http.max_connections_per_client,
+                   .graph_max_batch = o->engine.cuda_graph_max_batch, .read_timeout = o->http.request_read_timeout_s,
+                   .drain_timeout = o->drain_timeout_s, .sync_timeout = o->weight_sync_timeout_s};
+    human_bytes(o->engine.kv_cache_bytes, a.kv_default, sizeof a.kv_default);
+    human_bytes(o->http.max_body_bytes, a.body_default, sizeof a.body_default);
+    snprintf(a.seed_default, sizeof a.seed_default, "%" PRIu64, o->engine.seed);
+    a.kv = a.kv_default, a.body = a.body_default, a.seed = a.seed_default;
+    const ServeArgs defaults = a;
+    CliOption options[N_SERVE_OPTIONS];
+    serve_options(options, o->engine.enable_prefix_caching);
+    const CliSpec spec = {.command = "tandem-serve", .synopsis = "--model DIR [options]", .description = kDescription,
+                          .epilog = kEpilog, .options = options, .n_options = N_SERVE_OPTIONS};
+    char err[512];
+    int rest = argc, pr = cli_parse(&spec, &a, argc, argv, &rest, err, sizeof err);
+    if (pr == CLI_HELP || pr == CLI_VERSION) {
+        if (pr == CLI_HELP) cli_usage(&spec, &defaults, stdout);
+        else tandem_print_version(stdout, "tandem-serve");
+        exit(0);
     }
-    if (optind < argc) {
-        fprintf(stderr, "tandem-serve: unexpected argument '%s' (see --help)\n", argv[optind]);
+    if (pr == CLI_ERROR) {
+        fprintf(stderr, "%s\n", err);
         return -1;
     }
+    if (rest < argc) {
+        fprintf(stderr, "tandem-serve: unexpected argument '%s' after -- (see --help)\n", argv[rest]);
+        return -1;
+    }
+    // The environment fills what the options left empty.
+    const char *env_key = getenv("TANDEM_API_KEY");
+    const char *env_ckey = getenv("TANDEM_CONTROL_KEY_FILE"), *env_cauth = getenv("TANDEM_CONTROL_AUTHORIZED_KEYS");
+    o->http.api_key = a.api_key ? a.api_key : env_key && env_key[0] ? env_key : NULL;
+    o->control_key_file = a.control_key_file ? a.control_key_file : env_ckey && env_ckey[0] ? env_ckey : NULL;
+    o->control_authorized_keys = a.control_authorized_keys ? a.control_authorized_keys
+                                 : env_cauth && env_cauth[0] ? env_cauth : NULL;
+    o->engine.model_dir = a.model;
+    o->http.host = a.host;
+    o->http.port = a.port;
+    o->control = a.control;
+    o->control_insecure = a.control_insecure;
+    long long v;
+    if (a.device != defaults.device) {
+        if (strcmp(a.device, "cpu") == 0) {
+            o->engine.backend = OPS_BACKEND_CPU, o->engine.device = 0;
+        } else if (strncmp(a.device, "cuda", 4) == 0 && (a.device[4] == 0 || a.device[4] == ':')) {
+            o->engine.backend = OPS_BACKEND_CUDA, o->engine.device = 0;
+            if (a.device[4] == ':' && parse_long("device", a.device + 5, 0, 1023, &v)) return -1;
+            if (a.device[4] == ':') o->engine.device = (int)v;
+        } else {
+            return bad("device", a.device, "expected cpu, cuda or cuda:N");
+        }
+        o->device_given = 1;
+    }
+    if (a.devices) {
+        char why[256];
+        o->n_devices = engine_devices_parse(a.devices, o->devices, ENGINE_GROUP_MAX, why, sizeof why);
+        if (o->n_devices < 0) return bad("devices", a.devices, why);
+        o->devices_arg = a.devices;
+    }
+    if (a.gpu_util > 0) o->engine.gpu_memory_utilization = a.gpu_util;
+    if (parse_bytes("kv-cache-memory", a.kv, &o->engine.kv_cache_bytes)) return -1;
+    if (o->engine.kv_cache_bytes == 0) return bad("kv-cache-memory", a.kv, "must be > 0");
+    if (parse_bytes("max-body-bytes", a.body, &o->http.max_body_bytes)) return -1;
+    if (o->http.max_body_bytes == 0) return bad("max-body-bytes", a.body, "must be > 0");
+    o->engine.block_size = a.block_size;
+    o->engine.max_num_seqs = a.max_num_seqs;
+    o->engine.max_num_batched_tokens = a.max_batched;
+    o->engine.max_queued_requests = a.max_queued;
+    o->http.max_connections = a.max_connections;
+    o->http.max_connections_per_client = a.max_per_client;
+    o->http.request_read_timeout_s = a.read_timeout;
+    o->drain_timeout_s = a.drain_timeout;
+    o->weight_sync_timeout_s = a.sync_timeout;
+    if (a.prefix_on && a.prefix_off) {
+        fprintf(stderr, "tandem-serve: --enable-prefix-caching and --no-prefix-caching contradict each other: drop one "
+                        "(see --help)\n");
+        return -1;
+    }
+    if (a.prefix_on) o->engine.enable_prefix_caching = 1;
+    if (a.prefix_off) o->engine.enable_prefix_caching = 0;
+    {
+        char *end;
+        errno = 0;
+        unsigned long long seed = strtoull(a.seed, &end, 10);
+        if (errno || end == a.seed || *end || a.seed[0] == '-') return bad("seed", a.seed, "expected an unsigned integer");
+        o->engine.seed = (uint64_t)seed;
+    }
+    if (a.served_name) {
+        if (!a.served_name[0]) return bad("served-model-name", "\"\"", "must not be empty");
+        o->http.served_model_name = a.served_name;
+    }
+    o->http.chat_template = a.chat_template;
+    o->engine.enforce_eager = a.enforce_eager;
     if (!o->engine.model_dir) {
         fprintf(stderr, "tandem-serve: --model DIR is required (see --help)\n");
         return -1;

@@ -85,7 +85,7 @@ void cli_usage(const CliSpec *spec, const void *defaults, FILE *f) {
         else fprintf(f, "  %-28s ", left);
         print_wrapped(f, line, indent, indent);
     }
-    fprintf(f, "  %-28s this text\n", "--help, -h");
+    fprintf(f, "  %-28s this text\n", "-h, --help");
     fprintf(f, "  %-28s the version, and how this binary was built\n", "--version");
     if (spec->epilog) fprintf(f, "\n%s\n", spec->epilog);
 }
@@ -126,10 +126,9 @@ static int unknown(const CliSpec *spec, const char *arg, size_t len, char *err, 
         if (d < best_d) best_d = d, best = &spec->options[i];
     }
     if (best)
-        return err_fail_code(CLI_ERROR, err, err_len, "%s: unknown option %s (did you mean %s?; see %s --help)",
-                             spec->command, name, best->flag, spec->command);
-    return err_fail_code(CLI_ERROR, err, err_len, "%s: unknown option %s (see %s --help)", spec->command, name,
-                         spec->command);
+        return err_fail_code(CLI_ERROR, err, err_len, "%s: unknown option %s; did you mean %s? (see --help)",
+                             spec->command, name, best->flag);
+    return err_fail_code(CLI_ERROR, err, err_len, "%s: unknown option %s (see --help)", spec->command, name);
 }
 
 static int out_of_range(const CliSpec *spec, const CliOption *o, const char *v, char *err, size_t err_len) {
@@ -140,7 +139,7 @@ static int out_of_range(const CliSpec *spec, const CliOption *o, const char *v, 
     if ((o->bounds & CLI_BOUND_MIN) && (o->bounds & CLI_BOUND_MAX)) snprintf(range, sizeof range, "%s %s value <= %s", lo, op, hi);
     else if (o->bounds & CLI_BOUND_MIN) snprintf(range, sizeof range, "value %s %s", o->min_exclusive ? ">" : ">=", lo);
     else snprintf(range, sizeof range, "value <= %s", hi);
-    return err_fail_code(CLI_ERROR, err, err_len, "%s: %s %s is out of range (%s)", spec->command, o->flag, v, range);
+    return err_fail_code(CLI_ERROR, err, err_len, "%s: %s %s is out of range (%s; see --help)", spec->command, o->flag, v, range);
 }
 
 static int in_range(const CliOption *o, double x) {
@@ -168,14 +167,14 @@ static int take_value(const CliSpec *spec, const CliOption *o, void *opts, const
     switch (o->type) {
     case CLI_TEXT:
         if (o->choices && !choice_ok(o->choices, v))
-            return err_fail_code(CLI_ERROR, err, err_len, "%s: %s '%s' is not one of %s", spec->command, o->flag, v,
+            return err_fail_code(CLI_ERROR, err, err_len, "%s: %s '%s' is not one of %s (see --help)", spec->command, o->flag, v,
                                  o->choices);
         *(const char **)p = v;
         return CLI_OK;
     case CLI_LIST: {
         CliList *l = (CliList *)p;
         if (l->n == CLI_LIST_MAX)
-            return err_fail_code(CLI_ERROR, err, err_len, "%s: %s given more than %d times", spec->command, o->flag,
+            return err_fail_code(CLI_ERROR, err, err_len, "%s: %s given more than %d times (see --help)", spec->command, o->flag,
                                  CLI_LIST_MAX);
         l->items[l->n++] = v;
         return CLI_OK;
@@ -186,7 +185,7 @@ static int take_value(const CliSpec *spec, const CliOption *o, void *opts, const
         long long x = strtoll(v, &end, 10);
         if (*v && errno == ERANGE && end != v && !*end) return out_of_range(spec, o, v, err, err_len);
         if (errno || end == v || *end)
-            return err_fail_code(CLI_ERROR, err, err_len, "%s: %s '%s' is not an integer", spec->command, o->flag, v);
+            return err_fail_code(CLI_ERROR, err, err_len, "%s: %s '%s' is not an integer (see --help)", spec->command, o->flag, v);
         if ((o->type == CLI_INT && (x < INT_MIN || x > INT_MAX)) || !in_range(o, (double)x))
             return out_of_range(spec, o, v, err, err_len);
         if (o->type == CLI_INT) *(int *)p = (int)x;
@@ -197,7 +196,7 @@ static int take_value(const CliSpec *spec, const CliOption *o, void *opts, const
         errno = 0;
         double x = strtod(v, &end);
         if (!*v || end == v || *end || !isfinite(x))
-            return err_fail_code(CLI_ERROR, err, err_len, "%s: %s '%s' is not a finite number", spec->command,
+            return err_fail_code(CLI_ERROR, err, err_len, "%s: %s '%s' is not a finite number (see --help)", spec->command,
                                  o->flag, v);
         if (!in_range(o, x)) return out_of_range(spec, o, v, err, err_len);
         *(double *)p = x;
@@ -205,7 +204,7 @@ static int take_value(const CliSpec *spec, const CliOption *o, void *opts, const
     }
     case CLI_SWITCH: break;
     }
-    return err_fail_code(CLI_ERROR, err, err_len, "%s: %s takes no value", spec->command, o->flag);
+    return err_fail_code(CLI_ERROR, err, err_len, "%s: %s takes no value (see --help)", spec->command, o->flag);
 }
 
 int cli_parse(const CliSpec *spec, void *opts, int argc, char **argv, int *rest, char *err, size_t err_len) {
@@ -226,19 +225,19 @@ int cli_parse(const CliSpec *spec, void *opts, int argc, char **argv, int *rest,
         int idx = (int)(o - spec->options);
         if (idx < 256) given[idx] = 1;
         if (o->type == CLI_SWITCH) {
-            if (eq) return err_fail_code(CLI_ERROR, err, err_len, "%s: %s takes no value", spec->command, o->flag);
+            if (eq) return err_fail_code(CLI_ERROR, err, err_len, "%s: %s takes no value (see --help)", spec->command, o->flag);
             *(int *)((char *)opts + o->offset) = 1;
             continue;
         }
         const char *v = eq ? eq + 1 : i + 1 < argc ? argv[++i] : NULL;
         if (!v)
-            return err_fail_code(CLI_ERROR, err, err_len, "%s: %s needs a value (%s)", spec->command, o->flag,
+            return err_fail_code(CLI_ERROR, err, err_len, "%s: %s needs a value (%s; see --help)", spec->command, o->flag,
                                  value_name(o));
         if (take_value(spec, o, opts, v, err, err_len) != CLI_OK) return CLI_ERROR;
     }
     for (int i = 0; i < spec->n_options && i < 256; i++)
         if (spec->options[i].required && !given[i])
-            return err_fail_code(CLI_ERROR, err, err_len, "%s: %s %s is required (see %s --help)", spec->command,
-                                 spec->options[i].flag, value_name(&spec->options[i]), spec->command);
+            return err_fail_code(CLI_ERROR, err, err_len, "%s: %s %s is required (see --help)", spec->command,
+                                 spec->options[i].flag, value_name(&spec->options[i]));
     return CLI_OK;
 }

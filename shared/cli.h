@@ -10,9 +10,9 @@
 //   <description>
 //     --max-tokens N               most tokens per completion (default 256)
 // Errors name the command, the option and the value, and say what would be taken:
-//   tandem-train eval: --n 'x' is not an integer
-//   tandem-train eval: --top-p 1.5 is out of range (0 < value <= 1)
-//   tandem-train demo: unknown option --grpo-stepz (did you mean --grpo-steps?; see tandem-train demo --help)
+//   tandem-train eval: --n 'x' is not an integer (see --help)
+//   tandem-train eval: --top-p 1.5 is out of range (0 < value <= 1; see --help)
+//   tandem-train demo: unknown option --grpo-stepz; did you mean --grpo-steps? (see --help)
 #ifndef TANDEM_SHARED_CLI_H
 #define TANDEM_SHARED_CLI_H
 

@@ -255,7 +255,7 @@ def test_idle_kept_alive_connections_outlive_the_read_deadline(server):
 def test_options_are_checked():
     for args, needle in ((["--request-read-timeout", "-1"], "--request-read-timeout -1"),
                          (["--max-connections", "0"], "--max-connections 0"),
-                         (["--max-connections-per-client", "x"], "--max-connections-per-client x")):
+                         (["--max-connections-per-client", "x"], "--max-connections-per-client 'x'")):
         r = subprocess.run([serve_binary(), "--model", "unused", *args], capture_output=True, text=True, timeout=30)
         assert r.returncode == 2 and needle in r.stderr and "see --help" in r.stderr, (args, r.stderr)
     text = subprocess.run([serve_binary(), "--help"], capture_output=True, text=True, timeout=30).stdout

@@ -90,7 +90,7 @@ def test_help_lists_devices():
     assert out.returncode == 0
     line = [ln for ln in out.stdout.splitlines() if ln.strip().startswith("--devices LIST")]
     assert line, out.stdout
-    assert "(default: none, one engine on --device)" in out.stdout
+    assert "(default none, one engine on --device)" in " ".join(out.stdout.split())
 
 
 def test_device_and_devices_together_are_refused(tmp_path):

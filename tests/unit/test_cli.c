@@ -52,6 +52,7 @@ static int parse(Opts *o, int *rest, char *err, size_t err_len, ...) {
         CHECK(parse(&o, NULL, err, sizeof err, __VA_ARGS__, NULL) == CLI_ERROR);                                      \
         CHECK(strstr(err, text) != NULL, "error '%s' lacks '%s'", err, text);                                        \
         CHECK(!strncmp(err, "tool: ", 6), "error '%s' does not name the command", err);                              \
+        CHECK(strstr(err, "(see --help)") != NULL || strstr(err, "; see --help)") != NULL, "error '%s' lacks --help", err); \
     } while (0)
 
 int main(void) {
@@ -77,16 +78,16 @@ int main(void) {
     CHECK(parse(&o, NULL, err, sizeof err, "--version", NULL) == CLI_VERSION);
     // Errors and their wording.
     EXPECT_ERROR("--name NAME is required", "--count", "2");
-    EXPECT_ERROR("unknown option --cuont (did you mean --count?", "--name", "x", "--cuont", "2");
-    EXPECT_ERROR("unknown option --zzzzzzzz (see tool --help)", "--name", "x", "--zzzzzzzz");
+    EXPECT_ERROR("unknown option --cuont; did you mean --count? (see --help)", "--name", "x", "--cuont", "2");
+    EXPECT_ERROR("unknown option --zzzzzzzz (see --help)", "--name", "x", "--zzzzzzzz");
     EXPECT_ERROR("--count needs a value", "--name", "x", "--count");
     EXPECT_ERROR("--count 'abc' is not an integer", "--name", "x", "--count", "abc");
     EXPECT_ERROR("--count '' is not an integer", "--name", "x", "--count=");
     EXPECT_ERROR("--count '3x' is not an integer", "--name", "x", "--count", "3x");
-    EXPECT_ERROR("--count 11 is out of range (1 <= value <= 10)", "--name", "x", "--count", "11");
+    EXPECT_ERROR("--count 11 is out of range (1 <= value <= 10; see --help)", "--name", "x", "--count", "11");
     EXPECT_ERROR("--count 99999999999 is out of range", "--name", "x", "--count", "99999999999");
     EXPECT_ERROR("--seed 99999999999999999999999 is out of range", "--name", "x", "--seed", "99999999999999999999999");
-    EXPECT_ERROR("--rate 0 is out of range (0 < value <= 1)", "--name", "x", "--rate", "0");
+    EXPECT_ERROR("--rate 0 is out of range (0 < value <= 1; see --help)", "--name", "x", "--rate", "0");
     EXPECT_ERROR("--rate 'nan' is not a finite number", "--name", "x", "--rate", "nan");
     EXPECT_ERROR("--rate '1e999' is not a finite number", "--name", "x", "--rate", "1e999");
     EXPECT_ERROR("--mode 'medium' is not one of fast|slow", "--name", "x", "--mode", "medium");
@@ -114,7 +115,7 @@ int main(void) {
     CHECK(strstr(text, "  --rate FLOAT                 a rate (default 0.5)\n") != NULL, "%s", text);
     CHECK(strstr(text, "  --verbose                    say more (default off)\n") != NULL, "%s", text);
     CHECK(strstr(text, "  --extra ARG                  passed on (repeatable; default none)\n") != NULL, "%s", text);
-    CHECK(strstr(text, "  --help, -h ") != NULL && strstr(text, "  --version ") != NULL, "%s", text);
+    CHECK(strstr(text, "  -h, --help ") != NULL && strstr(text, "  --version ") != NULL, "%s", text);
     for (const char *line = text; *line;) {
         const char *nl = strchr(line, '\n');
         size_t n = nl ? (size_t)(nl - line) : strlen(line);
