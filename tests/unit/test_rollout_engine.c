@@ -26,6 +26,7 @@
 
 #include "rollout_server/engine.h"
 #include "tests/unit/check_macros.h"
+#include "tests/unit/testlib.h"
 
 #define V 64
 #define EOS 63
@@ -50,38 +51,16 @@ static void die(const char *what, const char *err) {
     exit(1);
 }
 
-static void write_file(const char *dir, const char *name, const char *text) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "w");
-    if (!f || fputs(text, f) < 0 || fclose(f) != 0) die("write", path);
-}
-
 static void make_model_dirs(void) {
     char err[512];
-    snprintf(dir_tok, sizeof dir_tok, "/tmp/tandem_engine_XXXXXX");
+    snprintf(dir_tok, sizeof dir_tok, "/tmp/tandem_engine_XXXXXX");   // mkdtemp's template
     if (!mkdtemp(dir_tok)) die("mkdtemp", dir_tok);
     snprintf(dir_notok, sizeof dir_notok, "%.200s/notok", dir_tok);
-    ModelConfig cfg;
-    Ref r;
-    if (config_parse(&cfg, CONFIG, strlen(CONFIG), err, sizeof err) || ops_create(&r.ops, OPS_BACKEND_CPU, 0, err, sizeof err) ||
-        model_init(&r.m, &cfg, r.ops, err, sizeof err) || resident_alloc(&r.w, &r.m, 0, err, sizeof err))
+    // The same random model (seed 11, std 0.5) twice; one character per id in the first folder's tokenizer.
+    if (tiny_model_write_random(dir_tok, CONFIG, 11, 0.5f, err, sizeof err) ||
+        tiny_model_write_random(dir_notok, CONFIG, 11, 0.5f, err, sizeof err))
         die("model", err);
-    model_init_random(&r.m, &r.w, 11, 0.5f);
-    UnitSource src = resident_source(&r.w);
-    if (model_save(&r.m, &src, dir_tok, 0, 0, err, sizeof err) || model_save(&r.m, &src, dir_notok, 0, 0, err, sizeof err))
-        die("model_save", err);
-    resident_free(&r.w, &r.m);
-    model_free(&r.m);
-    ops_destroy(r.ops);
-    // One character per id; no merges, no pre-tokenizer; Fuse concatenates the characters.
-    char json[4096], *p = json;
-    p += sprintf(p, "{\"version\": \"1.0\", \"added_tokens\": [], \"normalizer\": null, \"pre_tokenizer\": null, "
-                    "\"post_processor\": null, \"decoder\": {\"type\": \"Fuse\"}, \"model\": {\"type\": \"BPE\", "
-                    "\"dropout\": null, \"unk_token\": null, \"fuse_unk\": false, \"byte_fallback\": false, \"vocab\": {");
-    for (int i = 0; i < V; i++) p += sprintf(p, "%s\"%c\": %d", i ? ", " : "", VOCAB_CHARS[i], i);
-    sprintf(p, "}, \"merges\": []}}");
-    write_file(dir_tok, "tokenizer.json", json);
+    if (tiny_tokenizer_write(dir_tok, VOCAB_CHARS, err, sizeof err)) die("tokenizer", err);
 }
 
 static void ref_load(Ref *r, const char *dir) {

@@ -18,6 +18,7 @@
 
 #include "rollout_server/engine_group.h"
 #include "tests/unit/check_macros.h"
+#include "tests/unit/testlib.h"
 
 static const char *CONFIG =
     "{\"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 256, \"hidden_size\": 128, \"intermediate_size\": 256,"
@@ -45,17 +46,13 @@ typedef struct {
 
 static void ref_make(Ref *r, uint64_t seed) {
     char err[512];
-    ModelConfig cfg;
-    if (config_parse(&cfg, CONFIG, strlen(CONFIG), err, sizeof err) ||
-        ops_create(&r->ops, OPS_BACKEND_CPU, 0, err, sizeof err) || model_init(&r->m, &cfg, r->ops, err, sizeof err) ||
-        resident_alloc(&r->w, &r->m, 0, err, sizeof err))
+    if (ops_create(&r->ops, OPS_BACKEND_CPU, 0, err, sizeof err) ||
+        tiny_model_init(&r->m, &r->w, r->ops, CONFIG, 0, seed, STD, err, sizeof err))
         die("reference model", err);
-    model_init_random(&r->m, &r->w, seed, STD);
 }
 
 static void ref_free(Ref *r) {
-    resident_free(&r->w, &r->m);
-    model_free(&r->m);
+    tiny_model_free(&r->m, &r->w);
     ops_destroy(r->ops);
 }
 
@@ -113,11 +110,7 @@ static void make_model_dir(void) {
     char err[512];
     snprintf(model_dir, sizeof model_dir, "/tmp/tandem_engine_group_XXXXXX");
     if (!mkdtemp(model_dir)) die("mkdtemp", model_dir);
-    Ref r;
-    ref_make(&r, SEED_BASE);
-    UnitSource src = resident_source(&r.w);
-    if (model_save(&r.m, &src, model_dir, 0, 0, err, sizeof err)) die("model_save", err);
-    ref_free(&r);
+    if (tiny_model_write_random(model_dir, CONFIG, SEED_BASE, STD, err, sizeof err)) die("model", err);
 }
 
 static void test_parse(void) {

@@ -18,6 +18,7 @@
 
 #include "rollout_server/model_runner.h"
 #include "tests/unit/check_macros.h"
+#include "tests/unit/testlib.h"
 
 static const char *CONFIG =
     "{\"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 64, \"hidden_size\": 32, \"intermediate_size\": 48,"
@@ -41,19 +42,7 @@ static void make_model_dir(void) {
     char err[512];
     snprintf(dir, sizeof dir, "/tmp/tandem_runner_XXXXXX");
     if (!mkdtemp(dir)) die("mkdtemp", dir);
-    ModelConfig cfg;
-    OpsCtx *ops;
-    Model m;
-    ResidentWeights w;
-    if (config_parse(&cfg, CONFIG, strlen(CONFIG), err, sizeof err) || ops_create(&ops, OPS_BACKEND_CPU, 0, err, sizeof err) ||
-        model_init(&m, &cfg, ops, err, sizeof err) || resident_alloc(&w, &m, 0, err, sizeof err))
-        die("model", err);
-    model_init_random(&m, &w, 5, 0.5f);
-    UnitSource src = resident_source(&w);
-    if (model_save(&m, &src, dir, 0, 0, err, sizeof err)) die("model_save", err);
-    resident_free(&w, &m);
-    model_free(&m);
-    ops_destroy(ops);
+    if (tiny_model_write_random(dir, CONFIG, 5, 0.5f, err, sizeof err)) die("model", err);
 }
 
 static void remove_model_dir(void) {
