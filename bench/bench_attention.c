@@ -13,13 +13,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/bench_util.h"
 #include "kernels/ops.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static void *rand_buf(OpsCtx *ctx, size_t n, float lo, float hi, unsigned *seed) {
     float *h = malloc(n * sizeof *h);
@@ -79,15 +74,15 @@ int main(int argc, char **argv) {
     ops_attention_fwd(ctx, out, lse, q, k, v, cu, B, N, Hq, Hkv, D, scale);
     ops_attention_bwd(ctx, dq, dk, dv, dout, q, k, v, out, lse, cu, B, N, Hq, Hkv, D, scale);
     ops_synchronize(ctx);
-    double t0 = now_s();
+    double t0 = bench_now_s();
     for (int i = 0; i < iters; i++) ops_attention_fwd(ctx, out, lse, q, k, v, cu, B, N, Hq, Hkv, D, scale);
     ops_synchronize(ctx);
-    const double fwd_s = (now_s() - t0) / iters;
-    t0 = now_s();
+    const double fwd_s = (bench_now_s() - t0) / iters;
+    t0 = bench_now_s();
     for (int i = 0; i < iters; i++)
         ops_attention_bwd(ctx, dq, dk, dv, dout, q, k, v, out, lse, cu, B, N, Hq, Hkv, D, scale);
     ops_synchronize(ctx);
-    const double bwd_s = (now_s() - t0) / iters;
+    const double bwd_s = (bench_now_s() - t0) / iters;
     if (ops_status(ctx)) {
         fprintf(stderr, "attention failed: %s\n", ops_error(ctx));
         return 1;

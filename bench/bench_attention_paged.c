@@ -22,15 +22,10 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/bench_util.h"
 #include "kernels/ops.h"
 
 enum { BLOCK = 16, FILL_CHUNK = 1 << 20 };
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 // n bf16 values in [lo, hi): one random chunk uploaded over and over (the values do not matter for timing,
 // only that they are finite).
@@ -95,12 +90,12 @@ static int run_one(OpsCtx *ctx, void *k_cache, void *v_cache, int n_pool, int Hq
     for (int w = 0; w < 3; w++)  // warm-up (also sizes the backend's scratch)
         ops_attention_paged_fwd(ctx, out, q, k_cache, v_cache, bt, ts, tp, B, Hq, Hkv, D, BLOCK, max_blocks, scale);
     ops_synchronize(ctx);
-    const double t0 = now_s();
+    const double t0 = bench_now_s();
     for (int it = 0; it < iters; it++)
         ops_attention_paged_fwd(ctx, out, q, k_cache, v_cache, bt + (it % n_sets) * set_len, ts, tp, B, Hq, Hkv, D,
                                 BLOCK, max_blocks, scale);
     ops_synchronize(ctx);
-    const double dt = (now_s() - t0) / iters;
+    const double dt = (bench_now_s() - t0) / iters;
     ops_free(ctx, bt), ops_free(ctx, ts), ops_free(ctx, tp), ops_free(ctx, q), ops_free(ctx, out);
     if (ops_status(ctx)) {
         fprintf(stderr, "attention_paged_fwd failed: %s\n", ops_error(ctx));

@@ -13,29 +13,11 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/bench_util.h"
 #include "kernels/ops.h"
 #include "shared/model.h"
 
 enum { BLOCK = 16, MAX_BATCHES = 16 };
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int parse_list(const char *s, int *out, int max) {
-    int n = 0;
-    while (*s && n < max) {
-        char *end;
-        long v = strtol(s, &end, 10);
-        if (end == s || v < 1 || v > 65536) return -1;
-        out[n++] = (int)v;
-        s = *end == ',' ? end + 1 : end;
-        if (*end && *end != ',') return -1;
-    }
-    return n;
-}
 
 static void usage(void) {
     fprintf(stderr,
@@ -87,7 +69,7 @@ static int run_batch(Model *m, UnitSource *src, int B, int ctx, int warmup, int 
     for (int it = 0; it < warmup + steps; it++) {
         if (it == warmup) {
             ops_synchronize(o);
-            t0 = now_s();
+            t0 = bench_now_s();
         }
         for (int b = 0; b < B; b++) {
             pos[b] = ctx + it;
@@ -111,7 +93,7 @@ static int run_batch(Model *m, UnitSource *src, int B, int ctx, int warmup, int 
                 return 1;
             }
     }
-    const double dt = (now_s() - t0) / steps;
+    const double dt = (bench_now_s() - t0) / steps;
     const double mean_ctx = ctx + warmup + (steps + 1) / 2.0;
     const double kv_bytes = (double)B * mean_ctx * cfg->num_layers * 2.0 * cfg->num_kv_heads * cfg->head_dim *
                             (double)ops_dtype_size(o);
@@ -142,7 +124,7 @@ int main(int argc, char **argv) {
     for (int i = 2; i < argc; i++) {
         const int has = i + 1 < argc;
         if (!strcmp(argv[i], "--batches") && has) {
-            n_batches = parse_list(argv[++i], batches, MAX_BATCHES);
+            n_batches = bench_parse_list(argv[++i], batches, MAX_BATCHES);
             if (n_batches < 1) { fprintf(stderr, "bench_decode_step: bad --batches %s\n", argv[i]); return 2; }
         } else if (!strcmp(argv[i], "--ctx") && has) ctx = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--steps") && has) steps = atoi(argv[++i]);

@@ -10,13 +10,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/bench_util.h"
 #include "kernels/ops.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 typedef struct {
     OpsCtx *o;
@@ -145,10 +140,10 @@ int main(int argc, char **argv) {
     for (int op = 0; op < OP_COUNT; op++) {
         for (int it = 0; it < 5; it++) run_op(&b, op);
         ops_synchronize(b.o);
-        const double t0 = now_s();
+        const double t0 = bench_now_s();
         for (int it = 0; it < b.iters; it++) run_op(&b, op);
         ops_synchronize(b.o);
-        const double dt = (now_s() - t0) / b.iters;
+        const double dt = (bench_now_s() - t0) / b.iters;
         if (ops_status(b.o)) {
             fprintf(stderr, "bench_elementwise: %s failed: %s\n", OP_NAMES[op], ops_error(b.o));
             return 1;

@@ -23,6 +23,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/bench_util.h"
 #include "kernels/ops.h"
 
 typedef struct {
@@ -44,12 +45,6 @@ typedef struct {
     int kind, N, IC, OC;
     long calls;  // per step
 } Gemm;
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 // Uniform [-1, 1) values, bf16-rounded on upload: one 1 Mi block uploaded, then copied on the device to fill n
 // (the values only set the tensor cores' power draw, which random data keeps realistic; zeros run faster).
@@ -92,10 +87,10 @@ static int cmp_double(const void *a, const void *b) {
 }
 
 static double batch_ms(OpsCtx *ctx, const Gemm *g, long iters, void *in, void *w, void *bias, void *out, float *dw) {
-    const double t0 = now_s();
+    const double t0 = bench_now_s();
     for (long i = 0; i < iters; i++) run_once(ctx, g, in, w, bias, out, dw);
     ops_synchronize(ctx);
-    return (now_s() - t0) * 1e3 / iters;
+    return (bench_now_s() - t0) * 1e3 / iters;
 }
 
 // ms[v] = median milliseconds per call on variant v. Buffers live on the first variant's context (one device,
@@ -256,7 +251,7 @@ int main(int argc, char **argv) {
     for (; made < nv && rc == 0; made++) rc = variant_create(&vs[made], specs[made]);
     unsigned seed = 1;
     double step_ms[MAX_VARIANTS] = {0}, step_flop = 0;
-    const double t_start = now_s();
+    const double t_start = bench_now_s();
     for (int i = 0; i < n && rc == 0; i++) {
         const Gemm *g = &list[i];
         double ms[MAX_VARIANTS];
@@ -275,7 +270,7 @@ int main(int argc, char **argv) {
     if (rc == 0) {
         printf("{\"step\": true, \"shape\": \"%s\", \"tokens\": %d, \"chunk_rows\": %d, \"checkpoint\": %d, "
                "\"fused_qkv\": %d, \"gemm_tflop\": %.4f, \"wall_s\": %.1f, \"gemm_ms\": {",
-               s->name, N, chunk_rows, checkpoint, fused_qkv, step_flop * 1e-12, now_s() - t_start);
+               s->name, N, chunk_rows, checkpoint, fused_qkv, step_flop * 1e-12, bench_now_s() - t_start);
         for (int v = 0; v < nv; v++) printf("%s\"%s\": %.4f", v ? ", " : "", vs[v].name, step_ms[v]);
         printf("}}\n");
     }

@@ -13,14 +13,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/bench_util.h"
 #include "kernels/ops.h"
 #include "shared/model.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 int main(int argc, char **argv) {
     if (argc < 2 || strcmp(argv[1], "--help") == 0) {
@@ -100,7 +95,7 @@ int main(int argc, char **argv) {
     UnitSource src = resident_source(&w);
     double t0 = 0;
     for (int it = 0; it < warmup + steps; it++) {
-        if (it == warmup) t0 = now_s();
+        if (it == warmup) t0 = bench_now_s();
         resident_zero_grads(&w, &m);
         if (model_forward(&m, acts, &src, &batch, 1.0f, lp, NULL, NULL, err, sizeof err) != 0 ||
             model_backward(&m, acts, &src, dlp, err, sizeof err) != 0) {
@@ -123,7 +118,7 @@ int main(int argc, char **argv) {
         fprintf(stderr, "bench_model_step: %s\n", ops_error(ops));
         return 1;
     }
-    double dt = (now_s() - t0) / steps;
+    double dt = (bench_now_s() - t0) / steps;
     ops_profile_print(ops);   // TANDEM_PROFILE_OPS=1: where the warm-up and timed steps went
     printf("{\"tokens_per_s\": %.1f, \"step_s\": %.4f, \"batch\": %d, \"seq\": %d, \"params\": %zu, "
            "\"activation_bytes\": %zu, \"checkpoint\": %d, \"adamw\": %d, \"keep_logits\": %d}\n",

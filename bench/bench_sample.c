@@ -14,13 +14,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/bench_util.h"
 #include "kernels/ops.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
 
 static unsigned long long rng_state = 0x9e3779b97f4a7c15ull;
 static double unit(void) {
@@ -32,19 +27,6 @@ static double unit(void) {
 static float normal(void) {
     const double a = unit() + 1e-12, b = unit();
     return (float)(sqrt(-2.0 * log(a)) * cos(6.283185307179586 * b));
-}
-
-static int parse_list(const char *s, int *out, int max) {
-    int n = 0;
-    while (*s && n < max) {
-        char *end;
-        const long v = strtol(s, &end, 10);
-        if (end == s || v < 1 || v > 65536) return -1;
-        out[n++] = (int)v;
-        if (*end && *end != ',') return -1;
-        s = *end == ',' ? end + 1 : end;
-    }
-    return n;
 }
 
 enum { MODES = 5, HIST = 256 };
@@ -65,7 +47,7 @@ int main(int argc, char **argv) {
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--v") && i + 1 < argc) V = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--iters") && i + 1 < argc) iters = atoi(argv[++i]);
-        else if (!strcmp(argv[i], "--batches") && i + 1 < argc) n_batches = parse_list(argv[++i], batches, 16);
+        else if (!strcmp(argv[i], "--batches") && i + 1 < argc) n_batches = bench_parse_list(argv[++i], batches, 16);
         else {
             fprintf(stderr, "usage: bench_sample [--v 151936] [--batches 1,64,256,512] [--iters 50]\n");
             return 2;
@@ -121,10 +103,10 @@ int main(int argc, char **argv) {
             const int nh = mode == 4 ? B * HIST : 0;
             for (int w = 0; w < 3; w++) ops_sample_rows(ctx, d_tok, d_lp, d_logits, d_params, h, o, B, B, V, nh);
             ops_synchronize(ctx);
-            const double t0 = now_s();
+            const double t0 = bench_now_s();
             for (int it = 0; it < iters; it++) ops_sample_rows(ctx, d_tok, d_lp, d_logits, d_params, h, o, B, B, V, nh);
             ops_synchronize(ctx);
-            const double us = (now_s() - t0) / iters * 1e6;
+            const double us = (bench_now_s() - t0) / iters * 1e6;
             if (ops_status(ctx)) {
                 fprintf(stderr, "bench_sample: %s\n", ops_error(ctx));
                 return 1;

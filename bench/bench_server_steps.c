@@ -10,29 +10,11 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/bench_util.h"
 #include "kernels/ops.h"
 #include "shared/model.h"
 
 enum { BLOCK = 16, MAX_BATCHES = 16 };
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return ts.tv_sec + ts.tv_nsec * 1e-9;
-}
-
-static int parse_list(const char *s, int *out, int max) {
-    int n = 0;
-    while (*s && n < max) {
-        char *end;
-        long v = strtol(s, &end, 10);
-        if (end == s || v < 1 || v > 65536) return -1;
-        out[n++] = (int)v;
-        s = *end == ',' ? end + 1 : end;
-        if (*end && *end != ',') return -1;
-    }
-    return n;
-}
 
 typedef struct {
     int32_t *tok, *seq, *pos, *slot, *rows, *tables;
@@ -82,7 +64,7 @@ static int run_once(Model *m, UnitSource *src, int B, int P, int D, double *pref
     }
     // The prefill step, then the decode steps: each sequence fed its own sampled token.
     for (int it = 0; it <= D; it++) {
-        const double t0 = now_s();
+        const double t0 = bench_now_s();
         const int n = it == 0 ? N : B;
         if (model_decode_step(m, bufs, src, &kv, n, a.tok, a.seq, a.pos, a.slot, a.tables, B, max_blocks,
                               it == 0 ? a.rows : a.seq, B, NULL, err, sizeof err) != 0) {
@@ -94,7 +76,7 @@ static int run_once(Model *m, UnitSource *src, int B, int P, int D, double *pref
             fprintf(stderr, "bench_server_steps: batch %d step %d: %s\n", B, it, ops_error(o));
             goto out;
         }
-        const double dt = now_s() - t0;
+        const double dt = bench_now_s() - t0;
         if (it == 0) *prefill_s = dt, *decode_s = 0.0;
         else *decode_s += dt / D;
         for (int b = 0; b < B; b++) {   // the next step: token b is sequence b's, at its next position
@@ -123,7 +105,7 @@ int main(int argc, char **argv) {
     for (int i = 2; i < argc; i++) {
         const int has = i + 1 < argc;
         if (!strcmp(argv[i], "--batches") && has) {
-            n_batches = parse_list(argv[++i], batches, MAX_BATCHES);
+            n_batches = bench_parse_list(argv[++i], batches, MAX_BATCHES);
             if (n_batches < 1) { fprintf(stderr, "bench_server_steps: bad --batches %s\n", argv[i]); return 2; }
         } else if (!strcmp(argv[i], "--prompt") && has) prompt = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--decode") && has) decode = atoi(argv[++i]);

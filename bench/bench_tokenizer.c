@@ -19,14 +19,9 @@
 #include <string.h>
 #include <time.h>
 
+#include "bench/bench_util.h"
 #include "shared/tokenizer/tokenizer.h"
 #include "shared/tokenizer/tokenizer_internal.h"
-
-static double now_s(void) {
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
 
 static char *read_all(const char *path, size_t *len) {
     FILE *f = fopen(path, "rb");
@@ -167,9 +162,9 @@ static int bench_stream(const Tokenizer *t, const char *text, size_t len, int re
     long long tokens = 0;
     for (int reference = 0; reference < 2; reference++) {
         tokens = stream_pass(t, &pg, n_streams, reference, &hash[reference]);   // warm-up
-        double t0 = now_s();
+        double t0 = bench_now_s();
         for (int r = 0; r < repeat && tokens >= 0; r++) tokens = stream_pass(t, &pg, n_streams, reference, &hash[reference]);
-        us[reference] = (now_s() - t0) * 1e6 / ((double)tokens * repeat);
+        us[reference] = (bench_now_s() - t0) * 1e6 / ((double)tokens * repeat);
         if (tokens < 0) break;
     }
     TokenizerStream *probe = NULL;
@@ -225,9 +220,9 @@ int main(int argc, char **argv) {
         return rc;
     }
     long long tokens = pass(t, text, len, paragraphs);   // warm-up
-    double t0 = now_s();
+    double t0 = bench_now_s();
     for (int r = 0; r < repeat && tokens >= 0; r++) tokens = pass(t, text, len, paragraphs);
-    double dt = now_s() - t0;
+    double dt = bench_now_s() - t0;
     if (tokens >= 0)
         printf("tandem %s: %.2f MB/s  (%lld tokens, %zu bytes per pass, %d passes)\n", paragraphs ? "paragraphs" : "doc",
                (double)len * repeat / dt / 1e6, tokens, len, repeat);
