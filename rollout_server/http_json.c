@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "shared/json_get.h"
 #include "shared/json_read.h"
 #include "shared/tokenizer/tokenizer.h"
 
@@ -128,86 +129,46 @@ int http_body_parse(const char *body, size_t len, json_t **out, HttpError *err) 
     return 0;
 }
 
-static const char *json_kind(const json_t *v) {
-    switch (json_typeof(v)) {
-    case JSON_OBJECT: return "an object";
-    case JSON_ARRAY: return "an array";
-    case JSON_STRING: return "a string";
-    case JSON_INTEGER: return "an integer";
-    case JSON_REAL: return "a number";
-    case JSON_TRUE:
-    case JSON_FALSE: return "a boolean";
-    default: return "null";
-    }
+// A request object (or one inside it) read with shared/json_get.h in the HTTP API's wording: null is absent, a
+// whole real is an integer (Python clients send 4.0), and a failure's message goes straight into err->message.
+static JsonAt request_at(const json_t *obj, HttpError *err) {
+    JsonAt at = json_at_document(obj, NULL, 1, -1, err ? err->message : NULL, err ? sizeof err->message : 0);
+    at.integral_reals = 1;
+    at.request_wording = 1;
+    return at;
 }
 
-// Readers taking a display name (the key with a prefix such as "generation_kwargs.").
-static int get_bool_n(const json_t *obj, const char *key, const char *name, int *out, HttpError *err) {
-    const json_t *v = json_object_get(obj, key);
-    if (!v || json_is_null(v)) return 0;
-    if (!json_is_boolean(v))
-        return http_error_set(err, 400, name, "'%s' must be a boolean, not %s", name, json_kind(v));
-    *out = json_is_true(v);
-    return 1;
+// The 400 of a failed json_get call on member `key` of at (key NULL: at itself): json_get wrote the message,
+// param names the member by its full path ("generation_kwargs.temperature").
+static int refused(const JsonAt *at, const char *key, HttpError *err) {
+    if (!err) return -1;
+    err->status = 400;
+    const char *sep = at->path[0] && key ? "." : "";
+    if (snprintf(err->param, sizeof err->param, "%s%s%s", at->path, sep, key ? key : "") >= (int)sizeof err->param)
+        memcpy(err->param + sizeof err->param - 4, "...", 4);
+    return -1;
 }
 
-static int get_int_n(const json_t *obj, const char *key, const char *name, int64_t min, int64_t max, int64_t *out,
-                     HttpError *err) {
-    const json_t *v = json_object_get(obj, key);
-    if (!v || json_is_null(v)) return 0;
-    int64_t x;
-    if (json_is_integer(v)) {
-        x = (int64_t)json_integer_value(v);
-    } else if (json_is_real(v) && json_real_value(v) == floor(json_real_value(v)) &&
-               fabs(json_real_value(v)) < 9.0e15) {
-        x = (int64_t)json_real_value(v); // 4.0 is an integer to Python clients too
-    } else if (json_is_real(v) && fabs(json_real_value(v)) >= 0x1p63) {
-        // An integer beyond int64 arrives as a real (shared/json_read.h): out of range, not of the wrong type.
-        return http_error_set(err, 400, name, "'%s' must be in [%lld, %lld], got %.17g", name, (long long)min,
-                              (long long)max, json_real_value(v));
-    } else {
-        return http_error_set(err, 400, name, "'%s' must be an integer, not %s", name, json_kind(v));
-    }
-    if (x < min || x > max)
-        return http_error_set(err, 400, name, "'%s' must be in [%lld, %lld], got %lld", name, (long long)min,
-                              (long long)max, (long long)x);
-    *out = x;
-    return 1;
-}
-
-static int get_number_n(const json_t *obj, const char *key, const char *name, double *out, HttpError *err) {
-    const json_t *v = json_object_get(obj, key);
-    if (!v || json_is_null(v)) return 0;
-    if (!json_is_number(v)) return http_error_set(err, 400, name, "'%s' must be a number, not %s", name, json_kind(v));
-    double x = json_number_value(v);
-    if (!isfinite(x)) return http_error_set(err, 400, name, "'%s' must be a finite number", name);
-    *out = x;
-    return 1;
-}
+// A refusal of http_json.c's own in json_get's form: `'<path>' <printf message>`, a 400 naming the member.
+#define REFUSE(at, key, err, ...) (json_get_fail((at), (key), __VA_ARGS__), refused((at), (key), (err)))
 
 int http_get_bool(const json_t *obj, const char *key, int *out, HttpError *err) {
-    return get_bool_n(obj, key, key, out, err);
+    JsonAt at = request_at(obj, err);
+    if (!json_get_present(&at, key)) return 0;
+    return json_get_bool(&at, key, JSON_GET_REQUIRED, 0, out) ? refused(&at, key, err) : 1;
 }
-int http_get_int(const json_t *obj, const char *key, int64_t min, int64_t max, int64_t *out, HttpError *err) {
-    return get_int_n(obj, key, key, min, max, out, err);
-}
-int http_get_number(const json_t *obj, const char *key, double *out, HttpError *err) {
-    return get_number_n(obj, key, key, out, err);
-}
+
 int http_get_string(const json_t *obj, const char *key, const char **out, size_t *len, HttpError *err) {
-    const json_t *v = json_object_get(obj, key);
-    if (!v || json_is_null(v)) return 0;
-    if (!json_is_string(v)) return http_error_set(err, 400, key, "'%s' must be a string, not %s", key, json_kind(v));
-    *out = json_string_value(v);
-    if (len) *len = json_string_length(v);
-    return 1;
+    JsonAt at = request_at(obj, err);
+    if (!json_get_present(&at, key)) return 0;
+    return json_get_string(&at, key, JSON_GET_REQUIRED, NULL, JSON_ANY_LENGTH, out, len) ? refused(&at, key, err) : 1;
 }
 
 int http_parse_id_list(const json_t *val, const char *field, int vocab_size, int32_t **ids, int *n, HttpError *err) {
     *ids = NULL;
     *n = 0;
     if (!json_is_array(val))
-        return http_error_set(err, 400, field, "'%s' must be a list of token ids, not %s", field, json_kind(val));
+        return http_error_set(err, 400, field, "'%s' must be a list of token ids, not %s", field, json_kind_name(val));
     size_t cnt = json_array_size(val);
     int32_t *a = malloc((cnt ? cnt : 1) * sizeof *a);
     if (!a) return http_error_set(err, 500, field, "out of memory reading '%s'", field);
@@ -216,7 +177,7 @@ int http_parse_id_list(const json_t *val, const char *field, int vocab_size, int
         if (!json_is_integer(x)) {
             free(a);
             return http_error_set(err, 400, field, "'%s'[%zu] must be an integer token id, not %s", field, i,
-                                  json_kind(x));
+                                  json_kind_name(x));
         }
         json_int_t id = json_integer_value(x);
         if (id < 0 || id >= vocab_size) {
@@ -255,7 +216,7 @@ int http_parse_prompts(const json_t *val, const char *field, int vocab_size, int
     }
     if (!json_is_array(val))
         return http_error_set(err, 400, field, "'%s' must be a string, a list of strings, a list of token ids or a "
-                              "list of token-id lists, not %s", field, json_kind(val));
+                              "list of token-id lists, not %s", field, json_kind_name(val));
     size_t cnt = json_array_size(val);
     if (cnt == 0) return http_error_set(err, 400, field, "'%s' is empty", field);
     const json_t *first = json_array_get(val, 0);
@@ -278,7 +239,7 @@ int http_parse_prompts(const json_t *val, const char *field, int vocab_size, int
     int is_ids = json_is_array(first);
     if (!is_ids && !json_is_string(first))
         return http_error_set(err, 400, field, "'%s'[0] must be a string or a list of token ids, not %s", field,
-                              json_kind(first));
+                              json_kind_name(first));
     out->items = calloc(cnt, sizeof *out->items);
     if (!out->items) return http_error_set(err, 500, field, "out of memory");
     out->n = (int)cnt;
@@ -290,7 +251,7 @@ int http_parse_prompts(const json_t *val, const char *field, int vocab_size, int
         if (is_ids) {
             if (!json_is_array(x)) {
                 http_error_set(err, 400, field, "'%s' must be a list of token ids like the first prompt, not %s",
-                               name, json_kind(x));
+                               name, json_kind_name(x));
                 goto fail;
             }
             if (json_array_size(x) == 0) {
@@ -304,7 +265,7 @@ int http_parse_prompts(const json_t *val, const char *field, int vocab_size, int
         } else {
             if (!json_is_string(x)) {
                 http_error_set(err, 400, field, "'%s' must be a string like the first prompt, not %s", name,
-                               json_kind(x));
+                               json_kind_name(x));
                 goto fail;
             }
             if (json_string_length(x) == 0) {
@@ -323,48 +284,44 @@ fail:
 
 // ---- sampling fields ----------------------------------------------------------------------------
 
-static void join_name(char *dst, size_t cap, const char *prefix, const char *key) {
-    snprintf(dst, cap, "%s%s", prefix, key);
-}
-
-static int parse_stop(const json_t *obj, const char *prefix, SamplingParams *sp, HttpError *err) {
-    char name[96];
-    join_name(name, sizeof name, prefix, "stop");
-    const json_t *v = json_object_get(obj, "stop");
-    if (!v || json_is_null(v)) return 0;
+static int parse_stop(const JsonAt *at, SamplingParams *sp, HttpError *err) {
+    if (!json_get_present(at, "stop")) return 0;
     sp->n_stop = 0;
+    const json_t *v = json_object_get(at->json, "stop");
     if (json_is_string(v)) {
-        if (json_string_length(v) == 0) return http_error_set(err, 400, name, "'%s' must not be an empty string", name);
+        if (json_string_length(v) == 0) return REFUSE(at, "stop", err, "must not be an empty string");
         if (json_string_length(v) > HTTP_MAX_STOP_BYTES)
-            return http_error_set(err, 400, name, "'%s' is longer than %d bytes", name, HTTP_MAX_STOP_BYTES);
+            return REFUSE(at, "stop", err, "is longer than %d bytes", HTTP_MAX_STOP_BYTES);
         sp->stop[sp->n_stop++] = (char *)json_string_value(v);
         return 0;
     }
     if (!json_is_array(v))
-        return http_error_set(err, 400, name, "'%s' must be a string or a list of strings, not %s", name, json_kind(v));
+        return REFUSE(at, "stop", err, "must be a string or a list of strings, not %s", json_kind_name(v));
+    JsonAt list = json_at_value(at, v, "stop");
     if (json_array_size(v) > ENGINE_MAX_STOP)
-        return http_error_set(err, 400, name, "'%s' has %zu entries; at most %d", name, json_array_size(v),
-                              ENGINE_MAX_STOP);
+        return REFUSE(at, "stop", err, "has %zu entries; at most %d", json_array_size(v), ENGINE_MAX_STOP);
     for (size_t i = 0; i < json_array_size(v); i++) {
-        const json_t *s = json_array_get(v, i);
-        if (!json_is_string(s))
-            return http_error_set(err, 400, name, "'%s'[%zu] must be a string, not %s", name, i, json_kind(s));
-        if (json_string_length(s) == 0 || json_string_length(s) > HTTP_MAX_STOP_BYTES)
-            return http_error_set(err, 400, name, "'%s'[%zu] must be 1 to %d bytes long", name, i,
-                                  HTTP_MAX_STOP_BYTES);
-        sp->stop[sp->n_stop++] = (char *)json_string_value(s);
+        JsonAt item = json_at_element(&list, i);
+        const char *text;
+        size_t len;
+        if (json_get_string(&item, NULL, JSON_GET_REQUIRED, NULL, JSON_ANY_LENGTH, &text, &len))
+            return refused(&list, NULL, err);
+        if (len == 0 || len > HTTP_MAX_STOP_BYTES) {
+            json_get_fail(&item, NULL, "must be 1 to %d bytes long", HTTP_MAX_STOP_BYTES);
+            return refused(&list, NULL, err);
+        }
+        sp->stop[sp->n_stop++] = (char *)text;
     }
     return 0;
 }
 
-static int parse_stop_ids(const json_t *obj, const char *prefix, int vocab_size, SamplingParams *sp, HttpError *err) {
-    char name[96];
-    join_name(name, sizeof name, prefix, "stop_token_ids");
-    const json_t *v = json_object_get(obj, "stop_token_ids");
-    if (!v || json_is_null(v)) return 0;
+static int parse_stop_ids(const JsonAt *at, int vocab_size, SamplingParams *sp, HttpError *err) {
+    if (!json_get_present(at, "stop_token_ids")) return 0;
+    const json_t *v = json_object_get(at->json, "stop_token_ids");
     if (json_is_array(v) && json_array_size(v) > ENGINE_MAX_STOP)
-        return http_error_set(err, 400, name, "'%s' has %zu entries; at most %d", name, json_array_size(v),
-                              ENGINE_MAX_STOP);
+        return REFUSE(at, "stop_token_ids", err, "has %zu entries; at most %d", json_array_size(v), ENGINE_MAX_STOP);
+    char name[JSON_AT_PATH_MAX + sizeof "stop_token_ids"];
+    snprintf(name, sizeof name, "%s%sstop_token_ids", at->path, at->path[0] ? "." : "");
     int32_t *ids;
     int n;
     if (http_parse_id_list(v, name, vocab_size, &ids, &n, err) < 0) return -1;
@@ -375,137 +332,166 @@ static int parse_stop_ids(const json_t *obj, const char *prefix, int vocab_size,
 }
 
 // A feature we do not implement may still be sent with its neutral value (clients often send defaults).
-static int refuse_unless_neutral(const json_t *obj, const char *key, HttpError *err) {
-    const json_t *v = json_object_get(obj, key);
-    if (!v || json_is_null(v)) return 0;
+static int refuse_unless_neutral(const JsonAt *at, const char *key, HttpError *err) {
+    if (!json_get_present(at, key)) return 0;
+    const json_t *v = json_object_get(at->json, key);
     if (json_is_number(v) && json_number_value(v) == 0.0) return 0;
     if ((json_is_object(v) && json_object_size(v) == 0) || (json_is_array(v) && json_array_size(v) == 0)) return 0;
-    return http_error_set(err, 400, key, "'%s' is not supported by this server (send it as null or leave it out)", key);
+    return REFUSE(at, key, err, "is not supported by this server (send it as null or leave it out)");
+}
+
+// A finite number, left alone when absent.
+static int get_number(const JsonAt *at, const char *key, double *inout, HttpError *err) {
+    return json_get_double(at, key, JSON_GET_OPTIONAL, *inout, -DBL_MAX, DBL_MAX, inout) ? refused(at, key, err) : 0;
 }
 
 // The engine samples with floats: a finite number beyond FLT_MAX would become inf, so it is out of range.
-static int fits_float(double x, const char *name, HttpError *err) {
-    if (fabs(x) > FLT_MAX) return http_error_set(err, 400, name, "'%s' must be at most %g, got %g", name, FLT_MAX, x);
-    return 0;
+static int fits_float(const JsonAt *at, const char *key, double x, HttpError *err) {
+    return fabs(x) > FLT_MAX ? REFUSE(at, key, err, "must be at most %g, got %g", FLT_MAX, x) : 0;
 }
 
-// The fields every API shares; prefix names them in errors (TRL's generation_kwargs).
-static int parse_common(const json_t *obj, const char *prefix, int vocab_size, HttpGenOptions *o, HttpError *err) {
+// The fields every API shares, read from at (the request, or TRL's generation_kwargs).
+static int parse_common(const JsonAt *at, int vocab_size, HttpGenOptions *o, HttpError *err) {
     SamplingParams *sp = &o->sp;
-    char name[96];
-    int64_t iv;
-    double dv;
-    int bv = 0, r;
-#define NAME(k) (join_name(name, sizeof name, prefix, k), name)
-    if ((r = get_int_n(obj, "n", NAME("n"), 1, HTTP_MAX_N, &iv, err)) < 0) return -1;
-    if (r) sp->n = (int)iv;
-    if ((r = get_int_n(obj, "max_tokens", NAME("max_tokens"), 1, INT32_MAX, &iv, err)) < 0) return -1;
-    if (r) sp->max_tokens = (int)iv, o->max_tokens_given = 1;
-    if ((r = get_number_n(obj, "temperature", NAME("temperature"), &dv, err)) < 0) return -1;
-    if (r) {
-        if (dv < 0) return http_error_set(err, 400, name, "'%s' must be >= 0, got %g", name, dv);
-        if (fits_float(dv, name, err) < 0) return -1;
-        sp->temperature = (float)dv;
+    if (json_get_int(at, "n", JSON_GET_OPTIONAL, sp->n, 1, HTTP_MAX_N, &sp->n)) return refused(at, "n", err);
+    if (json_get_int(at, "max_tokens", JSON_GET_OPTIONAL, sp->max_tokens, 1, INT32_MAX, &sp->max_tokens))
+        return refused(at, "max_tokens", err);
+    o->max_tokens_given |= json_get_present(at, "max_tokens");
+    double dv = sp->temperature;
+    if (get_number(at, "temperature", &dv, err) < 0) return -1;
+    if (dv < 0) return REFUSE(at, "temperature", err, "must be >= 0, got %g", dv);
+    if (fits_float(at, "temperature", dv, err) < 0) return -1;
+    sp->temperature = (float)dv;
+    dv = sp->top_p;
+    if (get_number(at, "top_p", &dv, err) < 0) return -1;
+    // Checked as the float the engine gets: a positive double below the smallest float would become 0.
+    if (!((float)dv > 0 && dv <= 1)) return REFUSE(at, "top_p", err, "must be in (0, 1], got %g", dv);
+    sp->top_p = (float)dv;
+    if (json_get_int(at, "top_k", JSON_GET_OPTIONAL, sp->top_k, -1, INT32_MAX, &sp->top_k))
+        return refused(at, "top_k", err);
+    dv = sp->min_p;
+    if (get_number(at, "min_p", &dv, err) < 0) return -1;
+    if (!(dv >= 0 && dv <= 1)) return REFUSE(at, "min_p", err, "must be in [0, 1], got %g", dv);
+    sp->min_p = (float)dv;
+    dv = sp->repetition_penalty;
+    if (get_number(at, "repetition_penalty", &dv, err) < 0) return -1;
+    if (fits_float(at, "repetition_penalty", dv, err) < 0) return -1;
+    if (!((float)dv > 0)) return REFUSE(at, "repetition_penalty", err, "must be > 0, got %g", dv);
+    sp->repetition_penalty = (float)dv;
+    if (json_get_present(at, "seed")) {
+        int64_t seed = 0;
+        if (json_get_int64(at, "seed", JSON_GET_REQUIRED, 0, INT64_MIN, INT64_MAX, &seed))
+            return refused(at, "seed", err);
+        sp->has_seed = 1, sp->seed = (uint64_t)seed;
     }
-    if ((r = get_number_n(obj, "top_p", NAME("top_p"), &dv, err)) < 0) return -1;
-    if (r) {
-        // Checked as the float the engine gets: a positive double below the smallest float would become 0.
-        if (!((float)dv > 0 && dv <= 1)) return http_error_set(err, 400, name, "'%s' must be in (0, 1], got %g", name, dv);
-        sp->top_p = (float)dv;
-    }
-    if ((r = get_int_n(obj, "top_k", NAME("top_k"), -1, INT32_MAX, &iv, err)) < 0) return -1;
-    if (r) sp->top_k = (int)iv;
-    if ((r = get_number_n(obj, "min_p", NAME("min_p"), &dv, err)) < 0) return -1;
-    if (r) {
-        if (!(dv >= 0 && dv <= 1)) return http_error_set(err, 400, name, "'%s' must be in [0, 1], got %g", name, dv);
-        sp->min_p = (float)dv;
-    }
-    if ((r = get_number_n(obj, "repetition_penalty", NAME("repetition_penalty"), &dv, err)) < 0) return -1;
-    if (r) {
-        if (fits_float(dv, name, err) < 0) return -1;
-        if (!((float)dv > 0)) return http_error_set(err, 400, name, "'%s' must be > 0, got %g", name, dv);
-        sp->repetition_penalty = (float)dv;
-    }
-    if ((r = get_int_n(obj, "seed", NAME("seed"), INT64_MIN, INT64_MAX, &iv, err)) < 0) return -1;
-    if (r) sp->has_seed = 1, sp->seed = (uint64_t)iv;
-    if (parse_stop(obj, prefix, sp, err) < 0) return -1;
-    if (parse_stop_ids(obj, prefix, vocab_size, sp, err) < 0) return -1;
-    if ((r = get_bool_n(obj, "ignore_eos", NAME("ignore_eos"), &bv, err)) < 0) return -1;
-    if (r) sp->ignore_eos = bv;
-    if ((r = get_bool_n(obj, "include_stop_str_in_output", NAME("include_stop_str_in_output"), &bv, err)) < 0)
-        return -1;
-    if (r) sp->include_stop_str = bv;
-    if ((r = get_bool_n(obj, "skip_special_tokens", NAME("skip_special_tokens"), &bv, err)) < 0) return -1;
-    if (r) sp->skip_special_tokens = bv;
-#undef NAME
+    if (parse_stop(at, sp, err) < 0) return -1;
+    if (parse_stop_ids(at, vocab_size, sp, err) < 0) return -1;
+    if (json_get_bool(at, "ignore_eos", JSON_GET_OPTIONAL, sp->ignore_eos, &sp->ignore_eos))
+        return refused(at, "ignore_eos", err);
+    if (json_get_bool(at, "include_stop_str_in_output", JSON_GET_OPTIONAL, sp->include_stop_str,
+                      &sp->include_stop_str))
+        return refused(at, "include_stop_str_in_output", err);
+    if (json_get_bool(at, "skip_special_tokens", JSON_GET_OPTIONAL, sp->skip_special_tokens,
+                      &sp->skip_special_tokens))
+        return refused(at, "skip_special_tokens", err);
     return 0;
 }
 
-static int parse_stream_fields(const json_t *req, HttpGenOptions *o, HttpError *err) {
-    if (http_get_bool(req, "stream", &o->stream, err) < 0) return -1;
-    const json_t *so = json_object_get(req, "stream_options");
-    if (so && !json_is_null(so)) {
-        if (!json_is_object(so))
-            return http_error_set(err, 400, "stream_options", "'stream_options' must be an object, not %s",
-                                  json_kind(so));
-        if (!o->stream)
-            return http_error_set(err, 400, "stream_options", "'stream_options' is only allowed with stream=true");
-        if (get_bool_n(so, "include_usage", "stream_options.include_usage", &o->include_usage, err) < 0) return -1;
-    }
-    return 0;
+// A boolean member, left alone when absent.
+static int get_bool(const JsonAt *at, const char *key, int *inout, HttpError *err) {
+    return json_get_bool(at, key, JSON_GET_OPTIONAL, *inout, inout) ? refused(at, key, err) : 0;
 }
 
-static int parse_unsupported(const json_t *req, HttpError *err) {
+static int parse_stream_fields(const JsonAt *req, HttpGenOptions *o, HttpError *err) {
+    if (get_bool(req, "stream", &o->stream, err) < 0) return -1;
+    JsonAt so;
+    if (json_get_object(req, "stream_options", JSON_GET_OPTIONAL, &so)) return refused(req, "stream_options", err);
+    if (!so.json) return 0;
+    if (!o->stream) return REFUSE(req, "stream_options", err, "is only allowed with stream=true");
+    return get_bool(&so, "include_usage", &o->include_usage, err);
+}
+
+static int parse_unsupported(const JsonAt *req, HttpError *err) {
     static const char *const keys[] = {"frequency_penalty", "presence_penalty", "logit_bias", "tools"};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
         if (refuse_unless_neutral(req, keys[i], err) < 0) return -1;
     return 0;
 }
 
-static int parse_trl_kwargs(const json_t *req, int vocab_size, HttpGenOptions *o, HttpError *err) {
-    const json_t *images = json_object_get(req, "images");
-    if (images && !json_is_null(images)) {
+static int parse_trl_kwargs(const JsonAt *req, int vocab_size, HttpGenOptions *o, HttpError *err) {
+    const json_t *images = json_object_get(req->json, "images");
+    if (json_get_present(req, "images")) {
         if (!json_is_array(images))
-            return http_error_set(err, 400, "images", "'images' must be null or a list, not %s", json_kind(images));
+            return REFUSE(req, "images", err, "must be null or a list, not %s", json_kind_name(images));
         for (size_t i = 0; i < json_array_size(images); i++)
             if (!json_is_null(json_array_get(images, i)))
                 return http_error_set(err, 400, "images", "'images'[%zu]: images are not supported (text models "
                                       "only); send null", i);
     }
-    const json_t *rx = json_object_get(req, "structured_outputs_regex");
-    if (rx && !json_is_null(rx))
-        return http_error_set(err, 400, "structured_outputs_regex",
-                              "'structured_outputs_regex' is not supported by this server; send null");
-    const json_t *kw = json_object_get(req, "generation_kwargs");
-    if (!kw || json_is_null(kw)) return 0;
-    if (!json_is_object(kw))
-        return http_error_set(err, 400, "generation_kwargs", "'generation_kwargs' must be an object, not %s",
-                              json_kind(kw));
+    if (json_get_present(req, "structured_outputs_regex"))
+        return REFUSE(req, "structured_outputs_regex", err, "is not supported by this server; send null");
+    JsonAt kw;
+    if (json_get_object(req, "generation_kwargs", JSON_GET_OPTIONAL, &kw))
+        return refused(req, "generation_kwargs", err);
+    if (!kw.json) return 0;
     // TRL lets these override the top-level fields; anything else would be silently ignored, so refuse it.
     static const char *const known[] = {"n", "max_tokens", "temperature", "top_p", "top_k", "min_p",
                                         "repetition_penalty", "seed", "stop", "stop_token_ids", "ignore_eos",
                                         "include_stop_str_in_output", "skip_special_tokens", "logprobs"};
     const char *key;
     const json_t *val;
-    json_object_foreach((json_t *)kw, key, val) {
+    json_object_foreach((json_t *)kw.json, key, val) {
         int ok = 0;
         for (size_t i = 0; i < sizeof known / sizeof known[0]; i++) ok |= strcmp(key, known[i]) == 0;
-        if (!ok) {
-            char name[96];
-            snprintf(name, sizeof name, "generation_kwargs.%s", key);
-            return http_error_set(err, 400, name, "'%s' is not supported by this server", name);
-        }
+        if (!ok) return REFUSE(&kw, key, err, "is not supported by this server");
     }
-    if (parse_common(kw, "generation_kwargs.", vocab_size, o, err) < 0) return -1;
-    int64_t iv;
-    int r = get_int_n(kw, "logprobs", "generation_kwargs.logprobs", 0, ENGINE_MAX_TOP_LOGPROBS, &iv, err);
-    if (r < 0) return -1;
-    if (r) o->logprobs = (int)iv;
-    else if (json_object_get(kw, "logprobs")) o->logprobs = -1; // explicit null
+    if (parse_common(&kw, vocab_size, o, err) < 0) return -1;
+    if (json_get_int(&kw, "logprobs", JSON_GET_OPTIONAL, o->logprobs, 0, ENGINE_MAX_TOP_LOGPROBS, &o->logprobs))
+        return refused(&kw, "logprobs", err);
+    if (json_is_null(json_object_get(kw.json, "logprobs"))) o->logprobs = -1; // explicit null
     return 0;
 }
 
-int http_parse_generation(const json_t *req, HttpApi api, int vocab_size, HttpGenOptions *o, HttpError *err) {
+static int parse_completions(const JsonAt *req, HttpGenOptions *o, HttpError *err) {
+    if (json_get_int(req, "logprobs", JSON_GET_OPTIONAL, o->logprobs, 0, ENGINE_MAX_TOP_LOGPROBS, &o->logprobs))
+        return refused(req, "logprobs", err);
+    if (get_bool(req, "echo", &o->echo, err) < 0) return -1;
+    if (o->echo && o->logprobs >= 0)
+        return REFUSE(req, "echo", err, "together with 'logprobs' is not supported (this server does not compute "
+                      "prompt logprobs)");
+    if (json_get_present(req, "suffix")) return REFUSE(req, "suffix", err, "is not supported by this server");
+    int best_of = o->sp.n;
+    if (json_get_int(req, "best_of", JSON_GET_OPTIONAL, best_of, 1, HTTP_MAX_N, &best_of))
+        return refused(req, "best_of", err);
+    if (best_of != o->sp.n) return REFUSE(req, "best_of", err, "other than n is not supported");
+    return 0;
+}
+
+static int parse_chat(const JsonAt *req, HttpGenOptions *o, HttpError *err) {
+    if (json_get_int(req, "max_completion_tokens", JSON_GET_OPTIONAL, o->sp.max_tokens, 1, INT32_MAX,
+                     &o->sp.max_tokens))
+        return refused(req, "max_completion_tokens", err);
+    o->max_tokens_given |= json_get_present(req, "max_completion_tokens");
+    int want = 0, top = 0;
+    if (get_bool(req, "logprobs", &want, err) < 0) return -1;
+    if (json_get_int(req, "top_logprobs", JSON_GET_OPTIONAL, 0, 0, ENGINE_MAX_TOP_LOGPROBS, &top))
+        return refused(req, "top_logprobs", err);
+    if (top > 0 && !want) return REFUSE(req, "top_logprobs", err, "needs 'logprobs': true");
+    o->logprobs = want ? top : -1;
+    if (get_bool(req, "add_generation_prompt", &o->add_generation_prompt, err) < 0) return -1;
+    if (get_bool(req, "continue_final_message", &o->continue_final_message, err) < 0) return -1;
+    if (o->continue_final_message) return REFUSE(req, "continue_final_message", err, "is not supported");
+    if (json_get_present(req, "response_format")) {
+        const json_t *rf = json_object_get(req->json, "response_format");
+        const json_t *t = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
+        if (!json_is_string(t) || strcmp(json_string_value(t), "text") != 0)
+            return http_error_set(err, 400, "response_format", "only {\"type\": \"text\"} is supported in "
+                                  "'response_format'");
+    }
+    return 0;
+}
+
+int http_parse_generation(const json_t *body, HttpApi api, int vocab_size, HttpGenOptions *o, HttpError *err) {
     memset(o, 0, sizeof *o);
     sampling_params_default(&o->sp);
     o->logprobs = -1;
@@ -515,64 +501,26 @@ int http_parse_generation(const json_t *req, HttpApi api, int vocab_size, HttpGe
         o->sp.top_k = -1;
         o->logprobs = 0; // TRL's default: the sampled token's logprob only
     }
-    int64_t iv;
-    int r;
-    if (parse_common(req, "", vocab_size, o, err) < 0) return -1;
+    JsonAt req = request_at(body, err);
+    if (parse_common(&req, vocab_size, o, err) < 0) return -1;
     if (api != HTTP_API_TRL) {
-        if (parse_unsupported(req, err) < 0) return -1;
-        if (parse_stream_fields(req, o, err) < 0) return -1;
-        if (http_get_bool(req, "return_token_ids", &o->return_token_ids, err) < 0) return -1;
-        if (http_get_bool(req, "add_special_tokens", &o->add_special_tokens, err) < 0) return -1;
+        if (parse_unsupported(&req, err) < 0) return -1;
+        if (parse_stream_fields(&req, o, err) < 0) return -1;
+        if (get_bool(&req, "return_token_ids", &o->return_token_ids, err) < 0) return -1;
+        if (get_bool(&req, "add_special_tokens", &o->add_special_tokens, err) < 0) return -1;
     }
+    int rc = 0;
     switch (api) {
-    case HTTP_API_COMPLETIONS:
-        if ((r = http_get_int(req, "logprobs", 0, ENGINE_MAX_TOP_LOGPROBS, &iv, err)) < 0) return -1;
-        if (r) o->logprobs = (int)iv;
-        if (http_get_bool(req, "echo", &o->echo, err) < 0) return -1;
-        if (o->echo && o->logprobs >= 0)
-            return http_error_set(err, 400, "echo", "'echo' together with 'logprobs' is not supported (this server "
-                                  "does not compute prompt logprobs)");
-        {
-            const json_t *sfx = json_object_get(req, "suffix");
-            if (sfx && !json_is_null(sfx))
-                return http_error_set(err, 400, "suffix", "'suffix' is not supported by this server");
-            if ((r = http_get_int(req, "best_of", 1, HTTP_MAX_N, &iv, err)) < 0) return -1;
-            if (r && iv != o->sp.n)
-                return http_error_set(err, 400, "best_of", "'best_of' other than n is not supported");
-        }
-        break;
-    case HTTP_API_CHAT: {
-        if ((r = http_get_int(req, "max_completion_tokens", 1, INT32_MAX, &iv, err)) < 0) return -1;
-        if (r) o->sp.max_tokens = (int)iv, o->max_tokens_given = 1;
-        int want = 0;
-        if (http_get_bool(req, "logprobs", &want, err) < 0) return -1;
-        int64_t top = 0;
-        if ((r = http_get_int(req, "top_logprobs", 0, ENGINE_MAX_TOP_LOGPROBS, &top, err)) < 0) return -1;
-        if (r && top > 0 && !want)
-            return http_error_set(err, 400, "top_logprobs", "'top_logprobs' needs 'logprobs': true");
-        o->logprobs = want ? (int)top : -1;
-        if (http_get_bool(req, "add_generation_prompt", &o->add_generation_prompt, err) < 0) return -1;
-        if (http_get_bool(req, "continue_final_message", &o->continue_final_message, err) < 0) return -1;
-        if (o->continue_final_message)
-            return http_error_set(err, 400, "continue_final_message", "'continue_final_message' is not supported");
-        const json_t *rf = json_object_get(req, "response_format");
-        if (rf && !json_is_null(rf)) {
-            const json_t *t = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
-            if (!json_is_string(t) || strcmp(json_string_value(t), "text") != 0)
-                return http_error_set(err, 400, "response_format", "only {\"type\": \"text\"} is supported in "
-                                      "'response_format'");
-        }
+    case HTTP_API_COMPLETIONS: rc = parse_completions(&req, o, err); break;
+    case HTTP_API_CHAT: rc = parse_chat(&req, o, err); break;
+    case HTTP_API_TRL:
+        if (json_get_int(&req, "logprobs", JSON_GET_OPTIONAL, o->logprobs, 0, ENGINE_MAX_TOP_LOGPROBS, &o->logprobs))
+            return refused(&req, "logprobs", err);
+        if (json_is_null(json_object_get(body, "logprobs"))) o->logprobs = -1;
+        rc = parse_trl_kwargs(&req, vocab_size, o, err);
         break;
     }
-    case HTTP_API_TRL: {
-        const json_t *lp = json_object_get(req, "logprobs");
-        if (lp && json_is_null(lp)) o->logprobs = -1;
-        else if ((r = http_get_int(req, "logprobs", 0, ENGINE_MAX_TOP_LOGPROBS, &iv, err)) < 0) return -1;
-        else if (r) o->logprobs = (int)iv;
-        if (parse_trl_kwargs(req, vocab_size, o, err) < 0) return -1;
-        break;
-    }
-    }
+    if (rc < 0) return -1;
     o->sp.top_logprobs = o->logprobs > 0 ? o->logprobs : 0;
     return 0;
 }

@@ -1,6 +1,6 @@
 // rollout_server/http_json.h — the request side of the HTTP API, free of sockets and of the engine thread:
-// body text -> JSON object, typed field readers that name the field they refuse, the OpenAI / vLLM / TRL
-// sampling fields -> SamplingParams, prompt shapes, and the OpenAI-style error object
+// body text -> JSON object, typed field readers that name the field they refuse (shared/json_get.h), the
+// OpenAI / vLLM / TRL sampling fields -> SamplingParams, prompt shapes, and the OpenAI-style error object
 // {"error": {"message", "type", "param", "code"}} every failure is answered with.
 #ifndef TANDEM_ROLLOUT_HTTP_JSON_H
 #define TANDEM_ROLLOUT_HTTP_JSON_H
@@ -43,12 +43,10 @@ int http_status_for_engine(int engine_code);
 // JSON writers emit) is a 400 whose message says where, and names the field when one can be found.
 int http_body_parse(const char *body, size_t len, json_t **out, HttpError *err);
 
-// Typed readers. Return 1 when the field is present and valid (*out set), 0 when absent or null (*out left
-// alone), -1 with err filled (400 naming the field) when the type or range is wrong. JSON booleans are not
-// integers here, and integers are accepted where a number is expected.
+// Typed readers of the routes' own fields (shared/json_get.h in the API's wording). Return 1 when the field is
+// present and valid (*out set), 0 when absent or null (*out left alone), -1 with err filled (400 naming the
+// field) when the type is wrong.
 int http_get_bool(const json_t *obj, const char *key, int *out, HttpError *err);
-int http_get_int(const json_t *obj, const char *key, int64_t min, int64_t max, int64_t *out, HttpError *err);
-int http_get_number(const json_t *obj, const char *key, double *out, HttpError *err); // finite only
 int http_get_string(const json_t *obj, const char *key, const char **out, size_t *len, HttpError *err);
 
 // Everything a generation request asks for besides its prompts.

@@ -57,9 +57,9 @@ JsonAt json_at_element(const JsonAt *array, size_t index) {
     return json_at_value(array, json_is_array(array->json) ? json_array_get(array->json, index) : NULL, name);
 }
 
-// How the value at `path` is named in a message: `field "a.b"[2]` (trailing indexes outside the quotes),
-// `element [2]` when the path is only indexes, "the top level" when it is empty.
-static void subject_of(const char *path, char *out, size_t cap) {
+// How the value at `path` is named in a message: `field "a.b"[2]` (trailing indexes outside the quotes; `'a.b'[2]`
+// with request_wording), `element [2]` when the path is only indexes, "the top level" when it is empty.
+static void subject_of(const char *path, int request_wording, char *out, size_t cap) {
     size_t n = strlen(path), name_end = n;
     while (name_end > 0 && path[name_end - 1] == ']') {
         size_t open = name_end - 1;
@@ -71,6 +71,8 @@ static void subject_of(const char *path, char *out, size_t cap) {
         snprintf(out, cap, "the top level");
     else if (name_end == 0)
         snprintf(out, cap, "element %s", path);
+    else if (request_wording)
+        snprintf(out, cap, "'%.*s'%s", (int)name_end, path, path + name_end);
     else
         snprintf(out, cap, "field \"%.*s\"%s", (int)name_end, path, path + name_end);
 }
@@ -80,7 +82,7 @@ static void describe(const JsonAt *at, const char *key, const char **doc, const 
                      size_t cap) {
     char path[FULL_PATH_MAX];
     join_path(path, sizeof path, at->path, key ? key : "");
-    subject_of(path, subject, cap);
+    subject_of(path, at->request_wording, subject, cap);
     const int has_doc = at->doc && at->doc[0];
     *doc = has_doc ? at->doc : "";
     *colon = has_doc ? ": " : "";
@@ -101,8 +103,25 @@ static int fail_missing(const JsonAt *at, const char *key) {
     const char *doc, *colon;
     char subject[FULL_PATH_MAX + 32];
     describe(at, key, &doc, &colon, subject, sizeof subject);
+    if (at->request_wording)
+        return err_fail_code(at->fail_code, at->err, at->err_len, "%s%s%s is required", doc, colon, subject);
     return err_fail_code(at->fail_code, at->err, at->err_len, "%s%smissing %s", doc, colon, subject);
 }
+
+// "must be an integer, got a string"; with request_wording "must be an integer, not a string".
+static int wrong_type(const JsonAt *at, const char *key, const char *want, const json_t *v) {
+    return json_get_fail(at, key, at->request_wording ? "must be %s, not %s" : "must be %s, got %s", want,
+                         json_kind_name(v));
+}
+
+// "is 5000, outside [1, 4096]"; with request_wording "must be in [1, 4096], got 5000". value is printed already.
+static int out_of_range(const JsonAt *at, const char *key, const char *value, const char *min, const char *max) {
+    if (at->request_wording) return json_get_fail(at, key, "must be in [%s, %s], got %s", min, max, value);
+    return json_get_fail(at, key, "is %s, outside [%s, %s]", value, min, max);
+}
+
+// "true or false"; with request_wording "a boolean".
+static const char *bool_want(const JsonAt *at) { return at->request_wording ? "a boolean" : "true or false"; }
 
 static const json_t *raw_member(const JsonAt *at, const char *key) {
     if (!key) return at->json;
@@ -119,15 +138,11 @@ int json_get_present(const JsonAt *at, const char *key) {
 static int lookup(const JsonAt *at, const char *key, JsonPresence presence, const char *want, const json_t **v) {
     *v = raw_member(at, key);
     if (*v && json_is_null(*v) && at->null_is_absent) {
-        if (presence == JSON_GET_REQUIRED) return json_get_fail(at, key, "must be %s, got null", want);
+        if (presence == JSON_GET_REQUIRED) return wrong_type(at, key, want, *v);
         *v = NULL;
     }
     if (!*v && presence == JSON_GET_REQUIRED) return fail_missing(at, key);
     return 0;
-}
-
-static int wrong_type(const JsonAt *at, const char *key, const char *want, const json_t *v) {
-    return json_get_fail(at, key, "must be %s, got %s", want, json_kind_name(v));
 }
 
 int json_get_int64(const JsonAt *at, const char *key, JsonPresence presence, int64_t default_value, int64_t min,
@@ -139,16 +154,23 @@ int json_get_int64(const JsonAt *at, const char *key, JsonPresence presence, int
         *out = default_value;
         return 0;
     }
+    char value[32], lo[24], hi[24];
+    snprintf(lo, sizeof lo, "%lld", (long long)min);
+    snprintf(hi, sizeof hi, "%lld", (long long)max);
+    const double r = json_is_real(v) ? json_real_value(v) : 0;
     // An integer beyond int64 arrives as a real (shared/json_read.h): out of range, not of the wrong type.
-    if (json_is_real(v) && fabs(json_real_value(v)) >= 0x1p63)
-        return json_get_fail(at, key, "is %.17g, outside [%lld, %lld]", json_real_value(v), (long long)min,
-                             (long long)max);
-    if (!json_is_integer(v)) return wrong_type(at, key, "an integer", v);
-    json_int_t x = json_integer_value(v);
-    if (x < min || x > max)
-        return json_get_fail(at, key, "is %lld, outside [%lld, %lld]", (long long)x, (long long)min,
-                             (long long)max);
-    *out = (int64_t)x;
+    if (json_is_real(v) && fabs(r) >= 0x1p63) {
+        snprintf(value, sizeof value, "%.17g", r);
+        return out_of_range(at, key, value, lo, hi);
+    }
+    const int whole_real = at->integral_reals && json_is_real(v) && r == floor(r);
+    if (!json_is_integer(v) && !whole_real) return wrong_type(at, key, "an integer", v);
+    const int64_t x = whole_real ? (int64_t)r : (int64_t)json_integer_value(v);
+    if (x < min || x > max) {
+        snprintf(value, sizeof value, "%lld", (long long)x);
+        return out_of_range(at, key, value, lo, hi);
+    }
+    *out = x;
     return 0;
 }
 
@@ -171,21 +193,27 @@ int json_get_double(const JsonAt *at, const char *key, JsonPresence presence, do
     }
     if (!json_is_number(v)) return wrong_type(at, key, "a number", v);
     double x = json_number_value(v);
-    if (!isfinite(x)) return json_get_fail(at, key, "must be finite");
-    if (!(x >= min && x <= max)) return json_get_fail(at, key, "is %g, outside [%g, %g]", x, min, max);
+    if (!isfinite(x)) return json_get_fail(at, key, "must be %s", at->request_wording ? "a finite number" : "finite");
+    if (!(x >= min && x <= max)) {
+        char value[32], lo[32], hi[32];
+        snprintf(value, sizeof value, "%g", x);
+        snprintf(lo, sizeof lo, "%g", min);
+        snprintf(hi, sizeof hi, "%g", max);
+        return out_of_range(at, key, value, lo, hi);
+    }
     *out = x;
     return 0;
 }
 
 int json_get_bool(const JsonAt *at, const char *key, JsonPresence presence, int default_value, int *out) {
     const json_t *v;
-    int rc = lookup(at, key, presence, "true or false", &v);
+    int rc = lookup(at, key, presence, bool_want(at), &v);
     if (rc) return rc;
     if (!v) {
         *out = default_value;
         return 0;
     }
-    if (!json_is_boolean(v)) return wrong_type(at, key, "true or false", v);
+    if (!json_is_boolean(v)) return wrong_type(at, key, bool_want(at), v);
     *out = json_is_true(v);
     return 0;
 }

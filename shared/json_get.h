@@ -1,6 +1,6 @@
 // shared/json_get.h — typed reads of JSON object members (and array elements) whose error messages name the full
 // path of the value in its document, the one set of JSON getters of config.json, tokenizer.json, the ZeroMQ
-// control messages and the GRPO options.
+// control messages, the GRPO options and the HTTP API's requests.
 //
 // A JsonAt is a JSON value and where it sits: the document's name, the path from the document's top (member names
 // joined by '.', array indexes as [i]), whether null counts as absent, and how a failure is reported (the code to
@@ -17,7 +17,11 @@
 //
 // Numbers: tandem reads every valid JSON number (shared/json_read.h), so an integer literal beyond int64 arrives
 // as a real: an integer member holding a real of magnitude 2^63 or more is out of range, any other real (1.5, and
-// 2.0 too) is of the wrong type. A number member takes integers and reals alike.
+// 2.0 too, unless integral_reals) is of the wrong type. A number member takes integers and reals alike.
+//
+// With request_wording (the HTTP API's 400s, OpenAI-style), messages name the path in single quotes and word
+// refusals as that API always has: 'n' must be in [1, 1024], got 0; 'n' must be an integer, not a string;
+// 'stop'[1] must be a string, not an integer; 'prompt' is required.
 #ifndef TANDEM_SHARED_JSON_GET_H
 #define TANDEM_SHARED_JSON_GET_H
 
@@ -32,6 +36,8 @@ typedef struct {
     const char *doc;               // the document's name, first in messages ("config.json", "generate"); NULL: none
     char path[JSON_AT_PATH_MAX];   // json's path from the document's top ("rope_scaling", "added_tokens[3]"); "": top
     int null_is_absent;            // 1: a member set to null reads as absent (Hugging Face files); 0: null is a value
+    int integral_reals;            // 1: an integer member takes a whole real (4.0 -> 4, as Python clients send); 0: not
+    int request_wording;           // 1: the HTTP API's message wording (above); 0: the files' wording
     int fail_code;                 // what a failing call returns (-1, CONFIG_ERR_INVALID, TOK_EFORMAT, ...); never 0
     char *err;                     // the message of a failure; NULL for none
     size_t err_len;
@@ -76,8 +82,9 @@ int json_get_string(const JsonAt *at, const char *key, JsonPresence presence, co
 int json_get_object(const JsonAt *at, const char *key, JsonPresence presence, JsonAt *out);
 int json_get_array(const JsonAt *at, const char *key, JsonPresence presence, JsonAt *out);
 
-// A refusal of the caller's own, in the getters' form: writes "<doc>: field \"<path>\" " followed by the printf
-// message into at->err and returns at->fail_code, e.g. json_get_fail(&at, "top_p", "must be in (0, 1], got %g", x).
+// A refusal of the caller's own, in the getters' form: writes "<doc>: field \"<path>\" " ("'<path>' " with
+// request_wording) followed by the printf message into at->err and returns at->fail_code, e.g.
+// json_get_fail(&at, "top_p", "must be in (0, 1], got %g", x).
 int json_get_fail(const JsonAt *at, const char *key, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 
 // "an object", "an array", "a string", "an integer", "a real number", "a boolean" or "null" (NULL: "nothing").

@@ -1,7 +1,8 @@
 // tests/unit/test_json_get.c — the typed JSON getters of shared/json_get.h: each type read, defaults of absent
 // optional members, null as absent or as a value, range and length refusals, missing required members, wrong
-// types, every valid JSON number (big integers and exponents, as shared/json_read.h reads them), and the full path
-// of the value, the document's name and the caller's failure code in every message.
+// types, every valid JSON number (big integers and exponents, as shared/json_read.h reads them), whole reals as
+// integers where asked, the HTTP API's wording, and the full path of the value, the document's name and the
+// caller's failure code in every message.
 #include <float.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -258,6 +259,56 @@ static void test_paths(void) {
     json_decref(root);
 }
 
+// integral_reals: an integer member takes a whole real (4.0, 2e3) and still refuses 1.5, a real beyond int64 and one
+// out of range; request_wording: the HTTP API's wording ('path' in quotes, "must be in [..], got ..", "not ..").
+static void test_integral_reals_and_request_wording(void) {
+    json_t *root = parse("{\"four\": 4.0, \"e_int\": 2e3, \"half\": 1.5, \"neg\": -3.0, \"huge\": 1e20, "
+                         "\"s\": \"x\", \"kw\": {\"b\": 1}, \"list\": [2.0], \"inf\": 1e400}");
+    JsonAt at = doc_at(root);
+    at.integral_reals = 1;
+    int i = 0;
+    int64_t i64 = 0;
+    CHECK(json_get_int(&at, "four", JSON_GET_REQUIRED, 0, 0, 10, &i) == 0 && i == 4, "4.0 read as %d", i);
+    CHECK(json_get_int64(&at, "e_int", JSON_GET_REQUIRED, 0, 0, 5000, &i64) == 0 && i64 == 2000, "2e3 read as %lld",
+          (long long)i64);
+    CHECK_REFUSED(json_get_int(&at, "half", JSON_GET_REQUIRED, 0, 0, 10, &i),
+                  "doc.json: field \"half\" must be an integer, got a real number");
+    CHECK_REFUSED(json_get_int(&at, "neg", JSON_GET_REQUIRED, 0, 0, 10, &i),
+                  "doc.json: field \"neg\" is -3, outside [0, 10]");
+    CHECK_REFUSED(json_get_int64(&at, "huge", JSON_GET_REQUIRED, 0, 1, 100, &i64),
+                  "doc.json: field \"huge\" is 1e+20, outside [1, 100]");
+    JsonAt list, first;
+    REQUIRE(json_get_array(&at, "list", JSON_GET_REQUIRED, &list) == 0, "%s", err);
+    first = json_at_element(&list, 0);
+    CHECK(json_get_int(&first, NULL, JSON_GET_REQUIRED, 0, 0, 10, &i) == 0 && i == 2, "an element 2.0 read as %d", i);
+
+    JsonAt req = json_at_document(root, NULL, 1, -7, err, sizeof err);
+    req.integral_reals = 1;
+    req.request_wording = 1;
+    CHECK_REFUSED(json_get_int(&req, "neg", JSON_GET_OPTIONAL, 1, 1, 1024, &i), "'neg' must be in [1, 1024], got -3");
+    CHECK_REFUSED(json_get_int64(&req, "huge", JSON_GET_OPTIONAL, 1, 1, 2147483647, &i64),
+                  "'huge' must be in [1, 2147483647], got 1e+20");
+    CHECK_REFUSED(json_get_int(&req, "s", JSON_GET_OPTIONAL, 0, 0, 9, &i), "'s' must be an integer, not a string");
+    CHECK_REFUSED(json_get_int(&req, "half", JSON_GET_OPTIONAL, 0, 0, 9, &i),
+                  "'half' must be an integer, not a real number");
+    CHECK_REFUSED(json_get_int(&req, "absent", JSON_GET_REQUIRED, 0, 0, 9, &i), "'absent' is required");
+    CHECK_REFUSED(json_get_double(&req, "half", JSON_GET_OPTIONAL, 0, 0, 1, &(double){0}),
+                  "'half' must be in [0, 1], got 1.5");
+    CHECK_REFUSED(json_get_double(&req, "inf", JSON_GET_OPTIONAL, 0, 0, 1, &(double){0}),
+                  "'inf' must be in [0, 1], got 1.79769e+308");
+    JsonAt kw;
+    REQUIRE(json_get_object(&req, "kw", JSON_GET_REQUIRED, &kw) == 0, "%s", err);
+    CHECK_REFUSED(json_get_bool(&kw, "b", JSON_GET_OPTIONAL, 0, &i), "'kw.b' must be a boolean, not an integer");
+    CHECK_REFUSED(json_get_object(&req, "s", JSON_GET_OPTIONAL, &kw), "'s' must be an object, not a string");
+    JsonAt rlist, relem;
+    REQUIRE(json_get_array(&req, "list", JSON_GET_REQUIRED, &rlist) == 0, "%s", err);
+    relem = json_at_element(&rlist, 0);
+    CHECK_REFUSED(json_get_string(&relem, NULL, JSON_GET_REQUIRED, NULL, JSON_ANY_LENGTH, &(const char *){0}, NULL),
+                  "'list'[0] must be a string, not a real number");
+    CHECK_REFUSED(json_get_fail(&req, "top_p", "must be in (0, 1], got %g", 1.5), "'top_p' must be in (0, 1], got 1.5");
+    json_decref(root);
+}
+
 // The failure code is the caller's (0 taken as -1); a NULL message buffer is allowed; strings keep NUL bytes.
 static void test_codes_and_buffers(void) {
     json_t *root = parse("{\"s\": \"a\\u0000b\", \"n\": \"x\"}");
@@ -289,6 +340,7 @@ int main(void) {
     test_ranges();
     test_numbers();
     test_paths();
+    test_integral_reals_and_request_wording();
     test_codes_and_buffers();
     if (failures) {
         fprintf(stderr, "test_json_get: %d failure(s)\n", failures);
