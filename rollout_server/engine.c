@@ -521,10 +521,8 @@ int engine_create(Engine **out, const EngineConfig *cfg, char *err, size_t err_l
         while (start > 0 && cfg->model_dir[start - 1] != '/') start--;
         snprintf(e->model_id, sizeof e->model_id, "%.*s", (int)(len - start), cfg->model_dir + start);
     }
-    if ((rc = runner_create(&e->runner, cfg, err, err_len)) != 0) goto fail;
-    e->m = runner_model(e->runner);
-    e->V = e->m->cfg.vocab_size;
-    e->n_blocks = runner_num_blocks(e->runner);
+    // The tokenizer first: a broken tokenizer.json is refused in a moment, before the model, the KV pool and the
+    // CUDA graphs are set up.
     {
         char path[4096], msg[768];
         struct stat stt;
@@ -535,6 +533,10 @@ int engine_create(Engine **out, const EngineConfig *cfg, char *err, size_t err_l
             goto fail;
         }
     }
+    if ((rc = runner_create(&e->runner, cfg, err, err_len)) != 0) goto fail;
+    e->m = runner_model(e->runner);
+    e->V = e->m->cfg.vocab_size;
+    e->n_blocks = runner_num_blocks(e->runner);
     collect_eos(e);
     char msg[512];
     const size_t S = (size_t)cfg->max_num_seqs, n_units = (size_t)e->m->layout.n_units;
