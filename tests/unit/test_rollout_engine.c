@@ -16,6 +16,7 @@
 //     whole, in one event;
 //   - refusals (too long, bad parameters, queue full, stop strings without a tokenizer, bad configs), pause and
 //     resume, a client that lets go early, and destroy with drain or abort.
+#include <errno.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -53,8 +54,7 @@ static void die(const char *what, const char *err) {
 
 static void make_model_dirs(void) {
     char err[512];
-    snprintf(dir_tok, sizeof dir_tok, "/tmp/tandem_engine_XXXXXX");   // mkdtemp's template
-    if (!mkdtemp(dir_tok)) die("mkdtemp", dir_tok);
+    if (temp_dir_make("tandem_engine", dir_tok, sizeof dir_tok)) die("mkdtemp", strerror(errno));
     snprintf(dir_notok, sizeof dir_notok, "%.200s/notok", dir_tok);
     // The same random model (seed 11, std 0.5) twice; one character per id in the first folder's tokenizer.
     if (tiny_model_write_random(dir_tok, CONFIG, 11, 0.5f, err, sizeof err) ||

@@ -11,6 +11,7 @@
 //     gives the outputs of the same weights committed through the host path;
 //   - ops_copy_peer copies between the two engines' contexts byte for byte;
 //   - an engine that cannot start names its device and the ones already made are freed.
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -108,8 +109,7 @@ static void engine_greedy(EngineGroup *g, int i, int64_t version, int32_t *out) 
 
 static void make_model_dir(void) {
     char err[512];
-    snprintf(model_dir, sizeof model_dir, "/tmp/tandem_engine_group_XXXXXX");
-    if (!mkdtemp(model_dir)) die("mkdtemp", model_dir);
+    if (temp_dir_make("tandem_engine_group", model_dir, sizeof model_dir)) die("mkdtemp", strerror(errno));
     if (tiny_model_write_random(model_dir, CONFIG, SEED_BASE, STD, err, sizeof err)) die("model", err);
 }
 

@@ -10,6 +10,7 @@
 //   - weights: uploading no unit changes nothing, swapping in the device staging changes the output and swapping back
 //     restores it; runner_weights_device_missing tracks the staging copies;
 //   - CUDA: decode-only steps replay the graphs recorded at start-up, and --enforce-eager gives their bits eagerly.
+#include <errno.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -40,8 +41,7 @@ static void die(const char *what, const char *err) {
 
 static void make_model_dir(void) {
     char err[512];
-    snprintf(dir, sizeof dir, "/tmp/tandem_runner_XXXXXX");
-    if (!mkdtemp(dir)) die("mkdtemp", dir);
+    if (temp_dir_make("tandem_runner", dir, sizeof dir)) die("mkdtemp", strerror(errno));
     if (tiny_model_write_random(dir, CONFIG, 5, 0.5f, err, sizeof err)) die("model", err);
 }
 

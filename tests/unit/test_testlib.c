@@ -210,8 +210,8 @@ static void test_listen_loopback(void) {
 int main(void) {
     test_checks_pass();
     test_checks_fail();
-    char root[] = "/tmp/tandem_testlib_XXXXXX";
-    REQUIRE(mkdtemp(root), "mkdtemp");
+    char root[64];
+    REQUIRE(temp_dir_make("tandem_testlib", root, sizeof root) == 0, "temp_dir_make");
     test_tiny_model(root);
     test_text_files(root);
     test_listen_loopback();

@@ -112,6 +112,14 @@ void write_text_file(const char *path, const char *text) {
     }
 }
 
+int temp_dir_make(const char *prefix, char *out, size_t cap) {
+    int n = snprintf(out, cap, "/tmp/%s_", prefix);
+    if (n < 0 || (size_t)n + 7 > cap) return -1;
+    memset(out + n, 'X', 6);   // mkdtemp replaces the last six characters, which must be X
+    out[n + 6] = '\0';
+    return mkdtemp(out) ? 0 : -1;
+}
+
 char *read_text_file(const char *path) {
     FILE *f = fopen(path, "rb");
     if (!f) return NULL;

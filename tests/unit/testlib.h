@@ -38,6 +38,10 @@ int listen_loopback(int backlog, int *port);
 // malloc of n bytes (at least 1); running out of memory ends the test (exit 2).
 void *xmalloc(size_t n);
 
+// Makes a fresh, empty folder /tmp/PREFIX_ plus six random characters (mkdtemp) and writes its path into out.
+// 0, or -1 (out too small, or mkdtemp failed: errno says why).
+int temp_dir_make(const char *prefix, char *out, size_t cap);
+
 // Writes text to path (created or truncated); a file that cannot be written ends the test (exit 1).
 void write_text_file(const char *path, const char *text);
 // The whole file as a NUL-terminated string (the caller frees it), or NULL when it cannot be read.
