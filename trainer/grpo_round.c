@@ -5,12 +5,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "shared/err.h"
 #include "trainer/grpo_loss.h"
-
-static int oom(char *err, size_t err_len, const char *what) {
-    snprintf(err, err_len, "out of memory for %s", what);
-    return -1;
-}
 
 int grpo_round_init(GrpoRound *r, int n_prompts, int G, int world, char *err, size_t err_len) {
     memset(r, 0, sizeof *r);
@@ -33,7 +29,7 @@ int grpo_round_init(GrpoRound *r, int n_prompts, int G, int world, char *err, si
     if (!r->rows || !r->groups || !r->prompts || !r->prompt_lens || !r->comp || !r->comp_len || !r->sampling_logps ||
         !r->truncated || !r->advantages || !r->off || !r->samples || !r->texts || !r->adv_all) {
         grpo_round_free(r);
-        return oom(err, err_len, "a generation round");
+        return err_fail(err, err_len, "out of memory for a generation round");
     }
     return 0;
 }
@@ -143,7 +139,7 @@ static int fit_funcs(Trainer *t, GrpoRound *r, int F, char *err, size_t err_len)
     r->weights = malloc(f * sizeof *r->weights);
     if (!r->scores || !r->local || !r->all || !r->fmean || !r->fstd || !r->weights) {
         r->cap_f = 0;
-        return oom(err, err_len, "the rewards of a round");
+        return err_fail(err, err_len, "out of memory for the rewards of a round");
     }
     r->cap_f = (int)f;
     return 0;
@@ -164,7 +160,7 @@ int grpo_round_rewards(Trainer *t, GrpoRound *r, int *n_funcs, char *err, size_t
         // The service's function count is known after its first answer: score into a wide buffer, then copy.
         if (!r->service_scores &&
             !(r->service_scores = malloc((size_t)r->n * GRPO_SERVICE_MAX_FUNCS * sizeof *r->service_scores)))
-            return oom(err, err_len, "the reward service's scores");
+            return err_fail(err, err_len, "out of memory for the reward service's scores");
         size_t nf = 0;
         if (reward_service_score(t->reward_service, r->samples, r->n, r->service_scores, GRPO_SERVICE_MAX_FUNCS,
                                  GRPO_SERVICE_MAX_FUNCS, &nf, err, err_len) != 0)
@@ -240,8 +236,8 @@ int grpo_round_reserve_logps(GrpoRound *r, int old, int ref, char *err, size_t e
         r->logps_cap = need + need / 4;  // rounds differ in length: room for a somewhat longer one
     }
     if (old && !r->old_logps && !(r->old_logps = malloc(r->logps_cap * sizeof(float))))
-        return oom(err, err_len, "the round's old logprobs");
+        return err_fail(err, err_len, "out of memory for the round's old logprobs");
     if (ref && !r->ref_logps && !(r->ref_logps = malloc(r->logps_cap * sizeof(float))))
-        return oom(err, err_len, "the round's reference logprobs");
+        return err_fail(err, err_len, "out of memory for the round's reference logprobs");
     return 0;
 }
