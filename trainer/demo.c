@@ -26,7 +26,7 @@
 
 static const DemoOptions kDefaults = {
     .output_dir = "out/demo", .device = "auto", .seed = 1, .threads = 0,
-    .digits = 3, .n_train = 20000, .n_heldout = 200, .n_validation = 200, .n_sft = 20000,
+    .digits = 2, .n_train = 6000, .n_heldout = 500, .n_validation = 500, .n_sft = 6000,
     .hidden = 256, .layers = 2, .heads = 8, .intermediate = 512, .init_std = 0.02,
     .sft_batch = 64, .sft_min_steps = 100, .sft_max_steps = 1000, .sft_check_every = 10, .sft_lr = 1e-3,
     .sft_target = 0.25,
@@ -49,7 +49,7 @@ static const CliOption kOptions[] = {
         "seed of the model init, the data, SFT and GRPO"),
     N("--threads", threads, 0, "CPU threads per process (OpenBLAS); 0 = every core"),
     OPT("--digits", CLI_INT, digits, CLI_BOUND_MIN | CLI_BOUND_MAX, 1, 9, 0,
-        "task: a + b with operands of exactly this many digits"),
+        "task: a + b with operands of exactly this many digits, every number written least significant digit first"),
     N("--train-size", n_train, 1, "training problems (GRPO prompts)"),
     N("--heldout-size", n_heldout, 1, "held-out problems (none of them is a training problem)"),
     N("--validation-size", n_validation, 1, "validation problems: decide when SFT and GRPO stop (disjoint from the others)"),
@@ -271,12 +271,15 @@ static int start_server(Demo *d, const char *model, const char *control, const c
 // Greedy exact-answer accuracy and well-formed rate of a JSONL through a server's OpenAI API: `tandem-train eval`.
 static int eval_file(Demo *d, int port, const char *data, const char *name, const char *out, double *acc,
                      double *form, char *err, size_t err_len) {
-    char url[64], tokens[16], log[PATH_IN];
+    char url[64], tokens[16], log[PATH_IN], form_regex[32];
     snprintf(url, sizeof url, "http://127.0.0.1:%d", port);
     snprintf(log, sizeof log, "%s/logs/%s.log", d->dir, name);
     snprintf(tokens, sizeof tokens, "%d", completion_tokens(&d->o) + 1);
+    // Well-formed: exactly the sum's width. answer_match compares numbers, so a completion that dropped a leading
+    // "0" (the units digit, written first) would still count; the width check makes that visible.
+    snprintf(form_regex, sizeof form_regex, "[0-9]{%d}", d->o.digits + 1);
     char *argv[24] = {d->train_bin, "eval", "--url", url, "--data", (char *)data, "--rewards",
-                      "answer_match,regex_format", "--format-regex", "[0-9]+", "--max-tokens", tokens,
+                      "answer_match,regex_format", "--format-regex", form_regex, "--max-tokens", tokens,
                       "--temperature", "0", "--concurrency", "64", NULL};
     if (out) argv[16] = "--output", argv[17] = (char *)out, argv[18] = NULL;
     double t = demo_now();
@@ -578,7 +581,8 @@ int demo_main(int argc, char **argv) {
     DemoDataSpec ds = {.digits = d->o.digits, .n_train = d->o.n_train, .n_heldout = d->o.n_heldout,
                        .n_validation = d->o.n_validation, .n_sft = d->o.n_sft < d->o.n_train ? d->o.n_sft : d->o.n_train, .seed = (uint64_t)d->o.seed};
     if (demo_write_data(data, &ds, err, sizeof err) != 0) goto out;
-    demo_say(d, "task: \"a+b=\" with %d-digit operands, the sum checked exactly (reward answer_match); %d training, %d "
+    demo_say(d, "task: \"a+b=\" with %d-digit operands, every number least significant digit first (\"21+43=460\" is "
+           "12 + 34 = 064), the sum checked exactly (reward answer_match); %d training, %d "
            "validation and %d held-out problems, no problem in two sets -> %s", d->o.digits, d->o.n_train,
         d->o.n_validation, d->o.n_heldout, data);
     // 3. SFT warm-up; 4. the rollout server and accuracy before GRPO; 5-6. GRPO with accuracy along the way.

@@ -40,9 +40,10 @@ typedef struct {
 } DemoDataSpec;
 
 // Writes, in dir, distinct problems "a+b=" split four ways: heldout.jsonl and validation.jsonl
-// ({"prompt", "answer": a+b}), train.jsonl (the same form; GRPO's prompts) and sft.jsonl (the first n_sft training
-// problems as {"prompt", "completion"}, the sum zero-padded to digits + 1 digits). No problem is in two of
-// held-out, validation and training. 0, or -1 with a message.
+// ({"prompt", "answer"}), train.jsonl (the same form; GRPO's prompts) and sft.jsonl (the first n_sft training
+// problems as {"prompt", "completion"}). Every number is written least significant digit first, zero-padded: the
+// operands to `digits` digits, the sum to digits + 1 ("21+43=" is 12 + 34, its answer "460" is 064), and the
+// answer is that string. No problem is in two of held-out, validation and training. 0, or -1 with a message.
 int demo_write_data(const char *dir, const DemoDataSpec *spec, char *err, size_t err_len);
 
 // ---- processes (trainer/demo_proc.c) ------------------------------------------------------------------

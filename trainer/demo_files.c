@@ -162,6 +162,13 @@ static int keyset_insert(KeySet *k, uint64_t key) {  // 1 = inserted, 0 = alread
     return 1;
 }
 
+static void reverse_in_place(char *s) {
+    for (size_t lo = 0, hi = strlen(s); hi > 1 && lo < hi - 1; lo++, hi--) {
+        char t = s[lo];
+        s[lo] = s[hi - 1], s[hi - 1] = t;
+    }
+}
+
 static int write_row(FILE *f, const char *prompt, const char *key, json_t *value) {
     json_t *row = json_pack("{s:s, s:o}", "prompt", prompt, key, value);
     char *line = row ? json_dumps(row, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
@@ -220,11 +227,19 @@ int demo_write_data(const char *dir, const DemoDataSpec *s, char *err, size_t er
         }
     }
     for (size_t i = 0; i < n; i++) {
-        char prompt[64], answer[32];
-        snprintf(prompt, sizeof prompt, "%llu+%llu=", (unsigned long long)a[i], (unsigned long long)b[i]);
-        // The answer has digits + 1 digits, zero-padded ("0730"): every digit of the sum sits at a fixed position.
+        // Every number least significant digit first, zero-padded ("12+34=" is written "21+43=", its sum 064 as
+        // "460"): the sum's digit at place k then sits at the same distance from the operand digits at place k
+        // for every k, and the carry into it is a function of the tokens one place back (the operand digits and
+        // the sum's digit just written), so one rule serves every place. Written most significant digit first,
+        // each digit of the sum depends on the carry chain below it, and a 2-layer model's SFT and GRPO stall
+        // for seed- and rounding-dependent times (bench/notes/demo.md).
+        char prompt[64], answer[32], ra[16], rb[16];
+        snprintf(ra, sizeof ra, "%0*llu", s->digits, (unsigned long long)a[i]);
+        snprintf(rb, sizeof rb, "%0*llu", s->digits, (unsigned long long)b[i]);
         snprintf(answer, sizeof answer, "%0*llu", s->digits + 1, (unsigned long long)(a[i] + b[i]));
-        json_t *value = json_integer((json_int_t)(a[i] + b[i]));
+        reverse_in_place(ra), reverse_in_place(rb), reverse_in_place(answer);
+        snprintf(prompt, sizeof prompt, "%s+%s=", ra, rb);
+        json_t *value = json_string(answer);
         int w = 0;
         if (i < (size_t)s->n_heldout) {
             w = write_row(f[HELDOUT], prompt, "answer", value);

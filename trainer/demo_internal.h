@@ -20,7 +20,7 @@ typedef struct {
     double grpo_lr, temperature, stop_accuracy;
 } DemoOptions;
 
-// Tokens of a complete answer: the sum (digits + 1, zero-padded) and <eos>.
+// Tokens of a complete answer: the sum (digits + 1, zero-padded, least significant digit first) and <eos>.
 static inline int completion_tokens(const DemoOptions *o) { return o->digits + 2; }
 
 // Folders (the output folder, this binary's) are at most DIR_MAX - 1 characters, so every path built inside them

@@ -83,7 +83,7 @@ int demo_write_results(Demo *d, size_t n_params, char *err, size_t err_len) {
         json_array_append_new(checks, json_pack("{s:i, s:f}", "step", (int)d->check_step[i], "validation_accuracy",
                                                 d->check_acc[i]));
     char task[64];
-    snprintf(task, sizeof task, "a+b, %d-digit operands", d->o.digits);
+    snprintf(task, sizeof task, "a+b, %d-digit operands, least significant digit first", d->o.digits);
     json_t *sum = json_object();
     json_object_set_new(sum, "task", json_string(task));
     json_object_set_new(sum, "accuracy_before", json_real(d->eval_acc[0]));
