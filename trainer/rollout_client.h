@@ -43,6 +43,19 @@ int rollout_generate(RolloutClient *c, int n_prompts, const int32_t *const *prom
                      const ZmsgSampling *s, RolloutGroup *out, char *err, size_t err_len);
 void rollout_groups_free(RolloutGroup *groups, int n);
 
+// The same in two halves (trainer/rollout_generate.c), so that the servers generate while the caller does other
+// work: _start sends every prompt and returns; _finish waits for the answers (a prompt's timeout counts from the
+// later of its sending and the call) and fills out (n_prompts) as rollout_generate does. In between, the client
+// may say hello, push weights and run other generations: answers that arrive meanwhile are kept for this one. A
+// generation whose sending found no server answering is reported by _finish (ROLLOUT_ESERVERS_LOST). prompts and
+// prompt_lens must stay valid until _finish or _cancel, which free the handle; _cancel drops a generation not
+// collected (its late answers are discarded).
+typedef struct RolloutPending RolloutPending;
+int rollout_generate_start(RolloutClient *c, int n_prompts, const int32_t *const *prompts, const int *prompt_lens,
+                           const ZmsgSampling *s, RolloutPending **out, char *err, size_t err_len);
+int rollout_generate_finish(RolloutClient *c, RolloutPending *p, RolloutGroup *out, char *err, size_t err_len);
+void rollout_generate_cancel(RolloutClient *c, RolloutPending *p);
+
 // Says hello to every server (timeout_ms each): a server that answers again is used again, one that does not is
 // set aside (and retried next time); *stale = 1 when an answering server holds another weights version than
 // `version` (it restarted, or missed a push), so the caller pushes the weights before generating. While no server

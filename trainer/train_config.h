@@ -46,6 +46,7 @@ typedef struct {
     int generation_batch_size;      // completions per generation round, all ranks (0: derived)
     int steps_per_generation;       // optimizer micro-steps per generation round (0: derived)
     int num_iterations;
+    int max_staleness;              // rounds generated ahead of training, and the versions a sample may lag (0: sync)
     // ---- GRPO loss and advantages (TRL's GRPOConfig keys; see trainer/grpo_loss.h) ----
     GrpoOptions grpo;
     double *reward_weights;         // (n_reward_weights) or NULL = every reward weighs 1

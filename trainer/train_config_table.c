@@ -82,6 +82,9 @@ const OptionSpec train_options[] = {
     OPT("steps_per_generation", OPT_INT, steps_per_generation, G_GEN,
         "micro-steps that share one generation round; 0 = gradient_accumulation_steps"),
     OPT("num_iterations", OPT_INT, num_iterations, G_GEN, "passes over each generation round (mu)"),
+    OPT("max_staleness", OPT_INT, max_staleness, G_GEN, "asynchronous GRPO: the servers generate up to k rounds "
+        "ahead of training, and a completion sampled more than k policy versions before the one it is trained at "
+        "is dropped; 0 = synchronous"),
 
     GRPO("beta", OPT_F64, beta, G_GRPO, "k3 KL coefficient to the frozen reference; 0 = no reference model"),
     GRPO("epsilon", OPT_F64, epsilon, G_GRPO, "lower clip range of the ratio"),

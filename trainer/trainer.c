@@ -297,6 +297,10 @@ int trainer_save(Trainer *t, char *err, size_t err_len) {
     uint64_t epoch;
     size_t pos;
     data_tell(t->data, &epoch, &pos);
+    return trainer_save_at(t, epoch, pos, err, err_len);
+}
+
+int trainer_save_at(Trainer *t, uint64_t epoch, size_t pos, char *err, size_t err_len) {
     t->progress.epoch = (int64_t)epoch;
     t->progress.data_position = (int64_t)pos;
     CheckpointOptions co = {.output_dir = t->cfg->output_dir, .base_model_dir = t->cfg->model,
