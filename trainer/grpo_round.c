@@ -184,6 +184,7 @@ void grpo_staleness_filter(int n, const int64_t *versions, int64_t policy_versio
 void grpo_round_filter_stale(Trainer *t, GrpoRound *r) {
     // Synchronous rounds are sampled by the version they are trained at: counted, never dropped.
     int bound = t->cfg->max_staleness > 0 ? t->cfg->max_staleness : INT_MAX;
+    r->train_version = t->progress.policy_version;
     grpo_staleness_filter(r->n, r->versions, t->progress.policy_version, bound, r->keep, &r->staleness);
 }
 

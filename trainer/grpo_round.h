@@ -45,6 +45,7 @@ typedef struct {
     int64_t *versions;          // (n) policy version of each completion's first (oldest) token, as the server says
     uint8_t *keep;              // (n) 0: dropped, sampled more than max_staleness versions before training
     GrpoStaleness staleness;    // of this rank's completions when the round's training starts
+    int64_t train_version;      // the trainer's policy version then
     float *advantages;          // (n)
     size_t *off;                // (n + 1) prefix sums of comp_len: completion i's slice of the flat logps below
     float *old_logps;           // (off[n]) trainer logprobs before this round's updates, when needed
@@ -94,6 +95,14 @@ int grpo_round_rewards(Trainer *t, GrpoRound *r, int *n_funcs, char *err, size_t
 // Phase 3, advantages over the whole generation batch (every rank's rewards), and the round's metrics (TRL's
 // names) into m.
 int grpo_round_advantages(Trainer *t, GrpoRound *r, int n_funcs, json_t *m, char *err, size_t err_len);
+// log_completions: one OUTPUT_DIR/completions.jsonl row (t->completions) per completion idx[0..B) of a
+// micro-batch that feeds optimizer step `step`: "step", "prompt_ids", "completion_ids", "version" (and "version_end", its last
+// token's), "staleness",
+// "kept", "truncated", "advantage", "sampling_logps" (the servers'), "old_logps" (old (B, T), when computed) and
+// "importance_sampling_ratio" (is_ratio when the correction is on: one number per sequence, or a list per token
+// when ratio_per_token; (B) or (B, T)). T = the micro-batch's longest completion.
+int grpo_log_completions(Trainer *t, const GrpoRound *r, long step, const int *idx, int B, int T, const float *old,
+                         const float *is_ratio, int ratio_per_token, char *err, size_t err_len);
 // Room for the old / reference logprobs of every completion of the round (off[n] floats each).
 int grpo_round_reserve_logps(GrpoRound *r, int old, int ref, char *err, size_t err_len);
 

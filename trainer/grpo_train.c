@@ -232,6 +232,11 @@ static int micro_step(Trainer *t, UnitSource *policy, const GrpoRound *r, MicroB
                         .num_items_in_batch = active, .num_processes = t->world, .gradient_accumulation_steps = GA,
                         .steps_per_generation = S, .training = 1, .entropy_coef = grpo_entropy_apply_coef(ec, o)};
     if (grpo_loss(o, &in, w->grad, gent, &lm, err, err_len) != 0) return -1;
+    const long step = t->progress.step + 1;   // the optimizer step this micro-batch feeds
+    if (t->completions && (step % t->cfg->logging_steps == 0 || step == t->total_steps) &&
+        grpo_log_completions(t, r, step, w->idx, B, T, old, isr, grpo_rollout_is_ratio_len(o, 1, 2) == 2, err,
+                             err_len) != 0)
+        return -1;
     grpo_entropy_control_accumulate(ec, o, &lm);
     // dL/dlogprob back to the packed token positions of the forward just run.
     memset(w->dlogps, 0, (size_t)N * sizeof *w->dlogps);

@@ -79,6 +79,7 @@ typedef struct {
     char *optim;                    // adamw_* only (AdamW is the one optimizer)
     // ---- logging and checkpoints ----
     int logging_steps;
+    int log_completions;            // rank 0 writes the completions of logged steps to completions.jsonl
     int save_steps;                 // 0: only at the end
     int save_total_limit;           // 0: keep every checkpoint
     char *resume;                   // checkpoint folder to resume from, "latest", or NULL

@@ -47,6 +47,7 @@ typedef struct Trainer {
     TrainProgress progress;
     long total_steps;
     FILE *metrics;              // rank 0: OUTPUT_DIR/metrics.jsonl
+    FILE *completions;          // rank 0 with log_completions (grpo): OUTPUT_DIR/completions.jsonl
     double t_start;
 } Trainer;
 

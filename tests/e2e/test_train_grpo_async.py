@@ -9,6 +9,9 @@ test_train_grpo.py.
   before asynchronous GRPO): every metric the baseline logs and every checkpoint's weights are the same bits.
 * With weights pushed every step, each round trained from step 2 on was sampled one version before the policy it
   trains: staleness 1, nothing dropped, every second of a step attributed.
+* With a push and a checkpoint every step and log_completions, every completion's version, old logprobs,
+  sampling logprobs and importance-sampling weight are recomputed with transformers on the checkpoints of those
+  versions and TRL's sequence_mask formula.
 * With two optimizer steps per round, a round sent ahead is two versions old when trained: max_staleness 1 drops
   it, counted in samples_dropped_stale, and those steps train on no token.
 """
@@ -137,3 +140,59 @@ def test_rounds_too_old_are_dropped_and_counted(setup):
             assert r["num_tokens"] == 0 and r["loss"] == 0, r
     assert rows[1]["samples_dropped_stale"] == 0
     assert dropped > 0
+
+
+def _logps(model_dir, prompt, completion, temperature=1.0):
+    """Per-token logprobs of completion after prompt under the weights in model_dir (transformers, fp32)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+    model = _logps.cache.get(model_dir)
+    if model is None:
+        model = _logps.cache[model_dir] = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    ids = torch.tensor([prompt + completion])
+    with torch.no_grad():
+        logits = model(ids).logits[0, len(prompt) - 1:-1] / temperature
+    return torch.log_softmax(logits.double(), -1).gather(1, torch.tensor(completion)[:, None])[:, 0].numpy()
+
+
+_logps.cache = {}
+
+
+def _sequence_mask_ratio(old, sampled, clip_max=3.0):
+    """TRL 1.16's vllm_importance_sampling_mode "sequence_mask" (the default; clip_min unset): exp of the summed
+    log-difference, 0 when above clip_max (the formula tests/reference/test_grpo_vs_trl.py proves tandem's equal to
+    TRL's own code)."""
+    import numpy as np
+    ratio = float(np.exp(np.sum(np.nan_to_num(np.asarray(old, dtype=np.float64) - np.asarray(sampled)))))
+    return 0.0 if ratio > clip_max else ratio
+
+
+def test_one_round_ahead_versions_and_importance_weights(setup):
+    """max_staleness 1, a push every step, a checkpoint every step, log_completions: each completion trained at step
+    s was sampled by version s - 2 (or s - 1 when the push landed before the server began it) and trained from
+    policy version s - 1; its sampling logprobs are those weights' (transformers on checkpoint-v), its old logprobs
+    the policy's (checkpoint-(s - 1)), and its importance-sampling weight is TRL's formula on them."""
+    import numpy as np
+    d, model_dir, _ = setup
+    out, rows, _ = run(setup, "versions-1", 5, 1, ["--max-staleness", "1", "--save-steps", "1",
+                                                   "--log-completions", "true"])
+    weights = {0: str(model_dir), **{v: str(out / f"checkpoint-{v}") for v in range(1, 6)}}
+    logged = [json.loads(line) for line in (out / "completions.jsonl").read_text().splitlines()]
+    assert sorted({c["step"] for c in logged}) == [1, 2, 3, 4, 5] and len(logged) == 5 * 8
+    one_version = 0
+    for c in logged:
+        policy = c["step"] - 1                # one optimizer step per round, a push after each
+        assert c["staleness"] == policy - c["version"] and c["kept"], c
+        assert c["staleness"] == 0 if c["step"] == 1 else c["staleness"] in (0, 1), c
+        old = _logps(weights[policy], c["prompt_ids"], c["completion_ids"])
+        np.testing.assert_allclose(c["old_logps"], old, rtol=0, atol=2e-4)
+        ratio = _sequence_mask_ratio(old, c["sampling_logps"])
+        assert abs(c["importance_sampling_ratio"] - ratio) <= 1e-3 * max(1.0, ratio), (c, ratio)
+        if c["version"] == c["version_end"]:   # sampled by one version throughout: the server's logprobs are its
+            one_version += 1
+            sampled = _logps(weights[c["version"]], c["prompt_ids"], c["completion_ids"])
+            np.testing.assert_allclose(c["sampling_logps"], sampled, rtol=0, atol=2e-4)
+    assert one_version >= len(logged) // 2
+    assert sum(c["staleness"] == 1 for c in logged) > 0
+    # Stale rounds move the weights: some importance weights are away from 1.
+    assert any(abs(c["importance_sampling_ratio"] - 1) > 1e-4 for c in logged if c["staleness"] == 1)
