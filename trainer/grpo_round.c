@@ -31,7 +31,8 @@ int grpo_round_init(GrpoRound *r, int n_prompts, int G, int world, char *err, si
     r->texts = calloc(n, sizeof *r->texts);
     r->adv_all = calloc(n * (size_t)world, sizeof *r->adv_all);
     if (!r->rows || !r->groups || !r->prompts || !r->prompt_lens || !r->comp || !r->comp_len || !r->sampling_logps ||
-        !r->truncated || !r->versions || !r->keep || !r->advantages || !r->off || !r->samples || !r->texts || !r->adv_all) {
+        !r->truncated || !r->versions || !r->keep || !r->advantages || !r->off || !r->samples || !r->texts ||
+        !r->adv_all) {
         grpo_round_free(r);
         return err_fail(err, err_len, "out of memory for a generation round");
     }
@@ -53,8 +54,9 @@ void grpo_round_clear(GrpoRound *r) {
 void grpo_round_free(GrpoRound *r) {
     if (r->rows && r->texts) grpo_round_clear(r);
     free(r->rows), free(r->groups), free(r->prompts), free(r->prompt_lens), free(r->comp), free(r->comp_len);
-    free(r->sampling_logps), free(r->truncated), free(r->versions), free(r->keep), free(r->advantages), free(r->off), free(r->old_logps);
-    free(r->ref_logps), free(r->samples), free(r->texts), free(r->service_scores), free(r->scores), free(r->local);
+    free(r->sampling_logps), free(r->truncated), free(r->versions), free(r->keep), free(r->advantages), free(r->off);
+    free(r->old_logps), free(r->ref_logps), free(r->samples), free(r->texts), free(r->service_scores);
+    free(r->scores), free(r->local);
     free(r->all), free(r->adv_all), free(r->fmean), free(r->fstd), free(r->weights);
     memset(r, 0, sizeof *r);
 }

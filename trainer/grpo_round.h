@@ -95,12 +95,12 @@ int grpo_round_rewards(Trainer *t, GrpoRound *r, int *n_funcs, char *err, size_t
 // Phase 3, advantages over the whole generation batch (every rank's rewards), and the round's metrics (TRL's
 // names) into m.
 int grpo_round_advantages(Trainer *t, GrpoRound *r, int n_funcs, json_t *m, char *err, size_t err_len);
-// log_completions: one OUTPUT_DIR/completions.jsonl row (t->completions) per completion idx[0..B) of a
-// micro-batch that feeds optimizer step `step`: "step", "prompt_ids", "completion_ids", "version" (and "version_end", its last
-// token's), "staleness",
-// "kept", "truncated", "advantage", "sampling_logps" (the servers'), "old_logps" (old (B, T), when computed) and
-// "importance_sampling_ratio" (is_ratio when the correction is on: one number per sequence, or a list per token
-// when ratio_per_token; (B) or (B, T)). T = the micro-batch's longest completion.
+// log_completions (trainer/grpo_completions_log.c): one OUTPUT_DIR/completions.jsonl row (t->completions) per
+// completion idx[0..B) of a micro-batch that feeds optimizer step `step`: "step", "prompt_ids", "completion_ids",
+// "version" (and "version_end", its last token's), "staleness", "kept", "truncated", "advantage",
+// "sampling_logps" (the servers'), "old_logps" (old (B, T), when computed) and "importance_sampling_ratio"
+// (is_ratio when the correction is on: one number per sequence, or a list per token when ratio_per_token; (B) or
+// (B, T)). T = the micro-batch's longest completion.
 int grpo_log_completions(Trainer *t, const GrpoRound *r, long step, const int *idx, int B, int T, const float *old,
                          const float *is_ratio, int ratio_per_token, char *err, size_t err_len);
 // Room for the old / reference logprobs of every completion of the round (off[n] floats each).

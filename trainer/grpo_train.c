@@ -540,7 +540,8 @@ int trainer_run_grpo(Trainer *t, char *err, size_t err_len) {
     MicroBuffers w = {0};
     const int n_prompts = c->per_device_train_batch_size * c->resolved_steps_per_generation / c->grpo.num_generations;
     int rc = 0;
-    if (!(q.rounds = calloc((size_t)q.n, sizeof *q.rounds))) return err_fail(err, err_len, "out of memory for the rounds");
+    if (!(q.rounds = calloc((size_t)q.n, sizeof *q.rounds)))
+        return err_fail(err, err_len, "out of memory for %d generation rounds", q.n);
     for (int i = 0; i < q.n && rc == 0; i++)
         rc = grpo_round_init(&q.rounds[i], n_prompts, c->grpo.num_generations, t->world, err, err_len);
     while (rc == 0 && t->progress.step < t->total_steps)

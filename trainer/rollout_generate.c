@@ -158,7 +158,8 @@ void rollout_generate_cancel(RolloutClient *c, RolloutPending *p) {
     // The servers still work on them; their answers are dropped when they come (nothing waits for those ids).
     for (int i = 0; i < p->n_prompts; i++) {
         const PromptState *st = &p->st[i];
-        if (!st->done && st->server >= 0 && c->servers[st->server].epoch == st->epoch) c->servers[st->server].in_flight--;
+        if (!st->done && st->server >= 0 && c->servers[st->server].epoch == st->epoch)
+            c->servers[st->server].in_flight--;
     }
     pending_free(c, p);
 }
