@@ -86,9 +86,8 @@ int grpo_round_issue(Trainer *t, GrpoRound *r, long first_step, char *err, size_
     s->seed = ((uint64_t)c->seed * 1000003ULL + (uint64_t)first_step * 7919ULL + (uint64_t)t->rank * 104729ULL) &
               0x3FFFFFFFFFFFFFFFULL;
     r->first_step = first_step;
-    r->issue_version = t->progress.policy_version;
     r->client = t->rollout;
-    r->generate_seconds = -t0;   // completed by grpo_round_collect
+    r->issued_at = t0;
     if (rollout_generate_start(t->rollout, r->n_prompts, r->prompts, r->prompt_lens, s, &r->pending, err,
                                err_len) != 0)
         return -1;
@@ -137,7 +136,7 @@ int grpo_round_collect(Trainer *t, GrpoRound *r, char *err, size_t err_len) {
     r->have_groups = 1;
     double t1 = trainer_now();
     r->wait_seconds = t1 - t0;
-    r->generate_seconds += t1;
+    r->generate_seconds = t1 - r->issued_at;
     int32_t eos[16];
     int n_eos = (int)tokenizer_eos_ids(t->tok, eos, 16);
     r->off[0] = 0;
@@ -158,11 +157,6 @@ int grpo_round_collect(Trainer *t, GrpoRound *r, char *err, size_t err_len) {
     memset(r->keep, 1, (size_t)r->n);
     r->staleness = (GrpoStaleness){.kept = r->n};
     return 0;
-}
-
-int grpo_round_generate(Trainer *t, GrpoRound *r, long first_step, char *err, size_t err_len) {
-    if (grpo_round_issue(t, r, first_step, err, err_len) != 0) return -1;
-    return grpo_round_collect(t, r, err, err_len);
 }
 
 void grpo_staleness_filter(int n, const int64_t *versions, int64_t policy_version, int max_staleness,

@@ -35,7 +35,7 @@ typedef struct {
     RolloutClient *client;      // the client `pending` belongs to
     ZmsgSampling sampling;      // the round's sampling parameters and seed (sent again when servers were lost)
     long first_step;            // optimizer step the round's training starts from (its seeds follow it)
-    int64_t issue_version;      // the policy version the servers held when the round was sent
+    double issued_at;           // trainer_now() when the round was sent
     uint64_t data_epoch_end;    // the data reader's position after the round's prompts: a checkpoint taken while
     size_t data_pos_end;        // training this round resumes there, whatever was read ahead for later rounds
     int32_t **comp;             // (n) completion ids (into groups)
@@ -81,10 +81,10 @@ void grpo_round_free(GrpoRound *r);
 
 // Phase 1, generate: the next n_prompts rows of this rank's shard, G completions each from the rollout servers
 // (retried together by every rank when servers went away mid-round, after a weight push); the round's seeds
-// follow first_step. grpo_round_generate = grpo_round_issue + grpo_round_collect; asynchronous GRPO issues
-// rounds ahead and collects each when its training is due. Collecting is collective (every rank agrees whether
-// the servers answered); issuing is not.
-int grpo_round_generate(Trainer *t, GrpoRound *r, long first_step, char *err, size_t err_len);
+// follow first_step. In two halves: grpo_round_issue sends the round, grpo_round_collect waits for it (a
+// synchronous round is collected right after it is sent; asynchronous GRPO sends rounds ahead and collects each
+// when its training is due). Collecting is collective (every rank agrees whether the servers answered); sending
+// is not.
 int grpo_round_issue(Trainer *t, GrpoRound *r, long first_step, char *err, size_t err_len);
 int grpo_round_collect(Trainer *t, GrpoRound *r, char *err, size_t err_len);
 // Drops (keep = 0) the completions sampled more than max_staleness versions before the trainer's policy version

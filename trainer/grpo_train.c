@@ -301,7 +301,7 @@ static const char *const PHASE_KEYS[N_PHASES] = {
 typedef struct {
     double start;               // trainer_now() when the window opened
     double seconds[N_PHASES];
-    double mark;                // the start of the phase being timed (step_clock_mark)
+    double mark;                // the start of the phase being timed (moved by step_clock_charge)
 } StepClock;
 
 static void step_clock_open(StepClock *k, double now) {
