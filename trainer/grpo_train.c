@@ -302,10 +302,29 @@ typedef struct {
     double start;               // trainer_now() when the window opened
     double seconds[N_PHASES];
     double mark;                // the start of the phase being timed (moved by step_clock_charge)
+    // rank 0: the servers' engine step seconds (stats) at the previous record, for the rollout pool's busy fraction
+    double pool_at, pool_step_seconds;
+    int pool_servers;           // servers that answered then; 0: no reading
 } StepClock;
 
+// Rank 0: how busy the rollout pool was since the previous reading — engine step seconds over wall seconds x
+// servers (a server of several engines counts each engine's seconds) — as `rollout_busy_fraction`, when the same
+// number of servers answered both readings.
+static int log_pool_busy(Trainer *t, StepClock *k, json_t *mm, char *err, size_t err_len) {
+    double step_seconds;
+    int n;
+    if (rollout_client_step_seconds(t->rollout, 1000, &step_seconds, &n, err, err_len) != 0) return -1;
+    double now = trainer_now();
+    if (mm && n > 0 && n == k->pool_servers && now > k->pool_at)
+        json_object_set_new(mm, "rollout_busy_fraction",
+                            json_real((step_seconds - k->pool_step_seconds) / ((now - k->pool_at) * n)));
+    k->pool_at = now, k->pool_step_seconds = step_seconds, k->pool_servers = n;
+    return 0;
+}
+
 static void step_clock_open(StepClock *k, double now) {
-    *k = (StepClock){.start = now, .mark = now};
+    k->start = k->mark = now;
+    for (int p = 0; p < N_PHASES; p++) k->seconds[p] = 0;
 }
 
 // Charges the time since the last mark to `phase` and moves the mark to now.
@@ -343,6 +362,11 @@ static int log_step(Trainer *t, const json_t *m, const StepSums *sums, float gra
     json_object_set_new(mm, "clip_ratio/low_mean", json_real(red[5] / (red[8] > 0 ? red[8] : 1)));
     json_object_set_new(mm, "clip_ratio/high_mean", json_real(red[6] / (red[8] > 0 ? red[8] : 1)));
     json_object_set_new(mm, "clip_ratio/region_mean", json_real(red[7] / (red[8] > 0 ? red[8] : 1)));
+    if (t->rank == 0 && log_pool_busy(t, clock, mm, err, err_len) != 0) {
+        json_decref(mm);
+        return -1;
+    }
+    step_clock_charge(clock, PHASE_LOG);
     json_object_set_new(mm, "grad_norm", json_real(grad_norm));
     json_object_set_new(mm, "learning_rate", json_real(lr));
     json_object_set_new(mm, "num_tokens", json_real(active));
@@ -363,6 +387,11 @@ static int log_step(Trainer *t, const json_t *m, const StepSums *sums, float gra
     }
     json_object_set_new(mm, "step_wall_time", json_real(now - clock->start));
     json_object_set_new(mm, "other_time", json_real(now - clock->start - attributed));
+    // The trainer's model compute (its GPUs' work) over the step's wall time.
+    const double compute = clock->seconds[PHASE_OLD_LOGPS] + clock->seconds[PHASE_REF_LOGPS] +
+                           clock->seconds[PHASE_FWD_BWD] + clock->seconds[PHASE_OPTIMIZER];
+    const double wall = now - clock->start;
+    json_object_set_new(mm, "trainer_busy_fraction", json_real(wall > 0 ? compute / wall : 0));
     json_object_set_new(mm, "policy_version", json_integer(t->progress.policy_version));
     step_clock_open(clock, now);
     trainer_log(t, mm);
@@ -518,8 +547,9 @@ int trainer_run_grpo(Trainer *t, char *err, size_t err_len) {
     UnitSource policy = zero3_source(t->policy), ref = t->ref ? zero3_source(t->ref) : (UnitSource){0};
     GrpoEntropyControl ec;
     grpo_entropy_control_init(&ec, &c->grpo);
-    StepClock clock;
+    StepClock clock = {0};
     step_clock_open(&clock, trainer_now());
+    if (t->rank == 0 && log_pool_busy(t, &clock, NULL, err, err_len) != 0) return -1;
     // Resumed: the servers may hold other weights (a later step of the run that stopped, or the base model
     // after a restart) — give them this step's before the first rollout.
     if (c->resume) {

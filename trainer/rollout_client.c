@@ -248,6 +248,28 @@ static int rollout_client_poll(RolloutClient *c, int64_t version, int timeout_ms
     return 0;
 }
 
+int rollout_client_step_seconds(RolloutClient *c, int timeout_ms, double *step_seconds, int *n_answered, char *err,
+                                size_t err_len) {
+    *step_seconds = 0, *n_answered = 0;
+    for (int k = 0; k < c->n_servers; k++) {
+        Server *s = &c->servers[k];
+        if (!s->alive) continue;
+        ZmsgMsg req, rep;
+        zmsg_init(&req, ZMSG_STATS, ZMSG_DIR_REQUEST, c->next_id++);
+        const double t0 = now_ms();
+        int gone, r = rollout_send_msg(c, s, &req, t0, timeout_ms, &gone, err, err_len);
+        if (r < 0) return -1;
+        if (r > 0) continue;
+        r = rollout_wait_reply(c, s, req.id, "stats", t0, &rep, timeout_ms, &gone, err, err_len);
+        if (r < 0) return -1;
+        if (r == 0) continue;
+        *step_seconds += rep.stats.step_seconds_sum;
+        (*n_answered)++;
+        zmsg_free(&rep);
+    }
+    return 0;
+}
+
 int rollout_client_create(RolloutClient **out, const char *endpoints, uint64_t layout_hash, int timeout_ms,
                           const char *server_key_path, const char *client_key_path, char *err, size_t err_len) {
     *out = NULL;

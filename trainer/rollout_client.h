@@ -63,6 +63,12 @@ void rollout_generate_cancel(RolloutClient *c, RolloutPending *p);
 // another layout, an error.
 int rollout_client_refresh(RolloutClient *c, int64_t version, int timeout_ms, int *stale, char *err, size_t err_len);
 
+// The engine seconds the answering servers have spent in engine steps since they started (stats' step_seconds_sum,
+// summed; a server of several engines counts each engine's) into *step_seconds, and how many answered within
+// timeout_ms each into *n_answered. A server that does not answer is skipped, not set aside.
+int rollout_client_step_seconds(RolloutClient *c, int timeout_ms, double *step_seconds, int *n_answered, char *err,
+                                size_t err_len);
+
 // Weight push, transport zmq, to every server that answers (one that does not is set aside, as above): rank 0
 // begins (each server checks version and layout) and lists the servers that took it in members (n_members);
 // every rank makes them the update's members (rollout_weights_set_members), sends its slices

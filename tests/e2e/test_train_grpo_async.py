@@ -117,6 +117,7 @@ def test_one_round_ahead_is_one_version_stale(setup):
         assert r["policy_version"] == s
         assert abs(sum(r[k] for k in PHASES) - r["step_wall_time"]) < 1e-6 * max(1.0, r["step_wall_time"]), r
         assert all(r[k] >= 0 for k in PHASES if k != "other_time"), r
+        assert 0 < r["trainer_busy_fraction"] <= 1 and 0 <= r["rollout_busy_fraction"] <= 1.05, r
     # From step 2 on a round was sent before the previous one trained: sampled by the version before the policy's
     # (or by the pushed one, when the push landed before the server began it).
     assert sum(rows[s]["staleness/hist/1"] for s in range(2, 7)) > 0
