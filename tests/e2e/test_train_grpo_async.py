@@ -4,7 +4,7 @@ test_train_grpo.py.
 * With the servers' weights held still (weight_sync_steps past the run), a run with max_staleness 1 generates
   each round ahead of its training but samples the very completions the synchronous run does (the seeds follow the
   step a round trains at, the prompts the data order): the metrics, the checkpoints' data positions and the final
-  weights must be the same bits.
+  weights must be the same bits, and so must the two runs resumed from their checkpoint-2.
 * max_staleness 0 is the synchronous run of the build before it (TANDEM_BASELINE_BUILD_DIR: a build of the commit
   before asynchronous GRPO): every metric the baseline logs and every checkpoint's weights are the same bits.
 * With weights pushed every step, each round trained from step 2 on was sampled one version before the policy it
@@ -103,6 +103,19 @@ def test_ahead_with_still_weights_is_the_synchronous_run(setup):
         state = [json.loads((out / ckpt / "trainer_state.json").read_text()) for out in (out0, out1)]
         assert state[0]["data_position"] == state[1]["data_position"], (ckpt, state)
         assert (out0 / ckpt / "model.safetensors").read_bytes() == (out1 / ckpt / "model.safetensors").read_bytes()
+    # Resumed from checkpoint-2, the servers get its weights and keep them: the two resumed runs read the data from
+    # the checkpoint's position (not past the round the first run had read ahead) and are the same run again.
+    resumed = {k: run(setup, f"still-{k}-resumed", 6, 2, ["--max-staleness", str(k), "--weight-sync-steps", "100",
+                                                          "--save-steps", "2", "--resume",
+                                                          str(runs[k][0] / "checkpoint-2")])
+               for k in (0, 1)}
+    (res0, rrows0, _), (res1, rrows1, _) = resumed[0], resumed[1]
+    assert sorted(rrows0) == sorted(rrows1) == [3, 4, 5, 6]
+    for step in rrows0:
+        differing = [k for k in _differing_keys(rrows0[step], rrows1[step]) if not k.startswith("staleness/")]
+        assert not differing, (step, {k: (rrows0[step].get(k), rrows1[step].get(k)) for k in differing})
+    assert (res0 / "checkpoint-6" / "model.safetensors").read_bytes() == \
+        (res1 / "checkpoint-6" / "model.safetensors").read_bytes()
 
 
 def test_one_round_ahead_is_one_version_stale(setup):
