@@ -7,8 +7,8 @@ test_train_grpo.py.
   weights must be the same bits, and so must the two runs resumed from their checkpoint-2.
 * max_staleness 0 is the synchronous run of the build before it (TANDEM_BASELINE_BUILD_DIR: a build of the commit
   before asynchronous GRPO): every metric the baseline logs and every checkpoint's weights are the same bits.
-* With weights pushed every step, each round trained from step 2 on was sampled one version before the policy it
-  trains: staleness 1, nothing dropped, every second of a step attributed.
+* With weights pushed every step and max_staleness k (1, 2), a round trained once k rounds are out was sampled k
+  versions before the policy it trains: staleness k, nothing dropped, every second of a step attributed.
 * With a push and a checkpoint every step and log_completions, every completion's version, old logprobs,
   sampling logprobs and importance-sampling weight are recomputed with transformers on the checkpoints of those
   versions and TRL's sequence_mask formula.
@@ -118,31 +118,33 @@ def test_ahead_with_still_weights_is_the_synchronous_run(setup):
         (res1 / "checkpoint-6" / "model.safetensors").read_bytes()
 
 
-def test_one_round_ahead_is_one_version_stale(setup):
-    out, rows, log = run(setup, "stale-1", 6, 1, ["--max-staleness", "1"])
+@pytest.mark.parametrize("ahead", [1, 2])
+def test_rounds_ahead_are_that_many_versions_stale(setup, ahead):
+    out, rows, log = run(setup, f"stale-{ahead}", 6, 1, ["--max-staleness", str(ahead)])
     assert sorted(rows) == [1, 2, 3, 4, 5, 6]
     per_round = 8   # one prompt of 8 completions per round on the one rank
     assert rows[1]["staleness/max"] == 0 and rows[1]["staleness/hist/0"] == per_round
     for s in range(1, 7):
         r = rows[s]
         assert r["samples_dropped_stale"] == 0, r
-        assert r["staleness/hist/0"] + r["staleness/hist/1"] == per_round, r
+        assert sum(r[f"staleness/hist/{b}"] for b in range(ahead + 1)) == per_round, r
+        assert r["staleness/max"] <= min(s - 1, ahead), r
         assert r["policy_version"] == s
         assert abs(sum(r[k] for k in PHASES) - r["step_wall_time"]) < 1e-6 * max(1.0, r["step_wall_time"]), r
         assert all(r[k] >= 0 for k in PHASES if k != "other_time"), r
         assert 0 < r["trainer_busy_fraction"] <= 1 and 0 <= r["rollout_busy_fraction"] <= 1.05, r
-    # From step 2 on a round was sent before the previous one trained: sampled by the version before the policy's
-    # (or by the pushed one, when the push landed before the server began it).
-    assert sum(rows[s]["staleness/hist/1"] for s in range(2, 7)) > 0
+    # Once the ring is full, a round was sent `ahead` rounds before its training: sampled `ahead` versions before the
+    # policy it trains (or fewer, when a push landed before the server began it).
+    assert sum(rows[s][f"staleness/hist/{ahead}"] for s in range(ahead + 1, 7)) > 0
     assert "will be dropped" not in log
 
 
 def test_rounds_too_old_are_dropped_and_counted(setup):
-    out, rows, log = run(setup, "stale-drop", 6, 1, ["--max-staleness", "1", "--steps-per-generation", "2",
+    out, rows, log = run(setup, "stale-drop", 6, 2, ["--max-staleness", "1", "--steps-per-generation", "2",
                                                      "--per-device-train-batch-size", "8"])
     assert "will be dropped" in log
     assert sorted(rows) == [1, 2, 3, 4, 5, 6]
-    per_round = 16   # two micro-steps of 8 completions share a round
+    per_round = 2 * 16   # two ranks, each two micro-steps of 8 completions per round
     dropped = 0
     for s in (1, 3, 5):   # each round's first step carries its metrics (the second repeats them)
         r = rows[s]
