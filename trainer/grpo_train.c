@@ -456,7 +456,7 @@ static int run_round(Trainer *t, RoundRing *q, MicroBuffers *w, UnitSource *poli
         snprintf(err, err_len, "out of memory for the round's metrics");
         return -1;
     }
-    if (q->issued == 0) {   // the run's first round, or the first after a round that failed
+    if (q->issued == 0) {   // not sent ahead: every round of a synchronous run, the first of an asynchronous one
         if (grpo_round_issue(t, r, t->progress.step, err, err_len) != 0) goto out;
         q->issued = 1;
         q->next_first_step = t->progress.step + q->steps_per_round;
