@@ -1,6 +1,8 @@
 // trainer/grpo_round.c — the generate, rewards and advantages phases of a GRPO step (trainer/grpo_round.h).
 #include "trainer/grpo_round.h"
 
+#include <limits.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,13 +23,16 @@ int grpo_round_init(GrpoRound *r, int n_prompts, int G, int world, char *err, si
     r->comp_len = calloc(n, sizeof *r->comp_len);
     r->sampling_logps = calloc(n, sizeof *r->sampling_logps);
     r->truncated = calloc(n, 1);
+    r->versions = calloc(n, sizeof *r->versions);
+    r->keep = calloc(n, 1);
     r->advantages = calloc(n, sizeof *r->advantages);
     r->off = calloc(n + 1, sizeof *r->off);
     r->samples = calloc(n, sizeof *r->samples);
     r->texts = calloc(n, sizeof *r->texts);
     r->adv_all = calloc(n * (size_t)world, sizeof *r->adv_all);
     if (!r->rows || !r->groups || !r->prompts || !r->prompt_lens || !r->comp || !r->comp_len || !r->sampling_logps ||
-        !r->truncated || !r->advantages || !r->off || !r->samples || !r->texts || !r->adv_all) {
+        !r->truncated || !r->versions || !r->keep || !r->advantages || !r->off || !r->samples || !r->texts ||
+        !r->adv_all) {
         grpo_round_free(r);
         return err_fail(err, err_len, "out of memory for a generation round");
     }
@@ -35,6 +40,8 @@ int grpo_round_init(GrpoRound *r, int n_prompts, int G, int world, char *err, si
 }
 
 void grpo_round_clear(GrpoRound *r) {
+    if (r->pending) rollout_generate_cancel(r->client, r->pending);
+    r->pending = NULL;
     for (int p = 0; p < r->n_prompts; p++) data_row_clear(&r->rows[p]);
     if (r->have_groups) rollout_groups_free(r->groups, r->n_prompts);
     r->have_groups = 0;
@@ -47,36 +54,60 @@ void grpo_round_clear(GrpoRound *r) {
 void grpo_round_free(GrpoRound *r) {
     if (r->rows && r->texts) grpo_round_clear(r);
     free(r->rows), free(r->groups), free(r->prompts), free(r->prompt_lens), free(r->comp), free(r->comp_len);
-    free(r->sampling_logps), free(r->truncated), free(r->advantages), free(r->off), free(r->old_logps);
-    free(r->ref_logps), free(r->samples), free(r->texts), free(r->service_scores), free(r->scores), free(r->local);
+    free(r->sampling_logps), free(r->truncated), free(r->versions), free(r->keep), free(r->advantages), free(r->off);
+    free(r->old_logps), free(r->ref_logps), free(r->samples), free(r->texts), free(r->service_scores);
+    free(r->scores), free(r->local);
     free(r->all), free(r->adv_all), free(r->fmean), free(r->fstd), free(r->weights);
     memset(r, 0, sizeof *r);
 }
 
-int grpo_round_generate(Trainer *t, GrpoRound *r, char *err, size_t err_len) {
+int grpo_round_issue(Trainer *t, GrpoRound *r, long first_step, char *err, size_t err_len) {
     TrainConfig *c = t->cfg;
     const int G = c->grpo.num_generations;
+    double t0 = trainer_now();
     for (int p = 0; p < r->n_prompts; p++) {
         if (trainer_next_row(t, &r->rows[p], err, err_len) < 0) return -1;
         r->prompts[p] = r->rows[p].ids;
         r->prompt_lens[p] = (int)r->rows[p].n_ids;
     }
-    ZmsgSampling s;
-    zmsg_sampling_default(&s);
-    s.n = G;
-    s.max_tokens = c->grpo.max_completion_length;
-    s.temperature = (float)c->temperature;
-    s.top_p = (float)c->top_p;
-    s.top_k = c->top_k > 0 ? c->top_k : -1;
-    s.min_p = (float)c->min_p;
-    s.repetition_penalty = (float)c->repetition_penalty;
-    s.has_seed = 1;
-    // Distinct seeds per rank and step, reproducible from the run's seed.
-    s.seed = ((uint64_t)c->seed * 1000003ULL + (uint64_t)t->progress.step * 7919ULL + (uint64_t)t->rank * 104729ULL) &
-             0x3FFFFFFFFFFFFFFFULL;
+    data_tell(t->data, &r->data_epoch_end, &r->data_pos_end);
+    ZmsgSampling *s = &r->sampling;
+    zmsg_sampling_default(s);
+    s->n = G;
+    s->max_tokens = c->grpo.max_completion_length;
+    s->temperature = (float)c->temperature;
+    s->top_p = (float)c->top_p;
+    s->top_k = c->top_k > 0 ? c->top_k : -1;
+    s->min_p = (float)c->min_p;
+    s->repetition_penalty = (float)c->repetition_penalty;
+    s->has_seed = 1;
+    // Distinct seeds per rank and step, reproducible from the run's seed: the step is the one the round's training
+    // starts from, so a round generated ahead samples with the seeds the synchronous run gives it.
+    s->seed = ((uint64_t)c->seed * 1000003ULL + (uint64_t)first_step * 7919ULL + (uint64_t)t->rank * 104729ULL) &
+              0x3FFFFFFFFFFFFFFFULL;
+    r->first_step = first_step;
+    r->client = t->rollout;
+    r->issued_at = t0;
+    if (rollout_generate_start(t->rollout, r->n_prompts, r->prompts, r->prompt_lens, s, &r->pending, err,
+                               err_len) != 0)
+        return -1;
+    r->issue_seconds = trainer_now() - t0;
+    return 0;
+}
+
+int grpo_round_collect(Trainer *t, GrpoRound *r, char *err, size_t err_len) {
+    TrainConfig *c = t->cfg;
+    const int G = c->grpo.num_generations;
     double t0 = trainer_now();
     for (int attempt = 1;; attempt++) {
-        int rc = rollout_generate(t->rollout, r->n_prompts, r->prompts, r->prompt_lens, &s, r->groups, err, err_len);
+        int rc;
+        if (r->pending) {
+            rc = rollout_generate_finish(t->rollout, r->pending, r->groups, err, err_len);
+            r->pending = NULL;
+        } else {
+            rc = rollout_generate(t->rollout, r->n_prompts, r->prompts, r->prompt_lens, &r->sampling, r->groups, err,
+                                  err_len);
+        }
         if (rc == -1) return -1;
         // Every rank agrees whether the round's generation worked: if one lost all its servers, all retry
         // together after the servers come back with this run's weights (a collective weight push).
@@ -103,10 +134,11 @@ int grpo_round_generate(Trainer *t, GrpoRound *r, char *err, size_t err_len) {
             return -1;
     }
     r->have_groups = 1;
-    r->generate_seconds = trainer_now() - t0;
+    double t1 = trainer_now();
+    r->wait_seconds = t1 - t0;
+    r->generate_seconds = t1 - r->issued_at;
     int32_t eos[16];
     int n_eos = (int)tokenizer_eos_ids(t->tok, eos, 16);
-    r->len_sum = 0, r->clipped = 0;
     r->off[0] = 0;
     for (int p = 0; p < r->n_prompts; p++) {
         int off = 0;
@@ -115,15 +147,41 @@ int grpo_round_generate(Trainer *t, GrpoRound *r, char *err, size_t err_len) {
             r->comp[i] = r->groups[p].tokens + off;
             r->sampling_logps[i] = r->groups[p].logprobs + off;
             r->comp_len[i] = r->groups[p].lens[j];
+            r->versions[i] = r->groups[p].versions[j];
             r->truncated[i] = grpo_completion_is_truncated(r->comp[i], r->comp_len[i], eos, n_eos,
                                                            tokenizer_pad_id(t->tok));
             off += r->comp_len[i];
             r->off[i + 1] = r->off[i] + (size_t)r->comp_len[i];
-            r->len_sum += r->comp_len[i];
-            r->clipped += r->groups[p].finish[j] == ZMSG_FINISH_LENGTH;
         }
     }
+    memset(r->keep, 1, (size_t)r->n);
+    r->staleness = (GrpoStaleness){.kept = r->n};
     return 0;
+}
+
+void grpo_staleness_filter(int n, const int64_t *versions, int64_t policy_version, int max_staleness,
+                           uint8_t *keep, GrpoStaleness *st) {
+    *st = (GrpoStaleness){0};
+    for (int i = 0; i < n; i++) {
+        int64_t s = policy_version - versions[i];
+        if (s < 0) s = 0;
+        keep[i] = s <= max_staleness;
+        if (!keep[i]) {
+            st->dropped++;
+            continue;
+        }
+        st->kept++;
+        st->sum += s;
+        if (s > st->max) st->max = s;
+        st->hist[s < GRPO_STALENESS_BINS ? s : GRPO_STALENESS_BINS - 1]++;
+    }
+}
+
+void grpo_round_filter_stale(Trainer *t, GrpoRound *r) {
+    // Synchronous rounds are sampled by the version they are trained at: counted, never dropped.
+    int bound = t->cfg->max_staleness > 0 ? t->cfg->max_staleness : INT_MAX;
+    r->train_version = t->progress.policy_version;
+    grpo_staleness_filter(r->n, r->versions, t->progress.policy_version, bound, r->keep, &r->staleness);
 }
 
 // Grows the per-function buffers to F functions.
@@ -174,6 +232,10 @@ int grpo_round_rewards(Trainer *t, GrpoRound *r, int *n_funcs, char *err, size_t
         for (int f = 0; f < F_svc; f++)
             r->scores[i * F + F_builtin + f] = r->service_scores[(size_t)i * GRPO_SERVICE_MAX_FUNCS + f];
     for (size_t k = 0; k < (size_t)r->n * F; k++) r->local[k] = (float)r->scores[k];
+    // A dropped (too stale) completion is unscorable: no reward statistic counts it and its advantage is 0.
+    for (int i = 0; i < r->n; i++)
+        if (!r->keep[i])
+            for (int f = 0; f < F; f++) r->local[(size_t)i * F + f] = NAN;
     r->reward_seconds = trainer_now() - t0;
     *n_funcs = F;
     return 0;
@@ -215,13 +277,36 @@ int grpo_round_advantages(Trainer *t, GrpoRound *r, int F, json_t *m, char *err,
         snprintf(key, sizeof key, "rewards/%s/std", name);
         json_object_set_new(m, key, json_real(r->fstd[f]));
     }
-    double sums[3] = {r->len_sum, r->clipped, (double)r->n};
-    if (comm_all_reduce(t->comm, sums, 3, COMM_F64, COMM_SUM) != 0) {
+    // Lengths of the completions trained on (a dropped one is not), and the staleness of those.
+    const int G = c->grpo.num_generations;
+    const GrpoStaleness *st = &r->staleness;
+    enum { LEN, CLIPPED, KEPT, DROPPED, STALE_SUM, STALE_MAX, HIST, N_SUMS = HIST + GRPO_STALENESS_BINS };
+    double sums[N_SUMS] = {0};
+    for (int i = 0; i < r->n; i++) {
+        if (!r->keep[i]) continue;
+        sums[LEN] += r->comp_len[i];
+        sums[CLIPPED] += r->groups[i / G].finish[i % G] == ZMSG_FINISH_LENGTH;
+    }
+    sums[KEPT] = (double)st->kept, sums[DROPPED] = (double)st->dropped, sums[STALE_SUM] = (double)st->sum;
+    for (int b = 0; b < GRPO_STALENESS_BINS; b++) sums[HIST + b] = (double)st->hist[b];
+    double smax = (double)st->max;
+    if (comm_all_reduce(t->comm, sums, N_SUMS, COMM_F64, COMM_SUM) != 0 ||
+        comm_all_reduce(t->comm, &smax, 1, COMM_F64, COMM_MAX) != 0) {
         snprintf(err, err_len, "reducing metrics: %s", comm_error(t->comm));
         return -1;
     }
-    json_object_set_new(m, "completions/mean_length", json_real(sums[0] / sums[2]));
-    json_object_set_new(m, "completions/clipped_ratio", json_real(sums[1] / sums[2]));
+    const double kept = sums[KEPT] > 0 ? sums[KEPT] : 1;
+    json_object_set_new(m, "completions/mean_length", json_real(sums[LEN] / kept));
+    json_object_set_new(m, "completions/clipped_ratio", json_real(sums[CLIPPED] / kept));
+    json_object_set_new(m, "staleness/mean", json_real(sums[STALE_SUM] / kept));
+    json_object_set_new(m, "staleness/max", json_integer((json_int_t)smax));
+    const int bins = c->max_staleness + 1 < GRPO_STALENESS_BINS ? c->max_staleness + 1 : GRPO_STALENESS_BINS;
+    for (int b = 0; b < bins; b++) {
+        char key[48];
+        snprintf(key, sizeof key, "staleness/hist/%d", b);
+        json_object_set_new(m, key, json_integer((json_int_t)sums[HIST + b]));
+    }
+    json_object_set_new(m, "samples_dropped_stale", json_integer((json_int_t)sums[DROPPED]));
     json_object_set_new(m, "rollout_time", json_real(r->generate_seconds));
     json_object_set_new(m, "prompts_skipped", json_integer((json_int_t)data_skipped(t->data)));
     json_object_set_new(m, "reward_time", json_real(r->reward_seconds + trainer_now() - t0));

@@ -11,16 +11,41 @@
 
 #include "trainer/trainer.h"
 
+// The staleness of a round's completions when its training starts: staleness = the trainer's policy version
+// minus the sample's version (0 when the sample is newer, which a restarted server can make).
+#define GRPO_STALENESS_BINS 16      // histogram bins 0 .. 15; the last counts 15 and more
+typedef struct {
+    int64_t kept, dropped;          // completions trained on / dropped as too old
+    int64_t sum, max;               // of the kept completions' staleness
+    int64_t hist[GRPO_STALENESS_BINS];  // kept completions per staleness
+} GrpoStaleness;
+
+// keep[i] = 1 when versions[i] >= policy_version - max_staleness (each of n completions), with the counts in *st.
+void grpo_staleness_filter(int n, const int64_t *versions, int64_t policy_version, int max_staleness,
+                           uint8_t *keep, GrpoStaleness *st);
+
 // Completion i of prompt p sits at i = p * G + j (G = num_generations), n = n_prompts * G on this rank.
 typedef struct {
     int n_prompts, n;
     DataRow *rows;              // (n_prompts)
     RolloutGroup *groups;       // (n_prompts) what the servers returned; owns the completion ids and logprobs
     int have_groups;            // groups hold this round's completions (freed by grpo_round_clear)
+    // Sent and not yet collected (grpo_round_issue): the servers generate it while the trainer does other work.
+    RolloutPending *pending;
+    RolloutClient *client;      // the client `pending` belongs to
+    ZmsgSampling sampling;      // the round's sampling parameters and seed (sent again when servers were lost)
+    long first_step;            // optimizer step the round's training starts from (its seeds follow it)
+    double issued_at;           // trainer_now() when the round was sent
+    uint64_t data_epoch_end;    // the data reader's position after the round's prompts: a checkpoint taken while
+    size_t data_pos_end;        // training this round resumes there, whatever was read ahead for later rounds
     int32_t **comp;             // (n) completion ids (into groups)
     int *comp_len;              // (n)
     float **sampling_logps;     // (n) the servers' logprobs (into groups)
     uint8_t *truncated;         // (n) no EOS: finish reason "length"
+    int64_t *versions;          // (n) policy version of each completion's first (oldest) token, as the server says
+    uint8_t *keep;              // (n) 0: dropped, sampled more than max_staleness versions before training
+    GrpoStaleness staleness;    // of this rank's completions when the round's training starts
+    int64_t train_version;      // the trainer's policy version then
     float *advantages;          // (n)
     size_t *off;                // (n + 1) prefix sums of comp_len: completion i's slice of the flat logps below
     float *old_logps;           // (off[n]) trainer logprobs before this round's updates, when needed
@@ -39,8 +64,10 @@ typedef struct {
     double *fmean, *fstd;       // (F)
     float *weights;             // (F) reward_weights, when set
     int cap_f;                  // F the buffers above hold
-    double len_sum, clipped;    // completion tokens and completions cut at max length (this rank)
-    double generate_seconds, reward_seconds;
+    double generate_seconds;    // sending the round to collecting it (overlapping training when issued ahead)
+    double issue_seconds;       // sending its prompts
+    double wait_seconds;        // waiting for its answers once the trainer needed them
+    double reward_seconds;
 } GrpoRound;
 
 // Room for the reward service's columns: a service returning more functions is an error.
@@ -53,13 +80,29 @@ void grpo_round_clear(GrpoRound *r);
 void grpo_round_free(GrpoRound *r);
 
 // Phase 1, generate: the next n_prompts rows of this rank's shard, G completions each from the rollout servers
-// (retried together by every rank when servers went away mid-round, after a weight push).
-int grpo_round_generate(Trainer *t, GrpoRound *r, char *err, size_t err_len);
+// (retried together by every rank when servers went away mid-round, after a weight push); the round's seeds
+// follow first_step. In two halves: grpo_round_issue sends the round, grpo_round_collect waits for it (a
+// synchronous round is collected right after it is sent; asynchronous GRPO sends rounds ahead and collects each
+// when its training is due). Collecting is collective (every rank agrees whether the servers answered); sending
+// is not.
+int grpo_round_issue(Trainer *t, GrpoRound *r, long first_step, char *err, size_t err_len);
+int grpo_round_collect(Trainer *t, GrpoRound *r, char *err, size_t err_len);
+// Drops (keep = 0) the completions sampled more than max_staleness versions before the trainer's policy version
+// now, counting them in r->staleness.
+void grpo_round_filter_stale(Trainer *t, GrpoRound *r);
 // Phase 2, rewards: the built-in rewards and the reward service's, per completion and function.
 int grpo_round_rewards(Trainer *t, GrpoRound *r, int *n_funcs, char *err, size_t err_len);
 // Phase 3, advantages over the whole generation batch (every rank's rewards), and the round's metrics (TRL's
 // names) into m.
 int grpo_round_advantages(Trainer *t, GrpoRound *r, int n_funcs, json_t *m, char *err, size_t err_len);
+// log_completions (trainer/grpo_completions_log.c): one OUTPUT_DIR/completions.jsonl row (t->completions) per
+// completion idx[0..B) of a micro-batch that feeds optimizer step `step`: "step", "prompt_ids", "completion_ids",
+// "version" (and "version_end", its last token's), "staleness", "kept", "truncated", "advantage",
+// "sampling_logps" (the servers'), "old_logps" (old (B, T), when computed) and "importance_sampling_ratio"
+// (is_ratio when the correction is on: one number per sequence, or a list per token when ratio_per_token; (B) or
+// (B, T)). T = the micro-batch's longest completion.
+int grpo_log_completions(Trainer *t, const GrpoRound *r, long step, const int *idx, int B, int T, const float *old,
+                         const float *is_ratio, int ratio_per_token, char *err, size_t err_len);
 // Room for the old / reference logprobs of every completion of the round (off[n] floats each).
 int grpo_round_reserve_logps(GrpoRound *r, int old, int ref, char *err, size_t err_len);
 

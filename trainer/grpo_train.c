@@ -8,6 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "shared/err.h"
 #include "trainer/grpo_loss.h"
 #include "trainer/grpo_round.h"
 #include "trainer/trainer.h"
@@ -204,6 +205,10 @@ static int micro_step(Trainer *t, UnitSource *policy, const GrpoRound *r, MicroB
     }
     const float *old = need_old ? w->old : NULL;
     grpo_mask_truncated_completions(o, B, T, w->truncated, w->mask);
+    // A completion dropped as too stale stays in the micro-batch (every rank runs the same micro-steps) with no
+    // active token: it adds nothing to the loss, its gradient or num_items_in_batch.
+    for (int b = 0; b < B; b++)
+        if (!r->keep[w->idx[b]]) memset(w->mask + (size_t)b * T, 0, (size_t)T);
     int rc = forward_completions(t, policy, r, w, B, T, 1, err, err_len);
     const float *isr = NULL;
     if (rc == 0 && o->vllm_importance_sampling_correction) {
@@ -227,6 +232,11 @@ static int micro_step(Trainer *t, UnitSource *policy, const GrpoRound *r, MicroB
                         .num_items_in_batch = active, .num_processes = t->world, .gradient_accumulation_steps = GA,
                         .steps_per_generation = S, .training = 1, .entropy_coef = grpo_entropy_apply_coef(ec, o)};
     if (grpo_loss(o, &in, w->grad, gent, &lm, err, err_len) != 0) return -1;
+    const long step = t->progress.step + 1;   // the optimizer step this micro-batch feeds
+    if (t->completions && (step % t->cfg->logging_steps == 0 || step == t->total_steps) &&
+        grpo_log_completions(t, r, step, w->idx, B, T, old, isr, grpo_rollout_is_ratio_len(o, 1, 2) == 2, err,
+                             err_len) != 0)
+        return -1;
     grpo_entropy_control_accumulate(ec, o, &lm);
     // dL/dlogprob back to the packed token positions of the forward just run.
     memset(w->dlogps, 0, (size_t)N * sizeof *w->dlogps);
@@ -264,9 +274,71 @@ static int push_if_due(Trainer *t, SyncTimes *st, char *err, size_t err_len) {
     return 0;
 }
 
-// The log phase: the round's metrics (m) with this optimizer step's, reduced over ranks, to metrics.jsonl.
+// Where the wall time of one optimizer step went on this rank (seconds), from the moment the previous step's
+// record was written (the run's start for the first) to the moment this one's is: every second lands in exactly
+// one field, `other` taking what no phase claims. A round's own phases (refresh to reference logprobs) fall in the
+// window of its first optimizer step. Logged as the *_time fields of docs/training.md.
+typedef enum {
+    PHASE_REFRESH,      // hello to every server, and a push to one holding other weights
+    PHASE_ISSUE,        // sending prompts: this round's, or rounds generated ahead
+    PHASE_WAIT,         // waiting for a round's completions once its training is due (the trainer idles)
+    PHASE_REWARDS,      // decoding, reward functions and service, advantages
+    PHASE_OLD_LOGPS,    // the old logprobs of the round
+    PHASE_REF_LOGPS,    // the reference model's
+    PHASE_FWD_BWD,      // micro-steps: forward, loss, backward
+    PHASE_OPTIMIZER,    // the optimizer step (and the adaptive-entropy reduce)
+    PHASE_SYNC,         // the weight push
+    PHASE_LOG,          // the metrics reduce, writing the previous record, the progress line
+    PHASE_CHECKPOINT,   // the checkpoint saved after the previous record
+    N_PHASES
+} StepPhase;
+
+static const char *const PHASE_KEYS[N_PHASES] = {
+    "refresh_time", "generate_issue_time", "generate_wait_time", "rewards_phase_time", "old_logps_time",
+    "ref_logps_time", "forward_backward_time", "optimizer_time", "weight_sync_phase_time", "log_time",
+    "checkpoint_time"};
+
+typedef struct {
+    double start;               // trainer_now() when the window opened
+    double seconds[N_PHASES];
+    double mark;                // the start of the phase being timed (moved by step_clock_charge)
+    // rank 0: the servers' engine step seconds (stats) at the previous record, for the rollout pool's busy fraction
+    double pool_at, pool_step_seconds;
+    int pool_servers;           // servers that answered then; 0: no reading
+} StepClock;
+
+// Rank 0: how busy the rollout pool was since the previous reading — engine step seconds over wall seconds x
+// servers (a server of several engines counts each engine's seconds) — as `rollout_busy_fraction`, when the same
+// number of servers answered both readings.
+static int log_pool_busy(Trainer *t, StepClock *k, json_t *mm, char *err, size_t err_len) {
+    double step_seconds;
+    int n;
+    if (rollout_client_step_seconds(t->rollout, 1000, &step_seconds, &n, err, err_len) != 0) return -1;
+    double now = trainer_now();
+    if (mm && n > 0 && n == k->pool_servers && now > k->pool_at)
+        json_object_set_new(mm, "rollout_busy_fraction",
+                            json_real((step_seconds - k->pool_step_seconds) / ((now - k->pool_at) * n)));
+    k->pool_at = now, k->pool_step_seconds = step_seconds, k->pool_servers = n;
+    return 0;
+}
+
+static void step_clock_open(StepClock *k, double now) {
+    k->start = k->mark = now;
+    for (int p = 0; p < N_PHASES; p++) k->seconds[p] = 0;
+}
+
+// Charges the time since the last mark to `phase` and moves the mark to now.
+static void step_clock_charge(StepClock *k, StepPhase phase) {
+    double now = trainer_now();
+    k->seconds[phase] += now - k->mark;
+    k->mark = now;
+}
+
+// The log phase: the round's metrics (m) with this optimizer step's, reduced over ranks, to metrics.jsonl. Opens
+// the next step's clock at the moment the record is handed to trainer_log.
 static int log_step(Trainer *t, const json_t *m, const StepSums *sums, float grad_norm, double lr, double active,
-                    double t_train, const SyncTimes *st, double t_round, char *err, size_t err_len) {
+                    double t_train, const SyncTimes *st, double t_round, StepClock *clock, char *err,
+                    size_t err_len) {
     const GrpoOptions *o = &t->cfg->grpo;
     double red[10] = {sums->loss, sums->kl, sums->kl_n, sums->ent, sums->ent_n, sums->clip_low, sums->clip_high,
                       sums->clip_region, sums->clip_n, st->bytes};
@@ -274,7 +346,11 @@ static int log_step(Trainer *t, const json_t *m, const StepSums *sums, float gra
         snprintf(err, err_len, "%s", comm_error(t->comm));
         return -1;
     }
-    if (t->progress.step % t->cfg->logging_steps != 0 && t->progress.step != t->total_steps) return 0;
+    step_clock_charge(clock, PHASE_LOG);
+    if (t->progress.step % t->cfg->logging_steps != 0 && t->progress.step != t->total_steps) {
+        step_clock_open(clock, trainer_now());
+        return 0;
+    }
     json_t *mm = json_deep_copy(m);
     if (!mm) {
         snprintf(err, err_len, "out of memory for the step's metrics");
@@ -286,6 +362,11 @@ static int log_step(Trainer *t, const json_t *m, const StepSums *sums, float gra
     json_object_set_new(mm, "clip_ratio/low_mean", json_real(red[5] / (red[8] > 0 ? red[8] : 1)));
     json_object_set_new(mm, "clip_ratio/high_mean", json_real(red[6] / (red[8] > 0 ? red[8] : 1)));
     json_object_set_new(mm, "clip_ratio/region_mean", json_real(red[7] / (red[8] > 0 ? red[8] : 1)));
+    if (t->rank == 0 && log_pool_busy(t, clock, mm, err, err_len) != 0) {
+        json_decref(mm);
+        return -1;
+    }
+    step_clock_charge(clock, PHASE_LOG);
     json_object_set_new(mm, "grad_norm", json_real(grad_norm));
     json_object_set_new(mm, "learning_rate", json_real(lr));
     json_object_set_new(mm, "num_tokens", json_real(active));
@@ -298,8 +379,21 @@ static int log_step(Trainer *t, const json_t *m, const StepSums *sums, float gra
     json_object_set_new(mm, "sync_begin_time", json_real(st->begin));
     json_object_set_new(mm, "sync_end_time", json_real(st->end));
     json_object_set_new(mm, "sync_commit_time", json_real(st->commit));
-    json_object_set_new(mm, "step_time", json_real(trainer_now() - t_round));
+    double now = trainer_now(), attributed = 0;
+    json_object_set_new(mm, "step_time", json_real(now - t_round));
+    for (int p = 0; p < N_PHASES; p++) {
+        json_object_set_new(mm, PHASE_KEYS[p], json_real(clock->seconds[p]));
+        attributed += clock->seconds[p];
+    }
+    json_object_set_new(mm, "step_wall_time", json_real(now - clock->start));
+    json_object_set_new(mm, "other_time", json_real(now - clock->start - attributed));
+    // The trainer's model compute (its GPUs' work) over the step's wall time.
+    const double compute = clock->seconds[PHASE_OLD_LOGPS] + clock->seconds[PHASE_REF_LOGPS] +
+                           clock->seconds[PHASE_FWD_BWD] + clock->seconds[PHASE_OPTIMIZER];
+    const double wall = now - clock->start;
+    json_object_set_new(mm, "trainer_busy_fraction", json_real(wall > 0 ? compute / wall : 0));
     json_object_set_new(mm, "policy_version", json_integer(t->progress.policy_version));
+    step_clock_open(clock, now);
     trainer_log(t, mm);
     return 0;
 }
@@ -321,34 +415,72 @@ static int refresh_servers(Trainer *t, char *err, size_t err_len) {
     return weight_sync_push(t, &secs, err, err_len);
 }
 
-// One round: generate, rewards, advantages, old / reference logprobs, then its micro-steps and optimizer steps
-// (each followed by the push when due, the log and a checkpoint when due).
-static int run_round(Trainer *t, GrpoRound *r, MicroBuffers *w, UnitSource *policy, UnitSource *ref,
-                     GrpoEntropyControl *ec, char *err, size_t err_len) {
+// The rounds of a run: rounds[head] is trained next; the `issued` rounds from head on (a ring of n =
+// max_staleness + 1) have been sent to the servers, the ones after head generating while head trains.
+typedef struct {
+    GrpoRound *rounds;
+    int n, head, issued;
+    long next_first_step;       // the optimizer step the next round to send starts from
+    long steps_per_round;       // optimizer steps of one round: steps_per_generation x num_iterations / GA
+} RoundRing;
+
+// Sends rounds ahead until max_staleness rounds are generating beyond head (none past the run's last step), once
+// head's completions are in: they sample with the weights the servers hold now.
+static int issue_ahead(Trainer *t, RoundRing *q, StepClock *clock, char *err, size_t err_len) {
+    while (q->issued < q->n && q->next_first_step < t->total_steps) {
+        GrpoRound *a = &q->rounds[(q->head + q->issued) % q->n];
+        if (grpo_round_issue(t, a, q->next_first_step, err, err_len) != 0) return -1;
+        q->issued++;
+        q->next_first_step += q->steps_per_round;
+    }
+    step_clock_charge(clock, PHASE_ISSUE);
+    return 0;
+}
+
+// One round: collect its completions (sending it first unless it went ahead), send the rounds ahead, drop what is
+// too stale, rewards, advantages, old / reference logprobs, then its micro-steps and optimizer steps (each
+// followed by the push when due, the log and a checkpoint when due).
+static int run_round(Trainer *t, RoundRing *q, MicroBuffers *w, UnitSource *policy, UnitSource *ref,
+                     GrpoEntropyControl *ec, StepClock *clock, char *err, size_t err_len) {
     TrainConfig *c = t->cfg;
     const GrpoOptions *o = &c->grpo;
     const int micro = c->per_device_train_batch_size, GA = c->gradient_accumulation_steps;
     const int S = c->resolved_steps_per_generation;
     double t_round = trainer_now();
+    GrpoRound *r = &q->rounds[q->head];
     if (refresh_servers(t, err, err_len) != 0) return -1;
+    step_clock_charge(clock, PHASE_REFRESH);
     json_t *m = json_object();
     int F = 0, rc = -1;
     if (!m) {
         snprintf(err, err_len, "out of memory for the round's metrics");
         return -1;
     }
-    if (grpo_round_generate(t, r, err, err_len) != 0 || grpo_round_rewards(t, r, &F, err, err_len) != 0 ||
-        grpo_round_advantages(t, r, F, m, err, err_len) != 0)
+    if (q->issued == 0) {   // not sent ahead: every round of a synchronous run, the first of an asynchronous one
+        if (grpo_round_issue(t, r, t->progress.step, err, err_len) != 0) goto out;
+        q->issued = 1;
+        q->next_first_step = t->progress.step + q->steps_per_round;
+        step_clock_charge(clock, PHASE_ISSUE);
+    }
+    if (grpo_round_collect(t, r, err, err_len) != 0) goto out;
+    step_clock_charge(clock, PHASE_WAIT);
+    if (issue_ahead(t, q, clock, err, err_len) != 0) goto out;
+    grpo_round_filter_stale(t, r);
+    if (grpo_round_rewards(t, r, &F, err, err_len) != 0 || grpo_round_advantages(t, r, F, m, err, err_len) != 0)
         goto out;
+    step_clock_charge(clock, PHASE_REWARDS);
     // Logprobs before any update of this round: the off-policy ratio (num_iterations > 1 or more micro-steps than
     // one optimizer step) and the rollout importance-sampling correction need them.
     const int need_old = c->num_iterations > 1 || S > GA || o->vllm_importance_sampling_correction;
     if (grpo_round_reserve_logps(r, need_old, t->ref != NULL, err, err_len) != 0) goto out;
     if (need_old && score_all(t, policy, r, w, r->old_logps, micro, err, err_len) != 0) goto out;
+    step_clock_charge(clock, PHASE_OLD_LOGPS);
     if (t->ref && score_all(t, ref, r, w, r->ref_logps, micro, err, err_len) != 0) goto out;
+    step_clock_charge(clock, PHASE_REF_LOGPS);
     // num_items_in_batch: active completion tokens of the whole generation batch, every rank.
     double active = 0;
-    for (int i = 0; i < r->n; i++) active += (o->mask_truncated_completions && r->truncated[i]) ? 0 : r->comp_len[i];
+    for (int i = 0; i < r->n; i++)
+        active += (!r->keep[i] || (o->mask_truncated_completions && r->truncated[i])) ? 0 : r->comp_len[i];
     if (comm_all_reduce(t->comm, &active, 1, COMM_F64, COMM_SUM) != 0) {
         snprintf(err, err_len, "%s", comm_error(t->comm));
         goto out;
@@ -363,6 +495,7 @@ static int run_round(Trainer *t, GrpoRound *r, MicroBuffers *w, UnitSource *poli
                            err_len) != 0)
                 goto out;
             t_train += trainer_now() - t0;
+            step_clock_charge(clock, PHASE_FWD_BWD);
             if (++micro_done % GA != 0) continue;
             float gn;
             double lr;
@@ -377,17 +510,21 @@ static int run_round(Trainer *t, GrpoRound *r, MicroBuffers *w, UnitSource *poli
                 }
                 grpo_entropy_control_step(ec, o, win[0], win[1]);
             }
+            step_clock_charge(clock, PHASE_OPTIMIZER);
             SyncTimes st;
-            if (push_if_due(t, &st, err, err_len) != 0 ||
-                log_step(t, m, &sums, gn, lr, active, t_train, &st, t_round, err, err_len) != 0)
-                goto out;
+            if (push_if_due(t, &st, err, err_len) != 0) goto out;
+            step_clock_charge(clock, PHASE_SYNC);
+            if (log_step(t, m, &sums, gn, lr, active, t_train, &st, t_round, clock, err, err_len) != 0) goto out;
             trainer_progress(t);
+            step_clock_charge(clock, PHASE_LOG);
             sums = (StepSums){0};
             t_train = 0;
             if (c->save_steps > 0 && t->progress.step % c->save_steps == 0) {
-                if (trainer_save(t, err, err_len) != 0) goto out;
+                // A resumed run reads the data after this round's prompts, not after those of rounds sent ahead.
+                if (trainer_save_at(t, r->data_epoch_end, r->data_pos_end, err, err_len) != 0) goto out;
+                step_clock_charge(clock, PHASE_CHECKPOINT);
                 // The round's rollouts are not part of a checkpoint: a run resumed from one saved before the
-                // round's last micro-step generates a new round, so it does not repeat this run's next steps.
+                // round's last micro-step generates a new round there, so it does not repeat this run's next steps.
                 if (t->rank == 0 && (it < c->num_iterations - 1 || s < S - 1) && t->progress.step < t->total_steps)
                     fprintf(stderr, "tandem-train: checkpoint-%lld was saved inside a generation round (%d "
                             "micro-steps x %d iterations): a run resumed from it generates a new round there, so "
@@ -400,6 +537,8 @@ static int run_round(Trainer *t, GrpoRound *r, MicroBuffers *w, UnitSource *poli
 out:
     json_decref(m);
     grpo_round_clear(r);
+    q->head = (q->head + 1) % q->n;
+    if (q->issued > 0) q->issued--;
     return rc;
 }
 
@@ -408,19 +547,37 @@ int trainer_run_grpo(Trainer *t, char *err, size_t err_len) {
     UnitSource policy = zero3_source(t->policy), ref = t->ref ? zero3_source(t->ref) : (UnitSource){0};
     GrpoEntropyControl ec;
     grpo_entropy_control_init(&ec, &c->grpo);
+    StepClock clock = {0};
+    step_clock_open(&clock, trainer_now());
+    if (t->rank == 0 && log_pool_busy(t, &clock, NULL, err, err_len) != 0) return -1;
     // Resumed: the servers may hold other weights (a later step of the run that stopped, or the base model
     // after a restart) — give them this step's before the first rollout.
     if (c->resume) {
         double secs;
         if (weight_sync_push(t, &secs, err, err_len) != 0) return -1;
+        step_clock_charge(&clock, PHASE_SYNC);
     }
-    GrpoRound r;
+    RoundRing q = {.n = c->max_staleness + 1,
+                   .steps_per_round = (long)c->resolved_steps_per_generation * c->num_iterations /
+                                      c->gradient_accumulation_steps};
+    if (t->rank == 0 && c->max_staleness > 0 &&
+        q.steps_per_round * c->max_staleness + c->weight_sync_steps - 1 > c->max_staleness)
+        fprintf(stderr, "tandem-train: max_staleness %d with %ld optimizer step(s) per generation round and "
+                "weight_sync_steps %d: a round generated %d round(s) ahead can be up to %ld policy versions old when "
+                "trained, so some or all of its completions will be dropped (samples_dropped_stale)\n",
+                c->max_staleness, q.steps_per_round, c->weight_sync_steps, c->max_staleness,
+                q.steps_per_round * c->max_staleness + c->weight_sync_steps - 1);
     MicroBuffers w = {0};
     const int n_prompts = c->per_device_train_batch_size * c->resolved_steps_per_generation / c->grpo.num_generations;
-    if (grpo_round_init(&r, n_prompts, c->grpo.num_generations, t->world, err, err_len) != 0) return -1;
     int rc = 0;
-    while (rc == 0 && t->progress.step < t->total_steps) rc = run_round(t, &r, &w, &policy, &ref, &ec, err, err_len);
-    grpo_round_free(&r);
+    if (!(q.rounds = calloc((size_t)q.n, sizeof *q.rounds)))
+        return err_fail(err, err_len, "out of memory for %d generation rounds", q.n);
+    for (int i = 0; i < q.n && rc == 0; i++)
+        rc = grpo_round_init(&q.rounds[i], n_prompts, c->grpo.num_generations, t->world, err, err_len);
+    while (rc == 0 && t->progress.step < t->total_steps)
+        rc = run_round(t, &q, &w, &policy, &ref, &ec, &clock, err, err_len);
+    for (int i = 0; i < q.n; i++) grpo_round_free(&q.rounds[i]);
+    free(q.rounds);
     micro_buffers_free(&w);
     if (rc != 0) return -1;
     if (c->save_steps == 0 || t->progress.step % c->save_steps != 0) return trainer_save(t, err, err_len);

@@ -57,9 +57,7 @@ int rollout_send_msg(RolloutClient *c, Server *s, const ZmsgMsg *m, double since
     return rc;
 }
 
-// Receives one whole multipart message from s (non-blocking: call after poll says it is readable).
-// Returns 1 with *m parsed, 0 if nothing was there, -1 on a malformed reply.
-static int recv_msg(Server *s, ZmsgMsg *m, zmq_msg_t *parts, int *n_parts, char *err, size_t err_len) {
+int rollout_recv_msg(Server *s, ZmsgMsg *m, zmq_msg_t *parts, int *n_parts, char *err, size_t err_len) {
     *n_parts = 0;
     int more = 1;
     while (more) {
@@ -82,7 +80,7 @@ static int recv_msg(Server *s, ZmsgMsg *m, zmq_msg_t *parts, int *n_parts, char 
     return 1;
 }
 
-static void close_parts(zmq_msg_t *parts, int n) {
+void rollout_close_parts(zmq_msg_t *parts, int n) {
     for (int i = 0; i < n; i++) zmq_msg_close(&parts[i]);
 }
 
@@ -110,10 +108,12 @@ int rollout_wait_reply(RolloutClient *c, Server *s, int64_t id, const char *what
         if (!(item.revents & ZMQ_POLLIN)) continue;
         zmq_msg_t parts[8];
         int n_parts;
-        int r = recv_msg(s, m, parts, &n_parts, err, err_len);
-        close_parts(parts, n_parts);
+        int r = rollout_recv_msg(s, m, parts, &n_parts, err, err_len);
+        rollout_close_parts(parts, n_parts);
         if (r < 0) return -1;
         if (r == 0) continue;
+        // An answer to a generation still in flight (rollout_generate_start) is kept for its collection.
+        if (m->id != id && rollout_pending_keep(c, server_index(c, s), m)) continue;
         if (m->type == ZMSG_ERROR && rollout_gone_since(c, s, since_ms)) {
             // A refusal from the process that replaced the one the request went to (e.g. a weight slice of an
             // update the restarted server never began): the request is lost, not refused.
@@ -186,8 +186,9 @@ static int reopen(RolloutClient *c, Server *s, char *err, size_t err_len) {
     server_liveness_unwatch(c->live, server_index(c, s));
     if (s->sock) zmq_close(s->sock);
     s->sock = NULL;
-    if (open_socket(c, s, err, err_len) != 0) return -1;
     s->in_flight = 0;
+    s->epoch++;   // requests sent on the old socket are lost: a generation in flight sends them again
+    if (open_socket(c, s, err, err_len) != 0) return -1;
     return 0;
 }
 
@@ -244,6 +245,28 @@ static int rollout_client_poll(RolloutClient *c, int64_t version, int timeout_ms
         if (s->policy_version != version) *stale = 1;
     }
     *alive_out = alive;
+    return 0;
+}
+
+int rollout_client_step_seconds(RolloutClient *c, int timeout_ms, double *step_seconds, int *n_answered, char *err,
+                                size_t err_len) {
+    *step_seconds = 0, *n_answered = 0;
+    for (int k = 0; k < c->n_servers; k++) {
+        Server *s = &c->servers[k];
+        if (!s->alive) continue;
+        ZmsgMsg req, rep;
+        zmsg_init(&req, ZMSG_STATS, ZMSG_DIR_REQUEST, c->next_id++);
+        const double t0 = now_ms();
+        int gone, r = rollout_send_msg(c, s, &req, t0, timeout_ms, &gone, err, err_len);
+        if (r < 0) return -1;
+        if (r > 0) continue;
+        r = rollout_wait_reply(c, s, req.id, "stats", t0, &rep, timeout_ms, &gone, err, err_len);
+        if (r < 0) return -1;
+        if (r == 0) continue;
+        *step_seconds += rep.stats.step_seconds_sum;
+        (*n_answered)++;
+        zmsg_free(&rep);
+    }
     return 0;
 }
 
@@ -349,198 +372,4 @@ int rollout_client_max_seq_len(const RolloutClient *c) {
     for (int i = 0; i < c->n_servers; i++)
         if (m == 0 || c->servers[i].max_seq_len < m) m = c->servers[i].max_seq_len;
     return m;
-}
-
-void rollout_groups_free(RolloutGroup *g, int n) {
-    for (int i = 0; i < n; i++) {
-        free(g[i].lens);
-        free(g[i].tokens);
-        free(g[i].logprobs);
-        free(g[i].finish);
-        free(g[i].versions);
-        free(g[i].versions_end);
-        memset(&g[i], 0, sizeof g[i]);
-    }
-}
-
-// ---- generation -----------------------------------------------------------------------------------
-
-typedef struct {
-    int server;         // -1 = not sent yet
-    int64_t id;
-    double sent_ms, retry_at_ms;
-    int done;
-} PromptState;
-
-static int send_prompt_to(RolloutClient *c, int sv, int i, const int32_t *const *prompts, const int *lens,
-                          const ZmsgSampling *s, PromptState *st, char *err, size_t err_len);
-
-static int pick_server(RolloutClient *c) {
-    int best = -1;
-    for (int k = 0; k < c->n_servers; k++) {
-        int i = (c->next_server + k) % c->n_servers;
-        if (!c->servers[i].alive) continue;
-        if (best < 0 || c->servers[i].in_flight < c->servers[best].in_flight) best = i;
-    }
-    if (best >= 0) c->next_server = (best + 1) % c->n_servers;
-    return best;
-}
-
-static int send_prompt(RolloutClient *c, int i, const int32_t *const *prompts, const int *lens, const ZmsgSampling *s,
-                       PromptState *st, char *err, size_t err_len) {
-    for (;;) {
-        int sv = pick_server(c);
-        if (sv < 0) {
-            snprintf(err, err_len, "no rollout server is answering (all of %d timed out or went away)", c->n_servers);
-            return ROLLOUT_ESERVERS_LOST;
-        }
-        int r = send_prompt_to(c, sv, i, prompts, lens, s, st, err, err_len);
-        if (r <= 0) return r;
-        // Not taken: the server went away (or its queue stayed full); the prompt goes to another one.
-    }
-}
-
-// Sends prompt i to server sv: 0 sent, 1 the server was set aside, -1 error.
-static int send_prompt_to(RolloutClient *c, int sv, int i, const int32_t *const *prompts, const int *lens,
-                          const ZmsgSampling *s, PromptState *st, char *err, size_t err_len) {
-    ZmsgMsg m;
-    zmsg_init(&m, ZMSG_GENERATE, ZMSG_DIR_REQUEST, c->next_id++);
-    m.sampling = *s;
-    if (s->has_seed) m.sampling.seed = s->seed + (uint64_t)i * (uint64_t)s->n;
-    int32_t *one[1] = {(int32_t *)prompts[i]};
-    int one_len[1] = {lens[i]};
-    m.n_prompts = 1;
-    m.prompts = one;
-    m.prompt_lens = one_len;
-    const double t0 = now_ms();
-    int gone, r = rollout_send_msg(c, &c->servers[sv], &m, t0, c->timeout_ms, &gone, err, err_len);
-    if (r < 0) return -1;
-    if (r > 0) {
-        rollout_mark_dead(c, &c->servers[sv], gone ? "went away" : "did not take a prompt in time");
-        return 1;
-    }
-    st[i] = (PromptState){.server = sv, .id = m.id, .sent_ms = t0};
-    c->servers[sv].in_flight++;
-    return 0;
-}
-
-static int take_result(RolloutGroup *g, const ZmsgMsg *m) {
-    int n = m->n_completions, total = 0;
-    for (int j = 0; j < n; j++) total += m->completion_lens[j];
-    g->n = n;
-    g->lens = malloc(n * sizeof(int));
-    g->tokens = malloc((total ? total : 1) * sizeof(int32_t));
-    g->logprobs = malloc((total ? total : 1) * sizeof(float));
-    g->finish = malloc(n * sizeof(ZmsgFinish));
-    g->versions = malloc(n * sizeof(int64_t));
-    g->versions_end = malloc(n * sizeof(int64_t));
-    if (!g->lens || !g->tokens || !g->logprobs || !g->finish || !g->versions || !g->versions_end) return -1;
-    memcpy(g->lens, m->completion_lens, n * sizeof(int));
-    memcpy(g->tokens, m->tokens, total * sizeof(int32_t));
-    memcpy(g->logprobs, m->logprobs, total * sizeof(float));
-    memcpy(g->finish, m->finish_reasons, n * sizeof(ZmsgFinish));
-    memcpy(g->versions, m->policy_versions, n * sizeof(int64_t));
-    memcpy(g->versions_end, m->policy_versions_end, n * sizeof(int64_t));
-    return 0;
-}
-
-int rollout_generate(RolloutClient *c, int n_prompts, const int32_t *const *prompts, const int *prompt_lens,
-                     const ZmsgSampling *s, RolloutGroup *out, char *err, size_t err_len) {
-    memset(out, 0, (size_t)n_prompts * sizeof *out);
-    PromptState *st = calloc((size_t)n_prompts, sizeof *st);
-    if (!st) {
-        snprintf(err, err_len, "out of memory for %d prompts", n_prompts);
-        return -1;
-    }
-    int rc = -1, remaining = n_prompts, sent;
-    for (int i = 0; i < n_prompts; i++)
-        if ((sent = send_prompt(c, i, prompts, prompt_lens, s, st, err, err_len)) != 0) goto send_failed;
-    zmq_pollitem_t items[MAX_SERVERS];
-    while (remaining > 0) {
-        for (int k = 0; k < c->n_servers; k++) items[k] = (zmq_pollitem_t){c->servers[k].sock, 0, ZMQ_POLLIN, 0};
-        if (zmq_poll(items, c->n_servers, 200) < 0) {
-            snprintf(err, err_len, "polling the rollout servers: %s", zmq_strerror(zmq_errno()));
-            goto out;
-        }
-        double t = now_ms();
-        for (int k = 0; k < c->n_servers; k++) {
-            if (!(items[k].revents & ZMQ_POLLIN)) continue;
-            for (;;) {
-                ZmsgMsg m;
-                zmq_msg_t parts[8];
-                int n_parts;
-                int r = recv_msg(&c->servers[k], &m, parts, &n_parts, err, err_len);
-                close_parts(parts, n_parts);
-                if (r < 0) goto out;
-                if (r == 0) break;
-                int i = -1;
-                for (int q = 0; q < n_prompts; q++)
-                    if (!st[q].done && st[q].server == k && st[q].id == m.id) i = q;
-                if (i < 0) {
-                    zmsg_free(&m); // an answer to a prompt that was already re-sent elsewhere
-                    continue;
-                }
-                c->servers[k].in_flight--;
-                if (m.type == ZMSG_ERROR) {
-                    if (strcmp(m.code, "queue_full") == 0) {
-                        // Back off and send again (possibly to another server).
-                        st[i].server = -1;
-                        st[i].retry_at_ms = t + 200;
-                        zmsg_free(&m);
-                        continue;
-                    }
-                    if (strcmp(m.code, "shutting_down") == 0) {
-                        // A draining server (SIGTERM, a node drain) is a lost server: its prompts move now.
-                        rollout_mark_dead(c, &c->servers[k], "is shutting down");
-                        for (int q = 0; q < n_prompts; q++)
-                            if (!st[q].done && st[q].server == k) {
-                                st[q].server = -1;
-                                st[q].retry_at_ms = t;
-                            }
-                        zmsg_free(&m);
-                        break;   // its socket was replaced: nothing more to read from it now
-                    }
-                    snprintf(err, err_len, "rollout server %s refused prompt %d: [%s] %s", c->servers[k].endpoint, i,
-                             m.code, m.message);
-                    zmsg_free(&m);
-                    goto out;
-                }
-                if (m.type != ZMSG_RESULT || take_result(&out[i], &m) != 0) {
-                    snprintf(err, err_len, "rollout server %s answered prompt %d with %s", c->servers[k].endpoint, i,
-                             zmsg_type_name(m.type));
-                    zmsg_free(&m);
-                    goto out;
-                }
-                st[i].done = 1;
-                remaining--;
-                zmsg_free(&m);
-            }
-        }
-        // Timeouts: a server silent on a prompt for the whole timeout is considered gone; its prompts move.
-        for (int i = 0; i < n_prompts; i++) {
-            if (st[i].done) continue;
-            if (st[i].server < 0) {
-                if (t >= st[i].retry_at_ms && (sent = send_prompt(c, i, prompts, prompt_lens, s, st, err, err_len)) != 0)
-                    goto send_failed;
-                continue;
-            }
-            Server *sv = &c->servers[st[i].server];
-            int gone = rollout_gone_since(c, sv, st[i].sent_ms);
-            if (gone || t - st[i].sent_ms > c->timeout_ms) {
-                rollout_mark_dead(c, sv, gone ? "went away during generation" : "did not answer a prompt in time");
-                // Every prompt still waiting on it moves (its socket was replaced).
-                for (int q = 0; q < n_prompts; q++)
-                    if (!st[q].done && st[q].server == (int)(sv - c->servers)) st[q].sent_ms = -1e18;
-                if ((sent = send_prompt(c, i, prompts, prompt_lens, s, st, err, err_len)) != 0) goto send_failed;
-            }
-        }
-    }
-    rc = 0;
-    goto out;
-send_failed:
-    rc = sent;
-out:
-    if (rc != 0) rollout_groups_free(out, n_prompts);
-    free(st);
-    return rc;
 }

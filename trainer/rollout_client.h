@@ -43,12 +43,31 @@ int rollout_generate(RolloutClient *c, int n_prompts, const int32_t *const *prom
                      const ZmsgSampling *s, RolloutGroup *out, char *err, size_t err_len);
 void rollout_groups_free(RolloutGroup *groups, int n);
 
+// The same in two halves (trainer/rollout_generate.c), so that the servers generate while the caller does other
+// work: _start sends every prompt and returns; _finish waits for the answers (a prompt's timeout counts from the
+// later of its sending and the call) and fills out (n_prompts) as rollout_generate does. In between, the client
+// may say hello, push weights and run other generations: answers that arrive meanwhile are kept for this one. A
+// generation whose sending found no server answering is reported by _finish (ROLLOUT_ESERVERS_LOST). prompts and
+// prompt_lens must stay valid until _finish or _cancel, which free the handle; _cancel drops a generation not
+// collected (its late answers are discarded).
+typedef struct RolloutPending RolloutPending;
+int rollout_generate_start(RolloutClient *c, int n_prompts, const int32_t *const *prompts, const int *prompt_lens,
+                           const ZmsgSampling *s, RolloutPending **out, char *err, size_t err_len);
+int rollout_generate_finish(RolloutClient *c, RolloutPending *p, RolloutGroup *out, char *err, size_t err_len);
+void rollout_generate_cancel(RolloutClient *c, RolloutPending *p);
+
 // Says hello to every server (timeout_ms each): a server that answers again is used again, one that does not is
 // set aside (and retried next time); *stale = 1 when an answering server holds another weights version than
 // `version` (it restarted, or missed a push), so the caller pushes the weights before generating. While no server
 // answers it keeps asking (a log line each time) for up to six request timeouts; then, or when a server serves
 // another layout, an error.
 int rollout_client_refresh(RolloutClient *c, int64_t version, int timeout_ms, int *stale, char *err, size_t err_len);
+
+// The engine seconds the answering servers have spent in engine steps since they started (stats' step_seconds_sum,
+// summed; a server of several engines counts each engine's) into *step_seconds, and how many answered within
+// timeout_ms each into *n_answered. A server that does not answer is skipped, not set aside.
+int rollout_client_step_seconds(RolloutClient *c, int timeout_ms, double *step_seconds, int *n_answered, char *err,
+                                size_t err_len);
 
 // Weight push, transport zmq, to every server that answers (one that does not is set aside, as above): rank 0
 // begins (each server checks version and layout) and lists the servers that took it in members (n_members);

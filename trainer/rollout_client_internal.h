@@ -21,6 +21,7 @@ typedef struct {
     int in_flight;      // prompts assigned and not answered
     int64_t policy_version;   // as of the last hello
     int in_push;        // a member of the weight update in flight (rollout_weights_set_members)
+    int epoch;          // bumped each time the socket is replaced: what was sent on an older one is lost
 } Server;
 
 struct RolloutClient {
@@ -36,6 +37,7 @@ struct RolloutClient {
     int64_t next_id;
     int next_server;    // round-robin cursor
     double push_since_ms;   // when the weight update in flight began (its members: Server.in_push)
+    struct RolloutPending *pending;   // generations sent and not yet collected (rollout_generate_start), a list
 };
 
 static inline double now_ms(void) { return (double)server_liveness_now_ms(); }
@@ -51,6 +53,14 @@ int rollout_send_msg(RolloutClient *c, Server *s, const ZmsgMsg *m, double since
 // The answer to request id (`what`, sent at since_ms): 1 in *m, 0 none will come (*gone says why), -1 error.
 int rollout_wait_reply(RolloutClient *c, Server *s, int64_t id, const char *what, double since_ms, ZmsgMsg *m,
                        int timeout_ms, int *gone, char *err, size_t err_len);
+// Receives one whole multipart message from s (non-blocking: call after poll says it is readable): 1 with *m
+// parsed (it owns its data; free with zmsg_free), 0 if nothing was there, -1 on a malformed reply. parts (8) are
+// closed by the caller with rollout_close_parts.
+int rollout_recv_msg(Server *s, ZmsgMsg *m, zmq_msg_t *parts, int *n_parts, char *err, size_t err_len);
+void rollout_close_parts(zmq_msg_t *parts, int n);
+// An answer read while waiting for something else (a hello, a weight push): when it answers a prompt of a
+// generation in flight from server `server`, that generation keeps it (*m is moved, returns 1); else 0.
+int rollout_pending_keep(RolloutClient *c, int server, ZmsgMsg *m);
 // A hello round trip: 1 answered, 0 no answer within timeout_ms, -1 error (another layout, a refusal).
 int rollout_hello(RolloutClient *c, Server *s, int timeout_ms, char *err, size_t err_len);
 // Sets s aside (logged once, `why`) and gives it a fresh socket.

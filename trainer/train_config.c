@@ -21,7 +21,7 @@ static const char *const ignored_keys[] = {
     "vllm_enable_sleep_mode", "vllm_model_impl", "vllm_max_model_length", "ds3_gather_for_generation",
     "report_to", "run_name", "logging_dir", "logging_strategy", "logging_first_step", "log_level",
     "disable_tqdm", "push_to_hub", "hub_model_id", "hub_strategy", "hub_private_repo", "save_strategy",
-    "log_completions", "num_completions_to_print", "log_unique_prompts", "log_multimodal",
+    "num_completions_to_print", "log_unique_prompts", "log_multimodal",
     "dataloader_num_workers", "dataloader_pin_memory", "remove_unused_columns",
     "bf16", "tf32", "trust_remote_code", "ddp_find_unused_parameters", "save_only_model", "use_cpu", NULL};
 

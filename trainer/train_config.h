@@ -46,6 +46,7 @@ typedef struct {
     int generation_batch_size;      // completions per generation round, all ranks (0: derived)
     int steps_per_generation;       // optimizer micro-steps per generation round (0: derived)
     int num_iterations;
+    int max_staleness;              // rounds generated ahead of training, and the versions a sample may lag (0: sync)
     // ---- GRPO loss and advantages (TRL's GRPOConfig keys; see trainer/grpo_loss.h) ----
     GrpoOptions grpo;
     double *reward_weights;         // (n_reward_weights) or NULL = every reward weighs 1
@@ -78,6 +79,7 @@ typedef struct {
     char *optim;                    // adamw_* only (AdamW is the one optimizer)
     // ---- logging and checkpoints ----
     int logging_steps;
+    int log_completions;            // rank 0 writes the completions of logged steps to completions.jsonl
     int save_steps;                 // 0: only at the end
     int save_total_limit;           // 0: keep every checkpoint
     char *resume;                   // checkpoint folder to resume from, "latest", or NULL

@@ -72,6 +72,7 @@ static int check_generation(const TrainConfig *c, char *err, size_t err_len) {
     NEED(c->steps_per_generation >= 0, "steps_per_generation", "must be >= 0 (0 = derived), got %d",
          c->steps_per_generation);
     NEED(c->num_iterations >= 1, "num_iterations", "must be >= 1, got %d", c->num_iterations);
+    NEED(c->max_staleness >= 0, "max_staleness", "must be >= 0 (0 = synchronous), got %d", c->max_staleness);
     return 0;
 }
 

@@ -82,6 +82,9 @@ const OptionSpec train_options[] = {
     OPT("steps_per_generation", OPT_INT, steps_per_generation, G_GEN,
         "micro-steps that share one generation round; 0 = gradient_accumulation_steps"),
     OPT("num_iterations", OPT_INT, num_iterations, G_GEN, "passes over each generation round (mu)"),
+    OPT("max_staleness", OPT_INT, max_staleness, G_GEN, "asynchronous GRPO: the servers generate up to k rounds "
+        "ahead of training, and a completion sampled more than k policy versions before the one it is trained at "
+        "is dropped; 0 = synchronous"),
 
     GRPO("beta", OPT_F64, beta, G_GRPO, "k3 KL coefficient to the frozen reference; 0 = no reference model"),
     GRPO("epsilon", OPT_F64, epsilon, G_GRPO, "lower clip range of the ratio"),
@@ -170,6 +173,9 @@ const OptionSpec train_options[] = {
         "keep the forward's lm_head logits (tokens x vocab, bf16) for the backward instead of recomputing them"),
 
     OPT("logging_steps", OPT_INT, logging_steps, G_LOG, "log a line and a metrics.jsonl record every k steps"),
+    OPT("log_completions", OPT_BOOL, log_completions, G_LOG, "grpo: rank 0 writes each completion it trains on at "
+        "a logged step to OUTPUT_DIR/completions.jsonl (ids, version, staleness, advantage, the servers' and the "
+        "old logprobs, the importance-sampling ratio)"),
     OPT("save_steps", OPT_INT, save_steps, G_LOG, "checkpoint every k steps; 0 = only at the end"),
     OPT("save_total_limit", OPT_INT, save_total_limit, G_LOG, "keep the last k checkpoints; 0 = all"),
     OPT("resume", OPT_STR, resume, G_LOG, "checkpoint folder to resume from, or \"latest\" in output_dir"),

@@ -15,6 +15,7 @@
 
 #include "trainer/lr_schedule.h"
 #include "trainer/make_dirs.h"
+#include "shared/err.h"
 #include "trainer/metrics_trim.h"
 #include "trainer/output_dir.h"
 #include "trainer/rank_watch.h"
@@ -86,6 +87,24 @@ static int prepare_output_dir(Trainer *t, char *err, size_t err_len) {
 static void print_rendezvous_progress(void *arg, const char *line) {
     (void)arg;
     fprintf(stderr, "tandem-train: %s (--init-timeout)\n", line);
+}
+
+// Opens OUTPUT_DIR/name, a JSONL file of one row per logged step ("step" in each), into *f: created, or, resumed,
+// cut back to the rows of steps up to the checkpoint's (the stopped run's later rows would be logged twice).
+static int open_step_log(Trainer *t, const char *name, FILE **f, char *err, size_t err_len) {
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/%s", t->cfg->output_dir, name);
+    if (t->cfg->resume) {
+        MetricsTrim trim;
+        if (metrics_trim_after_step(path, t->progress.step, &trim, err, err_len) != 0) return -1;
+        if (trim.later || trim.unreadable)
+            log0(t, "%s: removed %zu row(s) of steps after %lld and %zu unreadable line(s), left by the run that "
+                 "stopped after that checkpoint; kept %zu row(s), and this run logs the later steps again", path,
+                 trim.later, (long long)t->progress.step, trim.unreadable, trim.kept);
+    }
+    if (!(*f = fopen(path, t->cfg->resume ? "a" : "w")))
+        return err_fail(err, err_len, "cannot write %s: %s", path, strerror(errno));
+    return 0;
 }
 
 int trainer_open(Trainer *t, TrainConfig *cfg, char *err, size_t err_len) {
@@ -210,26 +229,15 @@ int trainer_open(Trainer *t, TrainConfig *cfg, char *err, size_t err_len) {
         t->progress.rng[1] = 0x9E3779B97F4A7C15ULL;
     }
     if (t->rank == 0) {
-        char path[PATH_MAX + 32];
         char derr[PATH_MAX + 128];
         if (make_dirs(cfg->output_dir, derr, sizeof derr) != 0) {
             snprintf(err, err_len, "--output-dir: %s", derr);
             return -1;
         }
-        snprintf(path, sizeof path, "%s/metrics.jsonl", cfg->output_dir);
-        if (cfg->resume) {
-            // Rows of the steps after the checkpoint, from the run that stopped, would be logged twice.
-            MetricsTrim trim;
-            if (metrics_trim_after_step(path, t->progress.step, &trim, err, err_len) != 0) return -1;
-            if (trim.later || trim.unreadable)
-                log0(t, "%s: removed %zu row(s) of steps after %lld and %zu unreadable line(s), left by the run that "
-                     "stopped after that checkpoint; kept %zu row(s), and this run logs the later steps again", path,
-                     trim.later, (long long)t->progress.step, trim.unreadable, trim.kept);
-        }
-        if (!(t->metrics = fopen(path, cfg->resume ? "a" : "w"))) {
-            snprintf(err, err_len, "cannot write %s: %s", path, strerror(errno));
+        if (open_step_log(t, "metrics.jsonl", &t->metrics, err, err_len) != 0) return -1;
+        if (cfg->mode == TRAIN_MODE_GRPO && cfg->log_completions &&
+            open_step_log(t, "completions.jsonl", &t->completions, err, err_len) != 0)
             return -1;
-        }
     }
     for (size_t i = 0; i < cfg->n_ignored; i++)
         log0(t, "config key %s is accepted for TRL compatibility and has no effect here", cfg->ignored[i]);
@@ -240,6 +248,7 @@ int trainer_open(Trainer *t, TrainConfig *cfg, char *err, size_t err_len) {
 
 void trainer_close(Trainer *t) {
     if (t->metrics) fclose(t->metrics);
+    if (t->completions) fclose(t->completions);
     if (t->acts) train_acts_free(t->acts, &t->model);
     rollout_client_destroy(t->rollout);
     reward_service_free(t->reward_service);
@@ -297,6 +306,10 @@ int trainer_save(Trainer *t, char *err, size_t err_len) {
     uint64_t epoch;
     size_t pos;
     data_tell(t->data, &epoch, &pos);
+    return trainer_save_at(t, epoch, pos, err, err_len);
+}
+
+int trainer_save_at(Trainer *t, uint64_t epoch, size_t pos, char *err, size_t err_len) {
     t->progress.epoch = (int64_t)epoch;
     t->progress.data_position = (int64_t)pos;
     CheckpointOptions co = {.output_dir = t->cfg->output_dir, .base_model_dir = t->cfg->model,

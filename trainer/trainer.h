@@ -47,6 +47,7 @@ typedef struct Trainer {
     TrainProgress progress;
     long total_steps;
     FILE *metrics;              // rank 0: OUTPUT_DIR/metrics.jsonl
+    FILE *completions;          // rank 0 with log_completions (grpo): OUTPUT_DIR/completions.jsonl
     double t_start;
 } Trainer;
 
@@ -63,8 +64,10 @@ double trainer_now(void);
 int trainer_ensure_acts(Trainer *t, int n_tokens, int n_seqs, char *err, size_t err_len);
 // Optimizer step with this step's learning rate; fills *grad_norm and *lr.
 int trainer_optimizer_step(Trainer *t, float *grad_norm, double *lr, char *err, size_t err_len);
-// Saves a checkpoint of the current step (all ranks).
+// Saves a checkpoint of the current step (all ranks); a resumed run reads the data from where the reader is now,
+// or, with trainer_save_at, from (data_epoch, data_position) (rounds generated ahead have read further).
 int trainer_save(Trainer *t, char *err, size_t err_len);
+int trainer_save_at(Trainer *t, uint64_t data_epoch, size_t data_position, char *err, size_t err_len);
 // Next prompt row of this rank's shard, wrapping to the next epoch. 1 = row, negative = error.
 int trainer_next_row(Trainer *t, DataRow *row, char *err, size_t err_len);
 // rank 0, when stderr is a terminal: redraws the progress bar (step, elapsed, ETA).

@@ -190,9 +190,10 @@ def _metric_rows(out_dir):
 
 
 def _differing_keys(a, b):
-    """Keys whose values differ between two metrics rows, leaving out the wall-clock times (*_time, elapsed) and
-    sync_bytes (the bytes sent to all servers: twice as many for two)."""
-    keys = {k for k in set(a) | set(b) if not k.endswith("_time") and k not in ("elapsed", "sync_bytes")}
+    """Keys whose values differ between two metrics rows, leaving out the wall-clock times (*_time, elapsed), the
+    pools' busy fractions (*_busy_fraction) and sync_bytes (the bytes sent to all servers: twice as many for two)."""
+    keys = {k for k in set(a) | set(b)
+            if not k.endswith(("_time", "_busy_fraction")) and k not in ("elapsed", "sync_bytes")}
     return sorted(k for k in keys if a.get(k) != b.get(k))
 
 

@@ -23,7 +23,8 @@ TANDEM_ONLY = {"model", "train_file", "mode", "overwrite_output_dir", "chat_temp
                "length_penalty_target", "reward_url", "reward_timeout", "reward_connect_timeout", "reward_retries",
                "reward_backoff", "reward_max_response_mb", "resume", "zero_stage", "device", "init_timeout", "comm_timeout",
                "rollout_servers", "rollout_timeout", "weight_sync_steps", "weight_sync_transport", "warmup_ratio",
-               "keep_logits", "control_server_key", "control_client_key"}
+               "keep_logits", "control_server_key", "control_client_key",
+               "max_staleness"}   # TRL's AsyncGRPOConfig has it, GRPOConfig does not
 # Same meaning, different spelling of "unset" or a value that only names TRL's implementation.
 DEFAULT_SPELLING = {
     "min_p": (None, 0.0),             # off

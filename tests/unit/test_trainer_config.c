@@ -90,6 +90,7 @@ static void test_defaults(void) {
     CHECK(c.grpo.beta == 0.0 && c.grpo.epsilon == 0.2 && !c.grpo.has_epsilon_high && !c.grpo.has_delta);
     CHECK(c.grpo.loss_type == GRPO_LOSS_DAPO && c.grpo.scale_rewards == GRPO_SCALE_GROUP);
     CHECK(c.num_iterations == 1 && c.steps_per_generation == 0 && c.per_device_train_batch_size == 8);
+    CHECK(c.max_staleness == 0);
     CHECK(c.gradient_accumulation_steps == 1 && c.max_steps == -1 && c.num_train_epochs == 3.0);
     CHECK(c.lr_scheduler_type == LR_SCHED_LINEAR && c.warmup_steps == 0 && c.weight_decay == 0.0);
     CHECK(c.adam_beta1 == 0.9 && c.adam_beta2 == 0.999 && c.adam_epsilon == 1e-8 && c.max_grad_norm == 1.0);
@@ -281,6 +282,7 @@ static void test_finalize_refusals(void) {
     REFUSE("generation_batch_size: must be >= 0", NULL, "--generation-batch-size", "-8");
     REFUSE("steps_per_generation: must be >= 0", NULL, "--steps-per-generation", "-1");
     REFUSE("num_iterations: must be >= 1", NULL, "--num-iterations", "0");
+    REFUSE("max_staleness: must be >= 0 (0 = synchronous), got -1", NULL, "--max-staleness", "-1");
     REFUSE("learning_rate: must be >= 0", "got -1e-05", "--learning-rate", "-1e-5");
     REFUSE("weight_decay: must be >= 0", NULL, "--weight-decay", "-0.1");
     REFUSE("adam_beta1: must be in [0, 1)", NULL, "--adam-beta1", "1");
@@ -398,6 +400,7 @@ static void test_help_and_doc(void) {
     CHECK(strstr(help, "--init-timeout FLOAT  (default: 300)"));
     CHECK(strstr(help, "--comm-timeout FLOAT  (default: 600)"));
     CHECK(strstr(help, "--adam-beta2 FLOAT  (default: 0.999)"));
+    CHECK(strstr(help, "--max-staleness INT  (default: 0)"));
     CHECK(strstr(help, "--adam-epsilon FLOAT  (default: 1e-08)"));
     CHECK(!strstr(help, "e+0"));
     CHECK(strstr(help, "--loss-type grpo|bnpo|dr_grpo|dapo|cispo|sapo|luspo|vespo  (default: dapo)"));

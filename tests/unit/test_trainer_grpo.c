@@ -1,8 +1,9 @@
 // tests/unit/test_trainer_grpo.c — the GRPO math's edge cases and its gradient: options (defaults, JSON keys,
 // every refusal naming the option), advantages (all-equal groups, None/NaN rewards, unscorable rows, one scored
 // value, batch scaling, normalize_then_sum), truncation masking, the rollout IS ratio, the entropy threshold,
-// adaptive entropy control, and the loss (empty masks, a single token, refusals of missing inputs) with
-// dL/dlogprob checked by central finite differences for every loss type whose weights are not detached.
+// adaptive entropy control, asynchronous GRPO's staleness bound, and the loss (empty masks, a single token,
+// refusals of missing inputs) with dL/dlogprob checked by central finite differences for every loss type whose
+// weights are not detached.
 // tests/reference/test_grpo_vs_trl.py proves the same functions equal to TRL itself.
 #include <float.h>
 #include <math.h>
@@ -14,6 +15,7 @@
 
 #include "check_macros.h"
 #include "trainer/grpo_loss.h"
+#include "trainer/grpo_round.h"
 
 static GrpoOptions opts(int num_generations) {
     GrpoOptions o;
@@ -505,7 +507,30 @@ static void test_loss_edges(void) {
           strstr(err, "gradient_accumulation_steps"));
 }
 
+// Asynchronous GRPO's bound: a completion is kept when its version >= policy_version - max_staleness; the counts,
+// the staleness sum, max and histogram are of the kept ones; a version newer than the policy counts as 0.
+static void test_staleness_filter(void) {
+    const int64_t versions[8] = {7, 6, 5, 4, 8, 6, 2, 7};
+    uint8_t keep[8];
+    GrpoStaleness st;
+    grpo_staleness_filter(8, versions, 7, 1, keep, &st);
+    const uint8_t want[8] = {1, 1, 0, 0, 1, 1, 0, 1};
+    CHECK(memcmp(keep, want, sizeof want) == 0);
+    CHECK(st.kept == 5 && st.dropped == 3);
+    CHECK(st.sum == 2 && st.max == 1);   // 0, 1, 0 (8 is newer), 1, 0
+    CHECK(st.hist[0] == 3 && st.hist[1] == 2 && st.hist[2] == 0);
+    // Bound 0 keeps only the policy's own version; a wide bound keeps all, the histogram's last bin taking the
+    // oldest.
+    grpo_staleness_filter(8, versions, 7, 0, keep, &st);
+    CHECK(st.kept == 3 && st.dropped == 5 && st.max == 0);
+    const int64_t old[2] = {0, 100};
+    grpo_staleness_filter(2, old, 100, 1000, keep, &st);
+    CHECK(keep[0] && keep[1] && st.kept == 2 && st.max == 100 && st.sum == 100);
+    CHECK(st.hist[GRPO_STALENESS_BINS - 1] == 1 && st.hist[0] == 1);
+}
+
 int main(void) {
+    test_staleness_filter();
     test_options();
     test_advantages();
     test_masks_and_ratio();

@@ -4,7 +4,9 @@
 // one told to die closes its socket right after a chosen request, as a killed process's kernel would. With a
 // request timeout of 60 s, the client must notice each death within a few seconds (its connection monitor), set
 // that server aside and finish the weight push or the generation with the others; a server started again on the
-// same endpoint answers as stale (older weights) so that the caller pushes to it before it generates.
+// same endpoint answers as stale (older weights) so that the caller pushes to it before it generates. A generation
+// sent ahead (rollout_generate_start) survives a weight push and a hello made while its answers arrive (they are
+// kept for it), and one of its servers dying before it is collected.
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -249,10 +251,101 @@ static void generate_with_a_death(void *zctx) {
     pthread_join(b.thread, NULL);
 }
 
+static void sleep_ms(long ms) {
+    struct timespec ts = {ms / 1000, (ms % 1000) * 1000000};
+    nanosleep(&ts, NULL);
+}
+
+// Asynchronous GRPO's pattern: a generation is sent, its answers arrive while the client pushes weights and says
+// hello (both read the sockets), then it is collected: every answer was kept, sampled by the weights before the
+// push. A second generation sent and cancelled leaves nothing behind (its late answers are dropped).
+static void generate_across_a_push(void *zctx) {
+    FakeServer a, b;
+    server_start(&a, zctx, "tcp://127.0.0.1:*", -1, 0);
+    server_start(&b, zctx, "tcp://127.0.0.1:*", -1, 0);
+    RolloutClient *c = connect_to(&a, &b);
+    char err[512];
+    int32_t p[4][2] = {{1, 2}, {3, 4}, {5, 6}, {7, 8}};
+    const int32_t *prompts[4] = {p[0], p[1], p[2], p[3]};
+    int lens[4] = {2, 2, 2, 2};
+    ZmsgSampling s;
+    zmsg_sampling_default(&s);
+    s.n = 2;
+    s.max_tokens = 1;
+    RolloutPending *pending = NULL, *cancelled = NULL;
+    CHECK(rollout_generate_start(c, 4, prompts, lens, &s, &pending, err, sizeof err) == 0, "start: %s", err);
+    sleep_ms(200);   // the fake servers answer at once: the answers wait in the client's sockets
+    int members[ROLLOUT_MAX_SERVERS], n_members = 0, stale = 1;
+    float values[4] = {1, 2, 3, 4};
+    double seconds = 0;
+    CHECK(rollout_weights_begin(c, 3, members, &n_members, err, sizeof err) == 0 && n_members == 2, "begin: %s", err);
+    CHECK(rollout_weights_send_slice(c, 3, 0, 0, values, 4, 0, err, sizeof err) == 0, "slice: %s", err);
+    CHECK(rollout_client_flush(c, err, sizeof err) == 0, "flush: %s", err);
+    CHECK(rollout_weights_end(c, 3, &seconds, NULL, err, sizeof err) == 0, "end: %s", err);
+    CHECK(rollout_generate_start(c, 4, prompts, lens, &s, &cancelled, err, sizeof err) == 0, "start 2: %s", err);
+    sleep_ms(100);
+    CHECK(rollout_client_refresh(c, 3, 2000, &stale, err, sizeof err) == 0 && stale == 0, "refresh: %s", err);
+    rollout_generate_cancel(c, cancelled);
+    RolloutGroup groups[4];
+    double t0 = now_s();
+    int rc = pending ? rollout_generate_finish(c, pending, groups, err, sizeof err) : -1;
+    double took = now_s() - t0;
+    CHECK(rc == 0, "finish: %s", err);
+    CHECK(took < 1.0, "collecting answers that had arrived took %.1f s: they were dropped and sent again", took);
+    if (rc == 0) {
+        for (int i = 0; i < 4; i++)
+            CHECK(groups[i].n == 2 && groups[i].versions[0] == 0 && groups[i].versions[1] == 0,
+                  "prompt %d: %d completions, versions %lld", i, groups[i].n, (long long)groups[i].versions[0]);
+        rollout_groups_free(groups, 4);
+    }
+    // The client goes on: a synchronous generation now samples the pushed version.
+    rc = rollout_generate(c, 4, prompts, lens, &s, groups, err, sizeof err);
+    CHECK(rc == 0, "generate: %s", err);
+    if (rc == 0) {
+        CHECK(groups[0].versions[0] == 3, "after the push: version %lld", (long long)groups[0].versions[0]);
+        rollout_groups_free(groups, 4);
+    }
+    rollout_client_destroy(c);
+    server_stop(&a);
+    server_stop(&b);
+}
+
+// A generation sent ahead whose server b dies holding its prompts before it is collected: collecting moves them
+// to a within seconds.
+static void generate_ahead_with_a_death(void *zctx) {
+    FakeServer a, b;
+    server_start(&a, zctx, "tcp://127.0.0.1:*", -1, 0);
+    server_start(&b, zctx, "tcp://127.0.0.1:*", ZMSG_GENERATE, 0);
+    RolloutClient *c = connect_to(&a, &b);
+    char err[512];
+    int32_t p0[2] = {1, 2}, p1[2] = {3, 4};
+    const int32_t *prompts[2] = {p0, p1};
+    int lens[2] = {2, 2};
+    ZmsgSampling s;
+    zmsg_sampling_default(&s);
+    s.n = 2;
+    s.max_tokens = 1;
+    RolloutPending *pending = NULL;
+    CHECK(rollout_generate_start(c, 2, prompts, lens, &s, &pending, err, sizeof err) == 0, "start: %s", err);
+    while (!atomic_load(&b.died)) sleep_ms(1);
+    RolloutGroup groups[2];
+    double t0 = now_s();
+    int rc = pending ? rollout_generate_finish(c, pending, groups, err, sizeof err) : -1;
+    double took = now_s() - t0;
+    CHECK(rc == 0, "finish: %s", err);
+    CHECK(took < 8.0, "collecting a generation that lost a server took %.1f s", took);
+    if (rc == 0) rollout_groups_free(groups, 2);
+    rollout_client_destroy(c);
+    server_stop(&a);
+    pthread_join(b.thread, NULL);
+}
+
 int main(void) {
     void *zctx = zmq_ctx_new();
     push_with_a_death(zctx);
     generate_with_a_death(zctx);
+    generate_across_a_push(zctx);
+    generate_ahead_with_a_death(zctx);
     zmq_ctx_term(zctx);
     return check_exit_code("test_trainer_rollout_liveness");
 }
