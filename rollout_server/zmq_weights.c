@@ -53,7 +53,7 @@ static void end_nccl(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q
         return;
     }
     double t0 = zc_now();
-    int rc = engine_group_commit_device_weights(z->g, q->version, err, sizeof err);
+    int rc = engine_group_commit_device_weights(z->g, q->version, ENGINE_UPDATE_KEEP, NULL, err, sizeof err);
     double t1 = zc_now();
     if (rc) {
         zc_send_error(z->router, rid, rl, q->id, zc_engine_code(rc), "weights_end: commit failed: %s", err);
@@ -99,7 +99,7 @@ void zc_weights(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q) {
             return;
         }
         double t0 = zc_now();
-        int rc = engine_group_commit_weights(z->g, q->version, err, sizeof err);
+        int rc = engine_group_commit_weights(z->g, q->version, ENGINE_UPDATE_KEEP, NULL, err, sizeof err);
         double t1 = zc_now();
         double total = t1 - z->wr.t_begin;
         weight_recv_reset(&z->wr);

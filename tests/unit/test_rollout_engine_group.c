@@ -211,7 +211,7 @@ static void commit_host(EngineGroup *g, uint64_t seed, int64_t version, const Re
         model_random_unit_f32(&shape->m, seed, STD, u, st);
     }
     char err[1024];
-    int rc = engine_group_commit_weights(g, version, err, sizeof err);
+    int rc = engine_group_commit_weights(g, version, ENGINE_UPDATE_KEEP, NULL, err, sizeof err);
     CHECK(rc == 0, "host commit: %s", err);
 }
 
@@ -234,7 +234,7 @@ static void commit_device(EngineGroup *g, uint64_t seed, int64_t version, const 
     CHECK(ops_status(o) == 0, "upload into engine 0's staging: %s", ops_error(o));
     char err[1024];
     CHECK(engine_group_spread_device_staging(g, err, sizeof err) == 0, "spread: %s", err);
-    CHECK(engine_group_commit_device_weights(g, version, err, sizeof err) == 0, "device commit: %s", err);
+    CHECK(engine_group_commit_device_weights(g, version, ENGINE_UPDATE_KEEP, NULL, err, sizeof err) == 0, "device commit: %s", err);
 }
 
 static void check_weights(EngineGroup *g, OpsBackend be) {
