@@ -33,18 +33,18 @@ static const char *const KEYS_REQ[ZMSG_N_TYPES] = {
     [ZMSG_PAUSE] = "", [ZMSG_RESUME] = "", [ZMSG_RESET_CACHE] = "", [ZMSG_STATS] = "", [ZMSG_SHUTDOWN] = "",
     [ZMSG_WEIGHTS_BEGIN] = "version transport layout_hash ?nccl_id ?nccl_world ?nccl_rank ?trainer_ranks",
     [ZMSG_WEIGHTS_SLICE] = "unit offset count dtype ?version",
-    [ZMSG_WEIGHTS_END] = "version",
+    [ZMSG_WEIGHTS_END] = "version ?mode",
 };
 static const char *const KEYS_REP[ZMSG_N_TYPES] = {
     [ZMSG_HELLO] = "protocol_version model_id layout_hash n_units unit_numel policy_version max_seq_len vocab_size",
     [ZMSG_RESULT] = "prompt_index n_prompts n completion_lens finish_reasons policy_versions policy_versions_end "
-                    "prompt_tokens cached_tokens",
+                    "prompt_tokens cached_tokens ?policy_version_changes",
     [ZMSG_PAUSE] = "", [ZMSG_RESUME] = "", [ZMSG_RESET_CACHE] = "", [ZMSG_SHUTDOWN] = "",
     [ZMSG_STATS] = "requests_waiting requests_running sequences_running kv_blocks_total kv_blocks_used "
                    "kv_blocks_cached prompt_tokens_total generation_tokens_total cached_prompt_tokens_total "
                    "preemptions_total steps_total step_seconds_sum policy_version paused prompts_in_flight",
     [ZMSG_WEIGHTS_BEGIN] = "version",
-    [ZMSG_WEIGHTS_END] = "version seconds commit_seconds",
+    [ZMSG_WEIGHTS_END] = "version seconds commit_seconds ?sequences_kept ?sequences_requeued",
     [ZMSG_ERROR] = "code message",
 };
 
@@ -52,6 +52,7 @@ const char *zmsg_type_name(ZmsgType t) { return (t >= 0 && t < ZMSG_N_TYPES) ? T
 const char *zmsg_finish_name(ZmsgFinish f) { return (f >= 0 && f <= ZMSG_FINISH_ERROR) ? FINISH_NAMES[f] : "?"; }
 const char *zmsg_dtype_name(ZmsgDtype d) { return d == ZMSG_DTYPE_BF16 ? "bf16" : "f32"; }
 size_t zmsg_dtype_size(ZmsgDtype d) { return d == ZMSG_DTYPE_BF16 ? 2 : 4; }
+const char *zmsg_update_mode_name(ZmsgUpdateMode u) { return u == ZMSG_UPDATE_ABORT ? "abort" : "keep"; }
 
 void zmsg_sampling_default(ZmsgSampling *s) {
     memset(s, 0, sizeof *s);
@@ -257,6 +258,50 @@ static int parse_generate(const JsonAt *at, ZmsgMsg *m, const ZmsgFrame *f, int 
     return 0;
 }
 
+// "policy_version_changes": one array per completion of [token, version] pairs: from token index `token` on
+// (increasing, in [1, its length)) the completion's tokens were sampled by `version`, which differs from the version
+// before it (policy_versions[i] for the first); its last version is policy_versions_end[i].
+static int parse_version_changes(const JsonAt *at, ZmsgMsg *m) {
+    const int n = m->n_completions;
+    JsonAt all;
+    int rc = get_array(at, "policy_version_changes", n, n, &all);
+    if (rc) return rc;
+    size_t total = 0;
+    for (int i = 0; i < n; i++) {
+        JsonAt c = json_at_element(&all, (size_t)i);
+        if (!json_is_array(c.json)) return json_get_fail(&c, NULL, "must be an array of [token, version] pairs");
+        total += json_array_size(c.json);
+    }
+    m->n_version_changes = calloc((size_t)n, sizeof *m->n_version_changes);
+    m->version_changes = malloc((total ? total : 1) * sizeof *m->version_changes);
+    if (!m->n_version_changes || !m->version_changes) return err_fail(at->err, at->err_len, "result: out of memory");
+    ZmsgVersionChange *out = m->version_changes;
+    for (int i = 0; i < n; i++) {
+        JsonAt c = json_at_element(&all, (size_t)i);
+        const int k_n = (int)json_array_size(c.json);
+        int64_t before = m->policy_versions[i];
+        int token = 0;
+        for (int k = 0; k < k_n; k++, out++) {
+            JsonAt pair = json_at_element(&c, (size_t)k);
+            if (!json_is_array(pair.json) || json_array_size(pair.json) != 2)
+                return json_get_fail(&pair, NULL, "must be a [token, version] pair");
+            JsonAt t = json_at_element(&pair, 0), v = json_at_element(&pair, 1);
+            if ((rc = json_get_int(&t, NULL, JSON_GET_REQUIRED, 0, token + 1, m->completion_lens[i] - 1, &token)) ||
+                (rc = json_get_int64(&v, NULL, JSON_GET_REQUIRED, 0, INT64_MIN, INT64_MAX, &out->version)))
+                return rc;
+            if (out->version == before)
+                return json_get_fail(&v, NULL, "must differ from the version before it (%lld)", (long long)before);
+            out->token = token;
+            before = out->version;
+        }
+        if (k_n > 0 && before != m->policy_versions_end[i])
+            return json_get_fail(&c, NULL, "ends with version %lld, but policy_versions_end says %lld",
+                                 (long long)before, (long long)m->policy_versions_end[i]);
+        m->n_version_changes[i] = k_n;
+    }
+    return 0;
+}
+
 static int parse_result(const JsonAt *at, ZmsgMsg *m, const ZmsgFrame *f, int nf) {
     int rc;
     JsonAt reasons;
@@ -286,6 +331,7 @@ static int parse_result(const JsonAt *at, ZmsgMsg *m, const ZmsgFrame *f, int nf
     if (rc) return rc;
     if ((rc = array_i64(at, "policy_versions", n, INT64_MIN, INT64_MAX, m->policy_versions))) return rc;
     if ((rc = array_i64(at, "policy_versions_end", n, INT64_MIN, INT64_MAX, m->policy_versions_end))) return rc;
+    if (json_object_get(at->json, "policy_version_changes") && (rc = parse_version_changes(at, m))) return rc;
     if ((rc = get_array(at, "finish_reasons", n, n, &reasons))) return rc;
     for (int i = 0; i < n; i++) {
         JsonAt reason = json_at_element(&reasons, (size_t)i);
@@ -394,10 +440,28 @@ static int parse_weights(const JsonAt *at, ZmsgMsg *m, const ZmsgFrame *f, int n
             return json_get_fail(at, "nccl_id", "must be %d lowercase hex digits", 2 * ZMSG_NCCL_ID_BYTES);
         return 0;
     }
+    if (m->type == ZMSG_WEIGHTS_END && m->dir == ZMSG_DIR_REQUEST) {
+        if ((rc = json_get_string(at, "mode", JSON_GET_OPTIONAL, NULL, JSON_ANY_LENGTH, &s, NULL))) return rc;
+        if (!s) return 0;
+        m->has_update_mode = 1;
+        if (!strcmp(s, "keep")) m->update_mode = ZMSG_UPDATE_KEEP;
+        else if (!strcmp(s, "abort")) m->update_mode = ZMSG_UPDATE_ABORT;
+        else return json_get_fail(at, "mode", "must be \"keep\" or \"abort\", got \"%.32s\"", s);
+        return 0;
+    }
     if (m->type == ZMSG_WEIGHTS_END && m->dir == ZMSG_DIR_REPLY) {
-        if ((rc = json_get_double(at, "seconds", JSON_GET_REQUIRED, 0, -DBL_MAX, DBL_MAX, &m->seconds))) return rc;
-        return json_get_double(at, "commit_seconds", JSON_GET_REQUIRED, 0, -DBL_MAX, DBL_MAX,
-                               &m->commit_seconds);
+        if ((rc = json_get_double(at, "seconds", JSON_GET_REQUIRED, 0, -DBL_MAX, DBL_MAX, &m->seconds)) ||
+            (rc = json_get_double(at, "commit_seconds", JSON_GET_REQUIRED, 0, -DBL_MAX, DBL_MAX, &m->commit_seconds)))
+            return rc;
+        const int kept = json_object_get(at->json, "sequences_kept") != NULL;
+        if (kept != (json_object_get(at->json, "sequences_requeued") != NULL))
+            return err_fail(at->err, at->err_len, "weights_end: \"sequences_kept\" and \"sequences_requeued\" come "
+                            "together");
+        if (!kept) return 0;
+        m->has_update_report = 1;
+        if ((rc = json_get_int64(at, "sequences_kept", JSON_GET_REQUIRED, 0, 0, INT64_MAX, &m->sequences_kept)))
+            return rc;
+        return json_get_int64(at, "sequences_requeued", JSON_GET_REQUIRED, 0, 0, INT64_MAX, &m->sequences_requeued);
     }
     return 0;
 }
@@ -496,6 +560,8 @@ void zmsg_free(ZmsgMsg *m) {
         free(m->finish_reasons);
         free(m->policy_versions);
         free(m->policy_versions_end);
+        free(m->n_version_changes);
+        free(m->version_changes);
         free(m->tokens);
         free(m->logprobs);
     }
@@ -610,6 +676,23 @@ int zmsg_build(const ZmsgMsg *m, ZmsgOut *out, char *err, size_t err_len) {
         json_object_set_new(h, "policy_versions_end", i64_array(m->policy_versions_end, n));
         set_i(h, "prompt_tokens", m->prompt_tokens);
         set_i(h, "cached_tokens", m->cached_tokens);
+        size_t n_changes = 0;
+        for (int i = 0; m->n_version_changes && i < n; i++) n_changes += (size_t)m->n_version_changes[i];
+        if (n_changes && !m->version_changes) {
+            json_decref(h);
+            return err_fail(err, err_len, "zmsg_build: result has %zu version changes but no array", n_changes);
+        }
+        if (n_changes) { // only then: a result without changes reads as before for peers that predate the field
+            json_t *all = json_array();
+            const ZmsgVersionChange *c = m->version_changes;
+            for (int i = 0; i < n; i++) {
+                json_t *one = json_array();
+                for (int k = 0; k < m->n_version_changes[i]; k++, c++)
+                    json_array_append_new(one, json_pack("[iI]", (int)c->token, (json_int_t)c->version));
+                json_array_append_new(all, one);
+            }
+            json_object_set_new(h, "policy_version_changes", all);
+        }
         if (total && (!m->tokens || !m->logprobs)) {
             json_decref(h);
             return err_fail(err, err_len, "zmsg_build: result has %zu tokens but no token / logprob array", total);
@@ -667,9 +750,16 @@ int zmsg_build(const ZmsgMsg *m, ZmsgOut *out, char *err, size_t err_len) {
         break;
     case ZMSG_WEIGHTS_END:
         set_i(h, "version", m->version);
-        if (req) break;
+        if (req) {
+            if (m->has_update_mode) json_object_set_new(h, "mode", json_string(zmsg_update_mode_name(m->update_mode)));
+            break;
+        }
         set_r(h, "seconds", m->seconds);
         set_r(h, "commit_seconds", m->commit_seconds);
+        if (m->has_update_report) {
+            set_i(h, "sequences_kept", m->sequences_kept);
+            set_i(h, "sequences_requeued", m->sequences_requeued);
+        }
         break;
     case ZMSG_ERROR:
         json_object_set_new(h, "code", utf8_or(m->code, "error"));
