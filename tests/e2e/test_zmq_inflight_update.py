@@ -1,0 +1,119 @@
+"""Weight updates that land while a tandem-serve is generating (issue 24, in-flight updates), over the ZeroMQ control
+channel with a real server process and transformers as the reference (docs/protocol-zmq.md, "Updates while
+generating").
+
+Proves: with weights_end "mode": "keep", every completion in flight finishes with all its tokens; its result records
+one version change (policy_version_changes) inside it; the tokens before it are the old model's greedy tokens and
+the ones after it the new model's greedy continuation of the prompt plus that prefix, each logprob that of its own
+version's model; the reply counts the completions carried across. With "mode": "abort" they start over: the
+results are exactly a fresh generation under the new weights, one version, no change list. /metrics counts both.
+"""
+
+import numpy as np
+import pytest
+
+from server_fixtures import metric, metrics
+from test_zmq_control import Client, hf_greedy, hf_logprobs, models, pack_units, start_server  # noqa: F401 (fixture)
+
+PROMPTS = [[1, 17, 250, 3, 99, 42, 7], [1, 5], [1, 200, 201, 202, 203, 204, 205, 206]]
+K = 150   # tokens per completion: the update lands long before the end
+
+def send_update(c, units, version, layout_hash, mode, first_id):
+    """weights_begin, every unit as two f32 slices, weights_end with `mode`; returns the weights_end reply."""
+    rep, _ = c.ask({"type": "weights_begin", "id": first_id, "version": version, "transport": "zmq",
+                    "layout_hash": layout_hash})
+    assert rep["type"] == "weights_begin", rep
+    for u, flat in enumerate(units):
+        half = flat.size // 2
+        for off, cnt in ((0, half), (half, flat.size - half)):
+            c.send(dict(type="weights_slice", id=first_id + 1, unit=u, offset=off, count=cnt, dtype="f32"),
+                   flat[off:off + cnt].tobytes())
+    rep, _ = c.ask({"type": "weights_end", "id": first_id + 2, "version": version, "mode": mode}, timeout=120)
+    return rep
+
+def start_generating(c, gid):
+    """Queues one greedy generate of PROMPTS while paused, then lets the engine run until every completion has
+    sampled at least one token, and pauses it again (so that the update lands inside every completion)."""
+    assert c.ask({"type": "pause", "id": gid - 3})[0]["type"] == "pause"
+    c.send(dict(type="generate", id=gid, n_prompts=len(PROMPTS), max_tokens=K, temperature=0, ignore_eos=True),
+           *[np.asarray(p, np.int32).tobytes() for p in PROMPTS])
+    for _ in range(200):
+        c.ask({"type": "resume", "id": gid - 2})
+        c.ask({"type": "pause", "id": gid - 1})
+        st, _ = c.ask({"type": "stats", "id": gid - 1})
+        if st["generation_tokens_total"] >= len(PROMPTS):   # the first step samples every prompt's first token
+            assert st["generation_tokens_total"] < len(PROMPTS) * (K - 1), "the generation ended before the update"
+            return
+    pytest.fail("the engine never ran a step")
+
+def results(c, gid):
+    out = {}
+    while len(out) < len(PROMPTS):
+        h, frames = c.recv(120)
+        assert h["type"] == "result" and h["id"] == gid, h
+        assert len(frames) == 2
+        out[h["prompt_index"]] = (h, list(map(int, np.frombuffer(frames[0], np.int32))),
+                                  np.frombuffer(frames[1], np.float32))
+    return out
+
+@pytest.fixture
+def served(models):
+    srv, endpoint = start_server(models["base"]["dir"])
+    c = Client(endpoint)
+    try:
+        yield srv, c
+    finally:
+        c.close()
+        srv.stop()
+
+def test_keep_carries_every_sequence_across_the_update(served, models):
+    srv, c = served
+    lh = c.ask({"type": "hello", "id": 1})[0]["layout_hash"]
+    old, new = models["base"]["model"], models["upd_a"]["model"]
+    start_generating(c, 10)
+    rep = send_update(c, pack_units(models["upd_a"]["state"], models["base"]["cfg"]), 1, lh, "keep", 100)
+    assert rep["type"] == "weights_end" and rep["version"] == 1, rep
+    assert rep["sequences_kept"] == len(PROMPTS) and rep["sequences_requeued"] == 0, rep
+    assert c.ask({"type": "resume", "id": 11})[0]["type"] == "resume"
+    for i, (h, toks, lps) in results(c, 10).items():
+        p = PROMPTS[i]
+        assert h["finish_reasons"] == ["length"] and len(toks) == K, h
+        assert h["policy_versions"] == [0] and h["policy_versions_end"] == [1], h
+        changes = h["policy_version_changes"]
+        assert len(changes) == 1 and len(changes[0]) == 1 and changes[0][0][1] == 1, h
+        m = changes[0][0][0]
+        assert 0 < m < K, h
+        assert toks[:m] == hf_greedy(old, p, m)[0], f"prompt {i}: tokens before the update are not the old model's"
+        assert toks[m:] == hf_greedy(new, p + toks[:m], K - m)[0], \
+            f"prompt {i}: tokens after the update (from {m}) are not the new model's continuation of the prefix"
+        np.testing.assert_allclose(lps[:m], hf_logprobs(old, p, toks[:m], 1.0), atol=2e-4, rtol=0)
+        np.testing.assert_allclose(lps[m:], hf_logprobs(new, p + toks[:m], toks[m:], 1.0), atol=2e-4, rtol=0)
+    values = metrics(srv.url)
+    assert metric(values, "tandem_weight_updates_total") == 1
+    assert metric(values, "tandem_weight_update_sequences_kept_total") == len(PROMPTS)
+    assert metric(values, "tandem_weight_update_pause_seconds_count") == 1
+
+def test_abort_restarts_every_sequence_under_the_new_weights(served, models):
+    srv, c = served
+    lh = c.ask({"type": "hello", "id": 1})[0]["layout_hash"]
+    new = models["upd_b"]["model"]
+    start_generating(c, 20)
+    rep = send_update(c, pack_units(models["upd_b"]["state"], models["base"]["cfg"]), 2, lh, "abort", 200)
+    assert rep["type"] == "weights_end" and rep["version"] == 2, rep
+    assert rep["sequences_requeued"] == len(PROMPTS) and rep["sequences_kept"] == 0, rep
+    assert c.ask({"type": "resume", "id": 21})[0]["type"] == "resume"
+    for i, (h, toks, lps) in results(c, 20).items():
+        assert h["finish_reasons"] == ["length"] and "policy_version_changes" not in h, h
+        assert h["policy_versions"] == [2] and h["policy_versions_end"] == [2], h
+        ref_t, ref_lp = hf_greedy(new, PROMPTS[i], K)
+        assert toks == ref_t, f"prompt {i}: not a fresh generation under the new weights"
+        np.testing.assert_allclose(lps, ref_lp, atol=2e-4, rtol=0)
+    values = metrics(srv.url)
+    assert metric(values, "tandem_weight_update_sequences_requeued_total") == len(PROMPTS)
+    assert metric(values, "tandem_weight_update_sequences_kept_total") == 0
+
+def test_a_bad_mode_is_refused_and_changes_nothing(served, models):
+    _, c = served
+    rep, _ = c.ask({"type": "weights_end", "id": 5, "version": 1, "mode": "drain"})
+    assert rep["type"] == "error" and rep["code"] == "bad_message" and '"keep" or "abort"' in rep["message"], rep
+    assert c.ask({"type": "hello", "id": 6})[0]["policy_version"] == 0
