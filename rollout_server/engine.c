@@ -375,7 +375,6 @@ static void requeue_in_flight(Engine *e, EngineUpdateMode mode, EngineCommitRepo
 // the sequences in flight as `mode` says and resets the prefix cache (its blocks hold K/V of the old weights).
 // Not under mu.
 static void apply_commit(Engine *e, int64_t version, int device, EngineUpdateMode mode) {
-    const double t0 = now_seconds();
     char msg[512] = "";
     int rc = device ? runner_swap_device_weights(e->runner, msg, sizeof msg)
                     : runner_upload_weights(e->runner, e->commit_units, msg, sizeof msg);
@@ -393,7 +392,6 @@ static void apply_commit(Engine *e, int64_t version, int device, EngineUpdateMod
     } else {
         rc = ENGINE_EINTERNAL;
     }
-    rep.seconds = now_seconds() - t0;
     pthread_mutex_lock(&e->mu);
     if (rc == 0) e->version = version;
     e->commit_rc = rc;

@@ -105,7 +105,6 @@ int engine_update_mode_parse(const char *s, EngineUpdateMode *m); // 0, or -1 fo
 typedef struct {
     int64_t sequences_kept;      // carried across with their tokens
     int64_t sequences_requeued;  // started again from their prompt (mode abort)
-    double seconds;              // the engine thread's stop for the commit: swap, re-queue, prefix-cache reset
 } EngineCommitReport;
 
 typedef struct {

@@ -233,11 +233,10 @@ static void commit_failed(EngineGroup *g, int k, int64_t version, const char *ms
 
 float *engine_group_weights_staging(EngineGroup *g, int unit) { return engine_weights_staging(g->engines[0], unit); }
 
-// Adds engine k's commit report to the group's: counts summed, seconds the longest.
+// Adds engine k's commit report to the group's.
 static void add_report(EngineCommitReport *total, const EngineCommitReport *k) {
     total->sequences_kept += k->sequences_kept;
     total->sequences_requeued += k->sequences_requeued;
-    if (k->seconds > total->seconds) total->seconds = k->seconds;
 }
 
 int engine_group_commit_weights(EngineGroup *g, int64_t version, EngineUpdateMode mode, EngineCommitReport *rep,

@@ -69,8 +69,7 @@ void engine_group_reset_prefix_cache(EngineGroup *g);
 // Transport zmq: the host staging that a weight update is received into (engine 0's, see
 // engine_weights_staging), and the commit of that update to every engine. Returns 0 or a negative engine code
 // with a message naming the engine.
-// `mode` and *rep (may be NULL) as for engine_commit_weights; *rep sums the engines' counts and gives the longest
-// engine stop.
+// `mode` and *rep (may be NULL) as for engine_commit_weights; *rep sums the engines' counts.
 float *engine_group_weights_staging(EngineGroup *g, int unit);
 int engine_group_commit_weights(EngineGroup *g, int64_t version, EngineUpdateMode mode, EngineCommitReport *rep,
                                 char *err, size_t err_len);

@@ -24,11 +24,12 @@
 #define V 64
 #define EOS 63
 #define NEW_VERSION 7
-#define MAX_NEW 100   // tokens per completion: long enough that the update lands inside every completion
+#define MAX_NEW 400   // tokens per completion: long enough that an update posted while the engine runs lands
+                      // inside every completion
 static const char *VOCAB_CHARS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789 .";
 static const char *CONFIG =
     "{\"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 64, \"hidden_size\": 32, \"intermediate_size\": 48,"
-    " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"max_position_embeddings\": 160,"
+    " \"num_hidden_layers\": 2, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"max_position_embeddings\": 512,"
     " \"rms_norm_eps\": 1e-6, \"tie_word_embeddings\": false, \"eos_token_id\": 63, \"bos_token_id\": 0}";
 
 static char model_dir[256];
@@ -72,8 +73,8 @@ static void ref_greedy(Ref *r, const int32_t *prompt, int n, int max_new, int32_
 static void ref_logprobs(Ref *r, const int32_t *prompt, int n_prompt, const int32_t *gen, int n_gen, float *out) {
     char err[512];
     const int N = n_prompt + n_gen;
-    int32_t tok[256], tgt[256], cu[2] = {0, N};
-    float lp[256];
+    int32_t tok[512], tgt[512], cu[2] = {0, N};
+    float lp[512];
     memcpy(tok, prompt, n_prompt * 4);
     memcpy(tok + n_prompt, gen, n_gen * 4);
     for (int i = 0; i < N; i++) tgt[i] = (i >= n_prompt - 1 && i < N - 1) ? tok[i + 1] : -1;
@@ -93,7 +94,7 @@ static Engine *make_engine(void) {
     engine_config_default(&c);
     c.model_dir = model_dir;
     c.block_size = 4;
-    c.kv_cache_bytes = (size_t)256 * 2 * 2 * 4 * 2 * 8 * 4; // 256 blocks: 2 (K,V) x 2 layers x bs x Hkv 2 x D 8 x fp32
+    c.kv_cache_bytes = (size_t)2048 * 2 * 2 * 4 * 2 * 8 * 4; // 2048 blocks: 2 (K,V) x 2 layers x bs x Hkv 2 x D 8 x fp32
     c.max_num_seqs = 8;
     c.max_num_batched_tokens = 64;
     c.enable_prefix_caching = 1;
@@ -206,7 +207,7 @@ static void random_prompt(int32_t *t, int n, unsigned seed) {
 // continuation of prompt + that prefix; each logprob is that of its version's weights on the whole prefix.
 static void check_kept_greedy(const char *name, const Comp *c, int m, const int32_t *prompt, int n_prompt, Ref *old,
                               Ref *nw) {
-    int32_t want_old[MAX_NEW], ctx[256], want_new[MAX_NEW];
+    int32_t want_old[MAX_NEW], ctx[512], want_new[MAX_NEW];
     ref_greedy(old, prompt, n_prompt, m, want_old);
     CHECK(memcmp(c->tok, want_old, (size_t)m * 4) == 0, "%s: the %d tokens before the update are not the old "
           "weights' greedy tokens", name, m);
@@ -319,12 +320,12 @@ static void test_abort(Ref *old, Ref *nw) {
     greedy_params(&g);
     sampled_params(&s, 2, 1234);
     Comp a[1] = {0}, b[1] = {0}, c[2] = {0};
+    stage_weights(e, nw);
     engine_pause(e);
     EngineRequest *ra = submit(e, pa, 12, &g, 1), *rb = submit(e, pb, 9, &g, 0), *rc = submit(e, pc, 14, &s, 1);
     engine_resume(e);
     wait_tokens(ra, a, 4);
     // The update lands while the engine runs (no pause): between two of its steps.
-    stage_weights(e, nw);
     EngineCommitReport rep;
     char err[256];
     CHECK(engine_commit_weights(e, NEW_VERSION, ENGINE_UPDATE_ABORT, &rep, err, sizeof err) == 0, "commit: %s", err);
