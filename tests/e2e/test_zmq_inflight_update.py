@@ -7,16 +7,23 @@ one version change (policy_version_changes) inside it; the tokens before it are 
 the ones after it the new model's greedy continuation of the prompt plus that prefix, each logprob that of its own
 version's model; the reply counts the completions carried across. With "mode": "abort" they start over: the
 results are exactly a fresh generation under the new weights, one version, no change list. /metrics counts both.
+Over HTTP in mode abort, a non-streamed TRL /generate/ request starts over too (its answer: the new model's tokens,
+return_policy_versions all new), while a stream, which cannot take back what it sent, is kept.
 """
+import json
+import time
+import urllib.request
+from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 
-from server_fixtures import metric, metrics
+from server_fixtures import http_json, metric, metrics
 from test_zmq_control import Client, hf_greedy, hf_logprobs, models, pack_units, start_server  # noqa: F401 (fixture)
 
 PROMPTS = [[1, 17, 250, 3, 99, 42, 7], [1, 5], [1, 200, 201, 202, 203, 204, 205, 206]]
 K = 150   # tokens per completion: the update lands long before the end
+
 
 def send_update(c, units, version, layout_hash, mode, first_id):
     """weights_begin, every unit as two f32 slices, weights_end with `mode`; returns the weights_end reply."""
@@ -31,20 +38,27 @@ def send_update(c, units, version, layout_hash, mode, first_id):
     rep, _ = c.ask({"type": "weights_end", "id": first_id + 2, "version": version, "mode": mode}, timeout=120)
     return rep
 
-def start_generating(c, gid):
-    """Queues one greedy generate of PROMPTS while paused, then lets the engine run until every completion has
-    sampled at least one token, and pauses it again (so that the update lands inside every completion)."""
-    assert c.ask({"type": "pause", "id": gid - 3})[0]["type"] == "pause"
-    c.send(dict(type="generate", id=gid, n_prompts=len(PROMPTS), max_tokens=K, temperature=0, ignore_eos=True),
-           *[np.asarray(p, np.int32).tobytes() for p in PROMPTS])
+
+def step_paused_engine(c, gid, n_sequences):
+    """Lets a paused engine run until each of its n_sequences has sampled at least one token (the first step
+    samples every prompt's first token), and pauses it again, so that an update lands inside every completion."""
     for _ in range(200):
         c.ask({"type": "resume", "id": gid - 2})
         c.ask({"type": "pause", "id": gid - 1})
         st, _ = c.ask({"type": "stats", "id": gid - 1})
-        if st["generation_tokens_total"] >= len(PROMPTS):   # the first step samples every prompt's first token
-            assert st["generation_tokens_total"] < len(PROMPTS) * (K - 1), "the generation ended before the update"
+        if st["generation_tokens_total"] >= n_sequences:
+            assert st["generation_tokens_total"] < n_sequences * (K - 1), "the generation ended before the update"
             return
     pytest.fail("the engine never ran a step")
+
+
+def start_generating(c, gid):
+    """Queues one greedy generate of PROMPTS while paused, then runs the engine a little (step_paused_engine)."""
+    assert c.ask({"type": "pause", "id": gid - 3})[0]["type"] == "pause"
+    c.send(dict(type="generate", id=gid, n_prompts=len(PROMPTS), max_tokens=K, temperature=0, ignore_eos=True),
+           *[np.asarray(p, np.int32).tobytes() for p in PROMPTS])
+    step_paused_engine(c, gid, len(PROMPTS))
+
 
 def results(c, gid):
     out = {}
@@ -56,6 +70,7 @@ def results(c, gid):
                                   np.frombuffer(frames[1], np.float32))
     return out
 
+
 @pytest.fixture
 def served(models):
     srv, endpoint = start_server(models["base"]["dir"])
@@ -65,6 +80,7 @@ def served(models):
     finally:
         c.close()
         srv.stop()
+
 
 def test_keep_carries_every_sequence_across_the_update(served, models):
     srv, c = served
@@ -93,6 +109,7 @@ def test_keep_carries_every_sequence_across_the_update(served, models):
     assert metric(values, "tandem_weight_update_sequences_kept_total") == len(PROMPTS)
     assert metric(values, "tandem_weight_update_pause_seconds_count") == 1
 
+
 def test_abort_restarts_every_sequence_under_the_new_weights(served, models):
     srv, c = served
     lh = c.ask({"type": "hello", "id": 1})[0]["layout_hash"]
@@ -112,8 +129,60 @@ def test_abort_restarts_every_sequence_under_the_new_weights(served, models):
     assert metric(values, "tandem_weight_update_sequences_requeued_total") == len(PROMPTS)
     assert metric(values, "tandem_weight_update_sequences_kept_total") == 0
 
+
 def test_a_bad_mode_is_refused_and_changes_nothing(served, models):
     _, c = served
     rep, _ = c.ask({"type": "weights_end", "id": 5, "version": 1, "mode": "drain"})
     assert rep["type"] == "error" and rep["code"] == "bad_message" and '"keep" or "abort"' in rep["message"], rep
     assert c.ask({"type": "hello", "id": 6})[0]["policy_version"] == 0
+
+
+def stream_token_ids(url, body):
+    """A streamed /v1/completions: every token id its chunks carried, in order."""
+    req = urllib.request.Request(url + "/v1/completions", data=json.dumps(body).encode(),
+                                 headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=120) as r:
+        raw = r.read().decode()
+    ids = []
+    for ev in raw.split("\n\n"):
+        if ev.startswith("data: {"):
+            for ch in json.loads(ev[6:])["choices"]:
+                ids += ch.get("token_ids") or []
+    return ids
+
+
+def test_http_requests_across_an_abort_update(served, models):
+    srv, c = served
+    lh = c.ask({"type": "hello", "id": 1})[0]["layout_hash"]
+    old, new = models["base"]["model"], models["upd_a"]["model"]
+    trl_body = {"prompts": [PROMPTS[0]], "n": 1, "temperature": 0, "max_tokens": K, "logprobs": 0,
+                "return_policy_versions": True, "generation_kwargs": {"ignore_eos": True}}
+    stream_body = {"prompt": PROMPTS[2], "max_tokens": K, "temperature": 0, "ignore_eos": True, "stream": True,
+                   "return_token_ids": True}
+    assert c.ask({"type": "pause", "id": 2})[0]["type"] == "pause"
+    with ThreadPoolExecutor(2) as pool:
+        trl = pool.submit(http_json, "POST", srv.url + "/generate/", trl_body, None, 120)
+        stream = pool.submit(stream_token_ids, srv.url, stream_body)
+        deadline = time.time() + 60
+        while c.ask({"type": "stats", "id": 3})[0]["requests_waiting"] < 2:   # both reached the paused engine
+            assert time.time() < deadline, "the HTTP requests never reached the engine"
+            time.sleep(0.01)
+        step_paused_engine(c, 10, 2)
+        rep = send_update(c, pack_units(models["upd_a"]["state"], models["base"]["cfg"]), 1, lh, "abort", 100)
+        assert rep["type"] == "weights_end" and rep["sequences_requeued"] == 1 and rep["sequences_kept"] == 1, rep
+        assert c.ask({"type": "resume", "id": 11})[0]["type"] == "resume"
+        status, out, _ = trl.result(timeout=120)
+        toks = stream.result(timeout=120)
+    # Not streamed: started over, the new model's greedy tokens, each of version 1.
+    assert status == 200, out
+    assert out["completion_ids"] == [hf_greedy(new, PROMPTS[0], K)[0]] and out["policy_versions"] == [[1] * K], out
+    np.testing.assert_allclose(np.array(out["logprobs"])[0, :, 0], hf_greedy(new, PROMPTS[0], K)[1], atol=2e-4, rtol=0)
+    # Streamed: kept. Its tokens follow the old model up to some m >= 1, then the new one's continuation of that
+    # prefix (m0, the longest prefix the old model shares, is such an m: from the update on, the tokens are the new
+    # model's greedy continuation, so they stay that from any later point too).
+    p = PROMPTS[2]
+    assert len(toks) == K
+    ref_old = hf_greedy(old, p, K)[0]
+    m0 = next((i for i in range(K) if toks[i] != ref_old[i]), K)
+    assert 1 <= m0 < K, f"the stream took {m0} tokens from the old model"
+    assert toks[m0:] == hf_greedy(new, p + toks[:m0], K - m0)[0]
