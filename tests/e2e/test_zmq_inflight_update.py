@@ -39,31 +39,60 @@ def send_update(c, units, version, layout_hash, mode, first_id):
     return rep
 
 
-def step_paused_engine(c, gid, n_sequences):
-    """Lets a paused engine run until each of its n_sequences has sampled at least one token (the first step
-    samples every prompt's first token), and pauses it again, so that an update lands inside every completion."""
-    for _ in range(200):
-        c.ask({"type": "resume", "id": gid - 2})
-        c.ask({"type": "pause", "id": gid - 1})
-        st, _ = c.ask({"type": "stats", "id": gid - 1})
-        if st["generation_tokens_total"] >= n_sequences:
-            assert st["generation_tokens_total"] < n_sequences * (K - 1), "the generation ended before the update"
-            return
+def reply(c, stash):
+    """The next message that is not a generate result (results that come meanwhile go to stash)."""
+    while True:
+        h, frames = c.recv(60)
+        if h["type"] != "result":
+            return h
+        stash.append((h, frames))
+
+
+def ask(c, header, stash):
+    c.send(header)
+    return reply(c, stash)
+
+
+def run_a_little(c, n_requests, stash):
+    """Lets a paused engine, whose queue holds n_requests requests of one completion each, run until each has
+    sampled a token (its first step admits them all and samples every first token), and pauses it again: then an
+    update lands inside every completion. The tiny model runs a step in microseconds, so resume and pause go out
+    together and the server's socket thread handles them back to back: the engine runs a few steps in between, often
+    none (then again). Returns False when a request finished first (the machine stalled the socket thread long
+    enough): the caller lets the engine finish and starts over."""
+    tokens_before = ask(c, {"type": "stats", "id": 90}, stash)["generation_tokens_total"]
+    for _ in range(2000):
+        c.send({"type": "resume", "id": 91})
+        c.send({"type": "pause", "id": 92})
+        assert reply(c, stash)["type"] == "resume" and reply(c, stash)["type"] == "pause"
+        st = ask(c, {"type": "stats", "id": 93}, stash)
+        made = st["generation_tokens_total"] - tokens_before
+        if made > 0 and st["requests_running"] < n_requests:
+            return False
+        if made >= n_requests:
+            return True
     pytest.fail("the engine never ran a step")
 
 
-def start_generating(c, gid):
-    """Queues one greedy generate of PROMPTS while paused, then runs the engine a little (step_paused_engine)."""
-    assert c.ask({"type": "pause", "id": gid - 3})[0]["type"] == "pause"
-    c.send(dict(type="generate", id=gid, n_prompts=len(PROMPTS), max_tokens=K, temperature=0, ignore_eos=True),
-           *[np.asarray(p, np.int32).tobytes() for p in PROMPTS])
-    step_paused_engine(c, gid, len(PROMPTS))
+def start_generating(c, gid, stash):
+    """Queues one greedy generate of PROMPTS while paused and runs the engine a little (run_a_little), starting over
+    with id gid + 1, ... while the generation ends first. Returns the id of the generate the update will land in."""
+    for attempt in range(20):
+        assert ask(c, {"type": "pause", "id": 94}, stash)["type"] == "pause"
+        c.send(dict(type="generate", id=gid + attempt, n_prompts=len(PROMPTS), max_tokens=K, temperature=0,
+                    ignore_eos=True), *[np.asarray(p, np.int32).tobytes() for p in PROMPTS])
+        if run_a_little(c, len(PROMPTS), stash):
+            return gid + attempt
+        assert ask(c, {"type": "resume", "id": 95}, stash)["type"] == "resume"
+        results(c, gid + attempt, stash)
+    pytest.fail("every generation ended before the engine could be paused inside it")
 
 
-def results(c, gid):
+def results(c, gid, stash):
+    """The results of generate gid by prompt index: (header, tokens, logprobs); stashed ones first."""
     out = {}
     while len(out) < len(PROMPTS):
-        h, frames = c.recv(120)
+        h, frames = stash.pop(0) if stash else c.recv(120)
         assert h["type"] == "result" and h["id"] == gid, h
         assert len(frames) == 2
         out[h["prompt_index"]] = (h, list(map(int, np.frombuffer(frames[0], np.int32))),
@@ -86,12 +115,13 @@ def test_keep_carries_every_sequence_across_the_update(served, models):
     srv, c = served
     lh = c.ask({"type": "hello", "id": 1})[0]["layout_hash"]
     old, new = models["base"]["model"], models["upd_a"]["model"]
-    start_generating(c, 10)
+    stash = []
+    gid = start_generating(c, 10, stash)
     rep = send_update(c, pack_units(models["upd_a"]["state"], models["base"]["cfg"]), 1, lh, "keep", 100)
     assert rep["type"] == "weights_end" and rep["version"] == 1, rep
     assert rep["sequences_kept"] == len(PROMPTS) and rep["sequences_requeued"] == 0, rep
     assert c.ask({"type": "resume", "id": 11})[0]["type"] == "resume"
-    for i, (h, toks, lps) in results(c, 10).items():
+    for i, (h, toks, lps) in results(c, gid, stash).items():
         p = PROMPTS[i]
         assert h["finish_reasons"] == ["length"] and len(toks) == K, h
         assert h["policy_versions"] == [0] and h["policy_versions_end"] == [1], h
@@ -114,12 +144,13 @@ def test_abort_restarts_every_sequence_under_the_new_weights(served, models):
     srv, c = served
     lh = c.ask({"type": "hello", "id": 1})[0]["layout_hash"]
     new = models["upd_b"]["model"]
-    start_generating(c, 20)
+    stash = []
+    gid = start_generating(c, 20, stash)
     rep = send_update(c, pack_units(models["upd_b"]["state"], models["base"]["cfg"]), 2, lh, "abort", 200)
     assert rep["type"] == "weights_end" and rep["version"] == 2, rep
     assert rep["sequences_requeued"] == len(PROMPTS) and rep["sequences_kept"] == 0, rep
     assert c.ask({"type": "resume", "id": 21})[0]["type"] == "resume"
-    for i, (h, toks, lps) in results(c, 20).items():
+    for i, (h, toks, lps) in results(c, gid, stash).items():
         assert h["finish_reasons"] == ["length"] and "policy_version_changes" not in h, h
         assert h["policy_versions"] == [2] and h["policy_versions_end"] == [2], h
         ref_t, ref_lp = hf_greedy(new, PROMPTS[i], K)
@@ -159,15 +190,23 @@ def test_http_requests_across_an_abort_update(served, models):
                 "return_policy_versions": True, "generation_kwargs": {"ignore_eos": True}}
     stream_body = {"prompt": PROMPTS[2], "max_tokens": K, "temperature": 0, "ignore_eos": True, "stream": True,
                    "return_token_ids": True}
-    assert c.ask({"type": "pause", "id": 2})[0]["type"] == "pause"
+    stash = []
     with ThreadPoolExecutor(2) as pool:
-        trl = pool.submit(http_json, "POST", srv.url + "/generate/", trl_body, None, 120)
-        stream = pool.submit(stream_token_ids, srv.url, stream_body)
-        deadline = time.time() + 60
-        while c.ask({"type": "stats", "id": 3})[0]["requests_waiting"] < 2:   # both reached the paused engine
-            assert time.time() < deadline, "the HTTP requests never reached the engine"
-            time.sleep(0.01)
-        step_paused_engine(c, 10, 2)
+        for _ in range(20):   # until the engine could be paused inside both requests (run_a_little)
+            assert ask(c, {"type": "pause", "id": 2}, stash)["type"] == "pause"
+            trl = pool.submit(http_json, "POST", srv.url + "/generate/", trl_body, None, 120)
+            stream = pool.submit(stream_token_ids, srv.url, stream_body)
+            deadline = time.time() + 60
+            while ask(c, {"type": "stats", "id": 3}, stash)["requests_waiting"] < 2:   # both reached the engine
+                assert time.time() < deadline, "the HTTP requests never reached the engine"
+                time.sleep(0.01)
+            if run_a_little(c, 2, stash):
+                break
+            assert ask(c, {"type": "resume", "id": 4}, stash)["type"] == "resume"
+            trl.result(timeout=120)
+            stream.result(timeout=120)
+        else:
+            pytest.fail("every pair of requests ended before the engine could be paused inside them")
         rep = send_update(c, pack_units(models["upd_a"]["state"], models["base"]["cfg"]), 1, lh, "abort", 100)
         assert rep["type"] == "weights_end" and rep["sequences_requeued"] == 1 and rep["sequences_kept"] == 1, rep
         assert c.ask({"type": "resume", "id": 11})[0]["type"] == "resume"
