@@ -51,13 +51,21 @@ const char *finish_reason_name(FinishReason r) {
     }
 }
 
-const char *engine_update_mode_name(EngineUpdateMode m) { return m == ENGINE_UPDATE_ABORT ? "abort" : "keep"; }
+static const char *const UPDATE_MODE_NAMES[] = {[ENGINE_UPDATE_KEEP] = "keep", [ENGINE_UPDATE_ABORT] = "abort",
+                                                [ENGINE_UPDATE_KEEP_KV] = "keep_kv"};
+#define N_UPDATE_MODES ((int)(sizeof UPDATE_MODE_NAMES / sizeof UPDATE_MODE_NAMES[0]))
+
+const char *engine_update_mode_name(EngineUpdateMode m) {
+    return (int)m >= 0 && (int)m < N_UPDATE_MODES ? UPDATE_MODE_NAMES[m] : "?";
+}
 
 int engine_update_mode_parse(const char *s, EngineUpdateMode *m) {
-    if (s && !strcmp(s, "keep")) *m = ENGINE_UPDATE_KEEP;
-    else if (s && !strcmp(s, "abort")) *m = ENGINE_UPDATE_ABORT;
-    else return -1;
-    return 0;
+    for (int i = 0; s && i < N_UPDATE_MODES; i++)
+        if (!strcmp(s, UPDATE_MODE_NAMES[i])) {
+            *m = (EngineUpdateMode)i;
+            return 0;
+        }
+    return -1;
 }
 
 const Model *engine_model(const Engine *e) { return e->m; }
@@ -346,11 +354,13 @@ static int restart_completion(EngSeq *q) {
     return 0;
 }
 
-// After the weights changed: no K/V computed under the old ones is used again. Every admitted request's unfinished
-// completions give their blocks back and go to the front of the queue (sched_requeue_all), to recompute under the
-// new weights what they hold: with ENGINE_UPDATE_KEEP their prompt and generated tokens, so that their next token
-// is what the new weights sample after that prefix; with ENGINE_UPDATE_ABORT, for requests that take restarts, the
-// prompt alone. A request still computing its prompt holds no output: it restarts its prompt either way.
+// After the weights changed. With ENGINE_UPDATE_KEEP_KV the sequences in flight go on as they are (their tables
+// predate the prefix-cache reset, so their blocks are never registered). Otherwise no K/V computed under the old
+// weights is used again: every admitted request's unfinished completions give their blocks back and go to the
+// front of the queue (sched_requeue_all), to recompute under the new weights what they hold: with
+// ENGINE_UPDATE_KEEP their prompt and generated tokens, so that their next token is what the new weights sample
+// after that prefix; with ENGINE_UPDATE_ABORT, for requests that take restarts, the prompt alone. A request still
+// computing its prompt holds no output: it restarts its prompt either way.
 static void requeue_in_flight(Engine *e, EngineUpdateMode mode, EngineCommitReport *rep) {
     const SeqList *lists[2] = {&e->sched.running, &e->sched.waiting};
     for (int l = 0; l < 2; l++)
@@ -368,7 +378,7 @@ static void requeue_in_flight(Engine *e, EngineUpdateMode mode, EngineCommitRepo
             else
                 rep->sequences_kept++;
         }
-    sched_requeue_all(&e->sched);
+    if (mode != ENGINE_UPDATE_KEEP_KV) sched_requeue_all(&e->sched);
 }
 
 // Swaps the runner's device staging in (device) or uploads the host staging units the commit took, then re-queues

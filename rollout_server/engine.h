@@ -86,8 +86,9 @@ typedef struct {
 } EngineEvent;
 
 // What a weight commit does with the sequences in flight (tandem-serve --weight-update-mode; weights_end "mode").
-// Either way no K/V computed under the old weights is used again: every admitted sequence gives its KV blocks back
-// and recomputes under the new weights what it keeps, and the prefix cache is emptied.
+// Every mode empties the prefix cache, so no later request matches K/V of the old weights. In modes keep and abort
+// the sequences in flight do not use it again either: each admitted sequence gives its KV blocks back and
+// recomputes under the new weights what it keeps; mode keep_kv spares that recompute.
 typedef enum {
     ENGINE_UPDATE_KEEP = 0,  // completions keep their tokens: prompt and generated tokens are recomputed, and the
                              // remaining tokens are sampled by the new version (vLLM's pause mode "keep" with
@@ -96,10 +97,13 @@ typedef enum {
                              // generated tokens and start again from the prompt under the new weights, as a fresh
                              // request would (same seed stream); their next event says `restarted`. Completions of
                              // other requests (an HTTP stream cannot take back what it sent) are kept as above
+    ENGINE_UPDATE_KEEP_KV,   // completions keep their tokens and their K/V, computed under the old weights (vLLM's
+                             // pause "keep" without clear_cache; partial rollouts): no recompute, so no stall, but
+                             // the tokens after the update are sampled by the new weights attending to old K/V
 } EngineUpdateMode;
 
-const char *engine_update_mode_name(EngineUpdateMode m);        // "keep", "abort"
-int engine_update_mode_parse(const char *s, EngineUpdateMode *m); // 0, or -1 for anything but "keep" / "abort"
+const char *engine_update_mode_name(EngineUpdateMode m);        // "keep", "abort", "keep_kv"
+int engine_update_mode_parse(const char *s, EngineUpdateMode *m); // 0, or -1 for any other text
 
 // What one commit did to the sequences in flight (completions of admitted requests not finished at the commit).
 typedef struct {

@@ -142,11 +142,12 @@ static void serve_options(CliOption out[N_SERVE_OPTIONS], int prefix_default) {
         SECONDS("--weight-sync-timeout", sync_timeout, 1, 86400,
                 "a weight update over NCCL (joining the trainer's communicator, each receive) that stalls this long "
                 "fails; the server keeps its weights", NULL),
-        TEXT("--weight-update-mode", update_mode, "keep|abort",
+        TEXT("--weight-update-mode", update_mode, "keep|abort|keep_kv",
              "what a weight update (weights_end without \"mode\") does with the sequences in flight: keep (they go on, "
-             "their tokens recomputed under the new weights, the rest sampled by the new version) or abort (generate "
+             "their tokens recomputed under the new weights, the rest sampled by the new version), abort (generate "
              "prompts of the control channel and non-streamed HTTP requests start over from their prompt under the "
-             "new weights; streams are kept)", NULL),
+             "new weights; streams are kept) or keep_kv (they go on with the K/V the old weights computed: no "
+             "recompute)", NULL),
         SWITCH("--enable-prefix-caching", prefix_on, "reuse KV blocks of identical prompt prefixes across requests",
                prefix_default ? "on" : "off"),
         SWITCH("--no-prefix-caching", prefix_off, "do not reuse them", prefix_default ? "off" : "on"),
@@ -347,7 +348,7 @@ static int parse_options(int argc, char **argv, Options *o) {
     o->drain_timeout_s = a.drain_timeout;
     o->weight_sync_timeout_s = a.sync_timeout;
     if (engine_update_mode_parse(a.update_mode, &o->weight_update_mode) != 0)
-        return bad("weight-update-mode", a.update_mode, "expected keep or abort");
+        return bad("weight-update-mode", a.update_mode, "expected keep, abort or keep_kv");
     if (a.prefix_on && a.prefix_off) {
         fprintf(stderr, "tandem-serve: --enable-prefix-caching and --no-prefix-caching contradict each other: drop one "
                         "(see --help)\n");

@@ -11,7 +11,11 @@ static float *staging_of(void *user, int unit) { return engine_group_weights_sta
 // The mode weights_end asks for, else the server's --weight-update-mode.
 static EngineUpdateMode update_mode(const ZmqControl *z, const ZmsgMsg *q) {
     if (!q->has_update_mode) return z->update_mode;
-    return q->update_mode == ZMSG_UPDATE_ABORT ? ENGINE_UPDATE_ABORT : ENGINE_UPDATE_KEEP;
+    switch (q->update_mode) {
+    case ZMSG_UPDATE_ABORT: return ENGINE_UPDATE_ABORT;
+    case ZMSG_UPDATE_KEEP_KV: return ENGINE_UPDATE_KEEP_KV;
+    default: return ENGINE_UPDATE_KEEP;
+    }
 }
 
 // The weights_end reply. A request that named its mode also gets what the update did to the sequences in flight

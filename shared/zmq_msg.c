@@ -52,7 +52,10 @@ const char *zmsg_type_name(ZmsgType t) { return (t >= 0 && t < ZMSG_N_TYPES) ? T
 const char *zmsg_finish_name(ZmsgFinish f) { return (f >= 0 && f <= ZMSG_FINISH_ERROR) ? FINISH_NAMES[f] : "?"; }
 const char *zmsg_dtype_name(ZmsgDtype d) { return d == ZMSG_DTYPE_BF16 ? "bf16" : "f32"; }
 size_t zmsg_dtype_size(ZmsgDtype d) { return d == ZMSG_DTYPE_BF16 ? 2 : 4; }
-const char *zmsg_update_mode_name(ZmsgUpdateMode u) { return u == ZMSG_UPDATE_ABORT ? "abort" : "keep"; }
+static const char *const UPDATE_MODE_NAMES[] = {"keep", "abort", "keep_kv"};
+const char *zmsg_update_mode_name(ZmsgUpdateMode u) {
+    return (u >= ZMSG_UPDATE_KEEP && u <= ZMSG_UPDATE_KEEP_KV) ? UPDATE_MODE_NAMES[u] : "?";
+}
 
 void zmsg_sampling_default(ZmsgSampling *s) {
     memset(s, 0, sizeof *s);
@@ -444,10 +447,12 @@ static int parse_weights(const JsonAt *at, ZmsgMsg *m, const ZmsgFrame *f, int n
         if ((rc = json_get_string(at, "mode", JSON_GET_OPTIONAL, NULL, JSON_ANY_LENGTH, &s, NULL))) return rc;
         if (!s) return 0;
         m->has_update_mode = 1;
-        if (!strcmp(s, "keep")) m->update_mode = ZMSG_UPDATE_KEEP;
-        else if (!strcmp(s, "abort")) m->update_mode = ZMSG_UPDATE_ABORT;
-        else return json_get_fail(at, "mode", "must be \"keep\" or \"abort\", got \"%.32s\"", s);
-        return 0;
+        for (int k = ZMSG_UPDATE_KEEP; k <= ZMSG_UPDATE_KEEP_KV; k++)
+            if (!strcmp(s, UPDATE_MODE_NAMES[k])) {
+                m->update_mode = (ZmsgUpdateMode)k;
+                return 0;
+            }
+        return json_get_fail(at, "mode", "must be \"keep\", \"abort\" or \"keep_kv\", got \"%.32s\"", s);
     }
     if (m->type == ZMSG_WEIGHTS_END && m->dir == ZMSG_DIR_REPLY) {
         if ((rc = json_get_double(at, "seconds", JSON_GET_REQUIRED, 0, -DBL_MAX, DBL_MAX, &m->seconds)) ||

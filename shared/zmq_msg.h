@@ -47,8 +47,9 @@ typedef enum { ZMSG_DTYPE_F32 = 0, ZMSG_DTYPE_BF16 = 1 } ZmsgDtype;
 typedef enum { ZMSG_TRANSPORT_ZMQ = 0, ZMSG_TRANSPORT_NCCL = 1 } ZmsgTransport;
 #define ZMSG_NCCL_ID_BYTES 128   // = COMM_UNIQUE_ID_BYTES (ncclUniqueId)
 // What a weight update does with the server's sequences in flight (weights_end "mode"): "keep" (they go on under
-// the new weights) or "abort" (they start over from their prompt), docs/protocol-zmq.md.
-typedef enum { ZMSG_UPDATE_KEEP = 0, ZMSG_UPDATE_ABORT = 1 } ZmsgUpdateMode;
+// the new weights, their tokens recomputed), "abort" (they start over from their prompt) or "keep_kv" (they go on
+// with the K/V the old weights computed), docs/protocol-zmq.md.
+typedef enum { ZMSG_UPDATE_KEEP = 0, ZMSG_UPDATE_ABORT = 1, ZMSG_UPDATE_KEEP_KV = 2 } ZmsgUpdateMode;
 // A change of policy version inside a completion: its tokens from index `token` on were sampled by `version`.
 typedef struct {
     int32_t token;
@@ -174,7 +175,7 @@ const char *zmsg_type_name(ZmsgType t);         // "hello", "generate", ..., NUL
 const char *zmsg_finish_name(ZmsgFinish f);     // "length", "stop", "abort", "error"
 const char *zmsg_dtype_name(ZmsgDtype d);       // "f32", "bf16"
 size_t zmsg_dtype_size(ZmsgDtype d);            // 4, 2
-const char *zmsg_update_mode_name(ZmsgUpdateMode u); // "keep", "abort"
+const char *zmsg_update_mode_name(ZmsgUpdateMode u); // "keep", "abort", "keep_kv"
 
 // Fills the defaults above (type and id left to the caller).
 void zmsg_sampling_default(ZmsgSampling *s);

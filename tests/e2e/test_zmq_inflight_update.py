@@ -7,6 +7,8 @@ one version change (policy_version_changes) inside it; the tokens before it are 
 the ones after it the new model's greedy continuation of the prompt plus that prefix, each logprob that of its own
 version's model; the reply counts the completions carried across. With "mode": "abort" they start over: the
 results are exactly a fresh generation under the new weights, one version, no change list. /metrics counts both.
+With "mode": "keep_kv" the tokens after the change are the new model's greedy tokens attending to the K/V the old
+model computed (transformers with the old model's cache).
 Over HTTP in mode abort, a non-streamed TRL /generate/ request starts over too (its answer: the new model's tokens,
 return_policy_versions all new), while a stream, which cannot take back what it sent, is kept.
 """
@@ -17,6 +19,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
+import torch
 
 from server_fixtures import http_json, metric, metrics
 from test_zmq_control import Client, hf_greedy, hf_logprobs, models, pack_units, start_server  # noqa: F401 (fixture)
@@ -140,6 +143,41 @@ def test_keep_carries_every_sequence_across_the_update(served, models):
     assert metric(values, "tandem_weight_update_pause_seconds_count") == 1
 
 
+@torch.no_grad()
+def hf_greedy_on_old_kv(old, new, ids, m, k):
+    """What mode keep_kv computes: `old` has the K/V of ids[:-1] (the last sampled token is computed after the
+    update), `new` then decodes greedily from ids[-1] attending to them: k tokens and their log-softmax."""
+    pkv = old(torch.tensor([ids[:-1]]), use_cache=True).past_key_values
+    tok, toks, lps = ids[-1], [], []
+    for _ in range(k):
+        out = new(torch.tensor([[tok]]), past_key_values=pkv, use_cache=True)
+        pkv = out.past_key_values
+        logits = out.logits[0, -1]
+        tok = int(torch.argmax(logits))
+        toks.append(tok)
+        lps.append(float(torch.log_softmax(logits, -1)[tok]))
+    return toks, np.array(lps, np.float32)
+
+
+def test_keep_kv_goes_on_with_the_old_k_v(served, models):
+    srv, c = served
+    lh = c.ask({"type": "hello", "id": 1})[0]["layout_hash"]
+    old, new = models["base"]["model"], models["upd_a"]["model"]
+    stash = []
+    gid = start_generating(c, 30, stash)
+    rep = send_update(c, pack_units(models["upd_a"]["state"], models["base"]["cfg"]), 3, lh, "keep_kv", 300)
+    assert rep["type"] == "weights_end" and rep["sequences_kept"] == len(PROMPTS), rep
+    assert c.ask({"type": "resume", "id": 31})[0]["type"] == "resume"
+    for i, (h, toks, lps) in results(c, gid, stash).items():
+        p = PROMPTS[i]
+        assert h["policy_versions"] == [0] and h["policy_versions_end"] == [3] and len(toks) == K, h
+        m = h["policy_version_changes"][0][0][0]
+        assert toks[:m] == hf_greedy(old, p, m)[0], f"prompt {i}: tokens before the update are not the old model's"
+        ref_t, ref_lp = hf_greedy_on_old_kv(old, new, p + toks[:m], m, K - m)
+        assert toks[m:] == ref_t, f"prompt {i}: from {m} on, not the new model's greedy tokens over the old K/V"
+        np.testing.assert_allclose(lps[m:], ref_lp, atol=2e-4, rtol=0)
+
+
 def test_abort_restarts_every_sequence_under_the_new_weights(served, models):
     srv, c = served
     lh = c.ask({"type": "hello", "id": 1})[0]["layout_hash"]
@@ -164,7 +202,7 @@ def test_abort_restarts_every_sequence_under_the_new_weights(served, models):
 def test_a_bad_mode_is_refused_and_changes_nothing(served, models):
     _, c = served
     rep, _ = c.ask({"type": "weights_end", "id": 5, "version": 1, "mode": "drain"})
-    assert rep["type"] == "error" and rep["code"] == "bad_message" and '"keep" or "abort"' in rep["message"], rep
+    assert rep["type"] == "error" and rep["code"] == "bad_message" and '"keep", "abort" or "keep_kv"' in rep["message"], rep
     assert c.ask({"type": "hello", "id": 6})[0]["policy_version"] == 0
 
 

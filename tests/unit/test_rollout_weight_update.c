@@ -9,6 +9,8 @@
 //   - mode abort, the update landing while the engine runs: completions of requests that take restarts start over
 //     (one `restarted` event each) and end equal, tokens, logprobs and text, to a fresh run under the new weights;
 //     a request that does not take restarts (a stream) is kept, as in mode keep;
+//   - mode keep_kv: the completions keep their blocks and run no prefill after the update, still recording the
+//     change, and a request after it gets the new weights' output (no prefix hit);
 //   - the commit report, the stats counters and the pause histogram (a pause held across the commit is counted).
 #include <errno.h>
 #include <math.h>
@@ -369,13 +371,73 @@ static void test_abort(Ref *old, Ref *nw) {
     engine_destroy(e, 1000);
 }
 
+// Mode keep_kv: the completions go on with the K/V of the old weights (no recompute: the engine runs no prefill
+// step for them), still recording the change; the prefix cache holds nothing of the old weights.
+static void test_keep_kv(Ref *old, Ref *nw) {
+    Engine *e = make_engine();
+    int32_t pa[12];
+    random_prompt(pa, 12, 7);
+    SamplingParams g;
+    greedy_params(&g);
+    g.n = 2;
+    Comp a[2] = {0};
+    stage_weights(e, nw);
+    engine_pause(e);
+    EngineRequest *ra = submit(e, pa, 12, &g, 1);
+    engine_resume(e);
+    wait_tokens(ra, a, 4);
+    engine_pause(e);
+    drain(ra, a);
+    const int m[2] = {a[0].n, a[1].n};
+    REQUIRE(m[0] < MAX_NEW && m[1] < MAX_NEW && m[1] > 0, "the update must land inside the completions (%d, %d)",
+            m[0], m[1]);
+    EngineCommitReport rep;
+    char err[256];
+    CHECK(engine_commit_weights(e, NEW_VERSION, ENGINE_UPDATE_KEEP_KV, &rep, err, sizeof err) == 0, "commit: %s", err);
+    CHECK(rep.sequences_kept == 2 && rep.sequences_requeued == 0, "report: %lld kept, %lld re-queued (want 2, 0)",
+          (long long)rep.sequences_kept, (long long)rep.sequences_requeued);
+    EngineStats st;
+    engine_stats(e, &st);
+    const int64_t prefills = st.steps_by_kind[ENGINE_STEP_PREFILL];
+    CHECK(st.kv_blocks_used > 0 && st.kv_blocks_cached == 0, "the completions keep their blocks (%lld), nothing is "
+          "cached (%lld)", (long long)st.kv_blocks_used, (long long)st.kv_blocks_cached);
+    engine_resume(e);
+    CHECK(collect(ra, a) == 0, "request timed out");
+    engine_request_release(ra);
+    engine_stats(e, &st);
+    CHECK(st.steps_by_kind[ENGINE_STEP_PREFILL] == prefills, "keep_kv recomputed something (%lld prefill steps after "
+          "the update)", (long long)(st.steps_by_kind[ENGINE_STEP_PREFILL] - prefills));
+    int32_t want_old[MAX_NEW];
+    ref_greedy(old, pa, 12, MAX_NEW, want_old);
+    for (int i = 0; i < 2; i++)
+        CHECK(a[i].n == MAX_NEW && a[i].restarts == 0 && change_point(&a[i]) == m[i] &&
+                  memcmp(a[i].tok, want_old, (size_t)m[i] * 4) == 0,
+              "completion %d: %d tokens, %d restarts, change at %d (the update landed after token %d)", i, a[i].n,
+              a[i].restarts, change_point(&a[i]), m[i]);
+    // A request after the update matches no block of the old weights: the new weights' greedy output.
+    Comp d[1] = {0};
+    int32_t want[MAX_NEW];
+    g.n = 1;
+    EngineRequest *rd = submit(e, pa, 12, &g, 0);
+    CHECK(collect(rd, d) == 0, "request after the update timed out");
+    CHECK(engine_request_cached_tokens(rd) == 0, "a prefix-cache hit after the update (%d tokens)",
+          engine_request_cached_tokens(rd));
+    engine_request_release(rd);
+    ref_greedy(nw, pa, 12, MAX_NEW, want);
+    CHECK(d[0].n == MAX_NEW && memcmp(d[0].tok, want, sizeof want) == 0, "a request after the update: not the new "
+          "weights' greedy output");
+    engine_destroy(e, 1000);
+}
+
 static void test_mode_names(void) {
     EngineUpdateMode m = ENGINE_UPDATE_ABORT;
     CHECK(engine_update_mode_parse("keep", &m) == 0 && m == ENGINE_UPDATE_KEEP, "keep");
     CHECK(engine_update_mode_parse("abort", &m) == 0 && m == ENGINE_UPDATE_ABORT, "abort");
+    CHECK(engine_update_mode_parse("keep_kv", &m) == 0 && m == ENGINE_UPDATE_KEEP_KV, "keep_kv");
     CHECK(engine_update_mode_parse("drain", &m) == -1 && engine_update_mode_parse(NULL, &m) == -1, "refusals");
     CHECK(!strcmp(engine_update_mode_name(ENGINE_UPDATE_KEEP), "keep") &&
-              !strcmp(engine_update_mode_name(ENGINE_UPDATE_ABORT), "abort"),
+              !strcmp(engine_update_mode_name(ENGINE_UPDATE_ABORT), "abort") &&
+              !strcmp(engine_update_mode_name(ENGINE_UPDATE_KEEP_KV), "keep_kv"),
           "names");
 }
 
@@ -390,6 +452,7 @@ int main(void) {
     test_mode_names();
     test_keep(&old, &nw);
     test_abort(&old, &nw);
+    test_keep_kv(&old, &nw);
     ref_free(&old);
     ref_free(&nw);
     char cmd[600];

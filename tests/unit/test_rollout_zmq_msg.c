@@ -385,6 +385,13 @@ static void test_weights_end_mode(void) {
         CHECK(b.has_update_mode && b.update_mode == ZMSG_UPDATE_KEEP);
         zmsg_free(&b);
     }
+    m.update_mode = ZMSG_UPDATE_KEEP_KV;
+    if (round_trip(&m, &b) == 0) {
+        CHECK(b.has_update_mode && b.update_mode == ZMSG_UPDATE_KEEP_KV);
+        zmsg_free(&b);
+    }
+    CHECK(!strcmp(zmsg_update_mode_name(ZMSG_UPDATE_KEEP_KV), "keep_kv") &&
+          !strcmp(zmsg_update_mode_name(ZMSG_UPDATE_ABORT), "abort"));
     zmsg_init(&m, ZMSG_WEIGHTS_END, REP, 22);
     m.version = 5;
     m.has_update_report = 1;
@@ -400,7 +407,7 @@ static void test_weights_end_mode(void) {
         zmsg_free(&b);
     }
     REFUSE(REQ, "{\"type\":\"weights_end\",\"id\":32,\"version\":1,\"mode\":\"wait\"}", NULL, 0,
-           "must be \"keep\" or \"abort\", got \"wait\"", NULL, 32);
+           "must be \"keep\", \"abort\" or \"keep_kv\", got \"wait\"", NULL, 32);
     REFUSE(REQ, "{\"type\":\"weights_end\",\"id\":32,\"version\":1,\"mode\":1}", NULL, 0, "\"mode\"", NULL, 32);
     REFUSE(REP, "{\"type\":\"weights_end\",\"id\":32,\"version\":1,\"seconds\":1,\"commit_seconds\":0,"
                 "\"sequences_kept\":1}", NULL, 0, "come together", NULL, 32);
