@@ -71,22 +71,10 @@ static void ref_greedy(Ref *r, const int32_t *prompt, int n, int max_new, int32_
         die("greedy", err);
 }
 
-// Training-forward logprobs (T = 1) of gen[0..n_gen) after prompt: what the trainer computes.
 static void ref_logprobs(Ref *r, const int32_t *prompt, int n_prompt, const int32_t *gen, int n_gen, float *out) {
     char err[512];
-    const int N = n_prompt + n_gen;
-    int32_t tok[512], tgt[512], cu[2] = {0, N};
-    float lp[512];
-    memcpy(tok, prompt, n_prompt * 4);
-    memcpy(tok + n_prompt, gen, n_gen * 4);
-    for (int i = 0; i < N; i++) tgt[i] = (i >= n_prompt - 1 && i < N - 1) ? tok[i + 1] : -1;
-    TrainActs *a;
-    if (train_acts_create(&a, &r->m, N, 1, 0, err, sizeof err)) die("acts", err);
-    Batch b = {.n_seqs = 1, .n_tokens = N, .tokens = tok, .targets = tgt, .cu_seqlens = cu};
-    UnitSource src = resident_source(&r->w);
-    if (model_forward(&r->m, a, &src, &b, 1.0f, lp, NULL, NULL, err, sizeof err)) die("forward", err);
-    train_acts_free(a, &r->m);
-    for (int j = 0; j < n_gen; j++) out[j] = lp[n_prompt - 1 + j];
+    if (tiny_model_completion_logprobs(&r->m, &r->w, prompt, n_prompt, gen, n_gen, out, err, sizeof err))
+        die("reference logprobs", err);
 }
 
 // ---- engine side --------------------------------------------------------------------------------

@@ -29,6 +29,32 @@ void tiny_model_free(Model *m, ResidentWeights *w) {
     model_free(m);
 }
 
+int tiny_model_completion_logprobs(Model *m, ResidentWeights *w, const int32_t *prompt, int n_prompt,
+                                   const int32_t *gen, int n_gen, float *out, char *err, size_t err_len) {
+    enum { MAX_TOKENS = 512 };
+    const int N = n_prompt + n_gen;
+    if (n_prompt < 1 || n_gen < 0 || N > MAX_TOKENS) {
+        snprintf(err, err_len, "tiny_model_completion_logprobs: %d + %d tokens (1..%d in all)", n_prompt, n_gen,
+                 MAX_TOKENS);
+        return -1;
+    }
+    int32_t tok[MAX_TOKENS], tgt[MAX_TOKENS], cu[2] = {0, N};
+    float lp[MAX_TOKENS];
+    memcpy(tok, prompt, (size_t)n_prompt * sizeof *tok);
+    memcpy(tok + n_prompt, gen, (size_t)n_gen * sizeof *tok);
+    // Position i predicts token i + 1: the targets are the completion's tokens, nothing else.
+    for (int i = 0; i < N; i++) tgt[i] = (i >= n_prompt - 1 && i < N - 1) ? tok[i + 1] : -1;
+    TrainActs *a;
+    if (train_acts_create(&a, m, N, 1, 0, err, err_len) != 0) return -1;
+    Batch b = {.n_seqs = 1, .n_tokens = N, .tokens = tok, .targets = tgt, .cu_seqlens = cu};
+    UnitSource src = resident_source(w);
+    int rc = model_forward(m, a, &src, &b, 1.0f, lp, NULL, NULL, err, err_len);
+    train_acts_free(a, m);
+    if (rc != 0) return -1;
+    for (int j = 0; j < n_gen; j++) out[j] = lp[n_prompt - 1 + j];
+    return 0;
+}
+
 int tiny_model_write(const Model *m, ResidentWeights *w, const char *dir, char *err, size_t err_len) {
     UnitSource src = resident_source(w);
     return model_save(m, &src, dir, 0, 0, err, err_len) != 0 ? -1 : 0;

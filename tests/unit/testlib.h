@@ -17,6 +17,11 @@ int tiny_model_init(Model *m, ResidentWeights *w, OpsCtx *ops, const char *confi
                     float std, char *err, size_t err_len);
 void tiny_model_free(Model *m, ResidentWeights *w);
 
+// Logprobs (temperature 1) of gen[0..n_gen) after prompt[0..n_prompt) through the training forward of m with
+// weights w: what the trainer computes for a completion. n_prompt + n_gen <= 512. 0, or -1 with the reason in err.
+int tiny_model_completion_logprobs(Model *m, ResidentWeights *w, const int32_t *prompt, int n_prompt,
+                                   const int32_t *gen, int n_gen, float *out, char *err, size_t err_len);
+
 // Writes the model as a folder into dir (made when missing; its parent must exist): config.json and one fp32
 // model.safetensors (model_save).
 int tiny_model_write(const Model *m, ResidentWeights *w, const char *dir, char *err, size_t err_len);
