@@ -1,4 +1,5 @@
-// trainer/grpo_round.c — the generate, rewards and advantages phases of a GRPO step (trainer/grpo_round.h).
+// trainer/grpo_round.c — the generate, rewards and advantages phases of a GRPO step (trainer/grpo_round.h); the
+// groups of a round are scored as they come back by trainer/grpo_stream.c.
 #include "trainer/grpo_round.h"
 
 #include <limits.h>
@@ -30,6 +31,11 @@ int grpo_round_init(GrpoRound *r, int n_prompts, int G, int world, char *err, si
     r->samples = calloc(n, sizeof *r->samples);
     r->texts = calloc(n, sizeof *r->texts);
     r->adv_all = calloc(n * (size_t)world, sizeof *r->adv_all);
+    r->progress_arrived = calloc(n_prompts ? n_prompts : 1, sizeof *r->progress_arrived);
+    if (!r->progress_arrived || group_progress_init(&r->progress, n_prompts, err, err_len) != 0) {
+        grpo_round_free(r);
+        return err_fail(err, err_len, "out of memory for a generation round");
+    }
     if (!r->rows || !r->groups || !r->prompts || !r->prompt_lens || !r->comp || !r->comp_len || !r->sampling_logps ||
         !r->truncated || !r->versions || !r->keep || !r->advantages || !r->off || !r->samples || !r->texts ||
         !r->adv_all) {
@@ -49,6 +55,7 @@ void grpo_round_clear(GrpoRound *r) {
         free(r->texts[i]);
         r->texts[i] = NULL;
     }
+    r->reward_seconds = r->stream_seconds = r->overlap_seconds = 0;
 }
 
 void grpo_round_free(GrpoRound *r) {
@@ -56,7 +63,9 @@ void grpo_round_free(GrpoRound *r) {
     free(r->rows), free(r->groups), free(r->prompts), free(r->prompt_lens), free(r->comp), free(r->comp_len);
     free(r->sampling_logps), free(r->truncated), free(r->versions), free(r->keep), free(r->advantages), free(r->off);
     free(r->old_logps), free(r->ref_logps), free(r->samples), free(r->texts), free(r->service_scores);
-    free(r->scores), free(r->local);
+    free(r->scores), free(r->local), free(r->builtin_scores), free(r->call_samples), free(r->call_scores);
+    free(r->progress_arrived);
+    group_progress_free(&r->progress);
     free(r->all), free(r->adv_all), free(r->fmean), free(r->fstd), free(r->weights);
     memset(r, 0, sizeof *r);
 }
@@ -97,17 +106,14 @@ int grpo_round_issue(Trainer *t, GrpoRound *r, long first_step, char *err, size_
 
 int grpo_round_collect(Trainer *t, GrpoRound *r, char *err, size_t err_len) {
     TrainConfig *c = t->cfg;
-    const int G = c->grpo.num_generations;
     double t0 = trainer_now();
     for (int attempt = 1;; attempt++) {
-        int rc;
-        if (r->pending) {
-            rc = rollout_generate_finish(t->rollout, r->pending, r->groups, err, err_len);
-            r->pending = NULL;
-        } else {
-            rc = rollout_generate(t->rollout, r->n_prompts, r->prompts, r->prompt_lens, &r->sampling, r->groups, err,
-                                  err_len);
-        }
+        int rc = 0;
+        // A round whose servers were lost is sent again (after the weight push below) and streamed like the first.
+        if (!r->pending)
+            rc = rollout_generate_start(t->rollout, r->n_prompts, r->prompts, r->prompt_lens, &r->sampling,
+                                        &r->pending, err, err_len);
+        if (rc == 0) rc = grpo_round_stream(t, r, err, err_len);
         if (rc == -1) return -1;
         // Every rank agrees whether the round's generation worked: if one lost all its servers, all retry
         // together after the servers come back with this run's weights (a collective weight push).
@@ -119,6 +125,10 @@ int grpo_round_collect(Trainer *t, GrpoRound *r, char *err, size_t err_len) {
         }
         if (!lost) break;
         if (rc == 0) rollout_groups_free(r->groups, r->n_prompts);
+        for (int i = 0; i < r->n; i++) {   // the scores of the lost attempt's groups go with them
+            free(r->texts[i]);
+            r->texts[i] = NULL;
+        }
         if (attempt == 3) {
             snprintf(err, err_len, "generation failed 3 times: the rollout servers keep going away");
             return -1;
@@ -135,25 +145,11 @@ int grpo_round_collect(Trainer *t, GrpoRound *r, char *err, size_t err_len) {
     }
     r->have_groups = 1;
     double t1 = trainer_now();
+    r->stream_seconds = r->reward_seconds;
     r->wait_seconds = t1 - t0;
     r->generate_seconds = t1 - r->issued_at;
-    int32_t eos[16];
-    int n_eos = (int)tokenizer_eos_ids(t->tok, eos, 16);
     r->off[0] = 0;
-    for (int p = 0; p < r->n_prompts; p++) {
-        int off = 0;
-        for (int j = 0; j < G; j++) {
-            int i = p * G + j;
-            r->comp[i] = r->groups[p].tokens + off;
-            r->sampling_logps[i] = r->groups[p].logprobs + off;
-            r->comp_len[i] = r->groups[p].lens[j];
-            r->versions[i] = r->groups[p].versions[j];
-            r->truncated[i] = grpo_completion_is_truncated(r->comp[i], r->comp_len[i], eos, n_eos,
-                                                           tokenizer_pad_id(t->tok));
-            off += r->comp_len[i];
-            r->off[i + 1] = r->off[i] + (size_t)r->comp_len[i];
-        }
-    }
+    for (int i = 0; i < r->n; i++) r->off[i + 1] = r->off[i] + (size_t)r->comp_len[i];
     memset(r->keep, 1, (size_t)r->n);
     r->staleness = (GrpoStaleness){.kept = r->n};
     return 0;
@@ -204,39 +200,21 @@ static int fit_funcs(Trainer *t, GrpoRound *r, int F, char *err, size_t err_len)
 }
 
 int grpo_round_rewards(Trainer *t, GrpoRound *r, int *n_funcs, char *err, size_t err_len) {
-    const int G = t->cfg->grpo.num_generations;
     double t0 = trainer_now();
-    int F_builtin = (int)rewards_count(t->rewards), F = F_builtin;
-    for (int i = 0; i < r->n; i++) {
-        size_t len;
-        if (tokenizer_decode(t->tok, r->comp[i], r->comp_len[i], 1, &r->texts[i], &len, err, err_len) != 0) return -1;
-        r->samples[i] = (RewardSample){.completion = r->texts[i], .completion_tokens = r->comp_len[i],
-                                       .prompt = r->rows[i / G].prompt, .columns = r->rows[i / G].columns};
-    }
-    int F_svc = 0;
-    if (t->reward_service) {
-        // The service's function count is known after its first answer: score into a wide buffer, then copy.
-        if (!r->service_scores &&
-            !(r->service_scores = malloc((size_t)r->n * GRPO_SERVICE_MAX_FUNCS * sizeof *r->service_scores)))
-            return err_fail(err, err_len, "out of memory for the reward service's scores");
-        size_t nf = 0;
-        if (reward_service_score(t->reward_service, r->samples, r->n, r->service_scores, GRPO_SERVICE_MAX_FUNCS,
-                                 GRPO_SERVICE_MAX_FUNCS, &nf, err, err_len) != 0)
-            return -1;
-        F_svc = (int)nf;
-        F += F_svc;
-    }
+    const int F_builtin = (int)rewards_count(t->rewards), F_svc = t->reward_service ? r->n_service_funcs : 0;
+    const int F = F_builtin + F_svc;
     if (fit_funcs(t, r, F, err, err_len) != 0) return -1;
-    if (rewards_score(t->rewards, r->samples, r->n, r->scores, F, err, err_len) != 0) return -1;
-    for (int i = 0; i < r->n; i++)
+    for (int i = 0; i < r->n; i++) {
+        for (int f = 0; f < F_builtin; f++) r->scores[i * F + f] = r->builtin_scores[(size_t)i * F_builtin + f];
         for (int f = 0; f < F_svc; f++)
             r->scores[i * F + F_builtin + f] = r->service_scores[(size_t)i * GRPO_SERVICE_MAX_FUNCS + f];
+    }
     for (size_t k = 0; k < (size_t)r->n * F; k++) r->local[k] = (float)r->scores[k];
     // A dropped (too stale) completion is unscorable: no reward statistic counts it and its advantage is 0.
     for (int i = 0; i < r->n; i++)
         if (!r->keep[i])
             for (int f = 0; f < F; f++) r->local[(size_t)i * F + f] = NAN;
-    r->reward_seconds = trainer_now() - t0;
+    r->reward_seconds += trainer_now() - t0;
     *n_funcs = F;
     return 0;
 }
@@ -310,6 +288,8 @@ int grpo_round_advantages(Trainer *t, GrpoRound *r, int F, json_t *m, char *err,
     json_object_set_new(m, "rollout_time", json_real(r->generate_seconds));
     json_object_set_new(m, "prompts_skipped", json_integer((json_int_t)data_skipped(t->data)));
     json_object_set_new(m, "reward_time", json_real(r->reward_seconds + trainer_now() - t0));
+    // Streaming groups: how much of the decoding and scoring ran while the servers still generated the round.
+    json_object_set_new(m, "reward_overlap_time", json_real(r->overlap_seconds));
     return 0;
 }
 

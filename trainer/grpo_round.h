@@ -24,6 +24,19 @@ typedef struct {
 void grpo_staleness_filter(int n, const int64_t *versions, int64_t policy_version, int max_staleness,
                            uint8_t *keep, GrpoStaleness *st);
 
+// Streaming groups (trainer/grpo_stream.c): which of a round's groups have come back and been scored, in order.
+typedef struct {
+    int n_groups, n_scored;
+    uint8_t *scored;            // (n_groups) 1 once group g's rewards are computed
+    int *order;                 // (n_scored) the groups in the order they were scored
+} GroupProgress;
+
+int group_progress_init(GroupProgress *g, int n_groups, char *err, size_t err_len);
+void group_progress_reset(GroupProgress *g);
+// Marks `group` scored: 0, or -1 when it is out of range or already scored (a group is taken once per attempt).
+int group_progress_mark(GroupProgress *g, int group);
+void group_progress_free(GroupProgress *g);
+
 // Completion i of prompt p sits at i = p * G + j (G = num_generations), n = n_prompts * G on this rank.
 typedef struct {
     int n_prompts, n;
@@ -54,9 +67,15 @@ typedef struct {
     // The rewards phase's buffers, grown to the widest round seen (F reward functions).
     const int32_t **prompts;    // (n_prompts)
     int *prompt_lens;           // (n_prompts)
+    GroupProgress progress;     // the groups scored so far while the round streams in
+    int *progress_arrived;      // (n_prompts) the groups one wait returned
     RewardSample *samples;      // (n)
     char **texts;               // (n) decoded completions
+    double *builtin_scores;     // (n * F_builtin) the built-ins' columns, filled group by group
     double *service_scores;     // (n * GRPO_SERVICE_MAX_FUNCS) the reward service's columns
+    RewardSample *call_samples; // (n) one reward service call's samples (the groups that arrived together) ...
+    double *call_scores;        // (n * GRPO_SERVICE_MAX_FUNCS) ... and its answer
+    int n_service_funcs;        // functions the service returned
     double *scores;             // (n * F)
     float *local;               // (n * F) this rank's scores
     float *all;                 // (world * n * F) every rank's, in rank order
@@ -66,8 +85,10 @@ typedef struct {
     int cap_f;                  // F the buffers above hold
     double generate_seconds;    // sending the round to collecting it (overlapping training when issued ahead)
     double issue_seconds;       // sending its prompts
-    double wait_seconds;        // waiting for its answers once the trainer needed them
-    double reward_seconds;
+    double wait_seconds;        // collecting it once the trainer needed it, scoring groups as they came included
+    double reward_seconds;      // decoding and scoring (groups while they stream in, then the round's columns)
+    double stream_seconds;      // of reward_seconds: the part done inside grpo_round_collect
+    double overlap_seconds;     // of stream_seconds: the part done while groups of the round were still generating
 } GrpoRound;
 
 // Room for the reward service's columns: a service returning more functions is an error.
@@ -87,10 +108,14 @@ void grpo_round_free(GrpoRound *r);
 // is not.
 int grpo_round_issue(Trainer *t, GrpoRound *r, long first_step, char *err, size_t err_len);
 int grpo_round_collect(Trainer *t, GrpoRound *r, char *err, size_t err_len);
+// One attempt at collecting the round sent (r->pending), streaming: each group is decoded and scored as it comes
+// back (trainer/grpo_stream.c). 0; ROLLOUT_ESERVERS_LOST or -1 with the groups freed and nothing pending.
+int grpo_round_stream(Trainer *t, GrpoRound *r, char *err, size_t err_len);
 // Drops (keep = 0) the completions sampled more than max_staleness versions before the trainer's policy version
 // now, counting them in r->staleness.
 void grpo_round_filter_stale(Trainer *t, GrpoRound *r);
-// Phase 2, rewards: the built-in rewards and the reward service's, per completion and function.
+// Phase 2, rewards: the built-in rewards and the reward service's, per completion and function, from the scores
+// grpo_round_collect computed group by group as the round came in.
 int grpo_round_rewards(Trainer *t, GrpoRound *r, int *n_funcs, char *err, size_t err_len);
 // Phase 3, advantages over the whole generation batch (every rank's rewards), and the round's metrics (TRL's
 // names) into m.

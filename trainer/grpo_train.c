@@ -334,6 +334,16 @@ static void step_clock_charge(StepClock *k, StepPhase phase) {
     k->mark = now;
 }
 
+// The same for a stretch in which `part` seconds (at most all of it) belonged to phase `to_part`, the rest to
+// `phase`: collecting a round, during which the groups that came back were scored (streaming groups).
+static void step_clock_charge_split(StepClock *k, StepPhase phase, StepPhase to_part, double part) {
+    double now = trainer_now(), all = now - k->mark;
+    if (part > all) part = all;
+    k->seconds[to_part] += part;
+    k->seconds[phase] += all - part;
+    k->mark = now;
+}
+
 // The log phase: the round's metrics (m) with this optimizer step's, reduced over ranks, to metrics.jsonl. Opens
 // the next step's clock at the moment the record is handed to trainer_log.
 static int log_step(Trainer *t, const json_t *m, const StepSums *sums, float grad_norm, double lr, double active,
@@ -437,9 +447,9 @@ static int issue_ahead(Trainer *t, RoundRing *q, StepClock *clock, char *err, si
     return 0;
 }
 
-// One round: collect its completions (sending it first unless it went ahead), send the rounds ahead, drop what is
-// too stale, rewards, advantages, old / reference logprobs, then its micro-steps and optimizer steps (each
-// followed by the push when due, the log and a checkpoint when due).
+// One round: collect its completions (sending it first unless it went ahead; each group scored as it comes back),
+// send the rounds ahead, drop what is too stale, the rewards' columns, advantages, old / reference logprobs, then
+// its micro-steps and optimizer steps (each followed by the push when due, the log and a checkpoint when due).
 static int run_round(Trainer *t, RoundRing *q, MicroBuffers *w, UnitSource *policy, UnitSource *ref,
                      GrpoEntropyControl *ec, StepClock *clock, char *err, size_t err_len) {
     TrainConfig *c = t->cfg;
@@ -463,7 +473,7 @@ static int run_round(Trainer *t, RoundRing *q, MicroBuffers *w, UnitSource *poli
         step_clock_charge(clock, PHASE_ISSUE);
     }
     if (grpo_round_collect(t, r, err, err_len) != 0) goto out;
-    step_clock_charge(clock, PHASE_WAIT);
+    step_clock_charge_split(clock, PHASE_WAIT, PHASE_REWARDS, r->stream_seconds);
     if (issue_ahead(t, q, clock, err, err_len) != 0) goto out;
     grpo_round_filter_stale(t, r);
     if (grpo_round_rewards(t, r, &F, err, err_len) != 0 || grpo_round_advantages(t, r, F, m, err, err_len) != 0)

@@ -1,0 +1,145 @@
+"""Streaming groups (issue 24) end to end on the CPU: a round's groups are decoded and scored as they come back from
+the rollout server, built-ins and the reward service (--reward-url) alike, while the server still generates the
+round's other groups. The toy task of test_train_grpo.py, with a reward service beside the built-in regex_format.
+
+* The reward service is slow per call and the server decodes one group at a time (--max-num-seqs = G): the first
+  group of every round is scored by a call made while the others are still generating (a call of fewer completions
+  than the round, reward_overlap_time about one call's delay), and the step's *_time fields still add up.
+* The scores are per completion, so the run is the same run as the build before streaming (TANDEM_BASELINE_BUILD_DIR:
+  one service call per round there), two ranks: every metric the baseline logs and every checkpoint, bit for bit.
+"""
+import contextlib
+import json
+import os
+import pathlib
+import re
+import subprocess
+import sys
+import threading
+import time
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from server_fixtures import TandemServer, build_tiny_model, free_port  # noqa: E402
+from test_train_grpo import _differing_keys, _metric_rows, grpo_args, launch, write_dataset  # noqa: E402
+from test_train_grpo_async import PHASES  # noqa: E402
+
+G = 8
+
+
+class RewardService:
+    """An HTTP reward service that takes `delay` seconds per call: 1.0 for a completion with a digit, else 0.5 when it
+    has a space, else 0. Records each call's (start, end, number of completions)."""
+
+    def __init__(self, delay):
+        self.delay, self.calls, self.lock = delay, [], threading.Lock()
+        service = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_POST(self):
+                start = time.time()
+                batch = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                time.sleep(service.delay)
+                scores = [1.0 if re.search("[0-9]", s["completion"]) else 0.5 if " " in s["completion"] else 0.0
+                          for s in batch]
+                body = json.dumps({"scores": scores}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+                with service.lock:
+                    service.calls.append((start, time.time(), len(batch)))
+
+            def log_message(self, *args):
+                pass
+
+        self.httpd = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.httpd.server_address[1]}/score"
+
+    def __enter__(self):
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
+        return self
+
+    def __exit__(self, *exc):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    d = tmp_path_factory.mktemp("grpo_stream")
+    model_dir = d / "model"
+    build_tiny_model(model_dir)
+    data = d / "train.jsonl"
+    write_dataset(data)
+    return d, model_dir, data
+
+
+def run(setup, tag, steps, world, extra, server_args=(), delay=0.0, binary=None):
+    d, model_dir, data = setup
+    out_dir = d / tag
+    control = f"tcp://127.0.0.1:{free_port()}"
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(TandemServer(model_dir, "--control", control, *server_args))
+        service = stack.enter_context(RewardService(delay))
+        args = grpo_args(model_dir, data, out_dir, control, steps=steps, extra=[*extra, "--reward-url", service.url])
+        if binary is None:
+            procs = launch(args, world, free_port(), d)
+        else:
+            port, procs = free_port(), []
+            for rank in range(world):
+                env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
+                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
+                           OPENBLAS_NUM_THREADS="1")
+                log = open(d / f"rank{rank}.log", "w")
+                procs.append((subprocess.Popen([binary, *args], env=env, stdout=log, stderr=subprocess.STDOUT), log))
+        codes = [p.wait(timeout=600) for p, _ in procs]
+        for _, log in procs:
+            log.close()
+    logs = "".join((d / f"rank{r}.log").read_text()[-3000:] for r in range(world))
+    assert codes == [0] * world, logs
+    return out_dir, _metric_rows(out_dir), sorted(service.calls)
+
+
+def test_groups_are_scored_while_the_round_still_generates(setup):
+    # 4 prompts a round; the server decodes one group of 8 at a time, the service takes 0.4 s a call.
+    delay, steps, prompts = 0.4, 3, 4
+    out, rows, calls = run(setup, "overlap", steps, 1, ["--per-device-train-batch-size", str(prompts * G)],
+                           server_args=("--max-num-seqs", str(G)), delay=delay)
+    assert sorted(rows) == list(range(1, steps + 1))
+    # Every completion scored once, in calls of whole groups; a round's first call is a part of the round.
+    assert sum(n for _, _, n in calls) == steps * prompts * G, calls
+    assert all(n % G == 0 for _, _, n in calls), calls
+    assert len(calls) > steps and min(n for _, _, n in calls) < prompts * G, calls
+    for step, row in rows.items():
+        # At least one call ran while groups of the round were still generating (the first group's).
+        assert row["reward_overlap_time"] >= 0.8 * delay, (step, row["reward_overlap_time"])
+        assert row["reward_time"] >= row["reward_overlap_time"], row
+        assert row["rewards_phase_time"] >= row["reward_overlap_time"], row
+        assert abs(sum(row[k] for k in PHASES) - row["step_wall_time"]) < 1e-6, row
+        assert "rewards/reward_service/mean" in row and "rewards/regex_format/mean" in row
+
+
+def test_streaming_is_the_baseline_build(setup):
+    base = os.environ.get("TANDEM_BASELINE_BUILD_DIR")
+    if not base:
+        pytest.skip("set TANDEM_BASELINE_BUILD_DIR to a build of the commit before streaming groups")
+    extra = ["--save-steps", "2", "--per-device-train-batch-size", "32"]
+    binary = str(pathlib.Path(base) / "bin" / "tandem-train")
+    out_b, rows_b, calls_b = run(setup, "baseline", 4, 2, extra, binary=binary)
+    out_s, rows_s, calls_s = run(setup, "streaming", 4, 2, extra, server_args=("--max-num-seqs", str(G)))
+    # The baseline scores a round in one call per rank; streaming in calls of the groups that came back together.
+    assert [n for _, _, n in calls_b] == [4 * G] * 8, calls_b
+    assert len(calls_s) > len(calls_b), calls_s
+    assert sorted(rows_b) == sorted(rows_s) == [1, 2, 3, 4]
+    for step in rows_b:
+        differing = [k for k in _differing_keys(rows_b[step], rows_s[step]) if k in rows_b[step]]
+        assert not differing, (step, {k: (rows_b[step].get(k), rows_s[step].get(k)) for k in differing})
+    assert len({rows_b[s]["loss"] for s in rows_b}) > 1
+    for ckpt in ("checkpoint-2", "checkpoint-4"):
+        assert (out_b / ckpt / "model.safetensors").read_bytes() == (out_s / ckpt / "model.safetensors").read_bytes()
+        states = [json.loads((out / ckpt / "trainer_state.json").read_text()) for out in (out_b, out_s)]
+        assert states[0] == states[1], states
