@@ -104,7 +104,7 @@ int grpo_round_issue(Trainer *t, GrpoRound *r, long first_step, char *err, size_
     return 0;
 }
 
-int grpo_round_collect(Trainer *t, GrpoRound *r, char *err, size_t err_len) {
+int grpo_round_collect(Trainer *t, GrpoRound *r, const GrpoStreamWork *work, char *err, size_t err_len) {
     TrainConfig *c = t->cfg;
     double t0 = trainer_now();
     for (int attempt = 1;; attempt++) {
@@ -113,18 +113,11 @@ int grpo_round_collect(Trainer *t, GrpoRound *r, char *err, size_t err_len) {
         if (!r->pending)
             rc = rollout_generate_start(t->rollout, r->n_prompts, r->prompts, r->prompt_lens, &r->sampling,
                                         &r->pending, err, err_len);
-        if (rc == 0) rc = grpo_round_stream(t, r, err, err_len);
+        // Every rank agrees whether the round's generation worked (grpo_round_stream): if one lost all its servers,
+        // all retry together after the servers come back with this run's weights (a collective weight push).
+        if (rc == 0) rc = grpo_round_stream(t, r, work, err, err_len);
         if (rc == -1) return -1;
-        // Every rank agrees whether the round's generation worked: if one lost all its servers, all retry
-        // together after the servers come back with this run's weights (a collective weight push).
-        int32_t lost = rc != 0;
-        if (comm_all_reduce(t->comm, &lost, 1, COMM_I32, COMM_MAX) != 0) {
-            snprintf(err, err_len, "%s", comm_error(t->comm));
-            if (rc == 0) rollout_groups_free(r->groups, r->n_prompts);
-            return -1;
-        }
-        if (!lost) break;
-        if (rc == 0) rollout_groups_free(r->groups, r->n_prompts);
+        if (rc == 0) break;
         for (int i = 0; i < r->n; i++) {   // the scores of the lost attempt's groups go with them
             free(r->texts[i]);
             r->texts[i] = NULL;
@@ -293,12 +286,12 @@ int grpo_round_advantages(Trainer *t, GrpoRound *r, int F, json_t *m, char *err,
     return 0;
 }
 
-int grpo_round_reserve_logps(GrpoRound *r, int old, int ref, char *err, size_t err_len) {
-    size_t need = r->off[r->n] ? r->off[r->n] : 1;
+int grpo_round_reserve_logps(GrpoRound *r, int old, int ref, size_t need, char *err, size_t err_len) {
+    if (need == 0) need = 1;
     if (need > r->logps_cap) {
         free(r->old_logps), free(r->ref_logps);
         r->old_logps = r->ref_logps = NULL;
-        r->logps_cap = need + need / 4;  // rounds differ in length: room for a somewhat longer one
+        r->logps_cap = need;
     }
     if (old && !r->old_logps && !(r->old_logps = malloc(r->logps_cap * sizeof(float))))
         return err_fail(err, err_len, "out of memory for the round's old logprobs");

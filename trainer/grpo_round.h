@@ -27,6 +27,7 @@ void grpo_staleness_filter(int n, const int64_t *versions, int64_t policy_versio
 // Streaming groups (trainer/grpo_stream.c): which of a round's groups have come back and been scored, in order.
 typedef struct {
     int n_groups, n_scored;
+    int prefix;                 // groups 0 .. prefix - 1 are all scored (their completions are in)
     uint8_t *scored;            // (n_groups) 1 once group g's rewards are computed
     int *order;                 // (n_scored) the groups in the order they were scored
 } GroupProgress;
@@ -37,8 +38,18 @@ void group_progress_reset(GroupProgress *g);
 int group_progress_mark(GroupProgress *g, int group);
 void group_progress_free(GroupProgress *g);
 
-// Completion i of prompt p sits at i = p * G + j (G = num_generations), n = n_prompts * G on this rank.
+// Work on a round's completions that may start before the whole round is in: run(ctx, r, k) for the completions
+// [k * chunk, min((k + 1) * chunk, n)), k = 0, 1, ... in order, called by every rank at the same point once every
+// rank holds those completions (a collective call may run in it). A round generated again starts over at k = 0.
+typedef struct GrpoRound GrpoRound;
 typedef struct {
+    int chunk;
+    int (*run)(void *ctx, GrpoRound *r, int k, char *err, size_t err_len);
+    void *ctx;
+} GrpoStreamWork;
+
+// Completion i of prompt p sits at i = p * G + j (G = num_generations), n = n_prompts * G on this rank.
+struct GrpoRound {
     int n_prompts, n;
     DataRow *rows;              // (n_prompts)
     RolloutGroup *groups;       // (n_prompts) what the servers returned; owns the completion ids and logprobs
@@ -89,7 +100,8 @@ typedef struct {
     double reward_seconds;      // decoding and scoring (groups while they stream in, then the round's columns)
     double stream_seconds;      // of reward_seconds: the part done inside grpo_round_collect
     double overlap_seconds;     // of stream_seconds: the part done while groups of the round were still generating
-} GrpoRound;
+    int chunks_done;            // chunks of the stream work run (GrpoStreamWork): the rest is the caller's
+};
 
 // Room for the reward service's columns: a service returning more functions is an error.
 #define GRPO_SERVICE_MAX_FUNCS 64
@@ -107,10 +119,13 @@ void grpo_round_free(GrpoRound *r);
 // when its training is due). Collecting is collective (every rank agrees whether the servers answered); sending
 // is not.
 int grpo_round_issue(Trainer *t, GrpoRound *r, long first_step, char *err, size_t err_len);
-int grpo_round_collect(Trainer *t, GrpoRound *r, char *err, size_t err_len);
-// One attempt at collecting the round sent (r->pending), streaming: each group is decoded and scored as it comes
-// back (trainer/grpo_stream.c). 0; ROLLOUT_ESERVERS_LOST or -1 with the groups freed and nothing pending.
-int grpo_round_stream(Trainer *t, GrpoRound *r, char *err, size_t err_len);
+// Collecting streams the round (grpo_round_stream); work (NULL: none) runs on the chunks the ranks hold meanwhile.
+int grpo_round_collect(Trainer *t, GrpoRound *r, const GrpoStreamWork *work, char *err, size_t err_len);
+// One attempt at collecting the round sent (r->pending), streaming (trainer/grpo_stream.c): each group is decoded
+// and scored as it comes back, and work's chunks run as every rank holds them (r->chunks_done). Collective: 0 when
+// every rank has its round; ROLLOUT_ESERVERS_LOST on every rank when one lost its servers, or -1, with the groups
+// freed and nothing pending.
+int grpo_round_stream(Trainer *t, GrpoRound *r, const GrpoStreamWork *work, char *err, size_t err_len);
 // Drops (keep = 0) the completions sampled more than max_staleness versions before the trainer's policy version
 // now, counting them in r->staleness.
 void grpo_round_filter_stale(Trainer *t, GrpoRound *r);
@@ -128,7 +143,7 @@ int grpo_round_advantages(Trainer *t, GrpoRound *r, int n_funcs, json_t *m, char
 // (B, T)). T = the micro-batch's longest completion.
 int grpo_log_completions(Trainer *t, const GrpoRound *r, long step, const int *idx, int B, int T, const float *old,
                          const float *is_ratio, int ratio_per_token, char *err, size_t err_len);
-// Room for the old / reference logprobs of every completion of the round (off[n] floats each).
-int grpo_round_reserve_logps(GrpoRound *r, int old, int ref, char *err, size_t err_len);
+// Room for the old / reference logprobs of every completion of the round: `need` floats each (at least off[n]).
+int grpo_round_reserve_logps(GrpoRound *r, int old, int ref, size_t need, char *err, size_t err_len);
 
 #endif

@@ -2,8 +2,10 @@
 // rollout servers one group (the G completions of one prompt) at a time, and each group is decoded and scored —
 // built-in rewards and one reward-service call for the groups that arrived together — as soon as it is in, while
 // the servers still generate the others. Scores are per completion, so the round's scores are the same numbers
-// whatever order and batches the groups arrived in; advantages and everything after wait for the whole round
-// (trainer/grpo_round.c).
+// whatever order and batches the groups arrived in. Meanwhile the ranks keep in step (one small all-reduce per
+// wait): once every rank holds the groups of a chunk of completions (the first k x chunk of each rank's round), the
+// caller's chunk work runs on it — the old and reference logprobs — on every rank at once. Advantages and
+// everything after wait for the whole round (trainer/grpo_round.c, trainer/grpo_train.c).
 #include "trainer/grpo_round.h"
 
 #include <stdio.h>
@@ -26,13 +28,14 @@ int group_progress_init(GroupProgress *g, int n_groups, char *err, size_t err_le
 
 void group_progress_reset(GroupProgress *g) {
     memset(g->scored, 0, (size_t)g->n_groups);
-    g->n_scored = 0;
+    g->n_scored = g->prefix = 0;
 }
 
 int group_progress_mark(GroupProgress *g, int group) {
     if (group < 0 || group >= g->n_groups || g->scored[group]) return -1;
     g->scored[group] = 1;
     g->order[g->n_scored++] = group;
+    while (g->prefix < g->n_groups && g->scored[g->prefix]) g->prefix++;
     return 0;
 }
 
@@ -108,43 +111,77 @@ static int score_groups(Trainer *t, GrpoRound *r, const int *idx, int k, char *e
     return 0;
 }
 
-int grpo_round_stream(Trainer *t, GrpoRound *r, char *err, size_t err_len) {
+// This rank's part of one step of the ranks' lockstep: waits for groups (unless all are in), scores those that came
+// back. 0, ROLLOUT_ESERVERS_LOST (groups and handle freed) or -1.
+static int stream_local(Trainer *t, GrpoRound *r, char *err, size_t err_len) {
+    int *arrived = r->progress_arrived, k = 0;
+    int rc = rollout_generate_poll(t->rollout, r->pending, r->groups, 1000, arrived, &k, err, err_len);
+    if (rc != 0) {
+        r->pending = NULL;
+        return rc;
+    }
+    const int generating = rollout_generate_remaining(r->pending) > 0;
+    double t0 = trainer_now();
+    for (int q = 0; q < k && rc == 0; q++) {
+        if (group_progress_mark(&r->progress, arrived[q]) != 0)
+            rc = err_fail(err, err_len, "prompt %d of the round came back twice", arrived[q]);
+        else
+            take_group(t, r, arrived[q]);
+    }
+    if (rc == 0) rc = score_groups(t, r, arrived, k, err, err_len);
+    const double dt = trainer_now() - t0;
+    r->reward_seconds += dt;
+    if (generating) r->overlap_seconds += dt;
+    if (rc == 0 && !generating) {
+        rc = rollout_generate_finish(t->rollout, r->pending, r->groups, err, err_len);
+        r->pending = NULL;
+        return rc;
+    }
+    if (rc != 0) {
+        rollout_groups_free(r->groups, r->n_prompts);
+        rollout_generate_cancel(r->client, r->pending);
+        r->pending = NULL;
+    }
+    return rc;
+}
+
+int grpo_round_stream(Trainer *t, GrpoRound *r, const GrpoStreamWork *work, char *err, size_t err_len) {
+    const int G = t->cfg->grpo.num_generations;
+    const int n_chunks = work ? (r->n + work->chunk - 1) / work->chunk : 0;
     group_progress_reset(&r->progress);
+    r->chunks_done = 0;
+    int local = 0, done = 0;    // local: this rank's last result (0 / ROLLOUT_ESERVERS_LOST); done: all groups in
     if (fit_stream_buffers(t, r, err, err_len) != 0) {
         rollout_generate_cancel(r->client, r->pending);
         r->pending = NULL;
         return -1;
     }
-    int *arrived = r->progress_arrived;
     for (;;) {
-        int k = 0;
-        int rc = rollout_generate_poll(t->rollout, r->pending, r->groups, 1000, arrived, &k, err, err_len);
-        if (rc != 0) {  // the groups and the handle are freed
+        if (!done && local == 0) {
+            local = stream_local(t, r, err, err_len);
+            if (local == -1) return -1;
+            done = local == 0 && !r->pending;
+        }
+        // The ranks' lockstep: the chunks every rank holds, whether every rank is done, whether one lost its
+        // servers. Every rank takes the same decisions from these, so all run the same collectives in the same order
+        // (the chunk work's forwards are collective under ZeRO-3).
+        int ready = done ? n_chunks : work ? r->progress.prefix * G / work->chunk : 0;
+        int32_t agree[3] = {-ready, -done, local != 0};
+        if (comm_all_reduce(t->comm, agree, 3, COMM_I32, COMM_MAX) != 0) {
+            snprintf(err, err_len, "%s", comm_error(t->comm));
+            local = -1;
+        } else if (agree[2]) {
+            local = ROLLOUT_ESERVERS_LOST;
+        } else if (-agree[1]) {
+            return 0;   // the chunks left are the caller's, after the round is in
+        }
+        if (local != 0) {   // lost somewhere (every rank generates the round again), or the reduce failed
+            if (!done && r->pending) rollout_generate_cancel(r->client, r->pending);
+            if (done || r->pending) rollout_groups_free(r->groups, r->n_prompts);
             r->pending = NULL;
-            return rc;
+            return local;
         }
-        const int generating = rollout_generate_remaining(r->pending) > 0;
-        double t0 = trainer_now();
-        for (int q = 0; q < k; q++) {
-            if (group_progress_mark(&r->progress, arrived[q]) != 0) {
-                rc = err_fail(err, err_len, "prompt %d of the round came back twice", arrived[q]);
-                break;
-            }
-            take_group(t, r, arrived[q]);
-        }
-        if (rc == 0) rc = score_groups(t, r, arrived, k, err, err_len);
-        const double dt = trainer_now() - t0;
-        r->reward_seconds += dt;
-        if (generating) r->overlap_seconds += dt;
-        if (rc != 0) {
-            rollout_groups_free(r->groups, r->n_prompts);
-            rollout_generate_cancel(r->client, r->pending);
-            r->pending = NULL;
-            return -1;
-        }
-        if (!generating) break;
+        for (; r->chunks_done < -agree[0]; r->chunks_done++)
+            if (work->run(work->ctx, r, r->chunks_done, err, err_len) != 0) return -1;
     }
-    int rc = rollout_generate_finish(t->rollout, r->pending, r->groups, err, err_len);
-    r->pending = NULL;
-    return rc;
 }

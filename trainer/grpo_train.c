@@ -107,23 +107,52 @@ static int forward_completions(Trainer *t, UnitSource *src, const GrpoRound *r, 
     return 0;
 }
 
-// The per-token logprobs of `src` (no gradient) of every completion of the round into out (r->off slices): the
-// old or the reference logprobs.
-static int score_all(Trainer *t, UnitSource *src, GrpoRound *r, MicroBuffers *w, float *out, int micro, char *err,
-                     size_t err_len) {
-    for (int s = 0; s < r->n; s += micro) {
-        int B = r->n - s < micro ? r->n - s : micro, T = 0;
-        for (int b = 0; b < B; b++)
-            if (r->comp_len[s + b] > T) T = r->comp_len[s + b];
-        if (micro_buffers_fit(w, B, T, 0, err, err_len) != 0) return -1;
-        for (int b = 0; b < B; b++) w->idx[b] = s + b;
-        if (micro_buffers_fit(w, B, T, packed_tokens(t, r, w->idx, B), err, err_len) != 0 ||
-            forward_completions(t, src, r, w, B, T, 0, err, err_len) != 0)
-            return -1;
-        for (int b = 0; b < B; b++)
-            memcpy(out + r->off[s + b], w->logps + (size_t)b * T, r->comp_len[s + b] * sizeof(float));
-    }
+// The per-token logprobs of `src` (no gradient) of completions [s, s + B) of the round into out (r->off slices):
+// the old or the reference logprobs.
+static int score_chunk(Trainer *t, UnitSource *src, GrpoRound *r, MicroBuffers *w, float *out, int s, int B,
+                       char *err, size_t err_len) {
+    int T = 0;
+    for (int b = 0; b < B; b++)
+        if (r->comp_len[s + b] > T) T = r->comp_len[s + b];
+    if (micro_buffers_fit(w, B, T, 0, err, err_len) != 0) return -1;
+    for (int b = 0; b < B; b++) w->idx[b] = s + b;
+    if (micro_buffers_fit(w, B, T, packed_tokens(t, r, w->idx, B), err, err_len) != 0 ||
+        forward_completions(t, src, r, w, B, T, 0, err, err_len) != 0)
+        return -1;
+    for (int b = 0; b < B; b++)
+        memcpy(out + r->off[s + b], w->logps + (size_t)b * T, r->comp_len[s + b] * sizeof(float));
     return 0;
+}
+
+// The old and reference logprobs of a round, chunk by chunk (micro-batches of completions, in order): while the
+// round streams in (GrpoStreamWork: every rank scores chunk k once every rank holds it), then the rest.
+typedef struct {
+    Trainer *t;
+    UnitSource *policy, *ref;
+    MicroBuffers *w;
+    int need_old;
+    double old_seconds, ref_seconds;    // spent on chunks while the round was still coming in
+} LogpsChunks;
+
+static int logps_chunk(LogpsChunks *x, GrpoRound *r, int k, int micro, char *err, size_t err_len) {
+    const int s = k * micro, B = r->n - s < micro ? r->n - s : micro;
+    // Chunks come in order, so off[s] is known: the slices of this one follow it.
+    for (int i = s; i < s + B; i++) r->off[i + 1] = r->off[i] + (size_t)r->comp_len[i];
+    if (r->off[s + B] > r->logps_cap)
+        return err_fail(err, err_len, "the round's completions hold %zu tokens, more than max_completion_length "
+                        "allows (%zu)", r->off[s + B], r->logps_cap);
+    double t0 = trainer_now();
+    if (x->need_old && score_chunk(x->t, x->policy, r, x->w, r->old_logps, s, B, err, err_len) != 0) return -1;
+    double t1 = trainer_now();
+    if (x->t->ref && score_chunk(x->t, x->ref, r, x->w, r->ref_logps, s, B, err, err_len) != 0) return -1;
+    x->old_seconds += t1 - t0;
+    x->ref_seconds += trainer_now() - t1;
+    return 0;
+}
+
+static int logps_stream_chunk(void *ctx, GrpoRound *r, int k, char *err, size_t err_len) {
+    LogpsChunks *x = ctx;
+    return logps_chunk(x, r, k, x->t->cfg->per_device_train_batch_size, err, err_len);
 }
 
 static void add(double *acc, double v) { *acc += v; }
@@ -334,13 +363,18 @@ static void step_clock_charge(StepClock *k, StepPhase phase) {
     k->mark = now;
 }
 
-// The same for a stretch in which `part` seconds (at most all of it) belonged to phase `to_part`, the rest to
-// `phase`: collecting a round, during which the groups that came back were scored (streaming groups).
-static void step_clock_charge_split(StepClock *k, StepPhase phase, StepPhase to_part, double part) {
-    double now = trainer_now(), all = now - k->mark;
-    if (part > all) part = all;
-    k->seconds[to_part] += part;
-    k->seconds[phase] += all - part;
+// The same for a stretch in which seconds[j] (j < n) belonged to phases[j], the rest to `phase`: collecting a
+// round, during which the groups that came back were scored and the chunks every rank held were given their old and
+// reference logprobs (streaming groups).
+static void step_clock_charge_parts(StepClock *k, StepPhase phase, const StepPhase *phases, const double *seconds,
+                                    int n) {
+    double now = trainer_now(), left = now - k->mark;
+    for (int j = 0; j < n; j++) {
+        double part = seconds[j] < left ? seconds[j] : left;
+        k->seconds[phases[j]] += part;
+        left -= part;
+    }
+    k->seconds[phase] += left;
     k->mark = now;
 }
 
@@ -472,21 +506,34 @@ static int run_round(Trainer *t, RoundRing *q, MicroBuffers *w, UnitSource *poli
         q->next_first_step = t->progress.step + q->steps_per_round;
         step_clock_charge(clock, PHASE_ISSUE);
     }
-    if (grpo_round_collect(t, r, err, err_len) != 0) goto out;
-    step_clock_charge_split(clock, PHASE_WAIT, PHASE_REWARDS, r->stream_seconds);
+    // Logprobs before any update of this round: the off-policy ratio (num_iterations > 1 or more micro-steps than
+    // one optimizer step) and the rollout importance-sampling correction need them. Room for the longest round
+    // (every completion max_completion_length tokens): chunks are scored while the round comes in, before its
+    // length is known.
+    const int need_old = c->num_iterations > 1 || S > GA || o->vllm_importance_sampling_correction;
+    if (grpo_round_reserve_logps(r, need_old, t->ref != NULL, (size_t)r->n * o->max_completion_length, err,
+                                 err_len) != 0)
+        goto out;
+    LogpsChunks chunks = {.t = t, .policy = policy, .ref = ref, .w = w, .need_old = need_old};
+    GrpoStreamWork work = {.chunk = micro, .run = logps_stream_chunk, .ctx = &chunks};
+    if (grpo_round_collect(t, r, (need_old || t->ref) ? &work : NULL, err, err_len) != 0) goto out;
+    const StepPhase parts[3] = {PHASE_REWARDS, PHASE_OLD_LOGPS, PHASE_REF_LOGPS};
+    const double part_seconds[3] = {r->stream_seconds, chunks.old_seconds, chunks.ref_seconds};
+    step_clock_charge_parts(clock, PHASE_WAIT, parts, part_seconds, 3);
+    json_object_set_new(m, "logps_overlap_time", json_real(chunks.old_seconds + chunks.ref_seconds));
     if (issue_ahead(t, q, clock, err, err_len) != 0) goto out;
     grpo_round_filter_stale(t, r);
     if (grpo_round_rewards(t, r, &F, err, err_len) != 0 || grpo_round_advantages(t, r, F, m, err, err_len) != 0)
         goto out;
     step_clock_charge(clock, PHASE_REWARDS);
-    // Logprobs before any update of this round: the off-policy ratio (num_iterations > 1 or more micro-steps than
-    // one optimizer step) and the rollout importance-sampling correction need them.
-    const int need_old = c->num_iterations > 1 || S > GA || o->vllm_importance_sampling_correction;
-    if (grpo_round_reserve_logps(r, need_old, t->ref != NULL, err, err_len) != 0) goto out;
-    if (need_old && score_all(t, policy, r, w, r->old_logps, micro, err, err_len) != 0) goto out;
-    step_clock_charge(clock, PHASE_OLD_LOGPS);
-    if (t->ref && score_all(t, ref, r, w, r->ref_logps, micro, err, err_len) != 0) goto out;
-    step_clock_charge(clock, PHASE_REF_LOGPS);
+    // The chunks no rank streamed.
+    if (need_old || t->ref) {
+        chunks.old_seconds = chunks.ref_seconds = 0;
+        for (int k = r->chunks_done; k * micro < r->n; k++)
+            if (logps_chunk(&chunks, r, k, micro, err, err_len) != 0) goto out;
+        const double seconds[2] = {chunks.old_seconds, chunks.ref_seconds};
+        step_clock_charge_parts(clock, PHASE_REF_LOGPS, parts + 1, seconds, 1);
+    }
     // num_items_in_batch: active completion tokens of the whole generation batch, every rank.
     double active = 0;
     for (int i = 0; i < r->n; i++)

@@ -2,11 +2,14 @@
 the rollout server, built-ins and the reward service (--reward-url) alike, while the server still generates the
 round's other groups. The toy task of test_train_grpo.py, with a reward service beside the built-in regex_format.
 
-* The reward service is slow per call and the server decodes one group at a time (--max-num-seqs = G): the first
-  group of every round is scored by a call made while the others are still generating (a call of fewer completions
-  than the round, reward_overlap_time about one call's delay), and the step's *_time fields still add up.
-* The scores are per completion, so the run is the same run as the build before streaming (TANDEM_BASELINE_BUILD_DIR:
-  one service call per round there), two ranks: every metric the baseline logs and every checkpoint, bit for bit.
+* The reward service is slow per call and the server decodes one group at a time (--max-num-seqs = G), long
+  completions: the first group of every round is scored by a call made while the others are still generating (a
+  call of fewer completions than the round, reward_overlap_time about one call's delay), and the step's *_time
+  fields still add up.
+* The scores are per completion and the old / reference logprobs of a micro-batch do not depend on when they are
+  computed, so the run is the same run as the build before streaming (TANDEM_BASELINE_BUILD_DIR: one service call
+  per round there, logprobs after the whole round), two ranks, four micro-batches a round and a reference model:
+  every metric the baseline logs and every checkpoint, bit for bit.
 """
 import contextlib
 import json
@@ -105,9 +108,11 @@ def run(setup, tag, steps, world, extra, server_args=(), delay=0.0, binary=None)
 
 
 def test_groups_are_scored_while_the_round_still_generates(setup):
-    # 4 prompts a round; the server decodes one group of 8 at a time, the service takes 0.4 s a call.
+    # 4 prompts a round; the server decodes one group of 8 at a time, completions of up to 400 tokens (tens of ms a
+    # group even for the tiny model), and the service takes 0.4 s a call.
     delay, steps, prompts = 0.4, 3, 4
-    out, rows, calls = run(setup, "overlap", steps, 1, ["--per-device-train-batch-size", str(prompts * G)],
+    out, rows, calls = run(setup, "overlap", steps, 1, ["--per-device-train-batch-size", str(prompts * G),
+                                                        "--max-completion-length", "400"],
                            server_args=("--max-num-seqs", str(G)), delay=delay)
     assert sorted(rows) == list(range(1, steps + 1))
     # Every completion scored once, in calls of whole groups; a round's first call is a part of the round.
@@ -124,17 +129,22 @@ def test_groups_are_scored_while_the_round_still_generates(setup):
 
 
 def test_streaming_is_the_baseline_build(setup):
+    """Four micro-batches of one group each per round, a reference model (beta): the old and reference logprobs of
+    a micro-batch are computed once both ranks hold its group, while later groups generate."""
     base = os.environ.get("TANDEM_BASELINE_BUILD_DIR")
     if not base:
         pytest.skip("set TANDEM_BASELINE_BUILD_DIR to a build of the commit before streaming groups")
-    extra = ["--save-steps", "2", "--per-device-train-batch-size", "32"]
+    extra = ["--save-steps", "2", "--per-device-train-batch-size", str(G), "--gradient-accumulation-steps", "4",
+             "--beta", "0.04", "--max-completion-length", "200"]
     binary = str(pathlib.Path(base) / "bin" / "tandem-train")
-    out_b, rows_b, calls_b = run(setup, "baseline", 4, 2, extra, binary=binary)
-    out_s, rows_s, calls_s = run(setup, "streaming", 4, 2, extra, server_args=("--max-num-seqs", str(G)))
+    server = ("--max-num-seqs", str(G))
+    out_b, rows_b, calls_b = run(setup, "baseline", 4, 2, extra, server_args=server, binary=binary)
+    out_s, rows_s, calls_s = run(setup, "streaming", 4, 2, extra, server_args=server)
     # The baseline scores a round in one call per rank; streaming in calls of the groups that came back together.
     assert [n for _, _, n in calls_b] == [4 * G] * 8, calls_b
     assert len(calls_s) > len(calls_b), calls_s
     assert sorted(rows_b) == sorted(rows_s) == [1, 2, 3, 4]
+    assert any(rows_s[s]["logps_overlap_time"] > 0 for s in rows_s), rows_s
     for step in rows_b:
         differing = [k for k in _differing_keys(rows_b[step], rows_s[step]) if k in rows_b[step]]
         assert not differing, (step, {k: (rows_b[step].get(k), rows_s[step].get(k)) for k in differing})
