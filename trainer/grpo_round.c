@@ -49,8 +49,7 @@ void grpo_round_clear(GrpoRound *r) {
     if (r->pending) rollout_generate_cancel(r->client, r->pending);
     r->pending = NULL;
     for (int p = 0; p < r->n_prompts; p++) data_row_clear(&r->rows[p]);
-    if (r->have_groups) rollout_groups_free(r->groups, r->n_prompts);
-    r->have_groups = 0;
+    rollout_groups_free(r->groups, r->n_prompts);   // the groups in, whole round or not (zeroed entries: nothing)
     for (int i = 0; i < r->n; i++) {
         free(r->texts[i]);
         r->texts[i] = NULL;
@@ -107,23 +106,19 @@ int grpo_round_issue(Trainer *t, GrpoRound *r, long first_step, char *err, size_
 int grpo_round_collect(Trainer *t, GrpoRound *r, const GrpoStreamWork *work, char *err, size_t err_len) {
     TrainConfig *c = t->cfg;
     double t0 = trainer_now();
+    if (grpo_round_stream_begin(t, r, err, err_len) != 0) return -1;
     for (int attempt = 1;; attempt++) {
-        int rc = 0;
-        // A round whose servers were lost is sent again (after the weight push below) and streamed like the first.
-        if (!r->pending)
-            rc = rollout_generate_start(t->rollout, r->n_prompts, r->prompts, r->prompt_lens, &r->sampling,
-                                        &r->pending, err, err_len);
         // Every rank agrees whether the round's generation worked (grpo_round_stream): if one lost all its servers,
-        // all retry together after the servers come back with this run's weights (a collective weight push).
-        if (rc == 0) rc = grpo_round_stream(t, r, work, err, err_len);
+        // all wait for the servers to come back, push them this run's weights (a collective weight push) and go
+        // on: the groups already in stay, the prompts still out are sent again.
+        int rc = grpo_round_stream(t, r, work, err, err_len);
         if (rc == -1) return -1;
         if (rc == 0) break;
-        for (int i = 0; i < r->n; i++) {   // the scores of the lost attempt's groups go with them
-            free(r->texts[i]);
-            r->texts[i] = NULL;
-        }
         if (attempt == 3) {
             snprintf(err, err_len, "generation failed 3 times: the rollout servers keep going away");
+            rollout_generate_cancel(r->client, r->pending);
+            r->pending = NULL;
+            rollout_groups_free(r->groups, r->n_prompts);
             return -1;
         }
         int stale;
@@ -131,12 +126,15 @@ int grpo_round_collect(Trainer *t, GrpoRound *r, const GrpoStreamWork *work, cha
         if (t->rank == 0)
             fprintf(stderr, "tandem-train: rollout servers lost mid-round (generation attempt %d of 3); waiting up to "
                     "%.0f s (6 x --rollout-timeout) for one to answer, then pushing the weights and generating the "
-                    "round again\n", attempt, 6.0 * c->rollout_timeout);
+                    "rest of the round\n", attempt, 6.0 * c->rollout_timeout);
         if (rollout_client_refresh(t->rollout, t->progress.policy_version, 2000, &stale, err, err_len) != 0 ||
-            weight_sync_push(t, &secs, err, err_len) != 0)
+            weight_sync_push(t, &secs, err, err_len) != 0) {
+            rollout_generate_cancel(r->client, r->pending);
+            r->pending = NULL;
+            rollout_groups_free(r->groups, r->n_prompts);
             return -1;
+        }
     }
-    r->have_groups = 1;
     double t1 = trainer_now();
     r->stream_seconds = r->reward_seconds;
     r->wait_seconds = t1 - t0;

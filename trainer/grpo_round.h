@@ -52,8 +52,8 @@ typedef struct {
 struct GrpoRound {
     int n_prompts, n;
     DataRow *rows;              // (n_prompts)
-    RolloutGroup *groups;       // (n_prompts) what the servers returned; owns the completion ids and logprobs
-    int have_groups;            // groups hold this round's completions (freed by grpo_round_clear)
+    RolloutGroup *groups;       // (n_prompts) what the servers returned; owns the completion ids and logprobs (freed
+                                // by grpo_round_clear; a group not in yet is zeroed)
     // Sent and not yet collected (grpo_round_issue): the servers generate it while the trainer does other work.
     RolloutPending *pending;
     RolloutClient *client;      // the client `pending` belongs to
@@ -113,7 +113,8 @@ void grpo_round_clear(GrpoRound *r);
 void grpo_round_free(GrpoRound *r);
 
 // Phase 1, generate: the next n_prompts rows of this rank's shard, G completions each from the rollout servers
-// (retried together by every rank when servers went away mid-round, after a weight push); the round's seeds
+// (when servers went away mid-round, every rank waits for them and pushes the weights, then the prompts still out
+// are sent again; the groups already in stay); the round's seeds
 // follow first_step. In two halves: grpo_round_issue sends the round, grpo_round_collect waits for it (a
 // synchronous round is collected right after it is sent; asynchronous GRPO sends rounds ahead and collects each
 // when its training is due). Collecting is collective (every rank agrees whether the servers answered); sending
@@ -121,10 +122,13 @@ void grpo_round_free(GrpoRound *r);
 int grpo_round_issue(Trainer *t, GrpoRound *r, long first_step, char *err, size_t err_len);
 // Collecting streams the round (grpo_round_stream); work (NULL: none) runs on the chunks the ranks hold meanwhile.
 int grpo_round_collect(Trainer *t, GrpoRound *r, const GrpoStreamWork *work, char *err, size_t err_len);
-// One attempt at collecting the round sent (r->pending), streaming (trainer/grpo_stream.c): each group is decoded
-// and scored as it comes back, and work's chunks run as every rank holds them (r->chunks_done). Collective: 0 when
-// every rank has its round; ROLLOUT_ESERVERS_LOST on every rank when one lost its servers, or -1, with the groups
-// freed and nothing pending.
+// Collecting the round sent (r->pending), streaming (trainer/grpo_stream.c): _begin once per round, then
+// grpo_round_stream until every rank has its round: each group is decoded and scored as it comes back, and work's
+// chunks run as every rank holds them (r->chunks_done). Collective: 0 when every rank has its round (r->pending
+// NULL); ROLLOUT_ESERVERS_LOST on every rank when one lost its servers (every rank keeps the groups it has, its
+// generation and its chunks: after the servers are back, grpo_round_stream goes on from there); -1 on an error,
+// with the groups freed and nothing pending.
+int grpo_round_stream_begin(Trainer *t, GrpoRound *r, char *err, size_t err_len);
 int grpo_round_stream(Trainer *t, GrpoRound *r, const GrpoStreamWork *work, char *err, size_t err_len);
 // Drops (keep = 0) the completions sampled more than max_staleness versions before the trainer's policy version
 // now, counting them in r->staleness.

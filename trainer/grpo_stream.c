@@ -111,17 +111,18 @@ static int score_groups(Trainer *t, GrpoRound *r, const int *idx, int k, char *e
     return 0;
 }
 
-// This rank's part of one step of the ranks' lockstep: waits for groups (unless all are in), scores those that came
-// back. 0, ROLLOUT_ESERVERS_LOST (groups and handle freed) or -1.
+// This rank's part of one step of the ranks' lockstep: waits for groups, scores those that came back. 0 (r->pending
+// NULL once every group is in), ROLLOUT_ESERVERS_LOST (the groups in and the handle kept) or -1 (both freed).
 static int stream_local(Trainer *t, GrpoRound *r, char *err, size_t err_len) {
     int *arrived = r->progress_arrived, k = 0;
-    int rc = rollout_generate_poll(t->rollout, r->pending, r->groups, 1000, arrived, &k, err, err_len);
-    if (rc != 0) {
+    int polled = rollout_generate_poll(t->rollout, r->pending, r->groups, 1000, arrived, &k, err, err_len);
+    if (polled == -1) {
         r->pending = NULL;
-        return rc;
+        return -1;
     }
     const int generating = rollout_generate_remaining(r->pending) > 0;
     double t0 = trainer_now();
+    int rc = 0;
     for (int q = 0; q < k && rc == 0; q++) {
         if (group_progress_mark(&r->progress, arrived[q]) != 0)
             rc = err_fail(err, err_len, "prompt %d of the round came back twice", arrived[q]);
@@ -132,55 +133,52 @@ static int stream_local(Trainer *t, GrpoRound *r, char *err, size_t err_len) {
     const double dt = trainer_now() - t0;
     r->reward_seconds += dt;
     if (generating) r->overlap_seconds += dt;
-    if (rc == 0 && !generating) {
-        rc = rollout_generate_finish(t->rollout, r->pending, r->groups, err, err_len);
-        r->pending = NULL;
-        return rc;
-    }
     if (rc != 0) {
         rollout_groups_free(r->groups, r->n_prompts);
         rollout_generate_cancel(r->client, r->pending);
+        r->pending = NULL;
+        return -1;
+    }
+    if (polled != 0) return polled;
+    if (!generating) {
+        rc = rollout_generate_finish(t->rollout, r->pending, r->groups, err, err_len);
         r->pending = NULL;
     }
     return rc;
 }
 
+int grpo_round_stream_begin(Trainer *t, GrpoRound *r, char *err, size_t err_len) {
+    group_progress_reset(&r->progress);
+    r->chunks_done = 0;
+    return fit_stream_buffers(t, r, err, err_len);
+}
+
 int grpo_round_stream(Trainer *t, GrpoRound *r, const GrpoStreamWork *work, char *err, size_t err_len) {
     const int G = t->cfg->grpo.num_generations;
     const int n_chunks = work ? (r->n + work->chunk - 1) / work->chunk : 0;
-    group_progress_reset(&r->progress);
-    r->chunks_done = 0;
-    int local = 0, done = 0;    // local: this rank's last result (0 / ROLLOUT_ESERVERS_LOST); done: all groups in
-    if (fit_stream_buffers(t, r, err, err_len) != 0) {
-        rollout_generate_cancel(r->client, r->pending);
-        r->pending = NULL;
-        return -1;
-    }
+    int local = 0;
     for (;;) {
+        const int done = !r->pending;
         if (!done && local == 0) {
             local = stream_local(t, r, err, err_len);
             if (local == -1) return -1;
-            done = local == 0 && !r->pending;
         }
-        // The ranks' lockstep: the chunks every rank holds, whether every rank is done, whether one lost its
-        // servers. Every rank takes the same decisions from these, so all run the same collectives in the same order
-        // (the chunk work's forwards are collective under ZeRO-3).
-        int ready = done ? n_chunks : work ? r->progress.prefix * G / work->chunk : 0;
-        int32_t agree[3] = {-ready, -done, local != 0};
+        // The ranks' lockstep: the chunks every rank holds, whether every rank has all its groups, whether one lost
+        // its servers. Every rank takes the same decisions from these, so all run the same collectives in the same
+        // order (the chunk work's forwards and backwards are collective under ZeRO-3).
+        const int all_in = !r->pending;
+        int ready = all_in ? n_chunks : work ? r->progress.prefix * G / work->chunk : 0;
+        int32_t agree[3] = {-ready, -all_in, local != 0};
         if (comm_all_reduce(t->comm, agree, 3, COMM_I32, COMM_MAX) != 0) {
             snprintf(err, err_len, "%s", comm_error(t->comm));
-            local = -1;
-        } else if (agree[2]) {
-            local = ROLLOUT_ESERVERS_LOST;
-        } else if (-agree[1]) {
-            return 0;   // the chunks left are the caller's, after the round is in
-        }
-        if (local != 0) {   // lost somewhere (every rank generates the round again), or the reduce failed
-            if (!done && r->pending) rollout_generate_cancel(r->client, r->pending);
-            if (done || r->pending) rollout_groups_free(r->groups, r->n_prompts);
+            rollout_generate_cancel(r->client, r->pending);
             r->pending = NULL;
-            return local;
+            rollout_groups_free(r->groups, r->n_prompts);
+            return -1;
         }
+        // Lost somewhere: every rank keeps what it has; the caller brings the servers back and streams on.
+        if (agree[2]) return ROLLOUT_ESERVERS_LOST;
+        if (-agree[1]) return 0;   // the chunks left are the caller's, after the round is in
         for (; r->chunks_done < -agree[0]; r->chunks_done++)
             if (work->run(work->ctx, r, r->chunks_done, err, err_len) != 0) return -1;
     }

@@ -59,8 +59,10 @@ void rollout_generate_cancel(RolloutClient *c, RolloutPending *p);
 // completed meanwhile, listing those in done[0..*n_done) (done holds n_prompts) in the order they completed; a
 // prompt's silence counts only the time spent waiting in _poll and _finish. out must be the same array at every
 // call (cleared at the first); rollout_generate_remaining says how many prompts are still out, and _finish (with
-// the same out) waits for those and frees the handle. On an error (-1) or ROLLOUT_ESERVERS_LOST, _poll (like
-// _finish) frees the groups in out and the handle.
+// the same out) waits for those and frees the handle. On an error (-1), _poll frees the groups in out and the
+// handle; on ROLLOUT_ESERVERS_LOST (no server answering) it keeps both, with the groups completed before the loss
+// in done, so that after rollout_client_refresh the next _poll sends the prompts still out again and the groups
+// already in stay (_finish frees both on either).
 int rollout_generate_poll(RolloutClient *c, RolloutPending *p, RolloutGroup *out, int wait_ms, int *done,
                           int *n_done, char *err, size_t err_len);
 int rollout_generate_remaining(const RolloutPending *p);

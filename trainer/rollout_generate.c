@@ -312,9 +312,10 @@ static int wait_once(RolloutClient *c, RolloutPending *p, double wait_ms, char *
     }
 }
 
-// Runs one wait with the caller's groups and completed-prompt list; on failure frees the groups and the handle.
+// Runs one wait with the caller's groups and completed-prompt list; on an error (-1), or on any failure when
+// free_on_loss, frees the groups and the handle.
 static int wait_bound(RolloutClient *c, RolloutPending *p, RolloutGroup *out, double wait_ms, int *done,
-                      char *err, size_t err_len) {
+                      int free_on_loss, char *err, size_t err_len) {
     if (!p->out) memset(out, 0, (size_t)p->n_prompts * sizeof *out);
     p->out = out;
     p->done_out = done, p->n_done_out = 0;
@@ -322,7 +323,7 @@ static int wait_bound(RolloutClient *c, RolloutPending *p, RolloutGroup *out, do
     int rc = wait_once(c, p, wait_ms, err, err_len);
     p->waited_ms += now_ms() - p->wait_entered_ms;
     p->done_out = NULL;
-    if (rc != 0) {
+    if (rc == -1 || (rc != 0 && free_on_loss)) {
         rollout_groups_free(out, p->n_prompts);
         rollout_generate_cancel(c, p);
     }
@@ -332,8 +333,8 @@ static int wait_bound(RolloutClient *c, RolloutPending *p, RolloutGroup *out, do
 int rollout_generate_poll(RolloutClient *c, RolloutPending *p, RolloutGroup *out, int wait_ms, int *done,
                           int *n_done, char *err, size_t err_len) {
     *n_done = 0;
-    int rc = wait_bound(c, p, out, wait_ms, done, err, err_len);
-    if (rc == 0) *n_done = p->n_done_out;
+    int rc = wait_bound(c, p, out, wait_ms, done, 0, err, err_len);
+    if (rc != -1) *n_done = p->n_done_out;   // a wait that ends in a loss may have taken groups before it
     return rc;
 }
 
@@ -341,7 +342,7 @@ int rollout_generate_remaining(const RolloutPending *p) { return p->remaining; }
 
 int rollout_generate_finish(RolloutClient *c, RolloutPending *p, RolloutGroup *out, char *err, size_t err_len) {
     while (p->remaining > 0) {
-        int rc = wait_bound(c, p, out, 1e9, NULL, err, err_len);
+        int rc = wait_bound(c, p, out, 1e9, NULL, 1, err, err_len);
         if (rc != 0) return rc;
     }
     if (!p->out) memset(out, 0, (size_t)p->n_prompts * sizeof *out);
