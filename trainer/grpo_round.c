@@ -27,12 +27,13 @@ int grpo_round_init(GrpoRound *r, int n_prompts, int G, int world, char *err, si
     r->versions = calloc(n, sizeof *r->versions);
     r->keep = calloc(n, 1);
     r->advantages = calloc(n, sizeof *r->advantages);
+    r->streamed_adv = calloc(n ? n : 1, sizeof *r->streamed_adv);
     r->off = calloc(n + 1, sizeof *r->off);
     r->samples = calloc(n, sizeof *r->samples);
     r->texts = calloc(n, sizeof *r->texts);
     r->adv_all = calloc(n * (size_t)world, sizeof *r->adv_all);
     r->progress_arrived = calloc(n_prompts ? n_prompts : 1, sizeof *r->progress_arrived);
-    if (!r->progress_arrived || group_progress_init(&r->progress, n_prompts, err, err_len) != 0) {
+    if (!r->progress_arrived || !r->streamed_adv || group_progress_init(&r->progress, n_prompts, err, err_len) != 0) {
         grpo_round_free(r);
         return err_fail(err, err_len, "out of memory for a generation round");
     }
@@ -63,7 +64,7 @@ void grpo_round_free(GrpoRound *r) {
     free(r->sampling_logps), free(r->truncated), free(r->versions), free(r->keep), free(r->advantages), free(r->off);
     free(r->old_logps), free(r->ref_logps), free(r->samples), free(r->texts), free(r->service_scores);
     free(r->scores), free(r->local), free(r->builtin_scores), free(r->call_samples), free(r->call_scores);
-    free(r->progress_arrived);
+    free(r->progress_arrived), free(r->streamed_adv);
     group_progress_free(&r->progress);
     free(r->all), free(r->adv_all), free(r->fmean), free(r->fstd), free(r->weights);
     memset(r, 0, sizeof *r);
@@ -210,20 +211,51 @@ int grpo_round_rewards(Trainer *t, GrpoRound *r, int *n_funcs, char *err, size_t
     return 0;
 }
 
+// reward_weights for F functions in r->weights (*weights = NULL when not set: all 1).
+static int reward_weights(const TrainConfig *c, GrpoRound *r, int F, const float **weights, char *err,
+                          size_t err_len) {
+    *weights = NULL;
+    if (!c->reward_weights) return 0;
+    if ((int)c->n_reward_weights != F)
+        return err_fail(err, err_len, "reward_weights has %zu entries but there are %d reward functions",
+                        c->n_reward_weights, F);
+    for (int f = 0; f < F; f++) r->weights[f] = (float)c->reward_weights[f];
+    *weights = r->weights;
+    return 0;
+}
+
+int grpo_round_group_advantages(Trainer *t, GrpoRound *r, int g, char *err, size_t err_len) {
+    TrainConfig *c = t->cfg;
+    const int G = c->grpo.num_generations, F_builtin = (int)rewards_count(t->rewards);
+    const int F = F_builtin + (t->reward_service ? r->n_service_funcs : 0);
+    // The staleness filter grpo_round_filter_stale applies once the round is in (the policy version does not
+    // change while it comes in), for this group now.
+    GrpoStaleness st;
+    r->train_version = t->progress.policy_version;
+    grpo_staleness_filter(G, r->versions + (size_t)g * G, r->train_version,
+                          c->max_staleness > 0 ? c->max_staleness : INT_MAX, r->keep + (size_t)g * G, &st);
+    const float *weights;
+    if (fit_funcs(t, r, F, err, err_len) != 0 || reward_weights(c, r, F, &weights, err, err_len) != 0) return -1;
+    float *rows = r->local + (size_t)g * G * F;
+    for (int i = g * G; i < (g + 1) * G; i++)
+        for (int f = 0; f < F; f++) {
+            double v = f < F_builtin ? r->builtin_scores[(size_t)i * F_builtin + f]
+                                     : r->service_scores[(size_t)i * GRPO_SERVICE_MAX_FUNCS + f - F_builtin];
+            r->local[(size_t)i * F + f] = r->keep[i] ? (float)v : NAN;
+        }
+    if (grpo_advantages(&c->grpo, G, F, rows, weights, r->advantages + (size_t)g * G, NULL, NULL, NULL, err,
+                        err_len) != 0)
+        return -1;
+    memcpy(r->streamed_adv + (size_t)g * G, r->advantages + (size_t)g * G, (size_t)G * sizeof(float));
+    return 0;
+}
+
 int grpo_round_advantages(Trainer *t, GrpoRound *r, int F, json_t *m, char *err, size_t err_len) {
     TrainConfig *c = t->cfg;
     double t0 = trainer_now();
     const int F_builtin = (int)rewards_count(t->rewards);
-    const float *weights = NULL;
-    if (c->reward_weights) {
-        if ((int)c->n_reward_weights != F) {
-            snprintf(err, err_len, "reward_weights has %zu entries but there are %d reward functions",
-                     c->n_reward_weights, F);
-            return -1;
-        }
-        for (int f = 0; f < F; f++) r->weights[f] = (float)c->reward_weights[f];
-        weights = r->weights;
-    }
+    const float *weights;
+    if (reward_weights(c, r, F, &weights, err, err_len) != 0) return -1;
     // Every rank's rewards, in rank order (TRL's gather).
     if (comm_all_gather(t->comm, r->all, r->local, (size_t)r->n * F, COMM_F32) != 0) {
         snprintf(err, err_len, "gathering rewards: %s", comm_error(t->comm));

@@ -71,6 +71,7 @@ struct GrpoRound {
     GrpoStaleness staleness;    // of this rank's completions when the round's training starts
     int64_t train_version;      // the trainer's policy version then
     float *advantages;          // (n)
+    float *streamed_adv;        // (n) advantages computed group by group for micro-steps run while the round came in
     size_t *off;                // (n + 1) prefix sums of comp_len: completion i's slice of the flat logps below
     float *old_logps;           // (off[n]) trainer logprobs before this round's updates, when needed
     float *ref_logps;           // (off[n]) the reference model's logprobs, beta > 0
@@ -136,6 +137,9 @@ void grpo_round_filter_stale(Trainer *t, GrpoRound *r);
 // Phase 2, rewards: the built-in rewards and the reward service's, per completion and function, from the scores
 // grpo_round_collect computed group by group as the round came in.
 int grpo_round_rewards(Trainer *t, GrpoRound *r, int *n_funcs, char *err, size_t err_len);
+// Streaming groups: group g's advantages from its own rewards (its staleness filter first), into advantages and
+// streamed_adv — with scale_rewards group / none and sum_then_normalize the numbers grpo_round_advantages gives it.
+int grpo_round_group_advantages(Trainer *t, GrpoRound *r, int g, char *err, size_t err_len);
 // Phase 3, advantages over the whole generation batch (every rank's rewards), and the round's metrics (TRL's
 // names) into m.
 int grpo_round_advantages(Trainer *t, GrpoRound *r, int n_funcs, json_t *m, char *err, size_t err_len);

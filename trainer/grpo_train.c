@@ -125,7 +125,7 @@ static int score_chunk(Trainer *t, UnitSource *src, GrpoRound *r, MicroBuffers *
 }
 
 // The old and reference logprobs of a round, chunk by chunk (micro-batches of completions, in order): while the
-// round streams in (GrpoStreamWork: every rank scores chunk k once every rank holds it), then the rest.
+// round streams in (RoundStream), then the rest.
 typedef struct {
     Trainer *t;
     UnitSource *policy, *ref;
@@ -148,11 +148,6 @@ static int logps_chunk(LogpsChunks *x, GrpoRound *r, int k, int micro, char *err
     x->old_seconds += t1 - t0;
     x->ref_seconds += trainer_now() - t1;
     return 0;
-}
-
-static int logps_stream_chunk(void *ctx, GrpoRound *r, int k, char *err, size_t err_len) {
-    LogpsChunks *x = ctx;
-    return logps_chunk(x, r, k, x->t->cfg->per_device_train_batch_size, err, err_len);
 }
 
 static void add(double *acc, double v) { *acc += v; }
@@ -286,6 +281,54 @@ static int micro_step(Trainer *t, UnitSource *policy, const GrpoRound *r, MicroB
     add(&acc->clip_low, lm.clip_low_sum), add(&acc->clip_high, lm.clip_high_sum);
     add(&acc->clip_region, lm.clip_region_sum);
     add(&acc->clip_n, lm.clip_count);
+    return 0;
+}
+
+// What runs on a round while it streams in (GrpoStreamWork): for micro-batch k, once every rank holds its groups,
+// its old and reference logprobs, and — when the options let a micro-step run before the whole round is in (see
+// early_micro_steps) — its micro-step, the first `early` of the round.
+typedef struct {
+    LogpsChunks logps;
+    int early;                  // micro-steps that may run while the round comes in
+    int off_policy;
+    GrpoEntropyControl *ec;
+    StepSums *sums;             // the first optimizer step's sums, carried on by run_round
+    double *t_train;
+    int micro_done;             // micro-steps run while the round came in
+    double fwd_bwd_seconds;
+} RoundStream;
+
+// Micro-steps that may start before the whole round is in, with the same result: those before the round's first
+// optimizer step (a step would push weights to servers still generating the round), when nothing they need reads
+// the whole batch — dapo, cispo and vespo divide by num_items_in_batch (every rank's active tokens of the round),
+// scale_rewards batch and normalize_then_sum normalise advantages over the batch. 0 otherwise.
+static int early_micro_steps(const TrainConfig *c) {
+    const GrpoOptions *o = &c->grpo;
+    if (o->loss_type == GRPO_LOSS_DAPO || o->loss_type == GRPO_LOSS_CISPO || o->loss_type == GRPO_LOSS_VESPO ||
+        o->scale_rewards == GRPO_SCALE_BATCH || o->multi_objective_aggregation != GRPO_AGG_SUM_THEN_NORMALIZE)
+        return 0;
+    const int S = c->resolved_steps_per_generation, GA = c->gradient_accumulation_steps;
+    return S < GA ? S : GA;
+}
+
+static int round_stream_chunk(void *ctx, GrpoRound *r, int k, char *err, size_t err_len) {
+    RoundStream *x = ctx;
+    Trainer *t = x->logps.t;
+    const int B = t->cfg->per_device_train_batch_size, G = t->cfg->grpo.num_generations;
+    if (logps_chunk(&x->logps, r, k, B, err, err_len) != 0) return -1;
+    if (k >= x->early) return 0;
+    // The groups micro-batch k draws on are all in (the stream counts whole groups).
+    for (int g = k * B / G; g <= ((k + 1) * B - 1) / G; g++)
+        if (grpo_round_group_advantages(t, r, g, err, err_len) != 0) return -1;
+    double t0 = trainer_now();
+    // num_items_in_batch is not known yet; none of the loss types that run here reads it.
+    if (micro_step(t, x->logps.policy, r, x->logps.w, k, x->logps.need_old, x->off_policy, 0, x->ec, x->sums, err,
+                   err_len) != 0)
+        return -1;
+    double dt = trainer_now() - t0;
+    *x->t_train += dt;
+    x->fwd_bwd_seconds += dt;
+    x->micro_done = k + 1;
     return 0;
 }
 
@@ -514,24 +557,37 @@ static int run_round(Trainer *t, RoundRing *q, MicroBuffers *w, UnitSource *poli
     if (grpo_round_reserve_logps(r, need_old, t->ref != NULL, (size_t)r->n * o->max_completion_length, err,
                                  err_len) != 0)
         goto out;
-    LogpsChunks chunks = {.t = t, .policy = policy, .ref = ref, .w = w, .need_old = need_old};
-    GrpoStreamWork work = {.chunk = micro, .run = logps_stream_chunk, .ctx = &chunks};
-    if (grpo_round_collect(t, r, (need_old || t->ref) ? &work : NULL, err, err_len) != 0) goto out;
-    const StepPhase parts[3] = {PHASE_REWARDS, PHASE_OLD_LOGPS, PHASE_REF_LOGPS};
-    const double part_seconds[3] = {r->stream_seconds, chunks.old_seconds, chunks.ref_seconds};
-    step_clock_charge_parts(clock, PHASE_WAIT, parts, part_seconds, 3);
-    json_object_set_new(m, "logps_overlap_time", json_real(chunks.old_seconds + chunks.ref_seconds));
+    const int off_policy = c->num_iterations > 1 || S > GA;
+    StepSums sums = {0};
+    double t_train = 0;
+    RoundStream rs = {.logps = {.t = t, .policy = policy, .ref = ref, .w = w, .need_old = need_old},
+                      .early = early_micro_steps(c), .off_policy = off_policy, .ec = ec, .sums = &sums,
+                      .t_train = &t_train};
+    LogpsChunks *chunks = &rs.logps;
+    GrpoStreamWork work = {.chunk = micro, .run = round_stream_chunk, .ctx = &rs};
+    if (grpo_round_collect(t, r, (need_old || t->ref || rs.early) ? &work : NULL, err, err_len) != 0) goto out;
+    const StepPhase parts[4] = {PHASE_REWARDS, PHASE_OLD_LOGPS, PHASE_REF_LOGPS, PHASE_FWD_BWD};
+    const double part_seconds[4] = {r->stream_seconds, chunks->old_seconds, chunks->ref_seconds, rs.fwd_bwd_seconds};
+    step_clock_charge_parts(clock, PHASE_WAIT, parts, part_seconds, 4);
+    json_object_set_new(m, "logps_overlap_time", json_real(chunks->old_seconds + chunks->ref_seconds));
+    json_object_set_new(m, "train_overlap_time", json_real(rs.fwd_bwd_seconds));
     if (issue_ahead(t, q, clock, err, err_len) != 0) goto out;
     grpo_round_filter_stale(t, r);
     if (grpo_round_rewards(t, r, &F, err, err_len) != 0 || grpo_round_advantages(t, r, F, m, err, err_len) != 0)
         goto out;
+    // The micro-steps run while the round came in used group-by-group advantages: the batch's must be the same.
+    if (rs.micro_done && memcmp(r->advantages, r->streamed_adv, (size_t)rs.micro_done * micro * sizeof(float))) {
+        snprintf(err, err_len, "the advantages of the micro-steps run while the round came in differ from the "
+                 "round's");
+        goto out;
+    }
     step_clock_charge(clock, PHASE_REWARDS);
     // The chunks no rank streamed.
     if (need_old || t->ref) {
-        chunks.old_seconds = chunks.ref_seconds = 0;
+        chunks->old_seconds = chunks->ref_seconds = 0;
         for (int k = r->chunks_done; k * micro < r->n; k++)
-            if (logps_chunk(&chunks, r, k, micro, err, err_len) != 0) goto out;
-        const double seconds[2] = {chunks.old_seconds, chunks.ref_seconds};
+            if (logps_chunk(chunks, r, k, micro, err, err_len) != 0) goto out;
+        const double seconds[2] = {chunks->old_seconds, chunks->ref_seconds};
         step_clock_charge_parts(clock, PHASE_REF_LOGPS, parts + 1, seconds, 1);
     }
     // num_items_in_batch: active completion tokens of the whole generation batch, every rank.
@@ -542,21 +598,20 @@ static int run_round(Trainer *t, RoundRing *q, MicroBuffers *w, UnitSource *poli
         snprintf(err, err_len, "%s", comm_error(t->comm));
         goto out;
     }
-    StepSums sums = {0};
-    double t_train = 0;
     int micro_done = 0;
     for (int it = 0; it < c->num_iterations && t->progress.step < t->total_steps; it++) {
         for (int s = 0; s < S && t->progress.step < t->total_steps; s++) {
-            double t0 = trainer_now();
-            if (micro_step(t, policy, r, w, s, need_old, c->num_iterations > 1 || S > GA, active, ec, &sums, err,
-                           err_len) != 0)
-                goto out;
-            t_train += trainer_now() - t0;
-            step_clock_charge(clock, PHASE_FWD_BWD);
+            if (it > 0 || s >= rs.micro_done) {   // not run while the round came in
+                double t0 = trainer_now();
+                if (micro_step(t, policy, r, w, s, need_old, off_policy, active, ec, &sums, err, err_len) != 0)
+                    goto out;
+                t_train += trainer_now() - t0;
+                step_clock_charge(clock, PHASE_FWD_BWD);
+            }
             if (++micro_done % GA != 0) continue;
             float gn;
             double lr;
-            t0 = trainer_now();
+            double t0 = trainer_now();
             if (trainer_optimizer_step(t, &gn, &lr, err, err_len) != 0) goto out;
             t_train += trainer_now() - t0;
             if (o->use_adaptive_entropy) {

@@ -6,10 +6,11 @@ round's other groups. The toy task of test_train_grpo.py, with a reward service 
   completions: the first group of every round is scored by a call made while the others are still generating (a
   call of fewer completions than the round, reward_overlap_time about one call's delay), and the step's *_time
   fields still add up.
-* The scores are per completion and the old / reference logprobs of a micro-batch do not depend on when they are
-  computed, so the run is the same run as the build before streaming (TANDEM_BASELINE_BUILD_DIR: one service call
-  per round there, logprobs after the whole round), two ranks, four micro-batches a round and a reference model:
-  every metric the baseline logs and every checkpoint, bit for bit.
+* The scores are per completion, the old / reference logprobs of a micro-batch do not depend on when they are
+  computed, and a micro-step run early sees the numbers it would see later (only where the options make that so),
+  so the run is the same run as the build before streaming (TANDEM_BASELINE_BUILD_DIR: one service call per round
+  there, everything after the whole round), two ranks, four micro-batches a round, for several option sets: every
+  metric the baseline logs and every checkpoint, bit for bit.
 """
 import contextlib
 import json
@@ -128,23 +129,41 @@ def test_groups_are_scored_while_the_round_still_generates(setup):
         assert "rewards/reward_service/mean" in row and "rewards/regex_format/mean" in row
 
 
-def test_streaming_is_the_baseline_build(setup):
-    """Four micro-batches of one group each per round, a reference model (beta): the old and reference logprobs of
-    a micro-batch are computed once both ranks hold its group, while later groups generate."""
+# Options beside 4 micro-batches of one group each per round (one optimizer step), and whether micro-steps may start
+# before the round is in: the grpo loss with a reference model; bnpo with two iterations over the round and the
+# entropy quantile (a collective inside each micro-step); dapo (num_items_in_batch: the whole round) with
+# scale_rewards batch, which only stream rewards and logprobs.
+VARIANTS = {
+    "grpo-beta": (["--beta", "0.04"], True),
+    "bnpo-iterations-entropy": (["--loss-type", "bnpo", "--num-iterations", "2", "--top-entropy-quantile", "0.5"],
+                                True),
+    "dapo-batch": (["--loss-type", "dapo", "--scale-rewards", "batch", "--beta", "0.04"], False),
+}
+
+
+@pytest.mark.parametrize("variant", sorted(VARIANTS))
+def test_streaming_is_the_baseline_build(setup, variant):
+    """The old and reference logprobs of a micro-batch are computed once both ranks hold its group, and (where the
+    options allow) its micro-step runs, while later groups generate: the run is still the baseline's."""
     base = os.environ.get("TANDEM_BASELINE_BUILD_DIR")
     if not base:
         pytest.skip("set TANDEM_BASELINE_BUILD_DIR to a build of the commit before streaming groups")
+    options, early_micro_steps = VARIANTS[variant]
     extra = ["--save-steps", "2", "--per-device-train-batch-size", str(G), "--gradient-accumulation-steps", "4",
-             "--beta", "0.04", "--max-completion-length", "200"]
+             "--max-completion-length", "200", *options]
     binary = str(pathlib.Path(base) / "bin" / "tandem-train")
     server = ("--max-num-seqs", str(G))
-    out_b, rows_b, calls_b = run(setup, "baseline", 4, 2, extra, server_args=server, binary=binary)
-    out_s, rows_s, calls_s = run(setup, "streaming", 4, 2, extra, server_args=server)
+    out_b, rows_b, calls_b = run(setup, f"baseline-{variant}", 4, 2, extra, server_args=server, binary=binary)
+    out_s, rows_s, calls_s = run(setup, f"streaming-{variant}", 4, 2, extra, server_args=server)
     # The baseline scores a round in one call per rank; streaming in calls of the groups that came back together.
-    assert [n for _, _, n in calls_b] == [4 * G] * 8, calls_b
+    assert calls_b and all(n == 4 * G for _, _, n in calls_b), calls_b
     assert len(calls_s) > len(calls_b), calls_s
     assert sorted(rows_b) == sorted(rows_s) == [1, 2, 3, 4]
     assert any(rows_s[s]["logps_overlap_time"] > 0 for s in rows_s), rows_s
+    if early_micro_steps:
+        assert any(rows_s[s]["train_overlap_time"] > 0 for s in rows_s), rows_s
+    else:
+        assert all(rows_s[s]["train_overlap_time"] == 0 for s in rows_s), rows_s
     for step in rows_b:
         differing = [k for k in _differing_keys(rows_b[step], rows_s[step]) if k in rows_b[step]]
         assert not differing, (step, {k: (rows_b[step].get(k), rows_s[step].get(k)) for k in differing})
