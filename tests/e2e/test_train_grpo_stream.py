@@ -132,9 +132,11 @@ def test_groups_are_scored_while_the_round_still_generates(setup):
 # Options beside 4 micro-batches of one group each per round (one optimizer step), and whether micro-steps may start
 # before the round is in: the grpo loss with a reference model; bnpo with two iterations over the round and the
 # entropy quantile (a collective inside each micro-step); dapo (num_items_in_batch: the whole round) with
-# scale_rewards batch, which only stream rewards and logprobs.
+# scale_rewards batch, which only stream rewards and logprobs; asynchronous rounds (one sent ahead, the servers'
+# weights held still so that both builds sample the same completions).
 VARIANTS = {
     "grpo-beta": (["--beta", "0.04"], True),
+    "grpo-ahead": (["--max-staleness", "1", "--weight-sync-steps", "100"], True),
     "bnpo-iterations-entropy": (["--loss-type", "bnpo", "--num-iterations", "2", "--top-entropy-quantile", "0.5"],
                                 True),
     "dapo-batch": (["--loss-type", "dapo", "--scale-rewards", "batch", "--beta", "0.04"], False),
