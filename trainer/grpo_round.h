@@ -24,12 +24,12 @@ typedef struct {
 void grpo_staleness_filter(int n, const int64_t *versions, int64_t policy_version, int max_staleness,
                            uint8_t *keep, GrpoStaleness *st);
 
-// Streaming groups (trainer/grpo_stream.c): which of a round's groups have come back and been scored, in order.
+// Streaming groups (trainer/grpo_stream.c): which of a round's groups have come back and been scored. The prefix
+// decides which micro-batches of completions (the first prefix x G) this rank holds.
 typedef struct {
     int n_groups, n_scored;
     int prefix;                 // groups 0 .. prefix - 1 are all scored (their completions are in)
     uint8_t *scored;            // (n_groups) 1 once group g's rewards are computed
-    int *order;                 // (n_scored) the groups in the order they were scored
 } GroupProgress;
 
 int group_progress_init(GroupProgress *g, int n_groups, char *err, size_t err_len);

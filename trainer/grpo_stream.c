@@ -4,8 +4,8 @@
 // the servers still generate the others. Scores are per completion, so the round's scores are the same numbers
 // whatever order and batches the groups arrived in. Meanwhile the ranks keep in step (one small all-reduce per
 // wait): once every rank holds the groups of a chunk of completions (the first k x chunk of each rank's round), the
-// caller's chunk work runs on it — the old and reference logprobs — on every rank at once. Advantages and
-// everything after wait for the whole round (trainer/grpo_round.c, trainer/grpo_train.c).
+// caller's chunk work runs on it — the old and reference logprobs, and a micro-step where the options allow — on
+// every rank at once. The rest waits for the whole round (trainer/grpo_round.c, trainer/grpo_train.c).
 #include "trainer/grpo_round.h"
 
 #include <stdio.h>
@@ -18,11 +18,8 @@
 int group_progress_init(GroupProgress *g, int n_groups, char *err, size_t err_len) {
     memset(g, 0, sizeof *g);
     g->n_groups = n_groups;
-    if (!(g->scored = calloc((size_t)(n_groups ? n_groups : 1), 1)) ||
-        !(g->order = calloc((size_t)(n_groups ? n_groups : 1), sizeof *g->order))) {
-        group_progress_free(g);
+    if (!(g->scored = calloc((size_t)(n_groups ? n_groups : 1), 1)))
         return err_fail(err, err_len, "out of memory for the progress of %d groups", n_groups);
-    }
     return 0;
 }
 
@@ -34,13 +31,13 @@ void group_progress_reset(GroupProgress *g) {
 int group_progress_mark(GroupProgress *g, int group) {
     if (group < 0 || group >= g->n_groups || g->scored[group]) return -1;
     g->scored[group] = 1;
-    g->order[g->n_scored++] = group;
+    g->n_scored++;
     while (g->prefix < g->n_groups && g->scored[g->prefix]) g->prefix++;
     return 0;
 }
 
 void group_progress_free(GroupProgress *g) {
-    free(g->scored), free(g->order);
+    free(g->scored);
     memset(g, 0, sizeof *g);
 }
 
@@ -126,6 +123,9 @@ static int stream_local(Trainer *t, GrpoRound *r, char *err, size_t err_len) {
     for (int q = 0; q < k && rc == 0; q++) {
         if (group_progress_mark(&r->progress, arrived[q]) != 0)
             rc = err_fail(err, err_len, "prompt %d of the round came back twice", arrived[q]);
+        else if (r->groups[arrived[q]].n != t->cfg->grpo.num_generations)
+            rc = err_fail(err, err_len, "prompt %d of the round came back with %d completions, not %d", arrived[q],
+                          r->groups[arrived[q]].n, t->cfg->grpo.num_generations);
         else
             take_group(t, r, arrived[q]);
     }
