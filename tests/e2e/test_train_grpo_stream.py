@@ -6,6 +6,9 @@ round's other groups. The toy task of test_train_grpo.py, with a reward service 
   completions: the first group of every round is scored by a call made while the others are still generating (a
   call of fewer completions than the round, reward_overlap_time about one call's delay), and the step's *_time
   fields still add up.
+* The only rollout server is killed while the first round comes back (from the reward service's first call, so
+  some groups are in) and started again on its endpoint: the trainer keeps the groups it has, sends the others
+  again, and the run is the uninterrupted run, bit for bit.
 * The scores are per completion, the old / reference logprobs of a micro-batch do not depend on when they are
   computed, and a micro-step run early sees the numbers it would see later (only where the options make that so),
   so the run is the same run as the build before streaming (TANDEM_BASELINE_BUILD_DIR: one service call per round
@@ -37,14 +40,18 @@ class RewardService:
     """An HTTP reward service that takes `delay` seconds per call: 1.0 for a completion with a digit, else 0.5 when it
     has a space, else 0. Records each call's (start, end, number of completions)."""
 
-    def __init__(self, delay):
-        self.delay, self.calls, self.lock = delay, [], threading.Lock()
+    def __init__(self, delay, on_first_call=None):
+        self.delay, self.calls, self.lock, self.on_first_call = delay, [], threading.Lock(), on_first_call
         service = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self):
                 start = time.time()
                 batch = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+                with service.lock:
+                    first, service.on_first_call = service.on_first_call, None
+                if first:
+                    first()
                 time.sleep(service.delay)
                 scores = [1.0 if re.search("[0-9]", s["completion"]) else 0.5 if " " in s["completion"] else 0.0
                           for s in batch]
@@ -174,3 +181,42 @@ def test_streaming_is_the_baseline_build(setup, variant):
         assert (out_b / ckpt / "model.safetensors").read_bytes() == (out_s / ckpt / "model.safetensors").read_bytes()
         states = [json.loads((out / ckpt / "trainer_state.json").read_text()) for out in (out_b, out_s)]
         assert states[0] == states[1], states
+
+
+def test_a_server_lost_mid_round_keeps_the_groups_in(setup):
+    d, model_dir, data = setup
+    extra = ["--per-device-train-batch-size", str(G), "--gradient-accumulation-steps", "4",
+             "--max-completion-length", "200", "--save-steps", "3"]
+    server = ("--max-num-seqs", str(G))
+    out_u, rows_u, _ = run(setup, "uninterrupted", 3, 1, extra, server_args=server)
+    out_dir = d / "interrupted"
+    control = f"tcp://127.0.0.1:{free_port()}"
+    servers = [TandemServer(model_dir, "--control", control, *server)]
+
+    def restart():   # the round's first group is in: the server dies with the others, and comes back
+        servers[0].kill()
+        servers.append(TandemServer(model_dir, "--control", control, *server))
+
+    try:
+        with RewardService(0.0, on_first_call=restart) as service:
+            args = grpo_args(model_dir, data, out_dir, control, steps=3, extra=[*extra, "--reward-url", service.url])
+            procs = launch(args, 1, free_port(), d)
+            codes = [p.wait(timeout=600) for p, _ in procs]
+            for _, log in procs:
+                log.close()
+        calls = sorted(service.calls)
+    finally:
+        for srv in servers:
+            srv.stop()
+    log = (d / "rank0.log").read_text()
+    assert codes == [0], log[-3000:]
+    assert len(servers) == 2 and "lost mid-round" in log, log[-3000:]
+    # Every group scored once: the groups in before the loss were not generated again.
+    assert sum(n for _, _, n in calls) == 3 * 4 * G, calls
+    rows_i = _metric_rows(out_dir)
+    assert sorted(rows_i) == sorted(rows_u) == [1, 2, 3]
+    for step in rows_u:
+        differing = _differing_keys(rows_u[step], rows_i[step])
+        assert not differing, (step, {k: (rows_u[step].get(k), rows_i[step].get(k)) for k in differing})
+    assert (out_u / "checkpoint-3" / "model.safetensors").read_bytes() == \
+        (out_dir / "checkpoint-3" / "model.safetensors").read_bytes()
