@@ -52,6 +52,16 @@ void detok_free(Detok *d) {
     memset(d, 0, sizeof *d);
 }
 
+int detok_restart(Detok *d, char *err, size_t err_len) {
+    TokenizerStream *fresh = NULL;
+    if (d->tok && tokenizer_stream_create(&fresh, d->tok, d->p->skip_special_tokens, err, err_len) != 0) return -1;
+    if (d->stream) tokenizer_stream_free(d->stream);
+    d->stream = fresh;
+    d->held.len = 0;
+    d->finished = 0;
+    return 0;
+}
+
 static int is_stop_token(const Detok *d, int32_t t) {
     for (int i = 0; i < d->p->n_stop_token_ids; i++)
         if (d->p->stop_token_ids[i] == t) return 1;

@@ -42,6 +42,9 @@ typedef struct {
 int detok_init(Detok *d, const Tokenizer *tok, const SamplingParams *p, const int32_t *eos_ids, int n_eos,
                char *err, size_t err_len);
 void detok_free(Detok *d);
+// Back to the state detok_init left: no text decoded, nothing held back (a completion that starts over). Returns
+// 0, or -1 with a message (no memory for a new decoder stream); then d is unchanged.
+int detok_restart(Detok *d, char *err, size_t err_len);
 
 typedef struct {
     FinishReason finish;         // FINISH_NONE, FINISH_STOP, or FINISH_LENGTH (echoes `last`)

@@ -51,6 +51,23 @@ const char *finish_reason_name(FinishReason r) {
     }
 }
 
+static const char *const UPDATE_MODE_NAMES[] = {[ENGINE_UPDATE_KEEP] = "keep", [ENGINE_UPDATE_ABORT] = "abort",
+                                                [ENGINE_UPDATE_KEEP_KV] = "keep_kv"};
+#define N_UPDATE_MODES ((int)(sizeof UPDATE_MODE_NAMES / sizeof UPDATE_MODE_NAMES[0]))
+
+const char *engine_update_mode_name(EngineUpdateMode m) {
+    return (int)m >= 0 && (int)m < N_UPDATE_MODES ? UPDATE_MODE_NAMES[m] : "?";
+}
+
+int engine_update_mode_parse(const char *s, EngineUpdateMode *m) {
+    for (int i = 0; s && i < N_UPDATE_MODES; i++)
+        if (!strcmp(s, UPDATE_MODE_NAMES[i])) {
+            *m = (EngineUpdateMode)i;
+            return 0;
+        }
+    return -1;
+}
+
 const Model *engine_model(const Engine *e) { return e->m; }
 const Tokenizer *engine_tokenizer(const Engine *e) { return e->tok; }
 const char *engine_model_id(const Engine *e) { return e->model_id; }
@@ -322,9 +339,52 @@ static void publish_stats(Engine *e) { // under mu
     st->kv_blocks_cached = bm_num_cached(e->bm);
 }
 
-// Swaps the runner's device staging in (device) or uploads the host staging units the commit took, then resets
-// the prefix cache (its blocks hold K/V of the old weights). Not under mu.
-static void apply_commit(Engine *e, int64_t version, int device) {
+// Completion q of an admitted request starts over from its prompt (ENGINE_UPDATE_ABORT): its generated tokens are
+// dropped, its text decoder restarts, and its client is told (request_restart). Returns 0, or -1 when the decoder
+// could not restart (no memory): then q is kept as it is.
+static int restart_completion(EngSeq *q) {
+    char err[256];
+    if (detok_restart(&q->detok, err, sizeof err) != 0) {
+        fprintf(stderr, "tandem-serve: a weight update keeps completion %d instead of re-queuing it: %s\n", q->index,
+                err);
+        return -1;
+    }
+    q->s.n_tokens = q->s.n_prompt;
+    request_restart(q->req, q->index);
+    return 0;
+}
+
+// After the weights changed. With ENGINE_UPDATE_KEEP_KV the sequences in flight go on as they are (their tables
+// predate the prefix-cache reset, so their blocks are never registered). Otherwise no K/V computed under the old
+// weights is used again: every admitted request's unfinished completions give their blocks back and go to the
+// front of the queue (sched_requeue_all), to recompute under the new weights what they hold: with
+// ENGINE_UPDATE_KEEP their prompt and generated tokens, so that their next token is what the new weights sample
+// after that prefix; with ENGINE_UPDATE_ABORT, for requests that take restarts, the prompt alone. A request still
+// computing its prompt holds no output: it restarts its prompt either way.
+static void requeue_in_flight(Engine *e, EngineUpdateMode mode, EngineCommitReport *rep) {
+    const SeqList *lists[2] = {&e->sched.running, &e->sched.waiting};
+    for (int l = 0; l < 2; l++)
+        for (Sequence *s = lists[l]->head; s; s = s->next) {
+            EngSeq *q = (EngSeq *)s;
+            EngineRequest *r = q->req;
+            if (r->state == REQ_QUEUED) continue; // nothing computed yet
+            if (r->state == REQ_PREFILL) { // completion 0 computes the prompt for all n_live
+                if (mode == ENGINE_UPDATE_ABORT) rep->sequences_requeued += r->n_live;
+                else rep->sequences_kept += r->n_live;
+                continue;
+            }
+            if (mode == ENGINE_UPDATE_ABORT && request_restartable(r) && restart_completion(q) == 0)
+                rep->sequences_requeued++;
+            else
+                rep->sequences_kept++;
+        }
+    if (mode != ENGINE_UPDATE_KEEP_KV) sched_requeue_all(&e->sched);
+}
+
+// Swaps the runner's device staging in (device) or uploads the host staging units the commit took, then re-queues
+// the sequences in flight as `mode` says and resets the prefix cache (its blocks hold K/V of the old weights).
+// Not under mu.
+static void apply_commit(Engine *e, int64_t version, int device, EngineUpdateMode mode) {
     char msg[512] = "";
     int rc = device ? runner_swap_device_weights(e->runner, msg, sizeof msg)
                     : runner_upload_weights(e->runner, e->commit_units, msg, sizeof msg);
@@ -332,13 +392,35 @@ static void apply_commit(Engine *e, int64_t version, int device) {
         free(e->commit_units[u]);
         e->commit_units[u] = NULL;
     }
-    if (rc == 0) bm_reset_prefix_cache(e->bm);
-    else rc = ENGINE_EINTERNAL;
+    EngineCommitReport rep = {0};
+    if (rc == 0) {
+        requeue_in_flight(e, mode, &rep);
+        bm_reset_prefix_cache(e->bm);
+        e->live.weight_updates_total++;
+        e->live.weight_update_sequences_kept_total += rep.sequences_kept;
+        e->live.weight_update_sequences_requeued_total += rep.sequences_requeued;
+    } else {
+        rc = ENGINE_EINTERNAL;
+    }
     pthread_mutex_lock(&e->mu);
     if (rc == 0) e->version = version;
     e->commit_rc = rc;
+    e->commit_report = rep;
     snprintf(e->commit_err, sizeof e->commit_err, "%s", msg);
     pthread_mutex_unlock(&e->mu);
+}
+
+// Generation runs again after a weight update (engine thread, under mu): how long it stood still goes into the
+// pause histogram.
+static void close_update_pause(Engine *e) {
+    static const int bounds_ms[10] = ENGINE_UPDATE_PAUSE_BOUNDS_MS;
+    const double dt = now_seconds() - e->update_pause_from;
+    for (int b = 0; b < 10; b++)
+        if (dt * 1e3 <= bounds_ms[b]) e->live.weight_update_pause_buckets[b]++;
+    e->live.weight_update_pause_buckets[10]++;
+    e->live.weight_update_pause_seconds_sum += dt;
+    e->update_pause_open = 0;
+    publish_stats(e);
 }
 
 // Moves the incoming requests into the scheduler's queue, and drops and frees the ones their clients released
@@ -362,13 +444,20 @@ static void *engine_main(void *arg) {
         if (e->commit_req != e->commit_done) {
             const int64_t gen = e->commit_req, version = e->commit_version;
             const int device = e->commit_device;
+            const EngineUpdateMode mode = e->commit_mode;
+            // Generation stopped at the end of the last step, or earlier when a pause had taken effect.
+            const double stopped = e->paused && e->pause_ack ? e->paused_since : now_seconds();
             for (int u = 0; u < e->m->layout.n_units && !device; u++) {
                 e->commit_units[u] = e->staging[u];
                 e->staging[u] = NULL;
             }
             pthread_mutex_unlock(&e->mu);
-            apply_commit(e, version, device);
+            apply_commit(e, version, device, mode);
             pthread_mutex_lock(&e->mu);
+            if (e->commit_rc == 0 && !e->update_pause_open) {
+                e->update_pause_from = stopped;
+                e->update_pause_open = 1;
+            }
             e->commit_done = gen;
             publish_stats(e);
             pthread_cond_broadcast(&e->ack);
@@ -403,11 +492,13 @@ static void *engine_main(void *arg) {
             break;
         }
         if (e->paused) {
+            if (!e->pause_ack) e->paused_since = now_seconds();
             e->pause_ack = 1;
             pthread_cond_broadcast(&e->ack);
             pthread_cond_wait(&e->wake, &e->mu);
             continue;
         }
+        if (e->update_pause_open) close_update_pause(e);
         if (e->sched.running.count + e->sched.waiting.count == 0) {
             e->idle = 1;
             pthread_cond_broadcast(&e->ack);

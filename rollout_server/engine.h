@@ -81,7 +81,35 @@ typedef struct {
     const char *stop_reason;    // the matched stop string, or NULL (set with FINISH_STOP on a string match)
     int32_t stop_token;         // the matched stop/eos token id, or -1
     int64_t policy_version;     // weights version that produced these tokens
+    int restarted;              // a weight update re-queued this completion (ENGINE_UPDATE_ABORT): every token of
+                                // its earlier events is void; its output starts again with this event's tokens
 } EngineEvent;
+
+// What a weight commit does with the sequences in flight (tandem-serve --weight-update-mode; weights_end "mode").
+// Every mode empties the prefix cache, so no later request matches K/V of the old weights. In modes keep and abort
+// the sequences in flight do not use it again either: each admitted sequence gives its KV blocks back and
+// recomputes under the new weights what it keeps; mode keep_kv spares that recompute.
+typedef enum {
+    ENGINE_UPDATE_KEEP = 0,  // completions keep their tokens: prompt and generated tokens are recomputed, and the
+                             // remaining tokens are sampled by the new version (vLLM's pause mode "keep" with
+                             // clear_cache); each event carries the version of its tokens
+    ENGINE_UPDATE_ABORT,     // completions of requests that take restarts (engine_request_allow_restart) drop their
+                             // generated tokens and start again from the prompt under the new weights, as a fresh
+                             // request would (same seed stream); their next event says `restarted`. Completions of
+                             // other requests (an HTTP stream cannot take back what it sent) are kept as above
+    ENGINE_UPDATE_KEEP_KV,   // completions keep their tokens and their K/V, computed under the old weights (vLLM's
+                             // pause "keep" without clear_cache; partial rollouts): no recompute, so no stall, but
+                             // the tokens after the update are sampled by the new weights attending to old K/V
+} EngineUpdateMode;
+
+const char *engine_update_mode_name(EngineUpdateMode m);        // "keep", "abort", "keep_kv"
+int engine_update_mode_parse(const char *s, EngineUpdateMode *m); // 0, or -1 for any other text
+
+// What one commit did to the sequences in flight (completions of admitted requests not finished at the commit).
+typedef struct {
+    int64_t sequences_kept;      // carried across with their tokens
+    int64_t sequences_requeued;  // started again from their prompt (mode abort)
+} EngineCommitReport;
 
 typedef struct {
     const char *model_dir;
@@ -137,6 +165,10 @@ void engine_request_wake_on_finish(EngineRequest *r);
 // Number of prompt tokens (after any truncation) and of cached prompt tokens (prefix cache hits).
 int engine_request_prompt_tokens(const EngineRequest *r);
 int engine_request_cached_tokens(const EngineRequest *r);
+// The client collects whole results and can take a restart (EngineEvent.restarted): with ENGINE_UPDATE_ABORT a
+// weight update re-queues this request's unfinished completions instead of keeping them. Call it right after
+// engine_submit (a commit the engine applies before the call keeps the completions).
+void engine_request_allow_restart(EngineRequest *r);
 // Aborts the request if still running, and frees the handle once the engine thread has let go of it.
 void engine_request_release(EngineRequest *r);
 
@@ -148,14 +180,18 @@ void engine_resume(Engine *e);
 void engine_reset_prefix_cache(Engine *e);
 // Weight update: returns the staging copy of unit `unit` (host fp32, layout->unit_numel[unit] elements)
 // that the receiver fills; engine_commit_weights then swaps all staged units in between two steps, bumps
-// the policy version to `version` and resets the prefix cache. Returns 0 or a negative code.
+// the policy version to `version`, re-queues the sequences in flight as `mode` says (no drain: running sequences
+// go on under the new weights) and resets the prefix cache. *rep (may be NULL) says what happened to them.
+// Returns 0 or a negative code.
 float *engine_weights_staging(Engine *e, int unit);
-int engine_commit_weights(Engine *e, int64_t version, char *err, size_t err_len);
+int engine_commit_weights(Engine *e, int64_t version, EngineUpdateMode mode, EngineCommitReport *rep, char *err,
+                          size_t err_len);
 // Transport nccl: the second copy of unit `unit` in backend memory (storage dtype, unit_numel elements), made on
 // first use (NULL when out of memory), that the NCCL receiver fills; engine_commit_device_weights swaps every
-// unit with its copy in between two steps (pointers only), bumps the version and resets the prefix cache.
+// unit with its copy in between two steps (pointers only), then as engine_commit_weights.
 void *engine_weights_device_staging(Engine *e, int unit);
-int engine_commit_device_weights(Engine *e, int64_t version, char *err, size_t err_len);
+int engine_commit_device_weights(Engine *e, int64_t version, EngineUpdateMode mode, EngineCommitReport *rep,
+                                 char *err, size_t err_len);
 // The engine's compute context (for the NCCL receiver).
 OpsCtx *engine_ops(Engine *e);
 
@@ -177,7 +213,17 @@ typedef struct {
     double compute_seconds_by_kind[3];
     int64_t policy_version;
     int paused;
+    // Weight updates applied, what they did to the sequences in flight (EngineCommitReport), and how long each
+    // stopped generation: from the end of the engine's last step before it (or from the moment a pause that the
+    // commit found took effect) to its next step. Cumulative bucket counts at 1, 5, 10, 50, 100, 500 ms, 1, 5, 10,
+    // 60 s, +Inf.
+    int64_t weight_updates_total;
+    int64_t weight_update_sequences_kept_total, weight_update_sequences_requeued_total;
+    double weight_update_pause_seconds_sum;
+    int64_t weight_update_pause_buckets[11];
 } EngineStats;
+
+#define ENGINE_UPDATE_PAUSE_BOUNDS_MS {1, 5, 10, 50, 100, 500, 1000, 5000, 10000, 60000}
 
 void engine_stats(Engine *e, EngineStats *s);
 

@@ -233,8 +233,17 @@ static void commit_failed(EngineGroup *g, int k, int64_t version, const char *ms
 
 float *engine_group_weights_staging(EngineGroup *g, int unit) { return engine_weights_staging(g->engines[0], unit); }
 
-int engine_group_commit_weights(EngineGroup *g, int64_t version, char *err, size_t err_len) {
-    if (g->n == 1) return engine_commit_weights(g->engines[0], version, err, err_len);
+// Adds engine k's commit report to the group's.
+static void add_report(EngineCommitReport *total, const EngineCommitReport *k) {
+    total->sequences_kept += k->sequences_kept;
+    total->sequences_requeued += k->sequences_requeued;
+}
+
+int engine_group_commit_weights(EngineGroup *g, int64_t version, EngineUpdateMode mode, EngineCommitReport *rep,
+                                char *err, size_t err_len) {
+    EngineCommitReport total = {0}, one;
+    if (rep) *rep = total;
+    if (g->n == 1) return engine_commit_weights(g->engines[0], version, mode, rep, err, err_len);
     const Layout *L = &engine_model(g->engines[0])->layout;
     unsigned char was[ENGINE_GROUP_MAX];
     pause_for_commit(g, was);
@@ -253,12 +262,15 @@ int engine_group_commit_weights(EngineGroup *g, int64_t version, char *err, size
             }
             memcpy(dst, src, L->unit_numel[u] * sizeof(float));
         }
-        if (rc == 0) rc = engine_commit_weights(g->engines[k], version, msg, sizeof msg);
+        if (rc == 0 && (rc = engine_commit_weights(g->engines[k], version, mode, &one, msg, sizeof msg)) == 0)
+            add_report(&total, &one);
         if (rc) break;
     }
-    if (rc == 0 && (rc = engine_commit_weights(g->engines[0], version, msg, sizeof msg)) != 0) k = 0;
+    if (rc == 0 && (rc = engine_commit_weights(g->engines[0], version, mode, &one, msg, sizeof msg)) != 0) k = 0;
+    else if (rc == 0) add_report(&total, &one);
     if (rc) commit_failed(g, k, version, msg, err, err_len);
     resume_after_commit(g, was);
+    if (rep) *rep = total;
     return rc;
 }
 
@@ -295,17 +307,23 @@ int engine_group_spread_device_staging(EngineGroup *g, char *err, size_t err_len
     return 0;
 }
 
-int engine_group_commit_device_weights(EngineGroup *g, int64_t version, char *err, size_t err_len) {
-    if (g->n == 1) return engine_commit_device_weights(g->engines[0], version, err, err_len);
+int engine_group_commit_device_weights(EngineGroup *g, int64_t version, EngineUpdateMode mode,
+                                       EngineCommitReport *rep, char *err, size_t err_len) {
+    EngineCommitReport total = {0}, one;
+    if (rep) *rep = total;
+    if (g->n == 1) return engine_commit_device_weights(g->engines[0], version, mode, rep, err, err_len);
     unsigned char was[ENGINE_GROUP_MAX];
     pause_for_commit(g, was);
     int rc = 0;
     for (int k = 0; k < g->n && rc == 0; k++) {
         char msg[512];
-        if ((rc = engine_commit_device_weights(g->engines[k], version, msg, sizeof msg)) != 0)
+        if ((rc = engine_commit_device_weights(g->engines[k], version, mode, &one, msg, sizeof msg)) != 0)
             commit_failed(g, k, version, msg, err, err_len);
+        else
+            add_report(&total, &one);
     }
     resume_after_commit(g, was);
+    if (rep) *rep = total;
     return rc;
 }
 
@@ -335,6 +353,12 @@ void engine_group_stats(EngineGroup *g, EngineStats *total, EngineMemberStats *p
         }
         for (size_t b = 0; b < sizeof s.step_seconds_buckets / sizeof s.step_seconds_buckets[0]; b++)
             total->step_seconds_buckets[b] += s.step_seconds_buckets[b];
+        total->weight_updates_total += s.weight_updates_total;
+        total->weight_update_sequences_kept_total += s.weight_update_sequences_kept_total;
+        total->weight_update_sequences_requeued_total += s.weight_update_sequences_requeued_total;
+        total->weight_update_pause_seconds_sum += s.weight_update_pause_seconds_sum;
+        for (size_t b = 0; b < sizeof s.weight_update_pause_buckets / sizeof s.weight_update_pause_buckets[0]; b++)
+            total->weight_update_pause_buckets[b] += s.weight_update_pause_buckets[b];
         if (i == 0 || s.policy_version < total->policy_version) total->policy_version = s.policy_version;
         total->paused |= s.paused != 0;
         if (per) {

@@ -69,8 +69,10 @@ void engine_group_reset_prefix_cache(EngineGroup *g);
 // Transport zmq: the host staging that a weight update is received into (engine 0's, see
 // engine_weights_staging), and the commit of that update to every engine. Returns 0 or a negative engine code
 // with a message naming the engine.
+// `mode` and *rep (may be NULL) as for engine_commit_weights; *rep sums the engines' counts.
 float *engine_group_weights_staging(EngineGroup *g, int unit);
-int engine_group_commit_weights(EngineGroup *g, int64_t version, char *err, size_t err_len);
+int engine_group_commit_weights(EngineGroup *g, int64_t version, EngineUpdateMode mode, EngineCommitReport *rep,
+                                char *err, size_t err_len);
 // Transport nccl: makes every engine's device staging (engine_weights_device_staging). Returns 0, or -1 with
 // *engine and *unit naming the first that could not be made (out of device memory).
 int engine_group_device_staging_ready(EngineGroup *g, int *engine, int *unit);
@@ -78,7 +80,8 @@ int engine_group_device_staging_ready(EngineGroup *g, int *engine, int *unit);
 // other than the engines' own while they generate: it touches only the staging copies. Returns 0 or -1 with err.
 int engine_group_spread_device_staging(EngineGroup *g, char *err, size_t err_len);
 // Swaps every engine's device staging in (engine_commit_device_weights), the engines paused together.
-int engine_group_commit_device_weights(EngineGroup *g, int64_t version, char *err, size_t err_len);
+int engine_group_commit_device_weights(EngineGroup *g, int64_t version, EngineUpdateMode mode,
+                                       EngineCommitReport *rep, char *err, size_t err_len);
 
 // ---- statistics ---------------------------------------------------------------------------------------
 typedef struct {
@@ -87,7 +90,7 @@ typedef struct {
     int64_t outstanding;        // completions submitted there and not yet released (the routing load)
 } EngineMemberStats;
 
-// Sums over the engines (counters, gauges, histogram buckets); policy_version is the lowest, paused is 1 when
+// Sums over the engines (counters, gauges, histogram buckets: a weight update counts once per engine); policy_version is the lowest, paused is 1 when
 // any engine is paused. per (n entries, may be NULL) receives each engine's own.
 void engine_group_stats(EngineGroup *g, EngineStats *total, EngineMemberStats *per);
 

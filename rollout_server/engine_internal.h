@@ -47,6 +47,7 @@ typedef struct EvSlot {
     const char *stop_reason;
     int32_t stop_token;
     int64_t version;
+    int restarted;         // the first slot of its completion after a re-queue (EngineEvent.restarted)
     struct EvSlot *next_free;
 } EvSlot;
 
@@ -68,11 +69,13 @@ struct EngineRequest {
     EvSlot **queue;            // ring of slots ready for the client
     int q_head, q_len, q_cap;
     EvSlot **open;             // (n) the queued slot each completion still appends to, or NULL
+    unsigned char *restart_next; // (n) the next slot opened for this completion says `restarted`
     EvSlot *free_slots;
     EvSlot *current;           // the slot the last engine_request_next handed out
     int n_finish_delivered;
     int cached_tokens;
     int wake_on_finish;        // the client waits for finish events only (engine_request_wake_on_finish)
+    int restartable;           // the client takes restarts (engine_request_allow_restart)
     int released;              // the client let go of it: freed then if state is REQ_DONE, else it went on the
                                // engine's abort list and the engine thread frees it
 };
@@ -116,8 +119,15 @@ struct Engine {
     int paused, pause_ack;
     int64_t reset_req, reset_done, commit_req, commit_done;
     int64_t commit_version;
+    EngineUpdateMode commit_mode;
+    EngineCommitReport commit_report; // what the last commit did (set with commit_done)
     int commit_rc;
     char commit_err[512];
+    // Weight-update pause accounting (engine thread): when the engine stopped stepping for a pause that took effect,
+    // and, after a commit, since when generation has been stopped for it (closed at the next step or idle wait).
+    double paused_since;
+    double update_pause_from;
+    int update_pause_open;
     float **staging;                // (n_units) host fp32 copies being received, NULL until asked for
     int commit_device;              // the pending commit swaps the runner's device staging in (else uploads staging)
     uint64_t n_submitted;
@@ -139,6 +149,11 @@ void request_free(EngineRequest *r);
 int request_push(EngineRequest *r, int index, int32_t tok, float logprob, const TokenLogprob *top,
                  const char *text, size_t text_len, FinishReason finish, const char *stop_reason, int32_t stop_token,
                  int64_t version, int *wake);
+// Completion `index` of r was re-queued by a weight update (ENGINE_UPDATE_ABORT): its open slot is closed, and
+// the next one says `restarted`, so that the client drops what it received of it before.
+void request_restart(EngineRequest *r, int index);
+// 1 when r's client takes restarts (engine_request_allow_restart).
+int request_restartable(EngineRequest *r);
 // Wakes a client waiting in engine_request_next.
 void request_wake(EngineRequest *r);
 // The engine thread is done with r: state REQ_DONE, and its client is woken. A client that released r before

@@ -31,8 +31,9 @@ int request_alloc(EngineRequest **out, Engine *e, const int32_t *prompt, int pro
     r->q_cap = r->n < 4 ? 4 : r->n;
     r->queue = calloc((size_t)r->q_cap, sizeof *r->queue);
     r->open = calloc((size_t)r->n, sizeof *r->open);
+    r->restart_next = calloc((size_t)r->n, 1);
     r->seqs = calloc((size_t)r->n, sizeof *r->seqs);
-    if (!r->queue || !r->open || !r->seqs) goto oom;
+    if (!r->queue || !r->open || !r->restart_next || !r->seqs) goto oom;
     for (int i = 0; i < r->n; i++) {
         EngSeq *q = &r->seqs[i];
         q->req = r;
@@ -89,6 +90,7 @@ void request_free(EngineRequest *r) {
     slot_free(r->current);
     free(r->queue);
     free(r->open);
+    free(r->restart_next);
     for (int i = 0; i < ENGINE_MAX_STOP; i++) free(r->p.stop[i]);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
@@ -140,6 +142,8 @@ static EvSlot *slot_open(EngineRequest *r, int index, int64_t version) {
     s->stop_reason = NULL;
     s->stop_token = -1;
     s->version = version;
+    s->restarted = r->restart_next[index];
+    r->restart_next[index] = 0;
     s->next_free = NULL;
     r->queue[(r->q_head + r->q_len++) % r->q_cap] = s;
     r->open[index] = s;
@@ -183,6 +187,26 @@ out:
     *wake = !r->released && (!r->wake_on_finish || finish != FINISH_NONE || rc != 0);
     pthread_mutex_unlock(&r->mu);
     return rc;
+}
+
+void request_restart(EngineRequest *r, int index) {
+    pthread_mutex_lock(&r->mu);
+    r->open[index] = NULL; // what it holds stays queued: the client drops it when the restarted slot comes
+    r->restart_next[index] = 1;
+    pthread_mutex_unlock(&r->mu);
+}
+
+int request_restartable(EngineRequest *r) {
+    pthread_mutex_lock(&r->mu);
+    const int yes = r->restartable;
+    pthread_mutex_unlock(&r->mu);
+    return yes;
+}
+
+void engine_request_allow_restart(EngineRequest *r) {
+    pthread_mutex_lock(&r->mu);
+    r->restartable = 1;
+    pthread_mutex_unlock(&r->mu);
 }
 
 void request_wake(EngineRequest *r) {
@@ -254,6 +278,7 @@ int engine_request_next(EngineRequest *r, EngineEvent *ev, int timeout_ms) {
     ev->stop_reason = s->stop_reason;
     ev->stop_token = s->stop_token;
     ev->policy_version = s->version;
+    ev->restarted = s->restarted;
     pthread_mutex_unlock(&r->mu);
     return 1;
 timeout:

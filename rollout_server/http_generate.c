@@ -171,8 +171,12 @@ int http_gen_next(HttpGen *g, EngineEvent *ev, int *choice) {
 int http_gen_collect(HttpGen *g, HttpError *err) {
     EngineEvent ev;
     int choice, rc;
-    // The answer goes out whole: wake this thread for finishes only (a timed wait still collects what queued).
-    for (int i = 0; i < g->n_reqs; i++) engine_request_wake_on_finish(g->reqs[i]);
+    // The answer goes out whole: wake this thread for finishes only (a timed wait still collects what queued), and a
+    // weight update in mode abort may start a completion over (http_choice_append drops what it had).
+    for (int i = 0; i < g->n_reqs; i++) {
+        engine_request_wake_on_finish(g->reqs[i]);
+        engine_request_allow_restart(g->reqs[i]);
+    }
     while ((rc = http_gen_next(g, &ev, &choice)) == 1) {
         if (choice < 0 || choice >= g->n_reqs * g->n)
             return http_error_set(err, 500, NULL, "engine event for completion %d of %d", choice, g->n_reqs * g->n);

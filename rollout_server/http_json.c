@@ -517,6 +517,7 @@ int http_parse_generation(const json_t *body, HttpApi api, int vocab_size, HttpG
         if (json_get_int(&req, "logprobs", JSON_GET_OPTIONAL, o->logprobs, 0, ENGINE_MAX_TOP_LOGPROBS, &o->logprobs))
             return refused(&req, "logprobs", err);
         if (json_is_null(json_object_get(body, "logprobs"))) o->logprobs = -1;
+        if (get_bool(&req, "return_policy_versions", &o->return_policy_versions, err) < 0) return -1;
         rc = parse_trl_kwargs(&req, vocab_size, o, err);
         break;
     }

@@ -62,6 +62,7 @@ typedef struct {
     int add_generation_prompt;  // chat (default 1)
     int continue_final_message; // chat (default 0)
     int add_special_tokens;     // completions default 1, chat default 0
+    int return_policy_versions; // TRL (tandem extension): the weights version of every completion token
 } HttpGenOptions;
 
 // Reads the sampling fields of a request for `api` (see docs/http-api.md for the list, defaults and ranges)

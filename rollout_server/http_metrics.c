@@ -152,6 +152,28 @@ char *http_metrics_render(HttpMetrics *m, const EngineStats *s, const EngineMemb
         put(&b, "tandem_engine_step_compute_seconds_by_kind_total{%s,kind=\"%s\"} %.9g\n", lab, kinds[k],
             s->compute_seconds_by_kind[k]);
 
+    // Weight updates (issue 24: applied while generating): what they did to the sequences in flight and how long
+    // each stopped the engine (per engine: with --devices an update counts once per engine).
+    metric(&b, "tandem_weight_updates_total", "counter", "Weight updates applied (per engine).", lab,
+           s->weight_updates_total);
+    metric(&b, "tandem_weight_update_sequences_kept_total", "counter",
+           "Completions in flight that a weight update carried across: their tokens recomputed under the new "
+           "weights, the rest sampled by the new version.", lab, s->weight_update_sequences_kept_total);
+    metric(&b, "tandem_weight_update_sequences_requeued_total", "counter",
+           "Completions in flight that a weight update started over from their prompt (mode abort).", lab,
+           s->weight_update_sequences_requeued_total);
+    static const int pause_ms[10] = ENGINE_UPDATE_PAUSE_BOUNDS_MS;
+    put(&b, "# HELP tandem_weight_update_pause_seconds Time a weight update stopped generation: from the end of the "
+            "engine's last step before it (or from a pause already in effect) to its next step.\n"
+            "# TYPE tandem_weight_update_pause_seconds histogram\n");
+    for (int i = 0; i < 10; i++)
+        put(&b, "tandem_weight_update_pause_seconds_bucket{%s,le=\"%g\"} %lld\n", lab, pause_ms[i] / 1000.0,
+            (long long)s->weight_update_pause_buckets[i]);
+    put(&b, "tandem_weight_update_pause_seconds_bucket{%s,le=\"+Inf\"} %lld\n", lab,
+        (long long)s->weight_update_pause_buckets[10]);
+    put(&b, "tandem_weight_update_pause_seconds_sum{%s} %.9g\n", lab, s->weight_update_pause_seconds_sum);
+    put(&b, "tandem_weight_update_pause_seconds_count{%s} %lld\n", lab, (long long)s->weight_update_pause_buckets[10]);
+
     // Each engine of the server (--devices): the same figures apart, labelled by index and device.
     static const struct {
         const char *name, *type, *help;

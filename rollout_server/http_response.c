@@ -44,10 +44,16 @@ void http_choice_free(HttpChoice *c) {
     free(c->top);
     free(c->text);
     free(c->stop_str);
+    free(c->versions);
     memset(c, 0, sizeof *c);
 }
 
 int http_choice_append(HttpChoice *c, const EngineEvent *ev) {
+    if (ev->restarted) {
+        c->n_tokens = 0;
+        c->text_len = 0;
+        if (c->text) c->text[0] = 0;
+    }
     if (c->n_tokens + ev->n_tokens > c->cap) {
         int cap = c->cap ? c->cap : 32;
         while (cap < c->n_tokens + ev->n_tokens) cap *= 2;
@@ -57,6 +63,9 @@ int http_choice_append(HttpChoice *c, const EngineEvent *ev) {
         float *l = realloc(c->logprobs, (size_t)cap * sizeof *l);
         if (!l) return -1;
         c->logprobs = l;
+        int64_t *v = realloc(c->versions, (size_t)cap * sizeof *v);
+        if (!v) return -1;
+        c->versions = v;
         if (c->n_top > 0) {
             TokenLogprob *tp = realloc(c->top, (size_t)cap * c->n_top * sizeof *tp);
             if (!tp) return -1;
@@ -67,6 +76,7 @@ int http_choice_append(HttpChoice *c, const EngineEvent *ev) {
     if (ev->n_tokens > 0) {
         memcpy(c->tokens + c->n_tokens, ev->tokens, (size_t)ev->n_tokens * sizeof *ev->tokens);
         memcpy(c->logprobs + c->n_tokens, ev->logprobs, (size_t)ev->n_tokens * sizeof *ev->logprobs);
+        for (int i = 0; i < ev->n_tokens; i++) c->versions[c->n_tokens + i] = ev->policy_version;
         if (c->n_top > 0) {
             TokenLogprob *dst = c->top + (size_t)c->n_tokens * c->n_top;
             if (ev->top) {
@@ -90,7 +100,6 @@ int http_choice_append(HttpChoice *c, const EngineEvent *ev) {
         c->text_len += ev->text_len;
         c->text[c->text_len] = 0;
     }
-    if (ev->policy_version > c->policy_version) c->policy_version = ev->policy_version;
     if (ev->finish != FINISH_NONE) {
         c->finish = ev->finish;
         c->stop_token = ev->stop_token;
@@ -272,7 +281,8 @@ static json_t *ids_json(const int32_t *ids, int n) {
 }
 
 json_t *http_trl_response(const int32_t *const *prompt_ids, const int *prompt_lens, int n_prompts, int n,
-                          const HttpChoice *choices, int logprobs) {
+                          const HttpChoice *choices, int logprobs,
+                          int with_versions) {
     json_t *o = json_object();
     json_t *pids = json_array(), *cids = json_array();
     for (int p = 0; p < n_prompts; p++) json_array_append_new(pids, ids_json(prompt_ids[p], prompt_lens[p]));
@@ -280,6 +290,15 @@ json_t *http_trl_response(const int32_t *const *prompt_ids, const int *prompt_le
         json_array_append_new(cids, ids_json(choices[k].tokens, choices[k].n_tokens));
     json_object_set_new(o, "prompt_ids", pids);
     json_object_set_new(o, "completion_ids", cids);
+    if (with_versions) {
+        json_t *vers = json_array();
+        for (int k = 0; k < n_prompts * n; k++) {
+            json_t *seq = json_array();
+            for (int i = 0; i < choices[k].n_tokens; i++) json_array_append_new(seq, json_integer(choices[k].versions[i]));
+            json_array_append_new(vers, seq);
+        }
+        json_object_set_new(o, "policy_versions", vers);
+    }
     if (logprobs < 0) {
         json_object_set_new(o, "logprobs", json_null());
         json_object_set_new(o, "logprob_token_ids", json_null());

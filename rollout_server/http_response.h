@@ -31,11 +31,12 @@ typedef struct {
     FinishReason finish;
     char *stop_str;         // matched stop string (malloc'd) or NULL
     int32_t stop_token;     // matched stop / eos token or -1
-    int64_t policy_version;
+    int64_t *versions;      // (n_tokens) the policy version that sampled each token
 } HttpChoice;
 
 void http_choice_init(HttpChoice *c, int n_top);
-// Copies an event's tokens, logprobs, alternatives and text, and its finish data. 0, or -1 on out of memory.
+// Copies an event's tokens, logprobs, versions, alternatives and text, and its finish data; a restarted event (a
+// weight update started the completion over) first drops what the choice held. 0, or -1 on out of memory.
 int http_choice_append(HttpChoice *c, const EngineEvent *ev);
 void http_choice_free(HttpChoice *c);
 
@@ -76,8 +77,10 @@ void http_make_id(char *buf, size_t cap, const char *prefix);
 //    "logprobs": [[[lp, ...] per token] per completion] | null, "logprob_token_ids": same shape | null}
 // logprobs < 0: both null. logprobs == 0: one entry per token (the sampled one). logprobs = N > 0: the N
 // alternatives plus the sampled token when it is not among them, sorted by descending logprob — vLLM's shape.
+// with_versions adds "policy_versions": the weights version of every completion token, shaped as completion_ids.
 json_t *http_trl_response(const int32_t *const *prompt_ids, const int *prompt_lens, int n_prompts, int n,
-                          const HttpChoice *choices, int logprobs);
+                          const HttpChoice *choices, int logprobs,
+                          int with_versions);
 
 // Merges a token's alternatives with the sampled token as TRL/vLLM report them (see above): writes at most
 // n_top + 1 entries into out and returns their count.

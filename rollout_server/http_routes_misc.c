@@ -169,7 +169,7 @@ fail:
 // TRL vllm-serve POST /generate/: {"prompts": [texts] | [[ids]], "n", "repetition_penalty", "temperature",
 // "top_p", "top_k", "min_p", "max_tokens", "logprobs", "images": null, "structured_outputs_regex": null,
 // "generation_kwargs": {}} -> {"prompt_ids", "completion_ids" (n per prompt, flattened), "logprobs",
-// "logprob_token_ids"}.
+// "logprob_token_ids"}, plus "policy_versions" with "return_policy_versions": true.
 void http_route_trl_generate(HttpReq *r) {
     HttpServer *s = r->srv;
     HttpError e = {0};
@@ -193,7 +193,8 @@ void http_route_trl_generate(HttpReq *r) {
     if (http_gen_collect(&g, &e) < 0) goto fail;
     r->prompt_tokens = http_gen_prompt_tokens(&g);
     r->completion_tokens = http_gen_completion_tokens(&g);
-    json_t *out = http_trl_response((const int32_t *const *)ids, lens, pl.n, o.sp.n, g.choices, o.logprobs);
+    json_t *out = http_trl_response((const int32_t *const *)ids, lens, pl.n, o.sp.n, g.choices, o.logprobs,
+                                    o.return_policy_versions);
     http_gen_release(&g);
     http_free_ids(ids, lens, pl.n);
     http_prompts_free(&pl);

@@ -33,6 +33,7 @@ typedef struct {
     int control_insecure;
     double drain_timeout_s;
     double weight_sync_timeout_s;
+    EngineUpdateMode weight_update_mode;   // --weight-update-mode
     int device_given;
     const char *devices_arg;        // --devices as given, NULL when absent
     EngineDevice devices[ENGINE_GROUP_MAX];
@@ -58,7 +59,7 @@ static void human_seconds(double s, char *out, size_t cap) {
 // The options as given (text for the ones parsed further below: devices, byte counts, the seed).
 typedef struct {
     const char *model, *host, *control, *control_key_file, *control_authorized_keys, *device, *devices, *kv,
-        *body, *api_key, *served_name, *chat_template, *seed;
+        *body, *api_key, *served_name, *chat_template, *seed, *update_mode;
     int port, block_size, max_num_seqs, max_batched, max_queued, max_connections, max_per_client, graph_max_batch;
     double gpu_util, read_timeout, drain_timeout, sync_timeout;
     int control_insecure, enforce_eager, prefix_on, prefix_off;
@@ -77,7 +78,7 @@ typedef struct {
 #define SWITCH(flag_, field, help_, note) \
     {.flag = flag_, .type = CLI_SWITCH, .offset = offsetof(ServeArgs, field), .help = help_, .default_note = note}
 
-enum { N_SERVE_OPTIONS = 29 };
+enum { N_SERVE_OPTIONS = 30 };
 
 // The option table; prefix_default says whether prefix caching is on by default (engine_config_default).
 static void serve_options(CliOption out[N_SERVE_OPTIONS], int prefix_default) {
@@ -141,6 +142,12 @@ static void serve_options(CliOption out[N_SERVE_OPTIONS], int prefix_default) {
         SECONDS("--weight-sync-timeout", sync_timeout, 1, 86400,
                 "a weight update over NCCL (joining the trainer's communicator, each receive) that stalls this long "
                 "fails; the server keeps its weights", NULL),
+        TEXT("--weight-update-mode", update_mode, "keep|abort|keep_kv",
+             "what a weight update (weights_end without \"mode\") does with the sequences in flight: keep (they go on, "
+             "their tokens recomputed under the new weights, the rest sampled by the new version), abort (generate "
+             "prompts of the control channel and non-streamed HTTP requests start over from their prompt under the "
+             "new weights; streams are kept) or keep_kv (they go on with the K/V the old weights computed: no "
+             "recompute)", NULL),
         SWITCH("--enable-prefix-caching", prefix_on, "reuse KV blocks of identical prompt prefixes across requests",
                prefix_default ? "on" : "off"),
         SWITCH("--no-prefix-caching", prefix_off, "do not reuse them", prefix_default ? "off" : "on"),
@@ -269,7 +276,8 @@ static int parse_options(int argc, char **argv, Options *o) {
                    .max_queued = o->engine.max_queued_requests, .max_connections = o->http.max_connections,
                    .max_per_client = o->http.max_connections_per_client,
                    .graph_max_batch = o->engine.cuda_graph_max_batch, .read_timeout = o->http.request_read_timeout_s,
-                   .drain_timeout = o->drain_timeout_s, .sync_timeout = o->weight_sync_timeout_s};
+                   .drain_timeout = o->drain_timeout_s, .sync_timeout = o->weight_sync_timeout_s,
+                   .update_mode = engine_update_mode_name(ENGINE_UPDATE_KEEP)};
     human_bytes(o->engine.kv_cache_bytes, a.kv_default, sizeof a.kv_default);
     human_bytes(o->http.max_body_bytes, a.body_default, sizeof a.body_default);
     snprintf(a.seed_default, sizeof a.seed_default, "%" PRIu64, o->engine.seed);
@@ -339,6 +347,8 @@ static int parse_options(int argc, char **argv, Options *o) {
     o->http.request_read_timeout_s = a.read_timeout;
     o->drain_timeout_s = a.drain_timeout;
     o->weight_sync_timeout_s = a.sync_timeout;
+    if (engine_update_mode_parse(a.update_mode, &o->weight_update_mode) != 0)
+        return bad("weight-update-mode", a.update_mode, "expected keep, abort or keep_kv");
     if (a.prefix_on && a.prefix_off) {
         fprintf(stderr, "tandem-serve: --enable-prefix-caching and --no-prefix-caching contradict each other: drop one "
                         "(see --help)\n");
@@ -446,7 +456,7 @@ int main(int argc, char **argv) {
     ZmqControl *zmq = NULL;
     if (o.control) {
         if (zmq_control_start(&zmq, engines, o.control, secure ? &control_keys : NULL,
-                              (int)(o.weight_sync_timeout_s * 1000), err, sizeof err) != 0) {
+                              (int)(o.weight_sync_timeout_s * 1000), o.weight_update_mode, err, sizeof err) != 0) {
             serve_log("cannot start the ZeroMQ control channel on %s: %s", o.control, err);
             http_server_stop(http);
             engine_group_destroy(engines, 0);

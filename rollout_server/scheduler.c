@@ -79,6 +79,22 @@ static void preempt(Scheduler *s, Sequence *q) {
     s->preemptions++;
 }
 
+void sched_requeue_all(Scheduler *s) {
+    for (Sequence *q = s->waiting.head; q; q = q->next) {
+        bm_release(s->bm, &q->table);
+        q->n_computed = 0;
+    }
+    while (s->running.tail) { // newest first to the front: the oldest ends up first
+        Sequence *q = s->running.tail;
+        list_unlink(&s->running, q);
+        bm_release(s->bm, &q->table);
+        q->n_computed = 0;
+        q->sched = 0;
+        q->status = SEQ_WAITING;
+        list_push_front(&s->waiting, q);
+    }
+}
+
 // The most tokens q can take this step without needing more than the free blocks (copy-on-write included).
 static int tokens_that_fit(const Scheduler *s, const Sequence *q, int want) {
     int lo = 0, hi = want;

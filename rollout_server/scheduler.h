@@ -66,6 +66,11 @@ void sched_add_running(Scheduler *s, Sequence *q);
 // Takes a sequence out of whichever list holds it and releases its blocks (finished or aborted).
 void sched_remove(Scheduler *s, Sequence *q);
 
+// A weight update: every sequence gives its blocks back and will recompute all its tokens (prompt and generated)
+// when admitted again. The running ones go to the front of the waiting queue in their running order, ahead of
+// those already waiting. Not counted as preemptions.
+void sched_requeue_all(Scheduler *s);
+
 // Plans one step: fills s->step / s->n_step with the scheduled sequences (q->sched tokens each) and returns
 // the number of tokens (0 when nothing can run). Allocates the blocks those tokens are written to.
 int sched_step(Scheduler *s);

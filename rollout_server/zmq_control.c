@@ -278,12 +278,13 @@ static void control_free(ZmqControl *z) {
 }
 
 int zmq_control_start(ZmqControl **out, EngineGroup *g, const char *endpoint, const ZmqControlKeys *keys,
-                      int weight_sync_timeout_ms, char *err, size_t err_len) {
+                      int weight_sync_timeout_ms, EngineUpdateMode update_mode, char *err, size_t err_len) {
     *out = NULL;
     if (!g || !endpoint || !*endpoint) return err_fail(err, err_len, "zmq control: engines and an endpoint are needed");
     ZmqControl *z = calloc(1, sizeof *z);
     if (!z) return err_fail(err, err_len, "zmq control: out of memory");
     z->g = g;
+    z->update_mode = update_mode;
     pthread_mutex_init(&z->mu, NULL);
     pthread_cond_init(&z->cv, NULL);
     if (weight_recv_init(&z->wr, &engine_group_model(g)->layout, err, err_len) ||

@@ -22,12 +22,13 @@ typedef struct ZmqControl ZmqControl;
 // Binds a ROUTER socket at endpoint (e.g. "tcp://0.0.0.0:5555", "ipc:///tmp/x") and starts serving the engines
 // of g: each prompt of a generate is routed on its own (engine_group_submit); pause, resume, reset_cache and
 // weight updates apply to every engine; stats and hello answer for the whole server.
-// weight_sync_timeout_ms bounds joining the NCCL weight-sync communicator and each NCCL receive.
+// weight_sync_timeout_ms bounds joining the NCCL weight-sync communicator and each NCCL receive. update_mode is what
+// a weights_end without "mode" does with the sequences in flight (engine_commit_weights).
 // keys: NULL serves every client (plain ZeroMQ); else the socket is a CURVE server that admits only the
 // authorized client keys (rollout_server/zmq_control_auth.h). The caller decides where plain is allowed.
 // Returns 0, or a negative code with a message (bad endpoint, address in use, ...). g must outlive the control.
 int zmq_control_start(ZmqControl **out, EngineGroup *g, const char *endpoint, const ZmqControlKeys *keys,
-                      int weight_sync_timeout_ms, char *err, size_t err_len);
+                      int weight_sync_timeout_ms, EngineUpdateMode update_mode, char *err, size_t err_len);
 
 // 1 once a peer has sent `shutdown` (the acknowledgement is already queued): main should then stop the HTTP
 // server, call zmq_control_stop and engine_group_destroy, and exit 0 as on SIGTERM. Safe from any thread.

@@ -21,6 +21,7 @@ typedef struct ZcJob ZcJob;     // one prompt of a generate in flight (zmq_gener
 
 struct ZmqControl {
     EngineGroup *g;
+    EngineUpdateMode update_mode; // what a weights_end without "mode" does with the sequences in flight
     void *ctx, *router, *pull, *push;
     char pipe_name[64];
     pthread_t sock_thread, coll_thread;

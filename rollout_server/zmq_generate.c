@@ -24,6 +24,8 @@ struct ZcJob {
     int *len, *cap;             // (n)
     ZmsgFinish *fin;            // (n)
     int64_t *v0, *v1;           // (n) policy version of the first / last token
+    ZmsgVersionChange **chg;    // (n) -> (chg_cap[i]) where completion i's version changed (token index, version)
+    int *n_chg, *chg_cap;       // (n)
     int *seen, *done;           // (n)
     int n_done;
 };
@@ -35,9 +37,13 @@ static void job_free(ZcJob *j) {
     for (int i = 0; i < j->n; i++) {
         if (j->tok) free(j->tok[i]);
         if (j->lp) free(j->lp[i]);
+        if (j->chg) free(j->chg[i]);
     }
     free(j->tok);
     free(j->lp);
+    free(j->chg);
+    free(j->n_chg);
+    free(j->chg_cap);
     free(j->len);
     free(j->cap);
     free(j->fin);
@@ -59,9 +65,13 @@ static ZcJob *job_new(int n) {
     j->fin = calloc((size_t)n, sizeof *j->fin);
     j->v0 = calloc((size_t)n, sizeof *j->v0);
     j->v1 = calloc((size_t)n, sizeof *j->v1);
+    j->chg = calloc((size_t)n, sizeof *j->chg);
+    j->n_chg = calloc((size_t)n, sizeof *j->n_chg);
+    j->chg_cap = calloc((size_t)n, sizeof *j->chg_cap);
     j->seen = calloc((size_t)n, sizeof *j->seen);
     j->done = calloc((size_t)n, sizeof *j->done);
-    if (!j->tok || !j->lp || !j->len || !j->cap || !j->fin || !j->v0 || !j->v1 || !j->seen || !j->done) {
+    if (!j->tok || !j->lp || !j->len || !j->cap || !j->fin || !j->v0 || !j->v1 || !j->chg || !j->n_chg || !j->chg_cap ||
+        !j->seen || !j->done) {
         job_free(j);
         return NULL;
     }
@@ -77,11 +87,42 @@ static ZmsgFinish map_finish(FinishReason r) {
     }
 }
 
-// Appends one engine event to its completion. When memory runs out the completion is finished as "error",
-// so the result still goes out.
+// Completion i ends as "error" (out of memory), so that the result still goes out.
+static void job_fail(ZcJob *j, int i) {
+    j->fin[i] = ZMSG_FINISH_ERROR;
+    j->done[i] = 1;
+    j->n_done++;
+}
+
+// Records that completion i's tokens from its current length on come from `version`. Returns 0 or -1 (no memory).
+static int job_version_change(ZcJob *j, int i, int64_t version) {
+    if (j->n_chg[i] == j->chg_cap[i]) {
+        const int cap = j->chg_cap[i] ? 2 * j->chg_cap[i] : 4;
+        ZmsgVersionChange *c = realloc(j->chg[i], (size_t)cap * sizeof *c);
+        if (!c) return -1;
+        j->chg[i] = c;
+        j->chg_cap[i] = cap;
+    }
+    j->chg[i][j->n_chg[i]++] = (ZmsgVersionChange){.token = j->len[i], .version = version};
+    return 0;
+}
+
+// Appends one engine event to its completion: tokens, logprobs, and a version change when the event's version is
+// not that of the completion's last token. A restarted completion (weight update, mode abort) drops what it had.
+// When memory runs out the completion is finished as "error", so the result still goes out.
 static void job_event(ZcJob *j, const EngineEvent *ev) {
     int i = ev->index;
     if (i < 0 || i >= j->n || j->done[i]) return;
+    if (ev->restarted) {
+        j->len[i] = 0;
+        j->n_chg[i] = 0;
+        j->seen[i] = 0;
+    }
+    if (ev->n_tokens > 0 && j->len[i] > 0 && ev->policy_version != j->v1[i] &&
+        job_version_change(j, i, ev->policy_version) != 0) {
+        job_fail(j, i);
+        return;
+    }
     if (ev->n_tokens > 0) {
         if (j->len[i] + ev->n_tokens > j->cap[i]) {
             int cap = j->cap[i] ? j->cap[i] : 64;
@@ -91,9 +132,7 @@ static void job_event(ZcJob *j, const EngineEvent *ev) {
             float *l = realloc(j->lp[i], sizeof(float) * (size_t)cap);
             if (l) j->lp[i] = l;
             if (!t || !l) {
-                j->fin[i] = ZMSG_FINISH_ERROR;
-                j->done[i] = 1;
-                j->n_done++;
+                job_fail(j, i);
                 return;
             }
             j->cap[i] = cap;
@@ -144,6 +183,23 @@ static void job_send(ZmqControl *z, ZcJob *j) {
     m.finish_reasons = j->fin;
     m.policy_versions = j->v0;
     m.policy_versions_end = j->v1;
+    // Version changes, flattened completion by completion (sent only when there is one).
+    size_t n_changes = 0;
+    for (int i = 0; i < j->n; i++) n_changes += (size_t)j->n_chg[i];
+    ZmsgVersionChange *chg = n_changes ? malloc(n_changes * sizeof *chg) : NULL;
+    if (n_changes && !chg) {
+        free(tok);
+        free(lp);
+        zc_send_error(z->push, j->rid, j->rid_len, j->id, "out_of_memory",
+                      "generate: out of memory assembling the result of prompt %d", j->prompt_index);
+        return;
+    }
+    for (int i = 0, at_c = 0; i < j->n; i++) {
+        if (j->n_chg[i]) memcpy(chg + at_c, j->chg[i], (size_t)j->n_chg[i] * sizeof *chg);
+        at_c += j->n_chg[i];
+    }
+    m.n_version_changes = chg ? j->n_chg : NULL;
+    m.version_changes = chg;
     m.tokens = tok;
     m.logprobs = lp;
     m.prompt_tokens = engine_request_prompt_tokens(j->req);
@@ -151,6 +207,7 @@ static void job_send(ZmqControl *z, ZcJob *j) {
     zc_send_msg(z->push, j->rid, j->rid_len, &m);
     free(tok);
     free(lp);
+    free(chg);
 }
 
 // Reads every event available now (timeout_ms for the first one). Returns 1 if any arrived.
@@ -284,6 +341,7 @@ void zc_generate(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q) {
             return;
         }
         engine_request_wake_on_finish(j->req); // results go out whole: per-step wakes would only cost the engine
+        engine_request_allow_restart(j->req);  // ... so a weight update in mode abort may start them over
         memcpy(j->rid, rid, rl);
         j->rid_len = rl;
         j->id = q->id;

@@ -8,6 +8,31 @@
 
 static float *staging_of(void *user, int unit) { return engine_group_weights_staging((EngineGroup *)user, unit); }
 
+// The mode weights_end asks for, else the server's --weight-update-mode.
+static EngineUpdateMode update_mode(const ZmqControl *z, const ZmsgMsg *q) {
+    if (!q->has_update_mode) return z->update_mode;
+    switch (q->update_mode) {
+    case ZMSG_UPDATE_ABORT: return ENGINE_UPDATE_ABORT;
+    case ZMSG_UPDATE_KEEP_KV: return ENGINE_UPDATE_KEEP_KV;
+    default: return ENGINE_UPDATE_KEEP;
+    }
+}
+
+// The weights_end reply. A request that named its mode also gets what the update did to the sequences in flight
+// (the fields are left out for clients that predate them).
+static void reply_end(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q, double seconds,
+                      double commit_seconds, const EngineCommitReport *rep) {
+    ZmsgMsg m;
+    zmsg_init(&m, ZMSG_WEIGHTS_END, ZMSG_DIR_REPLY, q->id);
+    m.version = q->version;
+    m.seconds = seconds;
+    m.commit_seconds = commit_seconds;
+    m.has_update_report = q->has_update_mode;
+    m.sequences_kept = rep->sequences_kept;
+    m.sequences_requeued = rep->sequences_requeued;
+    zc_send_msg(z->router, rid, rl, &m);
+}
+
 // Transport nccl (rollout_server/weight_nccl.h): checks, then the receive runs on its own thread; the reply goes
 // out at once so that the trainer ranks can start sending.
 static void begin_nccl(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q) {
@@ -53,18 +78,14 @@ static void end_nccl(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q
         return;
     }
     double t0 = zc_now();
-    int rc = engine_group_commit_device_weights(z->g, q->version, err, sizeof err);
+    EngineCommitReport rep;
+    int rc = engine_group_commit_device_weights(z->g, q->version, update_mode(z, q), &rep, err, sizeof err);
     double t1 = zc_now();
     if (rc) {
         zc_send_error(z->router, rid, rl, q->id, zc_engine_code(rc), "weights_end: commit failed: %s", err);
         return;
     }
-    ZmsgMsg m;
-    zmsg_init(&m, ZMSG_WEIGHTS_END, ZMSG_DIR_REPLY, q->id);
-    m.version = q->version;
-    m.seconds = received + (t1 - t0);
-    m.commit_seconds = t1 - t0;
-    zc_send_msg(z->router, rid, rl, &m);
+    reply_end(z, rid, rl, q, received + (t1 - t0), t1 - t0, &rep);
 }
 
 void zc_weights(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q) {
@@ -99,7 +120,8 @@ void zc_weights(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q) {
             return;
         }
         double t0 = zc_now();
-        int rc = engine_group_commit_weights(z->g, q->version, err, sizeof err);
+        EngineCommitReport rep;
+        int rc = engine_group_commit_weights(z->g, q->version, update_mode(z, q), &rep, err, sizeof err);
         double t1 = zc_now();
         double total = t1 - z->wr.t_begin;
         weight_recv_reset(&z->wr);
@@ -107,11 +129,6 @@ void zc_weights(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q) {
             zc_send_error(z->router, rid, rl, q->id, zc_engine_code(rc), "weights_end: commit failed: %s", err);
             return;
         }
-        ZmsgMsg m;
-        zmsg_init(&m, ZMSG_WEIGHTS_END, ZMSG_DIR_REPLY, q->id);
-        m.version = q->version;
-        m.seconds = total;
-        m.commit_seconds = t1 - t0;
-        zc_send_msg(z->router, rid, rl, &m);
+        reply_end(z, rid, rl, q, total, t1 - t0, &rep);
     }
 }

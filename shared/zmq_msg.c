@@ -1,22 +1,19 @@
-// shared/zmq_msg.c — encode / decode the ZeroMQ channel's messages (docs/protocol-zmq.md), with strict checks.
+// shared/zmq_msg.c — the ZeroMQ channel's messages (docs/protocol-zmq.md): names, defaults, the header keys of each
+// type, and encoding (zmsg_build). Decoding, with its strict checks, is shared/zmq_msg_parse.c.
 #include "shared/zmq_msg.h"
 
-#include <float.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "shared/json_get.h"
-#include "shared/json_read.h"
 #include "shared/err.h"
+#include "shared/zmq_msg_internal.h"
 
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "zmq_msg frames are little-endian arrays copied as they are: a big-endian host needs byte swapping"
 #endif
-
-#define ZMSG_HEADER_MAX (1u << 20)   // a JSON header is small; refuse a runaway frame 0 before parsing it
 
 static const char *const TYPE_NAMES[ZMSG_N_TYPES] = {
     "hello", "generate", "result", "pause", "resume", "reset_cache", "stats", "shutdown",
@@ -24,8 +21,7 @@ static const char *const TYPE_NAMES[ZMSG_N_TYPES] = {
 };
 static const char *const FINISH_NAMES[] = {"length", "stop", "abort", "error"};
 
-// Header keys allowed besides "type" and "id", per type, for requests and for replies. NULL = the type does
-// not travel in that direction. Keys marked '?' are optional; the others are required.
+// Header keys allowed besides "type" and "id", per type, for requests and for replies (zmsg_keys_).
 static const char *const KEYS_REQ[ZMSG_N_TYPES] = {
     [ZMSG_HELLO] = "?protocol_version",
     [ZMSG_GENERATE] = "n_prompts ?n ?max_tokens ?temperature ?top_p ?top_k ?min_p ?repetition_penalty ?seed "
@@ -33,25 +29,34 @@ static const char *const KEYS_REQ[ZMSG_N_TYPES] = {
     [ZMSG_PAUSE] = "", [ZMSG_RESUME] = "", [ZMSG_RESET_CACHE] = "", [ZMSG_STATS] = "", [ZMSG_SHUTDOWN] = "",
     [ZMSG_WEIGHTS_BEGIN] = "version transport layout_hash ?nccl_id ?nccl_world ?nccl_rank ?trainer_ranks",
     [ZMSG_WEIGHTS_SLICE] = "unit offset count dtype ?version",
-    [ZMSG_WEIGHTS_END] = "version",
+    [ZMSG_WEIGHTS_END] = "version ?mode",
 };
 static const char *const KEYS_REP[ZMSG_N_TYPES] = {
     [ZMSG_HELLO] = "protocol_version model_id layout_hash n_units unit_numel policy_version max_seq_len vocab_size",
     [ZMSG_RESULT] = "prompt_index n_prompts n completion_lens finish_reasons policy_versions policy_versions_end "
-                    "prompt_tokens cached_tokens",
+                    "prompt_tokens cached_tokens ?policy_version_changes",
     [ZMSG_PAUSE] = "", [ZMSG_RESUME] = "", [ZMSG_RESET_CACHE] = "", [ZMSG_SHUTDOWN] = "",
     [ZMSG_STATS] = "requests_waiting requests_running sequences_running kv_blocks_total kv_blocks_used "
                    "kv_blocks_cached prompt_tokens_total generation_tokens_total cached_prompt_tokens_total "
                    "preemptions_total steps_total step_seconds_sum policy_version paused prompts_in_flight",
     [ZMSG_WEIGHTS_BEGIN] = "version",
-    [ZMSG_WEIGHTS_END] = "version seconds commit_seconds",
+    [ZMSG_WEIGHTS_END] = "version seconds commit_seconds ?sequences_kept ?sequences_requeued",
     [ZMSG_ERROR] = "code message",
 };
+
+const char *zmsg_keys_(ZmsgType t, ZmsgDir d) {
+    if (t < 0 || t >= ZMSG_N_TYPES) return NULL;
+    return d == ZMSG_DIR_REQUEST ? KEYS_REQ[t] : KEYS_REP[t];
+}
 
 const char *zmsg_type_name(ZmsgType t) { return (t >= 0 && t < ZMSG_N_TYPES) ? TYPE_NAMES[t] : NULL; }
 const char *zmsg_finish_name(ZmsgFinish f) { return (f >= 0 && f <= ZMSG_FINISH_ERROR) ? FINISH_NAMES[f] : "?"; }
 const char *zmsg_dtype_name(ZmsgDtype d) { return d == ZMSG_DTYPE_BF16 ? "bf16" : "f32"; }
 size_t zmsg_dtype_size(ZmsgDtype d) { return d == ZMSG_DTYPE_BF16 ? 2 : 4; }
+static const char *const UPDATE_MODE_NAMES[] = {"keep", "abort", "keep_kv"};
+const char *zmsg_update_mode_name(ZmsgUpdateMode u) {
+    return (u >= ZMSG_UPDATE_KEEP && u <= ZMSG_UPDATE_KEEP_KV) ? UPDATE_MODE_NAMES[u] : "?";
+}
 
 void zmsg_sampling_default(ZmsgSampling *s) {
     memset(s, 0, sizeof *s);
@@ -71,9 +76,8 @@ void zmsg_init(ZmsgMsg *m, ZmsgType type, ZmsgDir dir, int64_t id) {
     zmsg_sampling_default(&m->sampling);
 }
 
-// Copies src into dst (cap bytes with the NUL). A text too long is cut before the UTF-8 character that does not
-// fit whole: cut inside one, valid UTF-8 would become invalid, and zmsg_build would replace the whole text.
-static void copy_text(char *dst, size_t cap, const char *src) {
+// (shared/zmq_msg_internal.h)
+void zmsg_copy_text_(char *dst, size_t cap, const char *src) {
     size_t n = strlen(src);
     if (n >= cap) {
         n = cap - 1;
@@ -87,8 +91,8 @@ static void copy_text(char *dst, size_t cap, const char *src) {
 
 void zmsg_error(ZmsgMsg *m, int64_t id, const char *code, const char *message) {
     zmsg_init(m, ZMSG_ERROR, ZMSG_DIR_REPLY, id);
-    copy_text(m->code, sizeof m->code, code ? code : "error");
-    copy_text(m->message, sizeof m->message, message ? message : "");
+    zmsg_copy_text_(m->code, sizeof m->code, code ? code : "error");
+    zmsg_copy_text_(m->message, sizeof m->message, message ? message : "");
 }
 
 void zmsg_hash_to_hex(uint64_t h, char out[17]) { snprintf(out, 17, "%016llx", (unsigned long long)h); }
@@ -104,407 +108,6 @@ int zmsg_hash_from_hex(const char *s, uint64_t *h) {
     }
     *h = v;
     return 0;
-}
-
-// ---- parsing helpers ---------------------------------------------------------------------------------
-// Fields are read through shared/json_get.h with the message type as the document's name, so every message names
-// the type and the field ("generate: field \"top_p\" must be in (0, 1], got 1.5"); null is a value here, of the
-// wrong type wherever it is not allowed.
-
-// Lowercase hex digits (2 * n) into n bytes; -1 on anything else.
-static int hex_decode(const char *s, uint8_t *out, int n) {
-    for (int i = 0; i < 2 * n; i++) {
-        char c = s[i];
-        int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1;
-        if (v < 0) return -1;
-        if (i % 2 == 0) out[i / 2] = (uint8_t)(v << 4);
-        else out[i / 2] |= (uint8_t)v;
-    }
-    return 0;
-}
-
-static int get_hash(const JsonAt *at, const char *key, uint64_t *out) {
-    const char *s = NULL;
-    int rc = json_get_string(at, key, JSON_GET_REQUIRED, NULL, JSON_ANY_LENGTH, &s, NULL);
-    if (rc) return rc;
-    if (zmsg_hash_from_hex(s, out))
-        return json_get_fail(at, key, "must be 16 lowercase hex digits, got \"%.40s\"", s);
-    return 0;
-}
-
-// A required array of exactly `want` elements (want < 0: any length up to max).
-static int get_array(const JsonAt *at, const char *key, int want, int max, JsonAt *arr) {
-    int rc = json_get_array(at, key, JSON_GET_REQUIRED, arr);
-    if (rc) return rc;
-    int len = (int)json_array_size(arr->json);
-    if (want >= 0 && len != want) return json_get_fail(at, key, "has %d elements, expected %d", len, want);
-    if (len > max) return json_get_fail(at, key, "has %d elements, at most %d allowed", len, max);
-    return 0;
-}
-
-// A required array of exactly `want` integers in [lo, hi].
-static int array_i64(const JsonAt *at, const char *key, int want, int64_t lo, int64_t hi, int64_t *out) {
-    JsonAt arr;
-    int rc = get_array(at, key, want, want, &arr);
-    for (int i = 0; i < want && !rc; i++) {
-        JsonAt element = json_at_element(&arr, (size_t)i);
-        rc = json_get_int64(&element, NULL, JSON_GET_REQUIRED, 0, lo, hi, &out[i]);
-    }
-    return rc;
-}
-
-// Refuses keys the type does not define (a misspelt option must not be silently ignored).
-static int check_keys(const JsonAt *at, const char *allowed) {
-    const char *key;
-    json_t *v;
-    json_t *header = (json_t *)at->json;   // jansson's iteration takes a non-const object; nothing is changed
-    json_object_foreach(header, key, v) {
-        if (!strcmp(key, "type") || !strcmp(key, "id")) continue;
-        size_t kl = strlen(key);
-        int found = 0;
-        for (const char *s = allowed; *s && !found;) {
-            while (*s == ' ') s++;
-            if (*s == '?') s++;
-            const char *e = s;
-            while (*e && *e != ' ') e++;
-            if ((size_t)(e - s) == kl && !strncmp(s, key, kl)) found = 1;
-            s = e;
-        }
-        if (!found) return err_fail(at->err, at->err_len, "%s: unknown field \"%.64s\"", at->doc, key);
-    }
-    return 0;
-}
-
-// Byte size of frame i must be exactly want.
-static int frame_size(const JsonAt *at, const ZmsgFrame *f, int i, size_t want, const char *what) {
-    if (f[i].size != want)
-        return err_fail(at->err, at->err_len, "%s: frame %d (%s) has %zu bytes, expected %zu", at->doc, i, what,
-                        f[i].size, want);
-    return 0;
-}
-
-// ---- per-type parsing --------------------------------------------------------------------------------
-
-static int parse_sampling(const JsonAt *at, ZmsgSampling *s) {
-    double x;
-    int64_t seed;
-    int rc;
-    zmsg_sampling_default(s);
-    if ((rc = json_get_int(at, "n", JSON_GET_OPTIONAL, 1, 1, ZMSG_MAX_COMPLETIONS, &s->n))) return rc;
-    if ((rc = json_get_int(at, "max_tokens", JSON_GET_OPTIONAL, 16, 1, INT32_MAX, &s->max_tokens))) return rc;
-    if ((rc = json_get_double(at, "temperature", JSON_GET_OPTIONAL, 1.0, -DBL_MAX, DBL_MAX, &x))) return rc;
-    // The engine samples with floats: a finite value beyond FLT_MAX would become inf, and a positive top_p or
-    // repetition_penalty below the smallest float would become 0; both are out of range.
-    if (x < 0) return json_get_fail(at, "temperature", "must be >= 0, got %g", x);
-    if (x > FLT_MAX) return json_get_fail(at, "temperature", "must be at most %g, got %g", FLT_MAX, x);
-    s->temperature = (float)x;
-    if ((rc = json_get_double(at, "top_p", JSON_GET_OPTIONAL, 1.0, -DBL_MAX, DBL_MAX, &x))) return rc;
-    if (!((float)x > 0 && x <= 1)) return json_get_fail(at, "top_p", "must be in (0, 1], got %g", x);
-    s->top_p = (float)x;
-    if ((rc = json_get_int(at, "top_k", JSON_GET_OPTIONAL, -1, -1, INT32_MAX, &s->top_k))) return rc;
-    if ((rc = json_get_double(at, "min_p", JSON_GET_OPTIONAL, 0.0, -DBL_MAX, DBL_MAX, &x))) return rc;
-    if (!(x >= 0 && x <= 1)) return json_get_fail(at, "min_p", "must be in [0, 1], got %g", x);
-    s->min_p = (float)x;
-    if ((rc = json_get_double(at, "repetition_penalty", JSON_GET_OPTIONAL, 1.0, -DBL_MAX, DBL_MAX, &x))) return rc;
-    if (x > FLT_MAX) return json_get_fail(at, "repetition_penalty", "must be at most %g, got %g", FLT_MAX, x);
-    if (!((float)x > 0)) return json_get_fail(at, "repetition_penalty", "must be > 0, got %g", x);
-    s->repetition_penalty = (float)x;
-    json_t *sv = json_object_get(at->json, "seed");
-    if (sv && !json_is_null(sv)) {
-        if ((rc = json_get_int64(at, "seed", JSON_GET_REQUIRED, 0, 0, INT64_MAX, &seed))) return rc;
-        s->has_seed = 1;
-        s->seed = (uint64_t)seed;
-    }
-    if (json_object_get(at->json, "stop_token_ids")) {
-        JsonAt ids;
-        if ((rc = get_array(at, "stop_token_ids", -1, ZMSG_MAX_STOP, &ids))) return rc;
-        for (size_t i = 0; i < json_array_size(ids.json); i++) {
-            JsonAt id = json_at_element(&ids, i);
-            int token;
-            if ((rc = json_get_int(&id, NULL, JSON_GET_REQUIRED, 0, 0, INT32_MAX, &token))) return rc;
-            s->stop_token_ids[s->n_stop_token_ids++] = token;
-        }
-    }
-    return json_get_bool(at, "ignore_eos", JSON_GET_OPTIONAL, 0, &s->ignore_eos);
-}
-
-static int parse_generate(const JsonAt *at, ZmsgMsg *m, const ZmsgFrame *f, int nf) {
-    int rc;
-    if ((rc = json_get_int(at, "n_prompts", JSON_GET_REQUIRED, 0, 1, ZMSG_MAX_PROMPTS, &m->n_prompts))) return rc;
-    if ((rc = parse_sampling(at, &m->sampling))) return rc;
-    if (nf != 1 + m->n_prompts)
-        return err_fail(at->err, at->err_len, "generate: header says n_prompts %d, so %d frames are expected, got %d",
-                    m->n_prompts, 1 + m->n_prompts, nf);
-    m->prompts = calloc((size_t)m->n_prompts, sizeof *m->prompts);
-    m->prompt_lens = calloc((size_t)m->n_prompts, sizeof *m->prompt_lens);
-    if (!m->prompts || !m->prompt_lens) return err_fail(at->err, at->err_len, "generate: out of memory");
-    for (int i = 0; i < m->n_prompts; i++) {
-        const ZmsgFrame *fr = &f[1 + i];
-        if (fr->size == 0 || fr->size % 4 || fr->size / 4 > INT32_MAX)
-            return err_fail(at->err, at->err_len,
-                        "generate: frame %d (prompt %d) has %zu bytes: expected a non-empty int32 array (a multiple "
-                        "of 4 bytes)", 1 + i, i, fr->size);
-        int len = (int)(fr->size / 4);
-        // Copied: a frame's bytes carry no alignment guarantee, and the engine wants an int32 array.
-        if (!(m->prompts[i] = malloc(fr->size))) return err_fail(at->err, at->err_len, "generate: out of memory");
-        memcpy(m->prompts[i], fr->data, fr->size);
-        m->prompt_lens[i] = len;
-        for (int t = 0; t < len; t++)
-            if (m->prompts[i][t] < 0)
-                return err_fail(at->err, at->err_len, "generate: prompt %d token %d is %d: token ids must be >= 0", i,
-                                t, m->prompts[i][t]);
-    }
-    return 0;
-}
-
-static int parse_result(const JsonAt *at, ZmsgMsg *m, const ZmsgFrame *f, int nf) {
-    int rc;
-    JsonAt reasons;
-    if ((rc = json_get_int(at, "n_prompts", JSON_GET_REQUIRED, 0, 1, ZMSG_MAX_PROMPTS, &m->n_prompts))) return rc;
-    if ((rc = json_get_int(at, "prompt_index", JSON_GET_REQUIRED, 0, 0, m->n_prompts - 1, &m->prompt_index)) ||
-        (rc = json_get_int(at, "n", JSON_GET_REQUIRED, 0, 1, ZMSG_MAX_COMPLETIONS, &m->n_completions)) ||
-        (rc = json_get_int(at, "prompt_tokens", JSON_GET_REQUIRED, 0, 0, INT32_MAX, &m->prompt_tokens)) ||
-        (rc = json_get_int(at, "cached_tokens", JSON_GET_REQUIRED, 0, 0, m->prompt_tokens, &m->cached_tokens)))
-        return rc;
-    int n = m->n_completions;
-    m->completion_lens = calloc((size_t)n, sizeof *m->completion_lens);
-    m->finish_reasons = calloc((size_t)n, sizeof *m->finish_reasons);
-    m->policy_versions = calloc((size_t)n, sizeof *m->policy_versions);
-    m->policy_versions_end = calloc((size_t)n, sizeof *m->policy_versions_end);
-    int64_t *lens = calloc((size_t)n, sizeof *lens);
-    if (!m->completion_lens || !m->finish_reasons || !m->policy_versions || !m->policy_versions_end || !lens) {
-        free(lens);
-        return err_fail(at->err, at->err_len, "result: out of memory");
-    }
-    rc = array_i64(at, "completion_lens", n, 0, INT32_MAX, lens);
-    size_t total = 0;
-    for (int i = 0; i < n && !rc; i++) {
-        m->completion_lens[i] = (int)lens[i];
-        total += (size_t)lens[i];
-    }
-    free(lens);
-    if (rc) return rc;
-    if ((rc = array_i64(at, "policy_versions", n, INT64_MIN, INT64_MAX, m->policy_versions))) return rc;
-    if ((rc = array_i64(at, "policy_versions_end", n, INT64_MIN, INT64_MAX, m->policy_versions_end))) return rc;
-    if ((rc = get_array(at, "finish_reasons", n, n, &reasons))) return rc;
-    for (int i = 0; i < n; i++) {
-        JsonAt reason = json_at_element(&reasons, (size_t)i);
-        const char *s = json_string_value(reason.json);
-        int k = -1;
-        for (int j = 0; s && j <= ZMSG_FINISH_ERROR; j++)
-            if (!strcmp(s, FINISH_NAMES[j])) k = j;
-        if (k < 0) return json_get_fail(&reason, NULL, "must be \"length\", \"stop\", \"abort\" or \"error\"");
-        m->finish_reasons[i] = (ZmsgFinish)k;
-    }
-    if (nf != 3)
-        return err_fail(at->err, at->err_len, "result: expected 3 frames (header, tokens, logprobs), got %d", nf);
-    if ((rc = frame_size(at, f, 1, total * 4, "int32 completion tokens"))) return rc;
-    if ((rc = frame_size(at, f, 2, total * 4, "float32 logprobs"))) return rc;
-    m->tokens = malloc(total ? total * 4 : 4);
-    m->logprobs = malloc(total ? total * 4 : 4);
-    if (!m->tokens || !m->logprobs) return err_fail(at->err, at->err_len, "result: out of memory");
-    if (total) {
-        memcpy(m->tokens, f[1].data, total * 4);
-        memcpy(m->logprobs, f[2].data, total * 4);
-    }
-    return 0;
-}
-
-static int parse_hello_reply(const JsonAt *at, ZmsgMsg *m) {
-    int rc;
-    const char *s;
-    if ((rc = json_get_int(at, "protocol_version", JSON_GET_REQUIRED, 0, 1, INT32_MAX, &m->protocol_version)))
-        return rc;
-    if ((rc = json_get_string(at, "model_id", JSON_GET_REQUIRED, NULL, JSON_ANY_LENGTH, &s, NULL))) return rc;
-    copy_text(m->model_id, sizeof m->model_id, s);
-    if ((rc = get_hash(at, "layout_hash", &m->layout_hash))) return rc;
-    if ((rc = json_get_int(at, "n_units", JSON_GET_REQUIRED, 0, 1, 1 << 20, &m->n_units))) return rc;
-    if (!(m->unit_numel = calloc((size_t)m->n_units, sizeof *m->unit_numel)))
-        return err_fail(at->err, at->err_len, "hello: out of memory");
-    if ((rc = array_i64(at, "unit_numel", m->n_units, 1, INT64_MAX, m->unit_numel))) return rc;
-    if ((rc = json_get_int64(at, "policy_version", JSON_GET_REQUIRED, 0, INT64_MIN, INT64_MAX, &m->policy_version)) ||
-        (rc = json_get_int(at, "max_seq_len", JSON_GET_REQUIRED, 0, 1, INT32_MAX, &m->max_seq_len)))
-        return rc;
-    return json_get_int(at, "vocab_size", JSON_GET_REQUIRED, 0, 1, INT32_MAX, &m->vocab_size);
-}
-
-static int parse_stats_reply(const JsonAt *at, ZmsgStats *s) {
-    struct {
-        const char *k;
-        int64_t *v;
-    } ints[] = {
-        {"requests_waiting", &s->requests_waiting}, {"requests_running", &s->requests_running},
-        {"sequences_running", &s->sequences_running}, {"kv_blocks_total", &s->kv_blocks_total},
-        {"kv_blocks_used", &s->kv_blocks_used}, {"kv_blocks_cached", &s->kv_blocks_cached},
-        {"prompt_tokens_total", &s->prompt_tokens_total}, {"generation_tokens_total", &s->generation_tokens_total},
-        {"cached_prompt_tokens_total", &s->cached_prompt_tokens_total}, {"preemptions_total", &s->preemptions_total},
-        {"steps_total", &s->steps_total}, {"policy_version", &s->policy_version},
-        {"prompts_in_flight", &s->prompts_in_flight},
-    };
-    int rc;
-    for (size_t i = 0; i < sizeof ints / sizeof ints[0]; i++) {
-        const int64_t min = ints[i].v == &s->policy_version ? INT64_MIN : 0;
-        if ((rc = json_get_int64(at, ints[i].k, JSON_GET_REQUIRED, 0, min, INT64_MAX, ints[i].v))) return rc;
-    }
-    if ((rc = json_get_double(at, "step_seconds_sum", JSON_GET_REQUIRED, 0, -DBL_MAX, DBL_MAX, &s->step_seconds_sum)))
-        return rc;
-    return json_get_bool(at, "paused", JSON_GET_REQUIRED, 0, &s->paused);
-}
-
-static int parse_weights(const JsonAt *at, ZmsgMsg *m, const ZmsgFrame *f, int nf) {
-    int rc;
-    const char *s;
-    if (m->type == ZMSG_WEIGHTS_SLICE) {
-        if ((rc = json_get_int(at, "unit", JSON_GET_REQUIRED, 0, 0, INT32_MAX, &m->unit))) return rc;
-        if ((rc = json_get_int64(at, "offset", JSON_GET_REQUIRED, 0, 0, INT64_MAX / 4, &m->offset))) return rc;
-        if ((rc = json_get_int64(at, "count", JSON_GET_REQUIRED, 0, 1, INT64_MAX / 4, &m->count))) return rc;
-        // Optional: the update this slice belongs to; with it, a peer other than the opener may send slices
-        // (every ZeRO rank sends its own), see docs/protocol-zmq.md.
-        m->has_version = json_object_get(at->json, "version") != NULL;
-        if ((rc = json_get_int64(at, "version", JSON_GET_OPTIONAL, 0, INT64_MIN, INT64_MAX, &m->version)))
-            return rc;
-        if ((rc = json_get_string(at, "dtype", JSON_GET_REQUIRED, NULL, JSON_ANY_LENGTH, &s, NULL))) return rc;
-        if (!strcmp(s, "f32")) m->dtype = ZMSG_DTYPE_F32;
-        else if (!strcmp(s, "bf16")) m->dtype = ZMSG_DTYPE_BF16;
-        else return json_get_fail(at, "dtype", "must be \"f32\" or \"bf16\", got \"%.32s\"", s);
-        if (nf != 2)
-            return err_fail(at->err, at->err_len, "weights_slice: expected 2 frames (header, data), got %d", nf);
-        char what[48];
-        snprintf(what, sizeof what, "%s slice data", zmsg_dtype_name(m->dtype));
-        if ((rc = frame_size(at, f, 1, (size_t)m->count * zmsg_dtype_size(m->dtype), what))) return rc;
-        m->slice_data = f[1].data;
-        return 0;
-    }
-    if ((rc = json_get_int64(at, "version", JSON_GET_REQUIRED, 0, INT64_MIN, INT64_MAX, &m->version))) return rc;
-    if (m->type == ZMSG_WEIGHTS_BEGIN && m->dir == ZMSG_DIR_REQUEST) {
-        if ((rc = json_get_string(at, "transport", JSON_GET_REQUIRED, NULL, JSON_ANY_LENGTH, &s, NULL))) return rc;
-        if (!strcmp(s, "zmq")) m->transport = ZMSG_TRANSPORT_ZMQ;
-        else if (!strcmp(s, "nccl")) m->transport = ZMSG_TRANSPORT_NCCL;
-        else return json_get_fail(at, "transport", "must be \"zmq\" or \"nccl\", got \"%.32s\"", s);
-        if ((rc = get_hash(at, "layout_hash", &m->layout_hash))) return rc;
-        if (m->transport != ZMSG_TRANSPORT_NCCL) return 0;
-        if ((rc = json_get_int(at, "trainer_ranks", JSON_GET_REQUIRED, 0, 1, 1 << 20, &m->trainer_ranks)) ||
-            (rc = json_get_int(at, "nccl_world", JSON_GET_REQUIRED, 0, m->trainer_ranks + 1, 1 << 20,
-                               &m->nccl_world)) ||
-            (rc = json_get_int(at, "nccl_rank", JSON_GET_REQUIRED, 0, m->trainer_ranks, m->nccl_world - 1,
-                               &m->nccl_rank)))
-            return rc;
-        if ((rc = json_get_string(at, "nccl_id", JSON_GET_REQUIRED, NULL, JSON_ANY_LENGTH, &s, NULL))) return rc;
-        if (strlen(s) != 2 * ZMSG_NCCL_ID_BYTES || hex_decode(s, m->nccl_id, ZMSG_NCCL_ID_BYTES) != 0)
-            return json_get_fail(at, "nccl_id", "must be %d lowercase hex digits", 2 * ZMSG_NCCL_ID_BYTES);
-        return 0;
-    }
-    if (m->type == ZMSG_WEIGHTS_END && m->dir == ZMSG_DIR_REPLY) {
-        if ((rc = json_get_double(at, "seconds", JSON_GET_REQUIRED, 0, -DBL_MAX, DBL_MAX, &m->seconds))) return rc;
-        return json_get_double(at, "commit_seconds", JSON_GET_REQUIRED, 0, -DBL_MAX, DBL_MAX,
-                               &m->commit_seconds);
-    }
-    return 0;
-}
-
-int zmsg_parse(ZmsgMsg *m, ZmsgDir dir, const ZmsgFrame *f, int nf, char *err, size_t err_len) {
-    memset(m, 0, sizeof *m);
-    m->id = -1;
-    m->dir = dir;
-    if (nf < 1 || !f) return err_fail(err, err_len, "empty message: frame 0 must be a JSON header");
-    if (f[0].size > ZMSG_HEADER_MAX)
-        return err_fail(err, err_len, "frame 0 (JSON header) has %zu bytes, more than the %u allowed", f[0].size,
-                    ZMSG_HEADER_MAX);
-    json_error_t je;
-    json_t *h = json_read_buffer(f[0].data, f[0].size, JSON_REJECT_DUPLICATES, &je);
-    if (!h)
-        return err_fail(err, err_len, "frame 0 is not valid JSON: %s (line %d, column %d)", je.text, je.line, je.column);
-    JsonAt at = json_at_document(h, "message", 0, -1, err, err_len);
-    int rc = -1;
-    if (!json_is_object(h)) {
-        err_fail(err, err_len, "frame 0 must be a JSON object with \"type\" and \"id\"");
-        goto done;
-    }
-    json_t *jid = json_object_get(h, "id");
-    if (json_is_integer(jid) && json_integer_value(jid) >= 0) m->id = json_integer_value(jid);
-    json_t *jt = json_object_get(h, "type");
-    if (!json_is_string(jt)) {
-        err_fail(err, err_len, "header: field \"type\" %s", jt ? "must be a string" : "is missing");
-        goto done;
-    }
-    int t = -1;
-    for (int i = 0; i < ZMSG_N_TYPES; i++)
-        if (!strcmp(json_string_value(jt), TYPE_NAMES[i])) t = i;
-    if (t < 0) {
-        err_fail(err, err_len, "unknown message type \"%.64s\"", json_string_value(jt));
-        goto done;
-    }
-    m->type = (ZmsgType)t;
-    at.doc = TYPE_NAMES[t];
-    const char *keys = dir == ZMSG_DIR_REQUEST ? KEYS_REQ[t] : KEYS_REP[t];
-    if (!keys) {
-        err_fail(err, err_len, "message type \"%s\" is not valid as a %s", at.doc,
-             dir == ZMSG_DIR_REQUEST ? "request" : "reply");
-        goto done;
-    }
-    // The id: a non-negative integer; an error reply may carry null (its request had none we could read).
-    if (!(json_is_integer(jid) && json_integer_value(jid) >= 0) && !(t == ZMSG_ERROR && json_is_null(jid))) {
-        err_fail(err, err_len, "%s: field \"id\" %s", at.doc, jid ? "must be an integer >= 0" : "is missing");
-        goto done;
-    }
-    if ((rc = check_keys(&at, keys))) goto done;
-    m->owned_ = 1;
-    switch (m->type) {
-    case ZMSG_HELLO:
-        rc = dir == ZMSG_DIR_REQUEST ? json_get_int(&at, "protocol_version", JSON_GET_OPTIONAL, 0, 1, INT32_MAX,
-                                                    &m->protocol_version)
-                                     : parse_hello_reply(&at, m);
-        break;
-    case ZMSG_GENERATE: rc = parse_generate(&at, m, f, nf); break;
-    case ZMSG_RESULT: rc = parse_result(&at, m, f, nf); break;
-    case ZMSG_STATS: rc = dir == ZMSG_DIR_REPLY ? parse_stats_reply(&at, &m->stats) : 0; break;
-    case ZMSG_WEIGHTS_BEGIN:
-    case ZMSG_WEIGHTS_SLICE:
-    case ZMSG_WEIGHTS_END: rc = parse_weights(&at, m, f, nf); break;
-    case ZMSG_ERROR: {
-        const char *s;
-        if ((rc = json_get_string(&at, "code", JSON_GET_REQUIRED, NULL, JSON_ANY_LENGTH, &s, NULL))) break;
-        copy_text(m->code, sizeof m->code, s);
-        if ((rc = json_get_string(&at, "message", JSON_GET_REQUIRED, NULL, JSON_ANY_LENGTH, &s, NULL))) break;
-        copy_text(m->message, sizeof m->message, s);
-        break;
-    }
-    default: rc = 0; break;
-    }
-    // Types without data frames must come alone (those with frames checked their count above).
-    if (rc == 0 && m->type != ZMSG_GENERATE && m->type != ZMSG_RESULT && m->type != ZMSG_WEIGHTS_SLICE && nf != 1)
-        rc = err_fail(err, err_len, "%s: expected 1 frame (the header), got %d", at.doc, nf);
-done:
-    json_decref(h);
-    if (rc) {
-        int64_t id = m->id;
-        zmsg_free(m);
-        m->id = id;
-        return -1;
-    }
-    return 0;
-}
-
-void zmsg_free(ZmsgMsg *m) {
-    if (!m) return;
-    if (m->owned_) {
-        for (int i = 0; m->prompts && i < m->n_prompts; i++) free(m->prompts[i]);
-        free(m->prompts);
-        free(m->prompt_lens);
-        free(m->unit_numel);
-        free(m->completion_lens);
-        free(m->finish_reasons);
-        free(m->policy_versions);
-        free(m->policy_versions_end);
-        free(m->tokens);
-        free(m->logprobs);
-    }
-    ZmsgType t = m->type;
-    ZmsgDir d = m->dir;
-    memset(m, 0, sizeof *m);
-    m->type = t;
-    m->dir = d;
-    m->id = -1;
 }
 
 // ---- building ----------------------------------------------------------------------------------------
@@ -528,7 +131,7 @@ int zmsg_build(const ZmsgMsg *m, ZmsgOut *out, char *err, size_t err_len) {
     memset(out, 0, sizeof *out);
     const char *tname = zmsg_type_name(m->type);
     if (!tname) return err_fail(err, err_len, "zmsg_build: invalid message type %d", (int)m->type);
-    const char *keys = m->dir == ZMSG_DIR_REQUEST ? KEYS_REQ[m->type] : KEYS_REP[m->type];
+    const char *keys = zmsg_keys_(m->type, m->dir);
     if (!keys) return err_fail(err, err_len, "zmsg_build: \"%s\" is not valid as a %s", tname,
                            m->dir == ZMSG_DIR_REQUEST ? "request" : "reply");
     if (m->id < 0 && m->type != ZMSG_ERROR) return err_fail(err, err_len, "zmsg_build: %s: id must be >= 0", tname);
@@ -610,6 +213,23 @@ int zmsg_build(const ZmsgMsg *m, ZmsgOut *out, char *err, size_t err_len) {
         json_object_set_new(h, "policy_versions_end", i64_array(m->policy_versions_end, n));
         set_i(h, "prompt_tokens", m->prompt_tokens);
         set_i(h, "cached_tokens", m->cached_tokens);
+        size_t n_changes = 0;
+        for (int i = 0; m->n_version_changes && i < n; i++) n_changes += (size_t)m->n_version_changes[i];
+        if (n_changes && !m->version_changes) {
+            json_decref(h);
+            return err_fail(err, err_len, "zmsg_build: result has %zu version changes but no array", n_changes);
+        }
+        if (n_changes) { // only then: a result without changes reads as before for peers that predate the field
+            json_t *all = json_array();
+            const ZmsgVersionChange *c = m->version_changes;
+            for (int i = 0; i < n; i++) {
+                json_t *one = json_array();
+                for (int k = 0; k < m->n_version_changes[i]; k++, c++)
+                    json_array_append_new(one, json_pack("[iI]", (int)c->token, (json_int_t)c->version));
+                json_array_append_new(all, one);
+            }
+            json_object_set_new(h, "policy_version_changes", all);
+        }
         if (total && (!m->tokens || !m->logprobs)) {
             json_decref(h);
             return err_fail(err, err_len, "zmsg_build: result has %zu tokens but no token / logprob array", total);
@@ -667,9 +287,16 @@ int zmsg_build(const ZmsgMsg *m, ZmsgOut *out, char *err, size_t err_len) {
         break;
     case ZMSG_WEIGHTS_END:
         set_i(h, "version", m->version);
-        if (req) break;
+        if (req) {
+            if (m->has_update_mode) json_object_set_new(h, "mode", json_string(zmsg_update_mode_name(m->update_mode)));
+            break;
+        }
         set_r(h, "seconds", m->seconds);
         set_r(h, "commit_seconds", m->commit_seconds);
+        if (m->has_update_report) {
+            set_i(h, "sequences_kept", m->sequences_kept);
+            set_i(h, "sequences_requeued", m->sequences_requeued);
+        }
         break;
     case ZMSG_ERROR:
         json_object_set_new(h, "code", utf8_or(m->code, "error"));

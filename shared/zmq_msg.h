@@ -46,6 +46,15 @@ typedef enum { ZMSG_DIR_REQUEST = 0, ZMSG_DIR_REPLY = 1 } ZmsgDir;   // request:
 typedef enum { ZMSG_DTYPE_F32 = 0, ZMSG_DTYPE_BF16 = 1 } ZmsgDtype;
 typedef enum { ZMSG_TRANSPORT_ZMQ = 0, ZMSG_TRANSPORT_NCCL = 1 } ZmsgTransport;
 #define ZMSG_NCCL_ID_BYTES 128   // = COMM_UNIQUE_ID_BYTES (ncclUniqueId)
+// What a weight update does with the server's sequences in flight (weights_end "mode"): "keep" (they go on under
+// the new weights, their tokens recomputed), "abort" (they start over from their prompt) or "keep_kv" (they go on
+// with the K/V the old weights computed), docs/protocol-zmq.md.
+typedef enum { ZMSG_UPDATE_KEEP = 0, ZMSG_UPDATE_ABORT = 1, ZMSG_UPDATE_KEEP_KV = 2 } ZmsgUpdateMode;
+// A change of policy version inside a completion: its tokens from index `token` on were sampled by `version`.
+typedef struct {
+    int32_t token;
+    int64_t version;
+} ZmsgVersionChange;
 // Finish reasons of a completion, as the strings "length", "stop", "abort", "error" on the wire.
 typedef enum { ZMSG_FINISH_LENGTH = 0, ZMSG_FINISH_STOP, ZMSG_FINISH_ABORT, ZMSG_FINISH_ERROR } ZmsgFinish;
 
@@ -114,6 +123,11 @@ typedef struct {
     ZmsgFinish *finish_reasons;  // (n_completions)
     int64_t *policy_versions;    // (n_completions) weights version of each completion's first token
     int64_t *policy_versions_end;// (n_completions) ... and of its last token (differs if an update landed)
+    // Where the version changed inside each completion ("policy_version_changes", sent only when some completion
+    // of the prompt has a change): NULL, or (n_completions) counts with version_changes holding completion 0's
+    // changes, then completion 1's, ...; a completion without changes has the one version policy_versions[i].
+    int *n_version_changes;
+    ZmsgVersionChange *version_changes;
     int32_t *tokens;             // (sum completion_lens) completion 0's tokens, then completion 1's, ...
     float *logprobs;             // (sum completion_lens)
     int prompt_tokens;           // prompt tokens the engine used
@@ -132,6 +146,11 @@ typedef struct {
     const void *slice_data;      // (count) f32 or bf16, little-endian, not necessarily aligned
     double seconds;              // weights_end reply: weights_begin to commit done
     double commit_seconds;       // weights_end reply: the engine's swap alone
+    int has_update_mode;         // weights_end request: "mode" given (else the server's --weight-update-mode)
+    ZmsgUpdateMode update_mode;
+    int has_update_report;       // weights_end reply: sequences_kept / sequences_requeued present (sent when the
+                                 // request gave "mode")
+    int64_t sequences_kept, sequences_requeued; // in-flight completions carried across / restarted by the update
     // weights_begin with transport nccl: the weight-sync communicator (trainer ranks 0..trainer_ranks-1, then
     // the servers). nccl_id travels as 256 lowercase hex digits; the same id as last time means "reuse it".
     uint8_t nccl_id[ZMSG_NCCL_ID_BYTES];
@@ -156,6 +175,7 @@ const char *zmsg_type_name(ZmsgType t);         // "hello", "generate", ..., NUL
 const char *zmsg_finish_name(ZmsgFinish f);     // "length", "stop", "abort", "error"
 const char *zmsg_dtype_name(ZmsgDtype d);       // "f32", "bf16"
 size_t zmsg_dtype_size(ZmsgDtype d);            // 4, 2
+const char *zmsg_update_mode_name(ZmsgUpdateMode u); // "keep", "abort", "keep_kv"
 
 // Fills the defaults above (type and id left to the caller).
 void zmsg_sampling_default(ZmsgSampling *s);

@@ -31,7 +31,7 @@ static const DemoOptions kDefaults = {
     .sft_batch = 64, .sft_min_steps = 100, .sft_max_steps = 1000, .sft_check_every = 10, .sft_lr = 1e-3,
     .sft_target = 0.25,
     .grpo_steps = 600, .prompts_per_step = 256, .num_generations = 4, .eval_every = 25,
-    .grpo_lr = 5e-4, .temperature = 1.0, .stop_accuracy = 0.95, .stop_patience = 2,
+    .grpo_lr = 5e-4, .temperature = 1.0, .stop_accuracy = 0.95, .stop_patience = 2, .max_staleness = 0,
 };
 
 // Option rows: N(flag, field, min, help) is an int of at least min, POS(flag, field, help) a double above 0.
@@ -75,6 +75,9 @@ static const CliOption kOptions[] = {
     POS("--grpo-learning-rate", grpo_lr, "GRPO: peak AdamW learning rate (10 warmup steps, then a cosine towards 0 at --grpo-steps, one level per segment between evaluations)"),
     POS("--temperature", temperature, "GRPO: sampling temperature of the rollouts"),
     N("--eval-every", eval_every, 1, "GRPO: validation and held-out accuracy every k steps (and before)"),
+    N("--max-staleness", max_staleness, 0,
+      "GRPO: rounds the rollout server generates ahead with the weights it holds while the trainer trains "
+      "(tandem-train --max-staleness; above 0 the rollout importance-sampling correction is on)"),
 };
 #undef OPT
 #undef N
@@ -450,12 +453,17 @@ static int run_grpo(Demo *d, const char *model, char *err, size_t err_len) {
     demo_path_in(d, data, sizeof data, "data/train.jsonl");
     demo_path_in(d, metrics, sizeof metrics, "metrics.jsonl");
     snprintf(control, sizeof control, "tcp://127.0.0.1:%d", d->control_port);
-    char gens[16], batch[16], lr[32], temp[32], seed[24], comp[16], steps[16];
+    char gens[16], batch[16], lr[32], temp[32], seed[24], comp[16], steps[16], staleness[16];
     snprintf(gens, sizeof gens, "%d", d->o.num_generations);
     snprintf(batch, sizeof batch, "%d", d->o.num_generations * d->o.prompts_per_step);
     snprintf(temp, sizeof temp, "%g", d->o.temperature);
     snprintf(seed, sizeof seed, "%lld", d->o.seed);
     snprintf(comp, sizeof comp, "%d", completion_tokens(&d->o));
+    snprintf(staleness, sizeof staleness, "%d", d->o.max_staleness);
+    if (d->o.max_staleness > 0)
+        demo_say(d, "GRPO asynchronous: the rollout server generates up to %d round%s ahead with the weights it holds "
+                 "(max_staleness %d), the rollout importance-sampling correction on", d->o.max_staleness,
+                 d->o.max_staleness == 1 ? "" : "s", d->o.max_staleness);
     demo_say(d, "GRPO: %d prompts x %d completions a step (temperature %g), reward answer_match (exact answer), beta 0, "
              "learning rate %g (10 warmup steps, then a cosine towards 0 at step %d, one level per segment), weights "
              "pushed to the rollout server after every "
@@ -475,6 +483,8 @@ static int run_grpo(Demo *d, const char *model, char *err, size_t err_len) {
         // Two trainer defaults are turned off because they only cost time here: activation checkpointing (the
         // model is tiny) and the rollout importance-sampling correction (trainer and server compute the same
         // logprobs on the CPU; on a GPU their bf16 differences are small next to the learning rate's steps).
+        // With rounds generated ahead (--max-staleness above 0) a completion may come from weights a step or more
+        // older than the trainer's: the importance-sampling correction is what weighs it for that, so it is on.
         char *argv[64] = {d->train_bin, "--model", (char *)model, "--train-file", data, "--output-dir", d->dir,
                           "--rollout-servers", control, "--rewards", "answer_match", "--num-generations", gens,
                           "--per-device-train-batch-size", batch, "--max-completion-length", comp,
@@ -482,7 +492,8 @@ static int run_grpo(Demo *d, const char *model, char *err, size_t err_len) {
                           "--beta", "0", "--temperature", temp, "--max-steps", steps, "--logging-steps", "1",
                           "--save-steps", "0", "--save-total-limit", "1", "--seed", seed, "--device", d->device,
                           "--weight-sync-transport", "zmq", "--max-prompt-length", "0",
-                          "--gradient-checkpointing", "false", "--vllm-importance-sampling-correction", "false", NULL};
+                          "--gradient-checkpointing", "false", "--vllm-importance-sampling-correction",
+                          d->o.max_staleness > 0 ? "true" : "false", "--max-staleness", staleness, NULL};
         if (done > 0) {
             int k = 0;
             while (argv[k]) k++;

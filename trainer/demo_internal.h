@@ -17,6 +17,7 @@ typedef struct {
     double sft_lr, sft_target;
     int grpo_steps, prompts_per_step, num_generations;   // GRPO (grpo_steps: the cap)
     int eval_every, stop_patience;
+    int max_staleness;                                    // GRPO rounds generated ahead (0: synchronous)
     double grpo_lr, temperature, stop_accuracy;
 } DemoOptions;
 

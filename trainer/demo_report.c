@@ -107,7 +107,7 @@ int demo_write_results(Demo *d, size_t n_params, char *err, size_t err_len) {
     json_object_set_new(sum, "sft", json_pack("{s:i, s:i, s:f, s:f, s:o}", "steps", d->sft_steps, "batch_size",
                                               d->o.sft_batch, "learning_rate", d->o.sft_lr, "target_validation_accuracy",
                                               d->o.sft_target, "checks", checks));
-    json_object_set_new(sum, "grpo", json_pack("{s:i, s:i, s:s, s:f, s:i, s:i, s:i, s:i, s:f, s:s, s:f, s:f, s:s, s:i}",
+    json_object_set_new(sum, "grpo", json_pack("{s:i, s:i, s:s, s:f, s:i, s:i, s:i, s:i, s:f, s:s, s:f, s:f, s:s, s:i, s:i}",
                                                "steps", d->grpo_done, "max_steps", d->o.grpo_steps, "stopped_by",
                                                d->stop_reason ? d->stop_reason : "", "stop_validation_accuracy",
                                                d->o.stop_accuracy, "stop_patience", d->o.stop_patience,
@@ -116,7 +116,7 @@ int demo_write_results(Demo *d, size_t n_params, char *err, size_t err_len) {
                                                completion_tokens(&d->o), "learning_rate", d->o.grpo_lr,
                                                "lr_schedule", "10 warmup steps, then cosine towards 0 at max_steps (one level per segment)",
                                                "temperature", d->o.temperature, "beta", 0.0, "reward",
-                                               "answer_match", "eval_every", d->o.eval_every));
+                                               "answer_match", "eval_every", d->o.eval_every, "max_staleness", d->o.max_staleness));
     char path[PATH_IN];
     demo_path_in(d, path, sizeof path, "demo_summary.json");
     int rc = 0;

@@ -33,6 +33,8 @@ static ZmsgMsg scalars(const ZmsgMsg *m) {
     s.finish_reasons = NULL;
     s.policy_versions = NULL;
     s.policy_versions_end = NULL;
+    s.n_version_changes = NULL;
+    s.version_changes = NULL;
     s.tokens = NULL;
     s.logprobs = NULL;
     s.slice_data = NULL;
@@ -42,6 +44,26 @@ static ZmsgMsg scalars(const ZmsgMsg *m) {
 static int same_bytes(const void *a, const void *b, size_t n) {
     if (n == 0) return 1;
     return a && b && memcmp(a, b, n) == 0;
+}
+
+// Version changes of a result: an all-empty "policy_version_changes" reads back as none (the builder leaves it out).
+static size_t count_changes(const ZmsgMsg *m) {
+    size_t k = 0;
+    for (int i = 0; m->n_version_changes && i < m->n_completions; i++) k += (size_t)m->n_version_changes[i];
+    return k;
+}
+
+static int same_changes(const ZmsgMsg *a, const ZmsgMsg *b) {
+    const size_t k = count_changes(a);
+    if (k != count_changes(b)) return 0;
+    if (k == 0) return 1;
+    for (int i = 0; i < a->n_completions; i++)
+        if (a->n_version_changes[i] != b->n_version_changes[i]) return 0;
+    for (size_t j = 0; j < k; j++)
+        if (a->version_changes[j].token != b->version_changes[j].token ||
+            a->version_changes[j].version != b->version_changes[j].version)
+            return 0;
+    return 1;
 }
 
 static int same_message(const ZmsgMsg *a, const ZmsgMsg *b) {
@@ -60,7 +82,8 @@ static int same_message(const ZmsgMsg *a, const ZmsgMsg *b) {
             !same_bytes(a->finish_reasons, b->finish_reasons, n * sizeof *a->finish_reasons) ||
             !same_bytes(a->policy_versions, b->policy_versions, n * sizeof *a->policy_versions) ||
             !same_bytes(a->policy_versions_end, b->policy_versions_end, n * sizeof *a->policy_versions_end) ||
-            !same_bytes(a->tokens, b->tokens, total * 4) || !same_bytes(a->logprobs, b->logprobs, total * 4))
+            !same_bytes(a->tokens, b->tokens, total * 4) || !same_bytes(a->logprobs, b->logprobs, total * 4) ||
+            !same_changes(a, b))
             return 0;
     }
     if (a->type == ZMSG_WEIGHTS_SLICE &&

@@ -6,7 +6,8 @@
 //   - a randomised run against a shadow model of every block's contents: every prefix hit hands out blocks
 //     that hold exactly the queried tokens, and refcounts always equal the references held by tables;
 //   - the scheduler: token budget and max_num_seqs respected, decodes never starved by prefills, preemption of
-//     the newest sequence when the pool is short, and every sequence completes.
+//     the newest sequence when the pool is short, and every sequence completes; a weight update's re-queue
+//     (sched_requeue_all) gives back every block and puts the running sequences, oldest first, ahead of the queue.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -445,6 +446,47 @@ static void test_preempt_newest(void) {
     bm_destroy(bm);
 }
 
+// A weight update: every sequence gives its blocks back and recomputes everything; the running ones (oldest first)
+// go ahead of those that were waiting; nothing counts as a preemption.
+static void test_requeue_all(void) {
+    BlockManager *bm = make_bm(16, 2, 1);
+    Scheduler sc;
+    sched_init(&sc, bm, 2, 16);
+    Sequence q[3] = {{0}};
+    int32_t t[3][8] = {{1, 2, 3, 4, 5}, {6, 7, 8, 9, 10}, {11, 12, 13, 14, 15}};
+    for (int i = 0; i < 3; i++) {
+        q[i].tokens = t[i];
+        q[i].cap = 8;
+        q[i].n_prompt = q[i].n_tokens = 5;
+        bm_table_init(&q[i].table, 4);
+        sched_add_waiting(&sc, &q[i], 0);
+    }
+    CHECK(sched_step(&sc) == 10 && sc.n_step == 2, "max_num_seqs 2: q0 and q1 prefill, q2 waits");
+    sched_commit(&sc);
+    q[0].n_tokens = q[1].n_tokens = 6;
+    CHECK(sched_step(&sc) == 2, "both decode");
+    sched_commit(&sc);
+    CHECK(bm_num_used(bm) > 0 && bm_num_cached(bm) == 0, "blocks in use");
+    sched_requeue_all(&sc);
+    CHECK(sc.running.count == 0 && sc.waiting.count == 3 && sc.waiting.head == &q[0] &&
+              sc.waiting.head->next == &q[1] && sc.waiting.tail == &q[2],
+          "waiting: q0, q1 (the running ones, oldest first), then q2");
+    for (int i = 0; i < 3; i++)
+        CHECK(q[i].status == SEQ_WAITING && q[i].table.n == 0 && q[i].n_computed == 0, "q%d: no blocks, recomputes", i);
+    CHECK(bm_num_used(bm) == 0 && sc.preemptions == 0, "every block given back (%d used), no preemption",
+          bm_num_used(bm));
+    bm_reset_prefix_cache(bm);
+    CHECK(sched_step(&sc) == 12 && sc.n_step == 2 && sc.step[0] == &q[0] && sc.step[1] == &q[1] &&
+              q[0].sched == 6 && q[1].sched == 6,
+          "q0 and q1 recompute their 6 tokens first (no prefix hit after the reset)");
+    for (int i = 0; i < 3; i++) {
+        sched_remove(&sc, &q[i]);
+        bm_table_destroy(&q[i].table);
+    }
+    sched_destroy(&sc);
+    bm_destroy(bm);
+}
+
 int main(void) {
     test_alloc_release_exhaustion();
     test_fork_cow();
@@ -453,6 +495,7 @@ int main(void) {
     test_random_against_shadow();
     test_scheduler();
     test_preempt_newest();
+    test_requeue_all();
     if (failures) {
         fprintf(stderr, "test_rollout_blocks: %d failure(s)\n", failures);
         return 1;

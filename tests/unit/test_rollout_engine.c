@@ -390,7 +390,7 @@ static void test_prefix_cache_and_weights(Ref *ref) {
     CHECK(engine_weights_staging(e, nw.m.layout.n_units) == NULL && engine_weights_staging(e, -1) == NULL,
           "no staging for a unit that does not exist");
     char err[256];
-    CHECK(engine_commit_weights(e, 7, err, sizeof err) == 0, "commit: %s", err);
+    CHECK(engine_commit_weights(e, 7, ENGINE_UPDATE_KEEP, NULL, err, sizeof err) == 0, "commit: %s", err);
     CHECK(engine_policy_version(e) == 7, "version 7");
     SamplingParams g;
     greedy_params(&g, 16);

@@ -7,6 +7,9 @@
 //   - the same greedy request gives the same tokens on either engine (and, on the CPU, the model core's);
 //   - a host-staged (zmq) weight commit reaches every engine: the new weights' outputs on both, one version;
 //     an engine paused by a peer stays paused after a commit;
+//   - a commit that lands while both engines generate carries engine 0's request across (one version change inside
+//     each completion) and, in mode abort, starts engine 1's (which takes restarts) over; the report and the stats
+//     sum the engines;
 //   - a device-staged (nccl) update received by engine 0 and spread with ops_copy_peer reaches every engine and
 //     gives the outputs of the same weights committed through the host path;
 //   - ops_copy_peer copies between the two engines' contexts byte for byte;
@@ -203,15 +206,19 @@ static void check_routing(EngineGroup *g) {
 }
 
 // Host staging (transport zmq): engine 0's staging receives the units of `seed`, the commit reaches every engine.
-static void commit_host(EngineGroup *g, uint64_t seed, int64_t version, const Ref *shape) {
+static void stage_host(EngineGroup *g, uint64_t seed, const Ref *shape) {
     const Layout *L = &engine_group_model(g)->layout;
     for (int u = 0; u < L->n_units; u++) {
         float *st = engine_group_weights_staging(g, u);
         if (!st) die("staging", "NULL");
         model_random_unit_f32(&shape->m, seed, STD, u, st);
     }
+}
+
+static void commit_host(EngineGroup *g, uint64_t seed, int64_t version, const Ref *shape) {
+    stage_host(g, seed, shape);
     char err[1024];
-    int rc = engine_group_commit_weights(g, version, err, sizeof err);
+    int rc = engine_group_commit_weights(g, version, ENGINE_UPDATE_KEEP, NULL, err, sizeof err);
     CHECK(rc == 0, "host commit: %s", err);
 }
 
@@ -234,7 +241,7 @@ static void commit_device(EngineGroup *g, uint64_t seed, int64_t version, const 
     CHECK(ops_status(o) == 0, "upload into engine 0's staging: %s", ops_error(o));
     char err[1024];
     CHECK(engine_group_spread_device_staging(g, err, sizeof err) == 0, "spread: %s", err);
-    CHECK(engine_group_commit_device_weights(g, version, err, sizeof err) == 0, "device commit: %s", err);
+    CHECK(engine_group_commit_device_weights(g, version, ENGINE_UPDATE_KEEP, NULL, err, sizeof err) == 0, "device commit: %s", err);
 }
 
 static void check_weights(EngineGroup *g, OpsBackend be) {
@@ -298,6 +305,71 @@ static void check_weights(EngineGroup *g, OpsBackend be) {
     ref_free(&shape);
 }
 
+// Takes r's events to the end: completion i's token count, restarts, and where its version changed (the index of
+// its first token of `version`, -1 when it has none or some token of another version follows it).
+static void take_all(EngineRequest *r, int64_t version, int *n, int *restarts, int *change) {
+    EngineEvent ev;
+    int rc;
+    for (int i = 0; i < 2; i++) n[i] = restarts[i] = 0, change[i] = -1;
+    while ((rc = engine_request_next(r, &ev, 10000)) == 1) {
+        const int i = ev.index;
+        if (ev.restarted) n[i] = 0, restarts[i]++, change[i] = -1;
+        if (ev.n_tokens > 0 && ev.policy_version == version && change[i] < 0) change[i] = n[i];
+        if (ev.n_tokens > 0 && ev.policy_version != version && change[i] >= 0) change[i] = -2;
+        n[i] += ev.n_tokens;
+    }
+    CHECK(rc == -1, "no event in 10 s");
+}
+
+static void check_in_flight_commit(EngineGroup *g) {
+    Ref shape;
+    ref_make(&shape, SEED_BASE);
+    SamplingParams p = greedy_params(2);
+    p.max_tokens = 240; // of the context's 256: the engines are far from done when the commit comes
+    EngineRequest *r[2];
+    char err[512];
+    stage_host(g, SEED_C, &shape);
+    engine_group_pause(g);
+    for (int i = 0; i < 2; i++)
+        if (engine_submit(engine_group_engine(g, i), PROMPT, PROMPT_LEN, &p, &r[i], err, sizeof err)) die("submit", err);
+    engine_request_allow_restart(r[1]);
+    EngineStats before, after;
+    EngineMemberStats per0[2], per[2];
+    engine_group_stats(g, &before, per0);
+    engine_group_resume(g);
+    for (int spins = 0;; spins++) { // until each engine ran its first step: both its completions have a token
+        engine_group_stats(g, &after, per);
+        if (per[0].stats.generation_tokens_total - per0[0].stats.generation_tokens_total >= 2 &&
+            per[1].stats.generation_tokens_total - per0[1].stats.generation_tokens_total >= 2)
+            break;
+        if (spins == 10000) die("in-flight commit", "the engines ran no step in 10 s");
+        usleep(1000);
+    }
+    engine_group_pause(g); // after their current step: the commit lands inside every completion
+    EngineCommitReport rep;
+    CHECK(engine_group_commit_weights(g, 6, ENGINE_UPDATE_ABORT, &rep, err, sizeof err) == 0, "commit: %s", err);
+    engine_group_resume(g);
+    CHECK(rep.sequences_kept == 2 && rep.sequences_requeued == 2, "report: %lld kept, %lld re-queued (want 2, 2)",
+          (long long)rep.sequences_kept, (long long)rep.sequences_requeued);
+    int n[2], restarts[2], change[2];
+    take_all(r[0], 6, n, restarts, change);
+    for (int i = 0; i < 2; i++)
+        CHECK(n[i] == 240 && restarts[i] == 0 && change[i] > 0, "engine 0, completion %d (kept): %d tokens, %d "
+              "restarts, change at %d", i, n[i], restarts[i], change[i]);
+    take_all(r[1], 6, n, restarts, change);
+    for (int i = 0; i < 2; i++)
+        CHECK(n[i] == 240 && restarts[i] == 1 && change[i] == 0, "engine 1, completion %d (re-queued): %d tokens, %d "
+              "restarts, new version from %d", i, n[i], restarts[i], change[i]);
+    engine_request_release(r[0]);
+    engine_request_release(r[1]);
+    engine_group_stats(g, &after, NULL);
+    CHECK(after.weight_updates_total - before.weight_updates_total == 2 &&
+              after.weight_update_sequences_kept_total - before.weight_update_sequences_kept_total == 2 &&
+              after.weight_update_sequences_requeued_total - before.weight_update_sequences_requeued_total == 2,
+          "group stats: one update per engine, 2 kept, 2 re-queued");
+    ref_free(&shape);
+}
+
 static void check_copy_peer(EngineGroup *g) {
     OpsCtx *a = engine_ops(engine_group_engine(g, 0)), *b = engine_ops(engine_group_engine(g, 1));
     enum { N = 100003 };
@@ -344,6 +416,7 @@ static void run(OpsBackend be, int dev0, int dev1) {
           engine_group_device_name(g, 1));
     check_routing(g);
     check_weights(g, be);
+    check_in_flight_commit(g);
     check_copy_peer(g);
     engine_group_destroy(g, 1000);
     check_failed_start(be, dev0);

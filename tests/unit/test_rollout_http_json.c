@@ -300,15 +300,32 @@ static HttpChoice two_event_choice(void) {
     float l2[1] = {-2.0f};
     TokenLogprob top2[2] = {{1, -0.1f}, {2, -2.0f}};
     EngineEvent fin = {.index = 0, .n_tokens = 1, .tokens = t2, .logprobs = l2, .top = top2, .text = "", .text_len = 0,
-                       .finish = FINISH_STOP, .stop_reason = NULL, .stop_token = 2, .policy_version = 3};
+                       .finish = FINISH_STOP, .stop_reason = NULL, .stop_token = 2, .policy_version = 4};
     CHECK(http_choice_append(&c, &fin) == 0);
     return c;
+}
+
+// A weight update in mode abort started the completion over: what the choice held is dropped.
+static void test_choice_restart(void) {
+    HttpChoice c = two_event_choice();
+    int32_t t[2] = {5, 6};
+    float l[2] = {-0.25f, -0.75f};
+    TokenLogprob top[4] = {{5, -0.25f}, {1, -2.0f}, {6, -0.75f}, {1, -1.0f}};
+    EngineEvent ev = {.index = 0, .n_tokens = 2, .tokens = t, .logprobs = l, .top = top, .text = "ab", .text_len = 2,
+                      .finish = FINISH_LENGTH, .stop_token = -1, .policy_version = 9, .restarted = 1};
+    CHECK(http_choice_append(&c, &ev) == 0);
+    CHECK(c.n_tokens == 2 && c.tokens[0] == 5 && c.tokens[1] == 6 && c.logprobs[1] == -0.75f && c.versions[0] == 9 &&
+              c.versions[1] == 9 && c.text_len == 2 && strcmp(c.text, "ab") == 0 && c.finish == FINISH_LENGTH &&
+              c.top[2].id == 6,
+          "a restarted event replaces the choice: %d tokens, text '%s'", c.n_tokens, c.text);
+    http_choice_free(&c);
 }
 
 static void test_choice_and_logprobs(void) {
     HttpChoice c = two_event_choice();
     CHECK(c.n_tokens == 3 && c.tokens[2] == 2 && c.text_len == 4 && strcmp(c.text, "\xc3\xa9t9") == 0);
-    CHECK(c.finish == FINISH_STOP && c.stop_token == 2 && c.policy_version == 3 && !c.stop_str);
+    CHECK(c.finish == FINISH_STOP && c.stop_token == 2 && !c.stop_str);
+    CHECK(c.versions && c.versions[0] == 3 && c.versions[1] == 3 && c.versions[2] == 4, "each token's version");
     HttpTokenText tt = {fake_text, NULL};
     size_t off = 0;
     json_t *lp = http_completion_logprobs(&c, 0, 3, &tt, &off);
@@ -378,13 +395,13 @@ static void test_trl_response(void) {
         float lps[2] = {-0.25f * (k + 1), -0.5f};
         TokenLogprob top[4] = {{10 + k, lps[0]}, {99, -3.0f}, {98, -0.01f}, {97, -0.3f}};
         EngineEvent ev = {.index = k % 2, .n_tokens = 1 + (k % 2), .tokens = toks, .logprobs = lps, .top = top,
-                          .text = "", .finish = FINISH_LENGTH, .stop_token = -1};
+                          .text = "", .finish = FINISH_LENGTH, .stop_token = -1, .policy_version = 5 + k};
         CHECK(http_choice_append(&ch[k], &ev) == 0);
     }
     int32_t p0[2] = {1, 2}, p1[1] = {3};
     const int32_t *pids[2] = {p0, p1};
     int plens[2] = {2, 1};
-    json_t *r = http_trl_response(pids, plens, 2, 2, ch, 0);
+    json_t *r = http_trl_response(pids, plens, 2, 2, ch, 0, 0);
     json_t *pi = json_object_get(r, "prompt_ids"), *ci = json_object_get(r, "completion_ids");
     CHECK(json_array_size(pi) == 2 && json_array_size(json_array_get(pi, 0)) == 2);
     CHECK(json_integer_value(json_array_get(json_array_get(pi, 1), 0)) == 3);
@@ -395,10 +412,19 @@ static void test_trl_response(void) {
     json_t *tok0 = json_array_get(json_array_get(lp, 2), 0);
     CHECK(json_array_size(tok0) == 1 && fabs(json_real_value(json_array_get(tok0, 0)) + 0.75) < 1e-6);
     CHECK(json_integer_value(json_array_get(json_array_get(json_array_get(li, 2), 0), 0)) == 12);
+    CHECK(json_object_size(r) == 4 && !json_object_get(r, "policy_versions"), "TRL's answer, no more keys");
+    json_decref(r);
+    // return_policy_versions: each token's version, shaped as completion_ids.
+    r = http_trl_response(pids, plens, 2, 2, ch, 0, 1);
+    json_t *pv = json_object_get(r, "policy_versions");
+    CHECK(json_array_size(pv) == 4 && json_array_size(json_array_get(pv, 1)) == 2 &&
+              json_integer_value(json_array_get(json_array_get(pv, 1), 1)) == 6 &&
+              json_integer_value(json_array_get(json_array_get(pv, 2), 0)) == 7,
+          "policy_versions");
     json_decref(r);
     // logprobs = 2: the 2 best alternatives plus the sampled token when it is not among them, best first
     // (completion 1, token 1: alternatives 98 (-0.01), 97 (-0.3), sampled 21 (-0.5)).
-    r = http_trl_response(pids, plens, 2, 2, ch, 2);
+    r = http_trl_response(pids, plens, 2, 2, ch, 2, 0);
     json_t *t = json_array_get(json_array_get(json_object_get(r, "logprob_token_ids"), 1), 1);
     json_t *v = json_array_get(json_array_get(json_object_get(r, "logprobs"), 1), 1);
     CHECK(json_array_size(t) == 3 && json_integer_value(json_array_get(t, 0)) == 98 &&
@@ -406,7 +432,7 @@ static void test_trl_response(void) {
     CHECK(json_real_value(json_array_get(v, 0)) >= json_real_value(json_array_get(v, 1)) &&
           json_real_value(json_array_get(v, 1)) >= json_real_value(json_array_get(v, 2)));
     json_decref(r);
-    r = http_trl_response(pids, plens, 2, 2, ch, -1);
+    r = http_trl_response(pids, plens, 2, 2, ch, -1, 0);
     CHECK(json_is_null(json_object_get(r, "logprobs")) && json_is_null(json_object_get(r, "logprob_token_ids")));
     CHECK(json_array_size(json_object_get(r, "completion_ids")) == 4);
     json_decref(r);
@@ -454,6 +480,11 @@ static void test_metrics(void) {
     s.step_seconds_sum = 0.125;
     for (int i = 0; i < 12; i++) s.step_seconds_buckets[i] = i < 3 ? 2 * i : 9; // cumulative
     s.policy_version = 4;
+    s.weight_updates_total = 2;
+    s.weight_update_sequences_kept_total = 17;
+    s.weight_update_sequences_requeued_total = 3;
+    s.weight_update_pause_seconds_sum = 0.75;
+    for (int i = 0; i < 11; i++) s.weight_update_pause_buckets[i] = i < 4 ? 0 : i < 6 ? 1 : 2; // cumulative
     size_t len = 0;
     // Two engines (--devices): their own series, labelled by index and device.
     EngineMemberStats per[2];
@@ -484,6 +515,17 @@ static void test_metrics(void) {
     CHECK(strstr(t, "tandem_engine_step_seconds_bucket{model_name=\"tiny\\\"m\",le=\"+Inf\"} 9\n"));
     CHECK(strstr(t, "tandem_engine_step_seconds_count{model_name=\"tiny\\\"m\"} 9\n"));
     CHECK(strstr(t, "tandem_engine_step_seconds_sum{model_name=\"tiny\\\"m\"} 0.125\n"));
+    CHECK(strstr(t, "tandem_weight_updates_total{model_name=\"tiny\\\"m\"} 2\n"));
+    CHECK(strstr(t, "# TYPE tandem_weight_update_sequences_kept_total counter\n"));
+    CHECK(strstr(t, "tandem_weight_update_sequences_kept_total{model_name=\"tiny\\\"m\"} 17\n"));
+    CHECK(strstr(t, "tandem_weight_update_sequences_requeued_total{model_name=\"tiny\\\"m\"} 3\n"));
+    CHECK(strstr(t, "# TYPE tandem_weight_update_pause_seconds histogram\n"));
+    CHECK(strstr(t, "tandem_weight_update_pause_seconds_bucket{model_name=\"tiny\\\"m\",le=\"0.05\"} 0\n"));
+    CHECK(strstr(t, "tandem_weight_update_pause_seconds_bucket{model_name=\"tiny\\\"m\",le=\"0.1\"} 1\n"));
+    CHECK(strstr(t, "tandem_weight_update_pause_seconds_bucket{model_name=\"tiny\\\"m\",le=\"60\"} 2\n"));
+    CHECK(strstr(t, "tandem_weight_update_pause_seconds_bucket{model_name=\"tiny\\\"m\",le=\"+Inf\"} 2\n"));
+    CHECK(strstr(t, "tandem_weight_update_pause_seconds_sum{model_name=\"tiny\\\"m\"} 0.75\n"));
+    CHECK(strstr(t, "tandem_weight_update_pause_seconds_count{model_name=\"tiny\\\"m\"} 2\n"));
     // Every non-comment line is "name{labels} value".
     int lines = 0, bad = 0;
     for (char *p = t; *p;) {
@@ -511,6 +553,7 @@ int main(void) {
     test_trl_fields();
     test_prompts();
     test_choice_and_logprobs();
+    test_choice_restart();
     test_trl_response();
     test_sse_usage_envelope();
     test_metrics();

@@ -303,6 +303,120 @@ static void test_result(void) {
                 "\"cached_tokens\":5}", NULL, 0, "\"cached_tokens\" is 5", NULL, 3);
 }
 
+// In-flight weight updates (issue 24): where a completion's version changed travels only when it did, and is
+// checked against the lengths and the first / last versions.
+static void test_result_version_changes(void) {
+    int lens[3] = {4, 2, 5};
+    ZmsgFinish fin[3] = {ZMSG_FINISH_LENGTH, ZMSG_FINISH_STOP, ZMSG_FINISH_LENGTH};
+    int64_t v0[3] = {3, 4, 3}, v1[3] = {4, 4, 5};
+    int n_chg[3] = {1, 0, 2};
+    ZmsgVersionChange chg[3] = {{2, 4}, {1, 4}, {3, 5}};
+    int32_t tok[11] = {0};
+    float lp[11] = {0};
+    ZmsgMsg m, b;
+    zmsg_init(&m, ZMSG_RESULT, REP, 9);
+    m.n_prompts = 1;
+    m.n_completions = 3;
+    m.completion_lens = lens;
+    m.finish_reasons = fin;
+    m.policy_versions = v0;
+    m.policy_versions_end = v1;
+    m.n_version_changes = n_chg;
+    m.version_changes = chg;
+    m.tokens = tok;
+    m.logprobs = lp;
+    m.prompt_tokens = 3;
+    if (round_trip(&m, &b) == 0) {
+        CHECK(b.n_version_changes && b.n_version_changes[0] == 1 && b.n_version_changes[1] == 0 &&
+              b.n_version_changes[2] == 2);
+        CHECK(b.version_changes && b.version_changes[0].token == 2 && b.version_changes[0].version == 4 &&
+              b.version_changes[1].token == 1 &&
+              b.version_changes[1].version == 4 && b.version_changes[2].token == 3 && b.version_changes[2].version == 5);
+        zmsg_free(&b);
+    }
+    ZmsgOut o;
+    char err[256];
+    int none[3] = {0, 0, 0};
+    m.n_version_changes = none; // no change anywhere: the field is left out, as servers before it sent results
+    if (zmsg_build(&m, &o, err, sizeof err) == 0) {
+        CHECK(!strstr(o.header, "policy_version_changes"), "header %s", o.header);
+        zmsg_out_free(&o);
+    }
+    if (round_trip(&m, &b) == 0) {
+        CHECK(b.n_version_changes == NULL && b.version_changes == NULL);
+        zmsg_free(&b);
+    }
+#define R(changes)                                                                                              \
+    "{\"type\":\"result\",\"id\":3,\"prompt_index\":0,\"n_prompts\":1,\"n\":2,\"completion_lens\":[3,2],"       \
+    "\"finish_reasons\":[\"length\",\"length\"],\"policy_versions\":[1,1],\"policy_versions_end\":[2,1],"           \
+    "\"prompt_tokens\":4,\"cached_tokens\":0,\"policy_version_changes\":" changes "}"
+    int32_t t5[5] = {0};
+    float l5[5] = {0};
+    ZmsgFrame good[2] = {{t5, 20}, {l5, 20}};
+    ZmsgFrame fr[3] = {{R("[[[1,2]],[]]"), strlen(R("[[[1,2]],[]]"))}, good[0], good[1]};
+    ZmsgMsg ok;
+    CHECK(zmsg_parse(&ok, REP, fr, 3, err, sizeof err) == 0 && ok.n_version_changes[0] == 1 &&
+              ok.version_changes[0].token == 1 && ok.version_changes[0].version == 2 && ok.n_version_changes[1] == 0,
+          "a valid change list: %s", err);
+    zmsg_free(&ok);
+    REFUSE(REP, R("[[[1,2]]]"), good, 2, "\"policy_version_changes\" has 1 elements, expected 2", NULL, 3);
+    REFUSE(REP, R("[[[0,2]],[]]"), good, 2, "\"policy_version_changes\"[0][0][0]", NULL, 3);   // token 0: no change
+    REFUSE(REP, R("[[[3,2]],[]]"), good, 2, "\"policy_version_changes\"[0][0][0]", NULL, 3);   // past the last token
+    REFUSE(REP, R("[[[1,1]],[]]"), good, 2, "must differ from the version before it (1)", NULL, 3);
+    REFUSE(REP, R("[[[1,3]],[]]"), good, 2, "ends with version 3, but policy_versions_end says 2", NULL, 3);
+    REFUSE(REP, R("[[[2,3],[1,2]],[]]"), good, 2, "\"policy_version_changes\"[0][1][0]", NULL, 3); // not increasing
+    REFUSE(REP, R("[[[1]],[]]"), good, 2, "must be a [token, version] pair", NULL, 3);
+    REFUSE(REP, R("[{},[]]"), good, 2, "must be an array of [token, version] pairs", NULL, 3);
+#undef R
+}
+
+static void test_weights_end_mode(void) {
+    ZmsgMsg m, b;
+    zmsg_init(&m, ZMSG_WEIGHTS_END, REQ, 22);
+    m.version = 5;
+    m.has_update_mode = 1;
+    m.update_mode = ZMSG_UPDATE_ABORT;
+    if (round_trip(&m, &b) == 0) {
+        CHECK(b.version == 5 && b.has_update_mode && b.update_mode == ZMSG_UPDATE_ABORT);
+        zmsg_free(&b);
+    }
+    m.update_mode = ZMSG_UPDATE_KEEP;
+    if (round_trip(&m, &b) == 0) {
+        CHECK(b.has_update_mode && b.update_mode == ZMSG_UPDATE_KEEP);
+        zmsg_free(&b);
+    }
+    m.update_mode = ZMSG_UPDATE_KEEP_KV;
+    if (round_trip(&m, &b) == 0) {
+        CHECK(b.has_update_mode && b.update_mode == ZMSG_UPDATE_KEEP_KV);
+        zmsg_free(&b);
+    }
+    CHECK(!strcmp(zmsg_update_mode_name(ZMSG_UPDATE_KEEP_KV), "keep_kv") &&
+          !strcmp(zmsg_update_mode_name(ZMSG_UPDATE_ABORT), "abort"));
+    zmsg_init(&m, ZMSG_WEIGHTS_END, REP, 22);
+    m.version = 5;
+    m.has_update_report = 1;
+    m.sequences_kept = 12;
+    m.sequences_requeued = 3;
+    if (round_trip(&m, &b) == 0) {
+        CHECK(b.has_update_report && b.sequences_kept == 12 && b.sequences_requeued == 3);
+        zmsg_free(&b);
+    }
+    m.has_update_report = 0;
+    if (round_trip(&m, &b) == 0) {
+        CHECK(!b.has_update_report && b.sequences_kept == 0);
+        zmsg_free(&b);
+    }
+    REFUSE(REQ, "{\"type\":\"weights_end\",\"id\":32,\"version\":1,\"mode\":\"wait\"}", NULL, 0,
+           "must be \"keep\", \"abort\" or \"keep_kv\", got \"wait\"", NULL, 32);
+    REFUSE(REQ, "{\"type\":\"weights_end\",\"id\":32,\"version\":1,\"mode\":1}", NULL, 0, "\"mode\"", NULL, 32);
+    REFUSE(REP, "{\"type\":\"weights_end\",\"id\":32,\"version\":1,\"seconds\":1,\"commit_seconds\":0,"
+                "\"sequences_kept\":1}", NULL, 0, "come together", NULL, 32);
+    REFUSE(REP, "{\"type\":\"weights_end\",\"id\":32,\"version\":1,\"seconds\":1,\"commit_seconds\":0,"
+                "\"sequences_kept\":-1,\"sequences_requeued\":0}", NULL, 0, "\"sequences_kept\"", NULL, 32);
+    REFUSE(REP, "{\"type\":\"weights_end\",\"id\":32,\"version\":1,\"seconds\":1,\"commit_seconds\":0,"
+                "\"mode\":\"keep\"}", NULL, 0, "unknown field \"mode\"", NULL, 32);
+}
+
 static void test_simple_and_stats(void) {
     ZmsgType simple[5] = {ZMSG_PAUSE, ZMSG_RESUME, ZMSG_RESET_CACHE, ZMSG_SHUTDOWN, ZMSG_STATS};
     for (int i = 0; i < 5; i++)
@@ -519,6 +633,8 @@ int main(void) {
     test_generate();
     test_generate_refusals();
     test_result();
+    test_result_version_changes();
+    test_weights_end_mode();
     test_simple_and_stats();
     test_weights();
     test_error_and_envelope();
