@@ -1,4 +1,5 @@
-// trainer/grpo_round.c — the generate, rewards and advantages phases of a GRPO step (trainer/grpo_round.h).
+// trainer/grpo_round.c — the generate, rewards and advantages phases of a GRPO step (trainer/grpo_round.h); the
+// groups of a round are scored as they come back by trainer/grpo_stream.c.
 #include "trainer/grpo_round.h"
 
 #include <limits.h>
@@ -26,10 +27,16 @@ int grpo_round_init(GrpoRound *r, int n_prompts, int G, int world, char *err, si
     r->versions = calloc(n, sizeof *r->versions);
     r->keep = calloc(n, 1);
     r->advantages = calloc(n, sizeof *r->advantages);
+    r->streamed_adv = calloc(n ? n : 1, sizeof *r->streamed_adv);
     r->off = calloc(n + 1, sizeof *r->off);
     r->samples = calloc(n, sizeof *r->samples);
     r->texts = calloc(n, sizeof *r->texts);
     r->adv_all = calloc(n * (size_t)world, sizeof *r->adv_all);
+    r->progress_arrived = calloc(n_prompts ? n_prompts : 1, sizeof *r->progress_arrived);
+    if (!r->progress_arrived || !r->streamed_adv || group_progress_init(&r->progress, n_prompts, err, err_len) != 0) {
+        grpo_round_free(r);
+        return err_fail(err, err_len, "out of memory for a generation round");
+    }
     if (!r->rows || !r->groups || !r->prompts || !r->prompt_lens || !r->comp || !r->comp_len || !r->sampling_logps ||
         !r->truncated || !r->versions || !r->keep || !r->advantages || !r->off || !r->samples || !r->texts ||
         !r->adv_all) {
@@ -43,12 +50,12 @@ void grpo_round_clear(GrpoRound *r) {
     if (r->pending) rollout_generate_cancel(r->client, r->pending);
     r->pending = NULL;
     for (int p = 0; p < r->n_prompts; p++) data_row_clear(&r->rows[p]);
-    if (r->have_groups) rollout_groups_free(r->groups, r->n_prompts);
-    r->have_groups = 0;
+    rollout_groups_free(r->groups, r->n_prompts);   // the groups in, whole round or not (zeroed entries: nothing)
     for (int i = 0; i < r->n; i++) {
         free(r->texts[i]);
         r->texts[i] = NULL;
     }
+    r->reward_seconds = r->stream_seconds = r->overlap_seconds = 0;
 }
 
 void grpo_round_free(GrpoRound *r) {
@@ -56,7 +63,9 @@ void grpo_round_free(GrpoRound *r) {
     free(r->rows), free(r->groups), free(r->prompts), free(r->prompt_lens), free(r->comp), free(r->comp_len);
     free(r->sampling_logps), free(r->truncated), free(r->versions), free(r->keep), free(r->advantages), free(r->off);
     free(r->old_logps), free(r->ref_logps), free(r->samples), free(r->texts), free(r->service_scores);
-    free(r->scores), free(r->local);
+    free(r->scores), free(r->local), free(r->builtin_scores), free(r->call_samples), free(r->call_scores);
+    free(r->progress_arrived), free(r->streamed_adv);
+    group_progress_free(&r->progress);
     free(r->all), free(r->adv_all), free(r->fmean), free(r->fstd), free(r->weights);
     memset(r, 0, sizeof *r);
 }
@@ -95,32 +104,22 @@ int grpo_round_issue(Trainer *t, GrpoRound *r, long first_step, char *err, size_
     return 0;
 }
 
-int grpo_round_collect(Trainer *t, GrpoRound *r, char *err, size_t err_len) {
+int grpo_round_collect(Trainer *t, GrpoRound *r, const GrpoStreamWork *work, char *err, size_t err_len) {
     TrainConfig *c = t->cfg;
-    const int G = c->grpo.num_generations;
     double t0 = trainer_now();
+    if (grpo_round_stream_begin(t, r, err, err_len) != 0) return -1;
     for (int attempt = 1;; attempt++) {
-        int rc;
-        if (r->pending) {
-            rc = rollout_generate_finish(t->rollout, r->pending, r->groups, err, err_len);
-            r->pending = NULL;
-        } else {
-            rc = rollout_generate(t->rollout, r->n_prompts, r->prompts, r->prompt_lens, &r->sampling, r->groups, err,
-                                  err_len);
-        }
+        // Every rank agrees whether the round's generation worked (grpo_round_stream): if one lost all its servers,
+        // all wait for the servers to come back, push them this run's weights (a collective weight push) and go
+        // on: the groups already in stay, the prompts still out are sent again.
+        int rc = grpo_round_stream(t, r, work, err, err_len);
         if (rc == -1) return -1;
-        // Every rank agrees whether the round's generation worked: if one lost all its servers, all retry
-        // together after the servers come back with this run's weights (a collective weight push).
-        int32_t lost = rc != 0;
-        if (comm_all_reduce(t->comm, &lost, 1, COMM_I32, COMM_MAX) != 0) {
-            snprintf(err, err_len, "%s", comm_error(t->comm));
-            if (rc == 0) rollout_groups_free(r->groups, r->n_prompts);
-            return -1;
-        }
-        if (!lost) break;
-        if (rc == 0) rollout_groups_free(r->groups, r->n_prompts);
+        if (rc == 0) break;
         if (attempt == 3) {
             snprintf(err, err_len, "generation failed 3 times: the rollout servers keep going away");
+            rollout_generate_cancel(r->client, r->pending);
+            r->pending = NULL;
+            rollout_groups_free(r->groups, r->n_prompts);
             return -1;
         }
         int stale;
@@ -128,32 +127,21 @@ int grpo_round_collect(Trainer *t, GrpoRound *r, char *err, size_t err_len) {
         if (t->rank == 0)
             fprintf(stderr, "tandem-train: rollout servers lost mid-round (generation attempt %d of 3); waiting up to "
                     "%.0f s (6 x --rollout-timeout) for one to answer, then pushing the weights and generating the "
-                    "round again\n", attempt, 6.0 * c->rollout_timeout);
+                    "rest of the round\n", attempt, 6.0 * c->rollout_timeout);
         if (rollout_client_refresh(t->rollout, t->progress.policy_version, 2000, &stale, err, err_len) != 0 ||
-            weight_sync_push(t, &secs, err, err_len) != 0)
+            weight_sync_push(t, &secs, err, err_len) != 0) {
+            rollout_generate_cancel(r->client, r->pending);
+            r->pending = NULL;
+            rollout_groups_free(r->groups, r->n_prompts);
             return -1;
-    }
-    r->have_groups = 1;
-    double t1 = trainer_now();
-    r->wait_seconds = t1 - t0;
-    r->generate_seconds = t1 - r->issued_at;
-    int32_t eos[16];
-    int n_eos = (int)tokenizer_eos_ids(t->tok, eos, 16);
-    r->off[0] = 0;
-    for (int p = 0; p < r->n_prompts; p++) {
-        int off = 0;
-        for (int j = 0; j < G; j++) {
-            int i = p * G + j;
-            r->comp[i] = r->groups[p].tokens + off;
-            r->sampling_logps[i] = r->groups[p].logprobs + off;
-            r->comp_len[i] = r->groups[p].lens[j];
-            r->versions[i] = r->groups[p].versions[j];
-            r->truncated[i] = grpo_completion_is_truncated(r->comp[i], r->comp_len[i], eos, n_eos,
-                                                           tokenizer_pad_id(t->tok));
-            off += r->comp_len[i];
-            r->off[i + 1] = r->off[i] + (size_t)r->comp_len[i];
         }
     }
+    double t1 = trainer_now();
+    r->stream_seconds = r->reward_seconds;
+    r->wait_seconds = t1 - t0;
+    r->generate_seconds = t1 - r->issued_at;
+    r->off[0] = 0;
+    for (int i = 0; i < r->n; i++) r->off[i + 1] = r->off[i] + (size_t)r->comp_len[i];
     memset(r->keep, 1, (size_t)r->n);
     r->staleness = (GrpoStaleness){.kept = r->n};
     return 0;
@@ -204,40 +192,61 @@ static int fit_funcs(Trainer *t, GrpoRound *r, int F, char *err, size_t err_len)
 }
 
 int grpo_round_rewards(Trainer *t, GrpoRound *r, int *n_funcs, char *err, size_t err_len) {
-    const int G = t->cfg->grpo.num_generations;
     double t0 = trainer_now();
-    int F_builtin = (int)rewards_count(t->rewards), F = F_builtin;
-    for (int i = 0; i < r->n; i++) {
-        size_t len;
-        if (tokenizer_decode(t->tok, r->comp[i], r->comp_len[i], 1, &r->texts[i], &len, err, err_len) != 0) return -1;
-        r->samples[i] = (RewardSample){.completion = r->texts[i], .completion_tokens = r->comp_len[i],
-                                       .prompt = r->rows[i / G].prompt, .columns = r->rows[i / G].columns};
-    }
-    int F_svc = 0;
-    if (t->reward_service) {
-        // The service's function count is known after its first answer: score into a wide buffer, then copy.
-        if (!r->service_scores &&
-            !(r->service_scores = malloc((size_t)r->n * GRPO_SERVICE_MAX_FUNCS * sizeof *r->service_scores)))
-            return err_fail(err, err_len, "out of memory for the reward service's scores");
-        size_t nf = 0;
-        if (reward_service_score(t->reward_service, r->samples, r->n, r->service_scores, GRPO_SERVICE_MAX_FUNCS,
-                                 GRPO_SERVICE_MAX_FUNCS, &nf, err, err_len) != 0)
-            return -1;
-        F_svc = (int)nf;
-        F += F_svc;
-    }
+    const int F_builtin = (int)rewards_count(t->rewards), F_svc = t->reward_service ? r->n_service_funcs : 0;
+    const int F = F_builtin + F_svc;
     if (fit_funcs(t, r, F, err, err_len) != 0) return -1;
-    if (rewards_score(t->rewards, r->samples, r->n, r->scores, F, err, err_len) != 0) return -1;
-    for (int i = 0; i < r->n; i++)
+    for (int i = 0; i < r->n; i++) {
+        for (int f = 0; f < F_builtin; f++) r->scores[i * F + f] = r->builtin_scores[(size_t)i * F_builtin + f];
         for (int f = 0; f < F_svc; f++)
             r->scores[i * F + F_builtin + f] = r->service_scores[(size_t)i * GRPO_SERVICE_MAX_FUNCS + f];
+    }
     for (size_t k = 0; k < (size_t)r->n * F; k++) r->local[k] = (float)r->scores[k];
     // A dropped (too stale) completion is unscorable: no reward statistic counts it and its advantage is 0.
     for (int i = 0; i < r->n; i++)
         if (!r->keep[i])
             for (int f = 0; f < F; f++) r->local[(size_t)i * F + f] = NAN;
-    r->reward_seconds = trainer_now() - t0;
+    r->reward_seconds += trainer_now() - t0;
     *n_funcs = F;
+    return 0;
+}
+
+// reward_weights for F functions in r->weights (*weights = NULL when not set: all 1).
+static int reward_weights(const TrainConfig *c, GrpoRound *r, int F, const float **weights, char *err,
+                          size_t err_len) {
+    *weights = NULL;
+    if (!c->reward_weights) return 0;
+    if ((int)c->n_reward_weights != F)
+        return err_fail(err, err_len, "reward_weights has %zu entries but there are %d reward functions",
+                        c->n_reward_weights, F);
+    for (int f = 0; f < F; f++) r->weights[f] = (float)c->reward_weights[f];
+    *weights = r->weights;
+    return 0;
+}
+
+int grpo_round_group_advantages(Trainer *t, GrpoRound *r, int g, char *err, size_t err_len) {
+    TrainConfig *c = t->cfg;
+    const int G = c->grpo.num_generations, F_builtin = (int)rewards_count(t->rewards);
+    const int F = F_builtin + (t->reward_service ? r->n_service_funcs : 0);
+    // The staleness filter grpo_round_filter_stale applies once the round is in (the policy version does not
+    // change while it comes in), for this group now.
+    GrpoStaleness st;
+    r->train_version = t->progress.policy_version;
+    grpo_staleness_filter(G, r->versions + (size_t)g * G, r->train_version,
+                          c->max_staleness > 0 ? c->max_staleness : INT_MAX, r->keep + (size_t)g * G, &st);
+    const float *weights;
+    if (fit_funcs(t, r, F, err, err_len) != 0 || reward_weights(c, r, F, &weights, err, err_len) != 0) return -1;
+    float *rows = r->local + (size_t)g * G * F;
+    for (int i = g * G; i < (g + 1) * G; i++)
+        for (int f = 0; f < F; f++) {
+            double v = f < F_builtin ? r->builtin_scores[(size_t)i * F_builtin + f]
+                                     : r->service_scores[(size_t)i * GRPO_SERVICE_MAX_FUNCS + f - F_builtin];
+            r->local[(size_t)i * F + f] = r->keep[i] ? (float)v : NAN;
+        }
+    if (grpo_advantages(&c->grpo, G, F, rows, weights, r->advantages + (size_t)g * G, NULL, NULL, NULL, err,
+                        err_len) != 0)
+        return -1;
+    memcpy(r->streamed_adv + (size_t)g * G, r->advantages + (size_t)g * G, (size_t)G * sizeof(float));
     return 0;
 }
 
@@ -245,16 +254,8 @@ int grpo_round_advantages(Trainer *t, GrpoRound *r, int F, json_t *m, char *err,
     TrainConfig *c = t->cfg;
     double t0 = trainer_now();
     const int F_builtin = (int)rewards_count(t->rewards);
-    const float *weights = NULL;
-    if (c->reward_weights) {
-        if ((int)c->n_reward_weights != F) {
-            snprintf(err, err_len, "reward_weights has %zu entries but there are %d reward functions",
-                     c->n_reward_weights, F);
-            return -1;
-        }
-        for (int f = 0; f < F; f++) r->weights[f] = (float)c->reward_weights[f];
-        weights = r->weights;
-    }
+    const float *weights;
+    if (reward_weights(c, r, F, &weights, err, err_len) != 0) return -1;
     // Every rank's rewards, in rank order (TRL's gather).
     if (comm_all_gather(t->comm, r->all, r->local, (size_t)r->n * F, COMM_F32) != 0) {
         snprintf(err, err_len, "gathering rewards: %s", comm_error(t->comm));
@@ -310,15 +311,17 @@ int grpo_round_advantages(Trainer *t, GrpoRound *r, int F, json_t *m, char *err,
     json_object_set_new(m, "rollout_time", json_real(r->generate_seconds));
     json_object_set_new(m, "prompts_skipped", json_integer((json_int_t)data_skipped(t->data)));
     json_object_set_new(m, "reward_time", json_real(r->reward_seconds + trainer_now() - t0));
+    // Streaming groups: how much of the decoding and scoring ran while the servers still generated the round.
+    json_object_set_new(m, "reward_overlap_time", json_real(r->overlap_seconds));
     return 0;
 }
 
-int grpo_round_reserve_logps(GrpoRound *r, int old, int ref, char *err, size_t err_len) {
-    size_t need = r->off[r->n] ? r->off[r->n] : 1;
+int grpo_round_reserve_logps(GrpoRound *r, int old, int ref, size_t need, char *err, size_t err_len) {
+    if (need == 0) need = 1;
     if (need > r->logps_cap) {
         free(r->old_logps), free(r->ref_logps);
         r->old_logps = r->ref_logps = NULL;
-        r->logps_cap = need + need / 4;  // rounds differ in length: room for a somewhat longer one
+        r->logps_cap = need;
     }
     if (old && !r->old_logps && !(r->old_logps = malloc(r->logps_cap * sizeof(float))))
         return err_fail(err, err_len, "out of memory for the round's old logprobs");

@@ -24,12 +24,36 @@ typedef struct {
 void grpo_staleness_filter(int n, const int64_t *versions, int64_t policy_version, int max_staleness,
                            uint8_t *keep, GrpoStaleness *st);
 
-// Completion i of prompt p sits at i = p * G + j (G = num_generations), n = n_prompts * G on this rank.
+// Streaming groups (trainer/grpo_stream.c): which of a round's groups have come back and been scored. The prefix
+// decides which micro-batches of completions (the first prefix x G) this rank holds.
 typedef struct {
+    int n_groups, n_scored;
+    int prefix;                 // groups 0 .. prefix - 1 are all scored (their completions are in)
+    uint8_t *scored;            // (n_groups) 1 once group g's rewards are computed
+} GroupProgress;
+
+int group_progress_init(GroupProgress *g, int n_groups, char *err, size_t err_len);
+void group_progress_reset(GroupProgress *g);
+// Marks `group` scored: 0, or -1 when it is out of range or already scored (a group is taken once per attempt).
+int group_progress_mark(GroupProgress *g, int group);
+void group_progress_free(GroupProgress *g);
+
+// Work on a round's completions that may start before the whole round is in: run(ctx, r, k) for the completions
+// [k * chunk, min((k + 1) * chunk, n)), k = 0, 1, ... in order, called by every rank at the same point once every
+// rank holds those completions (a collective call may run in it). A round generated again starts over at k = 0.
+typedef struct GrpoRound GrpoRound;
+typedef struct {
+    int chunk;
+    int (*run)(void *ctx, GrpoRound *r, int k, char *err, size_t err_len);
+    void *ctx;
+} GrpoStreamWork;
+
+// Completion i of prompt p sits at i = p * G + j (G = num_generations), n = n_prompts * G on this rank.
+struct GrpoRound {
     int n_prompts, n;
     DataRow *rows;              // (n_prompts)
-    RolloutGroup *groups;       // (n_prompts) what the servers returned; owns the completion ids and logprobs
-    int have_groups;            // groups hold this round's completions (freed by grpo_round_clear)
+    RolloutGroup *groups;       // (n_prompts) what the servers returned; owns the completion ids and logprobs (freed
+                                // by grpo_round_clear; a group not in yet is zeroed)
     // Sent and not yet collected (grpo_round_issue): the servers generate it while the trainer does other work.
     RolloutPending *pending;
     RolloutClient *client;      // the client `pending` belongs to
@@ -47,6 +71,7 @@ typedef struct {
     GrpoStaleness staleness;    // of this rank's completions when the round's training starts
     int64_t train_version;      // the trainer's policy version then
     float *advantages;          // (n)
+    float *streamed_adv;        // (n) advantages computed group by group for micro-steps run while the round came in
     size_t *off;                // (n + 1) prefix sums of comp_len: completion i's slice of the flat logps below
     float *old_logps;           // (off[n]) trainer logprobs before this round's updates, when needed
     float *ref_logps;           // (off[n]) the reference model's logprobs, beta > 0
@@ -54,9 +79,15 @@ typedef struct {
     // The rewards phase's buffers, grown to the widest round seen (F reward functions).
     const int32_t **prompts;    // (n_prompts)
     int *prompt_lens;           // (n_prompts)
+    GroupProgress progress;     // the groups scored so far while the round streams in
+    int *progress_arrived;      // (n_prompts) the groups one wait returned
     RewardSample *samples;      // (n)
     char **texts;               // (n) decoded completions
+    double *builtin_scores;     // (n * F_builtin) the built-ins' columns, filled group by group
     double *service_scores;     // (n * GRPO_SERVICE_MAX_FUNCS) the reward service's columns
+    RewardSample *call_samples; // (n) one reward service call's samples (the groups that arrived together) ...
+    double *call_scores;        // (n * GRPO_SERVICE_MAX_FUNCS) ... and its answer
+    int n_service_funcs;        // functions the service returned
     double *scores;             // (n * F)
     float *local;               // (n * F) this rank's scores
     float *all;                 // (world * n * F) every rank's, in rank order
@@ -66,9 +97,12 @@ typedef struct {
     int cap_f;                  // F the buffers above hold
     double generate_seconds;    // sending the round to collecting it (overlapping training when issued ahead)
     double issue_seconds;       // sending its prompts
-    double wait_seconds;        // waiting for its answers once the trainer needed them
-    double reward_seconds;
-} GrpoRound;
+    double wait_seconds;        // collecting it once the trainer needed it, scoring groups as they came included
+    double reward_seconds;      // decoding and scoring (groups while they stream in, then the round's columns)
+    double stream_seconds;      // of reward_seconds: the part done inside grpo_round_collect
+    double overlap_seconds;     // of stream_seconds: the part done while groups of the round were still generating
+    int chunks_done;            // chunks of the stream work run (GrpoStreamWork): the rest is the caller's
+};
 
 // Room for the reward service's columns: a service returning more functions is an error.
 #define GRPO_SERVICE_MAX_FUNCS 64
@@ -80,18 +114,32 @@ void grpo_round_clear(GrpoRound *r);
 void grpo_round_free(GrpoRound *r);
 
 // Phase 1, generate: the next n_prompts rows of this rank's shard, G completions each from the rollout servers
-// (retried together by every rank when servers went away mid-round, after a weight push); the round's seeds
+// (when servers went away mid-round, every rank waits for them and pushes the weights, then the prompts still out
+// are sent again; the groups already in stay); the round's seeds
 // follow first_step. In two halves: grpo_round_issue sends the round, grpo_round_collect waits for it (a
 // synchronous round is collected right after it is sent; asynchronous GRPO sends rounds ahead and collects each
 // when its training is due). Collecting is collective (every rank agrees whether the servers answered); sending
 // is not.
 int grpo_round_issue(Trainer *t, GrpoRound *r, long first_step, char *err, size_t err_len);
-int grpo_round_collect(Trainer *t, GrpoRound *r, char *err, size_t err_len);
+// Collecting streams the round (grpo_round_stream); work (NULL: none) runs on the chunks the ranks hold meanwhile.
+int grpo_round_collect(Trainer *t, GrpoRound *r, const GrpoStreamWork *work, char *err, size_t err_len);
+// Collecting the round sent (r->pending), streaming (trainer/grpo_stream.c): _begin once per round, then
+// grpo_round_stream until every rank has its round: each group is decoded and scored as it comes back, and work's
+// chunks run as every rank holds them (r->chunks_done). Collective: 0 when every rank has its round (r->pending
+// NULL); ROLLOUT_ESERVERS_LOST on every rank when one lost its servers (every rank keeps the groups it has, its
+// generation and its chunks: after the servers are back, grpo_round_stream goes on from there); -1 on an error,
+// with the groups freed and nothing pending.
+int grpo_round_stream_begin(Trainer *t, GrpoRound *r, char *err, size_t err_len);
+int grpo_round_stream(Trainer *t, GrpoRound *r, const GrpoStreamWork *work, char *err, size_t err_len);
 // Drops (keep = 0) the completions sampled more than max_staleness versions before the trainer's policy version
 // now, counting them in r->staleness.
 void grpo_round_filter_stale(Trainer *t, GrpoRound *r);
-// Phase 2, rewards: the built-in rewards and the reward service's, per completion and function.
+// Phase 2, rewards: the built-in rewards and the reward service's, per completion and function, from the scores
+// grpo_round_collect computed group by group as the round came in.
 int grpo_round_rewards(Trainer *t, GrpoRound *r, int *n_funcs, char *err, size_t err_len);
+// Streaming groups: group g's advantages from its own rewards (its staleness filter first), into advantages and
+// streamed_adv — with scale_rewards group / none and sum_then_normalize the numbers grpo_round_advantages gives it.
+int grpo_round_group_advantages(Trainer *t, GrpoRound *r, int g, char *err, size_t err_len);
 // Phase 3, advantages over the whole generation batch (every rank's rewards), and the round's metrics (TRL's
 // names) into m.
 int grpo_round_advantages(Trainer *t, GrpoRound *r, int n_funcs, json_t *m, char *err, size_t err_len);
@@ -103,7 +151,7 @@ int grpo_round_advantages(Trainer *t, GrpoRound *r, int n_funcs, json_t *m, char
 // (B, T)). T = the micro-batch's longest completion.
 int grpo_log_completions(Trainer *t, const GrpoRound *r, long step, const int *idx, int B, int T, const float *old,
                          const float *is_ratio, int ratio_per_token, char *err, size_t err_len);
-// Room for the old / reference logprobs of every completion of the round (off[n] floats each).
-int grpo_round_reserve_logps(GrpoRound *r, int old, int ref, char *err, size_t err_len);
+// Room for the old / reference logprobs of every completion of the round: `need` floats each (at least off[n]).
+int grpo_round_reserve_logps(GrpoRound *r, int old, int ref, size_t need, char *err, size_t err_len);
 
 #endif

@@ -1,262 +1,89 @@
 // trainer/grpo_train.c — the GRPO loop of one rank: per round the phases generate, rewards and advantages
-// (trainer/grpo_round.c), then old / reference logprobs, micro-steps (forward, GRPO loss, backward), optimizer
-// steps, weight pushes and the log (see trainer/trainer.h for the shape of a round). The micro-steps' buffers
-// live in one workspace that grows to the largest micro-batch seen, so a steady-state step allocates nothing here.
+// (trainer/grpo_round.c, streamed by trainer/grpo_stream.c), then old / reference logprobs and micro-steps
+// (trainer/grpo_micro.c; those that may, while the round streams in), optimizer steps, weight pushes and the log
+// (see trainer/trainer.h for the shape of a round).
 #include <jansson.h>
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "shared/err.h"
 #include "trainer/grpo_loss.h"
+#include "trainer/grpo_micro.h"
 #include "trainer/grpo_round.h"
 #include "trainer/trainer.h"
 
-// A micro-batch's buffers: B completions of at most T tokens, N packed prompt + completion tokens.
+// The old and reference logprobs of a round, chunk by chunk (micro-batches of completions, in order): while the
+// round streams in (RoundStream), then the rest.
 typedef struct {
-    size_t cap_bt, cap_b, cap_n;
-    int *idx;                             // (B) completion indices
-    float *logps, *entropies;             // (B, T) the forward's, on the completion tokens
-    float *old, *ref, *sampling;          // (B, T)
-    float *grad, *grad_entropy;           // (B, T) dL/dlogprob, dL/dentropy
-    float *is_ratio;                      // (B, T) or (B): grpo_rollout_is_ratio_len
-    float *advantages;                    // (B)
-    uint8_t *mask, *truncated;            // (B, T), (B)
-    int32_t *tokens, *targets, *cu;       // (N), (N), (B + 1) the packed batch
-    float *packed_logps, *packed_entropies; // (N)
-    float *dlogps, *dentropies;           // (N) gradients at the packed positions
-} MicroBuffers;
+    Trainer *t;
+    UnitSource *policy, *ref;
+    GrpoMicroBuffers *w;
+    int need_old;
+    double old_seconds, ref_seconds;    // spent on chunks while the round was still coming in
+} LogpsChunks;
 
-static void micro_buffers_free(MicroBuffers *w) {
-    free(w->idx), free(w->logps), free(w->entropies), free(w->old), free(w->ref), free(w->sampling), free(w->grad);
-    free(w->grad_entropy), free(w->is_ratio), free(w->advantages), free(w->mask), free(w->truncated), free(w->tokens);
-    free(w->targets), free(w->cu), free(w->packed_logps), free(w->packed_entropies), free(w->dlogps);
-    free(w->dentropies);
-    memset(w, 0, sizeof *w);
-}
-
-// Grows the buffers to hold B completions of T tokens packed into N tokens.
-static int micro_buffers_fit(MicroBuffers *w, int B, int T, int N, char *err, size_t err_len) {
-    size_t bt = (size_t)B * T + 1, b = (size_t)B + 1, n = (size_t)N + 1;
-    int ok = 1;
-#define GROW(field, count, cap) \
-    if ((count) > (cap)) { \
-        free(w->field); \
-        ok &= (w->field = malloc((count) * sizeof *w->field)) != NULL; \
-    }
-    GROW(logps, bt, w->cap_bt) GROW(entropies, bt, w->cap_bt) GROW(old, bt, w->cap_bt) GROW(ref, bt, w->cap_bt)
-    GROW(sampling, bt, w->cap_bt) GROW(grad, bt, w->cap_bt) GROW(grad_entropy, bt, w->cap_bt)
-    GROW(is_ratio, bt, w->cap_bt) GROW(mask, bt, w->cap_bt)
-    GROW(idx, b, w->cap_b) GROW(advantages, b, w->cap_b) GROW(truncated, b, w->cap_b) GROW(cu, b, w->cap_b)
-    GROW(tokens, n, w->cap_n) GROW(targets, n, w->cap_n) GROW(packed_logps, n, w->cap_n)
-    GROW(packed_entropies, n, w->cap_n) GROW(dlogps, n, w->cap_n) GROW(dentropies, n, w->cap_n)
-#undef GROW
-    if (!ok) {
-        micro_buffers_free(w);
-        snprintf(err, err_len, "out of memory for a micro-batch of %d completions (%d tokens)", B, N);
-        return -1;
-    }
-    if (bt > w->cap_bt) w->cap_bt = bt;
-    if (b > w->cap_b) w->cap_b = b;
-    if (n > w->cap_n) w->cap_n = n;
+static int logps_chunk(LogpsChunks *x, GrpoRound *r, int k, int micro, char *err, size_t err_len) {
+    const int s = k * micro, B = r->n - s < micro ? r->n - s : micro;
+    // Chunks come in order, so off[s] is known: the slices of this one follow it.
+    for (int i = s; i < s + B; i++) r->off[i + 1] = r->off[i] + (size_t)r->comp_len[i];
+    if (r->off[s + B] > r->logps_cap)
+        return err_fail(err, err_len, "the round's completions hold %zu tokens, more than max_completion_length "
+                        "allows (%zu)", r->off[s + B], r->logps_cap);
+    double t0 = trainer_now();
+    if (x->need_old && grpo_score_chunk(x->t, x->policy, r, x->w, r->old_logps, s, B, err, err_len) != 0) return -1;
+    double t1 = trainer_now();
+    if (x->t->ref && grpo_score_chunk(x->t, x->ref, r, x->w, r->ref_logps, s, B, err, err_len) != 0) return -1;
+    x->old_seconds += t1 - t0;
+    x->ref_seconds += trainer_now() - t1;
     return 0;
 }
 
-// Tokens of completions idx[0..B) packed with their prompts.
-static int packed_tokens(const Trainer *t, const GrpoRound *r, const int *idx, int B) {
-    const int G = t->cfg->grpo.num_generations;
-    int N = 0;
-    for (int b = 0; b < B; b++) N += (int)r->rows[idx[b] / G].n_ids + r->comp_len[idx[b]];
-    return N;
-}
-
-// Packs completions w->idx[0..B) (prompt + completion each) and runs the forward of `src`: per-token logprobs
-// (and entropies) of the completion tokens into w->logps / w->entropies as (B, T). T = longest completion.
-static int forward_completions(Trainer *t, UnitSource *src, const GrpoRound *r, MicroBuffers *w, int B, int T,
-                               int with_entropies, char *err, size_t err_len) {
-    const int G = t->cfg->grpo.num_generations;
-    const int *idx = w->idx;
-    int N = packed_tokens(t, r, idx, B);
-    if (trainer_ensure_acts(t, N, B, err, err_len) != 0) return -1;
-    int n = 0;
-    w->cu[0] = 0;
-    for (int b = 0; b < B; b++) {
-        const DataRow *row = &r->rows[idx[b] / G];
-        int P = (int)row->n_ids, L = r->comp_len[idx[b]];
-        for (int j = 0; j < P + L; j++) {
-            w->tokens[n + j] = j < P ? row->ids[j] : r->comp[idx[b]][j - P];
-            // Position j predicts token j + 1: scored only when that token is a completion token.
-            w->targets[n + j] = (j + 1 >= P && j + 1 < P + L) ? r->comp[idx[b]][j + 1 - P] : -1;
-        }
-        n += P + L;
-        w->cu[b + 1] = n;
-    }
-    Batch batch = {.n_seqs = B, .n_tokens = N, .tokens = w->tokens, .targets = w->targets, .cu_seqlens = w->cu};
-    if (model_forward(&t->model, t->acts, src, &batch, (float)(1.0 / t->cfg->temperature), w->packed_logps,
-                      w->packed_entropies, NULL, err, err_len) != 0)
-        return -1;
-    for (int b = 0; b < B; b++) {
-        int P = (int)r->rows[idx[b] / G].n_ids, L = r->comp_len[idx[b]];
-        for (int k = 0; k < T; k++) {
-            int pos = w->cu[b] + P - 1 + k;
-            w->logps[b * T + k] = k < L ? w->packed_logps[pos] : 0.0f;
-            if (with_entropies) w->entropies[b * T + k] = k < L ? w->packed_entropies[pos] : 0.0f;
-        }
-    }
-    return 0;
-}
-
-// The per-token logprobs of `src` (no gradient) of every completion of the round into out (r->off slices): the
-// old or the reference logprobs.
-static int score_all(Trainer *t, UnitSource *src, GrpoRound *r, MicroBuffers *w, float *out, int micro, char *err,
-                     size_t err_len) {
-    for (int s = 0; s < r->n; s += micro) {
-        int B = r->n - s < micro ? r->n - s : micro, T = 0;
-        for (int b = 0; b < B; b++)
-            if (r->comp_len[s + b] > T) T = r->comp_len[s + b];
-        if (micro_buffers_fit(w, B, T, 0, err, err_len) != 0) return -1;
-        for (int b = 0; b < B; b++) w->idx[b] = s + b;
-        if (micro_buffers_fit(w, B, T, packed_tokens(t, r, w->idx, B), err, err_len) != 0 ||
-            forward_completions(t, src, r, w, B, T, 0, err, err_len) != 0)
-            return -1;
-        for (int b = 0; b < B; b++)
-            memcpy(out + r->off[s + b], w->logps + (size_t)b * T, r->comp_len[s + b] * sizeof(float));
-    }
-    return 0;
-}
-
-static void add(double *acc, double v) { *acc += v; }
-
-// The entropy threshold of top_entropy_quantile over the active tokens of this micro-batch on every rank.
-static int entropy_threshold(Trainer *t, const GrpoOptions *o, int B, int T, const float *ent, const uint8_t *mask,
-                             float *thr, char *err, size_t err_len) {
-    int32_t k = 0, *counts = calloc(t->world, sizeof(int32_t));
-    for (int i = 0; i < B * T; i++) k += mask[i] != 0;
-    int rc = -1;
-    float *mine = NULL, *all = NULL, *vals = NULL;
-    if (!counts || comm_all_gather(t->comm, counts, &k, 1, COMM_I32) != 0) {
-        snprintf(err, err_len, "gathering entropy counts: %s", counts ? comm_error(t->comm) : "out of memory");
-        goto out;
-    }
-    int32_t kmax = 1, total = 0;
-    for (int r = 0; r < t->world; r++) {
-        if (counts[r] > kmax) kmax = counts[r];
-        total += counts[r];
-    }
-    mine = calloc(kmax, sizeof(float));
-    all = malloc((size_t)kmax * t->world * sizeof(float));
-    vals = malloc((size_t)(total ? total : 1) * sizeof(float));
-    if (!mine || !all || !vals) {
-        snprintf(err, err_len, "out of memory gathering entropies");
-        goto out;
-    }
-    for (int i = 0, j = 0; i < B * T; i++)
-        if (mask[i]) mine[j++] = ent[i];
-    if (comm_all_gather(t->comm, all, mine, kmax, COMM_F32) != 0) {
-        snprintf(err, err_len, "gathering entropies: %s", comm_error(t->comm));
-        goto out;
-    }
-    for (int r = 0, n = 0; r < t->world; r++)
-        for (int j = 0; j < counts[r]; j++) vals[n++] = all[(size_t)r * kmax + j];
-    *thr = grpo_entropy_threshold(o, vals, (size_t)total);
-    rc = 0;
-out:
-    free(counts), free(mine), free(all), free(vals);
-    return rc;
-}
-
-// Sums of one optimizer step's micro-batch metrics (TRL's names, reduced over ranks when logged).
+// What runs on a round while it streams in (GrpoStreamWork): for micro-batch k, once every rank holds its groups,
+// its old and reference logprobs, and — when the options let a micro-step run before the whole round is in (see
+// early_micro_steps) — its micro-step, the first `early` of the round.
 typedef struct {
-    double loss, kl, kl_n, ent, ent_n, clip_low, clip_high, clip_region, clip_n;
-} StepSums;
+    LogpsChunks logps;
+    int early;                  // micro-steps that may run while the round comes in
+    int off_policy;
+    GrpoEntropyControl *ec;
+    GrpoStepSums *sums;             // the first optimizer step's sums, carried on by run_round
+    double *t_train;
+    int micro_done;             // micro-steps run while the round came in
+    double fwd_bwd_seconds;
+} RoundStream;
 
-// Micro-batch s of the round: forward, GRPO loss, backward (gradients accumulate in the ZeRO state).
-static int micro_step(Trainer *t, UnitSource *policy, const GrpoRound *r, MicroBuffers *w, int s, int need_old,
-                      int off_policy, double active, GrpoEntropyControl *ec, StepSums *acc, char *err,
-                      size_t err_len) {
-    const GrpoOptions *o = &t->cfg->grpo;
-    const int GA = t->cfg->gradient_accumulation_steps, S = t->cfg->resolved_steps_per_generation;
-    const int B = t->cfg->per_device_train_batch_size, G = o->num_generations;
-    int T = 0;
-    for (int b = 0; b < B; b++)
-        if (r->comp_len[s * B + b] > T) T = r->comp_len[s * B + b];
-    if (micro_buffers_fit(w, B, T, 0, err, err_len) != 0) return -1;
-    for (int b = 0; b < B; b++) w->idx[b] = s * B + b;
-    const int N = packed_tokens(t, r, w->idx, B);
-    if (micro_buffers_fit(w, B, T, N, err, err_len) != 0) return -1;
-    const size_t BT = (size_t)B * T;
-    // dL/dentropy: only the entropy bonus has one.
-    const int bonus = o->entropy_coef != 0 || o->use_adaptive_entropy;
-    float *gent = bonus ? w->grad_entropy : NULL;
-    if (gent) memset(gent, 0, BT * sizeof *gent);
-    for (int b = 0; b < B; b++) {
-        int i = w->idx[b];
-        const float *old_i = need_old ? r->old_logps + r->off[i] : NULL, *ref_i = t->ref ? r->ref_logps + r->off[i] : NULL;
-        w->advantages[b] = r->advantages[i];
-        w->truncated[b] = r->truncated[i];
-        for (int k = 0; k < T; k++) {
-            int in = k < r->comp_len[i];
-            w->mask[b * T + k] = in;
-            w->sampling[b * T + k] = in ? r->sampling_logps[i][k] : 0.0f;
-            if (old_i) w->old[b * T + k] = in ? old_i[k] : 0.0f;
-            if (ref_i) w->ref[b * T + k] = in ? ref_i[k] : 0.0f;
-        }
-    }
-    const float *old = need_old ? w->old : NULL;
-    grpo_mask_truncated_completions(o, B, T, w->truncated, w->mask);
-    // A completion dropped as too stale stays in the micro-batch (every rank runs the same micro-steps) with no
-    // active token: it adds nothing to the loss, its gradient or num_items_in_batch.
-    for (int b = 0; b < B; b++)
-        if (!r->keep[w->idx[b]]) memset(w->mask + (size_t)b * T, 0, (size_t)T);
-    int rc = forward_completions(t, policy, r, w, B, T, 1, err, err_len);
-    const float *isr = NULL;
-    if (rc == 0 && o->vllm_importance_sampling_correction) {
-        GrpoRolloutIsMetrics im;
-        rc = grpo_rollout_is_ratio(o, B, T, old, w->sampling, w->mask, w->is_ratio, &im, err, err_len);
-        isr = w->is_ratio;
-    }
-    // top_entropy_quantile < 1: the threshold is the quantile over every rank's active tokens (TRL gathers them).
-    int has_thr = 0;
-    float thr = 0;
-    if (rc == 0 && o->top_entropy_quantile < 1) {
-        rc = entropy_threshold(t, o, B, T, w->entropies, w->mask, &thr, err, err_len);
-        has_thr = rc == 0;
-    }
-    if (rc != 0) return -1;
-    GrpoLossMetrics lm;
-    GrpoLossInput in = {.has_entropy_threshold = has_thr, .entropy_threshold = thr, .batch = B, .max_len = T,
-                        .logps = w->logps, .old_logps = off_policy ? old : NULL,
-                        .ref_logps = t->ref ? w->ref : NULL, .sampling_logps = w->sampling,
-                        .entropies = w->entropies, .mask = w->mask, .advantages = w->advantages, .is_ratio = isr,
-                        .num_items_in_batch = active, .num_processes = t->world, .gradient_accumulation_steps = GA,
-                        .steps_per_generation = S, .training = 1, .entropy_coef = grpo_entropy_apply_coef(ec, o)};
-    if (grpo_loss(o, &in, w->grad, gent, &lm, err, err_len) != 0) return -1;
-    const long step = t->progress.step + 1;   // the optimizer step this micro-batch feeds
-    if (t->completions && (step % t->cfg->logging_steps == 0 || step == t->total_steps) &&
-        grpo_log_completions(t, r, step, w->idx, B, T, old, isr, grpo_rollout_is_ratio_len(o, 1, 2) == 2, err,
-                             err_len) != 0)
+// Micro-steps that may start before the whole round is in, with the same result: those before the round's first
+// optimizer step (a step would push weights to servers still generating the round), when nothing they need reads
+// the whole batch — dapo, cispo and vespo divide by num_items_in_batch (every rank's active tokens of the round),
+// scale_rewards batch and normalize_then_sum normalise advantages over the batch. 0 otherwise.
+static int early_micro_steps(const TrainConfig *c) {
+    const GrpoOptions *o = &c->grpo;
+    if (o->loss_type == GRPO_LOSS_DAPO || o->loss_type == GRPO_LOSS_CISPO || o->loss_type == GRPO_LOSS_VESPO ||
+        o->scale_rewards == GRPO_SCALE_BATCH || o->multi_objective_aggregation != GRPO_AGG_SUM_THEN_NORMALIZE)
+        return 0;
+    const int S = c->resolved_steps_per_generation, GA = c->gradient_accumulation_steps;
+    return S < GA ? S : GA;
+}
+
+static int round_stream_chunk(void *ctx, GrpoRound *r, int k, char *err, size_t err_len) {
+    RoundStream *x = ctx;
+    Trainer *t = x->logps.t;
+    const int B = t->cfg->per_device_train_batch_size, G = t->cfg->grpo.num_generations;
+    if (logps_chunk(&x->logps, r, k, B, err, err_len) != 0) return -1;
+    if (k >= x->early) return 0;
+    // The groups micro-batch k draws on are all in (the stream counts whole groups).
+    for (int g = k * B / G; g <= ((k + 1) * B - 1) / G; g++)
+        if (grpo_round_group_advantages(t, r, g, err, err_len) != 0) return -1;
+    double t0 = trainer_now();
+    // num_items_in_batch is not known yet; none of the loss types that run here reads it.
+    if (grpo_micro_step(t, x->logps.policy, r, x->logps.w, k, x->logps.need_old, x->off_policy, 0, x->ec, x->sums, err,
+                   err_len) != 0)
         return -1;
-    grpo_entropy_control_accumulate(ec, o, &lm);
-    // dL/dlogprob back to the packed token positions of the forward just run.
-    memset(w->dlogps, 0, (size_t)N * sizeof *w->dlogps);
-    if (gent) memset(w->dentropies, 0, (size_t)N * sizeof *w->dentropies);
-    for (int b = 0, n = 0; b < B; b++) {
-        int P = (int)r->rows[w->idx[b] / G].n_ids, L = r->comp_len[w->idx[b]];
-        for (int k = 0; k < L; k++) {
-            w->dlogps[n + P - 1 + k] = w->grad[b * T + k];
-            if (gent) w->dentropies[n + P - 1 + k] = gent[b * T + k];
-        }
-        n += P + L;
-    }
-    if (model_backward_entropy(&t->model, t->acts, policy, w->dlogps, gent ? w->dentropies : NULL, err, err_len) != 0)
-        return -1;
-    add(&acc->loss, lm.loss);
-    add(&acc->kl, lm.kl_sum), add(&acc->kl_n, lm.kl_count);
-    add(&acc->ent, lm.entropy_sum), add(&acc->ent_n, lm.entropy_count);
-    add(&acc->clip_low, lm.clip_low_sum), add(&acc->clip_high, lm.clip_high_sum);
-    add(&acc->clip_region, lm.clip_region_sum);
-    add(&acc->clip_n, lm.clip_count);
+    double dt = trainer_now() - t0;
+    *x->t_train += dt;
+    x->fwd_bwd_seconds += dt;
+    x->micro_done = k + 1;
     return 0;
 }
 
@@ -334,9 +161,24 @@ static void step_clock_charge(StepClock *k, StepPhase phase) {
     k->mark = now;
 }
 
+// The same for a stretch in which seconds[j] (j < n) belonged to phases[j], the rest to `phase`: collecting a
+// round, during which the groups that came back were scored and the chunks every rank held were given their old and
+// reference logprobs (streaming groups).
+static void step_clock_charge_parts(StepClock *k, StepPhase phase, const StepPhase *phases, const double *seconds,
+                                    int n) {
+    double now = trainer_now(), left = now - k->mark;
+    for (int j = 0; j < n; j++) {
+        double part = seconds[j] < left ? seconds[j] : left;
+        k->seconds[phases[j]] += part;
+        left -= part;
+    }
+    k->seconds[phase] += left;
+    k->mark = now;
+}
+
 // The log phase: the round's metrics (m) with this optimizer step's, reduced over ranks, to metrics.jsonl. Opens
 // the next step's clock at the moment the record is handed to trainer_log.
-static int log_step(Trainer *t, const json_t *m, const StepSums *sums, float grad_norm, double lr, double active,
+static int log_step(Trainer *t, const json_t *m, const GrpoStepSums *sums, float grad_norm, double lr, double active,
                     double t_train, const SyncTimes *st, double t_round, StepClock *clock, char *err,
                     size_t err_len) {
     const GrpoOptions *o = &t->cfg->grpo;
@@ -437,10 +279,10 @@ static int issue_ahead(Trainer *t, RoundRing *q, StepClock *clock, char *err, si
     return 0;
 }
 
-// One round: collect its completions (sending it first unless it went ahead), send the rounds ahead, drop what is
-// too stale, rewards, advantages, old / reference logprobs, then its micro-steps and optimizer steps (each
-// followed by the push when due, the log and a checkpoint when due).
-static int run_round(Trainer *t, RoundRing *q, MicroBuffers *w, UnitSource *policy, UnitSource *ref,
+// One round: collect its completions (sending it first unless it went ahead; each group scored as it comes back),
+// send the rounds ahead, drop what is too stale, the rewards' columns, advantages, old / reference logprobs, then
+// its micro-steps and optimizer steps (each followed by the push when due, the log and a checkpoint when due).
+static int run_round(Trainer *t, RoundRing *q, GrpoMicroBuffers *w, UnitSource *policy, UnitSource *ref,
                      GrpoEntropyControl *ec, StepClock *clock, char *err, size_t err_len) {
     TrainConfig *c = t->cfg;
     const GrpoOptions *o = &c->grpo;
@@ -462,21 +304,47 @@ static int run_round(Trainer *t, RoundRing *q, MicroBuffers *w, UnitSource *poli
         q->next_first_step = t->progress.step + q->steps_per_round;
         step_clock_charge(clock, PHASE_ISSUE);
     }
-    if (grpo_round_collect(t, r, err, err_len) != 0) goto out;
-    step_clock_charge(clock, PHASE_WAIT);
+    // Logprobs before any update of this round: the off-policy ratio (num_iterations > 1 or more micro-steps than
+    // one optimizer step) and the rollout importance-sampling correction need them. Room for the longest round
+    // (every completion max_completion_length tokens): chunks are scored while the round comes in, before its
+    // length is known.
+    const int need_old = c->num_iterations > 1 || S > GA || o->vllm_importance_sampling_correction;
+    if (grpo_round_reserve_logps(r, need_old, t->ref != NULL, (size_t)r->n * o->max_completion_length, err,
+                                 err_len) != 0)
+        goto out;
+    const int off_policy = c->num_iterations > 1 || S > GA;
+    GrpoStepSums sums = {0};
+    double t_train = 0;
+    RoundStream rs = {.logps = {.t = t, .policy = policy, .ref = ref, .w = w, .need_old = need_old},
+                      .early = early_micro_steps(c), .off_policy = off_policy, .ec = ec, .sums = &sums,
+                      .t_train = &t_train};
+    LogpsChunks *chunks = &rs.logps;
+    GrpoStreamWork work = {.chunk = micro, .run = round_stream_chunk, .ctx = &rs};
+    if (grpo_round_collect(t, r, (need_old || t->ref || rs.early) ? &work : NULL, err, err_len) != 0) goto out;
+    const StepPhase parts[4] = {PHASE_REWARDS, PHASE_OLD_LOGPS, PHASE_REF_LOGPS, PHASE_FWD_BWD};
+    const double part_seconds[4] = {r->stream_seconds, chunks->old_seconds, chunks->ref_seconds, rs.fwd_bwd_seconds};
+    step_clock_charge_parts(clock, PHASE_WAIT, parts, part_seconds, 4);
+    json_object_set_new(m, "logps_overlap_time", json_real(chunks->old_seconds + chunks->ref_seconds));
+    json_object_set_new(m, "train_overlap_time", json_real(rs.fwd_bwd_seconds));
     if (issue_ahead(t, q, clock, err, err_len) != 0) goto out;
     grpo_round_filter_stale(t, r);
     if (grpo_round_rewards(t, r, &F, err, err_len) != 0 || grpo_round_advantages(t, r, F, m, err, err_len) != 0)
         goto out;
+    // The micro-steps run while the round came in used group-by-group advantages: the batch's must be the same.
+    if (rs.micro_done && memcmp(r->advantages, r->streamed_adv, (size_t)rs.micro_done * micro * sizeof(float))) {
+        snprintf(err, err_len, "the advantages of the micro-steps run while the round came in differ from the "
+                 "round's");
+        goto out;
+    }
     step_clock_charge(clock, PHASE_REWARDS);
-    // Logprobs before any update of this round: the off-policy ratio (num_iterations > 1 or more micro-steps than
-    // one optimizer step) and the rollout importance-sampling correction need them.
-    const int need_old = c->num_iterations > 1 || S > GA || o->vllm_importance_sampling_correction;
-    if (grpo_round_reserve_logps(r, need_old, t->ref != NULL, err, err_len) != 0) goto out;
-    if (need_old && score_all(t, policy, r, w, r->old_logps, micro, err, err_len) != 0) goto out;
-    step_clock_charge(clock, PHASE_OLD_LOGPS);
-    if (t->ref && score_all(t, ref, r, w, r->ref_logps, micro, err, err_len) != 0) goto out;
-    step_clock_charge(clock, PHASE_REF_LOGPS);
+    // The chunks no rank streamed.
+    if (need_old || t->ref) {
+        chunks->old_seconds = chunks->ref_seconds = 0;
+        for (int k = r->chunks_done; k * micro < r->n; k++)
+            if (logps_chunk(chunks, r, k, micro, err, err_len) != 0) goto out;
+        const double seconds[2] = {chunks->old_seconds, chunks->ref_seconds};
+        step_clock_charge_parts(clock, PHASE_REF_LOGPS, parts + 1, seconds, 1);
+    }
     // num_items_in_batch: active completion tokens of the whole generation batch, every rank.
     double active = 0;
     for (int i = 0; i < r->n; i++)
@@ -485,21 +353,20 @@ static int run_round(Trainer *t, RoundRing *q, MicroBuffers *w, UnitSource *poli
         snprintf(err, err_len, "%s", comm_error(t->comm));
         goto out;
     }
-    StepSums sums = {0};
-    double t_train = 0;
     int micro_done = 0;
     for (int it = 0; it < c->num_iterations && t->progress.step < t->total_steps; it++) {
         for (int s = 0; s < S && t->progress.step < t->total_steps; s++) {
-            double t0 = trainer_now();
-            if (micro_step(t, policy, r, w, s, need_old, c->num_iterations > 1 || S > GA, active, ec, &sums, err,
-                           err_len) != 0)
-                goto out;
-            t_train += trainer_now() - t0;
-            step_clock_charge(clock, PHASE_FWD_BWD);
+            if (it > 0 || s >= rs.micro_done) {   // not run while the round came in
+                double t0 = trainer_now();
+                if (grpo_micro_step(t, policy, r, w, s, need_old, off_policy, active, ec, &sums, err, err_len) != 0)
+                    goto out;
+                t_train += trainer_now() - t0;
+                step_clock_charge(clock, PHASE_FWD_BWD);
+            }
             if (++micro_done % GA != 0) continue;
             float gn;
             double lr;
-            t0 = trainer_now();
+            double t0 = trainer_now();
             if (trainer_optimizer_step(t, &gn, &lr, err, err_len) != 0) goto out;
             t_train += trainer_now() - t0;
             if (o->use_adaptive_entropy) {
@@ -517,7 +384,7 @@ static int run_round(Trainer *t, RoundRing *q, MicroBuffers *w, UnitSource *poli
             if (log_step(t, m, &sums, gn, lr, active, t_train, &st, t_round, clock, err, err_len) != 0) goto out;
             trainer_progress(t);
             step_clock_charge(clock, PHASE_LOG);
-            sums = (StepSums){0};
+            sums = (GrpoStepSums){0};
             t_train = 0;
             if (c->save_steps > 0 && t->progress.step % c->save_steps == 0) {
                 // A resumed run reads the data after this round's prompts, not after those of rounds sent ahead.
@@ -567,7 +434,7 @@ int trainer_run_grpo(Trainer *t, char *err, size_t err_len) {
                 "trained, so some or all of its completions will be dropped (samples_dropped_stale)\n",
                 c->max_staleness, q.steps_per_round, c->weight_sync_steps, c->max_staleness,
                 q.steps_per_round * c->max_staleness + c->weight_sync_steps - 1);
-    MicroBuffers w = {0};
+    GrpoMicroBuffers w = {0};
     const int n_prompts = c->per_device_train_batch_size * c->resolved_steps_per_generation / c->grpo.num_generations;
     int rc = 0;
     if (!(q.rounds = calloc((size_t)q.n, sizeof *q.rounds)))
@@ -578,7 +445,7 @@ int trainer_run_grpo(Trainer *t, char *err, size_t err_len) {
         rc = run_round(t, &q, &w, &policy, &ref, &ec, &clock, err, err_len);
     for (int i = 0; i < q.n; i++) grpo_round_free(&q.rounds[i]);
     free(q.rounds);
-    micro_buffers_free(&w);
+    grpo_micro_buffers_free(&w);
     if (rc != 0) return -1;
     if (c->save_steps == 0 || t->progress.step % c->save_steps != 0) return trainer_save(t, err, err_len);
     return 0;

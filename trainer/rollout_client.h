@@ -55,6 +55,17 @@ int rollout_generate_start(RolloutClient *c, int n_prompts, const int32_t *const
                            const ZmsgSampling *s, RolloutPending **out, char *err, size_t err_len);
 int rollout_generate_finish(RolloutClient *c, RolloutPending *p, RolloutGroup *out, char *err, size_t err_len);
 void rollout_generate_cancel(RolloutClient *c, RolloutPending *p);
+// Streaming groups: waits up to wait_ms (less once a prompt completes) and fills out[i] of each prompt i whose group
+// completed meanwhile, listing those in done[0..*n_done) (done holds n_prompts) in the order they completed; a
+// prompt's silence counts only the time spent waiting in _poll and _finish. out must be the same array at every
+// call (cleared at the first); rollout_generate_remaining says how many prompts are still out, and _finish (with
+// the same out) waits for those and frees the handle. On an error (-1), _poll frees the groups in out and the
+// handle; on ROLLOUT_ESERVERS_LOST (no server answering) it keeps both, with the groups completed before the loss
+// in done, so that after rollout_client_refresh the next _poll sends the prompts still out again and the groups
+// already in stay (_finish frees both on either).
+int rollout_generate_poll(RolloutClient *c, RolloutPending *p, RolloutGroup *out, int wait_ms, int *done,
+                          int *n_done, char *err, size_t err_len);
+int rollout_generate_remaining(const RolloutPending *p);
 
 // Says hello to every server (timeout_ms each): a server that answers again is used again, one that does not is
 // set aside (and retried next time); *stale = 1 when an answering server holds another weights version than

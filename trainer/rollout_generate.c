@@ -2,7 +2,8 @@
 // per prompt, load-balanced, moved to another server when its server goes away or stays silent. A generation is
 // sent (rollout_generate_start) and collected (rollout_generate_finish) separately, so the servers can generate
 // while the caller trains; meanwhile the same client says hello and pushes weights, and the answers that arrive
-// then are kept with their generation (rollout_pending_keep) instead of being dropped.
+// then are kept with their generation (rollout_pending_keep) instead of being dropped. Between the two, the caller
+// may take prompts' groups as they complete (rollout_generate_poll: streaming groups, docs/grpo.md).
 #include "trainer/rollout_client_internal.h"
 
 #include <stdio.h>
@@ -17,6 +18,7 @@ typedef struct {
     int epoch;          // the server's socket epoch when sent (Server.epoch)
     int64_t id;
     double sent_ms, retry_at_ms;
+    double sent_waited_ms;  // RolloutPending.waited_ms when sent (0: sent before the first wait)
     int done;
 } PromptState;
 
@@ -34,7 +36,16 @@ struct RolloutPending {
     PromptState *st;                // (n_prompts)
     KeptAnswer *kept;               // (n_kept) answers read while the client waited for something else
     int n_kept, cap_kept;
+    // A prompt's silence counts only time spent waiting in _poll / _finish: what the caller does between two polls
+    // (scoring the groups already in, training) is not the servers' silence.
+    double waited_ms;               // summed over the waits so far
+    double wait_entered_ms;         // now_ms() when the current wait began
+    RolloutGroup *out;              // the caller's groups (n_prompts), cleared at the first wait
+    int *done_out, n_done_out;      // the current wait's completed prompts, in completion order
 };
+
+// RolloutPending.waited_ms including the current wait up to now.
+static double waited_now(const RolloutPending *p) { return p->waited_ms + (now_ms() - p->wait_entered_ms); }
 
 static int pick_server(RolloutClient *c) {
     int best = -1;
@@ -66,7 +77,8 @@ static int send_prompt_to(RolloutClient *c, RolloutPending *p, int sv, int i, ch
         rollout_mark_dead(c, &c->servers[sv], gone ? "went away" : "did not take a prompt in time");
         return 1;
     }
-    p->st[i] = (PromptState){.server = sv, .epoch = c->servers[sv].epoch, .id = m.id, .sent_ms = t0};
+    p->st[i] = (PromptState){.server = sv, .epoch = c->servers[sv].epoch, .id = m.id, .sent_ms = t0,
+                             .sent_waited_ms = p->wait_entered_ms > 0 ? waited_now(p) : 0};
     c->servers[sv].in_flight++;
     return 0;
 }
@@ -220,6 +232,7 @@ static int on_answer(RolloutClient *c, RolloutPending *p, int k, ZmsgMsg *m, dou
                         zmsg_type_name(m->type));
     p->st[i].done = 1;
     p->remaining--;
+    if (p->done_out) p->done_out[p->n_done_out++] = i;
     return 0;
 }
 
@@ -244,21 +257,19 @@ static int read_server(RolloutClient *c, RolloutPending *p, int k, RolloutGroup 
     }
 }
 
-int rollout_generate_finish(RolloutClient *c, RolloutPending *p, RolloutGroup *out, char *err, size_t err_len) {
+// One wait of up to wait_ms for p's answers (returning sooner once a prompt completes, or all are in): sends what
+// is due, reads every readable socket, moves the prompts of silent servers. 0, ROLLOUT_ESERVERS_LOST or -1.
+static int wait_once(RolloutClient *c, RolloutPending *p, double wait_ms, char *err, size_t err_len) {
     const int n_prompts = p->n_prompts;
-    memset(out, 0, (size_t)n_prompts * sizeof *out);
-    // A prompt's timeout runs from when it was sent or from now, whichever is later: time spent training while the
-    // servers generate is not the servers' silence.
-    const double wait_from = now_ms();
-    int rc = -1;
+    const double until = now_ms() + wait_ms;
     for (int j = 0; j < p->n_kept; j++) {
         int replaced;
-        int r = on_answer(c, p, p->kept[j].server, &p->kept[j].msg, wait_from, out, &replaced, err, err_len);
+        int r = on_answer(c, p, p->kept[j].server, &p->kept[j].msg, now_ms(), p->out, &replaced, err, err_len);
         zmsg_free(&p->kept[j].msg);
         if (r != 0) {
             for (int q = j + 1; q < p->n_kept; q++) zmsg_free(&p->kept[q].msg);
             p->n_kept = 0;
-            goto out;
+            return -1;
         }
     }
     p->n_kept = 0;
@@ -272,44 +283,71 @@ int rollout_generate_finish(RolloutClient *c, RolloutPending *p, RolloutGroup *o
             if (st->server >= 0 && c->servers[st->server].epoch != st->epoch) st->server = -1, st->retry_at_ms = t;
             if (st->server < 0 && t >= st->retry_at_ms) {
                 int r = send_prompt(c, p, i, err, err_len);
-                if (r != 0) {
-                    rc = r;
-                    goto out;
-                }
+                if (r != 0) return r;
             }
         }
-        if (p->remaining == 0) break;
+        if (p->remaining == 0 || p->n_done_out > 0 || t >= until) return 0;
         for (int k = 0; k < c->n_servers; k++) items[k] = (zmq_pollitem_t){c->servers[k].sock, 0, ZMQ_POLLIN, 0};
-        if (zmq_poll(items, c->n_servers, 200) < 0) {
+        double left = until - t;
+        if (zmq_poll(items, c->n_servers, left < 200 ? (long)left + 1 : 200) < 0) {
             snprintf(err, err_len, "polling the rollout servers: %s", zmq_strerror(zmq_errno()));
-            goto out;
+            return -1;
         }
         for (int k = 0; k < c->n_servers; k++)
-            if ((items[k].revents & ZMQ_POLLIN) && read_server(c, p, k, out, err, err_len) != 0) goto out;
-        // Timeouts: a server silent on a prompt for the whole timeout is considered gone; its prompts move (the
-        // sweep above sends them again, its socket being new).
+            if ((items[k].revents & ZMQ_POLLIN) && read_server(c, p, k, p->out, err, err_len) != 0) return -1;
+        // Timeouts: a server silent on a prompt for the whole timeout (of waiting: since it was sent or the first
+        // wait began) is considered gone; its prompts move (the sweep above sends them again, its socket being new).
         t = now_ms();
+        const double waited = waited_now(p);
         for (int i = 0; i < n_prompts; i++) {
             PromptState *st = &p->st[i];
             if (st->done || st->server < 0 || c->servers[st->server].epoch != st->epoch) continue;
             Server *sv = &c->servers[st->server];
             int gone = rollout_gone_since(c, sv, st->sent_ms);
-            double since = st->sent_ms > wait_from ? st->sent_ms : wait_from;
-            if (gone || t - since > c->timeout_ms) {
+            if (gone || waited - st->sent_waited_ms > c->timeout_ms) {
                 rollout_mark_dead(c, sv, gone ? "went away during generation" : "did not answer a prompt in time");
                 st->server = -1, st->retry_at_ms = t;
             }
         }
     }
-    rc = 0;
-out:
-    if (rc != 0) {
-        rollout_groups_free(out, n_prompts);
+}
+
+// Runs one wait with the caller's groups and completed-prompt list; on an error (-1), or on any failure when
+// free_on_loss, frees the groups and the handle.
+static int wait_bound(RolloutClient *c, RolloutPending *p, RolloutGroup *out, double wait_ms, int *done,
+                      int free_on_loss, char *err, size_t err_len) {
+    if (!p->out) memset(out, 0, (size_t)p->n_prompts * sizeof *out);
+    p->out = out;
+    p->done_out = done, p->n_done_out = 0;
+    p->wait_entered_ms = now_ms();
+    int rc = wait_once(c, p, wait_ms, err, err_len);
+    p->waited_ms += now_ms() - p->wait_entered_ms;
+    p->done_out = NULL;
+    if (rc == -1 || (rc != 0 && free_on_loss)) {
+        rollout_groups_free(out, p->n_prompts);
         rollout_generate_cancel(c, p);
-    } else {
-        pending_free(c, p);
     }
     return rc;
+}
+
+int rollout_generate_poll(RolloutClient *c, RolloutPending *p, RolloutGroup *out, int wait_ms, int *done,
+                          int *n_done, char *err, size_t err_len) {
+    *n_done = 0;
+    int rc = wait_bound(c, p, out, wait_ms, done, 0, err, err_len);
+    if (rc != -1) *n_done = p->n_done_out;   // a wait that ends in a loss may have taken groups before it
+    return rc;
+}
+
+int rollout_generate_remaining(const RolloutPending *p) { return p->remaining; }
+
+int rollout_generate_finish(RolloutClient *c, RolloutPending *p, RolloutGroup *out, char *err, size_t err_len) {
+    while (p->remaining > 0) {
+        int rc = wait_bound(c, p, out, 1e9, NULL, 1, err, err_len);
+        if (rc != 0) return rc;
+    }
+    if (!p->out) memset(out, 0, (size_t)p->n_prompts * sizeof *out);
+    pending_free(c, p);
+    return 0;
 }
 
 int rollout_generate(RolloutClient *c, int n_prompts, const int32_t *const *prompts, const int *prompt_lens,

@@ -529,7 +529,31 @@ static void test_staleness_filter(void) {
     CHECK(st.hist[GRPO_STALENESS_BINS - 1] == 1 && st.hist[0] == 1);
 }
 
+// Streaming groups' bookkeeping: groups are marked as they come back, each once (a second report or one out of
+// range is refused and changes nothing); the prefix (groups 0 .. prefix - 1 all in, what decides the micro-batches
+// a rank holds) grows only when the gaps fill; a reset (a new round) forgets them.
+static void test_group_progress(void) {
+    char err[128];
+    GroupProgress g;
+    REQUIRE(group_progress_init(&g, 5, err, sizeof err) == 0, "%s", err);
+    const int arrive[5] = {3, 0, 4, 1, 2}, prefix[5] = {0, 1, 1, 2, 5};
+    for (int q = 0; q < 5; q++) {
+        CHECK(group_progress_mark(&g, arrive[q]) == 0, "group %d", arrive[q]);
+        CHECK(group_progress_mark(&g, arrive[q]) == -1, "group %d taken twice", arrive[q]);
+        CHECK_EQ(g.n_scored, q + 1);
+        CHECK(g.prefix == prefix[q], "after group %d: prefix %d, want %d", arrive[q], g.prefix, prefix[q]);
+    }
+    for (int k = 0; k < 5; k++) CHECK(g.scored[k] == 1);
+    CHECK(group_progress_mark(&g, 5) == -1 && group_progress_mark(&g, -1) == -1 && g.n_scored == 5);
+    group_progress_reset(&g);
+    CHECK(g.n_scored == 0 && g.prefix == 0 && g.scored[3] == 0);
+    CHECK(group_progress_mark(&g, 0) == 0 && g.prefix == 1 && g.n_scored == 1);
+    group_progress_free(&g);
+    CHECK(g.scored == NULL);
+}
+
 int main(void) {
+    test_group_progress();
     test_staleness_filter();
     test_options();
     test_advantages();

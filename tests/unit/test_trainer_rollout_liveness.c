@@ -6,7 +6,9 @@
 // that server aside and finish the weight push or the generation with the others; a server started again on the
 // same endpoint answers as stale (older weights) so that the caller pushes to it before it generates. A generation
 // sent ahead (rollout_generate_start) survives a weight push and a hello made while its answers arrive (they are
-// kept for it), and one of its servers dying before it is collected.
+// kept for it), and one of its servers dying before it is collected. Streaming groups: polled, each prompt's group
+// comes back once as it completes, the caller's time between polls is not a server's silence, and a poll that
+// finds no server answering keeps the groups in for when the servers are back.
 #include <pthread.h>
 #include <stdatomic.h>
 #include <string.h>
@@ -24,6 +26,9 @@ typedef struct {
     char endpoint[64];     // tcp://127.0.0.1:PORT (PORT 0: pick one, filled in once bound)
     ZmsgType die_after;    // close the socket right after answering (or taking) this request type; -1: never
     int64_t version;       // weights version it holds
+    long answer_after_ms;  // generate answers wait this long (the server's thread sleeps): a slow server
+    int generates_before_death;  // with die_after ZMSG_GENERATE: generates answered before the one it dies on
+    int generates_seen;
     atomic_int ready, stop, died;
     pthread_t thread;
     void *zctx;
@@ -92,7 +97,11 @@ static void answer(FakeServer *f, void *sock, zmq_msg_t *identity, const ZmsgMsg
         r.tokens = tok;
         r.logprobs = lp;
         r.prompt_tokens = q->prompt_lens[0];
-        if (f->die_after != ZMSG_GENERATE) reply(sock, identity, &r);
+        if (f->answer_after_ms > 0) {
+            struct timespec ts = {f->answer_after_ms / 1000, (f->answer_after_ms % 1000) * 1000000L};
+            nanosleep(&ts, NULL);
+        }
+        if (f->die_after != ZMSG_GENERATE || f->generates_seen < f->generates_before_death) reply(sock, identity, &r);
         break;
     }
     default:
@@ -131,7 +140,8 @@ static void *server_main(void *arg) {
         int dead = 0;
         if (n > 1 && zmsg_parse(&q, ZMSG_DIR_REQUEST, frames, n - 1, err, sizeof err) == 0) {
             answer(f, sock, &parts[0], &q);
-            dead = q.type == f->die_after;
+            dead = q.type == f->die_after &&
+                   (q.type != ZMSG_GENERATE || f->generates_seen++ >= f->generates_before_death);
             zmsg_free(&q);
         }
         for (int i = 0; i < n; i++) zmq_msg_close(&parts[i]);
@@ -340,12 +350,130 @@ static void generate_ahead_with_a_death(void *zctx) {
     pthread_join(b.thread, NULL);
 }
 
+// Streaming groups: a fast server a and a slow one b (each answer 1 s after it took the request: 1 s and 2 s) share 4
+// prompts. Polls return each prompt's group once, as it comes back: a's first, while b's are still out; then the
+// caller works for 1.7 s, longer than the request timeout (1.5 s here), before it polls again: that is not b's
+// silence (counted from the first wait, b would be set aside at 1.7 s and its last prompt moved to a).
+static void generate_streamed(void *zctx) {
+    FakeServer a, b;
+    server_start(&a, zctx, "tcp://127.0.0.1:*", -1, 0);
+    server_start(&b, zctx, "tcp://127.0.0.1:*", -1, 0);
+    char endpoints[160], err[512];
+    snprintf(endpoints, sizeof endpoints, "%s,%s", a.endpoint, b.endpoint);
+    RolloutClient *c = NULL;
+    REQUIRE(rollout_client_create(&c, endpoints, LAYOUT_HASH, 1500, NULL, NULL, err, sizeof err) == 0, "%s", err);
+    b.answer_after_ms = 1000;
+    int32_t p[4][2] = {{1, 2}, {3, 4}, {5, 6}, {7, 8}};
+    const int32_t *prompts[4] = {p[0], p[1], p[2], p[3]};
+    int lens[4] = {2, 2, 2, 2};
+    ZmsgSampling s;
+    zmsg_sampling_default(&s);
+    s.n = 3;
+    s.max_tokens = 1;
+    RolloutPending *pending = NULL;
+    REQUIRE(rollout_generate_start(c, 4, prompts, lens, &s, &pending, err, sizeof err) == 0, "start: %s", err);
+    RolloutGroup groups[4];
+    int done[4], seen[4] = {0}, n_done = 0, total = 0, polls = 0, first_remaining = -1;
+    double t0 = now_s();
+    while (pending && rollout_generate_remaining(pending) > 0 && polls++ < 50) {
+        int rc = rollout_generate_poll(c, pending, groups, 5000, done, &n_done, err, sizeof err);
+        if (rc != 0) {
+            CHECK(0, "poll %d: %s", polls, err);
+            pending = NULL;
+            break;
+        }
+        if (first_remaining < 0) {
+            first_remaining = rollout_generate_remaining(pending);
+            CHECK(now_s() - t0 < 0.3, "the fast server's groups came back after %.2f s", now_s() - t0);
+            sleep_ms(1700);   // scoring them, say: longer than the request timeout
+        }
+        for (int q = 0; q < n_done; q++) {
+            CHECK(done[q] >= 0 && done[q] < 4 && !seen[done[q]], "prompt %d reported twice or out of range", done[q]);
+            if (done[q] >= 0 && done[q] < 4) {
+                seen[done[q]]++;
+                CHECK(groups[done[q]].n == 3, "prompt %d's group holds %d completions", done[q], groups[done[q]].n);
+            }
+        }
+        total += n_done;
+    }
+    CHECK(first_remaining >= 2, "after the first poll %d prompts were out (b's 2 at least)", first_remaining);
+    CHECK(total == 4, "%d groups came back", total);
+    int alive[ROLLOUT_MAX_SERVERS];
+    CHECK(rollout_alive_servers(c, alive) == 2, "the slow server was set aside for the caller's own work");
+    if (pending) {
+        CHECK(rollout_generate_finish(c, pending, groups, err, sizeof err) == 0, "finish: %s", err);
+        rollout_groups_free(groups, 4);
+    }
+    rollout_client_destroy(c);
+    server_stop(&a);
+    server_stop(&b);
+}
+
+// Streaming groups when every server goes away mid-round: the only server answers 2 of 4 prompts and dies on the
+// third. A poll reports the loss (ROLLOUT_ESERVERS_LOST) keeping the 2 groups in and the handle; the server comes
+// back on its endpoint, the client says hello, and the next polls send the 2 prompts still out: 4 groups, the first
+// 2 the ones taken before the loss.
+static void stream_through_a_loss(void *zctx) {
+    FakeServer a;
+    server_start(&a, zctx, "tcp://127.0.0.1:*", ZMSG_GENERATE, 0);
+    a.generates_before_death = 2;
+    RolloutClient *c = connect_to(&a, NULL);
+    char err[512];
+    int32_t p[4][2] = {{1, 2}, {3, 4}, {5, 6}, {7, 8}};
+    const int32_t *prompts[4] = {p[0], p[1], p[2], p[3]};
+    int lens[4] = {2, 2, 2, 2};
+    ZmsgSampling s;
+    zmsg_sampling_default(&s);
+    s.n = 2;
+    s.max_tokens = 1;
+    RolloutPending *pending = NULL;
+    REQUIRE(rollout_generate_start(c, 4, prompts, lens, &s, &pending, err, sizeof err) == 0, "start: %s", err);
+    RolloutGroup groups[4];
+    int done[4], n_done = 0, seen[4] = {0}, rc = 0, polls = 0;
+    double t0 = now_s();
+    while (rc == 0 && rollout_generate_remaining(pending) > 0 && polls++ < 40) {
+        rc = rollout_generate_poll(c, pending, groups, 1000, done, &n_done, err, sizeof err);
+        for (int q = 0; q < n_done; q++) seen[done[q]]++;
+    }
+    CHECK(rc == ROLLOUT_ESERVERS_LOST, "the loss is reported (rc %d: %s)", rc, err);
+    CHECK(now_s() - t0 < 8.0, "noticing the loss took %.1f s", now_s() - t0);
+    CHECK(seen[0] == 1 && seen[1] == 1 && seen[2] == 0 && seen[3] == 0, "groups before the loss: %d %d %d %d",
+          seen[0], seen[1], seen[2], seen[3]);
+    CHECK(rollout_generate_remaining(pending) == 2, "%d prompts out", rollout_generate_remaining(pending));
+    FakeServer a2;
+    char endpoint[64];
+    snprintf(endpoint, sizeof endpoint, "%s", a.endpoint);
+    pthread_join(a.thread, NULL);
+    server_start(&a2, zctx, endpoint, -1, 0);
+    int stale = 1;
+    CHECK(rollout_client_refresh(c, 0, 2000, &stale, err, sizeof err) == 0, "refresh: %s", err);
+    rc = 0;
+    polls = 0;
+    while (rc == 0 && rollout_generate_remaining(pending) > 0 && polls++ < 40) {
+        rc = rollout_generate_poll(c, pending, groups, 1000, done, &n_done, err, sizeof err);
+        for (int q = 0; rc == 0 && q < n_done; q++) seen[done[q]]++;
+    }
+    CHECK(rc == 0, "after the server came back: %s", err);
+    if (rc == 0) {
+        CHECK(seen[0] == 1 && seen[1] == 1 && seen[2] == 1 && seen[3] == 1, "each group once: %d %d %d %d", seen[0],
+              seen[1], seen[2], seen[3]);
+        for (int i = 0; i < 4; i++)
+            CHECK(groups[i].n == 2 && groups[i].tokens[0] == 7, "prompt %d's group (%d completions)", i, groups[i].n);
+        CHECK(rollout_generate_finish(c, pending, groups, err, sizeof err) == 0, "finish: %s", err);
+        rollout_groups_free(groups, 4);
+    }
+    rollout_client_destroy(c);
+    server_stop(&a2);
+}
+
 int main(void) {
     void *zctx = zmq_ctx_new();
     push_with_a_death(zctx);
     generate_with_a_death(zctx);
     generate_across_a_push(zctx);
     generate_ahead_with_a_death(zctx);
+    generate_streamed(zctx);
+    stream_through_a_loss(zctx);
     zmq_ctx_term(zctx);
     return check_exit_code("test_trainer_rollout_liveness");
 }
