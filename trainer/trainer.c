@@ -86,7 +86,9 @@ static int prepare_output_dir(Trainer *t, char *err, size_t err_len) {
 // which ranks it still waits for.
 static void print_rendezvous_progress(void *arg, const char *line) {
     (void)arg;
-    fprintf(stderr, "tandem-train: %s (--init-timeout)\n", line);
+    // The waiting lines name the option that bounds the wait; the node map (rank 0, once everyone is in) is news.
+    int waiting = strncmp(line, "node map", 8) != 0;
+    fprintf(stderr, "tandem-train: %s%s\n", line, waiting ? " (--init-timeout)" : "");
 }
 
 // Opens OUTPUT_DIR/name, a JSONL file of one row per logged step ("step" in each), into *f: created, or, resumed,
@@ -155,6 +157,12 @@ int trainer_open(Trainer *t, TrainConfig *cfg, char *err, size_t err_len) {
             return -1;
         }
         comm_set_timeout(t->dcomm, (int)(cfg->comm_timeout * 1000));
+        // The same ranks as the host communicator: its node map (from the rendezvous) is the NCCL one's.
+        int *nodes = malloc((size_t)t->world * sizeof *nodes);
+        if (!nodes) return err_fail(err, err_len, "out of memory for the node map");
+        for (int m = 0; m < t->world; m++) nodes[m] = comm_node(t->comm, m);
+        comm_set_nodes(t->dcomm, nodes);
+        free(nodes);
     }
     t->sync.use_nccl = cfg->weight_sync_transport == WEIGHT_SYNC_NCCL ||
                        (cfg->weight_sync_transport == WEIGHT_SYNC_AUTO && backend == OPS_BACKEND_CUDA &&
