@@ -45,7 +45,9 @@ typedef struct {
 
 struct Zero3 {
     Model *m;
-    Comm *c;
+    Comm *c;                       // the ranks the state is partitioned over (all of them, or one node's: HSDP)
+    Comm *rc;                      // HSDP: the replicas of this rank's slices (one rank per node); NULL: none
+    CommBytes bytes;               // sent by the collectives issued here (zero3_comm_bytes)
     OpsCtx *o;
     int stage, rank, world, n_units;
     int overlap;                   // 0: TANDEM_ZERO3_OVERLAP=0, communication serialised with compute
@@ -89,19 +91,37 @@ static size_t es(const Zero3 *z) { return ops_dtype_size(z->o); }
 // Collectives over backend memory. With one rank there is nobody to talk to: the gather is a device-side copy
 // (or nothing, in place) and the all-reduce the identity (and one rank never reduce-scatters: backward
 // accumulates straight into its slice), so a single GPU needs no collective backend at all.
+// Every call below adds what it sent to z->bytes (comm_bytes before and after), so that the trainer can report the
+// ZeRO traffic alone, even over a communicator that also carries other collectives.
+static int tally(Zero3 *z, Comm *c, CommBytes before, int rc) {
+    CommBytes now;
+    comm_bytes(c, &now);
+    z->bytes.intra_node += now.intra_node - before.intra_node;
+    z->bytes.inter_node += now.inter_node - before.inter_node;
+    return rc;
+}
 static int gather(Zero3 *z, void *recv, const void *send, size_t count, CommDtype dtype) {
     if (z->world == 1) {
         if (recv != send) ops_copy(z->o, recv, send, count * comm_dtype_size(dtype));
         return 0;
     }
-    return comm_all_gather(z->c, recv, send, count, dtype);
+    CommBytes b;
+    comm_bytes(z->c, &b);
+    return tally(z, z->c, b, comm_all_gather(z->c, recv, send, count, dtype));
 }
 static int reduce_scatter(Zero3 *z, void *recv, const void *send, size_t count, CommDtype dtype) {
-    return comm_reduce_scatter(z->c, recv, send, count, dtype, COMM_SUM);
+    CommBytes b;
+    comm_bytes(z->c, &b);
+    return tally(z, z->c, b, comm_reduce_scatter(z->c, recv, send, count, dtype, COMM_SUM));
 }
-static int all_reduce(Zero3 *z, void *buf, size_t count, CommDtype dtype) {
-    return z->world == 1 ? 0 : comm_all_reduce(z->c, buf, count, dtype, COMM_SUM);
+static int all_reduce_on(Zero3 *z, Comm *c, void *buf, size_t count, CommDtype dtype) {
+    if (!c || comm_world_size(c) == 1) return 0;
+    CommBytes b;
+    comm_bytes(c, &b);
+    return tally(z, c, b, comm_all_reduce(c, buf, count, dtype, COMM_SUM));
 }
+static int all_reduce(Zero3 *z, void *buf, size_t count, CommDtype dtype) { return all_reduce_on(z, z->c, buf, count, dtype); }
+static int replicated(const Zero3 *z) { return z->rc && comm_world_size(z->rc) > 1; }
 
 size_t zero3_shard_offset(const Zero3 *z, int unit) { return (size_t)z->rank * z->shard[unit]; }
 size_t zero3_shard_count(const Zero3 *z, int unit) { return z->shard[unit]; }
@@ -127,6 +147,10 @@ static int overlap_from_env(void) {
 }
 
 int zero3_create(Zero3 **out, Model *m, Comm *c, int stage, char *err, size_t err_len) {
+    return zero3_create_sharded(out, m, c, NULL, stage, err, err_len);
+}
+
+int zero3_create_sharded(Zero3 **out, Model *m, Comm *c, Comm *replicas, int stage, char *err, size_t err_len) {
     *out = NULL;
     if (stage < 1 || stage > 3) {
         snprintf(err, err_len, "--zero-stage must be 1, 2 or 3 (got %d)", stage);
@@ -149,6 +173,7 @@ int zero3_create(Zero3 **out, Model *m, Comm *c, int stage, char *err, size_t er
     z->overlap = overlap;
     z->m = m;
     z->c = c;
+    z->rc = replicas;
     z->o = m->ops;
     z->stage = stage;
     z->rank = comm_rank(c);
@@ -230,6 +255,9 @@ void zero3_destroy(Zero3 *z) {
     free(z->full_grad);
     free(z);
 }
+
+int zero3_replicas(const Zero3 *z) { return z->rc ? comm_world_size(z->rc) : 1; }
+void zero3_comm_bytes(const Zero3 *z, CommBytes *out) { *out = z->bytes; }
 
 void zero3_memory(const Zero3 *z, Zero3Memory *mem) {
     memset(mem, 0, sizeof *mem);
@@ -473,7 +501,20 @@ int zero3_step(Zero3 *z, const AdamWParams *p, float lr, int step, float *grad_n
             }
         comm_compute_wait(z->c);
     }
-    // Global gradient norm: each rank sums the squares of its slices, then one all-reduce.
+    // HSDP: the slices are sums over this node's ranks; one all-reduce per unit across the replicas (one rank per
+    // node) makes them sums over every rank. Once per optimizer step, whatever the gradient accumulation.
+    if (replicated(z)) {
+        comm_wait_compute(z->rc);
+        for (int u = 0; u < z->n_units; u++)
+            if (all_reduce_on(z, z->rc, z->stage == 1 ? (void *)z->full_grad[u] : (void *)z->grad_shard[u],
+                              z->stage == 1 ? z->padded[u] : z->shard[u], COMM_F32) != 0) {
+                snprintf(err, err_len, "all-reduce of unit %d's gradient across nodes failed: %s", u, comm_error(z->rc));
+                return -1;
+            }
+        comm_compute_wait(z->rc);
+    }
+    // Global gradient norm: each rank sums the squares of its slices, then one all-reduce (over the ranks that
+    // partition the state: replicas hold the same slices).
     ops_memset_zero(o, z->sumsq, 4);
     for (int u = 0; u < z->n_units; u++) ops_sum_squares(o, z->sumsq, grad_slice(z, u), z->shard[u]);
     comm_wait_compute(z->c);

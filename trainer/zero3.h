@@ -9,6 +9,10 @@
 // Stage 1: full parameters and full gradients resident; gradients all-reduced after backward.
 // In every stage the optimizer updates only the local slice and the new parameters are all-gathered (1, 2) or
 // stay sharded (3). The model reaches all of this through zero3_source() — a UnitSource.
+// HSDP (zero3_create_sharded with a replica communicator; PyTorch FSDP's HYBRID_SHARD): "the ranks" above are one
+// node's ranks, so every collective of forward and backward stays inside the node; each node holds a full replica,
+// and once per optimizer step the gradient slices are all-reduced across nodes (one rank per node, the ranks with
+// the same slice) before the norm and AdamW, so every replica takes the same step.
 #ifndef TANDEM_TRAINER_ZERO3_H
 #define TANDEM_TRAINER_ZERO3_H
 
@@ -34,6 +38,15 @@ typedef struct Zero3 Zero3;
 
 // Allocates this rank's state for model m (its config/layout/ops) over communicator c.
 int zero3_create(Zero3 **out, Model *m, Comm *c, int stage, char *err, size_t err_len);
+// The state partitioned over `shard` (HSDP: this node's ranks, comm_split_nodes' intra) and replicated over
+// `replicas` (the ranks holding the same slices: comm_split_nodes' inter; NULL = none, as zero3_create). Both must
+// outlive the engine. Rank r of `shard` owns slice r (zero3_shard_offset).
+int zero3_create_sharded(Zero3 **out, Model *m, Comm *shard, Comm *replicas, int stage, char *err, size_t err_len);
+// Replicas of this rank's state (1 unless HSDP).
+int zero3_replicas(const Zero3 *z);
+// Bytes this rank sent in the collectives of this engine, split by whether the receiver is on its node (comm.h
+// comm_bytes), since it was created.
+void zero3_comm_bytes(const Zero3 *z, CommBytes *out);
 void zero3_destroy(Zero3 *z);
 // Loads an HF folder: every rank reads each unit and keeps its slice (fp32 master + parameters).
 int zero3_load(Zero3 *z, const char *model_dir, char *err, size_t err_len);
