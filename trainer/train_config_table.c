@@ -25,6 +25,7 @@ NAMES(overlong_name, "skip", "error")
 NAMES(regex_mode_name, "full", "search")
 NAMES(device_name, "auto", "cpu", "cuda")
 NAMES(sync_name, "auto", "nccl", "zmq")
+NAMES(sharding_name, "full_shard", "hybrid_shard")
 static const char *sched_name(int v) { return pick(lr_schedule_names, LR_SCHED_COUNT, v); }
 // GRPO enums: their own name functions answer "?" past the last value.
 static const char *grpo_choice(const char *s) { return (s && strcmp(s, "?") != 0) ? s : NULL; }
@@ -182,6 +183,9 @@ const OptionSpec train_options[] = {
     ALIAS("resume_from_checkpoint", "resume"),
 
     OPT("zero_stage", OPT_INT, zero_stage, G_DIST, "ZeRO stage: 1 (optimizer), 2 (+ gradients), 3 (+ parameters)"),
+    ENUM("sharding_strategy", sharding_strategy, sharding_name, 0, G_DIST, "full_shard: ZeRO state partitioned "
+         "over every rank; hybrid_shard (HSDP): partitioned over each node's ranks, replicated across nodes, so "
+         "forward/backward collectives stay inside the node (sft only)"),
     ENUM("device", device, device_name, 0, G_DIST, "compute backend; auto = cuda when a GPU is present"),
     OPT("init_timeout", OPT_F64, init_timeout, G_DIST, "seconds for every rank to join the rendezvous"),
     OPT("comm_timeout", OPT_F64, comm_timeout, G_DIST, "seconds one collective may take before it fails"),

@@ -1,0 +1,93 @@
+"""sharding_strategy hybrid_shard (HSDP) end to end: tandem-train --mode sft on 4 CPU ranks started as 2 "nodes" x 2
+ranks (two `tandem-train launch --nnodes 2` on localhost, so the node membership comes from the launch contract).
+
+HSDP (ZeRO-3 state partitioned within each node, replicated across the two) must give the losses and final weights
+of flat ZeRO-3 over the 4 ranks within float tolerance (only summation orders differ). Its metrics rows count the
+ZeRO bytes rank 0 sent across the node boundary: with 2 micro-steps per optimizer step, flat ZeRO-3 sends every
+all-gather and reduce-scatter partly to the other node, HSDP only one all-reduce of its gradient slices per step
+(about 2 bytes x parameters), a third of flat's here. The node map is printed at the rendezvous; grpo refuses HSDP.
+"""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+
+import numpy as np
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from server_fixtures import BUILD, build_tiny_model  # noqa: E402
+from test_launch import LAUNCH_ENV, finish_nodes, launcher  # noqa: E402
+from test_train_grpo import free_port  # noqa: E402
+from test_train_sft_resume import write_sft  # noqa: E402
+
+import pytest  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    d = tmp_path_factory.mktemp("hsdp")
+    build_tiny_model(d / "model")
+    write_sft(d / "train.jsonl", n=64)
+    return d
+
+
+def run_2x2(d, tag, strategy):
+    port = free_port()
+    args = ["--mode", "sft", "--train-file", str(d / "train.jsonl"), "--output-dir", str(d / tag),
+            "--per-device-train-batch-size", "2", "--gradient-accumulation-steps", "2", "--learning-rate", "1e-2",
+            "--max-steps", "4", "--save-steps", "0", "--logging-steps", "1", "--zero-stage", "3", "--seed", "5",
+            "--init-timeout", "60", "--sharding-strategy", strategy]
+    procs = [launcher(["--model", str(d / "model"), "--nnodes", "2", "--node-rank", str(n), "--ranks", "2",
+                       "--servers", "0", "--master-addr", "127.0.0.1", "--master-port", str(port),
+                       "--log-dir", str(d / f"{tag}{n}-logs"), "--", *args], d)
+             for n in (0, 1)]
+    out0, out1 = finish_nodes(procs, timeout=600)
+    assert procs[0].returncode == 0 and procs[1].returncode == 0, out0 + "\n---- node 1 ----\n" + out1
+    rows = [json.loads(x) for x in (d / tag / "metrics.jsonl").read_text().splitlines()]
+    return out0, rows
+
+
+def weights(path):
+    from safetensors.numpy import load_file
+    return load_file(str(path))
+
+
+def test_hsdp_equals_flat_zero3_and_keeps_gathers_inside_the_node(setup):
+    d = setup
+    out_flat, flat = run_2x2(d, "flat", "full_shard")
+    out_hsdp, hsdp = run_2x2(d, "hsdp", "hybrid_shard")
+    assert "node map (2 nodes of 2 ranks): node 0 (host " in out_flat and "): ranks 2-3" in out_flat, out_flat
+    assert "ZeRO-3 over 2 rank(s) of each node, replicated over 2 node(s) (HSDP)" in out_hsdp, out_hsdp
+    assert [r["step"] for r in flat] == [r["step"] for r in hsdp] == [1, 2, 3, 4]
+    for a, b in zip(flat, hsdp):
+        assert abs(a["loss"] - b["loss"]) <= 1e-5 * abs(a["loss"]), (a["loss"], b["loss"])
+        assert abs(a["grad_norm"] - b["grad_norm"]) <= 1e-4 * abs(a["grad_norm"]), (a["grad_norm"], b["grad_norm"])
+    assert flat[-1]["loss"] < flat[0]["loss"]
+    wf, wh = weights(d / "flat" / "checkpoint-4" / "model.safetensors"), weights(d / "hsdp" / "checkpoint-4" /
+                                                                               "model.safetensors")
+    assert wf.keys() == wh.keys()
+    # Adam's update of an element is about lr whatever its gradient's size, so a summation-order difference in a tiny
+    # gradient moves it by a fraction of lr: allowed up to lr / 1000 (measured: 3e-6).
+    for k in wf:
+        diff = np.abs(wf[k].astype(np.float64) - wh[k].astype(np.float64)).max()
+        assert diff <= 1e-2 / 1000, (k, diff)
+    # Per step, HSDP's cross-node bytes are one all-reduce of rank 0's gradient slices (half the padded model each,
+    # fp32, over 2 replicas: 2 x ceil(slice / 2) x 4 bytes, about 2 bytes x parameters with a little padding), so no
+    # all-gather or reduce-scatter of the 2 micro-steps left the node; flat ZeRO-3 sends 3x as much across (measured:
+    # every gather and reduce-scatter of each micro-step goes to 2 ranks of the other node).
+    params = int(out_hsdp.split(" parameters, ")[0].rsplit(" ", 1)[1])
+    for a, b in zip(flat, hsdp):
+        assert 2 * params <= b["comm/bytes_inter_node"] <= 1.05 * 2 * params, (params, b)
+        assert b["comm/bytes_intra_node"] > 0
+        assert 2 * b["comm/bytes_inter_node"] <= a["comm/bytes_inter_node"], (a, b)
+
+
+def test_grpo_refuses_hybrid_shard(setup):
+    d = setup
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_ENV}
+    p = subprocess.run([str((BUILD / "bin" / "tandem-train").resolve()), "--model", str(d / "model"),
+                        "--train-file", str(d / "train.jsonl"), "--output-dir", str(d / "grpo"),
+                        "--rollout-servers", "tcp://127.0.0.1:1", "--rewards", "regex_format",
+                        "--sharding-strategy", "hybrid_shard"], env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode != 0 and "sharding_strategy: hybrid_shard is for sft only" in p.stderr, p.stderr
