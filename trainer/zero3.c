@@ -31,7 +31,8 @@ typedef struct {
 
 typedef struct {
     float *buf;            // (numel) fp32: the full-unit gradient while backward accumulates into it
-    float *reduced;        // (numel / world) fp32: this rank's reduce-scattered slice
+    float *reduced;        // (numel / pworld) fp32: this rank's slice reduce-scattered over pc
+    float *cross;          // hpZ: (numel / world) fp32: `reduced` reduce-scattered over xc, this rank's global slice
     int unit;              // open for this unit, or -1
     int pending;           // unit whose reduce-scatter was queued but not yet added, or -1
 } GradWork;
@@ -47,6 +48,13 @@ struct Zero3 {
     Model *m;
     Comm *c;                       // the ranks the state is partitioned over (all of them, or one node's: HSDP)
     Comm *rc;                      // HSDP: the replicas of this rank's slices (one rank per node); NULL: none
+    // The stage-3 parameters the model gathers: partitioned over pc (pworld ranks, this one prank) in slices of
+    // pshard. Flat and HSDP: pc = c, slices as the rest of the state. hpZ: pc = this node's ranks (the secondary
+    // copy, pshard = padded / G), and xc = the ranks with this LOCAL_RANK on every node (M of them, this one xrank),
+    // over which a node-local slice is cut into the M global slices of the master, Adam and gradient state.
+    Comm *pc, *xc;
+    int pworld, prank, xrank, owner;  // owner: the index of this rank's global slice (hpZ: prank * M + xrank)
+    size_t *pshard;
     CommBytes bytes;               // sent by the collectives issued here (zero3_comm_bytes)
     OpsCtx *o;
     int stage, rank, world, n_units;
@@ -82,7 +90,7 @@ static int pool_of(const Zero3 *z, int u) {
     return u == 0 ? POOL_EMBED : u == z->n_units - 1 ? POOL_FINAL : POOL_LAYER;
 }
 // With one rank the slice is the whole padded unit: parameters and gradients are used in place, no slots.
-static int uses_param_slots(const Zero3 *z) { return z->stage == 3 && z->world > 1; }
+static int uses_param_slots(const Zero3 *z) { return z->stage == 3 && z->pworld > 1; }
 static int uses_grad_work(const Zero3 *z) { return z->stage != 1 && z->world > 1; }
 
 static CommDtype storage_dtype(const Zero3 *z) { return ops_dtype_size(z->o) == 2 ? COMM_BF16 : COMM_F32; }
@@ -100,19 +108,22 @@ static int tally(Zero3 *z, Comm *c, CommBytes before, int rc) {
     z->bytes.inter_node += now.inter_node - before.inter_node;
     return rc;
 }
-static int gather(Zero3 *z, void *recv, const void *send, size_t count, CommDtype dtype) {
-    if (z->world == 1) {
+static int gather_on(Zero3 *z, Comm *c, void *recv, const void *send, size_t count, CommDtype dtype) {
+    if (comm_world_size(c) == 1) {
         if (recv != send) ops_copy(z->o, recv, send, count * comm_dtype_size(dtype));
         return 0;
     }
     CommBytes b;
-    comm_bytes(z->c, &b);
-    return tally(z, z->c, b, comm_all_gather(z->c, recv, send, count, dtype));
+    comm_bytes(c, &b);
+    return tally(z, c, b, comm_all_gather(c, recv, send, count, dtype));
 }
-static int reduce_scatter(Zero3 *z, void *recv, const void *send, size_t count, CommDtype dtype) {
+static int gather(Zero3 *z, void *recv, const void *send, size_t count, CommDtype dtype) {
+    return gather_on(z, z->c, recv, send, count, dtype);
+}
+static int reduce_scatter_on(Zero3 *z, Comm *c, void *recv, const void *send, size_t count, CommDtype dtype) {
     CommBytes b;
-    comm_bytes(z->c, &b);
-    return tally(z, z->c, b, comm_reduce_scatter(z->c, recv, send, count, dtype, COMM_SUM));
+    comm_bytes(c, &b);
+    return tally(z, c, b, comm_reduce_scatter(c, recv, send, count, dtype, COMM_SUM));
 }
 static int all_reduce_on(Zero3 *z, Comm *c, void *buf, size_t count, CommDtype dtype) {
     if (!c || comm_world_size(c) == 1) return 0;
@@ -123,14 +134,15 @@ static int all_reduce_on(Zero3 *z, Comm *c, void *buf, size_t count, CommDtype d
 static int all_reduce(Zero3 *z, void *buf, size_t count, CommDtype dtype) { return all_reduce_on(z, z->c, buf, count, dtype); }
 static int replicated(const Zero3 *z) { return z->rc && comm_world_size(z->rc) > 1; }
 
-size_t zero3_shard_offset(const Zero3 *z, int unit) { return (size_t)z->rank * z->shard[unit]; }
+size_t zero3_shard_offset(const Zero3 *z, int unit) { return (size_t)z->owner * z->shard[unit]; }
 size_t zero3_shard_count(const Zero3 *z, int unit) { return z->shard[unit]; }
 int zero3_stage(const Zero3 *z) { return z->stage; }
 float *zero3_master_shard(Zero3 *z, int unit) { return z->master[unit]; }
 float *zero3_adam_m_shard(Zero3 *z, int unit) { return z->adam_m[unit]; }
 float *zero3_adam_v_shard(Zero3 *z, int unit) { return z->adam_v[unit]; }
 const void *zero3_param_shard(Zero3 *z, int unit) {
-    return z->stage == 3 ? z->param_shard[unit] : (const char *)z->full[unit] + zero3_shard_offset(z, unit) * es(z);
+    if (z->stage != 3) return (const char *)z->full[unit] + zero3_shard_offset(z, unit) * es(z);
+    return (const char *)z->param_shard[unit] + (size_t)z->xrank * z->shard[unit] * es(z);
 }
 
 // This rank's gradient slice of a unit (stage 1 keeps full gradients and slices them).
@@ -146,11 +158,29 @@ static int overlap_from_env(void) {
     return strcmp(v, "0") == 0 ? 0 : -1;
 }
 
+static int create(Zero3 **out, Model *m, Comm *c, Comm *replicas, Comm *node, Comm *cross, int stage, char *err,
+                  size_t err_len);
+
 int zero3_create(Zero3 **out, Model *m, Comm *c, int stage, char *err, size_t err_len) {
-    return zero3_create_sharded(out, m, c, NULL, stage, err, err_len);
+    return create(out, m, c, NULL, NULL, NULL, stage, err, err_len);
 }
 
-int zero3_create_sharded(Zero3 **out, Model *m, Comm *c, Comm *replicas, int stage, char *err, size_t err_len) {
+int zero3_create_sharded(Zero3 **out, Model *m, Comm *shard, Comm *replicas, int stage, char *err, size_t err_len) {
+    return create(out, m, shard, replicas, NULL, NULL, stage, err, err_len);
+}
+
+int zero3_create_hpz(Zero3 **out, Model *m, Comm *all, Comm *node, Comm *cross, char *err, size_t err_len) {
+    *out = NULL;
+    if (!node || !cross || comm_world_size(node) * comm_world_size(cross) != comm_world_size(all)) {
+        snprintf(err, err_len, "ZeRO hpZ: %d ranks per node x %d nodes is not the %d ranks", comm_world_size(node),
+                 comm_world_size(cross), comm_world_size(all));
+        return -1;
+    }
+    return create(out, m, all, NULL, node, cross, 3, err, err_len);
+}
+
+static int create(Zero3 **out, Model *m, Comm *c, Comm *replicas, Comm *node, Comm *cross, int stage, char *err,
+                  size_t err_len) {
     *out = NULL;
     if (stage < 1 || stage > 3) {
         snprintf(err, err_len, "--zero-stage must be 1, 2 or 3 (got %d)", stage);
@@ -178,9 +208,16 @@ int zero3_create_sharded(Zero3 **out, Model *m, Comm *c, Comm *replicas, int sta
     z->stage = stage;
     z->rank = comm_rank(c);
     z->world = comm_world_size(c);
+    z->pc = node ? node : c;
+    z->xc = cross;
+    z->pworld = comm_world_size(z->pc);
+    z->prank = comm_rank(z->pc);
+    z->xrank = cross ? comm_rank(cross) : 0;
+    z->owner = cross ? z->prank * comm_world_size(cross) + z->xrank : z->rank;
     int U = z->n_units = m->layout.n_units;
     z->padded = calloc(U, sizeof(size_t));
     z->shard = calloc(U, sizeof(size_t));
+    z->pshard = calloc(U, sizeof(size_t));
     z->master = calloc(U, sizeof(float *));
     z->adam_m = calloc(U, sizeof(float *));
     z->adam_v = calloc(U, sizeof(float *));
@@ -188,12 +225,13 @@ int zero3_create_sharded(Zero3 **out, Model *m, Comm *c, Comm *replicas, int sta
     z->param_shard = calloc(U, sizeof(void *));
     z->full = calloc(U, sizeof(void *));
     z->full_grad = calloc(U, sizeof(float *));
-    if (!z->padded || !z->shard || !z->master || !z->adam_m || !z->adam_v || !z->grad_shard || !z->param_shard ||
+    if (!z->padded || !z->shard || !z->pshard || !z->master || !z->adam_m || !z->adam_v || !z->grad_shard || !z->param_shard ||
         !z->full || !z->full_grad)
         goto oom;
     for (int u = 0; u < U; u++) {
         z->padded[u] = layout_padded_unit_numel(&m->layout, u, z->world);
         z->shard[u] = z->padded[u] / z->world;
+        z->pshard[u] = z->padded[u] / z->pworld;
         if (z->padded[u] > z->max_padded) z->max_padded = z->padded[u];
         if (z->shard[u] > z->max_shard) z->max_shard = z->shard[u];
         Pool *pl = &z->pool[pool_of(z, u)];
@@ -209,7 +247,7 @@ int zero3_create_sharded(Zero3 **out, Model *m, Comm *c, Comm *replicas, int sta
             z->adam_v[u] = carve(&st, z->shard[u] * 4);
             if (stage == 1) z->full_grad[u] = carve(&st, z->padded[u] * 4);
             else z->grad_shard[u] = carve(&st, z->shard[u] * 4);
-            if (stage == 3) z->param_shard[u] = carve(&st, z->shard[u] * es(z));
+            if (stage == 3) z->param_shard[u] = carve(&st, z->pshard[u] * es(z));
             else z->full[u] = carve(&st, z->padded[u] * es(z));
         }
         for (int k = 0; k < N_POOLS; k++) {
@@ -220,7 +258,8 @@ int zero3_create_sharded(Zero3 **out, Model *m, Comm *c, Comm *replicas, int sta
                 if (uses_param_slots(z)) pl->slot[i].buf = carve(&wk, pl->numel * es(z));
                 if (uses_grad_work(z)) {
                     pl->work[i].buf = carve(&wk, pl->numel * 4);
-                    pl->work[i].reduced = carve(&wk, pl->numel / z->world * 4);
+                    pl->work[i].reduced = carve(&wk, pl->numel / z->pworld * 4);
+                    if (z->xc) pl->work[i].cross = carve(&wk, pl->numel / z->world * 4);
                 }
             }
         }
@@ -246,6 +285,7 @@ void zero3_destroy(Zero3 *z) {
     ops_free(z->o, z->work_block);
     free(z->padded);
     free(z->shard);
+    free(z->pshard);
     free(z->master);
     free(z->adam_m);
     free(z->adam_v);
@@ -265,7 +305,7 @@ void zero3_memory(const Zero3 *z, Zero3Memory *mem) {
         mem->master_bytes += z->shard[u] * 4;
         mem->adam_bytes += 2 * z->shard[u] * 4;
         mem->grad_bytes += (z->stage == 1 ? z->padded[u] : z->shard[u]) * 4;
-        if (z->stage == 3) mem->param_shard_bytes += z->shard[u] * es(z);
+        if (z->stage == 3) mem->param_shard_bytes += z->pshard[u] * es(z);
         else mem->gathered_bytes += z->padded[u] * es(z);
     }
     mem->state_arena_bytes = z->state_bytes;
@@ -274,7 +314,8 @@ void zero3_memory(const Zero3 *z, Zero3Memory *mem) {
     for (int k = 0; k < N_POOLS; k++) {
         const Pool *pl = &z->pool[k];
         if (uses_param_slots(z)) mem->gathered_bytes += pl->n * pl->numel * es(z);
-        if (uses_grad_work(z)) mem->grad_work_bytes += pl->n * (pl->numel + pl->numel / z->world) * 4;
+        if (uses_grad_work(z))
+            mem->grad_work_bytes += pl->n * (pl->numel + pl->numel / z->pworld + (z->xc ? pl->numel / z->world : 0)) * 4;
     }
 }
 
@@ -282,7 +323,7 @@ void zero3_memory(const Zero3 *z, Zero3Memory *mem) {
 static void place_unit(Zero3 *z, int u, const float *host) {
     size_t off = zero3_shard_offset(z, u), n = z->shard[u];
     ops_copy_to_device(z->o, z->master[u], host + off, n * 4);
-    if (z->stage == 3) ops_upload_f32(z->o, z->param_shard[u], host + off, n);
+    if (z->stage == 3) ops_upload_f32(z->o, z->param_shard[u], host + (size_t)z->prank * z->pshard[u], z->pshard[u]);
     else ops_upload_f32(z->o, z->full[u], host, z->padded[u]);
     ops_memset_zero(z->o, z->adam_m[u], n * 4);
     ops_memset_zero(z->o, z->adam_v[u], n * 4);
@@ -385,8 +426,8 @@ static int gather_into_slot(Zero3 *z, int u, int ok_if_busy) {
                       pl->n, u);
         return -2;
     }
-    comm_wait_compute(z->c);
-    if (gather(z, pl->slot[pick].buf, z->param_shard[u], z->shard[u], storage_dtype(z)) != 0) {
+    comm_wait_compute(z->pc);
+    if (gather_on(z, z->pc, pl->slot[pick].buf, z->param_shard[u], z->pshard[u], storage_dtype(z)) != 0) {
         comm_failed(z, "all-gather", u);
         return -2;
     }
@@ -403,7 +444,7 @@ static const void *src_acquire(void *user, int u) {
     int s = slot_of(pl, u);
     if (s < 0 && (s = gather_into_slot(z, u, 0)) < 0) return NULL;
     // Compute that reads the slot waits for its gather (issued now or by an earlier prefetch).
-    comm_compute_wait(z->c);
+    comm_compute_wait(z->pc);
     pl->slot[s].refs++;
     pl->slot[s].tick = ++z->tick;
     return pl->slot[s].buf;
@@ -424,12 +465,26 @@ static void src_release(void *user, int u) {
     if (s >= 0 && pl->slot[s].refs > 0) pl->slot[s].refs--;
 }
 
-// Adds a finished reduce-scatter to this rank's gradient slice, once the compute stream has waited for it.
+// Adds a finished reduce-scatter to this rank's gradient slice, once the compute stream has waited for it. hpZ:
+// the node's reduce-scatter left this rank the node-local slice; the one across nodes (issued here, after the
+// compute stream has waited for the first, since two communicators are not ordered otherwise) cuts it down to
+// this rank's global slice.
 static void finish_reduce(Zero3 *z, GradWork *w) {
     if (w->pending < 0) return;
-    comm_compute_wait(z->c);
-    ops_add_f32(z->o, z->grad_shard[w->pending], w->reduced, z->shard[w->pending]);
+    const int u = w->pending;
     w->pending = -1;
+    comm_compute_wait(z->pc);
+    const float *add = w->reduced;
+    if (z->xc) {
+        comm_wait_compute(z->xc);
+        if (reduce_scatter_on(z, z->xc, w->cross, w->reduced, z->shard[u], COMM_F32) != 0) {
+            comm_failed(z, "reduce-scatter across nodes", u);
+            return;
+        }
+        comm_compute_wait(z->xc);
+        add = w->cross;
+    }
+    ops_add_f32(z->o, z->grad_shard[u], add, z->shard[u]);
 }
 
 static void finish_all_reduces(Zero3 *z) {
@@ -470,8 +525,8 @@ static void src_grad_done(void *user, int u) {
     for (int s = 0; s < pl->n; s++) {
         GradWork *w = &pl->work[s];
         if (w->unit != u) continue;
-        comm_wait_compute(z->c);   // after the backward that wrote buf and any add that read `reduced`
-        if (reduce_scatter(z, w->reduced, w->buf, z->shard[u], COMM_F32) != 0) {
+        comm_wait_compute(z->pc);   // after the backward that wrote buf and any add that read `reduced`
+        if (reduce_scatter_on(z, z->pc, w->reduced, w->buf, z->pshard[u], COMM_F32) != 0) {
             comm_failed(z, "reduce-scatter", u);
             return;
         }
@@ -488,6 +543,21 @@ UnitSource zero3_source(Zero3 *z) {
 }
 
 // ---- optimizer step -----------------------------------------------------------------------------
+
+// hpZ: every rank wrote the new parameters of its global slice into its place in the node-local slice
+// (zero3_param_shard); one all-gather per unit across nodes (in place) completes the node-local slices, once per
+// optimizer step. Others: nothing to do.
+static int refresh_secondary(Zero3 *z, char *err, size_t err_len) {
+    if (!z->xc) return 0;
+    comm_wait_compute(z->xc);
+    for (int u = 0; u < z->n_units; u++)
+        if (gather_on(z, z->xc, z->param_shard[u], zero3_param_shard(z, u), z->shard[u], storage_dtype(z)) != 0) {
+            snprintf(err, err_len, "all-gather of unit %d's parameters across nodes failed: %s", u, comm_error(z->xc));
+            return -1;
+        }
+    comm_compute_wait(z->xc);
+    return 0;
+}
 
 int zero3_step(Zero3 *z, const AdamWParams *p, float lr, int step, float *grad_norm, char *err, size_t err_len) {
     OpsCtx *o = z->o;
@@ -534,11 +604,11 @@ int zero3_step(Zero3 *z, const AdamWParams *p, float lr, int step, float *grad_n
         scale = coef < 1.0f ? coef : 1.0f;
     }
     for (int u = 0; u < z->n_units; u++) {
-        size_t off = zero3_shard_offset(z, u);
-        void *param_out = z->stage == 3 ? z->param_shard[u] : (char *)z->full[u] + off * es(z);
+        void *param_out = (void *)zero3_param_shard(z, u);
         ops_adamw_step(o, z->master[u], z->adam_m[u], z->adam_v[u], grad_slice(z, u), param_out, z->shard[u], lr,
                        p->beta1, p->beta2, p->eps, p->weight_decay, step, scale);
     }
+    if (refresh_secondary(z, err, err_len) != 0) return -1;
     if (z->stage != 3) {
         comm_wait_compute(z->c);
         for (int u = 0; u < z->n_units; u++) {
@@ -581,7 +651,7 @@ int zero3_republish(Zero3 *z, char *err, size_t err_len) {
         size_t n = z->shard[u];
         ops_copy_to_host(z->o, host, z->master[u], n * 4);
         if (z->stage == 3) {
-            ops_upload_f32(z->o, z->param_shard[u], host, n);
+            ops_upload_f32(z->o, (void *)zero3_param_shard(z, u), host, n);
             continue;
         }
         char *full = z->full[u];
@@ -595,6 +665,7 @@ int zero3_republish(Zero3 *z, char *err, size_t err_len) {
         comm_compute_wait(z->c);
     }
     free(host);
+    if (refresh_secondary(z, err, err_len) != 0) return -1;
     invalidate_slots(z);
     ops_synchronize(z->o);
     if (ops_status(z->o)) {

@@ -42,6 +42,14 @@ int zero3_create(Zero3 **out, Model *m, Comm *c, int stage, char *err, size_t er
 // `replicas` (the ranks holding the same slices: comm_split_nodes' inter; NULL = none, as zero3_create). Both must
 // outlive the engine. Rank r of `shard` owns slice r (zero3_shard_offset).
 int zero3_create_sharded(Zero3 **out, Model *m, Comm *shard, Comm *replicas, int stage, char *err, size_t err_len);
+// hpZ (DeepSpeed ZeRO++'s hierarchical partitioning), stage 3: the fp32 master, Adam moments and gradient slices
+// partitioned over all ranks (as zero3_create over `all`), the storage-dtype parameters that forward and backward
+// gather partitioned over `node` only (a secondary copy: padded / G per rank), so those all-gathers stay inside the
+// node. Gradients: reduce-scatter over `node`, then over `cross` (the ranks with this LOCAL_RANK, ranked by node)
+// down to the global slice; after the optimizer step one all-gather over `cross` refreshes the secondary copy.
+// node and cross: comm_split_nodes(all). This rank's global slice is number local_rank x nodes + node
+// (zero3_shard_offset).
+int zero3_create_hpz(Zero3 **out, Model *m, Comm *all, Comm *node, Comm *cross, char *err, size_t err_len);
 // Replicas of this rank's state (1 unless HSDP).
 int zero3_replicas(const Zero3 *z);
 // Bytes this rank sent in the collectives of this engine, split by whether the receiver is on its node (comm.h

@@ -1,6 +1,8 @@
-// test_trainer_zero3_hybrid.c — HSDP (zero3_create_sharded: state partitioned within a node, replicated across
-// nodes) computes what flat ZeRO computes, keeps half the state per rank, and sends across nodes only the once-per-
-// step all-reduce of the gradient slices (host backend, CPU, fp32).
+// test_trainer_zero3_hybrid.c — node-aware ZeRO computes what flat ZeRO computes (host backend, CPU, fp32):
+// HSDP (zero3_create_sharded: state partitioned within a node, replicated across nodes) keeps half the state per
+// rank and sends across nodes only the once-per-step all-reduce of the gradient slices; hpZ (zero3_create_hpz:
+// parameters partitioned within the node, the rest over all ranks) sends across nodes only the gradient
+// reduce-scatters of node-local slices and the once-per-step refresh of the parameters.
 //
 // 4 rank processes on 127.0.0.1 stand for 2 nodes x 2 ranks (LOCAL_WORLD_SIZE 2; tests/unit/zero3_testlib.h). For
 // every stage, flat ZeRO over the 4 ranks and HSDP (sharded over each node's 2, replicated over the 2 nodes) train
@@ -64,5 +66,28 @@ int main(void) {
               inter_hsdp, inter_flat);
         free(flat.v), free(hsdp.v);
     }
+    // hpZ, stage 3: the master, Adam and gradient slices over all 4 ranks, the parameters over each node's 2.
+    Z3Case hpz = FLAT;
+    hpz.hpz = 1;
+    Z3Result flat = {0}, h = {0};
+    int ran = z3_run_world(&FLAT, 4, 3, k++, &flat) == 0 && z3_run_world(&hpz, 4, 3, k++, &h) == 0 && flat.n == h.n;
+    CHECK(ran, "hpZ: a run failed (values: flat %zu, hpZ %zu)", flat.n, h.n);
+    if (ran) {
+        double worst = z3_worst(&flat, &h), params = flat.v[3];
+        // fp32 on the CPU: flat keeps (4 + 16) bytes x P / 4 per rank, hpZ 4 x P / 2 + 16 x P / 4: 1.2x.
+        double state_ratio = h.v[0] / flat.v[0];
+        // Per step and rank across nodes: the reduce-scatter of the node-local gradient slice (fp32, P / 4 to the
+        // one peer) and the refresh's all-gather (P / 4 fp32): 2 bytes x P, none of the parameter all-gathers; the
+        // padding (each unit to a multiple of 4 x an alignment) and the norm's one-float all-reduce add up to 10 %.
+        double want = Z3_STEPS * 2.0 * params;
+        printf("stage 3: hpZ 2x2 vs flat 4: max relative difference %.3g; state per rank %.2fx flat; bytes across "
+               "nodes %.0f (gradient reduce-scatters and refreshes alone: %.0f; flat ZeRO %.0f), inside %.0f\n", worst,
+               state_ratio, h.v[5], want, flat.v[5], h.v[4]);
+        CHECK(worst <= 1e-5, "hpZ: %.3g over 1e-5", worst);
+        CHECK(state_ratio > 1.15 && state_ratio < 1.25, "hpZ state %.0f bytes vs flat %.0f", h.v[0], flat.v[0]);
+        CHECK(h.v[5] >= want && h.v[5] <= 1.1 * want, "hpZ sent %.0f bytes across nodes, want %.0f", h.v[5], want);
+        CHECK(h.v[5] < flat.v[5]);
+    }
+    free(flat.v), free(h.v);
     return check_exit_code("test_trainer_zero3_hybrid");
 }

@@ -35,6 +35,7 @@ typedef struct {
     float init_std;               // std of the random initial weights
     int nodes;                    // the ranks stand for this many nodes (LOCAL_WORLD_SIZE = world / nodes); 0: one
     int hybrid;                   // HSDP: state partitioned within each node, replicated across nodes
+    int hpz;                      // hpZ (stage 3): parameters partitioned within each node, the rest over all ranks
 } Z3Case;
 
 static int z3_seq_len(const Z3Case *c, int s) { return c->base_len + (s * 5) % c->len_spread; }
@@ -96,11 +97,12 @@ static void z3_run_rank(const Z3Case *c, int rank, int world, int port, int stag
     if (comm_init_from_env(&ci, 60000, err, sizeof err) != 0 ||
         ops_create(&ops, c->ops, ci.local_rank, err, sizeof err) != 0 ||
         comm_create(&comm, c->comm, &ci, ops, err, sizeof err) != 0 ||
-        (c->hybrid && comm_split_nodes(comm, &intra, &inter, err, sizeof err) != 0))
+        ((c->hybrid || c->hpz) && comm_split_nodes(comm, &intra, &inter, err, sizeof err) != 0))
         Z3_FAIL("%s", err);
     if (config_parse(&cfg, c->config, strlen(c->config), err, sizeof err) != 0 ||
         model_init(&m, &cfg, ops, err, sizeof err) != 0 ||
-        zero3_create_sharded(&z, &m, c->hybrid ? intra : comm, inter, stage, err, sizeof err) != 0 ||
+        (c->hpz ? zero3_create_hpz(&z, &m, comm, intra, inter, err, sizeof err)
+                : zero3_create_sharded(&z, &m, c->hybrid ? intra : comm, inter, stage, err, sizeof err)) != 0 ||
         zero3_init_random(z, 99, c->init_std, err, sizeof err) != 0)
         Z3_FAIL("%s", err);
     int per = c->n_seq / world, s0 = rank * per, s1 = s0 + per;
@@ -180,8 +182,8 @@ typedef struct {
 // Runs N ranks; returns 0 and rank 0's values, or -1.
 static int z3_run_world(const Z3Case *c, int world, int stage, int k, Z3Result *out) {
     char path[256];
-    snprintf(path, sizeof path, "/tmp/tandem_zero3_%d_%d_%d_%d_%d.txt", (int)getpid(), world, stage, c->nodes,
-             c->hybrid);
+    snprintf(path, sizeof path, "/tmp/tandem_zero3_%d_%d_%d_%d_%d_%d.txt", (int)getpid(), world, stage, c->nodes,
+             c->hybrid, c->hpz);
     int port = z3_free_port(k);
     pid_t pids[8];
     for (int r = 0; r < world; r++) {
