@@ -89,6 +89,7 @@ typedef struct {
     // ---- distribution and serving ----
     int zero_stage;                 // 1 | 2 | 3
     ShardingStrategy sharding_strategy;
+    int zero_hpz_partition_size;    // DeepSpeed ZeRO++ hpZ: 1 = off, else the ranks per node (LOCAL_WORLD_SIZE)
     TrainDevice device;
     double init_timeout;            // seconds: rendezvous (ranks arriving)
     double comm_timeout;            // seconds: one collective

@@ -43,15 +43,22 @@ static int open_model(Trainer *t, char *err, size_t err_len) {
     ModelConfig mc;
     if (config_load(&mc, cfg->model, err, err_len) != 0) return -1;
     if (model_init(&t->model, &mc, t->ops, err, err_len) != 0) return -1;
-    const int hybrid = cfg->sharding_strategy == SHARDING_HYBRID_SHARD;
-    if (hybrid && comm_split_nodes(t->dcomm, &t->node_comm, &t->replica_comm, err, err_len) != 0) return -1;
+    const int hybrid = cfg->sharding_strategy == SHARDING_HYBRID_SHARD, hpz = cfg->zero_hpz_partition_size > 1;
+    if ((hybrid || hpz) && comm_split_nodes(t->dcomm, &t->node_comm, &t->replica_comm, err, err_len) != 0) return -1;
+    if (hpz && comm_world_size(t->node_comm) != cfg->zero_hpz_partition_size)
+        return err_fail(err, err_len, "zero_hpz_partition_size %d must be the number of ranks per node "
+                        "(LOCAL_WORLD_SIZE %d) in this version", cfg->zero_hpz_partition_size,
+                        comm_world_size(t->node_comm));
     Comm *shard = hybrid ? t->node_comm : t->dcomm;
-    if (zero3_create_sharded(&t->policy, &t->model, shard, t->replica_comm, cfg->zero_stage, err, err_len) != 0)
+    if (hpz ? zero3_create_hpz(&t->policy, &t->model, t->dcomm, t->node_comm, t->replica_comm, err, err_len)
+            : zero3_create_sharded(&t->policy, &t->model, shard, hybrid ? t->replica_comm : NULL, cfg->zero_stage,
+                                   err, err_len))
         return -1;
     if (zero3_load(t->policy, cfg->model, err, err_len) != 0) return -1;
     if (cfg->mode == TRAIN_MODE_GRPO && cfg->grpo.beta != 0) {
         // The frozen reference: the same model, sharded the same way, never stepped.
-        if (zero3_create_sharded(&t->ref, &t->model, shard, t->replica_comm, 3, err, err_len) != 0) return -1;
+        if (zero3_create_sharded(&t->ref, &t->model, shard, hybrid ? t->replica_comm : NULL, 3, err, err_len) != 0)
+            return -1;
         if (zero3_load(t->ref, cfg->model, err, err_len) != 0) return -1;
     }
     Zero3Memory mem;
@@ -60,6 +67,9 @@ static int open_model(Trainer *t, char *err, size_t err_len) {
     if (hybrid)
         snprintf(over, sizeof over, "%d rank(s) of each node, replicated over %d node(s) (HSDP)",
                  comm_world_size(shard), zero3_replicas(t->policy));
+    else if (hpz)
+        snprintf(over, sizeof over, "%d rank(s), parameters over the %d of each node (hpZ)", t->world,
+                 comm_world_size(t->node_comm));
     else
         snprintf(over, sizeof over, "%d rank(s)", t->world);
     log0(t, "model %s: %s, %zu parameters, %d units; ZeRO-%d over %s: per rank %.1f MB parameters, %.1f MB "

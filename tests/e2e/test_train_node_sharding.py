@@ -1,11 +1,14 @@
-"""sharding_strategy hybrid_shard (HSDP) end to end: tandem-train --mode sft on 4 CPU ranks started as 2 "nodes" x 2
-ranks (two `tandem-train launch --nnodes 2` on localhost, so the node membership comes from the launch contract).
+"""Node-aware ZeRO end to end — sharding_strategy hybrid_shard (HSDP) and zero_hpz_partition_size (ZeRO++ hpZ):
+tandem-train --mode sft on 4 CPU ranks started as 2 "nodes" x 2 ranks (two `tandem-train launch --nnodes 2` on
+localhost, so the node membership comes from the launch contract).
 
 HSDP (ZeRO-3 state partitioned within each node, replicated across the two) must give the losses and final weights
 of flat ZeRO-3 over the 4 ranks within float tolerance (only summation orders differ). Its metrics rows count the
 ZeRO bytes rank 0 sent across the node boundary: with 2 micro-steps per optimizer step, flat ZeRO-3 sends every
 all-gather and reduce-scatter partly to the other node, HSDP only one all-reduce of its gradient slices per step
-(about 2 bytes x parameters), a third of flat's here. The node map is printed at the rendezvous; grpo refuses HSDP.
+(about 2 bytes x parameters), a third of flat's here. hpZ gives the same results too; across nodes it sends the
+reduce-scatter of each micro-step's node-local gradient slices and one refresh of the parameters per step (about
+3 bytes x parameters here), never a parameter all-gather of forward or backward. The node map is printed at the rendezvous; grpo refuses HSDP.
 """
 import json
 import os
@@ -32,12 +35,12 @@ def setup(tmp_path_factory):
     return d
 
 
-def run_2x2(d, tag, strategy):
+def run_2x2(d, tag, *layout):
     port = free_port()
     args = ["--mode", "sft", "--train-file", str(d / "train.jsonl"), "--output-dir", str(d / tag),
             "--per-device-train-batch-size", "2", "--gradient-accumulation-steps", "2", "--learning-rate", "1e-2",
             "--max-steps", "4", "--save-steps", "0", "--logging-steps", "1", "--zero-stage", "3", "--seed", "5",
-            "--init-timeout", "60", "--sharding-strategy", strategy]
+            "--init-timeout", "60", *layout]
     procs = [launcher(["--model", str(d / "model"), "--nnodes", "2", "--node-rank", str(n), "--ranks", "2",
                        "--servers", "0", "--master-addr", "127.0.0.1", "--master-port", str(port),
                        "--log-dir", str(d / f"{tag}{n}-logs"), "--", *args], d)
@@ -55,8 +58,8 @@ def weights(path):
 
 def test_hsdp_equals_flat_zero3_and_keeps_gathers_inside_the_node(setup):
     d = setup
-    out_flat, flat = run_2x2(d, "flat", "full_shard")
-    out_hsdp, hsdp = run_2x2(d, "hsdp", "hybrid_shard")
+    out_flat, flat = run_2x2(d, "flat", "--sharding-strategy", "full_shard")
+    out_hsdp, hsdp = run_2x2(d, "hsdp", "--sharding-strategy", "hybrid_shard")
     assert "node map (2 nodes of 2 ranks): node 0 (host " in out_flat and "): ranks 2-3" in out_flat, out_flat
     assert "ZeRO-3 over 2 rank(s) of each node, replicated over 2 node(s) (HSDP)" in out_hsdp, out_hsdp
     assert [r["step"] for r in flat] == [r["step"] for r in hsdp] == [1, 2, 3, 4]
@@ -91,3 +94,35 @@ def test_grpo_refuses_hybrid_shard(setup):
                         "--rollout-servers", "tcp://127.0.0.1:1", "--rewards", "regex_format",
                         "--sharding-strategy", "hybrid_shard"], env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode != 0 and "sharding_strategy: hybrid_shard is for sft only" in p.stderr, p.stderr
+
+
+def test_hpz_equals_flat_zero3_and_sends_across_nodes_only_gradients_and_refreshes(setup):
+    d = setup
+    _, flat = run_2x2(d, "flat-for-hpz", "--sharding-strategy", "full_shard")
+    out, hpz = run_2x2(d, "hpz", "--zero-hpz-partition-size", "2")
+    assert "ZeRO-3 over 4 rank(s), parameters over the 2 of each node (hpZ)" in out, out
+    for a, b in zip(flat, hpz):
+        assert abs(a["loss"] - b["loss"]) <= 1e-5 * abs(a["loss"]), (a["loss"], b["loss"])
+    wf = weights(d / "flat-for-hpz" / "checkpoint-4" / "model.safetensors")
+    wh = weights(d / "hpz" / "checkpoint-4" / "model.safetensors")
+    for k in wf:
+        diff = np.abs(wf[k].astype(np.float64) - wh[k].astype(np.float64)).max()
+        assert diff <= 1e-2 / 1000, (k, diff)
+    # Per step and rank across nodes (fp32, N = 4 ranks, M = 2 nodes): 2 micro-steps x 4 B x P / 4 of gradient
+    # reduce-scatter plus 4 B x P / 4 of refresh = 3 B x P, plus padding and the norm's one-float all-reduce.
+    params = int(out.split(" parameters, ")[0].rsplit(" ", 1)[1])
+    for a, b in zip(flat, hpz):
+        assert 3 * params <= b["comm/bytes_inter_node"] <= 1.1 * 3 * params, (params, b)
+        assert b["comm/bytes_inter_node"] < a["comm/bytes_inter_node"], (a, b)
+
+
+def test_layouts_are_checked(setup):
+    d = setup
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_ENV}
+    base = [str((BUILD / "bin" / "tandem-train").resolve()), "--mode", "sft", "--model", str(d / "model"),
+            "--train-file", str(d / "train.jsonl"), "--output-dir", str(d / "checked")]
+    for extra, want in ((["--zero-hpz-partition-size", "2", "--zero-stage", "2"], "needs zero_stage 3"),
+                        (["--zero-hpz-partition-size", "2", "--sharding-strategy", "hybrid_shard"], "pick one"),
+                        (["--zero-hpz-partition-size", "3"], "must be the number of ranks per node")):
+        p = subprocess.run(base + extra, env=env, capture_output=True, text=True, timeout=60)
+        assert p.returncode != 0 and want in p.stderr, (extra, p.stderr)
