@@ -297,6 +297,11 @@ void zero3_destroy(Zero3 *z) {
 }
 
 int zero3_replicas(const Zero3 *z) { return z->rc ? comm_world_size(z->rc) : 1; }
+void zero3_slicing(const Zero3 *z, char *out, size_t len) {
+    if (z->xc) snprintf(out, len, "hpz:%d", z->pworld);
+    else if (z->rc) snprintf(out, len, "hybrid_shard:%d", z->world);
+    else snprintf(out, len, "full_shard");
+}
 void zero3_comm_bytes(const Zero3 *z, CommBytes *out) { *out = z->bytes; }
 
 void zero3_memory(const Zero3 *z, Zero3Memory *mem) {

@@ -50,6 +50,10 @@ int zero3_create_sharded(Zero3 **out, Model *m, Comm *shard, Comm *replicas, int
 // node and cross: comm_split_nodes(all). This rank's global slice is number local_rank x nodes + node
 // (zero3_shard_offset).
 int zero3_create_hpz(Zero3 **out, Model *m, Comm *all, Comm *node, Comm *cross, char *err, size_t err_len);
+// How the slices are cut, recorded in checkpoints because a rank's slices are only meaningful under the same cut
+// (hpZ's rank r does not own flat ZeRO's slice r, with the same slice sizes): "full_shard", "hybrid_shard:G" or
+// "hpz:G" (G = ranks per node).
+void zero3_slicing(const Zero3 *z, char *out, size_t len);
 // Replicas of this rank's state (1 unless HSDP).
 int zero3_replicas(const Zero3 *z);
 // Bytes this rank sent in the collectives of this engine, split by whether the receiver is on its node (comm.h

@@ -116,6 +116,29 @@ def test_hpz_equals_flat_zero3_and_sends_across_nodes_only_gradients_and_refresh
         assert b["comm/bytes_inter_node"] < a["comm/bytes_inter_node"], (a, b)
 
 
+def test_hpz_resumes_its_own_checkpoints_only(setup):
+    """A rank's slices mean something only under the cut that wrote them: hpZ's rank r does not own flat ZeRO's
+    slice r, though the sizes match, so a flat checkpoint is refused by an hpZ run (naming both cuts)."""
+    d = setup
+    if not (d / "hpz" / "checkpoint-4").exists():
+        run_2x2(d, "hpz", "--zero-hpz-partition-size", "2")
+        run_2x2(d, "flat-for-hpz", "--sharding-strategy", "full_shard")
+    out, rows = run_2x2(d, "hpz-resumed", "--zero-hpz-partition-size", "2", "--max-steps", "5", "--resume",
+                        str(d / "hpz" / "checkpoint-4"))
+    assert [r["step"] for r in rows] == [5], rows
+    port = free_port()
+    args = ["--mode", "sft", "--train-file", str(d / "train.jsonl"), "--output-dir", str(d / "refused"),
+            "--per-device-train-batch-size", "2", "--max-steps", "5", "--zero-hpz-partition-size", "2",
+            "--init-timeout", "60", "--resume", str(d / "flat-for-hpz" / "checkpoint-4")]
+    procs = [launcher(["--model", str(d / "model"), "--nnodes", "2", "--node-rank", str(n), "--ranks", "2",
+                       "--servers", "0", "--master-addr", "127.0.0.1", "--master-port", str(port),
+                       "--log-dir", str(d / f"refused{n}-logs"), "--", *args], d)
+             for n in (0, 1)]
+    out0, out1 = finish_nodes(procs, timeout=600)
+    assert procs[0].returncode != 0, out0
+    assert "was written with the ZeRO state cut full_shard; this run cuts it hpz:2" in out0, out0
+
+
 def test_layouts_are_checked(setup):
     d = setup
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_ENV}
