@@ -30,12 +30,11 @@ static const Z3Case FLAT = {
 };
 
 int main(void) {
-    int k = 0;
     Z3Case hybrid = FLAT;
     hybrid.hybrid = 1;
     for (int stage = 1; stage <= 3; stage++) {
         Z3Result flat = {0}, hsdp = {0};
-        int ran = z3_run_world(&FLAT, 4, stage, k++, &flat) == 0 && z3_run_world(&hybrid, 4, stage, k++, &hsdp) == 0 &&
+        int ran = z3_run_world(&FLAT, 4, stage, &flat) == 0 && z3_run_world(&hybrid, 4, stage, &hsdp) == 0 &&
                   flat.n == hsdp.n;
         CHECK(ran, "stage %d: a run failed (values: flat %zu, HSDP %zu)", stage, flat.n, hsdp.n);
         if (!ran) {
@@ -70,7 +69,7 @@ int main(void) {
     Z3Case hpz = FLAT;
     hpz.hpz = 1;
     Z3Result flat = {0}, h = {0};
-    int ran = z3_run_world(&FLAT, 4, 3, k++, &flat) == 0 && z3_run_world(&hpz, 4, 3, k++, &h) == 0 && flat.n == h.n;
+    int ran = z3_run_world(&FLAT, 4, 3, &flat) == 0 && z3_run_world(&hpz, 4, 3, &h) == 0 && flat.n == h.n;
     CHECK(ran, "hpZ: a run failed (values: flat %zu, hpZ %zu)", flat.n, h.n);
     if (ran) {
         double worst = z3_worst(&flat, &h), params = flat.v[3];

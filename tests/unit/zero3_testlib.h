@@ -9,11 +9,14 @@
 #ifndef TANDEM_TESTS_ZERO3_TESTLIB_H
 #define TANDEM_TESTS_ZERO3_TESTLIB_H
 
+#include <arpa/inet.h>
 #include <math.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -166,7 +169,19 @@ static void z3_run_rank(const Z3Case *c, int rank, int world, int port, int stag
     _exit(0);
 }
 
-static int z3_free_port(int k) { return 20000 + (getpid() * 7 + k * 13 + (int)time(NULL) % 1000) % 20000; }
+// A rendezvous port the kernel just handed out on 127.0.0.1 (free now). A port picked from a formula could fall in the
+// ephemeral range, where the ranks' own data sockets of an earlier run may still hold it.
+static int z3_free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
+        perror("z3_free_port");
+        exit(2);
+    }
+    close(fd);
+    return ntohs(a.sin_port);
+}
 
 // Values rank 0 wrote: Z3_HEAD figures (model state bytes, gathered bytes, gradient work bytes, parameters, ZeRO
 // bytes sent inside the node, across nodes), Z3_STEPS losses, Z3_STEPS gradient norms (before clipping), then
@@ -180,11 +195,11 @@ typedef struct {
 #define Z3_PARAMS (Z3_HEAD + 2 * Z3_STEPS)
 
 // Runs N ranks; returns 0 and rank 0's values, or -1.
-static int z3_run_world(const Z3Case *c, int world, int stage, int k, Z3Result *out) {
+static int z3_run_world(const Z3Case *c, int world, int stage, Z3Result *out) {
     char path[256];
     snprintf(path, sizeof path, "/tmp/tandem_zero3_%d_%d_%d_%d_%d_%d.txt", (int)getpid(), world, stage, c->nodes,
              c->hybrid, c->hpz);
-    int port = z3_free_port(k);
+    int port = z3_free_port();
     pid_t pids[8];
     for (int r = 0; r < world; r++) {
         pids[r] = fork();
