@@ -139,9 +139,9 @@ int comm_rank(const Comm *c);
 int comm_world_size(const Comm *c);
 
 // ---- nodes and sub-communicators (docs/operations-comm.md "Nodes") ----
-// The node index of member m (nodes numbered 0..comm_node_count - 1 within this communicator's members' launch
-// contract), or -1 for a bad member. A communicator made through the rendezvous knows every member's node; one
-// joined by id does not until comm_set_nodes, and counts every member as a node of its own.
+// The node index of member m, 0 .. comm_node_count - 1, or -1 for a bad member. Made through the rendezvous: the
+// launch contract's node index (RANK / LOCAL_WORLD_SIZE). Made by comm_split: the parent's nodes renumbered in the
+// order their first member appears. Joined by id: every member a node of its own until comm_set_nodes.
 int comm_node(const Comm *c, int member);
 int comm_node_count(const Comm *c);
 // Gives a communicator joined by id its members' nodes (world entries, e.g. copied from the host communicator
