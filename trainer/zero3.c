@@ -297,9 +297,10 @@ void zero3_destroy(Zero3 *z) {
 }
 
 int zero3_replicas(const Zero3 *z) { return z->rc ? comm_world_size(z->rc) : 1; }
+// On one node HSDP and hpZ cut exactly as flat ZeRO does (no replicas; global slice = rank), so they say so.
 void zero3_slicing(const Zero3 *z, char *out, size_t len) {
-    if (z->xc) snprintf(out, len, "hpz:%d", z->pworld);
-    else if (z->rc) snprintf(out, len, "hybrid_shard:%d", z->world);
+    if (z->xc && comm_world_size(z->xc) > 1) snprintf(out, len, "hpz:%d", z->pworld);
+    else if (replicated(z)) snprintf(out, len, "hybrid_shard:%d", z->world);
     else snprintf(out, len, "full_shard");
 }
 void zero3_comm_bytes(const Zero3 *z, CommBytes *out) { *out = z->bytes; }

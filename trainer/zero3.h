@@ -52,7 +52,7 @@ int zero3_create_sharded(Zero3 **out, Model *m, Comm *shard, Comm *replicas, int
 int zero3_create_hpz(Zero3 **out, Model *m, Comm *all, Comm *node, Comm *cross, char *err, size_t err_len);
 // How the slices are cut, recorded in checkpoints because a rank's slices are only meaningful under the same cut
 // (hpZ's rank r does not own flat ZeRO's slice r, with the same slice sizes): "full_shard", "hybrid_shard:G" or
-// "hpz:G" (G = ranks per node).
+// "hpz:G" (G = ranks per node); on one node all three cut alike and say "full_shard".
 void zero3_slicing(const Zero3 *z, char *out, size_t len);
 // Replicas of this rank's state (1 unless HSDP).
 int zero3_replicas(const Zero3 *z);

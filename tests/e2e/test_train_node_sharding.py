@@ -149,3 +149,17 @@ def test_layouts_are_checked(setup):
                         (["--zero-hpz-partition-size", "3"], "must be the number of ranks per node")):
         p = subprocess.run(base + extra, env=env, capture_output=True, text=True, timeout=60)
         assert p.returncode != 0 and want in p.stderr, (extra, p.stderr)
+
+
+def test_one_node_hsdp_cuts_as_flat(setup):
+    """On one node HSDP has no replicas: it cuts the state as flat ZeRO does, and its checkpoint says full_shard, so
+    that a resume under either strategy is accepted."""
+    d = setup
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCH_ENV}
+    p = subprocess.run([str((BUILD / "bin" / "tandem-train").resolve()), "--mode", "sft", "--model", str(d / "model"),
+                        "--train-file", str(d / "train.jsonl"), "--output-dir", str(d / "one-hsdp"),
+                        "--per-device-train-batch-size", "2", "--max-steps", "1", "--sharding-strategy",
+                        "hybrid_shard"], env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    state = json.loads((d / "one-hsdp" / "checkpoint-1" / "trainer_state.json").read_text())
+    assert state["zero_slicing"] == "full_shard", state
