@@ -35,6 +35,7 @@ typedef struct {
     float *cross;          // hpZ: (numel / world) fp32: `reduced` reduce-scattered over xc, this rank's global slice
     int unit;              // open for this unit, or -1
     int pending;           // unit whose reduce-scatter was queued but not yet added, or -1
+    int cross_pending;     // hpZ: unit whose reduce-scatter across nodes (reduced -> cross) is queued, or -1
 } GradWork;
 
 typedef struct {
@@ -254,7 +255,7 @@ static int create(Zero3 **out, Model *m, Comm *c, Comm *replicas, Comm *node, Co
             Pool *pl = &z->pool[k];
             for (int i = 0; i < pl->n; i++) {
                 pl->slot[i].unit = -1;
-                pl->work[i].unit = pl->work[i].pending = -1;
+                pl->work[i].unit = pl->work[i].pending = pl->work[i].cross_pending = -1;
                 if (uses_param_slots(z)) pl->slot[i].buf = carve(&wk, pl->numel * es(z));
                 if (uses_grad_work(z)) {
                     pl->work[i].buf = carve(&wk, pl->numel * 4);
@@ -396,7 +397,10 @@ void zero3_zero_grad(Zero3 *z) {
         else ops_memset_zero(z->o, z->grad_shard[u], z->shard[u] * 4);
     }
     for (int k = 0; k < N_POOLS; k++)
-        for (int s = 0; s < z->pool[k].n; s++) z->pool[k].work[s].unit = z->pool[k].work[s].pending = -1;
+        for (int s = 0; s < z->pool[k].n; s++) {
+            GradWork *w = &z->pool[k].work[s];
+            w->unit = w->pending = w->cross_pending = -1;
+        }
 }
 
 static int comm_failed(Zero3 *z, const char *what, int unit) {
@@ -471,31 +475,45 @@ static void src_release(void *user, int u) {
     if (s >= 0 && pl->slot[s].refs > 0) pl->slot[s].refs--;
 }
 
-// Adds a finished reduce-scatter to this rank's gradient slice, once the compute stream has waited for it. hpZ:
-// the node's reduce-scatter left this rank the node-local slice; the one across nodes (issued here, after the
-// compute stream has waited for the first, since two communicators are not ordered otherwise) cuts it down to
-// this rank's global slice.
+// hpZ: adds a finished reduce-scatter across nodes to this rank's gradient slice, once the compute stream has
+// waited for it; from then on `reduced` and `cross` are free again.
+static void finish_cross(Zero3 *z, GradWork *w) {
+    if (w->cross_pending < 0) return;
+    const int u = w->cross_pending;
+    w->cross_pending = -1;
+    comm_compute_wait(z->xc);
+    ops_add_f32(z->o, z->grad_shard[u], w->cross, z->shard[u]);
+}
+
+// Once the compute stream has waited for a finished reduce-scatter over pc: adds it to this rank's gradient slice,
+// or (hpZ: it is the node-local slice) queues the reduce-scatter across nodes that cuts it down to this rank's
+// global slice. That one is added by finish_cross when `reduced` is needed again (the buffer's next unit's
+// reduce-scatter, after that unit's backward) or at the optimizer step, so it overlaps that backward. Issued after
+// the compute stream has waited for the first, since two communicators are not ordered otherwise.
 static void finish_reduce(Zero3 *z, GradWork *w) {
     if (w->pending < 0) return;
     const int u = w->pending;
     w->pending = -1;
     comm_compute_wait(z->pc);
-    const float *add = w->reduced;
-    if (z->xc) {
-        comm_wait_compute(z->xc);
-        if (reduce_scatter_on(z, z->xc, w->cross, w->reduced, z->shard[u], COMM_F32) != 0) {
-            comm_failed(z, "reduce-scatter across nodes", u);
-            return;
-        }
-        comm_compute_wait(z->xc);
-        add = w->cross;
+    if (!z->xc) {
+        ops_add_f32(z->o, z->grad_shard[u], w->reduced, z->shard[u]);
+        return;
     }
-    ops_add_f32(z->o, z->grad_shard[u], add, z->shard[u]);
+    finish_cross(z, w);   // an earlier unit's, if any, still writes `cross`
+    comm_wait_compute(z->xc);
+    if (reduce_scatter_on(z, z->xc, w->cross, w->reduced, z->shard[u], COMM_F32) != 0) {
+        comm_failed(z, "reduce-scatter across nodes", u);
+        return;
+    }
+    w->cross_pending = u;
 }
 
 static void finish_all_reduces(Zero3 *z) {
     for (int k = 0; k < N_POOLS; k++)
-        for (int s = 0; s < z->pool[k].n; s++) finish_reduce(z, &z->pool[k].work[s]);
+        for (int s = 0; s < z->pool[k].n; s++) {
+            finish_reduce(z, &z->pool[k].work[s]);
+            finish_cross(z, &z->pool[k].work[s]);
+        }
 }
 
 static float *src_grad(void *user, int u) {
@@ -531,6 +549,7 @@ static void src_grad_done(void *user, int u) {
     for (int s = 0; s < pl->n; s++) {
         GradWork *w = &pl->work[s];
         if (w->unit != u) continue;
+        finish_cross(z, w);          // hpZ: the reduce-scatter across nodes of the buffer's last unit reads `reduced`
         comm_wait_compute(z->pc);   // after the backward that wrote buf and any add that read `reduced`
         if (reduce_scatter_on(z, z->pc, w->reduced, w->buf, z->pshard[u], COMM_F32) != 0) {
             comm_failed(z, "reduce-scatter", u);
@@ -538,7 +557,10 @@ static void src_grad_done(void *user, int u) {
         }
         w->unit = -1;
         w->pending = u;
-        if (!z->overlap) finish_reduce(z, w);
+        if (!z->overlap) {
+            finish_reduce(z, w);
+            finish_cross(z, w);
+        }
         return;
     }
 }
