@@ -57,10 +57,11 @@ json_t *checkpoint_state_to_json(const CheckpointState *st) {
     snprintf(hash, sizeof hash, "%016llx", (unsigned long long)st->layout_hash);
     snprintf(rng0, sizeof rng0, "%016llx", (unsigned long long)p->rng[0]);
     snprintf(rng1, sizeof rng1, "%016llx", (unsigned long long)p->rng[1]);
-    return json_pack("{s:I, s:I, s:I, s:[s,s], s:I, s:i, s:i, s:s}", "global_step", (json_int_t)p->step, "epoch",
+    return json_pack("{s:I, s:I, s:I, s:[s,s], s:I, s:i, s:i, s:s, s:s}", "global_step", (json_int_t)p->step, "epoch",
                      (json_int_t)p->epoch, "data_position", (json_int_t)p->data_position, "rng", rng0, rng1,
                      "policy_version", (json_int_t)p->policy_version, "world_size", st->world_size, "zero_stage",
-                     st->zero_stage, "layout_hash", hash);
+                     st->zero_stage, "zero_slicing", st->zero_slicing[0] ? st->zero_slicing : "full_shard",
+                     "layout_hash", hash);
 }
 
 // 16 lowercase hex digits, as checkpoint_state_to_json writes them, into *out; -1 on anything else.
@@ -81,11 +82,13 @@ int checkpoint_state_from_json(const json_t *j, const char *name, CheckpointStat
     json_error_t je;
     json_int_t step, epoch, pos, version;
     int world, stage = 0;
-    const char *hash, *r0, *r1;
+    const char *hash, *r0, *r1, *slicing = "full_shard";
     // zero_stage is optional: checkpoints are resumable under any stage (trainer/zero3.h), it is only recorded.
-    if (json_unpack_ex((json_t *)j, &je, 0, "{s:I, s:I, s:I, s:[s,s], s:I, s:i, s?i, s:s}", "global_step", &step,
+    // zero_slicing is optional: checkpoints from before node-aware ZeRO were all cut flat.
+    if (json_unpack_ex((json_t *)j, &je, 0, "{s:I, s:I, s:I, s:[s,s], s:I, s:i, s?i, s?s, s:s}", "global_step", &step,
                        "epoch", &epoch, "data_position", &pos, "rng", &r0, &r1, "policy_version", &version,
-                       "world_size", &world, "zero_stage", &stage, "layout_hash", &hash) != 0) {
+                       "world_size", &world, "zero_stage", &stage, "zero_slicing", &slicing, "layout_hash",
+                       &hash) != 0) {
         snprintf(err, err_len, "%s: %s", name, je.text);
         return -1;
     }
@@ -104,6 +107,7 @@ int checkpoint_state_from_json(const json_t *j, const char *name, CheckpointStat
     }
     p->step = step, p->epoch = epoch, p->data_position = pos, p->policy_version = version;
     st->world_size = world, st->zero_stage = stage;
+    snprintf(st->zero_slicing, sizeof st->zero_slicing, "%s", slicing);
     return 0;
 }
 
@@ -459,6 +463,7 @@ int checkpoint_save(Zero3 *z, Model *m, Comm *c, const CheckpointOptions *o, con
     if (rank == 0) {
         CheckpointState cs = {.progress = *p, .world_size = world, .zero_stage = zero3_stage(z),
                               .layout_hash = m->layout.hash};
+        zero3_slicing(z, cs.zero_slicing, sizeof cs.zero_slicing);
         json_t *state = checkpoint_state_to_json(&cs);
         rc = state ? publish(o, &s, state, step, err, err_len) : -1;
         if (!state) snprintf(err, err_len, "out of memory writing %s/trainer_state.json", s.tmp_dir);
@@ -530,6 +535,13 @@ int checkpoint_load(Zero3 *z, Model *m, Comm *c, const CheckpointOptions *o, con
     if (cs.world_size != world) {
         snprintf(err, err_len, "%s was written by %d ranks; this run has %d: resume with WORLD_SIZE=%d", path,
                  cs.world_size, world, cs.world_size);
+        return -1;
+    }
+    char slicing[32];
+    zero3_slicing(z, slicing, sizeof slicing);
+    if (strcmp(cs.zero_slicing, slicing) != 0) {
+        snprintf(err, err_len, "%s was written with the ZeRO state cut %s; this run cuts it %s: resume with the same "
+                 "sharding_strategy and zero_hpz_partition_size on the same node layout", path, cs.zero_slicing, slicing);
         return -1;
     }
     if (cs.layout_hash != m->layout.hash) {

@@ -79,11 +79,12 @@ int checkpoint_load(Zero3 *z, Model *m, Comm *c, const CheckpointOptions *o, con
                     char *loaded_dir, char *err, size_t err_len);
 
 // What trainer_state.json holds: {"global_step", "epoch", "data_position", "rng": [hex, hex], "policy_version",
-// "world_size", "zero_stage", "layout_hash": hex} (hex: 16 lowercase hex digits of a 64-bit value).
+// "world_size", "zero_stage", "zero_slicing", "layout_hash": hex} (hex: 16 lowercase hex digits of a 64-bit value).
 typedef struct {
     TrainProgress progress;
     int world_size;
     int zero_stage;              // recorded only: any stage resumes (0 when the file has none)
+    char zero_slicing[32];       // zero3_slicing: a resume needs the same ("full_shard" when the file has none)
     uint64_t layout_hash;
 } CheckpointState;
 

@@ -109,7 +109,8 @@ static const CliSpec kSpec = {
         "Starts the rollout servers and the trainer ranks of one run on this node; stops them all when one\n"
         "fails or on Ctrl-C. Local rank 0's output streams here; the others' go to --log-dir.\n"
         "Several nodes: run the same command on each, with its own --node-rank. Each rank gets RANK =\n"
-        "node_rank * ranks + local rank, WORLD_SIZE = nnodes * ranks, LOCAL_RANK, MASTER_ADDR, MASTER_PORT.",
+        "node_rank * ranks + local rank, WORLD_SIZE = nnodes * ranks, LOCAL_RANK, MASTER_ADDR, MASTER_PORT,\n"
+        "and its node: LOCAL_WORLD_SIZE = ranks, NNODES, NODE_RANK (and torchrun's GROUP_RANK, GROUP_WORLD_SIZE).",
     .epilog =
         "Options after -- go to the trainer ranks (tandem-train's own options).\n"
         "CPU threads: every server and rank started here gets OPENBLAS_NUM_THREADS and OMP_NUM_THREADS =\n"
@@ -460,7 +461,8 @@ int launch_main(int argc, char **argv) {
     }
     for (int lr = 0; lr < ranks; lr++) {
         int r = first_rank + lr;
-        char *args[MAX_ARGS], *env[6 + N_THREAD_VARS + 1], buf[6][320];
+        enum { N_CONTRACT = 11 };
+        char *args[MAX_ARGS], *env[N_CONTRACT + N_THREAD_VARS + 1], buf[N_CONTRACT][320];
         int k = 0;
         args[k++] = train_bin;
         args[k++] = "--model", args[k++] = (char *)model;
@@ -478,8 +480,14 @@ int launch_main(int argc, char **argv) {
         snprintf(buf[3], sizeof buf[3], "MASTER_ADDR=%s", master_addr);
         snprintf(buf[4], sizeof buf[4], "MASTER_PORT=%d", master_port);
         snprintf(buf[5], sizeof buf[5], "NCCL_NVLS_ENABLE=0");
+        // The node, under both names (ours and torchrun's), so that neither an inherited value contradicts it.
+        snprintf(buf[6], sizeof buf[6], "LOCAL_WORLD_SIZE=%d", ranks);
+        snprintf(buf[7], sizeof buf[7], "NNODES=%d", nnodes);
+        snprintf(buf[8], sizeof buf[8], "GROUP_WORLD_SIZE=%d", nnodes);
+        snprintf(buf[9], sizeof buf[9], "NODE_RANK=%d", node_rank);
+        snprintf(buf[10], sizeof buf[10], "GROUP_RANK=%d", node_rank);
         int n_env = 0;
-        for (int j = 0; j < 6; j++) env[n_env++] = buf[j];
+        for (int j = 0; j < N_CONTRACT; j++) env[n_env++] = buf[j];
         for (int j = 0; thread_env[j]; j++) env[n_env++] = thread_env[j];
         env[n_env] = NULL;
         Child *c = &children[n_children++];

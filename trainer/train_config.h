@@ -24,6 +24,9 @@
 
 typedef enum { TRAIN_MODE_GRPO = 0, TRAIN_MODE_SFT } TrainMode;
 typedef enum { TRAIN_DEVICE_AUTO = 0, TRAIN_DEVICE_CPU, TRAIN_DEVICE_CUDA } TrainDevice;
+// PyTorch FSDP's ShardingStrategy names: FULL_SHARD = ZeRO over every rank, HYBRID_SHARD = HSDP (ZeRO within each
+// node, replicas across nodes; trainer/zero3.h).
+typedef enum { SHARDING_FULL_SHARD = 0, SHARDING_HYBRID_SHARD } ShardingStrategy;
 typedef enum { OVERLONG_PROMPTS_SKIP = 0, OVERLONG_PROMPTS_ERROR } OverlongPrompts;
 typedef enum { FORMAT_REGEX_FULL = 0, FORMAT_REGEX_SEARCH } FormatRegexMode;
 typedef enum { WEIGHT_SYNC_AUTO = 0, WEIGHT_SYNC_NCCL, WEIGHT_SYNC_ZMQ } WeightSyncTransport;
@@ -85,6 +88,8 @@ typedef struct {
     char *resume;                   // checkpoint folder to resume from, "latest", or NULL
     // ---- distribution and serving ----
     int zero_stage;                 // 1 | 2 | 3
+    ShardingStrategy sharding_strategy;
+    int zero_hpz_partition_size;    // DeepSpeed ZeRO++ hpZ: 1 = off, else the ranks per node (LOCAL_WORLD_SIZE)
     TrainDevice device;
     double init_timeout;            // seconds: rendezvous (ranks arriving)
     double comm_timeout;            // seconds: one collective

@@ -111,6 +111,21 @@ static int check_logging_and_dist(const TrainConfig *c, char *err, size_t err_le
     NEED(c->save_total_limit >= 0, "save_total_limit", "must be >= 0 (0 = keep all), got %d", c->save_total_limit);
     if (c->resume && !c->resume[0]) FAIL("resume: empty path (give a checkpoint folder or \"latest\")");
     NEED(c->zero_stage >= 1 && c->zero_stage <= 3, "zero_stage", "must be 1, 2 or 3, got %d", c->zero_stage);
+    // The rollout servers take weight slices cut over every rank (trainer/weight_sync.c); HSDP's are cut per node.
+    NEED(c->zero_hpz_partition_size >= 1, "zero_hpz_partition_size", "must be >= 1 (1 = off), got %d",
+         c->zero_hpz_partition_size);
+    if (c->zero_hpz_partition_size > 1 && c->zero_stage != 3)
+        FAIL("zero_hpz_partition_size: %d needs zero_stage 3 (it partitions the stage-3 parameters), got zero_stage %d",
+             c->zero_hpz_partition_size, c->zero_stage);
+    if (c->zero_hpz_partition_size > 1 && c->sharding_strategy != SHARDING_FULL_SHARD)
+        FAIL("zero_hpz_partition_size: %d and sharding_strategy hybrid_shard are two different layouts: pick one",
+             c->zero_hpz_partition_size);
+    if (c->zero_hpz_partition_size > 1 && c->mode != TRAIN_MODE_SFT)
+        FAIL("zero_hpz_partition_size: hpZ is for sft only in this version (the weight sync to the rollout servers "
+             "slices the model by rank)");
+    if (c->sharding_strategy == SHARDING_HYBRID_SHARD && c->mode != TRAIN_MODE_SFT)
+        FAIL("sharding_strategy: hybrid_shard is for sft only in this version (the weight sync to the rollout servers "
+             "slices the model over every rank)");
     NEED(isfinite(c->init_timeout) && c->init_timeout > 0, "init_timeout", "must be > 0 seconds, got %g",
          c->init_timeout);
     NEED(isfinite(c->comm_timeout) && c->comm_timeout > 0, "comm_timeout", "must be > 0 seconds, got %g",

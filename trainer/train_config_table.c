@@ -25,6 +25,7 @@ NAMES(overlong_name, "skip", "error")
 NAMES(regex_mode_name, "full", "search")
 NAMES(device_name, "auto", "cpu", "cuda")
 NAMES(sync_name, "auto", "nccl", "zmq")
+NAMES(sharding_name, "full_shard", "hybrid_shard")
 static const char *sched_name(int v) { return pick(lr_schedule_names, LR_SCHED_COUNT, v); }
 // GRPO enums: their own name functions answer "?" past the last value.
 static const char *grpo_choice(const char *s) { return (s && strcmp(s, "?") != 0) ? s : NULL; }
@@ -182,6 +183,13 @@ const OptionSpec train_options[] = {
     ALIAS("resume_from_checkpoint", "resume"),
 
     OPT("zero_stage", OPT_INT, zero_stage, G_DIST, "ZeRO stage: 1 (optimizer), 2 (+ gradients), 3 (+ parameters)"),
+    ENUM("sharding_strategy", sharding_strategy, sharding_name, 0, G_DIST, "full_shard: ZeRO state partitioned "
+         "over every rank; hybrid_shard (HSDP): partitioned over each node's ranks, replicated across nodes, so "
+         "forward/backward collectives stay inside the node (sft only)"),
+    OPT("zero_hpz_partition_size", OPT_INT, zero_hpz_partition_size, G_DIST, "ZeRO++ hpZ (zero_stage 3): the "
+        "parameters that forward/backward gather are partitioned over this many ranks, the ranks per node "
+        "(LOCAL_WORLD_SIZE), so those gathers stay inside the node; master, Adam and gradients stay over every "
+        "rank; 1 = off (sft only)"),
     ENUM("device", device, device_name, 0, G_DIST, "compute backend; auto = cuda when a GPU is present"),
     OPT("init_timeout", OPT_F64, init_timeout, G_DIST, "seconds for every rank to join the rendezvous"),
     OPT("comm_timeout", OPT_F64, comm_timeout, G_DIST, "seconds one collective may take before it fails"),
@@ -225,7 +233,7 @@ void train_config_default(TrainConfig *c) {
     c->keep_logits = 1;
     c->optim = strdup("adamw_torch");
     c->logging_steps = 10, c->save_steps = 500, c->save_total_limit = 0;
-    c->zero_stage = 3, c->device = TRAIN_DEVICE_AUTO;
+    c->zero_stage = 3, c->device = TRAIN_DEVICE_AUTO, c->zero_hpz_partition_size = 1;
     c->init_timeout = 300.0, c->comm_timeout = 600.0, c->rollout_timeout = 600.0;
     c->weight_sync_steps = 1, c->weight_sync_transport = WEIGHT_SYNC_AUTO;
 }

@@ -43,19 +43,39 @@ static int open_model(Trainer *t, char *err, size_t err_len) {
     ModelConfig mc;
     if (config_load(&mc, cfg->model, err, err_len) != 0) return -1;
     if (model_init(&t->model, &mc, t->ops, err, err_len) != 0) return -1;
-    if (zero3_create(&t->policy, &t->model, t->dcomm, cfg->zero_stage, err, err_len) != 0) return -1;
+    const int hybrid = cfg->sharding_strategy == SHARDING_HYBRID_SHARD, hpz = cfg->zero_hpz_partition_size > 1;
+    if ((hybrid || hpz) && comm_split_nodes(t->dcomm, &t->node_comm, &t->replica_comm, err, err_len) != 0) return -1;
+    if (hpz && comm_world_size(t->node_comm) != cfg->zero_hpz_partition_size)
+        return err_fail(err, err_len, "zero_hpz_partition_size %d must be the number of ranks per node "
+                        "(LOCAL_WORLD_SIZE %d) in this version", cfg->zero_hpz_partition_size,
+                        comm_world_size(t->node_comm));
+    Comm *shard = hybrid ? t->node_comm : t->dcomm;
+    if (hpz ? zero3_create_hpz(&t->policy, &t->model, t->dcomm, t->node_comm, t->replica_comm, err, err_len)
+            : zero3_create_sharded(&t->policy, &t->model, shard, hybrid ? t->replica_comm : NULL, cfg->zero_stage,
+                                   err, err_len))
+        return -1;
     if (zero3_load(t->policy, cfg->model, err, err_len) != 0) return -1;
     if (cfg->mode == TRAIN_MODE_GRPO && cfg->grpo.beta != 0) {
         // The frozen reference: the same model, sharded the same way, never stepped.
-        if (zero3_create(&t->ref, &t->model, t->dcomm, 3, err, err_len) != 0) return -1;
+        if (zero3_create_sharded(&t->ref, &t->model, shard, hybrid ? t->replica_comm : NULL, 3, err, err_len) != 0)
+            return -1;
         if (zero3_load(t->ref, cfg->model, err, err_len) != 0) return -1;
     }
     Zero3Memory mem;
     zero3_memory(t->policy, &mem);
-    log0(t, "model %s: %s, %zu parameters, %d units; ZeRO-%d over %d rank(s): per rank %.1f MB parameters, %.1f MB "
+    char over[96];
+    if (hybrid)
+        snprintf(over, sizeof over, "%d rank(s) of each node, replicated over %d node(s) (HSDP)",
+                 comm_world_size(shard), zero3_replicas(t->policy));
+    else if (hpz)
+        snprintf(over, sizeof over, "%d rank(s), parameters over the %d of each node (hpZ)", t->world,
+                 comm_world_size(t->node_comm));
+    else
+        snprintf(over, sizeof over, "%d rank(s)", t->world);
+    log0(t, "model %s: %s, %zu parameters, %d units; ZeRO-%d over %s: per rank %.1f MB parameters, %.1f MB "
          "master, %.1f MB Adam, %.1f MB gradients, %.1f MB gathered units, %.1f MB gradient work (arenas: state "
          "%.1f MB, workspace %.1f MB)",
-         cfg->model, mc.arch_name, t->model.layout.n_params, t->model.layout.n_units, cfg->zero_stage, t->world,
+         cfg->model, mc.arch_name, t->model.layout.n_params, t->model.layout.n_units, cfg->zero_stage, over,
          mem.param_shard_bytes / 1e6, mem.master_bytes / 1e6, mem.adam_bytes / 1e6, mem.grad_bytes / 1e6,
          mem.gathered_bytes / 1e6, mem.grad_work_bytes / 1e6, mem.state_arena_bytes / 1e6, mem.work_arena_bytes / 1e6);
     return 0;
@@ -86,7 +106,9 @@ static int prepare_output_dir(Trainer *t, char *err, size_t err_len) {
 // which ranks it still waits for.
 static void print_rendezvous_progress(void *arg, const char *line) {
     (void)arg;
-    fprintf(stderr, "tandem-train: %s (--init-timeout)\n", line);
+    // The waiting lines name the option that bounds the wait; the node map (rank 0, once everyone is in) is news.
+    int waiting = strncmp(line, "node map", 8) != 0;
+    fprintf(stderr, "tandem-train: %s%s\n", line, waiting ? " (--init-timeout)" : "");
 }
 
 // Opens OUTPUT_DIR/name, a JSONL file of one row per logged step ("step" in each), into *f: created, or, resumed,
@@ -155,6 +177,12 @@ int trainer_open(Trainer *t, TrainConfig *cfg, char *err, size_t err_len) {
             return -1;
         }
         comm_set_timeout(t->dcomm, (int)(cfg->comm_timeout * 1000));
+        // The same ranks as the host communicator: its node map (from the rendezvous) is the NCCL one's.
+        int *nodes = malloc((size_t)t->world * sizeof *nodes);
+        if (!nodes) return err_fail(err, err_len, "out of memory for the node map");
+        for (int m = 0; m < t->world; m++) nodes[m] = comm_node(t->comm, m);
+        comm_set_nodes(t->dcomm, nodes);
+        free(nodes);
     }
     t->sync.use_nccl = cfg->weight_sync_transport == WEIGHT_SYNC_NCCL ||
                        (cfg->weight_sync_transport == WEIGHT_SYNC_AUTO && backend == OPS_BACKEND_CUDA &&
@@ -260,6 +288,8 @@ void trainer_close(Trainer *t) {
     zero3_destroy(t->policy);
     if (t->model.ops) model_free(&t->model);
     weight_sync_close(&t->sync);
+    comm_destroy(t->node_comm);
+    comm_destroy(t->replica_comm);
     if (t->dcomm && t->dcomm != t->comm) comm_destroy(t->dcomm);
     rank_watch_destroy(t->rank_watch);
     comm_destroy(t->comm);
@@ -355,6 +385,18 @@ void trainer_log(Trainer *t, json_t *m) {
     if (isatty(STDERR_FILENO)) fputs("\r\033[K", stderr); // the log line replaces the progress bar
     json_object_set_new(m, "step", json_integer(t->progress.step));
     json_object_set_new(m, "elapsed", json_real(trainer_now() - t->t_start));
+    // Several nodes: rank 0's ZeRO traffic (policy and reference, checkpoint gathers included) since the previous
+    // row, split by whether it crossed the node boundary. One node has nothing to split, and its rows stay
+    // comparable across world sizes and resumes.
+    if (t->policy && comm_node_count(t->dcomm) > 1) {
+        CommBytes pb = {0}, rb = {0};
+        zero3_comm_bytes(t->policy, &pb);
+        if (t->ref) zero3_comm_bytes(t->ref, &rb);
+        CommBytes now = {pb.intra_node + rb.intra_node, pb.inter_node + rb.inter_node};
+        json_object_set_new(m, "comm/bytes_intra_node", json_integer((json_int_t)(now.intra_node - t->logged_bytes.intra_node)));
+        json_object_set_new(m, "comm/bytes_inter_node", json_integer((json_int_t)(now.inter_node - t->logged_bytes.inter_node)));
+        t->logged_bytes = now;
+    }
     char *line = json_dumps(m, JSON_COMPACT | JSON_REAL_PRECISION(7));
     if (line && t->metrics) {
         fprintf(t->metrics, "%s\n", line);

@@ -31,6 +31,9 @@ typedef struct Trainer {
     Comm *dcomm;                // the ZeRO state's collectives on backend memory: NCCL for several CUDA ranks,
                                 // else the same communicator as comm
     struct RankWatch *rank_watch; // the other ranks' liveness for dcomm when it is NCCL (trainer/rank_watch.h)
+    Comm *node_comm, *replica_comm; // sharding_strategy hybrid_shard: dcomm split into this node's ranks and the
+                                    // ranks with this LOCAL_RANK across nodes (comm_split_nodes); else NULL
+    CommBytes logged_bytes;     // the ZeRO engines' byte counters at the last metrics row (trainer_log)
     WeightSync sync;            // the weight push to the rollout servers
     OpsCtx *ops;
     Model model;

@@ -31,9 +31,11 @@ typedef struct {
 
 typedef struct {
     float *buf;            // (numel) fp32: the full-unit gradient while backward accumulates into it
-    float *reduced;        // (numel / world) fp32: this rank's reduce-scattered slice
+    float *reduced;        // (numel / pworld) fp32: this rank's slice reduce-scattered over pc
+    float *cross;          // hpZ: (numel / world) fp32: `reduced` reduce-scattered over xc, this rank's global slice
     int unit;              // open for this unit, or -1
     int pending;           // unit whose reduce-scatter was queued but not yet added, or -1
+    int cross_pending;     // hpZ: unit whose reduce-scatter across nodes (reduced -> cross) is queued, or -1
 } GradWork;
 
 typedef struct {
@@ -45,7 +47,16 @@ typedef struct {
 
 struct Zero3 {
     Model *m;
-    Comm *c;
+    Comm *c;                       // the ranks the state is partitioned over (all of them, or one node's: HSDP)
+    Comm *rc;                      // HSDP: the replicas of this rank's slices (one rank per node); NULL: none
+    // The stage-3 parameters the model gathers: partitioned over pc (pworld ranks, this one prank) in slices of
+    // pshard. Flat and HSDP: pc = c, slices as the rest of the state. hpZ: pc = this node's ranks (the secondary
+    // copy, pshard = padded / G), and xc = the ranks with this LOCAL_RANK on every node (M of them, this one xrank),
+    // over which a node-local slice is cut into the M global slices of the master, Adam and gradient state.
+    Comm *pc, *xc;
+    int pworld, prank, xrank, owner;  // owner: the index of this rank's global slice (hpZ: prank * M + xrank)
+    size_t *pshard;
+    CommBytes bytes;               // sent by the collectives issued here (zero3_comm_bytes)
     OpsCtx *o;
     int stage, rank, world, n_units;
     int overlap;                   // 0: TANDEM_ZERO3_OVERLAP=0, communication serialised with compute
@@ -80,7 +91,7 @@ static int pool_of(const Zero3 *z, int u) {
     return u == 0 ? POOL_EMBED : u == z->n_units - 1 ? POOL_FINAL : POOL_LAYER;
 }
 // With one rank the slice is the whole padded unit: parameters and gradients are used in place, no slots.
-static int uses_param_slots(const Zero3 *z) { return z->stage == 3 && z->world > 1; }
+static int uses_param_slots(const Zero3 *z) { return z->stage == 3 && z->pworld > 1; }
 static int uses_grad_work(const Zero3 *z) { return z->stage != 1 && z->world > 1; }
 
 static CommDtype storage_dtype(const Zero3 *z) { return ops_dtype_size(z->o) == 2 ? COMM_BF16 : COMM_F32; }
@@ -89,28 +100,50 @@ static size_t es(const Zero3 *z) { return ops_dtype_size(z->o); }
 // Collectives over backend memory. With one rank there is nobody to talk to: the gather is a device-side copy
 // (or nothing, in place) and the all-reduce the identity (and one rank never reduce-scatters: backward
 // accumulates straight into its slice), so a single GPU needs no collective backend at all.
-static int gather(Zero3 *z, void *recv, const void *send, size_t count, CommDtype dtype) {
-    if (z->world == 1) {
+// Every call below adds what it sent to z->bytes (comm_bytes before and after), so that the trainer can report the
+// ZeRO traffic alone, even over a communicator that also carries other collectives.
+static int tally(Zero3 *z, Comm *c, CommBytes before, int rc) {
+    CommBytes now;
+    comm_bytes(c, &now);
+    z->bytes.intra_node += now.intra_node - before.intra_node;
+    z->bytes.inter_node += now.inter_node - before.inter_node;
+    return rc;
+}
+static int gather_on(Zero3 *z, Comm *c, void *recv, const void *send, size_t count, CommDtype dtype) {
+    if (comm_world_size(c) == 1) {
         if (recv != send) ops_copy(z->o, recv, send, count * comm_dtype_size(dtype));
         return 0;
     }
-    return comm_all_gather(z->c, recv, send, count, dtype);
+    CommBytes b;
+    comm_bytes(c, &b);
+    return tally(z, c, b, comm_all_gather(c, recv, send, count, dtype));
 }
-static int reduce_scatter(Zero3 *z, void *recv, const void *send, size_t count, CommDtype dtype) {
-    return comm_reduce_scatter(z->c, recv, send, count, dtype, COMM_SUM);
+static int gather(Zero3 *z, void *recv, const void *send, size_t count, CommDtype dtype) {
+    return gather_on(z, z->c, recv, send, count, dtype);
 }
-static int all_reduce(Zero3 *z, void *buf, size_t count, CommDtype dtype) {
-    return z->world == 1 ? 0 : comm_all_reduce(z->c, buf, count, dtype, COMM_SUM);
+static int reduce_scatter_on(Zero3 *z, Comm *c, void *recv, const void *send, size_t count, CommDtype dtype) {
+    CommBytes b;
+    comm_bytes(c, &b);
+    return tally(z, c, b, comm_reduce_scatter(c, recv, send, count, dtype, COMM_SUM));
 }
+static int all_reduce_on(Zero3 *z, Comm *c, void *buf, size_t count, CommDtype dtype) {
+    if (!c || comm_world_size(c) == 1) return 0;
+    CommBytes b;
+    comm_bytes(c, &b);
+    return tally(z, c, b, comm_all_reduce(c, buf, count, dtype, COMM_SUM));
+}
+static int all_reduce(Zero3 *z, void *buf, size_t count, CommDtype dtype) { return all_reduce_on(z, z->c, buf, count, dtype); }
+static int replicated(const Zero3 *z) { return z->rc && comm_world_size(z->rc) > 1; }
 
-size_t zero3_shard_offset(const Zero3 *z, int unit) { return (size_t)z->rank * z->shard[unit]; }
+size_t zero3_shard_offset(const Zero3 *z, int unit) { return (size_t)z->owner * z->shard[unit]; }
 size_t zero3_shard_count(const Zero3 *z, int unit) { return z->shard[unit]; }
 int zero3_stage(const Zero3 *z) { return z->stage; }
 float *zero3_master_shard(Zero3 *z, int unit) { return z->master[unit]; }
 float *zero3_adam_m_shard(Zero3 *z, int unit) { return z->adam_m[unit]; }
 float *zero3_adam_v_shard(Zero3 *z, int unit) { return z->adam_v[unit]; }
 const void *zero3_param_shard(Zero3 *z, int unit) {
-    return z->stage == 3 ? z->param_shard[unit] : (const char *)z->full[unit] + zero3_shard_offset(z, unit) * es(z);
+    if (z->stage != 3) return (const char *)z->full[unit] + zero3_shard_offset(z, unit) * es(z);
+    return (const char *)z->param_shard[unit] + (size_t)z->xrank * z->shard[unit] * es(z);
 }
 
 // This rank's gradient slice of a unit (stage 1 keeps full gradients and slices them).
@@ -126,7 +159,29 @@ static int overlap_from_env(void) {
     return strcmp(v, "0") == 0 ? 0 : -1;
 }
 
+static int create(Zero3 **out, Model *m, Comm *c, Comm *replicas, Comm *node, Comm *cross, int stage, char *err,
+                  size_t err_len);
+
 int zero3_create(Zero3 **out, Model *m, Comm *c, int stage, char *err, size_t err_len) {
+    return create(out, m, c, NULL, NULL, NULL, stage, err, err_len);
+}
+
+int zero3_create_sharded(Zero3 **out, Model *m, Comm *shard, Comm *replicas, int stage, char *err, size_t err_len) {
+    return create(out, m, shard, replicas, NULL, NULL, stage, err, err_len);
+}
+
+int zero3_create_hpz(Zero3 **out, Model *m, Comm *all, Comm *node, Comm *cross, char *err, size_t err_len) {
+    *out = NULL;
+    if (!node || !cross || comm_world_size(node) * comm_world_size(cross) != comm_world_size(all)) {
+        snprintf(err, err_len, "ZeRO hpZ: %d ranks per node x %d nodes is not the %d ranks", comm_world_size(node),
+                 comm_world_size(cross), comm_world_size(all));
+        return -1;
+    }
+    return create(out, m, all, NULL, node, cross, 3, err, err_len);
+}
+
+static int create(Zero3 **out, Model *m, Comm *c, Comm *replicas, Comm *node, Comm *cross, int stage, char *err,
+                  size_t err_len) {
     *out = NULL;
     if (stage < 1 || stage > 3) {
         snprintf(err, err_len, "--zero-stage must be 1, 2 or 3 (got %d)", stage);
@@ -149,13 +204,21 @@ int zero3_create(Zero3 **out, Model *m, Comm *c, int stage, char *err, size_t er
     z->overlap = overlap;
     z->m = m;
     z->c = c;
+    z->rc = replicas;
     z->o = m->ops;
     z->stage = stage;
     z->rank = comm_rank(c);
     z->world = comm_world_size(c);
+    z->pc = node ? node : c;
+    z->xc = cross;
+    z->pworld = comm_world_size(z->pc);
+    z->prank = comm_rank(z->pc);
+    z->xrank = cross ? comm_rank(cross) : 0;
+    z->owner = cross ? z->prank * comm_world_size(cross) + z->xrank : z->rank;
     int U = z->n_units = m->layout.n_units;
     z->padded = calloc(U, sizeof(size_t));
     z->shard = calloc(U, sizeof(size_t));
+    z->pshard = calloc(U, sizeof(size_t));
     z->master = calloc(U, sizeof(float *));
     z->adam_m = calloc(U, sizeof(float *));
     z->adam_v = calloc(U, sizeof(float *));
@@ -163,12 +226,13 @@ int zero3_create(Zero3 **out, Model *m, Comm *c, int stage, char *err, size_t er
     z->param_shard = calloc(U, sizeof(void *));
     z->full = calloc(U, sizeof(void *));
     z->full_grad = calloc(U, sizeof(float *));
-    if (!z->padded || !z->shard || !z->master || !z->adam_m || !z->adam_v || !z->grad_shard || !z->param_shard ||
+    if (!z->padded || !z->shard || !z->pshard || !z->master || !z->adam_m || !z->adam_v || !z->grad_shard || !z->param_shard ||
         !z->full || !z->full_grad)
         goto oom;
     for (int u = 0; u < U; u++) {
         z->padded[u] = layout_padded_unit_numel(&m->layout, u, z->world);
         z->shard[u] = z->padded[u] / z->world;
+        z->pshard[u] = z->padded[u] / z->pworld;
         if (z->padded[u] > z->max_padded) z->max_padded = z->padded[u];
         if (z->shard[u] > z->max_shard) z->max_shard = z->shard[u];
         Pool *pl = &z->pool[pool_of(z, u)];
@@ -184,18 +248,19 @@ int zero3_create(Zero3 **out, Model *m, Comm *c, int stage, char *err, size_t er
             z->adam_v[u] = carve(&st, z->shard[u] * 4);
             if (stage == 1) z->full_grad[u] = carve(&st, z->padded[u] * 4);
             else z->grad_shard[u] = carve(&st, z->shard[u] * 4);
-            if (stage == 3) z->param_shard[u] = carve(&st, z->shard[u] * es(z));
+            if (stage == 3) z->param_shard[u] = carve(&st, z->pshard[u] * es(z));
             else z->full[u] = carve(&st, z->padded[u] * es(z));
         }
         for (int k = 0; k < N_POOLS; k++) {
             Pool *pl = &z->pool[k];
             for (int i = 0; i < pl->n; i++) {
                 pl->slot[i].unit = -1;
-                pl->work[i].unit = pl->work[i].pending = -1;
+                pl->work[i].unit = pl->work[i].pending = pl->work[i].cross_pending = -1;
                 if (uses_param_slots(z)) pl->slot[i].buf = carve(&wk, pl->numel * es(z));
                 if (uses_grad_work(z)) {
                     pl->work[i].buf = carve(&wk, pl->numel * 4);
-                    pl->work[i].reduced = carve(&wk, pl->numel / z->world * 4);
+                    pl->work[i].reduced = carve(&wk, pl->numel / z->pworld * 4);
+                    if (z->xc) pl->work[i].cross = carve(&wk, pl->numel / z->world * 4);
                 }
             }
         }
@@ -221,6 +286,7 @@ void zero3_destroy(Zero3 *z) {
     ops_free(z->o, z->work_block);
     free(z->padded);
     free(z->shard);
+    free(z->pshard);
     free(z->master);
     free(z->adam_m);
     free(z->adam_v);
@@ -231,13 +297,22 @@ void zero3_destroy(Zero3 *z) {
     free(z);
 }
 
+int zero3_replicas(const Zero3 *z) { return z->rc ? comm_world_size(z->rc) : 1; }
+// On one node HSDP and hpZ cut exactly as flat ZeRO does (no replicas; global slice = rank), so they say so.
+void zero3_slicing(const Zero3 *z, char *out, size_t len) {
+    if (z->xc && comm_world_size(z->xc) > 1) snprintf(out, len, "hpz:%d", z->pworld);
+    else if (replicated(z)) snprintf(out, len, "hybrid_shard:%d", z->world);
+    else snprintf(out, len, "full_shard");
+}
+void zero3_comm_bytes(const Zero3 *z, CommBytes *out) { *out = z->bytes; }
+
 void zero3_memory(const Zero3 *z, Zero3Memory *mem) {
     memset(mem, 0, sizeof *mem);
     for (int u = 0; u < z->n_units; u++) {
         mem->master_bytes += z->shard[u] * 4;
         mem->adam_bytes += 2 * z->shard[u] * 4;
         mem->grad_bytes += (z->stage == 1 ? z->padded[u] : z->shard[u]) * 4;
-        if (z->stage == 3) mem->param_shard_bytes += z->shard[u] * es(z);
+        if (z->stage == 3) mem->param_shard_bytes += z->pshard[u] * es(z);
         else mem->gathered_bytes += z->padded[u] * es(z);
     }
     mem->state_arena_bytes = z->state_bytes;
@@ -246,7 +321,8 @@ void zero3_memory(const Zero3 *z, Zero3Memory *mem) {
     for (int k = 0; k < N_POOLS; k++) {
         const Pool *pl = &z->pool[k];
         if (uses_param_slots(z)) mem->gathered_bytes += pl->n * pl->numel * es(z);
-        if (uses_grad_work(z)) mem->grad_work_bytes += pl->n * (pl->numel + pl->numel / z->world) * 4;
+        if (uses_grad_work(z))
+            mem->grad_work_bytes += pl->n * (pl->numel + pl->numel / z->pworld + (z->xc ? pl->numel / z->world : 0)) * 4;
     }
 }
 
@@ -254,7 +330,7 @@ void zero3_memory(const Zero3 *z, Zero3Memory *mem) {
 static void place_unit(Zero3 *z, int u, const float *host) {
     size_t off = zero3_shard_offset(z, u), n = z->shard[u];
     ops_copy_to_device(z->o, z->master[u], host + off, n * 4);
-    if (z->stage == 3) ops_upload_f32(z->o, z->param_shard[u], host + off, n);
+    if (z->stage == 3) ops_upload_f32(z->o, z->param_shard[u], host + (size_t)z->prank * z->pshard[u], z->pshard[u]);
     else ops_upload_f32(z->o, z->full[u], host, z->padded[u]);
     ops_memset_zero(z->o, z->adam_m[u], n * 4);
     ops_memset_zero(z->o, z->adam_v[u], n * 4);
@@ -321,7 +397,10 @@ void zero3_zero_grad(Zero3 *z) {
         else ops_memset_zero(z->o, z->grad_shard[u], z->shard[u] * 4);
     }
     for (int k = 0; k < N_POOLS; k++)
-        for (int s = 0; s < z->pool[k].n; s++) z->pool[k].work[s].unit = z->pool[k].work[s].pending = -1;
+        for (int s = 0; s < z->pool[k].n; s++) {
+            GradWork *w = &z->pool[k].work[s];
+            w->unit = w->pending = w->cross_pending = -1;
+        }
 }
 
 static int comm_failed(Zero3 *z, const char *what, int unit) {
@@ -357,8 +436,8 @@ static int gather_into_slot(Zero3 *z, int u, int ok_if_busy) {
                       pl->n, u);
         return -2;
     }
-    comm_wait_compute(z->c);
-    if (gather(z, pl->slot[pick].buf, z->param_shard[u], z->shard[u], storage_dtype(z)) != 0) {
+    comm_wait_compute(z->pc);
+    if (gather_on(z, z->pc, pl->slot[pick].buf, z->param_shard[u], z->pshard[u], storage_dtype(z)) != 0) {
         comm_failed(z, "all-gather", u);
         return -2;
     }
@@ -375,7 +454,7 @@ static const void *src_acquire(void *user, int u) {
     int s = slot_of(pl, u);
     if (s < 0 && (s = gather_into_slot(z, u, 0)) < 0) return NULL;
     // Compute that reads the slot waits for its gather (issued now or by an earlier prefetch).
-    comm_compute_wait(z->c);
+    comm_compute_wait(z->pc);
     pl->slot[s].refs++;
     pl->slot[s].tick = ++z->tick;
     return pl->slot[s].buf;
@@ -396,17 +475,45 @@ static void src_release(void *user, int u) {
     if (s >= 0 && pl->slot[s].refs > 0) pl->slot[s].refs--;
 }
 
-// Adds a finished reduce-scatter to this rank's gradient slice, once the compute stream has waited for it.
+// hpZ: adds a finished reduce-scatter across nodes to this rank's gradient slice, once the compute stream has
+// waited for it; from then on `reduced` and `cross` are free again.
+static void finish_cross(Zero3 *z, GradWork *w) {
+    if (w->cross_pending < 0) return;
+    const int u = w->cross_pending;
+    w->cross_pending = -1;
+    comm_compute_wait(z->xc);
+    ops_add_f32(z->o, z->grad_shard[u], w->cross, z->shard[u]);
+}
+
+// Once the compute stream has waited for a finished reduce-scatter over pc: adds it to this rank's gradient slice,
+// or (hpZ: it is the node-local slice) queues the reduce-scatter across nodes that cuts it down to this rank's
+// global slice. That one is added by finish_cross when `reduced` is needed again (the buffer's next unit's
+// reduce-scatter, after that unit's backward) or at the optimizer step, so it overlaps that backward. Issued after
+// the compute stream has waited for the first, since two communicators are not ordered otherwise.
 static void finish_reduce(Zero3 *z, GradWork *w) {
     if (w->pending < 0) return;
-    comm_compute_wait(z->c);
-    ops_add_f32(z->o, z->grad_shard[w->pending], w->reduced, z->shard[w->pending]);
+    const int u = w->pending;
     w->pending = -1;
+    comm_compute_wait(z->pc);
+    if (!z->xc) {
+        ops_add_f32(z->o, z->grad_shard[u], w->reduced, z->shard[u]);
+        return;
+    }
+    finish_cross(z, w);   // an earlier unit's, if any, still writes `cross`
+    comm_wait_compute(z->xc);
+    if (reduce_scatter_on(z, z->xc, w->cross, w->reduced, z->shard[u], COMM_F32) != 0) {
+        comm_failed(z, "reduce-scatter across nodes", u);
+        return;
+    }
+    w->cross_pending = u;
 }
 
 static void finish_all_reduces(Zero3 *z) {
     for (int k = 0; k < N_POOLS; k++)
-        for (int s = 0; s < z->pool[k].n; s++) finish_reduce(z, &z->pool[k].work[s]);
+        for (int s = 0; s < z->pool[k].n; s++) {
+            finish_reduce(z, &z->pool[k].work[s]);
+            finish_cross(z, &z->pool[k].work[s]);
+        }
 }
 
 static float *src_grad(void *user, int u) {
@@ -442,14 +549,18 @@ static void src_grad_done(void *user, int u) {
     for (int s = 0; s < pl->n; s++) {
         GradWork *w = &pl->work[s];
         if (w->unit != u) continue;
-        comm_wait_compute(z->c);   // after the backward that wrote buf and any add that read `reduced`
-        if (reduce_scatter(z, w->reduced, w->buf, z->shard[u], COMM_F32) != 0) {
+        finish_cross(z, w);          // hpZ: the reduce-scatter across nodes of the buffer's last unit reads `reduced`
+        comm_wait_compute(z->pc);   // after the backward that wrote buf and any add that read `reduced`
+        if (reduce_scatter_on(z, z->pc, w->reduced, w->buf, z->pshard[u], COMM_F32) != 0) {
             comm_failed(z, "reduce-scatter", u);
             return;
         }
         w->unit = -1;
         w->pending = u;
-        if (!z->overlap) finish_reduce(z, w);
+        if (!z->overlap) {
+            finish_reduce(z, w);
+            finish_cross(z, w);
+        }
         return;
     }
 }
@@ -460,6 +571,21 @@ UnitSource zero3_source(Zero3 *z) {
 }
 
 // ---- optimizer step -----------------------------------------------------------------------------
+
+// hpZ: every rank wrote the new parameters of its global slice into its place in the node-local slice
+// (zero3_param_shard); one all-gather per unit across nodes (in place) completes the node-local slices, once per
+// optimizer step. Others: nothing to do.
+static int refresh_secondary(Zero3 *z, char *err, size_t err_len) {
+    if (!z->xc) return 0;
+    comm_wait_compute(z->xc);
+    for (int u = 0; u < z->n_units; u++)
+        if (gather_on(z, z->xc, z->param_shard[u], zero3_param_shard(z, u), z->shard[u], storage_dtype(z)) != 0) {
+            snprintf(err, err_len, "all-gather of unit %d's parameters across nodes failed: %s", u, comm_error(z->xc));
+            return -1;
+        }
+    comm_compute_wait(z->xc);
+    return 0;
+}
 
 int zero3_step(Zero3 *z, const AdamWParams *p, float lr, int step, float *grad_norm, char *err, size_t err_len) {
     OpsCtx *o = z->o;
@@ -473,7 +599,20 @@ int zero3_step(Zero3 *z, const AdamWParams *p, float lr, int step, float *grad_n
             }
         comm_compute_wait(z->c);
     }
-    // Global gradient norm: each rank sums the squares of its slices, then one all-reduce.
+    // HSDP: the slices are sums over this node's ranks; one all-reduce per unit across the replicas (one rank per
+    // node) makes them sums over every rank. Once per optimizer step, whatever the gradient accumulation.
+    if (replicated(z)) {
+        comm_wait_compute(z->rc);
+        for (int u = 0; u < z->n_units; u++)
+            if (all_reduce_on(z, z->rc, z->stage == 1 ? (void *)z->full_grad[u] : (void *)z->grad_shard[u],
+                              z->stage == 1 ? z->padded[u] : z->shard[u], COMM_F32) != 0) {
+                snprintf(err, err_len, "all-reduce of unit %d's gradient across nodes failed: %s", u, comm_error(z->rc));
+                return -1;
+            }
+        comm_compute_wait(z->rc);
+    }
+    // Global gradient norm: each rank sums the squares of its slices, then one all-reduce (over the ranks that
+    // partition the state: replicas hold the same slices).
     ops_memset_zero(o, z->sumsq, 4);
     for (int u = 0; u < z->n_units; u++) ops_sum_squares(o, z->sumsq, grad_slice(z, u), z->shard[u]);
     comm_wait_compute(z->c);
@@ -493,11 +632,11 @@ int zero3_step(Zero3 *z, const AdamWParams *p, float lr, int step, float *grad_n
         scale = coef < 1.0f ? coef : 1.0f;
     }
     for (int u = 0; u < z->n_units; u++) {
-        size_t off = zero3_shard_offset(z, u);
-        void *param_out = z->stage == 3 ? z->param_shard[u] : (char *)z->full[u] + off * es(z);
+        void *param_out = (void *)zero3_param_shard(z, u);
         ops_adamw_step(o, z->master[u], z->adam_m[u], z->adam_v[u], grad_slice(z, u), param_out, z->shard[u], lr,
                        p->beta1, p->beta2, p->eps, p->weight_decay, step, scale);
     }
+    if (refresh_secondary(z, err, err_len) != 0) return -1;
     if (z->stage != 3) {
         comm_wait_compute(z->c);
         for (int u = 0; u < z->n_units; u++) {
@@ -540,7 +679,7 @@ int zero3_republish(Zero3 *z, char *err, size_t err_len) {
         size_t n = z->shard[u];
         ops_copy_to_host(z->o, host, z->master[u], n * 4);
         if (z->stage == 3) {
-            ops_upload_f32(z->o, z->param_shard[u], host, n);
+            ops_upload_f32(z->o, (void *)zero3_param_shard(z, u), host, n);
             continue;
         }
         char *full = z->full[u];
@@ -554,6 +693,7 @@ int zero3_republish(Zero3 *z, char *err, size_t err_len) {
         comm_compute_wait(z->c);
     }
     free(host);
+    if (refresh_secondary(z, err, err_len) != 0) return -1;
     invalidate_slots(z);
     ops_synchronize(z->o);
     if (ops_status(z->o)) {

@@ -9,6 +9,10 @@
 // Stage 1: full parameters and full gradients resident; gradients all-reduced after backward.
 // In every stage the optimizer updates only the local slice and the new parameters are all-gathered (1, 2) or
 // stay sharded (3). The model reaches all of this through zero3_source() — a UnitSource.
+// HSDP (zero3_create_sharded with a replica communicator; PyTorch FSDP's HYBRID_SHARD): "the ranks" above are one
+// node's ranks, so every collective of forward and backward stays inside the node; each node holds a full replica,
+// and once per optimizer step the gradient slices are all-reduced across nodes (one rank per node, the ranks with
+// the same slice) before the norm and AdamW, so every replica takes the same step.
 #ifndef TANDEM_TRAINER_ZERO3_H
 #define TANDEM_TRAINER_ZERO3_H
 
@@ -34,6 +38,27 @@ typedef struct Zero3 Zero3;
 
 // Allocates this rank's state for model m (its config/layout/ops) over communicator c.
 int zero3_create(Zero3 **out, Model *m, Comm *c, int stage, char *err, size_t err_len);
+// The state partitioned over `shard` (HSDP: this node's ranks, comm_split_nodes' intra) and replicated over
+// `replicas` (the ranks holding the same slices: comm_split_nodes' inter; NULL = none, as zero3_create). Both must
+// outlive the engine. Rank r of `shard` owns slice r (zero3_shard_offset).
+int zero3_create_sharded(Zero3 **out, Model *m, Comm *shard, Comm *replicas, int stage, char *err, size_t err_len);
+// hpZ (DeepSpeed ZeRO++'s hierarchical partitioning), stage 3: the fp32 master, Adam moments and gradient slices
+// partitioned over all ranks (as zero3_create over `all`), the storage-dtype parameters that forward and backward
+// gather partitioned over `node` only (a secondary copy: padded / G per rank), so those all-gathers stay inside the
+// node. Gradients: reduce-scatter over `node`, then over `cross` (the ranks with this LOCAL_RANK, ranked by node)
+// down to the global slice; after the optimizer step one all-gather over `cross` refreshes the secondary copy.
+// node and cross: comm_split_nodes(all). This rank's global slice is number local_rank x nodes + node
+// (zero3_shard_offset).
+int zero3_create_hpz(Zero3 **out, Model *m, Comm *all, Comm *node, Comm *cross, char *err, size_t err_len);
+// How the slices are cut, recorded in checkpoints because a rank's slices are only meaningful under the same cut
+// (hpZ's rank r does not own flat ZeRO's slice r, with the same slice sizes): "full_shard", "hybrid_shard:G" or
+// "hpz:G" (G = ranks per node); on one node all three cut alike and say "full_shard".
+void zero3_slicing(const Zero3 *z, char *out, size_t len);
+// Replicas of this rank's state (1 unless HSDP).
+int zero3_replicas(const Zero3 *z);
+// Bytes this rank sent in the collectives of this engine, split by whether the receiver is on its node (comm.h
+// comm_bytes), since it was created.
+void zero3_comm_bytes(const Zero3 *z, CommBytes *out);
 void zero3_destroy(Zero3 *z);
 // Loads an HF folder: every rank reads each unit and keeps its slice (fp32 master + parameters).
 int zero3_load(Zero3 *z, const char *model_dir, char *err, size_t err_len);

@@ -83,6 +83,64 @@ static int env_int(const char *name, int def, int lo, int hi, int *out, int *pre
     return 0;
 }
 
+// One value under two names (ours and torchrun's): both set and different is a contradiction.
+static int env_int_either(const char *a, const char *b, int lo, int hi, int *out, const char **which, char *err,
+                          size_t len) {
+    int va = -1, vb = -1, has_a = 0, has_b = 0;
+    if (env_int(a, -1, lo, hi, &va, &has_a, err, len) || env_int(b, -1, lo, hi, &vb, &has_b, err, len))
+        return COMM_ERR_INVALID;
+    if (has_a && has_b && va != vb)
+        return err_fail_code(COMM_ERR_INVALID, err, len, "environment variables %s=%d and %s=%d disagree", a, va, b, vb);
+    *out = has_a ? va : has_b ? vb : -1;
+    *which = has_a ? a : has_b ? b : NULL;
+    return 0;
+}
+
+// The node part of the launch contract (comm.h, comm_init_from_env), after RANK, WORLD_SIZE and LOCAL_RANK.
+static int node_from_env(CommInit *ci, int has_local, char *err, size_t len) {
+    int lws, has_lws, nnodes, node;
+    const char *nn_name, *node_name;
+    if (env_int("LOCAL_WORLD_SIZE", -1, 1, 1 << 20, &lws, &has_lws, err, len) ||
+        env_int_either("NNODES", "GROUP_WORLD_SIZE", 1, 1 << 20, &nnodes, &nn_name, err, len) ||
+        env_int_either("NODE_RANK", "GROUP_RANK", 0, (1 << 20) - 1, &node, &node_name, err, len))
+        return COMM_ERR_INVALID;
+    const int world = ci->world_size;
+    if (!has_lws && !nn_name) {
+        lws = world, nnodes = 1;
+    } else if (!has_lws) {
+        if (world % nnodes)
+            return err_fail_code(COMM_ERR_INVALID, err, len, "WORLD_SIZE %d is not a multiple of %s=%d (and "
+                                 "LOCAL_WORLD_SIZE is not set)", world, nn_name, nnodes);
+        lws = world / nnodes;
+    } else if (!nn_name) {
+        if (world % lws)
+            return err_fail_code(COMM_ERR_INVALID, err, len, "WORLD_SIZE %d is not a multiple of LOCAL_WORLD_SIZE=%d "
+                                 "(and NNODES is not set)", world, lws);
+        nnodes = world / lws;
+    } else if (nnodes * lws != world) {
+        return err_fail_code(COMM_ERR_INVALID, err, len, "WORLD_SIZE %d is not %s=%d x LOCAL_WORLD_SIZE=%d", world,
+                             nn_name, nnodes, lws);
+    }
+    if (!has_local) ci->local_rank = ci->rank % lws;
+    if (ci->local_rank >= lws)
+        return err_fail_code(COMM_ERR_INVALID, err, len, "LOCAL_RANK %d is outside LOCAL_WORLD_SIZE %d%s",
+                             ci->local_rank, lws, has_lws ? "" : " (LOCAL_WORLD_SIZE is not set: WORLD_SIZE / nodes)");
+    if (!node_name) node = ci->rank / lws;
+    if (node >= nnodes)
+        return err_fail_code(COMM_ERR_INVALID, err, len, "%s=%d is outside %d node%s%s", node_name, node, nnodes,
+                             nnodes > 1 ? "s" : "", nn_name ? "" : " (NNODES is not set: WORLD_SIZE / LOCAL_WORLD_SIZE)");
+    if (ci->rank != node * lws + ci->local_rank && !has_lws && !nn_name && !node_name)
+        return err_fail_code(COMM_ERR_INVALID, err, len, "LOCAL_RANK %d with RANK %d means several nodes, but none of "
+                             "LOCAL_WORLD_SIZE, NNODES, NODE_RANK is set: set LOCAL_WORLD_SIZE (ranks per node) as "
+                             "torchrun and tandem-train launch do", ci->local_rank, ci->rank);
+    if (ci->rank != node * lws + ci->local_rank)
+        return err_fail_code(COMM_ERR_INVALID, err, len, "RANK %d is not %s=%d x LOCAL_WORLD_SIZE=%d + LOCAL_RANK=%d "
+                             "(ranks are numbered node by node)", ci->rank, node_name ? node_name : "node", node, lws,
+                             ci->local_rank);
+    ci->node = node, ci->nnodes = nnodes, ci->local_world_size = lws;
+    return 0;
+}
+
 int comm_init_from_env(CommInit *ci, int timeout_ms, char *err, size_t err_len) {
     if (!ci) return err_fail_code(COMM_ERR_INVALID, err, err_len, "comm_init_from_env: ci is NULL");
     memset(ci, 0, sizeof *ci);
@@ -110,7 +168,7 @@ int comm_init_from_env(CommInit *ci, int timeout_ms, char *err, size_t err_len) 
             return err_fail_code(COMM_ERR_INVALID, err, err_len, "environment variable MASTER_ADDR='%s' is not a host name or IP address",
                            addr);
     snprintf(ci->master_addr, sizeof ci->master_addr, "%s", addr);
-    return 0;
+    return node_from_env(ci, has_local, err, err_len);
 }
 
 // The backend is known, compiled in, and (nccl) has a CUDA compute context to work beside.
@@ -138,7 +196,21 @@ static Comm *new_comm(CommBackend backend, int rank, int world, int timeout_ms, 
     c->world = world;
     c->timeout_ms = timeout_ms;
     c->ops = ops;
+    c->node = malloc((size_t)world * sizeof *c->node);
+    if (!c->node) {
+        free(c);
+        err_fail_code(COMM_ERR_INVALID, err, err_len, "comm: out of memory");
+        return NULL;
+    }
+    // Until told otherwise (comm_create: the launch contract; comm_set_nodes), every member is a node of its own.
+    for (int m = 0; m < world; m++) c->node[m] = m;
+    c->nnodes = world;
     return c;
+}
+
+static void free_comm(Comm *c) {
+    free(c->node);
+    free(c);
 }
 
 int comm_create(Comm **out, CommBackend backend, const CommInit *ci, OpsCtx *ops, char *err, size_t err_len) {
@@ -160,9 +232,18 @@ int comm_create(Comm **out, CommBackend backend, const CommInit *ci, OpsCtx *ops
     if (rc) return rc;
     Comm *c = new_comm(backend, ci->rank, ci->world_size, ci->timeout_ms, ops, err, err_len);
     if (!c) return COMM_ERR_SYSTEM;
+    // The rendezvous holds every rank to this layout (rendezvous.h), so each rank can compute the whole map.
+    int lws = ci->nnodes > 0 ? ci->local_world_size : ci->world_size;
+    if (lws < 1 || ci->world_size % lws || (ci->nnodes > 0 && ci->nnodes != ci->world_size / lws)) {
+        free_comm(c);
+        return err_fail_code(COMM_ERR_INVALID, err, err_len, "comm_create: %d nodes x local_world_size %d is not "
+                             "world_size %d", ci->nnodes, ci->local_world_size, ci->world_size);
+    }
+    for (int m = 0; m < c->world; m++) c->node[m] = m / lws;
+    c->nnodes = c->world / lws;
     rc = BACKEND(c, comm_nccl_create(c, ci, NULL, NULL, err, err_len), comm_host_create(c, ci, err, err_len));
     if (rc != 0) {
-        free(c);
+        free_comm(c);
         return rc;
     }
     *out = c;
@@ -195,7 +276,7 @@ int comm_create_with_id_watched(Comm **out, CommBackend backend, const uint8_t i
     if (!c) return COMM_ERR_SYSTEM;
     rc = BACKEND(c, comm_nccl_create(c, NULL, id, watch, err, err_len), COMM_ERR_UNSUPPORTED);
     if (rc != 0) {
-        free(c);
+        free_comm(c);
         return rc;
     }
     *out = c;
@@ -228,13 +309,13 @@ int comm_backend_available(CommBackend backend) {
 void comm_destroy(Comm *c) {
     if (!c) return;
     BACKEND_DO(c, comm_nccl_destroy(c), comm_host_destroy(c));
-    free(c);
+    free_comm(c);
 }
 
 void comm_destroy_now(Comm *c) {
     if (!c) return;
     BACKEND_DO(c, comm_nccl_destroy_now(c), comm_host_destroy(c));
-    free(c);
+    free_comm(c);
 }
 
 int comm_set_timeout(Comm *c, int timeout_ms) {
@@ -288,6 +369,17 @@ static int overlaps(const void *a, size_t na, const void *b, size_t nb) {
     return x < y + nb && y < x + na;
 }
 
+// comm_bytes: `bytes` sent to every other member (peer < 0) or to one.
+static int count_sent(Comm *c, int rc, size_t bytes, int peer) {
+    if (rc != 0) return rc;
+    for (int m = 0; m < c->world; m++) {
+        if (m == c->rank || (peer >= 0 && m != peer)) continue;
+        if (c->node[m] == c->node[c->rank]) c->bytes.intra_node += bytes;
+        else c->bytes.inter_node += bytes;
+    }
+    return 0;
+}
+
 int comm_all_gather(Comm *c, void *recv, const void *send, size_t count, CommDtype dtype) {
     const char *fn = "comm_all_gather";
     int rc = check_call(c, fn, count, dtype, c ? (size_t)c->world : 1);
@@ -297,7 +389,8 @@ int comm_all_gather(Comm *c, void *recv, const void *send, size_t count, CommDty
     size_t bytes = count * comm_dtype_size(dtype);
     if (send != (const char *)recv + (size_t)c->rank * bytes && overlaps(recv, bytes * c->world, send, bytes))
         return comm_fail(c, COMM_ERR_INVALID, "%s: send overlaps recv without being recv + rank * count (in place)", fn);
-    return BACKEND(c, comm_nccl_all_gather(c, recv, send, count, dtype), comm_host_all_gather(c, recv, send, count, dtype));
+    return count_sent(c, BACKEND(c, comm_nccl_all_gather(c, recv, send, count, dtype),
+                                 comm_host_all_gather(c, recv, send, count, dtype)), bytes, -1);
 }
 
 int comm_reduce_scatter(Comm *c, void *recv, const void *send, size_t count, CommDtype dtype, CommOp op) {
@@ -311,7 +404,8 @@ int comm_reduce_scatter(Comm *c, void *recv, const void *send, size_t count, Com
     size_t bytes = count * comm_dtype_size(dtype);
     if (recv != (const char *)send + (size_t)c->rank * bytes && overlaps(recv, bytes, send, bytes * c->world))
         return comm_fail(c, COMM_ERR_INVALID, "%s: recv overlaps send without being send + rank * count (in place)", fn);
-    return BACKEND(c, comm_nccl_reduce_scatter(c, recv, send, count, dtype, op), comm_host_reduce_scatter(c, recv, send, count, dtype, op));
+    return count_sent(c, BACKEND(c, comm_nccl_reduce_scatter(c, recv, send, count, dtype, op),
+                                 comm_host_reduce_scatter(c, recv, send, count, dtype, op)), bytes, -1);
 }
 
 int comm_all_reduce(Comm *c, void *buf, size_t count, CommDtype dtype, CommOp op) {
@@ -320,7 +414,9 @@ int comm_all_reduce(Comm *c, void *buf, size_t count, CommDtype dtype, CommOp op
     if (rc || (rc = check_op(c, fn, op)) || (rc = check_buf(c, fn, "buf", buf, count))) return rc;
     c->calls++;
     if (!count) return 0;
-    return BACKEND(c, comm_nccl_all_reduce(c, buf, count, dtype, op), comm_host_all_reduce(c, buf, count, dtype, op));
+    size_t chunk = (count + (size_t)c->world - 1) / (size_t)c->world;
+    return count_sent(c, BACKEND(c, comm_nccl_all_reduce(c, buf, count, dtype, op),
+                                 comm_host_all_reduce(c, buf, count, dtype, op)), 2 * chunk * comm_dtype_size(dtype), -1);
 }
 
 int comm_broadcast(Comm *c, void *buf, size_t count, CommDtype dtype, int root) {
@@ -331,7 +427,9 @@ int comm_broadcast(Comm *c, void *buf, size_t count, CommDtype dtype, int root) 
         return comm_fail(c, COMM_ERR_INVALID, "%s: root %d is outside world size %d", fn, root, c->world);
     c->calls++;
     if (!count) return 0;
-    return BACKEND(c, comm_nccl_broadcast(c, buf, count, dtype, root), comm_host_broadcast(c, buf, count, dtype, root));
+    return count_sent(c, BACKEND(c, comm_nccl_broadcast(c, buf, count, dtype, root),
+                                 comm_host_broadcast(c, buf, count, dtype, root)),
+                      c->rank == root ? count * comm_dtype_size(dtype) : 0, -1);
 }
 
 static int check_peer(Comm *c, const char *fn, int peer) {
@@ -347,7 +445,8 @@ int comm_send(Comm *c, const void *buf, size_t count, CommDtype dtype, int peer)
     if (rc || (rc = check_buf(c, fn, "buf", buf, count)) || (rc = check_peer(c, fn, peer))) return rc;
     c->calls++;
     if (!count) return 0;
-    return BACKEND(c, comm_nccl_send(c, buf, count, dtype, peer), comm_host_send(c, buf, count, dtype, peer));
+    return count_sent(c, BACKEND(c, comm_nccl_send(c, buf, count, dtype, peer), comm_host_send(c, buf, count, dtype, peer)),
+                      count * comm_dtype_size(dtype), peer);
 }
 
 int comm_recv(Comm *c, void *buf, size_t count, CommDtype dtype, int peer) {

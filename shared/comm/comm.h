@@ -61,9 +61,13 @@ enum {
     COMM_ERR_FAILED = -6,       // the communicator failed earlier
 };
 
-// The launch contract (torchrun names): RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT.
+// The launch contract (torchrun names): RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR, MASTER_PORT, and the node this
+// rank runs on: LOCAL_WORLD_SIZE (ranks per node), NNODES or torchrun's GROUP_WORLD_SIZE (nodes), NODE_RANK or
+// torchrun's GROUP_RANK (this node's index). Ranks are numbered node by node (RANK = node * LOCAL_WORLD_SIZE +
+// LOCAL_RANK), as `tandem-train launch` and torchrun number them; every node has LOCAL_WORLD_SIZE ranks.
 typedef struct {
     int rank, world_size, local_rank;
+    int node, nnodes, local_world_size;
     char master_addr[256];
     int master_port;
     int timeout_ms;          // rendezvous and per-call timeout (--init-timeout / --comm-timeout)
@@ -73,12 +77,19 @@ typedef struct {
 
 // Reads the launch contract from the environment. Missing variables default to a single rank
 // (RANK 0, WORLD_SIZE 1, LOCAL_RANK 0, MASTER_ADDR 127.0.0.1, MASTER_PORT 29500); malformed ones are errors.
+// Node variables: none set means one node of WORLD_SIZE ranks; LOCAL_WORLD_SIZE or NNODES alone gives the other
+// (WORLD_SIZE must divide); an unset node index is RANK / LOCAL_WORLD_SIZE and an unset LOCAL_RANK
+// RANK % LOCAL_WORLD_SIZE. Contradictions are errors naming the variables: NNODES vs GROUP_WORLD_SIZE, NODE_RANK
+// vs GROUP_RANK, WORLD_SIZE != NNODES x LOCAL_WORLD_SIZE, LOCAL_RANK >= LOCAL_WORLD_SIZE, a node index >= NNODES,
+// RANK != node x LOCAL_WORLD_SIZE + LOCAL_RANK.
 int comm_init_from_env(CommInit *ci, int timeout_ms, char *err, size_t err_len);
 
 typedef struct Comm Comm;
 
 // Joins the group: rank 0 runs the rendezvous at MASTER_ADDR:MASTER_PORT and hands out the peer table;
-// a rank missing after timeout_ms is named in the error. ops is the compute context (nccl: its device/stream;
+// a rank missing after timeout_ms is named in the error. Every rank registers its node (ci->node, nnodes,
+// local_world_size); rank 0 refuses a rank whose node layout differs from its own, and says the node map
+// through ci->progress once everyone is in. ops is the compute context (nccl: its device/stream;
 // host: unused, may be NULL). WORLD_SIZE 1 opens no sockets.
 // nccl: ops must be a CUDA context; its device is the communicator's (create it on LOCAL_RANK) and the
 // communication stream is ordered against its compute stream (see Ordering).
@@ -126,6 +137,37 @@ void comm_destroy_now(Comm *c);
 int comm_set_timeout(Comm *c, int timeout_ms);
 int comm_rank(const Comm *c);
 int comm_world_size(const Comm *c);
+
+// ---- nodes and sub-communicators (docs/operations-comm.md "Nodes") ----
+// The node index of member m, 0 .. comm_node_count - 1, or -1 for a bad member. Made through the rendezvous: the
+// launch contract's node index (RANK / LOCAL_WORLD_SIZE). Made by comm_split: the parent's nodes renumbered in the
+// order their first member appears. Joined by id: every member a node of its own until comm_set_nodes.
+int comm_node(const Comm *c, int member);
+int comm_node_count(const Comm *c);
+// Gives a communicator joined by id its members' nodes (world entries, e.g. copied from the host communicator
+// of the same ranks with comm_node). Local: nothing is sent.
+int comm_set_nodes(Comm *c, const int *node);
+// Collective over parent (every member calls it): the members that pass the same color >= 0 form a new
+// communicator, ranked by key, then by parent rank (MPI_Comm_split's rule). color < 0: this rank joins none
+// (*out = NULL). The new one has the parent's backend, compute context, timeout and node map.
+// host: new sockets, their endpoints exchanged over the parent. nccl: a fresh unique id per color, made by its
+// first member and exchanged over the parent; the sub-communicator has no peer watch (a lost member is found
+// by the timeout, not named).
+int comm_split(Comm **out, Comm *parent, int color, int key, char *err, size_t err_len);
+// The two splits of a node-aware layout, collectives over parent: *intra = the members on this rank's node
+// (ranked by parent rank), *inter = the members with this rank's index within its node, one per node (ranked by
+// node). Needs the same number of members on every node.
+int comm_split_nodes(Comm *parent, Comm **intra, Comm **inter, char *err, size_t err_len);
+
+// Bytes this rank has sent through the communicator since it was made, split by whether the receiving member
+// is on this rank's node. Counted per call from its arguments as the host backend moves them (every rank sends
+// its block straight to every peer: all_gather / reduce_scatter count x size to each peer, all_reduce
+// 2 x ceil(count / N) x size to each, broadcast count x size from the root to each, send count x size), on
+// both backends: NCCL's rings and trees move the same bytes per rank over other routes.
+typedef struct {
+    uint64_t intra_node, inter_node;
+} CommBytes;
+void comm_bytes(const Comm *c, CommBytes *out);
 const char *comm_error(const Comm *c);
 // host backend: the data endpoint rank `peer` published at the rendezvous ("tcp://addr:port"); its libzmq answers
 // ZMTP heartbeats, so a connection to it tells whether that rank's process lives. NULL for nccl or a bad peer.

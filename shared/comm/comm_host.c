@@ -18,6 +18,7 @@
 // accumulator (fp32 for bf16) and rounding once; all_reduce = reduce_scatter + all_gather over chunks of
 // ceil(count / N) elements, so every rank ends with the same bits whatever the arrival order.
 #include "shared/comm/comm_internal.h"
+#include "shared/err.h"
 
 #include <arpa/inet.h>
 #include <errno.h>
@@ -485,10 +486,9 @@ static int host_alloc(Comm *c, Host *h) {
     return 0;
 }
 
-static int open_sockets(Comm *c, Host *h, const CommInit *ci, char *err, size_t err_len) {
-    char addr[INET6_ADDRSTRLEN], bind_ep[96];
-    if (rendezvous_local_address(ci->master_addr, ci->master_port, addr, sizeof addr, err, err_len) != 0)
-        return COMM_ERR_INVALID;
+// Binds this rank's ROUTER on an ephemeral port of addr (numeric); ep receives the endpoint to publish.
+static int bind_router(Host *h, const char *addr, char *ep, size_t ep_len, char *err, size_t err_len) {
+    char bind_ep[96];
     int v6 = strchr(addr, ':') != NULL, one = 1, zero = 0, hwm = HOST_HWM;
     snprintf(bind_ep, sizeof bind_ep, v6 ? "tcp://[%s]:*" : "tcp://%s:*", addr);
     h->router = zmq_socket(h->zctx, ZMQ_ROUTER);
@@ -498,18 +498,13 @@ static int open_sockets(Comm *c, Host *h, const CommInit *ci, char *err, size_t 
     zmq_setsockopt(h->router, ZMQ_LINGER, &zero, sizeof zero);
     if (v6) zmq_setsockopt(h->router, ZMQ_IPV6, &one, sizeof one);
     if (zmq_bind(h->router, bind_ep) != 0) return sys_fail(err, err_len, bind_ep);
-    char ep[RDZV_ENDPOINT_MAX];
-    size_t epl = sizeof ep;
-    if (zmq_getsockopt(h->router, ZMQ_LAST_ENDPOINT, ep, &epl) != 0) return sys_fail(err, err_len, "ZMQ_LAST_ENDPOINT");
+    if (zmq_getsockopt(h->router, ZMQ_LAST_ENDPOINT, ep, &ep_len) != 0) return sys_fail(err, err_len, "ZMQ_LAST_ENDPOINT");
+    return 0;
+}
 
-    RdzvConfig rc = {.rank = c->rank, .world_size = c->world, .master_addr = ci->master_addr,
-                     .master_port = ci->master_port, .timeout_ms = c->timeout_ms, .endpoint = ep,
-                     .progress = ci->progress, .progress_arg = ci->progress_arg};
-    Rendezvous *rz = NULL;
-    if (rendezvous_run(&rz, &rc, NULL, 0, err, err_len) != 0) return COMM_ERR_PEER;
-    memcpy(h->peers, rendezvous_peers(rz), (size_t)c->world * sizeof *h->peers);
-    rendezvous_close(rz);
-
+// With h->peers filled in: a DEALER (and its monitor) to every peer's router, then the greetings.
+static int connect_peers(Comm *c, Host *h, char *err, size_t err_len) {
+    int one = 1, zero = 0, hwm = HOST_HWM;
     for (int p = 0; p < c->world; p++) {
         if (p == c->rank) continue;
         char mon_ep[64];
@@ -533,6 +528,23 @@ static int open_sockets(Comm *c, Host *h, const CommInit *ci, char *err, size_t 
         }
     }
     return hello_exchange(c, h, err, err_len);
+}
+
+static int open_sockets(Comm *c, Host *h, const CommInit *ci, char *err, size_t err_len) {
+    char addr[INET6_ADDRSTRLEN], ep[RDZV_ENDPOINT_MAX];
+    if (rendezvous_local_address(ci->master_addr, ci->master_port, addr, sizeof addr, err, err_len) != 0)
+        return COMM_ERR_INVALID;
+    int rc = bind_router(h, addr, ep, sizeof ep, err, err_len);
+    if (rc) return rc;
+    RdzvConfig rc_cfg = {.rank = c->rank, .world_size = c->world, .master_addr = ci->master_addr,
+                         .master_port = ci->master_port, .timeout_ms = c->timeout_ms, .endpoint = ep,
+                         .node = ci->node, .nnodes = ci->nnodes, .local_world_size = ci->local_world_size,
+                         .progress = ci->progress, .progress_arg = ci->progress_arg};
+    Rendezvous *rz = NULL;
+    if (rendezvous_run(&rz, &rc_cfg, NULL, 0, err, err_len) != 0) return COMM_ERR_PEER;
+    memcpy(h->peers, rendezvous_peers(rz), (size_t)c->world * sizeof *h->peers);
+    rendezvous_close(rz);
+    return connect_peers(c, h, err, err_len);
 }
 
 static void host_free(Comm *c, Host *h, int linger_ms) {
@@ -580,6 +592,54 @@ int comm_host_create(Comm *c, const CommInit *ci, char *err, size_t err_len) {
     }
     c->impl = h;
     return 0;
+}
+
+// The parent's endpoints say which address routes to the peers: the split binds its router on the same one.
+// Every member of the parent contributes its RdzvPeer entry (an empty endpoint when it joins no new
+// communicator), so the exchange is one all_gather over the parent.
+int comm_host_split(Comm *c, Comm *parent, const int *members, char *err, size_t err_len) {
+    if (parent->world == 1) return 0;   // c is the one member: nothing to talk to
+    const Host *ph = parent->impl;
+    Host *h = NULL;
+    RdzvPeer *all = calloc((size_t)parent->world, sizeof *all);
+    RdzvPeer me = ph->peers[parent->rank];
+    me.endpoint[0] = '\0';
+    int rc = 0;
+    if (!all) rc = err_fail_code(COMM_ERR_SYSTEM, err, err_len, "comm host: out of memory");
+    if (rc == 0 && c && c->world > 1) {
+        h = calloc(1, sizeof *h);
+        if (!h || host_alloc(c, h) != 0 || !(h->zctx = zmq_ctx_new())) {
+            rc = err_fail_code(COMM_ERR_SYSTEM, err, err_len, "comm host: out of memory");
+        } else {
+            // "tcp://ADDR:PORT" or "tcp://[ADDR]:PORT" -> ADDR
+            char addr[RDZV_ENDPOINT_MAX];
+            const char *ep = ph->peers[parent->rank].endpoint + strlen("tcp://");
+            int br = *ep == '[';
+            snprintf(addr, sizeof addr, "%s", ep + br);
+            char *end = br ? strchr(addr, ']') : strrchr(addr, ':');
+            if (end) *end = '\0';
+            rc = bind_router(h, addr, me.endpoint, sizeof me.endpoint, err, err_len);
+            if (rc) me.endpoint[0] = '\0';
+        }
+    }
+    // Every parent member takes part, even after a failure of its own (an empty endpoint then tells the others),
+    // so that nobody waits for it until the timeout.
+    if (all && comm_all_gather(parent, all, &me, sizeof me, COMM_U8) != 0 && rc == 0)
+        rc = err_fail_code(COMM_ERR_PEER, err, err_len, "comm host: exchanging endpoints for a split: %s",
+                           comm_error(parent));
+    for (int i = 0; rc == 0 && c && c->world > 1 && i < c->world; i++) {
+        h->peers[i] = all[members[i]];
+        h->peers[i].rank = i;
+        if (!h->peers[i].endpoint[0])
+            rc = err_fail_code(COMM_ERR_PEER, err, err_len, "comm host: rank %d of the parent (host %s, pid %d) "
+                               "published no endpoint for the split (it failed, or named another color)", members[i],
+                               all[members[i]].hostname, all[members[i]].pid);
+    }
+    if (rc == 0 && h) rc = connect_peers(c, h, err, err_len);
+    if (rc == 0 && h) c->impl = h;
+    else if (h) host_free(c, h, 0);
+    free(all);
+    return rc;
 }
 
 // Healthy: up to the timeout to deliver the last collective's data to peers still reading it. Failed: a

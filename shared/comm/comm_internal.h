@@ -24,6 +24,9 @@ struct Comm {
     int rank, world, timeout_ms;
     int failed;              // 1 after the first failure other than COMM_ERR_INVALID
     uint64_t calls;          // collective calls accepted so far ("call #n" in messages)
+    int *node;               // (world) node index of every member
+    int nnodes;
+    CommBytes bytes;         // sent so far (comm_bytes)
     OpsCtx *ops;
     void *impl;              // backend state
     char err[COMM_ERR_MAX];
@@ -35,6 +38,9 @@ const char *comm_dtype_name(CommDtype dtype);
 
 // Host backend. Arguments were checked by comm.c (ranges, NULLs, overlaps, count > 0).
 int comm_host_create(Comm *c, const CommInit *ci, char *err, size_t err_len);
+// c->rank / c->world are the new communicator's; members[i] is member i's rank in parent; every member of parent
+// calls it (those joining none with c == NULL), since the endpoints travel over parent.
+int comm_host_split(Comm *c, Comm *parent, const int *members, char *err, size_t err_len);
 void comm_host_destroy(Comm *c);
 const char *comm_host_peer_endpoint(const Comm *c, int peer);
 int comm_host_all_gather(Comm *c, void *recv, const void *send, size_t count, CommDtype dtype);

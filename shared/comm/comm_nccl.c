@@ -448,6 +448,7 @@ static int meet(Nccl *h, const CommInit *ci, ncclUniqueId *uid, char *err, size_
     if (rc) return rc;
     RdzvConfig rc_cfg = {.rank = h->rank, .world_size = h->world, .master_addr = ci->master_addr,
                          .master_port = ci->master_port, .timeout_ms = ci->timeout_ms, .endpoint = ep,
+                         .node = ci->node, .nnodes = ci->nnodes, .local_world_size = ci->local_world_size,
                          .progress = ci->progress, .progress_arg = ci->progress_arg};
     Rendezvous *rz = NULL;
     if (rendezvous_run(&rz, &rc_cfg, uid, sizeof *uid, err, err_len) != 0) return COMM_ERR_PEER;

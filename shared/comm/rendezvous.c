@@ -1,8 +1,9 @@
 // shared/comm/rendezvous.c — rank 0's ZeroMQ rendezvous: registrations in, peer table + blob out (rendezvous.h).
 //
 // Wire format (one ZeroMQ message each; JSON in frame 0, strict: unknown keys are refused):
-//   rank -> 0 : {"type":"register","version":1,"rank":r,"world_size":W,"pid":p,"hostname":h,"endpoint":e}
-//   0 -> rank : {"type":"table","version":1,"world_size":W,"peers":[{rank,pid,hostname,endpoint}...]}
+//   rank -> 0 : {"type":"register","version":2,"rank":r,"world_size":W,"pid":p,"hostname":h,"endpoint":e,
+//                "node":n,"nnodes":K,"local_world_size":L}
+//   0 -> rank : {"type":"table","version":2,"world_size":W,"peers":[{rank,pid,hostname,endpoint}...]}
 //               + frame 1: rank 0's blob (possibly empty)
 //   rank -> 0 : {"type":"barrier","rank":r,"round":k}     0 -> rank : {"type":"barrier_done","round":k}
 //   0 -> rank : {"type":"error","message":m}              (any time; the receiver fails with m)
@@ -34,6 +35,7 @@ struct Rendezvous {
     void *zctx;
     void *sock;                       // rank 0: ROUTER bound at MASTER_ADDR:MASTER_PORT; others: DEALER
     int rank, world;
+    int node, nnodes, local_world_size; // this rank's (rank 0: what every registration must match)
     RdzvPeer *peers;                  // (world)
     unsigned char *blob;
     size_t blob_len;
@@ -176,15 +178,21 @@ static int handle_register(Rendezvous *r, unsigned char *have, const unsigned ch
                            zmq_msg_t *body, char *err, size_t err_len) {
     json_t *j = parse_json(body);
     const char *type = "", *host = "", *ep = "";
-    json_int_t ver = 0, rank = -1, world = 0, pid = 0;
+    json_int_t ver = 0, rank = -1, world = 0, pid = 0, node = -1, nnodes = 0, lws = 0;
     json_error_t je;
-    int ok = j && json_unpack_ex(j, &je, JSON_STRICT, "{s:s, s:I, s:I, s:I, s:I, s:s, s:s}", "type", &type,
-                                 "version", &ver, "rank", &rank, "world_size", &world, "pid", &pid,
-                                 "hostname", &host, "endpoint", &ep) == 0 && strcmp(type, "register") == 0;
+    // The version first: a rank of another build is named as such, whatever else its message holds.
+    int ok = j && json_unpack_ex(j, &je, 0, "{s:s, s:I}", "type", &type, "version", &ver) == 0 &&
+             strcmp(type, "register") == 0;
+    if (ok && ver == RDZV_PROTOCOL_VERSION)
+        ok = json_unpack_ex(j, &je, JSON_STRICT, "{s:s, s:I, s:I, s:I, s:I, s:s, s:s, s:I, s:I, s:I}", "type", &type,
+                            "version", &ver, "rank", &rank, "world_size", &world, "pid", &pid, "hostname", &host,
+                            "endpoint", &ep, "node", &node, "nnodes", &nnodes, "local_world_size", &lws) == 0;
+    else if (ok)
+        json_unpack_ex(j, &je, 0, "{s?I, s?I, s?s}", "rank", &rank, "pid", &pid, "hostname", &host);
     if (!ok || strlen(host) >= RDZV_HOST_MAX || strlen(ep) >= RDZV_ENDPOINT_MAX) {
         send_error_to(r->sock, id, id_len,
                       "rendezvous: expected a register message {type, version, rank, world_size, pid, hostname, "
-                      "endpoint} with hostname and endpoint under 256 bytes");
+                      "endpoint, node, nnodes, local_world_size} with hostname and endpoint under 256 bytes");
         json_decref(j);
         return 0;
     }
@@ -200,6 +208,13 @@ static int handle_register(Rendezvous *r, unsigned char *have, const unsigned ch
     } else if (rank < 0 || rank >= r->world) {
         err_fail(err, err_len, "rendezvous: rank %lld (host %s, pid %lld) is outside WORLD_SIZE %d", (long long)rank,
              host, (long long)pid, r->world);
+        rc = -1;
+    } else if (nnodes != r->nnodes || lws != r->local_world_size || node != rank / r->local_world_size) {
+        err_fail(err, err_len, "rendezvous: rank %lld (host %s, pid %lld) is on node %lld of NNODES %lld with "
+                 "LOCAL_WORLD_SIZE %lld, but rank 0 has NNODES %d and LOCAL_WORLD_SIZE %d, which put rank %lld on node "
+                 "%lld (ranks are numbered node by node)", (long long)rank, host, (long long)pid, (long long)node,
+                 (long long)nnodes, (long long)lws, r->nnodes, r->local_world_size, (long long)rank,
+                 (long long)(rank / r->local_world_size));
         rc = -1;
     } else if (have[rank]) {
         const RdzvPeer *p = &r->peers[rank];
@@ -230,6 +245,28 @@ static json_t *table_json(const Rendezvous *r) {
                                                "hostname", r->peers[k].hostname, "endpoint", r->peers[k].endpoint));
     return json_pack("{s:s, s:i, s:i, s:o}", "type", "table", "version", RDZV_PROTOCOL_VERSION, "world_size",
                      r->world, "peers", peers);
+}
+
+// "node map: node 0 (host a): ranks 0-1; node 1 (host b): ranks 2-3", through the progress function. A node
+// whose ranks report different host names lists them all (one host per node is what the launch contract
+// promises; containers may name themselves apart).
+static void say_node_map(const Rendezvous *r, const RdzvConfig *cfg) {
+    size_t cap = 64 + (size_t)r->nnodes * (2 * RDZV_HOST_MAX + 64);
+    char *line = malloc(cap);
+    if (!line) return;
+    size_t n = (size_t)snprintf(line, cap, "node map (%d node%s of %d rank%s):", r->nnodes, r->nnodes > 1 ? "s" : "",
+                                r->local_world_size, r->local_world_size > 1 ? "s" : "");
+    for (int k = 0; k < r->nnodes && n < cap; k++) {
+        int first = k * r->local_world_size, last = first + r->local_world_size - 1;
+        const char *host = r->peers[first].hostname, *other = NULL;
+        for (int q = first + 1; q <= last; q++)
+            if (strcmp(r->peers[q].hostname, host) != 0) other = r->peers[q].hostname;
+        n += (size_t)snprintf(line + n, cap - n, "%s node %d (host %s%s%s): rank%s %d", k ? ";" : "", k, host,
+                              other ? ", " : "", other ? other : "", first == last ? "" : "s", first);
+        if (last > first && n < cap) n += (size_t)snprintf(line + n, cap - n, "-%d", last);
+    }
+    cfg->progress(cfg->progress_arg, line);
+    free(line);
 }
 
 static int run_rank0(Rendezvous *r, const RdzvConfig *cfg, char *err, size_t err_len) {
@@ -307,6 +344,7 @@ static int run_rank0(Rendezvous *r, const RdzvConfig *cfg, char *err, size_t err
             }
         json_decref(t);
     }
+    if (rc == 0 && cfg->progress) say_node_map(r, cfg);
     free(have);
     return rc;
 }
@@ -396,9 +434,10 @@ static int run_other(Rendezvous *r, const RdzvConfig *cfg, char *err, size_t err
     if (zmq_connect(r->sock, r->master) != 0)
         return err_fail(err, err_len, "rendezvous: cannot connect to %s: %s", r->master, zmq_strerror(zmq_errno()));
     const RdzvPeer *me = &r->peers[r->rank];
-    json_t *j = json_pack("{s:s, s:i, s:i, s:i, s:i, s:s, s:s}", "type", "register", "version",
+    json_t *j = json_pack("{s:s, s:i, s:i, s:i, s:i, s:s, s:s, s:i, s:i, s:i}", "type", "register", "version",
                           RDZV_PROTOCOL_VERSION, "rank", r->rank, "world_size", r->world, "pid", me->pid,
-                          "hostname", me->hostname, "endpoint", me->endpoint);
+                          "hostname", me->hostname, "endpoint", me->endpoint, "node", r->node, "nnodes", r->nnodes,
+                          "local_world_size", r->local_world_size);
     int rc = j ? send_json(r->sock, NULL, 0, j, NULL, 0, 0) : -1;
     json_decref(j);
     if (rc != 0) return err_fail(err, err_len, "rendezvous: cannot send the registration: %s", zmq_strerror(zmq_errno()));
@@ -426,6 +465,12 @@ int rendezvous_run(Rendezvous **out, const RdzvConfig *cfg, const void *blob, si
     if (cfg->timeout_ms <= 0) return err_fail(err, err_len, "rendezvous: timeout %d ms must be > 0", cfg->timeout_ms);
     if (cfg->endpoint && strlen(cfg->endpoint) >= RDZV_ENDPOINT_MAX)
         return err_fail(err, err_len, "rendezvous: endpoint longer than %d bytes", RDZV_ENDPOINT_MAX - 1);
+    int nnodes = cfg->nnodes > 0 ? cfg->nnodes : 1, lws = cfg->nnodes > 0 ? cfg->local_world_size : cfg->world_size;
+    int node = cfg->nnodes > 0 ? cfg->node : 0;
+    if (lws < 1 || nnodes * lws != cfg->world_size || node < 0 || node >= nnodes || node != cfg->rank / lws)
+        return err_fail(err, err_len, "rendezvous: rank %d on node %d of %d nodes x LOCAL_WORLD_SIZE %d does not fit "
+                        "WORLD_SIZE %d (ranks are numbered node by node)", cfg->rank, node, nnodes, lws,
+                        cfg->world_size);
     if (cfg->rank == 0 && blob_len > RDZV_BLOB_MAX)
         return err_fail(err, err_len, "rendezvous: blob of %zu bytes exceeds %u", blob_len, RDZV_BLOB_MAX);
     if (cfg->rank == 0 && blob_len && !blob) return err_fail(err, err_len, "rendezvous: blob is NULL");
@@ -434,6 +479,7 @@ int rendezvous_run(Rendezvous **out, const RdzvConfig *cfg, const void *blob, si
     if (!r) return err_fail(err, err_len, "rendezvous: out of memory");
     r->rank = cfg->rank;
     r->world = cfg->world_size;
+    r->node = node, r->nnodes = nnodes, r->local_world_size = lws;
     r->peers = calloc((size_t)r->world, sizeof *r->peers);
     r->ids = calloc((size_t)r->world, sizeof *r->ids);
     r->id_len = calloc((size_t)r->world, sizeof *r->id_len);

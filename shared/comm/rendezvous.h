@@ -7,8 +7,11 @@
 // supplied (the NCCL unique id for the nccl backend; empty for host). Failures are answers, never hangs:
 //   - a rank missing when rank 0's timeout expires: rank 0 fails naming every missing rank, and every rank
 //     that did arrive receives the same message;
-//   - a rank registered twice, a rank outside WORLD_SIZE, or a WORLD_SIZE that differs from rank 0's:
-//     refused at once, naming the rank, and sent to every rank that has arrived;
+//   - a rank registered twice, a rank outside WORLD_SIZE, a WORLD_SIZE that differs from rank 0's, or a node
+//     layout (NNODES, LOCAL_WORLD_SIZE, a node index other than RANK / LOCAL_WORLD_SIZE) that differs from rank
+//     0's: refused at once, naming the rank, and sent to every rank that has arrived;
+//   - once everyone is in, rank 0 says the node map through the progress function (one line:
+//     "node map: node 0 (host a): ranks 0-1; node 1 (host b): ranks 2-3");
 //   - rank 0 never answering: the other ranks give up after twice the timeout (twice, so that while rank 0
 //     is still waiting for someone they hear rank 0's verdict instead of timing out on their own).
 // The handle may be kept open for rendezvous_barrier (e.g. a final barrier for backends that have no
@@ -18,7 +21,7 @@
 
 #include <stddef.h>
 
-#define RDZV_PROTOCOL_VERSION 1
+#define RDZV_PROTOCOL_VERSION 2
 #define RDZV_HOST_MAX 256
 #define RDZV_ENDPOINT_MAX 256
 #define RDZV_BLOB_MAX (1u << 20)   // the NCCL unique id is 128 bytes; anything near 1 MiB is a mistake
@@ -41,6 +44,7 @@ typedef struct {
     int master_port;           // 1..65535
     int timeout_ms;            // > 0: rank 0 waits this long for registrations (others wait twice as long)
     const char *endpoint;      // this rank's data endpoint, published in the table (NULL = "")
+    int node, nnodes, local_world_size;   // this rank's node (CommInit's); nnodes 0: one node of world_size ranks
     RdzvProgressFn progress;   // NULL: silent
     void *progress_arg;
     int progress_ms;           // the interval of those lines; 0: RDZV_PROGRESS_MS

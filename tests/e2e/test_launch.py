@@ -20,7 +20,7 @@ from test_train_grpo import free_port, write_dataset  # noqa: E402
 
 # What the launcher reads from the environment; cleared so that the caller's shell cannot change a test.
 LAUNCH_ENV = ("NNODES", "NODE_RANK", "JOB_COMPLETION_INDEX", "MASTER_ADDR", "MASTER_PORT", "RANK", "WORLD_SIZE",
-              "LOCAL_RANK")
+              "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE")
 
 
 def launcher(args, cwd, env_extra=None, **kw):

@@ -573,14 +573,16 @@ static void expect_env_error(const char *needle) {
 }
 
 static void test_env(void) {
-    const char *vars[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"};
-    for (int i = 0; i < 5; i++) unsetenv(vars[i]);
+    const char *vars[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT", "LOCAL_WORLD_SIZE"};
+    for (int i = 0; i < 6; i++) unsetenv(vars[i]);
     CommInit ci;
     char err[512] = "";
     CHECK(comm_init_from_env(&ci, 1234, err, sizeof err) == 0);
     CHECK(ci.rank == 0 && ci.world_size == 1 && ci.local_rank == 0 && ci.master_port == 29500 &&
           strcmp(ci.master_addr, "127.0.0.1") == 0 && ci.timeout_ms == 1234);
     setenv("RANK", "3", 1), setenv("WORLD_SIZE", "4", 1), setenv("LOCAL_RANK", "1", 1);
+    expect_env_error("LOCAL_RANK 1 with RANK 3 means several nodes");   // nodes: tests/unit/test_comm_nodes.c
+    setenv("LOCAL_WORLD_SIZE", "2", 1);
     setenv("MASTER_ADDR", "trainer-0.trainer", 1), setenv("MASTER_PORT", "29600", 1);
     CHECK(comm_init_from_env(&ci, 1000, err, sizeof err) == 0);
     CHECK(ci.rank == 3 && ci.world_size == 4 && ci.local_rank == 1 && ci.master_port == 29600 &&
@@ -598,7 +600,7 @@ static void test_env(void) {
     setenv("MASTER_ADDR", "127.0.0.1", 1), setenv("WORLD_SIZE", "0", 1);
     expect_env_error("WORLD_SIZE=0");
     CHECK(comm_init_from_env(&ci, 0, err, sizeof err) == COMM_ERR_INVALID);
-    for (int i = 0; i < 5; i++) unsetenv(vars[i]);
+    for (int i = 0; i < 6; i++) unsetenv(vars[i]);
 }
 
 static void test_arguments(void) {

@@ -93,7 +93,15 @@ static void test_state_json(void) {
     CHECK(st.progress.step == 50 && st.progress.epoch == 1 && st.progress.data_position == 12800 &&
               st.progress.rng[1] == 0x9e3779b97f4a7c15ULL && st.world_size == 2 && st.zero_stage == 3 &&
               st.layout_hash == 0x509d21c0b51d40f9ULL, "state read wrong");
+    CHECK(strcmp(st.zero_slicing, "full_shard") == 0, "a state without zero_slicing reads as '%s'", st.zero_slicing);
     json_decref(j);
+    // zero_slicing round-trips (a resume compares it with the run's own).
+    strcpy(st.zero_slicing, "hpz:8");
+    json_t *w = checkpoint_state_to_json(&st);
+    CheckpointState back;
+    CHECK(w && checkpoint_state_from_json(w, "state.json", &back, err, sizeof err) == 0 &&
+          strcmp(back.zero_slicing, "hpz:8") == 0);
+    json_decref(w);
     static const struct {
         const char *key, *value;
     } bad[] = {{"global_step", "-1"}, {"data_position", "-5"}, {"world_size", "0"}, {"layout_hash", "\"509D21C0B51D40F9\""},

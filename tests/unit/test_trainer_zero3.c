@@ -67,12 +67,11 @@ static void resident_losses(double *losses) {
 }
 
 int main(void) {
-    int k = 0;
     // The parent runs no kernel before the forks: the CPU kernels' OpenMP thread pool does not survive fork().
     Z3Result ones[4] = {{0}};
     for (int stage = 1; stage <= 3; stage++) {
         Z3Result one = {0};
-        if (z3_run_world(&CASE, 1, stage, k++, &one) != 0) {
+        if (z3_run_world(&CASE, 1, stage, &one) != 0) {
             fprintf(stderr, "stage %d: single-rank run failed\n", stage);
             return 1;
         }
@@ -80,7 +79,7 @@ int main(void) {
         CHECK(l1[STEPS - 1] < l1[0], "stage %d: loss did not go down (%g -> %g)", stage, l1[0], l1[STEPS - 1]);
         for (int world = 2; world <= 4; world *= 2) {
             Z3Result many = {0};
-            const int ran = z3_run_world(&CASE, world, stage, k++, &many) == 0 && many.n == one.n;
+            const int ran = z3_run_world(&CASE, world, stage, &many) == 0 && many.n == one.n;
             CHECK(ran, "stage %d world %d: run failed or wrote %zu values (1 rank: %zu)", stage, world, many.n, one.n);
             if (!ran) {
                 free(many.v);

@@ -9,11 +9,14 @@
 #ifndef TANDEM_TESTS_ZERO3_TESTLIB_H
 #define TANDEM_TESTS_ZERO3_TESTLIB_H
 
+#include <arpa/inet.h>
 #include <math.h>
+#include <netinet/in.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -33,6 +36,9 @@ typedef struct {
     CommBackend comm;
     AdamWParams hp;
     float init_std;               // std of the random initial weights
+    int nodes;                    // the ranks stand for this many nodes (LOCAL_WORLD_SIZE = world / nodes); 0: one
+    int hybrid;                   // HSDP: state partitioned within each node, replicated across nodes
+    int hpz;                      // hpZ (stage 3): parameters partitioned within each node, the rest over all ranks
 } Z3Case;
 
 static int z3_seq_len(const Z3Case *c, int s) { return c->base_len + (s * 5) % c->len_spread; }
@@ -80,21 +86,26 @@ static void z3_run_rank(const Z3Case *c, int rank, int world, int port, int stag
     char err[1024], buf[32];
     setenv("RANK", (snprintf(buf, sizeof buf, "%d", rank), buf), 1);
     setenv("WORLD_SIZE", (snprintf(buf, sizeof buf, "%d", world), buf), 1);
-    setenv("LOCAL_RANK", (snprintf(buf, sizeof buf, "%d", rank), buf), 1);
+    const int per_node = world / (c->nodes > 1 ? c->nodes : 1);
+    setenv("LOCAL_RANK", (snprintf(buf, sizeof buf, "%d", rank % per_node), buf), 1);
+    setenv("LOCAL_WORLD_SIZE", (snprintf(buf, sizeof buf, "%d", per_node), buf), 1);
     setenv("MASTER_ADDR", "127.0.0.1", 1);
     setenv("MASTER_PORT", (snprintf(buf, sizeof buf, "%d", port), buf), 1);
     CommInit ci;
-    Comm *comm;
+    Comm *comm, *intra = NULL, *inter = NULL;
     OpsCtx *ops;
     ModelConfig cfg;
     Model m;
     Zero3 *z;
     if (comm_init_from_env(&ci, 60000, err, sizeof err) != 0 ||
         ops_create(&ops, c->ops, ci.local_rank, err, sizeof err) != 0 ||
-        comm_create(&comm, c->comm, &ci, ops, err, sizeof err) != 0)
+        comm_create(&comm, c->comm, &ci, ops, err, sizeof err) != 0 ||
+        ((c->hybrid || c->hpz) && comm_split_nodes(comm, &intra, &inter, err, sizeof err) != 0))
         Z3_FAIL("%s", err);
     if (config_parse(&cfg, c->config, strlen(c->config), err, sizeof err) != 0 ||
-        model_init(&m, &cfg, ops, err, sizeof err) != 0 || zero3_create(&z, &m, comm, stage, err, sizeof err) != 0 ||
+        model_init(&m, &cfg, ops, err, sizeof err) != 0 ||
+        (c->hpz ? zero3_create_hpz(&z, &m, comm, intra, inter, err, sizeof err)
+                : zero3_create_sharded(&z, &m, c->hybrid ? intra : comm, inter, stage, err, sizeof err)) != 0 ||
         zero3_init_random(z, 99, c->init_std, err, sizeof err) != 0)
         Z3_FAIL("%s", err);
     int per = c->n_seq / world, s0 = rank * per, s1 = s0 + per;
@@ -131,9 +142,12 @@ static void z3_run_rank(const Z3Case *c, int rank, int world, int port, int stag
         Zero3Memory mem;
         zero3_memory(z, &mem);
         // Model state this rank keeps for the whole run, and the transient full units.
-        fprintf(f, "%zu\n%zu\n%zu\n%zu\n",
+        CommBytes bytes;
+        zero3_comm_bytes(z, &bytes);
+        fprintf(f, "%zu\n%zu\n%zu\n%zu\n%llu\n%llu\n",
                 mem.param_shard_bytes + mem.master_bytes + mem.adam_bytes + mem.grad_bytes, mem.gathered_bytes,
-                mem.grad_work_bytes, m.layout.n_params);
+                mem.grad_work_bytes, m.layout.n_params, (unsigned long long)bytes.intra_node,
+                (unsigned long long)bytes.inter_node);
         for (int i = 0; i < Z3_STEPS; i++) fprintf(f, "%.9g\n", losses[i]);
         for (int i = 0; i < Z3_STEPS; i++) fprintf(f, "%.9g\n", norms[i]);
     }
@@ -149,27 +163,43 @@ static void z3_run_rank(const Z3Case *c, int rank, int world, int port, int stag
     if (comm_barrier(comm) != 0 || comm_synchronize(comm) != 0) Z3_FAIL("%s", comm_error(comm));
     train_acts_free(acts, &m);
     zero3_destroy(z);
+    comm_destroy(intra);
+    comm_destroy(inter);
     comm_destroy(comm);
     _exit(0);
 }
 
-static int z3_free_port(int k) { return 20000 + (getpid() * 7 + k * 13 + (int)time(NULL) % 1000) % 20000; }
+// A rendezvous port the kernel just handed out on 127.0.0.1 (free now). A port picked from a formula could fall in the
+// ephemeral range, where the ranks' own data sockets of an earlier run may still hold it.
+static int z3_free_port(void) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
+        perror("z3_free_port");
+        exit(2);
+    }
+    close(fd);
+    return ntohs(a.sin_port);
+}
 
-// Values rank 0 wrote: Z3_HEAD memory figures, Z3_STEPS losses, Z3_STEPS gradient norms (before clipping), then
+// Values rank 0 wrote: Z3_HEAD figures (model state bytes, gathered bytes, gradient work bytes, parameters, ZeRO
+// bytes sent inside the node, across nodes), Z3_STEPS losses, Z3_STEPS gradient norms (before clipping), then
 // every parameter (Z3_PARAMS onwards).
 typedef struct {
     double *v;
     size_t n;
 } Z3Result;
-#define Z3_HEAD 4
+#define Z3_HEAD 6
 #define Z3_NORMS (Z3_HEAD + Z3_STEPS)
 #define Z3_PARAMS (Z3_HEAD + 2 * Z3_STEPS)
 
 // Runs N ranks; returns 0 and rank 0's values, or -1.
-static int z3_run_world(const Z3Case *c, int world, int stage, int k, Z3Result *out) {
+static int z3_run_world(const Z3Case *c, int world, int stage, Z3Result *out) {
     char path[256];
-    snprintf(path, sizeof path, "/tmp/tandem_zero3_%d_%d_%d.txt", (int)getpid(), world, stage);
-    int port = z3_free_port(k);
+    snprintf(path, sizeof path, "/tmp/tandem_zero3_%d_%d_%d_%d_%d_%d.txt", (int)getpid(), world, stage, c->nodes,
+             c->hybrid, c->hpz);
+    int port = z3_free_port();
     pid_t pids[8];
     for (int r = 0; r < world; r++) {
         pids[r] = fork();
