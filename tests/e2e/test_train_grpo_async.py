@@ -84,7 +84,8 @@ def test_staleness_zero_is_the_baseline_build(setup):
     for ckpt in ("checkpoint-3", "checkpoint-6"):
         assert (out_b / ckpt / "model.safetensors").read_bytes() == (out_0 / ckpt / "model.safetensors").read_bytes()
         states = [json.loads((out / ckpt / "trainer_state.json").read_text()) for out in (out_b, out_0)]
-        assert states[0] == states[1], states
+        # Every key the baseline writes is equal; keys added since (zero_slicing, ...) are not the baseline's.
+        assert states[0] == {k: v for k, v in states[1].items() if k in states[0]}, states
 
 
 def test_ahead_with_still_weights_is_the_synchronous_run(setup):
