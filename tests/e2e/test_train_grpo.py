@@ -35,13 +35,15 @@ def write_dataset(path, n=64):
             f.write(json.dumps({"prompt": words[i % len(words)] + f" {i % 10}", "id": i}) + "\n")
 
 
-def launch(args, world, port, out_dir, env_extra=None):
+def launch(args, world, port, out_dir, env_extra=None, binary=None):
+    """Starts `world` ranks of `binary` (default: this build's tandem-train), logs in out_dir/rank<r>.log."""
     procs = []
     for rank in range(world):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(port), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", **(env_extra or {}))
         log = open(out_dir / f"rank{rank}.log", "w")
-        procs.append((subprocess.Popen([train_binary(), *args], env=env, stdout=log, stderr=subprocess.STDOUT), log))
+        procs.append((subprocess.Popen([binary or train_binary(), *args], env=env, stdout=log, stderr=subprocess.STDOUT),
+                      log))
     return procs
 
 

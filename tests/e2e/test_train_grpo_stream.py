@@ -22,7 +22,6 @@ import json
 import os
 import pathlib
 import re
-import subprocess
 import sys
 import threading
 import time
@@ -99,16 +98,7 @@ def run(setup, tag, steps, world, extra, server_args=(), delay=0.0, binary=None)
         stack.enter_context(TandemServer(model_dir, "--control", control, *server_args))
         service = stack.enter_context(RewardService(delay))
         args = grpo_args(model_dir, data, out_dir, control, steps=steps, extra=[*extra, "--reward-url", service.url])
-        if binary is None:
-            procs = launch(args, world, free_port(), d)
-        else:
-            port, procs = free_port(), []
-            for rank in range(world):
-                env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank),
-                           MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), OMP_NUM_THREADS="1",
-                           OPENBLAS_NUM_THREADS="1")
-                log = open(d / f"rank{rank}.log", "w")
-                procs.append((subprocess.Popen([binary, *args], env=env, stdout=log, stderr=subprocess.STDOUT), log))
+        procs = launch(args, world, free_port(), d, binary=binary)
         codes = [p.wait(timeout=600) for p, _ in procs]
         for _, log in procs:
             log.close()
