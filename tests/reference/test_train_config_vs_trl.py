@@ -24,7 +24,8 @@ TANDEM_ONLY = {"model", "train_file", "mode", "overwrite_output_dir", "chat_temp
                "reward_backoff", "reward_max_response_mb", "resume", "zero_stage", "device", "init_timeout", "comm_timeout",
                "rollout_servers", "rollout_timeout", "weight_sync_steps", "weight_sync_transport", "warmup_ratio",
                "keep_logits", "control_server_key", "control_client_key",
-               "max_staleness"}   # TRL's AsyncGRPOConfig has it, GRPOConfig does not
+               "max_staleness",   # TRL's AsyncGRPOConfig has it, GRPOConfig does not
+               "sharding_strategy", "zero_hpz_partition_size"}   # FSDP's and DeepSpeed ZeRO++'s names
 # Same meaning, different spelling of "unset" or a value that only names TRL's implementation.
 DEFAULT_SPELLING = {
     "min_p": (None, 0.0),             # off
