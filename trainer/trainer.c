@@ -246,7 +246,8 @@ int trainer_open(Trainer *t, TrainConfig *cfg, char *err, size_t err_len) {
     t->total_steps = train_config_total_steps(cfg, steps_per_epoch);
     if (cfg->resume) {
         char loaded[PATH_MAX];
-        CheckpointOptions co = {.output_dir = cfg->output_dir, .base_model_dir = cfg->model};
+        CheckpointOptions co = {.output_dir = cfg->output_dir, .base_model_dir = cfg->model,
+                                .data_order_per_rank = cfg->shuffle_dataset};
         if (checkpoint_load(t->policy, &t->model, t->comm, &co, cfg->resume, &t->progress, loaded, err, err_len) != 0)
             return -1;
         if (data_seek(t->data, (uint64_t)t->progress.epoch, (size_t)t->progress.data_position, err, err_len) != 0)
