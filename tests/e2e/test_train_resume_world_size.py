@@ -1,5 +1,5 @@
 """Resume on another number of ranks: an SFT checkpoint of flat ZeRO-3 written by N CPU ranks resumes on M ranks
-(2 -> 1, 2 -> 4, 4 -> 2) and continues as the resume on N does.
+(2 -> 1, 2 -> 4, 4 -> 2; stages 1 and 2: 2 -> 4) and continues as the resume on N does.
 
 The global batch stays 8 rows (per-device batch x accumulation x ranks) and shuffle_dataset is off, so the ranks'
 interleaved shards (data.h: rank r takes records g % N == r) hand the same 8 records to each optimizer step
@@ -27,16 +27,16 @@ LR = 1e-2
 SHAPE = {1: (2, 4), 2: (2, 2), 4: (2, 1)}
 
 
-def args(d, out, world, extra=()):
+def args(d, out, world, extra=(), stage=3):
     b, ga = SHAPE[world]
     return ["--mode", "sft", "--model", str(d / "model"), "--train-file", str(d / "train.jsonl"), "--output-dir",
             str(d / out), "--per-device-train-batch-size", str(b), "--gradient-accumulation-steps", str(ga),
             "--learning-rate", str(LR), "--max-steps", "6", "--save-steps", "3", "--logging-steps", "1",
-            "--zero-stage", "3", "--seed", "5", "--init-timeout", "60", "--shuffle-dataset", "false", *extra]
+            "--zero-stage", str(stage), "--seed", "5", "--init-timeout", "60", "--shuffle-dataset", "false", *extra]
 
 
-def train(d, out, world, extra=()):
-    codes, logs = run(args(d, out, world, extra), world, d, out)
+def train(d, out, world, extra=(), stage=3):
+    codes, logs = run(args(d, out, world, extra, stage), world, d, out)
     assert codes == [0] * world, logs
     return logs
 
@@ -54,19 +54,19 @@ def setup(tmp_path_factory):
     return d
 
 
-def check_resumes(d, written_by, ranks_after):
-    full = f"full{written_by}"
-    train(d, full, written_by)
+def check_resumes(d, written_by, ranks_after, stage=3):
+    full = f"full{written_by}" + ("" if stage == 3 else f"-stage{stage}")
+    train(d, full, written_by, stage=stage)
     ckpt = d / full / "checkpoint-3"
     assert json.loads((ckpt / "trainer_state.json").read_text())["world_size"] == written_by
     same = f"{full}-to-{written_by}"
-    train(d, same, written_by, ["--resume", str(ckpt)])
+    train(d, same, written_by, ["--resume", str(ckpt)], stage)
     ref_losses, ref_w = losses(d / same), weights(d / same / "checkpoint-6" / "model.safetensors")
     # Resuming on the same ranks repeats the uninterrupted run bit for bit.
     assert ref_losses == {s: losses(d / full)[s] for s in (4, 5, 6)}
     for m in ranks_after:
         out = f"{full}-to-{m}"
-        logs = train(d, out, m, ["--resume", str(ckpt)])
+        logs = train(d, out, m, ["--resume", str(ckpt)], stage)
         assert f"written by {written_by} ranks; re-slicing its flat ZeRO state for {m} ranks" in logs, logs
         got = losses(d / out)
         assert sorted(got) == [4, 5, 6], got
@@ -84,6 +84,12 @@ def test_two_ranks_resume_on_one_and_on_four(setup):
 
 def test_four_ranks_resume_on_two(setup):
     check_resumes(setup, 4, (2,))
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_stages_one_and_two_resume_on_another_number_of_ranks(setup, stage):
+    """Every stage keeps the same slices of master and moments (zero3.h), so stages 1 and 2 re-slice alike."""
+    check_resumes(setup, 2, (4,), stage)
 
 
 def test_what_cannot_be_resliced_is_refused(setup):
