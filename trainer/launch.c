@@ -278,7 +278,7 @@ static int parse_int(const char *what, const char *text, int lo, int hi, int *ou
 
 // The flag's value when given, else the first environment variable of envs that is set (*what names the source;
 // NULL when none is). Two of envs set to different values contradict each other (ours and PyTorchJob's PET_ name
-// of one value): -1 after saying so, even with the flag given, since the ranks inherit both.
+// of one value): -1 after saying so, even with the flag given, since the environment describes another run.
 static int flag_or_env(const char *flag_val, const char *flag, const char *const *envs, const char **what,
                        const char **val) {
     *what = flag, *val = flag_val;
