@@ -81,17 +81,19 @@ def torchrun():
     return str(TORCHRUN)
 
 
-def test_torchrun_one_node_of_two_ranks(setup):
-    """torchrun --no-python --nproc-per-node 2 with a fixed --master-port (static rendezvous: its agent's TCPStore
-    binds MASTER_PORT): the ranks rendezvous on MASTER_PORT + 1 and train as tandem-train launch's ranks do."""
+@pytest.mark.parametrize("rdzv", ["static", "standalone"])
+def test_torchrun_one_node_of_two_ranks(setup, rdzv):
+    """torchrun --no-python --nproc-per-node 2, with a fixed --master-port (static rendezvous: its agent's TCPStore
+    binds MASTER_PORT) or --standalone (c10d on a port of the kernel's, which becomes MASTER_PORT): the ranks
+    rendezvous on MASTER_PORT + 1 and train as tandem-train launch's ranks do."""
     d, ref = setup
     port = free_port(2)
-    out, = run_all([([torchrun(), "--nnodes", "1", "--nproc-per-node", "2", "--master-addr", "127.0.0.1",
-                      "--master-port", str(port), "--no-python", tandem_train(), *train_args(d, "torchrun1")],
-                     clean_env())], d)
-    assert f"2 rank(s) joined (rendezvous at 127.0.0.1:{port + 1}, port from MASTER_PORT+1 (torchrun's agent " \
-           "holds MASTER_PORT)" in out, out
-    assert losses(d / "torchrun1") == ref
+    where = (["--master-addr", "127.0.0.1", "--master-port", str(port)] if rdzv == "static" else ["--standalone"])
+    out, = run_all([([torchrun(), "--nnodes", "1", "--nproc-per-node", "2", *where, "--no-python", tandem_train(),
+                      *train_args(d, f"torchrun1-{rdzv}")], clean_env())], d)
+    said = "port from MASTER_PORT+1 (torchrun's agent holds MASTER_PORT)"
+    assert said in out and (rdzv != "static" or f"rendezvous at 127.0.0.1:{port + 1}, {said}" in out), out
+    assert losses(d / f"torchrun1-{rdzv}") == ref
 
 
 def test_torchrun_two_nodes(setup):
