@@ -532,14 +532,32 @@ int checkpoint_load(Zero3 *z, Model *m, Comm *c, const CheckpointOptions *o, con
     rc = checkpoint_state_from_json(j, state_path, &cs, err, err_len);
     json_decref(j);
     if (rc != 0) return -1;
-    if (cs.world_size != world) {
-        snprintf(err, err_len, "%s was written by %d ranks; this run has %d: resume with WORLD_SIZE=%d", path,
-                 cs.world_size, world, cs.world_size);
-        return -1;
-    }
     char slicing[32];
     zero3_slicing(z, slicing, sizeof slicing);
-    if (strcmp(cs.zero_slicing, slicing) != 0) {
+    const int reslice = cs.world_size != world;
+    if (reslice && (strcmp(cs.zero_slicing, "full_shard") != 0 || strcmp(slicing, "full_shard") != 0)) {
+        snprintf(err, err_len, "%s was written by %d ranks with the ZeRO state cut %s; this run has %d ranks cutting "
+                 "it %s: only flat ZeRO (full_shard on both sides) resumes on another number of ranks; resume with "
+                 "WORLD_SIZE=%d and the same cut", path, cs.world_size, cs.zero_slicing, world, slicing, cs.world_size);
+        return -1;
+    }
+    if (reslice && cs.progress.data_position > 0 && o->data_order_per_rank) {
+        snprintf(err, err_len, "%s was written by %d ranks at position %lld of epoch %lld; this run has %d ranks and "
+                 "shuffle_dataset on, whose order is per rank's shard: the epoch cannot continue in the same order. "
+                 "Resume with WORLD_SIZE=%d, from a checkpoint at an epoch boundary, or with --shuffle-dataset false "
+                 "on both runs", path, cs.world_size, (long long)cs.progress.data_position,
+                 (long long)cs.progress.epoch, world, cs.world_size);
+        return -1;
+    }
+    if (reslice && (cs.progress.data_position * cs.world_size) % world != 0) {
+        snprintf(err, err_len, "%s was written by %d ranks at data_position %lld (per rank: %lld records in all); "
+                 "this run's %d ranks cannot split that evenly: resume with WORLD_SIZE=%d or a number of ranks that "
+                 "divides %lld", path, cs.world_size, (long long)cs.progress.data_position,
+                 (long long)(cs.progress.data_position * cs.world_size), world, cs.world_size,
+                 (long long)(cs.progress.data_position * cs.world_size));
+        return -1;
+    }
+    if (!reslice && strcmp(cs.zero_slicing, slicing) != 0) {
         snprintf(err, err_len, "%s was written with the ZeRO state cut %s; this run cuts it %s: resume with the same "
                  "sharding_strategy and zero_hpz_partition_size on the same node layout", path, cs.zero_slicing, slicing);
         return -1;
@@ -550,11 +568,21 @@ int checkpoint_load(Zero3 *z, Model *m, Comm *c, const CheckpointOptions *o, con
         return -1;
     }
     *p = cs.progress;
+    if (reslice) {
+        p->data_position = cs.progress.data_position * cs.world_size / world;
+        if (rank == 0)
+            fprintf(stderr, "tandem-train: %s was written by %d ranks; re-slicing its flat ZeRO state for %d ranks "
+                    "(data_position %lld per rank becomes %lld)\n", path, cs.world_size, world,
+                    (long long)cs.progress.data_position, (long long)p->data_position);
+    }
 
     char opt_path[PATH_MAX + 64];
     snprintf(opt_path, sizeof opt_path, "%s/trainer_state/rank-%05d/optimizer.safetensors", path, rank);
-    SafetensorsSet *set;
-    if (st_open(&set, opt_path, err, err_len) != 0) return -1;
+    SafetensorsSet *set = NULL;
+    CheckpointReslice *rs = NULL;
+    if (reslice ? checkpoint_reslice_open(&rs, path, cs.world_size, err, err_len) != 0
+                : st_open(&set, opt_path, err, err_len) != 0)
+        return -1;
     float *buf[3] = {0};
     for (int u = 0; u < m->layout.n_units && rc == 0; u++) {
         size_t n = zero3_shard_count(z, u);
@@ -567,14 +595,19 @@ int checkpoint_load(Zero3 *z, Model *m, Comm *c, const CheckpointOptions *o, con
                 rc = -1;
             }
         }
-        if (rc == 0) rc = checkpoint_read_unit_state(set, opt_path, u, n, buf[0], buf[1], buf[2], err, err_len);
+        if (rc == 0 && rs)
+            rc = checkpoint_read_resliced_unit(rs, &m->layout, u, zero3_shard_offset(z, u), n, buf[0], buf[1], buf[2],
+                                               err, err_len);
+        else if (rc == 0)
+            rc = checkpoint_read_unit_state(set, opt_path, u, n, buf[0], buf[1], buf[2], err, err_len);
         if (rc == 0 && zero3_restore_shard(z, u, buf[0], buf[1], buf[2]) != 0) {
             snprintf(err, err_len, "restoring unit %d: %s", u, ops_error(m->ops));
             rc = -1;
         }
     }
     for (int k = 0; k < 3; k++) free(buf[k]);
-    st_close(set);
+    if (set) st_close(set);
+    checkpoint_reslice_close(rs);
     int32_t ok = rc == 0;
     if (comm_all_reduce(c, &ok, 1, COMM_I32, COMM_SUM) != 0) {
         snprintf(err, err_len, "resume: %s", comm_error(c));

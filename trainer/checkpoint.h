@@ -62,6 +62,9 @@ typedef struct {
     int save_bf16;               // model tensors as bf16 (else fp32)
     size_t max_shard_bytes;      // 0 = one model.safetensors
     int keep_last;               // save_total_limit: 0 = keep all
+    // checkpoint_load: 1 when each rank's data order depends on the number of ranks (shuffle_dataset: a permutation
+    // per rank's shard), so that a resume on another number of ranks cannot continue an epoch's order.
+    int data_order_per_rank;
     // NULL, or called at each CheckpointPhase checkpoint_save passes (step: the checkpoint's, or for
     // PRUNE_ASIDE the pruned one's) with phase_arg.
     void (*phase_hook)(CheckpointPhase phase, long long step, void *phase_arg);
@@ -73,8 +76,13 @@ int checkpoint_save(Zero3 *z, Model *m, Comm *c, const CheckpointOptions *o, con
                     char *err, size_t err_len);
 // All ranks call together: restores master weights, Adam moments and progress from dir (a checkpoint-STEP
 // folder, or "latest" = the highest complete checkpoint-STEP under o->output_dir, after rank 0 has settled what a
-// stopped run left there, as checkpoint_save does). Refuses another world size or model layout,
-// naming both values. Another ZeRO stage is fine: every stage keeps the same slices (trainer/zero3.h).
+// stopped run left there, as checkpoint_save does). Refuses another model layout, naming both values. Another
+// ZeRO stage is fine: every stage keeps the same slices (trainer/zero3.h). Another number of ranks is fine for a
+// flat ZeRO (full_shard) checkpoint resumed flat: the state is re-sliced (checkpoint_reslice.c) and
+// data_position, counted per rank, becomes data_position x old ranks / new ranks (the ranks' records interleave,
+// data.h, so with the same global batch the same records come next); refused, naming both sides, for another cut
+// (hybrid_shard:G, hpz:G on either side), a position that does not divide, or a shuffled epoch under way
+// (o->data_order_per_rank and data_position > 0).
 int checkpoint_load(Zero3 *z, Model *m, Comm *c, const CheckpointOptions *o, const char *dir, TrainProgress *p,
                     char *loaded_dir, char *err, size_t err_len);
 
@@ -97,5 +105,15 @@ int checkpoint_state_from_json(const json_t *j, const char *name, CheckpointStat
 // optimizer.safetensors (path: the file, for messages), as checkpoint_load does. 0, or -1 with a message.
 int checkpoint_read_unit_state(const SafetensorsSet *set, const char *path, int unit, size_t n, float *master,
                                float *adam_m, float *adam_v, char *err, size_t err_len);
+
+// A flat ZeRO (full_shard) checkpoint written by old_world ranks, read by a run of another number of ranks
+// (trainer/checkpoint_reslice.c): each of its slices is cut from the old ranks' slices that overlap it.
+typedef struct CheckpointReslice CheckpointReslice;
+int checkpoint_reslice_open(CheckpointReslice **out, const char *dir, int old_world, char *err, size_t err_len);
+void checkpoint_reslice_close(CheckpointReslice *r);
+// Elements [off, off + n) of unit (padded for this run's ranks) of master, adam_m, adam_v: the old ranks' values
+// for the unit's layout.unit_numel[unit] elements, zero for the padding past them. 0, or -1 naming the file.
+int checkpoint_read_resliced_unit(CheckpointReslice *r, const Layout *layout, int unit, size_t off, size_t n,
+                                  float *master, float *adam_m, float *adam_v, char *err, size_t err_len);
 
 #endif

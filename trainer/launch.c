@@ -30,6 +30,7 @@
 
 #include "kernels/ops.h"
 #include "shared/cli.h"
+#include "shared/comm/comm.h"
 #include "shared/version.h"
 #include "trainer/control_keygen.h"
 #include "trainer/make_dirs.h"
@@ -66,12 +67,17 @@ typedef struct {
 static const CliOption kOptions[] = {
     {.flag = "--model", .type = CLI_TEXT, .offset = offsetof(LaunchOptions, model), .value_name = "DIR",
      .help = "model folder, given to the servers and the ranks", .required = 1},
-    INT("--ranks", ranks, 1, 128, "trainer ranks on this node"),
-    TEXT("--nnodes", nnodes, "N", "nodes in the run", "env NNODES, else 1"),
+    {.flag = "--ranks", .type = CLI_INT, .offset = offsetof(LaunchOptions, ranks), .help = "trainer ranks on this node",
+     .bounds = CLI_BOUND_MIN | CLI_BOUND_MAX, .min = 1, .max = 128,
+     .default_note = "env PET_NPROC_PER_NODE (Kubeflow PyTorchJob), else 1"},
+    TEXT("--nnodes", nnodes, "N", "nodes in the run", "env NNODES or PET_NNODES, else 1"),
     TEXT("--node-rank", node_rank, "R", "this node's index, 0 .. nnodes-1",
-         "env NODE_RANK, else JOB_COMPLETION_INDEX (Kubernetes indexed Job), else 0"),
-    TEXT("--master-addr", master_addr, "HOST", "node 0's host name or IP address", "env MASTER_ADDR, else 127.0.0.1"),
-    TEXT("--master-port", master_port, "P", "rendezvous port of rank 0", "env MASTER_PORT, else 29500"),
+         "env NODE_RANK or PET_NODE_RANK, else JOB_COMPLETION_INDEX (Kubernetes indexed Job), else 0"),
+    TEXT("--master-addr", master_addr, "HOST", "node 0's host name or IP address",
+         "env MASTER_ADDR or PET_MASTER_ADDR, else 127.0.0.1"),
+    TEXT("--master-port", master_port, "P",
+         "MASTER_PORT of the run; rank 0's rendezvous binds it, or TANDEM_RENDEZVOUS_PORT when that is set",
+         "env MASTER_PORT or PET_MASTER_PORT, else 29500"),
     INT("--servers", servers, 0, 64,
         "rollout servers, started on node 0 (0 for --mode sft or for servers of your own, given as --rollout-servers "
         "after --)"),
@@ -110,7 +116,8 @@ static const CliSpec kSpec = {
         "fails or on Ctrl-C. Local rank 0's output streams here; the others' go to --log-dir.\n"
         "Several nodes: run the same command on each, with its own --node-rank. Each rank gets RANK =\n"
         "node_rank * ranks + local rank, WORLD_SIZE = nnodes * ranks, LOCAL_RANK, MASTER_ADDR, MASTER_PORT,\n"
-        "and its node: LOCAL_WORLD_SIZE = ranks, NNODES, NODE_RANK (and torchrun's GROUP_RANK, GROUP_WORLD_SIZE).",
+        "and its node: LOCAL_WORLD_SIZE = ranks, NNODES, NODE_RANK (and torchrun's GROUP_RANK, GROUP_WORLD_SIZE;\n"
+        "PyTorchJob's PET_* variables, where set, are given the same values).",
     .epilog =
         "Options after -- go to the trainer ranks (tandem-train's own options).\n"
         "CPU threads: every server and rank started here gets OPENBLAS_NUM_THREADS and OMP_NUM_THREADS =\n"
@@ -269,18 +276,25 @@ static int parse_int(const char *what, const char *text, int lo, int hi, int *ou
     return 0;
 }
 
-// The flag's value when given, else the first environment variable that is set (*what names the source).
-static const char *flag_or_env(const char *flag_val, const char *flag, const char *const *envs, const char **what) {
-    *what = flag;
-    if (flag_val) return flag_val;
+// The flag's value when given, else the first environment variable of envs that is set (*what names the source;
+// NULL when none is). Two of envs set to different values contradict each other (ours and PyTorchJob's PET_ name
+// of one value): -1 after saying so, even with the flag given, since the environment describes another run.
+static int flag_or_env(const char *flag_val, const char *flag, const char *const *envs, const char **what,
+                       const char **val) {
+    *what = flag, *val = flag_val;
+    const char *first = NULL, *first_name = NULL;
     for (int i = 0; envs[i]; i++) {
         const char *v = getenv(envs[i]);
-        if (v) {
-            *what = envs[i];
-            return v;
+        if (!v) continue;
+        if (first && strcmp(first, v) != 0) {
+            fprintf(stderr, "tandem-train launch: environment variables %s='%s' and %s='%s' disagree\n", first_name,
+                    first, envs[i], v);
+            return -1;
         }
+        if (!first) first = v, first_name = envs[i];
     }
-    return NULL;
+    if (!flag_val && first) *what = first_name, *val = first;
+    return 0;
 }
 
 // A pod's DNS name (the headless Service's record) appears a few seconds after the pod starts, and a rank
@@ -350,7 +364,7 @@ static int resolve_control_keys(const char *keys_arg, int insecure, int servers,
 }
 
 int launch_main(int argc, char **argv) {
-    LaunchOptions o = {.server_device = "cpu", .log_dir = "launch-logs", .ranks = 1, .servers = 1,
+    LaunchOptions o = {.server_device = "cpu", .log_dir = "launch-logs", .ranks = 0, .servers = 1,
                        .control_port = 5555, .dns_timeout = 300};
     const LaunchOptions defaults = o;
     int train_start = argc;
@@ -367,20 +381,40 @@ int launch_main(int argc, char **argv) {
     int ranks = o.ranks, servers = o.servers, master_port = 29500, control_port = o.control_port;
     int dns_timeout = o.dns_timeout, control_insecure = o.control_insecure, n_server_args = o.server_args.n;
     const char *const *server_args = o.server_args.items;
-    // Flags win over the environment; NODE_RANK over JOB_COMPLETION_INDEX (set by a Kubernetes indexed Job).
-    static const char *const env_nnodes[] = {"NNODES", NULL}, *const env_node[] = {"NODE_RANK", "JOB_COMPLETION_INDEX", NULL},
-                             *const env_addr[] = {"MASTER_ADDR", NULL}, *const env_port[] = {"MASTER_PORT", NULL};
+    // Flags win over the environment; NODE_RANK (or PyTorchJob's PET_NODE_RANK) over JOB_COMPLETION_INDEX (set by
+    // a Kubernetes indexed Job).
+    static const char *const env_nnodes[] = {"NNODES", "PET_NNODES", NULL},
+                             *const env_node[] = {"NODE_RANK", "PET_NODE_RANK", NULL},
+                             *const env_index[] = {"JOB_COMPLETION_INDEX", NULL},
+                             *const env_addr[] = {"MASTER_ADDR", "PET_MASTER_ADDR", NULL},
+                             *const env_port[] = {"MASTER_PORT", "PET_MASTER_PORT", NULL},
+                             *const env_ranks[] = {"PET_NPROC_PER_NODE", NULL};
     const char *what, *val;
     int nnodes = 1, node_rank = 0;
-    if ((val = flag_or_env(nnodes_arg, "--nnodes", env_nnodes, &what)) && parse_int(what, val, 1, 4096, &nnodes))
+    if (!ranks) {
+        if (flag_or_env(NULL, "--ranks", env_ranks, &what, &val) || (val && parse_int(what, val, 1, 128, &ranks)))
+            return 2;
+        if (!val) ranks = 1;
+    }
+    if (flag_or_env(nnodes_arg, "--nnodes", env_nnodes, &what, &val) || (val && parse_int(what, val, 1, 4096, &nnodes)))
         return 2;
-    if ((val = flag_or_env(node_rank_arg, "--node-rank", env_node, &what)) &&
-        parse_int(what, val, 0, nnodes - 1, &node_rank))
+    if (flag_or_env(node_rank_arg, "--node-rank", env_node, &what, &val)) return 2;
+    if (!val && flag_or_env(NULL, "--node-rank", env_index, &what, &val)) return 2;
+    if (val && parse_int(what, val, 0, nnodes - 1, &node_rank)) return 2;
+    const char *port_what;
+    if (flag_or_env(master_port_arg, "--master-port", env_port, &port_what, &val) ||
+        (val && parse_int(port_what, val, 1, 65535, &master_port)))
         return 2;
-    if ((val = flag_or_env(master_port_arg, "--master-port", env_port, &what)) &&
-        parse_int(what, val, 1, 65535, &master_port))
+    // The port rank 0's rendezvous binds, by the ranks' own rule (comm.h), so that what is said here is what they do.
+    int rdzv_port;
+    char rdzv_source[96], perr[256];
+    if (comm_rendezvous_port_from_env(master_port, val ? port_what : "MASTER_PORT", &rdzv_port, rdzv_source,
+                                      sizeof rdzv_source, perr, sizeof perr)) {
+        fprintf(stderr, "tandem-train launch: %s\n", perr);
         return 2;
-    const char *master_addr = flag_or_env(master_addr_arg, "--master-addr", env_addr, &what);
+    }
+    const char *master_addr;
+    if (flag_or_env(master_addr_arg, "--master-addr", env_addr, &what, &master_addr)) return 2;
     if (!master_addr) master_addr = "127.0.0.1";
     int addr_ok = *master_addr && strlen(master_addr) < 256;
     for (const char *p = master_addr; *p; p++) addr_ok &= *p > ' ' && *p != '/' && *p != '[' && *p != ']';
@@ -418,8 +452,9 @@ int launch_main(int argc, char **argv) {
     sigaction(SIGINT, &sa, NULL);
     sigaction(SIGTERM, &sa, NULL);
     if (nnodes > 1)
-        fprintf(stderr, "tandem-train launch: node %d of %d: ranks %d..%d of WORLD_SIZE %d, MASTER_ADDR %s:%d\n",
-                node_rank, nnodes, first_rank, first_rank + ranks - 1, world, master_addr, master_port);
+        fprintf(stderr, "tandem-train launch: node %d of %d: ranks %d..%d of WORLD_SIZE %d, MASTER_ADDR %s:%d "
+                "(rendezvous port from %s)\n", node_rank, nnodes, first_rank, first_rank + ranks - 1, world,
+                master_addr, rdzv_port, rdzv_source);
     if (world > 1 && wait_resolvable(master_addr, dns_timeout) != 0) return interrupted ? 130 : 1;
     char thread_bufs[N_THREAD_VARS][48], *thread_env[N_THREAD_VARS + 1];
     thread_share_env(ranks + (node_rank == 0 ? servers : 0), thread_bufs, thread_env);
@@ -461,8 +496,8 @@ int launch_main(int argc, char **argv) {
     }
     for (int lr = 0; lr < ranks; lr++) {
         int r = first_rank + lr;
-        enum { N_CONTRACT = 11 };
-        char *args[MAX_ARGS], *env[N_CONTRACT + N_THREAD_VARS + 1], buf[N_CONTRACT][320];
+        enum { N_CONTRACT = 11, N_PET = 5 };
+        char *args[MAX_ARGS], *env[N_CONTRACT + N_PET + N_THREAD_VARS + 1], buf[N_CONTRACT + N_PET][320];
         int k = 0;
         args[k++] = train_bin;
         args[k++] = "--model", args[k++] = (char *)model;
@@ -488,6 +523,20 @@ int launch_main(int argc, char **argv) {
         snprintf(buf[10], sizeof buf[10], "GROUP_RANK=%d", node_rank);
         int n_env = 0;
         for (int j = 0; j < N_CONTRACT; j++) env[n_env++] = buf[j];
+        // A pod's PET_* variables (PyTorchJob) are further names of these (comm.h): each set one is given the value
+        // chosen here, so that a flag that won over it does not leave the ranks a contradiction.
+        const char *pet_name[N_PET] = {"PET_NNODES", "PET_NODE_RANK", "PET_NPROC_PER_NODE", "PET_MASTER_ADDR",
+                                       "PET_MASTER_PORT"};
+        for (int j = 0; j < N_PET; j++) {
+            if (!getenv(pet_name[j])) continue;
+            char *b = buf[N_CONTRACT + j];
+            if (j == 0) snprintf(b, sizeof buf[0], "%s=%d", pet_name[j], nnodes);
+            if (j == 1) snprintf(b, sizeof buf[0], "%s=%d", pet_name[j], node_rank);
+            if (j == 2) snprintf(b, sizeof buf[0], "%s=%d", pet_name[j], ranks);
+            if (j == 3) snprintf(b, sizeof buf[0], "%s=%s", pet_name[j], master_addr);
+            if (j == 4) snprintf(b, sizeof buf[0], "%s=%d", pet_name[j], master_port);
+            env[n_env++] = b;
+        }
         for (int j = 0; thread_env[j]; j++) env[n_env++] = thread_env[j];
         env[n_env] = NULL;
         Child *c = &children[n_children++];

@@ -193,8 +193,8 @@ int trainer_open(Trainer *t, TrainConfig *cfg, char *err, size_t err_len) {
                  backend == OPS_BACKEND_CUDA ? "GPU without NCCL" : "CPU", "; use --weight-sync-transport zmq");
         return -1;
     }
-    log0(t, "%d rank(s) joined (rendezvous at %s:%d), %s backend, ZeRO collectives over %s, weight sync over %s",
-         t->world, ci.master_addr, ci.master_port, backend == OPS_BACKEND_CUDA ? "cuda" : "cpu",
+    log0(t, "%d rank(s) joined (rendezvous at %s:%d, port from %s), %s backend, ZeRO collectives over %s, weight sync over %s",
+         t->world, ci.master_addr, ci.master_port, ci.port_source, backend == OPS_BACKEND_CUDA ? "cuda" : "cpu",
          t->dcomm != t->comm ? "NCCL" : t->world > 1 ? "ZeroMQ" : "nothing (one rank)", t->sync.use_nccl ? "NCCL" : "ZeroMQ");
     if (prepare_output_dir(t, err, err_len) != 0) return -1;
     if (open_model(t, err, err_len) != 0) return -1;
@@ -246,7 +246,8 @@ int trainer_open(Trainer *t, TrainConfig *cfg, char *err, size_t err_len) {
     t->total_steps = train_config_total_steps(cfg, steps_per_epoch);
     if (cfg->resume) {
         char loaded[PATH_MAX];
-        CheckpointOptions co = {.output_dir = cfg->output_dir, .base_model_dir = cfg->model};
+        CheckpointOptions co = {.output_dir = cfg->output_dir, .base_model_dir = cfg->model,
+                                .data_order_per_rank = cfg->shuffle_dataset};
         if (checkpoint_load(t->policy, &t->model, t->comm, &co, cfg->resume, &t->progress, loaded, err, err_len) != 0)
             return -1;
         if (data_seek(t->data, (uint64_t)t->progress.epoch, (size_t)t->progress.data_position, err, err_len) != 0)

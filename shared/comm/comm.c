@@ -1,5 +1,5 @@
-// shared/comm/comm.c — comm.h's front: the launch contract from the environment, argument checks shared by every
-// backend, and dispatch to the backend (comm_host.c; comm_nccl.c in CUDA builds).
+// shared/comm/comm.c — comm.h's front: argument checks shared by every backend, and dispatch to the backend
+// (comm_host.c; comm_nccl.c in CUDA builds). The launch contract is read by comm_env.c.
 #include "shared/err.h"
 #include "shared/comm/comm_internal.h"
 
@@ -63,112 +63,6 @@ const char *comm_dtype_name(CommDtype dtype) {
     case COMM_F64: return "f64";
     }
     return "?";
-}
-
-// Reads an integer variable; absent -> def. Malformed or out of [lo, hi] -> error naming it.
-static int env_int(const char *name, int def, int lo, int hi, int *out, int *present, char *err, size_t len) {
-    const char *v = getenv(name);
-    *present = v != NULL;
-    if (!v) {
-        *out = def;
-        return 0;
-    }
-    char *end = NULL;
-    errno = 0;
-    long x = strtol(v, &end, 10);
-    if (!*v || errno || end == v || *end != '\0')
-        return err_fail_code(COMM_ERR_INVALID, err, len, "environment variable %s='%s' is not an integer", name, v);
-    if (x < lo || x > hi) return err_fail_code(COMM_ERR_INVALID, err, len, "environment variable %s=%ld is outside %d..%d", name, x, lo, hi);
-    *out = (int)x;
-    return 0;
-}
-
-// One value under two names (ours and torchrun's): both set and different is a contradiction.
-static int env_int_either(const char *a, const char *b, int lo, int hi, int *out, const char **which, char *err,
-                          size_t len) {
-    int va = -1, vb = -1, has_a = 0, has_b = 0;
-    if (env_int(a, -1, lo, hi, &va, &has_a, err, len) || env_int(b, -1, lo, hi, &vb, &has_b, err, len))
-        return COMM_ERR_INVALID;
-    if (has_a && has_b && va != vb)
-        return err_fail_code(COMM_ERR_INVALID, err, len, "environment variables %s=%d and %s=%d disagree", a, va, b, vb);
-    *out = has_a ? va : has_b ? vb : -1;
-    *which = has_a ? a : has_b ? b : NULL;
-    return 0;
-}
-
-// The node part of the launch contract (comm.h, comm_init_from_env), after RANK, WORLD_SIZE and LOCAL_RANK.
-static int node_from_env(CommInit *ci, int has_local, char *err, size_t len) {
-    int lws, has_lws, nnodes, node;
-    const char *nn_name, *node_name;
-    if (env_int("LOCAL_WORLD_SIZE", -1, 1, 1 << 20, &lws, &has_lws, err, len) ||
-        env_int_either("NNODES", "GROUP_WORLD_SIZE", 1, 1 << 20, &nnodes, &nn_name, err, len) ||
-        env_int_either("NODE_RANK", "GROUP_RANK", 0, (1 << 20) - 1, &node, &node_name, err, len))
-        return COMM_ERR_INVALID;
-    const int world = ci->world_size;
-    if (!has_lws && !nn_name) {
-        lws = world, nnodes = 1;
-    } else if (!has_lws) {
-        if (world % nnodes)
-            return err_fail_code(COMM_ERR_INVALID, err, len, "WORLD_SIZE %d is not a multiple of %s=%d (and "
-                                 "LOCAL_WORLD_SIZE is not set)", world, nn_name, nnodes);
-        lws = world / nnodes;
-    } else if (!nn_name) {
-        if (world % lws)
-            return err_fail_code(COMM_ERR_INVALID, err, len, "WORLD_SIZE %d is not a multiple of LOCAL_WORLD_SIZE=%d "
-                                 "(and NNODES is not set)", world, lws);
-        nnodes = world / lws;
-    } else if (nnodes * lws != world) {
-        return err_fail_code(COMM_ERR_INVALID, err, len, "WORLD_SIZE %d is not %s=%d x LOCAL_WORLD_SIZE=%d", world,
-                             nn_name, nnodes, lws);
-    }
-    if (!has_local) ci->local_rank = ci->rank % lws;
-    if (ci->local_rank >= lws)
-        return err_fail_code(COMM_ERR_INVALID, err, len, "LOCAL_RANK %d is outside LOCAL_WORLD_SIZE %d%s",
-                             ci->local_rank, lws, has_lws ? "" : " (LOCAL_WORLD_SIZE is not set: WORLD_SIZE / nodes)");
-    if (!node_name) node = ci->rank / lws;
-    if (node >= nnodes)
-        return err_fail_code(COMM_ERR_INVALID, err, len, "%s=%d is outside %d node%s%s", node_name, node, nnodes,
-                             nnodes > 1 ? "s" : "", nn_name ? "" : " (NNODES is not set: WORLD_SIZE / LOCAL_WORLD_SIZE)");
-    if (ci->rank != node * lws + ci->local_rank && !has_lws && !nn_name && !node_name)
-        return err_fail_code(COMM_ERR_INVALID, err, len, "LOCAL_RANK %d with RANK %d means several nodes, but none of "
-                             "LOCAL_WORLD_SIZE, NNODES, NODE_RANK is set: set LOCAL_WORLD_SIZE (ranks per node) as "
-                             "torchrun and tandem-train launch do", ci->local_rank, ci->rank);
-    if (ci->rank != node * lws + ci->local_rank)
-        return err_fail_code(COMM_ERR_INVALID, err, len, "RANK %d is not %s=%d x LOCAL_WORLD_SIZE=%d + LOCAL_RANK=%d "
-                             "(ranks are numbered node by node)", ci->rank, node_name ? node_name : "node", node, lws,
-                             ci->local_rank);
-    ci->node = node, ci->nnodes = nnodes, ci->local_world_size = lws;
-    return 0;
-}
-
-int comm_init_from_env(CommInit *ci, int timeout_ms, char *err, size_t err_len) {
-    if (!ci) return err_fail_code(COMM_ERR_INVALID, err, err_len, "comm_init_from_env: ci is NULL");
-    memset(ci, 0, sizeof *ci);
-    if (timeout_ms <= 0) return err_fail_code(COMM_ERR_INVALID, err, err_len, "comm timeout %d ms must be > 0", timeout_ms);
-    ci->timeout_ms = timeout_ms;
-    int has_rank, has_world, has_local, has_port;
-    if (env_int("WORLD_SIZE", 1, 1, 1 << 20, &ci->world_size, &has_world, err, err_len) ||
-        env_int("RANK", 0, 0, (1 << 20) - 1, &ci->rank, &has_rank, err, err_len) ||
-        env_int("LOCAL_RANK", 0, 0, (1 << 20) - 1, &ci->local_rank, &has_local, err, err_len) ||
-        env_int("MASTER_PORT", 29500, 1, 65535, &ci->master_port, &has_port, err, err_len))
-        return COMM_ERR_INVALID;
-    if (ci->world_size > 1 && !has_rank)
-        return err_fail_code(COMM_ERR_INVALID, err, err_len, "WORLD_SIZE is %d but RANK is not set", ci->world_size);
-    if (ci->rank >= ci->world_size)
-        return err_fail_code(COMM_ERR_INVALID, err, err_len, "RANK %d is outside WORLD_SIZE %d%s", ci->rank, ci->world_size,
-                       has_world ? "" : " (WORLD_SIZE is not set)");
-    const char *addr = getenv("MASTER_ADDR");
-    if (!addr) addr = "127.0.0.1";
-    if (!*addr) return err_fail_code(COMM_ERR_INVALID, err, err_len, "environment variable MASTER_ADDR is empty");
-    if (strlen(addr) >= sizeof ci->master_addr)
-        return err_fail_code(COMM_ERR_INVALID, err, err_len, "environment variable MASTER_ADDR is longer than %zu bytes",
-                       sizeof ci->master_addr - 1);
-    for (const char *p = addr; *p; p++)
-        if (*p <= ' ' || *p == '/' || *p == '[' || *p == ']')
-            return err_fail_code(COMM_ERR_INVALID, err, err_len, "environment variable MASTER_ADDR='%s' is not a host name or IP address",
-                           addr);
-    snprintf(ci->master_addr, sizeof ci->master_addr, "%s", addr);
-    return node_from_env(ci, has_local, err, err_len);
 }
 
 // The backend is known, compiled in, and (nccl) has a CUDA compute context to work beside.

@@ -65,11 +65,14 @@ enum {
 // rank runs on: LOCAL_WORLD_SIZE (ranks per node), NNODES or torchrun's GROUP_WORLD_SIZE (nodes), NODE_RANK or
 // torchrun's GROUP_RANK (this node's index). Ranks are numbered node by node (RANK = node * LOCAL_WORLD_SIZE +
 // LOCAL_RANK), as `tandem-train launch` and torchrun number them; every node has LOCAL_WORLD_SIZE ranks.
+// Kubeflow PyTorchJob / JobSet's PET_NPROC_PER_NODE, PET_NNODES, PET_NODE_RANK, PET_MASTER_ADDR, PET_MASTER_PORT
+// are further names of LOCAL_WORLD_SIZE, NNODES, NODE_RANK, MASTER_ADDR, MASTER_PORT (comm_env.c).
 typedef struct {
     int rank, world_size, local_rank;
     int node, nnodes, local_world_size;
     char master_addr[256];
-    int master_port;
+    int master_port;         // rank 0's rendezvous port (comm_rendezvous_port_from_env), not always MASTER_PORT
+    char port_source[96];    // which variable said it, for messages: "MASTER_PORT", "MASTER_PORT+1 (torchrun's ...)"
     int timeout_ms;          // rendezvous and per-call timeout (--init-timeout / --comm-timeout)
     RdzvProgressFn progress; // the rendezvous's "still waiting" lines (shared/comm/rendezvous.h); NULL: silent
     void *progress_arg;
@@ -79,10 +82,23 @@ typedef struct {
 // (RANK 0, WORLD_SIZE 1, LOCAL_RANK 0, MASTER_ADDR 127.0.0.1, MASTER_PORT 29500); malformed ones are errors.
 // Node variables: none set means one node of WORLD_SIZE ranks; LOCAL_WORLD_SIZE or NNODES alone gives the other
 // (WORLD_SIZE must divide); an unset node index is RANK / LOCAL_WORLD_SIZE and an unset LOCAL_RANK
-// RANK % LOCAL_WORLD_SIZE. Contradictions are errors naming the variables: NNODES vs GROUP_WORLD_SIZE, NODE_RANK
-// vs GROUP_RANK, WORLD_SIZE != NNODES x LOCAL_WORLD_SIZE, LOCAL_RANK >= LOCAL_WORLD_SIZE, a node index >= NNODES,
-// RANK != node x LOCAL_WORLD_SIZE + LOCAL_RANK.
+// RANK % LOCAL_WORLD_SIZE. Contradictions are errors naming the variables and their values: two names of one
+// value that differ (NNODES, GROUP_WORLD_SIZE, PET_NNODES; NODE_RANK, GROUP_RANK, PET_NODE_RANK; LOCAL_WORLD_SIZE,
+// PET_NPROC_PER_NODE; MASTER_ADDR, PET_MASTER_ADDR; MASTER_PORT, PET_MASTER_PORT), WORLD_SIZE != nodes x ranks per
+// node, LOCAL_RANK >= ranks per node, a node index >= nodes, RANK != node x ranks per node + LOCAL_RANK, and a
+// pod of PET_NPROC_PER_NODE > 1 ranks whose process has no LOCAL_RANK (PyTorchJob's RANK is the pod's index: a
+// launcher must start the pod's ranks). A PET_ value that is not an integer (torchrun's "auto", "1:4") is not
+// read; under torchrun (TORCHELASTIC_RUN_ID set) no PET_ variable is read: torchrun's own variables say what it
+// made of them. ci->master_port is the rendezvous port of comm_rendezvous_port_from_env.
 int comm_init_from_env(CommInit *ci, int timeout_ms, char *err, size_t err_len);
+
+// The port rank 0's rendezvous binds, given MASTER_PORT's value (master_port, read from master_port_name): the
+// port TANDEM_RENDEZVOUS_PORT names when set; else under torchrun (TORCHELASTIC_RUN_ID set) master_port + 1,
+// because torchrun's agent on MASTER_ADDR already listens on MASTER_PORT (its TCPStore, which the workers are
+// meant to share); else master_port. `tandem-train launch` and every rank use this one rule. source says which
+// (for messages). Errors: TANDEM_RENDEZVOUS_PORT malformed or outside 1..65535, MASTER_PORT + 1 past 65535.
+int comm_rendezvous_port_from_env(int master_port, const char *master_port_name, int *port, char *source,
+                                  size_t source_len, char *err, size_t err_len);
 
 typedef struct Comm Comm;
 

@@ -537,7 +537,8 @@ static int open_sockets(Comm *c, Host *h, const CommInit *ci, char *err, size_t 
     int rc = bind_router(h, addr, ep, sizeof ep, err, err_len);
     if (rc) return rc;
     RdzvConfig rc_cfg = {.rank = c->rank, .world_size = c->world, .master_addr = ci->master_addr,
-                         .master_port = ci->master_port, .timeout_ms = c->timeout_ms, .endpoint = ep,
+                         .master_port = ci->master_port, .port_source = ci->port_source[0] ? ci->port_source : NULL,
+                         .timeout_ms = c->timeout_ms, .endpoint = ep,
                          .node = ci->node, .nnodes = ci->nnodes, .local_world_size = ci->local_world_size,
                          .progress = ci->progress, .progress_arg = ci->progress_arg};
     Rendezvous *rz = NULL;

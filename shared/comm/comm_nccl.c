@@ -447,7 +447,8 @@ static int meet(Nccl *h, const CommInit *ci, ncclUniqueId *uid, char *err, size_
                              err_len);
     if (rc) return rc;
     RdzvConfig rc_cfg = {.rank = h->rank, .world_size = h->world, .master_addr = ci->master_addr,
-                         .master_port = ci->master_port, .timeout_ms = ci->timeout_ms, .endpoint = ep,
+                         .master_port = ci->master_port, .port_source = ci->port_source[0] ? ci->port_source : NULL,
+                         .timeout_ms = ci->timeout_ms, .endpoint = ep,
                          .node = ci->node, .nnodes = ci->nnodes, .local_world_size = ci->local_world_size,
                          .progress = ci->progress, .progress_arg = ci->progress_arg};
     Rendezvous *rz = NULL;

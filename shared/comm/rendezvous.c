@@ -281,8 +281,8 @@ static int run_rank0(Rendezvous *r, const RdzvConfig *cfg, char *err, size_t err
     zmq_setsockopt(r->sock, ZMQ_MAXMSGSIZE, &maxsz, sizeof maxsz);
     if (is_ipv6_literal(cfg->master_addr)) zmq_setsockopt(r->sock, ZMQ_IPV6, &one, sizeof one);
     if (zmq_bind(r->sock, bind_ep) != 0)
-        return err_fail(err, err_len, "rendezvous: rank 0 cannot bind %s (MASTER_ADDR/MASTER_PORT): %s", bind_ep,
-                    zmq_strerror(zmq_errno()));
+        return err_fail(err, err_len, "rendezvous: rank 0 cannot bind %s (MASTER_ADDR/%s): %s", bind_ep,
+                        cfg->port_source ? cfg->port_source : "MASTER_PORT", zmq_strerror(zmq_errno()));
 
     unsigned char *have = calloc((size_t)r->world, 1);
     if (!have) return err_fail(err, err_len, "rendezvous: out of memory");
@@ -404,7 +404,8 @@ static int await_answer(Rendezvous *r, int wait_ms, zmq_msg_t *f, int *n, const 
         int64_t now = now_ms(), left = deadline - now;
         if (left <= 0)
             return err_fail(err, err_len, "rendezvous: no answer from rank 0 at %s to the %s within %d ms (is rank 0 "
-                        "running, and are MASTER_ADDR/MASTER_PORT right?)", r->master, what, wait_ms);
+                        "running, and are MASTER_ADDR/%s right?)", r->master, what, wait_ms,
+                            cfg && cfg->port_source ? cfg->port_source : "MASTER_PORT");
         if (cfg && cfg->progress && now >= next_progress) {
             char line[700];
             snprintf(line, sizeof line, "rendezvous: rank %d waiting for rank 0 at %s to answer the %s (it answers "

@@ -42,6 +42,7 @@ typedef struct {
     int rank, world_size;
     const char *master_addr;   // IPv4/IPv6 literal or host name
     int master_port;           // 1..65535
+    const char *port_source;   // the variable that gave master_port, for messages (NULL = "MASTER_PORT")
     int timeout_ms;            // > 0: rank 0 waits this long for registrations (others wait twice as long)
     const char *endpoint;      // this rank's data endpoint, published in the table (NULL = "")
     int node, nnodes, local_world_size;   // this rank's node (CommInit's); nnodes 0: one node of world_size ranks

@@ -75,11 +75,13 @@ def test_sft_trains_and_resumes_exactly(setup):
     assert wa.keys() == wb.keys() and all((wa[k] == wb[k]).all() for k in wa)
 
 
-def test_resume_with_another_world_size_is_refused(setup):
+def test_resume_with_another_world_size_mid_shuffled_epoch_is_refused(setup):
+    """Another number of ranks re-slices a flat checkpoint (test_train_resume_world_size.py), but a shuffled epoch
+    under way cannot continue: each rank's order is a permutation of its own shard."""
     d = setup
     ckpt = d / "a" / "checkpoint-3"
     if not ckpt.exists():
         pytest.skip("needs the checkpoint of test_sft_trains_and_resumes_exactly")
     codes, logs = run(sft_args(d / "model", d / "train.jsonl", d / "c", ["--resume", str(ckpt)]), 1, d, "c")
     assert codes == [1]
-    assert "written by 2 ranks" in logs and "WORLD_SIZE=2" in logs
+    assert "written by 2 ranks" in logs and "shuffle_dataset on" in logs and "WORLD_SIZE=2" in logs

@@ -1,7 +1,8 @@
 // tests/unit/test_comm_nodes.c — nodes and sub-communicators of shared/comm/comm.h on the host backend: real
 // processes (fork) on 127.0.0.1, standing for 2 nodes x 2 ranks.
 //
-// Proves: the node part of the launch contract from the environment (torchrun's and tandem-train launch's names,
+// Proves: the node part of the launch contract from the environment (torchrun's, tandem-train launch's and
+// Kubeflow PyTorchJob's PET_* names; the rendezvous port under torchrun and TANDEM_RENDEZVOUS_PORT;
 // defaults, each contradiction an error naming the variables); the rendezvous's node map line and its refusal of a
 // rank whose layout differs from rank 0's; comm_split_nodes: inside the intra-node and the inter-node
 // communicators all_reduce / all_gather / reduce_scatter give the sums and concatenations of exactly their members
@@ -135,7 +136,9 @@ static int layout_child(int idx, int port, void *arg) {
 }
 
 static const char *const VARS[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "NNODES",
-                                   "GROUP_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT"};
+                                   "GROUP_WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "MASTER_ADDR", "MASTER_PORT",
+                                   "PET_NNODES", "PET_NODE_RANK", "PET_NPROC_PER_NODE", "PET_MASTER_ADDR",
+                                   "PET_MASTER_PORT", "TORCHELASTIC_RUN_ID", "TANDEM_RENDEZVOUS_PORT"};
 #define N_VARS (sizeof VARS / sizeof *VARS)
 
 static void clear_env(void) {
@@ -145,7 +148,7 @@ static void clear_env(void) {
 // Sets "NAME=VALUE ..." pairs after clearing every variable of the contract.
 static void set_env(const char *spec) {
     clear_env();
-    char buf[256];
+    char buf[512];
     snprintf(buf, sizeof buf, "%s", spec);
     for (char *save = NULL, *kv = strtok_r(buf, " ", &save); kv; kv = strtok_r(NULL, " ", &save)) {
         char *eq = strchr(kv, '=');
@@ -193,10 +196,65 @@ static void test_env(void) {
     clear_env();
 }
 
+// The rendezvous port and address each launcher's variables lead to.
+static void expect_master(const char *spec, const char *addr, int port, const char *source) {
+    set_env(spec);
+    CommInit ci;
+    char err[512] = "";
+    int rc = comm_init_from_env(&ci, 1000, err, sizeof err);
+    CHECK(rc == 0 && strcmp(ci.master_addr, addr) == 0 && ci.master_port == port && strstr(ci.port_source, source),
+          "'%s': rc %d (%s): %s:%d from '%s'; want %s:%d from '%s'", spec, rc, err, ci.master_addr, ci.master_port,
+          ci.port_source, addr, port, source);
+}
+
+// Kubeflow PyTorchJob / JobSet (PET_*) and torchrun: which run a rank joins, and the contradictions between them.
+static void test_launcher_conventions(void) {
+    // A pod of one rank started directly: RANK is the pod's index, PET_* the node.
+    expect_env("RANK=1 WORLD_SIZE=2 PET_NNODES=2 PET_NODE_RANK=1 PET_NPROC_PER_NODE=1 MASTER_ADDR=job-master-0 "
+               "MASTER_PORT=23456 PET_MASTER_ADDR=job-master-0 PET_MASTER_PORT=23456", 1, 2, 1, 0);
+    // A rank that tandem-train launch started in a pod of 2 (it gives the PET_* the values it chose).
+    expect_env("RANK=3 WORLD_SIZE=4 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 NNODES=2 NODE_RANK=1 PET_NNODES=2 PET_NODE_RANK=1 "
+               "PET_NPROC_PER_NODE=2", 1, 2, 2, 1);
+    // PET_* alone give the node; torchrun's argument syntax ("auto", "1:4") is not a count and is not read.
+    expect_env("RANK=3 WORLD_SIZE=4 LOCAL_RANK=1 PET_NNODES=2 PET_NODE_RANK=1", 1, 2, 2, 1);
+    expect_env("RANK=3 WORLD_SIZE=4 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 PET_NNODES=1:4 PET_NPROC_PER_NODE=auto", 1, 2, 2, 1);
+    // Under torchrun its variables win: its c10d rendezvous numbers nodes by arrival, not by PET_NODE_RANK.
+    expect_env("RANK=1 WORLD_SIZE=4 LOCAL_RANK=1 LOCAL_WORLD_SIZE=2 GROUP_RANK=0 GROUP_WORLD_SIZE=2 PET_NODE_RANK=1 "
+               "PET_NNODES=2 TORCHELASTIC_RUN_ID=x", 0, 2, 2, 1);
+    expect_env_error("RANK=0 WORLD_SIZE=4 LOCAL_RANK=0 NNODES=2 PET_NNODES=4", "NNODES=2", "PET_NNODES=4");
+    expect_env_error("RANK=2 WORLD_SIZE=4 LOCAL_RANK=0 GROUP_RANK=1 PET_NODE_RANK=0", "GROUP_RANK=1", "PET_NODE_RANK=0");
+    expect_env_error("RANK=0 WORLD_SIZE=4 LOCAL_RANK=0 LOCAL_WORLD_SIZE=2 PET_NPROC_PER_NODE=4", "LOCAL_WORLD_SIZE=2",
+                     "PET_NPROC_PER_NODE=4");
+    expect_env_error("RANK=0 WORLD_SIZE=6 LOCAL_RANK=0 PET_NNODES=2 PET_NPROC_PER_NODE=2", "WORLD_SIZE 6",
+                     "PET_NNODES=2 x PET_NPROC_PER_NODE=2");
+    expect_env_error("RANK=4 WORLD_SIZE=4 PET_NNODES=2 PET_NPROC_PER_NODE=2", "RANK 4", "WORLD_SIZE 4");
+    expect_env_error("RANK=1 WORLD_SIZE=4 PET_NNODES=2 PET_NODE_RANK=1 PET_NPROC_PER_NODE=2",
+                     "PET_NPROC_PER_NODE=2 asks for 2 ranks in this pod", "RANK=1 is the pod's index");
+    expect_env_error("RANK=0 MASTER_ADDR=a PET_MASTER_ADDR=b", "MASTER_ADDR='a'", "PET_MASTER_ADDR='b'");
+    expect_env_error("RANK=0 MASTER_PORT=1234 PET_MASTER_PORT=1235", "MASTER_PORT=1234", "PET_MASTER_PORT=1235");
+    expect_env_error("TORCHELASTIC_RUN_ID=x MASTER_PORT=65535", "MASTER_PORT=65535", "TANDEM_RENDEZVOUS_PORT");
+    expect_env_error("TANDEM_RENDEZVOUS_PORT=0", "TANDEM_RENDEZVOUS_PORT=0", "1..65535");
+    // The rendezvous port: MASTER_PORT, + 1 under torchrun (its agent's TCPStore holds MASTER_PORT), or
+    // TANDEM_RENDEZVOUS_PORT; PET_MASTER_* when only they are set.
+    expect_master("", "127.0.0.1", 29500, "MASTER_PORT");
+    expect_master("MASTER_ADDR=h MASTER_PORT=4000", "h", 4000, "MASTER_PORT");
+    expect_master("PET_MASTER_ADDR=p PET_MASTER_PORT=4100", "p", 4100, "PET_MASTER_PORT");
+    expect_master("MASTER_PORT=4000 TORCHELASTIC_RUN_ID=x", "127.0.0.1", 4001, "MASTER_PORT+1");
+    expect_master("MASTER_PORT=4000 TORCHELASTIC_RUN_ID=x PET_MASTER_PORT=23456", "127.0.0.1", 4001, "MASTER_PORT+1");
+    expect_master("MASTER_PORT=4000 TORCHELASTIC_RUN_ID=x TANDEM_RENDEZVOUS_PORT=4444", "127.0.0.1", 4444,
+                  "TANDEM_RENDEZVOUS_PORT");
+    expect_master("MASTER_PORT=4000 TANDEM_RENDEZVOUS_PORT=4444", "127.0.0.1", 4444, "TANDEM_RENDEZVOUS_PORT");
+    clear_env();
+}
+
 int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     test_env();
     printf("launch contract: nodes from the environment: %s\n", failures ? "FAIL" : "ok");
+    int f_env = failures;
+    test_launcher_conventions();
+    printf("launch contract: torchrun and PyTorchJob (PET_*) variables, rendezvous port: %s\n",
+           failures > f_env ? "FAIL" : "ok");
     int codes[4], f0 = failures;
     int64_t t0 = now_ms();
     spawn(4, nodes_child, NULL, 60000, -1, codes);

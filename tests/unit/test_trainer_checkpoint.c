@@ -4,6 +4,9 @@
 // One process (WORLD_SIZE 1, CPU, host communicator), a tiny random Qwen3-style model. For each stage 1-3:
 // save at step 7, read trainer_state.json back; then load that checkpoint into a ZeRO state of the next stage
 // and compare its master weights with the saved ones.
+// Re-slicing (checkpoint_reslice.c): the rank files of a flat checkpoint of N ranks (written here element by
+// element, N = 3 and 5: slices that do not line up with any new cut) read back as the slices of M = 1, 2, 4, 7
+// ranks hold every element of every unit where it belongs, master and both moments, with zero padding.
 #include <jansson.h>
 #include <limits.h>
 #include <stdio.h>
@@ -15,6 +18,8 @@
 #include "shared/comm/comm.h"
 #include "shared/model.h"
 #include "trainer/checkpoint.h"
+#include "shared/safetensors.h"
+#include "trainer/make_dirs.h"
 #include "trainer/remove_tree.h"
 #include "trainer/zero3.h"
 
@@ -117,6 +122,74 @@ static void test_state_json(void) {
     }
 }
 
+// Element i of unit u, kind k (master, adam_m, adam_v): distinct for every (u, i, k); padding (i >= numel) is 0.
+static float element(int u, size_t i, int k) {
+    return i < model.layout.unit_numel[u] ? (float)(u * 100000 + (long)i) + 0.25f * (float)k : 0.0f;
+}
+
+// Writes the optimizer.safetensors of every rank of a flat checkpoint of `world` ranks under dir.
+static void write_flat_ranks(const char *dir, int world) {
+    const Layout *L = &model.layout;
+    char err[1024];
+    for (int r = 0; r < world; r++) {
+        StWriter *w = NULL;
+        REQUIRE(st_writer_create(&w, err, sizeof err) == 0, "st_writer_create: %s", err);
+        float **vals = calloc((size_t)L->n_units * 3, sizeof *vals);
+        char (*names)[48] = calloc((size_t)L->n_units * 3, sizeof *names);
+        for (int u = 0; u < L->n_units; u++) {
+            size_t n = layout_padded_unit_numel(L, u, world) / (size_t)world;
+            for (int k = 0; k < 3; k++) {
+                float *v = vals[u * 3 + k] = malloc(n * sizeof(float));
+                for (size_t i = 0; i < n; i++) v[i] = element(u, (size_t)r * n + i, k);
+                snprintf(names[u * 3 + k], sizeof names[0], "%s.%d", k == 0 ? "master" : k == 1 ? "adam_m" : "adam_v",
+                         u);
+                int64_t shape[1] = {(int64_t)n};
+                REQUIRE(st_writer_add(w, names[u * 3 + k], ST_F32, 1, shape, v, ST_F32, err, sizeof err) == 0,
+                        "st_writer_add: %s", err);
+            }
+        }
+        char rank_dir[PATH_MAX + 64], from[PATH_MAX + 96], to[PATH_MAX + 96];
+        snprintf(rank_dir, sizeof rank_dir, "%s/trainer_state/rank-%05d", dir, r);
+        REQUIRE(make_dirs(rank_dir, err, sizeof err) == 0 && st_writer_write(w, rank_dir, 0, err, sizeof err) == 0,
+                "write %s: %s", rank_dir, err);
+        snprintf(from, sizeof from, "%s/model.safetensors", rank_dir);
+        snprintf(to, sizeof to, "%s/optimizer.safetensors", rank_dir);
+        REQUIRE(rename(from, to) == 0, "rename %s", from);
+        st_writer_free(w);
+        for (int i = 0; i < L->n_units * 3; i++) free(vals[i]);
+        free(vals);
+        free(names);
+    }
+}
+
+static void test_reslice(void) {
+    const Layout *L = &model.layout;
+    static const int olds[] = {3, 5}, news[] = {1, 2, 4, 7};
+    for (size_t a = 0; a < sizeof olds / sizeof *olds; a++) {
+        char dir[PATH_MAX], err[1024];
+        snprintf(dir, sizeof dir, "%s/flat%d", root, olds[a]);
+        write_flat_ranks(dir, olds[a]);
+        for (size_t b = 0; b < sizeof news / sizeof *news; b++) {
+            CheckpointReslice *rs = NULL;
+            REQUIRE(checkpoint_reslice_open(&rs, dir, olds[a], err, sizeof err) == 0, "open: %s", err);
+            long wrong = 0;
+            for (int r = 0; r < news[b]; r++)
+                for (int u = 0; u < L->n_units; u++) {
+                    size_t n = layout_padded_unit_numel(L, u, news[b]) / (size_t)news[b], off = (size_t)r * n;
+                    float *got[3];
+                    for (int k = 0; k < 3; k++) got[k] = malloc(n * sizeof(float));
+                    CHECK(checkpoint_read_resliced_unit(rs, L, u, off, n, got[0], got[1], got[2], err, sizeof err) == 0,
+                          "%d -> %d ranks, rank %d unit %d: %s", olds[a], news[b], r, u, err);
+                    for (int k = 0; k < 3; k++)
+                        for (size_t i = 0; i < n; i++) wrong += got[k][i] != element(u, off + i, k);
+                    for (int k = 0; k < 3; k++) free(got[k]);
+                }
+            CHECK(wrong == 0, "%d -> %d ranks: %ld elements out of place", olds[a], news[b], wrong);
+            checkpoint_reslice_close(rs);
+        }
+    }
+}
+
 int main(void) {
     test_state_json();
     static const char *const contract[] = {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"};
@@ -132,6 +205,7 @@ int main(void) {
     REQUIRE(config_parse(&cfg, CONFIG, strlen(CONFIG), err, sizeof err) == 0, "config_parse: %s", err);
     REQUIRE(model_init(&model, &cfg, ops, err, sizeof err) == 0, "model_init: %s", err);
     for (int stage = 1; stage <= 3; stage++) test_stage(stage);
+    test_reslice();
     model_free(&model);
     comm_destroy(comm);
     ops_destroy(ops);
