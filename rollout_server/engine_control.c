@@ -136,6 +136,20 @@ void engine_reset_prefix_cache(Engine *e) {
     pthread_mutex_unlock(&e->mu);
 }
 
+void engine_abort_requests(Engine *e) {
+    pthread_mutex_lock(&e->mu);
+    const int64_t gen = ++e->abort_req;
+    pthread_cond_broadcast(&e->wake);
+    while (e->abort_done < gen && !e->exited) pthread_cond_wait(&e->ack, &e->mu);
+    pthread_mutex_unlock(&e->mu);
+}
+
+void engine_wait_idle(Engine *e) {
+    pthread_mutex_lock(&e->mu);
+    while (!e->paused && !(e->idle && !e->in_head) && !e->exited && !e->abort_all) pthread_cond_wait(&e->ack, &e->mu);
+    pthread_mutex_unlock(&e->mu);
+}
+
 float *engine_weights_staging(Engine *e, int unit) {
     if (unit < 0 || unit >= e->m->layout.n_units) return NULL;
     pthread_mutex_lock(&e->mu);

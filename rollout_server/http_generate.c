@@ -21,6 +21,14 @@ char *http_token_text(void *tokenizer, int32_t id, size_t *len) {
     return text;
 }
 
+char *http_token_id_text(void *unused, int32_t id, size_t *len) {
+    (void)unused;
+    char buf[32];
+    int n = snprintf(buf, sizeof buf, "token_id:%d", (int)id);
+    *len = (size_t)n;
+    return strdup(buf);
+}
+
 int http_need_tokenizer(const Tokenizer *tok, const char *param, const char *cannot, HttpError *err) {
     if (tok) return 0;
     return http_error_set(err, 400, param, "this server has no tokenizer (its model folder has no tokenizer.json), "

@@ -111,6 +111,8 @@ void http_gen_release(HttpGen *g);
 
 // Token text for logprobs: tokenizer_decode of the single id, special tokens kept (user = Tokenizer).
 char *http_token_text(void *tokenizer, int32_t id, size_t *len);
+// Token text under vLLM's return_tokens_as_token_ids: "token_id:<id>" (malloc'd), whatever the tokenizer.
+char *http_token_id_text(void *unused, int32_t id, size_t *len);
 
 // A server without a tokenizer (no tokenizer.json in the model folder) serves token ids only: 0 when tok is
 // there, else -1 with a 400 naming param that says so, what cannot be done ("take text prompts", ...) and what
@@ -140,5 +142,13 @@ void http_route_metrics(HttpReq *r);
 void http_route_trl_health(HttpReq *r);
 void http_route_trl_world_size(HttpReq *r);
 void http_route_trl_generate(HttpReq *r);
+// vLLM's native routes that TRL >= 1.11's VLLMClient calls (http_routes_vllm.c).
+void http_route_vllm_server_info(HttpReq *r);
+void http_route_vllm_reset_prefix_cache(HttpReq *r);
+void http_route_vllm_pause(HttpReq *r);
+void http_route_vllm_resume(HttpReq *r);
+void http_route_vllm_is_paused(HttpReq *r);
+void http_route_vllm_weight_transfer(HttpReq *r);
+void http_route_vllm_multimodal(HttpReq *r);
 
 #endif
