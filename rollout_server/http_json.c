@@ -33,6 +33,7 @@ const char *http_error_type(int status) {
     case 408: return "request_timeout_error";
     case 413: return "request_too_large_error";
     case 429: return "rate_limit_error";
+    case 501: return "not_implemented_error";
     case 503: return "service_unavailable_error";
     default: return status >= 500 ? "internal_server_error" : "invalid_request_error";
     }

@@ -8,7 +8,7 @@
 
 #include "rollout_server/http_response.h"
 
-static const int kStatuses[HTTP_STATUS_SLOTS - 1] = {200, 400, 401, 404, 405, 408, 413, 429, 499, 500, 503, 504};
+static const int kStatuses[HTTP_STATUS_SLOTS - 1] = {200, 400, 401, 404, 405, 408, 413, 429, 499, 500, 501, 503, 504};
 
 static const char *const kRoutePaths[HTTP_ROUTE_COUNT] = {
     "/health", "/v1/models", "/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize", "/metrics",

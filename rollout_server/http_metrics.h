@@ -38,7 +38,7 @@ typedef enum {
 
 // Statuses counted individually; anything else lands in the last slot, exported as status="other".
 // 499 is a client that went away before its answer was complete (nginx's convention).
-#define HTTP_STATUS_SLOTS 13
+#define HTTP_STATUS_SLOTS 14
 
 typedef struct {
     atomic_llong count[HTTP_ROUTE_COUNT][HTTP_STATUS_SLOTS];

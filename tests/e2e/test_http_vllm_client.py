@@ -165,7 +165,12 @@ def test_weight_transfer_refused_with_a_pointer_to_tandem_train(client, server):
     for route in ("/init_weight_transfer_engine", "/start_weight_update", "/update_weights",
                   "/finish_weight_update"):
         r = client.session.post(server.url + route, json={})
-        assert r.status_code == 501 and "tandem-train" in r.json()["error"]["message"], (route, r.text)
+        err = r.json()["error"]
+        assert r.status_code == 501 and err["type"] == "not_implemented_error", (route, r.text)
+        assert "tandem-train" in err["message"], route
+    for route in ("/v1/chat/completions/render", "/inference/v1/generate"):  # image_features, generate(features=)
+        r = client.session.post(server.url + route, json={})
+        assert r.status_code == 501 and "text models" in r.json()["error"]["message"], (route, r.text)
 
 
 # ---- /pause and /resume (vLLM's routes; the client has no wrapper, so its session posts them) ----------------
