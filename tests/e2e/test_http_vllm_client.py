@@ -5,8 +5,10 @@ logprobs=0, structured_outputs_regex=None, generation_kwargs; it posts /v1/compl
 return_tokens_as_token_ids and parses "token_id:<id>" logprob keys), chat (/v1/chat/completions), and
 reset_prefix_cache. The answers are checked against tandem's own routes (TRL's old /generate/, /tokenize) for
 the same seed. vLLM's /pause (abort | keep | wait) and /resume, which the client does not wrap, are called over
-the client's own HTTP session. Weight sync: the client's init_communicator stops at /server_info's
-weight_transfer_config null, and the weight-transfer routes answer 501 naming tandem-train.
+the client's own HTTP session, including a keep pause with a weight update made meanwhile over the control
+channel (mode keep_kv: the request in flight keeps its K/V, checked against transformers). Weight sync: the
+client's init_communicator stops at /server_info's weight_transfer_config null, and the weight-transfer routes
+answer 501 naming tandem-train.
 
 The import guard: TRL's vllm_client.py imports only when `vllm` is importable (is_vllm_available) and then
 imports three names from it at module level (get_ip, trainer_init, packed_nccl_broadcast_producer), which only
@@ -16,6 +18,7 @@ raising if called, into sys.modules for the import and the test's lifetime, afte
 without it (so TRL's vLLM generation backend is not imported). Nothing of the stub takes part in any request.
 """
 import importlib.machinery
+import json
 import sys
 import threading
 import time
@@ -25,7 +28,7 @@ import pytest
 import requests
 import torch
 
-from server_fixtures import TandemServer, http_json, tiny_model_dir  # noqa: F401
+from server_fixtures import TandemServer, build_tiny_model, http_json, tiny_model_dir  # noqa: F401
 
 torch.set_num_threads(1)
 PROMPTS = ["the quick brown fox", "plus minus equals", "a lazy dog"]
@@ -181,7 +184,6 @@ STREAM_BODY = {"prompt": PROMPTS[0], "max_tokens": 1000, "ignore_eos": True, "se
 
 def stream_events(url, body):
     """Yields the parsed SSE events of a streamed completion."""
-    import json
     with requests.post(url + "/v1/completions", json=body, stream=True, timeout=120) as r:
         assert r.status_code == 200, r.text
         for line in r.iter_lines():
@@ -257,3 +259,62 @@ def test_pause_refuses_unknown_mode_and_parameters(client, server):
     r = client.session.post(server.url + "/pause", params={"wait_for_inflight_requests": "true"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "wait_for_inflight_requests"
     assert client.session.get(server.url + "/is_paused").json() == {"is_paused": False}
+
+
+# ---- a weight update made while paused with mode keep: the request in flight keeps its K/V ----------------------
+
+@pytest.fixture(scope="module")
+def two_models(tmp_path_factory):
+    """The served model and an update of the same config (seeds 0 and 1), with a context long enough for a
+    completion that outlasts an HTTP round trip."""
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+    out = {}
+    for name, seed in (("base", 0), ("update", 1)):
+        d = tmp_path_factory.mktemp(f"tiny-{name}")
+        build_tiny_model(d, seed=seed)
+        out[name] = dict(dir=d, model=AutoModelForCausalLM.from_pretrained(d, dtype=torch.float32).eval(),
+                         state=load_file(str(d / "model.safetensors")),
+                         cfg=json.loads((d / "config.json").read_text()))
+    return out
+
+
+def test_pause_keep_then_keep_kv_update_then_resume(vllm_client_module, two_models):
+    """/pause?mode=keep inside a greedy stream, a weight update over the control channel with mode keep_kv (what
+    tandem-train sends), /resume: the stream goes on to its end; its tokens are the old model's up to the update
+    and from there the new model's greedy tokens attending to the K/V the old model computed."""
+    from test_zmq_control import Client, hf_greedy, pack_units, start_server
+    from test_zmq_inflight_update import hf_greedy_on_old_kv, send_update
+    K, prompt = 1000, [1, 17, 250, 3, 99, 42, 7]
+    old, new = two_models["base"]["model"], two_models["update"]["model"]
+    srv, endpoint = start_server(two_models["base"]["dir"])
+    c = Client(endpoint)
+    try:
+        client = vllm_client_module.VLLMClient(base_url=srv.url, connection_timeout=30)
+        lh = c.ask({"type": "hello", "id": 1})[0]["layout_hash"]
+        body = {"prompt": prompt, "max_tokens": K, "temperature": 0, "ignore_eos": True, "stream": True,
+                "return_token_ids": True}
+        toks, reasons, rep = [], [], None
+        for ev in stream_events(srv.url, body):
+            ch = ev["choices"][0]
+            toks += ch.get("token_ids") or []
+            if ch["finish_reason"]:
+                reasons.append(ch["finish_reason"])
+            elif toks and rep is None:
+                assert client.session.post(srv.url + "/pause", params={"mode": "keep"}).status_code == 200
+                rep = send_update(c, pack_units(two_models["update"]["state"], two_models["base"]["cfg"]), 1, lh,
+                                  "keep_kv", 10)
+                assert client.session.get(srv.url + "/is_paused").json() == {"is_paused": True}
+                assert client.session.post(srv.url + "/resume").status_code == 200
+        assert rep["type"] == "weights_end" and rep["sequences_kept"] == 1 and rep["sequences_requeued"] == 0, rep
+        assert reasons == ["length"] and len(toks) == K
+        ref_old = hf_greedy(old, prompt, K)[0]
+        m0 = next((i for i in range(K) if toks[i] != ref_old[i]), K)
+        assert 1 <= m0 < K, f"the stream took {m0} tokens from the old model"
+        # The update landed after token m (m <= m0; below m0 only if the new model happened to pick the old one's
+        # tokens): from m on, the new model's greedy tokens over the old model's K/V of everything before.
+        assert any(toks[m:] == hf_greedy_on_old_kv(old, new, prompt + toks[:m], m, K - m)[0]
+                   for m in range(m0, max(0, m0 - 3), -1)), m0
+    finally:
+        c.close()
+        srv.stop()
