@@ -102,7 +102,8 @@ int http_gen_submit(HttpGen *g, HttpServer *srv, int fd, int32_t *const *prompts
 // 0 when every request has finished, -1 when interrupted (g->interrupted says why).
 int http_gen_next(HttpGen *g, EngineEvent *ev, int *choice);
 // Runs every request to its end, appending events to the choices. 0, or -1 with err (500 when a completion
-// finished with an engine error or memory ran out; 499 / 503 when interrupted).
+// finished with an engine error or memory ran out; 499 / 503 when interrupted, 503 when a completion was aborted
+// by the shutdown; one aborted by /pause?mode=abort is answered, finish_reason "abort").
 int http_gen_collect(HttpGen *g, HttpError *err);
 int64_t http_gen_prompt_tokens(const HttpGen *g);
 int64_t http_gen_cached_tokens(const HttpGen *g);

@@ -239,6 +239,25 @@ def test_pause_abort_ends_in_flight_requests(client, server):
         client.session.post(server.url + "/resume")
     else:
         pytest.fail("every stream ended before the pause landed")
+    client.session.post(server.url + "/resume")
+    # Not streamed: the answer has what was generated, with finish_reason "abort" (vLLM's answer), not an error.
+    for attempt in range(5):
+        res = []
+        t = threading.Thread(target=lambda: res.append(http_json("POST", server.url + "/v1/completions", {
+            **STREAM_BODY, "stream": False, "max_tokens": 3000, "n": 2})))
+        t.start()
+        while running_and_generated(server.url)[0] == 0 and t.is_alive():
+            time.sleep(0.01)
+        assert client.session.post(server.url + "/pause", params={"mode": "abort"}).status_code == 200
+        t.join(60)
+        status, body, _ = res[0]
+        assert status == 200, body
+        if [c["finish_reason"] for c in body["choices"]] == ["abort", "abort"]:
+            assert all(len(c["token_ids"]) < 3000 for c in body["choices"])
+            break
+        client.session.post(server.url + "/resume")
+    else:
+        pytest.fail("every request ended before the pause landed")
     # Paused: a new request waits in the queue; /resume lets it through.
     done = []
     t = threading.Thread(target=lambda: done.append(client.generate(PROMPTS[:1], max_tokens=3)))
