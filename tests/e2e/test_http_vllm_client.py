@@ -132,6 +132,8 @@ def test_generate_text_prompts_and_top_logprobs(client, server, tok):
 def test_generate_without_logprobs(client):
     out = client.generate(PROMPTS[:1], n=2, max_tokens=4, logprobs=None)
     assert out["logprobs"] is None and out["logprob_token_ids"] is None and len(out["completion_ids"]) == 2
+    out = client.chat([[{"role": "user", "content": PROMPTS[0]}]], n=2, max_tokens=4, logprobs=None)
+    assert out["logprobs"] is None and out["logprob_token_ids"] is None and len(out["completion_ids"]) == 2
 
 
 def test_chat_equals_generate_on_the_rendered_prompt(client, server):
@@ -171,6 +173,7 @@ def test_weight_transfer_refused_with_a_pointer_to_tandem_train(client, server):
         err = r.json()["error"]
         assert r.status_code == 501 and err["type"] == "not_implemented_error", (route, r.text)
         assert "tandem-train" in err["message"], route
+        assert metric(metrics(server.url), "tandem_http_requests_total", route=route, status="501") >= 1
     for route in ("/v1/chat/completions/render", "/inference/v1/generate"):  # image_features, generate(features=)
         r = client.session.post(server.url + route, json={})
         assert r.status_code == 501 and "text models" in r.json()["error"]["message"], (route, r.text)
