@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "rollout_server/engine_internal.h"
 
@@ -144,10 +145,19 @@ void engine_abort_requests(Engine *e) {
     pthread_mutex_unlock(&e->mu);
 }
 
-void engine_wait_idle(Engine *e) {
+int engine_wait_idle(Engine *e, int timeout_ms) {
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    deadline.tv_sec += timeout_ms / 1000;
+    deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (deadline.tv_nsec >= 1000000000L) deadline.tv_sec++, deadline.tv_nsec -= 1000000000L;
     pthread_mutex_lock(&e->mu);
-    while (!e->paused && !(e->idle && !e->in_head) && !e->exited && !e->abort_all) pthread_cond_wait(&e->ack, &e->mu);
+    int done;
+    while (!(done = e->paused || (e->idle && !e->in_head) || e->exited || e->abort_all))
+        if (pthread_cond_timedwait(&e->ack, &e->mu, &deadline) != 0) break;
+    done = e->paused || (e->idle && !e->in_head) || e->exited || e->abort_all;
     pthread_mutex_unlock(&e->mu);
+    return done;
 }
 
 float *engine_weights_staging(Engine *e, int unit) {

@@ -10,6 +10,8 @@
 
 #include "rollout_server/http_internal.h"
 
+#define WAIT_IDLE_SLICE_MS 50
+
 // GET /server_info -> {"vllm_config": {...}}: only what a client decides on. weight_transfer_config is null:
 // TRL's init_communicator reads it and stops with "no weight-transfer engine" before it opens an NCCL
 // rendezvous that this server would never join.
@@ -90,7 +92,20 @@ void http_route_vllm_pause(HttpReq *r) {
         return;
     }
     EngineGroup *g = r->srv->engines;
-    if (strcmp(mode, "wait") == 0) engine_group_wait_idle(g);
+    if (strcmp(mode, "wait") == 0) { // in slices, so that a client gone or a shutdown ends the wait, unpaused
+        while (!engine_group_wait_idle(g, WAIT_IDLE_SLICE_MS)) {
+            if (http_client_gone(r->fd)) {
+                http_error_set(&e, 499, NULL, "client went away");
+                http_reply_error(r, &e);
+                return;
+            }
+            if (atomic_load(&r->srv->draining)) {
+                http_error_set(&e, 503, NULL, "the server is shutting down; it was not paused");
+                http_reply_error(r, &e);
+                return;
+            }
+        }
+    }
     engine_group_pause(g);
     // After the pause: what arrives from now on queues behind it instead of being aborted.
     if (strcmp(mode, "abort") == 0) engine_group_abort_requests(g);

@@ -291,6 +291,30 @@ def test_pause_wait_answers_after_in_flight_requests_finish(client, server):
     client.session.post(server.url + "/resume")
 
 
+def test_pause_wait_given_up_by_its_client_pauses_nothing(client, server):
+    for attempt in range(5):   # until the request outlasts the client's patience
+        res = []
+        t = threading.Thread(target=lambda: res.append(http_json("POST", server.url + "/v1/completions", {
+            **STREAM_BODY, "stream": False, "max_tokens": 3000, "n": 2})))
+        t.start()
+        while running_and_generated(server.url)[0] == 0 and t.is_alive():
+            time.sleep(0.01)
+        try:
+            requests.post(server.url + "/pause", params={"mode": "wait"}, timeout=0.1)
+            gave_up = False
+        except requests.exceptions.ReadTimeout:
+            gave_up = t.is_alive()
+        t.join(120)
+        assert res[0][0] == 200 and {c["finish_reason"] for c in res[0][1]["choices"]} == {"length"}
+        if gave_up:
+            break
+        client.session.post(server.url + "/resume")
+    else:
+        pytest.fail("every request ended before the client gave up")
+    time.sleep(0.3)  # the handler notices the closed connection within a slice
+    assert client.session.get(server.url + "/is_paused").json() == {"is_paused": False}
+
+
 def test_pause_refuses_unknown_mode_and_parameters(client, server):
     r = client.session.post(server.url + "/pause", params={"mode": "later"})
     assert r.status_code == 400 and r.json()["error"]["param"] == "mode"
