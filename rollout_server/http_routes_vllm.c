@@ -5,6 +5,7 @@
 // slash) shares TRL's old handler (http_routes_misc.c). Each handler runs on its connection's thread and only
 // asks the engines (engine_group.h), which do the work on their own threads.
 #include <microhttpd.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
