@@ -152,10 +152,9 @@ int engine_wait_idle(Engine *e, int timeout_ms) {
     deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
     if (deadline.tv_nsec >= 1000000000L) deadline.tv_sec++, deadline.tv_nsec -= 1000000000L;
     pthread_mutex_lock(&e->mu);
-    int done;
-    while (!(done = e->paused || (e->idle && !e->in_head) || e->exited || e->abort_all))
-        if (pthread_cond_timedwait(&e->ack, &e->mu, &deadline) != 0) break;
-    done = e->paused || (e->idle && !e->in_head) || e->exited || e->abort_all;
+    int done, timed_out = 0;
+    while (!(done = e->paused || (e->idle && !e->in_head) || e->exited || e->abort_all) && !timed_out)
+        timed_out = pthread_cond_timedwait(&e->ack, &e->mu, &deadline) != 0;
     pthread_mutex_unlock(&e->mu);
     return done;
 }

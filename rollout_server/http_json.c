@@ -417,8 +417,7 @@ static int parse_stream_fields(const JsonAt *req, HttpGenOptions *o, HttpError *
 // structured_outputs_regex.
 static int parse_unsupported(const JsonAt *req, HttpError *err) {
     static const char *const keys[] = {"frequency_penalty", "presence_penalty", "logit_bias", "tools",
-                                       "min_tokens", "bad_words", "allowed_token_ids", "truncate_prompt_tokens",
-                                       "structured_outputs", "guided_json", "guided_regex", "guided_choice",
+                                       "min_tokens", "bad_words", "allowed_token_ids", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
                                        "guided_grammar"};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
         if (refuse_unless_neutral(req, keys[i], err) < 0) return -1;
