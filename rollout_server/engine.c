@@ -481,6 +481,19 @@ static void *engine_main(void *arg) {
             publish_stats(e);
             continue;
         }
+        if (e->abort_req != e->abort_done) { // after the inbox: every request submitted before it ends
+            const int64_t gen = e->abort_req;
+            pthread_mutex_unlock(&e->mu);
+            while (e->sched.running.head || e->sched.waiting.head) {
+                Sequence *q = e->sched.running.head ? e->sched.running.head : e->sched.waiting.head;
+                end_request(e, ((EngSeq *)q)->req, FINISH_ABORT);
+            }
+            pthread_mutex_lock(&e->mu);
+            e->abort_done = gen;
+            publish_stats(e);
+            pthread_cond_broadcast(&e->ack);
+            continue;
+        }
         if (e->abort_all) {
             pthread_mutex_unlock(&e->mu);
             while (e->sched.running.head || e->sched.waiting.head) {

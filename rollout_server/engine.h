@@ -178,6 +178,12 @@ void engine_pause(Engine *e);
 void engine_resume(Engine *e);
 // Drops every cached prefix block (requests in flight keep their own blocks).
 void engine_reset_prefix_cache(Engine *e);
+// Ends every request submitted before the call with FINISH_ABORT (their clients get a last event saying so);
+// later ones run as usual (vLLM's pause mode "abort"). Works paused too.
+void engine_abort_requests(Engine *e);
+// Waits up to timeout_ms for the engine to have nothing queued or running (or to be paused, or stopping):
+// 1 when it has, 0 on timeout. Requests submitted meanwhile are waited for too (vLLM's pause mode "wait").
+int engine_wait_idle(Engine *e, int timeout_ms);
 // Weight update: returns the staging copy of unit `unit` (host fp32, layout->unit_numel[unit] elements)
 // that the receiver fills; engine_commit_weights then swaps all staged units in between two steps, bumps
 // the policy version to `version`, re-queues the sequences in flight as `mode` says (no drain: running sequences

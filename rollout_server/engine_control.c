@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "rollout_server/engine_internal.h"
 
@@ -134,6 +135,28 @@ void engine_reset_prefix_cache(Engine *e) {
     pthread_cond_broadcast(&e->wake);
     while (e->reset_done < gen && !e->exited) pthread_cond_wait(&e->ack, &e->mu);
     pthread_mutex_unlock(&e->mu);
+}
+
+void engine_abort_requests(Engine *e) {
+    pthread_mutex_lock(&e->mu);
+    const int64_t gen = ++e->abort_req;
+    pthread_cond_broadcast(&e->wake);
+    while (e->abort_done < gen && !e->exited) pthread_cond_wait(&e->ack, &e->mu);
+    pthread_mutex_unlock(&e->mu);
+}
+
+int engine_wait_idle(Engine *e, int timeout_ms) {
+    struct timespec deadline;
+    clock_gettime(CLOCK_REALTIME, &deadline);
+    deadline.tv_sec += timeout_ms / 1000;
+    deadline.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+    if (deadline.tv_nsec >= 1000000000L) deadline.tv_sec++, deadline.tv_nsec -= 1000000000L;
+    pthread_mutex_lock(&e->mu);
+    int done, timed_out = 0;
+    while (!(done = e->paused || (e->idle && !e->in_head) || e->exited || e->abort_all) && !timed_out)
+        timed_out = pthread_cond_timedwait(&e->ack, &e->mu, &deadline) != 0;
+    pthread_mutex_unlock(&e->mu);
+    return done;
 }
 
 float *engine_weights_staging(Engine *e, int unit) {

@@ -203,6 +203,16 @@ void engine_group_reset_prefix_cache(EngineGroup *g) {
     for (int i = 0; i < g->n; i++) engine_reset_prefix_cache(g->engines[i]);
 }
 
+void engine_group_abort_requests(EngineGroup *g) {
+    for (int i = 0; i < g->n; i++) engine_abort_requests(g->engines[i]);
+}
+
+int engine_group_wait_idle(EngineGroup *g, int timeout_ms) {
+    for (int i = 0; i < g->n; i++)
+        if (!engine_wait_idle(g->engines[i], timeout_ms)) return 0;
+    return 1;
+}
+
 // Pauses the engines that are not paused already (a peer's pause stays in force afterwards); was[i] says which
 // were. The pause and resume requests come from the one control thread that also commits, so nothing changes
 // the pause state in between.

@@ -65,6 +65,9 @@ void engine_group_release(EngineGroup *g, EngineRequest *r, int engine, int n);
 void engine_group_pause(EngineGroup *g);
 void engine_group_resume(EngineGroup *g);
 void engine_group_reset_prefix_cache(EngineGroup *g);
+void engine_group_abort_requests(EngineGroup *g);
+// 1 once every engine is idle (engine_wait_idle), each given up to timeout_ms; 0 when one was not.
+int engine_group_wait_idle(EngineGroup *g, int timeout_ms);
 
 // Transport zmq: the host staging that a weight update is received into (engine 0's, see
 // engine_weights_staging), and the commit of that update to every engine. Returns 0 or a negative engine code

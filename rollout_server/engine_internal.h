@@ -118,6 +118,7 @@ struct Engine {
     int accepting, abort_all, exited, idle;
     int paused, pause_ack;
     int64_t reset_req, reset_done, commit_req, commit_done;
+    int64_t abort_req, abort_done; // engine_abort_requests handshake
     int64_t commit_version;
     EngineUpdateMode commit_mode;
     EngineCommitReport commit_report; // what the last commit did (set with commit_done)

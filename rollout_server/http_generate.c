@@ -21,6 +21,14 @@ char *http_token_text(void *tokenizer, int32_t id, size_t *len) {
     return text;
 }
 
+char *http_token_id_text(void *unused, int32_t id, size_t *len) {
+    (void)unused;
+    char buf[32];
+    int n = snprintf(buf, sizeof buf, "token_id:%d", (int)id);
+    *len = (size_t)n;
+    return strdup(buf);
+}
+
 int http_need_tokenizer(const Tokenizer *tok, const char *param, const char *cannot, HttpError *err) {
     if (tok) return 0;
     return http_error_set(err, 400, param, "this server has no tokenizer (its model folder has no tokenizer.json), "
@@ -191,7 +199,9 @@ int http_gen_collect(HttpGen *g, HttpError *err) {
         if (g->choices[i].finish == FINISH_ERROR)
             return http_error_set(err, 500, NULL, "generation failed in the engine (completion %d); the server "
                                   "log has the details", i);
-        if (g->choices[i].finish == FINISH_ABORT)
+        // Shutting down is the one abort that is an error; /pause?mode=abort (the server is not draining) ends
+        // completions as vLLM does: the answer carries what they had, with finish_reason "abort".
+        if (g->choices[i].finish == FINISH_ABORT && atomic_load(&g->srv->draining))
             return http_error_set(err, 503, NULL, "the request was aborted by the server (shutting down)");
     }
     return 0;

@@ -102,7 +102,8 @@ int http_gen_submit(HttpGen *g, HttpServer *srv, int fd, int32_t *const *prompts
 // 0 when every request has finished, -1 when interrupted (g->interrupted says why).
 int http_gen_next(HttpGen *g, EngineEvent *ev, int *choice);
 // Runs every request to its end, appending events to the choices. 0, or -1 with err (500 when a completion
-// finished with an engine error or memory ran out; 499 / 503 when interrupted).
+// finished with an engine error or memory ran out; 499 / 503 when interrupted, 503 when a completion was aborted
+// by the shutdown; one aborted by /pause?mode=abort is answered, finish_reason "abort").
 int http_gen_collect(HttpGen *g, HttpError *err);
 int64_t http_gen_prompt_tokens(const HttpGen *g);
 int64_t http_gen_cached_tokens(const HttpGen *g);
@@ -111,6 +112,8 @@ void http_gen_release(HttpGen *g);
 
 // Token text for logprobs: tokenizer_decode of the single id, special tokens kept (user = Tokenizer).
 char *http_token_text(void *tokenizer, int32_t id, size_t *len);
+// Token text under vLLM's return_tokens_as_token_ids: "token_id:<id>" (malloc'd), whatever the tokenizer.
+char *http_token_id_text(void *unused, int32_t id, size_t *len);
 
 // A server without a tokenizer (no tokenizer.json in the model folder) serves token ids only: 0 when tok is
 // there, else -1 with a 400 naming param that says so, what cannot be done ("take text prompts", ...) and what
@@ -140,5 +143,13 @@ void http_route_metrics(HttpReq *r);
 void http_route_trl_health(HttpReq *r);
 void http_route_trl_world_size(HttpReq *r);
 void http_route_trl_generate(HttpReq *r);
+// vLLM's native routes that TRL >= 1.11's VLLMClient calls (http_routes_vllm.c).
+void http_route_vllm_server_info(HttpReq *r);
+void http_route_vllm_reset_prefix_cache(HttpReq *r);
+void http_route_vllm_pause(HttpReq *r);
+void http_route_vllm_resume(HttpReq *r);
+void http_route_vllm_is_paused(HttpReq *r);
+void http_route_vllm_weight_transfer(HttpReq *r);
+void http_route_vllm_multimodal(HttpReq *r);
 
 #endif

@@ -33,6 +33,7 @@ const char *http_error_type(int status) {
     case 408: return "request_timeout_error";
     case 413: return "request_too_large_error";
     case 429: return "rate_limit_error";
+    case 501: return "not_implemented_error";
     case 503: return "service_unavailable_error";
     default: return status >= 500 ? "internal_server_error" : "invalid_request_error";
     }
@@ -411,10 +412,28 @@ static int parse_stream_fields(const JsonAt *req, HttpGenOptions *o, HttpError *
     return get_bool(&so, "include_usage", &o->include_usage, err);
 }
 
+// vLLM fields that would change the output and that this server does not implement: refused by name (null,
+// 0, [] and {} pass as "not asked for"), never dropped. TRL's VLLMClient sends "structured_outputs" for its
+// structured_outputs_regex.
 static int parse_unsupported(const JsonAt *req, HttpError *err) {
-    static const char *const keys[] = {"frequency_penalty", "presence_penalty", "logit_bias", "tools"};
+    static const char *const keys[] = {"frequency_penalty", "presence_penalty", "logit_bias", "tools",
+                                       "min_tokens", "bad_words", "allowed_token_ids", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
+                                       "guided_grammar"};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
         if (refuse_unless_neutral(req, keys[i], err) < 0) return -1;
+    // 0 asks for something here (the prompt tokens' own logprobs; a cut to 0 tokens): only null is neutral.
+    static const char *const null_only[] = {"prompt_logprobs", "truncate_prompt_tokens"};
+    for (size_t i = 0; i < sizeof null_only / sizeof null_only[0]; i++)
+        if (json_get_present(req, null_only[i]))
+            return REFUSE(req, null_only[i], err, "is not supported by this server (send it as null or leave it "
+                          "out)");
+    const json_t *rf = json_object_get(req->json, "response_format");
+    if (json_get_present(req, "response_format")) {
+        const json_t *t = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
+        if (!json_is_string(t) || strcmp(json_string_value(t), "text") != 0)
+            return http_error_set(err, 400, "response_format", "only {\"type\": \"text\"} is supported in "
+                                  "'response_format'");
+    }
     return 0;
 }
 
@@ -481,13 +500,6 @@ static int parse_chat(const JsonAt *req, HttpGenOptions *o, HttpError *err) {
     if (get_bool(req, "add_generation_prompt", &o->add_generation_prompt, err) < 0) return -1;
     if (get_bool(req, "continue_final_message", &o->continue_final_message, err) < 0) return -1;
     if (o->continue_final_message) return REFUSE(req, "continue_final_message", err, "is not supported");
-    if (json_get_present(req, "response_format")) {
-        const json_t *rf = json_object_get(req->json, "response_format");
-        const json_t *t = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
-        if (!json_is_string(t) || strcmp(json_string_value(t), "text") != 0)
-            return http_error_set(err, 400, "response_format", "only {\"type\": \"text\"} is supported in "
-                                  "'response_format'");
-    }
     return 0;
 }
 
@@ -507,6 +519,7 @@ int http_parse_generation(const json_t *body, HttpApi api, int vocab_size, HttpG
         if (parse_unsupported(&req, err) < 0) return -1;
         if (parse_stream_fields(&req, o, err) < 0) return -1;
         if (get_bool(&req, "return_token_ids", &o->return_token_ids, err) < 0) return -1;
+        if (get_bool(&req, "return_tokens_as_token_ids", &o->return_tokens_as_token_ids, err) < 0) return -1;
         if (get_bool(&req, "add_special_tokens", &o->add_special_tokens, err) < 0) return -1;
     }
     int rc = 0;

@@ -57,6 +57,7 @@ typedef struct {
     int include_usage;          // stream_options.include_usage
     int echo;                   // completions: prefix the prompt to the text
     int return_token_ids;       // vLLM extension: prompt_token_ids and token_ids in each choice
+    int return_tokens_as_token_ids; // vLLM extension: logprobs name tokens "token_id:<id>" instead of their text
     int logprobs;               // completions: -1 = none, else alternatives per token (0..20)
                                 // chat: -1 = none, else top_logprobs (0..20); TRL: -1 = None, else N
     int add_generation_prompt;  // chat (default 1)

@@ -8,11 +8,13 @@
 
 #include "rollout_server/http_response.h"
 
-static const int kStatuses[HTTP_STATUS_SLOTS - 1] = {200, 400, 401, 404, 405, 408, 413, 429, 499, 500, 503, 504};
+static const int kStatuses[HTTP_STATUS_SLOTS - 1] = {200, 400, 401, 404, 405, 408, 413, 429, 499, 500, 501, 503, 504};
 
 static const char *const kRoutePaths[HTTP_ROUTE_COUNT] = {
     "/health", "/v1/models", "/v1/completions", "/v1/chat/completions", "/tokenize", "/detokenize", "/metrics",
-    "/health/", "/get_world_size/", "/generate/", "other"};
+    "/health/", "/get_world_size/", "/generate/", "/get_world_size", "/server_info", "/reset_prefix_cache", "/pause",
+    "/resume", "/is_paused", "/init_weight_transfer_engine", "/start_weight_update", "/update_weights",
+    "/finish_weight_update", "/v1/chat/completions/render", "/inference/v1/generate", "other"};
 
 const char *http_route_path(HttpRoute r) { return r >= 0 && r < HTTP_ROUTE_COUNT ? kRoutePaths[r] : "other"; }
 

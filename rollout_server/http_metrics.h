@@ -20,13 +20,25 @@ typedef enum {
     HTTP_ROUTE_TRL_HEALTH,
     HTTP_ROUTE_TRL_WORLD_SIZE,
     HTTP_ROUTE_TRL_GENERATE,
+    HTTP_ROUTE_VLLM_WORLD_SIZE,       // vLLM's native routes (TRL >= 1.11 VLLMClient), http_routes_vllm.c
+    HTTP_ROUTE_VLLM_SERVER_INFO,
+    HTTP_ROUTE_VLLM_RESET_PREFIX_CACHE,
+    HTTP_ROUTE_VLLM_PAUSE,
+    HTTP_ROUTE_VLLM_RESUME,
+    HTTP_ROUTE_VLLM_IS_PAUSED,
+    HTTP_ROUTE_VLLM_INIT_WEIGHT_TRANSFER,
+    HTTP_ROUTE_VLLM_START_WEIGHT_UPDATE,
+    HTTP_ROUTE_VLLM_UPDATE_WEIGHTS,
+    HTTP_ROUTE_VLLM_FINISH_WEIGHT_UPDATE,
+    HTTP_ROUTE_VLLM_CHAT_RENDER,
+    HTTP_ROUTE_VLLM_INFERENCE_GENERATE,
     HTTP_ROUTE_OTHER,       // unknown paths (404)
     HTTP_ROUTE_COUNT
 } HttpRoute;
 
 // Statuses counted individually; anything else lands in the last slot, exported as status="other".
 // 499 is a client that went away before its answer was complete (nginx's convention).
-#define HTTP_STATUS_SLOTS 13
+#define HTTP_STATUS_SLOTS 14
 
 typedef struct {
     atomic_llong count[HTTP_ROUTE_COUNT][HTTP_STATUS_SLOTS];

@@ -91,6 +91,7 @@ static GenCall *gencall_start(HttpReq *r, HttpApi api, HttpError *e) {
     if (http_body_parse(r->body.data, r->body.len, &c->req, e) < 0) goto fail;
     if (check_model(s, c->req, e) < 0) goto fail;
     if (http_parse_generation(c->req, api, s->vocab_size, &c->o, e) < 0) goto fail;
+    if (c->o.return_tokens_as_token_ids) c->tt.text = http_token_id_text;
     if (api == HTTP_API_CHAT) {
         size_t len = 0;
         if (http_render_messages(s, c->req, c->o.add_generation_prompt, &rendered, &len, e) < 0) goto fail;

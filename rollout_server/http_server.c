@@ -71,6 +71,18 @@ static const RouteDef kRoutes[] = {
     {"/health/", HTTP_ROUTE_TRL_HEALTH, M_GET, 1, http_route_trl_health},
     {"/get_world_size/", HTTP_ROUTE_TRL_WORLD_SIZE, M_GET, 0, http_route_trl_world_size},
     {"/generate/", HTTP_ROUTE_TRL_GENERATE, M_POST, 0, http_route_trl_generate},
+    {"/get_world_size", HTTP_ROUTE_VLLM_WORLD_SIZE, M_GET, 0, http_route_trl_world_size},
+    {"/server_info", HTTP_ROUTE_VLLM_SERVER_INFO, M_GET, 0, http_route_vllm_server_info},
+    {"/reset_prefix_cache", HTTP_ROUTE_VLLM_RESET_PREFIX_CACHE, M_POST, 0, http_route_vllm_reset_prefix_cache},
+    {"/pause", HTTP_ROUTE_VLLM_PAUSE, M_POST, 0, http_route_vllm_pause},
+    {"/resume", HTTP_ROUTE_VLLM_RESUME, M_POST, 0, http_route_vllm_resume},
+    {"/is_paused", HTTP_ROUTE_VLLM_IS_PAUSED, M_GET, 0, http_route_vllm_is_paused},
+    {"/init_weight_transfer_engine", HTTP_ROUTE_VLLM_INIT_WEIGHT_TRANSFER, M_POST, 0, http_route_vllm_weight_transfer},
+    {"/start_weight_update", HTTP_ROUTE_VLLM_START_WEIGHT_UPDATE, M_POST, 0, http_route_vllm_weight_transfer},
+    {"/update_weights", HTTP_ROUTE_VLLM_UPDATE_WEIGHTS, M_POST, 0, http_route_vllm_weight_transfer},
+    {"/finish_weight_update", HTTP_ROUTE_VLLM_FINISH_WEIGHT_UPDATE, M_POST, 0, http_route_vllm_weight_transfer},
+    {"/v1/chat/completions/render", HTTP_ROUTE_VLLM_CHAT_RENDER, M_POST, 0, http_route_vllm_multimodal},
+    {"/inference/v1/generate", HTTP_ROUTE_VLLM_INFERENCE_GENERATE, M_POST, 0, http_route_vllm_multimodal},
 };
 
 static const RouteDef *find_route(const char *path) {

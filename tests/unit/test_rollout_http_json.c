@@ -193,6 +193,21 @@ static void test_completion_fields(void) {
     REFUSED(HTTP_API_COMPLETIONS, "{\"suffix\": \"x\"}", "suffix", "not supported");
     REFUSED(HTTP_API_COMPLETIONS, "{\"n\": 2, \"best_of\": 3}", "best_of", NULL);
     REFUSED(HTTP_API_COMPLETIONS, "{\"return_token_ids\": \"true\"}", "return_token_ids", "boolean");
+    // vLLM fields that change the output and are not implemented: refused by name, passed when neutral.
+    o = gen_ok(HTTP_API_COMPLETIONS, "{\"min_tokens\": 0, \"bad_words\": [], \"allowed_token_ids\": null, "
+               "\"structured_outputs\": null, \"prompt_logprobs\": null, \"truncate_prompt_tokens\": null, "
+               "\"return_tokens_as_token_ids\": true}", NULL);
+    CHECK(o.return_tokens_as_token_ids == 1);
+    REFUSED(HTTP_API_COMPLETIONS, "{\"min_tokens\": 3}", "min_tokens", "not supported");
+    REFUSED(HTTP_API_COMPLETIONS, "{\"bad_words\": [\"x\"]}", "bad_words", "not supported");
+    REFUSED(HTTP_API_COMPLETIONS, "{\"allowed_token_ids\": [1, 2]}", "allowed_token_ids", "not supported");
+    REFUSED(HTTP_API_COMPLETIONS, "{\"structured_outputs\": {\"regex\": \"a+\"}}", "structured_outputs",
+            "not supported");
+    REFUSED(HTTP_API_COMPLETIONS, "{\"guided_choice\": [\"a\", \"b\"]}", "guided_choice", "not supported");
+    REFUSED(HTTP_API_COMPLETIONS, "{\"prompt_logprobs\": 0}", "prompt_logprobs", "not supported");
+    REFUSED(HTTP_API_COMPLETIONS, "{\"truncate_prompt_tokens\": 8}", "truncate_prompt_tokens", "not supported");
+    REFUSED(HTTP_API_COMPLETIONS, "{\"response_format\": {\"type\": \"json_object\"}}", "response_format", NULL);
+    REFUSED(HTTP_API_COMPLETIONS, "{\"return_tokens_as_token_ids\": 1}", "return_tokens_as_token_ids", "boolean");
 }
 
 static void test_chat_fields(void) {
