@@ -1,9 +1,10 @@
 """Two nodes that are really two hosts to the network stack (issue 25, "Two-node stand-ins", CPU): two network
-namespaces made by the test, joined by a veth pair, each with its own address and its own loopback. Node 0 runs in
-the first, node 1 and the rollout server in the second; the server binds node 1's veth address only, and node 0's
-rendezvous listens where node 1 reaches it through --master-addr. A rank, launcher or server that binds 127.0.0.1
-or hands a peer a loopback endpoint cannot be reached from the other namespace, so the run fails there, where the
-older two-node tests (both "nodes" on one host's loopback) pass.
+namespaces made by the test, joined by a veth pair, each with its own address and its own loopback, one node
+(`tandem-train launch --nnodes 2`, 1 rank) in each; node 0's address is MASTER_ADDR. The rollout server runs in
+the second namespace, bound to node 1's veth address only, or where launch itself puts it (node 0, every
+interface; node 1's rank reaches it at MASTER_ADDR). A rank, launcher or server that binds 127.0.0.1 or hands a
+peer a loopback endpoint cannot be reached from the other namespace, so the run fails here, where the older
+two-node tests (both "nodes" on one host's loopback) pass.
 
 The same GRPO run (2 ranks, 1 server, weight sync over ZeroMQ every step) on one node, with plain
 `tandem-train launch`, must give the same metrics and the same final weights bit for bit: on the CPU the ranks
@@ -13,7 +14,6 @@ batch-invariant (test_train_grpo.py::test_grpo_cpu_is_reproducible_and_resume_ex
 Needs root and a kernel that lets it make network namespaces (a container without CAP_SYS_ADMIN does not): skipped,
 naming the reason, otherwise.
 """
-import json
 import os
 import pathlib
 import shutil
@@ -107,9 +107,9 @@ def setup(tmp_path_factory):
     return d, keys
 
 
-def training_args(d, out_dir, control=None):
+def training_args(d, out_dir, control=None, *extra):
     """grpo_args less its --model (launch gives it) and, for launch's own servers (control None), less its
-    --rollout-servers (launch gives those too)."""
+    --rollout-servers (launch gives those too); extra after them."""
     args = grpo_args(d / "model", d / "train.jsonl", out_dir, control or "", STEPS,
                      extra=["--weight-sync-steps", "1"])
     drop = {"--model"} | ({"--rollout-servers"} if control is None else set())
@@ -118,7 +118,7 @@ def training_args(d, out_dir, control=None):
         if a in drop or (i > 0 and args[i - 1] in drop):
             continue
         kept.append(a)
-    return kept
+    return kept + list(extra)
 
 
 def launch_in(ns, args, cwd):
@@ -162,46 +162,37 @@ def wait_reachable(ns, host, port, server, timeout=60):
     raise AssertionError(f"{host}:{port} not reachable from {ns} within {timeout} s")
 
 
-def test_two_namespaces_equal_one_node(namespaces, setup):
-    ns_a, ns_b = namespaces
-    d, keys = setup
-    control = f"tcp://{NODE1_ADDR}:{CONTROL_PORT}"
-    server, server_log = start_server_in(ns_b, d, keys, control)
-    try:
-        wait_reachable(ns_a, NODE1_ADDR, CONTROL_PORT, server)
-        # The namespaces are separate hosts to TCP: node 0's loopback does not lead to node 1's server.
-        assert not reachable(ns_a, "127.0.0.1", CONTROL_PORT)
-        key_args = ["--control-server-key", str(keys / "server.pub"), "--control-client-key", str(keys / "client.key")]
-        procs = [launch_in(ns, [
-                     "--model", str(d / "model"), "--nnodes", "2", "--node-rank", str(n), "--ranks", "1",
-                     "--servers", "0", "--master-addr", NODE0_ADDR, "--master-port", str(MASTER_PORT),
-                     "--log-dir", str(d / f"node{n}-logs"), "--", *training_args(d, d / "two-nodes", control),
-                     *key_args], d)
-                 for n, ns in ((0, ns_a), (1, ns_b))]
-        out0, out1 = finish_nodes(procs, timeout=300)
-        assert server.poll() is None, (d / "netns-server.log").read_text()[-3000:]
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        server_log.close()
-    both = out0 + "\n---- node 1 ----\n" + out1
-    assert procs[0].returncode == 0 and procs[1].returncode == 0, both
-    assert f"node 1 of 2: ranks 1..1 of WORLD_SIZE 2, MASTER_ADDR {NODE0_ADDR}:{MASTER_PORT}" in out1, out1
-    assert f"2 rank(s) joined (rendezvous at {NODE0_ADDR}:{MASTER_PORT}" in out0, out0
-    assert "weight sync over ZeroMQ" in out0, out0
-
-    # The same run on one node: plain launch, 2 ranks, its own server on loopback.
+@pytest.fixture(scope="module")
+def one_node(setup):
+    """The reference: the same run on one node with plain `tandem-train launch` (2 ranks, its own server on
+    loopback), in the host's namespace."""
+    d, _ = setup
     one = launcher(["--model", str(d / "model"), "--ranks", "2", "--servers", "1", "--master-port", str(free_port()),
                     "--control-port", str(free_port()), "--log-dir", str(d / "one-node-logs"), "--",
                     *training_args(d, d / "one-node")], d)
     out_one, = finish_nodes([one], timeout=300)
     assert one.returncode == 0, out_one
+    return d / "one-node"
 
-    two_rows, one_rows = _metric_rows(d / "two-nodes"), _metric_rows(d / "one-node")
+
+def run_two_nodes(namespaces, d, tag, node_args, train_extra=()):
+    """`tandem-train launch --nnodes 2` in each namespace (node 0 in the first, MASTER_ADDR its veth address);
+    returns both nodes' output after checking that both finished."""
+    procs = [launch_in(ns, ["--model", str(d / "model"), "--nnodes", "2", "--node-rank", str(n), "--ranks", "1",
+                            "--master-addr", NODE0_ADDR, "--master-port", str(MASTER_PORT),
+                            "--log-dir", str(d / f"{tag}{n}-logs"), *node_args, "--",
+                            *training_args(d, d / tag, *train_extra)], d)
+             for n, ns in enumerate(namespaces)]
+    out0, out1 = finish_nodes(procs, timeout=300)
+    assert procs[0].returncode == 0 and procs[1].returncode == 0, out0 + "\n---- node 1 ----\n" + out1
+    assert f"node 1 of 2: ranks 1..1 of WORLD_SIZE 2, MASTER_ADDR {NODE0_ADDR}:{MASTER_PORT}" in out1, out1
+    assert f"2 rank(s) joined (rendezvous at {NODE0_ADDR}:{MASTER_PORT}" in out0, out0
+    assert "weight sync over ZeroMQ" in out0, out0
+    return out0, out1
+
+
+def assert_same_run(two_nodes_dir, one_node_dir):
+    two_rows, one_rows = _metric_rows(two_nodes_dir), _metric_rows(one_node_dir)
     assert sorted(two_rows) == sorted(one_rows) == list(range(1, STEPS + 1))
     for step in two_rows:
         # Only a run on several nodes counts the bytes its collectives sent inside and across the node boundary.
@@ -212,5 +203,40 @@ def test_two_namespaces_equal_one_node(namespaces, setup):
     # the comparison empty).
     assert all(two_rows[s]["sync_bytes"] > 0 for s in two_rows), two_rows
     assert len({two_rows[s]["loss"] for s in two_rows}) > 1, two_rows
-    final = [(d / run / f"checkpoint-{STEPS}" / "model.safetensors").read_bytes() for run in ("two-nodes", "one-node")]
+    final = [(run / f"checkpoint-{STEPS}" / "model.safetensors").read_bytes() for run in (two_nodes_dir, one_node_dir)]
     assert final[0] == final[1]
+
+
+def test_server_on_node_1_equals_one_node(namespaces, setup, one_node):
+    """The server in the second namespace, bound to node 1's veth address only; both nodes' ranks reach it there."""
+    ns_a, ns_b = namespaces
+    d, keys = setup
+    control = f"tcp://{NODE1_ADDR}:{CONTROL_PORT}"
+    server, server_log = start_server_in(ns_b, d, keys, control)
+    try:
+        wait_reachable(ns_a, NODE1_ADDR, CONTROL_PORT, server)
+        # The namespaces are separate hosts to TCP: node 0's loopback does not lead to node 1's server.
+        assert not reachable(ns_a, "127.0.0.1", CONTROL_PORT)
+        run_two_nodes(namespaces, d, "server-on-node1", ["--servers", "0"],
+                      [control, "--control-server-key", str(keys / "server.pub"),
+                       "--control-client-key", str(keys / "client.key")])
+        assert server.poll() is None, (d / "netns-server.log").read_text()[-3000:]
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        server_log.close()
+    assert_same_run(d / "server-on-node1", one_node)
+
+
+def test_launch_server_on_node_0_equals_one_node(namespaces, setup, one_node):
+    """launch's own placement: the server on node 0, listening on every interface there; node 0's rank reaches it on
+    loopback, node 1's at MASTER_ADDR over the veth."""
+    d, keys = setup
+    out0, out1 = run_two_nodes(namespaces, d, "server-on-node0",
+                               ["--servers", "1", "--control-port", str(CONTROL_PORT), "--control-keys", str(keys)])
+    assert "rollout server 0" in out0 and "rollout server" not in out1, out0 + out1
+    assert_same_run(d / "server-on-node0", one_node)
