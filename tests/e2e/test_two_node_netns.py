@@ -31,6 +31,8 @@ import pytest  # noqa: E402
 
 # A private range that exists only inside the test's two namespaces: no route to it leaves them.
 NODE0_ADDR, NODE1_ADDR, PREFIX = "10.213.0.1", "10.213.0.2", 24
+# The same in IPv6 (a unique local prefix), on the same veth pair.
+NODE0_ADDR6, NODE1_ADDR6, PREFIX6 = "fd00:213::1", "fd00:213::2", 64
 # Each namespace has its own port space, so fixed ports cannot collide with anything on the host.
 MASTER_PORT, CONTROL_PORT = 29500, 5555
 STEPS = 3
@@ -79,8 +81,10 @@ def namespaces():
         ip("link", "add", veth_a, "type", "veth", "peer", "name", veth_b)
         ip("link", "set", veth_a, "netns", ns_a)
         ip("link", "set", veth_b, "netns", ns_b)
-        for ns, veth, addr in ((ns_a, veth_a, NODE0_ADDR), (ns_b, veth_b, NODE1_ADDR)):
+        for ns, veth, addr, addr6 in ((ns_a, veth_a, NODE0_ADDR, NODE0_ADDR6), (ns_b, veth_b, NODE1_ADDR, NODE1_ADDR6)):
             ip("-n", ns, "addr", "add", f"{addr}/{PREFIX}", "dev", veth)
+            # nodad: usable at once, without the second or so of duplicate address detection.
+            ip("-n", ns, "addr", "add", f"{addr6}/{PREFIX6}", "dev", veth, "nodad")
             ip("-n", ns, "link", "set", "lo", "up")
             ip("-n", ns, "link", "set", veth, "up")
     except subprocess.CalledProcessError as e:
@@ -175,18 +179,18 @@ def one_node(setup):
     return d / "one-node"
 
 
-def run_two_nodes(namespaces, d, tag, node_args, train_extra=()):
+def run_two_nodes(namespaces, d, tag, node_args, train_extra=(), master_addr=NODE0_ADDR):
     """`tandem-train launch --nnodes 2` in each namespace (node 0 in the first, MASTER_ADDR its veth address);
     returns both nodes' output after checking that both finished."""
     procs = [launch_in(ns, ["--model", str(d / "model"), "--nnodes", "2", "--node-rank", str(n), "--ranks", "1",
-                            "--master-addr", NODE0_ADDR, "--master-port", str(MASTER_PORT),
+                            "--master-addr", master_addr, "--master-port", str(MASTER_PORT),
                             "--log-dir", str(d / f"{tag}{n}-logs"), *node_args, "--",
                             *training_args(d, d / tag, *train_extra)], d)
              for n, ns in enumerate(namespaces)]
     out0, out1 = finish_nodes(procs, timeout=300)
     assert procs[0].returncode == 0 and procs[1].returncode == 0, out0 + "\n---- node 1 ----\n" + out1
-    assert f"node 1 of 2: ranks 1..1 of WORLD_SIZE 2, MASTER_ADDR {NODE0_ADDR}:{MASTER_PORT}" in out1, out1
-    assert f"2 rank(s) joined (rendezvous at {NODE0_ADDR}:{MASTER_PORT}" in out0, out0
+    assert f"node 1 of 2: ranks 1..1 of WORLD_SIZE 2, MASTER_ADDR {master_addr}:{MASTER_PORT}" in out1, out1
+    assert f"2 rank(s) joined (rendezvous at {master_addr}:{MASTER_PORT}" in out0, out0
     assert "weight sync over ZeroMQ" in out0, out0
     return out0, out1
 
@@ -240,3 +244,14 @@ def test_launch_server_on_node_0_equals_one_node(namespaces, setup, one_node):
                                ["--servers", "1", "--control-port", str(CONTROL_PORT), "--control-keys", str(keys)])
     assert "rollout server 0" in out0 and "rollout server" not in out1, out0 + out1
     assert_same_run(d / "server-on-node0", one_node)
+
+
+def test_ipv6_master_addr_equals_one_node(namespaces, setup, one_node):
+    """MASTER_ADDR an IPv6 literal (the nodes have no IPv4 route to each other's data endpoints in use then: each
+    publishes the address of the interface that routes to MASTER_ADDR, an IPv6 one); launch's server on node 0."""
+    d, keys = setup
+    out0, out1 = run_two_nodes(namespaces, d, "ipv6",
+                               ["--servers", "1", "--control-port", str(CONTROL_PORT), "--control-keys", str(keys)],
+                               master_addr=NODE0_ADDR6)
+    assert "rollout server 0 (pid " in out0 and f") on tcp://[::]:{CONTROL_PORT}," in out0, out0
+    assert_same_run(d / "ipv6", one_node)
