@@ -16,6 +16,7 @@ naming the reason, otherwise.
 """
 import os
 import pathlib
+import re
 import shutil
 import signal
 import subprocess
@@ -52,6 +53,16 @@ def kill_namespace_processes(ns):
             pass
 
 
+def remove_stale_namespaces():
+    """A test run killed outright (SIGKILL, SIGTERM: no finalizer runs) leaves its namespaces behind; they are named
+    after its pid, so those of a pid that no longer runs are removed here, with what still runs inside them."""
+    for line in ip("netns", "list", check=False).stdout.splitlines():
+        m = re.match(r"(tandem-(\d+)-[ab])\b", line)
+        if m and not os.path.exists(f"/proc/{m.group(2)}"):
+            kill_namespace_processes(m.group(1))
+            ip("netns", "del", m.group(1), check=False)
+
+
 @pytest.fixture(scope="module")
 def namespaces():
     """Two namespaces tandem-<pid>-a/b joined by a veth pair (NODE0_ADDR in a, NODE1_ADDR in b), lo up in both.
@@ -60,6 +71,7 @@ def namespaces():
         pytest.skip("making network namespaces needs root")
     if shutil.which("ip") is None:
         pytest.skip("no `ip` command (Debian package iproute2; scripts/setup.sh installs it)")
+    remove_stale_namespaces()
     pid = os.getpid()
     ns_a, ns_b = f"tandem-{pid}-a", f"tandem-{pid}-b"
     veth_a, veth_b = f"tdm{pid}a", f"tdm{pid}b"   # interface names are at most 15 bytes
