@@ -312,6 +312,9 @@ int zmq_control_start(ZmqControl **out, EngineGroup *g, const char *endpoint, co
         control_free(z);
         return -1;
     }
+    // ZeroMQ binds and accepts IPv6 only when asked; an IPv6 literal is spelt in brackets.
+    int ipv6 = strchr(endpoint, '[') != NULL;
+    if (ipv6) zmq_setsockopt(z->router, ZMQ_IPV6, &ipv6, sizeof ipv6);
     if (zmq_bind(z->router, endpoint) < 0) {
         const int e = zmq_errno();
         err_fail(err, err_len, "zmq control: cannot bind %s: %s%s", endpoint, zmq_strerror(e),

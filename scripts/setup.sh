@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Installs what tandem's build and tests need; safe to run again (it skips what is already there).
 #   - Debian packages (compiler, CMake, jansson, libmicrohttpd, ZeroMQ, OpenBLAS, PCRE2, utf8proc; clang and its
-#     sanitizer + libFuzzer runtimes for the sanitizer job of scripts/test.sh)
+#     sanitizer + libFuzzer runtimes for the sanitizer job of scripts/test.sh; iproute2 for the `ip netns` of
+#     tests/e2e/test_two_node_netns.py)
 #   - the reference-test Python venv, cached outside the clone and keyed by tests/requirements.txt's hash
 #     (PyPI's torch wheel brings several GB of CUDA libraries: one install per machine, reused by every run).
 #   - into that venv, tests/requirements-k8s.txt (kubectl for `kubectl kustomize`, kubernetes-validate), once
@@ -13,7 +14,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")/.." && pwd)
 
 debs=(build-essential cmake pkg-config clang libjansson-dev libmicrohttpd-dev libzmq3-dev libopenblas-dev
-      libpcre2-dev libutf8proc-dev python3 python3-venv)
+      libpcre2-dev libutf8proc-dev python3 python3-venv iproute2)
 missing=()
 for p in "${debs[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -470,7 +470,9 @@ int launch_main(int argc, char **argv) {
         snprintf(endpoints + strlen(endpoints), sizeof endpoints - strlen(endpoints), "%s%s", s ? "," : "", ep);
         if (node_rank != 0) continue;
         char ctl[64], *args[MAX_ARGS];
-        snprintf(ctl, sizeof ctl, "tcp://%s:%d", nnodes > 1 ? "0.0.0.0" : "127.0.0.1", control_port + s);
+        // An IPv6 MASTER_ADDR: the other nodes connect over IPv6, which 0.0.0.0 (IPv4 only) would not accept.
+        snprintf(ctl, sizeof ctl, "tcp://%s:%d", nnodes == 1 ? "127.0.0.1" : v6 ? "[::]" : "0.0.0.0",
+                 control_port + s);
         int k = 0;
         args[k++] = serve_bin;
         args[k++] = "--model", args[k++] = (char *)model;

@@ -171,6 +171,9 @@ static int open_socket(RolloutClient *c, Server *s, char *err, size_t err_len) {
                  zmq_strerror(zmq_errno()));
         return -1;
     }
+    // ZeroMQ connects to an IPv6 address (spelt in brackets) only when asked.
+    int ipv6 = strchr(s->endpoint, '[') != NULL;
+    if (ipv6) zmq_setsockopt(s->sock, ZMQ_IPV6, &ipv6, sizeof ipv6);
     if (c->secure && control_client_secure(s->sock, c->server_public, &c->client, err, err_len) != 0) return -1;
     if (server_liveness_watch(c->live, server_index(c, s), s->sock, err, err_len) != 0) return -1;
     if (zmq_connect(s->sock, s->endpoint) != 0) {
