@@ -448,7 +448,13 @@ static void take_requests(Engine *e, EngineRequest *in, EngineRequest *aborted) 
     }
     for (EngineRequest *r = aborted, *next; r; r = next) {
         next = r->next_abort;
-        if (r->state != REQ_DONE) drop_sequences(e, r);
+        if (r->state != REQ_DONE) {
+            // Its unfinished completions end here, aborted by their client: counted as vLLM counts them.
+            const double now = latency_clock();
+            for (int i = 0; i < r->n; i++)
+                if (r->seqs[i].s.status != SEQ_DONE) count_finish(e, r, FINISH_ABORT, now);
+            drop_sequences(e, r);
+        }
         request_free(r); // released by the client, which left it to us
     }
 }

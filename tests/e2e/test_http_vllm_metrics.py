@@ -2,10 +2,13 @@
 vLLM-built autoscalers parse): the families exist with vLLM's types, labels and histogram bounds, and they move by
 exactly what a load did: after N completions request_success_total grows by N (split by finished_reason as the
 answers say), generation/prompt token counters by the answers' usage, the time-to-first-token and e2e histograms
-by N observations, the inter-token one by (generated tokens - N), with positive sums and e2e >= TTFT. With
-`--devices cpu,cpu` the two engines' figures sum.
+by N observations, the inter-token one by (generated tokens - N), with positive sums and e2e >= TTFT; the
+completions of a client that went away count as finished_reason="abort". With `--devices cpu,cpu` the two
+engines' figures sum.
 """
 import concurrent.futures
+import json
+import socket
 import time
 
 import pytest
@@ -159,3 +162,20 @@ def test_vllm_metrics_sum_over_devices(tiny_model_dir):
         bodies = [{"prompt": f"the quick {i}", "max_tokens": 5, "temperature": 0} for i in range(6)]
         check_load_moved_metrics(s.url, bodies)
         assert s.alive(), s.log_text()
+
+
+def test_completions_of_a_client_that_went_away_count_as_abort(server):
+    """vLLM counts a request its client dropped under finished_reason="abort" (with its e2e latency)."""
+    before = figures(server.url)
+    body = json.dumps({"prompt": "the quick brown fox", "n": 4, "max_tokens": 4000, "ignore_eos": True,
+                       "stream": True}).encode()
+    s = socket.create_connection(("127.0.0.1", server.port))
+    s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+              b"Content-Length: %d\r\n\r\n" % len(body) + body)
+    assert s.recv(100).startswith(b"HTTP/1.1 200")  # generating
+    s.close()
+    after = settled(server.url, before, 4)
+    assert after["success_abort"] - before["success_abort"] == 4
+    assert after["success"] - before["success"] == 4
+    e2e = "vllm:e2e_request_latency_seconds"
+    assert after[e2e + "_count"] - before[e2e + "_count"] == 4
