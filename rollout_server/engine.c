@@ -123,12 +123,21 @@ static void wake_clients(Engine *e) {
     e->n_wake = 0;
 }
 
+// Counts a completion of r finishing at `now` for `reason`: its end-to-end latency and its finish reason.
+static void count_finish(Engine *e, const EngineRequest *r, FinishReason reason, double now) {
+    latency_observe(&e->live.latency[LATENCY_E2E], LATENCY_E2E, now - r->submitted_at);
+    e->live.completions_finished[reason]++;
+}
+
 // Ends every unfinished completion of r with a bare finish event of `reason`, then lets go of r.
 static void end_request(Engine *e, EngineRequest *r, FinishReason reason) {
     int wake;
+    const double now = latency_clock();
     for (int i = 0; i < r->n; i++)
-        if (r->seqs[i].s.status != SEQ_DONE)
+        if (r->seqs[i].s.status != SEQ_DONE) {
             request_push(r, i, -1, 0.0f, NULL, NULL, 0, reason, NULL, -1, e->version, &wake);
+            count_finish(e, r, reason, now);
+        }
     drop_sequences(e, r);
     let_go(e, r);
 }
@@ -165,6 +174,13 @@ static void emit_token(Engine *e, EngSeq *q, int k) {
                      e->text.data, e->text.len, res.finish, res.stop_reason, res.stop_token, e->version, &wake) != 0 &&
         res.finish == FINISH_NONE)
         res.finish = FINISH_ERROR; // the event could not be queued: end the completion (it says FINISH_ERROR)
+    // Latencies: the one clock read of this event. The first token of a completion measures TTFT from submission,
+    // each later one the gap since the previous (a restart after a weight update keeps counting gaps).
+    const double now = latency_clock();
+    if (q->last_token_at > 0) latency_observe(&e->live.latency[LATENCY_ITL], LATENCY_ITL, now - q->last_token_at);
+    else latency_observe(&e->live.latency[LATENCY_TTFT], LATENCY_TTFT, now - r->submitted_at);
+    q->last_token_at = now;
+    if (res.finish != FINISH_NONE) count_finish(e, r, res.finish, now);
     if (wake && r->wake_slot < 0) { // one wake per request and step, after the step's last event (wake_clients)
         r->wake_slot = e->n_wake;
         e->wake_reqs[e->n_wake++] = r;
@@ -432,7 +448,13 @@ static void take_requests(Engine *e, EngineRequest *in, EngineRequest *aborted) 
     }
     for (EngineRequest *r = aborted, *next; r; r = next) {
         next = r->next_abort;
-        if (r->state != REQ_DONE) drop_sequences(e, r);
+        if (r->state != REQ_DONE) {
+            // Its unfinished completions end here, aborted by their client: counted as vLLM counts them.
+            const double now = latency_clock();
+            for (int i = 0; i < r->n; i++)
+                if (r->seqs[i].s.status != SEQ_DONE) count_finish(e, r, FINISH_ABORT, now);
+            drop_sequences(e, r);
+        }
         request_free(r); // released by the client, which left it to us
     }
 }

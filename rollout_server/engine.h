@@ -15,6 +15,7 @@
 #include <stdint.h>
 
 #include "kernels/ops.h"
+#include "rollout_server/request_latency.h"
 #include "shared/model.h"
 #include "shared/tokenizer/tokenizer.h"
 
@@ -227,6 +228,10 @@ typedef struct {
     int64_t weight_update_sequences_kept_total, weight_update_sequences_requeued_total;
     double weight_update_pause_seconds_sum;
     int64_t weight_update_pause_buckets[11];
+    // Completions: time to first token, between tokens and to the finish (request_latency.h), and how many finished
+    // by FinishReason (index FINISH_NONE unused).
+    LatencyHist latency[LATENCY_KINDS];
+    int64_t completions_finished[FINISH_ERROR + 1];
 } EngineStats;
 
 #define ENGINE_UPDATE_PAUSE_BOUNDS_MS {1, 5, 10, 50, 100, 500, 1000, 5000, 10000, 60000}

@@ -100,6 +100,7 @@ int engine_submit(Engine *e, const int32_t *prompt, int prompt_len, const Sampli
         return rc;
     }
     r->seed = p->has_seed ? p->seed : mix64(e->cfg.seed ^ mix64(++e->n_submitted));
+    r->submitted_at = latency_clock();
     r->next_in = NULL;
     if (e->in_tail) e->in_tail->next_in = r;
     else e->in_head = r;

@@ -369,6 +369,8 @@ void engine_group_stats(EngineGroup *g, EngineStats *total, EngineMemberStats *p
         total->weight_update_pause_seconds_sum += s.weight_update_pause_seconds_sum;
         for (size_t b = 0; b < sizeof s.weight_update_pause_buckets / sizeof s.weight_update_pause_buckets[0]; b++)
             total->weight_update_pause_buckets[b] += s.weight_update_pause_buckets[b];
+        for (int k = 0; k < LATENCY_KINDS; k++) latency_add(&total->latency[k], &s.latency[k]);
+        for (int f = 0; f <= FINISH_ERROR; f++) total->completions_finished[f] += s.completions_finished[f];
         if (i == 0 || s.policy_version < total->policy_version) total->policy_version = s.policy_version;
         total->paused |= s.paused != 0;
         if (per) {

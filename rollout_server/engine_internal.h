@@ -20,6 +20,7 @@ typedef struct {
     struct EngineRequest *req;
     int index;         // completion index 0..n-1
     Detok detok;
+    double last_token_at; // latency_clock() at its last token event, 0 before the first (engine thread)
 } EngSeq;
 
 // Where a request is in the engine (docs/architecture.md, "A request in the engine"). Only the engine thread
@@ -56,6 +57,7 @@ struct EngineRequest {
     SamplingParams p;          // stop strings are owned copies
     uint64_t seed;             // completion i draws from stream seed + i
     int n, prompt_len, max_len;
+    double submitted_at;       // latency_clock() when engine_submit queued it: where TTFT and e2e latency start
     EngSeq *seqs;              // (n) completion 0 prefills the prompt; 1..n-1 are forked from it
     struct EngineRequest *next_in;    // incoming list (under the engine mutex)
     struct EngineRequest *next_abort; // abort list (under the engine mutex): a queued request may be on both

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "rollout_server/http_metrics_vllm.h"
 #include "rollout_server/http_response.h"
 
 static const int kStatuses[HTTP_STATUS_SLOTS - 1] = {200, 400, 401, 404, 405, 408, 413, 429, 499, 500, 501, 503, 504};
@@ -197,6 +198,8 @@ char *http_metrics_render(HttpMetrics *m, const EngineStats *s, const EngineMemb
     };
     for (size_t f = 0; per && f < sizeof fams / sizeof fams[0]; f++)
         per_engine(&b, fams[f].name, fams[f].type, fams[f].help, lab, per, devices, n_engines, fams[f].value);
+
+    http_metrics_render_vllm(&b, s, lab);
 
     if (b.oom) {
         http_buf_free(&b);
