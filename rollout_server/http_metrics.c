@@ -1,7 +1,6 @@
 // rollout_server/http_metrics.c — request counters and Prometheus text (see http_metrics.h).
 #include "rollout_server/http_metrics.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -40,28 +39,18 @@ long long http_metrics_get(HttpMetrics *m, HttpRoute route, int status) {
     return atomic_load(&m->count[route][status_slot(status)]);
 }
 
-static void put(HttpBuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void put(HttpBuf *b, const char *fmt, ...) {
-    char line[512];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    if (n > 0) http_buf_append(b, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
-}
-
 static void metric(HttpBuf *b, const char *name, const char *type, const char *help, const char *label,
                    long long value) {
-    put(b, "# HELP %s %s\n# TYPE %s %s\n%s{%s} %lld\n", name, help, name, type, name, label, value);
+    http_buf_appendf(b, "# HELP %s %s\n# TYPE %s %s\n%s{%s} %lld\n", name, help, name, type, name, label, value);
 }
 
 // One family with a series per engine: value(per[i]) under labels lab, engine="i", device="...".
 static void per_engine(HttpBuf *b, const char *name, const char *type, const char *help, const char *lab,
                        const EngineMemberStats *per, const char *const *devices, int n,
                        long long (*value)(const EngineMemberStats *)) {
-    put(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+    http_buf_appendf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
     for (int i = 0; i < n; i++)
-        put(b, "%s{%s,engine=\"%d\",device=\"%s\"} %lld\n", name, lab, i, devices[i], value(&per[i]));
+        http_buf_appendf(b, "%s{%s,engine=\"%d\",device=\"%s\"} %lld\n", name, lab, i, devices[i], value(&per[i]));
 }
 
 static long long v_routed(const EngineMemberStats *p) { return p->requests_routed; }
@@ -91,7 +80,7 @@ char *http_metrics_render(HttpMetrics *m, const EngineStats *s, const EngineMemb
     char lab[300];
     snprintf(lab, sizeof lab, "model_name=\"%s\"", model);
 
-    put(&b, "# HELP tandem_http_requests_total HTTP requests answered, by route and status.\n"
+    http_buf_appendf(&b, "# HELP tandem_http_requests_total HTTP requests answered, by route and status.\n"
             "# TYPE tandem_http_requests_total counter\n");
     for (int r = 0; r < HTTP_ROUTE_COUNT; r++)
         for (int i = 0; i < HTTP_STATUS_SLOTS; i++) {
@@ -100,7 +89,7 @@ char *http_metrics_render(HttpMetrics *m, const EngineStats *s, const EngineMemb
             char st[16];
             if (i < HTTP_STATUS_SLOTS - 1) snprintf(st, sizeof st, "%d", kStatuses[i]);
             else snprintf(st, sizeof st, "other");
-            put(&b, "tandem_http_requests_total{route=\"%s\",status=\"%s\"} %lld\n", kRoutePaths[r], st, c);
+            http_buf_appendf(&b, "tandem_http_requests_total{route=\"%s\",status=\"%s\"} %lld\n", kRoutePaths[r], st, c);
         }
     metric(&b, "tandem_http_requests_in_flight", "gauge", "HTTP requests being handled now.", lab,
            atomic_load(&m->in_flight));
@@ -129,30 +118,30 @@ char *http_metrics_render(HttpMetrics *m, const EngineStats *s, const EngineMemb
 
     // Step-time histogram: EngineStats buckets are cumulative counts at these bounds (ms), the last is +Inf.
     static const int bounds_ms[11] = {1, 2, 5, 10, 20, 50, 100, 200, 500, 1000, 2000};
-    put(&b, "# HELP tandem_engine_step_seconds Wall time of one engine step.\n"
+    http_buf_appendf(&b, "# HELP tandem_engine_step_seconds Wall time of one engine step.\n"
             "# TYPE tandem_engine_step_seconds histogram\n");
     for (int i = 0; i < 11; i++)
-        put(&b, "tandem_engine_step_seconds_bucket{%s,le=\"%g\"} %lld\n", lab, bounds_ms[i] / 1000.0,
+        http_buf_appendf(&b, "tandem_engine_step_seconds_bucket{%s,le=\"%g\"} %lld\n", lab, bounds_ms[i] / 1000.0,
             (long long)s->step_seconds_buckets[i]);
-    put(&b, "tandem_engine_step_seconds_bucket{%s,le=\"+Inf\"} %lld\n", lab, (long long)s->step_seconds_buckets[11]);
-    put(&b, "tandem_engine_step_seconds_sum{%s} %.9g\n", lab, s->step_seconds_sum);
-    put(&b, "tandem_engine_step_seconds_count{%s} %lld\n", lab, (long long)s->steps_total);
-    put(&b, "# HELP tandem_engine_step_compute_seconds_total Part of the engine steps' wall time spent in the model "
+    http_buf_appendf(&b, "tandem_engine_step_seconds_bucket{%s,le=\"+Inf\"} %lld\n", lab, (long long)s->step_seconds_buckets[11]);
+    http_buf_appendf(&b, "tandem_engine_step_seconds_sum{%s} %.9g\n", lab, s->step_seconds_sum);
+    http_buf_appendf(&b, "tandem_engine_step_seconds_count{%s} %lld\n", lab, (long long)s->steps_total);
+    http_buf_appendf(&b, "# HELP tandem_engine_step_compute_seconds_total Part of the engine steps' wall time spent in the model "
             "and sampling calls; the rest is bookkeeping on the host.\n"
             "# TYPE tandem_engine_step_compute_seconds_total counter\n");
-    put(&b, "tandem_engine_step_compute_seconds_total{%s} %.9g\n", lab, s->step_compute_seconds_sum);
+    http_buf_appendf(&b, "tandem_engine_step_compute_seconds_total{%s} %.9g\n", lab, s->step_compute_seconds_sum);
     static const char *const kinds[3] = {"decode_graph", "decode_eager", "prefill"};
-    put(&b, "# HELP tandem_engine_steps_by_kind_total Engine steps by kind: decode_graph (decode-only, replayed from "
+    http_buf_appendf(&b, "# HELP tandem_engine_steps_by_kind_total Engine steps by kind: decode_graph (decode-only, replayed from "
             "a CUDA graph), decode_eager (decode-only, op by op), prefill (with prompt tokens).\n"
             "# TYPE tandem_engine_steps_by_kind_total counter\n");
     for (int k = 0; k < 3; k++)
-        put(&b, "tandem_engine_steps_by_kind_total{%s,kind=\"%s\"} %lld\n", lab, kinds[k],
+        http_buf_appendf(&b, "tandem_engine_steps_by_kind_total{%s,kind=\"%s\"} %lld\n", lab, kinds[k],
             (long long)s->steps_by_kind[k]);
-    put(&b, "# HELP tandem_engine_step_compute_seconds_by_kind_total tandem_engine_step_compute_seconds_total by the "
+    http_buf_appendf(&b, "# HELP tandem_engine_step_compute_seconds_by_kind_total tandem_engine_step_compute_seconds_total by the "
             "kind of step.\n"
             "# TYPE tandem_engine_step_compute_seconds_by_kind_total counter\n");
     for (int k = 0; k < 3; k++)
-        put(&b, "tandem_engine_step_compute_seconds_by_kind_total{%s,kind=\"%s\"} %.9g\n", lab, kinds[k],
+        http_buf_appendf(&b, "tandem_engine_step_compute_seconds_by_kind_total{%s,kind=\"%s\"} %.9g\n", lab, kinds[k],
             s->compute_seconds_by_kind[k]);
 
     // Weight updates (issue 24: applied while generating): what they did to the sequences in flight and how long
@@ -166,16 +155,16 @@ char *http_metrics_render(HttpMetrics *m, const EngineStats *s, const EngineMemb
            "Completions in flight that a weight update started over from their prompt (mode abort).", lab,
            s->weight_update_sequences_requeued_total);
     static const int pause_ms[10] = ENGINE_UPDATE_PAUSE_BOUNDS_MS;
-    put(&b, "# HELP tandem_weight_update_pause_seconds Time a weight update stopped generation: from the end of the "
+    http_buf_appendf(&b, "# HELP tandem_weight_update_pause_seconds Time a weight update stopped generation: from the end of the "
             "engine's last step before it (or from a pause already in effect) to its next step.\n"
             "# TYPE tandem_weight_update_pause_seconds histogram\n");
     for (int i = 0; i < 10; i++)
-        put(&b, "tandem_weight_update_pause_seconds_bucket{%s,le=\"%g\"} %lld\n", lab, pause_ms[i] / 1000.0,
+        http_buf_appendf(&b, "tandem_weight_update_pause_seconds_bucket{%s,le=\"%g\"} %lld\n", lab, pause_ms[i] / 1000.0,
             (long long)s->weight_update_pause_buckets[i]);
-    put(&b, "tandem_weight_update_pause_seconds_bucket{%s,le=\"+Inf\"} %lld\n", lab,
+    http_buf_appendf(&b, "tandem_weight_update_pause_seconds_bucket{%s,le=\"+Inf\"} %lld\n", lab,
         (long long)s->weight_update_pause_buckets[10]);
-    put(&b, "tandem_weight_update_pause_seconds_sum{%s} %.9g\n", lab, s->weight_update_pause_seconds_sum);
-    put(&b, "tandem_weight_update_pause_seconds_count{%s} %lld\n", lab, (long long)s->weight_update_pause_buckets[10]);
+    http_buf_appendf(&b, "tandem_weight_update_pause_seconds_sum{%s} %.9g\n", lab, s->weight_update_pause_seconds_sum);
+    http_buf_appendf(&b, "tandem_weight_update_pause_seconds_count{%s} %lld\n", lab, (long long)s->weight_update_pause_buckets[10]);
 
     // Each engine of the server (--devices): the same figures apart, labelled by index and device.
     static const struct {

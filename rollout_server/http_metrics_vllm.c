@@ -1,27 +1,16 @@
 // rollout_server/http_metrics_vllm.c — vLLM's metric names over tandem's engine figures (see http_metrics_vllm.h).
 #include "rollout_server/http_metrics_vllm.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 
-static void put(HttpBuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
-static void put(HttpBuf *b, const char *fmt, ...) {
-    char line[512];
-    va_list ap;
-    va_start(ap, fmt);
-    int n = vsnprintf(line, sizeof line, fmt, ap);
-    va_end(ap);
-    if (n > 0) http_buf_append(b, line, (size_t)n < sizeof line ? (size_t)n : sizeof line - 1);
-}
-
 static void family(HttpBuf *b, const char *name, const char *type, const char *help) {
-    put(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
+    http_buf_appendf(b, "# HELP %s %s\n# TYPE %s %s\n", name, help, name, type);
 }
 
 static void integer(HttpBuf *b, const char *name, const char *type, const char *help, const char *labels,
                     long long value) {
     family(b, name, type, help);
-    put(b, "%s{%s} %lld\n", name, labels, value);
+    http_buf_appendf(b, "%s{%s} %lld\n", name, labels, value);
 }
 
 // A histogram from per-bucket counts: Prometheus wants each bucket cumulative, then +Inf, sum and count.
@@ -33,11 +22,11 @@ static void histogram(HttpBuf *b, const char *name, const char *help, const char
     long long cumulative = 0;
     for (int i = 0; i < n; i++) {
         cumulative += h->buckets[i];
-        put(b, "%s_bucket{%s,le=\"%g\"} %lld\n", name, labels, bound[i], cumulative);
+        http_buf_appendf(b, "%s_bucket{%s,le=\"%g\"} %lld\n", name, labels, bound[i], cumulative);
     }
-    put(b, "%s_bucket{%s,le=\"+Inf\"} %lld\n", name, labels, (long long)h->count);
-    put(b, "%s_sum{%s} %.9g\n", name, labels, h->sum);
-    put(b, "%s_count{%s} %lld\n", name, labels, (long long)h->count);
+    http_buf_appendf(b, "%s_bucket{%s,le=\"+Inf\"} %lld\n", name, labels, (long long)h->count);
+    http_buf_appendf(b, "%s_sum{%s} %.9g\n", name, labels, h->sum);
+    http_buf_appendf(b, "%s_count{%s} %lld\n", name, labels, (long long)h->count);
 }
 
 void http_metrics_render_vllm(HttpBuf *b, const EngineStats *s, const char *labels) {
@@ -48,7 +37,7 @@ void http_metrics_render_vllm(HttpBuf *b, const EngineStats *s, const char *labe
     integer(b, "vllm:num_requests_waiting", "gauge", "Requests waiting to be admitted by an engine.", labels,
             s->requests_waiting);
     family(b, "vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage.");
-    put(b, "vllm:kv_cache_usage_perc{%s} %.9g\n", labels,
+    http_buf_appendf(b, "vllm:kv_cache_usage_perc{%s} %.9g\n", labels,
         s->kv_blocks_total > 0 ? (double)s->kv_blocks_used / (double)s->kv_blocks_total : 0.0);
     integer(b, "vllm:prompt_tokens_total", "counter", "Number of prefill tokens processed.", labels,
             s->prompt_tokens_total);
@@ -67,7 +56,7 @@ void http_metrics_render_vllm(HttpBuf *b, const EngineStats *s, const char *labe
     } reasons[] = {{FINISH_STOP, "stop"}, {FINISH_LENGTH, "length"}, {FINISH_ABORT, "abort"}, {FINISH_ERROR, "error"}};
     family(b, "vllm:request_success_total", "counter", "Count of successfully processed requests.");
     for (size_t i = 0; i < sizeof reasons / sizeof reasons[0]; i++)
-        put(b, "vllm:request_success_total{%s,finished_reason=\"%s\"} %lld\n", labels, reasons[i].label,
+        http_buf_appendf(b, "vllm:request_success_total{%s,finished_reason=\"%s\"} %lld\n", labels, reasons[i].label,
             (long long)s->completions_finished[reasons[i].reason]);
 
     histogram(b, "vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", labels,

@@ -2,6 +2,7 @@
 #include "rollout_server/http_response.h"
 
 #include <math.h>
+#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -25,6 +26,29 @@ void http_buf_append(HttpBuf *b, const void *p, size_t n) {
     memcpy(b->data + b->len, p, n);
     b->len += n;
     b->data[b->len] = 0;
+}
+
+void http_buf_appendf(HttpBuf *b, const char *fmt, ...) {
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    if (n < 0) return;
+    if ((size_t)n < sizeof line) {
+        http_buf_append(b, line, (size_t)n);
+        return;
+    }
+    char *big = malloc((size_t)n + 1);   // a line longer than the stack buffer: format it again at its length
+    if (!big) {
+        b->oom = 1;
+        return;
+    }
+    va_start(ap, fmt);
+    vsnprintf(big, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    http_buf_append(b, big, (size_t)n);
+    free(big);
 }
 
 void http_buf_free(HttpBuf *b) {

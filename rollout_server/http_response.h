@@ -18,6 +18,8 @@ typedef struct {
 } HttpBuf;
 
 void http_buf_append(HttpBuf *b, const void *p, size_t n);
+// printf into the buffer (any length).
+void http_buf_appendf(HttpBuf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 void http_buf_free(HttpBuf *b);
 
 // Everything one completion produced so far.
