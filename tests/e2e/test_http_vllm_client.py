@@ -12,10 +12,10 @@ answer 501 naming tandem-train.
 
 The import guard: TRL's vllm_client.py imports only when `vllm` is importable (is_vllm_available) and then
 imports three names from it at module level (get_ip, trainer_init, packed_nccl_broadcast_producer), which only
-init_communicator / update_named_params use. `vllm_client_module` below puts a stub package `vllm` (version
+init_communicator / update_named_params use. `vllm_client_module` below puts an import-guard package `vllm` (version
 0.31.0, the newest TRL 1.16 supports, so the client takes its current code paths) with those three names, each
 raising if called, into sys.modules for the import and the test's lifetime, after importing `trl.generation`
-without it (so TRL's vLLM generation backend is not imported). Nothing of the stub takes part in any request.
+without it (so TRL's vLLM generation backend is not imported). No part of that package takes part in any request.
 """
 import importlib.machinery
 import json
@@ -34,21 +34,21 @@ torch.set_num_threads(1)
 PROMPTS = ["the quick brown fox", "plus minus equals", "a lazy dog"]
 
 
-def _stub_never_called(*args, **kwargs):
-    raise AssertionError("the vllm stub was called: the test reached vLLM's own weight-transfer code")
+def _weight_transfer_refused(*args, **kwargs):
+    raise AssertionError("the test reached vLLM's own weight-transfer code, which the import-guard package does not have")
 
 
 @pytest.fixture(scope="module")
 def vllm_client_module():
-    import trl.generation  # noqa: F401  (before the stub: its __init__ imports vLLM's engine only when vllm exists)
-    stub_names = {
+    import trl.generation  # noqa: F401  (before the import-guard package: its __init__ imports vLLM's engine only when vllm exists)
+    guard_modules = {
         "vllm": {}, "vllm.utils": {}, "vllm.distributed": {}, "vllm.distributed.weight_transfer": {},
-        "vllm.utils.network_utils": {"get_ip": _stub_never_called},
-        "vllm.distributed.weight_transfer.nccl_common": {"trainer_init": _stub_never_called},
-        "vllm.distributed.weight_transfer.packed_tensor": {"packed_nccl_broadcast_producer": _stub_never_called},
+        "vllm.utils.network_utils": {"get_ip": _weight_transfer_refused},
+        "vllm.distributed.weight_transfer.nccl_common": {"trainer_init": _weight_transfer_refused},
+        "vllm.distributed.weight_transfer.packed_tensor": {"packed_nccl_broadcast_producer": _weight_transfer_refused},
     }
-    assert not any(name in sys.modules for name in stub_names), "a real vllm is installed: drop the stub"
-    for name, attrs in stub_names.items():
+    assert not any(name in sys.modules for name in guard_modules), "a real vllm is installed: import it instead of the import-guard package"
+    for name, attrs in guard_modules.items():
         m = types.ModuleType(name)
         m.__spec__ = importlib.machinery.ModuleSpec(name, None)
         m.__version__ = "0.31.0"
@@ -57,7 +57,7 @@ def vllm_client_module():
         sys.modules[name] = m
     from trl.generation import vllm_client
     yield vllm_client
-    for name in stub_names:
+    for name in guard_modules:
         sys.modules.pop(name, None)
 
 
