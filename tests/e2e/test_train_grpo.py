@@ -199,6 +199,20 @@ def _differing_keys(a, b):
     return sorted(k for k in keys if a.get(k) != b.get(k))
 
 
+def assert_same_run_as_baseline(out_b, rows_b, out_x, rows_x, checkpoints):
+    """A run of this build (out_x, rows_x) equals the baseline build's (out_b, rows_b): every metric the baseline
+    logs, the checkpoints' weights byte for byte, and every trainer_state key the baseline writes (keys added since,
+    such as zero_slicing, are not the baseline's)."""
+    for step in rows_b:
+        differing = [k for k in _differing_keys(rows_b[step], rows_x[step]) if k in rows_b[step]]
+        assert not differing, (step, {k: (rows_b[step].get(k), rows_x[step].get(k)) for k in differing})
+    assert len({rows_b[s]["loss"] for s in rows_b}) > 1
+    for ckpt in checkpoints:
+        assert (out_b / ckpt / "model.safetensors").read_bytes() == (out_x / ckpt / "model.safetensors").read_bytes()
+        states = [json.loads((out / ckpt / "trainer_state.json").read_text()) for out in (out_b, out_x)]
+        assert states[0] == {k: v for k, v in states[1].items() if k in states[0]}, states
+
+
 def test_grpo_cpu_is_reproducible_and_resume_exact(setup):
     """Two identical GRPO runs on the CPU (2 ranks) log the same metrics bit for bit and end on the same weights; a
     run resumed from the first's checkpoint-3 repeats its steps 4-6 bit for bit too (issue 22).

@@ -25,7 +25,7 @@ import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from server_fixtures import TandemServer, build_tiny_model, free_port  # noqa: E402
-from test_train_grpo import _differing_keys, _metric_rows, grpo_args, launch, write_dataset  # noqa: E402
+from test_train_grpo import _differing_keys, assert_same_run_as_baseline, _metric_rows, grpo_args, launch, write_dataset  # noqa: E402
 
 # Every *_time field (the step's attribution) must add up to step_wall_time.
 PHASES = ("refresh_time", "generate_issue_time", "generate_wait_time", "rewards_phase_time", "old_logps_time",
@@ -67,15 +67,7 @@ def test_staleness_zero_is_the_baseline_build(setup):
     out_b, rows_b, _ = run(setup, "baseline", 6, 2, extra, binary=str(pathlib.Path(base) / "bin" / "tandem-train"))
     out_0, rows_0, _ = run(setup, "staleness-0", 6, 2, [*extra, "--max-staleness", "0"])
     assert sorted(rows_b) == sorted(rows_0) == [1, 2, 3, 4, 5, 6]
-    for step in rows_b:
-        differing = [k for k in _differing_keys(rows_b[step], rows_0[step]) if k in rows_b[step]]
-        assert not differing, (step, {k: (rows_b[step].get(k), rows_0[step].get(k)) for k in differing})
-    assert len({rows_b[s]["loss"] for s in rows_b}) > 1
-    for ckpt in ("checkpoint-3", "checkpoint-6"):
-        assert (out_b / ckpt / "model.safetensors").read_bytes() == (out_0 / ckpt / "model.safetensors").read_bytes()
-        states = [json.loads((out / ckpt / "trainer_state.json").read_text()) for out in (out_b, out_0)]
-        # Every key the baseline writes is equal; keys added since (zero_slicing, ...) are not the baseline's.
-        assert states[0] == {k: v for k, v in states[1].items() if k in states[0]}, states
+    assert_same_run_as_baseline(out_b, rows_b, out_0, rows_0, ("checkpoint-3", "checkpoint-6"))
 
 
 def test_ahead_with_still_weights_is_the_synchronous_run(setup):

@@ -31,7 +31,7 @@ import pytest
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from server_fixtures import TandemServer, build_tiny_model, free_port  # noqa: E402
-from test_train_grpo import _differing_keys, _metric_rows, grpo_args, launch, write_dataset  # noqa: E402
+from test_train_grpo import _differing_keys, assert_same_run_as_baseline, _metric_rows, grpo_args, launch, write_dataset  # noqa: E402
 from test_train_grpo_async import PHASES  # noqa: E402
 
 G = 8
@@ -183,15 +183,7 @@ def test_streaming_is_the_baseline_build(setup, variant):
     # options let micro-steps start early does not.
     if not early_micro_steps:
         assert all(rows_s[s]["train_overlap_time"] == 0 for s in rows_s), rows_s
-    for step in rows_b:
-        differing = [k for k in _differing_keys(rows_b[step], rows_s[step]) if k in rows_b[step]]
-        assert not differing, (step, {k: (rows_b[step].get(k), rows_s[step].get(k)) for k in differing})
-    assert len({rows_b[s]["loss"] for s in rows_b}) > 1
-    for ckpt in ("checkpoint-2", "checkpoint-4"):
-        assert (out_b / ckpt / "model.safetensors").read_bytes() == (out_s / ckpt / "model.safetensors").read_bytes()
-        states = [json.loads((out / ckpt / "trainer_state.json").read_text()) for out in (out_b, out_s)]
-        # Every key the baseline writes is equal; keys added since (zero_slicing, ...) are not the baseline's.
-        assert states[0] == {k: v for k, v in states[1].items() if k in states[0]}, states
+    assert_same_run_as_baseline(out_b, rows_b, out_s, rows_s, ("checkpoint-2", "checkpoint-4"))
 
 
 def test_a_server_lost_mid_round_keeps_the_groups_in(setup):
