@@ -100,13 +100,11 @@ int grpo_round_issue(Trainer *t, GrpoRound *r, long first_step, char *err, size_
     if (rollout_generate_start(t->rollout, r->n_prompts, r->prompts, r->prompt_lens, s, &r->pending, err,
                                err_len) != 0)
         return -1;
-    r->issue_seconds = trainer_now() - t0;
     return 0;
 }
 
 int grpo_round_collect(Trainer *t, GrpoRound *r, const GrpoStreamWork *work, char *err, size_t err_len) {
     TrainConfig *c = t->cfg;
-    double t0 = trainer_now();
     if (grpo_round_stream_begin(t, r, err, err_len) != 0) return -1;
     for (int attempt = 1;; attempt++) {
         // Every rank agrees whether the round's generation worked (grpo_round_stream): if one lost all its servers,
@@ -138,7 +136,6 @@ int grpo_round_collect(Trainer *t, GrpoRound *r, const GrpoStreamWork *work, cha
     }
     double t1 = trainer_now();
     r->stream_seconds = r->reward_seconds;
-    r->wait_seconds = t1 - t0;
     r->generate_seconds = t1 - r->issued_at;
     r->off[0] = 0;
     for (int i = 0; i < r->n; i++) r->off[i + 1] = r->off[i] + (size_t)r->comp_len[i];

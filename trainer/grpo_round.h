@@ -96,8 +96,6 @@ struct GrpoRound {
     float *weights;             // (F) reward_weights, when set
     int cap_f;                  // F the buffers above hold
     double generate_seconds;    // sending the round to collecting it (overlapping training when issued ahead)
-    double issue_seconds;       // sending its prompts
-    double wait_seconds;        // collecting it once the trainer needed it, scoring groups as they came included
     double reward_seconds;      // decoding and scoring (groups while they stream in, then the round's columns)
     double stream_seconds;      // of reward_seconds: the part done inside grpo_round_collect
     double overlap_seconds;     // of stream_seconds: the part done while groups of the round were still generating
