@@ -264,6 +264,14 @@ void ops_embedding_fwd(OpsCtx *ctx, void *out, const int32_t *tokens, const void
                  ops_set_error(ctx, -1, __FILE__, __LINE__, "token id %d at row %d is outside the vocabulary [0, %d)",
                                tokens[bad_row], bad_row, V));
 }
+void ops_embedding_shard_fwd(OpsCtx *ctx, void *out, const int32_t *tokens, const void *table, int N, int C, int begin,
+                             int rows, int V) {
+    int bad_row = -1;
+    DISPATCH(ctx, cuda_embedding_shard_fwd(ctx, out, tokens, table, N, C, begin, rows, V),
+             if (cpu_embedding_shard_fwd(F(out), tokens, CF(table), N, C, begin, rows, V, &bad_row) != 0)
+                 ops_set_error(ctx, -1, __FILE__, __LINE__, "token id %d at row %d is outside the vocabulary [0, %d)",
+                               tokens[bad_row], bad_row, V));
+}
 void ops_embedding_bwd(OpsCtx *ctx, float *dtable, const void *dout, const int32_t *tokens, int N, int C) {
     DISPATCH(ctx, cuda_embedding_bwd(ctx, dtable, dout, tokens, N, C), cpu_embedding_bwd(dtable, CF(dout), tokens, N, C));
 }

@@ -122,6 +122,11 @@ void ops_add_f32(OpsCtx *ctx, float *y, const float *x, size_t n);
 
 // out (N, C) = table[tokens[i]] ; table (V, C). A token outside [0, V) records an error.
 void ops_embedding_fwd(OpsCtx *ctx, void *out, const int32_t *tokens, const void *table, int N, int C, int V);
+// Tensor-parallel shard of the lookup: table (rows, C) holds vocabulary rows [begin, begin + rows) of a V-row
+// embedding; out row i = table[tokens[i] - begin] when the id falls in those rows, zeros otherwise (another shard
+// has it: the shards' outputs add up to the whole lookup). A token outside [0, V) records an error.
+void ops_embedding_shard_fwd(OpsCtx *ctx, void *out, const int32_t *tokens, const void *table, int N, int C, int begin,
+                             int rows, int V);
 // dtable (V, C) fp32 += scatter of dout (N, C) by tokens.
 void ops_embedding_bwd(OpsCtx *ctx, float *dtable, const void *dout, const int32_t *tokens, int N, int C);
 

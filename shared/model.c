@@ -12,6 +12,7 @@ int model_init(Model *m, const ModelConfig *cfg, OpsCtx *ops, char *err, size_t 
     memset(m, 0, sizeof *m);
     m->cfg = *cfg;
     m->ops = ops;
+    m->shard = (ModelShard){.rank = 0, .size = 1, .vocab_total = cfg->vocab_size};
     if (layout_build(&m->layout, cfg, err, err_len) != 0) return -1;
     int half = cfg->head_dim / 2;
     float *host = malloc((size_t)half * sizeof(float));

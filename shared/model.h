@@ -13,12 +13,31 @@
 #include "shared/config.h"
 #include "shared/layout.h"
 
+// Tensor parallelism (Megatron-style, inference only): a model of `size` shards, each a Model whose config is the
+// shard's (model_shard_config): its query heads, KV heads, MLP columns and vocabulary rows. q/k/v and gate/up are
+// column-parallel (each shard computes its heads / columns), o_proj and down_proj row-parallel (each shard's partial
+// sums are added over the shards by all_reduce), the embedding and lm_head split over the vocabulary (each shard
+// looks up its rows, zero elsewhere, then all_reduce; each computes its logits columns, then all_gather). Norms and
+// q/k norms are replicated. size 1 is the plain model (no collective is called).
+typedef struct {
+    int rank, size;
+    int vocab_total;       // the whole model's V (the shard's cfg.vocab_size is its rows, ceil(V / size))
+    int vocab_begin;       // first vocabulary row of this shard; rows past vocab_total are zero padding
+    int q_head_begin;      // first query head of this shard (cfg.num_heads of them)
+    int kv_head_begin;     // first KV head (cfg.num_kv_heads of them; shards share a head when size > the model's)
+    // The shards' communicator (size members, member i = shard i, on this shard's compute context; not owned): every
+    // shard makes the same collectives in the same order, ordered against its compute stream (shared/comm/comm.h).
+    struct Comm *comm;
+    int failed;            // a collective failed during the current step (model_decode_step* report it)
+} ModelShard;
+
 typedef struct {
     ModelConfig cfg;
     Layout layout;
     OpsCtx *ops;           // not owned
     float *inv_freq;       // (D/2) fp32, backend memory: rotary inverse frequencies (rope scaling applied)
     float attn_scale;      // 1 / sqrt(D)
+    ModelShard shard;      // {rank 0, size 1} unless made by model_init_shard
 } Model;
 
 // Where parameters and gradients come from. acquire/release bracket every read of a unit's parameters
@@ -56,6 +75,29 @@ typedef struct {
 
 int model_init(Model *m, const ModelConfig *cfg, OpsCtx *ops, char *err, size_t err_len);
 void model_free(Model *m);
+
+// ---- tensor-parallel shards (shared/model_shard.c) ----
+// The config of shard `rank` of `size` and its place in the whole model (shard: everything but the collectives).
+// Needs num_heads and intermediate_size divisible by size, and num_kv_heads divisible by size or size by
+// num_kv_heads (KV heads are then replicated: size / num_kv_heads shards hold each). Errors name the numbers.
+int model_shard_config(const ModelConfig *full, int rank, int size, ModelConfig *out, ModelShard *shard, char *err,
+                       size_t err_len);
+// model_init for shard `rank` of `size` (m->shard.comm unset: set it before a step when size > 1).
+int model_init_shard(Model *m, const ModelConfig *full, int rank, int size, OpsCtx *ops, char *err, size_t err_len);
+// The shard's slice of unit `unit`: full_unit (host fp32, the whole model's layout: full->layout.unit_numel[unit])
+// -> shard_unit (host fp32, shard->layout.unit_numel[unit]; padding and vocabulary rows past V zeroed).
+void model_shard_unit(const Model *full, const Model *shard, int unit, const float *full_unit, float *shard_unit);
+// The same on the backend: shard_unit (shard's context, storage dtype) <- full_unit (storage dtype, in full_ctx's
+// memory), tensor by tensor (ops_copy_peer where the contexts differ, 2-D slices staged through one contiguous
+// buffer of scratch_bytes >= model_shard_scratch_bytes in full_ctx memory). Returns 0, or -1 with a message.
+int model_shard_unit_device(const Model *full, OpsCtx *full_ctx, const void *full_unit, const Model *shard,
+                            void *shard_unit, int unit, void *scratch, char *err, size_t err_len);
+size_t model_shard_scratch_bytes(const Model *shard);
+// The shards' collectives as the model code calls them, on storage-dtype backend memory: buf (count) = its sum over
+// the shards, in place; recv (size * count) = every shard's send (count) in rank order. No-ops at size 1; a failure
+// marks m->shard.failed (the step then fails) and later calls of the step do nothing.
+void model_shard_reduce(Model *m, void *buf, size_t count);
+void model_shard_gather(Model *m, void *recv, const void *send, size_t count);
 
 int resident_alloc(ResidentWeights *w, const Model *m, int with_grads, char *err, size_t err_len);
 void resident_free(ResidentWeights *w, const Model *m);

@@ -6,6 +6,7 @@
 #include <string.h>
 #include <time.h>
 
+#include "shared/comm/comm.h"
 #include "shared/model_internal.h"
 
 // Rungs of the padded-batch ladder (decode_ladder): ~2 per doubling up to 2^20 fits well within this.
@@ -40,7 +41,9 @@ struct DecodeBufs {
     void *acts_block;
     void *x[2];                 // (N, C) ping-pong residual stream
     void *rows, *rows_normed;   // (max_logit_rows, C)
-    void *logits;               // (max_logit_rows, V)
+    void *logits;               // (max_logit_rows, V), V the whole model's (m->shard.vocab_total)
+    void *logits_shard;         // tensor-parallel shards: (max_logit_rows, Vs) this shard's vocabulary columns
+    void *logits_gathered;      //   and (shards, max_logit_rows, Vs) every shard's, in rank order; NULL at size 1
     int32_t *tokens, *token_seq, *token_pos, *slot_mapping; // (N) backend memory
     int32_t *block_tables;      // (max_seqs + 1, max_blocks) backend memory; row max_seqs stays 0 (padding rows)
     int32_t *tables_stage;      // (max_seqs * max_blocks) backend memory: narrower host tables land here first
@@ -96,7 +99,7 @@ void kv_cache_free(KVCache *kv, const Model *m) {
 int decode_bufs_create(DecodeBufs **out, const Model *m, int max_tokens, int max_seqs, int max_blocks,
                        int max_logit_rows, char *err, size_t err_len) {
     OpsCtx *o = m->ops;
-    const size_t es = ops_dtype_size(o), N = (size_t)max_tokens, C = m->cfg.hidden_size, V = m->cfg.vocab_size;
+    const size_t es = ops_dtype_size(o), N = (size_t)max_tokens, C = m->cfg.hidden_size, V = m->shard.vocab_total;
     DecodeBufs *b = calloc(1, sizeof *b);
     *out = NULL;
     if (!b) goto oom;
@@ -110,6 +113,11 @@ int decode_bufs_create(DecodeBufs **out, const Model *m, int max_tokens, int max
     b->rows = ops_malloc(o, (size_t)max_logit_rows * C * es);
     b->rows_normed = ops_malloc(o, (size_t)max_logit_rows * C * es);
     b->logits = ops_malloc(o, (size_t)max_logit_rows * V * es);
+    if (m->shard.size > 1) {
+        const size_t Vs = (size_t)m->cfg.vocab_size;
+        b->logits_shard = ops_malloc(o, (size_t)max_logit_rows * Vs * es);
+        b->logits_gathered = ops_malloc(o, (size_t)m->shard.size * max_logit_rows * Vs * es);
+    }
     b->tokens = ops_malloc(o, N * 4);
     b->token_seq = ops_malloc(o, N * 4);
     b->token_pos = ops_malloc(o, N * 4);
@@ -154,6 +162,8 @@ void decode_bufs_free(DecodeBufs *b, const Model *m) {
     ops_free(o, b->rows);
     ops_free(o, b->rows_normed);
     ops_free(o, b->logits);
+    ops_free(o, b->logits_shard);
+    ops_free(o, b->logits_gathered);
     ops_free(o, b->tokens);
     ops_free(o, b->token_seq);
     ops_free(o, b->token_pos);
@@ -184,13 +194,57 @@ static void upload_tables(OpsCtx *o, DecodeBufs *b, const int32_t *tables, int n
     }
 }
 
+// x (N, C) = the embedding rows of tokens (backend memory). A tensor-parallel shard looks up the ids of its vocabulary
+// rows and the shards add their rows up.
+static void embed_tokens(Model *m, void *x, const int32_t *tokens, const void *unit0, int N) {
+    const ModelShard *s = &m->shard;
+    const int C = m->cfg.hidden_size;
+    const void *table = elem_at(m, unit0, m->layout.embed);
+    if (s->size == 1) {
+        ops_embedding_fwd(m->ops, x, tokens, table, N, C, m->cfg.vocab_size);
+        return;
+    }
+    ops_embedding_shard_fwd(m->ops, x, tokens, table, N, C, s->vocab_begin, m->cfg.vocab_size, s->vocab_total);
+    model_shard_reduce(m, x, (size_t)N * C);
+}
+
+// b->logits (R, V) = rows_normed (R, C) W_lm^T. A tensor-parallel shard computes its vocabulary columns; every shard
+// gathers all of them and lays them out as whole rows (the padding columns past V dropped), so that sampling and
+// logprobs see the whole vocabulary.
+static void lm_head_logits(Model *m, DecodeBufs *b, const void *rows_normed, const void *w_lm, int R) {
+    OpsCtx *o = m->ops;
+    ModelShard *s = &m->shard;
+    const int C = m->cfg.hidden_size, Vs = m->cfg.vocab_size, V = s->vocab_total;
+    if (s->size == 1) {
+        ops_matmul_fwd_batch_invariant(o, b->logits, rows_normed, w_lm, NULL, R, C, V);
+        return;
+    }
+    ops_matmul_fwd_batch_invariant(o, b->logits_shard, rows_normed, w_lm, NULL, R, C, Vs);
+    model_shard_gather(m, b->logits_gathered, b->logits_shard, (size_t)R * Vs);
+    for (int r = 0; r < s->size; r++) {
+        const int cols = V - r * Vs < Vs ? V - r * Vs : Vs;
+        if (cols > 0)
+            ops_copy_2d(o, elem_at(m, b->logits, (size_t)r * Vs), (size_t)V,
+                        elem_at(m, b->logits_gathered, (size_t)r * R * Vs), (size_t)Vs, (size_t)R, (size_t)cols);
+    }
+}
+
+// The step's result when tensor-parallel collectives ran: 0, or -1 with a message when one of them failed.
+static int shard_step_status(Model *m, char *err, size_t err_len) {
+    if (!m->shard.failed) return 0;
+    m->shard.failed = 0;
+    snprintf(err, err_len, "a tensor-parallel collective between the model's %d shards failed (shard %d): %s",
+             m->shard.size, m->shard.rank, comm_error(m->shard.comm));
+    return -1;
+}
+
 int model_decode_step(Model *m, DecodeBufs *b, UnitSource *src, KVCache *kv, int N, const int32_t *tokens,
                       const int32_t *token_seq, const int32_t *token_pos, const int32_t *slot_mapping,
                       const int32_t *block_tables, int n_seqs, int max_blocks, const int32_t *logit_rows,
                       int n_logit_rows, float *logits, char *err, size_t err_len) {
     OpsCtx *o = m->ops;
     const ModelConfig *cfg = &m->cfg;
-    const int C = cfg->hidden_size, V = cfg->vocab_size;
+    const int C = cfg->hidden_size, V = m->shard.vocab_total;
     const size_t es = ops_dtype_size(o);
     if (N < 1 || N > b->max_tokens || n_seqs < 1 || n_seqs > b->max_seqs || max_blocks < 1 ||
         max_blocks > b->max_blocks || n_logit_rows < 0 || n_logit_rows > b->max_logit_rows) {
@@ -215,7 +269,7 @@ int model_decode_step(Model *m, DecodeBufs *b, UnitSource *src, KVCache *kv, int
 
     const void *p = src->acquire(src->user, 0);
     if (!p) goto unavailable;
-    ops_embedding_fwd(o, b->x[0], b->tokens, elem_at(m, p, m->layout.embed), N, C, V);
+    embed_tokens(m, b->x[0], b->tokens, p, N);
     if (src->release) src->release(src->user, 0);
     AttnArgs att = {.paged = 1, .slot_mapping = b->slot_mapping, .block_tables = b->block_tables,
                     .token_seq = b->token_seq, .max_blocks = b->max_blocks, .block_size = kv->block_size,
@@ -250,7 +304,7 @@ int model_decode_step(Model *m, DecodeBufs *b, UnitSource *src, KVCache *kv, int
         ops_rmsnorm_fwd(o, b->rows_normed, NULL, b->rows, elem_at(m, pf, m->layout.final_norm), n_logit_rows, C,
                         cfg->rms_norm_eps);
         const void *w_lm = p0 ? elem_at(m, p0, m->layout.embed) : elem_at(m, pf, m->layout.lm_head);
-        ops_matmul_fwd_batch_invariant(o, b->logits, b->rows_normed, w_lm, NULL, n_logit_rows, C, V);
+        lm_head_logits(m, b, b->rows_normed, w_lm, n_logit_rows);
         if (logits) ops_download_f32(o, logits, b->logits, (size_t)n_logit_rows * V);
         if (p0 && src->release) src->release(src->user, 0);
         if (src->release) src->release(src->user, uf);
@@ -258,6 +312,7 @@ int model_decode_step(Model *m, DecodeBufs *b, UnitSource *src, KVCache *kv, int
     // Logits left in backend memory: the caller's next op runs after this step on the same stream, so there is
     // nothing to wait for here (an asynchronous failure shows at the caller's next synchronization).
     if (logits) ops_synchronize(o);
+    if (shard_step_status(m, err, err_len) != 0) return -1;
     if (ops_status(o)) {
         snprintf(err, err_len, "decode step failed: %s", ops_error(o));
         return -1;
@@ -290,7 +345,9 @@ int decode_bufs_enable_padded(DecodeBufs *b, const Model *m, int max_batch, int 
     if (limit > b->max_seqs) limit = b->max_seqs;
     if (limit > b->max_logit_rows) limit = b->max_logit_rows;
     if (limit > (1 << 20)) limit = 1 << 20;
-    const int want_graphs = use_graphs && ops_graph_supported(m->ops);
+    // Tensor-parallel shards run their padded steps eagerly: the collectives are queued on a communicator's own
+    // stream from its launch thread (shared/comm/comm.h), which a graph recorded on the compute stream cannot hold.
+    const int want_graphs = use_graphs && ops_graph_supported(m->ops) && m->shard.size == 1;
     if (b->n_ladder > 0 && limit == b->ladder[b->n_ladder - 1]) {  // the same ladder: keep the graphs recorded
         b->use_graphs = want_graphs;
         return limit;
@@ -343,9 +400,9 @@ static double seconds_now(void) {
 static void padded_forward(Model *m, DecodeBufs *b, KVCache *kv, int P) {
     OpsCtx *o = m->ops;
     const ModelConfig *cfg = &m->cfg;
-    const int C = cfg->hidden_size, V = cfg->vocab_size, T = b->ladder[b->n_ladder - 1];
+    const int C = cfg->hidden_size, T = b->ladder[b->n_ladder - 1];
     const int32_t *tokens = b->pad_ids, *seq = b->pad_ids + T, *pos = b->pad_ids + 2 * T, *slots = b->pad_ids + 3 * T;
-    ops_embedding_fwd(o, b->x[0], tokens, elem_at(m, b->units[0], m->layout.embed), P, C, V);
+    embed_tokens(m, b->x[0], tokens, b->units[0], P);
     AttnArgs att = {.paged = 1, .slot_mapping = slots, .block_tables = b->block_tables, .token_seq = seq,
                     .max_blocks = b->max_blocks, .block_size = kv->block_size, .n_seqs = b->max_seqs + 1,
                     .decode = 1};
@@ -370,7 +427,7 @@ static void padded_forward(Model *m, DecodeBufs *b, KVCache *kv, int P) {
                              elem_at(m, pf, m->layout.final_norm), P, C, cfg->rms_norm_eps);
     const void *w_lm = m->layout.lm_head == SIZE_MAX ? elem_at(m, b->units[0], m->layout.embed)
                                                      : elem_at(m, pf, m->layout.lm_head);
-    ops_matmul_fwd_batch_invariant(o, b->logits, b->rows_normed, w_lm, NULL, P, C, V);
+    lm_head_logits(m, b, b->rows_normed, w_lm, P);
 }
 
 // Records the padded step of rung r (size P) into one of its slots (an empty one, else the least recently used),
@@ -429,7 +486,7 @@ int model_decode_step_padded(Model *m, DecodeBufs *b, UnitSource *src, KVCache *
                              const int32_t *token_pos, const int32_t *slot_mapping, const int32_t *block_tables,
                              int max_blocks, float *logits, char *err, size_t err_len) {
     OpsCtx *o = m->ops;
-    const int V = m->cfg.vocab_size;
+    const int V = m->shard.vocab_total;
     const int P = decode_bufs_padded_size(b, n);
     if (P == 0 || max_blocks < 1 || max_blocks > b->max_blocks) {
         snprintf(err, err_len, "padded decode step of %d sequences (block tables of %d, at most %d) does not fit: %s",
@@ -502,6 +559,7 @@ int model_decode_step_padded(Model *m, DecodeBufs *b, UnitSource *src, KVCache *
     for (int u = b->n_units - 1; u >= 0; u--)
         if (src->release) src->release(src->user, u);
     if (logits) ops_download_f32(o, logits, b->logits, (size_t)n * V);
+    if (shard_step_status(m, err, err_len) != 0) return -1;
     if (ops_status(o)) {
         snprintf(err, err_len, "decode step failed: %s", ops_error(o));
         return -1;
@@ -519,7 +577,7 @@ static int argmax(const float *x, int n) {
 int model_generate_greedy(Model *m, UnitSource *src, int B, const int32_t *const *prompts, const int *prompt_lens,
                           int max_new, const int32_t *eos_ids, int n_eos, int32_t *out_tokens, char *err,
                           size_t err_len) {
-    const int block_size = 16, V = m->cfg.vocab_size;
+    const int block_size = 16, V = m->shard.vocab_total;
     int max_len = 0, total_prompt = 0;
     for (int b = 0; b < B; b++) {
         if (prompt_lens[b] < 1) {

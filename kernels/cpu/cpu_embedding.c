@@ -17,6 +17,26 @@ int cpu_embedding_fwd(float *out, const int32_t *tokens, const float *table, int
     return 0;
 }
 
+// The vocabulary shard [begin, begin + rows) of a V-row table: rows of other shards' ids are zeros. Ids are
+// checked against V first, as above.
+int cpu_embedding_shard_fwd(float *out, const int32_t *tokens, const float *table, int N, int C, int begin, int rows,
+                            int V, int *bad_row) {
+    for (int i = 0; i < N; i++) {
+        if (tokens[i] < 0 || tokens[i] >= V) {
+            if (bad_row) *bad_row = i;
+            return -1;
+        }
+    }
+    for (int i = 0; i < N; i++) {
+        const int local = tokens[i] - begin;
+        if (local >= 0 && local < rows)
+            memcpy(out + (size_t)i * C, table + (size_t)local * C, (size_t)C * sizeof(float));
+        else
+            memset(out + (size_t)i * C, 0, (size_t)C * sizeof(float));
+    }
+    return 0;
+}
+
 // dtable (V, C) += dout (N, C) scattered by tokens (N). Rows repeat when a token repeats, so this is an
 // accumulation, not a copy. V is not passed here: the ids were validated by the forward; a negative id
 // (the only invalid value checkable without V) is skipped rather than written out of bounds.

@@ -10,6 +10,8 @@
 
 // Returns 0, or -1 when a token id is outside [0, V) (bad_index receives the offending row).
 int cpu_embedding_fwd(float *out, const int32_t *tokens, const float *table, int N, int C, int V, int *bad_row);
+int cpu_embedding_shard_fwd(float *out, const int32_t *tokens, const float *table, int N, int C, int begin, int rows,
+                            int V, int *bad_row);
 void cpu_embedding_bwd(float *dtable, const float *dout, const int32_t *tokens, int N, int C);
 
 void cpu_rmsnorm_fwd(float *out, float *rstd, const float *x, const float *w, int N, int C, float eps);

@@ -39,6 +39,8 @@ int cuda_copy_peer(OpsCtx *dst_ctx, void *dst, OpsCtx *src_ctx, const void *src,
 void cuda_add_inplace(OpsCtx *ctx, void *y, const void *x, size_t n);
 void cuda_add_f32(OpsCtx *ctx, float *y, const float *x, size_t n);
 void cuda_embedding_fwd(OpsCtx *ctx, void *out, const int32_t *tokens, const void *table, int N, int C, int V);
+void cuda_embedding_shard_fwd(OpsCtx *ctx, void *out, const int32_t *tokens, const void *table, int N, int C, int begin,
+                              int rows, int V);
 void cuda_embedding_bwd(OpsCtx *ctx, float *dtable, const void *dout, const int32_t *tokens, int N, int C);
 void cuda_rmsnorm_fwd(OpsCtx *ctx, void *out, float *rstd, const void *x, const void *w, int N, int C, float eps);
 void cuda_rmsnorm_bwd(OpsCtx *ctx, void *dx, float *dw, const void *dout, const void *x, const void *w,

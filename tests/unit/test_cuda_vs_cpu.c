@@ -194,6 +194,13 @@ static void test_embedding(void) {
         ops_embedding_fwd(gpu, out.g, tokens.g, table.g, N, C, V);
         expect_ok("embedding_fwd");
         check(C % 8 ? "embedding_fwd C=37" : "embedding_fwd C=72", "out", out, 0.0);  // exact copy
+        // A tensor-parallel shard of the table (rows [40, 80)): other ids give zero rows.
+        ops_embedding_shard_fwd(cpu, out.c, tokens.c, (const char *)table.c + (size_t)40 * C * ops_dtype_size(cpu), N,
+                                C, 40, 40, V);
+        ops_embedding_shard_fwd(gpu, out.g, tokens.g, (const char *)table.g + (size_t)40 * C * ops_dtype_size(gpu), N,
+                                C, 40, 40, V);
+        expect_ok("embedding_shard_fwd");
+        check(C % 8 ? "embedding_shard_fwd C=37" : "embedding_shard_fwd C=72", "out", out, 0.0);
         Buf dout = buf_rand((size_t)N * C, -1, 1), dtable = buf_rand_f32((size_t)V * C, -1, 1);
         ops_embedding_bwd(cpu, dtable.c, dout.c, tokens.c, N, C);
         ops_embedding_bwd(gpu, dtable.g, dout.g, tokens.g, N, C);

@@ -94,7 +94,34 @@ static void test_embedding(void) {
         for (size_t i = 0; i < (size_t)N * C; i++)
             if (out2[i] != 0.0f) { CHECK(0, "out written although an id was invalid"); break; }
     }
-    free(table), free(out), free(out2);
+    // Shards of the vocabulary: each shard's table holds rows [begin, begin + rows) of the whole; ids of other
+    // shards give zero rows, so the shards' outputs add up to the whole lookup (the last shard is short: 11 = 4+4+3).
+    float *sum = kt_falloc((size_t)N * C), *part = kt_falloc((size_t)N * C);
+    for (int s = 0; s < 3; s++) {
+        const int begin = 4 * s, rows = begin + 4 <= V ? 4 : V - begin;
+        CHECK(cpu_embedding_shard_fwd(part, tokens, table + (size_t)begin * C, N, C, begin, rows, V, &bad) == 0,
+              "shard %d: valid ids must succeed", s);
+        for (int i = 0; i < N; i++) {
+            const int mine = tokens[i] >= begin && tokens[i] < begin + rows;
+            for (int c = 0; c < C; c++) {
+                const float want = mine ? table[(size_t)tokens[i] * C + c] : 0.0f;
+                if (part[(size_t)i * C + c] != want) {
+                    CHECK(0, "shard %d row %d (id %d) col %d: %g, want %g", s, i, tokens[i], c,
+                          part[(size_t)i * C + c], want);
+                    break;
+                }
+                sum[(size_t)i * C + c] += part[(size_t)i * C + c];
+            }
+        }
+    }
+    CHECK(memcmp(sum, out, (size_t)N * C * sizeof(float)) == 0, "the shards' rows do not add up to the whole lookup");
+    int32_t badtok[9];
+    memcpy(badtok, tokens, sizeof badtok);
+    badtok[2] = V;
+    bad = -1;
+    CHECK(cpu_embedding_shard_fwd(part, badtok, table, N, C, 0, 4, V, &bad) == -1 && bad == 2,
+          "a shard must refuse id %d outside the whole vocabulary (bad row %d)", V, bad);
+    free(table), free(out), free(out2), free(sum), free(part);
 }
 
 static void test_rmsnorm(void) {

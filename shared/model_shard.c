@@ -1,0 +1,169 @@
+// shared/model_shard.c — tensor-parallel shards of the model (shared/model.h, "tensor-parallel shards"): the shard's
+// config, and each unit's slice of the whole model's parameters, on the host and on the backend.
+//
+// A shard's layout is the layout of its config (shared/layout.c), so it holds the same tensors in the same order as
+// the whole model's, each with the shard's rows or columns; tensor i of one is tensor i of the other. Which part of
+// a tensor a shard holds follows from the tensor's role:
+//   embed_tokens, lm_head (V, C)          rows  [vocab_begin, + cfg.vocab_size)   (past V: zero rows)
+//   q_proj (Hq*D, C), its bias            rows  [q_head_begin * D, + Hq_shard * D)
+//   k_proj, v_proj (Hkv*D, C), biases     rows  [kv_head_begin * D, + Hkv_shard * D)
+//   gate_proj, up_proj (I, C)             rows  [rank * I_shard, + I_shard)
+//   o_proj (C, Hq*D)                      cols  [q_head_begin * D, + Hq_shard * D)
+//   down_proj (C, I)                      cols  [rank * I_shard, + I_shard)
+//   norms, q_norm, k_norm                 all of it (replicated)
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "shared/comm/comm.h"
+#include "shared/model_internal.h"
+
+int model_shard_config(const ModelConfig *full, int rank, int size, ModelConfig *out, ModelShard *shard, char *err,
+                       size_t err_len) {
+    const int Hq = full->num_heads, Hkv = full->num_kv_heads, I = full->intermediate_size, V = full->vocab_size;
+    if (size < 1 || rank < 0 || rank >= size) {
+        snprintf(err, err_len, "tensor-parallel shard %d of %d does not exist", rank, size);
+        return -1;
+    }
+    if (Hq % size != 0 || I % size != 0 || (Hkv % size != 0 && size % Hkv != 0)) {
+        snprintf(err, err_len, "a tensor-parallel size of %d does not divide this model (%d attention heads, %d KV "
+                 "heads, MLP width %d): the size must divide the attention heads and the MLP width, and divide the KV "
+                 "heads or be a multiple of them", size, Hq, Hkv, I);
+        return -1;
+    }
+    *out = *full;
+    memset(shard, 0, sizeof *shard);
+    shard->rank = rank;
+    shard->size = size;
+    shard->vocab_total = V;
+    out->num_heads = Hq / size;
+    out->intermediate_size = I / size;
+    out->vocab_size = (V + size - 1) / size;
+    shard->vocab_begin = rank * out->vocab_size;
+    shard->q_head_begin = rank * out->num_heads;
+    if (Hkv >= size) {
+        out->num_kv_heads = Hkv / size;
+        shard->kv_head_begin = rank * out->num_kv_heads;
+    } else {   // size / Hkv shards share each KV head: those holding its query heads
+        out->num_kv_heads = 1;
+        shard->kv_head_begin = rank / (size / Hkv);
+    }
+    return 0;
+}
+
+int model_init_shard(Model *m, const ModelConfig *full, int rank, int size, OpsCtx *ops, char *err, size_t err_len) {
+    ModelConfig cfg;
+    ModelShard shard;
+    if (model_shard_config(full, rank, size, &cfg, &shard, err, err_len) != 0) return -1;
+    if (model_init(m, &cfg, ops, err, err_len) != 0) return -1;
+    m->shard = shard;
+    return 0;
+}
+
+static int ends_with(const char *s, const char *suffix) {
+    const size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && strcmp(s + n - k, suffix) == 0;
+}
+
+// Where the shard's tensor t starts in the whole model's tensor: first row and first column.
+static void slice_origin(const Model *shard, const LayoutTensor *t, int64_t *row0, int64_t *col0) {
+    const ModelShard *s = &shard->shard;
+    const int64_t D = shard->cfg.head_dim;
+    *row0 = 0;
+    *col0 = 0;
+    if (ends_with(t->name, "embed_tokens.weight") || ends_with(t->name, "lm_head.weight"))
+        *row0 = s->vocab_begin;
+    else if (strstr(t->name, "q_proj."))
+        *row0 = s->q_head_begin * D;
+    else if (strstr(t->name, "k_proj.") || strstr(t->name, "v_proj."))
+        *row0 = s->kv_head_begin * D;
+    else if (strstr(t->name, "gate_proj.") || strstr(t->name, "up_proj."))
+        *row0 = (int64_t)s->rank * shard->cfg.intermediate_size;
+    else if (strstr(t->name, "o_proj."))
+        *col0 = s->q_head_begin * D;
+    else if (strstr(t->name, "down_proj."))
+        *col0 = (int64_t)s->rank * shard->cfg.intermediate_size;
+}
+
+// The rows of the shard's tensor that exist in the whole one (vocabulary padding rows do not).
+static int64_t rows_present(const LayoutTensor *ft, const LayoutTensor *st, int64_t row0) {
+    int64_t n = ft->shape[0] - row0;
+    if (n > st->shape[0]) n = st->shape[0];
+    return n > 0 ? n : 0;
+}
+
+void model_shard_unit(const Model *full, const Model *shard, int unit, const float *full_unit, float *shard_unit) {
+    memset(shard_unit, 0, shard->layout.unit_numel[unit] * sizeof *shard_unit);
+    for (int i = 0; i < shard->layout.n_tensors; i++) {
+        const LayoutTensor *st = &shard->layout.tensors[i], *ft = &full->layout.tensors[i];
+        if (st->unit != unit) continue;
+        int64_t row0, col0;
+        slice_origin(shard, st, &row0, &col0);
+        const int64_t rows = rows_present(ft, st, row0), cols = st->shape[1], fcols = ft->shape[1];
+        for (int64_t r = 0; r < rows; r++)
+            memcpy(shard_unit + st->offset + (size_t)(r * cols),
+                   full_unit + ft->offset + (size_t)((row0 + r) * fcols + col0), (size_t)cols * sizeof(float));
+    }
+}
+
+size_t model_shard_scratch_bytes(const Model *shard) {
+    size_t most = 0;
+    for (int i = 0; i < shard->layout.n_tensors; i++)
+        if (shard->layout.tensors[i].numel > most) most = shard->layout.tensors[i].numel;
+    return most * ops_dtype_size(shard->ops);
+}
+
+int model_shard_unit_device(const Model *full, OpsCtx *full_ctx, const void *full_unit, const Model *shard,
+                            void *shard_unit, int unit, void *scratch, char *err, size_t err_len) {
+    const size_t es = ops_dtype_size(full_ctx);
+    ops_memset_zero(shard->ops, shard_unit, shard->layout.unit_numel[unit] * es);
+    ops_synchronize(shard->ops);
+    for (int i = 0; i < shard->layout.n_tensors; i++) {
+        const LayoutTensor *st = &shard->layout.tensors[i], *ft = &full->layout.tensors[i];
+        if (st->unit != unit) continue;
+        int64_t row0, col0;
+        slice_origin(shard, st, &row0, &col0);
+        const int64_t rows = rows_present(ft, st, row0), cols = st->shape[1], fcols = ft->shape[1];
+        const char *from = (const char *)full_unit + (ft->offset + (size_t)(row0 * fcols + col0)) * es;
+        if (rows == 0) continue;
+        if (cols != fcols) {   // a column slice: gathered into one block first
+            ops_copy_2d(full_ctx, scratch, (size_t)cols, from, (size_t)fcols, (size_t)rows, (size_t)cols);
+            ops_synchronize(full_ctx);
+            from = scratch;
+        }
+        if (ops_status(full_ctx)) {
+            snprintf(err, err_len, "slicing %s for tensor-parallel shard %d: %s", st->name, shard->shard.rank,
+                     ops_error(full_ctx));
+            return -1;
+        }
+        char msg[256];
+        if (ops_copy_peer(shard->ops, (char *)shard_unit + st->offset * es, full_ctx, from, (size_t)(rows * cols) * es,
+                          msg, sizeof msg) != 0) {
+            snprintf(err, err_len, "copying %s to tensor-parallel shard %d: %s", st->name, shard->shard.rank, msg);
+            return -1;
+        }
+    }
+    if (ops_status(shard->ops)) {
+        snprintf(err, err_len, "tensor-parallel shard %d: %s", shard->shard.rank, ops_error(shard->ops));
+        return -1;
+    }
+    return 0;
+}
+
+static CommDtype storage_comm_dtype(const Model *m) { return ops_dtype_size(m->ops) == 2 ? COMM_BF16 : COMM_F32; }
+
+void model_shard_reduce(Model *m, void *buf, size_t count) {
+    ModelShard *s = &m->shard;
+    if (s->size <= 1 || s->failed) return;
+    comm_wait_compute(s->comm);
+    if (comm_all_reduce(s->comm, buf, count, storage_comm_dtype(m), COMM_SUM) != 0) s->failed = 1;
+    comm_compute_wait(s->comm);
+}
+
+void model_shard_gather(Model *m, void *recv, const void *send, size_t count) {
+    ModelShard *s = &m->shard;
+    if (s->size <= 1 || s->failed) return;
+    comm_wait_compute(s->comm);
+    if (comm_all_gather(s->comm, recv, send, count, storage_comm_dtype(m)) != 0) s->failed = 1;
+    comm_compute_wait(s->comm);
+}
