@@ -116,8 +116,10 @@ typedef struct {
     const char *model_dir;
     OpsBackend backend;
     int device;
+    int tensor_parallel_size;   // the model split over this many devices (cuda: device .. device + N - 1; cpu: N
+                                // compute contexts), Megatron-style (model_runner_internal.h); 0 or 1: one device
     OpsSettings ops;            // the compute context's settings (kernels/cuda/README.md); zeroed: the defaults
-    size_t kv_cache_bytes;      // KV pool size (--kv-cache-memory)
+    size_t kv_cache_bytes;      // KV pool size (--kv-cache-memory), per device
     double gpu_memory_utilization; // > 0 (cuda): size the KV pool so that the device's use stays within this
                                 // fraction of its memory, counting weights, workspace and what others use;
                                 // replaces kv_cache_bytes (--gpu-memory-utilization)

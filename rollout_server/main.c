@@ -60,7 +60,7 @@ static void human_seconds(double s, char *out, size_t cap) {
 typedef struct {
     const char *model, *host, *control, *control_key_file, *control_authorized_keys, *device, *devices, *kv,
         *body, *api_key, *served_name, *chat_template, *seed, *update_mode;
-    int port, block_size, max_num_seqs, max_batched, max_queued, max_connections, max_per_client, graph_max_batch;
+    int port, tp, block_size, max_num_seqs, max_batched, max_queued, max_connections, max_per_client, graph_max_batch;
     double gpu_util, read_timeout, drain_timeout, sync_timeout;
     int control_insecure, enforce_eager, prefix_on, prefix_off;
     char kv_default[32], body_default[32], seed_default[32];
@@ -78,7 +78,7 @@ typedef struct {
 #define SWITCH(flag_, field, help_, note) \
     {.flag = flag_, .type = CLI_SWITCH, .offset = offsetof(ServeArgs, field), .help = help_, .default_note = note}
 
-enum { N_SERVE_OPTIONS = 30 };
+enum { N_SERVE_OPTIONS = 32 };
 
 // The option table; prefix_default says whether prefix caching is on by default (engine_config_default).
 static void serve_options(CliOption out[N_SERVE_OPTIONS], int prefix_default) {
@@ -104,7 +104,13 @@ static void serve_options(CliOption out[N_SERVE_OPTIONS], int prefix_default) {
              "one engine per listed device, each with its own copy of the model and KV pool (data parallel); "
              "requests go to the least loaded engine, weight updates to all: cuda:0,cuda:1 or 0,1 (CUDA devices), "
              "cpu,cpu; not with --device", "none, one engine on --device"),
-        TEXT("--kv-cache-memory", kv, "BYTES", "KV cache pool size; suffixes K, M, G, T (x1024)", NULL),
+        INT("--tensor-parallel-size", tp, 1, 64,
+            "split the model over N devices (cuda: --device's index and the next N-1; cpu: N compute contexts), "
+            "Megatron-style: attention heads, KV heads, MLP columns and vocabulary rows per device, one all-reduce "
+            "after o_proj and after down_proj; with --devices, each listed device starts a group of N", NULL),
+        INT("-tp", tp, 1, 64, "the same as --tensor-parallel-size", NULL),
+        TEXT("--kv-cache-memory", kv, "BYTES", "KV cache pool size (per device with --tensor-parallel-size); suffixes "
+             "K, M, G, T (x1024)", NULL),
         {.flag = "--gpu-memory-utilization", .type = CLI_DOUBLE, .offset = offsetof(ServeArgs, gpu_util),
          .value_name = "F",
          .help = "cuda: size the KV pool so that this server's GPU (each engine's, with --devices) stays within "
@@ -271,7 +277,8 @@ static int parse_options(int argc, char **argv, Options *o) {
         return -1;
     }
     // The defaults as --help prints them, then the options given.
-    ServeArgs a = {.host = o->http.host, .device = "cpu", .port = o->http.port, .block_size = o->engine.block_size,
+    ServeArgs a = {.host = o->http.host, .device = "cpu", .port = o->http.port, .tp = 1,
+                   .block_size = o->engine.block_size,
                    .max_num_seqs = o->engine.max_num_seqs, .max_batched = o->engine.max_num_batched_tokens,
                    .max_queued = o->engine.max_queued_requests, .max_connections = o->http.max_connections,
                    .max_per_client = o->http.max_connections_per_client,
@@ -339,6 +346,7 @@ static int parse_options(int argc, char **argv, Options *o) {
     if (parse_bytes("max-body-bytes", a.body, &o->http.max_body_bytes)) return -1;
     if (o->http.max_body_bytes == 0) return bad("max-body-bytes", a.body, "must be > 0");
     o->engine.block_size = a.block_size;
+    o->engine.tensor_parallel_size = a.tp;
     o->engine.max_num_seqs = a.max_num_seqs;
     o->engine.max_num_batched_tokens = a.max_batched;
     o->engine.max_queued_requests = a.max_queued;
@@ -382,6 +390,19 @@ static int parse_options(int argc, char **argv, Options *o) {
         o->devices[0] = (EngineDevice){o->engine.backend, o->engine.device};
         o->n_devices = 1;
     }
+    // Each engine's shards take its device and the next tp - 1: the groups must not overlap.
+    for (int i = 0; i < o->n_devices && a.tp > 1; i++)
+        for (int j = 0; j < i; j++) {
+            const EngineDevice *x = &o->devices[i], *y = &o->devices[j];
+            if (x->backend != OPS_BACKEND_CUDA || y->backend != OPS_BACKEND_CUDA) continue;
+            if (x->device < y->device + a.tp && y->device < x->device + a.tp) {
+                fprintf(stderr, "tandem-serve: --devices %s with --tensor-parallel-size %d: the engines on cuda:%d and "
+                                "cuda:%d would share GPUs (each takes its device and the next %d); list devices %d "
+                                "apart, e.g. cuda:0,cuda:%d\n", o->devices_arg, a.tp, y->device, x->device, a.tp - 1,
+                        a.tp, a.tp);
+                return -1;
+            }
+        }
     if (check_control_security(o) != 0) return -1;
     // A trainer on the control channel may send NCCL weight updates, received into a second copy of the weights.
     o->engine.reserve_weight_copy = o->control != NULL;
@@ -425,6 +446,11 @@ int main(int argc, char **argv) {
                  o.engine.device);
     else
         snprintf(devs, sizeof devs, "%d engines on %s", o.n_devices, list);
+    if (o.engine.tensor_parallel_size > 1) {
+        const size_t at = strlen(devs);
+        snprintf(devs + at, sizeof devs - at, ", tensor parallel %d (%s)", o.engine.tensor_parallel_size,
+                 o.engine.backend == OPS_BACKEND_CUDA ? "each engine on its device and the next ones" : "CPU shards");
+    }
     serve_log("starting: model %s, %s, kv cache %s bytes, block size %d, max seqs %d, max batched tokens "
               "%d, max queued requests %d, prefix caching %s",
               o.engine.model_dir, devs, kv, o.engine.block_size, o.engine.max_num_seqs,

@@ -8,37 +8,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "rollout_server/model_runner_internal.h"
 #include "rollout_server/sampler.h"
-
-struct ModelRunner {
-    OpsCtx *ops;
-    Model m;
-    ResidentWeights w;
-    int have_model;
-    UnitSource src;
-    KVCache kv;
-    DecodeBufs *bufs;
-    void **dstaging;                // (n_units) transport nccl: second copies in backend memory (storage dtype)
-    int block_size, max_num_seqs, max_num_batched_tokens, max_blocks, n_blocks, V;
-    // Step arrays (host): one entry per token of the step, max_num_batched_tokens of them ...
-    int32_t *tok_ids, *tok_seq, *tok_pos, *slots;
-    int32_t *tables;                // (max_num_seqs, max_blocks) room for the block tables of the step's sequences,
-                                    // filled as (n_seqs, the step's longest table)
-    int32_t *rows;                  // (max_num_seqs) step token index of each logits row
-    float *logits;                  // (max_num_seqs, V) host copies of the logits rows that top logprobs need
-    // Sampling: one entry per sample. Arrays grow on demand: samp_cap samples, hist_cap history ids.
-    int samp_cap, hist_cap;
-    OpsSampleParams *samp_params;   // (samp_cap) host
-    int32_t *samp_off;              // (samp_cap + 1) host: history offsets (histories of penalised samples only)
-    int32_t *samp_hist;             // (hist_cap) host
-    int32_t *samp_tok;              // (samp_cap) host: sampled ids
-    float *samp_lp;                 // (samp_cap) host: their logprobs
-    TokenLogprob *samp_top;         // (samp_cap, ENGINE_MAX_TOP_LOGPROBS) host: alternatives
-    OpsSampleParams *d_params;      // backend copies of the above
-    int32_t *d_off, *d_hist, *d_tok;
-    float *d_lp;
-    int64_t graph_logged;           // decode graph recordings + failures already logged (log_graphs)
-};
 
 static double now_seconds(void) {
     struct timespec t;
@@ -46,7 +17,7 @@ static double now_seconds(void) {
     return t.tv_sec + t.tv_nsec * 1e-9;
 }
 
-const Model *runner_model(const ModelRunner *r) { return &r->m; }
+const Model *runner_model(const ModelRunner *r) { return r->tp > 1 ? &r->whole : &r->shards[0].m; }
 int runner_num_blocks(const ModelRunner *r) { return r->n_blocks; }
 OpsCtx *runner_ops(ModelRunner *r) { return r->ops; }
 
@@ -126,7 +97,7 @@ static int pack_samples(ModelRunner *r, const RunnerSeq *seqs, int n_seqs, const
 static int sample_step(ModelRunner *r, const RunnerSample *samples, int n, int n_rows, char *err, size_t err_len) {
     OpsCtx *o = r->ops;
     const int nh = r->samp_off[n], V = r->V;
-    const void *logits = decode_bufs_logits(r->bufs);
+    const void *logits = decode_bufs_logits(r->shards[0].bufs);
     ops_copy_to_device(o, r->d_params, r->samp_params, (size_t)n * sizeof *r->d_params);
     ops_copy_to_device(o, r->d_off, r->samp_off, (size_t)(n + 1) * sizeof *r->d_off);
     if (nh > 0) ops_copy_to_device(o, r->d_hist, r->samp_hist, (size_t)nh * sizeof *r->d_hist);
@@ -169,7 +140,7 @@ static int sample_step(ModelRunner *r, const RunnerSample *samples, int n, int n
 // failed. Recording a size again for swapped-in weight buffers is routine and not logged.
 static void log_graphs(ModelRunner *r) {
     DecodeGraphStats g;
-    decode_bufs_graph_stats(r->bufs, &g);
+    decode_bufs_graph_stats(r->shards[0].bufs, &g);
     const int64_t events = g.recordings + g.failures;
     if (events == r->graph_logged) return;
     r->graph_logged = events;
@@ -215,30 +186,42 @@ static int fill_step_arrays(ModelRunner *r, const RunnerSeq *seqs, int n_seqs, i
     return n;
 }
 
-// The model over the step's tokens, logits left in backend memory for the sampling op. Decode-only steps run at a
-// padded batch size (a CUDA graph replay where one is recorded); the others run unpadded. *kind says which ran.
-// Returns 0 or -1 with a message.
+// Shard k's part of the step in r->plan: the model over the step arrays, logits left in backend memory for the
+// sampling op (shard 0's, gathered from every shard). Decode-only steps run at a padded batch size (a CUDA graph
+// replay where one is recorded); the others run unpadded.
+int runner_shard_step(ModelRunner *r, int k) {
+    RunnerShard *s = &r->shards[k];
+    const RunnerStepPlan *p = &r->plan;
+    if (p->padded)
+        return model_decode_step_padded(&s->m, s->bufs, &s->src, &s->kv, p->n, r->tok_ids, r->tok_pos, r->slots,
+                                        r->tables, p->mb, NULL, s->err, sizeof s->err) != 0 ? -1 : 0;
+    // Prefill steps meet a new token count almost every time: their GEMMs take cuBLASLt's first pick instead of
+    // being timed on the spot (which cost a 0.5B prefill step ~55 ms on an H100).
+    const int tuning = ops_set_gemm_tuning(s->ops, 0);
+    const int rc = model_decode_step(&s->m, s->bufs, &s->src, &s->kv, p->n, r->tok_ids, r->tok_seq, r->tok_pos,
+                                     r->slots, r->tables, p->n_seqs, p->mb, r->rows, p->n_rows, NULL, s->err,
+                                     sizeof s->err);
+    ops_set_gemm_tuning(s->ops, tuning);
+    return rc != 0 ? -1 : 0;
+}
+
+// The model over the step's tokens on every shard. *kind says what ran. Returns 0 or -1 with a message.
 static int run_model(ModelRunner *r, int n, int n_seqs, int mb, int n_rows, int *kind, char *err, size_t err_len) {
     // Decode-only: one token per sequence, each its sequence's last (so token i is sequence i's and logits row i).
     const int decode_only = n == n_seqs && n_rows == n;
+    DecodeBufs *lead = r->shards[0].bufs;
+    r->plan = (RunnerStepPlan){.n = n, .n_seqs = n_seqs, .mb = mb, .n_rows = n_rows,
+                               .padded = decode_only && decode_bufs_padded_size(lead, n) > 0};
     *kind = decode_only ? ENGINE_STEP_DECODE_EAGER : ENGINE_STEP_PREFILL;
-    if (decode_only && decode_bufs_padded_size(r->bufs, n) > 0) {
-        DecodeGraphStats before, after;
-        decode_bufs_graph_stats(r->bufs, &before);
-        const int rc = model_decode_step_padded(&r->m, r->bufs, &r->src, &r->kv, n, r->tok_ids, r->tok_pos, r->slots,
-                                                r->tables, mb, NULL, err, err_len);
-        decode_bufs_graph_stats(r->bufs, &after);
+    DecodeGraphStats before, after;
+    decode_bufs_graph_stats(lead, &before);
+    const int rc = runner_shards_run(r, SHARD_JOB_STEP, err, err_len);
+    if (r->plan.padded) {
+        decode_bufs_graph_stats(lead, &after);
         if (after.replays > before.replays) *kind = ENGINE_STEP_DECODE_GRAPH;
         log_graphs(r);
-        return rc != 0 ? -1 : 0;
     }
-    // Prefill steps meet a new token count almost every time: their GEMMs take cuBLASLt's first pick instead of
-    // being timed on the spot (which cost a 0.5B prefill step ~55 ms on an H100).
-    const int tuning = ops_set_gemm_tuning(r->ops, 0);
-    const int rc = model_decode_step(&r->m, r->bufs, &r->src, &r->kv, n, r->tok_ids, r->tok_seq, r->tok_pos, r->slots,
-                                     r->tables, n_seqs, mb, r->rows, n_rows, NULL, err, err_len);
-    ops_set_gemm_tuning(r->ops, tuning);
-    return rc != 0 ? -1 : 0;
+    return rc;
 }
 
 int runner_step(ModelRunner *r, const RunnerSeq *seqs, int n_seqs, const RunnerSample *samples, int n_samples,
@@ -264,13 +247,14 @@ int runner_step(ModelRunner *r, const RunnerSeq *seqs, int n_seqs, const RunnerS
     const double t0 = now_seconds();
     int failed = run_model(r, n, n_seqs, mb, n_rows, &out->kind, err, err_len) != 0;
     failed = failed || (n_rows > 0 && sample_step(r, samples, n_samples, n_rows, err, err_len) != 0);
-    if (!failed && n_rows == 0) { // nothing to sample: still wait for the step, and see it succeeded
-        ops_synchronize(r->ops);
-        if ((failed = ops_status(r->ops) != 0)) snprintf(err, err_len, "decode step failed: %s", ops_error(r->ops));
+    for (int k = 0; k < r->tp && !failed && n_rows == 0; k++) { // nothing to sample: still wait for the step, and
+        OpsCtx *o = r->shards[k].ops;                             // see it succeeded
+        ops_synchronize(o);
+        if ((failed = ops_status(o) != 0)) snprintf(err, err_len, "decode step failed: %s", ops_error(o));
     }
     out->compute_seconds = now_seconds() - t0;
     if (failed) {
-        ops_clear_error(r->ops);
+        for (int k = 0; k < r->tp; k++) ops_clear_error(r->shards[k].ops);
         return -1;
     }
     out->tokens = r->samp_tok;
@@ -281,59 +265,113 @@ int runner_step(ModelRunner *r, const RunnerSeq *seqs, int n_seqs, const RunnerS
 
 void runner_copy_kv_rows(void *user, int32_t dst, int32_t src, int rows) {
     ModelRunner *r = user;
-    const size_t token_bytes = (size_t)r->m.cfg.num_kv_heads * r->m.cfg.head_dim * ops_dtype_size(r->ops);
-    const size_t blk = (size_t)r->block_size * token_bytes, bytes = (size_t)rows * token_bytes;
-    for (int l = 0; l < r->kv.n_layers; l++) {
-        ops_copy(r->ops, (char *)r->kv.k[l] + dst * blk, (char *)r->kv.k[l] + src * blk, bytes);
-        ops_copy(r->ops, (char *)r->kv.v[l] + dst * blk, (char *)r->kv.v[l] + src * blk, bytes);
+    for (int k = 0; k < r->tp; k++) {   // every shard's pool holds its KV heads of the block
+        RunnerShard *s = &r->shards[k];
+        const size_t token_bytes = (size_t)s->m.cfg.num_kv_heads * s->m.cfg.head_dim * ops_dtype_size(s->ops);
+        const size_t blk = (size_t)r->block_size * token_bytes, bytes = (size_t)rows * token_bytes;
+        for (int l = 0; l < s->kv.n_layers; l++) {
+            ops_copy(s->ops, (char *)s->kv.k[l] + dst * blk, (char *)s->kv.k[l] + src * blk, bytes);
+            ops_copy(s->ops, (char *)s->kv.v[l] + dst * blk, (char *)s->kv.v[l] + src * blk, bytes);
+        }
     }
 }
 
 // ---- weights ------------------------------------------------------------------------------------
 
-int runner_upload_weights(ModelRunner *r, float *const *units, char *err, size_t err_len) {
-    const Layout *L = &r->m.layout;
-    for (int u = 0; u < L->n_units; u++)
-        if (units[u]) ops_upload_f32(r->ops, r->w.params[u], units[u], L->unit_numel[u]);
-    ops_synchronize(r->ops);
-    if (ops_status(r->ops)) {
-        snprintf(err, err_len, "uploading the new weights failed (the weights may be partly updated): %s",
-                 ops_error(r->ops));
-        ops_clear_error(r->ops);
-        return -1;
+// Waits for every shard and reports the first failure (clearing every shard's error).
+static int shards_synchronize(ModelRunner *r, const char *what, char *err, size_t err_len) {
+    int failed = 0;
+    for (int k = 0; k < r->tp; k++) {
+        OpsCtx *o = r->shards[k].ops;
+        ops_synchronize(o);
+        if (ops_status(o) && !failed) {
+            failed = 1;
+            snprintf(err, err_len, "%s failed on %s%d (the weights may be partly updated): %s", what,
+                     r->tp > 1 ? "tensor-parallel shard " : "device ", k, ops_error(o));
+        }
+        ops_clear_error(o);
     }
-    return 0;
+    return failed ? -1 : 0;
+}
+
+int runner_upload_weights(ModelRunner *r, float *const *units, char *err, size_t err_len) {
+    const Layout *L = &runner_model(r)->layout;
+    float *slice = NULL;
+    if (r->tp > 1) {
+        size_t most = 0;
+        for (int k = 0; k < r->tp; k++)
+            if (r->shards[k].m.layout.max_unit_numel > most) most = r->shards[k].m.layout.max_unit_numel;
+        if (!(slice = malloc(most * sizeof *slice)))
+            return snprintf(err, err_len, "out of host memory slicing the new weights"), -1;
+    }
+    for (int u = 0; u < L->n_units; u++) {
+        if (!units[u]) continue;
+        for (int k = 0; k < r->tp; k++) {
+            RunnerShard *s = &r->shards[k];
+            if (r->tp == 1) {
+                ops_upload_f32(s->ops, s->w.params[u], units[u], L->unit_numel[u]);
+                continue;
+            }
+            model_shard_unit(&r->whole, &s->m, u, units[u], slice);
+            ops_upload_f32(s->ops, s->w.params[u], slice, s->m.layout.unit_numel[u]);
+            ops_synchronize(s->ops);   // slice is reused for the next shard
+        }
+    }
+    free(slice);
+    return shards_synchronize(r, "uploading the new weights", err, err_len);
 }
 
 void *runner_weights_device_staging(ModelRunner *r, int unit) {
-    if (unit < 0 || unit >= r->m.layout.n_units) return NULL;
+    const Layout *L = &runner_model(r)->layout;
+    if (unit < 0 || unit >= L->n_units) return NULL;
     if (!r->dstaging[unit]) {
-        r->dstaging[unit] = ops_malloc(r->ops, r->m.layout.unit_numel[unit] * ops_dtype_size(r->ops));
+        r->dstaging[unit] = ops_malloc(r->ops, L->unit_numel[unit] * ops_dtype_size(r->ops));
         if (!r->dstaging[unit]) ops_clear_error(r->ops); // the caller reports the missing memory
+    }
+    if (r->tp > 1 && !r->shard_scratch) {
+        size_t most = 0;
+        for (int k = 0; k < r->tp; k++) {
+            const size_t b = model_shard_scratch_bytes(&r->shards[k].m);
+            if (b > most) most = b;
+        }
+        if (!(r->shard_scratch = ops_malloc(r->ops, most))) {
+            ops_clear_error(r->ops);
+            return NULL;
+        }
     }
     return r->dstaging[unit];
 }
 
 int runner_weights_device_missing(const ModelRunner *r) {
-    for (int u = 0; u < r->m.layout.n_units; u++)
+    const Layout *L = &runner_model(r)->layout;
+    for (int u = 0; u < L->n_units; u++)
         if (!r->dstaging[u]) return u;
-    return -1;
+    return r->tp > 1 && !r->shard_scratch ? 0 : -1;
 }
 
 int runner_swap_device_weights(ModelRunner *r, char *err, size_t err_len) {
-    for (int u = 0; u < r->m.layout.n_units; u++) {
-        void *live = r->w.params[u];
-        r->w.params[u] = r->dstaging[u];
-        r->dstaging[u] = live;
+    if (r->tp == 1) {
+        RunnerShard *s = &r->shards[0];
+        for (int u = 0; u < s->m.layout.n_units; u++) {
+            void *live = s->w.params[u];
+            s->w.params[u] = r->dstaging[u];
+            r->dstaging[u] = live;
+        }
+        return shards_synchronize(r, "uploading the new weights", err, err_len);
     }
-    ops_synchronize(r->ops);
-    if (ops_status(r->ops)) {
-        snprintf(err, err_len, "uploading the new weights failed (the weights may be partly updated): %s",
-                 ops_error(r->ops));
-        ops_clear_error(r->ops);
-        return -1;
-    }
-    return 0;
+    // Shards: each unit's slices go from the whole unit on shard 0 into the shards' live weights, in place (the
+    // engine thread calls this between steps, so no step reads them meanwhile).
+    if (shards_synchronize(r, "finishing the step before the weight swap", err, err_len) != 0) return -1;
+    for (int u = 0; u < r->whole.layout.n_units; u++)
+        for (int k = 0; k < r->tp; k++) {
+            RunnerShard *s = &r->shards[k];
+            if (model_shard_unit_device(&r->whole, r->ops, r->dstaging[u], &s->m, s->w.params[u], u, r->shard_scratch,
+                                        err, err_len) != 0) {
+                shards_synchronize(r, "", NULL, 0);
+                return -1;
+            }
+        }
+    return shards_synchronize(r, "uploading the new weights", err, err_len);
 }
 
 // ---- set-up -------------------------------------------------------------------------------------
@@ -355,7 +393,8 @@ static void record_decode_graphs(ModelRunner *r, int top) {
     char err[512] = "";
     int failed = 0;
     for (int k = 0; k < n_ladder; k++) {
-        if (model_decode_step_padded(&r->m, r->bufs, &r->src, &r->kv, ladder[k], r->tok_ids, r->tok_pos, r->slots,
+        RunnerShard *s = &r->shards[0];   // graphs only without shards (decode_bufs_enable_padded)
+        if (model_decode_step_padded(&s->m, s->bufs, &s->src, &s->kv, ladder[k], r->tok_ids, r->tok_pos, r->slots,
                                      r->tables, 1, NULL, err, sizeof err) != 0) {
             failed++;
             ops_clear_error(r->ops);
@@ -368,7 +407,7 @@ static void record_decode_graphs(ModelRunner *r, int top) {
         failed = failed ? failed : 1;
     }
     DecodeGraphStats g;
-    decode_bufs_graph_stats(r->bufs, &g);
+    decode_bufs_graph_stats(r->shards[0].bufs, &g);
     r->graph_logged = g.recordings + g.failures;
     if (failed || g.failures)
         fprintf(stderr, "tandem-serve: recording the decode graphs at start-up failed for %d of %d batch sizes (%s); "
@@ -383,11 +422,14 @@ static void record_decode_graphs(ModelRunner *r, int top) {
 static int set_up_padded(ModelRunner *r, const EngineConfig *cfg, char *err, size_t err_len) {
     if (cfg->backend != OPS_BACKEND_CUDA || cfg->cuda_graph_max_batch <= 0) return 0;
     char msg[512];
-    const int top = decode_bufs_enable_padded(r->bufs, &r->m, cfg->cuda_graph_max_batch, !cfg->enforce_eager, msg,
-                                              sizeof msg);
-    if (top < 0) {
-        snprintf(err, err_len, "%s (lower --cuda-graph-max-batch)", msg);
-        return ENGINE_ENOMEM;
+    int top = 0;
+    for (int k = 0; k < r->tp; k++) {
+        RunnerShard *s = &r->shards[k];
+        if ((top = decode_bufs_enable_padded(s->bufs, &s->m, cfg->cuda_graph_max_batch, !cfg->enforce_eager, msg,
+                                             sizeof msg)) < 0) {
+            snprintf(err, err_len, "%s (lower --cuda-graph-max-batch)", msg);
+            return ENGINE_ENOMEM;
+        }
     }
     int ladder[64];
     const int n_ladder = decode_ladder(top, ladder, 64);
@@ -397,68 +439,103 @@ static int set_up_padded(ModelRunner *r, const EngineConfig *cfg, char *err, siz
         used += (size_t)snprintf(sizes + used, sizeof sizes - used, "%s%d", i ? ", " : "", ladder[i]);
     fprintf(stderr, "tandem-serve: decode-only steps of up to %d sequences are padded to batch sizes %s and %s\n", top,
             sizes,
-            decode_bufs_graphs_on(r->bufs) ? "replayed as CUDA graphs (recorded now)"
-            : cfg->enforce_eager           ? "run eagerly (--enforce-eager)"
-                                           : "run eagerly (CUDA graphs are off while profile_ops times each op)");
+            decode_bufs_graphs_on(r->shards[0].bufs) ? "replayed as CUDA graphs (recorded now)"
+            : cfg->enforce_eager                     ? "run eagerly (--enforce-eager)"
+            : r->tp > 1 ? "run eagerly (CUDA graphs do not hold the tensor-parallel all-reduces yet)"
+                        : "run eagerly (CUDA graphs are off while profile_ops times each op)");
     return 0;
 }
 
-// The KV pool: as many blocks as the memory budget holds. Each step writes up to max_num_batched_tokens tokens (or
-// a whole context, if shorter), so a pool smaller than that is a configuration mistake. Returns 0 or an ENGINE_*
-// code with a message.
-static int size_kv_pool(ModelRunner *r, const EngineConfig *cfg, char *err, size_t err_len) {
-    const char *budget_flag = "--kv-cache-memory";
+// Blocks of shard s's KV pool that the memory budget holds (--kv-cache-memory: bytes per device; or what
+// --gpu-memory-utilization leaves on its device). Returns 0 or an ENGINE_* code with a message.
+static int shard_kv_blocks(ModelRunner *r, RunnerShard *s, const EngineConfig *cfg, size_t *n_blocks,
+                           const char **budget_flag, char *err, size_t err_len) {
     size_t kv_bytes = cfg->kv_cache_bytes;
+    *budget_flag = "--kv-cache-memory";
+    const size_t weights = s->m.layout.n_params * ops_dtype_size(s->ops);
     if (cfg->gpu_memory_utilization > 0) {
         size_t free_b, total_b;
-        if (ops_memory_info(r->ops, &free_b, &total_b) != 0) {
+        if (ops_memory_info(s->ops, &free_b, &total_b) != 0) {
             snprintf(err, err_len, "--gpu-memory-utilization needs a CUDA device (this engine runs on the %s); use "
                      "--kv-cache-memory", cfg->backend == OPS_BACKEND_CUDA ? "GPU but its memory cannot be read" : "CPU");
-            ops_clear_error(r->ops);
+            ops_clear_error(s->ops);
             return ENGINE_EINVAL;
         }
         // Everything in use now (our weights and workspace, other processes) counts against the fraction; the rest
-        // goes to the KV pool, less the NCCL weight copy and a margin for the sampler, cuBLAS and NCCL.
-        const size_t weights = r->m.layout.n_params * ops_dtype_size(r->ops);
+        // goes to the KV pool, less the NCCL weight copy and a margin for the sampler, cuBLAS and NCCL. With shards,
+        // the NCCL copy holds whole units on shard 0 (they are sliced into the shards at the swap).
+        const size_t copy = !cfg->reserve_weight_copy ? 0 : r->tp > 1 && s->index != 0 ? 0
+                            : r->tp > 1 ? r->whole.layout.n_params * ops_dtype_size(s->ops) : weights;
         const size_t margin = (size_t)512 << 20;
         const double allowed = cfg->gpu_memory_utilization * (double)total_b;
         const double used = (double)(total_b - free_b);
-        const double left = allowed - used - (double)margin - (cfg->reserve_weight_copy ? (double)weights : 0.0);
+        const double left = allowed - used - (double)margin - (double)copy;
         kv_bytes = left > 0 ? (size_t)left : 0;
-        budget_flag = "--gpu-memory-utilization";
-        fprintf(stderr, "tandem-serve: GPU memory %.1f GiB, %.0f %% allowed = %.1f GiB; in use %.1f GiB (weights %.2f "
-                        "GiB, workspace, others), weight-update copy %.2f GiB, margin 0.5 GiB -> KV pool %.2f GiB\n",
-                total_b / 1073741824.0, cfg->gpu_memory_utilization * 100, allowed / 1073741824.0,
-                used / 1073741824.0, weights / 1073741824.0, cfg->reserve_weight_copy ? weights / 1073741824.0 : 0.0,
-                kv_bytes / 1073741824.0);
+        *budget_flag = "--gpu-memory-utilization";
+        fprintf(stderr, "tandem-serve: %s%d: GPU memory %.1f GiB, %.0f %% allowed = %.1f GiB; in use %.1f GiB (weights "
+                        "%.2f GiB, workspace, others), weight-update copy %.2f GiB, margin 0.5 GiB -> KV pool %.2f GiB\n",
+                r->tp > 1 ? "shard " : "device ", r->tp > 1 ? s->index : cfg->device, total_b / 1073741824.0,
+                cfg->gpu_memory_utilization * 100, allowed / 1073741824.0, used / 1073741824.0,
+                weights / 1073741824.0, copy / 1073741824.0, kv_bytes / 1073741824.0);
     }
-    const int bs = cfg->block_size, max_len = r->m.cfg.max_seq_len;
-    const size_t per_block = kv_cache_bytes_per_block(&r->m, bs);
-    const size_t n_blocks = kv_bytes / per_block;
+    *n_blocks = kv_bytes / kv_cache_bytes_per_block(&s->m, cfg->block_size);
+    return 0;
+}
+
+// The KV pool: as many blocks as the memory budget holds on every shard (the same block ids on each). Each step
+// writes up to max_num_batched_tokens tokens (or a whole context, if shorter), so a pool smaller than that is a
+// configuration mistake. Returns 0 or an ENGINE_* code with a message.
+static int size_kv_pool(ModelRunner *r, const EngineConfig *cfg, char *err, size_t err_len) {
+    const char *budget_flag = "--kv-cache-memory";
+    size_t n_blocks = SIZE_MAX;
+    for (int k = 0; k < r->tp; k++) {
+        size_t nb;
+        const int rc = shard_kv_blocks(r, &r->shards[k], cfg, &nb, &budget_flag, err, err_len);
+        if (rc != 0) return rc;
+        if (nb < n_blocks) n_blocks = nb;
+    }
+    const int bs = cfg->block_size, max_len = runner_model(r)->cfg.max_seq_len;
+    const size_t per_block = kv_cache_bytes_per_block(&r->shards[0].m, bs);
     const int step_tokens = cfg->max_num_batched_tokens < max_len ? cfg->max_num_batched_tokens : max_len;
     const size_t min_blocks = ((size_t)step_tokens + bs - 1) / bs;
     if (n_blocks < min_blocks || n_blocks > INT32_MAX / (size_t)bs) {
-        snprintf(err, err_len, "the KV pool (%s) of %zu bytes holds %zu KV blocks of %d tokens (%zu bytes each), but "
-                 "one step of %d tokens needs %zu (%zu bytes): raise %s or lower --max-num-batched-tokens",
-                 budget_flag, kv_bytes, n_blocks, bs, per_block, step_tokens, min_blocks, min_blocks * per_block,
-                 budget_flag);
+        snprintf(err, err_len, "the KV pool (%s) of %zu bytes%s holds %zu KV blocks of %d tokens (%zu bytes each), "
+                 "but one step of %d tokens needs %zu (%zu bytes): raise %s%s or lower --max-num-batched-tokens",
+                 budget_flag, n_blocks * per_block, r->tp > 1 ? " per shard" : "", n_blocks, bs, per_block,
+                 step_tokens, min_blocks, min_blocks * per_block, budget_flag,
+                 r->tp > 1 ? ", raise --tensor-parallel-size" : "");
         return ENGINE_EINVAL;
     }
     r->n_blocks = (int)n_blocks;
-    char msg[512];
-    if (kv_cache_create(&r->kv, &r->m, r->n_blocks, bs, msg, sizeof msg) != 0) {
-        snprintf(err, err_len, "%s (lower %s)", msg, budget_flag);
-        return ENGINE_ENOMEM;
+    for (int k = 0; k < r->tp; k++) {
+        char msg[512];
+        if (kv_cache_create(&r->shards[k].kv, &r->shards[k].m, r->n_blocks, bs, msg, sizeof msg) != 0) {
+            snprintf(err, err_len, "%s (lower %s)", msg, budget_flag);
+            return ENGINE_ENOMEM;
+        }
     }
+    const Model *whole = runner_model(r);
+    const double weights = (double)r->shards[0].m.layout.n_params * ops_dtype_size(r->ops);
+    const long long tokens = (long long)r->n_blocks * bs;
+    char shards[64] = "";
+    if (r->tp > 1) snprintf(shards, sizeof shards, "%d tensor-parallel shards, on each: ", r->tp);
+    fprintf(stderr, "tandem-serve: %sweights %.3f GiB and a KV pool of %d blocks x %d tokens (%.3f GiB): %lld tokens "
+                    "in all, the longest context %lld tokens (the model's %d)\n", shards,
+            weights / 1073741824.0, r->n_blocks, bs,
+            (double)r->n_blocks * per_block / 1073741824.0, tokens,
+            tokens < whole->cfg.max_seq_len ? tokens : (long long)whole->cfg.max_seq_len, whole->cfg.max_seq_len);
     return 0;
 }
 
 void runner_free(ModelRunner *r) {
     if (!r) return;
+    runner_shards_stop(r);
+    const Model *whole = r->shards ? runner_model(r) : NULL;
     if (r->dstaging) {
-        for (int u = 0; u < r->m.layout.n_units; u++) ops_free(r->ops, r->dstaging[u]);
+        for (int u = 0; whole && u < whole->layout.n_units; u++) ops_free(r->ops, r->dstaging[u]);
         free(r->dstaging);
     }
+    if (r->ops) ops_free(r->ops, r->shard_scratch);
     free(r->tok_ids);
     free(r->tok_seq);
     free(r->tok_pos);
@@ -479,44 +556,121 @@ void runner_free(ModelRunner *r) {
         ops_free(r->ops, r->d_tok);
         ops_free(r->ops, r->d_lp);
     }
-    if (r->bufs) decode_bufs_free(r->bufs, &r->m);
-    if (r->kv.k) kv_cache_free(&r->kv, &r->m);
-    if (r->have_model) {
-        resident_free(&r->w, &r->m);
-        model_free(&r->m);
+    if (r->have_whole) model_free(&r->whole);
+    for (int k = r->shards ? r->tp - 1 : -1; k >= 0; k--) {
+        RunnerShard *s = &r->shards[k];
+        if (s->bufs) decode_bufs_free(s->bufs, &s->m);
+        if (s->kv.k) kv_cache_free(&s->kv, &s->m);
+        if (s->comm) comm_destroy(s->comm);
+        if (s->have_weights) resident_free(&s->w, &s->m);
+        if (s->have_model) model_free(&s->m);
+        if (s->ops) ops_destroy(s->ops);
     }
-    if (r->ops) ops_destroy(r->ops);
+    free(r->shards);
     free(r);
+}
+
+// Contexts, shard models and weights of a tensor-parallel runner: shard k on device cfg->device + k (CPU: a context
+// each), the whole model described on shard 0, the folder read once and sliced. Returns 0 or an ENGINE_* code.
+static int load_shards(ModelRunner *r, const EngineConfig *cfg, char *err, size_t err_len) {
+    char msg[768];
+    ModelConfig mc;
+    if (config_load(&mc, cfg->model_dir, msg, sizeof msg) != 0) {
+        snprintf(err, err_len, "cannot load the model from %s: %s", cfg->model_dir, msg);
+        return ENGINE_EINVAL;
+    }
+    ModelConfig probe;
+    ModelShard probe_shard;
+    if (model_shard_config(&mc, 0, r->tp, &probe, &probe_shard, msg, sizeof msg) != 0) {
+        snprintf(err, err_len, "%s: %s (--tensor-parallel-size)", cfg->model_dir, msg);
+        return ENGINE_EINVAL;
+    }
+    Model *models[64];
+    ResidentWeights *weights[64];
+    for (int k = 0; k < r->tp; k++) {
+        RunnerShard *s = &r->shards[k];
+        s->index = k;
+        s->runner = r;
+        const int device = cfg->backend == OPS_BACKEND_CUDA ? cfg->device + k : cfg->device;
+        if (ops_create_with_settings(&s->ops, cfg->backend, device, &cfg->ops, msg, sizeof msg) != 0) {
+            snprintf(err, err_len, "cannot start the %s backend for tensor-parallel shard %d (device %d): %s",
+                     cfg->backend == OPS_BACKEND_CUDA ? "cuda" : "cpu", k, device, msg);
+            return ENGINE_EINTERNAL;
+        }
+        if (model_init_shard(&s->m, &mc, k, r->tp, s->ops, msg, sizeof msg) != 0) {
+            snprintf(err, err_len, "tensor-parallel shard %d: %s", k, msg);
+            return ENGINE_EINVAL;
+        }
+        s->have_model = 1;
+        if (resident_alloc(&s->w, &s->m, 0, msg, sizeof msg) != 0) {
+            snprintf(err, err_len, "tensor-parallel shard %d (device %d): %s (this model needs more tensor-parallel "
+                     "shards, or GPUs with more memory)", k, device, msg);
+            return ENGINE_ENOMEM;
+        }
+        s->have_weights = 1;
+        s->src = resident_source(&s->w);
+        models[k] = &s->m;
+        weights[k] = &s->w;
+    }
+    r->ops = r->shards[0].ops;
+    if (model_init(&r->whole, &mc, r->ops, msg, sizeof msg) != 0) {
+        snprintf(err, err_len, "%s", msg);
+        return ENGINE_ENOMEM;
+    }
+    r->have_whole = 1;
+    if (model_load_shard_weights(&r->whole, models, weights, r->tp, cfg->model_dir, msg, sizeof msg) != 0) {
+        snprintf(err, err_len, "cannot load the model from %s: %s", cfg->model_dir, msg);
+        return ENGINE_EINVAL;
+    }
+    return 0;
 }
 
 int runner_create(ModelRunner **out, const EngineConfig *cfg, char *err, size_t err_len) {
     *out = NULL;
+    const int tp = cfg->tensor_parallel_size > 0 ? cfg->tensor_parallel_size : 1;
+    if (tp > 64) return snprintf(err, err_len, "--tensor-parallel-size %d: at most 64 shards", tp), ENGINE_EINVAL;
     ModelRunner *r = calloc(1, sizeof *r);
-    if (!r) return snprintf(err, err_len, "out of memory"), ENGINE_ENOMEM;
+    if (!r || !(r->shards = calloc((size_t)tp, sizeof *r->shards))) {
+        free(r);
+        return snprintf(err, err_len, "out of memory"), ENGINE_ENOMEM;
+    }
+    r->tp = tp;
+    r->comm_backend = cfg->backend == OPS_BACKEND_CUDA ? COMM_BACKEND_NCCL : COMM_BACKEND_HOST;
     r->block_size = cfg->block_size;
     r->max_num_seqs = cfg->max_num_seqs;
     r->max_num_batched_tokens = cfg->max_num_batched_tokens;
     char msg[768];
     int rc = ENGINE_EINTERNAL;
-    if (ops_create_with_settings(&r->ops, cfg->backend, cfg->device, &cfg->ops, msg, sizeof msg) != 0) {
-        snprintf(err, err_len, "cannot start the %s backend: %s", cfg->backend == OPS_BACKEND_CUDA ? "cuda" : "cpu", msg);
+    if (tp == 1) {
+        RunnerShard *s = &r->shards[0];
+        if (ops_create_with_settings(&s->ops, cfg->backend, cfg->device, &cfg->ops, msg, sizeof msg) != 0) {
+            snprintf(err, err_len, "cannot start the %s backend: %s", cfg->backend == OPS_BACKEND_CUDA ? "cuda" : "cpu",
+                     msg);
+            goto fail;
+        }
+        r->ops = s->ops;
+        if (model_load(&s->m, &s->w, s->ops, cfg->model_dir, msg, sizeof msg) != 0) {
+            snprintf(err, err_len, "cannot load the model from %s: %s", cfg->model_dir, msg);
+            rc = ENGINE_EINVAL;
+            goto fail;
+        }
+        s->have_model = s->have_weights = 1;
+        s->src = resident_source(&s->w);
+    } else if ((rc = load_shards(r, cfg, err, err_len)) != 0) {
         goto fail;
     }
-    if (model_load(&r->m, &r->w, r->ops, cfg->model_dir, msg, sizeof msg) != 0) {
-        snprintf(err, err_len, "cannot load the model from %s: %s", cfg->model_dir, msg);
-        rc = ENGINE_EINVAL;
-        goto fail;
-    }
-    r->have_model = 1;
-    r->src = resident_source(&r->w);
-    r->V = r->m.cfg.vocab_size;
+    const Model *whole = runner_model(r);
+    r->V = whole->cfg.vocab_size;
     // Step workspace first, so that --gpu-memory-utilization sees what it takes.
-    r->max_blocks = (r->m.cfg.max_seq_len + cfg->block_size - 1) / cfg->block_size;
-    if (decode_bufs_create(&r->bufs, &r->m, cfg->max_num_batched_tokens, cfg->max_num_seqs, r->max_blocks,
-                           cfg->max_num_seqs, msg, sizeof msg) != 0) {
-        snprintf(err, err_len, "%s (lower --max-num-batched-tokens or --max-num-seqs)", msg);
-        rc = ENGINE_ENOMEM;
-        goto fail;
+    r->max_blocks = (whole->cfg.max_seq_len + cfg->block_size - 1) / cfg->block_size;
+    for (int k = 0; k < tp; k++) {
+        RunnerShard *s = &r->shards[k];
+        if (decode_bufs_create(&s->bufs, &s->m, cfg->max_num_batched_tokens, cfg->max_num_seqs, r->max_blocks,
+                               cfg->max_num_seqs, msg, sizeof msg) != 0) {
+            snprintf(err, err_len, "%s (lower --max-num-batched-tokens or --max-num-seqs)", msg);
+            rc = ENGINE_ENOMEM;
+            goto fail;
+        }
     }
     if ((rc = set_up_padded(r, cfg, err, err_len)) != 0 || (rc = size_kv_pool(r, cfg, err, err_len)) != 0) goto fail;
     const size_t T = (size_t)cfg->max_num_batched_tokens, S = (size_t)cfg->max_num_seqs;
@@ -527,14 +681,15 @@ int runner_create(ModelRunner **out, const EngineConfig *cfg, char *err, size_t 
     r->tables = malloc(S * r->max_blocks * sizeof *r->tables);
     r->rows = malloc(S * sizeof *r->rows);
     r->logits = malloc(S * r->V * sizeof *r->logits);
-    r->dstaging = calloc((size_t)r->m.layout.n_units, sizeof *r->dstaging);
+    r->dstaging = calloc((size_t)whole->layout.n_units, sizeof *r->dstaging);
     if (!r->tok_ids || !r->tok_seq || !r->tok_pos || !r->slots || !r->tables || !r->rows || !r->logits ||
         !r->dstaging || samp_reserve(r, cfg->max_num_seqs, 0) != 0) {
         snprintf(err, err_len, "out of host memory setting up the engine");
         rc = ENGINE_ENOMEM;
         goto fail;
     }
-    if (decode_bufs_graphs_on(r->bufs)) record_decode_graphs(r, decode_bufs_padded_max(r->bufs));
+    if ((rc = runner_shards_start(r, err, err_len)) != 0) goto fail;
+    if (decode_bufs_graphs_on(r->shards[0].bufs)) record_decode_graphs(r, decode_bufs_padded_max(r->shards[0].bufs));
     *out = r;
     return 0;
 fail:

@@ -93,6 +93,11 @@ void model_shard_unit(const Model *full, const Model *shard, int unit, const flo
 int model_shard_unit_device(const Model *full, OpsCtx *full_ctx, const void *full_unit, const Model *shard,
                             void *shard_unit, int unit, void *scratch, char *err, size_t err_len);
 size_t model_shard_scratch_bytes(const Model *shard);
+// Loads a Hugging Face model folder into n shards' resident weights (shards[k] with w[k], made by model_init_shard
+// and resident_alloc): each unit is read once (whole: the whole model's Model, for its layout) and each shard gets
+// its slice. Returns 0, or -1 with a message.
+int model_load_shard_weights(const Model *whole, Model *const *shards, ResidentWeights *const *w, int n,
+                             const char *model_dir, char *err, size_t err_len);
 // The shards' collectives as the model code calls them, on storage-dtype backend memory: buf (count) = its sum over
 // the shards, in place; recv (size * count) = every shard's send (count) in rank order. No-ops at size 1; a failure
 // marks m->shard.failed (the step then fails) and later calls of the step do nothing.

@@ -16,6 +16,7 @@
 #include <string.h>
 
 #include "shared/comm/comm.h"
+#include "shared/safetensors.h"
 #include "shared/model_internal.h"
 
 int model_shard_config(const ModelConfig *full, int rank, int size, ModelConfig *out, ModelShard *shard, char *err,
@@ -166,4 +167,41 @@ void model_shard_gather(Model *m, void *recv, const void *send, size_t count) {
     comm_wait_compute(s->comm);
     if (comm_all_gather(s->comm, recv, send, count, storage_comm_dtype(m)) != 0) s->failed = 1;
     comm_compute_wait(s->comm);
+}
+
+int model_load_shard_weights(const Model *whole, Model *const *shards, ResidentWeights *const *w, int n,
+                             const char *model_dir, char *err, size_t err_len) {
+    const Layout *L = &whole->layout;
+    SafetensorsSet *set = NULL;
+    if (st_open(&set, model_dir, err, err_len) != 0) return -1;
+    int rc = -1;
+    size_t most = 0;
+    for (int k = 0; k < n; k++)
+        if (shards[k]->layout.max_unit_numel > most) most = shards[k]->layout.max_unit_numel;
+    float *host = malloc(L->max_unit_numel * sizeof *host), *slice = malloc(most * sizeof *slice);
+    if (!host || !slice) {
+        snprintf(err, err_len, "out of host memory loading %s", model_dir);
+        goto out;
+    }
+    if (model_check_tensors(whole, set, err, err_len) != 0) goto out;
+    for (int u = 0; u < L->n_units; u++) {
+        if (model_read_unit(whole, set, u, host, err, err_len) != 0) goto out;
+        for (int k = 0; k < n; k++) {
+            model_shard_unit(whole, shards[k], u, host, slice);
+            ops_upload_f32(shards[k]->ops, w[k]->params[u], slice, shards[k]->layout.unit_numel[u]);
+            ops_synchronize(shards[k]->ops);   // slice is reused for the next shard
+        }
+    }
+    for (int k = 0; k < n; k++)
+        if (ops_status(shards[k]->ops)) {
+            snprintf(err, err_len, "uploading %s to tensor-parallel shard %d: %s", model_dir, k,
+                     ops_error(shards[k]->ops));
+            goto out;
+        }
+    rc = 0;
+out:
+    free(host);
+    free(slice);
+    st_close(set);
+    return rc;
 }

@@ -1,0 +1,109 @@
+// rollout_server/model_runner_internal.h — the runner's state, shared by model_runner.c (steps, sampling, weights,
+// set-up) and runner_shards.c (the tensor-parallel shards' threads). Not a public API: the engine sees
+// model_runner.h only.
+//
+// Tensor parallelism: a runner over --tensor-parallel-size N holds N shards, shard k on device cfg->device + k, each
+// with its compute context, its slice of the weights (shared/model.h, "tensor-parallel shards"), its KV pool (its KV
+// heads of every block: the same block ids name the same token slots on every shard) and its step buffers. One
+// thread per shard, driven in lock-step: the engine thread runs shard 0 itself and hands the same step to shards
+// 1..N-1, whose threads wait for it (runner_shards_run); the shards' all-reduces inside the model meet over their
+// communicator. Why a thread per shard and not one thread queueing on N devices: every collective of a shard is
+// queued from the thread that owns the shard's communicator, and with the host communicator (the CPU twin) a
+// collective blocks until every shard has called it, so one thread could not call it on N shards in turn. Sampling
+// and top logprobs run on shard 0 over the whole vocabulary (its logits rows are gathered from every shard). N = 1
+// is the plain runner: one shard, no thread, no communicator.
+#ifndef TANDEM_ROLLOUT_MODEL_RUNNER_INTERNAL_H
+#define TANDEM_ROLLOUT_MODEL_RUNNER_INTERNAL_H
+
+#include <pthread.h>
+
+#include "rollout_server/model_runner.h"
+#include "shared/comm/comm.h"
+
+// What the shards run together (runner_shards_run).
+typedef enum {
+    SHARD_JOB_NONE = 0,
+    SHARD_JOB_JOIN,    // make the shards' communicator (every shard joins at once)
+    SHARD_JOB_STEP,    // the step in the runner's step arrays (RunnerStepPlan)
+    SHARD_JOB_EXIT,
+} ShardJob;
+
+// The step every shard runs: the model over the runner's step arrays (tok_ids ... rows), see run_model.
+typedef struct {
+    int n, n_seqs, mb, n_rows;
+    int padded;        // a decode-only step at its padded size (model_decode_step_padded)
+} RunnerStepPlan;
+
+typedef struct RunnerShard {
+    struct ModelRunner *runner;     // its runner, and its index there (the shard thread's argument)
+    int index;
+    OpsCtx *ops;
+    Model m;
+    int have_model;
+    ResidentWeights w;
+    int have_weights;
+    UnitSource src;
+    KVCache kv;
+    DecodeBufs *bufs;
+    Comm *comm;         // the shards' communicator (N > 1)
+    pthread_t thread;   // shards 1..N-1
+    int have_thread;
+    int rc;             // the last job's result, and its message
+    char err[768];
+} RunnerShard;
+
+struct ModelRunner {
+    int tp;                         // shards (--tensor-parallel-size)
+    RunnerShard *shards;            // (tp)
+    OpsCtx *ops;                    // shard 0's context: sampling, the weight receiver's staging
+    Model whole;                    // tp > 1: the whole model (config, layout) that weight updates address
+    int have_whole;
+    void **dstaging;                // (n_units) transport nccl: second copies in backend memory (storage dtype), on
+                                    // shard 0: whole units (tp > 1: sliced into the shards at the swap)
+    void *shard_scratch;            // tp > 1: staging for the column slices of that swap, on shard 0
+    int block_size, max_num_seqs, max_num_batched_tokens, max_blocks, n_blocks, V;
+    // Step arrays (host): one entry per token of the step, max_num_batched_tokens of them ...
+    int32_t *tok_ids, *tok_seq, *tok_pos, *slots;
+    int32_t *tables;                // (max_num_seqs, max_blocks) room for the block tables of the step's sequences,
+                                    // filled as (n_seqs, the step's longest table)
+    int32_t *rows;                  // (max_num_seqs) step token index of each logits row
+    float *logits;                  // (max_num_seqs, V) host copies of the logits rows that top logprobs need
+    // Sampling: one entry per sample. Arrays grow on demand: samp_cap samples, hist_cap history ids.
+    int samp_cap, hist_cap;
+    OpsSampleParams *samp_params;   // (samp_cap) host
+    int32_t *samp_off;              // (samp_cap + 1) host: history offsets (histories of penalised samples only)
+    int32_t *samp_hist;             // (hist_cap) host
+    int32_t *samp_tok;              // (samp_cap) host: sampled ids
+    float *samp_lp;                 // (samp_cap) host: their logprobs
+    TokenLogprob *samp_top;         // (samp_cap, ENGINE_MAX_TOP_LOGPROBS) host: alternatives
+    OpsSampleParams *d_params;      // backend copies of the above
+    int32_t *d_off, *d_hist, *d_tok;
+    float *d_lp;
+    int64_t graph_logged;           // decode graph recordings + failures already logged (log_graphs)
+    // Lock-step driving of shards 1..tp-1 (runner_shards.c).
+    pthread_mutex_t mu;
+    pthread_cond_t go, done;
+    int have_sync;
+    uint64_t job_seq;               // bumped per job; a shard thread runs each one once
+    ShardJob job;
+    RunnerStepPlan plan;
+    int pending;                    // shard threads still running the current job
+    CommBackend comm_backend;
+    int comm_port;                  // host backend: the rendezvous port of the shards' communicator
+    uint8_t comm_id[COMM_UNIQUE_ID_BYTES]; // nccl: its unique id
+    int comm_timeout_ms;
+};
+
+// Runs shard k's part of the current plan (the model over the step arrays). Returns 0 or -1 (message in the
+// shard's err).
+int runner_shard_step(ModelRunner *r, int k);
+// Starts the threads of shards 1..tp-1 and makes the shards' communicator. Returns 0, or an ENGINE_* code with a
+// message.
+int runner_shards_start(ModelRunner *r, char *err, size_t err_len);
+// Runs `job` on every shard at once: shard 0 on the calling thread, the others on theirs; returns when all are
+// done: 0, or -1 with the first failing shard's message.
+int runner_shards_run(ModelRunner *r, ShardJob job, char *err, size_t err_len);
+// Stops and joins the shard threads (before the shards are freed).
+void runner_shards_stop(ModelRunner *r);
+
+#endif

@@ -1,0 +1,146 @@
+// rollout_server/runner_shards.c — the tensor-parallel shards of a runner, driven in lock-step
+// (model_runner_internal.h): one thread per shard 1..N-1 waiting for the next job, the shards' communicator, and the
+// run of one job on every shard at once.
+#include <arpa/inet.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include "rollout_server/model_runner_internal.h"
+
+// Joins shard k to the shards' communicator.
+static int shard_join(ModelRunner *r, int k) {
+    RunnerShard *s = &r->shards[k];
+    int rc;
+    if (r->comm_backend == COMM_BACKEND_NCCL) {
+        rc = comm_create_with_id(&s->comm, COMM_BACKEND_NCCL, r->comm_id, k, r->tp, r->comm_timeout_ms, s->ops, s->err,
+                                 sizeof s->err);
+    } else {
+        CommInit ci = {.rank = k, .world_size = r->tp, .master_port = r->comm_port, .timeout_ms = r->comm_timeout_ms};
+        snprintf(ci.master_addr, sizeof ci.master_addr, "127.0.0.1");
+        rc = comm_create(&s->comm, COMM_BACKEND_HOST, &ci, NULL, s->err, sizeof s->err);
+    }
+    if (rc != 0) return -1;
+    s->m.shard.comm = s->comm;
+    return 0;
+}
+
+static int shard_run(ModelRunner *r, int k, ShardJob job) {
+    RunnerShard *s = &r->shards[k];
+    s->err[0] = '\0';
+    switch (job) {
+    case SHARD_JOB_JOIN: return shard_join(r, k);
+    case SHARD_JOB_STEP: return runner_shard_step(r, k);
+    default: return 0;
+    }
+}
+
+static void *shard_thread(void *arg) {
+    ModelRunner *r = ((RunnerShard *)arg)->runner;
+    const int k = ((RunnerShard *)arg)->index;
+    uint64_t seen = 0;
+    for (;;) {
+        pthread_mutex_lock(&r->mu);
+        while (r->job_seq == seen) pthread_cond_wait(&r->go, &r->mu);
+        seen = r->job_seq;
+        const ShardJob job = r->job;
+        pthread_mutex_unlock(&r->mu);
+        if (job == SHARD_JOB_EXIT) return NULL;
+        const int rc = shard_run(r, k, job);
+        pthread_mutex_lock(&r->mu);
+        r->shards[k].rc = rc;
+        if (--r->pending == 0) pthread_cond_signal(&r->done);
+        pthread_mutex_unlock(&r->mu);
+    }
+}
+
+int runner_shards_run(ModelRunner *r, ShardJob job, char *err, size_t err_len) {
+    if (r->tp == 1) {
+        if (shard_run(r, 0, job) == 0) return 0;
+        snprintf(err, err_len, "%s", r->shards[0].err);
+        return -1;
+    }
+    pthread_mutex_lock(&r->mu);
+    r->job = job;
+    r->pending = r->tp - 1;
+    r->job_seq++;
+    pthread_cond_broadcast(&r->go);
+    pthread_mutex_unlock(&r->mu);
+    r->shards[0].rc = shard_run(r, 0, job);
+    pthread_mutex_lock(&r->mu);
+    while (r->pending > 0) pthread_cond_wait(&r->done, &r->mu);
+    pthread_mutex_unlock(&r->mu);
+    for (int k = 0; k < r->tp; k++)
+        if (r->shards[k].rc != 0) {
+            snprintf(err, err_len, "tensor-parallel shard %d of %d: %s", k, r->tp,
+                     r->shards[k].err[0] ? r->shards[k].err : "failed");
+            return -1;
+        }
+    return 0;
+}
+
+// A TCP port on the loopback that nothing listens on now, for the shards' host communicator (its rendezvous binds it
+// right after; a process taking it in between makes the join fail with a message naming the port).
+static int free_loopback_port(char *err, size_t err_len) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+    socklen_t len = sizeof a;
+    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
+        snprintf(err, err_len, "no free loopback port for the tensor-parallel shards' communicator: %s",
+                 strerror(errno));
+        if (fd >= 0) close(fd);
+        return -1;
+    }
+    close(fd);
+    return ntohs(a.sin_port);
+}
+
+int runner_shards_start(ModelRunner *r, char *err, size_t err_len) {
+    if (r->tp == 1) return 0;
+    pthread_mutex_init(&r->mu, NULL);
+    pthread_cond_init(&r->go, NULL);
+    pthread_cond_init(&r->done, NULL);
+    r->have_sync = 1;
+    // Every shard joins within the minute (they are threads of this process); afterwards a collective that waits
+    // two minutes for another shard means that shard's device is wedged: the step fails instead of hanging.
+    r->comm_timeout_ms = 60000;
+    if (r->comm_backend == COMM_BACKEND_NCCL) {
+        if (comm_unique_id(COMM_BACKEND_NCCL, r->comm_id, err, err_len) != 0) return ENGINE_EINTERNAL;
+    } else if ((r->comm_port = free_loopback_port(err, err_len)) < 0) {
+        return ENGINE_EINTERNAL;
+    }
+    for (int k = 1; k < r->tp; k++) {
+        r->shards[k].runner = r;
+        r->shards[k].index = k;
+        if (pthread_create(&r->shards[k].thread, NULL, shard_thread, &r->shards[k]) != 0) {
+            snprintf(err, err_len, "cannot start the thread of tensor-parallel shard %d", k);
+            return ENGINE_EINTERNAL;
+        }
+        r->shards[k].have_thread = 1;
+    }
+    char msg[1024];
+    if (runner_shards_run(r, SHARD_JOB_JOIN, msg, sizeof msg) != 0) {
+        snprintf(err, err_len, "joining the %d tensor-parallel shards: %s", r->tp, msg);
+        return ENGINE_EINTERNAL;
+    }
+    for (int k = 0; k < r->tp; k++) comm_set_timeout(r->shards[k].comm, 120000);
+    return 0;
+}
+
+void runner_shards_stop(ModelRunner *r) {
+    if (!r->have_sync) return;
+    pthread_mutex_lock(&r->mu);
+    r->job = SHARD_JOB_EXIT;
+    r->job_seq++;
+    pthread_cond_broadcast(&r->go);
+    pthread_mutex_unlock(&r->mu);
+    for (int k = 1; k < r->tp; k++)
+        if (r->shards[k].have_thread) pthread_join(r->shards[k].thread, NULL);
+    pthread_mutex_destroy(&r->mu);
+    pthread_cond_destroy(&r->go);
+    pthread_cond_destroy(&r->done);
+    r->have_sync = 0;
+}

@@ -1,0 +1,124 @@
+"""tandem-serve --tensor-parallel-size on the CPU backend (the CPU twin of a tensor-parallel GPU server): the model's
+heads, KV heads, MLP columns and vocabulary rows split over 2 and 4 shards (threads with their own compute contexts,
+the host communicator between them), end to end through real server processes and the official `openai` client.
+
+- Greedy outputs of TP = 2 and TP = 4 servers equal those of a TP = 1 server (the tiny Llama has 4 heads and 2 KV
+  heads: TP = 4 replicates each KV head on two shards; its 300-token vocabulary splits 150/150 and 75 x 4), with
+  logprobs within 1e-4 (fp32 sums in another order), up to the first near-tie of the TP = 1 logits.
+- Seeded sampling on a TP = 2 server does not depend on what else is in the batch (the same seeded request alone
+  and among concurrent others), and equals TP = 1's.
+- A ZeroMQ weight push (weights_begin / slices / weights_end) into a TP = 2 server: afterwards its greedy output is
+  the new model's, computed by transformers.
+- A size that does not divide the model is refused at start-up naming the numbers; --help lists the option and its
+  short name; --devices groups that would share GPUs are refused.
+"""
+import concurrent.futures
+import random
+import subprocess
+
+import openai
+import pytest
+
+from server_fixtures import TandemServer, free_port, serve_binary, tiny_model_dir  # noqa: F401 (fixture)
+from test_zmq_control import Client, hf_greedy, models, pack_units, send_update  # noqa: F401 (fixture)
+
+PROMPTS = [[1, 17, 250, 3, 99, 42, 7], [1, 5], [1, 200, 201, 202, 203, 204, 205, 206], [4, 4, 4, 4],
+           [7, 8, 9, 10, 11, 12, 13, 14, 15], [33]]
+MAX_TOKENS = 16
+
+
+@pytest.fixture(scope="module")
+def servers(tiny_model_dir):
+    started = {}
+    try:
+        for tp in (1, 2, 4):
+            started[tp] = TandemServer(tiny_model_dir, "--tensor-parallel-size", tp)
+        yield started
+    finally:
+        for srv in started.values():
+            assert srv.stop() == 0, srv.log_text()
+
+
+def client(srv):
+    return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def model_id(srv):
+    return client(srv).models.list().data[0].id
+
+
+def greedy(srv, prompt, **extra):
+    out = client(srv).completions.create(model=model_id(srv), prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, logprobs=2,
+                                         extra_body={"ignore_eos": True, "return_token_ids": True, **extra})
+    c = out.choices[0]
+    return c.token_ids, c.logprobs.token_logprobs, c.logprobs.top_logprobs
+
+
+def test_greedy_and_logprobs_equal_one_device(servers):
+    for prompt in PROMPTS:
+        ref_ids, ref_lp, ref_top = greedy(servers[1], prompt)
+        for tp in (2, 4):
+            ids, lp, _ = greedy(servers[tp], prompt)
+            # Equal up to the first step where TP = 1's best two candidates are within 1e-4 (a near-tie may go
+            # either way under another summation order); past it the sequences may differ.
+            for i, (want, got) in enumerate(zip(ref_ids, ids)):
+                top2 = sorted(ref_top[i].values(), reverse=True)
+                if len(top2) > 1 and top2[0] - top2[1] < 1e-4:
+                    break
+                assert got == want, (tp, prompt, i, ids, ref_ids)
+                assert abs(lp[i] - ref_lp[i]) < 1e-4, (tp, prompt, i, lp[i], ref_lp[i])
+
+
+def test_seeded_sampling_ignores_the_batch(servers):
+    def sample(srv, prompt, seed):
+        out = client(srv).completions.create(model=model_id(srv), prompt=prompt, max_tokens=MAX_TOKENS, temperature=1.0,
+                                             seed=seed, extra_body={"ignore_eos": True, "return_token_ids": True})
+        return out.choices[0].token_ids
+
+    alone = [sample(servers[2], p, 100 + i) for i, p in enumerate(PROMPTS)]
+    with concurrent.futures.ThreadPoolExecutor(len(PROMPTS)) as pool:   # the same requests in one batch
+        together = list(pool.map(lambda a: sample(servers[2], a[1], 100 + a[0]), enumerate(PROMPTS)))
+    assert together == alone
+    assert [sample(servers[1], p, 100 + i) for i, p in enumerate(PROMPTS)] == alone
+
+
+def test_zmq_weight_push_into_shards(models):
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    srv = TandemServer(models["base"]["dir"], "--control", endpoint, "--drain-timeout", "5", "-tp", "2")
+    c = Client(endpoint)
+    try:
+        hello, _ = c.ask({"type": "hello", "id": 1})
+        prompt, k = PROMPTS[0], 12
+        base_ref = hf_greedy(models["base"]["model"], prompt, k)[0]
+        new_ref = hf_greedy(models["upd_a"]["model"], prompt, k)[0]
+        assert base_ref != new_ref
+        kw = dict(max_tokens=k, temperature=0, extra_body={"ignore_eos": True, "return_token_ids": True})
+        assert client(srv).completions.create(model=model_id(srv), prompt=prompt, **kw).choices[0].token_ids == base_ref
+        units = pack_units(models["upd_a"]["state"], models["base"]["cfg"])
+        rep = send_update(c, units, 1, hello["layout_hash"], "f32", random.Random(3), 1000)
+        assert rep["type"] == "weights_end" and rep["version"] == 1, rep
+        assert client(srv).completions.create(model=model_id(srv), prompt=prompt, **kw).choices[0].token_ids == new_ref
+        res = c.generate(20, [prompt], max_tokens=k, temperature=0, ignore_eos=True)
+        h, toks, _ = res[0]
+        assert toks == [new_ref] and h["policy_versions"] == [1], (h, toks)
+    finally:
+        c.close()
+        assert srv.stop() == 0, srv.log_text()
+
+
+def test_sizes_that_do_not_divide_are_refused(tiny_model_dir):
+    out = subprocess.run([serve_binary(), "--model", str(tiny_model_dir), "--port", "0", "--kv-cache-memory", "64M",
+                          "--tensor-parallel-size", "3"], capture_output=True, text=True, timeout=60)
+    assert out.returncode == 1, out
+    assert "tensor-parallel size of 3 does not divide this model (4 attention heads, 2 KV heads, MLP width 96)" in \
+        out.stderr, out.stderr
+
+
+def test_help_and_overlapping_device_groups(tmp_path):
+    out = subprocess.run([serve_binary(), "--help"], capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0
+    text = " ".join(out.stdout.split())
+    assert "--tensor-parallel-size N" in text and "-tp N the same as --tensor-parallel-size (default 1)" in text, text
+    out = subprocess.run([serve_binary(), "--model", str(tmp_path), "--devices", "cuda:0,cuda:1", "-tp", "2"],
+                         capture_output=True, text=True, timeout=30)
+    assert out.returncode == 2 and "would share GPUs" in out.stderr and "cuda:0,cuda:2" in out.stderr, out.stderr
