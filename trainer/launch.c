@@ -54,7 +54,7 @@ static void on_signal(int sig) { interrupted = sig; }
 typedef struct {
     const char *model, *server_device, *log_dir, *control_keys;
     const char *nnodes, *node_rank, *master_addr, *master_port;   // flag or environment, checked after parsing
-    int ranks, servers, control_port, dns_timeout, control_insecure;
+    int ranks, servers, server_tp, control_port, dns_timeout, control_insecure;
     CliList server_args;
 } LaunchOptions;
 
@@ -82,9 +82,13 @@ static const CliOption kOptions[] = {
         "rollout servers, started on node 0 (0 for --mode sft or for servers of your own, given as --rollout-servers "
         "after --)"),
     TEXT("--server-device", server_device, "D",
-         "the servers' devices: cpu, cuda:N, a comma list with one entry per server (cuda:7,cuda:6), or cuda: the GPUs "
-         "after the trainer ranks' (local rank r uses GPU r, so server i takes GPU ranks + i) when this node has that "
-         "many, else GPU 0 for all", NULL),
+         "the servers' devices: cpu, cuda:N, a comma list with one entry per server (cuda:7,cuda:6; with --server-tp "
+         "each entry is the first GPU of that server's group), or cuda: the GPUs after the trainer ranks' (local rank r "
+         "uses GPU r, so server i takes GPUs ranks + i * T .. ranks + i * T + T - 1 for --server-tp T) when this node "
+         "has that many, else GPU 0 for all (--server-tp 1 only)", NULL),
+    INT("--server-tp", server_tp, 1, 64,
+        "each rollout server splits the model over this many GPUs (tandem-serve --tensor-parallel-size; cpu: as many "
+        "compute contexts)"),
     {.flag = "--server-arg", .type = CLI_LIST, .offset = offsetof(LaunchOptions, server_args), .value_name = "ARG",
      .help = "one more tandem-serve argument, e.g. --server-arg=--kv-cache-memory=2G"},
     {.flag = "--control-port", .type = CLI_INT, .offset = offsetof(LaunchOptions, control_port), .value_name = "P",
@@ -129,7 +133,7 @@ static const CliSpec kSpec = {
 
 // Server s's --device: entry s of a comma list (or the only entry); "cuda" places server s on GPU ranks + s
 // (the trainer's local rank r uses GPU r) when the node has that many GPUs, else on GPU 0 beside the ranks.
-static void server_device_of(const char *spec, int s, int ranks, int servers, char *out, size_t len) {
+static int server_device_of(const char *spec, int s, int ranks, int servers, int tp, char *out, size_t len) {
     int n = 1;
     for (const char *p = spec; *p; p++) n += *p == ',';
     if (n > 1) {
@@ -137,15 +141,17 @@ static void server_device_of(const char *spec, int s, int ranks, int servers, ch
         for (int i = 0; i < s && i < n - 1; i++) p = strchr(p, ',') + 1;
         size_t k = strcspn(p, ",");
         snprintf(out, len, "%.*s", (int)k, p);
-        return;
+        return 0;
     }
     if (strcmp(spec, "cuda") != 0) {
         snprintf(out, len, "%s", spec);
-        return;
+        return 0;
     }
     int gpus = ops_cuda_device_count();
-    if (gpus >= ranks + servers) snprintf(out, len, "cuda:%d", ranks + s);
-    else snprintf(out, len, "cuda:0");
+    if (gpus >= ranks + servers * tp) snprintf(out, len, "cuda:%d", ranks + s * tp);
+    else if (tp == 1) snprintf(out, len, "cuda:0");
+    else return -1;   // the shards of a tensor-parallel server need GPUs of their own
+    return 0;
 }
 
 // The cores this process may run on (its affinity mask: taskset, a container's cpuset), else the online ones.
@@ -364,7 +370,7 @@ static int resolve_control_keys(const char *keys_arg, int insecure, int servers,
 }
 
 int launch_main(int argc, char **argv) {
-    LaunchOptions o = {.server_device = "cpu", .log_dir = "launch-logs", .ranks = 0, .servers = 1,
+    LaunchOptions o = {.server_device = "cpu", .log_dir = "launch-logs", .ranks = 0, .servers = 1, .server_tp = 1,
                        .control_port = 5555, .dns_timeout = 300};
     const LaunchOptions defaults = o;
     int train_start = argc;
@@ -457,7 +463,7 @@ int launch_main(int argc, char **argv) {
                 master_addr, rdzv_port, rdzv_source);
     if (world > 1 && wait_resolvable(master_addr, dns_timeout) != 0) return interrupted ? 130 : 1;
     char thread_bufs[N_THREAD_VARS][48], *thread_env[N_THREAD_VARS + 1];
-    thread_share_env(ranks + (node_rank == 0 ? servers : 0), thread_bufs, thread_env);
+    thread_share_env(ranks + (node_rank == 0 ? servers * o.server_tp : 0), thread_bufs, thread_env);
 
     // Servers live on node 0. One node: loopback only, as before. Several: every interface of node 0, and the
     // other nodes' ranks reach them at MASTER_ADDR (an IPv6 literal in brackets, as ZeroMQ spells it).
@@ -478,9 +484,18 @@ int launch_main(int argc, char **argv) {
         args[k++] = "--model", args[k++] = (char *)model;
         args[k++] = "--control", args[k++] = ctl;   // spawn() forks before this loop reuses it
         args[k++] = "--port", args[k++] = "0";
-        char dev[64];
-        server_device_of(server_device, s, ranks, servers, dev, sizeof dev);
+        char dev[64], tp[16];
+        if (server_device_of(server_device, s, ranks, servers, o.server_tp, dev, sizeof dev) != 0) {
+            fprintf(stderr, "tandem-train launch: --server-device cuda with --servers %d --server-tp %d needs %d GPUs "
+                            "after the %d trainer ranks' on this node, which has %d: lower --server-tp or --ranks, or "
+                            "name the servers' first GPUs in --server-device\n", servers, o.server_tp,
+                    servers * o.server_tp, ranks, ops_cuda_device_count());
+            stop_all(30);
+            return 1;
+        }
         args[k++] = "--device", args[k++] = dev;
+        snprintf(tp, sizeof tp, "%d", o.server_tp);
+        if (o.server_tp > 1) args[k++] = "--tensor-parallel-size", args[k++] = tp;
         if (keys_dir[0]) {
             args[k++] = "--control-key-file", args[k++] = server_key_path;
             args[k++] = "--control-authorized-keys", args[k++] = authorized_path;

@@ -367,3 +367,20 @@ def test_an_early_rank_error_ends_launch_at_once(setup, case):
     assert elapsed < 10, f"launch took {elapsed:.1f} s to stop after the rank's error:\n{out}"
     time.sleep(0.5)
     assert not any(alive(pid) for pid in pids_in(out)), out
+
+
+def test_grpo_with_a_tensor_parallel_server(setup):
+    """--server-tp 2: the launcher starts the server with --tensor-parallel-size 2 (two CPU shards); GRPO steps with
+    a weight sync after each complete against it, and the server took every update (its policy version is the
+    step count when training ends)."""
+    d = setup
+    p = launcher(["--model", str(d / "model"), "--ranks", "1", "--servers", "1", "--server-tp", "2",
+                  "--master-port", str(free_port()), "--control-port", str(free_port()), "--log-dir",
+                  str(d / "tp-logs"), "--", *train_args(d, "tp", 3)], d)
+    out, _ = p.communicate(timeout=300)
+    assert p.returncode == 0, out
+    log = (d / "tp-logs" / "server0.log").read_text()
+    assert "tensor parallel 2 (CPU shards)" in log and "2 tensor-parallel shards, on each" in log, log
+    rows = [json.loads(x) for x in (d / "tp" / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert [r["policy_version"] for r in rows] == [1, 2, 3] and all(r["sync_bytes"] > 0 for r in rows), rows
