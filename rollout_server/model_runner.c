@@ -570,6 +570,47 @@ void runner_free(ModelRunner *r) {
     free(r);
 }
 
+// Backend bytes of one shard's weights at tensor-parallel size tp, or 0 when tp does not divide the model.
+static size_t shard_weight_bytes(const ModelConfig *mc, int tp, size_t es) {
+    ModelConfig sc;
+    ModelShard sh;
+    Layout L;
+    char msg[256];
+    if (model_shard_config(mc, 0, tp, &sc, &sh, msg, sizeof msg) != 0 || layout_build(&L, &sc, msg, sizeof msg) != 0)
+        return 0;
+    const size_t bytes = L.total_numel * es;
+    layout_free(&L);
+    return bytes;
+}
+
+// CUDA: refuses, before anything is allocated, weights that do not fit the free memory of a device (shard
+// weights at tp, on ops's device), naming the smallest tensor-parallel size whose shards would fit. Returns 0, or
+// ENGINE_ENOMEM with the message.
+static int check_weights_fit(const ModelConfig *mc, int tp, OpsCtx *ops, int device, char *err, size_t err_len) {
+    size_t free_b, total_b;
+    if (ops_memory_info(ops, &free_b, &total_b) != 0) {
+        ops_clear_error(ops);   // the CPU backend: host memory, nothing to say in advance
+        return 0;
+    }
+    const size_t es = ops_dtype_size(ops), need = shard_weight_bytes(mc, tp, es);
+    if (need == 0 || need < free_b) return 0;
+    int fits = 0;
+    for (int n = tp + 1; n <= 64 && !fits; n++) {
+        const size_t b = shard_weight_bytes(mc, n, es);
+        if (b && b < free_b * 9 / 10) fits = n;   // a tenth left for the step workspace and the KV pool
+    }
+    char hint[160];
+    if (fits)
+        snprintf(hint, sizeof hint, "the smallest --tensor-parallel-size whose shards fit is %d (%.2f GiB each)", fits,
+                 shard_weight_bytes(mc, fits, es) / 1073741824.0);
+    else
+        snprintf(hint, sizeof hint, "no --tensor-parallel-size up to 64 that divides this model fits");
+    snprintf(err, err_len, "the model's weights need %.2f GiB per GPU at --tensor-parallel-size %d, but cuda:%d has "
+             "%.2f GiB free (of %.2f): %s", need / 1073741824.0, tp, device, free_b / 1073741824.0,
+             total_b / 1073741824.0, hint);
+    return ENGINE_ENOMEM;
+}
+
 // Contexts, shard models and weights of a tensor-parallel runner: shard k on device cfg->device + k (CPU: a context
 // each), the whole model described on shard 0, the folder read once and sliced. Returns 0 or an ENGINE_* code.
 static int load_shards(ModelRunner *r, const EngineConfig *cfg, char *err, size_t err_len) {
@@ -597,6 +638,8 @@ static int load_shards(ModelRunner *r, const EngineConfig *cfg, char *err, size_
                      cfg->backend == OPS_BACKEND_CUDA ? "cuda" : "cpu", k, device, msg);
             return ENGINE_EINTERNAL;
         }
+        const int fit = check_weights_fit(&mc, r->tp, s->ops, device, err, err_len);
+        if (fit != 0) return fit;
         if (model_init_shard(&s->m, &mc, k, r->tp, s->ops, msg, sizeof msg) != 0) {
             snprintf(err, err_len, "tensor-parallel shard %d: %s", k, msg);
             return ENGINE_EINVAL;
@@ -649,6 +692,11 @@ int runner_create(ModelRunner **out, const EngineConfig *cfg, char *err, size_t 
             goto fail;
         }
         r->ops = s->ops;
+        ModelConfig mc;
+        if (config_load(&mc, cfg->model_dir, msg, sizeof msg) == 0 &&
+            (rc = check_weights_fit(&mc, 1, s->ops, cfg->device, err, err_len)) != 0)
+            goto fail;
+        rc = ENGINE_EINTERNAL;
         if (model_load(&s->m, &s->w, s->ops, cfg->model_dir, msg, sizeof msg) != 0) {
             snprintf(err, err_len, "cannot load the model from %s: %s", cfg->model_dir, msg);
             rc = ENGINE_EINVAL;

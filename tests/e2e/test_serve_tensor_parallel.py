@@ -11,23 +11,42 @@ the host communicator between them), end to end through real server processes an
   the new model's, computed by transformers.
 - A size that does not divide the model is refused at start-up naming the numbers; --help lists the option and its
   short name; --devices groups that would share GPUs are refused.
+
+GPU (`python3 tests/e2e/test_serve_tensor_parallel.py --gpu`, scripts/gpu-check.sh B tp; the GPU machine has no
+pytest): a model whose weights do not fit one GPU (the Qwen2.5-72B shape, config only) is refused before anything is
+allocated, naming the smallest tensor-parallel size that fits; with two GPUs, a TP = 2 server on cuda:0-1 gives the
+greedy outputs of a TP = 1 server on cuda:0 up to the first near-tie (bf16), logprobs within 0.05.
 """
 import concurrent.futures
+import json
+import pathlib
 import random
 import subprocess
+import sys
+import tempfile
 
-import openai
-import pytest
+from server_fixtures import TandemServer, build_tiny_model, free_port, http_json, serve_binary
 
-from server_fixtures import TandemServer, free_port, serve_binary, tiny_model_dir  # noqa: F401 (fixture)
-from test_zmq_control import Client, hf_greedy, models, pack_units, send_update  # noqa: F401 (fixture)
+try:
+    import pytest
+except ImportError:   # the GPU machine: run as a script (see the end)
+    pytest = None
+
+if pytest is not None and __name__ != "__main__":
+    import openai
+    from server_fixtures import tiny_model_dir  # noqa: F401 (fixture)
+    from test_zmq_control import Client, hf_greedy, models, pack_units, send_update  # noqa: F401 (fixture)
 
 PROMPTS = [[1, 17, 250, 3, 99, 42, 7], [1, 5], [1, 200, 201, 202, 203, 204, 205, 206], [4, 4, 4, 4],
            [7, 8, 9, 10, 11, 12, 13, 14, 15], [33]]
 MAX_TOKENS = 16
 
 
-@pytest.fixture(scope="module")
+def fixture(fn):
+    return pytest.fixture(scope="module")(fn) if pytest is not None else fn
+
+
+@fixture
 def servers(tiny_model_dir):
     started = {}
     try:
@@ -122,3 +141,69 @@ def test_help_and_overlapping_device_groups(tmp_path):
     out = subprocess.run([serve_binary(), "--model", str(tmp_path), "--devices", "cuda:0,cuda:1", "-tp", "2"],
                          capture_output=True, text=True, timeout=30)
     assert out.returncode == 2 and "would share GPUs" in out.stderr and "cuda:0,cuda:2" in out.stderr, out.stderr
+
+
+# ---- GPU ------------------------------------------------------------------------------------------------
+
+QWEN25_72B = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 152064,
+              "hidden_size": 8192, "intermediate_size": 29568, "num_hidden_layers": 80, "num_attention_heads": 64,
+              "num_key_value_heads": 8, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
+              "rope_theta": 1000000.0, "tie_word_embeddings": False, "hidden_act": "silu", "torch_dtype": "bfloat16"}
+
+
+def cuda_devices():
+    try:
+        import torch
+        return torch.cuda.device_count()
+    except ImportError:
+        return 0
+
+
+def gpu_greedy(url, prompt, k=16):
+    status, out, _ = http_json("POST", url + "/v1/completions",
+                               {"prompt": prompt, "max_tokens": k, "temperature": 0, "ignore_eos": True,
+                                "return_token_ids": True, "logprobs": 2}, timeout=120)
+    assert status == 200, out
+    c = out["choices"][0]
+    return c["token_ids"], c["logprobs"]["token_logprobs"], c["logprobs"]["top_logprobs"]
+
+
+def gpu_check():
+    lines = []
+    big = pathlib.Path(tempfile.mkdtemp(prefix="tandem-72b-config-"))
+    (big / "config.json").write_text(json.dumps(QWEN25_72B))
+    out = subprocess.run([serve_binary(), "--model", str(big), "--device", "cuda:0", "--port", "0"],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 1 and "the smallest --tensor-parallel-size whose shards fit is 2" in out.stderr, \
+        out.stderr
+    lines.append("72B refused on one GPU naming TP 2")
+    if cuda_devices() < 2:
+        lines.append(f"TP 2 greedy check SKIPPED: {cuda_devices()} CUDA device(s) visible")
+        return "; ".join(lines)
+    d = tempfile.mkdtemp(prefix="tandem-tp-")
+    build_tiny_model(d)
+    one = TandemServer(d, "--device", "cuda:0")
+    two = TandemServer(d, "--device", "cuda:0", "-tp", "2")
+    try:
+        for prompt in ([1, 17, 250, 3, 99, 42, 7], [1, 5], [4, 4, 4, 4]):
+            ref_ids, ref_lp, ref_top = gpu_greedy(one.url, prompt)
+            ids, lp, _ = gpu_greedy(two.url, prompt)
+            for i, (want, got) in enumerate(zip(ref_ids, ids)):
+                top2 = sorted(ref_top[i].values(), reverse=True)
+                if len(top2) > 1 and top2[0] - top2[1] < 0.05:
+                    break
+                assert got == want and abs(lp[i] - ref_lp[i]) < 0.05, (prompt, i, ids, ref_ids, lp, ref_lp)
+        lines.append("TP 2 on cuda:0-1 greedy equal to TP 1 up to the first near-tie")
+    finally:
+        assert one.stop() == 0, one.log_text()
+        assert two.stop() == 0, two.log_text()
+    return "; ".join(lines)
+
+
+if __name__ == "__main__":
+    if "--gpu" not in sys.argv:
+        sys.exit("usage: python3 tests/e2e/test_serve_tensor_parallel.py --gpu   (the CPU tests run under pytest)")
+    if cuda_devices() < 1:
+        print("summary: SKIPPED: no CUDA device visible")
+        sys.exit(0)
+    print(f"summary: PASS: {gpu_check()}")
