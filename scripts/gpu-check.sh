@@ -8,7 +8,7 @@
 #   serve  bench/bench_serve_gpu.py $SERVE_ARGS (e.g. SERVE_ARGS="--shape 1.5b --grpo")
 #   sync   bench/bench_sync_gpu.py $SYNC_ARGS (weight-sync bandwidth over NCCL vs a torch GPU0->GPU1 copy)
 #   devices  tests/e2e/test_serve_devices.py --gpu (tandem-serve --devices 0,1 vs one engine; needs 2 GPUs)
-#   tp       tests/e2e/test_serve_tensor_parallel.py --gpu (a 72B config refused on one GPU naming TP 2; TP 2 vs TP 1
+#   tp       tests/e2e/test_serve_tensor_parallel.py --gpu (the 405B shape refused on one GPU naming TP 8; TP 2 vs TP 1
 #            greedy on 2 GPUs)
 #   zero3  bench/bench_zero3_gpu.py $ZERO3_ARGS (SFT on 1 and all GPUs, ZeRO-3 overlap on vs TANDEM_ZERO3_OVERLAP=0)
 #   kernels  the kernel benchmarks that were carried: bench/bench_gemm_gpu.py (GEMMs of a training step vs torch),

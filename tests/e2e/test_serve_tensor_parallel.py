@@ -13,8 +13,8 @@ the host communicator between them), end to end through real server processes an
   short name; --devices groups that would share GPUs are refused.
 
 GPU (`python3 tests/e2e/test_serve_tensor_parallel.py --gpu`, scripts/gpu-check.sh B tp; the GPU machine has no
-pytest): a model whose weights do not fit one GPU (the Qwen2.5-72B shape, config only) is refused before anything is
-allocated, naming the smallest tensor-parallel size that fits; with two GPUs, a TP = 2 server on cuda:0-1 gives the
+pytest): a model whose weights do not fit one GPU (the Llama-3.1-405B shape, config only) is refused before anything
+is allocated, naming the smallest tensor-parallel size that fits; with two GPUs, a TP = 2 server on cuda:0-1 gives the
 greedy outputs of a TP = 1 server on cuda:0 up to the first near-tie (bf16), logprobs within 0.05.
 """
 import concurrent.futures
@@ -145,10 +145,12 @@ def test_help_and_overlapping_device_groups(tmp_path):
 
 # ---- GPU ------------------------------------------------------------------------------------------------
 
-QWEN25_72B = {"architectures": ["Qwen2ForCausalLM"], "model_type": "qwen2", "vocab_size": 152064,
-              "hidden_size": 8192, "intermediate_size": 29568, "num_hidden_layers": 80, "num_attention_heads": 64,
-              "num_key_value_heads": 8, "max_position_embeddings": 32768, "rms_norm_eps": 1e-6,
-              "rope_theta": 1000000.0, "tie_word_embeddings": False, "hidden_act": "silu", "torch_dtype": "bfloat16"}
+# The Llama-3.1-405B shape: 811 GB in bf16. Its shards fit an 80-141 GB GPU at 8 (TP sizes must divide 128 heads,
+# 8 KV heads and the MLP width 53248 = 2^12 x 13: 6 and 7 do not).
+LLAMA_405B = {"architectures": ["LlamaForCausalLM"], "model_type": "llama", "vocab_size": 128256,
+              "hidden_size": 16384, "intermediate_size": 53248, "num_hidden_layers": 126, "num_attention_heads": 128,
+              "num_key_value_heads": 8, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+              "rope_theta": 500000.0, "tie_word_embeddings": False, "hidden_act": "silu", "torch_dtype": "bfloat16"}
 
 
 def cuda_devices():
@@ -170,13 +172,13 @@ def gpu_greedy(url, prompt, k=16):
 
 def gpu_check():
     lines = []
-    big = pathlib.Path(tempfile.mkdtemp(prefix="tandem-72b-config-"))
-    (big / "config.json").write_text(json.dumps(QWEN25_72B))
+    big = pathlib.Path(tempfile.mkdtemp(prefix="tandem-405b-config-"))
+    (big / "config.json").write_text(json.dumps(LLAMA_405B))
     out = subprocess.run([serve_binary(), "--model", str(big), "--device", "cuda:0", "--port", "0"],
                          capture_output=True, text=True, timeout=300)
-    assert out.returncode == 1 and "the smallest --tensor-parallel-size whose shards fit is 2" in out.stderr, \
+    assert out.returncode == 1 and "the smallest --tensor-parallel-size whose shards fit is 8" in out.stderr, \
         out.stderr
-    lines.append("72B refused on one GPU naming TP 2")
+    lines.append("the 405B shape refused on one GPU naming TP 8")
     if cuda_devices() < 2:
         lines.append(f"TP 2 greedy check SKIPPED: {cuda_devices()} CUDA device(s) visible")
         return "; ".join(lines)
