@@ -10,15 +10,11 @@
 // Owned by the engine thread: every call comes from it, except runner_weights_device_staging and
 // runner_weights_device_missing (a receiving thread, under the engine's mutex; see there) and runner_ops.
 //
-// Tensor parallelism: nothing at this seam names a device. A runner over a tensor-parallel group would be one
-// ModelRunner holding one compute context per device, each with its shard of the weights and of the KV heads, and
-// the same block ids naming the same token slots in every device's pool. runner_step would run the step on every
-// device (a thread per device, or one thread queueing on each, with NCCL all-reduces inside the model) and sample
-// the gathered logits on its lead device; runner_num_blocks would be the count every pool holds, runner_copy_kv_rows
-// would copy on every device, runner_model would describe the whole model (the trainer's layout, which weight
-// updates address), runner_weights_device_staging would hand out whole units on the lead device that
-// runner_swap_device_weights scatters into the shards, runner_ops would be the lead device's context, and its
-// EngineConfig would name the group. The engine and everything above it would not change.
+// Tensor parallelism (EngineConfig.tensor_parallel_size > 1): one runner over N shards (model_runner_internal.h):
+// runner_model describes the whole model (the layout weight updates address), runner_num_blocks is the count every
+// shard's pool holds, runner_copy_kv_rows copies on every shard, runner_step runs the step on every shard and samples
+// on shard 0, runner_ops is shard 0's context, and the device staging holds whole units on shard 0 that
+// runner_swap_device_weights slices into the shards. The engine and everything above it do not know.
 #ifndef TANDEM_ROLLOUT_MODEL_RUNNER_H
 #define TANDEM_ROLLOUT_MODEL_RUNNER_H
 
