@@ -27,6 +27,7 @@ void sampling_params_default(SamplingParams *p) {
     p->top_p = 1.0f;
     p->repetition_penalty = 1.0f;
     p->skip_special_tokens = 1;
+    p->prompt_logprobs = -1;
 }
 
 void engine_config_default(EngineConfig *c) {
@@ -250,6 +251,14 @@ static int plan_step(Engine *e, char *err, size_t err_len) {
         e->run_seqs[i] = (RunnerSeq){.tokens = q->tokens, .n_computed = q->n_computed, .n_sched = q->sched,
                                      .blocks = q->table.ids, .n_blocks = q->table.n,
                                      .n_samples = !sampled ? 0 : r->state == REQ_DECODE ? 1 : r->n};
+        if (r->prompt_lp && r->state != REQ_DECODE) { // completion 0 computing the prompt: score it
+            RunnerSeq *rs = &e->run_seqs[i];
+            rs->score_until = r->prompt_len - 1;
+            rs->score_top = r->p.prompt_logprobs;
+            rs->score_lp = r->prompt_lp;
+            rs->score_rank = r->prompt_rank;
+            rs->score_alts = r->prompt_top;
+        }
         n_samples += e->run_seqs[i].n_samples;
         n_rows += sampled;
     }

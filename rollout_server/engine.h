@@ -53,6 +53,10 @@ typedef struct {
     int skip_special_tokens;    // for the text of events (default 1)
     int no_text;                // the client reads ids only: events carry no text and the engine does not
                                 // detokenise (ignored with stop strings, which need the text) (default 0)
+    int prompt_logprobs;        // -1 (default): none; else each prompt token's logprob under the tokens before it
+                                // (temperature 1, raw logits) and this many alternatives, 0..ENGINE_MAX_TOP_LOGPROBS
+                                // (engine_request_prompt_logprobs). The prompt is then computed whole (no prefix
+                                // cache hits)
 } SamplingParams;
 
 void sampling_params_default(SamplingParams *p); // n 1, max_tokens 16, temperature 1, top_p 1, top_k 0,
@@ -165,6 +169,12 @@ int engine_request_next(EngineRequest *r, EngineEvent *ev, int timeout_ms);
 // consecutive tokens coalesce into one event) and are returned as before: at once by a call that finds them
 // queued, or when a timed wait runs out. Saves the engine thread a wake-up per request and step.
 void engine_request_wake_on_finish(EngineRequest *r);
+// A request's prompt logprobs (SamplingParams.prompt_logprobs >= 0), ready once its first event has come: lp
+// (prompt_tokens) with lp[0] = NAN (the first token has no context), top (prompt_tokens, k) alternatives best first,
+// rank (prompt_tokens) each token's rank among all ids (1 = the most likely; 0 for position 0). Returns k, or -1
+// when the request asked for none. Valid until the handle is released.
+int engine_request_prompt_logprobs(const EngineRequest *r, const float **lp, const TokenLogprob **top,
+                                   const int32_t **rank);
 // Number of prompt tokens (after any truncation) and of cached prompt tokens (prefix cache hits).
 int engine_request_prompt_tokens(const EngineRequest *r);
 int engine_request_cached_tokens(const EngineRequest *r);

@@ -42,6 +42,9 @@ static int check_params(const Engine *e, const int32_t *prompt, int prompt_len, 
     if (p->top_logprobs < 0 || p->top_logprobs > ENGINE_MAX_TOP_LOGPROBS)
         return snprintf(err, err_len, "logprobs must be in [0, %d], got %d", ENGINE_MAX_TOP_LOGPROBS, p->top_logprobs),
                ENGINE_EINVAL;
+    if (p->prompt_logprobs < -1 || p->prompt_logprobs > ENGINE_MAX_TOP_LOGPROBS)
+        return snprintf(err, err_len, "prompt_logprobs must be in [0, %d] (or none), got %d", ENGINE_MAX_TOP_LOGPROBS,
+                        p->prompt_logprobs), ENGINE_EINVAL;
     if (p->n_stop < 0 || p->n_stop > ENGINE_MAX_STOP)
         return snprintf(err, err_len, "at most %d stop strings, got %d", ENGINE_MAX_STOP, p->n_stop), ENGINE_EINVAL;
     for (int i = 0; i < p->n_stop; i++)

@@ -78,6 +78,9 @@ struct EngineRequest {
     int cached_tokens;
     int wake_on_finish;        // the client waits for finish events only (engine_request_wake_on_finish)
     int restartable;           // the client takes restarts (engine_request_allow_restart)
+    float *prompt_lp;          // (prompt_len) prompt logprobs, written by the runner as the prompt is computed
+    TokenLogprob *prompt_top;  // (prompt_len, p.prompt_logprobs) their alternatives
+    int32_t *prompt_rank;      // (prompt_len) each prompt token's rank
     int released;              // the client let go of it: freed then if state is REQ_DONE, else it went on the
                                // engine's abort list and the engine thread frees it
 };

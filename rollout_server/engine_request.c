@@ -7,6 +7,7 @@
 // REQ_DONE) or the client (engine_request_release). A client that lets go first puts the request on the engine's
 // abort list; from then on only the engine thread may free it.
 #include <stdio.h>
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -34,6 +35,14 @@ int request_alloc(EngineRequest **out, Engine *e, const int32_t *prompt, int pro
     r->restart_next = calloc((size_t)r->n, 1);
     r->seqs = calloc((size_t)r->n, sizeof *r->seqs);
     if (!r->queue || !r->open || !r->restart_next || !r->seqs) goto oom;
+    if (p->prompt_logprobs >= 0) {
+        r->prompt_lp = malloc((size_t)prompt_len * sizeof *r->prompt_lp);
+        r->prompt_rank = calloc((size_t)prompt_len, sizeof *r->prompt_rank);
+        r->prompt_top = calloc((size_t)prompt_len * (p->prompt_logprobs ? p->prompt_logprobs : 1),
+                               sizeof *r->prompt_top);
+        if (!r->prompt_lp || !r->prompt_rank || !r->prompt_top) goto oom;
+        for (int i = 0; i < prompt_len; i++) r->prompt_lp[i] = NAN;
+    }
     for (int i = 0; i < r->n; i++) {
         EngSeq *q = &r->seqs[i];
         q->req = r;
@@ -44,6 +53,7 @@ int request_alloc(EngineRequest **out, Engine *e, const int32_t *prompt, int pro
         if (!(q->s.tokens = malloc((size_t)r->max_len * sizeof *q->s.tokens))) goto oom;
         memcpy(q->s.tokens, prompt, (size_t)prompt_len * sizeof *prompt);
         if (bm_table_init(&q->s.table, max_blocks) != 0) goto oom;
+        q->s.no_prefix_match = p->prompt_logprobs >= 0;
         const Tokenizer *text_tok = r->p.no_text && r->p.n_stop == 0 ? NULL : tok; // NULL: ids and finishes only
         if (detok_init(&q->detok, text_tok, &r->p, eos, n_eos, err, err_len) != 0) {
             request_free(r);
@@ -88,6 +98,9 @@ void request_free(EngineRequest *r) {
         slot_free(s);
     }
     slot_free(r->current);
+    free(r->prompt_lp);
+    free(r->prompt_top);
+    free(r->prompt_rank);
     free(r->queue);
     free(r->open);
     free(r->restart_next);
@@ -287,6 +300,15 @@ timeout:
 }
 
 int engine_request_prompt_tokens(const EngineRequest *r) { return r->prompt_len; }
+
+int engine_request_prompt_logprobs(const EngineRequest *r, const float **lp, const TokenLogprob **top,
+                                   const int32_t **rank) {
+    if (r->p.prompt_logprobs < 0) return -1;
+    *lp = r->prompt_lp;
+    *top = r->prompt_top;
+    *rank = r->prompt_rank;
+    return r->p.prompt_logprobs;
+}
 
 int engine_request_cached_tokens(const EngineRequest *r) {
     EngineRequest *m = (EngineRequest *)r; // the mutex, not the value, is what changes

@@ -421,8 +421,8 @@ static int parse_unsupported(const JsonAt *req, HttpError *err) {
                                        "guided_grammar"};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
         if (refuse_unless_neutral(req, keys[i], err) < 0) return -1;
-    // 0 asks for something here (the prompt tokens' own logprobs; a cut to 0 tokens): only null is neutral.
-    static const char *const null_only[] = {"prompt_logprobs", "truncate_prompt_tokens"};
+    // 0 asks for something here (a cut to 0 tokens): only null is neutral.
+    static const char *const null_only[] = {"truncate_prompt_tokens"};
     for (size_t i = 0; i < sizeof null_only / sizeof null_only[0]; i++)
         if (json_get_present(req, null_only[i]))
             return REFUSE(req, null_only[i], err, "is not supported by this server (send it as null or leave it "
@@ -475,9 +475,19 @@ static int parse_completions(const JsonAt *req, HttpGenOptions *o, HttpError *er
     if (json_get_int(req, "logprobs", JSON_GET_OPTIONAL, o->logprobs, 0, ENGINE_MAX_TOP_LOGPROBS, &o->logprobs))
         return refused(req, "logprobs", err);
     if (get_bool(req, "echo", &o->echo, err) < 0) return -1;
-    if (o->echo && o->logprobs >= 0)
-        return REFUSE(req, "echo", err, "together with 'logprobs' is not supported (this server does not compute "
-                      "prompt logprobs)");
+    // Prompt scoring (vLLM): prompt_logprobs=k gives each prompt token's logprob and k alternatives in the choice's
+    // "prompt_logprobs"; echo with logprobs=k puts the prompt's tokens, logprobs and alternatives in front of the
+    // completion's in "logprobs" (OpenAI's legacy completions, what lm-evaluation-harness reads).
+    if (json_get_int(req, "prompt_logprobs", JSON_GET_OPTIONAL, -1, 0, ENGINE_MAX_TOP_LOGPROBS, &o->prompt_logprobs))
+        return refused(req, "prompt_logprobs", err);
+    if (!json_get_present(req, "prompt_logprobs")) o->prompt_logprobs = -1;
+    o->sp.prompt_logprobs = o->prompt_logprobs;
+    if (o->echo && o->logprobs >= 0) {
+        if (o->stream)
+            return REFUSE(req, "echo", err, "together with 'logprobs' is not supported when streaming (send "
+                          "stream=false)");
+        if (o->logprobs > o->sp.prompt_logprobs) o->sp.prompt_logprobs = o->logprobs;
+    }
     if (json_get_present(req, "suffix")) return REFUSE(req, "suffix", err, "is not supported by this server");
     int best_of = o->sp.n;
     if (json_get_int(req, "best_of", JSON_GET_OPTIONAL, best_of, 1, HTTP_MAX_N, &best_of))
@@ -487,6 +497,9 @@ static int parse_completions(const JsonAt *req, HttpGenOptions *o, HttpError *er
 }
 
 static int parse_chat(const JsonAt *req, HttpGenOptions *o, HttpError *err) {
+    if (json_get_present(req, "prompt_logprobs"))
+        return REFUSE(req, "prompt_logprobs", err, "is supported on /v1/completions only (send the rendered prompt "
+                      "there); send null here");
     if (json_get_int(req, "max_completion_tokens", JSON_GET_OPTIONAL, o->sp.max_tokens, 1, INT32_MAX,
                      &o->sp.max_tokens))
         return refused(req, "max_completion_tokens", err);

@@ -55,7 +55,8 @@ typedef struct {
     int max_tokens_given;       // 0: the caller picks the default (chat: what is left of the context)
     int stream;
     int include_usage;          // stream_options.include_usage
-    int echo;                   // completions: prefix the prompt to the text
+    int echo;                   // completions: prefix the prompt to the text (with logprobs: its logprobs too)
+    int prompt_logprobs;        // completions: -1 = none, else "prompt_logprobs" with this many alternatives
     int return_token_ids;       // vLLM extension: prompt_token_ids and token_ids in each choice
     int return_tokens_as_token_ids; // vLLM extension: logprobs name tokens "token_id:<id>" instead of their text
     int logprobs;               // completions: -1 = none, else alternatives per token (0..20)

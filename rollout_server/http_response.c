@@ -202,7 +202,9 @@ json_t *http_completion_logprobs(const HttpChoice *c, int from, int count, const
             if (ts) memcpy(key, ts, kl);
             key[kl] = 0;
             free(ts);
-            json_object_set_new(d, key, lp_json(merged[j].logprob));
+            // Ids with one text (the pieces of a multi-byte character all read U+FFFD) share a key: merged is best
+            // first, so the key keeps the most likely one's logprob.
+            if (!json_object_get(d, key)) json_object_set_new(d, key, lp_json(merged[j].logprob));
         }
         json_array_append_new(tops, d);
     }
@@ -351,4 +353,51 @@ json_t *http_trl_response(const int32_t *const *prompt_ids, const int *prompt_le
     json_object_set_new(o, "logprobs", lps);
     json_object_set_new(o, "logprob_token_ids", lids);
     return o;
+}
+
+json_t *http_echo_logprobs(const int32_t *prompt, int n_prompt, const float *prompt_lp, const TokenLogprob *prompt_top,
+                           int stride, int k, const HttpChoice *completion, const HttpTokenText *tt) {
+    // The prompt as a choice of its own: the same entries as generated tokens, then the first one's emptied.
+    TokenLogprob *top = k > 0 ? malloc((size_t)n_prompt * k * sizeof *top) : NULL;
+    if (k > 0 && !top) return json_null();
+    for (int i = 0; i < n_prompt && top; i++)
+        memcpy(top + (size_t)i * k, prompt_top + (size_t)i * stride, (size_t)k * sizeof *top);
+    HttpChoice p = {.tokens = (int32_t *)prompt, .logprobs = (float *)prompt_lp, .top = top, .n_tokens = n_prompt,
+                    .n_top = k};
+    size_t offset = 0;
+    json_t *out = http_completion_logprobs(&p, 0, n_prompt, tt, &offset);
+    json_array_set_new(json_object_get(out, "token_logprobs"), 0, json_null());
+    json_array_set_new(json_object_get(out, "top_logprobs"), 0, json_null());
+    json_t *gen = http_completion_logprobs(completion, 0, completion->n_tokens, tt, &offset);
+    static const char *const keys[] = {"tokens", "token_logprobs", "top_logprobs", "text_offset"};
+    for (int i = 0; i < 4; i++) json_array_extend(json_object_get(out, keys[i]), json_object_get(gen, keys[i]));
+    json_decref(gen);
+    free(top);
+    return out;
+}
+
+json_t *http_prompt_logprobs_json(const int32_t *prompt, int n_prompt, const float *lp, const TokenLogprob *top,
+                                  int stride, int k, const int32_t *rank, const HttpTokenText *tt) {
+    json_t *out = json_array();
+    json_array_append_new(out, json_null());
+    for (int i = 1; i < n_prompt; i++) {
+        json_t *d = json_object();
+        for (int j = -1; j < k; j++) {   // the prompt's own token first, then the alternatives best first
+            const int32_t id = j < 0 ? prompt[i] : top[(size_t)i * stride + j].id;
+            const float v = j < 0 ? lp[i] : top[(size_t)i * stride + j].logprob;
+            char key[16];
+            snprintf(key, sizeof key, "%d", id);
+            if (j >= 0 && json_object_get(d, key)) continue;
+            size_t len = 0;
+            char *s = tt->text(tt->user, id, &len);
+            json_t *e = json_object();
+            json_object_set_new(e, "logprob", isfinite(v) ? json_real(v) : json_real(-9999.0));
+            json_object_set_new(e, "rank", json_integer(j < 0 ? rank[i] : j + 1));
+            json_object_set_new(e, "decoded_token", json_stringn(s ? s : "", s ? len : 0));
+            free(s);
+            json_object_set_new(d, key, e);
+        }
+        json_array_append_new(out, d);
+    }
+    return out;
 }

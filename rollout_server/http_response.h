@@ -58,6 +58,16 @@ json_t *http_stop_reason_json(const HttpChoice *c, const SamplingParams *sp);
 // of c. top_logprobs maps token text -> logprob for the n_top alternatives plus the sampled token. Offsets
 // count Unicode code points from *offset (updated past the last token, so stream chunks continue it).
 json_t *http_completion_logprobs(const HttpChoice *c, int from, int count, const HttpTokenText *tt, size_t *offset);
+// Completions with echo and logprobs: the prompt's tokens in front of the completion's, in one {tokens,
+// token_logprobs, top_logprobs, text_offset}; the first prompt token's logprob and alternatives are null (no
+// context). prompt_lp / prompt_top as engine_request_prompt_logprobs gives them (stride alternatives per token), of
+// which the first k are reported.
+json_t *http_echo_logprobs(const int32_t *prompt, int n_prompt, const float *prompt_lp, const TokenLogprob *prompt_top,
+                           int stride, int k, const HttpChoice *completion, const HttpTokenText *tt);
+// vLLM's "prompt_logprobs" of a choice: [null, {"<id>": {"logprob", "rank", "decoded_token"}, ...}, ...], each
+// position's own token first, then its first k alternatives of stride (rank 1 = the most likely id).
+json_t *http_prompt_logprobs_json(const int32_t *prompt, int n_prompt, const float *lp, const TokenLogprob *top,
+                                  int stride, int k, const int32_t *rank, const HttpTokenText *tt);
 // OpenAI chat logprobs {"content": [{token, logprob, bytes, top_logprobs: [{token, logprob, bytes}]}]}.
 json_t *http_chat_logprobs(const HttpChoice *c, int from, int count, const HttpTokenText *tt);
 

@@ -171,9 +171,19 @@ static json_t *completion_answer(GenCall *c) {
             json_object_set_new(o, "text", json_stringn(ch->text ? ch->text : "", ch->text_len));
         }
         size_t off = 0;
-        json_object_set_new(o, "logprobs", c->o.logprobs >= 0 ? http_completion_logprobs(ch, 0, ch->n_tokens, &c->tt,
-                                                                                         &off)
-                                                              : json_null());
+        const float *plp = NULL;
+        const TokenLogprob *ptop = NULL;
+        const int32_t *prank = NULL;
+        const int pk = c->g.reqs[p] ? engine_request_prompt_logprobs(c->g.reqs[p], &plp, &ptop, &prank) : -1;
+        json_t *lps = json_null();
+        if (c->o.logprobs >= 0 && c->o.echo && pk >= 0)
+            lps = http_echo_logprobs(c->ids[p], c->lens[p], plp, ptop, pk, c->o.logprobs, ch, &c->tt);
+        else if (c->o.logprobs >= 0)
+            lps = http_completion_logprobs(ch, 0, ch->n_tokens, &c->tt, &off);
+        json_object_set_new(o, "logprobs", lps);
+        if (c->o.prompt_logprobs >= 0 && pk >= 0)
+            json_object_set_new(o, "prompt_logprobs", http_prompt_logprobs_json(c->ids[p], c->lens[p], plp, ptop, pk,
+                                                                                 c->o.prompt_logprobs, prank, &c->tt));
         json_object_set_new(o, "finish_reason", http_finish_json(ch->finish));
         json_object_set_new(o, "stop_reason", http_stop_reason_json(ch, &c->o.sp));
         if (c->o.return_token_ids) {

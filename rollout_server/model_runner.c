@@ -169,6 +169,7 @@ static int fill_step_arrays(ModelRunner *r, const RunnerSeq *seqs, int n_seqs, i
     if (n_seqs > r->max_num_seqs || n > r->max_num_batched_tokens) return -1;
     n = 0;
     *n_rows = 0;
+    r->n_score = 0;
     for (int i = 0; i < n_seqs; i++) {
         const RunnerSeq *q = &seqs[i];
         for (int t = 0; t < q->n_sched; t++, n++) {
@@ -177,6 +178,13 @@ static int fill_step_arrays(ModelRunner *r, const RunnerSeq *seqs, int n_seqs, i
             r->tok_seq[n] = i;
             r->tok_pos[n] = pos;
             r->slots[n] = q->blocks[pos / bs] * bs + pos % bs;
+        }
+        for (int t = 0; t < q->n_sched && q->score_until > 0; t++) {
+            const int pos = q->n_computed + t;
+            if (pos >= q->score_until) break;
+            r->score_rows[r->n_score] = n - q->n_sched + t;
+            r->score_seq[r->n_score] = i;
+            r->score_pos[r->n_score++] = pos;
         }
         int32_t *tab = r->tables + (size_t)i * *mb;
         memcpy(tab, q->blocks, (size_t)q->n_blocks * sizeof *tab);
@@ -203,6 +211,28 @@ int runner_shard_step(ModelRunner *r, int k) {
                                      sizeof s->err);
     ops_set_gemm_tuning(s->ops, tuning);
     return rc != 0 ? -1 : 0;
+}
+
+int runner_shard_score(ModelRunner *r, int k) {
+    RunnerShard *s = &r->shards[k];
+    const int chunk = r->max_num_seqs, V = r->V;
+    for (int first = 0; first < r->n_score; first += chunk) {
+        const int n = r->n_score - first < chunk ? r->n_score - first : chunk;
+        if (model_decode_more_logits(&s->m, s->bufs, &s->src, r->score_rows + first, n, k == 0 ? r->logits : NULL,
+                                     s->err, sizeof s->err) != 0)
+            return -1;
+        for (int j = 0; j < n && k == 0; j++) {
+            const RunnerSeq *q = &r->step_seqs[r->score_seq[first + j]];
+            const int at = r->score_pos[first + j] + 1, target = q->tokens[at];
+            const float *row = r->logits + (size_t)j * V;
+            int rank = 1;
+            for (int v = 0; v < V; v++) rank += row[v] > row[target];
+            q->score_lp[at] = sampler_logprob(row, V, 1.0f, target, q->score_top,
+                                              q->score_alts + (size_t)at * q->score_top);
+            q->score_rank[at] = rank;
+        }
+    }
+    return 0;
 }
 
 // The model over the step's tokens on every shard. *kind says what ran. Returns 0 or -1 with a message.
@@ -245,8 +275,11 @@ int runner_step(ModelRunner *r, const RunnerSeq *seqs, int n_seqs, const RunnerS
         return -1;
     }
     const double t0 = now_seconds();
+    r->step_seqs = seqs;
     int failed = run_model(r, n, n_seqs, mb, n_rows, &out->kind, err, err_len) != 0;
     failed = failed || (n_rows > 0 && sample_step(r, samples, n_samples, n_rows, err, err_len) != 0);
+    // Scoring replaces the step's logits rows (sampling has read them) with those of the scored tokens.
+    failed = failed || (r->n_score > 0 && runner_shards_run(r, SHARD_JOB_SCORE, err, err_len) != 0);
     for (int k = 0; k < r->tp && !failed && n_rows == 0; k++) { // nothing to sample: still wait for the step, and
         OpsCtx *o = r->shards[k].ops;                             // see it succeeded
         ops_synchronize(o);
@@ -542,6 +575,9 @@ void runner_free(ModelRunner *r) {
     free(r->slots);
     free(r->tables);
     free(r->rows);
+    free(r->score_rows);
+    free(r->score_seq);
+    free(r->score_pos);
     free(r->logits);
     free(r->samp_params);
     free(r->samp_off);
@@ -728,9 +764,13 @@ int runner_create(ModelRunner **out, const EngineConfig *cfg, char *err, size_t 
     r->slots = malloc(T * sizeof *r->slots);
     r->tables = malloc(S * r->max_blocks * sizeof *r->tables);
     r->rows = malloc(S * sizeof *r->rows);
+    r->score_rows = malloc(T * sizeof *r->score_rows);
+    r->score_seq = malloc(T * sizeof *r->score_seq);
+    r->score_pos = malloc(T * sizeof *r->score_pos);
     r->logits = malloc(S * r->V * sizeof *r->logits);
     r->dstaging = calloc((size_t)whole->layout.n_units, sizeof *r->dstaging);
     if (!r->tok_ids || !r->tok_seq || !r->tok_pos || !r->slots || !r->tables || !r->rows || !r->logits ||
+        !r->score_rows || !r->score_seq || !r->score_pos ||
         !r->dstaging || samp_reserve(r, cfg->max_num_seqs, 0) != 0) {
         snprintf(err, err_len, "out of host memory setting up the engine");
         rc = ENGINE_ENOMEM;

@@ -37,6 +37,13 @@ typedef struct {
     int n_samples;          // samples drawn from the logits of token n_computed + n_sched - 1, which must then be
                             // its last token (0: a prefill chunk with more of the prompt to come). A fork's first
                             // token is several samples of one row.
+    // Scoring (prompt logprobs): each computed position p < score_until writes, for token p + 1, its logprob
+    // (log_softmax of the raw logits of p) to score_lp[p + 1], its rank among all ids to score_rank[p + 1] and the
+    // score_top best alternatives to score_alts[(p + 1) * score_top ...]. score_until 0: nothing scored.
+    int score_until, score_top;
+    float *score_lp;
+    int32_t *score_rank;
+    TokenLogprob *score_alts;
 } RunnerSeq;
 
 // One sample: the next token of one completion.

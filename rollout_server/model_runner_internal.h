@@ -25,6 +25,7 @@ typedef enum {
     SHARD_JOB_NONE = 0,
     SHARD_JOB_JOIN,    // make the shards' communicator (every shard joins at once)
     SHARD_JOB_STEP,    // the step in the runner's step arrays (RunnerStepPlan)
+    SHARD_JOB_SCORE,   // the logits rows of the step's scored tokens (score_rows), in chunks
     SHARD_JOB_EXIT,
 } ShardJob;
 
@@ -67,6 +68,10 @@ struct ModelRunner {
     int32_t *tables;                // (max_num_seqs, max_blocks) room for the block tables of the step's sequences,
                                     // filled as (n_seqs, the step's longest table)
     int32_t *rows;                  // (max_num_seqs) step token index of each logits row
+    // Scored tokens of the step (RunnerSeq.score_*): step token index, its sequence, its position.
+    int32_t *score_rows, *score_seq, *score_pos;   // (max_num_batched_tokens)
+    int n_score;
+    const RunnerSeq *step_seqs;     // the step's sequences while it runs
     float *logits;                  // (max_num_seqs, V) host copies of the logits rows that top logprobs need
     // Sampling: one entry per sample. Arrays grow on demand: samp_cap samples, hist_cap history ids.
     int samp_cap, hist_cap;
@@ -97,6 +102,9 @@ struct ModelRunner {
 // Runs shard k's part of the current plan (the model over the step arrays). Returns 0 or -1 (message in the
 // shard's err).
 int runner_shard_step(ModelRunner *r, int k);
+// Shard k's part of scoring: the logits of every scored token, chunk by chunk; shard 0 turns each row into the
+// token's logprob, rank and alternatives. Returns 0 or -1 (message in the shard's err).
+int runner_shard_score(ModelRunner *r, int k);
 // Starts the threads of shards 1..tp-1 and makes the shards' communicator. Returns 0, or an ENGINE_* code with a
 // message.
 int runner_shards_start(ModelRunner *r, char *err, size_t err_len);

@@ -34,6 +34,7 @@ static int shard_run(ModelRunner *r, int k, ShardJob job) {
     switch (job) {
     case SHARD_JOB_JOIN: return shard_join(r, k);
     case SHARD_JOB_STEP: return runner_shard_step(r, k);
+    case SHARD_JOB_SCORE: return runner_shard_score(r, k);
     default: return 0;
     }
 }

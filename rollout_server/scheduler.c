@@ -162,7 +162,7 @@ int sched_step(Scheduler *s) {
     while (!preempted && s->waiting.head && s->running.count < s->max_num_seqs && s->n_step_tokens < max_tokens) {
         Sequence *q = s->waiting.head;
         int cached = 0;
-        if (q->table.n == 0) {
+        if (q->table.n == 0 && !q->no_prefix_match) {
             cached = bm_match_prefix(s->bm, &q->table, q->tokens, q->n_tokens);
             q->n_computed = cached;
         }

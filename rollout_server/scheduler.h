@@ -34,6 +34,7 @@ typedef struct Sequence {
     int64_t admitted;         // admission counter value of the latest admission (larger = newer)
     int n_admissions;         // 0 until first admitted
     int cached_at_admission;  // prefix-cache hit tokens of the latest admission
+    int no_prefix_match;      // computes its whole prompt at every admission (prompt logprobs need every position)
     // Per step (set by sched_step):
     int sched;                // tokens scheduled in this step (0 = not scheduled)
     int just_admitted;        // admitted in this step

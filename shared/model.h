@@ -207,6 +207,14 @@ int model_decode_step(Model *m, DecodeBufs *b, UnitSource *src, KVCache *kv, int
                       const int32_t *block_tables, int n_seqs, int max_blocks, const int32_t *logit_rows,
                       int n_logit_rows, float *logits, char *err, size_t err_len);
 
+// More logits rows of the last model_decode_step on b (its final hidden states are kept until the next step on b):
+// decode_bufs_logits (n_rows, V) = the logits of the step's tokens rows[0..n_rows), n_rows <= the buffers'
+// max_logit_rows, replacing the step's own logits; with logits not NULL also host fp32 (waiting for the device).
+// For scoring prompt tokens (prompt logprobs), whose rows outnumber the sampled ones: called in chunks. Returns 0,
+// or -1 with a message (no unpadded step before it, a row outside the step, a backend failure).
+int model_decode_more_logits(Model *m, DecodeBufs *b, UnitSource *src, const int32_t *rows, int n_rows,
+                             float *logits, char *err, size_t err_len);
+
 // ---- decode-only steps: padded batch sizes, CUDA graphs ----
 //
 // A decode-only step gives each of n sequences its next token (one token per sequence). It runs at the padded

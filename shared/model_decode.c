@@ -47,6 +47,8 @@ struct DecodeBufs {
     int32_t *tokens, *token_seq, *token_pos, *slot_mapping; // (N) backend memory
     int32_t *block_tables;      // (max_seqs + 1, max_blocks) backend memory; row max_seqs stays 0 (padding rows)
     int32_t *tables_stage;      // (max_seqs * max_blocks) backend memory: narrower host tables land here first
+    const void *last_x;         // the last model_decode_step's final hidden states (N, C), for model_decode_more_logits
+    int last_n;                 //   and its N (0: none, or a padded step ran since)
     // Padded decode-only steps (model_decode_step_padded); n_ladder 0 = not set up.
     int ladder[DECODE_LADDER_MAX], n_ladder; // ascending padded batch sizes
     int use_graphs;
@@ -238,6 +240,53 @@ static int shard_step_status(Model *m, char *err, size_t err_len) {
     return -1;
 }
 
+// b->logits (n_rows, V) = lm_head(final_norm(x[rows])) for token rows of x (N, C); also host fp32 into logits when
+// not NULL. Returns 0 or -1 with a message (bad row, parameters unavailable).
+static int rows_logits(Model *m, DecodeBufs *b, UnitSource *src, const void *x, int N, const int32_t *rows,
+                       int n_rows, float *logits, char *err, size_t err_len) {
+    OpsCtx *o = m->ops;
+    const int C = m->cfg.hidden_size;
+    const size_t es = ops_dtype_size(o);
+    for (int r = 0; r < n_rows; r++) {
+        if (rows[r] < 0 || rows[r] >= N) {
+            snprintf(err, err_len, "logit row %d names token %d of a %d-token step", r, rows[r], N);
+            return -1;
+        }
+        ops_copy(o, elem_at(m, b->rows, (size_t)r * C), elem_at(m, x, (size_t)rows[r] * C), C * es);
+    }
+    const int uf = layout_final_unit(&m->layout);
+    const void *pf = src->acquire(src->user, uf), *p0 = NULL;
+    if (!pf || (m->layout.lm_head == SIZE_MAX && !(p0 = src->acquire(src->user, 0)))) {
+        snprintf(err, err_len, "decode step: model parameters unavailable: %s", ops_error(o));
+        return -1;
+    }
+    ops_rmsnorm_fwd(o, b->rows_normed, NULL, b->rows, elem_at(m, pf, m->layout.final_norm), n_rows, C,
+                    m->cfg.rms_norm_eps);
+    const void *w_lm = p0 ? elem_at(m, p0, m->layout.embed) : elem_at(m, pf, m->layout.lm_head);
+    lm_head_logits(m, b, b->rows_normed, w_lm, n_rows);
+    if (logits) ops_download_f32(o, logits, b->logits, (size_t)n_rows * m->shard.vocab_total);
+    if (p0 && src->release) src->release(src->user, 0);
+    if (src->release) src->release(src->user, uf);
+    return 0;
+}
+
+int model_decode_more_logits(Model *m, DecodeBufs *b, UnitSource *src, const int32_t *rows, int n_rows,
+                             float *logits, char *err, size_t err_len) {
+    if (b->last_n == 0 || n_rows < 1 || n_rows > b->max_logit_rows) {
+        snprintf(err, err_len, "more logits: %d rows (at most %d) after %s", n_rows, b->max_logit_rows,
+                 b->last_n ? "an unpadded step" : "no unpadded step");
+        return -1;
+    }
+    if (rows_logits(m, b, src, b->last_x, b->last_n, rows, n_rows, logits, err, err_len) != 0) return -1;
+    if (logits) ops_synchronize(m->ops);
+    if (shard_step_status(m, err, err_len) != 0) return -1;
+    if (ops_status(m->ops)) {
+        snprintf(err, err_len, "more logits failed: %s", ops_error(m->ops));
+        return -1;
+    }
+    return 0;
+}
+
 int model_decode_step(Model *m, DecodeBufs *b, UnitSource *src, KVCache *kv, int N, const int32_t *tokens,
                       const int32_t *token_seq, const int32_t *token_pos, const int32_t *slot_mapping,
                       const int32_t *block_tables, int n_seqs, int max_blocks, const int32_t *logit_rows,
@@ -245,7 +294,6 @@ int model_decode_step(Model *m, DecodeBufs *b, UnitSource *src, KVCache *kv, int
     OpsCtx *o = m->ops;
     const ModelConfig *cfg = &m->cfg;
     const int C = cfg->hidden_size, V = m->shard.vocab_total;
-    const size_t es = ops_dtype_size(o);
     if (N < 1 || N > b->max_tokens || n_seqs < 1 || n_seqs > b->max_seqs || max_blocks < 1 ||
         max_blocks > b->max_blocks || n_logit_rows < 0 || n_logit_rows > b->max_logit_rows) {
         snprintf(err, err_len, "decode step of %d tokens / %d sequences / %d logit rows / block tables of %d exceeds "
@@ -289,26 +337,10 @@ int model_decode_step(Model *m, DecodeBufs *b, UnitSource *src, KVCache *kv, int
         cur ^= 1;
     }
     if (pending) ops_add_inplace(o, b->x[cur], pending, (size_t)N * C);
-    if (n_logit_rows > 0) {
-        for (int r = 0; r < n_logit_rows; r++) {
-            if (logit_rows[r] < 0 || logit_rows[r] >= N) {
-                snprintf(err, err_len, "logit row %d names token %d of a %d-token step", r, logit_rows[r], N);
-                return -1;
-            }
-            ops_copy(o, elem_at(m, b->rows, (size_t)r * C), elem_at(m, b->x[cur], (size_t)logit_rows[r] * C), C * es);
-        }
-        const int uf = layout_final_unit(&m->layout);
-        const void *pf = src->acquire(src->user, uf), *p0 = NULL;
-        if (!pf) goto unavailable;
-        if (m->layout.lm_head == SIZE_MAX && !(p0 = src->acquire(src->user, 0))) goto unavailable;
-        ops_rmsnorm_fwd(o, b->rows_normed, NULL, b->rows, elem_at(m, pf, m->layout.final_norm), n_logit_rows, C,
-                        cfg->rms_norm_eps);
-        const void *w_lm = p0 ? elem_at(m, p0, m->layout.embed) : elem_at(m, pf, m->layout.lm_head);
-        lm_head_logits(m, b, b->rows_normed, w_lm, n_logit_rows);
-        if (logits) ops_download_f32(o, logits, b->logits, (size_t)n_logit_rows * V);
-        if (p0 && src->release) src->release(src->user, 0);
-        if (src->release) src->release(src->user, uf);
-    }
+    b->last_x = b->x[cur];
+    b->last_n = N;
+    if (n_logit_rows > 0 && rows_logits(m, b, src, b->x[cur], N, logit_rows, n_logit_rows, logits, err, err_len) != 0)
+        return -1;
     // Logits left in backend memory: the caller's next op runs after this step on the same stream, so there is
     // nothing to wait for here (an asynchronous failure shows at the caller's next synchronization).
     if (logits) ops_synchronize(o);
@@ -488,6 +520,7 @@ int model_decode_step_padded(Model *m, DecodeBufs *b, UnitSource *src, KVCache *
     OpsCtx *o = m->ops;
     const int V = m->shard.vocab_total;
     const int P = decode_bufs_padded_size(b, n);
+    b->last_n = 0;
     if (P == 0 || max_blocks < 1 || max_blocks > b->max_blocks) {
         snprintf(err, err_len, "padded decode step of %d sequences (block tables of %d, at most %d) does not fit: %s",
                  n, max_blocks, b->max_blocks,

@@ -160,8 +160,23 @@ def test_unsupported_fields_are_refused_by_name(client):
         client.generate(PROMPTS[:1], structured_outputs_regex="a+")
     with pytest.raises(Exception, match=r"400.*min_tokens"):
         client.generate(PROMPTS[:1], generation_kwargs={"min_tokens": 4})
+    # TRL's default of 100 alternatives is past the server's 20 (vLLM's default --max-logprobs is 20 too).
     with pytest.raises(Exception, match=r"400.*prompt_logprobs"):
-        client.get_sequence_logprobs([[5, 6, 7, 8]], [2], top_logprobs=2)
+        client.get_sequence_logprobs([[5, 6, 7, 8]], [2])
+
+
+def test_sequence_logprobs(client):
+    """TRL's get_sequence_logprobs (prompt_logprobs on /v1/completions): per completion position the top 2 sorted by
+    rank with their ids, and the actual token's logprob, which is the first entry where the token ranks first."""
+    seqs = [[5, 6, 7, 8, 9], [17, 250, 3, 99]]
+    out = client.get_sequence_logprobs(seqs, [2, 1], top_logprobs=2)
+    assert [len(x) for x in out["logprobs"]] == [3, 3]
+    for b, seq in enumerate(seqs):
+        for j, pos in enumerate(range([2, 1][b], len(seq))):
+            top, ids = out["logprobs"][b][j], out["logprob_token_ids"][b][j]
+            actual = out["actual_logprobs"][b][j][0]
+            assert len(top) == 2 and top[0] >= top[1] and out["actual_token_ids"][b][j] == [seq[pos]]
+            assert actual <= top[0] + 1e-6 and (actual == top[0]) == (ids[0] == seq[pos]), (b, j, top, ids, actual)
 
 
 def test_weight_transfer_refused_with_a_pointer_to_tandem_train(client, server):

@@ -187,7 +187,16 @@ static void test_completion_fields(void) {
     REFUSED(HTTP_API_COMPLETIONS, "{\"logprobs\": true}", "logprobs", "integer");
     REFUSED(HTTP_API_COMPLETIONS, "{\"stream\": 1}", "stream", "boolean");
     REFUSED(HTTP_API_COMPLETIONS, "{\"stream_options\": {\"include_usage\": true}}", "stream_options", "stream=true");
-    REFUSED(HTTP_API_COMPLETIONS, "{\"echo\": true, \"logprobs\": 1}", "echo", "prompt logprobs");
+    // Prompt scoring: echo with logprobs scores the prompt with as many alternatives; not while streaming.
+    o = gen_ok(HTTP_API_COMPLETIONS, "{\"echo\": true, \"logprobs\": 3}", NULL);
+    CHECK(o.echo && o.logprobs == 3 && o.sp.prompt_logprobs == 3 && o.prompt_logprobs == -1);
+    o = gen_ok(HTTP_API_COMPLETIONS, "{\"prompt_logprobs\": 5, \"echo\": true, \"logprobs\": 2}", NULL);
+    CHECK(o.sp.prompt_logprobs == 5 && o.prompt_logprobs == 5 && o.logprobs == 2);
+    o = gen_ok(HTTP_API_COMPLETIONS, "{\"prompt_logprobs\": 0}", NULL);
+    CHECK(o.sp.prompt_logprobs == 0 && o.prompt_logprobs == 0 && !o.echo);
+    REFUSED(HTTP_API_COMPLETIONS, "{\"echo\": true, \"logprobs\": 1, \"stream\": true}", "echo", "streaming");
+    REFUSED(HTTP_API_COMPLETIONS, "{\"prompt_logprobs\": 21}", "prompt_logprobs", "");
+    REFUSED(HTTP_API_CHAT, "{\"prompt_logprobs\": 1}", "prompt_logprobs", "/v1/completions only");
     REFUSED(HTTP_API_COMPLETIONS, "{\"frequency_penalty\": 0.5}", "frequency_penalty", "not supported");
     REFUSED(HTTP_API_COMPLETIONS, "{\"logit_bias\": {\"5\": 1}}", "logit_bias", "not supported");
     REFUSED(HTTP_API_COMPLETIONS, "{\"suffix\": \"x\"}", "suffix", "not supported");
@@ -204,7 +213,7 @@ static void test_completion_fields(void) {
     REFUSED(HTTP_API_COMPLETIONS, "{\"structured_outputs\": {\"regex\": \"a+\"}}", "structured_outputs",
             "not supported");
     REFUSED(HTTP_API_COMPLETIONS, "{\"guided_choice\": [\"a\", \"b\"]}", "guided_choice", "not supported");
-    REFUSED(HTTP_API_COMPLETIONS, "{\"prompt_logprobs\": 0}", "prompt_logprobs", "not supported");
+    REFUSED(HTTP_API_COMPLETIONS, "{\"truncate_prompt_tokens\": 0}", "truncate_prompt_tokens", "not supported");
     REFUSED(HTTP_API_COMPLETIONS, "{\"truncate_prompt_tokens\": 8}", "truncate_prompt_tokens", "not supported");
     REFUSED(HTTP_API_COMPLETIONS, "{\"response_format\": {\"type\": \"json_object\"}}", "response_format", NULL);
     REFUSED(HTTP_API_COMPLETIONS, "{\"return_tokens_as_token_ids\": 1}", "return_tokens_as_token_ids", "boolean");
