@@ -38,10 +38,14 @@ def kubectl():
 
 
 def render(rel):
-    p = subprocess.run([kubectl(), "kustomize", str(K8S / rel)], capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, f"kubectl kustomize k8s/{rel} failed:\n{p.stderr}"
+    return render_dir(K8S / rel, f"k8s/{rel}")
+
+
+def render_dir(path, name):
+    p = subprocess.run([kubectl(), "kustomize", str(path)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, f"kubectl kustomize {name} failed:\n{p.stderr}"
     docs = [d for d in yaml.safe_load_all(p.stdout) if d is not None]
-    assert docs, f"k8s/{rel} renders nothing"
+    assert docs, f"{name} renders nothing"
     return docs
 
 
