@@ -77,7 +77,9 @@ def two_node_jobset(tmp_path):
 def cluster_dns(namespaces):
     """Writes /etc/netns/<ns>/hosts for both namespaces (made by this test run, so the folders are its own); returns
     a function that sets the names in them. Removed afterwards."""
-    made = [pathlib.Path("/etc/netns") / ns for ns in namespaces]
+    parent = pathlib.Path("/etc/netns")
+    parent_was_there = parent.exists()
+    made = [parent / ns for ns in namespaces]
     try:
         for folder in made:
             folder.mkdir(parents=True, exist_ok=False)
@@ -94,6 +96,11 @@ def cluster_dns(namespaces):
     finally:
         for folder in made:
             shutil.rmtree(folder, ignore_errors=True)
+        if not parent_was_there:
+            try:
+                parent.rmdir()
+            except OSError:
+                pass   # something else put a folder there meanwhile
 
 
 def on_stand_in(arg, volumes):
