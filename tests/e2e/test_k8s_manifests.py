@@ -191,8 +191,8 @@ def test_renders_and_validates_strictly(rel):
 
 
 def test_crd_validation_refuses_what_the_api_server_would_drop():
-    """The strict CRD check is not a check that passes anything: a misspelt field, a wrong type and an unknown
-    failure-policy action are each refused."""
+    """The strict CRD check is not a check that passes anything: a misspelt field (in the JobSet, in its pod
+    template, in the LocalQueue), a wrong type and an unknown failure-policy action are each refused."""
     js = the_jobset(render("base"), "base")
     for mutate, needle in (
             (lambda s: s["spec"].__setitem__("sucessPolicy", {"operator": "All"}), "sucessPolicy"),
@@ -204,6 +204,11 @@ def test_crd_validation_refuses_what_the_api_server_would_drop():
         mutate(bad)
         with pytest.raises(AssertionError, match=needle):
             k8s_crds.validate(bad)
+    queue = json.loads(json.dumps(one(render("components/kueue"), "LocalQueue", "tandem")))
+    k8s_crds.validate(queue)
+    queue["spec"]["clusterQueu"] = queue["spec"].pop("clusterQueue")
+    with pytest.raises(AssertionError, match="clusterQueu"):
+        k8s_crds.validate(queue)
 
 
 # ---- the manifests and the programs ----------------------------------------------------------------------------
