@@ -499,6 +499,11 @@ static int latest_checkpoint(const char *output_dir, char *out, size_t out_len) 
     return 0;
 }
 
+int checkpoint_find_latest(const char *output_dir, char *path, size_t path_len, char *err, size_t err_len) {
+    if (recover_leftovers(output_dir, err, err_len) != 0) return -1;
+    return latest_checkpoint(output_dir, path, path_len) == 0;
+}
+
 int checkpoint_load(Zero3 *z, Model *m, Comm *c, const CheckpointOptions *o, const char *dir, TrainProgress *p,
                     char *loaded_dir, char *err, size_t err_len) {
     const int rank = comm_rank(c), world = comm_world_size(c);

@@ -74,6 +74,11 @@ typedef struct {
 // All ranks call together. *saved_dir (optional, PATH_MAX) receives the final folder.
 int checkpoint_save(Zero3 *z, Model *m, Comm *c, const CheckpointOptions *o, const TrainProgress *p, char *saved_dir,
                     char *err, size_t err_len);
+// `resume: auto` (a restarted Kubernetes run, docs/kubernetes.md): settles what a stopped run left in output_dir
+// as a resume does, then looks for its latest complete checkpoint-N. 1 with that folder in path, 0 when there is
+// none (no folder yet, or nothing complete in it), -1 when output_dir cannot be read (err says why). Rank 0 only.
+int checkpoint_find_latest(const char *output_dir, char *path, size_t path_len, char *err, size_t err_len);
+
 // All ranks call together: restores master weights, Adam moments and progress from dir (a checkpoint-STEP
 // folder, or "latest" = the highest complete checkpoint-STEP under o->output_dir, after rank 0 has settled what a
 // stopped run left there, as checkpoint_save does). Refuses another model layout, naming both values. Another

@@ -45,9 +45,9 @@ static int check_model_and_data(const TrainConfig *c, char *err, size_t err_len)
     if (!c->model || !c->model[0]) FAIL("model: required (--model DIR, a Hugging Face model folder)");
     if (!c->train_file || !c->train_file[0]) FAIL("train_file: required (--train-file FILE.jsonl or a folder)");
     if (!c->output_dir || !c->output_dir[0]) FAIL("output_dir: must not be empty");
-    if (c->overwrite_output_dir && c->resume && strcmp(c->resume, "latest") == 0)
-        FAIL("overwrite_output_dir: it deletes the checkpoints of output_dir that resume latest continues from; "
-             "give one of them");
+    if (c->overwrite_output_dir && c->resume && (strcmp(c->resume, "latest") == 0 || strcmp(c->resume, "auto") == 0))
+        FAIL("overwrite_output_dir: it deletes the checkpoints of output_dir that resume %s continues from; "
+             "give one of them", c->resume);
     NEED(c->max_prompt_length >= 0, "max_prompt_length", "must be >= 0 (0 = no limit), got %d", c->max_prompt_length);
     NEED(c->data_seed >= -1, "data_seed", "must be >= 0, or -1 for seed; got %ld", c->data_seed);
     if (c->chat_template) {
@@ -109,7 +109,7 @@ static int check_logging_and_dist(const TrainConfig *c, char *err, size_t err_le
     NEED(c->logging_steps >= 1, "logging_steps", "must be >= 1, got %d", c->logging_steps);
     NEED(c->save_steps >= 0, "save_steps", "must be >= 0 (0 = only at the end), got %d", c->save_steps);
     NEED(c->save_total_limit >= 0, "save_total_limit", "must be >= 0 (0 = keep all), got %d", c->save_total_limit);
-    if (c->resume && !c->resume[0]) FAIL("resume: empty path (give a checkpoint folder or \"latest\")");
+    if (c->resume && !c->resume[0]) FAIL("resume: empty path (give a checkpoint folder, \"latest\" or \"auto\")");
     NEED(c->zero_stage >= 1 && c->zero_stage <= 3, "zero_stage", "must be 1, 2 or 3, got %d", c->zero_stage);
     // The rollout servers take weight slices cut over every rank (trainer/weight_sync.c); HSDP's are cut per node.
     NEED(c->zero_hpz_partition_size >= 1, "zero_hpz_partition_size", "must be >= 1 (1 = off), got %d",

@@ -179,7 +179,9 @@ const OptionSpec train_options[] = {
         "old logprobs, the importance-sampling ratio)"),
     OPT("save_steps", OPT_INT, save_steps, G_LOG, "checkpoint every k steps; 0 = only at the end"),
     OPT("save_total_limit", OPT_INT, save_total_limit, G_LOG, "keep the last k checkpoints; 0 = all"),
-    OPT("resume", OPT_STR, resume, G_LOG, "checkpoint folder to resume from, or \"latest\" in output_dir"),
+    OPT("resume", OPT_STR, resume, G_LOG,
+        "checkpoint folder to resume from, \"latest\" in output_dir, or \"auto\": latest when output_dir has a "
+        "complete checkpoint, else start at step 0 (for runs a scheduler restarts)"),
     ALIAS("resume_from_checkpoint", "resume"),
 
     OPT("zero_stage", OPT_INT, zero_stage, G_DIST, "ZeRO stage: 1 (optimizer), 2 (+ gradients), 3 (+ parameters)"),

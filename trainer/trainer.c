@@ -83,13 +83,15 @@ static int open_model(Trainer *t, char *err, size_t err_len) {
 
 // Rank 0 checks --output-dir for an earlier run (trainer/output_dir.h) before anything is loaded, and every rank
 // learns the outcome, so that a refusal stops all of them at once.
-static int prepare_output_dir(Trainer *t, char *err, size_t err_len) {
+// replace_earlier: resume auto found nothing to continue, so what an earlier attempt left goes (as with
+// --overwrite-output-dir).
+static int prepare_output_dir(Trainer *t, int replace_earlier, char *err, size_t err_len) {
     const TrainConfig *cfg = t->cfg;
     int32_t ok = 1;
     char removed[512] = "";
     if (t->rank == 0)
-        ok = output_dir_prepare(cfg->output_dir, cfg->resume, cfg->overwrite_output_dir, removed, sizeof removed, err,
-                                err_len) == 0;
+        ok = output_dir_prepare(cfg->output_dir, cfg->resume, cfg->overwrite_output_dir || replace_earlier, removed,
+                                sizeof removed, err, err_len) == 0;
     if (comm_broadcast(t->comm, &ok, 1, COMM_I32, 0) != 0) {
         snprintf(err, err_len, "%s", comm_error(t->comm));
         return -1;
@@ -98,7 +100,39 @@ static int prepare_output_dir(Trainer *t, char *err, size_t err_len) {
         if (t->rank != 0) snprintf(err, err_len, "rank 0 refused --output-dir %s (its message says why)", cfg->output_dir);
         return -1;
     }
-    if (removed[0]) log0(t, "--overwrite-output-dir: deleted the earlier run's %s from %s", removed, cfg->output_dir);
+    if (removed[0])
+        log0(t, "%s: deleted the earlier run's %s from %s", replace_earlier ? "resume auto, nothing to resume from" :
+             "--overwrite-output-dir", removed, cfg->output_dir);
+    return 0;
+}
+
+// resume "auto" (a run that its scheduler restarts, docs/kubernetes.md): "latest" when output_dir holds a complete
+// checkpoint, else a start at step 0 that replaces what an attempt stopped before its first checkpoint left there
+// (*replace_earlier = 1). Rank 0 looks; every rank learns its answer.
+static int resolve_resume_auto(Trainer *t, TrainConfig *cfg, int *replace_earlier, char *err, size_t err_len) {
+    *replace_earlier = 0;
+    if (!cfg->resume || strcmp(cfg->resume, "auto") != 0) return 0;
+    int32_t found = 0;
+    char path[PATH_MAX] = "";
+    if (t->rank == 0) found = checkpoint_find_latest(cfg->output_dir, path, sizeof path, err, err_len);
+    if (comm_broadcast(t->comm, &found, 1, COMM_I32, 0) != 0) {
+        snprintf(err, err_len, "%s", comm_error(t->comm));
+        return -1;
+    }
+    if (found < 0) {
+        if (t->rank != 0) snprintf(err, err_len, "rank 0 could not look for checkpoints in %s (its message says why)",
+                                   cfg->output_dir);
+        return -1;
+    }
+    free(cfg->resume);
+    cfg->resume = NULL;
+    if (!found) {
+        log0(t, "resume auto: no complete checkpoint in %s; starting at step 0", cfg->output_dir);
+        *replace_earlier = 1;
+        return 0;
+    }
+    if (!(cfg->resume = strdup("latest"))) return err_fail(err, err_len, "out of memory");
+    log0(t, "resume auto: continuing from %s, the latest complete checkpoint", path);
     return 0;
 }
 
@@ -196,7 +230,9 @@ int trainer_open(Trainer *t, TrainConfig *cfg, char *err, size_t err_len) {
     log0(t, "%d rank(s) joined (rendezvous at %s:%d, port from %s), %s backend, ZeRO collectives over %s, weight sync over %s",
          t->world, ci.master_addr, ci.master_port, ci.port_source, backend == OPS_BACKEND_CUDA ? "cuda" : "cpu",
          t->dcomm != t->comm ? "NCCL" : t->world > 1 ? "ZeroMQ" : "nothing (one rank)", t->sync.use_nccl ? "NCCL" : "ZeroMQ");
-    if (prepare_output_dir(t, err, err_len) != 0) return -1;
+    int replace_earlier;
+    if (resolve_resume_auto(t, cfg, &replace_earlier, err, err_len) != 0) return -1;
+    if (prepare_output_dir(t, replace_earlier, err, err_len) != 0) return -1;
     if (open_model(t, err, err_len) != 0) return -1;
     if (tokenizer_load(&t->tok, cfg->model, err, err_len) != 0) return -1;
     char cerr[512];

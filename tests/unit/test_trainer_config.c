@@ -303,6 +303,8 @@ static void test_finalize_refusals(void) {
     REFUSE("save_steps: must be >= 0", NULL, "--save-steps", "-1");
     REFUSE("save_total_limit: must be >= 0", NULL, "--save-total-limit", "-2");
     REFUSE("resume: empty path", NULL, "--resume", "");
+    REFUSE("overwrite_output_dir: it deletes the checkpoints of output_dir that resume auto continues from", NULL,
+           "--resume", "auto", "--overwrite-output-dir");
     REFUSE("zero_stage: must be 1, 2 or 3", "got 4", "--zero-stage", "4");
     REFUSE("init_timeout: must be > 0 seconds", NULL, "--init-timeout", "0");
     REFUSE("comm_timeout: must be > 0 seconds", NULL, "--comm-timeout", "-1");
