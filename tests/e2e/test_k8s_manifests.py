@@ -50,9 +50,10 @@ KUBE_VERSIONS = ("1.29.0", None)
 KUSTOMIZATIONS = sorted(p.parent.relative_to(K8S).as_posix() for p in K8S.rglob("kustomization.yaml"))
 # What each run says it deploys: (trainer pods, ranks per pod, rollout servers).
 SIZES = {"base": (1, 1, 1), "overlays/single-node": (1, 7, 1), "overlays/mixed-pool": (4, 7, 4),
-         "overlays/mixed-pool-rdma": (4, 7, 4)}
+         "overlays/mixed-pool-rdma": (4, 7, 4), "overlays/tp-server": (3, 8, 2)}
 RDMA = {"overlays/mixed-pool-rdma"}
-QUEUED = {"overlays/single-node", "overlays/mixed-pool", "overlays/mixed-pool-rdma"}
+PACKED_SERVERS = {"overlays/tp-server"}   # tensor-parallel servers sharing one node
+QUEUED = {"overlays/single-node", "overlays/mixed-pool", "overlays/mixed-pool-rdma", "overlays/tp-server"}
 RDMA_RESOURCE = "rdma/rdma_shared_device_a"
 # GPU Feature Discovery's nvidia.com/gpu.product values (the GPU's name as NVML gives it, spaces as '-'; "NVIDIA
 # H200" read on an H200 with nvidia-smi) and the products' compute capabilities (NVIDIA's CUDA GPU table).
@@ -312,7 +313,8 @@ def test_rollout_servers(rel):
         argv = container_argv(pod, c)
         where = f"k8s/{rel}: {pod['where']}"
         if flag_value(argv, "--device").startswith("cuda"):
-            assert gpu(c) == 1, f"{where}: tandem-serve uses one GPU; nvidia.com/gpu is {gpu(c)}"
+            tp = int(flag_value(argv, "--tensor-parallel-size") or 1)
+            assert gpu(c) == tp, f"{where}: tandem-serve uses {tp} GPU(s) (tensor parallel); nvidia.com/gpu is {gpu(c)}"
         assert int(flag_value(argv, "--port")) == port_of(c, "http")
         assert flag_value(argv, "--control") == f"tcp://0.0.0.0:{port_of(c, 'control')}", f"{where}: --control"
         assert flag_value(argv, "--host") == "0.0.0.0", f"{where}: the server must listen beyond the pod's loopback"
@@ -331,6 +333,15 @@ def test_sizes_spread_and_volumes(rel):
     assert (len(trainers), gpu(trainer_container(trainers[0])), len(servers)) == (nodes, ranks, n_servers)
     for group in (trainers, servers):
         if len(group) < 2:
+            continue
+        if rel in PACKED_SERVERS and group is servers:
+            # Tensor-parallel servers of a few GPUs each share one node: required together (the first one placed
+            # satisfies its own term), and all of them fit its 8 GPUs, so the trainer pods keep whole nodes.
+            terms = group[0]["spec"].get("affinity", {}).get("podAffinity", {}).get(
+                "requiredDuringSchedulingIgnoredDuringExecution", [])
+            assert any(t["topologyKey"] == "kubernetes.io/hostname" and selects_all(t["labelSelector"], group)
+                       for t in terms), f"k8s/{rel}: {group[0]['where']}: servers are not required onto one node"
+            assert sum(gpu(server_container(p)) for p in group) <= 8, f"k8s/{rel}: the servers overfill a node"
             continue
         terms = group[0]["spec"].get("affinity", {}).get("podAntiAffinity", {}).get(
             "requiredDuringSchedulingIgnoredDuringExecution", [])
