@@ -4,7 +4,8 @@
 // cut into chunks that any number of blocks can share, so that a small batch is not read by a few SMs.
 //
 // Same semantics and arithmetic as the CPU twin (kernels/cpu/cpu_sample.c): with z the penalised logit times
-// 1/T (float, rounded as the CPU rounds it) and zm = max z, each filter is a cut on z:
+// 1/T (float, rounded as the CPU rounds it; -inf for an id the sample's mask forbids) and zm = max z, each filter
+// is a cut on z:
 //   min-p   z >= t0: the smallest float whose weight exp(z - zm) (double) is > 0 and >= min_p, found by
 //           bisection over the float's bits with the same exp the CPU uses (so the sets agree exactly);
 //   top-k   z >= the k-th largest surviving z: radix select over the order-preserving float keys, three levels
@@ -65,14 +66,21 @@ struct SampleShared {
 // The logits row of one sample as the filters see it.
 struct RowView {
     const bf16 *x;
-    const uint32_t *pen_bits; // bitmap of the distinct history ids (only read when penalised)
+    const uint32_t *pen_bits;  // bitmap of the distinct history ids (only read when penalised)
+    const uint32_t *mask_bits; // bitmap of the mask's ids (only read when masked)
     float pen, inv_t;
     bool penalised;
+    bool masked;
+    uint32_t mask_allow;       // 1: mask_bits are the ids that may be drawn; 0: the ids that may not
 
     __device__ __forceinline__ float raw(int i) const { return bf2f(x[i]); }
-    // The CPU twin's float rounding, step by step (no fused multiply-add): penalty, then * (1/T). -0 becomes +0:
-    // the two are one value to every comparison (and to the CPU's sort) but two keys to the radix search.
+    // z is something else than raw / T (the one-pass draw and the greedy chunks read raw directly otherwise).
+    __device__ __forceinline__ bool adjusted() const { return penalised || masked; }
+    // The CPU twin's float rounding, step by step (no fused multiply-add): mask (a forbidden id is -inf), penalty,
+    // then * (1/T). -0 becomes +0: the two are one value to every comparison (and to the CPU's sort) but two keys
+    // to the radix search.
     __device__ __forceinline__ float z_of(int i, float v) const {
+        if (masked && ((mask_bits[i >> 5] >> (i & 31) & 1u) ^ mask_allow)) return -INFINITY;
         if (penalised && (pen_bits[i >> 5] >> (i & 31) & 1u)) v = v > 0.0f ? __fdiv_rn(v, pen) : __fmul_rn(v, pen);
         v = __fmul_rn(v, inv_t);
         return v == 0.0f ? 0.0f : v;
@@ -479,19 +487,19 @@ __device__ __forceinline__ float chunk_weight(float z, float m) { return ex2_ftz
 static constexpr int ONE_PASS_VECS = 2;                       // 16-byte vectors per lane in a one-pass chunk
 static constexpr int ONE_PASS_CHUNK = 32 * 8 * ONE_PASS_VECS;  // its ids
 
-// The draw of a sample without filters or penalty (no top-k, top-p, min-p, repetition penalty: the GRPO default) in
-// one read of the row instead of pass 1 and id_search's two. Each warp takes chunks of ONE_PASS_CHUNK ids (lane l:
-// vectors l and l + 32 of the chunk), the next one's loads in flight while it works on the current, and keeps the
-// chunk's max m_c and its sum of exp(z - m_c), the exponentials in float (chunk_weight: the hardware exp2, which
-// leaves the kernel bound by the row's bytes instead of double arithmetic), each lane's sixteen summed in float and
-// the rest in double. A fixed-order prefix over the chunk sums moved to the row's max zm (times f_c = exp(m_c - zm),
-// double) locates the chunk where the running sum crosses u * total, and warp 0 rescans that chunk with the same
-// terms f_c * exp(z - m_c). Each weight is within ~1e-6 (relative; ~2e-7 for z - m_c near 0, where the mass is) of
-// the CPU twin's exp(z - zm) in double, so the CDF is too: the token differs from the CPU's only where u lies that
-// close to a boundary. Here z = raw / T, so the logprob's log-sum-exp is zm + log(total), as close. The row is read
-// in vectors (the caller checks V % 8 == 0, a 16-byte aligned row and at most SAMPLE_MAX_CHUNKS chunks). Returns
-// false, with nothing decided, when the row holds a NaN or zm is not finite (every logit -inf, or +inf in the row):
-// the general path then answers.
+// The draw of a sample without filters, penalty or mask (no top-k, top-p, min-p, repetition penalty, mask: the GRPO
+// default) in one read of the row instead of pass 1 and id_search's two. Each warp takes chunks of ONE_PASS_CHUNK ids
+// (lane l: vectors l and l + 32 of the chunk), the next one's loads in flight while it works on the current, and keeps
+// the chunk's max m_c and its sum of exp(z - m_c), the exponentials in float (chunk_weight: the hardware exp2, which
+// leaves the kernel bound by the row's bytes instead of double arithmetic), each lane's sixteen summed in float and the
+// rest in double. A fixed-order prefix over the chunk sums moved to the row's max zm (times f_c = exp(m_c - zm),
+// double) locates the chunk where the running sum crosses u * total, and warp 0 rescans that chunk with the same terms
+// f_c * exp(z - m_c). Each weight is within ~1e-6 (relative; ~2e-7 for z - m_c near 0, where the mass is) of the CPU
+// twin's exp(z - zm) in double, so the CDF is too: the token differs from the CPU's only where u lies that close to a
+// boundary. Here z = raw / T, so the logprob's log-sum-exp is zm + log(total), as close. The row is read in vectors
+// (the caller checks V % 8 == 0, a 16-byte aligned row and at most SAMPLE_MAX_CHUNKS chunks). Returns false, with
+// nothing decided, when the row holds a NaN or zm is not finite (every logit -inf, or +inf in the row): the general
+// path then answers.
 __device__ bool draw_one_pass(SampleShared &sh, const RowView &r, int V, double u, int *tok, double *lse) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     const int nchunks = (V + ONE_PASS_CHUNK - 1) / ONE_PASS_CHUNK, nv = V >> 3;
@@ -593,6 +601,37 @@ __device__ __forceinline__ bool build_pen_bits(uint32_t *pen_bits, const OpsSamp
     return penalised;
 }
 
+// The bitmap of sample p's mask ids in mask_bits when it has a mask (the whole block takes part). Returns whether
+// it has.
+__device__ __forceinline__ bool build_mask_bits(uint32_t *mask_bits, const OpsSampleParams &p, int V) {
+    if (p.mask_mode != OPS_SAMPLE_MASK_BAN && p.mask_mode != OPS_SAMPLE_MASK_ALLOW) return false;
+    for (int w = threadIdx.x; w < (V + 31) / 32; w += blockDim.x) mask_bits[w] = 0u;
+    __syncthreads();
+    const int n = p.mask ? p.n_mask : 0;
+    for (int k = threadIdx.x; k < n; k += blockDim.x) {
+        const int32_t t = p.mask[k];
+        if (t >= 0 && t < V) atomicOr(&mask_bits[t >> 5], 1u << (t & 31));
+    }
+    __syncthreads();
+    return true;
+}
+
+// The sample's row, penalty and mask as the filters read them; pen_bits and mask_bits (V + 31) / 32 words each.
+__device__ __forceinline__ RowView make_row_view(const bf16 *logits, const OpsSampleParams &p, float inv_t,
+                                                 uint32_t *pen_bits, uint32_t *mask_bits, const int32_t *history,
+                                                 const int32_t *history_offsets, int s, int V, int n_history) {
+    RowView r;
+    r.x = logits + (size_t)p.logits_row * V;
+    r.pen_bits = pen_bits;
+    r.mask_bits = mask_bits;
+    r.pen = p.repetition_penalty;
+    r.inv_t = inv_t;
+    r.penalised = build_pen_bits(pen_bits, p, history, history_offsets, s, V, n_history);
+    r.masked = build_mask_bits(mask_bits, p, V);
+    r.mask_allow = p.mask_mode == OPS_SAMPLE_MASK_ALLOW ? 1u : 0u;
+    return r;
+}
+
 // Whether sample p is greedy with a valid row: greedy_chunks_kernel and greedy_combine_kernel take it, the
 // one-block kernel leaves it.
 __device__ __forceinline__ bool greedy_sample(const OpsSampleParams &p, int n_rows) {
@@ -632,7 +671,7 @@ struct GreedyChunk {
 // in increasing order, then a fixed butterfly, lane 0 writes), never on G: the host spreads a small batch over many
 // blocks and a large one over few, and a sample's token and logprob do not depend on the batch. chunks (n,
 // n_chunks).
-// Dynamic shared memory: the history bitmap, (V + 31) / 32 words.
+// Dynamic shared memory: the history bitmap and the mask bitmap, (V + 31) / 32 words each.
 __global__ void __launch_bounds__(GREEDY_WARPS * 32)
 greedy_chunks_kernel(GreedyChunk *chunks, const bf16 *logits, const OpsSampleParams *params, const int32_t *history,
                      const int32_t *history_offsets, int n_rows, int V, int n_history, int vec, int n_chunks) {
@@ -640,12 +679,8 @@ greedy_chunks_kernel(GreedyChunk *chunks, const bf16 *logits, const OpsSamplePar
     const int s = blockIdx.x, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
     const OpsSampleParams p = params[s];
     if (!greedy_sample(p, n_rows)) return;
-    RowView r;
-    r.x = logits + (size_t)p.logits_row * V;
-    r.pen_bits = pen_bits;
-    r.pen = p.repetition_penalty;
-    r.inv_t = 1.0f;
-    r.penalised = build_pen_bits(pen_bits, p, history, history_offsets, s, V, n_history);
+    const RowView r = make_row_view(logits, p, 1.0f, pen_bits, pen_bits + (V + 31) / 32, history, history_offsets,
+                                    s, V, n_history);
     GreedyChunk *out = chunks + (size_t)s * n_chunks;
     const int e = vec ? 8 : 1, stride = gridDim.y * nwarps;
     const uint4 *xv = reinterpret_cast<const uint4 *>(r.x);
@@ -676,8 +711,9 @@ greedy_chunks_kernel(GreedyChunk *chunks, const bf16 *logits, const OpsSamplePar
             const bf16 *h = reinterpret_cast<const bf16 *>(&cur[j]);
             for (int k = 0; k < n; k++) {
                 const float raw = bf2f(h[k]);
-                // Unpenalised, z is the raw logit (T = 1; -0 and +0 compare equal, so no normalising here).
-                const float z = r.penalised ? r.z_of(i0 + k, raw) : raw;
+                // Unpenalised and unmasked, z is the raw logit (T = 1; -0 and +0 compare equal, so no normalising
+                // here).
+                const float z = r.adjusted() ? r.z_of(i0 + k, raw) : raw;
                 if (z > zv || (z == zv && zi == INT_MAX)) {
                     zv = z;
                     zi = i0 + k;
@@ -753,8 +789,8 @@ __global__ void greedy_combine_kernel(int32_t *tokens, float *logprobs, const Gr
 // ---- the kernel ----------------------------------------------------------------------------------------
 
 // One block per sample s that is not greedy (a bad logits_row included). logits (n_rows, V) bf16; params (n);
-// history_offsets (n + 1) or NULL; tokens, logprobs (n). Dynamic shared memory: the history bitmap, (V + 31) / 32
-// words.
+// history_offsets (n + 1) or NULL; tokens, logprobs (n). Dynamic shared memory: the history bitmap and the mask
+// bitmap, (V + 31) / 32 words each.
 __global__ void __launch_bounds__(512)
 sample_rows_kernel(int32_t *tokens, float *logprobs, const bf16 *logits, const OpsSampleParams *params,
                    const int32_t *history, const int32_t *history_offsets, int n_rows, int V, int n_history,
@@ -771,16 +807,12 @@ sample_rows_kernel(int32_t *tokens, float *logprobs, const bf16 *logits, const O
         return;
     }
     if (greedy_sample(p, n_rows)) return;  // greedy_chunks_kernel and greedy_combine_kernel's
-    RowView r;
-    r.x = logits + (size_t)p.logits_row * V;
-    r.pen_bits = pen_bits;
-    r.pen = p.repetition_penalty;
-    r.inv_t = __fdiv_rn(1.0f, p.temperature);
-    r.penalised = build_pen_bits(pen_bits, p, history, history_offsets, s, V, n_history);
-    // No filter and no penalty (the general path's tests, NaN parameters included): one read of the row.
+    const RowView r = make_row_view(logits, p, __fdiv_rn(1.0f, p.temperature), pen_bits, pen_bits + (V + 31) / 32,
+                                    history, history_offsets, s, V, n_history);
+    // No filter, penalty or mask (the general path's tests, NaN parameters included): one read of the row.
     const bool unfiltered = !(p.top_k > 0 && p.top_k < V) && !(p.top_p < 1.0f) && !(p.min_p > 0.0f);
     const bool row_vectors = (V & 7) == 0 && (reinterpret_cast<uintptr_t>(r.x) & 15u) == 0;
-    if (unfiltered && !r.penalised && row_vectors &&
+    if (unfiltered && !r.adjusted() && row_vectors &&
         (V + ONE_PASS_CHUNK - 1) / ONE_PASS_CHUNK <= SAMPLE_MAX_CHUNKS) {
         int tok;
         double lse;
@@ -910,7 +942,7 @@ void cuda_sample_rows(OpsCtx *ctx, int32_t *tokens, float *logprobs, const void 
     int bits = 0;
     while ((1ll << bits) < V) bits++;
     const double qscale = ldexp(1.0, 62 - bits);
-    const size_t dyn = ((size_t)V + 31) / 32 * sizeof(uint32_t);
+    const size_t dyn = 2 * (((size_t)V + 31) / 32) * sizeof(uint32_t); // history and mask bitmaps
     const size_t static_bytes = sizeof(SampleShared);
     CUDA_ARG_CHECK(ctx, dyn + static_bytes <= st->max_smem_optin,
                    "sample_rows: V=%d needs %zu bytes of shared memory (device has %zu)", V, dyn + static_bytes,
