@@ -32,6 +32,7 @@ static void gencall_free(GenCall *c) {
     http_gen_release(&c->g);
     http_free_ids(c->ids, c->lens, c->pl.n);
     http_prompts_free(&c->pl);
+    http_gen_options_free(&c->o);
     json_decref(c->req);
     free(c->text_offset);
     free(c);
@@ -91,6 +92,7 @@ static GenCall *gencall_start(HttpReq *r, HttpApi api, HttpError *e) {
     if (http_body_parse(r->body.data, r->body.len, &c->req, e) < 0) goto fail;
     if (check_model(s, c->req, e) < 0) goto fail;
     if (http_parse_generation(c->req, api, s->vocab_size, &c->o, e) < 0) goto fail;
+    if (http_encode_bad_words(engine_group_tokenizer(s->engines), &c->o, e) < 0) goto fail;
     if (c->o.return_tokens_as_token_ids) c->tt.text = http_token_id_text;
     if (api == HTTP_API_CHAT) {
         size_t len = 0;
@@ -128,6 +130,7 @@ static GenCall *gencall_start(HttpReq *r, HttpApi api, HttpError *e) {
                 goto fail;
             }
             c->o.sp.max_tokens = left;
+            if (http_check_min_tokens(&c->o, e) < 0) goto fail;
         }
     }
     c->text_offset = calloc((size_t)n_choices(c), sizeof *c->text_offset);
