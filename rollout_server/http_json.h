@@ -111,14 +111,20 @@ int http_parse_id_list(const json_t *val, const char *field, int vocab_size, int
 
 // The chat request's messages as the chat template takes them (rollout_server/http_chat.c).
 typedef struct {
-    ChatMessage *items;         // (n) role points into the request JSON, content into owned
+    ChatMessage *items;         // (n) role points into the request JSON ("developer" reads "system"), content into
+                                // owned, tool_calls into calls
     char **owned;               // (n) each message's content: a string, "" for null, text parts joined by '\n'
     size_t n;
+    ChatToolCall *calls;        // every assistant tool call; name and arguments point into the request JSON, or
+    char **owned_args;          // (n_calls) into these: arguments sent as an object, as JSON text (else NULL)
+    size_t n_calls;
     ChatRenderOptions opt;      // chat_template_kwargs: enable_thinking (default true), date_string
 } HttpChatMessages;
 
-// Reads req["messages"] (a non-empty list of {role, content}) and chat_template_kwargs; a per-request
-// "chat_template" is refused. 0, or -1 with err (400 naming the field) and nothing to free.
+// Reads req["messages"] (a non-empty list of {role, content}, with "tool_calls" on assistant turns and
+// "tool_call_id" on tool turns) and chat_template_kwargs; a per-request "chat_template" is refused. OpenAI's
+// "developer" role is the system role (as vLLM renders it). 0, or -1 with err (400 naming the field) and nothing to
+// free.
 int http_parse_messages(const json_t *req, HttpChatMessages *out, HttpError *err);
 void http_chat_messages_free(HttpChatMessages *m);
 
