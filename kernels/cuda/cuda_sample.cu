@@ -1,7 +1,9 @@
 // kernels/cuda/cuda_sample.cu — fused next-token sampling (ops_sample_rows): one block per sample reads its bf16
 // logits row a few times and never sorts, so the rollout server downloads 8 bytes per sample instead of a row.
 // Greedy samples take their own two kernels instead (greedy_chunks_kernel, greedy_combine_kernel): the row is
-// cut into chunks that any number of blocks can share, so that a small batch is not read by a few SMs.
+// cut into chunks that any number of blocks can share, so that a small batch is not read by a few SMs. A sample's
+// mask (OpsSampleParams.mask) becomes a bitmap of the vocabulary in the stream scratch first (mask_bits_kernel),
+// which both read.
 //
 // Same semantics and arithmetic as the CPU twin (kernels/cpu/cpu_sample.c): with z the penalised logit times
 // 1/T (float, rounded as the CPU rounds it; -inf for an id the sample's mask forbids) and zm = max z, each filter
@@ -601,33 +603,42 @@ __device__ __forceinline__ bool build_pen_bits(uint32_t *pen_bits, const OpsSamp
     return penalised;
 }
 
-// The bitmap of sample p's mask ids in mask_bits when it has a mask (the whole block takes part). Returns whether
-// it has.
-__device__ __forceinline__ bool build_mask_bits(uint32_t *mask_bits, const OpsSampleParams &p, int V) {
-    if (p.mask_mode != OPS_SAMPLE_MASK_BAN && p.mask_mode != OPS_SAMPLE_MASK_ALLOW) return false;
-    for (int w = threadIdx.x; w < (V + 31) / 32; w += blockDim.x) mask_bits[w] = 0u;
+// Whether sample p has a mask (OpsSampleParams.mask_mode).
+__device__ __forceinline__ bool has_mask(const OpsSampleParams &p) {
+    return p.mask_mode == OPS_SAMPLE_MASK_BAN || p.mask_mode == OPS_SAMPLE_MASK_ALLOW;
+}
+
+// One block per sample s with a mask: the bitmap of its ids in bits + s * words (words = (V + 31) / 32), in global
+// memory, which both sampling kernels read (a greedy sample's row is shared by several blocks). Unmasked samples
+// leave theirs alone: nothing reads it. Kept out of shared memory so that the kernels' footprint, and with it
+// how many blocks an SM holds, is the same as without masks.
+__global__ void mask_bits_kernel(uint32_t *bits, const OpsSampleParams *params, int V, int words) {
+    const OpsSampleParams p = params[blockIdx.x];
+    if (!has_mask(p)) return;
+    uint32_t *b = bits + (size_t)blockIdx.x * words;
+    for (int w = threadIdx.x; w < words; w += blockDim.x) b[w] = 0u;
     __syncthreads();
     const int n = p.mask ? p.n_mask : 0;
     for (int k = threadIdx.x; k < n; k += blockDim.x) {
         const int32_t t = p.mask[k];
-        if (t >= 0 && t < V) atomicOr(&mask_bits[t >> 5], 1u << (t & 31));
+        if (t >= 0 && t < V) atomicOr(&b[t >> 5], 1u << (t & 31));
     }
-    __syncthreads();
-    return true;
 }
 
-// The sample's row, penalty and mask as the filters read them; pen_bits and mask_bits (V + 31) / 32 words each.
+// The sample's row, penalty and mask as the filters read them: pen_bits in shared memory ((V + 31) / 32 words, built
+// here), the mask's bitmap of sample s from mask_bits_kernel.
 __device__ __forceinline__ RowView make_row_view(const bf16 *logits, const OpsSampleParams &p, float inv_t,
-                                                 uint32_t *pen_bits, uint32_t *mask_bits, const int32_t *history,
-                                                 const int32_t *history_offsets, int s, int V, int n_history) {
+                                                 uint32_t *pen_bits, const uint32_t *mask_bits,
+                                                 const int32_t *history, const int32_t *history_offsets, int s, int V,
+                                                 int n_history) {
     RowView r;
     r.x = logits + (size_t)p.logits_row * V;
     r.pen_bits = pen_bits;
-    r.mask_bits = mask_bits;
+    r.mask_bits = mask_bits + (size_t)s * ((V + 31) / 32);
     r.pen = p.repetition_penalty;
     r.inv_t = inv_t;
     r.penalised = build_pen_bits(pen_bits, p, history, history_offsets, s, V, n_history);
-    r.masked = build_mask_bits(mask_bits, p, V);
+    r.masked = has_mask(p);
     r.mask_allow = p.mask_mode == OPS_SAMPLE_MASK_ALLOW ? 1u : 0u;
     return r;
 }
@@ -671,16 +682,16 @@ struct GreedyChunk {
 // in increasing order, then a fixed butterfly, lane 0 writes), never on G: the host spreads a small batch over many
 // blocks and a large one over few, and a sample's token and logprob do not depend on the batch. chunks (n,
 // n_chunks).
-// Dynamic shared memory: the history bitmap and the mask bitmap, (V + 31) / 32 words each.
+// Dynamic shared memory: the history bitmap, (V + 31) / 32 words; mask_bits from mask_bits_kernel.
 __global__ void __launch_bounds__(GREEDY_WARPS * 32)
 greedy_chunks_kernel(GreedyChunk *chunks, const bf16 *logits, const OpsSampleParams *params, const int32_t *history,
-                     const int32_t *history_offsets, int n_rows, int V, int n_history, int vec, int n_chunks) {
+                     const int32_t *history_offsets, const uint32_t *mask_bits, int n_rows, int V, int n_history,
+                     int vec, int n_chunks) {
     extern __shared__ uint32_t pen_bits[];
     const int s = blockIdx.x, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
     const OpsSampleParams p = params[s];
     if (!greedy_sample(p, n_rows)) return;
-    const RowView r = make_row_view(logits, p, 1.0f, pen_bits, pen_bits + (V + 31) / 32, history, history_offsets,
-                                    s, V, n_history);
+    const RowView r = make_row_view(logits, p, 1.0f, pen_bits, mask_bits, history, history_offsets, s, V, n_history);
     GreedyChunk *out = chunks + (size_t)s * n_chunks;
     const int e = vec ? 8 : 1, stride = gridDim.y * nwarps;
     const uint4 *xv = reinterpret_cast<const uint4 *>(r.x);
@@ -789,12 +800,12 @@ __global__ void greedy_combine_kernel(int32_t *tokens, float *logprobs, const Gr
 // ---- the kernel ----------------------------------------------------------------------------------------
 
 // One block per sample s that is not greedy (a bad logits_row included). logits (n_rows, V) bf16; params (n);
-// history_offsets (n + 1) or NULL; tokens, logprobs (n). Dynamic shared memory: the history bitmap and the mask
-// bitmap, (V + 31) / 32 words each.
+// history_offsets (n + 1) or NULL; tokens, logprobs (n); mask_bits from mask_bits_kernel. Dynamic shared memory:
+// the history bitmap, (V + 31) / 32 words.
 __global__ void __launch_bounds__(512)
 sample_rows_kernel(int32_t *tokens, float *logprobs, const bf16 *logits, const OpsSampleParams *params,
-                   const int32_t *history, const int32_t *history_offsets, int n_rows, int V, int n_history,
-                   int chunk, double qscale) {
+                   const int32_t *history, const int32_t *history_offsets, const uint32_t *mask_bits, int n_rows, int V,
+                   int n_history, int chunk, double qscale) {
     extern __shared__ uint32_t pen_bits[];
     __shared__ SampleShared sh;
     const int s = blockIdx.x, tid = threadIdx.x;
@@ -807,8 +818,8 @@ sample_rows_kernel(int32_t *tokens, float *logprobs, const bf16 *logits, const O
         return;
     }
     if (greedy_sample(p, n_rows)) return;  // greedy_chunks_kernel and greedy_combine_kernel's
-    const RowView r = make_row_view(logits, p, __fdiv_rn(1.0f, p.temperature), pen_bits, pen_bits + (V + 31) / 32,
-                                    history, history_offsets, s, V, n_history);
+    const RowView r = make_row_view(logits, p, __fdiv_rn(1.0f, p.temperature), pen_bits, mask_bits, history,
+                                    history_offsets, s, V, n_history);
     // No filter, penalty or mask (the general path's tests, NaN parameters included): one read of the row.
     const bool unfiltered = !(p.top_k > 0 && p.top_k < V) && !(p.top_p < 1.0f) && !(p.min_p > 0.0f);
     const bool row_vectors = (V & 7) == 0 && (reinterpret_cast<uintptr_t>(r.x) & 15u) == 0;
@@ -942,23 +953,32 @@ void cuda_sample_rows(OpsCtx *ctx, int32_t *tokens, float *logprobs, const void 
     int bits = 0;
     while ((1ll << bits) < V) bits++;
     const double qscale = ldexp(1.0, 62 - bits);
-    const size_t dyn = 2 * (((size_t)V + 31) / 32) * sizeof(uint32_t); // history and mask bitmaps
+    const size_t dyn = ((size_t)V + 31) / 32 * sizeof(uint32_t);
     const size_t static_bytes = sizeof(SampleShared);
     CUDA_ARG_CHECK(ctx, dyn + static_bytes <= st->max_smem_optin,
                    "sample_rows: V=%d needs %zu bytes of shared memory (device has %zu)", V, dyn + static_bytes,
                    st->max_smem_optin);
-    if (dyn + static_bytes > 48 * 1024)
-        CUDA_CHECK(ctx,
-                   cudaFuncSetAttribute(sample_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
-    sample_rows_kernel<<<n, threads, dyn, st->stream>>>(tokens, logprobs, (const bf16 *)logits, params, history,
-                                                         history_offsets, n_rows, V, n_history, chunk, qscale);
-    CUDA_CHECK_LAUNCH(ctx);
     // Greedy samples: chunks of 1024 ids (128 for rows not read in vectors), spread over about GREEDY_BLOCKS_PER_SM
     // blocks per SM for the whole launch (a block takes a chunk per warp at least).
     const int vec = V % 8 == 0 && ((uintptr_t)logits & 15u) == 0;
     const int per = 32 * GREEDY_PER_LANE * (vec ? 8 : 1), n_chunks = (V + per - 1) / per;
-    GreedyChunk *chunks = (GreedyChunk *)cuda_scratch(ctx, st, (size_t)n * n_chunks * sizeof(GreedyChunk));
-    if (!chunks) return;
+    // The stream scratch: the greedy chunks' results, then one mask bitmap per sample (written for masked samples
+    // only, by mask_bits_kernel).
+    const int words = (V + 31) / 32;
+    const size_t chunk_bytes = ((size_t)n * n_chunks * sizeof(GreedyChunk) + 255) / 256 * 256;
+    char *scratch = (char *)cuda_scratch(ctx, st, chunk_bytes + (size_t)n * words * sizeof(uint32_t));
+    if (!scratch) return;
+    GreedyChunk *chunks = (GreedyChunk *)scratch;
+    uint32_t *mask_bits = (uint32_t *)(scratch + chunk_bytes);
+    mask_bits_kernel<<<n, 256, 0, st->stream>>>(mask_bits, params, V, words);
+    CUDA_CHECK_LAUNCH(ctx);
+    if (dyn + static_bytes > 48 * 1024)
+        CUDA_CHECK(ctx,
+                   cudaFuncSetAttribute(sample_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
+    sample_rows_kernel<<<n, threads, dyn, st->stream>>>(tokens, logprobs, (const bf16 *)logits, params, history,
+                                                         history_offsets, mask_bits, n_rows, V, n_history, chunk,
+                                                         qscale);
+    CUDA_CHECK_LAUNCH(ctx);
     const int want = (GREEDY_BLOCKS_PER_SM * st->sm_count + n - 1) / n;
     const int most = (n_chunks + GREEDY_WARPS - 1) / GREEDY_WARPS;
     const int G = want < 1 ? 1 : want > most ? most : want;
@@ -966,7 +986,8 @@ void cuda_sample_rows(OpsCtx *ctx, int32_t *tokens, float *logprobs, const void 
         CUDA_CHECK(ctx,
                    cudaFuncSetAttribute(greedy_chunks_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
     greedy_chunks_kernel<<<dim3((unsigned)n, (unsigned)G), GREEDY_WARPS * 32, dyn, st->stream>>>(
-        chunks, (const bf16 *)logits, params, history, history_offsets, n_rows, V, n_history, vec, n_chunks);
+        chunks, (const bf16 *)logits, params, history, history_offsets, mask_bits, n_rows, V, n_history, vec,
+        n_chunks);
     CUDA_CHECK_LAUNCH(ctx);
     greedy_combine_kernel<<<(unsigned)(((size_t)n * 32 + 255) / 256), 256, 0, st->stream>>>(
         tokens, logprobs, chunks, (const bf16 *)logits, params, n, n_rows, V, n_chunks);
