@@ -21,6 +21,7 @@
 
 #define ENGINE_MAX_STOP 16          // stop strings and stop token ids per request, each
 #define ENGINE_MAX_TOP_LOGPROBS 20
+#define ENGINE_MAX_MASK_IDS (1 << 24) // n x (allowed ids + bad words) of one request (SamplingParams masks)
 
 // Error codes returned by engine functions (0 = success).
 enum {

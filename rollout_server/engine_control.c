@@ -78,6 +78,11 @@ static int check_params(const Engine *e, const int32_t *prompt, int prompt_len, 
             return snprintf(err, err_len, "allowed_token_ids holds only eos / stop token ids, which min_tokens = %d "
                             "forbids for the first tokens: nothing could be generated", p->min_tokens), ENGINE_EINVAL;
     }
+    // Each completion's mask travels to the device every step (a request's first step samples all n at once).
+    if ((int64_t)p->n * (p->n_allowed + p->n_bad_words) > ENGINE_MAX_MASK_IDS)
+        return snprintf(err, err_len, "allowed_token_ids (%d ids) and bad words (%d) for n = %d completions make "
+                        "more than %d mask ids a step: send fewer ids or a smaller n", p->n_allowed, p->n_bad_words,
+                        p->n, ENGINE_MAX_MASK_IDS), ENGINE_EINVAL;
     if (p->n_bad_words < 0 || (p->n_bad_words > 0 && (!p->bad_words_ids || !p->bad_words_offsets)))
         return snprintf(err, err_len, "bad words: %d words without their ids", p->n_bad_words), ENGINE_EINVAL;
     for (int w = 0; w < p->n_bad_words; w++) {

@@ -12,7 +12,7 @@
 //   - n seeded masked completions equal n separate requests with seeds s, s + 1, ... bit for bit (the mask depends
 //     on a completion's own tokens only);
 //   - refusals: min_tokens above max_tokens, allowed ids outside the vocabulary or all stop ids under min_tokens,
-//     an empty or out-of-vocabulary bad word.
+//     an empty or out-of-vocabulary bad word, masks over ENGINE_MAX_MASK_IDS ids a step.
 #include <errno.h>
 #include <math.h>
 #include <stdio.h>
@@ -317,11 +317,13 @@ static void test_batch_independence(Engine *e) {
 static void test_refusals(Engine *e) {
     int32_t prompt[4] = {1, 2, 3, 4};
     const int32_t only_eos[] = {EOS}, oov[] = {3, V}, words[] = {V}, offs_empty[] = {0, 0}, offs[] = {0, 1};
+    static int32_t many[16385]; // id 0, 16385 times: with n = 1024 just over ENGINE_MAX_MASK_IDS
     struct {
         const char *what;
         SamplingParams p;
-    } bad[5];
-    for (int i = 0; i < 5; i++) sampling_params_default(&bad[i].p);
+    } bad[6];
+    for (int i = 0; i < 6; i++) sampling_params_default(&bad[i].p);
+    bad[5].p.allowed_token_ids = many, bad[5].p.n_allowed = 16385, bad[5].p.n = 1024, bad[5].what = "mask ids";
     bad[0].p.min_tokens = 17, bad[0].what = "min_tokens"; // max_tokens is 16
     bad[1].p.allowed_token_ids = oov, bad[1].p.n_allowed = 2, bad[1].what = "allowed token id";
     bad[2].p.allowed_token_ids = only_eos, bad[2].p.n_allowed = 1, bad[2].p.min_tokens = 1,
@@ -330,7 +332,7 @@ static void test_refusals(Engine *e) {
     bad[3].what = "bad word 0";
     bad[4].p.bad_words_ids = words, bad[4].p.bad_words_offsets = offs, bad[4].p.n_bad_words = 1,
     bad[4].what = "bad word 0";
-    for (int i = 0; i < 5; i++) {
+    for (int i = 0; i < 6; i++) {
         EngineRequest *r;
         char err[256] = "";
         CHECK(engine_submit(e, prompt, 4, &bad[i].p, &r, err, sizeof err) == ENGINE_EINVAL, "bad %s accepted",
