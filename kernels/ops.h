@@ -306,23 +306,37 @@ typedef struct {
     float repetition_penalty;  // 1: off
     int32_t top_k;             // <= 0 or >= V: off
     int32_t logits_row;        // the row of `logits` this sample reads (several samples may share a row)
+    int32_t mask_mode;         // OPS_SAMPLE_MASK_*: which ids may be drawn (0: all)
+    int32_t n_mask;            // ids in mask
+    const int32_t *mask;       // (n_mask) ids in backend memory, like params (repeats and ids outside [0, V) are
+                               // ignored); NULL when n_mask is 0
 } OpsSampleParams;
+
+// What OpsSampleParams.mask says. The rollout server's min_tokens, bad_words and allowed_token_ids (vLLM's logits
+// processors) come down to one of these per sample and step.
+enum {
+    OPS_SAMPLE_MASK_NONE = 0,   // every id may be drawn
+    OPS_SAMPLE_MASK_BAN = 1,    // the ids in mask may not
+    OPS_SAMPLE_MASK_ALLOW = 2,  // only the ids in mask may
+};
 
 // One token per sample s in [0, n) (r = params[s].logits_row, x = the row's logits; the host reference is
 // kernels/cpu/cpu_sample.c):
 //   logprobs[s] = log_softmax(x / T)[tokens[s]] of the raw logits (T = 1 when greedy), before penalty and filters;
 //   repetition penalty (Hugging Face) on each distinct id of history[history_offsets[s] .. history_offsets[s+1])
 //     (ids outside [0, V) are skipped, repeats count once);
+//   the mask: every id it forbids gets the penalised logit -inf (vLLM's allowed_token_ids / bad words / min-tokens
+//     processors), so it is never drawn, greedy included; the reported logprob stays the raw one above;
 //   greedy: argmax of the penalised logits (ties: lowest id); otherwise z = penalised x / T, then min-p (drop
 //     p < min_p * p_max), top-k (keep the k largest and any tied with the k-th), top-p (keep a token while the
 //     mass ranked above it, ties ranked by id, is below top_p of the survivors; the top token always stays),
 //     then the inverse CDF of u over the kept tokens in id order.
 // logits (n_rows, V) storage dtype; params (n); history_offsets (n + 1) into history (n_history), or NULL for no
 // history; tokens, logprobs (n). A sample's result depends only on its own row, parameters and history (not on
-// the other samples), and is reproducible run to run. A row with nothing to choose from (every logit -inf, or
-// min_p > 1) gives id 0. A logits_row outside [0, n_rows) gives token -1 and logprob NaN (params live in backend
-// memory, where the host cannot look before the op runs). cpu: kernels/cpu/cpu_sample.c; cuda: one block per
-// sample, no sort (kernels/cuda/cuda_sample.cu).
+// the other samples), and is reproducible run to run. A row with nothing to choose from (every logit -inf
+// or masked, or min_p > 1) gives id 0. A logits_row outside [0, n_rows) gives token -1 and logprob NaN (params live
+// in backend memory, where the host cannot look before the op runs). cpu: kernels/cpu/cpu_sample.c; cuda: one
+// block per sample, no sort (kernels/cuda/cuda_sample.cu).
 void ops_sample_rows(OpsCtx *ctx, int32_t *tokens, float *logprobs, const void *logits, const OpsSampleParams *params,
                      const int32_t *history, const int32_t *history_offsets, int n, int n_rows, int V, int n_history);
 

@@ -58,6 +58,8 @@ int detok_restart(Detok *d, char *err, size_t err_len) {
     if (d->stream) tokenizer_stream_free(d->stream);
     d->stream = fresh;
     d->held.len = 0;
+    d->protect = 0;
+    d->n_tokens = 0;
     d->finished = 0;
     return 0;
 }
@@ -78,12 +80,15 @@ static const char *find_bytes(const char *hay, size_t n, const char *needle, siz
     return NULL;
 }
 
-// Earliest stop-string match in the held text (ties: the first listed string). Returns its index or -1.
+// Earliest stop-string match in the held text that ends past the protected bytes (ties: the first listed string).
+// Returns its index or -1.
 static int match_stop(const Detok *d, size_t *at) {
     int best = -1;
     size_t best_at = 0;
     for (int i = 0; i < d->p->n_stop; i++) {
-        const char *hit = find_bytes(d->held.data, d->held.len, d->p->stop[i], strlen(d->p->stop[i]));
+        const size_t m = strlen(d->p->stop[i]), from = d->protect >= m ? d->protect - m + 1 : 0;
+        if (from >= d->held.len) continue;
+        const char *hit = find_bytes(d->held.data + from, d->held.len - from, d->p->stop[i], m);
         if (hit && (best < 0 || (size_t)(hit - d->held.data) < best_at)) {
             best = i;
             best_at = (size_t)(hit - d->held.data);
@@ -113,6 +118,7 @@ static int emit(Detok *d, TextBuf *out, size_t n) {
     if (textbuf_append(out, d->held.data, n) != 0) return -1;
     memmove(d->held.data, d->held.data + n, d->held.len - n);
     d->held.len -= n;
+    d->protect = d->protect > n ? d->protect - n : 0;
     d->held.data[d->held.len] = '\0';
     return 0;
 }
@@ -145,7 +151,11 @@ int detok_step(Detok *d, int32_t token, int last, TextBuf *out, DetokResult *res
         snprintf(err, err_len, "token after the completion finished");
         return ENGINE_EINTERNAL;
     }
-    const int stop_tok = is_stop_token(d, token);
+    // Before min_tokens generated tokens nothing stops the completion but its length (the sampler's mask keeps
+    // stop and eos ids out; vLLM's check_stop does not look either), and their text is searched by no match's end.
+    const int early = ++d->n_tokens < d->p->min_tokens;
+    const int protected_text = d->p->min_tokens > 0 && d->n_tokens <= d->p->min_tokens;
+    const int stop_tok = !early && is_stop_token(d, token);
     if (stop_tok) {
         res->finish = FINISH_STOP;
         res->stop_token = token;
@@ -162,14 +172,15 @@ int detok_step(Detok *d, int32_t token, int last, TextBuf *out, DetokResult *res
         if (tokenizer_stream_step(d->stream, token, &piece, &n, err, err_len) != 0) return ENGINE_EINTERNAL;
         if (append_piece(d, piece, n) != 0) goto oom;
     }
-    int m = stop_string_end(d, out, res);
+    if (protected_text) d->protect = d->held.len;
+    int m = protected_text ? 0 : stop_string_end(d, out, res);
     if (m < 0) goto oom;
     if (m == 0 && res->finish != FINISH_NONE) {
         // The end: whatever the decoder still holds (an incomplete character) is part of the text.
         piece = NULL;
         if (tokenizer_stream_flush(d->stream, &piece, &n, err, err_len) != 0) return ENGINE_EINTERNAL;
         if (append_piece(d, piece, n) != 0) goto oom;
-        if ((m = stop_string_end(d, out, res)) < 0) goto oom;
+        if (!protected_text && (m = stop_string_end(d, out, res)) < 0) goto oom;
         if (m == 0 && emit(d, out, d->held.len) != 0) goto oom;
     } else if (m == 0) {
         if (emit(d, out, d->held.len - holdback_len(d)) != 0) goto oom;

@@ -1,10 +1,12 @@
 // rollout_server/detok.h — one completion's text and stop conditions, fed one sampled token at a time.
 //
-// Stop conditions, checked in this order on every token:
+// Stop conditions, checked in this order on every token once min_tokens tokens were generated (vLLM):
 //   - a stop token id, or an eos id unless ignore_eos: the completion ends (FINISH_STOP, stop_token set). The
 //     token stays in the completion's tokens and logprobs (as vLLM reports it) but its text is not added,
 //     unless include_stop_str asks for the stop to be kept in the text.
-//   - a stop string in the text: the text ends just before it (or after it with include_stop_str).
+//   - a stop string in the text: the text ends just before it (or after it with include_stop_str). A match must
+//     end in text that tokens after the first min_tokens added (vLLM's stop-check offset): the text of those is
+//     not searched, except as the start of a match.
 // Text comes from the tokenizer's streaming decoder (incomplete UTF-8 is held back there). On top of that, any
 // suffix of the not-yet-emitted text that could still be the start of a stop string is held back until the
 // next tokens decide. When the completion ends for any reason, everything held back is flushed (re-checked
@@ -36,6 +38,8 @@ typedef struct {
     int n_eos;
     TextBuf held;                // decoded text not emitted yet (might start a stop string)
     size_t max_stop_len;
+    size_t protect;              // no stop string may end within the first `protect` held bytes (min_tokens)
+    int n_tokens;                // tokens fed so far
     int finished;
 } Detok;
 

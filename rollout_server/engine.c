@@ -15,6 +15,7 @@
 #include <time.h>
 
 #include "rollout_server/engine_internal.h"
+#include "rollout_server/sample_mask.h"
 #include "rollout_server/sampler.h"
 
 // ---- defaults and names -------------------------------------------------------------------------
@@ -235,11 +236,23 @@ static int samples_reserve(Engine *e, int n) {
     return 0;
 }
 
+// Room for n mask ids. Returns 0 or -1 (out of memory).
+static int mask_reserve(Engine *e, int64_t n) {
+    if (n <= e->mask_cap) return 0;
+    const int64_t cap = n > 2 * e->mask_cap ? n : 2 * e->mask_cap;
+    int32_t *m = realloc(e->mask_ids, (size_t)cap * sizeof *m);
+    if (!m) return -1;
+    e->mask_ids = m;
+    e->mask_cap = cap;
+    return 0;
+}
+
 // The step as the runner takes it: the scheduled sequences in step order, and the samples of each one whose last
 // token the step computes, in step order too: a request's first logits row is sampled by each of its n
 // completions, any other row by its own completion. Each draws the uniform of (its stream, its output position);
-// penalised samples carry their whole history (prompt then generated ids). Returns the number of samples, or -1
-// with a message (out of memory).
+// penalised samples carry their whole history (prompt then generated ids), and masked ones (min_tokens, bad words,
+// allowed ids) their completion's mask for this token (sample_mask.h). Returns the number of samples, or -1 with a
+// message (out of memory).
 static int plan_step(Engine *e, char *err, size_t err_len) {
     Scheduler *s = &e->sched;
     int n_samples = 0, n_rows = 0;
@@ -262,10 +275,14 @@ static int plan_step(Engine *e, char *err, size_t err_len) {
         n_samples += e->run_seqs[i].n_samples;
         n_rows += sampled;
     }
-    if (samples_reserve(e, n_samples) != 0) {
+    int64_t n_mask = 0;
+    for (int i = 0; i < s->n_step; i++)
+        n_mask += (int64_t)e->run_seqs[i].n_samples * ((EngSeq *)s->step[i])->req->mask_cap;
+    if (samples_reserve(e, n_samples) != 0 || mask_reserve(e, n_mask) != 0) {
         snprintf(err, err_len, "out of memory for the step's %d sampling rows", n_rows);
         return -1;
     }
+    int64_t mask_at = 0;
     for (int i = 0, k = 0; i < s->n_step; i++) {
         EngSeq *q = (EngSeq *)s->step[i];
         EngineRequest *r = q->req;
@@ -285,6 +302,14 @@ static int plan_step(Engine *e, char *err, size_t err_len) {
                 .n_history = penalised ? cs->n_tokens : 0,
                 .top_logprobs = p->top_logprobs,
             };
+            if (r->mask_cap > 0) {
+                OpsSampleParams *op = &e->samples[k].p;
+                int32_t *ids = e->mask_ids + mask_at;
+                op->n_mask = sample_mask_build(p, e->eos, e->n_eos, cs->tokens + cs->n_prompt,
+                                               cs->n_tokens - cs->n_prompt, ids, &op->mask_mode);
+                op->mask = op->n_mask > 0 ? ids : NULL;
+                mask_at += op->n_mask;
+            }
         }
     }
     return n_samples;
@@ -593,6 +618,7 @@ static void engine_free(Engine *e) {
     free(e->commit_units);
     free(e->run_seqs);
     free(e->samples);
+    free(e->mask_ids);
     free(e->scratch_reqs);
     free(e->wake_reqs);
     textbuf_free(&e->text);

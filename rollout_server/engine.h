@@ -21,6 +21,7 @@
 
 #define ENGINE_MAX_STOP 16          // stop strings and stop token ids per request, each
 #define ENGINE_MAX_TOP_LOGPROBS 20
+#define ENGINE_MAX_MASK_IDS (1 << 24) // n x (allowed ids + bad words) of one request (SamplingParams masks)
 
 // Error codes returned by engine functions (0 = success).
 enum {
@@ -57,6 +58,16 @@ typedef struct {
                                 // (temperature 1, raw logits) and this many alternatives, 0..ENGINE_MAX_TOP_LOGPROBS
                                 // (engine_request_prompt_logprobs). The prompt is then computed whole (no prefix
                                 // cache hits)
+    // vLLM's logits processors (rollout_server/sample_mask.h), each a mask on what the next token can be; the
+    // reported logprobs stay those of the unmasked distribution (vLLM's default raw_logprobs). Arrays are the
+    // caller's until engine_submit returns (copied).
+    int min_tokens;             // 0..max_tokens: before this many generated tokens no eos id and no stop token id
+                                // can be drawn, and no stop string matches text that ends within them (vLLM)
+    const int32_t *allowed_token_ids; // (n_allowed) only these ids can be drawn; n_allowed 0: any id
+    int n_allowed;
+    const int32_t *bad_words_ids;     // the bad words' token sequences one after the other; word w is
+    const int32_t *bad_words_offsets; // bad_words_ids[offsets[w] .. offsets[w + 1]) (n_bad_words + 1 offsets): its
+    int n_bad_words;                  // last id cannot be drawn where the generated tokens end with the rest of it
 } SamplingParams;
 
 void sampling_params_default(SamplingParams *p); // n 1, max_tokens 16, temperature 1, top_p 1, top_k 0,

@@ -59,6 +59,43 @@ static int check_params(const Engine *e, const int32_t *prompt, int prompt_len, 
         if (p->stop_token_ids[i] < 0 || p->stop_token_ids[i] >= e->V)
             return snprintf(err, err_len, "stop token id %d is outside the vocabulary [0, %d)", p->stop_token_ids[i], e->V),
                    ENGINE_EINVAL;
+    if (p->min_tokens < 0 || p->min_tokens > p->max_tokens)
+        return snprintf(err, err_len, "min_tokens must be in [0, max_tokens = %d], got %d", p->max_tokens,
+                        p->min_tokens), ENGINE_EINVAL;
+    if (p->n_allowed < 0 || (p->n_allowed > 0 && !p->allowed_token_ids))
+        return snprintf(err, err_len, "allowed_token_ids: %d ids without a list", p->n_allowed), ENGINE_EINVAL;
+    for (int i = 0; i < p->n_allowed; i++)
+        if (p->allowed_token_ids[i] < 0 || p->allowed_token_ids[i] >= e->V)
+            return snprintf(err, err_len, "allowed token id %d is outside the vocabulary [0, %d)",
+                            p->allowed_token_ids[i], e->V), ENGINE_EINVAL;
+    if (p->min_tokens > 0 && p->n_allowed > 0) { // is any allowed id neither an eos nor a stop id?
+        int content = 0;
+        for (int i = 0; i < p->n_allowed && !content; i++) {
+            int stops = 0;
+            for (int j = 0; j < e->n_eos && !stops; j++) stops = e->eos[j] == p->allowed_token_ids[i];
+            for (int j = 0; j < p->n_stop_token_ids && !stops; j++)
+                stops = p->stop_token_ids[j] == p->allowed_token_ids[i];
+            content = !stops;
+        }
+        if (!content)
+            return snprintf(err, err_len, "allowed_token_ids holds only eos / stop token ids, which min_tokens = %d "
+                            "forbids for the first tokens: nothing could be generated", p->min_tokens), ENGINE_EINVAL;
+    }
+    // Each completion's mask travels to the device every step (a request's first step samples all n at once).
+    if ((int64_t)p->n * (p->n_allowed + p->n_bad_words) > ENGINE_MAX_MASK_IDS)
+        return snprintf(err, err_len, "allowed_token_ids (%d ids) and bad words (%d) for n = %d completions make "
+                        "more than %d mask ids a step: send fewer ids or a smaller n", p->n_allowed, p->n_bad_words,
+                        p->n, ENGINE_MAX_MASK_IDS), ENGINE_EINVAL;
+    if (p->n_bad_words < 0 || (p->n_bad_words > 0 && (!p->bad_words_ids || !p->bad_words_offsets)))
+        return snprintf(err, err_len, "bad words: %d words without their ids", p->n_bad_words), ENGINE_EINVAL;
+    for (int w = 0; w < p->n_bad_words; w++) {
+        if (p->bad_words_offsets[0] != 0 || p->bad_words_offsets[w + 1] <= p->bad_words_offsets[w])
+            return snprintf(err, err_len, "bad word %d has no token ids", w), ENGINE_EINVAL;
+        for (int k = p->bad_words_offsets[w]; k < p->bad_words_offsets[w + 1]; k++)
+            if (p->bad_words_ids[k] < 0 || p->bad_words_ids[k] >= e->V)
+                return snprintf(err, err_len, "bad word %d holds token id %d, outside the vocabulary [0, %d)", w,
+                                p->bad_words_ids[k], e->V), ENGINE_EINVAL;
+    }
     const int64_t total = (int64_t)prompt_len + p->max_tokens;
     if (total > e->m->cfg.max_seq_len)
         return snprintf(err, err_len, "the prompt (%d tokens) plus max_tokens (%d) is %lld tokens, beyond the model's "

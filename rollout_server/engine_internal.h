@@ -54,7 +54,11 @@ typedef struct EvSlot {
 
 struct EngineRequest {
     struct Engine *e;
-    SamplingParams p;          // stop strings are owned copies
+    SamplingParams p;          // stop strings, allowed ids and bad words are owned copies (the mask_* below)
+    int32_t *mask_allowed;     // (p.n_allowed) owned copy of p.allowed_token_ids
+    int32_t *mask_bad_ids;     // owned copies of p.bad_words_ids and p.bad_words_offsets
+    int32_t *mask_bad_offsets;
+    int mask_cap;              // sample_mask_cap of p: ids one of its samples' masks can take
     uint64_t seed;             // completion i draws from stream seed + i
     int n, prompt_len, max_len;
     double submitted_at;       // latency_clock() when engine_submit queued it: where TTFT and e2e latency start
@@ -104,6 +108,8 @@ struct Engine {
     RunnerSeq *run_seqs;
     RunnerSample *samples;          // (samples_cap), grown on demand
     int samples_cap;
+    int32_t *mask_ids;              // (mask_cap) the step's samples' mask ids one after the other (sample_mask.h)
+    int64_t mask_cap;
     RunnerOutput out;
     EngineRequest **scratch_reqs;   // (max_num_seqs)
     EngineRequest **wake_reqs;      // (max_num_seqs) requests whose client is woken once at the end of the step

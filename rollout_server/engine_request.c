@@ -13,6 +13,7 @@
 #include <time.h>
 
 #include "rollout_server/engine_internal.h"
+#include "rollout_server/sample_mask.h"
 
 int request_alloc(EngineRequest **out, Engine *e, const int32_t *prompt, int prompt_len, const SamplingParams *p,
                   int max_blocks, const Tokenizer *tok, const int32_t *eos, int n_eos, char *err, size_t err_len) {
@@ -29,6 +30,22 @@ int request_alloc(EngineRequest **out, Engine *e, const int32_t *prompt, int pro
     for (int i = 0; i < ENGINE_MAX_STOP; i++) r->p.stop[i] = NULL;
     for (int i = 0; i < p->n_stop; i++)
         if (!(r->p.stop[i] = strdup(p->stop[i]))) goto oom;
+    if (p->n_allowed > 0) {
+        if (!(r->mask_allowed = malloc((size_t)p->n_allowed * sizeof *r->mask_allowed))) goto oom;
+        memcpy(r->mask_allowed, p->allowed_token_ids, (size_t)p->n_allowed * sizeof *r->mask_allowed);
+    }
+    r->p.allowed_token_ids = r->mask_allowed;
+    if (p->n_bad_words > 0) {
+        const int n_ids = p->bad_words_offsets[p->n_bad_words];
+        r->mask_bad_offsets = malloc((size_t)(p->n_bad_words + 1) * sizeof *r->mask_bad_offsets);
+        r->mask_bad_ids = malloc((size_t)(n_ids > 0 ? n_ids : 1) * sizeof *r->mask_bad_ids);
+        if (!r->mask_bad_offsets || !r->mask_bad_ids) goto oom;
+        memcpy(r->mask_bad_offsets, p->bad_words_offsets, (size_t)(p->n_bad_words + 1) * sizeof *r->mask_bad_offsets);
+        memcpy(r->mask_bad_ids, p->bad_words_ids, (size_t)n_ids * sizeof *r->mask_bad_ids);
+    }
+    r->p.bad_words_ids = r->mask_bad_ids;
+    r->p.bad_words_offsets = r->mask_bad_offsets;
+    r->mask_cap = sample_mask_cap(&r->p, n_eos);
     r->q_cap = r->n < 4 ? 4 : r->n;
     r->queue = calloc((size_t)r->q_cap, sizeof *r->queue);
     r->open = calloc((size_t)r->n, sizeof *r->open);
@@ -105,6 +122,9 @@ void request_free(EngineRequest *r) {
     free(r->open);
     free(r->restart_next);
     for (int i = 0; i < ENGINE_MAX_STOP; i++) free(r->p.stop[i]);
+    free(r->mask_allowed);
+    free(r->mask_bad_ids);
+    free(r->mask_bad_offsets);
     pthread_mutex_destroy(&r->mu);
     pthread_cond_destroy(&r->cv);
     free(r);

@@ -68,9 +68,48 @@ static int render_options(const json_t *req, ChatRenderOptions *opt, HttpError *
 void http_chat_messages_free(HttpChatMessages *m) {
     if (!m) return;
     for (size_t i = 0; m->owned && i < m->n; i++) free(m->owned[i]);
+    for (size_t k = 0; m->owned_args && k < m->n_calls; k++) free(m->owned_args[k]);
     free(m->owned);
+    free(m->owned_args);
+    free(m->calls);
     free(m->items);
     memset(m, 0, sizeof *m);
+}
+
+// messages[i].tool_calls: [{"id", "type": "function", "function": {"name", "arguments"}}] into out->calls from
+// *next on. arguments is OpenAI's JSON text, or an object (taken as its JSON text).
+static int parse_tool_calls(const json_t *tc, size_t i, HttpChatMessages *out, size_t *next, HttpError *err) {
+    ChatMessage *msg = &out->items[i];
+    msg->tool_calls = out->calls + *next;
+    msg->n_tool_calls = json_array_size(tc);
+    for (size_t k = 0; k < json_array_size(tc); k++, (*next)++) {
+        const json_t *call = json_array_get(tc, k);
+        const json_t *type = json_is_object(call) ? json_object_get(call, "type") : NULL;
+        const json_t *fn = json_is_object(call) ? json_object_get(call, "function") : NULL;
+        const json_t *name = json_is_object(fn) ? json_object_get(fn, "name") : NULL;
+        const json_t *args = json_is_object(fn) ? json_object_get(fn, "arguments") : NULL;
+        if ((type && !json_is_null(type) && !(json_is_string(type) && !strcmp(json_string_value(type), "function"))) ||
+            !json_is_string(name) || !(json_is_string(args) || json_is_object(args) || !args || json_is_null(args)))
+            return http_error_set(err, 400, "messages", "'messages'[%zu].tool_calls[%zu] must be {\"type\": "
+                                  "\"function\", \"function\": {\"name\": string, \"arguments\": JSON text}}", i,
+                                  k);
+        ChatToolCall *c = &out->calls[*next];
+        c->name = json_string_value(name);
+        if (json_is_object(args)) {
+            if (!(out->owned_args[*next] = json_dumps(args, JSON_COMPACT | JSON_ENCODE_ANY)))
+                return http_error_set(err, 500, NULL, "out of memory");
+            c->arguments = out->owned_args[*next];
+        } else {
+            c->arguments = json_is_string(args) ? json_string_value(args) : "";
+            json_error_t je;
+            json_t *parsed = c->arguments[0] ? json_loads(c->arguments, JSON_DECODE_ANY, &je) : NULL;
+            if (c->arguments[0] && !parsed)
+                return http_error_set(err, 400, "messages", "'messages'[%zu].tool_calls[%zu].function.arguments is "
+                                      "not JSON: %s", i, k, je.text);
+            json_decref(parsed);
+        }
+    }
+    return 0;
 }
 
 int http_parse_messages(const json_t *req, HttpChatMessages *out, HttpError *err) {
@@ -84,14 +123,22 @@ int http_parse_messages(const json_t *req, HttpChatMessages *out, HttpError *err
         return http_error_set(err, 400, "chat_template", "a per-request 'chat_template' is not supported; the "
                               "server uses the model's template or --chat-template");
     if (render_options(req, &out->opt, err) < 0) return -1;
-    size_t n = json_array_size(msgs);
+    size_t n = json_array_size(msgs), n_calls = 0;
+    for (size_t i = 0; i < n; i++) {
+        const json_t *m = json_array_get(msgs, i);
+        n_calls += json_is_object(m) ? json_array_size(json_object_get(m, "tool_calls")) : 0;
+    }
     out->items = calloc(n, sizeof *out->items);
     out->owned = calloc(n, sizeof *out->owned);
+    out->calls = calloc(n_calls + 1, sizeof *out->calls);
+    out->owned_args = calloc(n_calls + 1, sizeof *out->owned_args);
     out->n = n;
-    if (!out->items || !out->owned) {
+    out->n_calls = n_calls;
+    if (!out->items || !out->owned || !out->calls || !out->owned_args) {
         http_chat_messages_free(out);
         return http_error_set(err, 500, NULL, "out of memory");
     }
+    size_t next_call = 0;
     for (size_t i = 0; i < n; i++) {
         const json_t *m = json_array_get(msgs, i);
         if (!json_is_object(m)) {
@@ -104,8 +151,18 @@ int http_parse_messages(const json_t *req, HttpChatMessages *out, HttpError *err
             goto fail;
         }
         if (!(out->owned[i] = message_content(json_object_get(m, "content"), i, err))) goto fail;
-        out->items[i].role = json_string_value(role);
+        const char *r = json_string_value(role);
+        out->items[i].role = strcmp(r, "developer") == 0 ? "system" : r;
         out->items[i].content = out->owned[i];
+        const json_t *tc = json_object_get(m, "tool_calls");
+        if (tc && !json_is_null(tc)) {
+            if (!json_is_array(tc) || strcmp(r, "assistant") != 0) {
+                http_error_set(err, 400, "messages", "'messages'[%zu].tool_calls must be a list, on an assistant "
+                               "message", i);
+                goto fail;
+            }
+            if (parse_tool_calls(tc, i, out, &next_call, err) < 0) goto fail;
+        }
     }
     return 0;
 fail:

@@ -199,9 +199,10 @@ int http_gen_collect(HttpGen *g, HttpError *err) {
         if (g->choices[i].finish == FINISH_ERROR)
             return http_error_set(err, 500, NULL, "generation failed in the engine (completion %d); the server "
                                   "log has the details", i);
-        // Shutting down is the one abort that is an error; /pause?mode=abort (the server is not draining) ends
-        // completions as vLLM does: the answer carries what they had, with finish_reason "abort".
-        if (g->choices[i].finish == FINISH_ABORT && atomic_load(&g->srv->draining))
+        // /pause?mode=abort, and the drain timeout where the answer can say so, end completions as vLLM does: the
+        // answer carries what they had, with finish_reason "abort". An answer without finish reasons (TRL's ids)
+        // would pass a cut completion off as whole: a 503 instead.
+        if (g->choices[i].finish == FINISH_ABORT && atomic_load(&g->srv->draining) && !g->answers_abort)
             return http_error_set(err, 503, NULL, "the request was aborted by the server (shutting down)");
     }
     return 0;

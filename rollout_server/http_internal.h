@@ -92,6 +92,9 @@ typedef struct {
     unsigned char *req_done;    // (n_reqs) the engine said nothing more will come
     int n_left, cursor;
     int interrupted;            // 1: client gone, 2: server stopping
+    int answers_abort;          // the answer can say finish_reason "abort" (the OpenAI routes): a completion cut by
+                                // the shutdown's drain timeout is answered with what it had, as /pause?mode=abort
+                                // is; else (TRL's ids-only answer) it is a 503
 } HttpGen;
 
 // Submits one engine request per prompt (token ids). On a refusal every request already submitted is
@@ -103,7 +106,8 @@ int http_gen_submit(HttpGen *g, HttpServer *srv, int fd, int32_t *const *prompts
 int http_gen_next(HttpGen *g, EngineEvent *ev, int *choice);
 // Runs every request to its end, appending events to the choices. 0, or -1 with err (500 when a completion
 // finished with an engine error or memory ran out; 499 / 503 when interrupted, 503 when a completion was aborted
-// by the shutdown; one aborted by /pause?mode=abort is answered, finish_reason "abort").
+// by the shutdown and g->answers_abort is 0; one aborted by /pause?mode=abort, or by the shutdown with
+// answers_abort, is answered, finish_reason "abort").
 int http_gen_collect(HttpGen *g, HttpError *err);
 int64_t http_gen_prompt_tokens(const HttpGen *g);
 int64_t http_gen_cached_tokens(const HttpGen *g);

@@ -416,8 +416,8 @@ static int parse_stream_fields(const JsonAt *req, HttpGenOptions *o, HttpError *
 // 0, [] and {} pass as "not asked for"), never dropped. TRL's VLLMClient sends "structured_outputs" for its
 // structured_outputs_regex.
 static int parse_unsupported(const JsonAt *req, HttpError *err) {
-    static const char *const keys[] = {"frequency_penalty", "presence_penalty", "logit_bias", "tools",
-                                       "min_tokens", "bad_words", "allowed_token_ids", "structured_outputs", "guided_json", "guided_regex", "guided_choice",
+    static const char *const keys[] = {"frequency_penalty", "presence_penalty", "logit_bias",      "tools",
+                                       "structured_outputs", "guided_json",    "guided_regex",    "guided_choice",
                                        "guided_grammar"};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
         if (refuse_unless_neutral(req, keys[i], err) < 0) return -1;
@@ -434,6 +434,136 @@ static int parse_unsupported(const JsonAt *req, HttpError *err) {
             return http_error_set(err, 400, "response_format", "only {\"type\": \"text\"} is supported in "
                                   "'response_format'");
     }
+    return 0;
+}
+
+// vLLM's token masks: min_tokens, allowed_token_ids (ids), bad_words (strings, encoded by http_encode_bad_words
+// once the tokenizer is at hand).
+static int parse_token_masks(const JsonAt *req, int vocab_size, HttpGenOptions *o, HttpError *err) {
+    SamplingParams *sp = &o->sp;
+    if (json_get_int(req, "min_tokens", JSON_GET_OPTIONAL, 0, 0, INT32_MAX, &sp->min_tokens))
+        return refused(req, "min_tokens", err);
+    if (json_get_present(req, "allowed_token_ids")) {
+        int32_t *ids;
+        int n;
+        if (http_parse_id_list(json_object_get(req->json, "allowed_token_ids"), "allowed_token_ids", vocab_size, &ids,
+                               &n, err) < 0)
+            return -1;
+        o->allowed_ids = ids;
+        if (n == 0)
+            return REFUSE(req, "allowed_token_ids", err, "must hold at least one token id (leave it out to allow "
+                          "every id)");
+        sp->allowed_token_ids = ids;
+        sp->n_allowed = n;
+    }
+    if (!json_get_present(req, "bad_words")) return 0;
+    const json_t *v = json_object_get(req->json, "bad_words");
+    if (!json_is_array(v))
+        return REFUSE(req, "bad_words", err, "must be a list of strings, not %s", json_kind_name(v));
+    if (json_array_size(v) > HTTP_MAX_BAD_WORDS)
+        return REFUSE(req, "bad_words", err, "has %zu entries; at most %d", json_array_size(v), HTTP_MAX_BAD_WORDS);
+    JsonAt list = json_at_value(req, v, "bad_words");
+    for (size_t i = 0; i < json_array_size(v); i++) {
+        JsonAt item = json_at_element(&list, i);
+        const char *text;
+        size_t len;
+        if (json_get_string(&item, NULL, JSON_GET_REQUIRED, NULL, JSON_ANY_LENGTH, &text, &len))
+            return refused(&list, NULL, err);
+        size_t lead = strspn(text, " \t\n\r\f\v");
+        if (lead == len || len > HTTP_MAX_STOP_BYTES) {
+            json_get_fail(&item, NULL, "must hold a word (not only whitespace) of at most %d bytes",
+                          HTTP_MAX_STOP_BYTES);
+            return refused(&list, NULL, err);
+        }
+    }
+    o->bad_words = json_array_size(v) > 0 ? v : NULL;
+    return 0;
+}
+
+void http_gen_options_free(HttpGenOptions *o) {
+    if (!o) return;
+    free(o->allowed_ids);
+    free(o->bad_ids);
+    free(o->bad_offsets);
+    o->allowed_ids = o->bad_ids = o->bad_offsets = NULL;
+    o->sp.allowed_token_ids = o->sp.bad_words_ids = o->sp.bad_words_offsets = NULL;
+    o->sp.n_allowed = o->sp.n_bad_words = 0;
+}
+
+int http_check_min_tokens(const HttpGenOptions *o, HttpError *err) {
+    if (o->sp.min_tokens <= o->sp.max_tokens) return 0;
+    return http_error_set(err, 400, "min_tokens", "'min_tokens' (%d) must be at most max_tokens (%d)",
+                          o->sp.min_tokens, o->sp.max_tokens);
+}
+
+// Appends the ids of text (len bytes, no special tokens) to o's bad-word ids as word o->sp.n_bad_words.
+static int add_bad_word(const Tokenizer *tok, const char *text, size_t len, size_t *cap, HttpGenOptions *o,
+                        int32_t **ids_out, size_t *n_out, HttpError *err) {
+    char msg[256];
+    int32_t *ids = NULL;
+    size_t n = 0;
+    if (tokenizer_encode(tok, text, len, 0, &ids, &n, msg, sizeof msg) != 0)
+        return http_error_set(err, 400, "bad_words", "'bad_words': '%.*s' cannot be tokenized: %s", (int)len, text,
+                              msg);
+    if (n == 0) {
+        free(ids);
+        return http_error_set(err, 400, "bad_words", "'bad_words': '%.*s' tokenizes to no tokens", (int)len, text);
+    }
+    const int w = o->sp.n_bad_words, at = o->bad_offsets[w];
+    if ((size_t)at + n > *cap) {
+        size_t c = *cap * 2 > at + n ? *cap * 2 : at + n;
+        int32_t *grown = realloc(o->bad_ids, c * sizeof *grown);
+        if (!grown) {
+            free(ids);
+            return http_error_set(err, 500, "bad_words", "out of memory encoding 'bad_words'");
+        }
+        o->bad_ids = grown;
+        *cap = c;
+    }
+    memcpy(o->bad_ids + at, ids, n * sizeof *ids);
+    o->bad_offsets[w + 1] = at + (int32_t)n;
+    o->sp.n_bad_words = w + 1;
+    *ids_out = ids;
+    *n_out = n;
+    return 0;
+}
+
+int http_encode_bad_words(const Tokenizer *tok, HttpGenOptions *o, HttpError *err) {
+    if (!o->bad_words) return 0;
+    if (!tok)
+        return http_error_set(err, 400, "bad_words", "'bad_words' needs the model's tokenizer, and this model folder "
+                              "has none");
+    const size_t words = json_array_size(o->bad_words);
+    size_t cap = 16 * words;
+    o->bad_offsets = malloc((2 * words + 1) * sizeof *o->bad_offsets);
+    o->bad_ids = malloc(cap * sizeof *o->bad_ids);
+    if (!o->bad_offsets || !o->bad_ids) return http_error_set(err, 500, "bad_words", "out of memory");
+    o->bad_offsets[0] = 0;
+    o->sp.n_bad_words = 0;
+    char *spaced = malloc(HTTP_MAX_STOP_BYTES + 2);
+    if (!spaced) return http_error_set(err, 500, "bad_words", "out of memory");
+    int rc = 0;
+    for (size_t i = 0; i < words && rc == 0; i++) {
+        const char *text = json_string_value(json_array_get(o->bad_words, i));
+        const size_t len = json_string_length(json_array_get(o->bad_words, i));
+        const size_t lead = strspn(text, " \t\n\r\f\v");
+        int32_t *plain = NULL, *with_space = NULL;
+        size_t n_plain = 0, n_space = 0;
+        rc = add_bad_word(tok, text + lead, len - lead, &cap, o, &plain, &n_plain, err);
+        if (rc == 0) {
+            spaced[0] = ' ';
+            memcpy(spaced + 1, text + lead, len - lead);
+            rc = add_bad_word(tok, spaced, len - lead + 1, &cap, o, &with_space, &n_space, err);
+            // Kept only when it starts with another id and has as many ids (vLLM's rule); else taken back.
+            if (rc == 0 && (with_space[0] == plain[0] || n_space != n_plain)) o->sp.n_bad_words--;
+        }
+        free(plain);
+        free(with_space);
+    }
+    free(spaced);
+    if (rc < 0) return -1;
+    o->sp.bad_words_ids = o->bad_ids;
+    o->sp.bad_words_offsets = o->bad_offsets;
     return 0;
 }
 
@@ -530,6 +660,7 @@ int http_parse_generation(const json_t *body, HttpApi api, int vocab_size, HttpG
     if (parse_common(&req, vocab_size, o, err) < 0) return -1;
     if (api != HTTP_API_TRL) {
         if (parse_unsupported(&req, err) < 0) return -1;
+        if (parse_token_masks(&req, vocab_size, o, err) < 0) return -1;
         if (parse_stream_fields(&req, o, err) < 0) return -1;
         if (get_bool(&req, "return_token_ids", &o->return_token_ids, err) < 0) return -1;
         if (get_bool(&req, "return_tokens_as_token_ids", &o->return_tokens_as_token_ids, err) < 0) return -1;
@@ -549,5 +680,7 @@ int http_parse_generation(const json_t *body, HttpApi api, int vocab_size, HttpG
     }
     if (rc < 0) return -1;
     o->sp.top_logprobs = o->logprobs > 0 ? o->logprobs : 0;
+    // Chat without max_tokens gets what the context leaves, known once the messages are rendered: checked then.
+    if ((api != HTTP_API_CHAT || o->max_tokens_given) && http_check_min_tokens(o, err) < 0) return -1;
     return 0;
 }

@@ -16,7 +16,8 @@
 #define HTTP_MAX_N 1024                 // completions per prompt
 #define HTTP_MAX_PROMPTS 1024           // prompts per request
 #define HTTP_MAX_COMPLETIONS 4096       // prompts x n per request
-#define HTTP_MAX_STOP_BYTES 512         // length of one stop string
+#define HTTP_MAX_STOP_BYTES 512         // length of one stop string (and of one bad word)
+#define HTTP_MAX_BAD_WORDS 256          // bad_words entries
 
 // Which API's field names and defaults apply.
 typedef enum { HTTP_API_COMPLETIONS = 0, HTTP_API_CHAT, HTTP_API_TRL } HttpApi;
@@ -65,11 +66,26 @@ typedef struct {
     int continue_final_message; // chat (default 0)
     int add_special_tokens;     // completions default 1, chat default 0
     int return_policy_versions; // TRL (tandem extension): the weights version of every completion token
+    // vLLM's token masks (sp.min_tokens is read here too). sp.allowed_token_ids points at allowed_ids; bad_words is
+    // the request's list of strings until http_encode_bad_words turns it into sp.bad_words_* (bad_ids,
+    // bad_offsets). Free with http_gen_options_free.
+    int32_t *allowed_ids;
+    const json_t *bad_words;
+    int32_t *bad_ids, *bad_offsets;
 } HttpGenOptions;
 
 // Reads the sampling fields of a request for `api` (see docs/http-api.md for the list, defaults and ranges)
-// and checks them: every refusal is a 400 naming the field. vocab_size bounds stop_token_ids.
+// and checks them: every refusal is a 400 naming the field. vocab_size bounds stop_token_ids and
+// allowed_token_ids. Call http_gen_options_free afterwards, whatever it returned.
 int http_parse_generation(const json_t *req, HttpApi api, int vocab_size, HttpGenOptions *o, HttpError *err);
+void http_gen_options_free(HttpGenOptions *o);
+// min_tokens against the max_tokens the request ends up with (chat's default is only known after rendering): 0,
+// or -1 with a 400 naming min_tokens.
+int http_check_min_tokens(const HttpGenOptions *o, HttpError *err);
+// The ids of o->bad_words as vLLM takes them: each word with its leading whitespace stripped, encoded without
+// special tokens, and encoded once more after a space when that gives another first id and as many ids (the
+// word in the middle of a sentence). Sets o->sp.bad_words_*. 0, or -1 with a 400 naming bad_words.
+int http_encode_bad_words(const Tokenizer *tok, HttpGenOptions *o, HttpError *err);
 
 // Prompts as given: either all texts or all token-id lists.
 typedef struct {
@@ -96,14 +112,20 @@ int http_parse_id_list(const json_t *val, const char *field, int vocab_size, int
 
 // The chat request's messages as the chat template takes them (rollout_server/http_chat.c).
 typedef struct {
-    ChatMessage *items;         // (n) role points into the request JSON, content into owned
+    ChatMessage *items;         // (n) role points into the request JSON ("developer" reads "system"), content into
+                                // owned, tool_calls into calls
     char **owned;               // (n) each message's content: a string, "" for null, text parts joined by '\n'
     size_t n;
+    ChatToolCall *calls;        // every assistant tool call; name and arguments point into the request JSON, or
+    char **owned_args;          // (n_calls) into these: arguments sent as an object, as JSON text (else NULL)
+    size_t n_calls;
     ChatRenderOptions opt;      // chat_template_kwargs: enable_thinking (default true), date_string
 } HttpChatMessages;
 
-// Reads req["messages"] (a non-empty list of {role, content}) and chat_template_kwargs; a per-request
-// "chat_template" is refused. 0, or -1 with err (400 naming the field) and nothing to free.
+// Reads req["messages"] (a non-empty list of {role, content}, with "tool_calls" on assistant turns and
+// "tool_call_id" on tool turns) and chat_template_kwargs; a per-request "chat_template" is refused. OpenAI's
+// "developer" role is the system role (as vLLM renders it). 0, or -1 with err (400 naming the field) and nothing to
+// free.
 int http_parse_messages(const json_t *req, HttpChatMessages *out, HttpError *err);
 void http_chat_messages_free(HttpChatMessages *m);
 

@@ -1,5 +1,6 @@
 // rollout_server/http_routes_openai.c — the OpenAI-compatible routes: POST /v1/completions, POST
-// /v1/chat/completions (whole answers or server-sent events), GET /v1/models. Field list: docs/http-api.md.
+// /v1/chat/completions (whole answers or server-sent events), GET /v1/models and /v1/models/{id}. Field list:
+// docs/http-api.md.
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -32,6 +33,7 @@ static void gencall_free(GenCall *c) {
     http_gen_release(&c->g);
     http_free_ids(c->ids, c->lens, c->pl.n);
     http_prompts_free(&c->pl);
+    http_gen_options_free(&c->o);
     json_decref(c->req);
     free(c->text_offset);
     free(c);
@@ -91,6 +93,7 @@ static GenCall *gencall_start(HttpReq *r, HttpApi api, HttpError *e) {
     if (http_body_parse(r->body.data, r->body.len, &c->req, e) < 0) goto fail;
     if (check_model(s, c->req, e) < 0) goto fail;
     if (http_parse_generation(c->req, api, s->vocab_size, &c->o, e) < 0) goto fail;
+    if (http_encode_bad_words(engine_group_tokenizer(s->engines), &c->o, e) < 0) goto fail;
     if (c->o.return_tokens_as_token_ids) c->tt.text = http_token_id_text;
     if (api == HTTP_API_CHAT) {
         size_t len = 0;
@@ -128,6 +131,7 @@ static GenCall *gencall_start(HttpReq *r, HttpApi api, HttpError *e) {
                 goto fail;
             }
             c->o.sp.max_tokens = left;
+            if (http_check_min_tokens(&c->o, e) < 0) goto fail;
         }
     }
     c->text_offset = calloc((size_t)n_choices(c), sizeof *c->text_offset);
@@ -341,6 +345,7 @@ static void generate_route(HttpReq *r, HttpApi api) {
         http_reply_error(r, &e);
         return;
     }
+    c->g.answers_abort = 1; // finish_reason "abort" says that a completion was cut short
     if (c->o.stream) {
         HttpStreamOps ops = {stream_fill, stream_destroy, c};
         http_reply_stream(r, &ops);
@@ -362,8 +367,18 @@ void http_route_completions(HttpReq *r) { generate_route(r, HTTP_API_COMPLETIONS
 
 void http_route_chat(HttpReq *r) { generate_route(r, HTTP_API_CHAT); }
 
+// GET /v1/models lists the one model; GET /v1/models/{id} answers with its object, or a 404 naming the id.
 void http_route_models(HttpReq *r) {
     HttpServer *s = r->srv;
+    static const char prefix[] = "/v1/models/";
+    const int one = strncmp(r->path, prefix, sizeof prefix - 1) == 0;
+    if (one && strcmp(r->path + sizeof prefix - 1, s->model_name) != 0) {
+        HttpError e;
+        http_error_set(&e, 404, "model", "The model '%s' does not exist; this server serves '%s'",
+                       r->path + sizeof prefix - 1, s->model_name);
+        http_reply_error(r, &e);
+        return;
+    }
     json_t *m = json_object();
     json_object_set_new(m, "id", json_string(s->model_name));
     json_object_set_new(m, "object", json_string("model"));
@@ -372,6 +387,10 @@ void http_route_models(HttpReq *r) {
     json_object_set_new(m, "root", json_string(engine_group_model_id(s->engines)));
     json_object_set_new(m, "parent", json_null());
     json_object_set_new(m, "max_model_len", json_integer(s->max_model_len));
+    if (one) {
+        http_reply_json(r, 200, m);
+        return;
+    }
     json_t *data = json_array();
     json_array_append_new(data, m);
     json_t *o = json_object();

@@ -62,7 +62,7 @@ typedef struct {
 
 static const RouteDef kRoutes[] = {
     {"/health", HTTP_ROUTE_HEALTH, M_GET, 1, http_route_health},
-    {"/v1/models", HTTP_ROUTE_MODELS, M_GET, 0, http_route_models},
+    {"/v1/models", HTTP_ROUTE_MODELS, M_GET, 0, http_route_models}, // kRoutes[1]: find_route's /v1/models/{id}
     {"/v1/completions", HTTP_ROUTE_COMPLETIONS, M_POST, 0, http_route_completions},
     {"/v1/chat/completions", HTTP_ROUTE_CHAT, M_POST, 0, http_route_chat},
     {"/tokenize", HTTP_ROUTE_TOKENIZE, M_POST, 0, http_route_tokenize},
@@ -85,9 +85,15 @@ static const RouteDef kRoutes[] = {
     {"/inference/v1/generate", HTTP_ROUTE_VLLM_INFERENCE_GENERATE, M_POST, 0, http_route_vllm_multimodal},
 };
 
+// GET /v1/models/{id}: the model route with an id (which may hold slashes, "org/name"); http_route_models answers
+// for the one id or with a 404.
+#define MODELS_PREFIX "/v1/models/"
+
 static const RouteDef *find_route(const char *path) {
     for (size_t i = 0; i < sizeof kRoutes / sizeof kRoutes[0]; i++)
         if (strcmp(kRoutes[i].path, path) == 0) return &kRoutes[i];
+    if (strncmp(path, MODELS_PREFIX, strlen(MODELS_PREFIX)) == 0 && path[strlen(MODELS_PREFIX)])
+        return &kRoutes[1];
     return NULL;
 }
 

@@ -23,6 +23,7 @@
 // Defaults of the options that are not engine or HTTP settings.
 #define DEFAULT_DRAIN_TIMEOUT_S 30.0
 #define DEFAULT_WEIGHT_SYNC_TIMEOUT_S 600.0
+#define ABORT_ANSWER_GRACE_MS 2000 // after the drain timeout: time to write the aborted requests' answers
 
 typedef struct {
     EngineConfig engine;
@@ -143,8 +144,9 @@ static void serve_options(CliOption out[N_SERVE_OPTIONS], int prefix_default) {
         TEXT("--api-key", api_key, "KEY",
              "require 'Authorization: Bearer KEY' on every route but /health and /health/",
              "env TANDEM_API_KEY, else none (no auth)"),
-        SECONDS("--drain-timeout", drain_timeout, 0, 86400, "on SIGTERM/SIGINT, time given to requests in flight",
-                NULL),
+        SECONDS("--drain-timeout", drain_timeout, 0, 86400,
+                "on SIGTERM/SIGINT, time given to requests in flight; those still running are then aborted (OpenAI "
+                "answers carry what they had, finish_reason \"abort\")", NULL),
         SECONDS("--weight-sync-timeout", sync_timeout, 1, 86400,
                 "a weight update over NCCL (joining the trainer's communicator, each receive) that stalls this long "
                 "fails; the server keeps its weights", NULL),
@@ -523,11 +525,17 @@ int main(int argc, char **argv) {
         struct timespec ts = {0, 20 * 1000 * 1000};
         nanosleep(&ts, NULL);
     }
-    if (left > 0 || st.requests_running + st.requests_waiting > 0)
+    if (left > 0 || st.requests_running + st.requests_waiting > 0) {
         serve_log("drain timeout: aborting %d HTTP request(s) and %" PRId64 " engine request(s) still in flight", left,
                   st.requests_running + st.requests_waiting);
-    else
+        // Their completions end with FINISH_ABORT: OpenAI answers and streams go out with what was generated and
+        // finish_reason "abort" (as /pause?mode=abort ends them), given a moment to be written.
+        engine_group_abort_requests(engines);
+        left = http_server_drain(http, ABORT_ANSWER_GRACE_MS);
+        if (left > 0) serve_log("%d HTTP request(s) still open after the abort: their connections are closed", left);
+    } else {
         serve_log("drained: no request in flight");
+    }
     zmq_control_stop(zmq);
     http_server_stop(http);
     double rest = deadline - now_s();

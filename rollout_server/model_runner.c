@@ -23,9 +23,9 @@ OpsCtx *runner_ops(ModelRunner *r) { return r->ops; }
 
 // ---- sampling -----------------------------------------------------------------------------------
 
-// Room for n samples and nh history ids, host and backend. Returns 0 or -1 (out of memory).
-static int samp_reserve(ModelRunner *r, int n, int64_t nh) {
-    if (nh > INT32_MAX) return -1;
+// Room for n samples, nh history ids and nm mask ids, host and backend. Returns 0 or -1 (out of memory).
+static int samp_reserve(ModelRunner *r, int n, int64_t nh, int64_t nm) {
+    if (nh > INT32_MAX || nm > INT32_MAX) return -1;
     if (n > r->samp_cap) {
         const int cap = n > 2 * r->samp_cap ? n : 2 * r->samp_cap;
         OpsSampleParams *par = realloc(r->samp_params, (size_t)cap * sizeof *par);
@@ -66,17 +66,33 @@ static int samp_reserve(ModelRunner *r, int n, int64_t nh) {
         }
         r->hist_cap = cap;
     }
+    if (nm > r->mask_cap) {
+        const int64_t want = nm > 2 * (int64_t)r->mask_cap ? nm : 2 * (int64_t)r->mask_cap;
+        const int cap = want > INT32_MAX ? INT32_MAX : (int)want;
+        int32_t *m = realloc(r->samp_mask, (size_t)cap * sizeof *m);
+        if (!m) return -1;
+        r->samp_mask = m;
+        ops_free(r->ops, r->d_mask);
+        if (!(r->d_mask = ops_malloc(r->ops, (size_t)cap * sizeof *r->d_mask))) {
+            r->mask_cap = 0;
+            return -1;
+        }
+        r->mask_cap = cap;
+    }
     return 0;
 }
 
 // The op's inputs for the step's samples: parameters with their logits rows (the samples of sequence i read the
-// row of its last token, rows numbered in sequence order) and the penalised samples' histories packed one after
-// the other. Returns 0 or -1 (out of memory).
+// row of its last token, rows numbered in sequence order), the penalised samples' histories packed one after
+// the other, and the masked samples' ids likewise (each mask pointer moved to its ids' backend copy). Returns 0 or
+// -1 (out of memory).
 static int pack_samples(ModelRunner *r, const RunnerSeq *seqs, int n_seqs, const RunnerSample *samples, int n) {
-    int64_t nh = 0;
+    int64_t nh = 0, nm = 0;
     for (int k = 0; k < n; k++) nh += samples[k].history ? samples[k].n_history : 0;
-    if (samp_reserve(r, n, nh) != 0) return -1;
+    for (int k = 0; k < n; k++) nm += samples[k].p.mask ? samples[k].p.n_mask : 0;
+    if (samp_reserve(r, n, nh, nm) != 0) return -1;
     r->samp_off[0] = 0;
+    r->samp_n_mask = 0;
     for (int i = 0, k = 0, row = 0; i < n_seqs; i++) {
         if (seqs[i].n_samples <= 0) continue;
         for (int c = 0; c < seqs[i].n_samples; c++, k++) {
@@ -85,6 +101,14 @@ static int pack_samples(ModelRunner *r, const RunnerSeq *seqs, int n_seqs, const
             r->samp_params[k] = s->p;
             r->samp_params[k].logits_row = row;
             if (h > 0) memcpy(r->samp_hist + r->samp_off[k], s->history, (size_t)h * sizeof *s->history);
+            if (s->p.mask && s->p.n_mask > 0) {
+                memcpy(r->samp_mask + r->samp_n_mask, s->p.mask, (size_t)s->p.n_mask * sizeof *s->p.mask);
+                r->samp_params[k].mask = r->d_mask + r->samp_n_mask;
+                r->samp_n_mask += s->p.n_mask;
+            } else {
+                r->samp_params[k].mask = NULL;
+                r->samp_params[k].n_mask = 0;
+            }
             r->samp_off[k + 1] = r->samp_off[k] + h;
         }
         row++;
@@ -101,6 +125,8 @@ static int sample_step(ModelRunner *r, const RunnerSample *samples, int n, int n
     ops_copy_to_device(o, r->d_params, r->samp_params, (size_t)n * sizeof *r->d_params);
     ops_copy_to_device(o, r->d_off, r->samp_off, (size_t)(n + 1) * sizeof *r->d_off);
     if (nh > 0) ops_copy_to_device(o, r->d_hist, r->samp_hist, (size_t)nh * sizeof *r->d_hist);
+    if (r->samp_n_mask > 0)
+        ops_copy_to_device(o, r->d_mask, r->samp_mask, (size_t)r->samp_n_mask * sizeof *r->d_mask);
     ops_sample_rows(o, r->d_tok, r->d_lp, logits, r->d_params, r->d_hist, r->d_off, n, n_rows, V, nh);
     ops_copy_to_host(o, r->samp_tok, r->d_tok, (size_t)n * sizeof *r->samp_tok);
     ops_copy_to_host(o, r->samp_lp, r->d_lp, (size_t)n * sizeof *r->samp_lp);
@@ -582,6 +608,7 @@ void runner_free(ModelRunner *r) {
     free(r->samp_params);
     free(r->samp_off);
     free(r->samp_hist);
+    free(r->samp_mask);
     free(r->samp_tok);
     free(r->samp_lp);
     free(r->samp_top);
@@ -589,6 +616,7 @@ void runner_free(ModelRunner *r) {
         ops_free(r->ops, r->d_params);
         ops_free(r->ops, r->d_off);
         ops_free(r->ops, r->d_hist);
+        ops_free(r->ops, r->d_mask);
         ops_free(r->ops, r->d_tok);
         ops_free(r->ops, r->d_lp);
     }
@@ -771,7 +799,7 @@ int runner_create(ModelRunner **out, const EngineConfig *cfg, char *err, size_t 
     r->dstaging = calloc((size_t)whole->layout.n_units, sizeof *r->dstaging);
     if (!r->tok_ids || !r->tok_seq || !r->tok_pos || !r->slots || !r->tables || !r->rows || !r->logits ||
         !r->score_rows || !r->score_seq || !r->score_pos ||
-        !r->dstaging || samp_reserve(r, cfg->max_num_seqs, 0) != 0) {
+        !r->dstaging || samp_reserve(r, cfg->max_num_seqs, 0, 0) != 0) {
         snprintf(err, err_len, "out of host memory setting up the engine");
         rc = ENGINE_ENOMEM;
         goto fail;

@@ -48,7 +48,8 @@ typedef struct {
 
 // One sample: the next token of one completion.
 typedef struct {
-    OpsSampleParams p;        // what to draw (kernels/ops.h); p.logits_row is set by the runner
+    OpsSampleParams p;        // what to draw (kernels/ops.h); p.logits_row is set by the runner, and p.mask (host
+                              // ids, p.n_mask of them) is copied to backend memory by it
     const int32_t *history;   // (n_history) ids the repetition penalty applies to; NULL when the penalty is off
     int n_history;
     int top_logprobs;         // alternatives to report, 0..ENGINE_MAX_TOP_LOGPROBS

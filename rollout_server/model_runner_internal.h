@@ -73,16 +73,19 @@ struct ModelRunner {
     int n_score;
     const RunnerSeq *step_seqs;     // the step's sequences while it runs
     float *logits;                  // (max_num_seqs, V) host copies of the logits rows that top logprobs need
-    // Sampling: one entry per sample. Arrays grow on demand: samp_cap samples, hist_cap history ids.
-    int samp_cap, hist_cap;
+    // Sampling: one entry per sample. Arrays grow on demand: samp_cap samples, hist_cap history ids, mask_cap mask
+    // ids.
+    int samp_cap, hist_cap, mask_cap;
     OpsSampleParams *samp_params;   // (samp_cap) host
     int32_t *samp_off;              // (samp_cap + 1) host: history offsets (histories of penalised samples only)
     int32_t *samp_hist;             // (hist_cap) host
+    int32_t *samp_mask;             // (mask_cap) host: the masked samples' ids one after the other ...
+    int samp_n_mask;                // ... this many for the step
     int32_t *samp_tok;              // (samp_cap) host: sampled ids
     float *samp_lp;                 // (samp_cap) host: their logprobs
     TokenLogprob *samp_top;         // (samp_cap, ENGINE_MAX_TOP_LOGPROBS) host: alternatives
     OpsSampleParams *d_params;      // backend copies of the above
-    int32_t *d_off, *d_hist, *d_tok;
+    int32_t *d_off, *d_hist, *d_tok, *d_mask;
     float *d_lp;
     int64_t graph_logged;           // decode graph recordings + failures already logged (log_graphs)
     // Lock-step driving of shards 1..tp-1 (runner_shards.c).

@@ -27,7 +27,7 @@ typedef struct {
     double *w;       // (V) exp(x - max x)
     float *sel;      // (V) top-k selection
     Cand *cand;      // (V) top-p candidates
-    uint32_t *seen;  // (V / 32 + 1) bitmap: history ids already penalised
+    uint32_t *seen;  // (V / 32 + 1) bitmap: history ids already penalised, then the mask's ids
 } Scratch;
 
 static void scratch_free(Scratch *s) {
@@ -157,6 +157,22 @@ static void top_p_cut(Scratch *s, int V, float x_lo, float top_p, float *xt, int
     *id_cut = s->cand[keep - 1].id;
 }
 
+// The mask of p on the penalised logits x (V): each forbidden id's logit becomes -inf (the bitmap is left clear).
+static void apply_mask(Scratch *s, float *x, int V, const OpsSampleParams *p) {
+    const int32_t *ids = p->n_mask > 0 ? p->mask : NULL;
+    const int n = ids ? p->n_mask : 0;
+    if (p->mask_mode == OPS_SAMPLE_MASK_BAN) {
+        for (int k = 0; k < n; k++)
+            if (ids[k] >= 0 && ids[k] < V) x[ids[k]] = -INFINITY;
+        return;
+    }
+    for (int k = 0; k < n; k++)
+        if (ids[k] >= 0 && ids[k] < V) s->seen[ids[k] >> 5] |= 1u << (ids[k] & 31);
+    for (int i = 0; i < V; i++)
+        if (!(s->seen[i >> 5] >> (i & 31) & 1u)) x[i] = -INFINITY;
+    memset(s->seen, 0, ((size_t)V / 32 + 1) * sizeof *s->seen);
+}
+
 // One sample: token and logprob of params p over the logits row `logits` (V) with history hist (nh).
 static void sample_one(Scratch *s, const float *logits, int V, const OpsSampleParams *p, const int32_t *hist, int nh,
                        int32_t *tok_out, float *lp_out) {
@@ -176,6 +192,8 @@ static void sample_one(Scratch *s, const float *logits, int V, const OpsSamplePa
         }
         memset(s->seen, 0, ((size_t)V / 32 + 1) * sizeof *s->seen);
     }
+    const int masked = p->mask_mode == OPS_SAMPLE_MASK_BAN || p->mask_mode == OPS_SAMPLE_MASK_ALLOW;
+    if (masked) apply_mask(s, x, V, p);
     double lse = NAN;
     int32_t tok = 0;
     if (greedy) {
@@ -189,7 +207,8 @@ static void sample_one(Scratch *s, const float *logits, int V, const OpsSamplePa
         }
         double all = 0.0;
         for (int i = 0; i < V; i++) all += w[i] = xm == -INFINITY ? 0.0 : exp((double)x[i] - xm);
-        if (!penalised) lse = xm + log(all); // x is exactly logits / T: the reported distribution's normaliser
+        if (!penalised && !masked) lse = xm + log(all); // x is exactly logits / T: the reported distribution's
+                                                        // normaliser
         float t0;
         if (lowest_survivor(xm, p->min_p, &t0)) {
             float x_lo = t0;

@@ -1,10 +1,13 @@
 // kernels/cuda/cuda_sample.cu — fused next-token sampling (ops_sample_rows): one block per sample reads its bf16
 // logits row a few times and never sorts, so the rollout server downloads 8 bytes per sample instead of a row.
 // Greedy samples take their own two kernels instead (greedy_chunks_kernel, greedy_combine_kernel): the row is
-// cut into chunks that any number of blocks can share, so that a small batch is not read by a few SMs.
+// cut into chunks that any number of blocks can share, so that a small batch is not read by a few SMs. A sample's
+// mask (OpsSampleParams.mask) becomes a bitmap of the vocabulary in the stream scratch first (mask_bits_kernel),
+// which both read.
 //
 // Same semantics and arithmetic as the CPU twin (kernels/cpu/cpu_sample.c): with z the penalised logit times
-// 1/T (float, rounded as the CPU rounds it) and zm = max z, each filter is a cut on z:
+// 1/T (float, rounded as the CPU rounds it; -inf for an id the sample's mask forbids) and zm = max z, each filter
+// is a cut on z:
 //   min-p   z >= t0: the smallest float whose weight exp(z - zm) (double) is > 0 and >= min_p, found by
 //           bisection over the float's bits with the same exp the CPU uses (so the sets agree exactly);
 //   top-k   z >= the k-th largest surviving z: radix select over the order-preserving float keys, three levels
@@ -65,14 +68,21 @@ struct SampleShared {
 // The logits row of one sample as the filters see it.
 struct RowView {
     const bf16 *x;
-    const uint32_t *pen_bits; // bitmap of the distinct history ids (only read when penalised)
+    const uint32_t *pen_bits;  // bitmap of the distinct history ids (only read when penalised)
+    const uint32_t *mask_bits; // bitmap of the mask's ids (only read when masked)
     float pen, inv_t;
     bool penalised;
+    bool masked;
+    uint32_t mask_allow;       // 1: mask_bits are the ids that may be drawn; 0: the ids that may not
 
     __device__ __forceinline__ float raw(int i) const { return bf2f(x[i]); }
-    // The CPU twin's float rounding, step by step (no fused multiply-add): penalty, then * (1/T). -0 becomes +0:
-    // the two are one value to every comparison (and to the CPU's sort) but two keys to the radix search.
+    // z is something else than raw / T (the one-pass draw and the greedy chunks read raw directly otherwise).
+    __device__ __forceinline__ bool adjusted() const { return penalised || masked; }
+    // The CPU twin's float rounding, step by step (no fused multiply-add): mask (a forbidden id is -inf), penalty,
+    // then * (1/T). -0 becomes +0: the two are one value to every comparison (and to the CPU's sort) but two keys
+    // to the radix search.
     __device__ __forceinline__ float z_of(int i, float v) const {
+        if (masked && ((mask_bits[i >> 5] >> (i & 31) & 1u) ^ mask_allow)) return -INFINITY;
         if (penalised && (pen_bits[i >> 5] >> (i & 31) & 1u)) v = v > 0.0f ? __fdiv_rn(v, pen) : __fmul_rn(v, pen);
         v = __fmul_rn(v, inv_t);
         return v == 0.0f ? 0.0f : v;
@@ -479,19 +489,19 @@ __device__ __forceinline__ float chunk_weight(float z, float m) { return ex2_ftz
 static constexpr int ONE_PASS_VECS = 2;                       // 16-byte vectors per lane in a one-pass chunk
 static constexpr int ONE_PASS_CHUNK = 32 * 8 * ONE_PASS_VECS;  // its ids
 
-// The draw of a sample without filters or penalty (no top-k, top-p, min-p, repetition penalty: the GRPO default) in
-// one read of the row instead of pass 1 and id_search's two. Each warp takes chunks of ONE_PASS_CHUNK ids (lane l:
-// vectors l and l + 32 of the chunk), the next one's loads in flight while it works on the current, and keeps the
-// chunk's max m_c and its sum of exp(z - m_c), the exponentials in float (chunk_weight: the hardware exp2, which
-// leaves the kernel bound by the row's bytes instead of double arithmetic), each lane's sixteen summed in float and
-// the rest in double. A fixed-order prefix over the chunk sums moved to the row's max zm (times f_c = exp(m_c - zm),
-// double) locates the chunk where the running sum crosses u * total, and warp 0 rescans that chunk with the same
-// terms f_c * exp(z - m_c). Each weight is within ~1e-6 (relative; ~2e-7 for z - m_c near 0, where the mass is) of
-// the CPU twin's exp(z - zm) in double, so the CDF is too: the token differs from the CPU's only where u lies that
-// close to a boundary. Here z = raw / T, so the logprob's log-sum-exp is zm + log(total), as close. The row is read
-// in vectors (the caller checks V % 8 == 0, a 16-byte aligned row and at most SAMPLE_MAX_CHUNKS chunks). Returns
-// false, with nothing decided, when the row holds a NaN or zm is not finite (every logit -inf, or +inf in the row):
-// the general path then answers.
+// The draw of a sample without filters, penalty or mask (no top-k, top-p, min-p, repetition penalty, mask: the GRPO
+// default) in one read of the row instead of pass 1 and id_search's two. Each warp takes chunks of ONE_PASS_CHUNK ids
+// (lane l: vectors l and l + 32 of the chunk), the next one's loads in flight while it works on the current, and keeps
+// the chunk's max m_c and its sum of exp(z - m_c), the exponentials in float (chunk_weight: the hardware exp2, which
+// leaves the kernel bound by the row's bytes instead of double arithmetic), each lane's sixteen summed in float and the
+// rest in double. A fixed-order prefix over the chunk sums moved to the row's max zm (times f_c = exp(m_c - zm),
+// double) locates the chunk where the running sum crosses u * total, and warp 0 rescans that chunk with the same terms
+// f_c * exp(z - m_c). Each weight is within ~1e-6 (relative; ~2e-7 for z - m_c near 0, where the mass is) of the CPU
+// twin's exp(z - zm) in double, so the CDF is too: the token differs from the CPU's only where u lies that close to a
+// boundary. Here z = raw / T, so the logprob's log-sum-exp is zm + log(total), as close. The row is read in vectors
+// (the caller checks V % 8 == 0, a 16-byte aligned row and at most SAMPLE_MAX_CHUNKS chunks). Returns false, with
+// nothing decided, when the row holds a NaN or zm is not finite (every logit -inf, or +inf in the row): the general
+// path then answers.
 __device__ bool draw_one_pass(SampleShared &sh, const RowView &r, int V, double u, int *tok, double *lse) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nwarps = blockDim.x >> 5;
     const int nchunks = (V + ONE_PASS_CHUNK - 1) / ONE_PASS_CHUNK, nv = V >> 3;
@@ -593,6 +603,46 @@ __device__ __forceinline__ bool build_pen_bits(uint32_t *pen_bits, const OpsSamp
     return penalised;
 }
 
+// Whether sample p has a mask (OpsSampleParams.mask_mode).
+__device__ __forceinline__ bool has_mask(const OpsSampleParams &p) {
+    return p.mask_mode == OPS_SAMPLE_MASK_BAN || p.mask_mode == OPS_SAMPLE_MASK_ALLOW;
+}
+
+// One block per sample s with a mask: the bitmap of its ids in bits + s * words (words = (V + 31) / 32), in global
+// memory, which both sampling kernels read (a greedy sample's row is shared by several blocks). Unmasked samples
+// leave theirs alone: nothing reads it. Kept out of shared memory so that the kernels' footprint, and with it
+// how many blocks an SM holds, is the same as without masks.
+__global__ void mask_bits_kernel(uint32_t *bits, const OpsSampleParams *params, int V, int words) {
+    const OpsSampleParams p = params[blockIdx.x];
+    if (!has_mask(p)) return;
+    uint32_t *b = bits + (size_t)blockIdx.x * words;
+    for (int w = threadIdx.x; w < words; w += blockDim.x) b[w] = 0u;
+    __syncthreads();
+    const int n = p.mask ? p.n_mask : 0;
+    for (int k = threadIdx.x; k < n; k += blockDim.x) {
+        const int32_t t = p.mask[k];
+        if (t >= 0 && t < V) atomicOr(&b[t >> 5], 1u << (t & 31));
+    }
+}
+
+// The sample's row, penalty and mask as the filters read them: pen_bits in shared memory ((V + 31) / 32 words, built
+// here), the mask's bitmap of sample s from mask_bits_kernel.
+__device__ __forceinline__ RowView make_row_view(const bf16 *logits, const OpsSampleParams &p, float inv_t,
+                                                 uint32_t *pen_bits, const uint32_t *mask_bits,
+                                                 const int32_t *history, const int32_t *history_offsets, int s, int V,
+                                                 int n_history) {
+    RowView r;
+    r.x = logits + (size_t)p.logits_row * V;
+    r.pen_bits = pen_bits;
+    r.mask_bits = mask_bits + (size_t)s * ((V + 31) / 32);
+    r.pen = p.repetition_penalty;
+    r.inv_t = inv_t;
+    r.penalised = build_pen_bits(pen_bits, p, history, history_offsets, s, V, n_history);
+    r.masked = has_mask(p);
+    r.mask_allow = p.mask_mode == OPS_SAMPLE_MASK_ALLOW ? 1u : 0u;
+    return r;
+}
+
 // Whether sample p is greedy with a valid row: greedy_chunks_kernel and greedy_combine_kernel take it, the
 // one-block kernel leaves it.
 __device__ __forceinline__ bool greedy_sample(const OpsSampleParams &p, int n_rows) {
@@ -632,20 +682,16 @@ struct GreedyChunk {
 // in increasing order, then a fixed butterfly, lane 0 writes), never on G: the host spreads a small batch over many
 // blocks and a large one over few, and a sample's token and logprob do not depend on the batch. chunks (n,
 // n_chunks).
-// Dynamic shared memory: the history bitmap, (V + 31) / 32 words.
+// Dynamic shared memory: the history bitmap, (V + 31) / 32 words; mask_bits from mask_bits_kernel.
 __global__ void __launch_bounds__(GREEDY_WARPS * 32)
 greedy_chunks_kernel(GreedyChunk *chunks, const bf16 *logits, const OpsSampleParams *params, const int32_t *history,
-                     const int32_t *history_offsets, int n_rows, int V, int n_history, int vec, int n_chunks) {
+                     const int32_t *history_offsets, const uint32_t *mask_bits, int n_rows, int V, int n_history,
+                     int vec, int n_chunks) {
     extern __shared__ uint32_t pen_bits[];
     const int s = blockIdx.x, lane = threadIdx.x & 31, nwarps = blockDim.x >> 5;
     const OpsSampleParams p = params[s];
     if (!greedy_sample(p, n_rows)) return;
-    RowView r;
-    r.x = logits + (size_t)p.logits_row * V;
-    r.pen_bits = pen_bits;
-    r.pen = p.repetition_penalty;
-    r.inv_t = 1.0f;
-    r.penalised = build_pen_bits(pen_bits, p, history, history_offsets, s, V, n_history);
+    const RowView r = make_row_view(logits, p, 1.0f, pen_bits, mask_bits, history, history_offsets, s, V, n_history);
     GreedyChunk *out = chunks + (size_t)s * n_chunks;
     const int e = vec ? 8 : 1, stride = gridDim.y * nwarps;
     const uint4 *xv = reinterpret_cast<const uint4 *>(r.x);
@@ -676,8 +722,9 @@ greedy_chunks_kernel(GreedyChunk *chunks, const bf16 *logits, const OpsSamplePar
             const bf16 *h = reinterpret_cast<const bf16 *>(&cur[j]);
             for (int k = 0; k < n; k++) {
                 const float raw = bf2f(h[k]);
-                // Unpenalised, z is the raw logit (T = 1; -0 and +0 compare equal, so no normalising here).
-                const float z = r.penalised ? r.z_of(i0 + k, raw) : raw;
+                // Unpenalised and unmasked, z is the raw logit (T = 1; -0 and +0 compare equal, so no normalising
+                // here).
+                const float z = r.adjusted() ? r.z_of(i0 + k, raw) : raw;
                 if (z > zv || (z == zv && zi == INT_MAX)) {
                     zv = z;
                     zi = i0 + k;
@@ -753,12 +800,12 @@ __global__ void greedy_combine_kernel(int32_t *tokens, float *logprobs, const Gr
 // ---- the kernel ----------------------------------------------------------------------------------------
 
 // One block per sample s that is not greedy (a bad logits_row included). logits (n_rows, V) bf16; params (n);
-// history_offsets (n + 1) or NULL; tokens, logprobs (n). Dynamic shared memory: the history bitmap, (V + 31) / 32
-// words.
+// history_offsets (n + 1) or NULL; tokens, logprobs (n); mask_bits from mask_bits_kernel. Dynamic shared memory:
+// the history bitmap, (V + 31) / 32 words.
 __global__ void __launch_bounds__(512)
 sample_rows_kernel(int32_t *tokens, float *logprobs, const bf16 *logits, const OpsSampleParams *params,
-                   const int32_t *history, const int32_t *history_offsets, int n_rows, int V, int n_history,
-                   int chunk, double qscale) {
+                   const int32_t *history, const int32_t *history_offsets, const uint32_t *mask_bits, int n_rows, int V,
+                   int n_history, int chunk, double qscale) {
     extern __shared__ uint32_t pen_bits[];
     __shared__ SampleShared sh;
     const int s = blockIdx.x, tid = threadIdx.x;
@@ -771,16 +818,12 @@ sample_rows_kernel(int32_t *tokens, float *logprobs, const bf16 *logits, const O
         return;
     }
     if (greedy_sample(p, n_rows)) return;  // greedy_chunks_kernel and greedy_combine_kernel's
-    RowView r;
-    r.x = logits + (size_t)p.logits_row * V;
-    r.pen_bits = pen_bits;
-    r.pen = p.repetition_penalty;
-    r.inv_t = __fdiv_rn(1.0f, p.temperature);
-    r.penalised = build_pen_bits(pen_bits, p, history, history_offsets, s, V, n_history);
-    // No filter and no penalty (the general path's tests, NaN parameters included): one read of the row.
+    const RowView r = make_row_view(logits, p, __fdiv_rn(1.0f, p.temperature), pen_bits, mask_bits, history,
+                                    history_offsets, s, V, n_history);
+    // No filter, penalty or mask (the general path's tests, NaN parameters included): one read of the row.
     const bool unfiltered = !(p.top_k > 0 && p.top_k < V) && !(p.top_p < 1.0f) && !(p.min_p > 0.0f);
     const bool row_vectors = (V & 7) == 0 && (reinterpret_cast<uintptr_t>(r.x) & 15u) == 0;
-    if (unfiltered && !r.penalised && row_vectors &&
+    if (unfiltered && !r.adjusted() && row_vectors &&
         (V + ONE_PASS_CHUNK - 1) / ONE_PASS_CHUNK <= SAMPLE_MAX_CHUNKS) {
         int tok;
         double lse;
@@ -915,18 +958,27 @@ void cuda_sample_rows(OpsCtx *ctx, int32_t *tokens, float *logprobs, const void 
     CUDA_ARG_CHECK(ctx, dyn + static_bytes <= st->max_smem_optin,
                    "sample_rows: V=%d needs %zu bytes of shared memory (device has %zu)", V, dyn + static_bytes,
                    st->max_smem_optin);
-    if (dyn + static_bytes > 48 * 1024)
-        CUDA_CHECK(ctx,
-                   cudaFuncSetAttribute(sample_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
-    sample_rows_kernel<<<n, threads, dyn, st->stream>>>(tokens, logprobs, (const bf16 *)logits, params, history,
-                                                         history_offsets, n_rows, V, n_history, chunk, qscale);
-    CUDA_CHECK_LAUNCH(ctx);
     // Greedy samples: chunks of 1024 ids (128 for rows not read in vectors), spread over about GREEDY_BLOCKS_PER_SM
     // blocks per SM for the whole launch (a block takes a chunk per warp at least).
     const int vec = V % 8 == 0 && ((uintptr_t)logits & 15u) == 0;
     const int per = 32 * GREEDY_PER_LANE * (vec ? 8 : 1), n_chunks = (V + per - 1) / per;
-    GreedyChunk *chunks = (GreedyChunk *)cuda_scratch(ctx, st, (size_t)n * n_chunks * sizeof(GreedyChunk));
-    if (!chunks) return;
+    // The stream scratch: the greedy chunks' results, then one mask bitmap per sample (written for masked samples
+    // only, by mask_bits_kernel).
+    const int words = (V + 31) / 32;
+    const size_t chunk_bytes = ((size_t)n * n_chunks * sizeof(GreedyChunk) + 255) / 256 * 256;
+    char *scratch = (char *)cuda_scratch(ctx, st, chunk_bytes + (size_t)n * words * sizeof(uint32_t));
+    if (!scratch) return;
+    GreedyChunk *chunks = (GreedyChunk *)scratch;
+    uint32_t *mask_bits = (uint32_t *)(scratch + chunk_bytes);
+    mask_bits_kernel<<<n, 256, 0, st->stream>>>(mask_bits, params, V, words);
+    CUDA_CHECK_LAUNCH(ctx);
+    if (dyn + static_bytes > 48 * 1024)
+        CUDA_CHECK(ctx,
+                   cudaFuncSetAttribute(sample_rows_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
+    sample_rows_kernel<<<n, threads, dyn, st->stream>>>(tokens, logprobs, (const bf16 *)logits, params, history,
+                                                         history_offsets, mask_bits, n_rows, V, n_history, chunk,
+                                                         qscale);
+    CUDA_CHECK_LAUNCH(ctx);
     const int want = (GREEDY_BLOCKS_PER_SM * st->sm_count + n - 1) / n;
     const int most = (n_chunks + GREEDY_WARPS - 1) / GREEDY_WARPS;
     const int G = want < 1 ? 1 : want > most ? most : want;
@@ -934,7 +986,8 @@ void cuda_sample_rows(OpsCtx *ctx, int32_t *tokens, float *logprobs, const void 
         CUDA_CHECK(ctx,
                    cudaFuncSetAttribute(greedy_chunks_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, (int)dyn));
     greedy_chunks_kernel<<<dim3((unsigned)n, (unsigned)G), GREEDY_WARPS * 32, dyn, st->stream>>>(
-        chunks, (const bf16 *)logits, params, history, history_offsets, n_rows, V, n_history, vec, n_chunks);
+        chunks, (const bf16 *)logits, params, history, history_offsets, mask_bits, n_rows, V, n_history, vec,
+        n_chunks);
     CUDA_CHECK_LAUNCH(ctx);
     greedy_combine_kernel<<<(unsigned)(((size_t)n * 32 + 255) / 256), 256, 0, st->stream>>>(
         tokens, logprobs, chunks, (const bf16 *)logits, params, n, n_rows, V, n_chunks);

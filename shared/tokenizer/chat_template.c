@@ -193,6 +193,8 @@ int chat_template_create(ChatTemplate **out, const char *src, const char *force_
     ct->eos = dup_or_empty(eos_token);
     int oom = !ct->bos || !ct->eos;
     if (src && f == CHAT_FAMILY_CHATML) ct->default_system = chatml_default_system(src);
+    if (src && f == CHAT_FAMILY_CHATML)
+        ct->qwen_tools = has(src, "<tool_call>") && has(src, "<tool_response>") && has(src, "message.tool_calls");
     if (f == CHAT_FAMILY_LLAMA31) {
         ct->default_date = src ? llama_default_date(src) : NULL;
         if (!ct->default_date) ct->default_date = dup_or_empty("26 Jul 2024");

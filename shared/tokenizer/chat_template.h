@@ -15,9 +15,12 @@
 //               user message
 //   mistral-v1  Mistral / Mixtral Instruct v0.1 form: <s>[INST] ... [/INST]answer</s>
 //   zephyr      <|user|>\n...</s>\n (Zephyr, TinyLlama chat)
-// Roles are "system", "user" and "assistant"; a role the family's template would reject, or an order it
+// Roles are "system", "user", "assistant" and "tool"; a role the family's template would reject, or an order it
 // would reject (Llama 2 and Mistral require user/assistant alternation), is an error carrying the message
-// the template raises.
+// the template raises. Tool results (role "tool") and assistant tool calls render as the template does: Qwen2.5's
+// ChatML (tool markers in the template) and Qwen3 wrap them in <tool_response> / <tool_call> blocks, plain ChatML
+// and Llama 3.0 write a "tool" turn like any other and do not show tool calls; the other families' tool formats
+// are not rendered (an error that says so).
 //
 // The rendered text already holds the BOS the template writes, so encode it with add_special_tokens = 0
 // (which is what apply_chat_template(tokenize=True) does).
@@ -44,8 +47,16 @@ typedef enum {
 } ChatFamily;
 
 typedef struct {
-    const char *role;      // "system", "user" or "assistant"
+    const char *name;       // the function called
+    const char *arguments;  // JSON text of its arguments (OpenAI's string), rendered as the template's `tojson` of
+                            // the parsed value (vLLM parses it before rendering)
+} ChatToolCall;
+
+typedef struct {
+    const char *role;      // "system", "user", "assistant" or "tool"
     const char *content;   // UTF-8, NUL-terminated
+    const ChatToolCall *tool_calls; // an assistant turn's calls (n_tool_calls of them), or NULL
+    size_t n_tool_calls;
 } ChatMessage;
 
 typedef struct {

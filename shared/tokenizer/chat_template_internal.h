@@ -4,6 +4,7 @@
 #define TANDEM_SHARED_CHAT_TEMPLATE_INTERNAL_H
 
 #include "shared/tokenizer/chat_template.h"
+#include "shared/tokenizer/tokenizer_internal.h"
 
 struct ChatTemplate {
     ChatFamily family;
@@ -14,6 +15,11 @@ struct ChatTemplate {
     int date_from_clock;          // llama3.1: the template prefers strftime_now("%d %b %Y")
     int gen_prompt_always;        // llama3: early templates append the assistant header unconditionally
     int eos_space;                // mistral-v1: answers end with eos_token + ' '
+    int qwen_tools;               // chatml: Qwen2.5's template, which wraps tool results and tool calls
 };
+
+// The `tojson` filter (chat_template_json.c): appends json_text re-serialised as transformers writes it. 0,
+// TOK_EINVAL (not JSON; err says so) or TOK_ENOMEM.
+int chat_tojson(const char *json_text, TokBuf *out, char *err, size_t err_len);
 
 #endif

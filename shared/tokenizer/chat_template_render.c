@@ -62,18 +62,53 @@ static void fail(char *err, size_t err_len, const char *msg) { tok_set_err(err, 
 
 // ---- families ---------------------------------------------------------------------------------------
 
-static int render_chatml(const ChatTemplate *ct, const ChatMessage *m, size_t n, int gen, TokBuf *o) {
+// A tool result as Qwen's templates write it: consecutive "tool" messages share one user turn.
+static int out_tool_response(const ChatMessage *m, size_t n, size_t i, TokBuf *o) {
+    int rc = 0;
+    if (i == 0 || !role_is(&m[i - 1], "tool")) rc = out_c(o, "<|im_start|>user");
+    rc = rc || out_c(o, "\n<tool_response>\n") || out_c(o, m[i].content) || out_c(o, "\n</tool_response>");
+    if (!rc && (i == n - 1 || !role_is(&m[i + 1], "tool"))) rc = out_c(o, "<|im_end|>\n");
+    return rc;
+}
+
+// One call as Qwen's templates write it: <tool_call>\n{"name": "NAME", "arguments": ARGS | tojson}\n</tool_call>.
+// Returns 0, TOK_ENOMEM, or TOK_EINVAL (arguments are not JSON).
+static int out_tool_call(const ChatToolCall *c, TokBuf *o, char *err, size_t err_len) {
+    if (out_c(o, "<tool_call>\n{\"name\": \"") || out_c(o, c->name ? c->name : "") ||
+        out_c(o, "\", \"arguments\": "))
+        return TOK_ENOMEM;
+    int rc = chat_tojson(c->arguments && *c->arguments ? c->arguments : "{}", o, err, err_len);
+    if (rc) return rc;
+    return out_c(o, "}\n</tool_call>") ? TOK_ENOMEM : 0;
+}
+
+static int render_chatml(const ChatTemplate *ct, const ChatMessage *m, size_t n, int gen, TokBuf *o, char *err,
+                         size_t err_len) {
     int rc = 0;
     if (ct->default_system && !role_is(&m[0], "system"))
         rc = out_c(o, "<|im_start|>system\n") || out_c(o, ct->default_system) || out_c(o, "<|im_end|>\n");
-    for (size_t i = 0; i < n && !rc; i++)
-        rc = out_c(o, "<|im_start|>") || out_c(o, m[i].role) || out_c(o, "\n") || out_c(o, m[i].content) ||
-             out_c(o, "<|im_end|>\n");
+    for (size_t i = 0; i < n && !rc; i++) {
+        if (ct->qwen_tools && role_is(&m[i], "tool")) {
+            rc = out_tool_response(m, n, i, o);
+        } else if (ct->qwen_tools && role_is(&m[i], "assistant") && m[i].n_tool_calls > 0) {
+            // Qwen2.5: "<|im_start|>assistant", the text after a newline when there is any, each call after one.
+            rc = out_c(o, "<|im_start|>assistant") || (m[i].content[0] && (out_c(o, "\n") || out_c(o, m[i].content)));
+            for (size_t k = 0; k < m[i].n_tool_calls && !rc; k++) {
+                if (out_c(o, "\n")) return TOK_ENOMEM;
+                if ((rc = out_tool_call(&m[i].tool_calls[k], o, err, err_len)) != 0) return rc;
+            }
+            rc = rc || out_c(o, "<|im_end|>\n");
+        } else { // plain ChatML writes any role as it is, and no tool calls
+            rc = out_c(o, "<|im_start|>") || out_c(o, m[i].role) || out_c(o, "\n") || out_c(o, m[i].content) ||
+                 out_c(o, "<|im_end|>\n");
+        }
+    }
     if (!rc && gen) rc = out_c(o, "<|im_start|>assistant\n");
     return rc ? TOK_ENOMEM : 0;
 }
 
-static int render_qwen3(const ChatMessage *m, size_t n, int gen, int thinking, TokBuf *o) {
+static int render_qwen3(const ChatMessage *m, size_t n, int gen, int thinking, TokBuf *o, char *err,
+                        size_t err_len) {
     int rc = 0;
     if (role_is(&m[0], "system")) rc = out_c(o, "<|im_start|>system\n") || out_c(o, m[0].content) || out_c(o, "<|im_end|>\n");
     // The last user turn that is not a wrapped tool response: assistant turns after it keep their reasoning.
@@ -88,6 +123,10 @@ static int render_qwen3(const ChatMessage *m, size_t n, int gen, int thinking, T
         if (role_is(&m[i], "user") || (role_is(&m[i], "system") && i != 0)) {
             rc = out_c(o, "<|im_start|>") || out_c(o, m[i].role) || out_c(o, "\n") || out_c(o, m[i].content) ||
                  out_c(o, "<|im_end|>\n");
+            continue;
+        }
+        if (role_is(&m[i], "tool")) {
+            rc = out_tool_response(m, n, i, o);
             continue;
         }
         if (!role_is(&m[i], "assistant")) continue;
@@ -108,6 +147,12 @@ static int render_qwen3(const ChatMessage *m, size_t n, int gen, int thinking, T
                  out_s(o, strip_by(content, 1, 0, is_nl));
         } else {
             rc = rc || out_s(o, content);
+        }
+        // Calls follow the text, on a new line when there is text (the template tests the content it split off).
+        for (size_t k = 0; k < m[i].n_tool_calls && !rc; k++) {
+            if ((k > 0 || content.n > 0) && out_c(o, "\n")) return TOK_ENOMEM;
+            int crc = out_tool_call(&m[i].tool_calls[k], o, err, err_len);
+            if (crc) return crc;
         }
         rc = rc || out_c(o, "<|im_end|>\n");
     }
@@ -239,11 +284,25 @@ int chat_render_ex(const ChatTemplate *ct, const ChatMessage *m, size_t n, int g
     *out = NULL;
     if (out_len) *out_len = 0;
     if (n == 0) { fail(err, err_len, "no messages to render"); return TOK_EINVAL; }
+    // Families whose tool formats tandem renders (see chat_template.h).
+    const int tools_rendered = ct->family == CHAT_FAMILY_CHATML || ct->family == CHAT_FAMILY_QWEN3 ||
+                               ct->family == CHAT_FAMILY_LLAMA3;
     for (size_t i = 0; i < n; i++) {
         if (!m[i].role || !m[i].content) { fail(err, err_len, "a message has no role or no content"); return TOK_EINVAL; }
-        if (!role_is(&m[i], "system") && !role_is(&m[i], "user") && !role_is(&m[i], "assistant")) {
-            tok_set_err(err, err_len, "chat template: role \"%.32s\" is not supported (system, user, assistant)",
-                        m[i].role);
+        if (!role_is(&m[i], "system") && !role_is(&m[i], "user") && !role_is(&m[i], "assistant") &&
+            !role_is(&m[i], "tool")) {
+            tok_set_err(err, err_len, "chat template: role \"%.32s\" is not supported (system, user, assistant, "
+                        "tool)", m[i].role);
+            return TOK_EINVAL;
+        }
+        if ((role_is(&m[i], "tool") || m[i].n_tool_calls > 0) && !tools_rendered) {
+            tok_set_err(err, err_len, "chat template: message %zu: tandem does not render tool %s for the %s template "
+                        "family (it does for chatml, qwen3 and llama3)", i, m[i].n_tool_calls ? "calls" : "results",
+                        chat_family_name(ct->family));
+            return TOK_EINVAL;
+        }
+        if (m[i].n_tool_calls > 0 && !role_is(&m[i], "assistant")) {
+            tok_set_err(err, err_len, "chat template: message %zu: only assistant messages carry tool calls", i);
             return TOK_EINVAL;
         }
         size_t cl = strlen(m[i].content);
@@ -257,8 +316,8 @@ int chat_render_ex(const ChatTemplate *ct, const ChatMessage *m, size_t n, int g
     TokBuf o = {0};
     int rc;
     switch (ct->family) {
-    case CHAT_FAMILY_CHATML: rc = render_chatml(ct, m, n, gen, &o); break;
-    case CHAT_FAMILY_QWEN3: rc = render_qwen3(m, n, gen, thinking, &o); break;
+    case CHAT_FAMILY_CHATML: rc = render_chatml(ct, m, n, gen, &o, err, err_len); break;
+    case CHAT_FAMILY_QWEN3: rc = render_qwen3(m, n, gen, thinking, &o, err, err_len); break;
     case CHAT_FAMILY_LLAMA3: rc = render_llama3(ct, m, n, gen, &o); break;
     case CHAT_FAMILY_LLAMA31: rc = render_llama31(ct, m, n, gen, date, &o); break;
     case CHAT_FAMILY_LLAMA2: rc = render_llama2(ct, m, n, &o, err, err_len); break;

@@ -158,8 +158,11 @@ def test_reset_prefix_cache(client, tok):
 def test_unsupported_fields_are_refused_by_name(client):
     with pytest.raises(Exception, match=r"400.*structured_outputs"):
         client.generate(PROMPTS[:1], structured_outputs_regex="a+")
+    # min_tokens is served (test_http_token_masks.py checks its effect); beyond max_tokens it is refused by name.
     with pytest.raises(Exception, match=r"400.*min_tokens"):
-        client.generate(PROMPTS[:1], generation_kwargs={"min_tokens": 4})
+        client.generate(PROMPTS[:1], max_tokens=4, generation_kwargs={"min_tokens": 5})
+    out = client.generate(PROMPTS[:1], n=4, max_tokens=8, generation_kwargs={"min_tokens": 6, "seed": 2})
+    assert all(len(ids) >= 6 for ids in out["completion_ids"]), out["completion_ids"]
     # TRL's default of 100 alternatives is past the server's 20 (vLLM's default --max-logprobs is 20 too).
     with pytest.raises(Exception, match=r"400.*prompt_logprobs"):
         client.get_sequence_logprobs([[5, 6, 7, 8]], [2])

@@ -66,6 +66,8 @@ static void check_options(const HttpGenOptions *o) {
     for (int i = 0; i < sp->n_stop_token_ids; i++) REQUIRE(sp->stop_token_ids[i] >= 0 && sp->stop_token_ids[i] < VOCAB);
     REQUIRE(o->logprobs >= -1 && o->logprobs <= ENGINE_MAX_TOP_LOGPROBS);
     REQUIRE(sp->top_logprobs >= 0 && sp->top_logprobs <= ENGINE_MAX_TOP_LOGPROBS);
+    REQUIRE(sp->min_tokens >= 0 && sp->n_allowed >= 0 && (sp->n_allowed == 0 || sp->allowed_token_ids));
+    for (int i = 0; i < sp->n_allowed; i++) REQUIRE(sp->allowed_token_ids[i] >= 0 && sp->allowed_token_ids[i] < VOCAB);
 }
 
 // Tokenizes the prompts as the routes do and checks what the engine would get.
@@ -85,14 +87,23 @@ static int tokenize(const HttpPromptList *pl, int add_special, HttpError *e) {
 // routes_misc.c http_route_trl_generate).
 static int generation(const json_t *req, HttpApi api, HttpError *e) {
     HttpGenOptions o;
-    if (http_parse_generation(req, api, VOCAB, &o, e) < 0) return -1;
+    if (http_parse_generation(req, api, VOCAB, &o, e) < 0) {
+        http_gen_options_free(&o);
+        return -1;
+    }
     check_options(&o);
     HttpPromptList pl = {0};
     char *rendered = NULL;
     int rc = -1;
+    if (http_encode_bad_words(g_tok, &o, e) < 0) goto done;
+    for (int w = 0; w < o.sp.n_bad_words; w++) {
+        REQUIRE(o.sp.bad_words_offsets[w + 1] > o.sp.bad_words_offsets[w]);
+        for (int k = o.sp.bad_words_offsets[w]; k < o.sp.bad_words_offsets[w + 1]; k++)
+            REQUIRE(o.sp.bad_words_ids[k] >= 0 && o.sp.bad_words_ids[k] < VOCAB);
+    }
     if (api == HTTP_API_CHAT) {
         HttpChatMessages cm;
-        if (http_parse_messages(req, &cm, e) < 0) return -1;
+        if (http_parse_messages(req, &cm, e) < 0) goto done;
         size_t len = 0;
         char msg[512] = "";
         int r = chat_render_ex(g_chat, cm.items, cm.n, o.add_generation_prompt, &cm.opt, &rendered, &len, msg,
@@ -100,7 +111,8 @@ static int generation(const json_t *req, HttpApi api, HttpError *e) {
         http_chat_messages_free(&cm);
         if (r != 0) {
             REQUIRE(msg[0] != '\0');
-            return http_error_set(e, 400, "messages", "chat template (chatml): %s", msg);
+            http_error_set(e, 400, "messages", "chat template (chatml): %s", msg);
+            goto done;
         }
         REQUIRE(fuzz_valid_utf8(rendered, len));
         if (!(pl.items = calloc(1, sizeof *pl.items))) goto done;
@@ -126,6 +138,7 @@ static int generation(const json_t *req, HttpApi api, HttpError *e) {
 done:
     if (api == HTTP_API_CHAT && pl.items) pl.items[0].text = NULL;   // rendered is freed below
     http_prompts_free(&pl);
+    http_gen_options_free(&o);
     free(rendered);
     if (rc < 0 && e->status == 0) http_error_set(e, 500, NULL, "out of memory");
     return rc;

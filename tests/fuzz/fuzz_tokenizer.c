@@ -168,12 +168,19 @@ static void fuzz_chat(const char *s, size_t n) {
     buf[n] = 0;
     const char *tmpl = buf;
     ChatMessage msgs[8];
+    ChatToolCall calls[8];
     size_t nm = 0;
     const char *p = buf + strlen(buf) + 1;
     static const char *roles[] = {"system", "user", "assistant", "tool"};
     while (p < buf + n && nm < 8) {
-        msgs[nm].role = roles[(unsigned char)p[0] % 4];
-        msgs[nm].content = p + 1 <= buf + n ? p + 1 : "";
+        const char *content = p + 1 <= buf + n ? p + 1 : "";
+        msgs[nm] = (ChatMessage){.role = roles[(unsigned char)p[0] % 4], .content = content};
+        // An assistant turn whose role byte has bit 2 set also calls a tool, its content as the arguments' JSON text.
+        if (!strcmp(msgs[nm].role, "assistant") && ((unsigned char)p[0] & 4)) {
+            calls[nm] = (ChatToolCall){.name = "f", .arguments = content};
+            msgs[nm].tool_calls = &calls[nm];
+            msgs[nm].n_tool_calls = 1;
+        }
         p += strlen(p) + 1;
         nm++;
     }

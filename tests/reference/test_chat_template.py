@@ -454,6 +454,53 @@ def hf_render(auto, conv, gen, **kw):
         return None, str(e)
 
 
+def call(name, args):
+    """An assistant tool call as vLLM hands it to the template: arguments parsed from OpenAI's JSON string."""
+    return {"type": "function", "function": {"name": name, "arguments": args}}
+
+
+T = "tool"
+# Tool results and assistant tool calls (arguments with nesting, unicode, escapes, reals and integers).
+TOOL_CONVERSATIONS = [
+    [m(U, "Weather in Paris?"),
+     {"role": A, "content": None, "tool_calls": [call("get_weather", {"city": "Paris", "unit": "celsius"})]},
+     m(T, "{\"temp\": 21.5}"), m(A, "It is 21.5 C.")],
+    [m(S, "Use tools."), m(U, "Two lookups"),
+     {"role": A, "content": "Calling both.", "tool_calls": [
+         call("lookup", {"q": "café \"quoted\"\n", "n": 3, "x": 0.1, "big": 1e16, "small": 1e-05,
+                         "deep": {"a": [1, 2.0, True, None]}}),
+         call("noop", {})]},
+     m(T, "first result"), m(T, "second result"), m(U, "thanks")],
+    [m(U, "go"), {"role": A, "content": "", "tool_calls": [call("f", {"k": "v"})]}, m(T, "done")],
+]
+TOOL_FAMILIES = {"chatml", "qwen3", "llama3"}   # tandem family names (CASES[case][1])
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_tool_messages_equal_apply_chat_template(folders, exe, case):
+    """Tool results and tool calls render as transformers renders the real template (arguments as the dicts vLLM
+    parses them into); families whose tool format tandem does not render refuse with a message that says so."""
+    import copy
+    d = folders[case]
+    auto = AutoTokenizer.from_pretrained(str(d))
+    cli = TokCli(exe, d)
+    for conv in TOOL_CONVERSATIONS:
+        wire = copy.deepcopy(conv)   # what the OpenAI client sends: arguments as JSON text, content null allowed
+        for msg in wire:
+            for c in msg.get("tool_calls", []):
+                c["function"]["arguments"] = json.dumps(c["function"]["arguments"])
+        for gen in (False, True):
+            got = cli.ask(op="chat", messages=wire, add_generation_prompt=gen)
+            if CASES[case][1] not in TOOL_FAMILIES:
+                assert "does not render tool" in got.get("error", ""), (case, got)
+                continue
+            hf_conv = [dict(msg, content=msg["content"] or "") for msg in conv]
+            want, hf_err = hf_render(auto, hf_conv, gen)
+            assert hf_err is None, hf_err
+            assert got.get("text") == want, f"{case} gen={gen} conv={conv}"
+    cli.close()
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_render_equals_apply_chat_template(folders, exe, case):
     d = folders[case]

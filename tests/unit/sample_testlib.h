@@ -74,6 +74,32 @@ static inline int st_make_history(int32_t *h, int max_len, int V) {
     return n;
 }
 
+// A mask for a sample reading `row` (V logits): *mode OPS_SAMPLE_MASK_ALLOW with 1..max_len random ids, or
+// OPS_SAMPLE_MASK_BAN with the row's 1..max_len largest logits (so that the ban changes the draw) and random ids;
+// either way with repeats and, now and then, ids outside [0, V). Returns the number of ids written to ids.
+static inline int st_make_mask(int32_t *ids, int max_len, const float *row, int V, int32_t *mode) {
+    const int n = st_int(1, max_len + 1);
+    *mode = st_unit() < 0.5 ? OPS_SAMPLE_MASK_ALLOW : OPS_SAMPLE_MASK_BAN;
+    int k = 0;
+    if (*mode == OPS_SAMPLE_MASK_BAN) {
+        for (; k < n && k < V; k++) { // the k-th largest not yet banned (ties: lowest id)
+            int best = -1;
+            for (int i = 0; i < V; i++) {
+                int taken = 0;
+                for (int j = 0; j < k && !taken; j++) taken = ids[j] == i;
+                if (!taken && (best < 0 || row[i] > row[best])) best = i;
+            }
+            ids[k] = best;
+        }
+    }
+    for (; k < 2 * n; k++) {
+        const double r = st_unit();
+        ids[k] = r < 0.05 ? -1 - st_int(0, 3) : r < 0.1 ? V + st_int(0, 3) : r < 0.3 && k > 0 ? ids[st_int(0, k)]
+                                                                                        : st_int(0, V);
+    }
+    return k;
+}
+
 // The parameter grid: greedy and T in {0.3, 1, 1.7}, top_k {0, 1, 5, 50}, top_p {1, 0.9, 0.3}, min_p {0, 0.1},
 // repetition penalty {1, 1.3}: 4 * 4 * 3 * 2 * 2 = 192 combinations, numbered 0..ST_N_COMBOS-1.
 enum { ST_N_COMBOS = 192 };

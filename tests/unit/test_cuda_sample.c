@@ -9,8 +9,10 @@
 //     cases are counted and must stay rare), and logprobs within 2e-3;
 //   - edge parameters, a bad logits_row (-1 / NaN), a row of only -inf (id 0);
 //   - draws without filters or penalty (one read of the row) at uniforms 0 and just below 1, rows with NaN / +inf;
-//   - batch independence: each of 256 samples run alone equals its result in the batch of 256 (bit for bit),
-//     and the batch run twice is identical;
+//   - masks (allow lists, bans of the likeliest ids, repeats and out-of-range ids) over the grid: the same token as
+//     the CPU twin (CDF-boundary rule as above), never a forbidden id;
+//   - batch independence: each of 256 samples (a third of them masked) run alone equals its result in the batch
+//     of 256 (bit for bit), and the batch run twice is identical;
 //   - the time of one call for 256 samples at V = 151936 (printed, not checked).
 // On a mismatch it prints the sample's parameters, both tokens with their raw and scaled logits, weights,
 // ranks and tie counts, the CPU's tokens at u -/+ 1e-6, and which filters were on.
@@ -40,6 +42,7 @@ typedef struct {
     int *kind;                  // (n_rows)
     OpsSampleParams *params;    // (n)
     int32_t *offsets, *history; // (n + 1), (offsets[n])
+    int32_t *mask_ids;          // the samples' mask ids (host), params[s].mask pointing in; NULL: no masks
 } SBatch;
 
 static void batch_free(SBatch *b) {
@@ -48,6 +51,19 @@ static void batch_free(SBatch *b) {
     free(b->params);
     free(b->offsets);
     free(b->history);
+    free(b->mask_ids);
+}
+
+// Gives every `every`-th sample of b a mask of up to max_len ids (st_make_mask).
+static void add_masks(SBatch *b, int max_len, int every) {
+    b->mask_ids = xmalloc((size_t)b->n * 2 * max_len * sizeof *b->mask_ids);
+    for (int s = 0, at = 0; s < b->n; s += every) {
+        OpsSampleParams *p = &b->params[s];
+        p->mask = b->mask_ids + at;
+        p->n_mask = st_make_mask(b->mask_ids + at, max_len, b->logits + (size_t)p->logits_row * b->V, b->V,
+                                 &p->mask_mode);
+        at += p->n_mask;
+    }
 }
 
 // Samples cycle through the grid from combo c0; every other sample gets random top_p / top_k / min_p instead.
@@ -78,9 +94,22 @@ static SBatch make_batch(int V, int n, int n_rows, int c0, int max_hist, int ran
     return b;
 }
 
-// The batch on the GPU: logits uploaded as bf16 (exact: the values are bf16 already), params and history copied.
+// The batch on the GPU: logits uploaded as bf16 (exact: the values are bf16 already), params, history and mask ids
+// copied (each sample's mask pointer moved to its ids' device copy).
 static void run_gpu(const SBatch *b, int32_t *tok, float *lp) {
     const size_t nh = (size_t)b->offsets[b->n];
+    size_t nm = 0;
+    for (int s = 0; s < b->n; s++) nm += b->params[s].mask ? (size_t)b->params[s].n_mask : 0;
+    int32_t *d_mask = ops_malloc(gpu, nm * 4 + 4), *h_mask = xmalloc(nm * 4 + 4);
+    OpsSampleParams *h_params = xmalloc((size_t)b->n * sizeof *h_params);
+    memcpy(h_params, b->params, (size_t)b->n * sizeof *h_params);
+    for (int s = 0, at = 0; s < b->n; s++) {
+        if (!h_params[s].mask) continue;
+        memcpy(h_mask + at, h_params[s].mask, (size_t)h_params[s].n_mask * 4);
+        h_params[s].mask = d_mask + at;
+        at += h_params[s].n_mask;
+    }
+    if (nm) ops_copy_to_device(gpu, d_mask, h_mask, nm * 4);
     void *d_logits = ops_malloc(gpu, (size_t)b->n_rows * b->V * ops_dtype_size(gpu));
     OpsSampleParams *d_params = ops_malloc(gpu, (size_t)b->n * sizeof *d_params);
     int32_t *d_off = ops_malloc(gpu, (size_t)(b->n + 1) * 4), *d_hist = ops_malloc(gpu, nh * 4 + 4);
@@ -88,13 +117,16 @@ static void run_gpu(const SBatch *b, int32_t *tok, float *lp) {
     float *d_lp = ops_malloc(gpu, (size_t)b->n * 4);
     check_ctx(gpu, "gpu alloc");
     ops_upload_f32(gpu, d_logits, b->logits, (size_t)b->n_rows * b->V);
-    ops_copy_to_device(gpu, d_params, b->params, (size_t)b->n * sizeof *d_params);
+    ops_copy_to_device(gpu, d_params, h_params, (size_t)b->n * sizeof *d_params);
     ops_copy_to_device(gpu, d_off, b->offsets, (size_t)(b->n + 1) * 4);
     if (nh) ops_copy_to_device(gpu, d_hist, b->history, nh * 4);
     ops_sample_rows(gpu, d_tok, d_lp, d_logits, d_params, d_hist, d_off, b->n, b->n_rows, b->V, (int)nh);
     ops_copy_to_host(gpu, tok, d_tok, (size_t)b->n * 4);
     ops_copy_to_host(gpu, lp, d_lp, (size_t)b->n * 4);
     check_ctx(gpu, "gpu ops_sample_rows");
+    ops_free(gpu, d_mask);
+    free(h_mask);
+    free(h_params);
     ops_free(gpu, d_logits);
     ops_free(gpu, d_params);
     ops_free(gpu, d_off);
@@ -266,6 +298,47 @@ static void test_grid(void) {
           t.boundary, t.samples);
 }
 
+// Is id allowed by p's mask?
+static int mask_allows(const OpsSampleParams *p, int32_t id) {
+    int listed = 0;
+    for (int k = 0; p->mask && k < p->n_mask && !listed; k++) listed = p->mask[k] == id;
+    return p->mask_mode == OPS_SAMPLE_MASK_ALLOW ? listed : p->mask_mode == OPS_SAMPLE_MASK_BAN ? !listed : 1;
+}
+
+static void test_masks(void) {
+    // (V, samples, rows, max mask ids)
+    static const int plan[][4] = {{1, 192, 4, 2},      {5, 576, 16, 4},     {300, 768, 32, 8},
+                                  {4096, 384, 24, 8},  {151936, 192, 8, 4}, {300000, 48, 4, 4}};
+    Tally t = {0};
+    int forbidden = 0;
+    for (size_t i = 0; i < sizeof plan / sizeof plan[0]; i++) {
+        SBatch b = make_batch(plan[i][0], plan[i][1], plan[i][2], (int)i * 3, 20, 1);
+        add_masks(&b, plan[i][3], 1);
+        const int before = t.bad;
+        compare(&b, &t);
+        CHECK(t.bad == before, "masked V=%d: %d samples differ beyond the CDF-boundary rule", b.V, t.bad - before);
+        int32_t *tok = xmalloc((size_t)b.n * 4);
+        float *lp = xmalloc((size_t)b.n * 4);
+        run_gpu(&b, tok, lp);
+        for (int s = 0; s < b.n; s++) {
+            const OpsSampleParams *p = &b.params[s];
+            int any = 0; // an allowed id with a logit above -inf
+            for (int j = 0; j < b.V && !any; j++)
+                any = mask_allows(p, j) && b.logits[(size_t)p->logits_row * b.V + j] > -INFINITY;
+            if (any && !mask_allows(p, tok[s]) && forbidden++ < 3)
+                fprintf(stderr, "masked V=%d sample %d: cuda drew forbidden id %d\n", b.V, s, tok[s]);
+        }
+        free(tok);
+        free(lp);
+        batch_free(&b);
+    }
+    printf("masks: %d samples; %d differ only at a CDF boundary; %d real mismatches; %d forbidden ids drawn; max "
+           "|logprob diff| %.3g\n", t.samples, t.boundary, t.bad, forbidden, t.max_lp_diff);
+    CHECK(forbidden == 0, "%d samples drew an id their mask forbids", forbidden);
+    CHECK(t.boundary <= 2 + t.samples / 1000, "%d CDF-boundary cases in %d samples: too many to be rounding",
+          t.boundary, t.samples);
+}
+
 static void test_edges(void) {
     const int V = 4099;
     const OpsSampleParams edge[] = {
@@ -401,6 +474,7 @@ static void test_batch_independence(void) {
     const int V = 151936, n = 256;
     SBatch b = make_batch(V, n, n, 11, 200, 1);
     for (int s = 0; s < n; s++) b.params[s].logits_row = s;
+    add_masks(&b, 6, 3);
     int32_t *t1 = xmalloc(n * 4), *t2 = xmalloc(n * 4);
     float *l1 = xmalloc(n * 4), *l2 = xmalloc(n * 4);
     run_gpu(&b, t1, l1);
@@ -445,6 +519,7 @@ static void test_batch_independence(void) {
     for (int mode = 0; mode < 2; mode++) {
         OpsSampleParams *p = xmalloc((size_t)n * sizeof *p);
         memcpy(p, b.params, (size_t)n * sizeof *p);
+        for (int s = 0; s < n; s++) p[s].mask_mode = 0, p[s].n_mask = 0, p[s].mask = NULL; // host ids: not here
         if (mode == 0)
             for (int s = 0; s < n; s++) {
                 p[s].temperature = 1.0f;
@@ -493,6 +568,7 @@ int main(void) {
     }
     test_grid();
     test_edges();
+    test_masks();
     test_unfiltered_draws();
     test_batch_independence();
     ops_destroy(gpu);

@@ -52,6 +52,7 @@ static void gen_refused(int line, HttpApi api, const char *text, const char *par
                 rc, e.status, e.param, e.message, param, needle ? needle : "");
         failures++;
     }
+    http_gen_options_free(&o);
     json_decref(j);
 }
 #define REFUSED(api, text, param, needle) gen_refused(__LINE__, api, text, param, needle)
@@ -207,9 +208,26 @@ static void test_completion_fields(void) {
                "\"structured_outputs\": null, \"prompt_logprobs\": null, \"truncate_prompt_tokens\": null, "
                "\"return_tokens_as_token_ids\": true}", NULL);
     CHECK(o.return_tokens_as_token_ids == 1);
-    REFUSED(HTTP_API_COMPLETIONS, "{\"min_tokens\": 3}", "min_tokens", "not supported");
-    REFUSED(HTTP_API_COMPLETIONS, "{\"bad_words\": [\"x\"]}", "bad_words", "not supported");
-    REFUSED(HTTP_API_COMPLETIONS, "{\"allowed_token_ids\": [1, 2]}", "allowed_token_ids", "not supported");
+    // vLLM's token masks: read into SamplingParams (bad_words as the request's strings until encoded).
+    keep = NULL;
+    o = gen_ok(HTTP_API_COMPLETIONS, "{\"min_tokens\": 3, \"max_tokens\": 5, \"allowed_token_ids\": [1, 299, 1], "
+               "\"bad_words\": [\" x\", \"yz\"]}", &keep);
+    CHECK(o.sp.min_tokens == 3 && o.sp.n_allowed == 3 && o.sp.allowed_token_ids[1] == 299 &&
+          json_array_size(o.bad_words) == 2 && o.sp.n_bad_words == 0);
+    http_gen_options_free(&o);
+    json_decref(keep);
+    o = gen_ok(HTTP_API_CHAT, "{\"min_tokens\": 100}", NULL); // chat's max_tokens comes later (the context left)
+    CHECK(o.sp.min_tokens == 100);
+    REFUSED(HTTP_API_COMPLETIONS, "{\"min_tokens\": 17}", "min_tokens", "max_tokens (16)");
+    REFUSED(HTTP_API_CHAT, "{\"min_tokens\": 4, \"max_completion_tokens\": 3}", "min_tokens", "max_tokens (3)");
+    REFUSED(HTTP_API_COMPLETIONS, "{\"min_tokens\": -1}", "min_tokens", NULL);
+    REFUSED(HTTP_API_COMPLETIONS, "{\"min_tokens\": \"3\"}", "min_tokens", NULL);
+    REFUSED(HTTP_API_COMPLETIONS, "{\"allowed_token_ids\": [1, 300]}", "allowed_token_ids", "vocabulary size 300");
+    REFUSED(HTTP_API_COMPLETIONS, "{\"allowed_token_ids\": []}", "allowed_token_ids", "at least one");
+    REFUSED(HTTP_API_COMPLETIONS, "{\"allowed_token_ids\": [\"a\"]}", "allowed_token_ids", "integer");
+    REFUSED(HTTP_API_COMPLETIONS, "{\"bad_words\": \"x\"}", "bad_words", "list of strings");
+    REFUSED(HTTP_API_COMPLETIONS, "{\"bad_words\": [\"x\", 3]}", "bad_words", "string");
+    REFUSED(HTTP_API_COMPLETIONS, "{\"bad_words\": [\" \\t\"]}", "bad_words", "not only whitespace");
     REFUSED(HTTP_API_COMPLETIONS, "{\"structured_outputs\": {\"regex\": \"a+\"}}", "structured_outputs",
             "not supported");
     REFUSED(HTTP_API_COMPLETIONS, "{\"guided_choice\": [\"a\", \"b\"]}", "guided_choice", "not supported");

@@ -8,7 +8,10 @@
 //     logprob (within 1e-5);
 //   - edge parameters (top_k >= V or V - 1, top_p tiny or 0, min_p 1 or above, a row of only -inf);
 //   - a logits_row outside the rows gives token -1 and a NaN logprob; a sample's result does not depend on the
-//     other samples of the call.
+//     other samples of the call;
+//   - masks (allowed_token_ids, bad words, min_tokens): the grid again with each sample's allow or ban list, the
+//     same token as the reference, never a forbidden id, the logprob the raw distribution's; greedy under a mask,
+//     a mask that leaves nothing (id 0).
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -31,7 +34,7 @@ static void *xmalloc(size_t n) {
 // ---- the reference -----------------------------------------------------------------------------------
 //
 // ops_sample_rows' semantics (kernels/ops.h) with nothing but a sort: penalty on each distinct history id in
-// [0, V); greedy: the argmax (lowest id on ties); otherwise x = penalised logits * (1 / T) in float and
+// [0, V); every id the mask forbids -inf; greedy: the argmax (lowest id on ties); otherwise x = penalised logits * (1 / T) in float and
 // w = exp(x - max x) in double, the survivors of min-p (w > 0, and w >= min_p when min_p > 0), then of top-k
 // (x at least the k-th largest survivor's), then the top-p prefix of the survivors in (x desc, id asc) order,
 // kept while the weight ranked above is below top_p of theirs; the draw walks the kept ids in id order until the
@@ -47,7 +50,7 @@ typedef struct {
     int V;
     float *x;
     double *w;
-    unsigned char *alive, *penalised;
+    unsigned char *alive, *penalised, *forbidden;
     RefCand *c;
 } Ref;
 
@@ -57,6 +60,7 @@ static Ref ref_new(int V) {
     r.w = xmalloc((size_t)V * sizeof *r.w);
     r.alive = xmalloc((size_t)V);
     r.penalised = xmalloc((size_t)V);
+    r.forbidden = xmalloc((size_t)V);
     r.c = xmalloc((size_t)V * sizeof *r.c);
     return r;
 }
@@ -66,6 +70,7 @@ static void ref_free(Ref *r) {
     free(r->w);
     free(r->alive);
     free(r->penalised);
+    free(r->forbidden);
     free(r->c);
 }
 
@@ -127,6 +132,14 @@ static int32_t ref_sample(Ref *r, const float *logits, const OpsSampleParams *p,
             r->x[t] = r->x[t] > 0 ? r->x[t] / p->repetition_penalty : r->x[t] * p->repetition_penalty;
         }
     }
+    if (p->mask_mode == OPS_SAMPLE_MASK_BAN || p->mask_mode == OPS_SAMPLE_MASK_ALLOW) {
+        const int allow = p->mask_mode == OPS_SAMPLE_MASK_ALLOW;
+        memset(r->forbidden, allow, (size_t)V);
+        for (int k = 0; k < p->n_mask; k++)
+            if (p->mask[k] >= 0 && p->mask[k] < V) r->forbidden[p->mask[k]] = !allow;
+        for (int i = 0; i < V; i++)
+            if (r->forbidden[i]) r->x[i] = -INFINITY;
+    }
     int32_t tok = 0;
     if (greedy) {
         for (int i = 1; i < V; i++)
@@ -162,6 +175,7 @@ typedef struct {
     OpsSampleParams *params;    // (n)
     uint64_t *stream, *pos;     // (n)
     int32_t *offsets, *history; // (n + 1), (offsets[n])
+    int32_t *mask_ids;          // every sample's mask ids, params[s].mask pointing in (NULL: no masks)
 } SBatch;
 
 static void batch_free(SBatch *b) {
@@ -172,6 +186,7 @@ static void batch_free(SBatch *b) {
     free(b->pos);
     free(b->offsets);
     free(b->history);
+    free(b->mask_ids);
 }
 
 // Samples cycle through the parameter grid starting at combo c0; rows cycle through the kinds.
@@ -242,6 +257,96 @@ static int compare_batch(OpsCtx *ctx, const SBatch *b, int *n_bitwise, double *m
     free(tok);
     free(lp);
     return bad;
+}
+
+// Gives every sample of b a mask of up to max_len ids (st_make_mask), the ids in b->mask_ids.
+static void add_masks(SBatch *b, int max_len) {
+    b->mask_ids = xmalloc((size_t)b->n * 2 * max_len * sizeof *b->mask_ids);
+    for (int s = 0, at = 0; s < b->n; s++) {
+        OpsSampleParams *p = &b->params[s];
+        p->mask = b->mask_ids + at;
+        p->n_mask = st_make_mask(b->mask_ids + at, max_len, b->logits + (size_t)p->logits_row * b->V, b->V,
+                                 &p->mask_mode);
+        at += p->n_mask;
+    }
+}
+
+// Is id allowed by p's mask?
+static int mask_allows(const OpsSampleParams *p, int32_t id) {
+    int listed = 0;
+    for (int k = 0; k < p->n_mask && !listed; k++) listed = p->mask[k] == id;
+    return p->mask_mode == OPS_SAMPLE_MASK_ALLOW ? listed : p->mask_mode == OPS_SAMPLE_MASK_BAN ? !listed : 1;
+}
+
+static void test_masks(OpsCtx *ctx) {
+    static const int plan[][4] = {{1, 192, 4, 2},  {7, 576, 16, 4},    {300, 576, 32, 8},
+                                  {4096, 192, 12, 8}, {151936, 96, 6, 4}};
+    int total = 0, bitwise = 0, forbidden = 0, changed = 0;
+    double max_lp = 0.0;
+    for (size_t i = 0; i < sizeof plan / sizeof plan[0]; i++) {
+        SBatch b = make_batch(plan[i][0], plan[i][1], plan[i][2], (int)i * 5, 20);
+        int32_t *free_tok = xmalloc((size_t)b.n * sizeof *free_tok);
+        float *free_lp = xmalloc((size_t)b.n * sizeof *free_lp);
+        run_op(ctx, &b, free_tok, free_lp);
+        add_masks(&b, plan[i][3]);
+        const int nb = compare_batch(ctx, &b, &bitwise, &max_lp);
+        CHECK(nb == 0, "masked V=%d: %d of %d samples differ from the reference", b.V, nb, b.n);
+        int32_t *tok = xmalloc((size_t)b.n * sizeof *tok);
+        float *lp = xmalloc((size_t)b.n * sizeof *lp);
+        run_op(ctx, &b, tok, lp);
+        for (int s = 0; s < b.n; s++) {
+            const OpsSampleParams *p = &b.params[s];
+            int any = 0; // does the mask leave an id with a logit above -inf?
+            for (int j = 0; j < b.V && !any; j++)
+                any = mask_allows(p, j) && b.logits[(size_t)p->logits_row * b.V + j] > -INFINITY;
+            if (any && !mask_allows(p, tok[s])) {
+                if (forbidden++ < 5) fprintf(stderr, "  V=%d sample %d drew forbidden id %d\n", b.V, s, tok[s]);
+            }
+            changed += tok[s] != free_tok[s];
+            // The reported logprob is the raw distribution's, mask or not.
+            const int greedy = p->temperature < OPS_SAMPLE_GREEDY_BELOW;
+            const float want = ref_logprob(b.logits + (size_t)p->logits_row * b.V, b.V,
+                                           greedy ? 1.0f : 1.0f / p->temperature, tok[s]);
+            CHECK(same_lp(lp[s], want, 1e-5), "masked V=%d sample %d: logprob %.9g, raw distribution's %.9g", b.V, s,
+                  lp[s], want);
+        }
+        total += b.n;
+        free(tok);
+        free(lp);
+        free(free_tok);
+        free(free_lp);
+        batch_free(&b);
+    }
+    printf("masks: %d samples, %d drew a forbidden id, %d tokens changed by their mask, max |logprob diff| %.3g\n",
+           total, forbidden, changed, max_lp);
+    CHECK(forbidden == 0, "%d samples drew an id their mask forbids", forbidden);
+    CHECK(changed > total / 10, "only %d of %d masks changed the token: the test does not exercise them", changed,
+          total);
+
+    // Greedy under a mask: the best allowed id; a mask that leaves nothing: id 0 with the raw logprob.
+    const float row[6] = {0.5f, 3.0f, 1.0f, 2.0f, -1.0f, 2.0f};
+    const int32_t allow[] = {4, 2, 4, 99};
+    const int32_t ban[] = {1, 3};
+    OpsSampleParams p = {.temperature = 0.0f, .top_p = 1.0f, .repetition_penalty = 1.0f,
+                         .mask_mode = OPS_SAMPLE_MASK_ALLOW, .n_mask = 4, .mask = allow};
+    int32_t t = -7;
+    float l = 0.0f;
+    ops_sample_rows(ctx, &t, &l, row, &p, NULL, NULL, 1, 1, 6, 0);
+    CHECK(t == 2, "greedy with allowed {4, 2}: token %d, expected 2", t);
+    CHECK(same_lp(l, ref_logprob(row, 6, 1.0f, 2), 1e-6), "greedy masked logprob %.9g is not the raw one", l);
+    p = (OpsSampleParams){.temperature = 0.0f, .top_p = 1.0f, .repetition_penalty = 1.0f,
+                          .mask_mode = OPS_SAMPLE_MASK_BAN, .n_mask = 2, .mask = ban};
+    ops_sample_rows(ctx, &t, &l, row, &p, NULL, NULL, 1, 1, 6, 0);
+    CHECK(t == 5, "greedy with {1, 3} banned: token %d, expected 5 (the tie of 3's value)", t);
+    p = (OpsSampleParams){.u = 0.99, .temperature = 1.0f, .top_p = 1.0f, .repetition_penalty = 1.0f,
+                          .mask_mode = OPS_SAMPLE_MASK_ALLOW, .n_mask = 1, .mask = &allow[3]};
+    ops_sample_rows(ctx, &t, &l, row, &p, NULL, NULL, 1, 1, 6, 0);
+    CHECK(t == 0, "nothing allowed: token %d, expected 0", t);
+    CHECK(same_lp(l, ref_logprob(row, 6, 1.0f, 0), 1e-6), "nothing allowed: logprob %.9g is not the raw one", l);
+    p.mask_mode = OPS_SAMPLE_MASK_NONE; // the ids are ignored without a mode
+    ops_sample_rows(ctx, &t, &l, row, &p, NULL, NULL, 1, 1, 6, 0);
+    CHECK(t == 5, "no mask at u = 0.99: token %d, expected 5", t);
+    CHECK(ops_status(ctx) == 0, "ops_sample_rows: %s", ops_error(ctx));
 }
 
 static void test_grid(OpsCtx *ctx) {
@@ -348,6 +453,7 @@ int main(void) {
     test_grid(ctx);
     test_edges(ctx);
     test_bad_row_and_independence(ctx);
+    test_masks(ctx);
     ops_destroy(ctx);
     if (failures) {
         fprintf(stderr, "%d check(s) failed\n", failures);

@@ -294,14 +294,16 @@ static void test_configs(void) {
         CHECK(chat_template_from_tokenizer(&ct, t, NULL, err, sizeof(err)) < 0 && strstr(err, "--chat-template"),
               "unknown template names the override: %s", err);
         CHECK(chat_template_from_tokenizer(&ct, t, "zephyr", err, sizeof(err)) == 0, "forced family");
-        ChatMessage msgs[2] = {{"user", "hi"}, {"user", "again"}};
+        ChatMessage msgs[2] = {{.role = "user", .content = "hi"}, {.role = "user", .content = "again"}};
         char *out = NULL;
         CHECK(ct && chat_render(ct, msgs, 2, 1, &out, NULL, err, sizeof(err)) == 0 && out && strstr(out, "<|end|>"),
               "zephyr render uses the config's eos");
         free(out);
         out = NULL;
-        ChatMessage tool = {"tool", "x"};
-        CHECK(chat_render(ct, &tool, 1, 1, &out, NULL, err, sizeof(err)) < 0 && strstr(err, "role"), "bad role");
+        ChatMessage robot = {.role = "robot", .content = "x"}, tool = {.role = "tool", .content = "x"};
+        CHECK(chat_render(ct, &robot, 1, 1, &out, NULL, err, sizeof(err)) < 0 && strstr(err, "role"), "bad role");
+        CHECK(chat_render(ct, &tool, 1, 1, &out, NULL, err, sizeof(err)) < 0 && strstr(err, "tool results") &&
+              strstr(err, "zephyr"), "zephyr does not render tool results: %s", err);
         CHECK(chat_render(ct, msgs, 0, 1, &out, NULL, err, sizeof(err)) < 0, "no messages");
         chat_template_free(ct);
         CHECK(chat_template_create(&ct, NULL, "llama2", "<s>", "</s>", err, sizeof(err)) == 0, "llama2 by name");

@@ -7,7 +7,7 @@
 //   {"op":"decode","ids":[...],"skip_special_tokens":bool}                -> {"text":"..."}
 //   {"op":"stream","ids":[...],"skip_special_tokens":bool}                -> {"chunks":[...],"rest":"..."}
 //   {"op":"info"}                       -> vocab size, special ids, bos/eos strings, chat family
-//   {"op":"chat","messages":[{"role","content"}],"add_generation_prompt":bool,
+//   {"op":"chat","messages":[{"role","content","tool_calls"}],"add_generation_prompt":bool,
 //    "template":NAME?,"source":TEXT?,"enable_thinking":bool?,"date_string":TEXT?}   -> {"text":"..."}
 // Any failure answers {"error":"..."}. A tokenizer that does not load prints {"error":...} and exits 2.
 #include <jansson.h>
@@ -138,9 +138,21 @@ static json_t *do_chat(const Tokenizer *tok, const char *force, json_t *req) {
     json_t *arr = json_object_get(req, "messages");
     size_t n = json_array_size(arr);
     ChatMessage *m = calloc(n + 1, sizeof(ChatMessage));
-    for (size_t i = 0; m && i < n; i++) {
-        m[i].role = json_string_value(json_object_get(json_array_get(arr, i), "role"));
-        m[i].content = json_string_value(json_object_get(json_array_get(arr, i), "content"));
+    size_t n_calls = 0; // tool calls: [{"function": {"name", "arguments": JSON text}}] as OpenAI sends them
+    for (size_t i = 0; i < n; i++) n_calls += json_array_size(json_object_get(json_array_get(arr, i), "tool_calls"));
+    ChatToolCall *calls = calloc(n_calls + 1, sizeof(ChatToolCall)), *next = calls;
+    for (size_t i = 0; m && calls && i < n; i++) {
+        const json_t *msg = json_array_get(arr, i), *tc = json_object_get(msg, "tool_calls");
+        m[i].role = json_string_value(json_object_get(msg, "role"));
+        m[i].content = json_string_value(json_object_get(msg, "content"));
+        if (!m[i].content) m[i].content = ""; // an assistant turn with tool calls only
+        m[i].tool_calls = next;
+        m[i].n_tool_calls = json_array_size(tc);
+        for (size_t k = 0; k < json_array_size(tc); k++, next++) {
+            const json_t *fn = json_object_get(json_array_get(tc, k), "function");
+            next->name = json_string_value(json_object_get(fn, "name"));
+            next->arguments = json_string_value(json_object_get(fn, "arguments"));
+        }
     }
     ChatRenderOptions opt = {1, NULL};
     json_t *th = json_object_get(req, "enable_thinking"), *ds = json_object_get(req, "date_string");
@@ -151,6 +163,7 @@ static json_t *do_chat(const Tokenizer *tok, const char *force, json_t *req) {
     rc = chat_render_ex(ct, m, n, json_is_true(json_object_get(req, "add_generation_prompt")), &opt, &out, &len, err,
                         sizeof(err));
     free(m);
+    free(calls);
     chat_template_free(ct);
     if (rc) return error_obj(err);
     json_t *r = json_pack("{s:s%}", "text", out, len);
