@@ -305,7 +305,7 @@ static int plan_step(Engine *e, char *err, size_t err_len) {
             if (r->mask_cap > 0) {
                 OpsSampleParams *op = &e->samples[k].p;
                 int32_t *ids = e->mask_ids + mask_at;
-                op->n_mask = sample_mask_build(p, e->eos, e->n_eos, cs->tokens + cs->n_prompt,
+                op->n_mask = sample_mask_build(p, r->guide, e->eos, e->n_eos, cs->tokens + cs->n_prompt,
                                                cs->n_tokens - cs->n_prompt, ids, &op->mask_mode);
                 op->mask = op->n_mask > 0 ? ids : NULL;
                 mask_at += op->n_mask;

@@ -54,6 +54,9 @@ typedef struct {
     int skip_special_tokens;    // for the text of events (default 1)
     int no_text;                // the client reads ids only: events carry no text and the engine does not
                                 // detokenise (ignored with stop strings, which need the text) (default 0)
+    const char *structured_regex; // structured outputs: every completion is a fullmatch of this regex (Python re
+    size_t structured_regex_len;  // syntax, the subset of guided_regex.h); NULL: none. The caller's until
+                                  // engine_submit returns (compiled there); not with allowed_token_ids
     int prompt_logprobs;        // -1 (default): none; else each prompt token's logprob under the tokens before it
                                 // (temperature 1, raw logits) and this many alternatives, 0..ENGINE_MAX_TOP_LOGPROBS
                                 // (engine_request_prompt_logprobs). The prompt is then computed whole (no prefix

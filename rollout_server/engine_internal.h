@@ -59,6 +59,7 @@ struct EngineRequest {
     int32_t *mask_bad_ids;     // owned copies of p.bad_words_ids and p.bad_words_offsets
     int32_t *mask_bad_offsets;
     int mask_cap;              // sample_mask_cap of p: ids one of its samples' masks can take
+    struct Guide *guide;       // structured outputs (guided_regex.h), NULL: none
     uint64_t seed;             // completion i draws from stream seed + i
     int n, prompt_len, max_len;
     double submitted_at;       // latency_clock() when engine_submit queued it: where TTFT and e2e latency start

@@ -45,7 +45,17 @@ int request_alloc(EngineRequest **out, Engine *e, const int32_t *prompt, int pro
     }
     r->p.bad_words_ids = r->mask_bad_ids;
     r->p.bad_words_offsets = r->mask_bad_offsets;
-    r->mask_cap = sample_mask_cap(&r->p, n_eos);
+    if (p->structured_regex) {   // compiled here, on the caller's thread: the engine thread only reads it
+        char msg[400];
+        if (guide_create(&r->guide, p->structured_regex, p->structured_regex_len, tok, e->V, eos, n_eos, msg,
+                         sizeof msg) != 0) {
+            snprintf(err, err_len, "structured_outputs: %s", msg);
+            request_free(r);
+            return ENGINE_EINVAL;
+        }
+    }
+    r->p.structured_regex = NULL;   // the caller's text; the guide is what the request keeps
+    r->mask_cap = sample_mask_cap(&r->p, r->guide, n_eos);
     r->q_cap = r->n < 4 ? 4 : r->n;
     r->queue = calloc((size_t)r->q_cap, sizeof *r->queue);
     r->open = calloc((size_t)r->n, sizeof *r->open);
@@ -115,6 +125,7 @@ void request_free(EngineRequest *r) {
         slot_free(s);
     }
     slot_free(r->current);
+    guide_free(r->guide);
     free(r->prompt_lp);
     free(r->prompt_top);
     free(r->prompt_rank);

@@ -118,7 +118,9 @@ int http_gen_submit(HttpGen *g, HttpServer *srv, int fd, int32_t *const *prompts
             g->reqs[i] = NULL;
             http_gen_release(g);
             int status = http_status_for_engine(rc);
-            const char *param = rc == ENGINE_ETOOLONG ? (n_prompts > 1 ? "prompt" : "max_tokens") : NULL;
+            const char *param = rc == ENGINE_ETOOLONG                         ? (n_prompts > 1 ? "prompt" : "max_tokens")
+                                : !strncmp(msg, "structured_outputs:", 19) ? "structured_outputs"
+                                                                           : NULL;
             if (n_prompts > 1) return http_error_set(err, status, param, "prompt %d: %s", i, msg[0] ? msg : "refused");
             return http_error_set(err, status, param, "%s", msg[0] ? msg : "the engine refused the request");
         }

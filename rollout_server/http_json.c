@@ -1,6 +1,8 @@
 // rollout_server/http_json.c — request parsing and validation for the HTTP API (see http_json.h).
 #include "rollout_server/http_json.h"
 
+#include "rollout_server/guided_regex.h"
+
 #include <ctype.h>
 #include <float.h>
 #include <math.h>
@@ -416,8 +418,7 @@ static int parse_stream_fields(const JsonAt *req, HttpGenOptions *o, HttpError *
 // 0, [] and {} pass as "not asked for"), never dropped. TRL's VLLMClient sends "structured_outputs" for its
 // structured_outputs_regex.
 static int parse_unsupported(const JsonAt *req, HttpError *err) {
-    static const char *const keys[] = {"frequency_penalty", "presence_penalty", "logit_bias",      "tools",
-                                       "structured_outputs", "guided_json",    "guided_regex",    "guided_choice",
+    static const char *const keys[] = {"frequency_penalty", "presence_penalty", "logit_bias", "tools", "guided_json",
                                        "guided_grammar"};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
         if (refuse_unless_neutral(req, keys[i], err) < 0) return -1;
@@ -434,6 +435,85 @@ static int parse_unsupported(const JsonAt *req, HttpError *err) {
             return http_error_set(err, 400, "response_format", "only {\"type\": \"text\"} is supported in "
                                   "'response_format'");
     }
+    return 0;
+}
+
+// Structured outputs (vLLM): structured_outputs {"regex": ...} or {"choice": [...]}, or the older guided_regex /
+// guided_choice; the engine compiles the regex (guided_regex.h). JSON schemas, grammars and structural tags are
+// refused by name, as is a second constraint or allowed_token_ids beside one.
+static int parse_structured(const JsonAt *req, HttpGenOptions *o, HttpError *err) {
+    const json_t *regex = NULL, *choice = NULL;
+    const char *given = NULL;
+    JsonAt so;
+    if (json_get_object(req, "structured_outputs", JSON_GET_OPTIONAL, &so)) return refused(req, "structured_outputs", err);
+    if (so.json) {
+        const char *key;
+        const json_t *val;
+        json_object_foreach((json_t *)so.json, key, val) {
+            if (json_is_null(val) || json_is_false(val)) continue;
+            if (!strcmp(key, "regex")) regex = val;
+            else if (!strcmp(key, "choice")) choice = val;
+            else if (!strcmp(key, "json") || !strcmp(key, "grammar") || !strcmp(key, "json_object") ||
+                     !strcmp(key, "structural_tag"))
+                return http_error_set(err, 400, "structured_outputs", "'structured_outputs'.%s is not supported by "
+                                      "this server (regex and choice are)", key);
+            else if (strcmp(key, "disable_fallback") && strcmp(key, "disable_any_whitespace") &&
+                     strcmp(key, "disable_additional_properties") && strcmp(key, "whitespace_pattern"))
+                return http_error_set(err, 400, "structured_outputs", "'structured_outputs'.%s is not a field this "
+                                      "server knows", key);
+            if ((regex ? 1 : 0) + (choice ? 1 : 0) > 1)
+                return http_error_set(err, 400, "structured_outputs", "'structured_outputs' takes one of regex and "
+                                      "choice");
+        }
+        given = "structured_outputs";
+    }
+    if (json_get_present(req, "guided_regex")) {
+        if (given) return REFUSE(req, "guided_regex", err, "cannot be given with '%s'", given);
+        regex = json_object_get(req->json, "guided_regex");
+        given = "guided_regex";
+    }
+    if (json_get_present(req, "guided_choice")) {
+        if (given) return REFUSE(req, "guided_choice", err, "cannot be given with '%s'", given);
+        choice = json_object_get(req->json, "guided_choice");
+        given = "guided_choice";
+    }
+    if (!regex && !choice) return 0;
+    if (o->sp.n_allowed > 0)
+        return REFUSE(req, given, err, "cannot be combined with 'allowed_token_ids'");
+    if (regex) {
+        if (!json_is_string(regex) || json_string_length(regex) == 0)
+            return http_error_set(err, 400, given, "the regex of '%s' must be a non-empty string", given);
+        if (!(o->structured = strndup(json_string_value(regex), json_string_length(regex))))
+            return http_error_set(err, 500, NULL, "out of memory");
+        o->structured_len = json_string_length(regex);
+    } else {
+        const size_t n = json_is_array(choice) ? json_array_size(choice) : 0;
+        if (n == 0 || n > 4096)
+            return http_error_set(err, 400, given, "the choice of '%s' must be a list of 1 to 4096 strings", given);
+        const char **items = calloc(n, sizeof *items);
+        size_t *lens = calloc(n, sizeof *lens);
+        if (!items || !lens) {
+            free(items);
+            free(lens);
+            return http_error_set(err, 500, NULL, "out of memory");
+        }
+        for (size_t i = 0; i < n; i++) {
+            const json_t *c = json_array_get(choice, i);
+            if (!json_is_string(c) || json_string_length(c) == 0) {
+                free(items);
+                free(lens);
+                return http_error_set(err, 400, given, "choice %zu of '%s' must be a non-empty string", i, given);
+            }
+            items[i] = json_string_value(c);
+            lens[i] = json_string_length(c);
+        }
+        o->structured = guide_choice_regex(items, lens, (int)n, &o->structured_len);
+        free(items);
+        free(lens);
+        if (!o->structured) return http_error_set(err, 500, NULL, "out of memory");
+    }
+    o->sp.structured_regex = o->structured;
+    o->sp.structured_regex_len = o->structured_len;
     return 0;
 }
 
@@ -483,6 +563,9 @@ static int parse_token_masks(const JsonAt *req, int vocab_size, HttpGenOptions *
 void http_gen_options_free(HttpGenOptions *o) {
     if (!o) return;
     free(o->allowed_ids);
+    free(o->structured);
+    o->structured = NULL;
+    o->sp.structured_regex = NULL;
     free(o->bad_ids);
     free(o->bad_offsets);
     o->allowed_ids = o->bad_ids = o->bad_offsets = NULL;
@@ -577,8 +660,16 @@ static int parse_trl_kwargs(const JsonAt *req, int vocab_size, HttpGenOptions *o
                 return http_error_set(err, 400, "images", "'images'[%zu]: images are not supported (text models "
                                       "only); send null", i);
     }
-    if (json_get_present(req, "structured_outputs_regex"))
-        return REFUSE(req, "structured_outputs_regex", err, "is not supported by this server; send null");
+    if (json_get_present(req, "structured_outputs_regex")) {   // TRL <= 1.10's guided decoding
+        const json_t *re = json_object_get(req->json, "structured_outputs_regex");
+        if (!json_is_string(re) || json_string_length(re) == 0)
+            return REFUSE(req, "structured_outputs_regex", err, "must be a non-empty string or null");
+        if (!(o->structured = strndup(json_string_value(re), json_string_length(re))))
+            return http_error_set(err, 500, NULL, "out of memory");
+        o->structured_len = json_string_length(re);
+        o->sp.structured_regex = o->structured;
+        o->sp.structured_regex_len = o->structured_len;
+    }
     JsonAt kw;
     if (json_get_object(req, "generation_kwargs", JSON_GET_OPTIONAL, &kw))
         return refused(req, "generation_kwargs", err);
@@ -661,6 +752,7 @@ int http_parse_generation(const json_t *body, HttpApi api, int vocab_size, HttpG
     if (api != HTTP_API_TRL) {
         if (parse_unsupported(&req, err) < 0) return -1;
         if (parse_token_masks(&req, vocab_size, o, err) < 0) return -1;
+        if (parse_structured(&req, o, err) < 0) return -1;
         if (parse_stream_fields(&req, o, err) < 0) return -1;
         if (get_bool(&req, "return_token_ids", &o->return_token_ids, err) < 0) return -1;
         if (get_bool(&req, "return_tokens_as_token_ids", &o->return_tokens_as_token_ids, err) < 0) return -1;

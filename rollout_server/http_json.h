@@ -70,6 +70,8 @@ typedef struct {
     // the request's list of strings until http_encode_bad_words turns it into sp.bad_words_* (bad_ids,
     // bad_offsets). Free with http_gen_options_free.
     int32_t *allowed_ids;
+    char *structured;           // the structured-output regex (a choice made into one); sp.structured_regex
+    size_t structured_len;
     const json_t *bad_words;
     int32_t *bad_ids, *bad_offsets;
 } HttpGenOptions;

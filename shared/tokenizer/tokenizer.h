@@ -67,6 +67,11 @@ int32_t tokenizer_vocab_size(const Tokenizer *tok);
 int32_t tokenizer_token_to_id(const Tokenizer *tok, const char *token, size_t len);
 // Token string of an id (not NUL-terminated: *len gives its length); NULL when the id is unknown.
 const char *tokenizer_id_to_token(const Tokenizer *tok, int32_t id, size_t *len);
+// The bytes id stands for in any text, when the decoder is ByteLevel alone (GPT-2, Llama 3, Qwen: a token's bytes
+// do not depend on its neighbours): *bytes (not NUL-terminated, *len of them) valid while the tokenizer lives.
+// Returns 0; -1 for an unknown id or a special token (no text of its own); -2 when the decoder is another one
+// (SentencePiece's Metaspace and byte fallback spell a token differently at the start of a text).
+int tokenizer_token_bytes(const Tokenizer *tok, int32_t id, const char **bytes, size_t *len);
 // 1 when id is an added token flagged special (what skip_special_tokens removes).
 int tokenizer_is_special(const Tokenizer *tok, int32_t id);
 

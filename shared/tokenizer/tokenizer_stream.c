@@ -274,3 +274,11 @@ int tokenizer_stream_flush(TokenizerStream *st, char **text, size_t *len, char *
     if (len) *len = 0;
     return st->fast ? fast_flush(st, text, len, err, err_len) : ref_flush(st, text, len, err, err_len);
 }
+
+int tokenizer_token_bytes(const Tokenizer *t, int32_t id, const char **bytes, size_t *len) {
+    if (!t->stream_bytes) return -2;
+    if (id < 0 || id >= t->n_ids || !t->id_str[id] || (t->id_flags[id] & TOK_ID_SKIPPED)) return -1;
+    *bytes = t->stream_bytes + t->stream_off[id];
+    *len = t->stream_off[id + 1] - t->stream_off[id];
+    return 0;
+}

@@ -19,6 +19,7 @@ without it (so TRL's vLLM generation backend is not imported). No part of that p
 """
 import importlib.machinery
 import json
+import re
 import sys
 import threading
 import time
@@ -155,9 +156,20 @@ def test_reset_prefix_cache(client, tok):
     assert grpo_generate(client, prompt_ids, 2, 6, seed=3)["completion_ids"] == before["completion_ids"]
 
 
+def test_structured_outputs_regex(client, server):
+    """GRPOTrainer's vllm_structured_outputs_regex: every completion TRL gets back is a whole match (decoded by the
+    model's tokenizer as TRL's trainer decodes it); a bad regex is a 400 naming structured_outputs."""
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(str(server.model_dir) + "/tokenizer.json")
+    res = client.generate(PROMPTS[:2], n=4, max_tokens=24, temperature=1.0, structured_outputs_regex=r"[0-9]{2,4}!",
+                          generation_kwargs={"seed": 3})
+    texts = [tok.decode(ids, skip_special_tokens=True) for ids in res["completion_ids"]]
+    assert len(texts) == 8 and all(re.fullmatch(r"[0-9]{2,4}!", t) for t in texts), texts
+
+
 def test_unsupported_fields_are_refused_by_name(client):
     with pytest.raises(Exception, match=r"400.*structured_outputs"):
-        client.generate(PROMPTS[:1], structured_outputs_regex="a+")
+        client.generate(PROMPTS[:1], structured_outputs_regex="(a+")
     # min_tokens is served (test_http_token_masks.py checks its effect); beyond max_tokens it is refused by name.
     with pytest.raises(Exception, match=r"400.*min_tokens"):
         client.generate(PROMPTS[:1], max_tokens=4, generation_kwargs={"min_tokens": 5})

@@ -111,16 +111,16 @@ static void test_build(void) {
     SamplingParams p;
     sampling_params_default(&p);
     int32_t out[64], mode;
-    CHECK(sample_mask_cap(&p, 2) == 0 && sample_mask_build(&p, eos, 2, NULL, 0, out, &mode) == 0 &&
+    CHECK(sample_mask_cap(&p, NULL, 2) == 0 && sample_mask_build(&p, NULL, eos, 2, NULL, 0, out, &mode) == 0 &&
           mode == OPS_SAMPLE_MASK_NONE, "no mask asked for");
     p.min_tokens = 2;
     p.stop_token_ids[0] = 7;
     p.n_stop_token_ids = 1;
     const int32_t gen[4] = {5, 9, 5, 9};
-    int n = sample_mask_build(&p, eos, 2, gen, 1, out, &mode);
+    int n = sample_mask_build(&p, NULL, eos, 2, gen, 1, out, &mode);
     CHECK(mode == OPS_SAMPLE_MASK_BAN && n == 3 && in_list(out, n, 63) && in_list(out, n, 62) && in_list(out, n, 7),
           "min_tokens bans eos and stop ids after 1 of 2 tokens (%d ids)", n);
-    n = sample_mask_build(&p, eos, 2, gen, 2, out, &mode);
+    n = sample_mask_build(&p, NULL, eos, 2, gen, 2, out, &mode);
     CHECK(n == 0 && mode == OPS_SAMPLE_MASK_NONE, "nothing banned once min_tokens tokens are out");
     // Bad words: {4} always; {5, 9, 11} after a tail 5 9; {9, 12} after a tail 9.
     const int32_t words[] = {4, 5, 9, 11, 9, 12}, offs[] = {0, 1, 4, 6};
@@ -128,22 +128,22 @@ static void test_build(void) {
     p.bad_words_ids = words;
     p.bad_words_offsets = offs;
     p.n_bad_words = 3;
-    CHECK(sample_mask_cap(&p, 2) == 3, "room for one id per bad word");
-    n = sample_mask_build(&p, eos, 2, gen, 0, out, &mode);
+    CHECK(sample_mask_cap(&p, NULL, 2) == 3, "room for one id per bad word");
+    n = sample_mask_build(&p, NULL, eos, 2, gen, 0, out, &mode);
     CHECK(mode == OPS_SAMPLE_MASK_BAN && n == 1 && out[0] == 4, "no tokens yet: the single-token word only (%d)", n);
-    n = sample_mask_build(&p, eos, 2, gen, 2, out, &mode);
+    n = sample_mask_build(&p, NULL, eos, 2, gen, 2, out, &mode);
     CHECK(n == 3 && in_list(out, n, 4) && in_list(out, n, 11) && in_list(out, n, 12), "tail 5 9 completes two prefixes");
-    n = sample_mask_build(&p, eos, 2, gen, 3, out, &mode);
+    n = sample_mask_build(&p, NULL, eos, 2, gen, 3, out, &mode);
     CHECK(n == 1 && out[0] == 4, "tail 9 5: neither prefix");
     // Allowed ids less the bans.
     const int32_t allowed[] = {4, 11, 20, 63};
     p.allowed_token_ids = allowed;
     p.n_allowed = 4;
     p.min_tokens = 3;
-    CHECK(sample_mask_cap(&p, 2) == 4 + 3 + 3, "room for the allowed ids and every ban");
-    n = sample_mask_build(&p, eos, 2, gen, 2, out, &mode);
+    CHECK(sample_mask_cap(&p, NULL, 2) == 4 + 3 + 3, "room for the allowed ids and every ban");
+    n = sample_mask_build(&p, NULL, eos, 2, gen, 2, out, &mode);
     CHECK(mode == OPS_SAMPLE_MASK_ALLOW && n == 1 && out[0] == 20, "allowed {4, 11, 20, 63} less bans: {20} (%d)", n);
-    n = sample_mask_build(&p, eos, 2, gen, 4, out, &mode);
+    n = sample_mask_build(&p, NULL, eos, 2, gen, 4, out, &mode);
     CHECK(mode == OPS_SAMPLE_MASK_ALLOW && n == 2 && in_list(out, n, 20) && in_list(out, n, 63),
           "after 5 9 5 9 (min_tokens met; 4, 11 and 12 bad words): {20, 63}");
 }

@@ -228,9 +228,22 @@ static void test_completion_fields(void) {
     REFUSED(HTTP_API_COMPLETIONS, "{\"bad_words\": \"x\"}", "bad_words", "list of strings");
     REFUSED(HTTP_API_COMPLETIONS, "{\"bad_words\": [\"x\", 3]}", "bad_words", "string");
     REFUSED(HTTP_API_COMPLETIONS, "{\"bad_words\": [\" \\t\"]}", "bad_words", "not only whitespace");
-    REFUSED(HTTP_API_COMPLETIONS, "{\"structured_outputs\": {\"regex\": \"a+\"}}", "structured_outputs",
-            "not supported");
-    REFUSED(HTTP_API_COMPLETIONS, "{\"guided_choice\": [\"a\", \"b\"]}", "guided_choice", "not supported");
+    // Structured outputs: a regex, a choice made into one (escaped), or refused by name.
+    HttpGenOptions so = gen_ok(HTTP_API_COMPLETIONS, "{\"structured_outputs\": {\"regex\": \"a+\"}}", NULL);
+    CHECK(so.sp.structured_regex && so.sp.structured_regex_len == 2 && !memcmp(so.sp.structured_regex, "a+", 2));
+    http_gen_options_free(&so);
+    so = gen_ok(HTTP_API_COMPLETIONS, "{\"guided_choice\": [\"a.\", \"b\"]}", NULL);
+    CHECK(so.sp.structured_regex && !strcmp(so.sp.structured_regex, "a\\.|b"), "choice regex '%s'",
+          so.sp.structured_regex ? so.sp.structured_regex : "(null)");
+    http_gen_options_free(&so);
+    REFUSED(HTTP_API_COMPLETIONS, "{\"structured_outputs\": {\"json\": {}}}", "structured_outputs", "not supported");
+    REFUSED(HTTP_API_COMPLETIONS, "{\"structured_outputs\": {\"regex\": \"a\", \"choice\": [\"b\"]}}",
+            "structured_outputs", "one of regex and choice");
+    REFUSED(HTTP_API_COMPLETIONS, "{\"guided_regex\": \"a\", \"guided_choice\": [\"b\"]}", "guided_choice",
+            "cannot be given");
+    REFUSED(HTTP_API_COMPLETIONS, "{\"guided_choice\": [\"a\", 3]}", "guided_choice", "non-empty string");
+    REFUSED(HTTP_API_COMPLETIONS, "{\"guided_regex\": \"a\", \"allowed_token_ids\": [1]}", "guided_regex",
+            "allowed_token_ids");
     REFUSED(HTTP_API_COMPLETIONS, "{\"truncate_prompt_tokens\": 0}", "truncate_prompt_tokens", "not supported");
     REFUSED(HTTP_API_COMPLETIONS, "{\"truncate_prompt_tokens\": 8}", "truncate_prompt_tokens", "not supported");
     REFUSED(HTTP_API_COMPLETIONS, "{\"response_format\": {\"type\": \"json_object\"}}", "response_format", NULL);
@@ -279,7 +292,10 @@ static void test_trl_fields(void) {
     REFUSED(HTTP_API_TRL, "{\"generation_kwargs\": {\"temperature\": -1}}", "generation_kwargs.temperature", ">= 0");
     REFUSED(HTTP_API_TRL, "{\"generation_kwargs\": [1]}", "generation_kwargs", "object");
     REFUSED(HTTP_API_TRL, "{\"images\": [[\"aGk=\"]]}", "images", "not supported");
-    REFUSED(HTTP_API_TRL, "{\"structured_outputs_regex\": \"a+\"}", "structured_outputs_regex", "not supported");
+    HttpGenOptions trl_so = gen_ok(HTTP_API_TRL, "{\"structured_outputs_regex\": \"a+\"}", NULL);
+    CHECK(trl_so.sp.structured_regex && trl_so.sp.structured_regex_len == 2);
+    http_gen_options_free(&trl_so);
+    REFUSED(HTTP_API_TRL, "{\"structured_outputs_regex\": 3}", "structured_outputs_regex", "non-empty string");
     REFUSED(HTTP_API_TRL, "{\"logprobs\": -1}", "logprobs", NULL);
     REFUSED(HTTP_API_TRL, "{\"n\": 0}", "n", NULL);
 }
