@@ -1,6 +1,7 @@
 // rollout_server/http_json.c — request parsing and validation for the HTTP API (see http_json.h).
 #include "rollout_server/http_json.h"
 
+#include "rollout_server/guided_json.h"
 #include "rollout_server/guided_regex.h"
 
 #include <ctype.h>
@@ -418,7 +419,7 @@ static int parse_stream_fields(const JsonAt *req, HttpGenOptions *o, HttpError *
 // 0, [] and {} pass as "not asked for"), never dropped. TRL's VLLMClient sends "structured_outputs" for its
 // structured_outputs_regex.
 static int parse_unsupported(const JsonAt *req, HttpError *err) {
-    static const char *const keys[] = {"frequency_penalty", "presence_penalty", "logit_bias", "tools", "guided_json",
+    static const char *const keys[] = {"frequency_penalty", "presence_penalty", "logit_bias", "tools",
                                        "guided_grammar"};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
         if (refuse_unless_neutral(req, keys[i], err) < 0) return -1;
@@ -431,9 +432,11 @@ static int parse_unsupported(const JsonAt *req, HttpError *err) {
     const json_t *rf = json_object_get(req->json, "response_format");
     if (json_get_present(req, "response_format")) {
         const json_t *t = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
-        if (!json_is_string(t) || strcmp(json_string_value(t), "text") != 0)
-            return http_error_set(err, 400, "response_format", "only {\"type\": \"text\"} is supported in "
-                                  "'response_format'");
+        if (!json_is_string(t) || (strcmp(json_string_value(t), "text") != 0 &&
+                                   strcmp(json_string_value(t), "json_schema") != 0))
+            return http_error_set(err, 400, "response_format", "only {\"type\": \"text\"} and {\"type\": "
+                                  "\"json_schema\", \"json_schema\": {\"schema\": ...}} are supported in "
+                                  "'response_format' (json_object is not)");
     }
     return 0;
 }
@@ -441,8 +444,24 @@ static int parse_unsupported(const JsonAt *req, HttpError *err) {
 // Structured outputs (vLLM): structured_outputs {"regex": ...} or {"choice": [...]}, or the older guided_regex /
 // guided_choice; the engine compiles the regex (guided_regex.h). JSON schemas, grammars and structural tags are
 // refused by name, as is a second constraint or allowed_token_ids beside one.
+// A JSON schema given as an object or as JSON text (vLLM takes both): its regex into o->structured.
+static int schema_regex(const json_t *schema, const char *given, HttpGenOptions *o, HttpError *err) {
+    json_t *parsed = NULL;
+    if (json_is_string(schema)) {
+        json_error_t je;
+        if (!(parsed = json_loadb(json_string_value(schema), json_string_length(schema), 0, &je)))
+            return http_error_set(err, 400, given, "the json schema of '%s' is not JSON: %s", given, je.text);
+        schema = parsed;
+    }
+    char msg[400];
+    o->structured = guide_json_schema_regex(schema, &o->structured_len, msg, sizeof msg);
+    json_decref(parsed);
+    if (!o->structured) return http_error_set(err, 400, given, "'%s': %s", given, msg);
+    return 0;
+}
+
 static int parse_structured(const JsonAt *req, HttpGenOptions *o, HttpError *err) {
-    const json_t *regex = NULL, *choice = NULL;
+    const json_t *regex = NULL, *choice = NULL, *schema = NULL;
     const char *given = NULL;
     JsonAt so;
     if (json_get_object(req, "structured_outputs", JSON_GET_OPTIONAL, &so)) return refused(req, "structured_outputs", err);
@@ -453,17 +472,17 @@ static int parse_structured(const JsonAt *req, HttpGenOptions *o, HttpError *err
             if (json_is_null(val) || json_is_false(val)) continue;
             if (!strcmp(key, "regex")) regex = val;
             else if (!strcmp(key, "choice")) choice = val;
-            else if (!strcmp(key, "json") || !strcmp(key, "grammar") || !strcmp(key, "json_object") ||
-                     !strcmp(key, "structural_tag"))
+            else if (!strcmp(key, "json")) schema = val;
+            else if (!strcmp(key, "grammar") || !strcmp(key, "json_object") || !strcmp(key, "structural_tag"))
                 return http_error_set(err, 400, "structured_outputs", "'structured_outputs'.%s is not supported by "
-                                      "this server (regex and choice are)", key);
+                                      "this server (regex, choice and json are)", key);
             else if (strcmp(key, "disable_fallback") && strcmp(key, "disable_any_whitespace") &&
                      strcmp(key, "disable_additional_properties") && strcmp(key, "whitespace_pattern"))
                 return http_error_set(err, 400, "structured_outputs", "'structured_outputs'.%s is not a field this "
                                       "server knows", key);
-            if ((regex ? 1 : 0) + (choice ? 1 : 0) > 1)
-                return http_error_set(err, 400, "structured_outputs", "'structured_outputs' takes one of regex and "
-                                      "choice");
+            if ((regex ? 1 : 0) + (choice ? 1 : 0) + (schema ? 1 : 0) > 1)
+                return http_error_set(err, 400, "structured_outputs", "'structured_outputs' takes one of regex, "
+                                      "choice and json");
         }
         given = "structured_outputs";
     }
@@ -477,10 +496,27 @@ static int parse_structured(const JsonAt *req, HttpGenOptions *o, HttpError *err
         choice = json_object_get(req->json, "guided_choice");
         given = "guided_choice";
     }
-    if (!regex && !choice) return 0;
+    if (json_get_present(req, "guided_json")) {
+        if (given) return REFUSE(req, "guided_json", err, "cannot be given with '%s'", given);
+        schema = json_object_get(req->json, "guided_json");
+        given = "guided_json";
+    }
+    const json_t *rf = json_object_get(req->json, "response_format");
+    const json_t *rft = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
+    if (json_is_string(rft) && !strcmp(json_string_value(rft), "json_schema")) {   // OpenAI's form
+        if (given) return REFUSE(req, "response_format", err, "cannot be given with '%s'", given);
+        const json_t *js = json_object_get(rf, "json_schema");
+        schema = json_is_object(js) ? json_object_get(js, "schema") : NULL;
+        given = "response_format";
+        if (!schema)
+            return http_error_set(err, 400, given, "'response_format' of type json_schema needs json_schema.schema");
+    }
+    if (!regex && !choice && !schema) return 0;
     if (o->sp.n_allowed > 0)
         return REFUSE(req, given, err, "cannot be combined with 'allowed_token_ids'");
-    if (regex) {
+    if (schema) {
+        if (schema_regex(schema, given, o, err) < 0) return -1;
+    } else if (regex) {
         if (!json_is_string(regex) || json_string_length(regex) == 0)
             return http_error_set(err, 400, given, "the regex of '%s' must be a non-empty string", given);
         if (!(o->structured = strndup(json_string_value(regex), json_string_length(regex))))

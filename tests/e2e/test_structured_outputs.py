@@ -4,8 +4,10 @@ test_http_vllm_client.py): every completion, over
 many seeds and temperatures, is a whole match of the regex by Python's `re.fullmatch` (or one of the choices), and
 it ends by the end-of-sequence id where the regex allows nothing more; refusals (syntax, unsupported constructs,
 JSON schemas, two constraints at once) are 400s naming `structured_outputs` or the field."""
+import json
 import re
 
+import jsonschema
 import openai
 import pytest
 
@@ -61,15 +63,50 @@ def test_choice_chat_and_trl_client(server):
     assert all(ch.text in choices for ch in out.choices)
 
 
+SCHEMAS = [
+    {"type": "object", "properties": {"name": {"type": "string", "maxLength": 8}, "age": {"type": "integer"},
+                                      "ok": {"type": "boolean"}}, "required": ["name", "age"]},
+    {"type": "array", "items": {"enum": ["red", "green", 3, None]}, "minItems": 1, "maxItems": 3},
+    {"type": "object", "properties": {"id": {"anyOf": [{"type": "integer"}, {"type": "null"}]},
+                                      "tags": {"type": "array", "items": {"type": "string", "minLength": 1,
+                                                                          "maxLength": 4}, "maxItems": 2},
+                                      "score": {"type": "number"}, "kind": {"const": "a\"b"}}},
+]
+
+
+def test_json_schema(server):
+    """structured_outputs json, guided_json (a schema as text) and OpenAI's response_format json_schema on chat: every
+    completion that ends is JSON that validates against the schema."""
+    c = client(server)
+    for i, schema in enumerate(SCHEMAS):
+        for extra in ({"structured_outputs": {"json": schema}}, {"guided_json": json.dumps(schema)}):
+            out = c.completions.create(model=model_id(server), prompt="json:", n=4, max_tokens=80, temperature=1.0,
+                                       seed=i, extra_body=extra)
+            done = [ch.text for ch in out.choices if ch.finish_reason == "stop"]
+            assert done, [ch.text for ch in out.choices]
+            for text in done:
+                jsonschema.validate(json.loads(text), schema)
+        out = c.chat.completions.create(model=model_id(server), messages=[{"role": "user", "content": "json"}], n=3,
+                                        max_tokens=80, temperature=1.0, seed=i,
+                                        response_format={"type": "json_schema",
+                                                         "json_schema": {"name": "x", "schema": schema}})
+        for ch in out.choices:
+            if ch.finish_reason == "stop":
+                jsonschema.validate(json.loads(ch.message.content), schema)
+
+
 @pytest.mark.parametrize("body,field,why", [
     ({"structured_outputs": {"regex": "(ab"}}, "structured_outputs", "missing ')'"),
     ({"structured_outputs": {"regex": "(?<=a)b"}}, "structured_outputs", "only (?:...) groups"),
-    ({"structured_outputs": {"json": {"type": "object"}}}, "structured_outputs", "json is not supported"),
-    ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs", "one of regex and choice"),
+    ({"structured_outputs": {"json": {"type": "integer", "minimum": 3}}}, "structured_outputs", "'minimum'"),
+    ({"structured_outputs": {"json": {"$ref": "#/x"}}}, "structured_outputs", "'$ref'"),
+    ({"guided_json": "{not json"}, "guided_json", "not JSON"),
+    ({"structured_outputs": {"grammar": "root ::= a"}}, "structured_outputs", "grammar is not supported"),
+    ({"response_format": {"type": "json_object"}}, "response_format", "json_object is not"),
+    ({"structured_outputs": {"regex": "a", "choice": ["b"]}}, "structured_outputs", "one of regex, choice and json"),
     ({"structured_outputs": {"regex": "a"}, "guided_regex": "b"}, "guided_regex", "cannot be given"),
     ({"guided_choice": []}, "guided_choice", "list of 1 to 4096"),
     ({"guided_regex": "[0-9]", "allowed_token_ids": [5]}, "guided_regex", "allowed_token_ids"),
-    ({"guided_json": {"type": "object"}}, "guided_json", ""),
 ])
 def test_refusals(server, body, field, why):
     with pytest.raises(openai.BadRequestError) as e:

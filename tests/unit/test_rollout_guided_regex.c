@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "check_macros.h"
+#include "rollout_server/guided_json.h"
 #include "rollout_server/guided_regex.h"
 #include "shared/tokenizer/tokenizer_internal.h"
 
@@ -188,6 +189,62 @@ static void test_refusals(void) {
     }
 }
 
+// JSON schemas as regexes (guided_json.c): what json.dumps writes for valid values matches, invalid values do not;
+// keywords that would let forbidden values through are refused by name.
+static void schema_case(const char *schema_text, const char *const *yes, const char *const *no) {
+    json_error_t je;
+    json_t *s = json_loads(schema_text, 0, &je);
+    REQUIRE(s, "schema %s: %s", schema_text, je.text);
+    char err[512];
+    size_t len;
+    char *re = guide_json_schema_regex(s, &len, err, sizeof err);
+    json_decref(s);
+    CHECK(re, "schema %s: %s", schema_text, err);
+    if (!re) return;
+    Guide *g = compile(re);
+    free(re);
+    if (!g) return;
+    for (int i = 0; yes[i]; i++) CHECK(matches(g, yes[i]), "%s must take %s", schema_text, yes[i]);
+    for (int i = 0; no[i]; i++) CHECK(!matches(g, no[i]), "%s must not take %s", schema_text, no[i]);
+    guide_free(g);
+}
+
+static void test_json_schemas(void) {
+#define S(schema, ...) schema_case(schema, (const char *const[]){__VA_ARGS__}, NO)
+    const char *const *NO;
+    NO = (const char *const[]){"{\"n\": \"x\", \"a\": 1}", "{\"a\": 1, \"n\": \"x\"}", "{\"n\": \"x\", \"a\": 1.5}",
+                               "{\"n\": \"x\"}", NULL};
+    S("{\"type\": \"object\", \"properties\": {\"n\": {\"type\": \"string\"}, \"a\": {\"type\": \"integer\"}, "
+      "\"b\": {\"type\": \"boolean\"}}, \"required\": [\"n\"]}",
+      "{\"n\": \"x\", \"a\": -12, \"b\": true}", "{\"n\": \"q\\\"\\\\\\u00e9\", \"a\": 0, \"b\": false}", NULL);
+    NO = (const char *const[]){"[]", "[1, 2, 3, 4]", "[1,2]", "[1.5]", NULL};
+    S("{\"type\": \"array\", \"items\": {\"type\": \"integer\"}, \"minItems\": 1, \"maxItems\": 3}", "[1]", "[1, 2, 3]", NULL);
+    NO = (const char *const[]){"\"blue\"", "4", "null ", NULL};
+    S("{\"enum\": [\"red\", 3, null, true]}", "\"red\"", "3", "null", "true", NULL);
+    NO = (const char *const[]){"\"\"", "\"abcd\"", "1", NULL};
+    S("{\"anyOf\": [{\"type\": \"string\", \"minLength\": 1, \"maxLength\": 3}, {\"type\": \"null\"}]}", "\"a\"",
+      "\"abc\"", "null", NULL);
+    NO = (const char *const[]){"1e", "01", "-", NULL};
+    S("{\"type\": [\"number\", \"null\"]}", "1.5e-3", "-0", "null", "42", NULL);
+#undef S
+    static const char *const bad[][2] = {{"{\"type\": \"integer\", \"minimum\": 0}", "'minimum'"},
+                                         {"{\"type\": \"string\", \"pattern\": \"a\"}", "'pattern'"},
+                                         {"{\"oneOf\": [{\"type\": \"null\"}]}", "'oneOf'"},
+                                         {"{\"type\": \"array\"}", "'items'"},
+                                         {"{\"type\": \"object\", \"properties\": {}, \"required\": [\"x\"]}", "required"},
+                                         {"{\"type\": \"date\"}", "not a JSON schema type"},
+                                         {"{}", "needs 'type'"}};
+    for (size_t i = 0; i < sizeof bad / sizeof bad[0]; i++) {
+        json_t *s = json_loads(bad[i][0], 0, NULL);
+        char err[512] = "";
+        size_t len;
+        char *re = guide_json_schema_regex(s, &len, err, sizeof err);
+        CHECK(!re && strstr(err, bad[i][1]), "%s: '%s' (wanted '%s')", bad[i][0], err, bad[i][1]);
+        free(re);
+        json_decref(s);
+    }
+}
+
 int main(void) {
     char err[512];
     const char *json = bytelevel_json();
@@ -195,6 +252,7 @@ int main(void) {
     test_languages();
     test_masks();
     test_refusals();
+    test_json_schemas();
     tokenizer_free(tok);
     return check_exit_code("test_rollout_guided_regex");
 }
