@@ -8,6 +8,7 @@
 #   serve  bench/bench_serve_gpu.py $SERVE_ARGS (e.g. SERVE_ARGS="--shape 1.5b --grpo")
 #   sync   bench/bench_sync_gpu.py $SYNC_ARGS (weight-sync bandwidth over NCCL vs a torch GPU0->GPU1 copy)
 #   devices  tests/e2e/test_serve_devices.py --gpu (tandem-serve --devices 0,1 vs one engine; needs 2 GPUs)
+#   structured tests/e2e/test_structured_outputs.py --gpu (regex / json-schema outputs on cuda:0)
 #   tp       tests/e2e/test_serve_tensor_parallel.py --gpu (the 405B shape refused on one GPU naming TP 8; TP 2 vs TP 1
 #            greedy on 2 GPUs)
 #   zero3  bench/bench_zero3_gpu.py $ZERO3_ARGS (SFT on 1 and all GPUs, ZeRO-3 overlap on vs TANDEM_ZERO3_OVERLAP=0)
@@ -102,6 +103,9 @@ if want devices; then
 fi
 if want tp; then
   TANDEM_BUILD_DIR=$B run_py serve_tp python3 tests/e2e/test_serve_tensor_parallel.py --gpu
+fi
+if want structured; then
+  TANDEM_BUILD_DIR=$B run_py serve_structured python3 tests/e2e/test_structured_outputs.py --gpu
 fi
 if want zero3; then
   # shellcheck disable=SC2086

@@ -6,18 +6,30 @@ it ends by the end-of-sequence id where the regex allows nothing more; refusals 
 JSON schemas, two constraints at once) are 400s naming `structured_outputs` or the field."""
 import json
 import re
+import sys
+import tempfile
 
-import jsonschema
-import openai
-import pytest
+from server_fixtures import TandemServer, build_tiny_model, http_json
 
-from server_fixtures import TandemServer, tiny_model_dir  # noqa: F401 (fixture)
+try:
+    import pytest
+except ImportError:   # the GPU machine: run as a script (see the end)
+    pytest = None
+
+if pytest is not None and __name__ != "__main__":
+    import jsonschema
+    import openai
+    from server_fixtures import tiny_model_dir  # noqa: F401 (fixture)
 
 PATTERNS = [r"[0-9]{3}-[a-z]+", r"(yes|no)(, because [a-z ]{3,12})?", r"-?(0|[1-9][0-9]*)(\.[0-9]+)?",
             r'\{"name": "[a-z ]{1,10}", "age": [1-9][0-9]?\}', r"(?:ab|cd)+x?"]
 
 
-@pytest.fixture(scope="module")
+def fixture(fn):
+    return pytest.fixture(scope="module")(fn) if pytest is not None else fn
+
+
+@fixture
 def server(tiny_model_dir):
     srv = TandemServer(tiny_model_dir)
     yield srv
@@ -95,7 +107,7 @@ def test_json_schema(server):
                 jsonschema.validate(json.loads(ch.message.content), schema)
 
 
-@pytest.mark.parametrize("body,field,why", [
+REFUSALS = [
     ({"structured_outputs": {"regex": "(ab"}}, "structured_outputs", "missing ')'"),
     ({"structured_outputs": {"regex": "(?<=a)b"}}, "structured_outputs", "only (?:...) groups"),
     ({"structured_outputs": {"json": {"type": "integer", "minimum": 3}}}, "structured_outputs", "'minimum'"),
@@ -107,9 +119,52 @@ def test_json_schema(server):
     ({"structured_outputs": {"regex": "a"}, "guided_regex": "b"}, "guided_regex", "cannot be given"),
     ({"guided_choice": []}, "guided_choice", "list of 1 to 4096"),
     ({"guided_regex": "[0-9]", "allowed_token_ids": [5]}, "guided_regex", "allowed_token_ids"),
-])
+]
+
+
+def parametrize_refusals(fn):
+    return pytest.mark.parametrize("body,field,why", REFUSALS)(fn) if pytest is not None else fn
+
+
+@parametrize_refusals
 def test_refusals(server, body, field, why):
     with pytest.raises(openai.BadRequestError) as e:
         client(server).completions.create(model=model_id(server), prompt="x", max_tokens=4, extra_body=body)
     err = e.value.body
     assert err["param"] == field and why in err["message"], err
+
+
+def gpu_check():
+    """On cuda:0 (bf16): regex, choice and json-schema completions over seeds are whole matches / valid JSON."""
+    d = tempfile.mkdtemp(prefix="tandem-structured-")
+    build_tiny_model(d)
+    srv = TandemServer(d, "--device", "cuda:0")
+    try:
+        n = 0
+        for seed in range(3):
+            for pattern in PATTERNS:
+                status, out, _ = http_json("POST", srv.url + "/v1/completions",
+                                           {"prompt": "the quick", "n": 4, "max_tokens": 48, "temperature": 1.0,
+                                            "seed": seed, "structured_outputs": {"regex": pattern}})
+                assert status == 200, out
+                for ch in out["choices"]:
+                    assert ch["finish_reason"] == "length" or re.fullmatch(pattern, ch["text"]), (pattern, ch)
+                    n += ch["finish_reason"] == "stop"
+            status, out, _ = http_json("POST", srv.url + "/v1/completions",
+                                       {"prompt": "x", "n": 4, "max_tokens": 80, "temperature": 1.0, "seed": seed,
+                                        "structured_outputs": {"json": SCHEMAS[0]}})
+            assert status == 200, out
+            for ch in out["choices"]:
+                if ch["finish_reason"] == "stop":
+                    v = json.loads(ch["text"])
+                    assert isinstance(v["name"], str) and isinstance(v["age"], int), v
+                    n += 1
+    finally:
+        assert srv.stop() == 0, srv.log_text()
+    return f"{n} completed structured outputs on cuda:0 all whole matches / valid JSON"
+
+
+if __name__ == "__main__":
+    if "--gpu" not in sys.argv:
+        sys.exit("usage: python3 tests/e2e/test_structured_outputs.py --gpu   (the CPU tests run under pytest)")
+    print(f"summary: PASS: {gpu_check()}")
