@@ -86,24 +86,34 @@ static void slice_origin(const Model *shard, const LayoutTensor *t, int64_t *row
         *col0 = (int64_t)s->rank * shard->cfg.intermediate_size;
 }
 
-// The rows of the shard's tensor that exist in the whole one (vocabulary padding rows do not).
-static int64_t rows_present(const LayoutTensor *ft, const LayoutTensor *st, int64_t row0) {
-    int64_t n = ft->shape[0] - row0;
-    if (n > st->shape[0]) n = st->shape[0];
-    return n > 0 ? n : 0;
+// Tensor i's slice in unit `unit`: where the shard's part starts in the whole tensor (element offset from the
+// whole unit's start, full_at), where it goes in the shard's unit (shard_at), its rows (those the whole tensor has:
+// vocabulary padding rows do not), its columns and the whole tensor's. 0 when tensor i is not in unit.
+typedef struct {
+    size_t full_at, shard_at;
+    int64_t rows, cols, full_cols;
+} TensorSlice;
+
+static int tensor_slice(const Model *full, const Model *shard, int i, int unit, TensorSlice *s) {
+    const LayoutTensor *st = &shard->layout.tensors[i], *ft = &full->layout.tensors[i];
+    if (st->unit != unit) return 0;
+    int64_t row0, col0;
+    slice_origin(shard, st, &row0, &col0);
+    int64_t rows = ft->shape[0] - row0;
+    if (rows > st->shape[0]) rows = st->shape[0];
+    *s = (TensorSlice){.full_at = ft->offset + (size_t)(row0 * ft->shape[1] + col0), .shard_at = st->offset,
+                       .rows = rows > 0 ? rows : 0, .cols = st->shape[1], .full_cols = ft->shape[1]};
+    return 1;
 }
 
 void model_shard_unit(const Model *full, const Model *shard, int unit, const float *full_unit, float *shard_unit) {
     memset(shard_unit, 0, shard->layout.unit_numel[unit] * sizeof *shard_unit);
     for (int i = 0; i < shard->layout.n_tensors; i++) {
-        const LayoutTensor *st = &shard->layout.tensors[i], *ft = &full->layout.tensors[i];
-        if (st->unit != unit) continue;
-        int64_t row0, col0;
-        slice_origin(shard, st, &row0, &col0);
-        const int64_t rows = rows_present(ft, st, row0), cols = st->shape[1], fcols = ft->shape[1];
-        for (int64_t r = 0; r < rows; r++)
-            memcpy(shard_unit + st->offset + (size_t)(r * cols),
-                   full_unit + ft->offset + (size_t)((row0 + r) * fcols + col0), (size_t)cols * sizeof(float));
+        TensorSlice s;
+        if (!tensor_slice(full, shard, i, unit, &s)) continue;
+        for (int64_t r = 0; r < s.rows; r++)
+            memcpy(shard_unit + s.shard_at + (size_t)(r * s.cols), full_unit + s.full_at + (size_t)(r * s.full_cols),
+                   (size_t)s.cols * sizeof(float));
     }
 }
 
@@ -120,13 +130,11 @@ int model_shard_unit_device(const Model *full, OpsCtx *full_ctx, const void *ful
     ops_memset_zero(shard->ops, shard_unit, shard->layout.unit_numel[unit] * es);
     ops_synchronize(shard->ops);
     for (int i = 0; i < shard->layout.n_tensors; i++) {
-        const LayoutTensor *st = &shard->layout.tensors[i], *ft = &full->layout.tensors[i];
-        if (st->unit != unit) continue;
-        int64_t row0, col0;
-        slice_origin(shard, st, &row0, &col0);
-        const int64_t rows = rows_present(ft, st, row0), cols = st->shape[1], fcols = ft->shape[1];
-        const char *from = (const char *)full_unit + (ft->offset + (size_t)(row0 * fcols + col0)) * es;
-        if (rows == 0) continue;
+        TensorSlice s;
+        if (!tensor_slice(full, shard, i, unit, &s) || s.rows == 0) continue;
+        const LayoutTensor *st = &shard->layout.tensors[i];
+        const int64_t rows = s.rows, cols = s.cols, fcols = s.full_cols;
+        const char *from = (const char *)full_unit + s.full_at * es;
         if (cols != fcols) {   // a column slice: gathered into one block first
             ops_copy_2d(full_ctx, scratch, (size_t)cols, from, (size_t)fcols, (size_t)rows, (size_t)cols);
             ops_synchronize(full_ctx);
@@ -138,7 +146,7 @@ int model_shard_unit_device(const Model *full, OpsCtx *full_ctx, const void *ful
             return -1;
         }
         char msg[256];
-        if (ops_copy_peer(shard->ops, (char *)shard_unit + st->offset * es, full_ctx, from, (size_t)(rows * cols) * es,
+        if (ops_copy_peer(shard->ops, (char *)shard_unit + s.shard_at * es, full_ctx, from, (size_t)(rows * cols) * es,
                           msg, sizeof msg) != 0) {
             snprintf(err, err_len, "copying %s to tensor-parallel shard %d: %s", st->name, shard->shard.rank, msg);
             return -1;
