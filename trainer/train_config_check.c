@@ -120,12 +120,13 @@ static int check_logging_and_dist(const TrainConfig *c, char *err, size_t err_le
     if (c->zero_hpz_partition_size > 1 && c->sharding_strategy != SHARDING_FULL_SHARD)
         FAIL("zero_hpz_partition_size: %d and sharding_strategy hybrid_shard are two different layouts: pick one",
              c->zero_hpz_partition_size);
-    if (c->zero_hpz_partition_size > 1 && c->mode != TRAIN_MODE_SFT)
-        FAIL("zero_hpz_partition_size: hpZ is for sft only in this version (the weight sync to the rollout servers "
-             "slices the model by rank)");
-    if (c->sharding_strategy == SHARDING_HYBRID_SHARD && c->mode != TRAIN_MODE_SFT)
-        FAIL("sharding_strategy: hybrid_shard is for sft only in this version (the weight sync to the rollout servers "
-             "slices the model over every rank)");
+    // The NCCL weight sync has the servers receive slice r of every unit from trainer rank r; hybrid layouts cut
+    // the model otherwise (trainer/weight_sync.c), so their weights travel over ZeroMQ (auto picks it).
+    if ((c->zero_hpz_partition_size > 1 || c->sharding_strategy == SHARDING_HYBRID_SHARD) &&
+        c->mode != TRAIN_MODE_SFT && c->weight_sync_transport == WEIGHT_SYNC_NCCL)
+        FAIL("weight_sync_transport: nccl from %s is not built; use zmq (or auto, which picks it for these layouts)",
+             c->sharding_strategy == SHARDING_HYBRID_SHARD ? "sharding_strategy hybrid_shard"
+                                                           : "zero_hpz_partition_size > 1");
     NEED(isfinite(c->init_timeout) && c->init_timeout > 0, "init_timeout", "must be > 0 seconds, got %g",
          c->init_timeout);
     NEED(isfinite(c->comm_timeout) && c->comm_timeout > 0, "comm_timeout", "must be > 0 seconds, got %g",

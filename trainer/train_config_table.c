@@ -187,11 +187,11 @@ const OptionSpec train_options[] = {
     OPT("zero_stage", OPT_INT, zero_stage, G_DIST, "ZeRO stage: 1 (optimizer), 2 (+ gradients), 3 (+ parameters)"),
     ENUM("sharding_strategy", sharding_strategy, sharding_name, 0, G_DIST, "full_shard: ZeRO state partitioned "
          "over every rank; hybrid_shard (HSDP): partitioned over each node's ranks, replicated across nodes, so "
-         "forward/backward collectives stay inside the node (sft only)"),
+         "forward/backward collectives stay inside the node (grpo: weight sync over ZeroMQ)"),
     OPT("zero_hpz_partition_size", OPT_INT, zero_hpz_partition_size, G_DIST, "ZeRO++ hpZ (zero_stage 3): the "
         "parameters that forward/backward gather are partitioned over this many ranks, the ranks per node "
         "(LOCAL_WORLD_SIZE), so those gathers stay inside the node; master, Adam and gradients stay over every "
-        "rank; 1 = off (sft only)"),
+        "rank; 1 = off (grpo: weight sync over ZeroMQ)"),
     ENUM("device", device, device_name, 0, G_DIST, "compute backend; auto = cuda when a GPU is present"),
     OPT("init_timeout", OPT_F64, init_timeout, G_DIST, "seconds for every rank to join the rendezvous"),
     OPT("comm_timeout", OPT_F64, comm_timeout, G_DIST, "seconds one collective may take before it fails"),

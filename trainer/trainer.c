@@ -218,9 +218,12 @@ int trainer_open(Trainer *t, TrainConfig *cfg, char *err, size_t err_len) {
         comm_set_nodes(t->dcomm, nodes);
         free(nodes);
     }
+    // Hybrid layouts (HSDP, hpZ) cut the model otherwise than slice r on rank r, which the NCCL sync sends: their
+    // weights go over ZeroMQ (train_config_check.c refuses nccl with them).
+    const int hybrid_layout = cfg->sharding_strategy == SHARDING_HYBRID_SHARD || cfg->zero_hpz_partition_size > 1;
     t->sync.use_nccl = cfg->weight_sync_transport == WEIGHT_SYNC_NCCL ||
                        (cfg->weight_sync_transport == WEIGHT_SYNC_AUTO && backend == OPS_BACKEND_CUDA &&
-                        comm_backend_available(COMM_BACKEND_NCCL));
+                        comm_backend_available(COMM_BACKEND_NCCL) && !(hybrid_layout && cfg->mode != TRAIN_MODE_SFT));
     if (cfg->weight_sync_transport == WEIGHT_SYNC_NCCL &&
         (backend != OPS_BACKEND_CUDA || !comm_backend_available(COMM_BACKEND_NCCL))) {
         snprintf(err, err_len, "--weight-sync-transport nccl needs CUDA ranks and NCCL; this rank runs on the %s%s",

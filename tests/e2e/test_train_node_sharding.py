@@ -8,7 +8,9 @@ ZeRO bytes rank 0 sent across the node boundary: with 2 micro-steps per optimize
 all-gather and reduce-scatter partly to the other node, HSDP only one all-reduce of its gradient slices per step
 (about 2 bytes x parameters), a third of flat's here. hpZ gives the same results too; across nodes it sends the
 reduce-scatter of each micro-step's node-local gradient slices and one refresh of the parameters per step (about
-3 bytes x parameters here), never a parameter all-gather of forward or backward. The node map is printed at the rendezvous; grpo refuses HSDP.
+3 bytes x parameters here), never a parameter all-gather of forward or backward. The node map is printed at the rendezvous.
+GRPO with either layout syncs the weights to the rollout server over ZeroMQ and equals flat ZeRO-3's run; NCCL
+weight sync from them is refused.
 """
 import json
 import os
@@ -86,14 +88,53 @@ def test_hsdp_equals_flat_zero3_and_keeps_gathers_inside_the_node(setup):
         assert 2 * b["comm/bytes_inter_node"] <= a["comm/bytes_inter_node"], (a, b)
 
 
-def test_grpo_refuses_hybrid_shard(setup):
+def test_grpo_refuses_nccl_sync_from_hybrid_layouts(setup):
     d = setup
     env = {k: v for k, v in os.environ.items() if k not in LAUNCH_ENV}
-    p = subprocess.run([str((BUILD / "bin" / "tandem-train").resolve()), "--model", str(d / "model"),
-                        "--train-file", str(d / "train.jsonl"), "--output-dir", str(d / "grpo"),
-                        "--rollout-servers", "tcp://127.0.0.1:1", "--rewards", "regex_format",
-                        "--sharding-strategy", "hybrid_shard"], env=env, capture_output=True, text=True, timeout=60)
-    assert p.returncode != 0 and "sharding_strategy: hybrid_shard is for sft only" in p.stderr, p.stderr
+    for layout, name in ((["--sharding-strategy", "hybrid_shard"], "sharding_strategy hybrid_shard"),
+                         (["--zero-hpz-partition-size", "2"], "zero_hpz_partition_size > 1")):
+        p = subprocess.run([str((BUILD / "bin" / "tandem-train").resolve()), "--model", str(d / "model"),
+                            "--train-file", str(d / "train.jsonl"), "--output-dir", str(d / "grpo"),
+                            "--rollout-servers", "tcp://127.0.0.1:1", "--rewards", "regex_format",
+                            "--weight-sync-transport", "nccl", *layout], env=env, capture_output=True, text=True,
+                           timeout=60)
+        assert p.returncode != 0 and f"weight_sync_transport: nccl from {name} is not built" in p.stderr, p.stderr
+
+
+def run_2x2_grpo(d, tag, *layout):
+    """GRPO on 2 nodes x 2 ranks, node 0's launcher starting the rollout server; weights synced every step."""
+    port, ctl = free_port(), free_port()
+    args = ["--train-file", str(d / "prompts.jsonl"), "--output-dir", str(d / tag), "--rewards", "regex_format",
+            "--format-regex", "[0-9]", "--format-regex-mode", "search", "--num-generations", "4",
+            "--per-device-train-batch-size", "4", "--max-completion-length", "6", "--max-steps", "3",
+            "--logging-steps", "1", "--learning-rate", "2e-2", "--zero-stage", "3", "--seed", "3", "--save-steps", "0",
+            "--init-timeout", "60", *layout]
+    procs = [launcher(["--model", str(d / "model"), "--nnodes", "2", "--node-rank", str(n), "--ranks", "2",
+                       "--servers", "1", "--control-insecure", "--master-addr", "127.0.0.1", "--master-port",
+                       str(port), "--control-port", str(ctl), "--log-dir", str(d / f"{tag}{n}-logs"), "--", *args], d)
+             for n in (0, 1)]
+    out0, out1 = finish_nodes(procs, timeout=600)
+    assert procs[0].returncode == 0 and procs[1].returncode == 0, out0 + "\n---- node 1 ----\n" + out1
+    return out0, [json.loads(x) for x in (d / tag / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_grpo_hsdp_and_hpz_equal_flat(setup):
+    """GRPO with HSDP and with hpZ: each step's weights reach the server whole (over ZeroMQ: node 0's ranks send
+    HSDP's replica, every rank its hpZ master slice), so the completions of steps 2 and 3, sampled from the synced
+    weights, and their rewards are those of flat ZeRO-3; losses and gradient norms agree within float tolerance."""
+    from test_train_grpo import write_dataset
+    d = setup
+    write_dataset(d / "prompts.jsonl")
+    _, flat = run_2x2_grpo(d, "grpo-flat")
+    for tag, layout in (("grpo-hsdp", ["--sharding-strategy", "hybrid_shard"]),
+                        ("grpo-hpz", ["--zero-hpz-partition-size", "2"])):
+        out0, rows = run_2x2_grpo(d, tag, *layout)
+        assert "weight sync over ZeroMQ" in out0, out0
+        assert [r["policy_version"] for r in rows] == [1, 2, 3] and all(r["sync_bytes"] > 0 for r in rows), rows
+        for a, b in zip(flat, rows):
+            assert a["reward"] == b["reward"] and a["completions/mean_length"] == b["completions/mean_length"], (tag, a, b)
+            for key in ("loss", "grad_norm"):
+                assert abs(a[key] - b[key]) <= 1e-4 * max(1.0, abs(a[key])), (tag, key, a[key], b[key])
 
 
 def test_hpz_equals_flat_zero3_and_sends_across_nodes_only_gradients_and_refreshes(setup):
