@@ -626,6 +626,7 @@ static void engine_free(Engine *e) {
     bm_destroy(e->bm);
     if (e->tok) tokenizer_free(e->tok);
     runner_free(e->runner);
+    guide_cache_destroy(&e->guides);
     pthread_mutex_destroy(&e->mu);
     pthread_cond_destroy(&e->wake);
     pthread_cond_destroy(&e->ack);
@@ -673,6 +674,7 @@ int engine_create(Engine **out, const EngineConfig *cfg, char *err, size_t err_l
     pthread_mutex_init(&e->mu, NULL);
     pthread_cond_init(&e->wake, NULL);
     pthread_cond_init(&e->ack, NULL);
+    guide_cache_init(&e->guides);
     e->cfg = *cfg;
     e->cfg.model_dir = NULL; // the caller's string may not outlive us; the id below is what we keep
     {

@@ -10,6 +10,7 @@
 #include "rollout_server/block_manager.h"
 #include "rollout_server/detok.h"
 #include "rollout_server/engine.h"
+#include "rollout_server/guided_cache.h"
 #include "rollout_server/model_runner.h"
 #include "rollout_server/scheduler.h"
 
@@ -102,6 +103,7 @@ struct Engine {
     int n_eos;
     BlockManager *bm;
     Scheduler sched;
+    GuideCache guides;              // structured outputs' compiled patterns, shared by the requests
     int n_blocks, V;
     // The step as the runner gets it: run_seqs (max_num_seqs) in the scheduler's step order, then each sampled
     // sequence's samples (a request's first logits row is sampled by each of its n completions, any other row by

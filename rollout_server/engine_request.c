@@ -45,10 +45,10 @@ int request_alloc(EngineRequest **out, Engine *e, const int32_t *prompt, int pro
     }
     r->p.bad_words_ids = r->mask_bad_ids;
     r->p.bad_words_offsets = r->mask_bad_offsets;
-    if (p->structured_regex) {   // compiled here, on the caller's thread: the engine thread only reads it
+    if (p->structured_regex) {   // compiled here (or shared), on the caller's thread: the engine thread only reads it
         char msg[400];
-        if (guide_create(&r->guide, p->structured_regex, p->structured_regex_len, tok, e->V, eos, n_eos, msg,
-                         sizeof msg) != 0) {
+        if (guide_cache_get(&e->guides, p->structured_regex, p->structured_regex_len, tok, e->V, eos, n_eos,
+                            &r->guide, msg, sizeof msg) != 0) {
             snprintf(err, err_len, "structured_outputs: %s", msg);
             request_free(r);
             return ENGINE_EINVAL;
@@ -125,7 +125,7 @@ void request_free(EngineRequest *r) {
         slot_free(s);
     }
     slot_free(r->current);
-    guide_free(r->guide);
+    if (r->guide) guide_cache_put(&r->e->guides, r->guide);
     free(r->prompt_lp);
     free(r->prompt_top);
     free(r->prompt_rank);

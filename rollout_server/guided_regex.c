@@ -486,9 +486,11 @@ struct Guide {
     int V;
     int32_t eos[16];
     int n_eos;
-    int32_t **allowed;       // (n_states) each state's mask: the ids it allows, or (ban[s]) the ids it does not
-    int *n_allowed;
+    int32_t **allowed;       // (n_states) each state's mask: the ids it allows, or (ban[s]) the ids it does not; states
+    int *n_allowed;          // with equal masks share one array (owned by the first, owner[s] == s)
     unsigned char *ban;
+    int *owner;
+    uint64_t *mask_hash;
     int max_allowed;
 };
 
@@ -767,6 +769,19 @@ static int make_masks(Guide *g) {
             k = m;
             g->ban[s] = 1;
         }
+        // States that differ only in how far along a repeat they are have equal masks: keep one copy.
+        uint64_t h = 1469598103934665603ull ^ g->ban[s];
+        for (int j = 0; j < k; j++) h = (h ^ (uint64_t)(uint32_t)out[j]) * 1099511628211ull;
+        g->mask_hash[s] = h;
+        g->owner[s] = s;
+        for (int t = 0; t < s; t++)
+            if (g->owner[t] == t && g->mask_hash[t] == h && g->n_allowed[t] == k && g->ban[t] == g->ban[s] &&
+                memcmp(g->allowed[t], out, (size_t)k * sizeof *out) == 0) {
+                free(out);
+                out = g->allowed[t];
+                g->owner[s] = t;
+                break;
+            }
         g->allowed[s] = out;
         g->n_allowed[s] = k;
         if (k > g->max_allowed) g->max_allowed = k;
@@ -818,7 +833,9 @@ int guide_create(Guide **out, const char *pattern, size_t len, const Tokenizer *
     g->allowed = calloc((size_t)g->n_states, sizeof *g->allowed);
     g->n_allowed = calloc((size_t)g->n_states, sizeof *g->n_allowed);
     g->ban = calloc((size_t)g->n_states, 1);
-    if (!g->allowed || !g->n_allowed || !g->ban || make_masks(g) != 0) {
+    g->owner = calloc((size_t)g->n_states, sizeof *g->owner);
+    g->mask_hash = calloc((size_t)g->n_states, sizeof *g->mask_hash);
+    if (!g->allowed || !g->n_allowed || !g->ban || !g->owner || !g->mask_hash || make_masks(g) != 0) {
         snprintf(err, err_len, "out of memory for the structured-output masks");
         goto done;
     }
@@ -856,10 +873,13 @@ char *guide_choice_regex(const char *const *choices, const size_t *lens, int n, 
 
 void guide_free(Guide *g) {
     if (!g) return;
-    for (int s = 0; g->allowed && s < g->n_states; s++) free(g->allowed[s]);
+    for (int s = 0; g->allowed && s < g->n_states; s++)
+        if (g->owner && g->owner[s] == s) free(g->allowed[s]);
     free(g->allowed);
     free(g->n_allowed);
     free(g->ban);
+    free(g->owner);
+    free(g->mask_hash);
     free(g->trans);
     free(g->accept);
     free(g);
