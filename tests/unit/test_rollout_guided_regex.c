@@ -13,6 +13,7 @@
 #include <string.h>
 
 #include "check_macros.h"
+#include "rollout_server/guided_cache.h"
 #include "rollout_server/guided_json.h"
 #include "rollout_server/guided_regex.h"
 #include "shared/tokenizer/tokenizer_internal.h"
@@ -245,6 +246,35 @@ static void test_json_schemas(void) {
     }
 }
 
+// The engine's cache: one compilation per pattern while held or kept; more patterns than it keeps evict the least
+// recently used unheld one; with every entry held a new pattern still compiles (the request's own guide).
+static void test_cache(void) {
+    GuideCache c;
+    guide_cache_init(&c);
+    char err[512];
+    Guide *a, *b, *x;
+    CHECK(guide_cache_get(&c, "[0-9]+", 6, tok, V, &EOS, 1, &a, err, sizeof err) == 0, "%s", err);
+    CHECK(guide_cache_get(&c, "[0-9]+", 6, tok, V, &EOS, 1, &b, err, sizeof err) == 0 && a == b,
+          "the same pattern must share its guide");
+    CHECK(c.compiled == 1 && c.reused == 1, "compiled %lld, reused %lld", (long long)c.compiled, (long long)c.reused);
+    CHECK(guide_cache_get(&c, "(a", 2, tok, V, &EOS, 1, &x, err, sizeof err) != 0 && !x && strstr(err, "missing"),
+          "a bad pattern: %s", err);
+    guide_cache_put(&c, a);
+    guide_cache_put(&c, b);
+    Guide *held[GUIDE_CACHE_SIZE];
+    char pat[GUIDE_CACHE_SIZE][16];
+    for (int i = 0; i < GUIDE_CACHE_SIZE; i++) {   // fills the cache (evicting "[0-9]+", now unheld) and holds all
+        snprintf(pat[i], sizeof pat[i], "x{%d}", i + 1);
+        CHECK(guide_cache_get(&c, pat[i], strlen(pat[i]), tok, V, &EOS, 1, &held[i], err, sizeof err) == 0, "%s", err);
+    }
+    Guide *own;
+    CHECK(guide_cache_get(&c, "[0-9]+", 6, tok, V, &EOS, 1, &own, err, sizeof err) == 0 && c.compiled == 2 +
+          GUIDE_CACHE_SIZE, "a full, held cache still compiles: %lld compilations", (long long)c.compiled);
+    guide_cache_put(&c, own);   // freed: not kept
+    for (int i = 0; i < GUIDE_CACHE_SIZE; i++) guide_cache_put(&c, held[i]);
+    guide_cache_destroy(&c);
+}
+
 int main(void) {
     char err[512];
     const char *json = bytelevel_json();
@@ -253,6 +283,7 @@ int main(void) {
     test_masks();
     test_refusals();
     test_json_schemas();
+    test_cache();
     tokenizer_free(tok);
     return check_exit_code("test_rollout_guided_regex");
 }
