@@ -118,6 +118,10 @@ void ops_add_inplace(OpsCtx *ctx, void *y, const void *x, size_t n);
 // y += x over n fp32 elements (gradient accumulation).
 void ops_add_f32(OpsCtx *ctx, float *y, const float *x, size_t n);
 
+// x *= s over n storage elements, the product rounded to the storage dtype once (the LoRA scale alpha / r on the
+// adapter's (N, r) intermediate, forward and backward: shared/model_lora.c).
+void ops_scale_inplace(OpsCtx *ctx, void *x, float s, size_t n);
+
 // ---- embedding --------------------------------------------------------------------------------
 
 // out (N, C) = table[tokens[i]] ; table (V, C). A token outside [0, V) records an error.

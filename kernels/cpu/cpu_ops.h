@@ -67,5 +67,6 @@ int cpu_sample_rows(int32_t *tokens, float *logprobs, const float *logits, const
 
 void cpu_add_inplace(float *y, const float *x, size_t n);
 void cpu_add_f32(float *y, const float *x, size_t n);
+void cpu_scale_inplace(float *x, float s, size_t n);
 
 #endif

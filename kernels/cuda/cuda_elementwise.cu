@@ -1,5 +1,5 @@
 // kernels/cuda/cuda_elementwise.cu — residual add y (n) += x (n) on bf16 storage, summed in fp32 and
-// rounded once (the CPU twin adds in fp32).
+// rounded once (the CPU twin adds in fp32); x (n) *= s on bf16 storage, multiplied in fp32 and rounded once.
 #include "kernels/cuda/cuda_common.cuh"
 
 // 8 bf16 per 16-byte vector when both pointers are 16-byte aligned; n8 vectors, then the tail.
@@ -51,5 +51,18 @@ void cuda_add_f32(OpsCtx *ctx, float *y, const float *x, size_t n) {
     CudaState *st = cuda_enter(ctx);
     if (!st || n == 0) return;
     add_f32_kernel<<<cuda_grid_1d(n, 256, st), 256, 0, st->stream>>>(y, x, n);
+    CUDA_CHECK_LAUNCH(ctx);
+}
+
+// The LoRA scale on the adapter's (N, r) intermediate: multiplied in fp32, rounded once.
+__global__ void scale_inplace_kernel(bf16 *x, float s, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        x[i] = f2bf(bf2f(x[i]) * s);
+}
+
+void cuda_scale_inplace(OpsCtx *ctx, void *x, float s, size_t n) {
+    CudaState *st = cuda_enter(ctx);
+    if (!st || n == 0) return;
+    scale_inplace_kernel<<<cuda_grid_1d(n, 256, st), 256, 0, st->stream>>>((bf16 *)x, s, n);
     CUDA_CHECK_LAUNCH(ctx);
 }

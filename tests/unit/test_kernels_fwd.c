@@ -69,6 +69,9 @@ static void test_add_inplace(void) {
     for (size_t i = 0; i < n; i++) want[i] = (double)y[i] + x[i];
     cpu_add_f32(y, x, n);
     check_close("add_f32", y, want, n, 1e-7, 0.0);
+    for (size_t i = 0; i < n; i++) want[i] = (double)y[i] * 1.75;
+    cpu_scale_inplace(y, 1.75f, n);
+    check_close("scale_inplace", y, want, n, 1e-7, 0.0);
     free(y), free(x), free(want);
 }
 
