@@ -33,7 +33,7 @@ typedef enum {
     LORA_INIT_GAUSSIAN = 1, // init_lora_weights="gaussian": A normal(0, std 1/r). Both: B = 0.
 } LoraInit;
 
-typedef struct {
+typedef struct LoraConfig {
     int r;               // rank, >= 1
     float alpha;         // lora_alpha
     float dropout;       // lora_dropout: only 0 is supported (refused otherwise by lora_config_check)

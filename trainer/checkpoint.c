@@ -474,6 +474,40 @@ int checkpoint_save(Zero3 *z, Model *m, Comm *c, const CheckpointOptions *o, con
     return 0;
 }
 
+int checkpoint_save_adapter(Comm *c, const CheckpointOptions *o, const TrainProgress *p, const Model *m,
+                            int (*write)(const char *dir, void *arg, char *err, size_t err_len), void *arg,
+                            char *saved_dir, char *err, size_t err_len) {
+    const long long step = (long long)p->step;
+    StepDirs s;
+    step_dirs(o->output_dir, step, &s);
+    int rc = 0;
+    if (comm_rank(c) == 0) {
+        rc = recover_leftovers(o->output_dir, err, err_len);
+        if (rc == 0) rc = make_dirs(s.tmp_dir, err, err_len);
+        if (rc == 0) phase(o, CHECKPOINT_PHASE_TMP_CREATED, step);
+        if (rc == 0) rc = write(s.tmp_dir, arg, err, err_len);
+        for (size_t i = 0; rc == 0 && i < sizeof TOKENIZER_FILES / sizeof *TOKENIZER_FILES; i++) {
+            char from[PATH_MAX + 64], to[PATH_MAX + 128];
+            snprintf(from, sizeof from, "%s/%s", o->base_model_dir, TOKENIZER_FILES[i]);
+            snprintf(to, sizeof to, "%s/%s", s.tmp_dir, TOKENIZER_FILES[i]);
+            rc = copy_file(from, to, err, err_len);
+        }
+        if (rc == 0) phase(o, CHECKPOINT_PHASE_MODEL_WRITTEN, step);
+        if (rc == 0) {
+            CheckpointState cs = {.progress = *p, .world_size = comm_world_size(c), .layout_hash = m->layout.hash};
+            snprintf(cs.zero_slicing, sizeof cs.zero_slicing, "lora");
+            json_t *state = checkpoint_state_to_json(&cs);
+            if (state) json_object_set_new(state, "peft_adapter", json_true());
+            rc = state ? publish(o, &s, state, step, err, err_len) : -1;
+            if (!state) snprintf(err, err_len, "out of memory writing %s/trainer_state.json", s.tmp_dir);
+            json_decref(state);
+        }
+    }
+    if (share_outcome(c, rc, "write the adapter checkpoint", err, err_len) != 0) return -1;
+    if (saved_dir) snprintf(saved_dir, PATH_MAX, "%s", s.final_dir);
+    return 0;
+}
+
 // Rank 0: the highest checkpoint-N under output_dir that is complete (a checkpoint-N without trainer_state.json
 // is skipped, saying so). 0 with the folder in out, or -1 when there is none.
 static int latest_checkpoint(const char *output_dir, char *out, size_t out_len) {
@@ -526,6 +560,12 @@ int checkpoint_load(Zero3 *z, Model *m, Comm *c, const CheckpointOptions *o, con
     json_t *j = json_read_file(state_path, 0, &je);
     if (!j) {
         snprintf(err, err_len, "cannot read %s: %s", state_path, je.text);
+        return -1;
+    }
+    if (json_is_true(json_object_get(j, "peft_adapter"))) {
+        json_decref(j);
+        snprintf(err, err_len, "%s is a LoRA adapter checkpoint (use_peft): it holds the adapters only, and resuming "
+                 "a LoRA run is not supported in this version; load it with PEFT, or start a new run", path);
         return -1;
     }
     CheckpointState cs;

@@ -11,7 +11,7 @@
 int trainer_run_sft(Trainer *t, char *err, size_t err_len) {
     TrainConfig *c = t->cfg;
     const int B = c->per_device_train_batch_size, GA = c->gradient_accumulation_steps;
-    UnitSource policy = zero3_source(t->policy);
+    UnitSource policy = trainer_policy_source(t);
     DataRow *rows = calloc((size_t)B * GA, sizeof *rows);
     if (!rows) {
         snprintf(err, err_len, "out of memory for a batch");

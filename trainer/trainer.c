@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "trainer/lora_train.h"
 #include "trainer/lr_schedule.h"
 #include "trainer/make_dirs.h"
 #include "shared/err.h"
@@ -38,11 +39,33 @@ static void log0(const Trainer *t, const char *fmt, ...) {
     va_end(ap);
 }
 
+// use_peft: the base loaded whole on every rank and frozen, the adapters initialised from the seed (every rank the
+// same), and their optimizer (trainer/lora_train.h) in place of the ZeRO engine.
+static int open_lora(Trainer *t, const ModelConfig *mc, char *err, size_t err_len) {
+    TrainConfig *cfg = t->cfg;
+    LoraConfig lc;
+    if (train_config_lora(cfg, &lc, err, err_len) != 0) return -1;
+    if (lora_train_create(&t->lora, &t->model, t->dcomm, &lc, cfg->model, (uint64_t)cfg->seed, err, err_len) != 0)
+        return -1;
+    LoraTrainMemory mem;
+    lora_train_memory(t->lora, &mem);
+    char targets[128];
+    lora_targets_text(lc.targets, targets, sizeof targets);
+    log0(t, "model %s: %s, %zu parameters frozen (%.1f MB resident on each rank); LoRA r %d, alpha %g%s on %s: %zu "
+         "trainable parameters (%.2f%%), %.1f MB adapters + %.1f MB fp32 gradients, master and Adam, replicated over "
+         "%d rank(s)", cfg->model, mc->arch_name, t->model.layout.n_params, mem.base_bytes / 1e6, lc.r,
+         (double)lc.alpha, lc.use_rslora ? " (rsLoRA)" : "", targets, mem.n_adapter_params,
+         100.0 * (double)mem.n_adapter_params / (double)t->model.layout.n_params, mem.adapter_bytes / 1e6,
+         mem.state_bytes / 1e6, t->world);
+    return 0;
+}
+
 static int open_model(Trainer *t, char *err, size_t err_len) {
     TrainConfig *cfg = t->cfg;
     ModelConfig mc;
     if (config_load(&mc, cfg->model, err, err_len) != 0) return -1;
     if (model_init(&t->model, &mc, t->ops, err, err_len) != 0) return -1;
+    if (cfg->use_peft) return open_lora(t, &mc, err, err_len);
     const int hybrid = cfg->sharding_strategy == SHARDING_HYBRID_SHARD, hpz = cfg->zero_hpz_partition_size > 1;
     if ((hybrid || hpz) && comm_split_nodes(t->dcomm, &t->node_comm, &t->replica_comm, err, err_len) != 0) return -1;
     if (hpz && comm_world_size(t->node_comm) != cfg->zero_hpz_partition_size)
@@ -287,6 +310,7 @@ void trainer_close(Trainer *t) {
     tokenizer_free(t->tok);
     zero3_destroy(t->ref);
     zero3_destroy(t->policy);
+    lora_train_destroy(t->lora);
     if (t->model.ops) model_free(&t->model);
     weight_sync_close(&t->sync);
     comm_destroy(t->node_comm);
@@ -328,7 +352,9 @@ int trainer_optimizer_step(Trainer *t, float *grad_norm, double *lr, char *err, 
     AdamWParams p = {.lr = (float)*lr, .beta1 = (float)c->adam_beta1, .beta2 = (float)c->adam_beta2,
                      .eps = (float)c->adam_epsilon, .weight_decay = (float)c->weight_decay,
                      .max_grad_norm = (float)c->max_grad_norm};
-    if (zero3_step(t->policy, &p, p.lr, (int)step, grad_norm, err, err_len) != 0) return -1;
+    if (t->lora ? lora_train_step(t->lora, &p, p.lr, (int)step, grad_norm, err, err_len)
+                : zero3_step(t->policy, &p, p.lr, (int)step, grad_norm, err, err_len))
+        return -1;
     t->progress.step = step;
     return 0;
 }
@@ -340,13 +366,25 @@ int trainer_save(Trainer *t, char *err, size_t err_len) {
     return trainer_save_at(t, epoch, pos, err, err_len);
 }
 
+UnitSource trainer_policy_source(Trainer *t) {
+    return t->lora ? lora_train_source(t->lora) : zero3_source(t->policy);
+}
+
+// checkpoint_save_adapter's writer (rank 0): the adapters as a PEFT folder.
+static int save_adapter(const char *dir, void *arg, char *err, size_t err_len) {
+    Trainer *t = arg;
+    return lora_train_save(t->lora, dir, t->cfg->model, err, err_len);
+}
+
 int trainer_save_at(Trainer *t, uint64_t epoch, size_t pos, char *err, size_t err_len) {
     t->progress.epoch = (int64_t)epoch;
     t->progress.data_position = (int64_t)pos;
     CheckpointOptions co = {.output_dir = t->cfg->output_dir, .base_model_dir = t->cfg->model,
                             .keep_last = t->cfg->save_total_limit};
     char saved[PATH_MAX];
-    if (checkpoint_save(t->policy, &t->model, t->comm, &co, &t->progress, saved, err, err_len) != 0) return -1;
+    if (t->lora ? checkpoint_save_adapter(t->comm, &co, &t->progress, &t->model, save_adapter, t, saved, err, err_len)
+                : checkpoint_save(t->policy, &t->model, t->comm, &co, &t->progress, saved, err, err_len))
+        return -1;
     log0(t, "saved %s", saved);
     return 0;
 }

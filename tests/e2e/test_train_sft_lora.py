@@ -1,0 +1,127 @@
+"""tandem-train --mode sft --use-peft end to end (CPU): LoRA adapters on a frozen base, PEFT adapter checkpoints.
+
+- 2 ranks, every projection adapted (all-linear), r 8: the loss falls; checkpoint-6 is a PEFT adapter folder
+  (adapter_config.json with PEFT's keys, adapter_model.safetensors, no base weights) that
+  PeftModel.from_pretrained loads onto the base, and PEFT's logits with it equal tandem's (lora_probe forward on
+  the same folder), max |diff| / max |ref| <= 1e-4.
+- Data parallelism: 2 ranks x 4 sequences and 1 rank x 8 sequences see the same rows per step; with the adapter
+  gradients summed over the ranks, every step's loss and gradient norm agree (1e-5 relative) and so do the final
+  adapters.
+- Bad LoRA options are refused at start naming the key.
+"""
+import json
+import pathlib
+import subprocess
+import sys
+
+import pytest
+import torch
+
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+from server_fixtures import build_tiny_model  # noqa: E402
+from test_train_grpo import free_port, launch, train_binary  # noqa: E402
+from test_train_sft_resume import run, write_sft  # noqa: E402
+
+torch.set_num_threads(2)
+
+
+def lora_args(model_dir, data, out_dir, batch, extra=()):
+    return ["--mode", "sft", "--model", str(model_dir), "--train-file", str(data), "--output-dir", str(out_dir),
+            "--per-device-train-batch-size", str(batch), "--gradient-accumulation-steps", "2",
+            "--learning-rate", "1e-2", "--max-steps", "6", "--save-steps", "3", "--save-total-limit", "1",
+            "--logging-steps", "1", "--seed", "5", "--shuffle-dataset", "false", "--init-timeout", "60",
+            "--use-peft", "--lora-r", "8", "--lora-alpha", "16", "--lora-target-modules", "all-linear", *extra]
+
+
+def metrics(out_dir):
+    return {r["step"]: r for r in map(json.loads, (out_dir / "metrics.jsonl").read_text().splitlines())}
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    d = tmp_path_factory.mktemp("sft_lora")
+    build_tiny_model(d / "model")
+    write_sft(d / "train.jsonl")
+    return d
+
+
+@pytest.fixture(scope="module")
+def two_ranks(setup):
+    d = setup
+    codes, logs = run(lora_args(d / "model", d / "train.jsonl", d / "a", 4), 2, d, "a")
+    assert codes == [0, 0], logs
+    return d, logs
+
+
+def test_lora_sft_trains_and_writes_a_peft_adapter(two_ranks):
+    d, logs = two_ranks
+    assert "LoRA r 8, alpha 16" in logs and "trainable parameters" in logs
+    m = metrics(d / "a")
+    assert sorted(m) == [1, 2, 3, 4, 5, 6]
+    assert m[6]["loss"] < m[1]["loss"] - 0.5, m
+    ckpt = d / "a" / "checkpoint-6"
+    assert not (d / "a" / "checkpoint-3").exists()  # save_total_limit 1
+    assert (ckpt / "adapter_model.safetensors").exists() and (ckpt / "tokenizer.json").exists()
+    assert not (ckpt / "model.safetensors").exists()
+    cfg = json.loads((ckpt / "adapter_config.json").read_text())
+    assert cfg["peft_type"] == "LORA" and cfg["r"] == 8 and cfg["lora_alpha"] == 16
+    assert sorted(cfg["target_modules"]) == sorted(["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj",
+                                                    "down_proj"])
+    assert json.loads((ckpt / "trainer_state.json").read_text())["global_step"] == 6
+
+    from peft import PeftModel
+    from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
+    weights = load_file(str(ckpt / "adapter_model.safetensors"))
+    assert len(weights) == 2 * 7 * 2
+    assert all(torch.count_nonzero(w) > 0 for w in weights.values())  # B moved off its zero init
+    base = AutoModelForCausalLM.from_pretrained(d / "model", dtype=torch.float32)
+    peft = PeftModel.from_pretrained(base, ckpt)
+    seqs = [[5, 17, 33, 4, 9, 12, 40], [100, 7, 8]]
+    with torch.no_grad():
+        ref = torch.cat([peft(input_ids=torch.tensor([s])).logits[0] for s in seqs])
+    probe = pathlib.Path(train_binary()).parent.parent / "tests" / "lora_probe"
+    out = d / "probe.safetensors"
+    subprocess.run([str(probe), "forward", str(d / "model"), str(ckpt), str(out)], input=json.dumps({"sequences": seqs}),
+                   text=True, check=True, capture_output=True)
+    got = load_file(str(out))["logits"]
+    err = ((got - ref).abs().max() / ref.abs().max()).item()
+    assert err <= 1e-4, err
+    # The adapter changes the model: its logits are not the base's.
+    fresh = AutoModelForCausalLM.from_pretrained(d / "model", dtype=torch.float32)
+    with torch.no_grad():
+        plain = torch.cat([fresh(input_ids=torch.tensor([s])).logits[0] for s in seqs])
+    assert (plain - ref).abs().max() > 1e-3
+
+
+def test_one_rank_equals_two_ranks(two_ranks):
+    d, _ = two_ranks
+    codes, logs = run(lora_args(d / "model", d / "train.jsonl", d / "b", 8), 1, d, "b")
+    assert codes == [0], logs
+    a, b = metrics(d / "a"), metrics(d / "b")
+    for step in range(1, 7):
+        for key in ("loss", "grad_norm"):
+            assert abs(a[step][key] - b[step][key]) <= 1e-5 * abs(b[step][key]), (step, key, a[step], b[step])
+    from safetensors.torch import load_file
+    wa = load_file(str(d / "a" / "checkpoint-6" / "adapter_model.safetensors"))
+    wb = load_file(str(d / "b" / "checkpoint-6" / "adapter_model.safetensors"))
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert ((wa[k] - wb[k]).norm() / wb[k].norm()).item() <= 1e-4, k
+
+
+@pytest.mark.parametrize("extra,needle", [
+    (["--lora-dropout", "0.1"], "lora_dropout 0.1 is not supported"),
+    (["--lora-target-modules", "q_proj,qkv_proj"], "unknown module 'qkv_proj'"),
+    (["--lora-r", "0"], "lora_r must be >= 1"),
+    (["--lora-init", "pissa"], "lora_init 'pissa' is not supported"),
+    (["--resume", "latest"], "resuming a LoRA (use_peft) run is not supported"),
+])
+def test_bad_lora_options_are_refused(setup, extra, needle):
+    d = setup
+    proc = subprocess.run([train_binary(), *lora_args(d / "model", d / "train.jsonl", d / "bad", 4, extra)],
+                          capture_output=True, text=True, timeout=60,
+                          env={"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                               "MASTER_PORT": str(free_port())})
+    assert proc.returncode != 0
+    assert needle in proc.stderr, proc.stderr

@@ -1,0 +1,48 @@
+// trainer/lora_train.h — the policy when tandem-train trains LoRA adapters (use_peft): a frozen base and the
+// adapters' optimizer (docs/architecture.md "LoRA").
+//
+// Every rank holds the whole base model resident in the storage dtype (bf16 on a GPU), never gathered, never
+// given gradients (the model runs none of its weight-gradient GEMMs: shared/model.h model_backward), and the whole
+// set of adapters (shared/model_lora.h): their storage-dtype units for the GEMMs, fp32 gradients, and the fp32
+// master weights and Adam moments. The adapters are small (r (in + out) per module and layer), so they are
+// replicated, not sharded: after the last backward of a step the adapter gradients are all-reduced (summed) over
+// the ranks, and every rank takes the same AdamW step, so the ranks' adapters stay identical.
+#ifndef TANDEM_TRAINER_LORA_TRAIN_H
+#define TANDEM_TRAINER_LORA_TRAIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "shared/comm/comm.h"
+#include "shared/model.h"
+#include "shared/model_lora.h"
+#include "trainer/zero3.h"
+
+typedef struct LoraTrain LoraTrain;
+
+typedef struct {
+    size_t base_bytes;       // the frozen base's resident parameters
+    size_t adapter_bytes;    // adapter units (storage dtype)
+    size_t state_bytes;      // fp32 gradients, master weights, Adam m and v of the adapters
+    size_t n_adapter_params; // trainable parameters
+} LoraTrainMemory;
+
+// Loads the base from model_dir into resident weights, makes the adapters (c) initialised from seed, and attaches
+// them to m (m->lora). c: the collectives over the training ranks (backend memory); it must outlive the state.
+int lora_train_create(LoraTrain **out, Model *m, Comm *c, const LoraConfig *lc, const char *model_dir, uint64_t seed,
+                      char *err, size_t err_len);
+// Detaches the adapters from the model and frees everything.
+void lora_train_destroy(LoraTrain *lt);
+// The frozen base as the model reads it: resident units, no gradient buffers.
+UnitSource lora_train_source(LoraTrain *lt);
+void lora_train_memory(const LoraTrain *lt, LoraTrainMemory *mem);
+// After the last backward of a step: sums the adapter gradients over the ranks, computes the global gradient norm
+// (reported before clipping), clips as torch's clip_grad_norm_, applies AdamW to the master weights and writes the
+// new adapter units, zeroes the gradients. step counts from 1.
+int lora_train_step(LoraTrain *lt, const AdamWParams *p, float lr, int step, float *grad_norm, char *err,
+                    size_t err_len);
+// Writes the adapters (from the fp32 master weights) as a PEFT adapter folder into dir (adapter_config.json,
+// adapter_model.safetensors; base_model_name_or_path = base_model).
+int lora_train_save(LoraTrain *lt, const char *dir, const char *base_model, char *err, size_t err_len);
+
+#endif
