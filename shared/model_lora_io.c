@@ -82,8 +82,13 @@ int lora_config_read(const char *dir, LoraConfig *c, char *err, size_t err_len) 
                 snprintf(err, err_len, "%s: \"target_modules\" holds a non-string", path);
                 goto done;
             }
+            // PEFT matches a module whose name is the entry or ends with "." + entry, and writes all-linear as
+            // every adapted module's full name (model.layers.3.mlp.up_proj): the last component names the module.
+            // An adapter on some layers only then lacks tensors that model_lora_load asks for, and is refused there.
+            const char *name = strrchr(json_string_value(e), '.');
+            name = name ? name + 1 : json_string_value(e);
             char msg[256];
-            if (lora_parse_targets(json_string_value(e), &bits, msg, sizeof msg) != 0) {
+            if (lora_parse_targets(name, &bits, msg, sizeof msg) != 0) {
                 snprintf(err, err_len, "%s: %s", path, msg);
                 goto done;
             }
@@ -128,7 +133,8 @@ int model_lora_load(ModelLora *l, const char *dir, float *const *host, char *err
         const LayoutTensor *lt = &l->tensors[k];
         const StTensor *t = st_find(set, lt->name);
         if (!t) {
-            snprintf(err, err_len, "%s: tensor %s is missing", path, lt->name);
+            snprintf(err, err_len, "%s: tensor %s is missing (tandem adapts every layer alike: an adapter on some "
+                     "layers only is not supported)", path, lt->name);
             goto done;
         }
         if (st_check_param(t, err, err_len) != 0 || st_check_shape(t, 2, lt->shape, err, err_len) != 0 ||

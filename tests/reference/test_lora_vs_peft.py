@@ -29,7 +29,7 @@ CASES = [
     ("llama_tied", ["q_proj", "v_proj"], 4, 8, False),
     ("qwen2_bias", ALL, 8, 32, True),
     ("qwen2_bias", ["k_proj", "up_proj", "down_proj"], 6, 12, False),
-    ("qwen3_qknorm", ALL, 8, 16, False),
+    ("qwen3_qknorm", "all-linear", 8, 16, False),   # PEFT saves it as every module's full name
     ("mistral", ["o_proj", "gate_proj"], 4, 4, False),
 ]
 
@@ -96,8 +96,8 @@ def probe(base_dir, adapter_dir, seqs, out, checkpoint=False):
 
 
 @pytest.mark.parametrize("checkpoint", [False, True], ids=["saved-acts", "recompute"])
-@pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-{'+'.join(m[:-5] for m in c[1])}-r{c[2]}{'-rs' if c[4] else ''}"
-                                             for c in CASES])
+@pytest.mark.parametrize("case", CASES, ids=[f"{c[0]}-{c[1] if isinstance(c[1], str) else '+'.join(m[:-5] for m in c[1])}"
+                                             f"-r{c[2]}{'-rs' if c[4] else ''}" for c in CASES])
 def test_forward_backward_equal_peft(case, checkpoint, tmp_path):
     arch, targets, r, alpha, rslora = case
     base_dir = tmp_path / "base"
@@ -111,7 +111,8 @@ def test_forward_backward_equal_peft(case, checkpoint, tmp_path):
     assert rel_max(got["logits"], ref_logits) <= 1e-4
     assert rel_max(got["logprobs"], ref_lp) <= 1e-4
     assert abs(got["loss"].item() - ref_loss) / abs(ref_loss) <= 1e-4
-    assert len(ref_grads) == 2 * len(targets) * model.config.num_hidden_layers
+    n_modules = len(ALL) if targets == "all-linear" else len(targets)
+    assert len(ref_grads) == 2 * n_modules * model.config.num_hidden_layers
     worst = 0.0
     for name, g in ref_grads.items():
         key = "grad." + name
@@ -151,3 +152,23 @@ def test_tandem_init_loads_in_peft(init, tmp_path):
     else:
         assert abs(a_vals.std().item() - 1 / r) < 0.05 / r
     assert abs(a_vals.mean().item()) < 0.05 * a_vals.std().item() * 10
+
+
+@pytest.mark.parametrize("kind,needle", [
+    ("dora", '"use_dora" is set'),
+    ("one-layer", "an adapter on some layers only is not supported"),
+    ("bias", '"bias" is set'),
+])
+def test_unsupported_peft_adapters_are_refused(kind, needle, tmp_path):
+    """What tandem cannot run is refused at load, naming the key or the missing tensor."""
+    base_dir = tmp_path / "base"
+    tiny_models.build("llama_tied", base_dir)
+    base = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    kw = {"dora": dict(target_modules=["q_proj"], use_dora=True),
+          "one-layer": dict(target_modules=["model.layers.0.self_attn.q_proj"]),
+          "bias": dict(target_modules=["q_proj"], bias="lora_only")}[kind]
+    get_peft_model(base, LoraConfig(r=4, lora_alpha=8, **kw)).save_pretrained(tmp_path / "adapter")
+    req = json.dumps({"sequences": [[1, 2, 3]]})
+    with pytest.raises(AssertionError, match=needle):
+        run_tool([tool("lora_probe"), "forward", str(base_dir), str(tmp_path / "adapter"), str(tmp_path / "o")],
+                 stdin=req)
