@@ -533,24 +533,25 @@ static int latest_checkpoint(const char *output_dir, char *out, size_t out_len) 
     return 0;
 }
 
-int checkpoint_load(Zero3 *z, Model *m, Comm *c, const CheckpointOptions *o, const char *dir, TrainProgress *p,
-                    char *loaded_dir, char *err, size_t err_len) {
-    const int rank = comm_rank(c), world = comm_world_size(c);
-    // Rank 0 settles what a stopped run left (trainer/checkpoint.h) and picks the folder; every rank then reads
-    // the one it picked (on a shared file system another node's listing could lag behind).
-    char path[PATH_MAX] = "";
+// Rank 0 settles what a stopped run left (trainer/checkpoint.h) and picks the folder (dir, or "latest"); every rank
+// then reads the one it picked (on a shared file system another node's listing could lag behind): path (PATH_MAX)
+// and its trainer_state.json, which must be an adapter checkpoint's (peft_adapter true) or a full one's as `adapter`
+// says. All ranks call together.
+static int resolve_checkpoint(Comm *c, const CheckpointOptions *o, const char *dir, int adapter, char *path,
+                              CheckpointState *cs, char *err, size_t err_len) {
     int rc = 0;
-    if (rank == 0) {
+    path[0] = '\0';
+    if (comm_rank(c) == 0) {
         rc = recover_leftovers(o->output_dir, err, err_len);
-        if (rc == 0 && strcmp(dir, "latest") == 0 && latest_checkpoint(o->output_dir, path, sizeof path) != 0) {
+        if (rc == 0 && strcmp(dir, "latest") == 0 && latest_checkpoint(o->output_dir, path, PATH_MAX) != 0) {
             snprintf(err, err_len, "--resume latest: no complete checkpoint-N folder in %s", o->output_dir);
             rc = -1;
         } else if (rc == 0 && strcmp(dir, "latest") != 0) {
-            snprintf(path, sizeof path, "%s", dir);
+            snprintf(path, PATH_MAX, "%s", dir);
         }
     }
     if (share_outcome(c, rc, "find the checkpoint to resume from", err, err_len) != 0) return -1;
-    if (comm_broadcast(c, path, sizeof path, COMM_U8, 0) != 0) {
+    if (comm_broadcast(c, path, PATH_MAX, COMM_U8, 0) != 0) {
         snprintf(err, err_len, "resume: %s", comm_error(c));
         return -1;
     }
@@ -562,16 +563,52 @@ int checkpoint_load(Zero3 *z, Model *m, Comm *c, const CheckpointOptions *o, con
         snprintf(err, err_len, "cannot read %s: %s", state_path, je.text);
         return -1;
     }
-    if (json_is_true(json_object_get(j, "peft_adapter"))) {
+    const int is_adapter = json_is_true(json_object_get(j, "peft_adapter"));
+    if (is_adapter != adapter) {
         json_decref(j);
-        snprintf(err, err_len, "%s is a LoRA adapter checkpoint (use_peft): it holds the adapters only, and resuming "
-                 "a LoRA run is not supported in this version; load it with PEFT, or start a new run", path);
+        if (is_adapter)
+            snprintf(err, err_len, "%s is a LoRA adapter checkpoint (use_peft): it holds the adapters only; resume it "
+                     "with --use-peft and the same LoRA options, or load it with PEFT", path);
+        else
+            snprintf(err, err_len, "%s is a full-model checkpoint: a use_peft run resumes LoRA adapter checkpoints "
+                     "only; drop --use-peft to resume it", path);
         return -1;
     }
-    CheckpointState cs;
-    rc = checkpoint_state_from_json(j, state_path, &cs, err, err_len);
+    rc = checkpoint_state_from_json(j, state_path, cs, err, err_len);
     json_decref(j);
-    if (rc != 0) return -1;
+    return rc;
+}
+
+int checkpoint_load_adapter(Comm *c, const CheckpointOptions *o, const char *dir, const Model *m,
+                            int (*read)(const char *dir, void *arg, char *err, size_t err_len), void *arg,
+                            TrainProgress *p, char *loaded_dir, char *err, size_t err_len) {
+    char path[PATH_MAX];
+    CheckpointState cs;
+    if (resolve_checkpoint(c, o, dir, 1, path, &cs, err, err_len) != 0) return -1;
+    // The adapters are replicated, but each rank's data position counts its own shard's records.
+    if (cs.world_size != comm_world_size(c)) {
+        snprintf(err, err_len, "%s was written by %d ranks, this run has %d: resume a LoRA run with WORLD_SIZE=%d", path,
+                 cs.world_size, comm_world_size(c), cs.world_size);
+        return -1;
+    }
+    if (cs.layout_hash != m->layout.hash) {
+        snprintf(err, err_len, "%s has layout hash %016llx, this model's is %016llx: resume with the same --model", path,
+                 (unsigned long long)cs.layout_hash, (unsigned long long)m->layout.hash);
+        return -1;
+    }
+    if (read(path, arg, err, err_len) != 0) return -1;
+    *p = cs.progress;
+    if (loaded_dir) snprintf(loaded_dir, PATH_MAX, "%s", path);
+    return 0;
+}
+
+int checkpoint_load(Zero3 *z, Model *m, Comm *c, const CheckpointOptions *o, const char *dir, TrainProgress *p,
+                    char *loaded_dir, char *err, size_t err_len) {
+    const int rank = comm_rank(c), world = comm_world_size(c);
+    char path[PATH_MAX];
+    CheckpointState cs;
+    if (resolve_checkpoint(c, o, dir, 0, path, &cs, err, err_len) != 0) return -1;
+    int rc = 0;
     char slicing[32];
     zero3_slicing(z, slicing, sizeof slicing);
     const int reslice = cs.world_size != world;

@@ -6,6 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "shared/safetensors.h"
+
+#define OPTIMIZER_FILE "trainer_state/adapter_optimizer.safetensors"
+
 struct LoraTrain {
     Model *m;                // not owned; m->lora points at `lora` while the state lives
     Comm *c;                 // not owned
@@ -147,17 +151,105 @@ int lora_train_step(LoraTrain *lt, const AdamWParams *p, float lr, int step, flo
     return 0;
 }
 
+// Host copies of the adapters' fp32 state: which 0 = master, 1 = adam_m, 2 = adam_v; host[l] per layer.
+static float **state_to_host(LoraTrain *lt, int which) {
+    ModelLora *l = lt->lora;
+    float **src = which == 0 ? lt->master : which == 1 ? lt->adam_m : lt->adam_v;
+    float **host = calloc((size_t)l->n_layers, sizeof *host);
+    for (int layer = 0; host && layer < l->n_layers; layer++) {
+        if (!(host[layer] = malloc(l->unit_numel * sizeof(float)))) {
+            for (int k = 0; k < layer; k++) free(host[k]);
+            free(host);
+            return NULL;
+        }
+        ops_copy_to_host(lt->ops, host[layer], src[layer], l->unit_numel * sizeof(float));
+    }
+    return host;
+}
+
+static void free_host(float **host, int n) {
+    for (int layer = 0; host && layer < n; layer++) free(host[layer]);
+    free(host);
+}
+
 int lora_train_save(LoraTrain *lt, const char *dir, const char *base_model, char *err, size_t err_len) {
     ModelLora *l = lt->lora;
-    float **host = calloc((size_t)l->n_layers, sizeof *host);
-    int rc = host ? 0 : -1;
-    for (int layer = 0; rc == 0 && layer < l->n_layers; layer++) {
-        if (!(host[layer] = malloc(l->unit_numel * sizeof(float)))) rc = -1;
-        else ops_copy_to_host(lt->ops, host[layer], lt->master[layer], l->unit_numel * sizeof(float));
-    }
+    const int L = l->n_layers;
+    float **host[3] = {state_to_host(lt, 0), state_to_host(lt, 1), state_to_host(lt, 2)};
+    int rc = host[0] && host[1] && host[2] ? 0 : -1;
     if (rc != 0) snprintf(err, err_len, "out of host memory for the adapter checkpoint");
-    if (rc == 0) rc = model_lora_save(l, host, dir, base_model, err, err_len);
-    for (int layer = 0; host && layer < l->n_layers; layer++) free(host[layer]);
-    free(host);
+    if (rc == 0) rc = model_lora_save(l, host[0], dir, base_model, err, err_len);
+    StWriter *w = NULL;
+    char (*names)[32] = rc == 0 ? calloc((size_t)L * 3, sizeof *names) : NULL;
+    if (rc == 0 && (!names || st_writer_create(&w, err, err_len) != 0)) {
+        if (!names) snprintf(err, err_len, "out of memory for the adapter optimizer state");
+        rc = -1;
+    }
+    static const char *const kinds[3] = {"master", "adam_m", "adam_v"};
+    const int64_t shape[1] = {(int64_t)l->unit_numel};
+    for (int layer = 0; rc == 0 && layer < L; layer++)
+        for (int k = 0; rc == 0 && k < 3; k++) {
+            snprintf(names[layer * 3 + k], sizeof names[0], "%s.%d", kinds[k], layer);
+            rc = st_writer_add(w, names[layer * 3 + k], ST_F32, 1, shape, host[k][layer], ST_F32, err, err_len);
+        }
+    char state_dir[4096], from[4200], to[4200];
+    snprintf(state_dir, sizeof state_dir, "%s/trainer_state", dir);
+    if (rc == 0) rc = st_writer_write(w, state_dir, 0, err, err_len);
+    snprintf(from, sizeof from, "%s/model.safetensors", state_dir);
+    snprintf(to, sizeof to, "%s/%s", dir, OPTIMIZER_FILE);
+    if (rc == 0 && rename(from, to) != 0) {
+        snprintf(err, err_len, "cannot move %s to %s", from, to);
+        rc = -1;
+    }
+    st_writer_free(w);
+    free(names);
+    for (int k = 0; k < 3; k++) free_host(host[k], L);
     return rc;
+}
+
+int lora_train_load(LoraTrain *lt, const char *dir, char *err, size_t err_len) {
+    ModelLora *l = lt->lora;
+    LoraConfig saved;
+    if (lora_config_read(dir, &saved, err, err_len) != 0) return -1;
+    const LoraConfig *now = &l->cfg;
+    if (saved.r != now->r || saved.alpha != now->alpha || saved.use_rslora != now->use_rslora ||
+        saved.targets != now->targets) {
+        char a[128], b[128];
+        lora_targets_text(saved.targets, a, sizeof a);
+        lora_targets_text(now->targets, b, sizeof b);
+        snprintf(err, err_len, "%s holds adapters of r %d, lora_alpha %g, use_rslora %d on %s; this run asks for r %d, "
+                 "lora_alpha %g, use_rslora %d on %s: resume with the checkpoint's LoRA options", dir, saved.r,
+                 (double)saved.alpha, saved.use_rslora, a, now->r, (double)now->alpha, now->use_rslora, b);
+        return -1;
+    }
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", dir, OPTIMIZER_FILE);
+    SafetensorsSet *set;
+    if (st_open(&set, path, err, err_len) != 0) return -1;
+    float *host = malloc(l->unit_numel * sizeof(float));
+    int rc = host ? 0 : -1;
+    if (!host) snprintf(err, err_len, "out of host memory restoring the adapters");
+    static const char *const kinds[3] = {"master", "adam_m", "adam_v"};
+    float **dst[3] = {lt->master, lt->adam_m, lt->adam_v};
+    const int64_t shape[1] = {(int64_t)l->unit_numel};
+    for (int layer = 0; rc == 0 && layer < l->n_layers; layer++)
+        for (int k = 0; rc == 0 && k < 3; k++) {
+            char name[32];
+            snprintf(name, sizeof name, "%s.%d", kinds[k], layer);
+            const StTensor *t = st_find(set, name);
+            if (!t) {
+                snprintf(err, err_len, "%s: tensor %s is missing", path, name);
+                rc = -1;
+                break;
+            }
+            rc = st_check_shape(t, 1, shape, err, err_len) || st_read_f32(t, host, l->unit_numel, err, err_len);
+            if (rc != 0) break;
+            ops_copy_to_device(lt->ops, dst[k][layer], host, l->unit_numel * sizeof(float));
+            if (k == 0) ops_upload_f32(lt->ops, l->params[layer], host, l->unit_numel);
+        }
+    ops_synchronize(lt->ops);
+    free(host);
+    st_close(set);
+    if (rc == 0 && ops_status(lt->ops)) return fail_ops(lt, "restoring the adapters", err, err_len);
+    return rc ? -1 : 0;
 }

@@ -42,7 +42,13 @@ void lora_train_memory(const LoraTrain *lt, LoraTrainMemory *mem);
 int lora_train_step(LoraTrain *lt, const AdamWParams *p, float lr, int step, float *grad_norm, char *err,
                     size_t err_len);
 // Writes the adapters (from the fp32 master weights) as a PEFT adapter folder into dir (adapter_config.json,
-// adapter_model.safetensors; base_model_name_or_path = base_model).
+// adapter_model.safetensors; base_model_name_or_path = base_model), and their optimizer state into
+// dir/trainer_state/adapter_optimizer.safetensors (per layer l: master.l, adam_m.l, adam_v.l, fp32, the adapter unit's
+// elements).
 int lora_train_save(LoraTrain *lt, const char *dir, const char *base_model, char *err, size_t err_len);
+// Restores what lora_train_save wrote: the master weights (and the adapter units from them) and Adam moments.
+// Refuses a folder whose adapter_config.json describes other adapters (r, lora_alpha, use_rslora, target_modules),
+// naming both.
+int lora_train_load(LoraTrain *lt, const char *dir, char *err, size_t err_len);
 
 #endif

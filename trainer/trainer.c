@@ -152,6 +152,11 @@ static int open_step_log(Trainer *t, const char *name, FILE **f, char *err, size
     return 0;
 }
 
+// checkpoint_load_adapter's reader (every rank): the adapters and their optimizer state.
+static int load_adapter(const char *dir, void *arg, char *err, size_t err_len) {
+    return lora_train_load(((Trainer *)arg)->lora, dir, err, err_len);
+}
+
 int trainer_open(Trainer *t, TrainConfig *cfg, char *err, size_t err_len) {
     memset(t, 0, sizeof *t);
     t->cfg = cfg;
@@ -271,7 +276,10 @@ int trainer_open(Trainer *t, TrainConfig *cfg, char *err, size_t err_len) {
         char loaded[PATH_MAX];
         CheckpointOptions co = {.output_dir = cfg->output_dir, .base_model_dir = cfg->model,
                                 .data_order_per_rank = cfg->shuffle_dataset};
-        if (checkpoint_load(t->policy, &t->model, t->comm, &co, cfg->resume, &t->progress, loaded, err, err_len) != 0)
+        if (t->lora ? checkpoint_load_adapter(t->comm, &co, cfg->resume, &t->model, load_adapter, t, &t->progress,
+                                              loaded, err, err_len)
+                    : checkpoint_load(t->policy, &t->model, t->comm, &co, cfg->resume, &t->progress, loaded, err,
+                                      err_len))
             return -1;
         if (data_seek(t->data, (uint64_t)t->progress.epoch, (size_t)t->progress.data_position, err, err_len) != 0)
             return -1;

@@ -9,6 +9,9 @@
   adapters.
 - Against PEFT + torch: 3 steps from tandem's initial adapter, the same rows and tokens, clip_grad_norm_ and
   torch.optim.AdamW with the linear schedule: losses and gradient norms within 1e-4, final adapters within 1e-3.
+- Resume: a second run from checkpoint-3 of a 2-rank run (adapters, their AdamW state, data position) repeats
+  steps 4-6 bit for bit; a full-model checkpoint is refused by a use_peft run, and an adapter checkpoint with other
+  LoRA options or without --use-peft is refused.
 - Bad LoRA options are refused at start naming the key.
 """
 import json
@@ -117,7 +120,6 @@ def test_one_rank_equals_two_ranks(two_ranks):
     (["--lora-target-modules", "q_proj,qkv_proj"], "unknown module 'qkv_proj'"),
     (["--lora-r", "0"], "lora_r must be >= 1"),
     (["--lora-init", "pissa"], "lora_init 'pissa' is not supported"),
-    (["--resume", "latest"], "resuming a LoRA (use_peft) run is not supported"),
 ])
 def test_bad_lora_options_are_refused(setup, extra, needle):
     d = setup
@@ -197,3 +199,38 @@ def test_training_matches_peft_with_torch_adamw(setup):
         assert err <= 1e-3, (name, err)
     print(f"losses {[got[s]['loss'] for s in got]} vs torch last {total:.7g}; worst adapter after {steps} steps "
           f"{worst:.2e}")
+
+
+def test_resume_repeats_the_run_exactly(setup):
+    d = setup
+    model, data = d / "model", d / "train.jsonl"
+    args = lora_args(model, data, d / "r1", 4)
+    args[args.index("--save-total-limit") + 1] = "0"
+    codes, logs = run(args, 2, d, "r1")
+    assert codes == [0, 0], logs
+    ckpt = d / "r1" / "checkpoint-3"
+    assert (ckpt / "trainer_state" / "adapter_optimizer.safetensors").exists()
+    codes, logs = run(lora_args(model, data, d / "r2", 4, ["--resume", str(ckpt)]), 2, d, "r2")
+    assert codes == [0, 0], logs
+    assert "resumed from" in logs
+    a, b = metrics(d / "r1"), metrics(d / "r2")
+    assert sorted(b) == [4, 5, 6]
+    for step in (4, 5, 6):
+        assert (a[step]["loss"], a[step]["grad_norm"]) == (b[step]["loss"], b[step]["grad_norm"]), step
+    from safetensors.torch import load_file
+    wa = load_file(str(d / "r1" / "checkpoint-6" / "adapter_model.safetensors"))
+    wb = load_file(str(d / "r2" / "checkpoint-6" / "adapter_model.safetensors"))
+    assert wa.keys() == wb.keys() and all(torch.equal(wa[k], wb[k]) for k in wa)
+    # Other LoRA options, or no --use-peft, on this checkpoint; a use_peft run on a full-model checkpoint.
+    codes, logs = run(lora_args(model, data, d / "r3", 4, ["--resume", str(ckpt), "--lora-r", "4"]), 2, d, "r3")
+    assert codes != [0, 0] and "this run asks for r 4" in logs, logs
+    plain = [a for a in lora_args(model, data, d / "r4", 4, ["--resume", str(ckpt)]) if a != "--use-peft"]
+    codes, logs = run(plain, 2, d, "r4")
+    assert codes != [0, 0] and "is a LoRA adapter checkpoint" in logs, logs
+    full = [a for a in lora_args(model, data, d / "r5", 4) if a != "--use-peft"]
+    full[full.index("--max-steps") + 1] = "1"
+    full[full.index("--save-steps") + 1] = "1"
+    codes, logs = run(full, 2, d, "r5")
+    assert codes == [0, 0], logs
+    codes, logs = run(lora_args(model, data, d / "r6", 4, ["--resume", str(d / "r5" / "checkpoint-1")]), 2, d, "r6")
+    assert codes != [0, 0] and "is a full-model checkpoint" in logs, logs
