@@ -271,6 +271,43 @@ int model_lora_init(ModelLora *l, uint64_t seed, char *err, size_t err_len) {
     return 0;
 }
 
+int model_lora_merge_unit(const ModelLora *l, const Model *m, OpsCtx *cpu, const float *adapter, float *unit,
+                          char *err, size_t err_len) {
+    if (ops_backend(cpu) != OPS_BACKEND_CPU) {
+        snprintf(err, err_len, "model_lora_merge_unit needs a CPU ops context");
+        return -1;
+    }
+    const LayerOffsets *lo = &m->layout.layer;
+    const size_t IC = (size_t)m->cfg.intermediate_size * m->cfg.hidden_size;
+    const size_t w_off[LORA_N_MODULES] = {lo->wq, lo->wk, lo->wv, lo->wo, lo->wgu, lo->wgu + IC, lo->wdown};
+    const int r = l->cfg.r;
+    size_t most = 0, most_at = 0;
+    for (int i = 0; i < LORA_N_MODULES; i++) {
+        most = max_i(most, (size_t)l->in[i] * l->out[i]);
+        most_at = max_i(most_at, (size_t)l->in[i] * r);
+    }
+    float *at = malloc(most_at * sizeof(float)), *dw = malloc(most * sizeof(float));
+    int rc = at && dw ? 0 : -1;
+    if (rc != 0) snprintf(err, err_len, "out of host memory merging the adapters");
+    for (int i = 0; rc == 0 && i < LORA_N_MODULES; i++) {
+        if (l->a_off[i] == SIZE_MAX) continue;
+        const int in = l->in[i], out = l->out[i];
+        // (s A)^T (in, r), so that the GEMM's out (out, in) = B (out, r) @ ((s A)^T)^T = s B A.
+        const float *a = adapter + l->a_off[i];
+        for (int k = 0; k < r; k++)
+            for (int c = 0; c < in; c++) at[(size_t)c * r + k] = l->scale * a[(size_t)k * in + c];
+        ops_matmul_fwd(cpu, dw, adapter + l->b_off[i], at, NULL, out, r, in);
+        ops_add_inplace(cpu, unit + w_off[i], dw, (size_t)out * in);
+    }
+    free(at);
+    free(dw);
+    if (rc == 0 && ops_status(cpu)) {
+        snprintf(err, err_len, "merging the adapters: %s", ops_error(cpu));
+        rc = -1;
+    }
+    return rc;
+}
+
 // ---- the adapter path of a projection group (model_internal.h) -----------------------------------------------
 
 typedef struct {

@@ -87,6 +87,12 @@ void model_lora_init_unit(const ModelLora *l, uint64_t seed, int layer, float *h
 // Every layer's unit initialised and uploaded to params.
 int model_lora_init(ModelLora *l, uint64_t seed, char *err, size_t err_len);
 
+// PEFT's merge_and_unload for one layer: W += s B A for every targeted module, into the layer's base unit `unit`
+// (host fp32, m->layout.unit_numel of decoder layer `layer`) from its adapter unit `adapter` (host fp32), with the
+// fp32 GEMM of `cpu` (a CPU ops context, whose memory is host memory). Returns 0, or -1 with a message.
+int model_lora_merge_unit(const ModelLora *l, const Model *m, OpsCtx *cpu, const float *adapter, float *unit,
+                          char *err, size_t err_len);
+
 // PEFT folders. Reads adapter_config.json into c (r, lora_alpha, lora_dropout, use_rslora, target_modules,
 // init_lora_weights), refusing what tandem cannot run (DoRA, bias, rank/alpha patterns, fan_in_fan_out, layer
 // selections, modules it has no place for), naming the key.

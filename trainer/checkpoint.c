@@ -41,6 +41,16 @@ static int copy_file(const char *from, const char *to, char *err, size_t err_len
     return rc;
 }
 
+int checkpoint_copy_tokenizer(const char *base_model_dir, const char *dir, char *err, size_t err_len) {
+    for (size_t i = 0; i < sizeof TOKENIZER_FILES / sizeof *TOKENIZER_FILES; i++) {
+        char from[PATH_MAX + 64], to[PATH_MAX + 128];
+        snprintf(from, sizeof from, "%s/%s", base_model_dir, TOKENIZER_FILES[i]);
+        snprintf(to, sizeof to, "%s/%s", dir, TOKENIZER_FILES[i]);
+        if (copy_file(from, to, err, err_len) != 0) return -1;
+    }
+    return 0;
+}
+
 static int write_json(const char *path, json_t *j, char *err, size_t err_len) {
     char tmp[PATH_MAX + 64];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
@@ -432,12 +442,7 @@ int checkpoint_save(Zero3 *z, Model *m, Comm *c, const CheckpointOptions *o, con
     free(scratch);
     if (rc == 0 && rank == 0) {
         rc = model_save_host(m, units, s.tmp_dir, o->save_bf16, o->max_shard_bytes, err, err_len);
-        for (size_t i = 0; rc == 0 && i < sizeof TOKENIZER_FILES / sizeof *TOKENIZER_FILES; i++) {
-            char from[PATH_MAX + 64], to[PATH_MAX + 128];
-            snprintf(from, sizeof from, "%s/%s", o->base_model_dir, TOKENIZER_FILES[i]);
-            snprintf(to, sizeof to, "%s/%s", s.tmp_dir, TOKENIZER_FILES[i]);
-            rc = copy_file(from, to, err, err_len);
-        }
+        if (rc == 0) rc = checkpoint_copy_tokenizer(o->base_model_dir, s.tmp_dir, err, err_len);
         if (rc == 0) phase(o, CHECKPOINT_PHASE_MODEL_WRITTEN, step);
     }
     for (int u = 0; u < U; u++) free(units[u]);
@@ -486,12 +491,7 @@ int checkpoint_save_adapter(Comm *c, const CheckpointOptions *o, const TrainProg
         if (rc == 0) rc = make_dirs(s.tmp_dir, err, err_len);
         if (rc == 0) phase(o, CHECKPOINT_PHASE_TMP_CREATED, step);
         if (rc == 0) rc = write(s.tmp_dir, arg, err, err_len);
-        for (size_t i = 0; rc == 0 && i < sizeof TOKENIZER_FILES / sizeof *TOKENIZER_FILES; i++) {
-            char from[PATH_MAX + 64], to[PATH_MAX + 128];
-            snprintf(from, sizeof from, "%s/%s", o->base_model_dir, TOKENIZER_FILES[i]);
-            snprintf(to, sizeof to, "%s/%s", s.tmp_dir, TOKENIZER_FILES[i]);
-            rc = copy_file(from, to, err, err_len);
-        }
+        if (rc == 0) rc = checkpoint_copy_tokenizer(o->base_model_dir, s.tmp_dir, err, err_len);
         if (rc == 0) phase(o, CHECKPOINT_PHASE_MODEL_WRITTEN, step);
         if (rc == 0) {
             CheckpointState cs = {.progress = *p, .world_size = comm_world_size(c), .layout_hash = m->layout.hash};

@@ -71,6 +71,8 @@ typedef struct {
     void *phase_arg;
 } CheckpointOptions;
 
+// Copies the base model's tokenizer files (those that exist) into dir.
+int checkpoint_copy_tokenizer(const char *base_model_dir, const char *dir, char *err, size_t err_len);
 // All ranks call together. *saved_dir (optional, PATH_MAX) receives the final folder.
 int checkpoint_save(Zero3 *z, Model *m, Comm *c, const CheckpointOptions *o, const TrainProgress *p, char *saved_dir,
                     char *err, size_t err_len);

@@ -253,3 +253,33 @@ int lora_train_load(LoraTrain *lt, const char *dir, char *err, size_t err_len) {
     if (rc == 0 && ops_status(lt->ops)) return fail_ops(lt, "restoring the adapters", err, err_len);
     return rc ? -1 : 0;
 }
+
+int lora_train_save_merged(LoraTrain *lt, const char *dir, char *err, size_t err_len) {
+    const Model *m = lt->m;
+    const ModelLora *l = lt->lora;
+    const int U = m->layout.n_units;
+    OpsCtx *cpu = NULL;
+    float **host = calloc((size_t)U, sizeof *host), *adapter = malloc(l->unit_numel * sizeof(float));
+    int rc = host && adapter ? 0 : -1;
+    if (rc != 0) snprintf(err, err_len, "out of host memory for the merged model");
+    if (rc == 0) rc = ops_create(&cpu, OPS_BACKEND_CPU, 0, err, err_len);
+    for (int u = 0; rc == 0 && u < U; u++) {
+        if (!(host[u] = malloc(m->layout.unit_numel[u] * sizeof(float)))) {
+            snprintf(err, err_len, "out of host memory for the merged model (unit %d)", u);
+            rc = -1;
+            break;
+        }
+        ops_download_f32(lt->ops, host[u], lt->base.params[u], m->layout.unit_numel[u]);
+        const int layer = u - layout_layer_unit(0);
+        if (layer < 0 || layer >= l->n_layers) continue;
+        ops_copy_to_host(lt->ops, adapter, lt->master[layer], l->unit_numel * sizeof(float));
+        rc = model_lora_merge_unit(l, m, cpu, adapter, host[u], err, err_len);
+    }
+    if (rc == 0 && ops_status(lt->ops)) rc = fail_ops(lt, "merging the adapters", err, err_len);
+    if (rc == 0) rc = model_save_host(m, host, dir, ops_dtype_size(lt->ops) == 2, 0, err, err_len);
+    for (int u = 0; host && u < U; u++) free(host[u]);
+    free(host);
+    free(adapter);
+    if (cpu) ops_destroy(cpu);
+    return rc;
+}

@@ -46,6 +46,10 @@ int lora_train_step(LoraTrain *lt, const AdamWParams *p, float lr, int step, flo
 // dir/trainer_state/adapter_optimizer.safetensors (per layer l: master.l, adam_m.l, adam_v.l, fp32, the adapter unit's
 // elements).
 int lora_train_save(LoraTrain *lt, const char *dir, const char *base_model, char *err, size_t err_len);
+// Rank 0's export of the merged model (PEFT's merge_and_unload): the base with s B A added to every adapted weight,
+// in fp32 on the host, written as a Hugging Face folder into dir (config.json, model.safetensors; bf16 when the
+// base is held in bf16, else fp32). The whole model passes through host memory (4 bytes a parameter).
+int lora_train_save_merged(LoraTrain *lt, const char *dir, char *err, size_t err_len);
 // Restores what lora_train_save wrote: the master weights (and the adapter units from them) and Adam moments.
 // Refuses a folder whose adapter_config.json describes other adapters (r, lora_alpha, use_rslora, target_modules),
 // naming both.

@@ -100,7 +100,7 @@ typedef struct {
     int weight_sync_steps;          // push weights every k optimizer steps
     WeightSyncTransport weight_sync_transport;
     // ---- LoRA (TRL ModelConfig / PEFT LoraConfig names; trainer/lora_train.h) ----
-    int use_peft, lora_r, use_rslora;
+    int use_peft, lora_r, use_rslora, lora_save_merged;
     double lora_alpha, lora_dropout;
     char *lora_target_modules;      // comma-separated PEFT module names, or all-linear
     char *lora_init;                // default | gaussian (PEFT's init_lora_weights)

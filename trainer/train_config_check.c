@@ -241,6 +241,7 @@ int train_config_lora(const TrainConfig *c, LoraConfig *out, char *err, size_t e
 
 // use_peft: the adapters' options, and what LoRA training does not do in this version.
 static int check_lora(const TrainConfig *c, char *err, size_t err_len) {
+    if (!c->use_peft && c->lora_save_merged) FAIL("lora_save_merged: needs use_peft (there are no adapters to merge)");
     if (!c->use_peft) return 0;
     LoraConfig lc;
     if (train_config_lora(c, &lc, err, err_len) != 0) return -1;

@@ -218,6 +218,9 @@ const OptionSpec train_options[] = {
     OPT("use_rslora", OPT_BOOL, use_rslora, G_LORA, "rank-stabilised scale lora_alpha / sqrt(lora_r)"),
     OPT("lora_init", OPT_STR, lora_init, G_LORA, "adapter init: default (A kaiming-uniform, B zero) or gaussian "
         "(A normal(0, 1/r), B zero), as PEFT's init_lora_weights"),
+    OPT("lora_save_merged", OPT_BOOL, lora_save_merged, G_LORA, "checkpoints also hold the base with the adapters "
+        "merged in (PEFT's merge_and_unload) as a Hugging Face folder, checkpoint-N/merged, for transformers and "
+        "tandem-serve"),
 };
 const size_t train_options_count = sizeof train_options / sizeof train_options[0];
 

@@ -378,10 +378,16 @@ UnitSource trainer_policy_source(Trainer *t) {
     return t->lora ? lora_train_source(t->lora) : zero3_source(t->policy);
 }
 
-// checkpoint_save_adapter's writer (rank 0): the adapters as a PEFT folder.
+// checkpoint_save_adapter's writer (rank 0): the adapters as a PEFT folder, and with lora_save_merged the merged
+// model in dir/merged.
 static int save_adapter(const char *dir, void *arg, char *err, size_t err_len) {
     Trainer *t = arg;
-    return lora_train_save(t->lora, dir, t->cfg->model, err, err_len);
+    if (lora_train_save(t->lora, dir, t->cfg->model, err, err_len) != 0) return -1;
+    if (!t->cfg->lora_save_merged) return 0;
+    char merged[PATH_MAX + 16];
+    snprintf(merged, sizeof merged, "%s/merged", dir);
+    if (lora_train_save_merged(t->lora, merged, err, err_len) != 0) return -1;
+    return checkpoint_copy_tokenizer(t->cfg->model, merged, err, err_len);
 }
 
 int trainer_save_at(Trainer *t, uint64_t epoch, size_t pos, char *err, size_t err_len) {

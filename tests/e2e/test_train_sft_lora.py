@@ -4,6 +4,8 @@
   (adapter_config.json with PEFT's keys, adapter_model.safetensors, no base weights) that
   PeftModel.from_pretrained loads onto the base, and PEFT's logits with it equal tandem's (lora_probe forward on
   the same folder), max |diff| / max |ref| <= 1e-4.
+- lora_save_merged: checkpoint-6/merged loads in transformers and its logits equal PEFT's merge_and_unload()'s
+  (1e-5); tandem-serve serves it (greedy ids equal transformers' generate on it).
 - Data parallelism: 2 ranks x 4 sequences and 1 rank x 8 sequences see the same rows per step; with the adapter
   gradients summed over the ranks, every step's loss and gradient norm agree (1e-5 relative) and so do the final
   adapters.
@@ -23,7 +25,7 @@ import pytest
 import torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from server_fixtures import build_tiny_model  # noqa: E402
+from server_fixtures import TandemServer, build_tiny_model, http_json  # noqa: E402
 from test_train_grpo import free_port, launch, train_binary  # noqa: E402
 from test_train_sft_resume import run, write_sft  # noqa: E402
 
@@ -53,7 +55,7 @@ def setup(tmp_path_factory):
 @pytest.fixture(scope="module")
 def two_ranks(setup):
     d = setup
-    codes, logs = run(lora_args(d / "model", d / "train.jsonl", d / "a", 4), 2, d, "a")
+    codes, logs = run(lora_args(d / "model", d / "train.jsonl", d / "a", 4, ["--lora-save-merged"]), 2, d, "a")
     assert codes == [0, 0], logs
     return d, logs
 
@@ -97,6 +99,30 @@ def test_lora_sft_trains_and_writes_a_peft_adapter(two_ranks):
     with torch.no_grad():
         plain = torch.cat([fresh(input_ids=torch.tensor([s])).logits[0] for s in seqs])
     assert (plain - ref).abs().max() > 1e-3
+    # lora_save_merged: checkpoint-6/merged is the base with s B A added (PEFT's merge_and_unload), an HF folder.
+    merged = AutoModelForCausalLM.from_pretrained(ckpt / "merged", dtype=torch.float32)
+    peft_merged = peft.merge_and_unload()
+    with torch.no_grad():
+        got_merged = torch.cat([merged(input_ids=torch.tensor([s])).logits[0] for s in seqs])
+        want_merged = torch.cat([peft_merged(input_ids=torch.tensor([s])).logits[0] for s in seqs])
+    err = ((got_merged - want_merged).abs().max() / want_merged.abs().max()).item()
+    assert err <= 1e-5, err
+    assert (ckpt / "merged" / "tokenizer.json").exists()
+    # tandem-serve serves the merged folder: greedy ids equal transformers' generate on it.
+    server = TandemServer(ckpt / "merged")
+    try:
+        for ids in seqs:
+            with torch.no_grad():
+                out = merged.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=12, min_new_tokens=12,
+                                      attention_mask=torch.ones(1, len(ids), dtype=torch.long), eos_token_id=None,
+                                      pad_token_id=0)
+            status, resp, _ = http_json("POST", server.url + "/v1/completions",
+                                        {"prompt": ids, "max_tokens": 12, "temperature": 0, "ignore_eos": True,
+                                         "return_token_ids": True})
+            assert status == 200, resp
+            assert resp["choices"][0]["token_ids"] == out[0, len(ids):].tolist()
+    finally:
+        server.kill()
 
 
 def test_one_rank_equals_two_ranks(two_ranks):
@@ -120,6 +146,7 @@ def test_one_rank_equals_two_ranks(two_ranks):
     (["--lora-target-modules", "q_proj,qkv_proj"], "unknown module 'qkv_proj'"),
     (["--lora-r", "0"], "lora_r must be >= 1"),
     (["--lora-init", "pissa"], "lora_init 'pissa' is not supported"),
+    (["--use-peft", "false", "--lora-save-merged"], "lora_save_merged: needs use_peft"),
 ])
 def test_bad_lora_options_are_refused(setup, extra, needle):
     d = setup

@@ -26,7 +26,8 @@ TANDEM_ONLY = {"model", "train_file", "mode", "overwrite_output_dir", "chat_temp
                "keep_logits", "control_server_key", "control_client_key",
                "max_staleness",   # TRL's AsyncGRPOConfig has it, GRPOConfig does not
                "sharding_strategy", "zero_hpz_partition_size",   # FSDP's and DeepSpeed ZeRO++'s names
-               "lora_init"}   # PEFT's init_lora_weights, which TRL's ModelConfig does not expose
+               "lora_init",   # PEFT's init_lora_weights, which TRL's ModelConfig does not expose
+               "lora_save_merged"}
 # LoRA options: TRL's ModelConfig fields (trl sft/grpo scripts take them beside the trainer config), its defaults
 # but for these spellings: dropout 0 (the only value tandem runs), and the modules PEFT picks for tandem's
 # architectures when target_modules is None.
