@@ -2,7 +2,9 @@
 // projection's forward and backward (called from shared/model_layer.c).
 //
 // Forward of module i of a projection group (q|k|v, o, gate|up, down), input x (N, in), group output y (N, width):
-//   t_i (N, r) = s * (x A_i^T)           kept per layer for the backward (ops_scale_inplace applies s)
+//   t_i (N, r) = s * (x A_i^T)           kept per layer for the backward (ops_scale_inplace applies s); with
+//                                        lora_dropout p, x is x * mask_i / (1 - p) (ops_dropout, seeded per layer and
+//                                        module, regenerated in the backward: dx then passes through the same mask)
 //   y[:, cols_i] += t_i B_i^T            one GEMM into scratch, added into the module's columns of y
 // Backward, with dy the group output's gradient (its columns cols_i = dy_i):
 //   dt (N, r) = dy_i B_i ; dB_i += dy_i^T t_i       (one ops_matmul_bwd)
@@ -91,9 +93,8 @@ int lora_config_check(const LoraConfig *c, char *err, size_t err_len) {
         snprintf(err, err_len, "lora_alpha must be a positive number (got %g)", (double)c->alpha);
         return -1;
     }
-    if (c->dropout != 0.0f) {
-        snprintf(err, err_len, "lora_dropout %g is not supported: tandem trains adapters without dropout; set "
-                 "lora_dropout to 0", (double)c->dropout);
+    if (!(c->dropout >= 0.0f && c->dropout < 1.0f)) {
+        snprintf(err, err_len, "lora_dropout must be in [0, 1) (got %g)", (double)c->dropout);
         return -1;
     }
     if (!(c->targets & LORA_ALL_TARGETS)) {
@@ -198,8 +199,11 @@ int model_lora_reserve(ModelLora *l, int max_tokens, char *err, size_t err_len) 
     for (int i = 0; i < LORA_N_MODULES; i++) out_max = max_i(out_max, (size_t)l->out[i]);
     const size_t qkv = (size_t)l->out[LORA_Q_PROJ] + 2 * (size_t)l->out[LORA_K_PROJ];
     const size_t sum_w = max_i(qkv, 2 * (size_t)l->out[LORA_GATE_PROJ]);
+    size_t in_max = 0;
+    for (int i = 0; i < LORA_N_MODULES; i++) in_max = max_i(in_max, (size_t)l->in[i]);
     const size_t t_bytes = (size_t)l->n_layers * LORA_N_MODULES * N * r * es;
-    const size_t bytes = t_bytes + N * out_max * es + N * sum_w * es + N * r * es;
+    const size_t drop_bytes = l->cfg.dropout > 0 ? 2 * N * in_max * es : 0;
+    const size_t bytes = t_bytes + N * out_max * es + N * sum_w * es + N * r * es + drop_bytes;
     void *block = ops_malloc(l->ops, bytes);
     if (!block) {
         snprintf(err, err_len, "out of memory for LoRA activations (%d tokens): %s", max_tokens, ops_error(l->ops));
@@ -210,6 +214,8 @@ int model_lora_reserve(ModelLora *l, int max_tokens, char *err, size_t err_len) 
     l->tmp = (char *)block + t_bytes;
     l->sum = (char *)l->tmp + N * out_max * es;
     l->dt = (char *)l->sum + N * sum_w * es;
+    l->xd = drop_bytes ? (char *)l->dt + N * r * es : NULL;
+    l->dxd = drop_bytes ? (char *)l->xd + N * in_max * es : NULL;
     l->max_tokens = max_tokens;
     return 0;
 }
@@ -228,6 +234,21 @@ static uint64_t splitmix64(uint64_t *s) {
     z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
     return z ^ (z >> 31);
 }
+static uint64_t mix64(uint64_t z) {
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    return z ^ (z >> 31);
+}
+
+uint64_t lora_dropout_seed(uint64_t seed, int64_t step, int micro, int rank) {
+    return mix64(mix64(mix64(seed + 0x9E3779B97F4A7C15ULL) + (uint64_t)step) + ((uint64_t)micro << 20) +
+                 (uint64_t)rank);
+}
+
+uint64_t lora_module_dropout_seed(uint64_t seed, int layer, int module) {
+    return mix64(seed + (uint64_t)(layer * LORA_N_MODULES + module + 1) * 0xD1B54A32D192ED03ULL);
+}
+
 static double uniform01(uint64_t *s) { return ((splitmix64(s) >> 11) + 0.5) * (1.0 / 9007199254740992.0); }
 
 void model_lora_init_unit(const ModelLora *l, uint64_t seed, int layer, float *host) {
@@ -357,7 +378,13 @@ void lora_forward(Model *m, int group, const void *x, void *y, int N) {
         const int i = g.first + k;
         if (l->a_off[i] == SIZE_MAX) continue;
         void *t = t_of(l, i);
-        ops_matmul_fwd(o, t, x, at(l, p, l->a_off[i]), NULL, N, l->in[i], r);
+        const void *xi = x;
+        if (l->cfg.dropout > 0) {  // PEFT's lora_dropout on the adapter's input, a mask of its own per module
+            ops_dropout(o, l->xd, x, (size_t)N * l->in[i], l->cfg.dropout,
+                        lora_module_dropout_seed(l->dropout_seed, l->layer, i));
+            xi = l->xd;
+        }
+        ops_matmul_fwd(o, t, xi, at(l, p, l->a_off[i]), NULL, N, l->in[i], r);
         ops_scale_inplace(o, t, l->scale, (size_t)N * r);
         ops_matmul_fwd(o, l->tmp, t, at(l, p, l->b_off[i]), NULL, N, r, l->out[i]);
         if (!whole) ops_copy_2d(o, at(l, l->sum, g.col[k]), g.width, l->tmp, l->out[i], (size_t)N, l->out[i]);
@@ -384,6 +411,17 @@ void lora_backward(Model *m, int group, const void *dy, const void *x, void *dx,
         ops_matmul_bwd(o, l->dt, gr ? gr + l->b_off[i] : NULL, NULL, dy_i, t_of(l, i), at(l, p, l->b_off[i]), N, r,
                        l->out[i], 0);
         ops_scale_inplace(o, l->dt, l->scale, (size_t)N * r);
+        if (l->cfg.dropout > 0) {
+            // The forward's mask again: dA from the dropped-out input, and the input gradient through the mask.
+            const uint64_t seed = lora_module_dropout_seed(l->dropout_seed, l->layer, i);
+            const size_t n = (size_t)N * l->in[i];
+            ops_dropout(o, l->xd, x, n, l->cfg.dropout, seed);
+            ops_matmul_bwd(o, l->dxd, gr ? gr + l->a_off[i] : NULL, NULL, l->dt, l->xd, at(l, p, l->a_off[i]), N,
+                           l->in[i], r, 0);
+            ops_dropout(o, l->dxd, l->dxd, n, l->cfg.dropout, seed);
+            ops_add_inplace(o, dx, l->dxd, n);
+            continue;
+        }
         ops_matmul_bwd(o, dx, gr ? gr + l->a_off[i] : NULL, NULL, l->dt, x, at(l, p, l->a_off[i]), N, l->in[i], r,
                        1);
     }

@@ -36,7 +36,7 @@ typedef enum {
 typedef struct LoraConfig {
     int r;               // rank, >= 1
     float alpha;         // lora_alpha
-    float dropout;       // lora_dropout: only 0 is supported (refused otherwise by lora_config_check)
+    float dropout;       // lora_dropout in [0, 1): inverted dropout on each adapter's input (training forward)
     int use_rslora;      // scale alpha / sqrt(r) instead of alpha / r
     unsigned targets;    // bit (1u << LORA_*) per targeted module
     LoraInit init;
@@ -49,7 +49,7 @@ int lora_parse_targets(const char *text, unsigned *targets, char *err, size_t er
 void lora_targets_text(unsigned targets, char *out, size_t len);
 // "default" / "gaussian" (also PEFT's "true") -> LoraInit.
 int lora_parse_init(const char *text, LoraInit *out, char *err, size_t err_len);
-// r >= 1, alpha > 0, dropout 0, at least one target. Errors name the PEFT key and what to do.
+// r >= 1, alpha > 0, 0 <= dropout < 1, at least one target. Errors name the PEFT key and what to do.
 int lora_config_check(const LoraConfig *c, char *err, size_t err_len);
 float lora_scale(const LoraConfig *c);
 
@@ -71,8 +71,20 @@ typedef struct ModelLora {
     int max_tokens;
     void *act_block;
     void *tmp, *sum, *dt;
+    void *xd, *dxd;       // cfg.dropout > 0: a module's dropped-out input and its gradient (N, largest in)
     int layer;            // the decoder layer being run (set by the model's training loops)
+    // Dropout masks (cfg.dropout > 0) are functions of this seed, the layer, the module and the element (ops_dropout),
+    // so the backward and a checkpoint recompute regenerate the forward's: set it before each model_forward
+    // (lora_dropout_seed) and leave it until that forward's backward is done.
+    uint64_t dropout_seed;
 } ModelLora;
+
+// The dropout seed of one micro-batch: a mix of the run's seed, the optimizer step, the micro-batch within it and
+// the rank (each rank trains on other rows: its masks are its own), so a resumed run draws the same masks.
+uint64_t lora_dropout_seed(uint64_t seed, int64_t step, int micro, int rank);
+// The seed of module `module` of layer `layer` within a micro-batch's seed: ops_dropout's seed for that adapter's
+// input, z = splitmix64 finaliser of seed + (layer * LORA_N_MODULES + module + 1) * 0xD1B54A32D192ED03.
+uint64_t lora_module_dropout_seed(uint64_t seed, int layer, int module);
 
 // Builds the layout for model m and allocates the adapter units (zeroed) and, with_grads, their gradients.
 int model_lora_create(ModelLora **out, const Model *m, const LoraConfig *c, int with_grads, char *err,

@@ -212,7 +212,8 @@ const OptionSpec train_options[] = {
         "adapter folders"),
     OPT("lora_r", OPT_INT, lora_r, G_LORA, "adapter rank"),
     OPT("lora_alpha", OPT_F64, lora_alpha, G_LORA, "adapter scale numerator: scale = lora_alpha / lora_r"),
-    OPT("lora_dropout", OPT_F64, lora_dropout, G_LORA, "dropout on the adapters' input; only 0 is supported"),
+    OPT("lora_dropout", OPT_F64, lora_dropout, G_LORA, "dropout on each adapter's input, in [0, 1); masks seeded by "
+        "seed, step, micro-batch and rank"),
     OPT("lora_target_modules", OPT_CSV, lora_target_modules, G_LORA, "projections given adapters: q_proj, k_proj, "
         "v_proj, o_proj, gate_proj, up_proj, down_proj, or all-linear"),
     OPT("use_rslora", OPT_BOOL, use_rslora, G_LORA, "rank-stabilised scale lora_alpha / sqrt(lora_r)"),
@@ -251,7 +252,7 @@ void train_config_default(TrainConfig *c) {
     c->zero_stage = 3, c->device = TRAIN_DEVICE_AUTO, c->zero_hpz_partition_size = 1;
     c->init_timeout = 300.0, c->comm_timeout = 600.0, c->rollout_timeout = 600.0;
     c->weight_sync_steps = 1, c->weight_sync_transport = WEIGHT_SYNC_AUTO;
-    c->lora_r = 16, c->lora_alpha = 32, c->lora_target_modules = strdup("q_proj,v_proj"), c->lora_init = strdup("default");
+    c->lora_r = 16, c->lora_alpha = 32, c->lora_dropout = 0.05, c->lora_target_modules = strdup("q_proj,v_proj"), c->lora_init = strdup("default");
 }
 
 void train_config_free(TrainConfig *c) {

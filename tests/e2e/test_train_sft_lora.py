@@ -11,8 +11,8 @@
   adapters.
 - Against PEFT + torch: 3 steps from tandem's initial adapter, the same rows and tokens, clip_grad_norm_ and
   torch.optim.AdamW with the linear schedule: losses and gradient norms within 1e-4, final adapters within 1e-3.
-- Resume: a second run from checkpoint-3 of a 2-rank run (adapters, their AdamW state, data position) repeats
-  steps 4-6 bit for bit; a full-model checkpoint is refused by a use_peft run, and an adapter checkpoint with other
+- Resume: a second run from checkpoint-3 of a 2-rank run with lora_dropout 0.05 (adapters, their AdamW state, data
+  position, the dropout masks) repeats steps 4-6 bit for bit; a full-model checkpoint is refused by a use_peft run, and an adapter checkpoint with other
   LoRA options or without --use-peft is refused.
 - Bad LoRA options are refused at start naming the key.
 """
@@ -37,7 +37,8 @@ def lora_args(model_dir, data, out_dir, batch, extra=()):
             "--per-device-train-batch-size", str(batch), "--gradient-accumulation-steps", "2",
             "--learning-rate", "1e-2", "--max-steps", "6", "--save-steps", "3", "--save-total-limit", "1",
             "--logging-steps", "1", "--seed", "5", "--shuffle-dataset", "false", "--init-timeout", "60",
-            "--use-peft", "--lora-r", "8", "--lora-alpha", "16", "--lora-target-modules", "all-linear", *extra]
+            "--use-peft", "--lora-r", "8", "--lora-alpha", "16", "--lora-target-modules", "all-linear",
+            "--lora-dropout", "0", *extra]
 
 
 def metrics(out_dir):
@@ -142,7 +143,7 @@ def test_one_rank_equals_two_ranks(two_ranks):
 
 
 @pytest.mark.parametrize("extra,needle", [
-    (["--lora-dropout", "0.1"], "lora_dropout 0.1 is not supported"),
+    (["--lora-dropout", "1"], "lora_dropout must be in [0, 1)"),
     (["--lora-target-modules", "q_proj,qkv_proj"], "unknown module 'qkv_proj'"),
     (["--lora-r", "0"], "lora_r must be >= 1"),
     (["--lora-init", "pissa"], "lora_init 'pissa' is not supported"),
@@ -231,13 +232,15 @@ def test_training_matches_peft_with_torch_adamw(setup):
 def test_resume_repeats_the_run_exactly(setup):
     d = setup
     model, data = d / "model", d / "train.jsonl"
-    args = lora_args(model, data, d / "r1", 4)
+    # With adapter dropout: its masks follow (seed, step, micro-batch, rank), so the resumed steps draw the same.
+    args = lora_args(model, data, d / "r1", 4, ["--lora-dropout", "0.05"])
     args[args.index("--save-total-limit") + 1] = "0"
     codes, logs = run(args, 2, d, "r1")
     assert codes == [0, 0], logs
     ckpt = d / "r1" / "checkpoint-3"
     assert (ckpt / "trainer_state" / "adapter_optimizer.safetensors").exists()
-    codes, logs = run(lora_args(model, data, d / "r2", 4, ["--resume", str(ckpt)]), 2, d, "r2")
+    codes, logs = run(lora_args(model, data, d / "r2", 4, ["--lora-dropout", "0.05", "--resume", str(ckpt)]), 2, d,
+                      "r2")
     assert codes == [0, 0], logs
     assert "resumed from" in logs
     a, b = metrics(d / "r1"), metrics(d / "r2")

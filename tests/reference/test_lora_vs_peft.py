@@ -172,3 +172,84 @@ def test_unsupported_peft_adapters_are_refused(kind, needle, tmp_path):
     with pytest.raises(AssertionError, match=needle):
         run_tool([tool("lora_probe"), "forward", str(base_dir), str(tmp_path / "adapter"), str(tmp_path / "o")],
                  stdin=req)
+
+
+M64 = (1 << 64) - 1
+
+
+def _mix(z):
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & M64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & M64
+    return z ^ (z >> 31)
+
+
+def dropout_mask(seed, layer, module, rows, cols, p):
+    """ops_dropout's keep mask (rows, cols) of module `module` of `layer` for a micro-batch seed (kernels/ops.h,
+    shared/model_lora.h lora_module_dropout_seed), computed with Python integers."""
+    mseed = _mix((seed + (layer * 7 + module + 1) * 0xD1B54A32D192ED03) & M64)
+    threshold = round(p * 2 ** 24)
+    keep = [(_mix((mseed + (e + 1) * 0x9E3779B97F4A7C15) & M64) >> 40) >= threshold for e in range(rows * cols)]
+    return torch.tensor(keep, dtype=torch.float32).reshape(rows, cols)
+
+
+class MaskDropout(torch.nn.Module):
+    """Stands in for PEFT's lora_dropout: tandem's mask for this module, rows of the sequence being run."""
+
+    def __init__(self, mask, p, where):
+        super().__init__()
+        self.mask, self.p, self.where = mask, p, where
+
+    def forward(self, x):
+        lo, hi = self.where["rows"]
+        return x * self.mask[lo:hi] / (1 - self.p)
+
+
+@pytest.mark.parametrize("checkpoint", [False, True], ids=["saved-acts", "recompute"])
+@pytest.mark.parametrize("arch", ["qwen2_bias", "qwen3_qknorm"])
+def test_dropout_equals_peft_with_the_same_masks(arch, checkpoint, tmp_path):
+    """lora_dropout 0.25: PEFT with its dropout modules applying tandem's masks (same seed formula, recomputed here
+    from the documented hash) gives tandem's logits, loss and adapter gradients (1e-4); the checkpoint recompute
+    regenerates the same masks."""
+    base_dir = tmp_path / "base"
+    tiny_models.build(arch, base_dir)
+    model = peft_model(base_dir, ALL, 8, 16, False)
+    adapter_dir = tmp_path / "adapter"
+    model.save_pretrained(adapter_dir)
+    seqs = make_batch(model.config.vocab_size)
+    p, seed = 0.25, 987654321
+    N = sum(len(s) for s in seqs)
+    where = {"rows": (0, 0)}
+    names = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    for layer_idx, layer in enumerate(model.base_model.model.model.layers):
+        for i, name in enumerate(names):
+            mod = getattr(layer.self_attn if i <= 3 else layer.mlp, name)
+            mask = dropout_mask(seed, layer_idx, i, N, mod.in_features, p)
+            mod.lora_dropout["default"] = MaskDropout(mask, p, where)
+    model.zero_grad()
+    logits_all, total, count, row = [], 0.0, 0, 0
+    for s in seqs:
+        where["rows"] = (row, row + len(s))
+        row += len(s)
+        logits = model(input_ids=torch.tensor([s])).logits[0]
+        lp = torch.log_softmax(logits, dim=-1)[:-1].gather(1, torch.tensor(s[1:])[:, None])[:, 0]
+        logits_all.append(logits)
+        total = total - lp.sum()
+        count += len(s) - 1
+    loss = total / count
+    loss.backward()
+    ref_grads = {n.replace(".default.", "."): p_.grad for n, p_ in model.named_parameters() if "lora_" in n}
+    ref_logits = torch.cat(logits_all).detach()
+    req = {"sequences": seqs, "checkpoint": checkpoint, "dropout": p, "dropout_seed": seed}
+    run_tool([tool("lora_probe"), "forward", str(base_dir), str(adapter_dir), str(tmp_path / "out")],
+             stdin=json.dumps(req))
+    got = load_file(str(tmp_path / "out"))
+    assert rel_max(got["logits"], ref_logits) <= 1e-4
+    assert abs(got["loss"].item() - loss.item()) / loss.item() <= 1e-4
+    worst = max(rel_l2(got["grad." + n], g) for n, g in ref_grads.items())
+    assert worst <= 1e-4, worst
+    print(f"{arch} dropout {p}: logits {rel_max(got['logits'], ref_logits):.2e}, worst adapter grad {worst:.2e}")
+    # Without the masks the numbers differ: the dropout is really applied.
+    no_drop = dict(req, dropout=0.0)
+    run_tool([tool("lora_probe"), "forward", str(base_dir), str(adapter_dir), str(tmp_path / "plain")],
+             stdin=json.dumps(no_drop))
+    assert rel_max(load_file(str(tmp_path / "plain"))["logits"], ref_logits) > 1e-3

@@ -29,10 +29,9 @@ TANDEM_ONLY = {"model", "train_file", "mode", "overwrite_output_dir", "chat_temp
                "lora_init",   # PEFT's init_lora_weights, which TRL's ModelConfig does not expose
                "lora_save_merged"}
 # LoRA options: TRL's ModelConfig fields (trl sft/grpo scripts take them beside the trainer config), its defaults
-# but for these spellings: dropout 0 (the only value tandem runs), and the modules PEFT picks for tandem's
-# architectures when target_modules is None.
+# but for this spelling: the modules PEFT picks for tandem's architectures when target_modules is None.
 MODEL_CONFIG = {"use_peft", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "use_rslora"}
-MODEL_CONFIG_SPELLING = {"lora_dropout": (0.05, 0.0), "lora_target_modules": (None, "q_proj,v_proj")}
+MODEL_CONFIG_SPELLING = {"lora_target_modules": (None, "q_proj,v_proj")}
 # Same meaning, different spelling of "unset" or a value that only names TRL's implementation.
 DEFAULT_SPELLING = {
     "min_p": (None, 0.0),             # off

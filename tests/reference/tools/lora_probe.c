@@ -1,6 +1,7 @@
 // lora_probe — drives the model core with LoRA adapters for tests/reference/test_lora_vs_peft.py (CPU, fp32).
 //
-//   lora_probe forward MODEL_DIR ADAPTER_DIR OUT.safetensors   stdin {"sequences": [[ids]], "checkpoint": b}
+//   lora_probe forward MODEL_DIR ADAPTER_DIR OUT.safetensors   stdin {"sequences": [[ids]], "checkpoint": b,
+//                                                                     "dropout": p, "dropout_seed": s}
 //       loads the base (frozen: no gradient buffers) and a PEFT adapter folder, runs forward and backward of the
 //       mean next-token cross-entropy; writes logits (N, V), logprobs (N), loss (1) and grad.<PEFT tensor name>
 //       for every adapter tensor
@@ -48,7 +49,10 @@ static int cmd_forward(const char *model_dir, const char *adapter_dir, const cha
     LoraConfig lc;
     ModelLora *lora;
     if (lora_config_read(adapter_dir, &lc, err, sizeof err) != 0) DIE("%s", err);
+    // lora_dropout acts in training only, so the folder's config says nothing about this forward's: the request does.
+    lc.dropout = (float)json_number_value(json_object_get(req, "dropout"));
     if (model_lora_create(&lora, &m, &lc, 1, err, sizeof err) != 0) DIE("%s", err);
+    lora->dropout_seed = (uint64_t)json_integer_value(json_object_get(req, "dropout_seed"));
     float **host = host_units(lora);
     if (model_lora_load(lora, adapter_dir, host, err, sizeof err) != 0) DIE("%s", err);
     m.lora = lora;
