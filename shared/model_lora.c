@@ -379,7 +379,7 @@ void lora_forward(Model *m, int group, const void *x, void *y, int N) {
         if (l->a_off[i] == SIZE_MAX) continue;
         void *t = t_of(l, i);
         const void *xi = x;
-        if (l->cfg.dropout > 0) {  // PEFT's lora_dropout on the adapter's input, a mask of its own per module
+        if (l->cfg.dropout > 0 && !l->no_dropout) {  // PEFT's lora_dropout on the adapter's input, a mask of its own per module
             ops_dropout(o, l->xd, x, (size_t)N * l->in[i], l->cfg.dropout,
                         lora_module_dropout_seed(l->dropout_seed, l->layer, i));
             xi = l->xd;
@@ -411,7 +411,7 @@ void lora_backward(Model *m, int group, const void *dy, const void *x, void *dx,
         ops_matmul_bwd(o, l->dt, gr ? gr + l->b_off[i] : NULL, NULL, dy_i, t_of(l, i), at(l, p, l->b_off[i]), N, r,
                        l->out[i], 0);
         ops_scale_inplace(o, l->dt, l->scale, (size_t)N * r);
-        if (l->cfg.dropout > 0) {
+        if (l->cfg.dropout > 0 && !l->no_dropout) {
             // The forward's mask again: dA from the dropped-out input, and the input gradient through the mask.
             const uint64_t seed = lora_module_dropout_seed(l->dropout_seed, l->layer, i);
             const size_t n = (size_t)N * l->in[i];

@@ -77,6 +77,7 @@ typedef struct ModelLora {
     // so the backward and a checkpoint recompute regenerate the forward's: set it before each model_forward
     // (lora_dropout_seed) and leave it until that forward's backward is done.
     uint64_t dropout_seed;
+    int no_dropout;       // 1: forwards that only score (GRPO's old logprobs) run without dropout
 } ModelLora;
 
 // The dropout seed of one micro-batch: a mix of the run's seed, the optimizer step, the micro-batch within it and

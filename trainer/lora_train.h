@@ -7,6 +7,8 @@
 // master weights and Adam moments. The adapters are small (r (in + out) per module and layer), so they are
 // replicated, not sharded: after the last backward of a step the adapter gradients are all-reduced (summed) over
 // the ranks, and every rank takes the same AdamW step, so the ranks' adapters stay identical.
+// GRPO: the rollout servers get the base with the adapters merged in (lora_train_refresh_merged); the reference
+// model is the base with the adapters detached (trainer.h lora_ref).
 #ifndef TANDEM_TRAINER_LORA_TRAIN_H
 #define TANDEM_TRAINER_LORA_TRAIN_H
 
@@ -35,6 +37,8 @@ int lora_train_create(LoraTrain **out, Model *m, Comm *c, const LoraConfig *lc, 
 void lora_train_destroy(LoraTrain *lt);
 // The frozen base as the model reads it: resident units, no gradient buffers.
 UnitSource lora_train_source(LoraTrain *lt);
+// The adapters' training activations for batches of up to max_tokens tokens (model_lora_reserve).
+int lora_train_reserve(LoraTrain *lt, int max_tokens, char *err, size_t err_len);
 void lora_train_memory(const LoraTrain *lt, LoraTrainMemory *mem);
 // After the last backward of a step: sums the adapter gradients over the ranks, computes the global gradient norm
 // (reported before clipping), clips as torch's clip_grad_norm_, applies AdamW to the master weights and writes the
@@ -50,6 +54,13 @@ int lora_train_save(LoraTrain *lt, const char *dir, const char *base_model, char
 // in fp32 on the host, written as a Hugging Face folder into dir (config.json, model.safetensors; bf16 when the
 // base is held in bf16, else fp32). The whole model passes through host memory (4 bytes a parameter).
 int lora_train_save_merged(LoraTrain *lt, const char *dir, char *err, size_t err_len);
+// The weights the rollout servers get (GRPO): the base with s B A added to every adapted weight, in the storage
+// dtype, for the weight sync to send slices of. refresh recomputes the decoder-layer units from the current adapters
+// (a working copy of those units, made on first use: the base's layer units once more in memory; on the device, one
+// GEMM per adapted module, s B A rounded to the storage dtype before it is added); merged_unit is unit u of it
+// (the base's own buffer for the embedding and final units, which adapters do not touch).
+int lora_train_refresh_merged(LoraTrain *lt, char *err, size_t err_len);
+const void *lora_train_merged_unit(const LoraTrain *lt, int unit);
 // Restores what lora_train_save wrote: the master weights (and the adapter units from them) and Adam moments.
 // Refuses a folder whose adapter_config.json describes other adapters (r, lora_alpha, use_rslora, target_modules),
 // naming both.

@@ -245,8 +245,6 @@ static int check_lora(const TrainConfig *c, char *err, size_t err_len) {
     if (!c->use_peft) return 0;
     LoraConfig lc;
     if (train_config_lora(c, &lc, err, err_len) != 0) return -1;
-    if (c->mode != TRAIN_MODE_SFT)
-        FAIL("use_peft: LoRA adapters train with mode sft in this version (GRPO with adapters is not built yet)");
     if (c->sharding_strategy != SHARDING_FULL_SHARD || c->zero_hpz_partition_size > 1)
         FAIL("use_peft: the base is replicated and frozen and the adapters are replicated: sharding_strategy "
              "hybrid_shard and zero_hpz_partition_size do not apply; leave them at their defaults");

@@ -208,8 +208,8 @@ const OptionSpec train_options[] = {
     ENUM("weight_sync_transport", weight_sync_transport, sync_name, 0, G_DIST,
          "nccl (GPUs), zmq (frames over the control socket); auto = nccl on cuda"),
 
-    OPT("use_peft", OPT_BOOL, use_peft, G_LORA, "train LoRA adapters on a frozen base (sft); checkpoints are PEFT "
-        "adapter folders"),
+    OPT("use_peft", OPT_BOOL, use_peft, G_LORA, "train LoRA adapters on a frozen base (sft, grpo); checkpoints are "
+        "PEFT adapter folders"),
     OPT("lora_r", OPT_INT, lora_r, G_LORA, "adapter rank"),
     OPT("lora_alpha", OPT_F64, lora_alpha, G_LORA, "adapter scale numerator: scale = lora_alpha / lora_r"),
     OPT("lora_dropout", OPT_F64, lora_dropout, G_LORA, "dropout on each adapter's input, in [0, 1); masks seeded by "

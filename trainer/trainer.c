@@ -47,6 +47,7 @@ static int open_lora(Trainer *t, const ModelConfig *mc, char *err, size_t err_le
     if (train_config_lora(cfg, &lc, err, err_len) != 0) return -1;
     if (lora_train_create(&t->lora, &t->model, t->dcomm, &lc, cfg->model, (uint64_t)cfg->seed, err, err_len) != 0)
         return -1;
+    t->lora_ref = cfg->mode == TRAIN_MODE_GRPO && cfg->grpo.beta != 0;
     LoraTrainMemory mem;
     lora_train_memory(t->lora, &mem);
     char targets[128];
@@ -339,6 +340,8 @@ int trainer_ensure_acts(Trainer *t, int n_tokens, int n_seqs, char *err, size_t 
     const int flags = (t->cfg->gradient_checkpointing ? TRAIN_ACTS_CHECKPOINT : 0) |
                       (t->cfg->keep_logits ? TRAIN_ACTS_KEEP_LOGITS : 0);
     if (train_acts_create(&t->acts, &t->model, tokens, seqs, flags, err, err_len) != 0) return -1;
+    // The reference's forward runs with the adapters detached (GRPO with LoRA): they may not have grown with it.
+    if (t->lora && lora_train_reserve(t->lora, tokens, err, err_len) != 0) return -1;
     t->acts_tokens = tokens;
     t->acts_seqs = seqs;
     if (t->rank == 0)
