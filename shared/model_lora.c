@@ -379,7 +379,8 @@ void lora_forward(Model *m, int group, const void *x, void *y, int N) {
         if (l->a_off[i] == SIZE_MAX) continue;
         void *t = t_of(l, i);
         const void *xi = x;
-        if (l->cfg.dropout > 0 && !l->no_dropout) {  // PEFT's lora_dropout on the adapter's input, a mask of its own per module
+        // PEFT's lora_dropout on the adapter's input, a mask of its own per module
+        if (l->cfg.dropout > 0 && !l->no_dropout) {
             ops_dropout(o, l->xd, x, (size_t)N * l->in[i], l->cfg.dropout,
                         lora_module_dropout_seed(l->dropout_seed, l->layer, i));
             xi = l->xd;

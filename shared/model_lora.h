@@ -29,7 +29,7 @@ enum { LORA_Q_PROJ, LORA_K_PROJ, LORA_V_PROJ, LORA_O_PROJ, LORA_GATE_PROJ, LORA_
 const char *lora_module_name(int module);
 
 typedef enum {
-    LORA_INIT_DEFAULT = 0,  // PEFT's init_lora_weights=True: A kaiming-uniform(a = sqrt(5)) = U(-1/sqrt(in), 1/sqrt(in))
+    LORA_INIT_DEFAULT = 0,  // PEFT's init_lora_weights=True: A kaiming-uniform(a = sqrt(5)), U(+-1/sqrt(in))
     LORA_INIT_GAUSSIAN = 1, // init_lora_weights="gaussian": A normal(0, std 1/r). Both: B = 0.
 } LoraInit;
 

@@ -18,7 +18,8 @@
 static int refuse_set(json_t *root, const char *key, const char *fine, const char *path, char *err, size_t err_len) {
     json_t *v = json_object_get(root, key);
     if (!v || json_is_null(v) || json_is_false(v) || (json_is_object(v) && json_object_size(v) == 0) ||
-        (json_is_array(v) && json_array_size(v) == 0) || (fine && json_is_string(v) && !strcmp(json_string_value(v), fine)))
+        (json_is_array(v) && json_array_size(v) == 0) ||
+        (fine && json_is_string(v) && !strcmp(json_string_value(v), fine)))
         return 0;
     snprintf(err, err_len, "%s: \"%s\" is set; tandem runs plain LoRA adapters only (%s%s%s)", path, key,
              fine ? "it must be \"" : "it must be unset, null or false", fine ? fine : "", fine ? "\"" : "");
@@ -141,7 +142,8 @@ int model_lora_load(ModelLora *l, const char *dir, float *const *host, char *err
             st_read_f32(t, host[lt->unit] + lt->offset, lt->numel, err, err_len) != 0)
             goto done;
     }
-    for (int layer = 0; layer < l->n_layers; layer++) ops_upload_f32(l->ops, l->params[layer], host[layer], l->unit_numel);
+    for (int layer = 0; layer < l->n_layers; layer++)
+        ops_upload_f32(l->ops, l->params[layer], host[layer], l->unit_numel);
     ops_synchronize(l->ops);
     if (ops_status(l->ops)) {
         snprintf(err, err_len, "loading %s: %s", path, ops_error(l->ops));

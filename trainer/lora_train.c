@@ -38,7 +38,8 @@ int lora_train_create(LoraTrain **out, Model *m, Comm *c, const LoraConfig *lc, 
     lt->m = m;
     lt->c = c;
     lt->ops = m->ops;
-    if (resident_alloc(&lt->base, m, 0, err, err_len) != 0 || model_load_weights(m, &lt->base, model_dir, err, err_len) != 0 ||
+    if (resident_alloc(&lt->base, m, 0, err, err_len) != 0 ||
+        model_load_weights(m, &lt->base, model_dir, err, err_len) != 0 ||
         model_lora_create(&lt->lora, m, lc, 1, err, err_len) != 0)
         goto fail;
     const int L = lt->lora->n_layers;

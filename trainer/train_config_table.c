@@ -252,7 +252,8 @@ void train_config_default(TrainConfig *c) {
     c->zero_stage = 3, c->device = TRAIN_DEVICE_AUTO, c->zero_hpz_partition_size = 1;
     c->init_timeout = 300.0, c->comm_timeout = 600.0, c->rollout_timeout = 600.0;
     c->weight_sync_steps = 1, c->weight_sync_transport = WEIGHT_SYNC_AUTO;
-    c->lora_r = 16, c->lora_alpha = 32, c->lora_dropout = 0.05, c->lora_target_modules = strdup("q_proj,v_proj"), c->lora_init = strdup("default");
+    c->lora_r = 16, c->lora_alpha = 32, c->lora_dropout = 0.05;
+    c->lora_target_modules = strdup("q_proj,v_proj"), c->lora_init = strdup("default");
 }
 
 void train_config_free(TrainConfig *c) {

@@ -189,8 +189,8 @@ static int send_zmq(Trainer *t, int64_t version, char *err, size_t err_len) {
             }
         }
         if (t->lora)
-            ops_download_f32(t->ops, host, (const char *)lora_train_merged_unit(t->lora, u) + off * ops_dtype_size(t->ops),
-                             count);
+            ops_download_f32(t->ops, host,
+                             (const char *)lora_train_merged_unit(t->lora, u) + off * ops_dtype_size(t->ops), count);
         else
             ops_copy_to_host(t->ops, host, zero3_master_shard(t->policy, u), count * sizeof(float));
         rc = rollout_weights_send_slice(t->rollout, version, u, (int64_t)off, host, (int64_t)count, 0, err, err_len);
