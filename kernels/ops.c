@@ -257,6 +257,18 @@ void ops_add_f32(OpsCtx *ctx, float *y, const float *x, size_t n) {
     DISPATCH(ctx, cuda_add_f32(ctx, y, x, n), cpu_add_f32(y, x, n));
 }
 
+void ops_scale_inplace(OpsCtx *ctx, void *x, float s, size_t n) {
+    DISPATCH(ctx, cuda_scale_inplace(ctx, x, s, n), cpu_scale_inplace(F(x), s, n));
+}
+
+void ops_dropout(OpsCtx *ctx, void *out, const void *in, size_t n, float p, uint64_t seed) {
+    if (!(p >= 0.0f && p < 1.0f)) {
+        ops_set_error(ctx, -1, __FILE__, __LINE__, "ops_dropout: p %g must be in [0, 1)", (double)p);
+        return;
+    }
+    DISPATCH(ctx, cuda_dropout(ctx, out, in, n, p, seed), cpu_dropout(F(out), CF(in), n, p, seed));
+}
+
 void ops_embedding_fwd(OpsCtx *ctx, void *out, const int32_t *tokens, const void *table, int N, int C, int V) {
     int bad_row = -1;
     DISPATCH(ctx, cuda_embedding_fwd(ctx, out, tokens, table, N, C, V),

@@ -118,6 +118,17 @@ void ops_add_inplace(OpsCtx *ctx, void *y, const void *x, size_t n);
 // y += x over n fp32 elements (gradient accumulation).
 void ops_add_f32(OpsCtx *ctx, float *y, const float *x, size_t n);
 
+// x *= s over n storage elements, the product rounded to the storage dtype once (the LoRA scale alpha / r on the
+// adapter's (N, r) intermediate, forward and backward: shared/model_lora.c).
+void ops_scale_inplace(OpsCtx *ctx, void *x, float s, size_t n);
+
+// Inverted dropout with a mask that is a function of (seed, element index) alone, so that the backward (and an
+// activation-checkpoint recompute) regenerates the forward's mask instead of storing it:
+//   out[i] = keep(seed, i) ? in[i] / (1 - p) : 0      over n storage elements, in place allowed (out == in)
+// keep(seed, i): z = splitmix64 finaliser of seed + (i + 1) * 0x9E3779B97F4A7C15; keep when (z >> 40) >= p * 2^24
+// (rounded to the nearest integer): the drop probability is p to within 2^-24. p in [0, 1).
+void ops_dropout(OpsCtx *ctx, void *out, const void *in, size_t n, float p, uint64_t seed);
+
 // ---- embedding --------------------------------------------------------------------------------
 
 // out (N, C) = table[tokens[i]] ; table (V, C). A token outside [0, V) records an error.

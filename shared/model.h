@@ -38,6 +38,9 @@ typedef struct {
     float *inv_freq;       // (D/2) fp32, backend memory: rotary inverse frequencies (rope scaling applied)
     float attn_scale;      // 1 / sqrt(D)
     ModelShard shard;      // {rank 0, size 1} unless made by model_init_shard
+    // LoRA adapters beside the projections of the training forward and backward (shared/model_lora.h; not owned),
+    // NULL for none. The inference paths (paged attention) do not run them.
+    struct ModelLora *lora;
 } Model;
 
 // Where parameters and gradients come from. acquire/release bracket every read of a unit's parameters
@@ -165,7 +168,9 @@ size_t train_acts_logits_bytes(const TrainActs *a);
 int model_forward(Model *m, TrainActs *a, UnitSource *src, const Batch *batch, float inv_temperature,
                   float *logprobs, float *entropy, float *logits, char *err, size_t err_len);
 // Backward of sum_n dlogprobs[n] * logprobs[n] for the batch of the last model_forward: gradients are
-// accumulated (+=) into src->grad(unit) for every unit. dlogprobs (N) host fp32.
+// accumulated (+=) into src->grad(unit) for every unit. dlogprobs (N) host fp32. With LoRA adapters (m->lora) their
+// gradients are accumulated into m->lora->grads, and a source without gradients (src->grad NULL, or returning NULL)
+// is a frozen base: none of the base model's weight-gradient GEMMs run.
 int model_backward(Model *m, TrainActs *a, UnitSource *src, const float *dlogprobs, char *err, size_t err_len);
 // The same for sum_n dlogprobs[n] * logprobs[n] + dentropy[n] * entropy[n] (entropy of softmax(logits *
 // inv_temperature), as model_forward reports it); dentropy (N) host fp32, NULL = no entropy term. With an

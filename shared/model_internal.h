@@ -3,6 +3,7 @@
 #define TANDEM_SHARED_MODEL_INTERNAL_H
 
 #include "shared/model.h"
+#include "shared/model_lora.h"
 
 // Element `off` of a storage-dtype buffer.
 static inline void *elem_at(const Model *m, const void *base, size_t off) {
@@ -93,6 +94,14 @@ void layer_forward_fused(Model *m, const void *p, LayerActs *a, void *x, const v
 // GPU).
 void layer_decode_small(Model *m, const void *p, LayerActs *a, const void *x, void *x_out, const int32_t *positions,
                         int N, const AttnArgs *att);
+// The LoRA adapter path of a projection group (shared/model_lora.c), for layer m->lora->layer; no-ops without
+// adapters or when the group has no targeted module. lora_forward: y (N, width) += the group's adapters' outputs
+// for input x (N, in), keeping each module's s * x A^T for the backward. lora_backward: dx (N, in) += the input
+// gradient through the adapters, and the adapters' gradients += theirs, for the group output's gradient dy.
+enum { LORA_GROUP_QKV, LORA_GROUP_O, LORA_GROUP_GU, LORA_GROUP_DOWN };
+void lora_forward(Model *m, int group, const void *x, void *y, int N);
+void lora_backward(Model *m, int group, const void *dy, const void *x, void *dx, int N);
+
 // dres (N, C) holds d x_out on entry and d x_in on return; g (unit numel fp32) accumulates parameter grads.
 void layer_backward(Model *m, const void *p, float *g, const LayerActs *a, const LayerGrads *d, void *dres,
                     const void *x_in, const int32_t *positions, int N, const AttnArgs *att);

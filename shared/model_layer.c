@@ -160,12 +160,16 @@ static void attention_and_mlp(Model *m, const void *p, LayerActs *a, const void 
 
     // One GEMM over the fused weight and bias (both start at q's).
     project(m, att, a->qkv, a->h1, param(m, p, lo->wq), param(m, p, lo->bq), N, C, (int)QKV);
+    const int lora = m->lora && !att->paged;   // adapters run in training only
+    if (lora) lora_forward(m, LORA_GROUP_QKV, a->h1, a->qkv, N);
     qkv_to_attention(m, p, a, positions, N, att);
     project(m, att, a->xmid, a->att, param(m, p, lo->wo), NULL, N, Hq * D, C);
+    if (lora) lora_forward(m, LORA_GROUP_O, a->att, a->xmid, N);
     model_shard_reduce(m, a->xmid, (size_t)N * C);   // o_proj is row-parallel: the shards' partial sums
     ops_residual_rmsnorm_fwd(o, a->xmid, a->h2, a->rstd2, a->xmid, x_in, param(m, p, lo->ln2), N, C,
                              cfg->rms_norm_eps);
     project(m, att, a->gu, a->h2, param(m, p, lo->wgu), NULL, N, C, 2 * I);
+    if (lora) lora_forward(m, LORA_GROUP_GU, a->h2, a->gu, N);
     ops_swiglu_fwd(o, a->act, a->gu, N, I);
 }
 
@@ -228,11 +232,13 @@ void layer_forward_fused(Model *m, const void *p, LayerActs *a, void *x, const v
     attention_and_mlp(m, p, a, x, positions, N, att);
     if (mlp_out) {
         project(m, att, mlp_out, a->act, param(m, p, lo->wdown), NULL, N, I, C);
+        if (m->lora && !att->paged) lora_forward(m, LORA_GROUP_DOWN, a->act, mlp_out, N);
         model_shard_reduce(m, mlp_out, (size_t)N * C);   // down_proj is row-parallel
     }
 }
 
-static float *grad_at(float *g, size_t off) { return off == ABSENT ? NULL : g + off; }
+// g NULL: a frozen base (LoRA training), whose weight-gradient GEMMs are skipped.
+static float *grad_at(float *g, size_t off) { return !g || off == ABSENT ? NULL : g + off; }
 
 void layer_backward(Model *m, const void *p, float *g, const LayerActs *a, const LayerGrads *d, void *dres,
                     const void *x_in, const int32_t *positions, int N, const AttnArgs *att) {
@@ -244,12 +250,16 @@ void layer_backward(Model *m, const void *p, float *g, const LayerActs *a, const
     const size_t QD = (size_t)Hq * D, KVD = (size_t)Hkv * D, QKV = QD + 2 * KVD;
 
     // MLP branch: dres = d x_out = d xmid (residual) + d(mlp) ...
-    ops_matmul_bwd(o, d->dact, g + lo->wdown, NULL, dres, a->act, param(m, p, lo->wdown), N, I, C, 0);
+    ops_matmul_bwd(o, d->dact, grad_at(g, lo->wdown), NULL, dres, a->act, param(m, p, lo->wdown), N, I, C, 0);
+    lora_backward(m, LORA_GROUP_DOWN, dres, a->act, d->dact, N);
     ops_swiglu_bwd(o, d->dgu, d->dact, a->gu, N, I);
-    ops_matmul_bwd(o, d->dh, g + lo->wgu, NULL, d->dgu, a->h2, param(m, p, lo->wgu), N, C, 2 * I, 0);
-    ops_residual_rmsnorm_bwd(o, dres, g + lo->ln2, dres, d->dh, a->xmid, param(m, p, lo->ln2), a->rstd2, N, C);
+    ops_matmul_bwd(o, d->dh, grad_at(g, lo->wgu), NULL, d->dgu, a->h2, param(m, p, lo->wgu), N, C, 2 * I, 0);
+    lora_backward(m, LORA_GROUP_GU, d->dgu, a->h2, d->dh, N);
+    ops_residual_rmsnorm_bwd(o, dres, grad_at(g, lo->ln2), dres, d->dh, a->xmid, param(m, p, lo->ln2), a->rstd2, N,
+                             C);
     // Attention branch: dres now = d xmid.
-    ops_matmul_bwd(o, d->datt, g + lo->wo, NULL, dres, a->att, param(m, p, lo->wo), N, Hq * D, C, 0);
+    ops_matmul_bwd(o, d->datt, grad_at(g, lo->wo), NULL, dres, a->att, param(m, p, lo->wo), N, Hq * D, C, 0);
+    lora_backward(m, LORA_GROUP_O, dres, a->att, d->datt, N);
     ops_attention_bwd(o, d->dq, d->dk, d->dv, d->datt, a->q, a->k, a->v, a->att, a->lse, att->cu_seqlens,
                       att->n_seqs, N, Hq, Hkv, D, m->attn_scale);
     // [dq | dk | dv] packed (after RoPE's backward, and qk_norm's), then one GEMM: dh, and dW / dbias of the fused
@@ -259,9 +269,9 @@ void layer_backward(Model *m, const void *p, float *g, const LayerActs *a, const
         ops_rope_bwd(o, d->dq, positions, m->inv_freq, N, Hq, D);
         ops_rope_bwd(o, d->dk, positions, m->inv_freq, N, Hkv, D);
         // No residual here: dres_in NULL overwrites dq_pre / dk_pre.
-        ops_residual_rmsnorm_bwd(o, d->dq_pre, g + lo->q_norm, NULL, d->dq, a->q_pre, param(m, p, lo->q_norm),
+        ops_residual_rmsnorm_bwd(o, d->dq_pre, grad_at(g, lo->q_norm), NULL, d->dq, a->q_pre, param(m, p, lo->q_norm),
                                  a->q_rstd, N * Hq, D);
-        ops_residual_rmsnorm_bwd(o, d->dk_pre, g + lo->k_norm, NULL, d->dk, a->k_pre, param(m, p, lo->k_norm),
+        ops_residual_rmsnorm_bwd(o, d->dk_pre, grad_at(g, lo->k_norm), NULL, d->dk, a->k_pre, param(m, p, lo->k_norm),
                                  a->k_rstd, N * Hkv, D);
         ops_copy_2d(o, d->dqkv, QKV, d->dq_pre, QD, (size_t)N, QD);
         ops_copy_2d(o, elem_at(m, d->dqkv, QD), QKV, d->dk_pre, KVD, (size_t)N, KVD);
@@ -269,6 +279,8 @@ void layer_backward(Model *m, const void *p, float *g, const LayerActs *a, const
     } else {
         ops_qkv_rope_bwd(o, d->dqkv, d->dq, d->dk, d->dv, positions, m->inv_freq, N, Hq, Hkv, D);
     }
-    ops_matmul_bwd(o, d->dh, g + lo->wq, grad_at(g, lo->bq), d->dqkv, a->h1, param(m, p, lo->wq), N, C, (int)QKV, 0);
-    ops_residual_rmsnorm_bwd(o, dres, g + lo->ln1, dres, d->dh, x_in, param(m, p, lo->ln1), a->rstd1, N, C);
+    ops_matmul_bwd(o, d->dh, grad_at(g, lo->wq), grad_at(g, lo->bq), d->dqkv, a->h1, param(m, p, lo->wq), N, C,
+                   (int)QKV, 0);
+    lora_backward(m, LORA_GROUP_QKV, d->dqkv, a->h1, d->dh, N);
+    ops_residual_rmsnorm_bwd(o, dres, grad_at(g, lo->ln1), dres, d->dh, x_in, param(m, p, lo->ln1), a->rstd1, N, C);
 }

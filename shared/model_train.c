@@ -151,6 +151,10 @@ int train_acts_create(TrainActs **out, const Model *m, int max_tokens, int max_s
     a->dlogprobs = track(a, o, N * 4);
     a->dentropy = track(a, o, N * 4);
     if (ops_status(o)) goto oom;
+    if (m->lora && model_lora_reserve(m->lora, max_tokens, err, err_len) != 0) {
+        train_acts_free(a, m);
+        return -1;
+    }
     *out = a;
     return 0;
 oom:
@@ -244,6 +248,9 @@ static int ops_failed(const Model *m, const char *what, char *err, size_t err_le
 #define GRAD_DONE(src, u) do { if ((src)->grad_done) (src)->grad_done((src)->user, (u)); } while (0)
 #define PREFETCH(src, u) do { if ((src)->prefetch) (src)->prefetch((src)->user, (u)); } while (0)
 
+// Unit u's fp32 gradient buffer, NULL for a frozen base (a source without gradients).
+static float *base_grad(UnitSource *src, int u) { return src->grad ? src->grad(src->user, u) : NULL; }
+
 static AttnArgs train_attn(const TrainActs *a) {
     return (AttnArgs){.paged = 0, .cu_seqlens = a->cu_seqlens, .n_seqs = a->n_seqs};
 }
@@ -275,6 +282,7 @@ static void recompute_kept(Model *m, const void *p, LayerActs *s, const void *x_
     ops_rmsnorm_fwd(o, s->h1, s->rstd1, x_in, elem_at(m, p, lo->ln1), N, C, cfg->rms_norm_eps);
     ops_rmsnorm_fwd(o, s->h2, s->rstd2, s->xmid, elem_at(m, p, lo->ln2), N, C, cfg->rms_norm_eps);
     ops_matmul_fwd(o, s->gu, s->h2, elem_at(m, p, lo->wgu), NULL, N, C, 2 * I);
+    lora_forward(m, LORA_GROUP_GU, s->h2, s->gu, N);
     ops_swiglu_fwd(o, s->act, s->gu, N, I);
 }
 
@@ -317,6 +325,7 @@ int model_forward(Model *m, TrainActs *a, UnitSource *src, const Batch *b, float
         ACQUIRE(src, layout_layer_unit(l), p, "layer forward");
         PREFETCH(src, l + 1 < L ? layout_layer_unit(l + 1) : layout_final_unit(&m->layout));
         LayerActs *slot = layer_slot(a, l);
+        if (m->lora) m->lora->layer = l;
         layer_forward_fused(m, p, slot, a->residual[l], pending, a->residual[l + 1], a->positions, N, &att);
         pending = slot->xmid;
         RELEASE(src, layout_layer_unit(l));
@@ -369,8 +378,9 @@ int model_backward_entropy(Model *m, TrainActs *a, UnitSource *src, const float 
         snprintf(err, err_len, "model_backward with an entropy term needs a model_forward that computed entropy");
         return -1;
     }
-    if (!src->grad) {
-        snprintf(err, err_len, "model_backward needs a unit source with gradient buffers");
+    // A source without gradients is a frozen base: only LoRA adapters train then.
+    if (!src->grad && !m->lora) {
+        snprintf(err, err_len, "model_backward needs a unit source with gradient buffers (or LoRA adapters to train)");
         return -1;
     }
     ops_copy_to_device(o, a->dlogprobs, dlogprobs, (size_t)N * 4);
@@ -379,11 +389,11 @@ int model_backward_entropy(Model *m, TrainActs *a, UnitSource *src, const float 
     const int tied = m->layout.lm_head == SIZE_MAX;
     const void *pf, *p0 = NULL;
     ACQUIRE(src, uf, pf, "final norm backward");
-    float *gf = src->grad(src->user, uf), *g0 = tied ? src->grad(src->user, 0) : NULL;
+    float *gf = base_grad(src, uf), *g0 = tied ? base_grad(src, 0) : NULL;
     if (tied) ACQUIRE(src, 0, p0, "tied lm_head backward");
     if (L > 0) PREFETCH(src, layout_layer_unit(L - 1));
     const void *w_lm = lm_head_weight(m, pf, p0);
-    float *dw_lm = tied ? g0 + m->layout.embed : gf + m->layout.lm_head;
+    float *dw_lm = tied ? (g0 ? g0 + m->layout.embed : NULL) : (gf ? gf + m->layout.lm_head : NULL);
     void *dxf = a->grads.dh; // (N, C): free until the first layer's backward
     if (a->keep_logits) {
         // The forward's logits become their gradient in place, then one GEMM each for dx and dW.
@@ -401,7 +411,7 @@ int model_backward_entropy(Model *m, TrainActs *a, UnitSource *src, const float 
         ops_matmul_bwd(o, elem_at(m, dxf, (size_t)r0 * C), dw_lm, NULL, a->dlogits_chunk, xf_c, w_lm, rows, C, V, 0);
     }
     // dres = d residual[L] (dres_in NULL: nothing flows into the stream from above the final norm).
-    ops_residual_rmsnorm_bwd(o, a->dres, gf + m->layout.final_norm, NULL, dxf, a->residual[L],
+    ops_residual_rmsnorm_bwd(o, a->dres, gf ? gf + m->layout.final_norm : NULL, NULL, dxf, a->residual[L],
                              elem_at(m, pf, m->layout.final_norm), a->rstd_final, N, C);
     GRAD_DONE(src, uf);
     if (tied) RELEASE(src, 0);
@@ -415,6 +425,7 @@ int model_backward_entropy(Model *m, TrainActs *a, UnitSource *src, const float 
         ACQUIRE(src, u, p, "layer backward");
         if (l > 0) PREFETCH(src, layout_layer_unit(l - 1));
         LayerActs *slot = layer_slot(a, l);
+        if (m->lora) m->lora->layer = l;
         // Recompute from the stored complete input, all but the attention (its output and lse were kept);
         // residual[l + 1] is complete already and stays untouched.
         if (a->checkpoint && a->kept_qkv) {
@@ -424,13 +435,13 @@ int model_backward_entropy(Model *m, TrainActs *a, UnitSource *src, const float 
             kept.reuse_att = 1;
             layer_forward_fused(m, p, slot, a->residual[l], NULL, NULL, a->positions, N, &kept);
         }
-        layer_backward(m, p, src->grad(src->user, u), slot, &a->grads, a->dres, a->residual[l], a->positions, N, &att);
+        layer_backward(m, p, base_grad(src, u), slot, &a->grads, a->dres, a->residual[l], a->positions, N, &att);
         GRAD_DONE(src, u);
         RELEASE(src, u);
         if (ops_failed(m, "layer backward", err, err_len)) return -1;
     }
-    if (!tied) g0 = src->grad(src->user, 0);
-    ops_embedding_bwd(o, g0 + m->layout.embed, a->dres, a->tokens, N, C);
+    if (!tied) g0 = base_grad(src, 0);
+    if (g0) ops_embedding_bwd(o, g0 + m->layout.embed, a->dres, a->tokens, N, C);
     GRAD_DONE(src, 0);
     ops_synchronize(o);
     return ops_failed(m, "embedding backward", err, err_len);

@@ -41,6 +41,16 @@ static int copy_file(const char *from, const char *to, char *err, size_t err_len
     return rc;
 }
 
+int checkpoint_copy_tokenizer(const char *base_model_dir, const char *dir, char *err, size_t err_len) {
+    for (size_t i = 0; i < sizeof TOKENIZER_FILES / sizeof *TOKENIZER_FILES; i++) {
+        char from[PATH_MAX + 64], to[PATH_MAX + 128];
+        snprintf(from, sizeof from, "%s/%s", base_model_dir, TOKENIZER_FILES[i]);
+        snprintf(to, sizeof to, "%s/%s", dir, TOKENIZER_FILES[i]);
+        if (copy_file(from, to, err, err_len) != 0) return -1;
+    }
+    return 0;
+}
+
 static int write_json(const char *path, json_t *j, char *err, size_t err_len) {
     char tmp[PATH_MAX + 64];
     snprintf(tmp, sizeof tmp, "%s.tmp", path);
@@ -432,12 +442,7 @@ int checkpoint_save(Zero3 *z, Model *m, Comm *c, const CheckpointOptions *o, con
     free(scratch);
     if (rc == 0 && rank == 0) {
         rc = model_save_host(m, units, s.tmp_dir, o->save_bf16, o->max_shard_bytes, err, err_len);
-        for (size_t i = 0; rc == 0 && i < sizeof TOKENIZER_FILES / sizeof *TOKENIZER_FILES; i++) {
-            char from[PATH_MAX + 64], to[PATH_MAX + 128];
-            snprintf(from, sizeof from, "%s/%s", o->base_model_dir, TOKENIZER_FILES[i]);
-            snprintf(to, sizeof to, "%s/%s", s.tmp_dir, TOKENIZER_FILES[i]);
-            rc = copy_file(from, to, err, err_len);
-        }
+        if (rc == 0) rc = checkpoint_copy_tokenizer(o->base_model_dir, s.tmp_dir, err, err_len);
         if (rc == 0) phase(o, CHECKPOINT_PHASE_MODEL_WRITTEN, step);
     }
     for (int u = 0; u < U; u++) free(units[u]);
@@ -474,6 +479,35 @@ int checkpoint_save(Zero3 *z, Model *m, Comm *c, const CheckpointOptions *o, con
     return 0;
 }
 
+int checkpoint_save_adapter(Comm *c, const CheckpointOptions *o, const TrainProgress *p, const Model *m,
+                            int (*write)(const char *dir, void *arg, char *err, size_t err_len), void *arg,
+                            char *saved_dir, char *err, size_t err_len) {
+    const long long step = (long long)p->step;
+    StepDirs s;
+    step_dirs(o->output_dir, step, &s);
+    int rc = 0;
+    if (comm_rank(c) == 0) {
+        rc = recover_leftovers(o->output_dir, err, err_len);
+        if (rc == 0) rc = make_dirs(s.tmp_dir, err, err_len);
+        if (rc == 0) phase(o, CHECKPOINT_PHASE_TMP_CREATED, step);
+        if (rc == 0) rc = write(s.tmp_dir, arg, err, err_len);
+        if (rc == 0) rc = checkpoint_copy_tokenizer(o->base_model_dir, s.tmp_dir, err, err_len);
+        if (rc == 0) phase(o, CHECKPOINT_PHASE_MODEL_WRITTEN, step);
+        if (rc == 0) {
+            CheckpointState cs = {.progress = *p, .world_size = comm_world_size(c), .layout_hash = m->layout.hash};
+            snprintf(cs.zero_slicing, sizeof cs.zero_slicing, "lora");
+            json_t *state = checkpoint_state_to_json(&cs);
+            if (state) json_object_set_new(state, "peft_adapter", json_true());
+            rc = state ? publish(o, &s, state, step, err, err_len) : -1;
+            if (!state) snprintf(err, err_len, "out of memory writing %s/trainer_state.json", s.tmp_dir);
+            json_decref(state);
+        }
+    }
+    if (share_outcome(c, rc, "write the adapter checkpoint", err, err_len) != 0) return -1;
+    if (saved_dir) snprintf(saved_dir, PATH_MAX, "%s", s.final_dir);
+    return 0;
+}
+
 // Rank 0: the highest checkpoint-N under output_dir that is complete (a checkpoint-N without trainer_state.json
 // is skipped, saying so). 0 with the folder in out, or -1 when there is none.
 static int latest_checkpoint(const char *output_dir, char *out, size_t out_len) {
@@ -504,24 +538,25 @@ int checkpoint_find_latest(const char *output_dir, char *path, size_t path_len, 
     return latest_checkpoint(output_dir, path, path_len) == 0;
 }
 
-int checkpoint_load(Zero3 *z, Model *m, Comm *c, const CheckpointOptions *o, const char *dir, TrainProgress *p,
-                    char *loaded_dir, char *err, size_t err_len) {
-    const int rank = comm_rank(c), world = comm_world_size(c);
-    // Rank 0 settles what a stopped run left (trainer/checkpoint.h) and picks the folder; every rank then reads
-    // the one it picked (on a shared file system another node's listing could lag behind).
-    char path[PATH_MAX] = "";
+// Rank 0 settles what a stopped run left (trainer/checkpoint.h) and picks the folder (dir, or "latest"); every rank
+// then reads the one it picked (on a shared file system another node's listing could lag behind): path (PATH_MAX)
+// and its trainer_state.json, which must be an adapter checkpoint's (peft_adapter true) or a full one's as `adapter`
+// says. All ranks call together.
+static int resolve_checkpoint(Comm *c, const CheckpointOptions *o, const char *dir, int adapter, char *path,
+                              CheckpointState *cs, char *err, size_t err_len) {
     int rc = 0;
-    if (rank == 0) {
+    path[0] = '\0';
+    if (comm_rank(c) == 0) {
         rc = recover_leftovers(o->output_dir, err, err_len);
-        if (rc == 0 && strcmp(dir, "latest") == 0 && latest_checkpoint(o->output_dir, path, sizeof path) != 0) {
+        if (rc == 0 && strcmp(dir, "latest") == 0 && latest_checkpoint(o->output_dir, path, PATH_MAX) != 0) {
             snprintf(err, err_len, "--resume latest: no complete checkpoint-N folder in %s", o->output_dir);
             rc = -1;
         } else if (rc == 0 && strcmp(dir, "latest") != 0) {
-            snprintf(path, sizeof path, "%s", dir);
+            snprintf(path, PATH_MAX, "%s", dir);
         }
     }
     if (share_outcome(c, rc, "find the checkpoint to resume from", err, err_len) != 0) return -1;
-    if (comm_broadcast(c, path, sizeof path, COMM_U8, 0) != 0) {
+    if (comm_broadcast(c, path, PATH_MAX, COMM_U8, 0) != 0) {
         snprintf(err, err_len, "resume: %s", comm_error(c));
         return -1;
     }
@@ -533,10 +568,52 @@ int checkpoint_load(Zero3 *z, Model *m, Comm *c, const CheckpointOptions *o, con
         snprintf(err, err_len, "cannot read %s: %s", state_path, je.text);
         return -1;
     }
-    CheckpointState cs;
-    rc = checkpoint_state_from_json(j, state_path, &cs, err, err_len);
+    const int is_adapter = json_is_true(json_object_get(j, "peft_adapter"));
+    if (is_adapter != adapter) {
+        json_decref(j);
+        if (is_adapter)
+            snprintf(err, err_len, "%s is a LoRA adapter checkpoint (use_peft): it holds the adapters only; resume it "
+                     "with --use-peft and the same LoRA options, or load it with PEFT", path);
+        else
+            snprintf(err, err_len, "%s is a full-model checkpoint: a use_peft run resumes LoRA adapter checkpoints "
+                     "only; drop --use-peft to resume it", path);
+        return -1;
+    }
+    rc = checkpoint_state_from_json(j, state_path, cs, err, err_len);
     json_decref(j);
-    if (rc != 0) return -1;
+    return rc;
+}
+
+int checkpoint_load_adapter(Comm *c, const CheckpointOptions *o, const char *dir, const Model *m,
+                            int (*read)(const char *dir, void *arg, char *err, size_t err_len), void *arg,
+                            TrainProgress *p, char *loaded_dir, char *err, size_t err_len) {
+    char path[PATH_MAX];
+    CheckpointState cs;
+    if (resolve_checkpoint(c, o, dir, 1, path, &cs, err, err_len) != 0) return -1;
+    // The adapters are replicated, but each rank's data position counts its own shard's records.
+    if (cs.world_size != comm_world_size(c)) {
+        snprintf(err, err_len, "%s was written by %d ranks, this run has %d: resume a LoRA run with WORLD_SIZE=%d", path,
+                 cs.world_size, comm_world_size(c), cs.world_size);
+        return -1;
+    }
+    if (cs.layout_hash != m->layout.hash) {
+        snprintf(err, err_len, "%s has layout hash %016llx, this model's is %016llx: resume with the same --model", path,
+                 (unsigned long long)cs.layout_hash, (unsigned long long)m->layout.hash);
+        return -1;
+    }
+    if (read(path, arg, err, err_len) != 0) return -1;
+    *p = cs.progress;
+    if (loaded_dir) snprintf(loaded_dir, PATH_MAX, "%s", path);
+    return 0;
+}
+
+int checkpoint_load(Zero3 *z, Model *m, Comm *c, const CheckpointOptions *o, const char *dir, TrainProgress *p,
+                    char *loaded_dir, char *err, size_t err_len) {
+    const int rank = comm_rank(c), world = comm_world_size(c);
+    char path[PATH_MAX];
+    CheckpointState cs;
+    if (resolve_checkpoint(c, o, dir, 0, path, &cs, err, err_len) != 0) return -1;
+    int rc = 0;
     char slicing[32];
     zero3_slicing(z, slicing, sizeof slicing);
     const int reslice = cs.world_size != world;

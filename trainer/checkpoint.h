@@ -71,6 +71,8 @@ typedef struct {
     void *phase_arg;
 } CheckpointOptions;
 
+// Copies the base model's tokenizer files (those that exist) into dir.
+int checkpoint_copy_tokenizer(const char *base_model_dir, const char *dir, char *err, size_t err_len);
 // All ranks call together. *saved_dir (optional, PATH_MAX) receives the final folder.
 int checkpoint_save(Zero3 *z, Model *m, Comm *c, const CheckpointOptions *o, const TrainProgress *p, char *saved_dir,
                     char *err, size_t err_len);
@@ -79,6 +81,20 @@ int checkpoint_save(Zero3 *z, Model *m, Comm *c, const CheckpointOptions *o, con
 // none (no folder yet, or nothing complete in it), -1 when output_dir cannot be read (err says why). Rank 0 only.
 int checkpoint_find_latest(const char *output_dir, char *path, size_t path_len, char *err, size_t err_len);
 
+// LoRA (use_peft) checkpoints: OUTPUT_DIR/checkpoint-STEP/ with what `write` puts into the folder it is given (the
+// PEFT adapter folder: adapter_config.json, adapter_model.safetensors; and the adapters' optimizer state), the base
+// model's tokenizer files and trainer_state.json (as above, zero_slicing "lora", plus "peft_adapter": true); no base
+// weights. Rank 0 writes (the adapters are the same on every rank), with the durability and save_total_limit
+// rotation of checkpoint_save. All ranks call together.
+int checkpoint_save_adapter(Comm *c, const CheckpointOptions *o, const TrainProgress *p, const Model *m,
+                            int (*write)(const char *dir, void *arg, char *err, size_t err_len), void *arg,
+                            char *saved_dir, char *err, size_t err_len);
+// Its resume, all ranks together: dir as checkpoint_load's (a folder, or "latest"); refuses a full-model checkpoint
+// (and checkpoint_load refuses an adapter one), another number of ranks and another model layout; then every rank
+// calls `read` on the folder and gets the progress.
+int checkpoint_load_adapter(Comm *c, const CheckpointOptions *o, const char *dir, const Model *m,
+                            int (*read)(const char *dir, void *arg, char *err, size_t err_len), void *arg,
+                            TrainProgress *p, char *loaded_dir, char *err, size_t err_len);
 // All ranks call together: restores master weights, Adam moments and progress from dir (a checkpoint-STEP
 // folder, or "latest" = the highest complete checkpoint-STEP under o->output_dir, after rank 0 has settled what a
 // stopped run left there, as checkpoint_save does). Refuses another model layout, naming both values. Another

@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "shared/model_lora.h"
+
 void grpo_micro_buffers_free(GrpoMicroBuffers *w) {
     free(w->idx), free(w->logps), free(w->entropies), free(w->old), free(w->ref), free(w->sampling), free(w->grad);
     free(w->grad_entropy), free(w->is_ratio), free(w->advantages), free(w->mask), free(w->truncated), free(w->tokens);
@@ -72,6 +74,12 @@ static int forward_completions(Trainer *t, UnitSource *src, const GrpoRound *r, 
         w->cu[b + 1] = n;
     }
     Batch batch = {.n_seqs = B, .n_tokens = N, .tokens = w->tokens, .targets = w->targets, .cu_seqlens = w->cu};
+    struct ModelLora *lora = t->model.lora;
+    if (lora) {
+        // LoRA dropout in the micro-step's forward only (with_entropies), masks of this step and micro-batch.
+        lora->no_dropout = !with_entropies;
+        lora->dropout_seed = lora_dropout_seed((uint64_t)t->cfg->seed, t->progress.step, idx[0], t->rank);
+    }
     if (model_forward(&t->model, t->acts, src, &batch, (float)(1.0 / t->cfg->temperature), w->packed_logps,
                       w->packed_entropies, NULL, err, err_len) != 0)
         return -1;
@@ -166,7 +174,7 @@ int grpo_micro_step(Trainer *t, UnitSource *policy, const GrpoRound *r, GrpoMicr
     for (int b = 0; b < B; b++) {
         int i = w->idx[b];
         const float *old_i = need_old ? r->old_logps + r->off[i] : NULL;
-        const float *ref_i = t->ref ? r->ref_logps + r->off[i] : NULL;
+        const float *ref_i = trainer_has_ref(t) ? r->ref_logps + r->off[i] : NULL;
         w->advantages[b] = r->advantages[i];
         w->truncated[b] = r->truncated[i];
         for (int k = 0; k < T; k++) {
@@ -201,7 +209,7 @@ int grpo_micro_step(Trainer *t, UnitSource *policy, const GrpoRound *r, GrpoMicr
     GrpoLossMetrics lm;
     GrpoLossInput in = {.has_entropy_threshold = has_thr, .entropy_threshold = thr, .batch = B, .max_len = T,
                         .logps = w->logps, .old_logps = off_policy ? old : NULL,
-                        .ref_logps = t->ref ? w->ref : NULL, .sampling_logps = w->sampling,
+                        .ref_logps = trainer_has_ref(t) ? w->ref : NULL, .sampling_logps = w->sampling,
                         .entropies = w->entropies, .mask = w->mask, .advantages = w->advantages, .is_ratio = isr,
                         .num_items_in_batch = active, .num_processes = t->world, .gradient_accumulation_steps = GA,
                         .steps_per_generation = S, .training = 1, .entropy_coef = grpo_entropy_apply_coef(ec, o)};

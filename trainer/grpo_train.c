@@ -11,6 +11,7 @@
 #include "trainer/grpo_loss.h"
 #include "trainer/grpo_micro.h"
 #include "trainer/grpo_round.h"
+#include "trainer/lora_train.h"
 #include "trainer/trainer.h"
 
 // The old and reference logprobs of a round, chunk by chunk (micro-batches of completions, in order): while the
@@ -33,7 +34,14 @@ static int logps_chunk(LogpsChunks *x, GrpoRound *r, int k, int micro, char *err
     double t0 = trainer_now();
     if (x->need_old && grpo_score_chunk(x->t, x->policy, r, x->w, r->old_logps, s, B, err, err_len) != 0) return -1;
     double t1 = trainer_now();
-    if (x->t->ref && grpo_score_chunk(x->t, x->ref, r, x->w, r->ref_logps, s, B, err, err_len) != 0) return -1;
+    if (trainer_has_ref(x->t)) {
+        // With LoRA the reference is the frozen base itself, run with the adapters detached.
+        struct ModelLora *adapters = x->t->model.lora;
+        x->t->model.lora = x->t->lora_ref ? NULL : adapters;
+        const int rc = grpo_score_chunk(x->t, x->ref, r, x->w, r->ref_logps, s, B, err, err_len);
+        x->t->model.lora = adapters;
+        if (rc != 0) return -1;
+    }
     x->old_seconds += t1 - t0;
     x->ref_seconds += trainer_now() - t1;
     return 0;
@@ -309,7 +317,7 @@ static int run_round(Trainer *t, RoundRing *q, GrpoMicroBuffers *w, UnitSource *
     // (every completion max_completion_length tokens): chunks are scored while the round comes in, before its
     // length is known.
     const int need_old = c->num_iterations > 1 || S > GA || o->vllm_importance_sampling_correction;
-    if (grpo_round_reserve_logps(r, need_old, t->ref != NULL, (size_t)r->n * o->max_completion_length, err,
+    if (grpo_round_reserve_logps(r, need_old, trainer_has_ref(t), (size_t)r->n * o->max_completion_length, err,
                                  err_len) != 0)
         goto out;
     const int off_policy = c->num_iterations > 1 || S > GA;
@@ -320,7 +328,7 @@ static int run_round(Trainer *t, RoundRing *q, GrpoMicroBuffers *w, UnitSource *
                       .t_train = &t_train};
     LogpsChunks *chunks = &rs.logps;
     GrpoStreamWork work = {.chunk = micro, .run = round_stream_chunk, .ctx = &rs};
-    if (grpo_round_collect(t, r, (need_old || t->ref || rs.early) ? &work : NULL, err, err_len) != 0) goto out;
+    if (grpo_round_collect(t, r, (need_old || trainer_has_ref(t) || rs.early) ? &work : NULL, err, err_len) != 0) goto out;
     const StepPhase parts[4] = {PHASE_REWARDS, PHASE_OLD_LOGPS, PHASE_REF_LOGPS, PHASE_FWD_BWD};
     const double part_seconds[4] = {r->stream_seconds, chunks->old_seconds, chunks->ref_seconds, rs.fwd_bwd_seconds};
     step_clock_charge_parts(clock, PHASE_WAIT, parts, part_seconds, 4);
@@ -338,7 +346,7 @@ static int run_round(Trainer *t, RoundRing *q, GrpoMicroBuffers *w, UnitSource *
     }
     step_clock_charge(clock, PHASE_REWARDS);
     // The chunks no rank streamed.
-    if (need_old || t->ref) {
+    if (need_old || trainer_has_ref(t)) {
         chunks->old_seconds = chunks->ref_seconds = 0;
         for (int k = r->chunks_done; k * micro < r->n; k++)
             if (logps_chunk(chunks, r, k, micro, err, err_len) != 0) goto out;
@@ -411,7 +419,8 @@ out:
 
 int trainer_run_grpo(Trainer *t, char *err, size_t err_len) {
     TrainConfig *c = t->cfg;
-    UnitSource policy = zero3_source(t->policy), ref = t->ref ? zero3_source(t->ref) : (UnitSource){0};
+    UnitSource policy = trainer_policy_source(t);
+    UnitSource ref = t->ref ? zero3_source(t->ref) : t->lora_ref ? lora_train_source(t->lora) : (UnitSource){0};
     GrpoEntropyControl ec;
     grpo_entropy_control_init(&ec, &c->grpo);
     StepClock clock = {0};

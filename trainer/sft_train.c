@@ -6,12 +6,13 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "shared/model_lora.h"
 #include "trainer/trainer.h"
 
 int trainer_run_sft(Trainer *t, char *err, size_t err_len) {
     TrainConfig *c = t->cfg;
     const int B = c->per_device_train_batch_size, GA = c->gradient_accumulation_steps;
-    UnitSource policy = zero3_source(t->policy);
+    UnitSource policy = trainer_policy_source(t);
     DataRow *rows = calloc((size_t)B * GA, sizeof *rows);
     if (!rows) {
         snprintf(err, err_len, "out of memory for a batch");
@@ -54,6 +55,8 @@ int trainer_run_sft(Trainer *t, char *err, size_t err_len) {
                 cu[b + 1] = n;
             }
             Batch batch = {.n_seqs = B, .n_tokens = N, .tokens = tok, .targets = tgt, .cu_seqlens = cu};
+            if (t->model.lora)  // this micro-batch's adapter dropout masks (resumed runs draw the same)
+                t->model.lora->dropout_seed = lora_dropout_seed((uint64_t)c->seed, t->progress.step, g, t->rank);
             if (model_forward(&t->model, t->acts, &policy, &batch, 1.0f, lp, NULL, NULL, err, err_len) != 0 ||
                 model_backward(&t->model, t->acts, &policy, dlp, err, err_len) != 0)
                 rc = -1;

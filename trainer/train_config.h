@@ -99,6 +99,11 @@ typedef struct {
     char *control_client_key;       // this trainer's CURVE key pair file (NULL: plain ZeroMQ)
     int weight_sync_steps;          // push weights every k optimizer steps
     WeightSyncTransport weight_sync_transport;
+    // ---- LoRA (TRL ModelConfig / PEFT LoraConfig names; trainer/lora_train.h) ----
+    int use_peft, lora_r, use_rslora, lora_save_merged;
+    double lora_alpha, lora_dropout;
+    char *lora_target_modules;      // comma-separated PEFT module names, or all-linear
+    char *lora_init;                // default | gaussian (PEFT's init_lora_weights)
     // ---- derived by train_config_finalize (not options) ----
     int world_size;
     int resolved_steps_per_generation;   // steps_per_generation, or gradient_accumulation_steps when 0
@@ -137,6 +142,10 @@ int train_config_set(TrainConfig *cfg, const char *key, const char *value, char 
 // generates whole groups, so per_device_train_batch_size * steps_per_generation must be a multiple of
 // num_generations. Returns 0 or a negative code with a message naming the key.
 int train_config_finalize(TrainConfig *cfg, int world_size, char *err, size_t err_len);
+
+// The adapters' configuration these options give (use_peft). 0, or -1 with a message naming the key.
+struct LoraConfig;
+int train_config_lora(const TrainConfig *cfg, struct LoraConfig *out, char *err, size_t err_len);
 
 // Total optimizer steps: max_steps when > 0, else ceil(num_train_epochs * steps_per_epoch).
 long train_config_total_steps(const TrainConfig *cfg, long steps_per_epoch);

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "shared/model_lora.h"
 #include "shared/tokenizer/chat_template.h"
 #include "trainer/http_client.h"
 #include "trainer/reward_service.h"
@@ -225,12 +226,38 @@ static int resolve_batches(TrainConfig *c, int ws, char *err, size_t err_len) {
     return 0;
 }
 
+int train_config_lora(const TrainConfig *c, LoraConfig *out, char *err, size_t err_len) {
+    char msg[384];
+    memset(out, 0, sizeof *out);
+    out->r = c->lora_r;
+    out->alpha = (float)c->lora_alpha;
+    out->dropout = (float)c->lora_dropout;
+    out->use_rslora = c->use_rslora;
+    if (lora_parse_targets(c->lora_target_modules, &out->targets, msg, sizeof msg) != 0 ||
+        lora_parse_init(c->lora_init ? c->lora_init : "", &out->init, msg, sizeof msg) != 0 ||
+        lora_config_check(out, msg, sizeof msg) != 0)
+        FAIL("%s", msg);
+    return 0;
+}
+
+// use_peft: the adapters' options, and what LoRA training does not do in this version.
+static int check_lora(const TrainConfig *c, char *err, size_t err_len) {
+    if (!c->use_peft && c->lora_save_merged) FAIL("lora_save_merged: needs use_peft (there are no adapters to merge)");
+    if (!c->use_peft) return 0;
+    LoraConfig lc;
+    if (train_config_lora(c, &lc, err, err_len) != 0) return -1;
+    if (c->sharding_strategy != SHARDING_FULL_SHARD || c->zero_hpz_partition_size > 1)
+        FAIL("use_peft: the base is replicated and frozen and the adapters are replicated: sharding_strategy "
+             "hybrid_shard and zero_hpz_partition_size do not apply; leave them at their defaults");
+    return 0;
+}
+
 int train_config_finalize(TrainConfig *c, int world_size, char *err, size_t err_len) {
     if (world_size < 1) FAIL("world size %d: must be >= 1 (WORLD_SIZE)", world_size);
     c->world_size = world_size;
     if (check_model_and_data(c, err, err_len) || check_generation(c, err, err_len) ||
         check_optimisation(c, err, err_len) || check_logging_and_dist(c, err, err_len) ||
-        check_rewards(c, err, err_len))
+        check_rewards(c, err, err_len) || check_lora(c, err, err_len))
         return -1;
     if (c->mode == TRAIN_MODE_GRPO) {
         if (grpo_options_validate(&c->grpo, err, err_len) != 0) return -1;

@@ -44,6 +44,7 @@ static const char *is_mode_name(int v) { return grpo_choice(grpo_rollout_is_mode
 #define G_OPT "Optimisation and schedule"
 #define G_LOG "Logging and checkpoints"
 #define G_DIST "Distribution, rollout servers, weight sync"
+#define G_LORA "LoRA adapters (PEFT)"
 
 #define OPT(k, t, field, g, h) {k, t, F(field), 0, NULL, 0, NULL, g, h}
 #define ENUM(k, field, fn, fl, g, h) {k, OPT_ENUM, F(field), 0, fn, fl, NULL, g, h}
@@ -208,6 +209,21 @@ const OptionSpec train_options[] = {
     OPT("weight_sync_steps", OPT_INT, weight_sync_steps, G_DIST, "push weights to the servers every k steps"),
     ENUM("weight_sync_transport", weight_sync_transport, sync_name, 0, G_DIST,
          "nccl (GPUs), zmq (frames over the control socket); auto = nccl on cuda"),
+
+    OPT("use_peft", OPT_BOOL, use_peft, G_LORA, "train LoRA adapters on a frozen base (sft, grpo); checkpoints are "
+        "PEFT adapter folders"),
+    OPT("lora_r", OPT_INT, lora_r, G_LORA, "adapter rank"),
+    OPT("lora_alpha", OPT_F64, lora_alpha, G_LORA, "adapter scale numerator: scale = lora_alpha / lora_r"),
+    OPT("lora_dropout", OPT_F64, lora_dropout, G_LORA, "dropout on each adapter's input, in [0, 1); masks seeded by "
+        "seed, step, micro-batch and rank"),
+    OPT("lora_target_modules", OPT_CSV, lora_target_modules, G_LORA, "projections given adapters: q_proj, k_proj, "
+        "v_proj, o_proj, gate_proj, up_proj, down_proj, or all-linear"),
+    OPT("use_rslora", OPT_BOOL, use_rslora, G_LORA, "rank-stabilised scale lora_alpha / sqrt(lora_r)"),
+    OPT("lora_init", OPT_STR, lora_init, G_LORA, "adapter init: default (A kaiming-uniform, B zero) or gaussian "
+        "(A normal(0, 1/r), B zero), as PEFT's init_lora_weights"),
+    OPT("lora_save_merged", OPT_BOOL, lora_save_merged, G_LORA, "checkpoints also hold the base with the adapters "
+        "merged in (PEFT's merge_and_unload) as a Hugging Face folder, checkpoint-N/merged, for transformers and "
+        "tandem-serve"),
 };
 const size_t train_options_count = sizeof train_options / sizeof train_options[0];
 
@@ -238,6 +254,8 @@ void train_config_default(TrainConfig *c) {
     c->zero_stage = 3, c->device = TRAIN_DEVICE_AUTO, c->zero_hpz_partition_size = 1;
     c->init_timeout = 300.0, c->comm_timeout = 600.0, c->rollout_timeout = 600.0;
     c->weight_sync_steps = 1, c->weight_sync_transport = WEIGHT_SYNC_AUTO;
+    c->lora_r = 16, c->lora_alpha = 32, c->lora_dropout = 0.05;
+    c->lora_target_modules = strdup("q_proj,v_proj"), c->lora_init = strdup("default");
 }
 
 void train_config_free(TrainConfig *c) {

@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "trainer/lora_train.h"
 #include "trainer/lr_schedule.h"
 #include "trainer/make_dirs.h"
 #include "shared/err.h"
@@ -38,11 +39,34 @@ static void log0(const Trainer *t, const char *fmt, ...) {
     va_end(ap);
 }
 
+// use_peft: the base loaded whole on every rank and frozen, the adapters initialised from the seed (every rank the
+// same), and their optimizer (trainer/lora_train.h) in place of the ZeRO engine.
+static int open_lora(Trainer *t, const ModelConfig *mc, char *err, size_t err_len) {
+    TrainConfig *cfg = t->cfg;
+    LoraConfig lc;
+    if (train_config_lora(cfg, &lc, err, err_len) != 0) return -1;
+    if (lora_train_create(&t->lora, &t->model, t->dcomm, &lc, cfg->model, (uint64_t)cfg->seed, err, err_len) != 0)
+        return -1;
+    t->lora_ref = cfg->mode == TRAIN_MODE_GRPO && cfg->grpo.beta != 0;
+    LoraTrainMemory mem;
+    lora_train_memory(t->lora, &mem);
+    char targets[128];
+    lora_targets_text(lc.targets, targets, sizeof targets);
+    log0(t, "model %s: %s, %zu parameters frozen (%.1f MB resident on each rank); LoRA r %d, alpha %g%s on %s: %zu "
+         "trainable parameters (%.2f%%), %.1f MB adapters + %.1f MB fp32 gradients, master and Adam, replicated over "
+         "%d rank(s)", cfg->model, mc->arch_name, t->model.layout.n_params, mem.base_bytes / 1e6, lc.r,
+         (double)lc.alpha, lc.use_rslora ? " (rsLoRA)" : "", targets, mem.n_adapter_params,
+         100.0 * (double)mem.n_adapter_params / (double)t->model.layout.n_params, mem.adapter_bytes / 1e6,
+         mem.state_bytes / 1e6, t->world);
+    return 0;
+}
+
 static int open_model(Trainer *t, char *err, size_t err_len) {
     TrainConfig *cfg = t->cfg;
     ModelConfig mc;
     if (config_load(&mc, cfg->model, err, err_len) != 0) return -1;
     if (model_init(&t->model, &mc, t->ops, err, err_len) != 0) return -1;
+    if (cfg->use_peft) return open_lora(t, &mc, err, err_len);
     const int hybrid = cfg->sharding_strategy == SHARDING_HYBRID_SHARD, hpz = cfg->zero_hpz_partition_size > 1;
     if ((hybrid || hpz) && comm_split_nodes(t->dcomm, &t->node_comm, &t->replica_comm, err, err_len) != 0) return -1;
     if (hpz && comm_world_size(t->node_comm) != cfg->zero_hpz_partition_size)
@@ -161,6 +185,11 @@ static int open_step_log(Trainer *t, const char *name, FILE **f, char *err, size
     if (!(*f = fopen(path, t->cfg->resume ? "a" : "w")))
         return err_fail(err, err_len, "cannot write %s: %s", path, strerror(errno));
     return 0;
+}
+
+// checkpoint_load_adapter's reader (every rank): the adapters and their optimizer state.
+static int load_adapter(const char *dir, void *arg, char *err, size_t err_len) {
+    return lora_train_load(((Trainer *)arg)->lora, dir, err, err_len);
 }
 
 int trainer_open(Trainer *t, TrainConfig *cfg, char *err, size_t err_len) {
@@ -287,7 +316,10 @@ int trainer_open(Trainer *t, TrainConfig *cfg, char *err, size_t err_len) {
         char loaded[PATH_MAX];
         CheckpointOptions co = {.output_dir = cfg->output_dir, .base_model_dir = cfg->model,
                                 .data_order_per_rank = cfg->shuffle_dataset};
-        if (checkpoint_load(t->policy, &t->model, t->comm, &co, cfg->resume, &t->progress, loaded, err, err_len) != 0)
+        if (t->lora ? checkpoint_load_adapter(t->comm, &co, cfg->resume, &t->model, load_adapter, t, &t->progress,
+                                              loaded, err, err_len)
+                    : checkpoint_load(t->policy, &t->model, t->comm, &co, cfg->resume, &t->progress, loaded, err,
+                                      err_len))
             return -1;
         if (data_seek(t->data, (uint64_t)t->progress.epoch, (size_t)t->progress.data_position, err, err_len) != 0)
             return -1;
@@ -326,6 +358,7 @@ void trainer_close(Trainer *t) {
     tokenizer_free(t->tok);
     zero3_destroy(t->ref);
     zero3_destroy(t->policy);
+    lora_train_destroy(t->lora);
     if (t->model.ops) model_free(&t->model);
     weight_sync_close(&t->sync);
     comm_destroy(t->node_comm);
@@ -346,6 +379,8 @@ int trainer_ensure_acts(Trainer *t, int n_tokens, int n_seqs, char *err, size_t 
     const int flags = (t->cfg->gradient_checkpointing ? TRAIN_ACTS_CHECKPOINT : 0) |
                       (t->cfg->keep_logits ? TRAIN_ACTS_KEEP_LOGITS : 0);
     if (train_acts_create(&t->acts, &t->model, tokens, seqs, flags, err, err_len) != 0) return -1;
+    // The reference's forward runs with the adapters detached (GRPO with LoRA): they may not have grown with it.
+    if (t->lora && lora_train_reserve(t->lora, tokens, err, err_len) != 0) return -1;
     t->acts_tokens = tokens;
     t->acts_seqs = seqs;
     if (t->rank == 0)
@@ -367,7 +402,9 @@ int trainer_optimizer_step(Trainer *t, float *grad_norm, double *lr, char *err, 
     AdamWParams p = {.lr = (float)*lr, .beta1 = (float)c->adam_beta1, .beta2 = (float)c->adam_beta2,
                      .eps = (float)c->adam_epsilon, .weight_decay = (float)c->weight_decay,
                      .max_grad_norm = (float)c->max_grad_norm};
-    if (zero3_step(t->policy, &p, p.lr, (int)step, grad_norm, err, err_len) != 0) return -1;
+    if (t->lora ? lora_train_step(t->lora, &p, p.lr, (int)step, grad_norm, err, err_len)
+                : zero3_step(t->policy, &p, p.lr, (int)step, grad_norm, err, err_len))
+        return -1;
     t->progress.step = step;
     return 0;
 }
@@ -379,13 +416,31 @@ int trainer_save(Trainer *t, char *err, size_t err_len) {
     return trainer_save_at(t, epoch, pos, err, err_len);
 }
 
+UnitSource trainer_policy_source(Trainer *t) {
+    return t->lora ? lora_train_source(t->lora) : zero3_source(t->policy);
+}
+
+// checkpoint_save_adapter's writer (rank 0): the adapters as a PEFT folder, and with lora_save_merged the merged
+// model in dir/merged.
+static int save_adapter(const char *dir, void *arg, char *err, size_t err_len) {
+    Trainer *t = arg;
+    if (lora_train_save(t->lora, dir, t->cfg->model, err, err_len) != 0) return -1;
+    if (!t->cfg->lora_save_merged) return 0;
+    char merged[PATH_MAX + 16];
+    snprintf(merged, sizeof merged, "%s/merged", dir);
+    if (lora_train_save_merged(t->lora, merged, err, err_len) != 0) return -1;
+    return checkpoint_copy_tokenizer(t->cfg->model, merged, err, err_len);
+}
+
 int trainer_save_at(Trainer *t, uint64_t epoch, size_t pos, char *err, size_t err_len) {
     t->progress.epoch = (int64_t)epoch;
     t->progress.data_position = (int64_t)pos;
     CheckpointOptions co = {.output_dir = t->cfg->output_dir, .base_model_dir = t->cfg->model,
                             .keep_last = t->cfg->save_total_limit};
     char saved[PATH_MAX];
-    if (checkpoint_save(t->policy, &t->model, t->comm, &co, &t->progress, saved, err, err_len) != 0) return -1;
+    if (t->lora ? checkpoint_save_adapter(t->comm, &co, &t->progress, &t->model, save_adapter, t, saved, err, err_len)
+                : checkpoint_save(t->policy, &t->model, t->comm, &co, &t->progress, saved, err, err_len))
+        return -1;
     log0(t, "saved %s", saved);
     return 0;
 }

@@ -37,8 +37,10 @@ typedef struct Trainer {
     WeightSync sync;            // the weight push to the rollout servers
     OpsCtx *ops;
     Model model;
-    Zero3 *policy;
-    Zero3 *ref;                 // frozen reference (beta > 0), else NULL
+    Zero3 *policy;              // NULL when training LoRA adapters (use_peft)
+    struct LoraTrain *lora;     // use_peft: the frozen base and the adapters' optimizer (trainer/lora_train.h)
+    Zero3 *ref;                 // frozen reference (beta > 0, full fine-tuning), else NULL
+    int lora_ref;               // use_peft with beta > 0: the reference is the frozen base with the adapters off
     Tokenizer *tok;
     ChatTemplate *chat;         // NULL when the tokenizer has no recognised template
     DataReader *data;
@@ -65,6 +67,11 @@ int trainer_run_sft(Trainer *t, char *err, size_t err_len);
 double trainer_now(void);
 // Grows t->acts to hold n_tokens tokens in n_seqs sequences.
 int trainer_ensure_acts(Trainer *t, int n_tokens, int n_seqs, char *err, size_t err_len);
+// The policy's parameters as the model reads them: the ZeRO engine's units, or with use_peft the frozen base
+// (the adapters ride along on t->model.lora).
+UnitSource trainer_policy_source(Trainer *t);
+// Whether GRPO has a reference model (beta > 0): its own ZeRO engine, or with use_peft the base without adapters.
+static inline int trainer_has_ref(const Trainer *t) { return t->ref != NULL || t->lora_ref; }
 // Optimizer step with this step's learning rate; fills *grad_norm and *lr.
 int trainer_optimizer_step(Trainer *t, float *grad_norm, double *lr, char *err, size_t err_len);
 // Saves a checkpoint of the current step (all ranks); a resumed run reads the data from where the reader is now,

@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "trainer/lora_train.h"
 #include "trainer/server_liveness.h"
 #include "trainer/trainer.h"
 
@@ -42,11 +43,12 @@ static void member_name(void *arg, int member, char *out, size_t len) {
         snprintf(out, len, "trainer rank %d", member);
 }
 
-// The elements of unit u that this rank owns and the unit really has (its slice may run into the padding).
+// The elements of unit u that this rank owns and the unit really has (its slice may run into the padding). With
+// LoRA (t->lora) every rank holds the whole merged model and sends the slice ZeRO would have given it.
 static size_t owned_count(const Trainer *t, int u, size_t *off) {
     const Layout *L = &t->model.layout;
-    size_t n = zero3_shard_count(t->policy, u);
-    *off = zero3_shard_offset(t->policy, u);
+    size_t n = t->lora ? layout_padded_unit_numel(L, u, t->world) / (size_t)t->world : zero3_shard_count(t->policy, u);
+    *off = t->lora ? (size_t)t->rank * n : zero3_shard_offset(t->policy, u);
     if (*off >= L->unit_numel[u]) return 0;
     return L->unit_numel[u] - *off < n ? L->unit_numel[u] - *off : n;
 }
@@ -135,7 +137,8 @@ static int send_nccl(Trainer *t, const NcclPlan *plan, char *err, size_t err_len
         while (u1 < L->n_units && (u1 == u0 || bucket < WEIGHT_SYNC_BUCKET_BYTES)) {
             size_t off, count = owned_count(t, u1, &off);
             for (int j = 0; j < S && count > 0; j++)
-                if (comm_send(c, zero3_param_shard(t->policy, u1), count, COMM_BF16, W + j) != 0) {
+                if (comm_send(c, t->lora ? (const char *)lora_train_merged_unit(t->lora, u1) + off * es
+                                         : zero3_param_shard(t->policy, u1), count, COMM_BF16, W + j) != 0) {
                     comm_group_end(c);
                     goto fail;
                 }
@@ -188,7 +191,11 @@ static int send_zmq(Trainer *t, int64_t version, char *err, size_t err_len) {
                 return -1;
             }
         }
-        ops_copy_to_host(t->ops, host, zero3_master_shard(t->policy, u), count * sizeof(float));
+        if (t->lora)
+            ops_download_f32(t->ops, host,
+                             (const char *)lora_train_merged_unit(t->lora, u) + off * ops_dtype_size(t->ops), count);
+        else
+            ops_copy_to_host(t->ops, host, zero3_master_shard(t->policy, u), count * sizeof(float));
         rc = rollout_weights_send_slice(t->rollout, version, u, (int64_t)off, host, (int64_t)count, 0, err, err_len);
         t->sync.bytes += (double)count * 4 * n_servers;
     }
@@ -322,6 +329,8 @@ int weight_sync_push(Trainer *t, double *seconds, char *err, size_t err_len) {
     int64_t version = t->progress.step;
     double t0 = trainer_now();
     WeightSync *ws = &t->sync;
+    // LoRA: the servers hold whole weights; they get the base with this step's adapters merged in.
+    if (t->lora && lora_train_refresh_merged(t->lora, err, err_len) != 0) return -1;
     if (ws->use_nccl) {
         int rc;
         for (int attempt = 1;; attempt++) {

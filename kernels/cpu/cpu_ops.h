@@ -67,5 +67,15 @@ int cpu_sample_rows(int32_t *tokens, float *logprobs, const float *logits, const
 
 void cpu_add_inplace(float *y, const float *x, size_t n);
 void cpu_add_f32(float *y, const float *x, size_t n);
+void cpu_scale_inplace(float *x, float s, size_t n);
+void cpu_dropout(float *out, const float *in, size_t n, float p, uint64_t seed);
+// ops_dropout's keep threshold and its test: 1 when element i of the mask of `seed` is kept.
+static inline int cpu_dropout_keep(uint64_t seed, size_t i, uint32_t threshold) {
+    uint64_t z = seed + (uint64_t)(i + 1) * 0x9E3779B97F4A7C15ULL;
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+    z ^= z >> 31;
+    return (uint32_t)(z >> 40) >= threshold;
+}
 
 #endif

@@ -1,5 +1,6 @@
 // kernels/cuda/cuda_elementwise.cu — residual add y (n) += x (n) on bf16 storage, summed in fp32 and
-// rounded once (the CPU twin adds in fp32).
+// rounded once (the CPU twin adds in fp32); x (n) *= s on bf16 storage, multiplied in fp32 and rounded once;
+// seeded dropout (ops_dropout: the mask is a function of the seed and the element index, as on the CPU).
 #include "kernels/cuda/cuda_common.cuh"
 
 // 8 bf16 per 16-byte vector when both pointers are 16-byte aligned; n8 vectors, then the tail.
@@ -51,5 +52,37 @@ void cuda_add_f32(OpsCtx *ctx, float *y, const float *x, size_t n) {
     CudaState *st = cuda_enter(ctx);
     if (!st || n == 0) return;
     add_f32_kernel<<<cuda_grid_1d(n, 256, st), 256, 0, st->stream>>>(y, x, n);
+    CUDA_CHECK_LAUNCH(ctx);
+}
+
+// The LoRA scale on the adapter's (N, r) intermediate: multiplied in fp32, rounded once.
+__global__ void scale_inplace_kernel(bf16 *x, float s, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x)
+        x[i] = f2bf(bf2f(x[i]) * s);
+}
+
+void cuda_scale_inplace(OpsCtx *ctx, void *x, float s, size_t n) {
+    CudaState *st = cuda_enter(ctx);
+    if (!st || n == 0) return;
+    scale_inplace_kernel<<<cuda_grid_1d(n, 256, st), 256, 0, st->stream>>>((bf16 *)x, s, n);
+    CUDA_CHECK_LAUNCH(ctx);
+}
+
+__global__ void dropout_kernel(bf16 *out, const bf16 *in, size_t n, uint32_t threshold, float scale, uint64_t seed) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        uint64_t z = seed + (uint64_t)(i + 1) * 0x9E3779B97F4A7C15ULL;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+        z ^= z >> 31;
+        out[i] = (uint32_t)(z >> 40) >= threshold ? f2bf(bf2f(in[i]) * scale) : f2bf(0.0f);
+    }
+}
+
+void cuda_dropout(OpsCtx *ctx, void *out, const void *in, size_t n, float p, uint64_t seed) {
+    CudaState *st = cuda_enter(ctx);
+    if (!st || n == 0) return;
+    const uint32_t threshold = (uint32_t)llrint((double)p * 16777216.0);
+    dropout_kernel<<<cuda_grid_1d(n, 256, st), 256, 0, st->stream>>>((bf16 *)out, (const bf16 *)in, n, threshold,
+                                                                      1.0f / (1.0f - p), seed);
     CUDA_CHECK_LAUNCH(ctx);
 }

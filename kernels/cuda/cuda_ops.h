@@ -38,6 +38,8 @@ int cuda_copy_peer(OpsCtx *dst_ctx, void *dst, OpsCtx *src_ctx, const void *src,
 
 void cuda_add_inplace(OpsCtx *ctx, void *y, const void *x, size_t n);
 void cuda_add_f32(OpsCtx *ctx, float *y, const float *x, size_t n);
+void cuda_scale_inplace(OpsCtx *ctx, void *x, float s, size_t n);
+void cuda_dropout(OpsCtx *ctx, void *out, const void *in, size_t n, float p, uint64_t seed);
 void cuda_embedding_fwd(OpsCtx *ctx, void *out, const int32_t *tokens, const void *table, int N, int C, int V);
 void cuda_embedding_shard_fwd(OpsCtx *ctx, void *out, const int32_t *tokens, const void *table, int N, int C, int begin,
                               int rows, int V);

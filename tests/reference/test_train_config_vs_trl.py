@@ -8,7 +8,7 @@ import json
 import subprocess
 
 import pytest
-from trl import GRPOConfig
+from trl import GRPOConfig, ModelConfig
 
 from conftest import tool
 
@@ -25,7 +25,13 @@ TANDEM_ONLY = {"model", "train_file", "mode", "overwrite_output_dir", "chat_temp
                "rollout_servers", "rollout_timeout", "weight_sync_steps", "weight_sync_transport", "warmup_ratio",
                "keep_logits", "control_server_key", "control_client_key",
                "max_staleness",   # TRL's AsyncGRPOConfig has it, GRPOConfig does not
-               "sharding_strategy", "zero_hpz_partition_size"}   # FSDP's and DeepSpeed ZeRO++'s names
+               "sharding_strategy", "zero_hpz_partition_size",   # FSDP's and DeepSpeed ZeRO++'s names
+               "lora_init",   # PEFT's init_lora_weights, which TRL's ModelConfig does not expose
+               "lora_save_merged"}
+# LoRA options: TRL's ModelConfig fields (trl sft/grpo scripts take them beside the trainer config), its defaults
+# but for this spelling: the modules PEFT picks for tandem's architectures when target_modules is None.
+MODEL_CONFIG = {"use_peft", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "use_rslora"}
+MODEL_CONFIG_SPELLING = {"lora_target_modules": (None, "q_proj,v_proj")}
 # Same meaning, different spelling of "unset" or a value that only names TRL's implementation.
 DEFAULT_SPELLING = {
     "min_p": (None, 0.0),             # off
@@ -61,7 +67,12 @@ def test_keys_are_trl_names_with_trl_defaults(tmp_path):
     ours = tandem_config()
     trl = trl_config(tmp_path)
     fields = {f.name for f in dataclasses.fields(GRPOConfig)}
+    model_cfg = ModelConfig()
     for key, value in ours.items():
+        if key in MODEL_CONFIG:
+            want = getattr(model_cfg, key)
+            assert (want, value) == MODEL_CONFIG_SPELLING.get(key, (want, want)), key
+            continue
         if key in TANDEM_ONLY:
             assert key not in fields, f"{key} is a GRPOConfig field: drop it from TANDEM_ONLY"
             continue

@@ -178,6 +178,18 @@ static void test_add(void) {
     check("add_f32", "y", yf, 1e-6);
     buf_free(yf);
     buf_free(xf);
+    // Scaling storage elements (the LoRA scale): one bf16 rounding on the GPU.
+    Buf xs = buf_rand(n, -4, 4);
+    ops_scale_inplace(cpu, xs.c, 2.8284271f, n);
+    ops_scale_inplace(gpu, xs.g, 2.8284271f, n);
+    expect_ok("scale_inplace");
+    check("scale_inplace", "x", xs, 1e-2);
+    // Seeded dropout: the same mask on both (a mask off by one element is an error of the element's size).
+    ops_dropout(cpu, xs.c, xs.c, n, 0.25f, 0xC0FFEEULL);
+    ops_dropout(gpu, xs.g, xs.g, n, 0.25f, 0xC0FFEEULL);
+    expect_ok("dropout");
+    check("dropout", "x", xs, 1e-2);
+    buf_free(xs);
 }
 
 static void test_embedding(void) {

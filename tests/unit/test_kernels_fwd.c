@@ -57,6 +57,35 @@ static void test_vmax(void) {
     CHECK(isnan(cpu_vmax(nan_row, 4)), "a NaN in the row must make the max NaN");
 }
 
+// Seeded dropout: every element is in / (1 - p) or 0 as keep() says, the same mask for the same seed (in place or
+// not), another mask for another seed, about p dropped, and p = 0 the identity.
+static void test_dropout(void) {
+    const size_t n = 100003;
+    const float p = 0.1f;
+    float *x = kt_falloc(n), *y = kt_falloc(n), *z = kt_falloc(n);
+    kt_fill(x, n, 2.0);
+    for (size_t i = 0; i < n; i++) x[i] += x[i] == 0.0f ? 1.0f : 0.0f;  // no zero inputs: a zero output is a drop
+    cpu_dropout(y, x, n, p, 1234);
+    size_t dropped = 0, wrong = 0, differ = 0;
+    for (size_t i = 0; i < n; i++) {
+        const int keep = cpu_dropout_keep(1234, i, (uint32_t)(0.1 * 16777216.0 + 0.5));
+        dropped += !keep;
+        wrong += y[i] != (keep ? x[i] * (1.0f / (1.0f - p)) : 0.0f);
+    }
+    CHECK(wrong == 0, "dropout: %zu elements differ from keep() * x / (1 - p)", wrong);
+    CHECK(fabs((double)dropped / n - p) < 0.005, "dropout: dropped %.4f, want about %.2f", (double)dropped / n, p);
+    memcpy(z, x, n * sizeof(float));
+    cpu_dropout(z, z, n, p, 1234);
+    CHECK(memcmp(y, z, n * sizeof(float)) == 0, "dropout in place differs");
+    memcpy(z, x, n * sizeof(float));
+    cpu_dropout(z, z, n, p, 1235);
+    for (size_t i = 0; i < n; i++) differ += (y[i] == 0.0f) != (z[i] == 0.0f);
+    CHECK(differ > n / 10, "dropout: seeds 1234 and 1235 gave nearly the same mask (%zu differ)", differ);
+    cpu_dropout(z, x, n, 0.0f, 99);
+    CHECK(memcmp(x, z, n * sizeof(float)) == 0, "dropout with p = 0 must copy");
+    free(x), free(y), free(z);
+}
+
 static void test_add_inplace(void) {
     const size_t n = 1031;
     float *y = kt_falloc(n), *x = kt_falloc(n);
@@ -69,6 +98,9 @@ static void test_add_inplace(void) {
     for (size_t i = 0; i < n; i++) want[i] = (double)y[i] + x[i];
     cpu_add_f32(y, x, n);
     check_close("add_f32", y, want, n, 1e-7, 0.0);
+    for (size_t i = 0; i < n; i++) want[i] = (double)y[i] * 1.75;
+    cpu_scale_inplace(y, 1.75f, n);
+    check_close("scale_inplace", y, want, n, 1e-7, 0.0);
     free(y), free(x), free(want);
 }
 
@@ -392,6 +424,7 @@ int main(void) {
     test_vexp();
     test_vmax();
     test_add_inplace();
+    test_dropout();
     test_embedding();
     test_rmsnorm();
     test_residual_rmsnorm();

@@ -236,9 +236,11 @@ static void test_completion_fields(void) {
     CHECK(so.sp.structured_regex && !strcmp(so.sp.structured_regex, "a\\.|b"), "choice regex '%s'",
           so.sp.structured_regex ? so.sp.structured_regex : "(null)");
     http_gen_options_free(&so);
-    REFUSED(HTTP_API_COMPLETIONS, "{\"structured_outputs\": {\"json\": {}}}", "structured_outputs", "not supported");
+    REFUSED(HTTP_API_COMPLETIONS, "{\"structured_outputs\": {\"json\": {}}}", "structured_outputs", "needs 'type'");
+    REFUSED(HTTP_API_COMPLETIONS, "{\"structured_outputs\": {\"grammar\": \"a\"}}", "structured_outputs",
+            "not supported");
     REFUSED(HTTP_API_COMPLETIONS, "{\"structured_outputs\": {\"regex\": \"a\", \"choice\": [\"b\"]}}",
-            "structured_outputs", "one of regex and choice");
+            "structured_outputs", "one of regex, choice and json");
     REFUSED(HTTP_API_COMPLETIONS, "{\"guided_regex\": \"a\", \"guided_choice\": [\"b\"]}", "guided_choice",
             "cannot be given");
     REFUSED(HTTP_API_COMPLETIONS, "{\"guided_choice\": [\"a\", 3]}", "guided_choice", "non-empty string");

@@ -1,0 +1,353 @@
+// trainer/lora_train.c — the frozen base and the LoRA adapters' optimizer (trainer/lora_train.h).
+#include "trainer/lora_train.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "shared/safetensors.h"
+
+#define OPTIMIZER_FILE "trainer_state/adapter_optimizer.safetensors"
+
+struct LoraTrain {
+    Model *m;                // not owned; m->lora points at `lora` while the state lives
+    Comm *c;                 // not owned
+    OpsCtx *ops;
+    ResidentWeights base;    // the frozen base: params only
+    ModelLora *lora;         // adapter units and their fp32 gradients
+    float **master, **adam_m, **adam_v; // (n_layers) fp32 backend memory, unit_numel each
+    float *sumsq;            // one fp32 in backend memory
+    void **merged;           // (n_layers) merged layer units, storage dtype (lora_train_refresh_merged), or NULL
+    void *delta, *at;        // its scratch: s B A (largest out x in) and (s A)^T (largest in x r), storage dtype
+};
+
+static int fail_ops(LoraTrain *lt, const char *what, char *err, size_t err_len) {
+    snprintf(err, err_len, "%s: %s", what, ops_error(lt->ops));
+    return -1;
+}
+
+int lora_train_create(LoraTrain **out, Model *m, Comm *c, const LoraConfig *lc, const char *model_dir, uint64_t seed,
+                      char *err, size_t err_len) {
+    *out = NULL;
+    LoraTrain *lt = calloc(1, sizeof *lt);
+    if (!lt) {
+        snprintf(err, err_len, "out of memory for the LoRA state");
+        return -1;
+    }
+    lt->m = m;
+    lt->c = c;
+    lt->ops = m->ops;
+    if (resident_alloc(&lt->base, m, 0, err, err_len) != 0 ||
+        model_load_weights(m, &lt->base, model_dir, err, err_len) != 0 ||
+        model_lora_create(&lt->lora, m, lc, 1, err, err_len) != 0)
+        goto fail;
+    const int L = lt->lora->n_layers;
+    const size_t n = lt->lora->unit_numel;
+    lt->master = calloc((size_t)L, sizeof(float *));
+    lt->adam_m = calloc((size_t)L, sizeof(float *));
+    lt->adam_v = calloc((size_t)L, sizeof(float *));
+    float *host = malloc(n * sizeof(float));
+    if (!lt->master || !lt->adam_m || !lt->adam_v || !host) {
+        free(host);
+        snprintf(err, err_len, "out of memory for the LoRA optimizer state");
+        goto fail;
+    }
+    // The fp32 master is the init itself; the adapter units (storage dtype) are its rounding.
+    for (int l = 0; l < L; l++) {
+        lt->master[l] = ops_malloc(lt->ops, n * sizeof(float));
+        lt->adam_m[l] = ops_malloc(lt->ops, n * sizeof(float));
+        lt->adam_v[l] = ops_malloc(lt->ops, n * sizeof(float));
+        if (!lt->master[l] || !lt->adam_m[l] || !lt->adam_v[l]) break;
+        model_lora_init_unit(lt->lora, seed, l, host);
+        ops_copy_to_device(lt->ops, lt->master[l], host, n * sizeof(float));
+        ops_upload_f32(lt->ops, lt->lora->params[l], host, n);
+    }
+    ops_synchronize(lt->ops);
+    free(host);
+    lt->sumsq = ops_malloc(lt->ops, sizeof(float));
+    if (ops_status(lt->ops) || !lt->sumsq) {
+        fail_ops(lt, "LoRA optimizer state", err, err_len);
+        goto fail;
+    }
+    model_lora_zero_grads(lt->lora);
+    m->lora = lt->lora;
+    *out = lt;
+    return 0;
+fail:
+    lora_train_destroy(lt);
+    return -1;
+}
+
+void lora_train_destroy(LoraTrain *lt) {
+    if (!lt) return;
+    if (lt->m && lt->m->lora == lt->lora) lt->m->lora = NULL;
+    for (int l = 0; lt->lora && l < lt->lora->n_layers; l++) {
+        if (lt->master) ops_free(lt->ops, lt->master[l]);
+        if (lt->adam_m) ops_free(lt->ops, lt->adam_m[l]);
+        if (lt->adam_v) ops_free(lt->ops, lt->adam_v[l]);
+    }
+    free(lt->master);
+    free(lt->adam_m);
+    free(lt->adam_v);
+    if (lt->sumsq) ops_free(lt->ops, lt->sumsq);
+    for (int l = 0; lt->merged && l < lt->lora->n_layers; l++) ops_free(lt->ops, lt->merged[l]);
+    free(lt->merged);
+    if (lt->delta) ops_free(lt->ops, lt->delta);
+    if (lt->at) ops_free(lt->ops, lt->at);
+    model_lora_free(lt->lora);
+    if (lt->base.params) resident_free(&lt->base, lt->m);
+    free(lt);
+}
+
+UnitSource lora_train_source(LoraTrain *lt) {
+    UnitSource s = resident_source(&lt->base);
+    s.grad = NULL;  // frozen: the model skips the base's weight gradients
+    return s;
+}
+
+int lora_train_reserve(LoraTrain *lt, int max_tokens, char *err, size_t err_len) {
+    return model_lora_reserve(lt->lora, max_tokens, err, err_len);
+}
+
+void lora_train_memory(const LoraTrain *lt, LoraTrainMemory *mem) {
+    const ModelLora *l = lt->lora;
+    const size_t es = ops_dtype_size(lt->ops), units = (size_t)l->n_layers * l->unit_numel;
+    mem->base_bytes = lt->m->layout.total_numel * es;
+    mem->adapter_bytes = units * es;
+    mem->state_bytes = units * 4 * sizeof(float);
+    mem->n_adapter_params = 0;
+    for (int i = 0; i < l->n_tensors; i++) mem->n_adapter_params += l->tensors[i].numel;
+}
+
+int lora_train_step(LoraTrain *lt, const AdamWParams *p, float lr, int step, float *grad_norm, char *err,
+                    size_t err_len) {
+    ModelLora *l = lt->lora;
+    OpsCtx *o = lt->ops;
+    const size_t n = l->unit_numel;
+    // Data parallelism: each rank's gradient is its share of the global loss's (the loss is normalised over every
+    // rank's tokens), so the sum over the ranks is the global gradient.
+    if (comm_world_size(lt->c) > 1) {
+        comm_wait_compute(lt->c);
+        for (int layer = 0; layer < l->n_layers; layer++)
+            if (comm_all_reduce(lt->c, l->grads[layer], n, COMM_F32, COMM_SUM) != 0) {
+                snprintf(err, err_len, "all-reduce of layer %d's adapter gradients failed: %s", layer,
+                         comm_error(lt->c));
+                return -1;
+            }
+        comm_compute_wait(lt->c);
+    }
+    ops_memset_zero(o, lt->sumsq, sizeof(float));
+    for (int layer = 0; layer < l->n_layers; layer++) ops_sum_squares(o, lt->sumsq, l->grads[layer], n);
+    float sumsq = 0;
+    ops_copy_to_host(o, &sumsq, lt->sumsq, sizeof sumsq);
+    const float norm = sqrtf(sumsq);
+    if (grad_norm) *grad_norm = norm;
+    // torch.nn.utils.clip_grad_norm_: coefficient max_norm / (norm + 1e-6), clamped to 1.
+    float scale = 1.0f;
+    if (p->max_grad_norm > 0) {
+        const float coef = p->max_grad_norm / (norm + 1e-6f);
+        scale = coef < 1.0f ? coef : 1.0f;
+    }
+    // The padding between tensors has zero gradients and zero masters: AdamW leaves it zero.
+    for (int layer = 0; layer < l->n_layers; layer++)
+        ops_adamw_step(o, lt->master[layer], lt->adam_m[layer], lt->adam_v[layer], l->grads[layer], l->params[layer],
+                       n, lr, p->beta1, p->beta2, p->eps, p->weight_decay, step, scale);
+    model_lora_zero_grads(l);
+    ops_synchronize(o);
+    if (ops_status(o)) {
+        snprintf(err, err_len, "LoRA optimizer step %d: %s", step, ops_error(o));
+        return -1;
+    }
+    return 0;
+}
+
+// Host copies of the adapters' fp32 state: which 0 = master, 1 = adam_m, 2 = adam_v; host[l] per layer.
+static float **state_to_host(LoraTrain *lt, int which) {
+    ModelLora *l = lt->lora;
+    float **src = which == 0 ? lt->master : which == 1 ? lt->adam_m : lt->adam_v;
+    float **host = calloc((size_t)l->n_layers, sizeof *host);
+    for (int layer = 0; host && layer < l->n_layers; layer++) {
+        if (!(host[layer] = malloc(l->unit_numel * sizeof(float)))) {
+            for (int k = 0; k < layer; k++) free(host[k]);
+            free(host);
+            return NULL;
+        }
+        ops_copy_to_host(lt->ops, host[layer], src[layer], l->unit_numel * sizeof(float));
+    }
+    return host;
+}
+
+static void free_host(float **host, int n) {
+    for (int layer = 0; host && layer < n; layer++) free(host[layer]);
+    free(host);
+}
+
+int lora_train_save(LoraTrain *lt, const char *dir, const char *base_model, char *err, size_t err_len) {
+    ModelLora *l = lt->lora;
+    const int L = l->n_layers;
+    float **host[3] = {state_to_host(lt, 0), state_to_host(lt, 1), state_to_host(lt, 2)};
+    int rc = host[0] && host[1] && host[2] ? 0 : -1;
+    if (rc != 0) snprintf(err, err_len, "out of host memory for the adapter checkpoint");
+    if (rc == 0) rc = model_lora_save(l, host[0], dir, base_model, err, err_len);
+    StWriter *w = NULL;
+    char (*names)[32] = rc == 0 ? calloc((size_t)L * 3, sizeof *names) : NULL;
+    if (rc == 0 && (!names || st_writer_create(&w, err, err_len) != 0)) {
+        if (!names) snprintf(err, err_len, "out of memory for the adapter optimizer state");
+        rc = -1;
+    }
+    static const char *const kinds[3] = {"master", "adam_m", "adam_v"};
+    const int64_t shape[1] = {(int64_t)l->unit_numel};
+    for (int layer = 0; rc == 0 && layer < L; layer++)
+        for (int k = 0; rc == 0 && k < 3; k++) {
+            snprintf(names[layer * 3 + k], sizeof names[0], "%s.%d", kinds[k], layer);
+            rc = st_writer_add(w, names[layer * 3 + k], ST_F32, 1, shape, host[k][layer], ST_F32, err, err_len);
+        }
+    char state_dir[4096], from[4200], to[4200];
+    snprintf(state_dir, sizeof state_dir, "%s/trainer_state", dir);
+    if (rc == 0) rc = st_writer_write(w, state_dir, 0, err, err_len);
+    snprintf(from, sizeof from, "%s/model.safetensors", state_dir);
+    snprintf(to, sizeof to, "%s/%s", dir, OPTIMIZER_FILE);
+    if (rc == 0 && rename(from, to) != 0) {
+        snprintf(err, err_len, "cannot move %s to %s", from, to);
+        rc = -1;
+    }
+    st_writer_free(w);
+    free(names);
+    for (int k = 0; k < 3; k++) free_host(host[k], L);
+    return rc;
+}
+
+int lora_train_load(LoraTrain *lt, const char *dir, char *err, size_t err_len) {
+    ModelLora *l = lt->lora;
+    LoraConfig saved;
+    if (lora_config_read(dir, &saved, err, err_len) != 0) return -1;
+    const LoraConfig *now = &l->cfg;
+    if (saved.r != now->r || saved.alpha != now->alpha || saved.use_rslora != now->use_rslora ||
+        saved.targets != now->targets) {
+        char a[128], b[128];
+        lora_targets_text(saved.targets, a, sizeof a);
+        lora_targets_text(now->targets, b, sizeof b);
+        snprintf(err, err_len, "%s holds adapters of r %d, lora_alpha %g, use_rslora %d on %s; this run asks for r %d, "
+                 "lora_alpha %g, use_rslora %d on %s: resume with the checkpoint's LoRA options", dir, saved.r,
+                 (double)saved.alpha, saved.use_rslora, a, now->r, (double)now->alpha, now->use_rslora, b);
+        return -1;
+    }
+    char path[4200];
+    snprintf(path, sizeof path, "%s/%s", dir, OPTIMIZER_FILE);
+    SafetensorsSet *set;
+    if (st_open(&set, path, err, err_len) != 0) return -1;
+    float *host = malloc(l->unit_numel * sizeof(float));
+    int rc = host ? 0 : -1;
+    if (!host) snprintf(err, err_len, "out of host memory restoring the adapters");
+    static const char *const kinds[3] = {"master", "adam_m", "adam_v"};
+    float **dst[3] = {lt->master, lt->adam_m, lt->adam_v};
+    const int64_t shape[1] = {(int64_t)l->unit_numel};
+    for (int layer = 0; rc == 0 && layer < l->n_layers; layer++)
+        for (int k = 0; rc == 0 && k < 3; k++) {
+            char name[32];
+            snprintf(name, sizeof name, "%s.%d", kinds[k], layer);
+            const StTensor *t = st_find(set, name);
+            if (!t) {
+                snprintf(err, err_len, "%s: tensor %s is missing", path, name);
+                rc = -1;
+                break;
+            }
+            rc = st_check_shape(t, 1, shape, err, err_len) || st_read_f32(t, host, l->unit_numel, err, err_len);
+            if (rc != 0) break;
+            ops_copy_to_device(lt->ops, dst[k][layer], host, l->unit_numel * sizeof(float));
+            if (k == 0) ops_upload_f32(lt->ops, l->params[layer], host, l->unit_numel);
+        }
+    ops_synchronize(lt->ops);
+    free(host);
+    st_close(set);
+    if (rc == 0 && ops_status(lt->ops)) return fail_ops(lt, "restoring the adapters", err, err_len);
+    return rc ? -1 : 0;
+}
+
+int lora_train_save_merged(LoraTrain *lt, const char *dir, char *err, size_t err_len) {
+    const Model *m = lt->m;
+    const ModelLora *l = lt->lora;
+    const int U = m->layout.n_units;
+    OpsCtx *cpu = NULL;
+    float **host = calloc((size_t)U, sizeof *host), *adapter = malloc(l->unit_numel * sizeof(float));
+    int rc = host && adapter ? 0 : -1;
+    if (rc != 0) snprintf(err, err_len, "out of host memory for the merged model");
+    if (rc == 0) rc = ops_create(&cpu, OPS_BACKEND_CPU, 0, err, err_len);
+    for (int u = 0; rc == 0 && u < U; u++) {
+        if (!(host[u] = malloc(m->layout.unit_numel[u] * sizeof(float)))) {
+            snprintf(err, err_len, "out of host memory for the merged model (unit %d)", u);
+            rc = -1;
+            break;
+        }
+        ops_download_f32(lt->ops, host[u], lt->base.params[u], m->layout.unit_numel[u]);
+        const int layer = u - layout_layer_unit(0);
+        if (layer < 0 || layer >= l->n_layers) continue;
+        ops_copy_to_host(lt->ops, adapter, lt->master[layer], l->unit_numel * sizeof(float));
+        rc = model_lora_merge_unit(l, m, cpu, adapter, host[u], err, err_len);
+    }
+    if (rc == 0 && ops_status(lt->ops)) rc = fail_ops(lt, "merging the adapters", err, err_len);
+    if (rc == 0) rc = model_save_host(m, host, dir, ops_dtype_size(lt->ops) == 2, 0, err, err_len);
+    for (int u = 0; host && u < U; u++) free(host[u]);
+    free(host);
+    free(adapter);
+    if (cpu) ops_destroy(cpu);
+    return rc;
+}
+
+int lora_train_refresh_merged(LoraTrain *lt, char *err, size_t err_len) {
+    const Model *m = lt->m;
+    const ModelLora *l = lt->lora;
+    OpsCtx *o = lt->ops;
+    const size_t es = ops_dtype_size(o);
+    const int r = l->cfg.r;
+    size_t most = 0, most_at = 0;
+    for (int i = 0; i < LORA_N_MODULES; i++) {
+        if ((size_t)l->in[i] * l->out[i] > most) most = (size_t)l->in[i] * l->out[i];
+        if ((size_t)l->in[i] * r > most_at) most_at = (size_t)l->in[i] * r;
+    }
+    if (!lt->merged) {
+        lt->merged = calloc((size_t)l->n_layers, sizeof(void *));
+        lt->delta = ops_malloc(o, most * es);
+        lt->at = ops_malloc(o, most_at * es);
+        for (int layer = 0; lt->merged && layer < l->n_layers; layer++)
+            if (!(lt->merged[layer] = ops_malloc(o, m->layout.unit_numel[layout_layer_unit(layer)] * es))) break;
+        if (!lt->merged || ops_status(o)) {
+            snprintf(err, err_len, "out of memory for the merged weights the rollout servers get: %s", ops_error(o));
+            return -1;
+        }
+    }
+    const LayerOffsets *lo = &m->layout.layer;
+    const size_t IC = (size_t)m->cfg.intermediate_size * m->cfg.hidden_size;
+    const size_t w_off[LORA_N_MODULES] = {lo->wq, lo->wk, lo->wv, lo->wo, lo->wgu, lo->wgu + IC, lo->wdown};
+    float *a = malloc(most_at * sizeof(float)), *at = malloc(most_at * sizeof(float));
+    if (!a || !at) {
+        free(a), free(at);
+        snprintf(err, err_len, "out of host memory merging the adapters");
+        return -1;
+    }
+    for (int layer = 0; layer < l->n_layers; layer++) {
+        const int u = layout_layer_unit(layer);
+        ops_copy(o, lt->merged[layer], lt->base.params[u], m->layout.unit_numel[u] * es);
+        for (int i = 0; i < LORA_N_MODULES; i++) {
+            if (l->a_off[i] == SIZE_MAX) continue;
+            const int in = l->in[i], out = l->out[i];
+            // (s A)^T (in, r) from the fp32 master, so that the GEMM's (out, in) = B @ ((s A)^T)^T = s B A.
+            ops_copy_to_host(o, a, lt->master[layer] + l->a_off[i], (size_t)r * in * sizeof(float));
+            for (int k = 0; k < r; k++)
+                for (int c = 0; c < in; c++) at[(size_t)c * r + k] = l->scale * a[(size_t)k * in + c];
+            ops_upload_f32(o, lt->at, at, (size_t)in * r);
+            ops_matmul_fwd(o, lt->delta, (const char *)l->params[layer] + l->b_off[i] * es, lt->at, NULL, out, r, in);
+            ops_add_inplace(o, (char *)lt->merged[layer] + w_off[i] * es, lt->delta, (size_t)out * in);
+        }
+    }
+    ops_synchronize(o);
+    free(a), free(at);
+    return ops_status(o) ? fail_ops(lt, "merging the adapters for the rollout servers", err, err_len) : 0;
+}
+
+const void *lora_train_merged_unit(const LoraTrain *lt, int unit) {
+    const int layer = unit - layout_layer_unit(0);
+    if (lt->merged && layer >= 0 && layer < lt->lora->n_layers) return lt->merged[layer];
+    return lt->base.params[unit];
+}
