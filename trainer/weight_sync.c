@@ -179,7 +179,7 @@ static int send_zmq(Trainer *t, int64_t version, char *err, size_t err_len) {
     const double t0 = trainer_now();
     // HSDP: every node holds the whole model in its ranks' slices; node 0's ranks send it (the replicas hold the same
     // values). hpZ: each rank's master slice is its own part of the model, at its offset, as flat ZeRO's.
-    const int replica = zero3_replicas(t->policy) > 1 ? comm_rank(t->replica_comm) : 0;
+    const int replica = t->policy && zero3_replicas(t->policy) > 1 ? comm_rank(t->replica_comm) : 0;
     for (int u = 0; u < L->n_units && rc == 0 && replica == 0; u++) {
         size_t off, count = owned_count(t, u, &off);
         if (count == 0) continue;
