@@ -36,6 +36,7 @@ void env_step_result_free(EnvStepResult *r) {
     for (size_t i = 0; i < r->n_messages; i++) {
         free(r->messages[i].name);
         free(r->messages[i].content);
+        free(r->messages[i].call_id);
     }
     free(r->messages);
     r->messages = NULL;
@@ -59,15 +60,16 @@ static int builtin_step(Environment *env, const EnvStepRequest *req, size_t n, E
     for (size_t i = 0; i < n; i++) {
         const ToolCallParse *p = req[i].parse;
         size_t k = p ? p->n_calls : 0;
-        out[i].done = k == 0;   // an answer without calls ends the episode
-        if (!k) continue;
+        if (!k) continue;   // never done: an answer without calls ends the episode by itself
         if (!(out[i].messages = calloc(k, sizeof *out[i].messages))) goto oom;
         for (size_t c = 0; c < k; c++) {
             int failed = 0;
             ToolMessage *m = &out[i].messages[out[i].n_messages];
             m->content = toolbox_run(b->tb, &p->calls[c], &failed);
-            if (!m->content || !(m->name = strdup(p->calls[c].name))) {
+            if (!m->content || !(m->name = strdup(p->calls[c].name)) ||
+                (p->calls[c].id && !(m->call_id = strdup(p->calls[c].id)))) {
                 free(m->content);
+                free(m->name);
                 goto oom;
             }
             out[i].n_messages++;

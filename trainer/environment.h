@@ -18,6 +18,7 @@
 typedef struct {
     char *name;      // malloc'd: the tool that answered ("" when unknown)
     char *content;   // malloc'd: the answer, rendered as a tool message
+    char *call_id;   // malloc'd, or NULL: the id of the call it answers (Mistral templates need it)
 } ToolMessage;
 
 typedef struct {

@@ -97,7 +97,7 @@ static void test_builtin_env(void) {
     CHECK(strstr(out[0].messages[3].content, "no entry for key 'e'; known keys: pi, list"), "%s",
           out[0].messages[3].content);
     CHECK(out[0].n_tool_failures == 2 && !out[0].done && isnan(out[0].reward));
-    CHECK(out[1].n_messages == 0 && out[1].done);
+    CHECK(out[1].n_messages == 0 && !out[1].done);
     for (int i = 0; i < 2; i++) env_step_result_free(&out[i]);
     for (int i = 0; i < 4; i++) json_decref(calls[i].arguments);
     env_free(env);
