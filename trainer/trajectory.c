@@ -188,7 +188,8 @@ int trajectories_run(const TrajectoryBuilder *b, Trajectory *t, const char *cons
         if (m == 0) break;
         for (size_t a = 0; a < m; a++) {
             Trajectory *tr = &t[r.active[a]];
-            r.sreq[a] = (TrajectorySampleRequest){.episode = r.active[a], .ids = tr->ids, .n_ids = tr->n_ids,
+            r.sreq[a] = (TrajectorySampleRequest){.episode = r.active[a], .turn = tr->n_assistant_turns + 1,
+                                                  .ids = tr->ids, .n_ids = tr->n_ids,
                                                   .max_new_tokens = b->opt.max_completion_length -
                                                                     trajectory_completion_len(tr)};
         }

@@ -64,6 +64,7 @@ int trajectory_append_environment(Trajectory *t, const int32_t *ids, size_t n);
 // One assistant turn to sample for a trajectory of the batch.
 typedef struct {
     size_t episode;           // index in the batch
+    int turn;                 // the assistant turn to sample, 1 for the first
     const int32_t *ids;       // the whole history: prompt and completion so far
     size_t n_ids;
     size_t max_new_tokens;    // > 0
