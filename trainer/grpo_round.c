@@ -10,6 +10,7 @@
 
 #include "shared/err.h"
 #include "trainer/grpo_loss.h"
+#include "trainer/grpo_multiturn.h"
 
 int grpo_round_init(GrpoRound *r, int n_prompts, int G, int world, char *err, size_t err_len) {
     memset(r, 0, sizeof *r);
@@ -46,6 +47,13 @@ int grpo_round_init(GrpoRound *r, int n_prompts, int G, int world, char *err, si
     return 0;
 }
 
+int grpo_round_policy_tokens(const GrpoRound *r, int i) {
+    if (!r->tool_mask || !r->tool_mask[i]) return r->comp_len[i];
+    int k = 0;
+    for (int j = 0; j < r->comp_len[i]; j++) k += r->tool_mask[i][j] != 0;
+    return k;
+}
+
 void grpo_round_clear(GrpoRound *r) {
     if (r->pending) rollout_generate_cancel(r->client, r->pending);
     r->pending = NULL;
@@ -54,6 +62,8 @@ void grpo_round_clear(GrpoRound *r) {
     for (int i = 0; i < r->n; i++) {
         free(r->texts[i]);
         r->texts[i] = NULL;
+        if (r->traj) trajectory_free(&r->traj[i]);
+        if (r->tool_mask) r->tool_mask[i] = NULL;
     }
     r->reward_seconds = r->stream_seconds = r->overlap_seconds = 0;
 }
@@ -65,6 +75,7 @@ void grpo_round_free(GrpoRound *r) {
     free(r->old_logps), free(r->ref_logps), free(r->samples), free(r->texts), free(r->service_scores);
     free(r->scores), free(r->local), free(r->builtin_scores), free(r->call_samples), free(r->call_scores);
     free(r->progress_arrived), free(r->streamed_adv);
+    free(r->traj), free(r->tool_mask), free(r->answer_off);
     group_progress_free(&r->progress);
     free(r->all), free(r->adv_all), free(r->fmean), free(r->fstd), free(r->weights);
     memset(r, 0, sizeof *r);
@@ -282,8 +293,9 @@ int grpo_round_advantages(Trainer *t, GrpoRound *r, int F, json_t *m, char *err,
     double sums[N_SUMS] = {0};
     for (int i = 0; i < r->n; i++) {
         if (!r->keep[i]) continue;
-        sums[LEN] += r->comp_len[i];
-        sums[CLIPPED] += r->groups[i / G].finish[i % G] == ZMSG_FINISH_LENGTH;
+        // With tools, the policy's own tokens (as TRL counts them) and its trajectory's truncation.
+        sums[LEN] += grpo_round_policy_tokens(r, i);
+        sums[CLIPPED] += r->traj ? r->truncated[i] : r->groups[i / G].finish[i % G] == ZMSG_FINISH_LENGTH;
     }
     sums[KEPT] = (double)st->kept, sums[DROPPED] = (double)st->dropped, sums[STALE_SUM] = (double)st->sum;
     for (int b = 0; b < GRPO_STALENESS_BINS; b++) sums[HIST + b] = (double)st->hist[b];
@@ -310,6 +322,7 @@ int grpo_round_advantages(Trainer *t, GrpoRound *r, int F, json_t *m, char *err,
     json_object_set_new(m, "reward_time", json_real(r->reward_seconds + trainer_now() - t0));
     // Streaming groups: how much of the decoding and scoring ran while the servers still generated the round.
     json_object_set_new(m, "reward_overlap_time", json_real(r->overlap_seconds));
+    if (t->env && grpo_round_tool_metrics(t, r, m, err, err_len) != 0) return -1;
     return 0;
 }
 

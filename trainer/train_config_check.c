@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "shared/tokenizer/chat_template.h"
+#include "shared/tool_calls.h"
 #include "trainer/http_client.h"
 #include "trainer/reward_service.h"
 #include "trainer/rewards.h"
@@ -224,12 +225,35 @@ static int resolve_batches(TrainConfig *c, int ws, char *err, size_t err_len) {
     return 0;
 }
 
+// Multi-turn tool use: known tool names, a readable lookup table when lookup is on, a known call format.
+static int check_tools(const TrainConfig *c, char *err, size_t err_len) {
+    NEED(c->max_tool_calling_iterations >= -1, "max_tool_calling_iterations",
+         "must be >= 0, or -1 for no limit, got %d", c->max_tool_calling_iterations);
+    int lookup = 0;
+    for (size_t i = 0; i < c->n_tools; i++) {
+        if (strcmp(c->tools[i], "lookup") == 0) lookup = 1;
+        else if (strcmp(c->tools[i], "calculator") != 0)
+            FAIL("tools: unknown built-in tool '%s' (built-ins: calculator, lookup)", c->tools[i]);
+    }
+    if (c->n_tools && c->mode != TRAIN_MODE_GRPO) FAIL("tools: multi-turn tool use is for mode grpo");
+    if (lookup && !c->tool_lookup_file)
+        FAIL("tools: lookup needs tool_lookup_file (a JSON object file of key -> value)");
+    if (c->tool_lookup_file && !lookup) FAIL("tool_lookup_file: set, but tools does not list lookup");
+    if (c->tool_call_format) {
+        ToolCallFormat f;
+        char ferr[256];
+        if (tool_call_format_from_name(c->tool_call_format, &f, ferr, sizeof ferr) != 0)
+            FAIL("tool_call_format: %s", ferr);
+    }
+    return 0;
+}
+
 int train_config_finalize(TrainConfig *c, int world_size, char *err, size_t err_len) {
     if (world_size < 1) FAIL("world size %d: must be >= 1 (WORLD_SIZE)", world_size);
     c->world_size = world_size;
     if (check_model_and_data(c, err, err_len) || check_generation(c, err, err_len) ||
         check_optimisation(c, err, err_len) || check_logging_and_dist(c, err, err_len) ||
-        check_rewards(c, err, err_len))
+        check_rewards(c, err, err_len) || check_tools(c, err, err_len))
         return -1;
     if (c->mode == TRAIN_MODE_GRPO) {
         if (grpo_options_validate(&c->grpo, err, err_len) != 0) return -1;

@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "trainer/grpo_multiturn.h"
 #include "trainer/lr_schedule.h"
 #include "trainer/make_dirs.h"
 #include "shared/err.h"
@@ -264,6 +265,7 @@ int trainer_open(Trainer *t, TrainConfig *cfg, char *err, size_t err_len) {
                      "regex_format, think_format, length_penalty, soft_overlong) or --reward-url URL");
             return -1;
         }
+        if (cfg->n_tools && trainer_open_tools(t, cfg, err, err_len) != 0) return -1;
         if (!cfg->rollout_servers) {
             snprintf(err, err_len, "grpo needs --rollout-servers tcp://HOST:PORT[,...] (tandem-serve --control)");
             return -1;
@@ -317,6 +319,7 @@ void trainer_close(Trainer *t) {
     if (t->acts) train_acts_free(t->acts, &t->model);
     rollout_client_destroy(t->rollout);
     reward_service_free(t->reward_service);
+    env_free(t->env);
     rewards_free(t->rewards);
     data_close(t->data);
     chat_template_free(t->chat);

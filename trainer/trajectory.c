@@ -69,6 +69,7 @@ size_t trajectory_completion_len(const Trajectory *t) { return t->n_ids - t->pro
 int trajectory_append_assistant(Trajectory *t, const int32_t *ids, const float *logprobs, size_t n, int64_t version) {
     if (reserve(t, n) != 0) return -1;
     size_t c = trajectory_completion_len(t);
+    t->last_turn_start = c;
     for (size_t i = 0; i < n; i++) {
         t->ids[t->n_ids + i] = ids[i];
         t->mask[c + i] = 1;
@@ -220,7 +221,7 @@ int trajectories_run(const TrajectoryBuilder *b, Trajectory *t, const char *cons
             const ToolCallParse *p = &r.parses[a];
             EnvStepResult *res = &r.results[a];
             tr->env_seconds += waited;
-            tr->n_tool_calls += (int)p->n_calls;
+            tr->n_tool_calls += (int)p->n_calls + (p->error ? 1 : 0);
             tr->n_tool_failures += res->n_tool_failures + (p->error ? 1 : 0);
             if (!isnan(res->reward)) tr->env_reward = res->reward;
             if (res->done) {

@@ -47,7 +47,9 @@ typedef struct {
     float *logprobs;
     int64_t *versions;
     int n_assistant_turns;
-    int n_tool_calls;       // calls read from the assistant turns (and run)
+    size_t last_turn_start; // completion position where the last assistant turn starts (the final answer)
+    int n_tool_calls;       // calls the assistant turns made: those read and run, and one per turn with an
+                            // unreadable call
     int n_tool_failures;    // calls answered with an error, and unreadable calls
     double env_reward;      // the last reward the environment gave (NAN: none)
     double env_seconds;     // time spent waiting for the environment

@@ -25,7 +25,8 @@ TANDEM_ONLY = {"model", "train_file", "mode", "overwrite_output_dir", "chat_temp
                "rollout_servers", "rollout_timeout", "weight_sync_steps", "weight_sync_transport", "warmup_ratio",
                "keep_logits", "control_server_key", "control_client_key",
                "max_staleness",   # TRL's AsyncGRPOConfig has it, GRPOConfig does not
-               "sharding_strategy", "zero_hpz_partition_size"}   # FSDP's and DeepSpeed ZeRO++'s names
+               "sharding_strategy", "zero_hpz_partition_size",   # FSDP's and DeepSpeed ZeRO++'s names
+               "tools", "tool_lookup_file", "tool_call_format"}   # TRL takes tools as GRPOTrainer arguments
 # Same meaning, different spelling of "unset" or a value that only names TRL's implementation.
 DEFAULT_SPELLING = {
     "min_p": (None, 0.0),             # off
@@ -35,6 +36,7 @@ DEFAULT_SPELLING = {
     "generation_batch_size": (8, 0),  # idem
     "optim": ("adamw_torch_fused", "adamw_torch"),  # both AdamW
     "output_dir": (None, "output"),   # TRL requires it; tandem defaults it
+    "max_tool_calling_iterations": (None, -1),   # no limit
 }
 
 
