@@ -330,11 +330,19 @@ static int parse_mistral(Builder *b, const char *s, size_t n) {
             } else if (!nn) {
                 set_error(b, "tool call %d has no function name before " MISTRAL_ARGS, idx);
             } else {
-                json_t *o = json_pack("{s:s, s:O}", "name", name, "arguments", a);
-                if (!o) b->oom = 1;
-                else if (id && json_object_set_new(o, "id", json_string(id)) != 0) b->oom = 1;
-                if (o && !b->oom) take_call_object(b, o, idx);
-                json_decref(o);
+                // The name and id are the model's raw text: not necessarily UTF-8, which JSON strings must be.
+                json_t *jn = json_string(name), *ji = id ? json_string(id) : NULL;
+                if (!jn || (id && !ji)) {
+                    set_error(b, "tool call %d: the function name or call id before " MISTRAL_ARGS
+                              " is not valid UTF-8 text", idx);
+                    json_decref(jn), json_decref(ji);
+                } else {
+                    json_t *o = json_pack("{s:o, s:O}", "name", jn, "arguments", a);
+                    if (!o || (ji && json_object_set_new(o, "id", ji) != 0)) b->oom = 1;
+                    else take_call_object(b, o, idx);
+                    if (!o) json_decref(ji);
+                    json_decref(o);
+                }
             }
             json_decref(a);
             free(name), free(id);

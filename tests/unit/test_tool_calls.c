@@ -135,8 +135,8 @@ static void test_names_and_garbage(void) {
     CHECK(tool_call_format_from_name("llama3", &f, err, sizeof err) == 0 && f == TOOL_FORMAT_LLAMA3);
     CHECK(tool_call_format_from_name("qwen", &f, err, sizeof err) == -1 && strstr(err, "hermes"));
     // Every prefix of a call, in every format: an answer, never a crash.
-    const char *texts[] = {"<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": [1, {\"b\": \"\\u00e9\"}]}}\n"
-                           "</tool_call>",
+    const char *texts[] = {("<tool_call>\n{\"name\": \"f\", \"arguments\": {\"a\": [1, {\"b\": \"\\u00e9\"}]}}\n"
+                            "</tool_call>"),
                            "<|python_tag|>{\"name\": \"f\", \"parameters\": {\"a\": 1}}; {\"name\": \"g\"}",
                            "[TOOL_CALLS]f[CALL_ID]123456789[ARGS]{\"a\": 1}[TOOL_CALLS] [{\"name\": \"g\"}]"};
     for (int t = 0; t < 3; t++)
