@@ -8,6 +8,7 @@
 
 #include "shared/err.h"
 #include "shared/json_read.h"
+#include "trainer/env_service.h"
 #include "trainer/grpo_loss.h"
 #include "trainer/tool_builtin.h"
 #include "trainer/trajectory_rollout.h"
@@ -29,6 +30,16 @@ int trainer_open_tools(Trainer *t, const TrainConfig *cfg, char *err, size_t err
         if (tool_call_format_from_name(cfg->tool_call_format, &t->tool_format, err, err_len) != 0) return -1;
     } else {
         t->tool_format = format_of_family(chat_template_family(t->chat));
+    }
+    if (cfg->env_url) {
+        EnvServiceOptions so;
+        env_service_options_default(&so);
+        so.url = cfg->env_url;
+        so.timeout_s = cfg->env_timeout;
+        so.connect_timeout_s = cfg->env_connect_timeout;
+        so.max_retries = cfg->env_retries;
+        so.backoff_s = cfg->env_backoff;
+        return env_service_create(&t->env, &so, err, err_len);
     }
     json_t *table = NULL;
     if (cfg->tool_lookup_file) {
@@ -159,6 +170,8 @@ int grpo_round_group_trajectories(Trainer *t, GrpoRound *r, int p, char *err, si
     }
     return 0;
 }
+
+int grpo_env_reward_column(const Trainer *t) { return t->env && strcmp(t->env->kind, "service") == 0; }
 
 int grpo_round_tool_metrics(Trainer *t, const GrpoRound *r, json_t *m, char *err, size_t err_len) {
     enum { CALLS, FAILS, TURNS, N, N_SUMS };

@@ -16,7 +16,8 @@
 #include "trainer/train_config.h"
 #include "trainer/trainer.h"
 
-// Sets up t->env, t->tool_style and t->tool_format from --tools (the trainer's chat template renders tool turns).
+// Sets up t->env (the built-in tools of --tools, or the service of --env-url), t->tool_style and t->tool_format
+// (the trainer's chat template renders tool turns).
 int trainer_open_tools(Trainer *t, const TrainConfig *cfg, char *err, size_t err_len);
 
 // Continues group p's G first turns (taken into r by the stream) into trajectories and points the round's
@@ -27,5 +28,10 @@ int grpo_round_group_trajectories(Trainer *t, GrpoRound *r, int p, char *err, si
 // (calls per completion), tools/failure_frequency (failed calls per call), tools/turns_mean (assistant turns per
 // trajectory), tools/environment_time (seconds this rank waited for tools, the slowest rank's).
 int grpo_round_tool_metrics(Trainer *t, const GrpoRound *r, json_t *m, char *err, size_t err_len);
+
+// 1 when the round's rewards have the environment's column (an environment service: its last reward of each
+// trajectory, NaN where it gave none), after the built-ins' and the reward service's; its name.
+int grpo_env_reward_column(const Trainer *t);
+#define GRPO_ENV_REWARD_NAME "environment"
 
 #endif

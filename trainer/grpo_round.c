@@ -202,12 +202,13 @@ static int fit_funcs(Trainer *t, GrpoRound *r, int F, char *err, size_t err_len)
 int grpo_round_rewards(Trainer *t, GrpoRound *r, int *n_funcs, char *err, size_t err_len) {
     double t0 = trainer_now();
     const int F_builtin = (int)rewards_count(t->rewards), F_svc = t->reward_service ? r->n_service_funcs : 0;
-    const int F = F_builtin + F_svc;
+    const int F = F_builtin + F_svc + grpo_env_reward_column(t);
     if (fit_funcs(t, r, F, err, err_len) != 0) return -1;
     for (int i = 0; i < r->n; i++) {
         for (int f = 0; f < F_builtin; f++) r->scores[i * F + f] = r->builtin_scores[(size_t)i * F_builtin + f];
         for (int f = 0; f < F_svc; f++)
             r->scores[i * F + F_builtin + f] = r->service_scores[(size_t)i * GRPO_SERVICE_MAX_FUNCS + f];
+        if (grpo_env_reward_column(t)) r->scores[i * F + F_builtin + F_svc] = r->traj[i].env_reward;
     }
     for (size_t k = 0; k < (size_t)r->n * F; k++) r->local[k] = (float)r->scores[k];
     // A dropped (too stale) completion is unscorable: no reward statistic counts it and its advantage is 0.
@@ -235,7 +236,7 @@ static int reward_weights(const TrainConfig *c, GrpoRound *r, int F, const float
 int grpo_round_group_advantages(Trainer *t, GrpoRound *r, int g, char *err, size_t err_len) {
     TrainConfig *c = t->cfg;
     const int G = c->grpo.num_generations, F_builtin = (int)rewards_count(t->rewards);
-    const int F = F_builtin + (t->reward_service ? r->n_service_funcs : 0);
+    const int F_svc = t->reward_service ? r->n_service_funcs : 0, F = F_builtin + F_svc + grpo_env_reward_column(t);
     // The staleness filter grpo_round_filter_stale applies once the round is in (the policy version does not
     // change while it comes in), for this group now.
     GrpoStaleness st;
@@ -247,8 +248,9 @@ int grpo_round_group_advantages(Trainer *t, GrpoRound *r, int g, char *err, size
     float *rows = r->local + (size_t)g * G * F;
     for (int i = g * G; i < (g + 1) * G; i++)
         for (int f = 0; f < F; f++) {
-            double v = f < F_builtin ? r->builtin_scores[(size_t)i * F_builtin + f]
-                                     : r->service_scores[(size_t)i * GRPO_SERVICE_MAX_FUNCS + f - F_builtin];
+            double v = f < F_builtin          ? r->builtin_scores[(size_t)i * F_builtin + f]
+                       : f < F_builtin + F_svc ? r->service_scores[(size_t)i * GRPO_SERVICE_MAX_FUNCS + f - F_builtin]
+                                               : r->traj[i].env_reward;
             r->local[(size_t)i * F + f] = r->keep[i] ? (float)v : NAN;
         }
     if (grpo_advantages(&c->grpo, G, F, rows, weights, r->advantages + (size_t)g * G, NULL, NULL, NULL, err,
@@ -279,7 +281,9 @@ int grpo_round_advantages(Trainer *t, GrpoRound *r, int F, json_t *m, char *err,
     json_object_set_new(m, "frac_reward_zero_std", json_real(rm.frac_reward_zero_std));
     for (int f = 0; f < F; f++) {
         const char *name = f < F_builtin ? rewards_name(t->rewards, f)
-                                         : reward_service_name(t->reward_service, f - F_builtin);
+                           : t->reward_service && f - F_builtin < (int)reward_service_count(t->reward_service)
+                               ? reward_service_name(t->reward_service, f - F_builtin)
+                               : GRPO_ENV_REWARD_NAME;
         char key[160];
         snprintf(key, sizeof key, "rewards/%s/mean", name);
         json_object_set_new(m, key, json_real(r->fmean[f]));

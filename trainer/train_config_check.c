@@ -163,12 +163,14 @@ static int check_rewards(const TrainConfig *c, char *err, size_t err_len) {
     if (c->reward_weights) {
         for (size_t i = 0; i < c->n_reward_weights; i++)
             if (!isfinite(c->reward_weights[i])) FAIL("reward_weights: item %zu is not finite", i);
-        if (!c->reward_url && c->n_reward_weights != c->n_rewards)
-            FAIL("reward_weights: %zu weights for %zu reward functions (rewards: %zu built-ins, no reward_url)",
-                 c->n_reward_weights, c->n_rewards, c->n_rewards);
-        if (c->reward_url && c->n_reward_weights <= c->n_rewards)
-            FAIL("reward_weights: %zu weights but %zu built-in rewards plus the reward service's functions",
-                 c->n_reward_weights, c->n_rewards);
+        // Columns: the built-ins, the reward service's, then the environment service's ("environment").
+        const size_t known = c->n_rewards + (c->env_url ? 1 : 0);
+        if (!c->reward_url && c->n_reward_weights != known)
+            FAIL("reward_weights: %zu weights for %zu reward functions (rewards: %zu built-ins%s, no reward_url)",
+                 c->n_reward_weights, known, c->n_rewards, c->env_url ? ", then env_url's environment" : "");
+        if (c->reward_url && c->n_reward_weights <= known)
+            FAIL("reward_weights: %zu weights but %zu built-in rewards plus the reward service's functions%s",
+                 c->n_reward_weights, c->n_rewards, c->env_url ? " plus env_url's environment" : "");
     }
     return 0;
 }
@@ -236,6 +238,21 @@ static int check_tools(const TrainConfig *c, char *err, size_t err_len) {
             FAIL("tools: unknown built-in tool '%s' (built-ins: calculator, lookup)", c->tools[i]);
     }
     if (c->n_tools && c->mode != TRAIN_MODE_GRPO) FAIL("tools: multi-turn tool use is for mode grpo");
+    if (c->n_tools && c->env_url)
+        FAIL("env_url: give tools (tandem's built-in tools) or env_url (an environment service), not both");
+    if (c->env_url) {
+        HttpUrl u;
+        char uerr[512];
+        if (http_parse_url(c->env_url, &u, uerr, sizeof uerr) != 0) FAIL("env_url: %s", uerr);
+        if (c->mode != TRAIN_MODE_GRPO) FAIL("env_url: environments are for mode grpo");
+    }
+    NEED(isfinite(c->env_timeout) && c->env_timeout > 0, "env_timeout", "must be > 0 seconds, got %g",
+         c->env_timeout);
+    NEED(isfinite(c->env_connect_timeout) && c->env_connect_timeout > 0, "env_connect_timeout",
+         "must be > 0 seconds, got %g", c->env_connect_timeout);
+    NEED(c->env_retries >= 0, "env_retries", "must be >= 0, got %d", c->env_retries);
+    NEED(isfinite(c->env_backoff) && c->env_backoff >= 0, "env_backoff", "must be >= 0 seconds, got %g",
+         c->env_backoff);
     if (lookup && !c->tool_lookup_file)
         FAIL("tools: lookup needs tool_lookup_file (a JSON object file of key -> value)");
     if (c->tool_lookup_file && !lookup) FAIL("tool_lookup_file: set, but tools does not list lookup");
@@ -259,8 +276,8 @@ int train_config_finalize(TrainConfig *c, int world_size, char *err, size_t err_
         if (grpo_options_validate(&c->grpo, err, err_len) != 0) return -1;
         if (!c->rollout_servers)
             FAIL("rollout_servers: grpo needs at least one rollout server (--rollout-servers tcp://host:port)");
-        if (c->n_rewards == 0 && !c->reward_url)
-            FAIL("rewards: grpo needs a reward (--rewards with built-in names, or --reward-url)");
+        if (c->n_rewards == 0 && !c->reward_url && !c->env_url)
+            FAIL("rewards: grpo needs a reward (--rewards with built-in names, --reward-url, or --env-url)");
     }
     return resolve_batches(c, world_size, err, err_len);
 }

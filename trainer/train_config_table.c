@@ -157,6 +157,13 @@ const OptionSpec train_options[] = {
         "hermes, llama3 or mistral; unset = the chat template's (chatml/qwen3: hermes, llama3.1, mistral)"),
     OPT("max_tool_calling_iterations", OPT_INT, max_tool_calling_iterations, G_TOOLS,
         "most tool turns per rollout; -1 = no limit (TRL's None)"),
+    OPT("env_url", OPT_STR, env_url, G_TOOLS,
+        "environment service http://host:port[/prefix] (docs/environments.md), instead of tools; its rewards are "
+        "the reward function 'environment'"),
+    OPT("env_timeout", OPT_F64, env_timeout, G_TOOLS, "seconds for the environment service to answer one call"),
+    OPT("env_connect_timeout", OPT_F64, env_connect_timeout, G_TOOLS, "seconds to connect to it"),
+    OPT("env_retries", OPT_INT, env_retries, G_TOOLS, "retries after a failed environment call"),
+    OPT("env_backoff", OPT_F64, env_backoff, G_TOOLS, "seconds before the first retry, doubled each time"),
 
     OPT("learning_rate", OPT_F64, learning_rate, G_OPT, "peak learning rate of AdamW"),
     ENUM("lr_scheduler_type", lr_scheduler_type, sched_name, 0, G_OPT,
@@ -237,6 +244,7 @@ void train_config_default(TrainConfig *c) {
     c->reward_timeout = 60.0, c->reward_connect_timeout = 10.0, c->reward_retries = 3, c->reward_backoff = 1.0;
     c->reward_max_response_mb = 64;
     c->max_tool_calling_iterations = -1;
+    c->env_timeout = 60.0, c->env_connect_timeout = 10.0, c->env_retries = 3, c->env_backoff = 1.0;
     c->learning_rate = 1e-6, c->weight_decay = 0.0, c->adam_beta1 = 0.9, c->adam_beta2 = 0.999;
     c->adam_epsilon = 1e-8, c->max_grad_norm = 1.0;
     c->lr_scheduler_type = LR_SCHED_LINEAR;

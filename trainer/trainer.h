@@ -47,7 +47,8 @@ typedef struct Trainer {
     Rewards *rewards;
     RewardService *reward_service;  // NULL without --reward-url
     RolloutClient *rollout;     // rank 0 and every rank (each rank sends its own prompts)
-    Environment *env;           // multi-turn tool use (--tools): the built-in tools, else NULL (single turn)
+    Environment *env;           // multi-turn tool use: the built-in tools (--tools) or an environment service
+                                // (--env-url, whose rewards are a reward column); NULL: single turn
     ToolTurnStyle tool_style;   // how the chat template renders tool turns (with env)
     ToolCallFormat tool_format; // how the policy writes tool calls (with env)
     TrainActs *acts;

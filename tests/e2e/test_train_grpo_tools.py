@@ -124,3 +124,47 @@ def test_grpo_with_calculator(tmp_path):
     for step, r in enumerate(rows, start=1):
         mine = [sum(c["tool_mask"]) for c in comps if c["step"] == step]
         assert r["completions/mean_length"] == pytest.approx(sum(mine) / len(mine))
+
+
+def test_grpo_with_environment_service(tmp_path):
+    """The same task through the example environment service (examples/environments/arithmetic_env.py, its own
+    process): its calculator answers the calls, its reward on the final answer is the only reward function
+    ("environment", as TRL logs an environment's get_reward under its own name)."""
+    import re
+    import subprocess
+    model_dir = tmp_path / "model"
+    build_tiny_model(model_dir)
+    teach_tool_use(model_dir)
+    data = tmp_path / "train.jsonl"
+    with open(data, "w") as f:
+        for i in range(8):
+            a, b = QUESTIONS[i % len(QUESTIONS)]
+            f.write(json.dumps({"prompt": [{"role": "user", "content": f"What is {a} * {b}?"}],
+                                "answer": str(a * b)}) + "\n")
+    example = pathlib.Path(__file__).resolve().parents[2] / "examples" / "environments" / "arithmetic_env.py"
+    env_proc = subprocess.Popen([sys.executable, str(example), "--port", "0"], stdout=subprocess.PIPE, text=True)
+    try:
+        env_url = re.search(r"http://\S+", env_proc.stdout.readline()).group(0)
+        out_dir = tmp_path / "run"
+        control = f"tcp://127.0.0.1:{free_port()}"
+        args = ["--model", str(model_dir), "--train-file", str(data), "--output-dir", str(out_dir),
+                "--rollout-servers", control, "--env-url", env_url, "--env-timeout", "10",
+                "--num-generations", "4", "--per-device-train-batch-size", "4", "--gradient-accumulation-steps", "1",
+                "--max-completion-length", "256", "--max-prompt-length", "64", "--learning-rate", "1e-4",
+                "--max-steps", "2", "--logging-steps", "1", "--save-steps", "0", "--seed", "5",
+                "--init-timeout", "60", "--comm-timeout", "20", "--rollout-timeout", "60", "--temperature", "0.7"]
+        with TandemServer(model_dir, "--control", control):
+            procs = launch(args, 1, free_port(), tmp_path)
+            code = procs[0][0].wait(timeout=600)
+            procs[0][1].close()
+    finally:
+        env_proc.terminate()
+        env_proc.wait(timeout=10)
+    log = (tmp_path / "rank0.log").read_text()
+    assert code == 0, log
+    rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    assert len(rows) == 2
+    for r in rows:
+        assert r["rewards/environment/mean"] == pytest.approx(r["reward"])
+    assert sum(r["reward"] for r in rows) / 2 > 0.5, rows
+    assert sum(r["tools/call_frequency"] for r in rows) / 2 > 0.5, rows

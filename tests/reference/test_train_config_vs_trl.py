@@ -26,7 +26,9 @@ TANDEM_ONLY = {"model", "train_file", "mode", "overwrite_output_dir", "chat_temp
                "keep_logits", "control_server_key", "control_client_key",
                "max_staleness",   # TRL's AsyncGRPOConfig has it, GRPOConfig does not
                "sharding_strategy", "zero_hpz_partition_size",   # FSDP's and DeepSpeed ZeRO++'s names
-               "tools", "tool_lookup_file", "tool_call_format"}   # TRL takes tools as GRPOTrainer arguments
+               # TRL takes tools and environments as GRPOTrainer arguments
+               "tools", "tool_lookup_file", "tool_call_format", "env_url", "env_timeout", "env_connect_timeout",
+               "env_retries", "env_backoff"}
 # Same meaning, different spelling of "unset" or a value that only names TRL's implementation.
 DEFAULT_SPELLING = {
     "min_p": (None, 0.0),             # off
