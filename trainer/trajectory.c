@@ -245,7 +245,8 @@ int trajectories_run(const TrajectoryBuilder *b, Trajectory *t, const char *cons
                 goto out;
             }
             size_t c = trajectory_completion_len(tr);
-            if (c + k > b->opt.max_completion_length || (b->opt.max_model_len && tr->n_ids + k >= b->opt.max_model_len)) {
+            if (c + k > b->opt.max_completion_length ||
+                (b->opt.max_model_len && tr->n_ids + k >= b->opt.max_model_len)) {
                 free(ids);
                 tr->end = TRAJECTORY_END_LENGTH;   // the answer would not fit: dropped, as TRL drops it
                 continue;

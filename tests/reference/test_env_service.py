@@ -61,7 +61,8 @@ def test_example_environment_episode(example_env):
                                                          "answer": str(123456789 * 987654321)}} for i in range(3)]
     assert env.reset(rows) == {"episodes": [{"observation": None}] * 3}
     got = env.step([
-        {"episode_id": "e0", "turn": 1, "message": "Let me compute. " + call("calculator", expression="123456789 * 987654321")},
+        {"episode_id": "e0", "turn": 1,
+         "message": "Let me compute. " + call("calculator", expression="123456789 * 987654321")},
         {"episode_id": "e1", "turn": 1, "message": call("calculator", expression="2**") + call("search", q="x")},
         {"episode_id": "e2", "turn": 1, "message": '<tool_call>{"name": "calculator", "arguments": {1}}</tool_call>'},
     ])["steps"]

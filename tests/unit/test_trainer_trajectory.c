@@ -95,8 +95,8 @@ int main(void) {
     const char *ids[2] = {"a", "b"};
 
     // A call, an unreadable call (answered with its error), then the answer.
-    const char *turns[] = {("<tool_call>{\"name\": \"calculator\", \"arguments\": {\"expression\": \"6*7\"}}</tool_call>"
-                            "<|im_end|>"),
+    const char *turns[] = {("<tool_call>{\"name\": \"calculator\", \"arguments\": {\"expression\": \"6*7\"}}"
+                            "</tool_call><|im_end|>"),
                            "<tool_call>{\"name\": </tool_call><|im_end|>", "It is 42.<|im_end|>"};
     Script s = {.turns = turns, .n_turns = 3, .tok = tok};
     b.sample_ctx = &s;

@@ -2,7 +2,8 @@
 // rollout servers (trainer/trajectory_rollout.h), with the built-in tools, for tests/e2e/test_trajectory_serve.py.
 //   usage: trainer_trajectory_serve_tool ENDPOINTS LAYOUT_HASH_HEX MODEL_FOLDER < script.json
 //   script.json: {"format": "hermes", "max_completion_length": 200, "temperature": 0, "seed": 1,
-//                 "episodes": [{"prompt_ids": [...], "script": {"<turn>": {"replace": [ids]} | {"append": [ids], "server_max_tokens": 8}}}]}
+//                 "episodes": [{"prompt_ids": [...], "script": {"<turn>": {"replace": [ids]}
+//                                                                          | {"append": [ids], "server_max_tokens": 8}}}]}
 //   A turn with "replace" is the scripted ids instead of the server's (a tiny random model does not call tools by
 //   itself); "append" adds ids after the server's turn, whose length "server_max_tokens" may cap. Scripted ids get
 //   logprob 0 and version -7.
