@@ -175,13 +175,17 @@ int grpo_env_reward_column(const Trainer *t) { return t->env && strcmp(t->env->k
 
 int grpo_round_tool_metrics(Trainer *t, const GrpoRound *r, json_t *m, char *err, size_t err_len) {
     enum { CALLS, FAILS, TURNS, N, N_SUMS };
-    double sums[N_SUMS] = {0}, env_seconds = 0;
+    const int G = t->cfg->grpo.num_generations;
+    double sums[N_SUMS] = {0}, env_seconds = 0, group_seconds = 0;
     for (int i = 0; r->traj && i < r->n; i++) {
         sums[CALLS] += r->traj[i].n_tool_calls;
         sums[FAILS] += r->traj[i].n_tool_failures;
         sums[TURNS] += r->traj[i].n_assistant_turns;
         sums[N] += 1;
-        if (r->traj[i].env_seconds > env_seconds) env_seconds = r->traj[i].env_seconds;
+        // A group's trajectories wait for the environment together (one call per round of turns): the group's
+        // wait is its longest trajectory's; groups run one after another, so the rank's wait is their sum.
+        if (r->traj[i].env_seconds > group_seconds) group_seconds = r->traj[i].env_seconds;
+        if ((i + 1) % G == 0) env_seconds += group_seconds, group_seconds = 0;
     }
     if (comm_all_reduce(t->comm, sums, N_SUMS, COMM_F64, COMM_SUM) != 0 ||
         comm_all_reduce(t->comm, &env_seconds, 1, COMM_F64, COMM_MAX) != 0)

@@ -26,7 +26,8 @@ int grpo_round_group_trajectories(Trainer *t, GrpoRound *r, int p, char *err, si
 
 // The round's tool metrics (TRL's names where TRL has them), summed over every rank, into m: tools/call_frequency
 // (calls per completion), tools/failure_frequency (failed calls per call), tools/turns_mean (assistant turns per
-// trajectory), tools/environment_time (seconds this rank waited for tools, the slowest rank's).
+// trajectory), tools/environment_time (seconds a rank waited for the environment in the round, the slowest
+// rank's).
 int grpo_round_tool_metrics(Trainer *t, const GrpoRound *r, json_t *m, char *err, size_t err_len);
 
 // 1 when the round's rewards have the environment's column (an environment service: its last reward of each
