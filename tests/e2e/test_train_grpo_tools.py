@@ -63,7 +63,8 @@ def teach_tool_use(model_dir):
     model.save_pretrained(str(model_dir), safe_serialization=True)
 
 
-def test_grpo_with_calculator(tmp_path):
+@pytest.mark.parametrize("world", [1, 2])
+def test_grpo_with_calculator(tmp_path, world):
     model_dir = tmp_path / "model"
     build_tiny_model(model_dir)
     teach_tool_use(model_dir)
@@ -83,11 +84,12 @@ def test_grpo_with_calculator(tmp_path):
             "--log-completions", "true", "--seed", "3", "--init-timeout", "60", "--comm-timeout", "20",
             "--rollout-timeout", "60", "--temperature", "0.7"]
     with TandemServer(model_dir, "--control", control):
-        procs = launch(args, 1, free_port(), tmp_path)
-        code = procs[0][0].wait(timeout=600)
-        procs[0][1].close()
-    log = (tmp_path / "rank0.log").read_text()
-    assert code == 0, log
+        procs = launch(args, world, free_port(), tmp_path)
+        codes = [p.wait(timeout=600) for p, _ in procs]
+        for _, log in procs:
+            log.close()
+    logs = "\n".join((tmp_path / f"rank{r}.log").read_text() for r in range(world))
+    assert codes == [0] * world, logs
     rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == 3
     for r in rows:
@@ -100,7 +102,7 @@ def test_grpo_with_calculator(tmp_path):
     from transformers import AutoTokenizer
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     comps = [json.loads(line) for line in (out_dir / "completions.jsonl").read_text().splitlines()]
-    assert len(comps) == 3 * 4
+    assert len(comps) == 3 * 4   # rank 0's completions
     with_tools = 0
     for c in comps:
         ids, mask, lps = c["completion_ids"], c["tool_mask"], c["sampling_logps"]
@@ -120,8 +122,9 @@ def test_grpo_with_calculator(tmp_path):
         else:
             assert all(m == 1 for m in mask)
     assert with_tools >= 6
-    # completions/mean_length: the policy's tokens only (tool turns are not counted), per step
-    for step, r in enumerate(rows, start=1):
+    # completions/mean_length: the policy's tokens only (tool turns are not counted), per step (one rank: its rows
+    # are the whole batch)
+    for step, r in enumerate(rows if world == 1 else [], start=1):
         mine = [sum(c["tool_mask"]) for c in comps if c["step"] == step]
         assert r["completions/mean_length"] == pytest.approx(sum(mine) / len(mine))
 
