@@ -1,5 +1,5 @@
-"""tandem-train GRPO over multi-turn tool-use trajectories, end to end on CPU: one rollout server, one trainer rank,
-the built-in calculator (--tools calculator), the tiny test model.
+"""tandem-train GRPO over multi-turn tool-use trajectories, end to end on CPU: one rollout server, one or two trainer
+ranks, the built-in calculator (--tools calculator), the tiny test model.
 
 A random tiny model never writes a tool call, so the test first teaches it (a few hundred Adam steps in PyTorch on
 the exact token sequences) to answer "What is A * B?" with a calculator call, and, after the tool's answer, with
