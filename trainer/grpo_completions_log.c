@@ -38,6 +38,13 @@ int grpo_log_completions(Trainer *t, const GrpoRound *r, long step, const int *i
         json_object_set_new(o, "truncated", json_boolean(r->truncated[i]));
         json_object_set_new(o, "advantage", json_real(r->advantages[i]));
         json_object_set_new(o, "sampling_logps", float_list(r->sampling_logps[i], L));
+        if (r->tool_mask && r->tool_mask[i]) {   // multi-turn: 1 the policy's tokens, 0 tool turns (not trained on)
+            json_t *tm = json_array();
+            for (int k = 0; tm && k < L; k++) json_array_append_new(tm, json_integer(r->tool_mask[i][k]));
+            json_object_set_new(o, "tool_mask", tm);
+            json_object_set_new(o, "tool_calls", json_integer(r->traj[i].n_tool_calls));
+            json_object_set_new(o, "turns", json_integer(r->traj[i].n_assistant_turns));
+        }
         if (old) json_object_set_new(o, "old_logps", float_list(old + (size_t)b * T, L));
         if (is_ratio)
             json_object_set_new(o, "importance_sampling_ratio",

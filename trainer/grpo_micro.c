@@ -179,7 +179,8 @@ int grpo_micro_step(Trainer *t, UnitSource *policy, const GrpoRound *r, GrpoMicr
         w->truncated[b] = r->truncated[i];
         for (int k = 0; k < T; k++) {
             int in = k < r->comp_len[i];
-            w->mask[b * T + k] = in;
+            // Multi-turn: tool-turn tokens are context, not the policy's: out of the loss (TRL's tool_mask).
+            w->mask[b * T + k] = in && (!r->tool_mask || !r->tool_mask[i] || r->tool_mask[i][k]);
             w->sampling[b * T + k] = in ? r->sampling_logps[i][k] : 0.0f;
             if (old_i) w->old[b * T + k] = in ? old_i[k] : 0.0f;
             if (ref_i) w->ref[b * T + k] = in ? ref_i[k] : 0.0f;

@@ -10,6 +10,7 @@
 
 #include "shared/err.h"
 #include "trainer/grpo_loss.h"
+#include "trainer/grpo_multiturn.h"
 
 int grpo_round_init(GrpoRound *r, int n_prompts, int G, int world, char *err, size_t err_len) {
     memset(r, 0, sizeof *r);
@@ -46,6 +47,13 @@ int grpo_round_init(GrpoRound *r, int n_prompts, int G, int world, char *err, si
     return 0;
 }
 
+int grpo_round_policy_tokens(const GrpoRound *r, int i) {
+    if (!r->tool_mask || !r->tool_mask[i]) return r->comp_len[i];
+    int k = 0;
+    for (int j = 0; j < r->comp_len[i]; j++) k += r->tool_mask[i][j] != 0;
+    return k;
+}
+
 void grpo_round_clear(GrpoRound *r) {
     if (r->pending) rollout_generate_cancel(r->client, r->pending);
     r->pending = NULL;
@@ -54,6 +62,8 @@ void grpo_round_clear(GrpoRound *r) {
     for (int i = 0; i < r->n; i++) {
         free(r->texts[i]);
         r->texts[i] = NULL;
+        if (r->traj) trajectory_free(&r->traj[i]);
+        if (r->tool_mask) r->tool_mask[i] = NULL;
     }
     r->reward_seconds = r->stream_seconds = r->overlap_seconds = 0;
 }
@@ -65,6 +75,7 @@ void grpo_round_free(GrpoRound *r) {
     free(r->old_logps), free(r->ref_logps), free(r->samples), free(r->texts), free(r->service_scores);
     free(r->scores), free(r->local), free(r->builtin_scores), free(r->call_samples), free(r->call_scores);
     free(r->progress_arrived), free(r->streamed_adv);
+    free(r->traj), free(r->tool_mask), free(r->answer_off);
     group_progress_free(&r->progress);
     free(r->all), free(r->adv_all), free(r->fmean), free(r->fstd), free(r->weights);
     memset(r, 0, sizeof *r);
@@ -191,12 +202,13 @@ static int fit_funcs(Trainer *t, GrpoRound *r, int F, char *err, size_t err_len)
 int grpo_round_rewards(Trainer *t, GrpoRound *r, int *n_funcs, char *err, size_t err_len) {
     double t0 = trainer_now();
     const int F_builtin = (int)rewards_count(t->rewards), F_svc = t->reward_service ? r->n_service_funcs : 0;
-    const int F = F_builtin + F_svc;
+    const int F = F_builtin + F_svc + grpo_env_reward_column(t);
     if (fit_funcs(t, r, F, err, err_len) != 0) return -1;
     for (int i = 0; i < r->n; i++) {
         for (int f = 0; f < F_builtin; f++) r->scores[i * F + f] = r->builtin_scores[(size_t)i * F_builtin + f];
         for (int f = 0; f < F_svc; f++)
             r->scores[i * F + F_builtin + f] = r->service_scores[(size_t)i * GRPO_SERVICE_MAX_FUNCS + f];
+        if (grpo_env_reward_column(t)) r->scores[i * F + F_builtin + F_svc] = r->traj[i].env_reward;
     }
     for (size_t k = 0; k < (size_t)r->n * F; k++) r->local[k] = (float)r->scores[k];
     // A dropped (too stale) completion is unscorable: no reward statistic counts it and its advantage is 0.
@@ -224,7 +236,7 @@ static int reward_weights(const TrainConfig *c, GrpoRound *r, int F, const float
 int grpo_round_group_advantages(Trainer *t, GrpoRound *r, int g, char *err, size_t err_len) {
     TrainConfig *c = t->cfg;
     const int G = c->grpo.num_generations, F_builtin = (int)rewards_count(t->rewards);
-    const int F = F_builtin + (t->reward_service ? r->n_service_funcs : 0);
+    const int F_svc = t->reward_service ? r->n_service_funcs : 0, F = F_builtin + F_svc + grpo_env_reward_column(t);
     // The staleness filter grpo_round_filter_stale applies once the round is in (the policy version does not
     // change while it comes in), for this group now.
     GrpoStaleness st;
@@ -236,8 +248,9 @@ int grpo_round_group_advantages(Trainer *t, GrpoRound *r, int g, char *err, size
     float *rows = r->local + (size_t)g * G * F;
     for (int i = g * G; i < (g + 1) * G; i++)
         for (int f = 0; f < F; f++) {
-            double v = f < F_builtin ? r->builtin_scores[(size_t)i * F_builtin + f]
-                                     : r->service_scores[(size_t)i * GRPO_SERVICE_MAX_FUNCS + f - F_builtin];
+            double v = f < F_builtin          ? r->builtin_scores[(size_t)i * F_builtin + f]
+                       : f < F_builtin + F_svc ? r->service_scores[(size_t)i * GRPO_SERVICE_MAX_FUNCS + f - F_builtin]
+                                               : r->traj[i].env_reward;
             r->local[(size_t)i * F + f] = r->keep[i] ? (float)v : NAN;
         }
     if (grpo_advantages(&c->grpo, G, F, rows, weights, r->advantages + (size_t)g * G, NULL, NULL, NULL, err,
@@ -268,7 +281,9 @@ int grpo_round_advantages(Trainer *t, GrpoRound *r, int F, json_t *m, char *err,
     json_object_set_new(m, "frac_reward_zero_std", json_real(rm.frac_reward_zero_std));
     for (int f = 0; f < F; f++) {
         const char *name = f < F_builtin ? rewards_name(t->rewards, f)
-                                         : reward_service_name(t->reward_service, f - F_builtin);
+                           : t->reward_service && f - F_builtin < (int)reward_service_count(t->reward_service)
+                               ? reward_service_name(t->reward_service, f - F_builtin)
+                               : GRPO_ENV_REWARD_NAME;
         char key[160];
         snprintf(key, sizeof key, "rewards/%s/mean", name);
         json_object_set_new(m, key, json_real(r->fmean[f]));
@@ -282,8 +297,9 @@ int grpo_round_advantages(Trainer *t, GrpoRound *r, int F, json_t *m, char *err,
     double sums[N_SUMS] = {0};
     for (int i = 0; i < r->n; i++) {
         if (!r->keep[i]) continue;
-        sums[LEN] += r->comp_len[i];
-        sums[CLIPPED] += r->groups[i / G].finish[i % G] == ZMSG_FINISH_LENGTH;
+        // With tools, the policy's own tokens (as TRL counts them) and its trajectory's truncation.
+        sums[LEN] += grpo_round_policy_tokens(r, i);
+        sums[CLIPPED] += r->traj ? r->truncated[i] : r->groups[i / G].finish[i % G] == ZMSG_FINISH_LENGTH;
     }
     sums[KEPT] = (double)st->kept, sums[DROPPED] = (double)st->dropped, sums[STALE_SUM] = (double)st->sum;
     for (int b = 0; b < GRPO_STALENESS_BINS; b++) sums[HIST + b] = (double)st->hist[b];
@@ -310,6 +326,7 @@ int grpo_round_advantages(Trainer *t, GrpoRound *r, int F, json_t *m, char *err,
     json_object_set_new(m, "reward_time", json_real(r->reward_seconds + trainer_now() - t0));
     // Streaming groups: how much of the decoding and scoring ran while the servers still generated the round.
     json_object_set_new(m, "reward_overlap_time", json_real(r->overlap_seconds));
+    if (t->env && grpo_round_tool_metrics(t, r, m, err, err_len) != 0) return -1;
     return 0;
 }
 

@@ -10,6 +10,7 @@
 #include <stdint.h>
 
 #include "trainer/trainer.h"
+#include "trainer/trajectory.h"
 
 // The staleness of a round's completions when its training starts: staleness = the trainer's policy version
 // minus the sample's version (0 when the sample is newer, which a restarted server can make).
@@ -95,6 +96,11 @@ struct GrpoRound {
     double *fmean, *fstd;       // (F)
     float *weights;             // (F) reward_weights, when set
     int cap_f;                  // F the buffers above hold
+    // Multi-turn tool use (t->env; trainer/grpo_multiturn.h): completion i is trajectory i, continued from the
+    // group's first turn, and comp, comp_len, sampling_logps point into it. NULL without tools.
+    Trajectory *traj;           // (n)
+    const uint8_t **tool_mask;  // (n) per completion token: 1 the policy's, 0 a tool turn's (out of the loss)
+    int *answer_off;            // (n) where the last assistant turn (the final answer, what rewards read) starts
     double generate_seconds;    // sending the round to collecting it (overlapping training when issued ahead)
     double reward_seconds;      // decoding and scoring (groups while they stream in, then the round's columns)
     double stream_seconds;      // of reward_seconds: the part done inside grpo_round_collect
@@ -144,11 +150,14 @@ int grpo_round_advantages(Trainer *t, GrpoRound *r, int n_funcs, json_t *m, char
 // log_completions (trainer/grpo_completions_log.c): one OUTPUT_DIR/completions.jsonl row (t->completions) per
 // completion idx[0..B) of a micro-batch that feeds optimizer step `step`: "step", "prompt_ids", "completion_ids",
 // "version" (and "version_end", its last token's), "staleness", "kept", "truncated", "advantage",
-// "sampling_logps" (the servers'), "old_logps" (old (B, T), when computed) and "importance_sampling_ratio"
+// "sampling_logps" (the servers'), with tools "tool_mask", "tool_calls" and "turns", "old_logps" (old (B, T), when
+// computed) and "importance_sampling_ratio"
 // (is_ratio when the correction is on: one number per sequence, or a list per token when ratio_per_token; (B) or
 // (B, T)). T = the micro-batch's longest completion.
 int grpo_log_completions(Trainer *t, const GrpoRound *r, long step, const int *idx, int B, int T, const float *old,
                          const float *is_ratio, int ratio_per_token, char *err, size_t err_len);
+// Tokens of completion i the loss sees before any masking by options: all, or the policy's own with tools.
+int grpo_round_policy_tokens(const GrpoRound *r, int i);
 // Room for the old / reference logprobs of every completion of the round: `need` floats each (at least off[n]).
 int grpo_round_reserve_logps(GrpoRound *r, int old, int ref, size_t need, char *err, size_t err_len);
 

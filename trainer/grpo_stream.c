@@ -14,6 +14,7 @@
 
 #include "shared/err.h"
 #include "trainer/grpo_loss.h"
+#include "trainer/grpo_multiturn.h"
 
 int group_progress_init(GroupProgress *g, int n_groups, char *err, size_t err_len) {
     memset(g, 0, sizeof *g);
@@ -84,7 +85,11 @@ static int score_groups(Trainer *t, GrpoRound *r, const int *idx, int k, char *e
         const int p = idx[q];
         for (int i = p * G; i < (p + 1) * G; i++) {
             size_t len;
-            if (tokenizer_decode(t->tok, r->comp[i], r->comp_len[i], 1, &r->texts[i], &len, err, err_len) != 0)
+            // A trajectory's rewards read its final answer, the last assistant turn (tool answers would hand an
+            // answer_match reward the calculator's result).
+            const int from = r->tool_mask && r->tool_mask[i] ? r->answer_off[i] : 0;
+            if (tokenizer_decode(t->tok, r->comp[i] + from, r->comp_len[i] - from, 1, &r->texts[i], &len, err,
+                                 err_len) != 0)
                 return -1;
             r->samples[i] = (RewardSample){.completion = r->texts[i], .completion_tokens = r->comp_len[i],
                                            .prompt = r->rows[p].prompt, .columns = r->rows[p].columns};
@@ -126,8 +131,11 @@ static int stream_local(Trainer *t, GrpoRound *r, char *err, size_t err_len) {
         else if (r->groups[arrived[q]].n != t->cfg->grpo.num_generations)
             rc = err_fail(err, err_len, "prompt %d of the round came back with %d completions, not %d", arrived[q],
                           r->groups[arrived[q]].n, t->cfg->grpo.num_generations);
-        else
+        else {
             take_group(t, r, arrived[q]);
+            // Multi-turn: the group's first turns become trajectories, continued to their end before scoring.
+            if (t->env) rc = grpo_round_group_trajectories(t, r, arrived[q], err, err_len);
+        }
     }
     if (rc == 0) rc = score_groups(t, r, arrived, k, err, err_len);
     const double dt = trainer_now() - t0;

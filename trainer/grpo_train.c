@@ -356,7 +356,8 @@ static int run_round(Trainer *t, RoundRing *q, GrpoMicroBuffers *w, UnitSource *
     // num_items_in_batch: active completion tokens of the whole generation batch, every rank.
     double active = 0;
     for (int i = 0; i < r->n; i++)
-        active += (!r->keep[i] || (o->mask_truncated_completions && r->truncated[i])) ? 0 : r->comp_len[i];
+        active += (!r->keep[i] || (o->mask_truncated_completions && r->truncated[i])) ? 0
+                                                                                       : grpo_round_policy_tokens(r, i);
     if (comm_all_reduce(t->comm, &active, 1, COMM_F64, COMM_SUM) != 0) {
         snprintf(err, err_len, "%s", comm_error(t->comm));
         goto out;

@@ -29,7 +29,7 @@ static const char *const ignored_keys[] = {
 static const struct { const char *key, *def; } unsupported_keys[] = {
     {"sync_ref_model", "false"},         {"ref_model_mixup_alpha", "0.6"},   {"ref_model_sync_steps", "512"},
     {"num_generations_eval", "null"},    {"generation_kwargs", "null"},      {"chat_template_kwargs", "null"},
-    {"max_tool_calling_iterations", "null"}, {"fp16", "false"},              {"use_liger_kernel", "false"},
+    {"fp16", "false"},                   {"use_liger_kernel", "false"},
     {"lr_scheduler_kwargs", "null"},     {"torch_compile", "false"},         {"auto_find_batch_size", "false"},
     {"use_transformers_paged", "false"}, {"cache_implementation", "null"},   {"do_eval", "false"},
     {"eval_strategy", "\"no\""},         {"eval_steps", "null"},             {"disable_dropout", "false"},

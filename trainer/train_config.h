@@ -67,6 +67,15 @@ typedef struct {
     double reward_timeout, reward_connect_timeout, reward_backoff;   // seconds
     int reward_retries;
     int reward_max_response_mb;     // largest reward-service answer read, MiB
+    // ---- multi-turn tool use (docs/environments.md) ----
+    char **tools;                   // built-in tools the policy may call (calculator, lookup); none: single turn
+    size_t n_tools;
+    char *tool_lookup_file;         // JSON object file: the lookup tool's table
+    char *tool_call_format;         // hermes, llama3, mistral; NULL: from the chat template's family
+    int max_tool_calling_iterations;    // TRL's name; -1: no limit (TRL's None)
+    char *env_url;                  // environment service (trainer/env_service.h), instead of tools (NULL: none)
+    double env_timeout, env_connect_timeout, env_backoff;   // seconds
+    int env_retries;
     // ---- optimisation ----
     double learning_rate, weight_decay, adam_beta1, adam_beta2, adam_epsilon, max_grad_norm;
     LrSchedType lr_scheduler_type;

@@ -8,6 +8,7 @@
 
 #include "shared/model_lora.h"
 #include "shared/tokenizer/chat_template.h"
+#include "shared/tool_calls.h"
 #include "trainer/http_client.h"
 #include "trainer/reward_service.h"
 #include "trainer/rewards.h"
@@ -164,12 +165,14 @@ static int check_rewards(const TrainConfig *c, char *err, size_t err_len) {
     if (c->reward_weights) {
         for (size_t i = 0; i < c->n_reward_weights; i++)
             if (!isfinite(c->reward_weights[i])) FAIL("reward_weights: item %zu is not finite", i);
-        if (!c->reward_url && c->n_reward_weights != c->n_rewards)
-            FAIL("reward_weights: %zu weights for %zu reward functions (rewards: %zu built-ins, no reward_url)",
-                 c->n_reward_weights, c->n_rewards, c->n_rewards);
-        if (c->reward_url && c->n_reward_weights <= c->n_rewards)
-            FAIL("reward_weights: %zu weights but %zu built-in rewards plus the reward service's functions",
-                 c->n_reward_weights, c->n_rewards);
+        // Columns: the built-ins, the reward service's, then the environment service's ("environment").
+        const size_t known = c->n_rewards + (c->env_url ? 1 : 0);
+        if (!c->reward_url && c->n_reward_weights != known)
+            FAIL("reward_weights: %zu weights for %zu reward functions (rewards: %zu built-ins%s, no reward_url)",
+                 c->n_reward_weights, known, c->n_rewards, c->env_url ? ", then env_url's environment" : "");
+        if (c->reward_url && c->n_reward_weights <= known)
+            FAIL("reward_weights: %zu weights but %zu built-in rewards plus the reward service's functions%s",
+                 c->n_reward_weights, c->n_rewards, c->env_url ? " plus env_url's environment" : "");
     }
     return 0;
 }
@@ -252,19 +255,57 @@ static int check_lora(const TrainConfig *c, char *err, size_t err_len) {
     return 0;
 }
 
+// Multi-turn tool use: known tool names, a readable lookup table when lookup is on, a known call format.
+static int check_tools(const TrainConfig *c, char *err, size_t err_len) {
+    NEED(c->max_tool_calling_iterations >= -1, "max_tool_calling_iterations",
+         "must be >= 0, or -1 for no limit, got %d", c->max_tool_calling_iterations);
+    int lookup = 0;
+    for (size_t i = 0; i < c->n_tools; i++) {
+        if (strcmp(c->tools[i], "lookup") == 0) lookup = 1;
+        else if (strcmp(c->tools[i], "calculator") != 0)
+            FAIL("tools: unknown built-in tool '%s' (built-ins: calculator, lookup)", c->tools[i]);
+    }
+    if (c->n_tools && c->mode != TRAIN_MODE_GRPO) FAIL("tools: multi-turn tool use is for mode grpo");
+    if (c->n_tools && c->env_url)
+        FAIL("env_url: give tools (tandem's built-in tools) or env_url (an environment service), not both");
+    if (c->env_url) {
+        HttpUrl u;
+        char uerr[512];
+        if (http_parse_url(c->env_url, &u, uerr, sizeof uerr) != 0) FAIL("env_url: %s", uerr);
+        if (c->mode != TRAIN_MODE_GRPO) FAIL("env_url: environments are for mode grpo");
+    }
+    NEED(isfinite(c->env_timeout) && c->env_timeout > 0, "env_timeout", "must be > 0 seconds, got %g",
+         c->env_timeout);
+    NEED(isfinite(c->env_connect_timeout) && c->env_connect_timeout > 0, "env_connect_timeout",
+         "must be > 0 seconds, got %g", c->env_connect_timeout);
+    NEED(c->env_retries >= 0, "env_retries", "must be >= 0, got %d", c->env_retries);
+    NEED(isfinite(c->env_backoff) && c->env_backoff >= 0, "env_backoff", "must be >= 0 seconds, got %g",
+         c->env_backoff);
+    if (lookup && !c->tool_lookup_file)
+        FAIL("tools: lookup needs tool_lookup_file (a JSON object file of key -> value)");
+    if (c->tool_lookup_file && !lookup) FAIL("tool_lookup_file: set, but tools does not list lookup");
+    if (c->tool_call_format) {
+        ToolCallFormat f;
+        char ferr[256];
+        if (tool_call_format_from_name(c->tool_call_format, &f, ferr, sizeof ferr) != 0)
+            FAIL("tool_call_format: %s", ferr);
+    }
+    return 0;
+}
+
 int train_config_finalize(TrainConfig *c, int world_size, char *err, size_t err_len) {
     if (world_size < 1) FAIL("world size %d: must be >= 1 (WORLD_SIZE)", world_size);
     c->world_size = world_size;
     if (check_model_and_data(c, err, err_len) || check_generation(c, err, err_len) ||
         check_optimisation(c, err, err_len) || check_logging_and_dist(c, err, err_len) ||
-        check_rewards(c, err, err_len) || check_lora(c, err, err_len))
+        check_rewards(c, err, err_len) || check_lora(c, err, err_len) || check_tools(c, err, err_len))
         return -1;
     if (c->mode == TRAIN_MODE_GRPO) {
         if (grpo_options_validate(&c->grpo, err, err_len) != 0) return -1;
         if (!c->rollout_servers)
             FAIL("rollout_servers: grpo needs at least one rollout server (--rollout-servers tcp://host:port)");
-        if (c->n_rewards == 0 && !c->reward_url)
-            FAIL("rewards: grpo needs a reward (--rewards with built-in names, or --reward-url)");
+        if (c->n_rewards == 0 && !c->reward_url && !c->env_url)
+            FAIL("rewards: grpo needs a reward (--rewards with built-in names, --reward-url, or --env-url)");
     }
     return resolve_batches(c, world_size, err, err_len);
 }

@@ -41,6 +41,7 @@ static const char *is_mode_name(int v) { return grpo_choice(grpo_rollout_is_mode
 #define G_GEN "Generation"
 #define G_GRPO "GRPO loss and advantages"
 #define G_RWD "Rewards"
+#define G_TOOLS "Multi-turn tool use"
 #define G_OPT "Optimisation and schedule"
 #define G_LOG "Logging and checkpoints"
 #define G_DIST "Distribution, rollout servers, weight sync"
@@ -150,6 +151,21 @@ const OptionSpec train_options[] = {
     OPT("reward_max_response_mb", OPT_INT, reward_max_response_mb, G_RWD,
         "largest answer read from the service, MiB; a larger one is refused"),
 
+    {"tools", OPT_STRLIST, F(tools), F(n_tools), NULL, 0, NULL, G_TOOLS,
+     "built-in tools for multi-turn rollouts: calculator, lookup; none = single-turn GRPO"},
+    OPT("tool_lookup_file", OPT_STR, tool_lookup_file, G_TOOLS, "JSON object file: the lookup tool's key -> value"),
+    OPT("tool_call_format", OPT_STR, tool_call_format, G_TOOLS,
+        "hermes, llama3 or mistral; unset = the chat template's (chatml/qwen3: hermes, llama3.1, mistral)"),
+    OPT("max_tool_calling_iterations", OPT_INT, max_tool_calling_iterations, G_TOOLS,
+        "most tool turns per rollout; -1 = no limit (TRL's None)"),
+    OPT("env_url", OPT_STR, env_url, G_TOOLS,
+        "environment service http://host:port[/prefix] (docs/environments.md), instead of tools; its rewards are "
+        "the reward function 'environment'"),
+    OPT("env_timeout", OPT_F64, env_timeout, G_TOOLS, "seconds for the environment service to answer one call"),
+    OPT("env_connect_timeout", OPT_F64, env_connect_timeout, G_TOOLS, "seconds to connect to it"),
+    OPT("env_retries", OPT_INT, env_retries, G_TOOLS, "retries after a failed environment call"),
+    OPT("env_backoff", OPT_F64, env_backoff, G_TOOLS, "seconds before the first retry, doubled each time"),
+
     OPT("learning_rate", OPT_F64, learning_rate, G_OPT, "peak learning rate of AdamW"),
     ENUM("lr_scheduler_type", lr_scheduler_type, sched_name, 0, G_OPT,
          "schedule after warmup (transformers' get_scheduler)"),
@@ -243,6 +259,8 @@ void train_config_default(TrainConfig *c) {
     c->length_penalty_coef = 1.0;
     c->reward_timeout = 60.0, c->reward_connect_timeout = 10.0, c->reward_retries = 3, c->reward_backoff = 1.0;
     c->reward_max_response_mb = 64;
+    c->max_tool_calling_iterations = -1;
+    c->env_timeout = 60.0, c->env_connect_timeout = 10.0, c->env_retries = 3, c->env_backoff = 1.0;
     c->learning_rate = 1e-6, c->weight_decay = 0.0, c->adam_beta1 = 0.9, c->adam_beta2 = 0.999;
     c->adam_epsilon = 1e-8, c->max_grad_norm = 1.0;
     c->lr_scheduler_type = LR_SCHED_LINEAR;

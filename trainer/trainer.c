@@ -13,6 +13,7 @@
 #include <time.h>
 #include <unistd.h>
 
+#include "trainer/grpo_multiturn.h"
 #include "trainer/lora_train.h"
 #include "trainer/lr_schedule.h"
 #include "trainer/make_dirs.h"
@@ -291,11 +292,12 @@ int trainer_open(Trainer *t, TrainConfig *cfg, char *err, size_t err_len) {
             train_config_reward_service_options(cfg, &so);
             if (reward_service_create(&t->reward_service, &so, err, err_len) != 0) return -1;
         }
-        if (cfg->n_rewards == 0 && !cfg->reward_url) {
+        if (cfg->n_rewards == 0 && !cfg->reward_url && !cfg->env_url) {
             snprintf(err, err_len, "grpo needs at least one reward: --rewards NAME[,NAME] (built-ins: answer_match, "
                      "regex_format, think_format, length_penalty, soft_overlong) or --reward-url URL");
             return -1;
         }
+        if ((cfg->n_tools || cfg->env_url) && trainer_open_tools(t, cfg, err, err_len) != 0) return -1;
         if (!cfg->rollout_servers) {
             snprintf(err, err_len, "grpo needs --rollout-servers tcp://HOST:PORT[,...] (tandem-serve --control)");
             return -1;
@@ -352,6 +354,7 @@ void trainer_close(Trainer *t) {
     if (t->acts) train_acts_free(t->acts, &t->model);
     rollout_client_destroy(t->rollout);
     reward_service_free(t->reward_service);
+    env_free(t->env);
     rewards_free(t->rewards);
     data_close(t->data);
     chat_template_free(t->chat);

@@ -15,6 +15,8 @@
 #include "shared/comm/comm.h"
 #include "shared/model.h"
 #include "shared/tokenizer/tokenizer.h"
+#include "trainer/environment.h"
+#include "trainer/tool_turn_render.h"
 #include "trainer/checkpoint.h"
 #include "trainer/data.h"
 #include "trainer/reward_service.h"
@@ -47,6 +49,10 @@ typedef struct Trainer {
     Rewards *rewards;
     RewardService *reward_service;  // NULL without --reward-url
     RolloutClient *rollout;     // rank 0 and every rank (each rank sends its own prompts)
+    Environment *env;           // multi-turn tool use: the built-in tools (--tools) or an environment service
+                                // (--env-url, whose rewards are a reward column); NULL: single turn
+    ToolTurnStyle tool_style;   // how the chat template renders tool turns (with env)
+    ToolCallFormat tool_format; // how the policy writes tool calls (with env)
     TrainActs *acts;
     int acts_tokens, acts_seqs; // capacity of acts
     TrainProgress progress;

@@ -27,7 +27,10 @@ TANDEM_ONLY = {"model", "train_file", "mode", "overwrite_output_dir", "chat_temp
                "max_staleness",   # TRL's AsyncGRPOConfig has it, GRPOConfig does not
                "sharding_strategy", "zero_hpz_partition_size",   # FSDP's and DeepSpeed ZeRO++'s names
                "lora_init",   # PEFT's init_lora_weights, which TRL's ModelConfig does not expose
-               "lora_save_merged"}
+               "lora_save_merged",
+               # TRL takes tools and environments as GRPOTrainer arguments
+               "tools", "tool_lookup_file", "tool_call_format", "env_url", "env_timeout", "env_connect_timeout",
+               "env_retries", "env_backoff"}
 # LoRA options: TRL's ModelConfig fields (trl sft/grpo scripts take them beside the trainer config), its defaults
 # but for this spelling: the modules PEFT picks for tandem's architectures when target_modules is None.
 MODEL_CONFIG = {"use_peft", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "use_rslora"}
@@ -41,6 +44,7 @@ DEFAULT_SPELLING = {
     "generation_batch_size": (8, 0),  # idem
     "optim": ("adamw_torch_fused", "adamw_torch"),  # both AdamW
     "output_dir": (None, "output"),   # TRL requires it; tandem defaults it
+    "max_tool_calling_iterations": (None, -1),   # no limit
 }
 
 

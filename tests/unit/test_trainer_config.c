@@ -298,6 +298,13 @@ static void test_finalize_refusals(void) {
     REFUSE("max_steps: must be >= 1, or -1", NULL, "--max-steps", "0");
     REFUSE("num_train_epochs: must be > 0 when max_steps is -1", NULL, "--num-train-epochs", "0");
     REFUSE("seed: must be >= 0", NULL, "--seed", "-1");
+    REFUSE("tools: unknown built-in tool 'search'", "calculator, lookup", "--tools", "calculator,search");
+    REFUSE("tools: lookup needs tool_lookup_file", NULL, "--tools", "lookup");
+    REFUSE("tool_lookup_file: set, but tools does not list lookup", NULL, "--tools", "calculator",
+           "--tool-lookup-file", "t.json");
+    REFUSE("tool_call_format: unknown tool-call format 'qwen'", "hermes", "--tools", "calculator",
+           "--tool-call-format", "qwen");
+    REFUSE("max_tool_calling_iterations: must be >= 0, or -1", NULL, "--max-tool-calling-iterations", "-2");
     REFUSE("optim: tandem trains with AdamW only", "'sgd'", "--optim", "sgd");
     REFUSE("logging_steps: must be >= 1", NULL, "--logging-steps", "0");
     REFUSE("save_steps: must be >= 0", NULL, "--save-steps", "-1");
