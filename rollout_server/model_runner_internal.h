@@ -102,6 +102,9 @@ struct ModelRunner {
     int comm_timeout_ms;
 };
 
+// Room for n samples, nh history ids and nm mask ids, host and backend (model_runner.c). Returns 0 or -1 (out of
+// memory).
+int runner_samp_reserve(ModelRunner *r, int n, int64_t nh, int64_t nm);
 // Runs shard k's part of the current plan (the model over the step arrays). Returns 0 or -1 (message in the
 // shard's err).
 int runner_shard_step(ModelRunner *r, int k);
