@@ -1,6 +1,7 @@
-// trainer/sft_train.c — supervised fine-tuning with the GRPO engine's machinery: cross-entropy on the
-// completion tokens of prompt/completion rows (TRL SFTTrainer's completion-only loss), averaged over every
-// completion token of the optimizer step on every rank.
+// trainer/sft_train.c — supervised fine-tuning with the GRPO engine's machinery: TRL SFTTrainer's "nll" loss,
+// cross-entropy on each row's target tokens (DataRow.loss_start on: a prompt/completion row's completion, or every
+// token of a language-modelling row; trainer/data.h), averaged over every target token of the optimizer step on
+// every rank.
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,7 +25,7 @@ int trainer_run_sft(Trainer *t, char *err, size_t err_len) {
         double tokens = 0;
         for (int i = 0; i < B * GA && rc == 0; i++) {
             if (trainer_next_row(t, &rows[i], err, err_len) < 0) rc = -1;
-            else tokens += (double)(rows[i].n_ids - rows[i].prompt_len);
+            else tokens += (double)(rows[i].n_ids - (rows[i].loss_start > 0 ? rows[i].loss_start : 1));
         }
         if (rc == 0 && comm_all_reduce(t->comm, &tokens, 1, COMM_F64, COMM_SUM) != 0) {
             snprintf(err, err_len, "%s", comm_error(t->comm));
@@ -44,7 +45,7 @@ int trainer_run_sft(Trainer *t, char *err, size_t err_len) {
             int n = 0;
             cu[0] = 0;
             for (int b = 0; b < B; b++) {
-                int L = (int)mb[b].n_ids, P = (int)mb[b].prompt_len;
+                int L = (int)mb[b].n_ids, P = (int)mb[b].loss_start;
                 for (int j = 0; j < L; j++) {
                     tok[n + j] = mb[b].ids[j];
                     tgt[n + j] = (j + 1 >= P && j + 1 < L) ? mb[b].ids[j + 1] : -1;

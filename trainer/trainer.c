@@ -129,6 +129,23 @@ static int open_step_log(Trainer *t, const char *name, FILE **f, char *err, size
     return 0;
 }
 
+// One line for every TRL key the configuration had that tandem accepts without a setting of its own (no effect
+// here, or at the one value tandem implements): docs/configuration.md, "TRL keys", says why for each.
+static void log_trl_keys(const Trainer *t) {
+    const TrainConfig *c = t->cfg;
+    if (c->n_ignored == 0) return;
+    size_t len = 1;
+    for (size_t i = 0; i < c->n_ignored; i++) len += strlen(c->ignored[i]) + 2;
+    char *list = malloc(len);
+    if (!list) return;
+    size_t used = 0;
+    for (size_t i = 0; i < c->n_ignored; i++)
+        used += (size_t)snprintf(list + used, len - used, "%s%s", i ? ", " : "", c->ignored[i]);
+    log0(t, "config: %zu TRL key(s) accepted with no effect on this run (TRL's own machinery, or the value tandem "
+         "implements; docs/configuration.md, TRL keys): %s", c->n_ignored, list);
+    free(list);
+}
+
 int trainer_open(Trainer *t, TrainConfig *cfg, char *err, size_t err_len) {
     memset(t, 0, sizeof *t);
     t->cfg = cfg;
@@ -139,6 +156,7 @@ int trainer_open(Trainer *t, TrainConfig *cfg, char *err, size_t err_len) {
     t->rank = ci.rank;
     t->world = ci.world_size;
     if (train_config_finalize(cfg, t->world, err, err_len) != 0) return -1;
+    log_trl_keys(t);
     // auto: the GPU when one is there (one per rank: LOCAL_RANK picks it). Several CUDA ranks exchange the ZeRO
     // state over NCCL; everything on host memory (rewards, metrics, flags) goes over the host communicator.
     OpsBackend backend = cfg->device == TRAIN_DEVICE_CUDA ||
@@ -211,7 +229,9 @@ int trainer_open(Trainer *t, TrainConfig *cfg, char *err, size_t err_len) {
                         .max_prompt_length = cfg->max_prompt_length,
                         .refuse_overlong = cfg->overlong_prompts == OVERLONG_PROMPTS_ERROR, .rank = t->rank,
                         .world_size = t->world, .seed = (uint64_t)(cfg->data_seed >= 0 ? cfg->data_seed : cfg->seed),
-                        .shuffle = cfg->shuffle_dataset};
+                        .shuffle = cfg->shuffle_dataset, .text_field = cfg->dataset_text_field,
+                        .prompt_loss = cfg->completion_only_loss == 0, .max_length = cfg->max_length,
+                        .keep_end = cfg->truncation_mode == TRUNCATION_KEEP_END};
     if (data_open(&t->data, cfg->train_file, &dopt, err, err_len) != 0) return -1;
     if (cfg->mode == TRAIN_MODE_GRPO) {
         RewardOptions ro;
@@ -268,8 +288,6 @@ int trainer_open(Trainer *t, TrainConfig *cfg, char *err, size_t err_len) {
             open_step_log(t, "completions.jsonl", &t->completions, err, err_len) != 0)
             return -1;
     }
-    for (size_t i = 0; i < cfg->n_ignored; i++)
-        log0(t, "config key %s is accepted for TRL compatibility and has no effect here", cfg->ignored[i]);
     log0(t, "%s: %ld optimizer steps, %zu records in %s (%zu on this rank)", cfg->mode == TRAIN_MODE_GRPO ? "grpo" : "sft",
          t->total_steps, data_total_records(t->data), cfg->train_file, data_shard_records(t->data));
     return 0;
