@@ -21,16 +21,22 @@ int trainer_run_sft(Trainer *t, char *err, size_t err_len) {
     int rc = 0;
     while (rc == 0 && t->progress.step < t->total_steps) {
         double t0 = trainer_now();
-        // The whole step's rows first: the loss is normalised by the step's completion tokens on every rank.
-        double tokens = 0;
+        // The whole step's rows first: the loss is normalised by the step's target tokens on every rank
+        // (num_items_in_batch); num_tokens counts every token of the rows, TRL's cumulative count.
+        double counts[2] = {0, 0};
         for (int i = 0; i < B * GA && rc == 0; i++) {
             if (trainer_next_row(t, &rows[i], err, err_len) < 0) rc = -1;
-            else tokens += (double)(rows[i].n_ids - (rows[i].loss_start > 0 ? rows[i].loss_start : 1));
+            else {
+                counts[0] += (double)(rows[i].n_ids - (rows[i].loss_start > 0 ? rows[i].loss_start : 1));
+                counts[1] += (double)rows[i].n_ids;
+            }
         }
-        if (rc == 0 && comm_all_reduce(t->comm, &tokens, 1, COMM_F64, COMM_SUM) != 0) {
+        if (rc == 0 && comm_all_reduce(t->comm, counts, 2, COMM_F64, COMM_SUM) != 0) {
             snprintf(err, err_len, "%s", comm_error(t->comm));
             rc = -1;
         }
+        const double tokens = counts[0];
+        t->progress.num_input_tokens_seen += (int64_t)counts[1];
         double loss = 0;
         for (int g = 0; g < GA && rc == 0; g++) {
             DataRow *mb = rows + g * B;
@@ -76,8 +82,9 @@ int trainer_run_sft(Trainer *t, char *err, size_t err_len) {
             break;
         }
         if (t->progress.step % c->logging_steps == 0 || t->progress.step == t->total_steps) {
-            json_t *m = json_pack("{s:f, s:f, s:f, s:f, s:f}", "loss", loss, "grad_norm", (double)gn, "learning_rate", lr,
-                                  "num_tokens", tokens, "step_time", trainer_now() - t0);
+            json_t *m = json_pack("{s:f, s:f, s:f, s:f, s:f, s:f}", "loss", loss, "grad_norm", (double)gn,
+                                  "learning_rate", lr, "num_tokens", (double)t->progress.num_input_tokens_seen,
+                                  "num_items_in_batch", tokens, "step_time", trainer_now() - t0);
             trainer_log(t, m);
         }
         if (c->save_steps > 0 && t->progress.step % c->save_steps == 0 && trainer_save(t, err, err_len) != 0) rc = -1;

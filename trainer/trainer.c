@@ -264,6 +264,7 @@ int trainer_open(Trainer *t, TrainConfig *cfg, char *err, size_t err_len) {
     long steps_per_epoch = (long)data_shard_records(t->data) / (per_step > 0 ? per_step : 1);
     if (steps_per_epoch < 1) steps_per_epoch = 1;
     t->total_steps = train_config_total_steps(cfg, steps_per_epoch);
+    t->steps_per_epoch = steps_per_epoch;
     if (cfg->resume) {
         char loaded[PATH_MAX];
         CheckpointOptions co = {.output_dir = cfg->output_dir, .base_model_dir = cfg->model,
@@ -403,6 +404,8 @@ void trainer_log(Trainer *t, json_t *m) {
     }
     if (isatty(STDERR_FILENO)) fputs("\r\033[K", stderr); // the log line replaces the progress bar
     json_object_set_new(m, "step", json_integer(t->progress.step));
+    // TRL's (the Trainer's) epoch: passes over the data so far, fractional.
+    json_object_set_new(m, "epoch", json_real((double)t->progress.step / (double)t->steps_per_epoch));
     json_object_set_new(m, "elapsed", json_real(trainer_now() - t->t_start));
     // Several nodes: rank 0's ZeRO traffic (policy and reference, checkpoint gathers included) since the previous
     // row, split by whether it crossed the node boundary. One node has nothing to split, and its rows stay

@@ -49,6 +49,7 @@ typedef struct Trainer {
     int acts_tokens, acts_seqs; // capacity of acts
     TrainProgress progress;
     long total_steps;
+    long steps_per_epoch;           // optimizer steps of one pass over the data (the logged epoch's unit)
     FILE *metrics;              // rank 0: OUTPUT_DIR/metrics.jsonl
     FILE *completions;          // rank 0 with log_completions (grpo): OUTPUT_DIR/completions.jsonl
     double t_start;
