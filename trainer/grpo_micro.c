@@ -209,7 +209,7 @@ int grpo_micro_step(Trainer *t, UnitSource *policy, const GrpoRound *r, GrpoMicr
                         .steps_per_generation = S, .training = 1, .entropy_coef = grpo_entropy_apply_coef(ec, o)};
     if (grpo_loss(o, &in, w->grad, gent, &lm, err, err_len) != 0) return -1;
     const long step = t->progress.step + 1;   // the optimizer step this micro-batch feeds
-    if (t->completions && (step % t->cfg->logging_steps == 0 || step == t->total_steps) &&
+    if (t->completions && trainer_logs_step(t, step) &&
         grpo_log_completions(t, r, step, w->idx, B, T, old, isr, grpo_rollout_is_ratio_len(o, 1, 2) == 2, err,
                              err_len) != 0)
         return -1;

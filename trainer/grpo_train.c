@@ -216,7 +216,7 @@ static int log_step(Trainer *t, const json_t *m, const GrpoStepSums *sums, float
     const double loss = red[0], sync_bytes = red[1];
     free(red);
     step_clock_charge(clock, PHASE_LOG);
-    if (t->progress.step % t->cfg->logging_steps != 0 && t->progress.step != t->total_steps) {
+    if (!trainer_logs_step(t, t->progress.step)) {
         step_clock_open(clock, trainer_now());
         return 0;
     }
@@ -417,7 +417,7 @@ static int run_round(Trainer *t, RoundRing *q, GrpoMicroBuffers *w, UnitSource *
             step_clock_charge(clock, PHASE_LOG);
             grpo_step_sums_reset(&sums);
             t_train = 0;
-            if (c->save_steps > 0 && t->progress.step % c->save_steps == 0) {
+            if (trainer_saves_step(t, t->progress.step)) {
                 // A resumed run reads the data after this round's prompts, not after those of rounds sent ahead.
                 if (trainer_save_at(t, r->data_epoch_end, r->data_pos_end, err, err_len) != 0) goto out;
                 step_clock_charge(clock, PHASE_CHECKPOINT);
@@ -479,6 +479,6 @@ int trainer_run_grpo(Trainer *t, char *err, size_t err_len) {
     free(q.rounds);
     grpo_micro_buffers_free(&w);
     if (rc != 0) return -1;
-    if (c->save_steps == 0 || t->progress.step % c->save_steps != 0) return trainer_save(t, err, err_len);
+    if (!trainer_saves_step(t, t->progress.step)) return trainer_save(t, err, err_len);
     return 0;
 }

@@ -81,16 +81,16 @@ int trainer_run_sft(Trainer *t, char *err, size_t err_len) {
             rc = -1;
             break;
         }
-        if (t->progress.step % c->logging_steps == 0 || t->progress.step == t->total_steps) {
+        if (trainer_logs_step(t, t->progress.step)) {
             json_t *m = json_pack("{s:f, s:f, s:f, s:f, s:f, s:f}", "loss", loss, "grad_norm", (double)gn,
                                   "learning_rate", lr, "num_tokens", (double)t->progress.num_input_tokens_seen,
                                   "num_items_in_batch", tokens, "step_time", trainer_now() - t0);
             trainer_log(t, m);
         }
-        if (c->save_steps > 0 && t->progress.step % c->save_steps == 0 && trainer_save(t, err, err_len) != 0) rc = -1;
+        if (trainer_saves_step(t, t->progress.step) && trainer_save(t, err, err_len) != 0) rc = -1;
         trainer_progress(t);
     }
     free(rows);
-    if (rc == 0 && (c->save_steps == 0 || t->progress.step % c->save_steps != 0)) rc = trainer_save(t, err, err_len);
+    if (rc == 0 && !trainer_saves_step(t, t->progress.step)) rc = trainer_save(t, err, err_len);
     return rc;
 }

@@ -33,6 +33,9 @@ typedef enum { OVERLONG_PROMPTS_SKIP = 0, OVERLONG_PROMPTS_ERROR } OverlongPromp
 typedef enum { FORMAT_REGEX_FULL = 0, FORMAT_REGEX_SEARCH } FormatRegexMode;
 typedef enum { WEIGHT_SYNC_AUTO = 0, WEIGHT_SYNC_NCCL, WEIGHT_SYNC_ZMQ } WeightSyncTransport;
 typedef enum { TRUNCATION_KEEP_START = 0, TRUNCATION_KEEP_END } TruncationMode;
+// TRL's (transformers') SaveStrategy: every save_steps, at each epoch's end, none but the final checkpoint; "best"
+// needs evaluation and is refused.
+typedef enum { SAVE_STRATEGY_STEPS = 0, SAVE_STRATEGY_EPOCH, SAVE_STRATEGY_NO, SAVE_STRATEGY_BEST } SaveStrategy;
 
 typedef struct {
     // ---- model, data, output ----
@@ -91,7 +94,9 @@ typedef struct {
     char *optim;                    // adamw_* only (AdamW is the one optimizer)
     // ---- logging and checkpoints ----
     int logging_steps;
+    int logging_first_step;         // also log step 1
     int log_completions;            // rank 0 writes the completions of logged steps to completions.jsonl
+    SaveStrategy save_strategy;
     int save_steps;                 // 0: only at the end
     int save_total_limit;           // 0: keep every checkpoint
     char *resume;                   // checkpoint folder to resume from, "latest", or NULL

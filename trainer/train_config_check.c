@@ -110,6 +110,10 @@ static int check_optimisation(const TrainConfig *c, Problems *p) {
 static int check_logging_and_dist(const TrainConfig *c, Problems *p) {
     NEED(c->logging_steps >= 1, "logging_steps", "must be >= 1, got %d", c->logging_steps);
     NEED(c->save_steps >= 0, "save_steps", "must be >= 0 (0 = only at the end), got %d", c->save_steps);
+    if (c->save_strategy == SAVE_STRATEGY_BEST)
+        problems_add(p, "save_strategy: \"best\" keeps the checkpoint with the best evaluation metric, and "
+                     "tandem-train does no evaluation; use \"steps\" (save_steps) or \"epoch\", and score the "
+                     "checkpoints with tandem-train eval");
     NEED(c->save_total_limit >= 0, "save_total_limit", "must be >= 0 (0 = keep all), got %d", c->save_total_limit);
     if (c->resume && !c->resume[0]) FAIL("resume: empty path (give a checkpoint folder or \"latest\")");
     NEED(c->zero_stage >= 1 && c->zero_stage <= 3, "zero_stage", "must be 1, 2 or 3, got %d", c->zero_stage);

@@ -27,6 +27,7 @@ NAMES(device_name, "auto", "cpu", "cuda")
 NAMES(sync_name, "auto", "nccl", "zmq")
 NAMES(sharding_name, "full_shard", "hybrid_shard")
 NAMES(truncation_name, "keep_start", "keep_end")
+NAMES(save_strategy_name, "steps", "epoch", "no", "best")
 static const char *sched_name(int v) { return pick(lr_schedule_names, LR_SCHED_COUNT, v); }
 // GRPO enums: their own name functions answer "?" past the last value.
 static const char *grpo_choice(const char *s) { return (s && strcmp(s, "?") != 0) ? s : NULL; }
@@ -182,7 +183,12 @@ const OptionSpec train_options[] = {
     OPT("log_completions", OPT_BOOL, log_completions, G_LOG, "grpo: rank 0 writes each completion it trains on at "
         "a logged step to OUTPUT_DIR/completions.jsonl (ids, version, staleness, advantage, the servers' and the "
         "old logprobs, the importance-sampling ratio)"),
-    OPT("save_steps", OPT_INT, save_steps, G_LOG, "checkpoint every k steps; 0 = only at the end"),
+    OPT("logging_first_step", OPT_BOOL, logging_first_step, G_LOG, "also log the first step"),
+    ENUM("save_strategy", save_strategy, save_strategy_name, 0, G_LOG, "steps: a checkpoint every save_steps steps; "
+         "epoch: at the end of each pass over the data; no: none but the final one (the model TRL's "
+         "trainer.save_model() would write); best is refused (it needs evaluation). The final step is always saved"),
+    OPT("save_steps", OPT_INT, save_steps, G_LOG, "checkpoint every k steps (save_strategy steps); 0 = only at the "
+        "end"),
     NULLABLE("save_total_limit", OPT_INT, save_total_limit, 0, G_LOG, "keep the last k checkpoints; 0 (null) = all"),
     OPT("resume", OPT_STR, resume, G_LOG, "checkpoint folder to resume from, or \"latest\" in output_dir"),
     ALIAS("resume_from_checkpoint", "resume"),

@@ -67,7 +67,6 @@ const TrlKey trl_keys[] = {
     ONLY("auto_find_batch_size", "[false]", "batch sizes are never changed behind the user's back; set "
          "per_device_train_batch_size"),
     ONLY("logging_strategy", "[\"steps\"]", "metrics.jsonl gets a row every logging_steps steps (and the last)"),
-    ONLY("logging_first_step", "[false]", "the first row is at step logging_steps; set logging_steps 1 for every step"),
     NO_EFFECT("log_on_each_node", "rank 0 alone writes the log and metrics.jsonl"),
     NO_EFFECT("logging_nan_inf_filter", "metrics.jsonl holds the values as computed"),
     ONLY("include_num_input_tokens_seen", "[\"no\", false]", "metrics.jsonl has num_tokens (prompt + completion "
@@ -96,9 +95,6 @@ const TrlKey trl_keys[] = {
     NO_EFFECT("include_for_metrics", "tandem-train does no evaluation (eval_strategy \"no\")"),
     NO_EFFECT("batch_eval_metrics", "tandem-train does no evaluation (eval_strategy \"no\")"),
     NO_EFFECT("save_only_model", "checkpoints always hold the optimizer state too, so any of them resumes"),
-    ONLY("save_strategy", "[\"steps\"]", "checkpoints are written every save_steps steps and at the end; for one "
-         "per epoch set save_steps to the optimizer steps of an epoch (the start-up log's count with "
-         "num_train_epochs 1), for none but the last set save_steps 0"),
     NO_EFFECT("save_on_each_node", "rank 0 writes each checkpoint once, to output_dir"),
     ONLY("enable_jit_checkpoint", "[false]", "no checkpoint is written on SIGTERM; lower save_steps and resume "
          "latest"),

@@ -265,6 +265,8 @@ int trainer_open(Trainer *t, TrainConfig *cfg, char *err, size_t err_len) {
     if (steps_per_epoch < 1) steps_per_epoch = 1;
     t->total_steps = train_config_total_steps(cfg, steps_per_epoch);
     t->steps_per_epoch = steps_per_epoch;
+    t->save_every = cfg->save_strategy == SAVE_STRATEGY_EPOCH ? steps_per_epoch
+                    : cfg->save_strategy == SAVE_STRATEGY_STEPS ? cfg->save_steps : 0;
     if (cfg->resume) {
         char loaded[PATH_MAX];
         CheckpointOptions co = {.output_dir = cfg->output_dir, .base_model_dir = cfg->model,
@@ -358,6 +360,12 @@ int trainer_save(Trainer *t, char *err, size_t err_len) {
     data_tell(t->data, &epoch, &pos);
     return trainer_save_at(t, epoch, pos, err, err_len);
 }
+
+int trainer_logs_step(const Trainer *t, long step) {
+    return step % t->cfg->logging_steps == 0 || step == t->total_steps || (t->cfg->logging_first_step && step == 1);
+}
+
+int trainer_saves_step(const Trainer *t, long step) { return t->save_every > 0 && step % t->save_every == 0; }
 
 int trainer_save_at(Trainer *t, uint64_t epoch, size_t pos, char *err, size_t err_len) {
     t->progress.epoch = (int64_t)epoch;

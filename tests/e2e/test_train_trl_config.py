@@ -79,6 +79,25 @@ def test_sft_dumps_train(setup):
         assert rows and rows[-1]["step"] == 2 and all(r["loss"] > 0 for r in rows)
 
 
+@pytest.mark.parametrize("strategy,checkpoints", [("epoch", ["checkpoint-10", "checkpoint-8"]),
+                                                  ("no", ["checkpoint-10"])])
+def test_save_strategy_and_logging_first_step(setup, tmp_path, strategy, checkpoints):
+    """16 rows, 2 a step: an epoch is 8 steps. save_strategy epoch saves at its end (and the final step), no saves
+    only the final step; logging_first_step adds step 1 to every logging_steps'."""
+    d = setup
+    out = tmp_path / "out"
+    cfg = dump(tmp_path / "sft.json", SFTConfig(
+        output_dir=str(out), save_strategy=strategy, logging_steps=5, logging_first_step=True, max_steps=10,
+        per_device_train_batch_size=2, learning_rate=1e-3, dataset_text_field="body", report_to="none", **CPU))
+    code, log = run("--config", str(cfg), "--mode", "sft", "--model", str(d / "model"), "--train-file",
+                    str(d / "lm.jsonl"), "--device", "cpu")
+    assert code == 0, log
+    assert sorted(p.name for p in out.glob("checkpoint-*")) == checkpoints
+    rows = [json.loads(x) for x in (out / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 5, 10]
+    assert [r["epoch"] for r in rows] == [1 / 8, 5 / 8, 10 / 8]
+
+
 def test_grpo_dumps_pass_every_check(setup, tmp_path):
     d = setup
     configs = [
@@ -103,17 +122,18 @@ def test_grpo_dumps_pass_every_check(setup, tmp_path):
 
 def test_unsupported_settings_are_refused_in_one_run(setup, tmp_path):
     d = setup
-    config = json.loads(GRPOConfig(output_dir=str(tmp_path / "g"), save_strategy="epoch", report_to=["wandb"],
-                                   logging_first_step=True, learning_rate=-1.0, **CPU).to_json_string())
+    config = json.loads(GRPOConfig(output_dir=str(tmp_path / "g"), report_to=["wandb"], logging_strategy="epoch",
+                                   learning_rate=-1.0, **CPU).to_json_string())
     config["num_generation"] = 4    # a typo
+    config["save_strategy"] = "best"
     path = tmp_path / "bad.json"
     path.write_text(json.dumps(config))
     code, log = run("--config", str(path), "--model", str(d / "model"), "--train-file", str(d / "train.jsonl"),
                     "--rollout-servers", "tcp://127.0.0.1:9", "--rewards", "think_format", timeout=30)
     assert code == 2, log
-    for needle in ('save_strategy: "epoch" is not supported by tandem', "save_steps",
+    for needle in ('save_strategy: "best" keeps the checkpoint with the best evaluation metric',
                    'report_to: ["wandb"] is not supported by tandem', "metrics.jsonl",
-                   "logging_first_step: true is not supported", "unknown key 'num_generation' (did you mean "
+                   'logging_strategy: "epoch" is not supported', "unknown key 'num_generation' (did you mean "
                    "'num_generations'?)", "learning_rate: must be >= 0"):
         assert needle in log, (needle, log)
 

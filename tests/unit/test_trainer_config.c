@@ -243,7 +243,9 @@ static void test_parse_refusals(void) {
     refuse_json(__LINE__, "{\"config\": \"other.json\"}", "cfg.json: config: only valid on the command line", NULL);
     refuse_json(__LINE__, "{\"sync_ref_model\": true}", "cfg.json: sync_ref_model: true is not supported", NULL);
     refuse_json(__LINE__, "{\"fp16\": true}", "fp16: true is not supported", "remove fp16");
-    refuse_json(__LINE__, "{\"save_strategy\": \"epoch\"}", "save_strategy: \"epoch\" is not supported", "save_steps");
+    refuse_json(__LINE__, "{\"save_strategy\": \"best\"}", "save_strategy: \"best\" keeps the checkpoint", "no evaluation");
+    refuse_json(__LINE__, "{\"logging_strategy\": \"epoch\"}", "logging_strategy: \"epoch\" is not supported",
+                "logging_steps");
     refuse_json(__LINE__, "{\"report_to\": [\"wandb\"]}", "report_to: [\"wandb\"] is not supported", "metrics.jsonl");
     refuse_json(__LINE__, "{\"model_init_kwargs\": {\"revision\": \"x\"}}", "model_init_kwargs: {\"revision\":\"x\"} is "
                 "not supported", NULL);
