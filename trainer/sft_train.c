@@ -82,9 +82,10 @@ int trainer_run_sft(Trainer *t, char *err, size_t err_len) {
             break;
         }
         if (trainer_logs_step(t, t->progress.step)) {
-            json_t *m = json_pack("{s:f, s:f, s:f, s:f, s:f, s:f}", "loss", loss, "grad_norm", (double)gn,
+            json_t *m = json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:I}", "loss", loss, "grad_norm", (double)gn,
                                   "learning_rate", lr, "num_tokens", (double)t->progress.num_input_tokens_seen,
-                                  "num_items_in_batch", tokens, "step_time", trainer_now() - t0);
+                                  "num_items_in_batch", tokens, "step_time", trainer_now() - t0, "prompts_skipped",
+                                  (json_int_t)data_skipped(t->data));
             trainer_log(t, m);
         }
         if (trainer_saves_step(t, t->progress.step) && trainer_save(t, err, err_len) != 0) rc = -1;

@@ -219,8 +219,8 @@ const OptionSpec train_options[] = {
          "nccl (GPUs), zmq (frames over the control socket); auto = nccl on cuda"),
 
     NULLABLE("max_length", OPT_INT, max_length, 0, G_SFT, "sequences (prompt + completion) are cut to this many "
-             "tokens, and a row left with no token to learn is skipped (counted as prompts_skipped); 0 (null) = no "
-             "cut"),
+             "tokens, and a row left with no token to learn is skipped as TRL drops it (counted in metrics.jsonl's "
+             "prompts_skipped); 0 (null) = no cut"),
     ENUM("truncation_mode", truncation_mode, truncation_name, 0, G_SFT,
          "which end of a sequence over max_length is kept"),
     NULLABLE("completion_only_loss", OPT_BOOL, completion_only_loss, -1, G_SFT, "prompt/completion rows: the loss "
