@@ -119,8 +119,8 @@ const TrlKey trl_keys[] = {
          "Accelerate's batch splitting and dispatching are not used: each rank reads its own shard"),
     ONLY("parallelism_config", "[null]", "context/tensor parallelism is not implemented; tandem shards with ZeRO "
          "(zero_stage, sharding_strategy)"),
-    ONLY("dataloader_drop_last", "[false, true]", "never changes the steps: an optimizer step always takes whole "
-         "batches (the incomplete last batch of an epoch is not trained on)"),
+    NO_EFFECT("dataloader_drop_last", "an optimizer step always takes whole batches: the records of an epoch that "
+              "do not fill one are not trained on that epoch"),
     NO_EFFECT("dataloader_num_workers", "tandem reads its shard in the rank's own thread"),
     NO_EFFECT("dataloader_pin_memory", "tandem reads its shard in the rank's own thread"),
     NO_EFFECT("dataloader_persistent_workers", "tandem reads its shard in the rank's own thread"),
@@ -197,8 +197,9 @@ const TrlKey trl_keys[] = {
     ONLY("chat_template_path", "[null]", "load a template family with chat_template (chatml, qwen3, llama3, ...)"),
     ONLY("dataset_kwargs", "[null, {}]", "the dataset is always prepared by tandem (tokenized, EOS added)"),
     NO_EFFECT("dataset_num_proc", "each rank tokenizes its own shard"),
-    ONLY("eos_token", "[\"<EOS_TOKEN>\", null]", "the tokenizer's EOS token ends each completion; another token is "
-         "not implemented"),
+    ONLY("eos_token", "[\"<EOS_TOKEN>\", null]", "the tokenizer's EOS token ends each completion (TRL would also "
+         "write another one into the model's generation config); end the completions with that token's text "
+         "yourself, and set it in the model folder's tokenizer and generation config"),
     ONLY("packing", "[false]", "sequences are not packed into max_length blocks (each row is one sequence, with no "
          "padding); remove packing"),
     NO_EFFECT("packing_strategy", "packing is false"),
