@@ -67,9 +67,10 @@ json_t *checkpoint_state_to_json(const CheckpointState *st) {
     snprintf(hash, sizeof hash, "%016llx", (unsigned long long)st->layout_hash);
     snprintf(rng0, sizeof rng0, "%016llx", (unsigned long long)p->rng[0]);
     snprintf(rng1, sizeof rng1, "%016llx", (unsigned long long)p->rng[1]);
-    return json_pack("{s:I, s:I, s:I, s:[s,s], s:I, s:i, s:i, s:s, s:s}", "global_step", (json_int_t)p->step, "epoch",
-                     (json_int_t)p->epoch, "data_position", (json_int_t)p->data_position, "rng", rng0, rng1,
-                     "policy_version", (json_int_t)p->policy_version, "world_size", st->world_size, "zero_stage",
+    return json_pack("{s:I, s:I, s:I, s:[s,s], s:I, s:I, s:i, s:i, s:s, s:s}", "global_step", (json_int_t)p->step,
+                     "epoch", (json_int_t)p->epoch, "data_position", (json_int_t)p->data_position, "rng", rng0, rng1,
+                     "policy_version", (json_int_t)p->policy_version, "num_input_tokens_seen",
+                     (json_int_t)p->num_input_tokens_seen, "world_size", st->world_size, "zero_stage",
                      st->zero_stage, "zero_slicing", st->zero_slicing[0] ? st->zero_slicing : "full_shard",
                      "layout_hash", hash);
 }
@@ -90,23 +91,25 @@ static int hex64(const char *s, uint64_t *out) {
 int checkpoint_state_from_json(const json_t *j, const char *name, CheckpointState *st, char *err, size_t err_len) {
     memset(st, 0, sizeof *st);
     json_error_t je;
-    json_int_t step, epoch, pos, version;
+    json_int_t step, epoch, pos, version, tokens_seen = 0;
     int world, stage = 0;
     const char *hash, *r0, *r1, *slicing = "full_shard";
     // zero_stage is optional: checkpoints are resumable under any stage (trainer/zero3.h), it is only recorded.
     // zero_slicing is optional: checkpoints from before node-aware ZeRO were all cut flat.
-    if (json_unpack_ex((json_t *)j, &je, 0, "{s:I, s:I, s:I, s:[s,s], s:I, s:i, s?i, s?s, s:s}", "global_step", &step,
-                       "epoch", &epoch, "data_position", &pos, "rng", &r0, &r1, "policy_version", &version,
-                       "world_size", &world, "zero_stage", &stage, "zero_slicing", &slicing, "layout_hash",
+    // num_input_tokens_seen is optional: checkpoints from before it count from 0.
+    if (json_unpack_ex((json_t *)j, &je, 0, "{s:I, s:I, s:I, s:[s,s], s:I, s?I, s:i, s?i, s?s, s:s}", "global_step",
+                       &step, "epoch", &epoch, "data_position", &pos, "rng", &r0, &r1, "policy_version", &version,
+                       "num_input_tokens_seen", &tokens_seen, "world_size", &world, "zero_stage", &stage, "zero_slicing", &slicing, "layout_hash",
                        &hash) != 0) {
         snprintf(err, err_len, "%s: %s", name, je.text);
         return -1;
     }
     // What a save writes: counts from 0, at least one rank, hex of 64-bit values. Anything else is a damaged or
     // hand-made file, which must not resume at a negative step or with a made-up random state.
-    if (step < 0 || epoch < 0 || pos < 0 || world < 1) {
-        snprintf(err, err_len, "%s: global_step, epoch and data_position must be >= 0 and world_size >= 1 (got %lld, "
-                 "%lld, %lld, %d)", name, (long long)step, (long long)epoch, (long long)pos, world);
+    if (step < 0 || epoch < 0 || pos < 0 || world < 1 || tokens_seen < 0) {
+        snprintf(err, err_len, "%s: global_step, epoch, data_position and num_input_tokens_seen must be >= 0 and "
+                 "world_size >= 1 (got %lld, %lld, %lld, %lld, %d)", name, (long long)step, (long long)epoch,
+                 (long long)pos, (long long)tokens_seen, world);
         return -1;
     }
     TrainProgress *p = &st->progress;
@@ -116,6 +119,7 @@ int checkpoint_state_from_json(const json_t *j, const char *name, CheckpointStat
         return -1;
     }
     p->step = step, p->epoch = epoch, p->data_position = pos, p->policy_version = version;
+    p->num_input_tokens_seen = tokens_seen;
     st->world_size = world, st->zero_stage = stage;
     snprintf(st->zero_slicing, sizeof st->zero_slicing, "%s", slicing);
     return 0;

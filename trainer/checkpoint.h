@@ -39,6 +39,7 @@ typedef struct {
     int64_t data_position;   // prompts consumed in this epoch (per rank)
     uint64_t rng[2];         // the trainer's random state
     int64_t policy_version;  // weights version last pushed to the servers
+    int64_t num_input_tokens_seen;  // prompt + completion tokens trained on so far, every rank (TRL's num_tokens)
 } TrainProgress;
 
 // The points checkpoint_save passes, in order, for phase_hook. A test stops the process at each one to check

@@ -384,8 +384,29 @@ int data_parse_row(const DataOptions *opt, const char *text, size_t len, DataRow
         err_fail(err, err_len, "%s: has both \"prompt\" and \"messages\" (give one)", src);
         goto out;
     }
+    const char *text_field = opt->text_field ? opt->text_field : "text";
+    json_t *lm_text = opt->sft && !prompt && !messages ? json_object_get(obj, text_field) : NULL;
+    if (lm_text) {
+        // Language modelling: the text is an empty prompt's completion, so it gets the prompt's BOS and the EOS
+        // text, and every token is learned.
+        if (!json_is_string(lm_text)) {
+            err_fail(err, err_len, "%s: \"%s\" (dataset_text_field) must be a string", src, text_field);
+            goto out;
+        }
+        if (!(owned_prompt = json_string(""))) goto oom;
+        if (tokenize_row(opt, row, owned_prompt, lm_text, src, err, err_len) != 0) goto out;
+        row->loss_start = 0;
+        row->prompt = json_incref(lm_text);
+        if (!(row->columns = json_object())) goto oom;
+        rc = 0;
+        goto out;
+    }
     if (!prompt && !messages) {
-        err_fail(err, err_len, "%s: no \"prompt\" or \"messages\" key", src);
+        if (opt->sft)
+            err_fail(err, err_len, "%s: no \"prompt\", \"messages\" or \"%s\" (dataset_text_field) key", src,
+                     text_field);
+        else
+            err_fail(err, err_len, "%s: no \"prompt\" or \"messages\" key", src);
         goto out;
     }
     const char *pkey = prompt ? "prompt" : "messages";
@@ -435,6 +456,9 @@ int data_parse_row(const DataOptions *opt, const char *text, size_t len, DataRow
         }
     }
     if (tokenize_row(opt, row, prompt, completion, src, err, err_len) != 0) goto out;
+    // A conversation is language modelling in TRL (every token learned); a prompt/completion row learns its
+    // completion unless completion_only_loss is false.
+    row->loss_start = (opt->sft && (owned_prompt || opt->prompt_loss)) ? 0 : row->prompt_len;
     row->prompt = json_incref(prompt);
     row->columns = json_object();
     if (!row->columns) goto oom;
@@ -457,7 +481,7 @@ out:
 }
 
 // Reads and parses record r into row, naming it src ("file:line", src_len bytes). 1: a row; 0: its prompt is over
-// max_prompt_length and is skipped (row cleared); -1: an error naming src (row cleared), the over-long prompt
+// max_prompt_length, or (sft) max_length left it nothing to learn, and it is skipped (row cleared); -1: an error naming src (row cleared), the over-long prompt
 // included with refuse_overlong.
 static int load_record(DataReader *d, const RecordRef *r, DataRow *row, char *src, size_t src_len, char *err,
                        size_t err_len) {
@@ -472,6 +496,22 @@ static int load_record(DataReader *d, const RecordRef *r, DataRow *row, char *sr
                     d->opt.max_prompt_length);
         data_row_clear(row);
         return d->opt.refuse_overlong ? -1 : 0;
+    }
+    if (d->opt.sft && d->opt.max_length > 0 && row->n_ids > (size_t)d->opt.max_length) {
+        const size_t keep = (size_t)d->opt.max_length, cut = row->n_ids - keep;
+        if (d->opt.keep_end) {
+            memmove(row->ids, row->ids + cut, keep * sizeof *row->ids);
+            row->prompt_len = row->prompt_len > cut ? row->prompt_len - cut : 0;
+            row->loss_start = row->loss_start > cut ? row->loss_start - cut : 0;
+        } else {
+            if (row->prompt_len > keep) row->prompt_len = keep;
+            if (row->loss_start > keep) row->loss_start = keep;
+        }
+        row->n_ids = keep;
+        if (row->loss_start >= row->n_ids) {  // nothing left to learn: TRL drops the row
+            data_row_clear(row);
+            return 0;
+        }
     }
     row->record = r->record;
     snprintf(row->source, sizeof row->source, "%s", src);

@@ -7,15 +7,20 @@
 //   "prompt": a string (plain text), or a list of chat messages [{"role": ..., "content": ...}, ...]
 //   "messages": a list of chat messages (instead of "prompt"; a row may not have both)
 //   "completion": sft mode: the target — a string, or a list of messages when the prompt is messages.
-//       An sft row with "messages" and no "completion" uses its last message (which must be "assistant")
-//       as the completion and the ones before it as the prompt.
+//       An sft row with "messages" and no "completion" is a conversation: TRL's language modelling, the loss on
+//       every token (its prompt, for max_prompt_length, is every message before the last, which must be
+//       "assistant").
+//   text_field ("text"): sft mode, a row with neither "prompt" nor "messages": language modelling on that string,
+//       EOS text appended as TRL does; the loss is on every token.
 //   any other key: a column, kept as JSON and handed to the rewards (answer_match reads one of them).
 // Text prompts are tokenized with the tokenizer's special tokens (BOS where its post-processor adds one),
 // as TRL's processing_class(text=...). Message prompts are rendered with the chat template and
 // add_generation_prompt, then tokenized without special tokens (the template writes its own BOS).
 // sft: as TRL's SFTTrainer for prompt/completion rows — text: tokenize prompt and prompt + completion + EOS
 // token text; messages: render prompt (with generation prompt) and prompt + completion (without); the
-// completion starts where the two token sequences first differ.
+// completion starts where the two token sequences first differ. The loss of a prompt/completion row is on its
+// completion (completion_only_loss) or on every token; max_length cuts a sequence (keep_end: its last tokens),
+// and a row left with no token to learn is skipped and counted as an over-long prompt is (TRL drops it).
 //
 // Sharding: rank r of N takes the records with g % N == r. Opening scans the files once for line starts
 // (no JSON parsing) and keeps the byte offset of each of its own records, then parses and tokenizes each of its
@@ -50,6 +55,11 @@ typedef struct {
     int rank, world_size;           // this rank's share: records with index % world_size == rank
     uint64_t seed;
     int shuffle;                    // 1: per-epoch shuffle of the shard (see above)
+    // sft (TRL SFTConfig's meaning):
+    const char *text_field;         // column of language-modelling rows; NULL: "text"
+    int prompt_loss;                // 1: prompt/completion rows learn the prompt too (completion_only_loss false)
+    int max_length;                 // > 0: sequences cut to this many tokens
+    int keep_end;                   // 1: the cut keeps the last max_length tokens
 } DataOptions;
 
 typedef struct {
@@ -58,6 +68,7 @@ typedef struct {
     int32_t *ids;                   // (n_ids) grpo: the prompt; sft: prompt + completion
     size_t n_ids;
     size_t prompt_len;              // leading ids that belong to the prompt (grpo: n_ids)
+    size_t loss_start;              // sft: ids[i] for i >= loss_start are targets (predicted from ids[i - 1])
     json_t *columns;                // object: every key but "prompt"/"messages" (may be empty, never NULL)
     uint64_t record;                // global record index g
     char source[320];               // "file:line" for messages

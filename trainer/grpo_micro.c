@@ -2,6 +2,8 @@
 // their prompts, the forward's per-token logprobs and entropies, the GRPO loss and the backward.
 #include "trainer/grpo_micro.h"
 
+#include "shared/err.h"
+
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -216,7 +218,7 @@ int grpo_micro_step(Trainer *t, UnitSource *policy, const GrpoRound *r, GrpoMicr
                         .steps_per_generation = S, .training = 1, .entropy_coef = grpo_entropy_apply_coef(ec, o)};
     if (grpo_loss(o, &in, w->grad, gent, &lm, err, err_len) != 0) return -1;
     const long step = t->progress.step + 1;   // the optimizer step this micro-batch feeds
-    if (t->completions && (step % t->cfg->logging_steps == 0 || step == t->total_steps) &&
+    if (t->completions && trainer_logs_step(t, step) &&
         grpo_log_completions(t, r, step, w->idx, B, T, old, isr, grpo_rollout_is_ratio_len(o, 1, 2) == 2, err,
                              err_len) != 0)
         return -1;
@@ -235,10 +237,34 @@ int grpo_micro_step(Trainer *t, UnitSource *policy, const GrpoRound *r, GrpoMicr
     if (model_backward_entropy(&t->model, t->acts, policy, w->dlogps, gent ? w->dentropies : NULL, err, err_len) != 0)
         return -1;
     add(&acc->loss, lm.loss);
-    add(&acc->kl, lm.kl_sum), add(&acc->kl_n, lm.kl_count);
-    add(&acc->ent, lm.entropy_sum), add(&acc->ent_n, lm.entropy_count);
-    add(&acc->clip_low, lm.clip_low_sum), add(&acc->clip_high, lm.clip_high_sum);
-    add(&acc->clip_region, lm.clip_region_sum);
-    add(&acc->clip_n, lm.clip_count);
+    if (acc->n >= acc->cap)
+        return err_fail(err, err_len, "internal: more than %d micro-steps in one optimizer step", acc->cap);
+    double *k = acc->micro[acc->n];
+    k[GRPO_MICRO_KL] = lm.kl_sum, k[GRPO_MICRO_KL_N] = lm.kl_count;
+    k[GRPO_MICRO_ENT] = lm.entropy_sum, k[GRPO_MICRO_ENT_N] = lm.entropy_count;
+    k[GRPO_MICRO_LOW] = lm.clip_low_sum, k[GRPO_MICRO_HIGH] = lm.clip_high_sum;
+    k[GRPO_MICRO_REGION] = lm.clip_region_sum, k[GRPO_MICRO_CLIP_N] = lm.clip_count;
+    acc->low_min[acc->n] = lm.clip_low_min, acc->high_max[acc->n] = lm.clip_high_max;
+    acc->n++;
     return 0;
+}
+
+int grpo_step_sums_init(GrpoStepSums *s, int cap, char *err, size_t err_len) {
+    memset(s, 0, sizeof *s);
+    s->micro = calloc((size_t)cap, sizeof *s->micro);
+    s->low_min = calloc((size_t)cap, sizeof *s->low_min);
+    s->high_max = calloc((size_t)cap, sizeof *s->high_max);
+    s->cap = cap;
+    if (!s->micro || !s->low_min || !s->high_max) {
+        grpo_step_sums_free(s);
+        return err_fail(err, err_len, "out of memory for the metrics of %d micro-steps", cap);
+    }
+    return 0;
+}
+
+void grpo_step_sums_reset(GrpoStepSums *s) { s->loss = 0, s->n = 0; }
+
+void grpo_step_sums_free(GrpoStepSums *s) {
+    free(s->micro), free(s->low_min), free(s->high_max);
+    memset(s, 0, sizeof *s);
 }

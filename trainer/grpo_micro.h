@@ -29,10 +29,24 @@ typedef struct {
 
 void grpo_micro_buffers_free(GrpoMicroBuffers *w);
 
-// Sums of one optimizer step's micro-batch metrics (TRL's names, reduced over ranks when logged).
+// One optimizer step's micro-batch metrics (TRL's names). TRL appends one value per micro-batch (its all-rank
+// value: a sum over every rank's tokens over their count, or a min / max over every rank's sequences) and its log
+// averages them; so each micro-step keeps its own sums here, reduced over ranks and averaged when logged.
+enum {
+    GRPO_MICRO_KL, GRPO_MICRO_KL_N, GRPO_MICRO_ENT, GRPO_MICRO_ENT_N, GRPO_MICRO_LOW, GRPO_MICRO_HIGH,
+    GRPO_MICRO_REGION, GRPO_MICRO_CLIP_N, GRPO_MICRO_SUMS
+};
 typedef struct {
-    double loss, kl, kl_n, ent, ent_n, clip_low, clip_high, clip_region, clip_n;
+    double loss;
+    double (*micro)[GRPO_MICRO_SUMS];   // (cap) sums of each micro-step, this rank's
+    double *low_min, *high_max;         // (cap) this rank's nanmin / nanmax of the sequences' clip fractions
+    int n, cap;                         // micro-steps kept; cap = gradient_accumulation_steps
 } GrpoStepSums;
+
+// Room for cap micro-steps. 0, or -1 with a message.
+int grpo_step_sums_init(GrpoStepSums *s, int cap, char *err, size_t err_len);
+void grpo_step_sums_reset(GrpoStepSums *s);   // the next optimizer step: no micro-step yet
+void grpo_step_sums_free(GrpoStepSums *s);
 
 // The per-token logprobs of `src` (no gradient) of completions [s, s + B) of the round into out (r->off slices):
 // the old or the reference logprobs.

@@ -293,27 +293,46 @@ int grpo_round_advantages(Trainer *t, GrpoRound *r, int F, json_t *m, char *err,
     // Lengths of the completions trained on (a dropped one is not), and the staleness of those.
     const int G = c->grpo.num_generations;
     const GrpoStaleness *st = &r->staleness;
-    enum { LEN, CLIPPED, KEPT, DROPPED, STALE_SUM, STALE_MAX, HIST, N_SUMS = HIST + GRPO_STALENESS_BINS };
-    double sums[N_SUMS] = {0};
+    // TRL's completions/*: lengths of every completion, and of those that ended (not cut at
+    // max_completion_length: clipped) alone, 0 when none did; num_tokens: prompt + completion tokens so far.
+    enum { LEN, CLIPPED, TERM_LEN, TERM, TOKENS, KEPT, DROPPED, STALE_SUM, STALE_MAX, HIST,
+           N_SUMS = HIST + GRPO_STALENESS_BINS };
+    enum { MAX_LEN, NEG_MIN_LEN, MAX_TERM, NEG_MIN_TERM, STALE, N_MAX };
+    double sums[N_SUMS] = {0}, maxes[N_MAX] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY, (double)st->max};
     for (int i = 0; i < r->n; i++) {
         if (!r->keep[i]) continue;
-        // With tools, the policy's own tokens (as TRL counts them) and its trajectory's truncation.
-        sums[LEN] += grpo_round_policy_tokens(r, i);
-        sums[CLIPPED] += r->traj ? r->truncated[i] : r->groups[i / G].finish[i % G] == ZMSG_FINISH_LENGTH;
+        // With tools, the policy's own tokens (as TRL counts them) and its trajectory's truncation; num_tokens
+        // counts every token of the trajectory, tool turns included, as TRL's attention mask does.
+        const double len = grpo_round_policy_tokens(r, i);
+        const int clipped = r->traj ? r->truncated[i] : r->groups[i / G].finish[i % G] == ZMSG_FINISH_LENGTH;
+        sums[LEN] += len;
+        sums[CLIPPED] += clipped;
+        sums[TOKENS] += (double)r->rows[i / G].n_ids + r->comp_len[i];
+        maxes[MAX_LEN] = fmax(maxes[MAX_LEN], len), maxes[NEG_MIN_LEN] = fmax(maxes[NEG_MIN_LEN], -len);
+        if (clipped) continue;
+        sums[TERM_LEN] += len, sums[TERM] += 1;
+        maxes[MAX_TERM] = fmax(maxes[MAX_TERM], len), maxes[NEG_MIN_TERM] = fmax(maxes[NEG_MIN_TERM], -len);
     }
     sums[KEPT] = (double)st->kept, sums[DROPPED] = (double)st->dropped, sums[STALE_SUM] = (double)st->sum;
     for (int b = 0; b < GRPO_STALENESS_BINS; b++) sums[HIST + b] = (double)st->hist[b];
-    double smax = (double)st->max;
     if (comm_all_reduce(t->comm, sums, N_SUMS, COMM_F64, COMM_SUM) != 0 ||
-        comm_all_reduce(t->comm, &smax, 1, COMM_F64, COMM_MAX) != 0) {
+        comm_all_reduce(t->comm, maxes, N_MAX, COMM_F64, COMM_MAX) != 0) {
         snprintf(err, err_len, "reducing metrics: %s", comm_error(t->comm));
         return -1;
     }
     const double kept = sums[KEPT] > 0 ? sums[KEPT] : 1;
+    const int any = sums[KEPT] > 0, any_term = sums[TERM] > 0;
+    t->progress.num_input_tokens_seen += (int64_t)sums[TOKENS];
+    json_object_set_new(m, "num_tokens", json_real((double)t->progress.num_input_tokens_seen));
     json_object_set_new(m, "completions/mean_length", json_real(sums[LEN] / kept));
+    json_object_set_new(m, "completions/min_length", json_real(any ? -maxes[NEG_MIN_LEN] : 0));
+    json_object_set_new(m, "completions/max_length", json_real(any ? maxes[MAX_LEN] : 0));
     json_object_set_new(m, "completions/clipped_ratio", json_real(sums[CLIPPED] / kept));
+    json_object_set_new(m, "completions/mean_terminated_length", json_real(any_term ? sums[TERM_LEN] / sums[TERM] : 0));
+    json_object_set_new(m, "completions/min_terminated_length", json_real(any_term ? -maxes[NEG_MIN_TERM] : 0));
+    json_object_set_new(m, "completions/max_terminated_length", json_real(any_term ? maxes[MAX_TERM] : 0));
     json_object_set_new(m, "staleness/mean", json_real(sums[STALE_SUM] / kept));
-    json_object_set_new(m, "staleness/max", json_integer((json_int_t)smax));
+    json_object_set_new(m, "staleness/max", json_integer((json_int_t)maxes[STALE]));
     const int bins = c->max_staleness + 1 < GRPO_STALENESS_BINS ? c->max_staleness + 1 : GRPO_STALENESS_BINS;
     for (int b = 0; b < bins; b++) {
         char key[48];

@@ -3,6 +3,7 @@
 // (trainer/grpo_micro.c; those that may, while the round streams in), optimizer steps, weight pushes and the log
 // (see trainer/trainer.h for the shape of a round).
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -190,14 +191,40 @@ static int log_step(Trainer *t, const json_t *m, const GrpoStepSums *sums, float
                     double t_train, const SyncTimes *st, double t_round, StepClock *clock, char *err,
                     size_t err_len) {
     const GrpoOptions *o = &t->cfg->grpo;
-    double red[10] = {sums->loss, sums->kl, sums->kl_n, sums->ent, sums->ent_n, sums->clip_low, sums->clip_high,
-                      sums->clip_region, sums->clip_n, st->bytes};
-    if (comm_all_reduce(t->comm, red, 10, COMM_F64, COMM_SUM) != 0) {
-        snprintf(err, err_len, "%s", comm_error(t->comm));
-        return -1;
+    // Every rank has run the same micro-steps: their sums add up, their clip extremes meet in one max (the minima
+    // negated, NaN -- no sequence to take it over -- as -inf).
+    const int n = sums->n, W = GRPO_MICRO_SUMS;
+    double *red = malloc(((size_t)n * (W + 2) + 2) * sizeof *red);
+    if (!red) return err_fail(err, err_len, "out of memory for the step's metrics");
+    double *ext = red + (size_t)n * W + 2;
+    red[0] = sums->loss, red[1] = st->bytes;
+    for (int k = 0; k < n; k++) {
+        memcpy(red + 2 + (size_t)k * W, sums->micro[k], W * sizeof *red);
+        ext[2 * k] = isnan(sums->low_min[k]) ? -INFINITY : -sums->low_min[k];
+        ext[2 * k + 1] = isnan(sums->high_max[k]) ? -INFINITY : sums->high_max[k];
     }
+    if (comm_all_reduce(t->comm, red, (size_t)n * W + 2, COMM_F64, COMM_SUM) != 0 ||
+        comm_all_reduce(t->comm, ext, (size_t)n * 2, COMM_F64, COMM_MAX) != 0) {
+        free(red);
+        return err_fail(err, err_len, "%s", comm_error(t->comm));
+    }
+    // TRL's log: the mean over the micro-steps of each micro-step's value, NaNs left out (null when none is left).
+    enum { KL, ENT, LOW, HIGH, REGION, LOW_MIN, HIGH_MAX, N_AVG };
+    double avg_sum[N_AVG] = {0}, avg_n[N_AVG] = {0};
+    for (int k = 0; k < n; k++) {
+        const double *x = red + 2 + (size_t)k * W;
+        const double clip_n = x[GRPO_MICRO_CLIP_N] > 1 ? x[GRPO_MICRO_CLIP_N] : 1;   // torch's clamp(min=1)
+        const double v[N_AVG] = {x[GRPO_MICRO_KL] / (x[GRPO_MICRO_KL_N] > 1 ? x[GRPO_MICRO_KL_N] : 1),
+                                 x[GRPO_MICRO_ENT] / (x[GRPO_MICRO_ENT_N] > 1 ? x[GRPO_MICRO_ENT_N] : 1),
+                                 x[GRPO_MICRO_LOW] / clip_n, x[GRPO_MICRO_HIGH] / clip_n, x[GRPO_MICRO_REGION] / clip_n,
+                                 isinf(ext[2 * k]) ? NAN : -ext[2 * k], isinf(ext[2 * k + 1]) ? NAN : ext[2 * k + 1]};
+        for (int j = 0; j < N_AVG; j++)
+            if (!isnan(v[j])) avg_sum[j] += v[j], avg_n[j] += 1;
+    }
+    const double loss = red[0], sync_bytes = red[1];
+    free(red);
     step_clock_charge(clock, PHASE_LOG);
-    if (t->progress.step % t->cfg->logging_steps != 0 && t->progress.step != t->total_steps) {
+    if (!trainer_logs_step(t, t->progress.step)) {
         step_clock_open(clock, trainer_now());
         return 0;
     }
@@ -206,12 +233,13 @@ static int log_step(Trainer *t, const json_t *m, const GrpoStepSums *sums, float
         snprintf(err, err_len, "out of memory for the step's metrics");
         return -1;
     }
-    json_object_set_new(mm, "loss", json_real(red[0] / t->world));
-    if (o->beta != 0) json_object_set_new(mm, "kl", json_real(red[1] / (red[2] > 0 ? red[2] : 1)));
-    json_object_set_new(mm, "entropy", json_real(red[3] / (red[4] > 0 ? red[4] : 1)));
-    json_object_set_new(mm, "clip_ratio/low_mean", json_real(red[5] / (red[8] > 0 ? red[8] : 1)));
-    json_object_set_new(mm, "clip_ratio/high_mean", json_real(red[6] / (red[8] > 0 ? red[8] : 1)));
-    json_object_set_new(mm, "clip_ratio/region_mean", json_real(red[7] / (red[8] > 0 ? red[8] : 1)));
+    json_object_set_new(mm, "loss", json_real(loss / t->world));
+    static const char *const avg_keys[N_AVG] = {"kl", "entropy", "clip_ratio/low_mean", "clip_ratio/high_mean",
+                                                "clip_ratio/region_mean", "clip_ratio/low_min", "clip_ratio/high_max"};
+    for (int j = 0; j < N_AVG; j++) {
+        if (j == KL && o->beta == 0) continue;
+        json_object_set_new(mm, avg_keys[j], avg_n[j] > 0 ? json_real(avg_sum[j] / avg_n[j]) : json_null());
+    }
     if (t->rank == 0 && log_pool_busy(t, clock, mm, err, err_len) != 0) {
         json_decref(mm);
         return -1;
@@ -219,10 +247,12 @@ static int log_step(Trainer *t, const json_t *m, const GrpoStepSums *sums, float
     step_clock_charge(clock, PHASE_LOG);
     json_object_set_new(mm, "grad_norm", json_real(grad_norm));
     json_object_set_new(mm, "learning_rate", json_real(lr));
-    json_object_set_new(mm, "num_tokens", json_real(active));
+    // The loss's normaliser (TRL's num_items_in_batch): completion tokens in the loss, the generation round's,
+    // every rank. (num_tokens, TRL's cumulative prompt + completion count, comes with the round's metrics.)
+    json_object_set_new(mm, "num_items_in_batch", json_real(active));
     json_object_set_new(mm, "train_time", json_real(t_train));
     json_object_set_new(mm, "sync_time", json_real(st->seconds));
-    json_object_set_new(mm, "sync_bytes", json_real(red[9]));   // sent by all ranks to all servers
+    json_object_set_new(mm, "sync_bytes", json_real(sync_bytes));   // sent by all ranks to all servers
     json_object_set_new(mm, "sync_transfer_time", json_real(st->transfer));   // rank 0's sending alone
     // the rest of rank 0's push: weights_begin answered, weights_end answered (the servers' receive finishing +
     // their swap), and the swap alone as the slowest server reports it
@@ -302,6 +332,7 @@ static int run_round(Trainer *t, RoundRing *q, GrpoMicroBuffers *w, UnitSource *
     step_clock_charge(clock, PHASE_REFRESH);
     json_t *m = json_object();
     int F = 0, rc = -1;
+    GrpoStepSums sums = {0};
     if (!m) {
         snprintf(err, err_len, "out of memory for the round's metrics");
         return -1;
@@ -321,7 +352,7 @@ static int run_round(Trainer *t, RoundRing *q, GrpoMicroBuffers *w, UnitSource *
                                  err_len) != 0)
         goto out;
     const int off_policy = c->num_iterations > 1 || S > GA;
-    GrpoStepSums sums = {0};
+    if (grpo_step_sums_init(&sums, GA, err, err_len) != 0) goto out;
     double t_train = 0;
     RoundStream rs = {.logps = {.t = t, .policy = policy, .ref = ref, .w = w, .need_old = need_old},
                       .early = early_micro_steps(c), .off_policy = off_policy, .ec = ec, .sums = &sums,
@@ -393,9 +424,9 @@ static int run_round(Trainer *t, RoundRing *q, GrpoMicroBuffers *w, UnitSource *
             if (log_step(t, m, &sums, gn, lr, active, t_train, &st, t_round, clock, err, err_len) != 0) goto out;
             trainer_progress(t);
             step_clock_charge(clock, PHASE_LOG);
-            sums = (GrpoStepSums){0};
+            grpo_step_sums_reset(&sums);
             t_train = 0;
-            if (c->save_steps > 0 && t->progress.step % c->save_steps == 0) {
+            if (trainer_saves_step(t, t->progress.step)) {
                 // A resumed run reads the data after this round's prompts, not after those of rounds sent ahead.
                 if (trainer_save_at(t, r->data_epoch_end, r->data_pos_end, err, err_len) != 0) goto out;
                 step_clock_charge(clock, PHASE_CHECKPOINT);
@@ -412,6 +443,7 @@ static int run_round(Trainer *t, RoundRing *q, GrpoMicroBuffers *w, UnitSource *
     rc = 0;
 out:
     json_decref(m);
+    grpo_step_sums_free(&sums);
     grpo_round_clear(r);
     q->head = (q->head + 1) % q->n;
     if (q->issued > 0) q->issued--;
@@ -457,6 +489,6 @@ int trainer_run_grpo(Trainer *t, char *err, size_t err_len) {
     free(q.rounds);
     grpo_micro_buffers_free(&w);
     if (rc != 0) return -1;
-    if (c->save_steps == 0 || t->progress.step % c->save_steps != 0) return trainer_save(t, err, err_len);
+    if (!trainer_saves_step(t, t->progress.step)) return trainer_save(t, err, err_len);
     return 0;
 }

@@ -13,12 +13,40 @@
 #include "trainer/launch.h"
 #include "trainer/trainer.h"
 
+// The file or flags had problems: the rules between options (train_config_finalize) are checked too on what was
+// read, so that one run lists every problem. A rule problem of a key already reported is left out (it follows from
+// that key not being set).
+static void report_with_rule_problems(TrainConfig *cfg, char *err, size_t err_len) {
+    const char *ws = getenv("WORLD_SIZE");
+    int world = ws && atoi(ws) > 0 ? atoi(ws) : 1;
+    static char rules[16384];
+    if (train_config_finalize(cfg, world, rules, sizeof rules) == 0) return;
+    // The rule report: one problem, or "N problems:" and one per line after "\n  ".
+    char *line = rules;
+    size_t digits = strspn(rules, "0123456789");
+    if (digits && strncmp(rules + digits, " problems:\n  ", 13) == 0) line = rules + digits + 13;
+    int added = 0;
+    size_t used = strlen(err);
+    while (line && *line) {
+        char *next = strstr(line, "\n  ");
+        if (next) *next = '\0';
+        char key[128];
+        size_t k = strcspn(line, ": (");
+        snprintf(key, sizeof key, "%.*s:", (int)(k < sizeof key - 2 ? k : sizeof key - 2), line);
+        if (!strstr(err, key) && used + strlen(line) + 8 < err_len) {
+            used += (size_t)snprintf(err + used, err_len - used, "%s%s", added++ ? "\n  " : "\nand by the rules between "
+                                     "options:\n  ", line);
+        }
+        line = next ? next + 3 : NULL;
+    }
+}
+
 int main(int argc, char **argv) {
     if (argc > 1 && strcmp(argv[1], "launch") == 0) return launch_main(argc - 1, argv + 1);
     if (argc > 1 && strcmp(argv[1], "eval") == 0) return eval_main(argc - 1, argv + 1);
     if (argc > 1 && strcmp(argv[1], "demo") == 0) return demo_main(argc - 1, argv + 1);
     if (argc > 1 && strcmp(argv[1], "keygen") == 0) return control_keygen_main(argc - 1, argv + 1);
-    char err[2048];
+    static char err[32768];
     TrainConfig cfg;
     train_config_default(&cfg);
     int r = train_config_parse_args(&cfg, argc, argv, err, sizeof err);
@@ -39,6 +67,7 @@ int main(int argc, char **argv) {
         return 0;
     }
     if (r != 0) {
+        report_with_rule_problems(&cfg, err, sizeof err);
         fprintf(stderr, "tandem-train: %s\n(run tandem-train --help for every option)\n", err);
         train_config_free(&cfg);
         return 2;

@@ -1,6 +1,7 @@
-// trainer/sft_train.c — supervised fine-tuning with the GRPO engine's machinery: cross-entropy on the
-// completion tokens of prompt/completion rows (TRL SFTTrainer's completion-only loss), averaged over every
-// completion token of the optimizer step on every rank.
+// trainer/sft_train.c — supervised fine-tuning with the GRPO engine's machinery: TRL SFTTrainer's "nll" loss,
+// cross-entropy on each row's target tokens (DataRow.loss_start on: a prompt/completion row's completion, or every
+// token of a language-modelling row; trainer/data.h), averaged over every target token of the optimizer step on
+// every rank.
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -21,16 +22,22 @@ int trainer_run_sft(Trainer *t, char *err, size_t err_len) {
     int rc = 0;
     while (rc == 0 && t->progress.step < t->total_steps) {
         double t0 = trainer_now();
-        // The whole step's rows first: the loss is normalised by the step's completion tokens on every rank.
-        double tokens = 0;
+        // The whole step's rows first: the loss is normalised by the step's target tokens on every rank
+        // (num_items_in_batch); num_tokens counts every token of the rows, TRL's cumulative count.
+        double counts[2] = {0, 0};
         for (int i = 0; i < B * GA && rc == 0; i++) {
             if (trainer_next_row(t, &rows[i], err, err_len) < 0) rc = -1;
-            else tokens += (double)(rows[i].n_ids - rows[i].prompt_len);
+            else {
+                counts[0] += (double)(rows[i].n_ids - (rows[i].loss_start > 0 ? rows[i].loss_start : 1));
+                counts[1] += (double)rows[i].n_ids;
+            }
         }
-        if (rc == 0 && comm_all_reduce(t->comm, &tokens, 1, COMM_F64, COMM_SUM) != 0) {
+        if (rc == 0 && comm_all_reduce(t->comm, counts, 2, COMM_F64, COMM_SUM) != 0) {
             snprintf(err, err_len, "%s", comm_error(t->comm));
             rc = -1;
         }
+        const double tokens = counts[0];
+        t->progress.num_input_tokens_seen += (int64_t)counts[1];
         double loss = 0;
         for (int g = 0; g < GA && rc == 0; g++) {
             DataRow *mb = rows + g * B;
@@ -45,7 +52,7 @@ int trainer_run_sft(Trainer *t, char *err, size_t err_len) {
             int n = 0;
             cu[0] = 0;
             for (int b = 0; b < B; b++) {
-                int L = (int)mb[b].n_ids, P = (int)mb[b].prompt_len;
+                int L = (int)mb[b].n_ids, P = (int)mb[b].loss_start;
                 for (int j = 0; j < L; j++) {
                     tok[n + j] = mb[b].ids[j];
                     tgt[n + j] = (j + 1 >= P && j + 1 < L) ? mb[b].ids[j + 1] : -1;
@@ -77,15 +84,17 @@ int trainer_run_sft(Trainer *t, char *err, size_t err_len) {
             rc = -1;
             break;
         }
-        if (t->progress.step % c->logging_steps == 0 || t->progress.step == t->total_steps) {
-            json_t *m = json_pack("{s:f, s:f, s:f, s:f, s:f}", "loss", loss, "grad_norm", (double)gn, "learning_rate", lr,
-                                  "num_tokens", tokens, "step_time", trainer_now() - t0);
+        if (trainer_logs_step(t, t->progress.step)) {
+            json_t *m = json_pack("{s:f, s:f, s:f, s:f, s:f, s:f, s:I}", "loss", loss, "grad_norm", (double)gn,
+                                  "learning_rate", lr, "num_tokens", (double)t->progress.num_input_tokens_seen,
+                                  "num_items_in_batch", tokens, "step_time", trainer_now() - t0, "prompts_skipped",
+                                  (json_int_t)data_skipped(t->data));
             trainer_log(t, m);
         }
-        if (c->save_steps > 0 && t->progress.step % c->save_steps == 0 && trainer_save(t, err, err_len) != 0) rc = -1;
+        if (trainer_saves_step(t, t->progress.step) && trainer_save(t, err, err_len) != 0) rc = -1;
         trainer_progress(t);
     }
     free(rows);
-    if (rc == 0 && (c->save_steps == 0 || t->progress.step % c->save_steps != 0)) rc = trainer_save(t, err, err_len);
+    if (rc == 0 && !trainer_saves_step(t, t->progress.step)) rc = trainer_save(t, err, err_len);
     return rc;
 }

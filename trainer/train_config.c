@@ -2,6 +2,7 @@
 // Every value goes through one JSON setter: a flag's text is first turned into the JSON value of the
 // option's type, so a flag and a file key are checked by the same code.
 #include <errno.h>
+#include <stdarg.h>
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -12,30 +13,6 @@
 #include "shared/json_read.h"
 #include "trainer/train_config_internal.h"
 #include "shared/err.h"
-
-// TRL keys that only configure TRL's own machinery (vLLM launch, reporting, Hub, precision flags tandem
-// fixes itself): accepted, recorded in cfg->ignored, and otherwise ignored.
-static const char *const ignored_keys[] = {
-    "use_vllm", "vllm_mode", "vllm_server_base_url", "vllm_server_host", "vllm_server_port",
-    "vllm_server_timeout", "vllm_group_port", "vllm_gpu_memory_utilization", "vllm_tensor_parallel_size",
-    "vllm_enable_sleep_mode", "vllm_model_impl", "vllm_max_model_length", "ds3_gather_for_generation",
-    "report_to", "run_name", "logging_dir", "logging_strategy", "logging_first_step", "log_level",
-    "disable_tqdm", "push_to_hub", "hub_model_id", "hub_strategy", "hub_private_repo", "save_strategy",
-    "num_completions_to_print", "log_unique_prompts", "log_multimodal",
-    "dataloader_num_workers", "dataloader_pin_memory", "remove_unused_columns",
-    "bf16", "tf32", "trust_remote_code", "ddp_find_unused_parameters", "save_only_model", "use_cpu", NULL};
-
-// TRL keys whose behaviour tandem does not implement: accepted only at TRL's default (JSON text).
-static const struct { const char *key, *def; } unsupported_keys[] = {
-    {"sync_ref_model", "false"},         {"ref_model_mixup_alpha", "0.6"},   {"ref_model_sync_steps", "512"},
-    {"num_generations_eval", "null"},    {"generation_kwargs", "null"},      {"chat_template_kwargs", "null"},
-    {"fp16", "false"},                   {"use_liger_kernel", "false"},
-    {"lr_scheduler_kwargs", "null"},     {"torch_compile", "false"},         {"auto_find_batch_size", "false"},
-    {"use_transformers_paged", "false"}, {"cache_implementation", "null"},   {"do_eval", "false"},
-    {"eval_strategy", "\"no\""},         {"eval_steps", "null"},             {"disable_dropout", "false"},
-    {"cast_lm_head_to_fp32", "false"},   {"vllm_structured_outputs_regex", "null"},
-    {"use_transformers_continuous_batching", "false"}, {"pad_to_multiple_of", "null"},
-    {NULL, NULL}};
 
 // ---- did-you-mean -----------------------------------------------------------------------------------
 
@@ -119,6 +96,14 @@ static int set_from_json(TrainConfig *cfg, const OptionSpec *o, const json_t *v,
     if (o->flags & OPTF_FLAG_ONLY) {
         err_fail(err, err_len, SRC_FMT "%s: only valid on the command line", SRC_ARGS(src), o->key);
         return -1;
+    }
+    if ((o->flags & OPTF_NULLABLE) && json_is_null(v)) {
+        switch (o->type) {
+        case OPT_INT: case OPT_BOOL: *(int *)(base + o->off) = (int)o->null_value; return 0;
+        case OPT_LONG: *(long *)(base + o->off) = (long)o->null_value; return 0;
+        case OPT_F64: *(double *)(base + o->off) = o->null_value; return 0;
+        default: break;
+        }
     }
     if (o->flags & OPTF_GRPO) {
         // Type check first, so the message is the same for every key; then the GRPO module sets it.
@@ -316,20 +301,39 @@ static int note_ignored(TrainConfig *cfg, const char *key) {
     return 0;
 }
 
-// Looks a key up and sets it; handles TRL's ignored and unsupported keys and the unknown-key message.
+// SFTConfig's loss_type values on the GRPO loss_type key: "nll" is the sft loss (recorded, and refused in grpo mode
+// by train_config_finalize); "dft" is not implemented. 1: handled (0 returned in *rc), 0: a GRPO value.
+static int sft_loss_type(TrainConfig *cfg, const json_t *v, const Source *src, int *rc, char *err, size_t err_len) {
+    if (!json_is_string(v)) return 0;
+    const char *s = json_string_value(v);
+    if (strcmp(s, "nll") == 0) {
+        cfg->loss_type_nll = 1;
+        *rc = 0;
+        return 1;
+    }
+    if (strcmp(s, "dft") == 0) {
+        *rc = err_fail(err, err_len, SRC_FMT "loss_type: \"dft\" (SFTConfig's dynamic fine-tuning loss) is not "
+                       "implemented; mode sft trains with \"nll\" (its default)", SRC_ARGS(src));
+        return 1;
+    }
+    return 0;
+}
+
+// Looks a key up and sets it: a tandem option, or a TRL key of train_config_trl.c's table (accepted and noted in
+// cfg->ignored, or refused naming what to do), or the unknown-key message.
 static int set_key(TrainConfig *cfg, const char *key, const json_t *v, const Source *src, char *err, size_t err_len) {
     const OptionSpec *o = train_option_find(key);
+    int rc;
+    if (o && strcmp(o->key, "loss_type") == 0 && sft_loss_type(cfg, v, src, &rc, err, err_len)) return rc;
+    if (o && strcmp(o->key, "loss_type") == 0) cfg->loss_type_nll = 0;
     if (o) return set_from_json(cfg, o, v, src, err, err_len);
-    for (int i = 0; ignored_keys[i]; i++)
-        if (strcmp(key, ignored_keys[i]) == 0) return note_ignored(cfg, key);
-    for (int i = 0; unsupported_keys[i].key; i++) {
-        if (strcmp(key, unsupported_keys[i].key) != 0) continue;
-        json_t *def = json_read_buffer(unsupported_keys[i].def, strlen(unsupported_keys[i].def), JSON_DECODE_ANY, NULL);
-        int same = def && json_equal(def, (json_t *)v);
-        json_decref(def);
-        if (same) return note_ignored(cfg, key);
-        err_fail(err, err_len, SRC_FMT "%s: TRL option not supported by tandem (only its default %s is accepted)",
-                SRC_ARGS(src), key, unsupported_keys[i].def);
+    const TrlKey *k = trl_key_find(key);
+    if (k) {
+        if (trl_key_accepts(k, v)) return note_ignored(cfg, key);
+        char *given = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
+        err_fail(err, err_len, SRC_FMT "%s: %s is not supported by tandem (accepted: %s): %s", SRC_ARGS(src), key,
+                 given ? given : "this value", k->values, k->why);
+        free(given);
         return -1;
     }
     const char *sug = suggest_key(key);
@@ -382,6 +386,7 @@ static int parse_int_text(const char *s, long long *out) {
 static json_t *text_to_json(const OptionSpec *o, const char *text, char *err, size_t err_len) {
     char flag[128];
     flag_name(o->key, flag, sizeof flag);
+    if ((o->flags & OPTF_NULLABLE) && is_none_text(text)) return json_null();
     switch (o->type) {
     case OPT_INT:
     case OPT_LONG: {
@@ -474,38 +479,65 @@ int train_config_set(TrainConfig *cfg, const char *key_in, const char *value, ch
     return rc;
 }
 
-int train_config_apply_json(TrainConfig *cfg, const char *text, size_t len, const char *path, char *err,
-                            size_t err_len) {
+void problems_add(Problems *p, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    if (p->used < sizeof p->text) {
+        if (p->n) p->used += (size_t)snprintf(p->text + p->used, sizeof p->text - p->used, "\n  ");
+        if (p->used < sizeof p->text) {
+            int w = vsnprintf(p->text + p->used, sizeof p->text - p->used, fmt, ap);
+            p->used += w > 0 ? (size_t)w : 0;
+        }
+        if (p->used > sizeof p->text - 1) p->used = sizeof p->text - 1;
+    }
+    va_end(ap);
+    p->n++;
+}
+
+int problems_report(const Problems *p, char *err, size_t err_len) {
+    if (p->n == 0) return 0;
+    if (p->n == 1) return err_fail(err, err_len, "%s", p->text);
+    return err_fail(err, err_len, "%d problems:\n  %s", p->n, p->text);
+}
+
+// Applies every key of a JSON object, each problem added to probs (one run lists every problem of a file).
+static void apply_json_into(TrainConfig *cfg, const char *text, size_t len, const char *path, Problems *probs) {
     const char *name = path ? path : "config";
     json_error_t je;
     json_t *root = json_read_buffer(text, len, JSON_REJECT_DUPLICATES, &je);
     if (!root) {
-        err_fail(err, err_len, "%s: invalid JSON at line %d column %d: %s", name, je.line, je.column, je.text);
-        return -1;
+        problems_add(probs, "%s: invalid JSON at line %d column %d: %s", name, je.line, je.column, je.text);
+        return;
     }
     if (!json_is_object(root)) {
         json_decref(root);
-        err_fail(err, err_len, "%s: the config must be a JSON object of option keys", name);
-        return -1;
+        problems_add(probs, "%s: the config must be a JSON object of option keys", name);
+        return;
     }
     Source src = {name};
     const char *key;
     json_t *v;
-    int rc = 0;
     // Key order does not matter: the one order-sensitive pair (the deprecated vllm_importance_sampling_cap
     // over vllm_importance_sampling_clip_max) is resolved inside grpo_options_set_json, as TRL does.
     json_object_foreach(root, key, v) {
-        if ((rc = set_key(cfg, key, v, &src, err, err_len)) != 0) break;
+        char kerr[2048];
+        if (set_key(cfg, key, v, &src, kerr, sizeof kerr) != 0) problems_add(probs, "%s", kerr);
     }
     json_decref(root);
-    return rc;
 }
 
-int train_config_load_file(TrainConfig *cfg, const char *path, char *err, size_t err_len) {
+int train_config_apply_json(TrainConfig *cfg, const char *text, size_t len, const char *path, char *err,
+                            size_t err_len) {
+    Problems probs = {0};
+    apply_json_into(cfg, text, len, path, &probs);
+    return problems_report(&probs, err, err_len);
+}
+
+static void load_file_into(TrainConfig *cfg, const char *path, Problems *probs) {
     FILE *f = fopen(path, "rb");
     if (!f) {
-        err_fail(err, err_len, "config: cannot open %s: %s", path, strerror(errno));
-        return -1;
+        problems_add(probs, "config: cannot open %s: %s", path, strerror(errno));
+        return;
     }
     char *buf = NULL;
     size_t len = 0, cap = 0, n;
@@ -517,8 +549,8 @@ int train_config_load_file(TrainConfig *cfg, const char *path, char *err, size_t
             if (!nb) {
                 free(buf);
                 fclose(f);
-                err_fail(err, err_len, "config: out of memory reading %s", path);
-                return -1;
+                problems_add(probs, "config: out of memory reading %s", path);
+                return;
             }
             buf = nb;
         }
@@ -529,16 +561,18 @@ int train_config_load_file(TrainConfig *cfg, const char *path, char *err, size_t
     fclose(f);
     if (rd_err) {
         free(buf);
-        err_fail(err, err_len, "config: read error on %s", path);
-        return -1;
+        problems_add(probs, "config: read error on %s", path);
+        return;
     }
-    int rc = train_config_apply_json(cfg, buf ? buf : "", len, path, err, err_len);
+    apply_json_into(cfg, buf ? buf : "", len, path, probs);
     free(buf);
-    if (rc == 0 && set_string(&cfg->config_file, path) != 0) {
-        err_fail(err, err_len, "config: out of memory");
-        return -1;
-    }
-    return rc;
+    if (set_string(&cfg->config_file, path) != 0) problems_add(probs, "config: out of memory");
+}
+
+int train_config_load_file(TrainConfig *cfg, const char *path, char *err, size_t err_len) {
+    Problems probs = {0};
+    load_file_into(cfg, path, &probs);
+    return problems_report(&probs, err, err_len);
 }
 
 // ---- command line -----------------------------------------------------------------------------------
@@ -557,33 +591,34 @@ static int split_flag(const char *arg, char *buf, size_t cap, const char **value
 }
 
 int train_config_parse_args(TrainConfig *cfg, int argc, char *const *argv, char *err, size_t err_len) {
+    Problems probs = {0};
+    char perr[PROBLEMS_TEXT];
     // Pass 1: --help, --version and --config, so the file is applied before any flag whatever the order.
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strcmp(a, "--help") == 0 || strcmp(a, "-h") == 0) return TRAIN_CONFIG_HELP;
         if (strcmp(a, "--version") == 0) return TRAIN_CONFIG_VERSION;
+    }
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
         if (strcmp(a, "--config") == 0 || strncmp(a, "--config=", 9) == 0) {
             const char *path = a[8] == '=' ? a + 9 : (i + 1 < argc ? argv[++i] : NULL);
-            if (!path || !path[0]) {
-                err_fail(err, err_len, "config (--config): needs a file path");
-                return -1;
-            }
-            int rc = train_config_load_file(cfg, path, err, err_len);
-            if (rc != 0) return rc;
+            if (!path || !path[0]) problems_add(&probs, "config (--config): needs a file path");
+            else load_file_into(cfg, path, &probs);
         }
     }
-    // Pass 2: every other flag.
+    // Pass 2: every other flag; each problem is collected, so one run lists them all.
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         if (strncmp(a, "--", 2) != 0 || strcmp(a, "--") == 0) {
-            err_fail(err, err_len, "unexpected argument '%s' (options are --name value or --name=value)", a);
-            return -1;
+            problems_add(&probs, "unexpected argument '%s' (options are --name value or --name=value)", a);
+            continue;
         }
         char key[128];
         const char *value;
         if (split_flag(a, key, sizeof key, &value) != 0) {
-            err_fail(err, err_len, "malformed flag '%s'", a);
-            return -1;
+            problems_add(&probs, "malformed flag '%s'", a);
+            continue;
         }
         if (strcmp(key, "config") == 0) {
             if (!value) i++;
@@ -600,14 +635,13 @@ int train_config_parse_args(TrainConfig *cfg, int argc, char *const *argv, char 
             } else if (o) {
                 char flag[128];
                 flag_name(o->key, flag, sizeof flag);
-                err_fail(err, err_len, "%s (%s): needs a value", o->key, flag);
-                return -1;
+                problems_add(&probs, "%s (%s): needs a value", o->key, flag);
+                continue;
             } else {
                 value = "";
             }
         }
-        int rc = train_config_set(cfg, key, value, err, err_len);
-        if (rc != 0) return rc;
+        if (train_config_set(cfg, key, value, perr, sizeof perr) != 0) problems_add(&probs, "%s", perr);
     }
-    return 0;
+    return problems_report(&probs, err, err_len);
 }

@@ -8,9 +8,11 @@
 // true/false/1/0/yes/no; lists are comma-separated; "none" clears an option that may be unset.
 // Refused before any work starts, the message naming the key: an unknown key or flag (with a did-you-mean
 // suggestion when a known one is close), a value of the wrong type, a value out of range, and the
-// cross-option rules of train_config_finalize. A few TRL keys that only configure TRL's own machinery
-// (vLLM launch settings, report_to, ...) are accepted and ignored: TrainConfig.ignored lists those seen,
-// for the start-up log.
+// cross-option rules of train_config_finalize; every problem of a file (and of the flags) is reported in one
+// message, a line each. A whole TRL GRPOConfig / SFTConfig dump (to_json_string) loads: every TRL key that is not
+// a tandem option has a fate in train_config_trl.c (no effect: any value; or only the values tandem implements,
+// TRL's default among them, anything else refused naming the key and what to do); TrainConfig.ignored lists the
+// TRL keys accepted that way, for the one start-up log line. JSON null is TRL's None for the options that have it.
 #ifndef TANDEM_TRAINER_TRAIN_CONFIG_H
 #define TANDEM_TRAINER_TRAIN_CONFIG_H
 
@@ -30,6 +32,10 @@ typedef enum { SHARDING_FULL_SHARD = 0, SHARDING_HYBRID_SHARD } ShardingStrategy
 typedef enum { OVERLONG_PROMPTS_SKIP = 0, OVERLONG_PROMPTS_ERROR } OverlongPrompts;
 typedef enum { FORMAT_REGEX_FULL = 0, FORMAT_REGEX_SEARCH } FormatRegexMode;
 typedef enum { WEIGHT_SYNC_AUTO = 0, WEIGHT_SYNC_NCCL, WEIGHT_SYNC_ZMQ } WeightSyncTransport;
+typedef enum { TRUNCATION_KEEP_START = 0, TRUNCATION_KEEP_END } TruncationMode;
+// TRL's (transformers') SaveStrategy: every save_steps, at each epoch's end, none but the final checkpoint; "best"
+// needs evaluation and is refused.
+typedef enum { SAVE_STRATEGY_STEPS = 0, SAVE_STRATEGY_EPOCH, SAVE_STRATEGY_NO, SAVE_STRATEGY_BEST } SaveStrategy;
 
 typedef struct {
     // ---- model, data, output ----
@@ -43,6 +49,12 @@ typedef struct {
     OverlongPrompts overlong_prompts;
     int shuffle_dataset;
     long data_seed;                 // -1: use seed
+    // ---- sft (TRL SFTConfig's names) ----
+    int max_length;                 // tokens of prompt + completion kept; 0 = no truncation (TRL's None)
+    TruncationMode truncation_mode; // which end max_length keeps
+    int completion_only_loss;       // -1 (TRL's None) / 1: prompt/completion rows train on the completion only; 0: all
+    char *dataset_text_field;       // column of language-modelling rows (loss on every token)
+    int loss_type_nll;              // loss_type "nll" was given (SFTConfig's loss; refused in grpo mode)
     // ---- generation (num_generations and max_completion_length live in grpo) ----
     double temperature, top_p, min_p, repetition_penalty;
     int top_k;                      // 0 = off
@@ -91,7 +103,9 @@ typedef struct {
     char *optim;                    // adamw_* only (AdamW is the one optimizer)
     // ---- logging and checkpoints ----
     int logging_steps;
+    int logging_first_step;         // also log step 1
     int log_completions;            // rank 0 writes the completions of logged steps to completions.jsonl
+    SaveStrategy save_strategy;
     int save_steps;                 // 0: only at the end
     int save_total_limit;           // 0: keep every checkpoint
     char *resume;                   // checkpoint folder to resume from, "latest", or NULL
@@ -149,7 +163,8 @@ int train_config_set(TrainConfig *cfg, const char *key, const char *value, char 
 // steps_per_generation; when given instead, it must be a multiple of per_device_train_batch_size *
 // world_size and sets steps_per_generation), as GRPOConfig does; giving both is refused. Each rank
 // generates whole groups, so per_device_train_batch_size * steps_per_generation must be a multiple of
-// num_generations. Returns 0 or a negative code with a message naming the key.
+// num_generations. Both given (as a TRL dump holds them, GRPOConfig having derived one from the other) is accepted
+// when they agree for world_size ranks. Returns 0, or -1 with every problem found, a line each, each naming its key.
 int train_config_finalize(TrainConfig *cfg, int world_size, char *err, size_t err_len);
 
 // The adapters' configuration these options give (use_peft). 0, or -1 with a message naming the key.
@@ -167,6 +182,8 @@ void train_config_reward_service_options(const TrainConfig *cfg, RewardServiceOp
 void train_config_print_help(FILE *f);
 // The same table as Markdown (docs/configuration.md's tables).
 void train_config_print_markdown(FILE *f);
+// The fate of every TRL key that is not an option, as Markdown (docs/configuration.md's "TRL keys" table).
+void train_config_print_trl_markdown(FILE *f);
 // Current values as a JSON object with the file keys (for logs and checkpoints). malloc'd text.
 char *train_config_to_json(const TrainConfig *cfg);
 

@@ -14,19 +14,21 @@
 #include "trainer/rewards.h"
 #include "trainer/train_config_internal.h"
 
-#define FAIL(...)                                 \
-    do {                                          \
-        snprintf(err, err_len, __VA_ARGS__);      \
-        return -1;                                \
+// Every check adds its problem to p: FAIL ends the check function (what follows depends on it), NEED goes on
+// (the range checks are independent), so that one run lists every problem.
+#define FAIL(...)                         \
+    do {                                  \
+        problems_add(p, __VA_ARGS__);     \
+        return -1;                        \
     } while (0)
 
 // Range helpers: each names the key and the value given.
-#define NEED(cond, key, fmt, val) \
-    do {                          \
-        if (!(cond)) FAIL("%s: " fmt, key, val); \
+#define NEED(cond, key, fmt, val)                                  \
+    do {                                                           \
+        if (!(cond)) problems_add(p, "%s: " fmt, key, val);        \
     } while (0)
 
-static int check_servers(const char *list, char *err, size_t err_len) {
+static int check_servers(const char *list, Problems *p) {
     const char *s = list;
     while (*s) {
         const char *c = strchr(s, ',');
@@ -36,14 +38,14 @@ static int check_servers(const char *list, char *err, size_t err_len) {
             if (s[k] == ':') colon = s + k;
         if (n < 8 || strncmp(s, "tcp://", 6) != 0 || !colon || colon == s + 6 || colon + 1 == s + n)
             FAIL("rollout_servers: '%.*s' is not tcp://host:port", (int)n, s);
-        for (const char *p = colon + 1; p < s + n; p++)
-            if (*p < '0' || *p > '9') FAIL("rollout_servers: '%.*s' has a bad port", (int)n, s);
+        for (const char *d = colon + 1; d < s + n; d++)
+            if (*d < '0' || *d > '9') FAIL("rollout_servers: '%.*s' has a bad port", (int)n, s);
         s += n + (c ? 1 : 0);
     }
     return 0;
 }
 
-static int check_model_and_data(const TrainConfig *c, char *err, size_t err_len) {
+static int check_model_and_data(const TrainConfig *c, Problems *p) {
     if (!c->model || !c->model[0]) FAIL("model: required (--model DIR, a Hugging Face model folder)");
     if (!c->train_file || !c->train_file[0]) FAIL("train_file: required (--train-file FILE.jsonl or a folder)");
     if (!c->output_dir || !c->output_dir[0]) FAIL("output_dir: must not be empty");
@@ -62,7 +64,7 @@ static int check_model_and_data(const TrainConfig *c, char *err, size_t err_len)
     return 0;
 }
 
-static int check_generation(const TrainConfig *c, char *err, size_t err_len) {
+static int check_generation(const TrainConfig *c, Problems *p) {
     NEED(isfinite(c->temperature) && c->temperature > 0, "temperature", "must be > 0, got %g", c->temperature);
     NEED(c->top_p > 0 && c->top_p <= 1, "top_p", "must be in (0, 1], got %g", c->top_p);
     NEED(c->top_k >= 0, "top_k", "must be >= 0 (0 = off), got %d", c->top_k);
@@ -78,7 +80,7 @@ static int check_generation(const TrainConfig *c, char *err, size_t err_len) {
     return 0;
 }
 
-static int check_optimisation(const TrainConfig *c, char *err, size_t err_len) {
+static int check_optimisation(const TrainConfig *c, Problems *p) {
     NEED(isfinite(c->learning_rate) && c->learning_rate >= 0, "learning_rate", "must be >= 0, got %g",
          c->learning_rate);
     NEED(isfinite(c->weight_decay) && c->weight_decay >= 0, "weight_decay", "must be >= 0, got %g", c->weight_decay);
@@ -107,9 +109,13 @@ static int check_optimisation(const TrainConfig *c, char *err, size_t err_len) {
     return 0;
 }
 
-static int check_logging_and_dist(const TrainConfig *c, char *err, size_t err_len) {
+static int check_logging_and_dist(const TrainConfig *c, Problems *p) {
     NEED(c->logging_steps >= 1, "logging_steps", "must be >= 1, got %d", c->logging_steps);
     NEED(c->save_steps >= 0, "save_steps", "must be >= 0 (0 = only at the end), got %d", c->save_steps);
+    if (c->save_strategy == SAVE_STRATEGY_BEST)
+        problems_add(p, "save_strategy: \"best\" keeps the checkpoint with the best evaluation metric, and "
+                     "tandem-train does no evaluation; use \"steps\" (save_steps) or \"epoch\", and score the "
+                     "checkpoints with tandem-train eval");
     NEED(c->save_total_limit >= 0, "save_total_limit", "must be >= 0 (0 = keep all), got %d", c->save_total_limit);
     if (c->resume && !c->resume[0]) FAIL("resume: empty path (give a checkpoint folder, \"latest\" or \"auto\")");
     NEED(c->zero_stage >= 1 && c->zero_stage <= 3, "zero_stage", "must be 1, 2 or 3, got %d", c->zero_stage);
@@ -136,11 +142,11 @@ static int check_logging_and_dist(const TrainConfig *c, char *err, size_t err_le
     NEED(isfinite(c->rollout_timeout) && c->rollout_timeout > 0, "rollout_timeout", "must be > 0 seconds, got %g",
          c->rollout_timeout);
     NEED(c->weight_sync_steps >= 1, "weight_sync_steps", "must be >= 1, got %d", c->weight_sync_steps);
-    if (c->rollout_servers && check_servers(c->rollout_servers, err, err_len) != 0) return -1;
+    if (c->rollout_servers) check_servers(c->rollout_servers, p);
     return 0;
 }
 
-static int check_rewards(const TrainConfig *c, char *err, size_t err_len) {
+static int check_rewards(const TrainConfig *c, Problems *p) {
     NEED(c->soft_punish_cache >= 0, "soft_punish_cache", "must be >= 0, got %d", c->soft_punish_cache);
     NEED(isfinite(c->reward_timeout) && c->reward_timeout > 0, "reward_timeout", "must be > 0 seconds, got %g",
          c->reward_timeout);
@@ -160,7 +166,9 @@ static int check_rewards(const TrainConfig *c, char *err, size_t err_len) {
     RewardOptions ro;
     train_config_reward_options(c, &ro);
     Rewards *r = NULL;
-    if (rewards_create(&r, (const char *const *)c->rewards, c->n_rewards, &ro, err, err_len) != 0) return -1;
+    char rerr[1024];
+    if (rewards_create(&r, (const char *const *)c->rewards, c->n_rewards, &ro, rerr, sizeof rerr) != 0)
+        FAIL("%s", rerr);
     rewards_free(r);
     if (c->reward_weights) {
         for (size_t i = 0; i < c->n_reward_weights; i++)
@@ -198,13 +206,25 @@ void train_config_reward_service_options(const TrainConfig *c, RewardServiceOpti
     so->max_response_bytes = (size_t)c->reward_max_response_mb << 20;
 }
 
-// Resolves steps_per_generation / generation_batch_size as GRPOConfig.__post_init__ does.
-static int resolve_batches(TrainConfig *c, int ws, char *err, size_t err_len) {
+// Resolves steps_per_generation / generation_batch_size as GRPOConfig.__post_init__ does. A TRL dump holds both
+// (GRPOConfig derived one from the other for the ranks of the process that wrote it): accepted when they agree
+// for these ranks.
+static int resolve_batches(TrainConfig *c, int ws, Problems *p) {
     long per_step = (long)c->per_device_train_batch_size * ws;  // completions per micro-step, all ranks
     long spg, gbs;
-    if (c->generation_batch_size && c->steps_per_generation)
-        FAIL("generation_batch_size: cannot be set together with steps_per_generation (give one)");
-    if (c->generation_batch_size) {
+    if (c->generation_batch_size && c->steps_per_generation &&
+        (long)c->generation_batch_size != per_step * c->steps_per_generation) {
+        long written_for = (long)c->generation_batch_size / ((long)c->per_device_train_batch_size *
+                                                             c->steps_per_generation);
+        FAIL("generation_batch_size: %d and steps_per_generation %d disagree for per_device_train_batch_size %d x %d "
+             "rank(s) (%ld completions per round)%s%ld rank(s)%s; give only one of them (without "
+             "generation_batch_size, steps_per_generation %d gives %ld per round)",
+             c->generation_batch_size, c->steps_per_generation, c->per_device_train_batch_size, ws,
+             per_step * c->steps_per_generation, written_for >= 1 ? ": the pair was derived for " : "",
+             written_for >= 1 ? written_for : 0L, written_for >= 1 ? " (as TRL writes it)" : "",
+             c->steps_per_generation, per_step * c->steps_per_generation);
+    }
+    if (c->generation_batch_size && !c->steps_per_generation) {
         if (c->generation_batch_size % per_step != 0)
             FAIL("generation_batch_size: %d must be divisible by per_device_train_batch_size (%d) x %d ranks = %ld",
                  c->generation_batch_size, c->per_device_train_batch_size, ws, per_step);
@@ -230,25 +250,25 @@ static int resolve_batches(TrainConfig *c, int ws, char *err, size_t err_len) {
 }
 
 int train_config_lora(const TrainConfig *c, LoraConfig *out, char *err, size_t err_len) {
-    char msg[384];
     memset(out, 0, sizeof *out);
     out->r = c->lora_r;
     out->alpha = (float)c->lora_alpha;
     out->dropout = (float)c->lora_dropout;
     out->use_rslora = c->use_rslora;
-    if (lora_parse_targets(c->lora_target_modules, &out->targets, msg, sizeof msg) != 0 ||
-        lora_parse_init(c->lora_init ? c->lora_init : "", &out->init, msg, sizeof msg) != 0 ||
-        lora_config_check(out, msg, sizeof msg) != 0)
-        FAIL("%s", msg);
+    if (lora_parse_targets(c->lora_target_modules, &out->targets, err, err_len) != 0 ||
+        lora_parse_init(c->lora_init ? c->lora_init : "", &out->init, err, err_len) != 0 ||
+        lora_config_check(out, err, err_len) != 0)
+        return -1;
     return 0;
 }
 
 // use_peft: the adapters' options, and what LoRA training does not do in this version.
-static int check_lora(const TrainConfig *c, char *err, size_t err_len) {
+static int check_lora(const TrainConfig *c, Problems *p) {
     if (!c->use_peft && c->lora_save_merged) FAIL("lora_save_merged: needs use_peft (there are no adapters to merge)");
     if (!c->use_peft) return 0;
     LoraConfig lc;
-    if (train_config_lora(c, &lc, err, err_len) != 0) return -1;
+    char msg[384];
+    if (train_config_lora(c, &lc, msg, sizeof msg) != 0) FAIL("%s", msg);
     if (c->sharding_strategy != SHARDING_FULL_SHARD || c->zero_hpz_partition_size > 1)
         FAIL("use_peft: the base is replicated and frozen and the adapters are replicated: sharding_strategy "
              "hybrid_shard and zero_hpz_partition_size do not apply; leave them at their defaults");
@@ -256,7 +276,7 @@ static int check_lora(const TrainConfig *c, char *err, size_t err_len) {
 }
 
 // Multi-turn tool use: known tool names, a readable lookup table when lookup is on, a known call format.
-static int check_tools(const TrainConfig *c, char *err, size_t err_len) {
+static int check_tools(const TrainConfig *c, Problems *p) {
     NEED(c->max_tool_calling_iterations >= -1, "max_tool_calling_iterations",
          "must be >= 0, or -1 for no limit, got %d", c->max_tool_calling_iterations);
     int lookup = 0;
@@ -293,21 +313,47 @@ static int check_tools(const TrainConfig *c, char *err, size_t err_len) {
     return 0;
 }
 
-int train_config_finalize(TrainConfig *c, int world_size, char *err, size_t err_len) {
-    if (world_size < 1) FAIL("world size %d: must be >= 1 (WORLD_SIZE)", world_size);
-    c->world_size = world_size;
-    if (check_model_and_data(c, err, err_len) || check_generation(c, err, err_len) ||
-        check_optimisation(c, err, err_len) || check_logging_and_dist(c, err, err_len) ||
-        check_rewards(c, err, err_len) || check_lora(c, err, err_len) || check_tools(c, err, err_len))
-        return -1;
+static int check_mode(const TrainConfig *c, Problems *p) {
     if (c->mode == TRAIN_MODE_GRPO) {
-        if (grpo_options_validate(&c->grpo, err, err_len) != 0) return -1;
+        char gerr[512];
+        if (grpo_options_validate(&c->grpo, gerr, sizeof gerr) != 0) problems_add(p, "%s", gerr);
+        if (c->loss_type_nll)
+            problems_add(p, "loss_type: \"nll\" is SFTConfig's loss; for supervised fine-tuning add mode \"sft\" "
+                         "(--mode sft), for grpo give one of grpo, bnpo, dr_grpo, dapo, cispo, sapo, luspo, vespo");
         if (!c->rollout_servers)
-            FAIL("rollout_servers: grpo needs at least one rollout server (--rollout-servers tcp://host:port)");
+            problems_add(p, "rollout_servers: grpo needs at least one rollout server (--rollout-servers "
+                         "tcp://host:port)");
         if (c->n_rewards == 0 && !c->reward_url && !c->env_url)
-            FAIL("rewards: grpo needs a reward (--rewards with built-in names, --reward-url, or --env-url)");
+            problems_add(p, "rewards: grpo needs a reward (--rewards with built-in names, --reward-url, or "
+                         "--env-url)");
+    } else {
+        NEED(c->max_length >= 0, "max_length", "must be >= 0 (0 or null = no truncation), got %d", c->max_length);
+        if (!c->dataset_text_field || !c->dataset_text_field[0])
+            problems_add(p, "dataset_text_field: must name a column (TRL's default is \"text\")");
     }
-    return resolve_batches(c, world_size, err, err_len);
+    return 0;
+}
+
+int train_config_finalize(TrainConfig *c, int world_size, char *err, size_t err_len) {
+    Problems probs = {0}, *p = &probs;
+    if (world_size < 1) {
+        problems_add(p, "world size %d: must be >= 1 (WORLD_SIZE)", world_size);
+        return problems_report(p, err, err_len);
+    }
+    c->world_size = world_size;
+    // Every group runs, so that one run lists every problem; the batch arithmetic needs sane sizes.
+    check_model_and_data(c, p);
+    check_generation(c, p);
+    check_optimisation(c, p);
+    check_logging_and_dist(c, p);
+    check_rewards(c, p);
+    check_mode(c, p);
+    check_lora(c, p);
+    check_tools(c, p);
+    if (c->per_device_train_batch_size >= 1 && c->gradient_accumulation_steps >= 1 && c->steps_per_generation >= 0 &&
+        c->generation_batch_size >= 0)
+        resolve_batches(c, world_size, p);
+    return problems_report(p, err, err_len);
 }
 
 long train_config_total_steps(const TrainConfig *c, long steps_per_epoch) {

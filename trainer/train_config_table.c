@@ -26,6 +26,8 @@ NAMES(regex_mode_name, "full", "search")
 NAMES(device_name, "auto", "cpu", "cuda")
 NAMES(sync_name, "auto", "nccl", "zmq")
 NAMES(sharding_name, "full_shard", "hybrid_shard")
+NAMES(truncation_name, "keep_start", "keep_end")
+NAMES(save_strategy_name, "steps", "epoch", "no", "best")
 static const char *sched_name(int v) { return pick(lr_schedule_names, LR_SCHED_COUNT, v); }
 // GRPO enums: their own name functions answer "?" past the last value.
 static const char *grpo_choice(const char *s) { return (s && strcmp(s, "?") != 0) ? s : NULL; }
@@ -46,16 +48,19 @@ static const char *is_mode_name(int v) { return grpo_choice(grpo_rollout_is_mode
 #define G_LOG "Logging and checkpoints"
 #define G_DIST "Distribution, rollout servers, weight sync"
 #define G_LORA "LoRA adapters (PEFT)"
+#define G_SFT "Supervised fine-tuning (mode sft; TRL SFTConfig's names)"
 
-#define OPT(k, t, field, g, h) {k, t, F(field), 0, NULL, 0, NULL, g, h}
-#define ENUM(k, field, fn, fl, g, h) {k, OPT_ENUM, F(field), 0, fn, fl, NULL, g, h}
-#define GRPO(k, t, field, g, h) {k, t, F(grpo.field), 0, NULL, OPTF_GRPO, NULL, g, h}
-#define GRPO_OPT(k, field, g, h) {k, OPT_OPT_F64, F(grpo.field), F(grpo.has_##field), NULL, OPTF_GRPO, NULL, g, h}
-#define ALIAS(k, target) {k, OPT_INT, 0, 0, NULL, OPTF_ALIAS, target, NULL, NULL}
+#define OPT(k, t, field, g, h) {k, t, F(field), 0, NULL, 0, NULL, g, h, 0}
+#define ENUM(k, field, fn, fl, g, h) {k, OPT_ENUM, F(field), 0, fn, fl, NULL, g, h, 0}
+#define GRPO(k, t, field, g, h) {k, t, F(grpo.field), 0, NULL, OPTF_GRPO, NULL, g, h, 0}
+#define GRPO_OPT(k, field, g, h) {k, OPT_OPT_F64, F(grpo.field), F(grpo.has_##field), NULL, OPTF_GRPO, NULL, g, h, 0}
+// JSON null (flag: none) is TRL's None and sets nullv.
+#define NULLABLE(k, t, field, nullv, g, h) {k, t, F(field), 0, NULL, OPTF_NULLABLE, NULL, g, h, nullv}
+#define ALIAS(k, target) {k, OPT_INT, 0, 0, NULL, OPTF_ALIAS, target, NULL, NULL, 0}
 
 const OptionSpec train_options[] = {
     {"config", OPT_STR, F(config_file), 0, NULL, OPTF_FLAG_ONLY, NULL, G_DATA,
-     "JSON config file with these keys (TRL's GRPOConfig names); flags override it"},
+     "JSON config file with these keys (TRL's GRPOConfig names); flags override it", 0},
     OPT("model", OPT_STR, model, G_DATA, "Hugging Face model folder (config.json, safetensors, tokenizer) [required]"),
     OPT("train_file", OPT_STR, train_file, G_DATA, "JSONL file or folder of *.jsonl shards [required]"),
     ENUM("mode", mode, mode_name, 0, G_DATA, "grpo (rollouts + rewards) or sft (cross-entropy on completions)"),
@@ -70,14 +75,14 @@ const OptionSpec train_options[] = {
     ENUM("overlong_prompts", overlong_prompts, overlong_name, 0, G_DATA,
          "a prompt over max_prompt_length is skipped (and counted in the log) or an error"),
     OPT("shuffle_dataset", OPT_BOOL, shuffle_dataset, G_DATA, "shuffle each rank's shard every epoch"),
-    OPT("data_seed", OPT_LONG, data_seed, G_DATA, "seed of the data order; -1 = seed"),
+    NULLABLE("data_seed", OPT_LONG, data_seed, -1, G_DATA, "seed of the data order; -1 (null) = seed"),
 
     GRPO("num_generations", OPT_INT, num_generations, G_GEN, "completions per prompt (group size, >= 2)"),
     GRPO("max_completion_length", OPT_INT, max_completion_length, G_GEN, "most tokens generated per completion"),
     OPT("temperature", OPT_F64, temperature, G_GEN, "sampling temperature (also divides the logits in the loss)"),
     OPT("top_p", OPT_F64, top_p, G_GEN, "nucleus sampling mass in (0, 1]; 1 = off"),
     OPT("top_k", OPT_INT, top_k, G_GEN, "sample among the k most likely tokens; 0 = off"),
-    OPT("min_p", OPT_F64, min_p, G_GEN, "drop tokens below min_p times the top probability; 0 = off"),
+    NULLABLE("min_p", OPT_F64, min_p, 0, G_GEN, "drop tokens below min_p times the top probability; 0 (null) = off"),
     OPT("repetition_penalty", OPT_F64, repetition_penalty, G_GEN, "penalty on tokens already present; 1 = off"),
     OPT("generation_batch_size", OPT_INT, generation_batch_size, G_GEN,
         "completions per generation round over all ranks; 0 = per_device_train_batch_size x ranks x "
@@ -93,7 +98,8 @@ const OptionSpec train_options[] = {
     GRPO("epsilon", OPT_F64, epsilon, G_GRPO, "lower clip range of the ratio"),
     GRPO_OPT("epsilon_high", epsilon_high, G_GRPO, "upper clip range; none = epsilon (DAPO: 0.28)"),
     GRPO_OPT("delta", delta, G_GRPO, "two-sided clipping: upper bound of the ratio; none = off"),
-    ENUM("loss_type", grpo.loss_type, loss_name, OPTF_GRPO, G_GRPO, "loss aggregation"),
+    ENUM("loss_type", grpo.loss_type, loss_name, OPTF_GRPO, G_GRPO, "GRPO loss aggregation; an SFTConfig's \"nll\" "
+         "(negative log-likelihood, the sft loss) is accepted in mode sft"),
     ENUM("scale_rewards", grpo.scale_rewards, scale_name, OPTF_GRPO, G_GRPO,
          "divide advantages by the std of the group, of the batch, or not (true = group, false = none)"),
     ENUM("multi_objective_aggregation", grpo.multi_objective_aggregation, agg_name, OPTF_GRPO, G_GRPO,
@@ -103,7 +109,7 @@ const OptionSpec train_options[] = {
     GRPO("mask_truncated_completions", OPT_BOOL, mask_truncated_completions, G_GRPO,
          "leave completions that hit max_completion_length out of the loss"),
     {"reward_weights", OPT_F64LIST, F(reward_weights), F(n_reward_weights), NULL, 0, NULL, G_GRPO,
-     "one weight per reward function (built-ins first, then the service's); none = all 1"},
+     "one weight per reward function (built-ins first, then the service's); none = all 1", 0},
     GRPO("top_entropy_quantile", OPT_F64, top_entropy_quantile, G_GRPO,
          "keep only the top quantile of tokens by entropy in the policy loss; 1 = all"),
     GRPO("sapo_temperature_neg", OPT_F64, sapo_temperature_neg, G_GRPO, "sapo gate temperature, advantage <= 0"),
@@ -121,7 +127,7 @@ const OptionSpec train_options[] = {
     GRPO_OPT("vllm_importance_sampling_clip_min", vllm_importance_sampling_clip_min, G_GRPO,
              "lower bound C_min of the correction ratio"),
     {"vllm_importance_sampling_cap", OPT_OPT_F64, 0, 0, NULL, OPTF_GRPO | OPTF_NO_VALUE, NULL, G_GRPO,
-     "deprecated spelling of vllm_importance_sampling_clip_max (wins over it, as in TRL)"},
+     "deprecated spelling of vllm_importance_sampling_clip_max (wins over it, as in TRL)", 0},
     GRPO_OPT("off_policy_mask_threshold", off_policy_mask_threshold, G_GRPO,
              "mask sequences with negative advantage and KL above this; none = off"),
     GRPO("use_bias_correction_kl", OPT_BOOL, use_bias_correction_kl, G_GRPO,
@@ -134,7 +140,7 @@ const OptionSpec train_options[] = {
     GRPO("entropy_target", OPT_F64, entropy_target, G_GRPO, "adaptive control's target entropy (nats)"),
 
     {"rewards", OPT_STRLIST, F(rewards), F(n_rewards), NULL, 0, NULL, G_RWD,
-     "built-in rewards: answer_match, regex_format, think_format, length_penalty, soft_overlong"},
+     "built-in rewards: answer_match, regex_format, think_format, length_penalty, soft_overlong", 0},
     OPT("answer_column", OPT_STR, answer_column, G_RWD, "dataset column answer_match compares with"),
     OPT("format_regex", OPT_STR, format_regex, G_RWD, "PCRE2 pattern of regex_format"),
     ENUM("format_regex_mode", format_regex_mode, regex_mode_name, 0, G_RWD,
@@ -152,12 +158,12 @@ const OptionSpec train_options[] = {
         "largest answer read from the service, MiB; a larger one is refused"),
 
     {"tools", OPT_STRLIST, F(tools), F(n_tools), NULL, 0, NULL, G_TOOLS,
-     "built-in tools for multi-turn rollouts: calculator, lookup; none = single-turn GRPO"},
+     "built-in tools for multi-turn rollouts: calculator, lookup; none = single-turn GRPO", 0},
     OPT("tool_lookup_file", OPT_STR, tool_lookup_file, G_TOOLS, "JSON object file: the lookup tool's key -> value"),
     OPT("tool_call_format", OPT_STR, tool_call_format, G_TOOLS,
         "hermes, llama3 or mistral; unset = the chat template's (chatml/qwen3: hermes, llama3.1, mistral)"),
-    OPT("max_tool_calling_iterations", OPT_INT, max_tool_calling_iterations, G_TOOLS,
-        "most tool turns per rollout; -1 = no limit (TRL's None)"),
+    NULLABLE("max_tool_calling_iterations", OPT_INT, max_tool_calling_iterations, -1, G_TOOLS,
+             "most tool turns per rollout; -1 (null) = no limit (TRL's None)"),
     OPT("env_url", OPT_STR, env_url, G_TOOLS,
         "environment service http://host:port[/prefix] (docs/environments.md), instead of tools; its rewards are "
         "the reward function 'environment'"),
@@ -194,8 +200,13 @@ const OptionSpec train_options[] = {
     OPT("log_completions", OPT_BOOL, log_completions, G_LOG, "grpo: rank 0 writes each completion it trains on at "
         "a logged step to OUTPUT_DIR/completions.jsonl (ids, version, staleness, advantage, the servers' and the "
         "old logprobs, the importance-sampling ratio)"),
-    OPT("save_steps", OPT_INT, save_steps, G_LOG, "checkpoint every k steps; 0 = only at the end"),
-    OPT("save_total_limit", OPT_INT, save_total_limit, G_LOG, "keep the last k checkpoints; 0 = all"),
+    OPT("logging_first_step", OPT_BOOL, logging_first_step, G_LOG, "also log the first step"),
+    ENUM("save_strategy", save_strategy, save_strategy_name, 0, G_LOG, "steps: a checkpoint every save_steps steps; "
+         "epoch: at the end of each pass over the data; no: none but the final one (the model TRL's "
+         "trainer.save_model() would write); best is refused (it needs evaluation). The final step is always saved"),
+    OPT("save_steps", OPT_INT, save_steps, G_LOG, "checkpoint every k steps (save_strategy steps); 0 = only at the "
+        "end"),
+    NULLABLE("save_total_limit", OPT_INT, save_total_limit, 0, G_LOG, "keep the last k checkpoints; 0 (null) = all"),
     OPT("resume", OPT_STR, resume, G_LOG,
         "checkpoint folder to resume from, \"latest\" in output_dir, or \"auto\": latest when output_dir has a "
         "complete checkpoint, else start at step 0 (for runs a scheduler restarts)"),
@@ -213,7 +224,7 @@ const OptionSpec train_options[] = {
     OPT("init_timeout", OPT_F64, init_timeout, G_DIST, "seconds for every rank to join the rendezvous"),
     OPT("comm_timeout", OPT_F64, comm_timeout, G_DIST, "seconds one collective may take before it fails"),
     {"rollout_servers", OPT_CSV, F(rollout_servers), 0, NULL, 0, NULL, G_DIST,
-     "rollout servers' control sockets, tcp://host:port, comma-separated [grpo: required]"},
+     "rollout servers' control sockets, tcp://host:port, comma-separated [grpo: required]", 0},
     OPT("rollout_timeout", OPT_F64, rollout_timeout, G_DIST, "seconds before a generation request moves to "
         "another server"),
     OPT("control_server_key", OPT_STR, control_server_key, G_DIST, "file with the rollout servers' CURVE public "
@@ -240,6 +251,15 @@ const OptionSpec train_options[] = {
     OPT("lora_save_merged", OPT_BOOL, lora_save_merged, G_LORA, "checkpoints also hold the base with the adapters "
         "merged in (PEFT's merge_and_unload) as a Hugging Face folder, checkpoint-N/merged, for transformers and "
         "tandem-serve"),
+    NULLABLE("max_length", OPT_INT, max_length, 0, G_SFT, "sequences (prompt + completion) are cut to this many "
+             "tokens, and a row left with no token to learn is skipped as TRL drops it (counted in metrics.jsonl's "
+             "prompts_skipped); 0 (null) = no cut"),
+    ENUM("truncation_mode", truncation_mode, truncation_name, 0, G_SFT,
+         "which end of a sequence over max_length is kept"),
+    NULLABLE("completion_only_loss", OPT_BOOL, completion_only_loss, -1, G_SFT, "prompt/completion rows: the loss "
+             "is on the completion tokens only (true, or none), or on every token (false)"),
+    OPT("dataset_text_field", OPT_STR, dataset_text_field, G_SFT, "column of language-modelling rows (a row with "
+        "this column and no prompt/messages): the loss is on every token, EOS appended as TRL does"),
 };
 const size_t train_options_count = sizeof train_options / sizeof train_options[0];
 
@@ -274,6 +294,8 @@ void train_config_default(TrainConfig *c) {
     c->weight_sync_steps = 1, c->weight_sync_transport = WEIGHT_SYNC_AUTO;
     c->lora_r = 16, c->lora_alpha = 32, c->lora_dropout = 0.05;
     c->lora_target_modules = strdup("q_proj,v_proj"), c->lora_init = strdup("default");
+    c->max_length = 1024, c->truncation_mode = TRUNCATION_KEEP_START, c->completion_only_loss = -1;
+    c->dataset_text_field = strdup("text");
 }
 
 void train_config_free(TrainConfig *c) {
@@ -306,6 +328,14 @@ const OptionSpec *train_option_find(const char *key) {
 }
 
 const char *train_option_type_name(const OptionSpec *o) {
+    if (o->flags & OPTF_NULLABLE) {
+        switch (o->type) {
+        case OPT_INT: case OPT_LONG: return "INT|none";
+        case OPT_F64: return "FLOAT|none";
+        case OPT_BOOL: return "BOOL|none";
+        default: break;
+        }
+    }
     switch (o->type) {
     case OPT_INT: case OPT_LONG: return "INT";
     case OPT_F64: return "FLOAT";
@@ -346,7 +376,11 @@ void train_option_format(const TrainConfig *c, const OptionSpec *o, char *buf, s
         if (*(const int *)(base + o->aux_off)) fmt_double(*(const double *)(base + o->off), buf, cap);
         else snprintf(buf, cap, "none");
         break;
-    case OPT_BOOL: snprintf(buf, cap, "%s", *(const int *)(base + o->off) ? "true" : "false"); break;
+    case OPT_BOOL: {
+        const int b = *(const int *)(base + o->off);
+        snprintf(buf, cap, "%s", b < 0 ? "none" : b ? "true" : "false");
+        break;
+    }
     case OPT_ENUM: {
         const char *n = o->choice(*(const int *)(base + o->off));
         snprintf(buf, cap, "%s", n ? n : "?");
@@ -476,7 +510,11 @@ char *train_config_to_json(const TrainConfig *c) {
         case OPT_OPT_F64:
             v = *(const int *)(base + o->aux_off) ? json_real(*(const double *)(base + o->off)) : json_null();
             break;
-        case OPT_BOOL: v = json_boolean(*(const int *)(base + o->off)); break;
+        case OPT_BOOL: {
+            const int b = *(const int *)(base + o->off);
+            v = b < 0 ? json_null() : json_boolean(b);
+            break;
+        }
         case OPT_ENUM: v = json_string(o->choice(*(const int *)(base + o->off))); break;
         case OPT_STR:
         case OPT_CSV: {

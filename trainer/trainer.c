@@ -193,6 +193,23 @@ static int load_adapter(const char *dir, void *arg, char *err, size_t err_len) {
     return lora_train_load(((Trainer *)arg)->lora, dir, err, err_len);
 }
 
+// One line for every TRL key the configuration had that tandem accepts without a setting of its own (no effect
+// here, or at the one value tandem implements): docs/configuration.md, "TRL keys", says why for each.
+static void log_trl_keys(const Trainer *t) {
+    const TrainConfig *c = t->cfg;
+    if (c->n_ignored == 0) return;
+    size_t len = 1;
+    for (size_t i = 0; i < c->n_ignored; i++) len += strlen(c->ignored[i]) + 2;
+    char *list = malloc(len);
+    if (!list) return;
+    size_t used = 0;
+    for (size_t i = 0; i < c->n_ignored; i++)
+        used += (size_t)snprintf(list + used, len - used, "%s%s", i ? ", " : "", c->ignored[i]);
+    log0(t, "config: %zu TRL key(s) accepted with no effect on this run (TRL's own machinery, or the value tandem "
+         "implements; docs/configuration.md, TRL keys): %s", c->n_ignored, list);
+    free(list);
+}
+
 int trainer_open(Trainer *t, TrainConfig *cfg, char *err, size_t err_len) {
     memset(t, 0, sizeof *t);
     t->cfg = cfg;
@@ -203,6 +220,7 @@ int trainer_open(Trainer *t, TrainConfig *cfg, char *err, size_t err_len) {
     t->rank = ci.rank;
     t->world = ci.world_size;
     if (train_config_finalize(cfg, t->world, err, err_len) != 0) return -1;
+    log_trl_keys(t);
     // auto: the GPU when one is there (one per rank: LOCAL_RANK picks it). Several CUDA ranks exchange the ZeRO
     // state over NCCL; everything on host memory (rewards, metrics, flags) goes over the host communicator.
     OpsBackend backend = cfg->device == TRAIN_DEVICE_CUDA ||
@@ -280,7 +298,9 @@ int trainer_open(Trainer *t, TrainConfig *cfg, char *err, size_t err_len) {
                         .max_prompt_length = cfg->max_prompt_length,
                         .refuse_overlong = cfg->overlong_prompts == OVERLONG_PROMPTS_ERROR, .rank = t->rank,
                         .world_size = t->world, .seed = (uint64_t)(cfg->data_seed >= 0 ? cfg->data_seed : cfg->seed),
-                        .shuffle = cfg->shuffle_dataset};
+                        .shuffle = cfg->shuffle_dataset, .text_field = cfg->dataset_text_field,
+                        .prompt_loss = cfg->completion_only_loss == 0, .max_length = cfg->max_length,
+                        .keep_end = cfg->truncation_mode == TRUNCATION_KEEP_END};
     if (data_open(&t->data, cfg->train_file, &dopt, err, err_len) != 0) return -1;
     if (cfg->mode == TRAIN_MODE_GRPO) {
         RewardOptions ro;
@@ -314,6 +334,9 @@ int trainer_open(Trainer *t, TrainConfig *cfg, char *err, size_t err_len) {
     long steps_per_epoch = (long)data_shard_records(t->data) / (per_step > 0 ? per_step : 1);
     if (steps_per_epoch < 1) steps_per_epoch = 1;
     t->total_steps = train_config_total_steps(cfg, steps_per_epoch);
+    t->steps_per_epoch = steps_per_epoch;
+    t->save_every = cfg->save_strategy == SAVE_STRATEGY_EPOCH ? steps_per_epoch
+                    : cfg->save_strategy == SAVE_STRATEGY_STEPS ? cfg->save_steps : 0;
     if (cfg->resume) {
         char loaded[PATH_MAX];
         CheckpointOptions co = {.output_dir = cfg->output_dir, .base_model_dir = cfg->model,
@@ -341,8 +364,6 @@ int trainer_open(Trainer *t, TrainConfig *cfg, char *err, size_t err_len) {
             open_step_log(t, "completions.jsonl", &t->completions, err, err_len) != 0)
             return -1;
     }
-    for (size_t i = 0; i < cfg->n_ignored; i++)
-        log0(t, "config key %s is accepted for TRL compatibility and has no effect here", cfg->ignored[i]);
     log0(t, "%s: %ld optimizer steps, %zu records in %s (%zu on this rank)", cfg->mode == TRAIN_MODE_GRPO ? "grpo" : "sft",
          t->total_steps, data_total_records(t->data), cfg->train_file, data_shard_records(t->data));
     return 0;
@@ -435,6 +456,12 @@ static int save_adapter(const char *dir, void *arg, char *err, size_t err_len) {
     return checkpoint_copy_tokenizer(t->cfg->model, merged, err, err_len);
 }
 
+int trainer_logs_step(const Trainer *t, long step) {
+    return step % t->cfg->logging_steps == 0 || step == t->total_steps || (t->cfg->logging_first_step && step == 1);
+}
+
+int trainer_saves_step(const Trainer *t, long step) { return t->save_every > 0 && step % t->save_every == 0; }
+
 int trainer_save_at(Trainer *t, uint64_t epoch, size_t pos, char *err, size_t err_len) {
     t->progress.epoch = (int64_t)epoch;
     t->progress.data_position = (int64_t)pos;
@@ -482,6 +509,8 @@ void trainer_log(Trainer *t, json_t *m) {
     }
     if (isatty(STDERR_FILENO)) fputs("\r\033[K", stderr); // the log line replaces the progress bar
     json_object_set_new(m, "step", json_integer(t->progress.step));
+    // TRL's (the Trainer's) epoch: passes over the data so far, fractional.
+    json_object_set_new(m, "epoch", json_real((double)t->progress.step / (double)t->steps_per_epoch));
     json_object_set_new(m, "elapsed", json_real(trainer_now() - t->t_start));
     // Several nodes: rank 0's ZeRO traffic (policy and reference, checkpoint gathers included) since the previous
     // row, split by whether it crossed the node boundary. One node has nothing to split, and its rows stay

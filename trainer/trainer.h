@@ -57,6 +57,8 @@ typedef struct Trainer {
     int acts_tokens, acts_seqs; // capacity of acts
     TrainProgress progress;
     long total_steps;
+    long steps_per_epoch;           // optimizer steps of one pass over the data (the logged epoch's unit)
+    long save_every;                // a checkpoint every k optimizer steps (save_strategy); 0: the final one only
     FILE *metrics;              // rank 0: OUTPUT_DIR/metrics.jsonl
     FILE *completions;          // rank 0 with log_completions (grpo): OUTPUT_DIR/completions.jsonl
     double t_start;
@@ -80,6 +82,11 @@ UnitSource trainer_policy_source(Trainer *t);
 static inline int trainer_has_ref(const Trainer *t) { return t->ref != NULL || t->lora_ref; }
 // Optimizer step with this step's learning rate; fills *grad_norm and *lr.
 int trainer_optimizer_step(Trainer *t, float *grad_norm, double *lr, char *err, size_t err_len);
+// 1 when optimizer step `step` gets a metrics.jsonl row: every logging_steps, the last and, with
+// logging_first_step, the first.
+int trainer_logs_step(const Trainer *t, long step);
+// 1 when a checkpoint is saved after optimizer step `step` (save_strategy, save_steps); the final one is the run's.
+int trainer_saves_step(const Trainer *t, long step);
 // Saves a checkpoint of the current step (all ranks); a resumed run reads the data from where the reader is now,
 // or, with trainer_save_at, from (data_epoch, data_position) (rounds generated ahead have read further).
 int trainer_save(Trainer *t, char *err, size_t err_len);

@@ -136,7 +136,8 @@ def test_rounds_too_old_are_dropped_and_counted(setup):
         assert r["staleness/max"] <= 1
         dropped += r["samples_dropped_stale"]
         if r["samples_dropped_stale"] == per_round:
-            assert r["num_tokens"] == 0 and r["loss"] == 0, r
+            assert r["num_items_in_batch"] == 0 and r["loss"] == 0, r
+            assert r["num_tokens"] == rows[s - 1]["num_tokens"], r   # nothing trained on: the count stands
     assert rows[1]["samples_dropped_stale"] == 0
     assert dropped > 0
 

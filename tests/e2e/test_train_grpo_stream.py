@@ -183,7 +183,8 @@ def test_streaming_is_the_baseline_build(setup, variant):
     # options let micro-steps start early does not.
     if not early_micro_steps:
         assert all(rows_s[s]["train_overlap_time"] == 0 for s in rows_s), rows_s
-    assert_same_run_as_baseline(out_b, rows_b, out_s, rows_s, ("checkpoint-2", "checkpoint-4"))
+    assert_same_run_as_baseline(out_b, rows_b, out_s, rows_s, ("checkpoint-2", "checkpoint-4"),
+                                micro_steps_per_step=4)
 
 
 def test_a_server_lost_mid_round_keeps_the_groups_in(setup):

@@ -1,14 +1,15 @@
-"""tandem-train's options against TRL's GRPOConfig: every option that is not tandem's own is a GRPOConfig field
-(so a TRL config's keys mean the same thing here), and its default equals GRPOConfig's. A TRL-style config file
-is accepted as it is, and the derived batch sizes equal GRPOConfig.__post_init__'s.
-Driven through tests/reference/tools/trainer_config_tool.c.
+"""tandem-train's options against TRL's GRPOConfig and SFTConfig: every option that is not tandem's own is a field
+of theirs (so a TRL config's keys mean the same thing here), and its default equals TRL's. Every other field of
+TRL's dataclasses has a fate in tandem's TRL key table (trainer/train_config_trl.c), so a TRL upgrade that adds a
+field fails here, naming it. A TRL-style config file is accepted as it is, and the derived batch sizes equal
+GRPOConfig.__post_init__'s. Driven through tests/reference/tools/trainer_config_tool.c.
 """
 import dataclasses
 import json
 import subprocess
 
 import pytest
-from trl import GRPOConfig, ModelConfig
+from trl import GRPOConfig, ModelConfig, SFTConfig
 
 from conftest import tool
 
@@ -35,6 +36,8 @@ TANDEM_ONLY = {"model", "train_file", "mode", "overwrite_output_dir", "chat_temp
 # but for this spelling: the modules PEFT picks for tandem's architectures when target_modules is None.
 MODEL_CONFIG = {"use_peft", "lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "use_rslora"}
 MODEL_CONFIG_SPELLING = {"lora_target_modules": (None, "q_proj,v_proj")}
+# SFTConfig's names (no GRPOConfig field), compared with SFTConfig's defaults.
+SFT_KEYS = {"max_length", "truncation_mode", "completion_only_loss", "dataset_text_field"}
 # Same meaning, different spelling of "unset" or a value that only names TRL's implementation.
 DEFAULT_SPELLING = {
     "min_p": (None, 0.0),             # off
@@ -70,12 +73,19 @@ def plain(v):
 def test_keys_are_trl_names_with_trl_defaults(tmp_path):
     ours = tandem_config()
     trl = trl_config(tmp_path)
+    sft = SFTConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[])
     fields = {f.name for f in dataclasses.fields(GRPOConfig)}
     model_cfg = ModelConfig()
+    for key in SFT_KEYS:
+        assert key not in fields and key in {f.name for f in dataclasses.fields(SFTConfig)}, key
+        want = plain(getattr(sft, key))
+        assert ours[key] == want, f"default of {key}: tandem {ours[key]!r}, SFTConfig {want!r}"
     for key, value in ours.items():
         if key in MODEL_CONFIG:
             want = getattr(model_cfg, key)
             assert (want, value) == MODEL_CONFIG_SPELLING.get(key, (want, want)), key
+            continue
+        if key in SFT_KEYS:
             continue
         if key in TANDEM_ONLY:
             assert key not in fields, f"{key} is a GRPOConfig field: drop it from TANDEM_ONLY"
@@ -129,5 +139,40 @@ def test_derived_batches_match_grpo_config(tmp_path, pdtbs, gas, spg, gbs):
 
 def test_ignored_trl_keys_are_reported(tmp_path):
     path = tmp_path / "c.json"
-    path.write_text(json.dumps({"use_vllm": True, "report_to": ["wandb"], "sync_ref_model": False}))
+    path.write_text(json.dumps({"use_vllm": True, "report_to": "none", "sync_ref_model": False}))
     assert sorted(run_config_tool("--config", str(path))["ignored"]) == ["report_to", "sync_ref_model", "use_vllm"]
+
+
+def trl_table():
+    proc = subprocess.run([tool("trainer_config_tool"), "--keys"], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+@pytest.mark.parametrize("cls", [GRPOConfig, SFTConfig], ids=lambda c: c.__name__)
+def test_every_trl_field_has_a_fate(tmp_path, cls):
+    """Each field of TRL's dataclass is a tandem option or has a row in the TRL key table; each "only values" row
+    accepts TRL's own default, as the installed TRL writes it."""
+    table = trl_table()
+    options, trl = set(table["options"]), table["trl"]
+    assert not options & set(trl), f"keys both options and TRL table rows: {sorted(options & set(trl))}"
+    written = json.loads(cls(output_dir=str(tmp_path), use_cpu=True, bf16=False).to_json_string())
+    for field in dataclasses.fields(cls):
+        name = field.name
+        assert name in options or name in trl, (
+            f"TRL {cls.__name__}.{name} (written as {written.get(name)!r}) has no "
+            f"fate in tandem: add a row to trainer/train_config_trl.c (no effect: any value; or only the values "
+            f"tandem implements, with why / what to do) or implement it as an option in train_config_table.c")
+        row = trl.get(name)
+        if row and row["fate"] == "only values" and name in written:
+            assert any(v == written[name] for v in row["values"]), (
+                f"{cls.__name__}.{name}: TRL's default {written[name]!r} is not among the values tandem accepts "
+                f"{row['values']!r}")
+        assert row is None or row["why"], name
+
+
+def test_no_stale_trl_rows():
+    """Every row of tandem's TRL key table is a field of GRPOConfig or SFTConfig (a key TRL dropped goes too)."""
+    fields = {f.name for cls in (GRPOConfig, SFTConfig) for f in dataclasses.fields(cls)}
+    stale = sorted(set(trl_table()["trl"]) - fields)
+    assert not stale, f"rows of trainer/train_config_trl.c that no TRL config has: {stale}"

@@ -100,18 +100,21 @@ static void test_state_json(void) {
               st.layout_hash == 0x509d21c0b51d40f9ULL, "state read wrong");
     CHECK(strcmp(st.zero_slicing, "full_shard") == 0, "a state without zero_slicing reads as '%s'", st.zero_slicing);
     json_decref(j);
-    // zero_slicing round-trips (a resume compares it with the run's own).
+    CHECK(st.progress.num_input_tokens_seen == 0, "a state without num_input_tokens_seen counts from 0");
+    // zero_slicing and num_input_tokens_seen round-trip (a resume compares the first with the run's own, and goes
+    // on counting the second).
     strcpy(st.zero_slicing, "hpz:8");
+    st.progress.num_input_tokens_seen = 123456789012LL;
     json_t *w = checkpoint_state_to_json(&st);
     CheckpointState back;
     CHECK(w && checkpoint_state_from_json(w, "state.json", &back, err, sizeof err) == 0 &&
-          strcmp(back.zero_slicing, "hpz:8") == 0);
+          strcmp(back.zero_slicing, "hpz:8") == 0 && back.progress.num_input_tokens_seen == 123456789012LL);
     json_decref(w);
     static const struct {
         const char *key, *value;
     } bad[] = {{"global_step", "-1"}, {"data_position", "-5"}, {"world_size", "0"}, {"layout_hash", "\"509D21C0B51D40F9\""},
                {"rng", "[\"zz\", \"9e3779b97f4a7c15\"]"}, {"rng", "[\"00000000000000010\", \"1\"]"},
-               {"epoch", "\"1\""}};
+               {"epoch", "\"1\""}, {"num_input_tokens_seen", "-3"}};
     for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
         j = json_loads(good, 0, NULL);
         json_object_set_new(j, bad[i].key, json_loads(bad[i].value, JSON_DECODE_ANY, NULL));

@@ -130,7 +130,7 @@ static void test_flags_and_file(void) {
                        " \"scale_rewards\": true, \"reward_weights\": [1, 2], \"rewards\": [\"answer_match\","
                        " \"soft_overlong\"], \"soft_punish_cache\": 64, \"max_completion_length\": 256,"
                        " \"rollout_servers\": [\"tcp://x:1\", \"tcp://y:2\"], \"model\": \"/file-model\","
-                       " \"train_file\": \"/f.jsonl\", \"report_to\": \"wandb\", \"use_vllm\": true,"
+                       " \"train_file\": \"/f.jsonl\", \"report_to\": \"none\", \"use_vllm\": true,"
                        " \"sync_ref_model\": false, \"epsilon_high\": null, \"max_steps\": 100,"
                        " \"importance_sampling_level\": \"sequence\", \"bf16\": true}";
     CHECK(write(fd, json, strlen(json)) == (ssize_t)strlen(json));
@@ -214,7 +214,8 @@ static void test_parse_refusals(void) {
     REFUSE("config (--config): needs a file path", NULL, "--config");
     REFUSE("config: cannot open /nonexistent/cfg.json", NULL, "--config", "/nonexistent/cfg.json");
     REFUSE("num_generations", "outside", "--num-generations", "99999999999");
-    REFUSE("sync_ref_model: TRL option not supported by tandem", NULL, "--sync-ref-model", "true");
+    REFUSE("sync_ref_model: true is not supported by tandem (accepted: [false])", "TR-DPO", "--sync-ref-model", "true");
+    REFUSE("report_to: \"wandb\" is not supported by tandem", "metrics.jsonl", "--report-to", "wandb");
 
     refuse_json(__LINE__, "{\"learning_rate\": 1e-5,", "cfg.json: invalid JSON", NULL);
     refuse_json(__LINE__, "[1]", "cfg.json: the config must be a JSON object", NULL);
@@ -240,8 +241,20 @@ static void test_parse_refusals(void) {
                 "cfg.json: mask_truncated_completions: expected true or false", NULL);
     refuse_json(__LINE__, "{\"scale_rewards\": \"grup\"}", "scale_rewards", "did you mean 'group'?");
     refuse_json(__LINE__, "{\"config\": \"other.json\"}", "cfg.json: config: only valid on the command line", NULL);
-    refuse_json(__LINE__, "{\"sync_ref_model\": true}", "cfg.json: sync_ref_model: TRL option not supported", NULL);
-    refuse_json(__LINE__, "{\"fp16\": true}", "fp16: TRL option not supported", NULL);
+    refuse_json(__LINE__, "{\"sync_ref_model\": true}", "cfg.json: sync_ref_model: true is not supported", NULL);
+    refuse_json(__LINE__, "{\"fp16\": true}", "fp16: true is not supported", "remove fp16");
+    refuse_json(__LINE__, "{\"save_strategy\": \"best\"}", "save_strategy: \"best\" keeps the checkpoint", "no evaluation");
+    refuse_json(__LINE__, "{\"logging_strategy\": \"epoch\"}", "logging_strategy: \"epoch\" is not supported",
+                "logging_steps");
+    refuse_json(__LINE__, "{\"report_to\": [\"wandb\"]}", "report_to: [\"wandb\"] is not supported", "metrics.jsonl");
+    refuse_json(__LINE__, "{\"model_init_kwargs\": {\"revision\": \"x\"}}", "model_init_kwargs: {\"revision\":\"x\"} is "
+                "not supported", NULL);
+    refuse_json(__LINE__, "{\"loss_type\": \"dft\"}", "cfg.json: loss_type: \"dft\"", "not implemented");
+    // Every problem of a file in one message, a line each.
+    refuse_json(__LINE__, "{\"fp16\": true, \"packing\": true, \"seed\": 1.5, \"qqqq\": 1}", "4 problems:\n  cfg.json: fp16",
+                "\n  cfg.json: packing: true is not supported");
+    refuse_json(__LINE__, "{\"fp16\": true, \"packing\": true, \"seed\": 1.5, \"qqqq\": 1}", "cfg.json: seed: expected",
+                "cfg.json: unknown key 'qqqq'");
 }
 
 static void test_finalize_refusals(void) {
@@ -340,8 +353,8 @@ static void test_finalize_refusals(void) {
     REFUSE("num_generations:", "at least 2", "--num-generations", "1");
     REFUSE("beta: must be", NULL, "--beta", "-0.1");
     REFUSE("vllm_importance_sampling_clip_min (5) must be less than", NULL, "--vllm-importance-sampling-clip-min", "5");
-    REFUSE("generation_batch_size: cannot be set together with steps_per_generation", NULL,
-           "--generation-batch-size", "16", "--steps-per-generation", "2");
+    REFUSE("generation_batch_size: 16 and steps_per_generation 1 disagree", "derived for 2 rank(s)",
+           "--generation-batch-size", "16", "--steps-per-generation", "1");
     REFUSE("generation_batch_size: 12 must be divisible by per_device_train_batch_size (8)", NULL,
            "--generation-batch-size", "12");
     REFUSE("per_device_train_batch_size: 6 completions x 1 steps_per_generation", "num_generations (4)",
@@ -431,9 +444,69 @@ static void test_help_and_doc(void) {
             fprintf(stderr, "docs/configuration.md is out of date with the option table\n");
             failures++;
         }
+        // And the fate of every TRL key (build/tests/trainer_config_tool --trl-markdown).
+        FILE *tf = tmpfile();
+        train_config_print_trl_markdown(tf);
+        char *trl = slurp(tf);
+        fclose(tf);
+        if (!strstr(text, trl)) {
+            fprintf(stderr, "docs/configuration.md is out of date with the TRL key table\n");
+            failures++;
+        }
+        free(trl);
         free(text);
     }
     free(md);
+}
+
+// TRL dump conventions: null is TRL's None, the derived generation_batch_size / steps_per_generation pair is
+// accepted when it agrees, SFTConfig's names and loss_type "nll" in mode sft, and one report of every rule problem.
+static void test_trl_dump_keys(void) {
+    char err[4096];
+    TrainConfig c;
+    CHECK(parse(&c, err, sizeof err, REQUIRED, NULL) == 0);
+    const char *json = "{\"data_seed\": null, \"min_p\": null, \"save_total_limit\": null, \"max_length\": null,"
+                       " \"completion_only_loss\": null, \"generation_batch_size\": 16, \"steps_per_generation\": 2,"
+                       " \"hub_token\": \"<HUB_TOKEN>\", \"report_to\": [], \"model_init_kwargs\": {\"torch_dtype\": "
+                       "\"bfloat16\"}, \"learning_rate\": 0, \"weight_decay\": 0}";
+    c.data_seed = 5, c.min_p = 0.1, c.save_total_limit = 3;
+    CHECK(train_config_apply_json(&c, json, strlen(json), "cfg.json", err, sizeof err) == 0);
+    CHECK(c.data_seed == -1 && c.min_p == 0.0 && c.save_total_limit == 0 && c.max_length == 0);
+    CHECK(c.completion_only_loss == -1 && c.n_ignored == 3);
+    // 16 = 8 per rank x 1 rank x 2 steps: the pair agrees.
+    CHECK(train_config_finalize(&c, 1, err, sizeof err) == 0);
+    CHECK(c.resolved_generation_batch_size == 16 && c.resolved_steps_per_generation == 2);
+    // The same pair over 2 ranks disagrees: refused with what to do.
+    CHECK(train_config_finalize(&c, 2, err, sizeof err) < 0 && strstr(err, "derived for 1 rank(s)") &&
+          strstr(err, "give only one of them"));
+    train_config_free(&c);
+
+    // SFTConfig: loss_type "nll" is the sft loss; its names set the sft options.
+    CHECK(parse(&c, err, sizeof err, "--model", "/m", "--train-file", "/d", "--mode", "sft", NULL) == 0);
+    json = "{\"loss_type\": \"nll\", \"max_length\": 64, \"truncation_mode\": \"keep_end\", "
+           "\"completion_only_loss\": false, \"dataset_text_field\": \"body\", \"packing\": false, "
+           "\"assistant_only_loss\": false, \"eos_token\": \"<EOS_TOKEN>\", \"pad_token\": \"<PAD_TOKEN>\"}";
+    CHECK(train_config_apply_json(&c, json, strlen(json), "sft.json", err, sizeof err) == 0);
+    CHECK(c.loss_type_nll == 1 && c.max_length == 64 && c.truncation_mode == TRUNCATION_KEEP_END);
+    CHECK(c.completion_only_loss == 0 && strcmp(c.dataset_text_field, "body") == 0);
+    CHECK(train_config_finalize(&c, 1, err, sizeof err) == 0);
+    // The same config in grpo mode: nll is refused, naming what to do.
+    c.mode = TRAIN_MODE_GRPO;
+    CHECK(train_config_finalize(&c, 1, err, sizeof err) < 0 && strstr(err, "loss_type: \"nll\" is SFTConfig's loss") &&
+          strstr(err, "--mode sft"));
+    train_config_free(&c);
+
+    // Every rule problem in one report, a line each.
+    CHECK(parse(&c, err, sizeof err, REQUIRED, "--top-p", "7", "--learning-rate", "-1", "--zero-stage", "9", NULL) ==
+          0);
+    CHECK(train_config_finalize(&c, 1, err, sizeof err) < 0 && strncmp(err, "3 problems:\n  ", 14) == 0);
+    CHECK(strstr(err, "top_p: must be") && strstr(err, "\n  learning_rate: must be") && strstr(err, "zero_stage:"));
+    train_config_free(&c);
+    // Flags: every problem too.
+    CHECK(parse(&c, err, sizeof err, REQUIRED, "--qqq", "1", "--seed", "x", "--fp16", "true", NULL) < 0);
+    CHECK(strstr(err, "3 problems:") && strstr(err, "unknown flag --qqq") && strstr(err, "seed (--seed): expected") &&
+          strstr(err, "fp16: true is not supported"));
+    train_config_free(&c);
 }
 
 int main(void) {
@@ -443,5 +516,6 @@ int main(void) {
     test_finalize_refusals();
     test_help_and_doc();
     test_json_numbers();
+    test_trl_dump_keys();
     return check_exit_code("test_trainer_config");
 }

@@ -315,6 +315,9 @@ static void test_bad_lines(const Tokenizer *tok, const ChatTemplate *ct) {
     expect_bad_line(tok, ct, 1, "{\"prompt\": \"x\", \"completion\": 3}", "\"completion\" must be", __LINE__);
     expect_bad_line(tok, ct, 1, "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}]}",
                     "ending with an assistant message", __LINE__);
+    expect_bad_line(tok, ct, 1, "{\"question\": \"x\"}", "no \"prompt\", \"messages\" or \"text\" (dataset_text_field)",
+                    __LINE__);
+    expect_bad_line(tok, ct, 1, "{\"text\": 3}", "\"text\" (dataset_text_field) must be a string", __LINE__);
 }
 
 static void test_sft(const Tokenizer *tok, const ChatTemplate *ct) {
@@ -337,7 +340,7 @@ static void test_sft(const Tokenizer *tok, const ChatTemplate *ct) {
     // "<s>Q: A</s>": BOS, 'Q', ':', ' ', 'A', EOS (257); the completion starts after "Q:".
     for (int k = 0; k < 2; k++) {  // the second row already ends with the EOS text: not doubled
         CHECK(data_next(d, &row, err, sizeof err) == 1);
-        CHECK(row.n_ids == 6 && row.prompt_len == 3);
+        CHECK(row.n_ids == 6 && row.prompt_len == 3 && row.loss_start == 3);
         if (row.n_ids == 6)
             CHECK(row.ids[0] == 256 && row.ids[1] == 'Q' && row.ids[3] == ' ' && row.ids[4] == 'A' && row.ids[5] == 257);
         data_row_clear(&row);
@@ -347,12 +350,66 @@ static void test_sft(const Tokenizer *tok, const ChatTemplate *ct) {
     for (int k = 0; k < 2; k++) {  // a string completion after messages, and a conversation's last turn
         CHECK(data_next(d, &row, err, sizeof err) == 1);
         CHECK(row.prompt_len == strlen(p) && row.n_ids == strlen(full));
+        // A prompt/completion row learns its completion; a conversation (TRL's language modelling) every token.
+        CHECK(row.loss_start == (k == 0 ? strlen(p) : 0));
         CHECK(row.n_ids == strlen(full) && memcmp(row.ids + row.prompt_len, (const int32_t[]){'y', 'o'}, 8) == 0);
         CHECK(strcmp(row.prompt_text, p) == 0 && json_array_size(row.prompt) == 1);
         if (k == 1) CHECK(json_integer_value(json_object_get(row.columns, "tag")) == 1);
         data_row_clear(&row);
     }
     CHECK(data_next(d, &row, err, sizeof err) == 0);
+    data_close(d);
+}
+
+// SFTConfig's dataset_text_field, completion_only_loss false, max_length with either truncation_mode.
+static void test_sft_trl_options(const Tokenizer *tok, const ChatTemplate *ct) {
+    write_file("sft_lm.jsonl",
+               "{\"body\": \"abc\"}\n"
+               "{\"prompt\": \"Q:\", \"completion\": \" A\"}\n"
+               "{\"prompt\": \"0123456789\", \"completion\": \"x\"}\n");
+    char err[512];
+    DataOptions o = opts(tok, ct);
+    o.sft = 1, o.text_field = "body", o.prompt_loss = 1;
+    DataReader *d = NULL;
+    CHECK(data_open(&d, path_of("sft_lm.jsonl"), &o, err, sizeof err) == 0);
+    if (!d) {
+        fprintf(stderr, "open: %s\n", err);
+        return;
+    }
+    DataRow row;
+    // "<s>abc</s>": BOS, a, b, c, EOS; every token learned.
+    CHECK(data_next(d, &row, err, sizeof err) == 1);
+    CHECK(row.n_ids == 5 && row.ids[0] == 256 && row.ids[1] == 'a' && row.ids[4] == 257 && row.loss_start == 0);
+    data_row_clear(&row);
+    // completion_only_loss false: the prompt is learned too.
+    CHECK(data_next(d, &row, err, sizeof err) == 1);
+    CHECK(row.n_ids == 6 && row.prompt_len == 3 && row.loss_start == 0);
+    data_row_clear(&row);
+    data_close(d);
+
+    // max_length 5, completion only: "<s>Q: A</s>" keeps "<s>Q: A"; "<s>0123456789x</s>" keeps only prompt
+    // tokens, nothing to learn: dropped as TRL drops it (counted as skipped).
+    o.prompt_loss = 0, o.max_length = 5;
+    CHECK(data_open(&d, path_of("sft_lm.jsonl"), &o, err, sizeof err) == 0);
+    CHECK(data_next(d, &row, err, sizeof err) == 1);
+    CHECK(row.n_ids == 5 && row.loss_start == 0);
+    data_row_clear(&row);
+    CHECK(data_next(d, &row, err, sizeof err) == 1);
+    CHECK(row.n_ids == 5 && row.prompt_len == 3 && row.loss_start == 3 && row.ids[4] == 'A');
+    data_row_clear(&row);
+    CHECK(data_next(d, &row, err, sizeof err) == 0 && data_skipped(d) == 1);
+    data_close(d);
+    // keep_end: the last 5 tokens, "789x</s>" of the long row; its prompt and loss start move with the cut.
+    o.keep_end = 1;
+    CHECK(data_open(&d, path_of("sft_lm.jsonl"), &o, err, sizeof err) == 0);
+    for (int k = 0; k < 3; k++) {
+        CHECK(data_next(d, &row, err, sizeof err) == 1);
+        if (k == 1) CHECK(row.n_ids == 5 && row.ids[0] == 'Q' && row.prompt_len == 2 && row.loss_start == 2);
+        if (k == 2)
+            CHECK(row.n_ids == 5 && row.ids[0] == '7' && row.ids[3] == 'x' && row.ids[4] == 257 && row.prompt_len == 3 &&
+                  row.loss_start == 3);
+        data_row_clear(&row);
+    }
     data_close(d);
 }
 
@@ -398,6 +455,7 @@ int main(void) {
     test_shuffle(tok);
     test_prompts(tok, ct);
     test_bad_lines(tok, ct);
+    test_sft_trl_options(tok, ct);
     test_bad_line_near_the_end(tok);
     test_sft(tok, ct);
     test_open_errors(tok);
