@@ -201,7 +201,7 @@ def test_training_matches_peft_with_torch_adamw(setup):
                 k += 1
             seqs.append((full, k))
         n_tokens = sum(len(f) - k for f, k in seqs)
-        assert n_tokens == got[step]["num_tokens"], (step, n_tokens, got[step])
+        assert n_tokens == got[step]["num_items_in_batch"], (step, n_tokens, got[step])  # the loss normaliser
         opt.zero_grad()
         total = 0.0
         for full, k in seqs:
