@@ -209,28 +209,14 @@ int env_service_parse_step(const char *body, size_t len, const EnvStepRequest *r
     return rc;
 }
 
-static void sleep_s(double s) {
-    if (s <= 0) return;
-    struct timespec ts = {.tv_sec = (time_t)s, .tv_nsec = (long)((s - (double)(time_t)s) * 1e9)};
-    while (nanosleep(&ts, &ts) != 0) {}
-}
 
-static int seconds_to_ms(double s) {
-    double ms = ceil(s * 1000.0);
-    return ms >= (double)INT_MAX ? INT_MAX : (int)ms;
-}
 
-static void body_excerpt(const char *body, size_t len, char *out, size_t cap) {
-    size_t n = len < cap - 1 ? len : cap - 1;
-    for (size_t i = 0; i < n; i++) out[i] = ((unsigned char)body[i] < 0x20) ? '.' : body[i];
-    out[n] = '\0';
-}
 
 // POSTs body to url with retries; on success resp holds the 200 answer. -1 with the last failure otherwise.
 static int post_with_retries(const ServiceEnv *s, const char *url, const char *what, size_t n, const char *body,
                              HttpResponse *resp, char *err, size_t err_len) {
-    HttpOptions ho = {.connect_timeout_ms = seconds_to_ms(s->opt.connect_timeout_s),
-                      .timeout_ms = seconds_to_ms(s->opt.timeout_s),
+    HttpOptions ho = {.connect_timeout_ms = http_timeout_ms(s->opt.connect_timeout_s),
+                      .timeout_ms = http_timeout_ms(s->opt.timeout_s),
                       .max_response_bytes = s->opt.max_response_bytes};
     char msg[1024] = "";
     double wait = fmin(s->opt.backoff_s, BACKOFF_CAP_S);
@@ -240,7 +226,7 @@ static int post_with_retries(const ServiceEnv *s, const char *url, const char *w
         if (attempt > 0) {
             fprintf(stderr, "tandem-train: environment service: %s; attempt %d of %d in %.3g s\n", msg, attempt + 1,
                     s->opt.max_retries + 1, wait);
-            sleep_s(wait);
+            http_sleep_seconds(wait);
             wait = fmin(wait * 2.0, BACKOFF_CAP_S);
         }
         http_response_free(resp);
@@ -253,7 +239,7 @@ static int post_with_retries(const ServiceEnv *s, const char *url, const char *w
         if (hrc != HTTP_OK) break;
         if (resp->status == 200) return 0;
         char ex[201];
-        body_excerpt(resp->body, resp->body_len, ex, sizeof ex);
+        http_body_excerpt(resp->body, resp->body_len, ex, sizeof ex);
         snprintf(msg, sizeof msg, "%s: HTTP status %d: %s", url, resp->status, ex);
         if (resp->status < 500 && resp->status != 429) break;
     }
@@ -263,7 +249,7 @@ static int post_with_retries(const ServiceEnv *s, const char *url, const char *w
 
 static int bad_answer(const char *url, const HttpResponse *resp, const char *perr, char *err, size_t err_len) {
     char ex[161];
-    body_excerpt(resp->body, resp->body_len, ex, sizeof ex);
+    http_body_excerpt(resp->body, resp->body_len, ex, sizeof ex);
     return err_fail(err, err_len, "environment service %s: bad answer: %s; body starts: %s", url, perr, ex);
 }
 

@@ -5,6 +5,8 @@
 #include <ctype.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <limits.h>
+#include <math.h>
 #include <netdb.h>
 #include <poll.h>
 #include <stdint.h>
@@ -534,4 +536,21 @@ void http_response_free(HttpResponse *resp) {
     free(resp->body);
     resp->body = NULL;
     resp->body_len = 0;
+}
+
+int http_timeout_ms(double seconds) {
+    const double ms = ceil(seconds * 1000.0);
+    return ms >= (double)INT_MAX ? INT_MAX : (int)ms;
+}
+
+void http_body_excerpt(const char *body, size_t len, char *out, size_t cap) {
+    const size_t n = len < cap - 1 ? len : cap - 1;
+    for (size_t i = 0; i < n; i++) out[i] = ((unsigned char)body[i] < 0x20) ? '.' : body[i];
+    out[n] = '\0';
+}
+
+void http_sleep_seconds(double s) {
+    if (s <= 0) return;
+    struct timespec ts = {.tv_sec = (time_t)s, .tv_nsec = (long)((s - (double)(time_t)s) * 1e9)};
+    while (nanosleep(&ts, &ts) != 0) {}
 }

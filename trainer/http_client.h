@@ -83,4 +83,11 @@ int http_post(const char *url, const char *content_type, const char *body, size_
               HttpResponse *resp, char *err, size_t err_len);
 void http_response_free(HttpResponse *resp);
 
+// Helpers of the services' clients (rewards, environments): a timeout in whole milliseconds (rounded up, capped at
+// INT_MAX), the printable start of a body for an error message (control bytes as '.'; out NUL-terminated, cap > 0),
+// and a pause of s seconds (none when s <= 0; a signal does not cut it short).
+int http_timeout_ms(double seconds);
+void http_body_excerpt(const char *body, size_t len, char *out, size_t cap);
+void http_sleep_seconds(double s);
+
 #endif

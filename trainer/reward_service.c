@@ -203,11 +203,6 @@ out:
     return rc;
 }
 
-static void sleep_s(double s) {
-    if (s <= 0) return;
-    struct timespec ts = {.tv_sec = (time_t)s, .tv_nsec = (long)((s - (double)(time_t)s) * 1e9)};
-    while (nanosleep(&ts, &ts) != 0) {}
-}
 
 // The pause before a retry, saying about every WAIT_LOG_INTERVAL_S that it is still waiting.
 static void sleep_before_retry(const RewardService *rs, double seconds, int attempt) {
@@ -216,22 +211,12 @@ static void sleep_before_retry(const RewardService *rs, double seconds, int atte
                    rs->url, attempt + 1, rs->opt.max_retries + 1);
     for (double left = seconds; left > 0; left = seconds - wait_log_elapsed(&w)) {
         double due = wait_log_due_in(&w);
-        sleep_s(fmin(left, fmax(due, 0.001)));
+        http_sleep_seconds(fmin(left, fmax(due, 0.001)));
         wait_log_tick(&w);
     }
 }
 
-static int seconds_to_ms(double s) {
-    double ms = ceil(s * 1000.0);
-    return ms >= (double)INT_MAX ? INT_MAX : (int)ms;
-}
 
-// Printable start of a body for error messages (control bytes shown as '.').
-static void body_excerpt(const char *body, size_t len, char *out, size_t cap) {
-    size_t n = len < cap - 1 ? len : cap - 1;
-    for (size_t i = 0; i < n; i++) out[i] = ((unsigned char)body[i] < 0x20) ? '.' : body[i];
-    out[n] = '\0';
-}
 
 int reward_service_score(RewardService *rs, const RewardSample *samples, size_t n, double *scores, size_t ld,
                          size_t max_funcs, size_t *n_funcs, char *err, size_t err_len) {
@@ -245,8 +230,8 @@ int reward_service_score(RewardService *rs, const RewardSample *samples, size_t 
         err_fail(err, err_len, "reward service %s: out of memory building the request", rs->url);
         return -1;
     }
-    HttpOptions ho = {.connect_timeout_ms = seconds_to_ms(rs->opt.connect_timeout_s),
-                      .timeout_ms = seconds_to_ms(rs->opt.timeout_s),
+    HttpOptions ho = {.connect_timeout_ms = http_timeout_ms(rs->opt.connect_timeout_s),
+                      .timeout_ms = http_timeout_ms(rs->opt.timeout_s),
                       .max_response_bytes = rs->opt.max_response_bytes};
     HttpResponse resp = {0};
     char msg[1024] = "";
@@ -278,7 +263,7 @@ int reward_service_score(RewardService *rs, const RewardSample *samples, size_t 
             break;
         }
         char ex[201];
-        body_excerpt(resp.body, resp.body_len, ex, sizeof ex);
+        http_body_excerpt(resp.body, resp.body_len, ex, sizeof ex);
         snprintf(msg, sizeof msg, "%s: HTTP status %d: %s", rs->url, resp.status, ex);
         if (resp.status < 500 && resp.status != 429) break;  // the request itself is refused: no retry
     }
@@ -304,7 +289,7 @@ int reward_service_take_response(RewardService *rs, const char *body, size_t bod
     char perr[512];
     if (reward_service_parse_response(body, body_len, n, &names, &k, &got, perr, sizeof perr) != 0) {
         char ex[161];
-        body_excerpt(body, body_len, ex, sizeof ex);
+        http_body_excerpt(body, body_len, ex, sizeof ex);
         err_fail(err, err_len, "reward service %s: bad response (status 200): %s; body starts: %s", rs->url, perr, ex);
         return -1;
     }
