@@ -69,6 +69,8 @@ void http_chat_messages_free(HttpChatMessages *m) {
     if (!m) return;
     for (size_t i = 0; m->owned && i < m->n; i++) free(m->owned[i]);
     for (size_t k = 0; m->owned_args && k < m->n_calls; k++) free(m->owned_args[k]);
+    for (size_t k = 0; m->tool_texts && k < m->opt.n_tools; k++) free(m->tool_texts[k]);
+    free(m->tool_texts);
     free(m->owned);
     free(m->owned_args);
     free(m->calls);
@@ -123,6 +125,19 @@ int http_parse_messages(const json_t *req, HttpChatMessages *out, HttpError *err
         return http_error_set(err, 400, "chat_template", "a per-request 'chat_template' is not supported; the "
                               "server uses the model's template or --chat-template");
     if (render_options(req, &out->opt, err) < 0) return -1;
+    const json_t *tools = json_object_get(req, "tools");   // checked by http_parse_generation
+    if (json_is_array(tools) && json_array_size(tools) > 0) {
+        const size_t nt = json_array_size(tools);
+        if (!(out->tool_texts = calloc(nt, sizeof *out->tool_texts)))
+            return http_error_set(err, 500, NULL, "out of memory");
+        out->opt.tools = (const char *const *)out->tool_texts;
+        out->opt.n_tools = nt;
+        for (size_t k = 0; k < nt; k++)
+            if (!(out->tool_texts[k] = json_dumps(json_array_get(tools, k), JSON_COMPACT))) {
+                http_chat_messages_free(out);
+                return http_error_set(err, 500, NULL, "out of memory");
+            }
+    }
     size_t n = json_array_size(msgs), n_calls = 0;
     for (size_t i = 0; i < n; i++) {
         const json_t *m = json_array_get(msgs, i);

@@ -419,8 +419,7 @@ static int parse_stream_fields(const JsonAt *req, HttpGenOptions *o, HttpError *
 // 0, [] and {} pass as "not asked for"), never dropped. TRL's VLLMClient sends "structured_outputs" for its
 // structured_outputs_regex.
 static int parse_unsupported(const JsonAt *req, HttpError *err) {
-    static const char *const keys[] = {"frequency_penalty", "presence_penalty", "logit_bias", "tools",
-                                       "guided_grammar"};
+    static const char *const keys[] = {"frequency_penalty", "presence_penalty", "logit_bias", "guided_grammar"};
     for (size_t i = 0; i < sizeof keys / sizeof keys[0]; i++)
         if (refuse_unless_neutral(req, keys[i], err) < 0) return -1;
     // 0 asks for something here (a cut to 0 tokens): only null is neutral.
@@ -753,7 +752,37 @@ static int parse_completions(const JsonAt *req, HttpGenOptions *o, HttpError *er
     return 0;
 }
 
+// OpenAI tools on chat: definitions the chat template writes into the prompt (http_chat.c), and the calls in the
+// answer read back (hermes format: the templates that take tools are Qwen2.5's and Qwen3's). tool_choice auto (the
+// default) or none; "required" and a named function would need the output constrained and are refused.
+static int parse_tools(const JsonAt *req, HttpGenOptions *o, HttpError *err) {
+    const json_t *tools = json_object_get(req->json, "tools");
+    if (!json_get_present(req, "tools")) return 0;
+    if (!json_is_array(tools) || json_array_size(tools) == 0 || json_array_size(tools) > 128)
+        return REFUSE(req, "tools", err, "must be a list of 1 to 128 tool definitions");
+    for (size_t i = 0; i < json_array_size(tools); i++) {
+        const json_t *t = json_array_get(tools, i), *fn = json_object_get(t, "function");
+        const json_t *type = json_object_get(t, "type");
+        if (!json_is_object(t) || !json_is_string(type) || strcmp(json_string_value(type), "function") != 0 ||
+            !json_is_object(fn) || !json_is_string(json_object_get(fn, "name")))
+            return http_error_set(err, 400, "tools", "'tools'[%zu] must be {\"type\": \"function\", \"function\": "
+                                  "{\"name\": ..., \"parameters\": ...}}", i);
+    }
+    o->tools = 1;
+    const json_t *tc = json_object_get(req->json, "tool_choice");
+    if (json_get_present(req, "tool_choice")) {
+        if (!json_is_string(tc) ||
+            (strcmp(json_string_value(tc), "auto") != 0 && strcmp(json_string_value(tc), "none") != 0))
+            return REFUSE(req, "tool_choice", err, "is supported as \"auto\" or \"none\" (\"required\" and a named "
+                          "function are not)");
+        o->tool_choice_none = strcmp(json_string_value(tc), "none") == 0;
+    }
+    if (o->stream) return REFUSE(req, "tools", err, "is not supported when streaming (send stream=false)");
+    return 0;
+}
+
 static int parse_chat(const JsonAt *req, HttpGenOptions *o, HttpError *err) {
+    if (parse_tools(req, o, err) < 0) return -1;
     if (json_get_present(req, "prompt_logprobs"))
         return REFUSE(req, "prompt_logprobs", err, "is supported on /v1/completions only (send the rendered prompt "
                       "there); send null here");
@@ -796,7 +825,11 @@ int http_parse_generation(const json_t *body, HttpApi api, int vocab_size, HttpG
     }
     int rc = 0;
     switch (api) {
-    case HTTP_API_COMPLETIONS: rc = parse_completions(&req, o, err); break;
+    case HTTP_API_COMPLETIONS:
+        if (json_get_present(&req, "tools"))
+            return REFUSE(&req, "tools", err, "is taken by /v1/chat/completions only (its chat template writes them)");
+        rc = parse_completions(&req, o, err);
+        break;
     case HTTP_API_CHAT: rc = parse_chat(&req, o, err); break;
     case HTTP_API_TRL:
         if (json_get_int(&req, "logprobs", JSON_GET_OPTIONAL, o->logprobs, 0, ENGINE_MAX_TOP_LOGPROBS, &o->logprobs))

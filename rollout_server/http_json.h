@@ -57,6 +57,8 @@ typedef struct {
     int stream;
     int include_usage;          // stream_options.include_usage
     int echo;                   // completions: prefix the prompt to the text (with logprobs: its logprobs too)
+    int tools;                  // chat: "tools" given (the chat template writes them; the answer's calls are read)
+    int tool_choice_none;       // chat: tool_choice "none": the answer stays text
     int prompt_logprobs;        // completions: -1 = none, else "prompt_logprobs" with this many alternatives
     int return_token_ids;       // vLLM extension: prompt_token_ids and token_ids in each choice
     int return_tokens_as_token_ids; // vLLM extension: logprobs name tokens "token_id:<id>" instead of their text
@@ -121,7 +123,8 @@ typedef struct {
     ChatToolCall *calls;        // every assistant tool call; name and arguments point into the request JSON, or
     char **owned_args;          // (n_calls) into these: arguments sent as an object, as JSON text (else NULL)
     size_t n_calls;
-    ChatRenderOptions opt;      // chat_template_kwargs: enable_thinking (default true), date_string
+    ChatRenderOptions opt;      // chat_template_kwargs: enable_thinking (default true), date_string; tools
+    char **tool_texts;          // (opt.n_tools) each tool definition's JSON text (opt.tools points here)
 } HttpChatMessages;
 
 // Reads req["messages"] (a non-empty list of {role, content}, with "tool_calls" on assistant turns and

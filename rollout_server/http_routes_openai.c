@@ -6,6 +6,7 @@
 #include <time.h>
 
 #include "rollout_server/http_internal.h"
+#include "shared/tool_calls.h"
 
 // One generation request being answered, whole or streamed.
 typedef struct {
@@ -201,6 +202,31 @@ static json_t *completion_answer(GenCall *c) {
     return out;
 }
 
+// The tool calls of an answer (hermes format: Qwen2.5's and Qwen3's templates, the ones that take tools), as
+// OpenAI's message.tool_calls, with the text outside them as the message's content (null when there is none). NULL
+// when the answer holds no call that reads (the text is then the content, as vLLM's tool parsers leave it).
+static json_t *tool_calls_json(const GenCall *c, const char *text, size_t len, json_t *msg) {
+    ToolCallParse tp;
+    char err[256];
+    if (tool_calls_parse(TOOL_FORMAT_HERMES, text ? text : "", text ? len : 0, &tp, err, sizeof err) != 0) return NULL;
+    json_t *calls = NULL;
+    if (tp.n_calls > 0 && (calls = json_array())) {
+        for (size_t k = 0; k < tp.n_calls; k++) {
+            // arguments as Python's json.dumps writes them (", " and ": ", non-ASCII kept), as vLLM's parsers do
+            char id[192], *args = json_dumps(tp.calls[k].arguments, 0);
+            snprintf(id, sizeof id, "%s-tool-%zu", c->id, k);
+            json_array_append_new(calls, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", id, "type", "function",
+                                                   "function", "name", tp.calls[k].name, "arguments",
+                                                   args ? args : "{}"));
+            free(args);
+        }
+        json_object_set_new(msg, "content", tp.content && tp.content[0] ? json_string(tp.content) : json_null());
+        json_object_set_new(msg, "tool_calls", calls);
+    }
+    tool_call_parse_free(&tp);
+    return calls;
+}
+
 static json_t *chat_answer(GenCall *c) {
     json_t *choices = json_array();
     for (int k = 0; k < n_choices(c); k++) {
@@ -208,11 +234,13 @@ static json_t *chat_answer(GenCall *c) {
         json_t *o = json_object(), *msg = json_object();
         json_object_set_new(o, "index", json_integer(k));
         json_object_set_new(msg, "role", json_string("assistant"));
-        json_object_set_new(msg, "content", json_stringn(ch->text ? ch->text : "", ch->text_len));
+        json_t *calls = c->o.tools && !c->o.tool_choice_none ? tool_calls_json(c, ch->text, ch->text_len, msg) : NULL;
+        if (!calls) json_object_set_new(msg, "content", json_stringn(ch->text ? ch->text : "", ch->text_len));
         json_object_set_new(o, "message", msg);
         json_object_set_new(o, "logprobs",
                             c->o.logprobs >= 0 ? http_chat_logprobs(ch, 0, ch->n_tokens, &c->tt) : json_null());
-        json_object_set_new(o, "finish_reason", http_finish_json(ch->finish));
+        json_object_set_new(o, "finish_reason", calls && ch->finish == FINISH_STOP ? json_string("tool_calls")
+                                                                                   : http_finish_json(ch->finish));
         json_object_set_new(o, "stop_reason", http_stop_reason_json(ch, &c->o.sp));
         if (c->o.return_token_ids) json_object_set_new(o, "token_ids", ids_json(ch->tokens, ch->n_tokens));
         json_array_append_new(choices, o);

@@ -20,7 +20,8 @@
 // the template raises. Tool results (role "tool") and assistant tool calls render as the template does: Qwen2.5's
 // ChatML (tool markers in the template) and Qwen3 wrap them in <tool_response> / <tool_call> blocks, plain ChatML
 // and Llama 3.0 write a "tool" turn like any other and do not show tool calls; the other families' tool formats
-// are not rendered (an error that says so).
+// are not rendered (an error that says so). Tool definitions (ChatRenderOptions.tools) go into the system turn as
+// Qwen2.5's and Qwen3's templates write them; other families refuse them.
 //
 // The rendered text already holds the BOS the template writes, so encode it with add_special_tokens = 0
 // (which is what apply_chat_template(tokenize=True) does).
@@ -63,6 +64,9 @@ typedef struct {
     int enable_thinking;      // qwen3: 0 appends an empty <think></think> block to the generation prompt
     const char *date_string;  // llama3.1: "Today Date" (NULL: the template's default, or today for templates
                               // that call strftime_now)
+    const char *const *tools; // the request's tool definitions as JSON texts (n_tools; OpenAI's {"type": "function",
+    size_t n_tools;           // "function": {...}}), written into the system turn as the template's `tools` (Qwen2.5's
+                              // ChatML and Qwen3 only: other families refuse them)
 } ChatRenderOptions;
 
 typedef struct ChatTemplate ChatTemplate;

@@ -82,12 +82,38 @@ static int out_tool_call(const ChatToolCall *c, TokBuf *o, char *err, size_t err
     return out_c(o, "}\n</tool_call>") ? TOK_ENOMEM : 0;
 }
 
-static int render_chatml(const ChatTemplate *ct, const ChatMessage *m, size_t n, int gen, TokBuf *o, char *err,
-                         size_t err_len) {
+// The `tools` block of Qwen2.5's and Qwen3's system turn: each tool as the template's `tojson` writes it, in <tools>,
+// then how to call them; the caller has written the turn's start (and any system text).
+static int out_tools(const char *const *tools, size_t n_tools, TokBuf *o, char *err, size_t err_len) {
+    if (out_c(o, "# Tools\n\nYou may call one or more functions to assist with the user query.\n\nYou are provided "
+                 "with function signatures within <tools></tools> XML tags:\n<tools>"))
+        return TOK_ENOMEM;
+    for (size_t k = 0; k < n_tools; k++) {
+        if (out_c(o, "\n")) return TOK_ENOMEM;
+        const int rc = chat_tojson(tools[k], o, err, err_len);
+        if (rc) return rc;
+    }
+    return out_c(o, "\n</tools>\n\nFor each function call, return a json object with function name and arguments "
+                    "within <tool_call></tool_call> XML tags:\n<tool_call>\n{\"name\": <function-name>, \"arguments\": "
+                    "<args-json-object>}\n</tool_call><|im_end|>\n") ? TOK_ENOMEM : 0;
+}
+
+static int render_chatml(const ChatTemplate *ct, const ChatMessage *m, size_t n, int gen, const ChatRenderOptions *opt,
+                         TokBuf *o, char *err, size_t err_len) {
     int rc = 0;
-    if (ct->default_system && !role_is(&m[0], "system"))
+    const int with_tools = opt && opt->n_tools > 0;   // Qwen2.5 (chat_render_ex checks)
+    size_t first = 0;
+    if (with_tools) {   // the system text (the first message's, else the default), then the tools; then no system turn
+        const int sys = role_is(&m[0], "system");
+        rc = out_c(o, "<|im_start|>system\n") || out_c(o, sys ? m[0].content : ct->default_system ? ct->default_system
+                                                                                                   : "") ||
+             out_c(o, "\n\n");
+        if (!rc && (rc = out_tools(opt->tools, opt->n_tools, o, err, err_len)) != 0) return rc;
+        first = sys;
+    } else if (ct->default_system && !role_is(&m[0], "system")) {
         rc = out_c(o, "<|im_start|>system\n") || out_c(o, ct->default_system) || out_c(o, "<|im_end|>\n");
-    for (size_t i = 0; i < n && !rc; i++) {
+    }
+    for (size_t i = first; i < n && !rc; i++) {
         if (ct->qwen_tools && role_is(&m[i], "tool")) {
             rc = out_tool_response(m, n, i, o);
         } else if (ct->qwen_tools && role_is(&m[i], "assistant") && m[i].n_tool_calls > 0) {
@@ -107,10 +133,16 @@ static int render_chatml(const ChatTemplate *ct, const ChatMessage *m, size_t n,
     return rc ? TOK_ENOMEM : 0;
 }
 
-static int render_qwen3(const ChatMessage *m, size_t n, int gen, int thinking, TokBuf *o, char *err,
-                        size_t err_len) {
+static int render_qwen3(const ChatMessage *m, size_t n, int gen, int thinking, const ChatRenderOptions *opt,
+                        TokBuf *o, char *err, size_t err_len) {
     int rc = 0;
-    if (role_is(&m[0], "system")) rc = out_c(o, "<|im_start|>system\n") || out_c(o, m[0].content) || out_c(o, "<|im_end|>\n");
+    if (opt && opt->n_tools > 0) {   // the system text and a blank line when there is one, then the tools
+        rc = out_c(o, "<|im_start|>system\n") ||
+             (role_is(&m[0], "system") && (out_c(o, m[0].content) || out_c(o, "\n\n")));
+        if (!rc && (rc = out_tools(opt->tools, opt->n_tools, o, err, err_len)) != 0) return rc;
+    } else if (role_is(&m[0], "system")) {
+        rc = out_c(o, "<|im_start|>system\n") || out_c(o, m[0].content) || out_c(o, "<|im_end|>\n");
+    }
     // The last user turn that is not a wrapped tool response: assistant turns after it keep their reasoning.
     size_t last_query = n - 1;
     for (size_t k = n; k-- > 0;) {
@@ -311,13 +343,19 @@ int chat_render_ex(const ChatTemplate *ct, const ChatMessage *m, size_t n, int g
             return TOK_EINVAL;
         }
     }
+    if (opt && opt->n_tools > 0 && !(ct->family == CHAT_FAMILY_QWEN3 || (ct->family == CHAT_FAMILY_CHATML &&
+                                                                         ct->qwen_tools))) {
+        tok_set_err(err, err_len, "chat template: tandem writes tool definitions into the prompt for Qwen2.5's and "
+                    "Qwen3's templates only, not for the %s family", chat_family_name(ct->family));
+        return TOK_EINVAL;
+    }
     int thinking = opt ? opt->enable_thinking : 1;
     const char *date = opt ? opt->date_string : NULL;
     TokBuf o = {0};
     int rc;
     switch (ct->family) {
-    case CHAT_FAMILY_CHATML: rc = render_chatml(ct, m, n, gen, &o, err, err_len); break;
-    case CHAT_FAMILY_QWEN3: rc = render_qwen3(m, n, gen, thinking, &o, err, err_len); break;
+    case CHAT_FAMILY_CHATML: rc = render_chatml(ct, m, n, gen, opt, &o, err, err_len); break;
+    case CHAT_FAMILY_QWEN3: rc = render_qwen3(m, n, gen, thinking, opt, &o, err, err_len); break;
     case CHAT_FAMILY_LLAMA3: rc = render_llama3(ct, m, n, gen, &o); break;
     case CHAT_FAMILY_LLAMA31: rc = render_llama31(ct, m, n, gen, date, &o); break;
     case CHAT_FAMILY_LLAMA2: rc = render_llama2(ct, m, n, &o, err, err_len); break;

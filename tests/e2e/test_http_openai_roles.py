@@ -130,3 +130,48 @@ def test_tool_messages_qwen25_template(qwen25_dir):
         err = ei.value.response.json()["error"]
         assert err["param"] == "messages" and "arguments is not JSON" in err["message"]
         assert s.stop() == 0
+
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "Current weather in a city.",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+# A tool call as Qwen2.5's template asks for it, forced through structured outputs (a random tiny model never writes one).
+CALL_REGEX = '<tool_call>\n\\{"name": "get_weather", "arguments": \\{"city": "[a-z]{1,8}"\\}\\}\n</tool_call>'
+
+
+def test_tools_in_the_prompt_and_calls_in_the_answer(qwen25_dir):
+    """OpenAI `tools`: written into the prompt as transformers' apply_chat_template(tools=...) writes them (the same
+    ids), the answer's <tool_call> blocks returned as message.tool_calls (arguments as JSON text) with finish_reason
+    tool_calls; tool_choice none keeps the text as content; what is not supported is a 400 naming the field."""
+    from transformers import AutoTokenizer
+    msgs = [{"role": "user", "content": "Weather in Paris?"}]
+    with TandemServer(qwen25_dir, "--served-model-name", "tiny-qwen") as s:
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        tok = AutoTokenizer.from_pretrained(str(qwen25_dir))
+        want = tok.apply_chat_template(msgs, tools=TOOLS, add_generation_prompt=True, tokenize=True)
+        want = list(want["input_ids"] if hasattr(want, "keys") else want)
+        for seed in range(3):
+            r = client.chat.completions.create(model="tiny-qwen", messages=msgs, tools=TOOLS, max_tokens=80,
+                                               temperature=1.0, seed=seed,
+                                               extra_body={"return_token_ids": True,
+                                                           "structured_outputs": {"regex": CALL_REGEX}})
+            assert r.model_extra["prompt_token_ids"] == want
+            c = r.choices[0]
+            assert c.finish_reason == "tool_calls" and c.message.content is None, c
+            (call,) = c.message.tool_calls
+            args = json.loads(call.function.arguments)
+            assert call.type == "function" and call.function.name == "get_weather" and call.id, call
+            assert set(args) == {"city"} and re.fullmatch("[a-z]{1,8}", args["city"]), args
+        r = client.chat.completions.create(model="tiny-qwen", messages=msgs, tools=TOOLS, tool_choice="none",
+                                           max_tokens=80, extra_body={"structured_outputs": {"regex": CALL_REGEX}})
+        assert r.choices[0].message.tool_calls is None and "<tool_call>" in r.choices[0].message.content
+        for kw, field in ((dict(tools=TOOLS, tool_choice="required"), "tool_choice"),
+                          (dict(tools=TOOLS, stream=True), "tools"),
+                          (dict(tools=[{"type": "function"}]), "tools")):
+            with pytest.raises(openai.BadRequestError) as ei:
+                client.chat.completions.create(model="tiny-qwen", messages=msgs, max_tokens=4, **kw)
+            assert ei.value.response.json()["error"]["param"] == field, kw
+        with pytest.raises(openai.BadRequestError) as ei:
+            client.completions.create(model="tiny-qwen", prompt="x", max_tokens=4, extra_body={"tools": TOOLS})
+        assert ei.value.response.json()["error"]["param"] == "tools"
+        assert s.stop() == 0

@@ -578,3 +578,40 @@ def test_missing_template_needs_the_option(tmp_path, exe):
     assert got["text"] == auto.apply_chat_template([m(U, "hi")], chat_template=CHATML, tokenize=False,
                                                    add_generation_prompt=True)
     cli.close()
+
+
+TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "description": "Current weather in a city, °C or °F.",
+                                      "parameters": {"type": "object", "properties": {
+                                          "city": {"type": "string", "description": "the city's \"name\""},
+                                          "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+                                          "required": ["city"]}}},
+    {"type": "function", "function": {"name": "noop", "parameters": {"type": "object", "properties": {}}}},
+]
+TOOL_DEFINITION_CASES = {"qwen2.5", "qwen3"}   # the templates whose `tools` tandem writes
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_tool_definitions_equal_apply_chat_template(folders, exe, case):
+    """OpenAI `tools` written into the system turn as transformers renders the real template with tools=..., with and
+    without a system message, with tool turns after; the other families refuse with a message that says so."""
+    d = folders[case]
+    auto = AutoTokenizer.from_pretrained(str(d))
+    cli = TokCli(exe, d)
+    convs = [[m(U, "Weather in Paris?")], [m(S, "Be brief."), m(U, "Weather in Paris?")], TOOL_CONVERSATIONS[0]]
+    for conv in convs:
+        wire = json.loads(json.dumps(conv))
+        for msg in wire:
+            for c in msg.get("tool_calls", []):
+                c["function"]["arguments"] = json.dumps(c["function"]["arguments"])
+        for gen in (False, True):
+            got = cli.ask(op="chat", messages=wire, add_generation_prompt=gen, tools=TOOLS)
+            if case not in TOOL_DEFINITION_CASES:
+                assert "tool definitions into the prompt" in got.get("error", "") or \
+                    "does not render tool" in got.get("error", ""), (case, got)
+                continue
+            hf_conv = [dict(msg, content=msg["content"] or "") for msg in conv]
+            want, hf_err = hf_render(auto, hf_conv, gen, tools=TOOLS)
+            assert hf_err is None, hf_err
+            assert got.get("text") == want, f"{case} gen={gen}\n{got}\n---\n{want}"
+    cli.close()

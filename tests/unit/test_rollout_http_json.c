@@ -266,7 +266,14 @@ static void test_chat_fields(void) {
     REFUSED(HTTP_API_CHAT, "{\"logprobs\": true, \"top_logprobs\": 40}", "top_logprobs", NULL);
     REFUSED(HTTP_API_CHAT, "{\"max_completion_tokens\": 0}", "max_completion_tokens", NULL);
     REFUSED(HTTP_API_CHAT, "{\"response_format\": {\"type\": \"json_object\"}}", "response_format", NULL);
-    REFUSED(HTTP_API_CHAT, "{\"tools\": [{\"type\": \"function\"}]}", "tools", "not supported");
+    REFUSED(HTTP_API_CHAT, "{\"tools\": [{\"type\": \"function\"}]}", "tools", "must be {");
+    REFUSED(HTTP_API_CHAT, "{\"tools\": [{\"type\": \"function\", \"function\": {\"name\": \"f\"}}], "
+            "\"tool_choice\": \"required\"}", "tool_choice", "\"auto\" or \"none\"");
+    REFUSED(HTTP_API_COMPLETIONS, "{\"tools\": []}", "tools", "chat/completions only");
+    HttpGenOptions tl = gen_ok(HTTP_API_CHAT, "{\"tools\": [{\"type\": \"function\", \"function\": {\"name\": "
+                               "\"f\", \"parameters\": {}}}], \"tool_choice\": \"none\"}", NULL);
+    CHECK(tl.tools == 1 && tl.tool_choice_none == 1);
+    http_gen_options_free(&tl);
     REFUSED(HTTP_API_CHAT, "{\"continue_final_message\": true}", "continue_final_message", NULL);
 }
 

@@ -154,16 +154,24 @@ static json_t *do_chat(const Tokenizer *tok, const char *force, json_t *req) {
             next->arguments = json_string_value(json_object_get(fn, "arguments"));
         }
     }
-    ChatRenderOptions opt = {1, NULL};
+    ChatRenderOptions opt = {.enable_thinking = 1};
     json_t *th = json_object_get(req, "enable_thinking"), *ds = json_object_get(req, "date_string");
     if (json_is_boolean(th)) opt.enable_thinking = json_is_true(th);
     if (json_is_string(ds)) opt.date_string = json_string_value(ds);
+    const json_t *tools = json_object_get(req, "tools");   // tool definitions, each passed as its JSON text
+    char *tool_text[16] = {0};
+    size_t n_tools = json_is_array(tools) ? json_array_size(tools) : 0;
+    if (n_tools > 16) n_tools = 16;
+    for (size_t k = 0; k < n_tools; k++) tool_text[k] = json_dumps(json_array_get(tools, k), JSON_COMPACT);
+    opt.tools = (const char *const *)tool_text;
+    opt.n_tools = n_tools;
     char *out = NULL;
     size_t len = 0;
     rc = chat_render_ex(ct, m, n, json_is_true(json_object_get(req, "add_generation_prompt")), &opt, &out, &len, err,
                         sizeof(err));
     free(m);
     free(calls);
+    for (size_t k = 0; k < n_tools; k++) free(tool_text[k]);
     chat_template_free(ct);
     if (rc) return error_obj(err);
     json_t *r = json_pack("{s:s%}", "text", out, len);
