@@ -1,9 +1,6 @@
 // rollout_server/http_json.c — request parsing and validation for the HTTP API (see http_json.h).
 #include "rollout_server/http_json.h"
 
-#include "rollout_server/guided_json.h"
-#include "rollout_server/guided_regex.h"
-
 #include <ctype.h>
 #include <float.h>
 #include <math.h>
@@ -12,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "rollout_server/http_json_internal.h"
 #include "shared/json_get.h"
 #include "shared/json_read.h"
 #include "shared/tokenizer/tokenizer.h"
@@ -144,7 +142,7 @@ static JsonAt request_at(const json_t *obj, HttpError *err) {
 
 // The 400 of a failed json_get call on member `key` of at (key NULL: at itself): json_get wrote the message,
 // param names the member by its full path ("generation_kwargs.temperature").
-static int refused(const JsonAt *at, const char *key, HttpError *err) {
+int http_json_refused(const JsonAt *at, const char *key, HttpError *err) {
     if (!err) return -1;
     err->status = 400;
     const char *sep = at->path[0] && key ? "." : "";
@@ -153,19 +151,17 @@ static int refused(const JsonAt *at, const char *key, HttpError *err) {
     return -1;
 }
 
-// A refusal of http_json.c's own in json_get's form: `'<path>' <printf message>`, a 400 naming the member.
-#define REFUSE(at, key, err, ...) (json_get_fail((at), (key), __VA_ARGS__), refused((at), (key), (err)))
 
 int http_get_bool(const json_t *obj, const char *key, int *out, HttpError *err) {
     JsonAt at = request_at(obj, err);
     if (!json_get_present(&at, key)) return 0;
-    return json_get_bool(&at, key, JSON_GET_REQUIRED, 0, out) ? refused(&at, key, err) : 1;
+    return json_get_bool(&at, key, JSON_GET_REQUIRED, 0, out) ? http_json_refused(&at, key, err) : 1;
 }
 
 int http_get_string(const json_t *obj, const char *key, const char **out, size_t *len, HttpError *err) {
     JsonAt at = request_at(obj, err);
     if (!json_get_present(&at, key)) return 0;
-    return json_get_string(&at, key, JSON_GET_REQUIRED, NULL, JSON_ANY_LENGTH, out, len) ? refused(&at, key, err) : 1;
+    return json_get_string(&at, key, JSON_GET_REQUIRED, NULL, JSON_ANY_LENGTH, out, len) ? http_json_refused(&at, key, err) : 1;
 }
 
 int http_parse_id_list(const json_t *val, const char *field, int vocab_size, int32_t **ids, int *n, HttpError *err) {
@@ -309,10 +305,10 @@ static int parse_stop(const JsonAt *at, SamplingParams *sp, HttpError *err) {
         const char *text;
         size_t len;
         if (json_get_string(&item, NULL, JSON_GET_REQUIRED, NULL, JSON_ANY_LENGTH, &text, &len))
-            return refused(&list, NULL, err);
+            return http_json_refused(&list, NULL, err);
         if (len == 0 || len > HTTP_MAX_STOP_BYTES) {
             json_get_fail(&item, NULL, "must be 1 to %d bytes long", HTTP_MAX_STOP_BYTES);
-            return refused(&list, NULL, err);
+            return http_json_refused(&list, NULL, err);
         }
         sp->stop[sp->n_stop++] = (char *)text;
     }
@@ -346,7 +342,7 @@ static int refuse_unless_neutral(const JsonAt *at, const char *key, HttpError *e
 
 // A finite number, left alone when absent.
 static int get_number(const JsonAt *at, const char *key, double *inout, HttpError *err) {
-    return json_get_double(at, key, JSON_GET_OPTIONAL, *inout, -DBL_MAX, DBL_MAX, inout) ? refused(at, key, err) : 0;
+    return json_get_double(at, key, JSON_GET_OPTIONAL, *inout, -DBL_MAX, DBL_MAX, inout) ? http_json_refused(at, key, err) : 0;
 }
 
 // The engine samples with floats: a finite number beyond FLT_MAX would become inf, so it is out of range.
@@ -357,9 +353,9 @@ static int fits_float(const JsonAt *at, const char *key, double x, HttpError *er
 // The fields every API shares, read from at (the request, or TRL's generation_kwargs).
 static int parse_common(const JsonAt *at, int vocab_size, HttpGenOptions *o, HttpError *err) {
     SamplingParams *sp = &o->sp;
-    if (json_get_int(at, "n", JSON_GET_OPTIONAL, sp->n, 1, HTTP_MAX_N, &sp->n)) return refused(at, "n", err);
+    if (json_get_int(at, "n", JSON_GET_OPTIONAL, sp->n, 1, HTTP_MAX_N, &sp->n)) return http_json_refused(at, "n", err);
     if (json_get_int(at, "max_tokens", JSON_GET_OPTIONAL, sp->max_tokens, 1, INT32_MAX, &sp->max_tokens))
-        return refused(at, "max_tokens", err);
+        return http_json_refused(at, "max_tokens", err);
     o->max_tokens_given |= json_get_present(at, "max_tokens");
     double dv = sp->temperature;
     if (get_number(at, "temperature", &dv, err) < 0) return -1;
@@ -372,7 +368,7 @@ static int parse_common(const JsonAt *at, int vocab_size, HttpGenOptions *o, Htt
     if (!((float)dv > 0 && dv <= 1)) return REFUSE(at, "top_p", err, "must be in (0, 1], got %g", dv);
     sp->top_p = (float)dv;
     if (json_get_int(at, "top_k", JSON_GET_OPTIONAL, sp->top_k, -1, INT32_MAX, &sp->top_k))
-        return refused(at, "top_k", err);
+        return http_json_refused(at, "top_k", err);
     dv = sp->min_p;
     if (get_number(at, "min_p", &dv, err) < 0) return -1;
     if (!(dv >= 0 && dv <= 1)) return REFUSE(at, "min_p", err, "must be in [0, 1], got %g", dv);
@@ -385,34 +381,34 @@ static int parse_common(const JsonAt *at, int vocab_size, HttpGenOptions *o, Htt
     if (json_get_present(at, "seed")) {
         int64_t seed = 0;
         if (json_get_int64(at, "seed", JSON_GET_REQUIRED, 0, INT64_MIN, INT64_MAX, &seed))
-            return refused(at, "seed", err);
+            return http_json_refused(at, "seed", err);
         sp->has_seed = 1, sp->seed = (uint64_t)seed;
     }
     if (parse_stop(at, sp, err) < 0) return -1;
     if (parse_stop_ids(at, vocab_size, sp, err) < 0) return -1;
     if (json_get_bool(at, "ignore_eos", JSON_GET_OPTIONAL, sp->ignore_eos, &sp->ignore_eos))
-        return refused(at, "ignore_eos", err);
+        return http_json_refused(at, "ignore_eos", err);
     if (json_get_bool(at, "include_stop_str_in_output", JSON_GET_OPTIONAL, sp->include_stop_str,
                       &sp->include_stop_str))
-        return refused(at, "include_stop_str_in_output", err);
+        return http_json_refused(at, "include_stop_str_in_output", err);
     if (json_get_bool(at, "skip_special_tokens", JSON_GET_OPTIONAL, sp->skip_special_tokens,
                       &sp->skip_special_tokens))
-        return refused(at, "skip_special_tokens", err);
+        return http_json_refused(at, "skip_special_tokens", err);
     return 0;
 }
 
 // A boolean member, left alone when absent.
-static int get_bool(const JsonAt *at, const char *key, int *inout, HttpError *err) {
-    return json_get_bool(at, key, JSON_GET_OPTIONAL, *inout, inout) ? refused(at, key, err) : 0;
+int http_json_get_bool(const JsonAt *at, const char *key, int *inout, HttpError *err) {
+    return json_get_bool(at, key, JSON_GET_OPTIONAL, *inout, inout) ? http_json_refused(at, key, err) : 0;
 }
 
 static int parse_stream_fields(const JsonAt *req, HttpGenOptions *o, HttpError *err) {
-    if (get_bool(req, "stream", &o->stream, err) < 0) return -1;
+    if (http_json_get_bool(req, "stream", &o->stream, err) < 0) return -1;
     JsonAt so;
-    if (json_get_object(req, "stream_options", JSON_GET_OPTIONAL, &so)) return refused(req, "stream_options", err);
+    if (json_get_object(req, "stream_options", JSON_GET_OPTIONAL, &so)) return http_json_refused(req, "stream_options", err);
     if (!so.json) return 0;
     if (!o->stream) return REFUSE(req, "stream_options", err, "is only allowed with stream=true");
-    return get_bool(&so, "include_usage", &o->include_usage, err);
+    return http_json_get_bool(&so, "include_usage", &o->include_usage, err);
 }
 
 // vLLM fields that would change the output and that this server does not implement: refused by name (null,
@@ -440,161 +436,6 @@ static int parse_unsupported(const JsonAt *req, HttpError *err) {
     return 0;
 }
 
-// Structured outputs (vLLM): structured_outputs {"regex": ...} or {"choice": [...]}, or the older guided_regex /
-// guided_choice; the engine compiles the regex (guided_regex.h). JSON schemas, grammars and structural tags are
-// refused by name, as is a second constraint or allowed_token_ids beside one.
-// A JSON schema given as an object or as JSON text (vLLM takes both): its regex into o->structured.
-static int schema_regex(const json_t *schema, const char *given, HttpGenOptions *o, HttpError *err) {
-    json_t *parsed = NULL;
-    if (json_is_string(schema)) {
-        json_error_t je;
-        if (!(parsed = json_loadb(json_string_value(schema), json_string_length(schema), 0, &je)))
-            return http_error_set(err, 400, given, "the json schema of '%s' is not JSON: %s", given, je.text);
-        schema = parsed;
-    }
-    char msg[400];
-    o->structured = guide_json_schema_regex(schema, &o->structured_len, msg, sizeof msg);
-    json_decref(parsed);
-    if (!o->structured) return http_error_set(err, 400, given, "'%s': %s", given, msg);
-    return 0;
-}
-
-static int parse_structured(const JsonAt *req, HttpGenOptions *o, HttpError *err) {
-    const json_t *regex = NULL, *choice = NULL, *schema = NULL;
-    const char *given = NULL;
-    JsonAt so;
-    if (json_get_object(req, "structured_outputs", JSON_GET_OPTIONAL, &so)) return refused(req, "structured_outputs", err);
-    if (so.json) {
-        const char *key;
-        const json_t *val;
-        json_object_foreach((json_t *)so.json, key, val) {
-            if (json_is_null(val) || json_is_false(val)) continue;
-            if (!strcmp(key, "regex")) regex = val;
-            else if (!strcmp(key, "choice")) choice = val;
-            else if (!strcmp(key, "json")) schema = val;
-            else if (!strcmp(key, "grammar") || !strcmp(key, "json_object") || !strcmp(key, "structural_tag"))
-                return http_error_set(err, 400, "structured_outputs", "'structured_outputs'.%s is not supported by "
-                                      "this server (regex, choice and json are)", key);
-            else if (strcmp(key, "disable_fallback") && strcmp(key, "disable_any_whitespace") &&
-                     strcmp(key, "disable_additional_properties") && strcmp(key, "whitespace_pattern"))
-                return http_error_set(err, 400, "structured_outputs", "'structured_outputs'.%s is not a field this "
-                                      "server knows", key);
-            if ((regex ? 1 : 0) + (choice ? 1 : 0) + (schema ? 1 : 0) > 1)
-                return http_error_set(err, 400, "structured_outputs", "'structured_outputs' takes one of regex, "
-                                      "choice and json");
-        }
-        given = "structured_outputs";
-    }
-    if (json_get_present(req, "guided_regex")) {
-        if (given) return REFUSE(req, "guided_regex", err, "cannot be given with '%s'", given);
-        regex = json_object_get(req->json, "guided_regex");
-        given = "guided_regex";
-    }
-    if (json_get_present(req, "guided_choice")) {
-        if (given) return REFUSE(req, "guided_choice", err, "cannot be given with '%s'", given);
-        choice = json_object_get(req->json, "guided_choice");
-        given = "guided_choice";
-    }
-    if (json_get_present(req, "guided_json")) {
-        if (given) return REFUSE(req, "guided_json", err, "cannot be given with '%s'", given);
-        schema = json_object_get(req->json, "guided_json");
-        given = "guided_json";
-    }
-    const json_t *rf = json_object_get(req->json, "response_format");
-    const json_t *rft = json_is_object(rf) ? json_object_get(rf, "type") : NULL;
-    if (json_is_string(rft) && !strcmp(json_string_value(rft), "json_schema")) {   // OpenAI's form
-        if (given) return REFUSE(req, "response_format", err, "cannot be given with '%s'", given);
-        const json_t *js = json_object_get(rf, "json_schema");
-        schema = json_is_object(js) ? json_object_get(js, "schema") : NULL;
-        given = "response_format";
-        if (!schema)
-            return http_error_set(err, 400, given, "'response_format' of type json_schema needs json_schema.schema");
-    }
-    if (!regex && !choice && !schema) return 0;
-    if (o->sp.n_allowed > 0)
-        return REFUSE(req, given, err, "cannot be combined with 'allowed_token_ids'");
-    if (schema) {
-        if (schema_regex(schema, given, o, err) < 0) return -1;
-    } else if (regex) {
-        if (!json_is_string(regex) || json_string_length(regex) == 0)
-            return http_error_set(err, 400, given, "the regex of '%s' must be a non-empty string", given);
-        if (!(o->structured = strndup(json_string_value(regex), json_string_length(regex))))
-            return http_error_set(err, 500, NULL, "out of memory");
-        o->structured_len = json_string_length(regex);
-    } else {
-        const size_t n = json_is_array(choice) ? json_array_size(choice) : 0;
-        if (n == 0 || n > 4096)
-            return http_error_set(err, 400, given, "the choice of '%s' must be a list of 1 to 4096 strings", given);
-        const char **items = calloc(n, sizeof *items);
-        size_t *lens = calloc(n, sizeof *lens);
-        if (!items || !lens) {
-            free(items);
-            free(lens);
-            return http_error_set(err, 500, NULL, "out of memory");
-        }
-        for (size_t i = 0; i < n; i++) {
-            const json_t *c = json_array_get(choice, i);
-            if (!json_is_string(c) || json_string_length(c) == 0) {
-                free(items);
-                free(lens);
-                return http_error_set(err, 400, given, "choice %zu of '%s' must be a non-empty string", i, given);
-            }
-            items[i] = json_string_value(c);
-            lens[i] = json_string_length(c);
-        }
-        o->structured = guide_choice_regex(items, lens, (int)n, &o->structured_len);
-        free(items);
-        free(lens);
-        if (!o->structured) return http_error_set(err, 500, NULL, "out of memory");
-    }
-    o->sp.structured_regex = o->structured;
-    o->sp.structured_regex_len = o->structured_len;
-    return 0;
-}
-
-// vLLM's token masks: min_tokens, allowed_token_ids (ids), bad_words (strings, encoded by http_encode_bad_words
-// once the tokenizer is at hand).
-static int parse_token_masks(const JsonAt *req, int vocab_size, HttpGenOptions *o, HttpError *err) {
-    SamplingParams *sp = &o->sp;
-    if (json_get_int(req, "min_tokens", JSON_GET_OPTIONAL, 0, 0, INT32_MAX, &sp->min_tokens))
-        return refused(req, "min_tokens", err);
-    if (json_get_present(req, "allowed_token_ids")) {
-        int32_t *ids;
-        int n;
-        if (http_parse_id_list(json_object_get(req->json, "allowed_token_ids"), "allowed_token_ids", vocab_size, &ids,
-                               &n, err) < 0)
-            return -1;
-        o->allowed_ids = ids;
-        if (n == 0)
-            return REFUSE(req, "allowed_token_ids", err, "must hold at least one token id (leave it out to allow "
-                          "every id)");
-        sp->allowed_token_ids = ids;
-        sp->n_allowed = n;
-    }
-    if (!json_get_present(req, "bad_words")) return 0;
-    const json_t *v = json_object_get(req->json, "bad_words");
-    if (!json_is_array(v))
-        return REFUSE(req, "bad_words", err, "must be a list of strings, not %s", json_kind_name(v));
-    if (json_array_size(v) > HTTP_MAX_BAD_WORDS)
-        return REFUSE(req, "bad_words", err, "has %zu entries; at most %d", json_array_size(v), HTTP_MAX_BAD_WORDS);
-    JsonAt list = json_at_value(req, v, "bad_words");
-    for (size_t i = 0; i < json_array_size(v); i++) {
-        JsonAt item = json_at_element(&list, i);
-        const char *text;
-        size_t len;
-        if (json_get_string(&item, NULL, JSON_GET_REQUIRED, NULL, JSON_ANY_LENGTH, &text, &len))
-            return refused(&list, NULL, err);
-        size_t lead = strspn(text, " \t\n\r\f\v");
-        if (lead == len || len > HTTP_MAX_STOP_BYTES) {
-            json_get_fail(&item, NULL, "must hold a word (not only whitespace) of at most %d bytes",
-                          HTTP_MAX_STOP_BYTES);
-            return refused(&list, NULL, err);
-        }
-    }
-    o->bad_words = json_array_size(v) > 0 ? v : NULL;
-    return 0;
-}
-
 void http_gen_options_free(HttpGenOptions *o) {
     if (!o) return;
     free(o->allowed_ids);
@@ -606,83 +447,6 @@ void http_gen_options_free(HttpGenOptions *o) {
     o->allowed_ids = o->bad_ids = o->bad_offsets = NULL;
     o->sp.allowed_token_ids = o->sp.bad_words_ids = o->sp.bad_words_offsets = NULL;
     o->sp.n_allowed = o->sp.n_bad_words = 0;
-}
-
-int http_check_min_tokens(const HttpGenOptions *o, HttpError *err) {
-    if (o->sp.min_tokens <= o->sp.max_tokens) return 0;
-    return http_error_set(err, 400, "min_tokens", "'min_tokens' (%d) must be at most max_tokens (%d)",
-                          o->sp.min_tokens, o->sp.max_tokens);
-}
-
-// Appends the ids of text (len bytes, no special tokens) to o's bad-word ids as word o->sp.n_bad_words.
-static int add_bad_word(const Tokenizer *tok, const char *text, size_t len, size_t *cap, HttpGenOptions *o,
-                        int32_t **ids_out, size_t *n_out, HttpError *err) {
-    char msg[256];
-    int32_t *ids = NULL;
-    size_t n = 0;
-    if (tokenizer_encode(tok, text, len, 0, &ids, &n, msg, sizeof msg) != 0)
-        return http_error_set(err, 400, "bad_words", "'bad_words': '%.*s' cannot be tokenized: %s", (int)len, text,
-                              msg);
-    if (n == 0) {
-        free(ids);
-        return http_error_set(err, 400, "bad_words", "'bad_words': '%.*s' tokenizes to no tokens", (int)len, text);
-    }
-    const int w = o->sp.n_bad_words, at = o->bad_offsets[w];
-    if ((size_t)at + n > *cap) {
-        size_t c = *cap * 2 > at + n ? *cap * 2 : at + n;
-        int32_t *grown = realloc(o->bad_ids, c * sizeof *grown);
-        if (!grown) {
-            free(ids);
-            return http_error_set(err, 500, "bad_words", "out of memory encoding 'bad_words'");
-        }
-        o->bad_ids = grown;
-        *cap = c;
-    }
-    memcpy(o->bad_ids + at, ids, n * sizeof *ids);
-    o->bad_offsets[w + 1] = at + (int32_t)n;
-    o->sp.n_bad_words = w + 1;
-    *ids_out = ids;
-    *n_out = n;
-    return 0;
-}
-
-int http_encode_bad_words(const Tokenizer *tok, HttpGenOptions *o, HttpError *err) {
-    if (!o->bad_words) return 0;
-    if (!tok)
-        return http_error_set(err, 400, "bad_words", "'bad_words' needs the model's tokenizer, and this model folder "
-                              "has none");
-    const size_t words = json_array_size(o->bad_words);
-    size_t cap = 16 * words;
-    o->bad_offsets = malloc((2 * words + 1) * sizeof *o->bad_offsets);
-    o->bad_ids = malloc(cap * sizeof *o->bad_ids);
-    if (!o->bad_offsets || !o->bad_ids) return http_error_set(err, 500, "bad_words", "out of memory");
-    o->bad_offsets[0] = 0;
-    o->sp.n_bad_words = 0;
-    char *spaced = malloc(HTTP_MAX_STOP_BYTES + 2);
-    if (!spaced) return http_error_set(err, 500, "bad_words", "out of memory");
-    int rc = 0;
-    for (size_t i = 0; i < words && rc == 0; i++) {
-        const char *text = json_string_value(json_array_get(o->bad_words, i));
-        const size_t len = json_string_length(json_array_get(o->bad_words, i));
-        const size_t lead = strspn(text, " \t\n\r\f\v");
-        int32_t *plain = NULL, *with_space = NULL;
-        size_t n_plain = 0, n_space = 0;
-        rc = add_bad_word(tok, text + lead, len - lead, &cap, o, &plain, &n_plain, err);
-        if (rc == 0) {
-            spaced[0] = ' ';
-            memcpy(spaced + 1, text + lead, len - lead);
-            rc = add_bad_word(tok, spaced, len - lead + 1, &cap, o, &with_space, &n_space, err);
-            // Kept only when it starts with another id and has as many ids (vLLM's rule); else taken back.
-            if (rc == 0 && (with_space[0] == plain[0] || n_space != n_plain)) o->sp.n_bad_words--;
-        }
-        free(plain);
-        free(with_space);
-    }
-    free(spaced);
-    if (rc < 0) return -1;
-    o->sp.bad_words_ids = o->bad_ids;
-    o->sp.bad_words_offsets = o->bad_offsets;
-    return 0;
 }
 
 static int parse_trl_kwargs(const JsonAt *req, int vocab_size, HttpGenOptions *o, HttpError *err) {
@@ -707,7 +471,7 @@ static int parse_trl_kwargs(const JsonAt *req, int vocab_size, HttpGenOptions *o
     }
     JsonAt kw;
     if (json_get_object(req, "generation_kwargs", JSON_GET_OPTIONAL, &kw))
-        return refused(req, "generation_kwargs", err);
+        return http_json_refused(req, "generation_kwargs", err);
     if (!kw.json) return 0;
     // TRL lets these override the top-level fields; anything else would be silently ignored, so refuse it.
     static const char *const known[] = {"n", "max_tokens", "temperature", "top_p", "top_k", "min_p",
@@ -722,20 +486,20 @@ static int parse_trl_kwargs(const JsonAt *req, int vocab_size, HttpGenOptions *o
     }
     if (parse_common(&kw, vocab_size, o, err) < 0) return -1;
     if (json_get_int(&kw, "logprobs", JSON_GET_OPTIONAL, o->logprobs, 0, ENGINE_MAX_TOP_LOGPROBS, &o->logprobs))
-        return refused(&kw, "logprobs", err);
+        return http_json_refused(&kw, "logprobs", err);
     if (json_is_null(json_object_get(kw.json, "logprobs"))) o->logprobs = -1; // explicit null
     return 0;
 }
 
 static int parse_completions(const JsonAt *req, HttpGenOptions *o, HttpError *err) {
     if (json_get_int(req, "logprobs", JSON_GET_OPTIONAL, o->logprobs, 0, ENGINE_MAX_TOP_LOGPROBS, &o->logprobs))
-        return refused(req, "logprobs", err);
-    if (get_bool(req, "echo", &o->echo, err) < 0) return -1;
+        return http_json_refused(req, "logprobs", err);
+    if (http_json_get_bool(req, "echo", &o->echo, err) < 0) return -1;
     // Prompt scoring (vLLM): prompt_logprobs=k gives each prompt token's logprob and k alternatives in the choice's
     // "prompt_logprobs"; echo with logprobs=k puts the prompt's tokens, logprobs and alternatives in front of the
     // completion's in "logprobs" (OpenAI's legacy completions, what lm-evaluation-harness reads).
     if (json_get_int(req, "prompt_logprobs", JSON_GET_OPTIONAL, -1, 0, ENGINE_MAX_TOP_LOGPROBS, &o->prompt_logprobs))
-        return refused(req, "prompt_logprobs", err);
+        return http_json_refused(req, "prompt_logprobs", err);
     if (!json_get_present(req, "prompt_logprobs")) o->prompt_logprobs = -1;
     o->sp.prompt_logprobs = o->prompt_logprobs;
     if (o->echo && o->logprobs >= 0) {
@@ -747,57 +511,28 @@ static int parse_completions(const JsonAt *req, HttpGenOptions *o, HttpError *er
     if (json_get_present(req, "suffix")) return REFUSE(req, "suffix", err, "is not supported by this server");
     int best_of = o->sp.n;
     if (json_get_int(req, "best_of", JSON_GET_OPTIONAL, best_of, 1, HTTP_MAX_N, &best_of))
-        return refused(req, "best_of", err);
+        return http_json_refused(req, "best_of", err);
     if (best_of != o->sp.n) return REFUSE(req, "best_of", err, "other than n is not supported");
     return 0;
 }
 
-// OpenAI tools on chat: definitions the chat template writes into the prompt (http_chat.c), and the calls in the
-// answer read back (hermes format: the templates that take tools are Qwen2.5's and Qwen3's). tool_choice auto (the
-// default) or none; "required" and a named function would need the output constrained and are refused.
-static int parse_tools(const JsonAt *req, HttpGenOptions *o, HttpError *err) {
-    const json_t *tools = json_object_get(req->json, "tools");
-    if (!json_get_present(req, "tools")) return 0;
-    if (!json_is_array(tools) || json_array_size(tools) == 0 || json_array_size(tools) > 128)
-        return REFUSE(req, "tools", err, "must be a list of 1 to 128 tool definitions");
-    for (size_t i = 0; i < json_array_size(tools); i++) {
-        const json_t *t = json_array_get(tools, i), *fn = json_object_get(t, "function");
-        const json_t *type = json_object_get(t, "type");
-        if (!json_is_object(t) || !json_is_string(type) || strcmp(json_string_value(type), "function") != 0 ||
-            !json_is_object(fn) || !json_is_string(json_object_get(fn, "name")))
-            return http_error_set(err, 400, "tools", "'tools'[%zu] must be {\"type\": \"function\", \"function\": "
-                                  "{\"name\": ..., \"parameters\": ...}}", i);
-    }
-    o->tools = 1;
-    const json_t *tc = json_object_get(req->json, "tool_choice");
-    if (json_get_present(req, "tool_choice")) {
-        if (!json_is_string(tc) ||
-            (strcmp(json_string_value(tc), "auto") != 0 && strcmp(json_string_value(tc), "none") != 0))
-            return REFUSE(req, "tool_choice", err, "is supported as \"auto\" or \"none\" (\"required\" and a named "
-                          "function are not)");
-        o->tool_choice_none = strcmp(json_string_value(tc), "none") == 0;
-    }
-    if (o->stream) return REFUSE(req, "tools", err, "is not supported when streaming (send stream=false)");
-    return 0;
-}
-
 static int parse_chat(const JsonAt *req, HttpGenOptions *o, HttpError *err) {
-    if (parse_tools(req, o, err) < 0) return -1;
+    if (http_parse_tools(req, o, err) < 0) return -1;
     if (json_get_present(req, "prompt_logprobs"))
         return REFUSE(req, "prompt_logprobs", err, "is supported on /v1/completions only (send the rendered prompt "
                       "there); send null here");
     if (json_get_int(req, "max_completion_tokens", JSON_GET_OPTIONAL, o->sp.max_tokens, 1, INT32_MAX,
                      &o->sp.max_tokens))
-        return refused(req, "max_completion_tokens", err);
+        return http_json_refused(req, "max_completion_tokens", err);
     o->max_tokens_given |= json_get_present(req, "max_completion_tokens");
     int want = 0, top = 0;
-    if (get_bool(req, "logprobs", &want, err) < 0) return -1;
+    if (http_json_get_bool(req, "logprobs", &want, err) < 0) return -1;
     if (json_get_int(req, "top_logprobs", JSON_GET_OPTIONAL, 0, 0, ENGINE_MAX_TOP_LOGPROBS, &top))
-        return refused(req, "top_logprobs", err);
+        return http_json_refused(req, "top_logprobs", err);
     if (top > 0 && !want) return REFUSE(req, "top_logprobs", err, "needs 'logprobs': true");
     o->logprobs = want ? top : -1;
-    if (get_bool(req, "add_generation_prompt", &o->add_generation_prompt, err) < 0) return -1;
-    if (get_bool(req, "continue_final_message", &o->continue_final_message, err) < 0) return -1;
+    if (http_json_get_bool(req, "add_generation_prompt", &o->add_generation_prompt, err) < 0) return -1;
+    if (http_json_get_bool(req, "continue_final_message", &o->continue_final_message, err) < 0) return -1;
     if (o->continue_final_message) return REFUSE(req, "continue_final_message", err, "is not supported");
     return 0;
 }
@@ -816,12 +551,12 @@ int http_parse_generation(const json_t *body, HttpApi api, int vocab_size, HttpG
     if (parse_common(&req, vocab_size, o, err) < 0) return -1;
     if (api != HTTP_API_TRL) {
         if (parse_unsupported(&req, err) < 0) return -1;
-        if (parse_token_masks(&req, vocab_size, o, err) < 0) return -1;
-        if (parse_structured(&req, o, err) < 0) return -1;
+        if (http_parse_token_masks(&req, vocab_size, o, err) < 0) return -1;
+        if (http_parse_structured(&req, o, err) < 0) return -1;
         if (parse_stream_fields(&req, o, err) < 0) return -1;
-        if (get_bool(&req, "return_token_ids", &o->return_token_ids, err) < 0) return -1;
-        if (get_bool(&req, "return_tokens_as_token_ids", &o->return_tokens_as_token_ids, err) < 0) return -1;
-        if (get_bool(&req, "add_special_tokens", &o->add_special_tokens, err) < 0) return -1;
+        if (http_json_get_bool(&req, "return_token_ids", &o->return_token_ids, err) < 0) return -1;
+        if (http_json_get_bool(&req, "return_tokens_as_token_ids", &o->return_tokens_as_token_ids, err) < 0) return -1;
+        if (http_json_get_bool(&req, "add_special_tokens", &o->add_special_tokens, err) < 0) return -1;
     }
     int rc = 0;
     switch (api) {
@@ -833,9 +568,9 @@ int http_parse_generation(const json_t *body, HttpApi api, int vocab_size, HttpG
     case HTTP_API_CHAT: rc = parse_chat(&req, o, err); break;
     case HTTP_API_TRL:
         if (json_get_int(&req, "logprobs", JSON_GET_OPTIONAL, o->logprobs, 0, ENGINE_MAX_TOP_LOGPROBS, &o->logprobs))
-            return refused(&req, "logprobs", err);
+            return http_json_refused(&req, "logprobs", err);
         if (json_is_null(json_object_get(body, "logprobs"))) o->logprobs = -1;
-        if (get_bool(&req, "return_policy_versions", &o->return_policy_versions, err) < 0) return -1;
+        if (http_json_get_bool(&req, "return_policy_versions", &o->return_policy_versions, err) < 0) return -1;
         rc = parse_trl_kwargs(&req, vocab_size, o, err);
         break;
     }
