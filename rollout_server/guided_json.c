@@ -6,6 +6,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "rollout_server/guided_regex.h"
+#include "rollout_server/http_response.h"
+#include "shared/err.h"
+
 #define MAX_DEPTH 32
 
 // One JSON string's characters: anything but '"', '\' and control characters, or an escape.
@@ -14,9 +18,7 @@
 #define JSON_NUMBER JSON_INT "(?:\\.[0-9]+)?(?:[eE][+-]?[0-9]+)?"
 
 typedef struct {
-    char *p;
-    size_t n, cap;
-    int oom;
+    HttpBuf re;   // the regex so far
     char *err;
     size_t err_len;
     int failed;
@@ -25,27 +27,14 @@ typedef struct {
 #define MAX_REGEX_BYTES ((size_t)1 << 18)
 
 static void put(Out *o, const char *s, size_t n) {
-    if (o->oom || o->failed) return;
-    if (o->n + n > MAX_REGEX_BYTES) {
+    if (o->re.oom || o->failed) return;
+    if (o->re.len + n > MAX_REGEX_BYTES) {
         o->failed = 1;
         snprintf(o->err, o->err_len, "json schema: its regex would be over %zu bytes (nested arrays repeat their item "
                  "schema): simplify the schema", MAX_REGEX_BYTES);
         return;
     }
-    if (o->n + n + 1 > o->cap) {
-        size_t cap = o->cap ? 2 * o->cap : 256;
-        while (cap < o->n + n + 1) cap *= 2;
-        char *p = realloc(o->p, cap);
-        if (!p) {
-            o->oom = 1;
-            return;
-        }
-        o->p = p;
-        o->cap = cap;
-    }
-    memcpy(o->p + o->n, s, n);
-    o->n += n;
-    o->p[o->n] = '\0';
+    http_buf_append(&o->re, s, n);
 }
 static void puts_(Out *o, const char *s) { put(o, s, strlen(s)); }
 
@@ -56,17 +45,15 @@ static void fail(Out *o, const char *path, const char *fmt, ...) {
     char msg[256];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    err_vset(msg, sizeof msg, fmt, ap);
     va_end(ap);
     snprintf(o->err, o->err_len, "json schema at %s: %s", path[0] ? path : "the top", msg);
 }
 
-// A literal: every ASCII character but letters, digits and '_' escaped.
+// A literal, escaped as guide_choice_regex escapes a choice.
 static void put_literal(Out *o, const char *s, size_t n) {
     for (size_t i = 0; i < n; i++) {
-        const unsigned char c = (unsigned char)s[i];
-        if (c < 0x80 && !((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'))
-            put(o, "\\", 1);
+        if (guide_regex_escapes((unsigned char)s[i])) put(o, "\\", 1);
         put(o, s + i, 1);
     }
 }
@@ -79,7 +66,7 @@ static int put_value_literal(Out *o, const json_t *v, const char *path) {
     }
     char *text = json_dumps(v, JSON_ENCODE_ANY | JSON_COMPACT);
     if (!text) {
-        o->oom = 1;
+        o->re.oom = 1;
         return -1;
     }
     put_literal(o, text, strlen(text));
@@ -142,17 +129,17 @@ static void type_regex(Out *o, const json_t *s, const char *type, const char *pa
         char sub[512];
         snprintf(sub, sizeof sub, "%s/items", path);
         // "[" item (", " item){lo-1,hi-1} "]", the whole list optional when lo is 0.
-        const size_t start = o->n;
+        const size_t start = o->re.len;
         schema(o, items, sub, depth + 1);
-        if (o->failed || o->oom) return;
-        const size_t item_len = o->n - start;
+        if (o->failed || o->re.oom) return;
+        const size_t item_len = o->re.len - start;
         char *item = malloc(item_len + 1);
         if (!item) {
-            o->oom = 1;
+            o->re.oom = 1;
             return;
         }
-        memcpy(item, o->p + start, item_len);
-        o->n = start;
+        memcpy(item, o->re.data + start, item_len);
+        o->re.len = start;
         puts_(o, "\\[");
         if (hi != 0) {
             if (lo == 0) puts_(o, "(?:");
@@ -184,7 +171,7 @@ static void type_regex(Out *o, const json_t *s, const char *type, const char *pa
             first = 0;
             json_t *name = json_string(key);
             if (!name) {
-                o->oom = 1;
+                o->re.oom = 1;
                 return;
             }
             put_value_literal(o, name, path);
@@ -201,7 +188,7 @@ static void type_regex(Out *o, const json_t *s, const char *type, const char *pa
 }
 
 static void schema(Out *o, const json_t *s, const char *path, int depth) {
-    if (o->failed || o->oom) return;
+    if (o->failed || o->re.oom) return;
     if (depth > MAX_DEPTH) return fail(o, path, "nested more than %d levels", MAX_DEPTH);
     if (!json_is_object(s)) return fail(o, path, "a schema must be an object");
     static const char *const handled[] = {"type", "properties", "required", "additionalProperties", "items",
@@ -259,11 +246,11 @@ static void schema(Out *o, const json_t *s, const char *path, int depth) {
 char *guide_json_schema_regex(const json_t *s, size_t *len, char *err, size_t err_len) {
     Out o = {.err = err, .err_len = err_len};
     schema(&o, s, "", 0);
-    if (o.oom && !o.failed) snprintf(err, err_len, "out of memory turning the json schema into a regex");
-    if (o.failed || o.oom) {
-        free(o.p);
+    if (o.re.oom && !o.failed) snprintf(err, err_len, "out of memory turning the json schema into a regex");
+    if (o.failed || o.re.oom) {
+        http_buf_free(&o.re);
         return NULL;
     }
-    *len = o.n;
-    return o.p;
+    *len = o.re.len;
+    return o.re.data;
 }

@@ -366,6 +366,10 @@ done:
     return rc;
 }
 
+int guide_regex_escapes(unsigned char c) {
+    return c < 0x80 && !((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_');
+}
+
 char *guide_choice_regex(const char *const *choices, const size_t *lens, int n, size_t *len) {
     size_t cap = 1;
     for (int i = 0; i < n; i++) cap += 2 * lens[i] + 1;
@@ -374,11 +378,9 @@ char *guide_choice_regex(const char *const *choices, const size_t *lens, int n, 
     size_t k = 0;
     for (int i = 0; i < n; i++) {
         if (i) re[k++] = '|';
-        for (size_t j = 0; j < lens[i]; j++) {   // every ASCII character but letters, digits and '_' escaped
-            const unsigned char c = (unsigned char)choices[i][j];
-            if (c < 0x80 && !((c >= '0' && c <= '9') || (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c == '_'))
-                re[k++] = '\\';
-            re[k++] = (char)c;
+        for (size_t j = 0; j < lens[i]; j++) {
+            if (guide_regex_escapes((unsigned char)choices[i][j])) re[k++] = '\\';
+            re[k++] = choices[i][j];
         }
     }
     re[k] = '\0';

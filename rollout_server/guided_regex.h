@@ -34,6 +34,9 @@ int guide_create(Guide **out, const char *pattern, size_t len, const Tokenizer *
 // The regex of a choice among strings (vLLM's structured_outputs choice): it matches exactly one of them (each
 // escaped). malloc'd (*len bytes, NUL-terminated); NULL when out of memory.
 char *guide_choice_regex(const char *const *choices, const size_t *lens, int n, size_t *len);
+// 1 when byte c is written with a backslash in front inside a literal: every ASCII character but letters, digits
+// and '_' (the JSON schema's enum and const values are escaped the same way).
+int guide_regex_escapes(unsigned char c);
 void guide_free(Guide *g);
 
 // The automaton's start state.

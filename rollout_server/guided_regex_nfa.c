@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "rollout_server/guided_regex_internal.h"
+#include "shared/err.h"
 
 #define MAX_NFA_STATES 200000
 #define MAX_REPEAT 1000
@@ -40,7 +41,7 @@ static void fail(Parser *ps, const char *fmt, ...) {
     char msg[256];
     va_list ap;
     va_start(ap, fmt);
-    vsnprintf(msg, sizeof msg, fmt, ap);
+    err_vset(msg, sizeof msg, fmt, ap);
     va_end(ap);
     snprintf(ps->err, ps->err_len, "regex at offset %ld: %s", (long)(ps->p - ps->start), msg);
 }
