@@ -16,28 +16,11 @@
 #include "check_macros.h"
 #include "kernels/ops.h"
 #include "shared/model.h"
+#include "model_testlib.h"
 #include "testlib.h"
 
-static const char *CONFIG_QWEN3 =
-    "{\"architectures\": [\"Qwen3ForCausalLM\"], \"vocab_size\": 67, \"hidden_size\": 32, \"intermediate_size\": 48,"
-    " \"num_hidden_layers\": 3, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 12,"
-    " \"max_position_embeddings\": 128, \"rms_norm_eps\": 1e-6, \"tie_word_embeddings\": true,"
-    " \"attention_bias\": true, \"hidden_act\": \"silu\", \"rope_parameters\": {\"rope_theta\": 10000.0,"
-    " \"rope_type\": \"default\"}}";
-
-static const char *CONFIG_LLAMA =
-    "{\"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 67, \"hidden_size\": 32, \"intermediate_size\": 48,"
-    " \"num_hidden_layers\": 3, \"num_attention_heads\": 4, \"num_key_value_heads\": 2,"
-    " \"max_position_embeddings\": 128, \"hidden_act\": \"silu\", \"tie_word_embeddings\": false}";
-
-static double max_rel(const float *a, const float *b, size_t n) {
-    double d = 0, m = 0;
-    for (size_t i = 0; i < n; i++) {
-        d = fmax(d, fabs((double)a[i] - b[i]));
-        m = fmax(m, fabs((double)b[i]));
-    }
-    return d / (m > 0 ? m : 1);
-}
+static const char *CONFIG_QWEN3 = TINY_QWEN3_CONFIG;
+static const char *CONFIG_LLAMA = TINY_LLAMA_CONFIG;
 
 typedef struct {
     OpsCtx *ops;
@@ -118,7 +101,7 @@ static void test_paged_equals_training(const char *json) {
         free(lg);
     }
     CHECK(pos0 == n0 && pos1 == n1, "plan covers %d/%d and %d/%d tokens", pos0, n0, pos1, n1);
-    double e = max_rel(got, want, (size_t)N * V);
+    double e = model_max_rel(got, want, (size_t)N * V);
     CHECK(e <= 1e-4, "paged logits differ from training logits by %.3g", e);
 
     // A token id outside the vocabulary is refused with a message.
@@ -194,7 +177,7 @@ static void test_checkpointing_and_accumulation(const char *json) {
             norm += fabs(saved[u][i]);
         }
         CHECK(norm > 0, "unit %d has an all-zero gradient", u);
-        double e = max_rel(twice[u], saved[u], n);
+        double e = model_max_rel(twice[u], saved[u], n);
         CHECK(e <= 1e-6, "unit %d: two accumulated passes differ from 2x one pass by %.3g", u, e);
         free(saved[u]);
         free(recomputed[u]);

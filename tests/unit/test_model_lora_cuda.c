@@ -16,15 +16,9 @@
 #include "shared/dtype.h"
 #include "shared/model.h"
 #include "shared/model_lora.h"
+#include "model_testlib.h"
 
-static const char *CONFIGS[2] = {
-    "{\"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 301, \"hidden_size\": 128, \"intermediate_size\": 256,"
-    " \"num_hidden_layers\": 3, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"max_position_embeddings\": 256,"
-    " \"hidden_act\": \"silu\", \"tie_word_embeddings\": false}",
-    "{\"architectures\": [\"Qwen3ForCausalLM\"], \"vocab_size\": 301, \"hidden_size\": 128, \"intermediate_size\": 192,"
-    " \"num_hidden_layers\": 3, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 64,"
-    " \"max_position_embeddings\": 256, \"hidden_act\": \"silu\", \"tie_word_embeddings\": true,"
-    " \"attention_bias\": true}"};
+static const char *CONFIGS[2] = {SMALL_LLAMA_CONFIG, SMALL_QWEN3_CONFIG};
 
 typedef struct {
     OpsCtx *ops;
@@ -94,22 +88,10 @@ int main(void) {
             free(b_src);
         }
         const int lens[3] = {37, 1, 90}, B = 3;
-        int N = 0;
-        for (int b = 0; b < B; b++) N += lens[b];
-        int32_t *tok = malloc(N * 4), *tgt = malloc(N * 4), cu[4] = {0};
-        float *dlp = malloc(N * 4);
-        for (int b = 0, n = 0; b < B; b++) {
-            for (int i = 0; i < lens[b]; i++, n++) tok[n] = (n * 37 + 11) % cfg.vocab_size;
-            cu[b + 1] = n;
-        }
-        int scored = 0;
-        for (int b = 0; b < B; b++)
-            for (int i = cu[b]; i < cu[b + 1]; i++) {
-                tgt[i] = i + 1 < cu[b + 1] ? tok[i + 1] : -1;
-                scored += tgt[i] >= 0;
-            }
-        for (int i = 0; i < N; i++) dlp[i] = tgt[i] >= 0 ? -1.0f / scored : 0.0f;
-        Batch batch = {.n_seqs = B, .n_tokens = N, .tokens = tok, .targets = tgt, .cu_seqlens = cu};
+        PackedBatch pb;
+        if (packed_batch_make(&pb, lens, B, cfg.vocab_size)) { fprintf(stderr, "out of memory\n"); return 1; }
+        const int N = pb.batch.n_tokens;
+        const float *dlp = pb.dlp;
         Side s[2];
         float *logits[2], *lp[2];
         for (int k = 0; k < 2; k++) {
@@ -117,7 +99,7 @@ int main(void) {
             logits[k] = malloc((size_t)N * cfg.vocab_size * 4);
             lp[k] = malloc(N * 4);
             UnitSource src = resident_source(&s[k].w);  // no gradient buffers: a frozen base
-            if (model_forward(&s[k].m, s[k].acts, &src, &batch, 1.0f, lp[k], NULL, logits[k], err, sizeof err) ||
+            if (model_forward(&s[k].m, s[k].acts, &src, &pb.batch, 1.0f, lp[k], NULL, logits[k], err, sizeof err) ||
                 model_backward(&s[k].m, s[k].acts, &src, dlp, err, sizeof err)) {
                 fprintf(stderr, "config %d backend %d: %s\n", c, k, err);
                 return 1;
@@ -162,7 +144,8 @@ int main(void) {
         }
         for (int u = 0; u < U; u++) free(units[u]);
         for (int l = 0; l < L; l++) free(adapters[l]);
-        free(units), free(adapters), free(tok), free(tgt), free(dlp);
+        free(units), free(adapters);
+        packed_batch_free(&pb);
         model_lora_free(shape);
         model_free(&tmp);
         ops_destroy(cpu0);

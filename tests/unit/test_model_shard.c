@@ -19,30 +19,13 @@
 #include "shared/comm/comm.h"
 #include "shared/model.h"
 #include "spawn_testlib.h"
+#include "model_testlib.h"
 #include "testlib.h"
 
-static const char *CONFIG_QWEN3 =
-    "{\"architectures\": [\"Qwen3ForCausalLM\"], \"vocab_size\": 67, \"hidden_size\": 32, \"intermediate_size\": 48,"
-    " \"num_hidden_layers\": 3, \"num_attention_heads\": 4, \"num_key_value_heads\": 2, \"head_dim\": 12,"
-    " \"max_position_embeddings\": 128, \"rms_norm_eps\": 1e-6, \"tie_word_embeddings\": true,"
-    " \"attention_bias\": true, \"hidden_act\": \"silu\", \"rope_parameters\": {\"rope_theta\": 10000.0,"
-    " \"rope_type\": \"default\"}}";
-
-static const char *CONFIG_LLAMA =
-    "{\"architectures\": [\"LlamaForCausalLM\"], \"vocab_size\": 67, \"hidden_size\": 32, \"intermediate_size\": 48,"
-    " \"num_hidden_layers\": 3, \"num_attention_heads\": 4, \"num_key_value_heads\": 2,"
-    " \"max_position_embeddings\": 128, \"hidden_act\": \"silu\", \"tie_word_embeddings\": false}";
+static const char *CONFIG_QWEN3 = TINY_QWEN3_CONFIG;
+static const char *CONFIG_LLAMA = TINY_LLAMA_CONFIG;
 
 enum { BS = 4, MAX_BLOCKS = 8, N_BLOCKS = 16, MAX_TOK = 16 };
-
-static double max_rel(const float *a, const float *b, size_t n) {
-    double d = 0, m = 0;
-    for (size_t i = 0; i < n; i++) {
-        d = fmax(d, fabs((double)a[i] - b[i]));
-        m = fmax(m, fabs((double)b[i]));
-    }
-    return d / (m > 0 ? m : 1);
-}
 
 // The same work for the whole model and for every shard: paged steps over two sequences, then padded decode steps.
 // Writes the logits of every step, one after the other, into out (at most OUT_FLOATS), and how many into *n_out.
@@ -181,7 +164,7 @@ static void test_shards_equal_whole(const char *json, const char *name) {
             if (runs[r].rc != 0) continue;
             CHECK(runs[r].n_out == n_want, "%s, shard %d of %d: %zu logits, want %zu", name, r, size, runs[r].n_out,
                   n_want);
-            const double e = max_rel(runs[r].out, want, n_want);
+            const double e = model_max_rel(runs[r].out, want, n_want);
             CHECK(e <= 1e-5, "%s, shard %d of %d: logits differ from the whole model's by %.3g", name, r, size, e);
             CHECK(memcmp(runs[r].out, runs[0].out, n_want * sizeof(float)) == 0,
                   "%s, %d shards: shard %d's logits are not shard 0's bits", name, size, r);
