@@ -110,6 +110,12 @@ int bm_table_init(BlockTable *t, int max_blocks) {
     return 0;
 }
 
+void bm_table_set_root(BlockTable *t, uint64_t root) {
+    if (t->n != 0) return;
+    t->root = root;
+    t->last_hash = root;
+}
+
 void bm_table_destroy(BlockTable *t) {
     free(t->ids);
     memset(t, 0, sizeof *t);
@@ -215,7 +221,7 @@ int bm_match_prefix(BlockManager *bm, BlockTable *t, const int32_t *tokens, int 
     const int bs = bm->block_size;
     int n_full = (n_tokens - 1) / bs;
     if (n_full > t->cap) n_full = t->cap;
-    uint64_t parent = 0;
+    uint64_t parent = t->root;
     t->epoch = bm->epoch;
     for (int j = 0; j < n_full; j++) {
         uint64_t h = bm_block_hash(parent, tokens + (size_t)j * bs, bs);
@@ -272,6 +278,7 @@ void bm_fork(BlockManager *bm, BlockTable *dst, const BlockTable *src) {
     dst->n_hashed = src->n_hashed;
     dst->last_hash = src->last_hash;
     dst->epoch = src->epoch;
+    dst->root = src->root;
 }
 
 void bm_release(BlockManager *bm, BlockTable *t) {
@@ -280,7 +287,7 @@ void bm_release(BlockManager *bm, BlockTable *t) {
     for (int j = t->n - 1; j >= 0; j--) drop_ref(bm, t->ids[j]);
     t->n = 0;
     t->n_hashed = 0;
-    t->last_hash = 0;
+    t->last_hash = t->root;
 }
 
 void bm_commit(BlockManager *bm, BlockTable *t, const int32_t *tokens, int n_computed) {

@@ -24,8 +24,10 @@ typedef struct {
     int32_t *ids;       // (cap) physical block ids
     int n, cap;         // blocks held, capacity of ids
     int n_hashed;       // leading full blocks whose chained hash has been computed (registered or matched)
-    uint64_t last_hash; // chained hash of block n_hashed - 1 (0 when n_hashed == 0)
+    uint64_t last_hash; // chained hash of block n_hashed - 1 (root when n_hashed == 0)
     uint64_t epoch;     // the pool's cache epoch when the table got its first block: stale tables never register
+    uint64_t root;      // parent hash of block 0: what else the K/V depend on besides the tokens (the LoRA adapter
+                        // the sequence runs through: rollout_server/engine_request.c); 0 for the base model
 } BlockTable;
 
 typedef struct BlockManager BlockManager;
@@ -49,6 +51,8 @@ int bm_prefix_caching(const BlockManager *bm);
 
 // Table storage: reserve capacity for max_blocks ids up front (no growth later). Returns 0 or -1 (no memory).
 int bm_table_init(BlockTable *t, int max_blocks);
+// Sets an empty table's root (BlockTable.root): its blocks then match and register only among tables of that root.
+void bm_table_set_root(BlockTable *t, uint64_t root);
 void bm_table_destroy(BlockTable *t);
 
 // Reuses cached blocks for the start of a sequence whose table is empty: at most (n_tokens - 1) / block_size
@@ -75,7 +79,7 @@ void bm_commit(BlockManager *bm, BlockTable *t, const int32_t *tokens, int n_com
 // their hash, and tables built before the reset never register blocks again.
 void bm_reset_prefix_cache(BlockManager *bm);
 
-// Chained hash of one block: (parent's hash, block_size token ids).
+// Chained hash of one block: (parent's hash, block_size token ids); block 0's parent is its table's root.
 uint64_t bm_block_hash(uint64_t parent, const int32_t *tokens, int n);
 
 #endif

@@ -73,6 +73,8 @@ int engine_update_mode_parse(const char *s, EngineUpdateMode *m) {
 const Model *engine_model(const Engine *e) { return e->m; }
 const Tokenizer *engine_tokenizer(const Engine *e) { return e->tok; }
 const char *engine_model_id(const Engine *e) { return e->model_id; }
+int engine_adapter_count(const Engine *e) { return runner_adapter_count(e->runner); }
+const char *engine_adapter_name(const Engine *e, int k) { return runner_adapter_name(e->runner, k); }
 
 int64_t engine_policy_version(const Engine *e) {
     Engine *m = (Engine *)e;
@@ -263,7 +265,8 @@ static int plan_step(Engine *e, char *err, size_t err_len) {
         const int sampled = q->n_computed + q->sched == q->n_tokens;
         e->run_seqs[i] = (RunnerSeq){.tokens = q->tokens, .n_computed = q->n_computed, .n_sched = q->sched,
                                      .blocks = q->table.ids, .n_blocks = q->table.n,
-                                     .n_samples = !sampled ? 0 : r->state == REQ_DECODE ? 1 : r->n};
+                                     .n_samples = !sampled ? 0 : r->state == REQ_DECODE ? 1 : r->n,
+                                     .adapter = r->p.adapter};
         if (r->prompt_lp && r->state != REQ_DECODE) { // completion 0 computing the prompt: score it
             RunnerSeq *rs = &e->run_seqs[i];
             rs->score_until = r->prompt_len - 1;

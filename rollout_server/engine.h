@@ -71,6 +71,8 @@ typedef struct {
     const int32_t *bad_words_ids;     // the bad words' token sequences one after the other; word w is
     const int32_t *bad_words_offsets; // bad_words_ids[offsets[w] .. offsets[w + 1]) (n_bad_words + 1 offsets): its
     int n_bad_words;                  // last id cannot be drawn where the generated tokens end with the rest of it
+    int adapter;                // 0: the served policy (the base model, plus the trainer's adapter once an adapter
+                                // update has come); k >= 1: the k-th --lora adapter (engine_adapter_name)
 } SamplingParams;
 
 void sampling_params_default(SamplingParams *p); // n 1, max_tokens 16, temperature 1, top_p 1, top_k 0,
@@ -150,6 +152,12 @@ typedef struct {
     uint64_t seed;              // seeds requests that carry none
     int enforce_eager;          // cuda: decode-only steps run their ops one by one instead of replaying CUDA graphs
                                 // (still at the padded batch sizes: the same kernels and shapes) (--enforce-eager)
+    // LoRA adapters served beside the base model (--lora NAME=DIR: PEFT adapter folders, loaded at start):
+    // SamplingParams.adapter k in 1..n_loras runs through lora_dirs[k - 1], known to clients as lora_names[k - 1].
+    // Not with tensor_parallel_size > 1.
+    const char *const *lora_names;
+    const char *const *lora_dirs;
+    int n_loras;
     int cuda_graph_max_batch;   // cuda: decode-only steps of up to this many sequences are padded to the ladder of
                                 // batch sizes and replayed as CUDA graphs; larger ones, and any step with prompt
                                 // tokens, run eagerly unpadded; 0 = never pad (--cuda-graph-max-batch, 512)
@@ -170,6 +178,9 @@ void engine_destroy(Engine *e, int drain_timeout_ms);
 const Model *engine_model(const Engine *e);
 const Tokenizer *engine_tokenizer(const Engine *e);
 const char *engine_model_id(const Engine *e);   // the model folder's base name
+// The --lora adapters: how many, and the name of adapter k (1..count; NULL otherwise).
+int engine_adapter_count(const Engine *e);
+const char *engine_adapter_name(const Engine *e, int k);
 int64_t engine_policy_version(const Engine *e);
 
 // Queues a request for one prompt of token ids. On success *out is the handle (release it exactly once).

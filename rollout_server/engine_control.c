@@ -28,6 +28,9 @@ static int check_params(const Engine *e, const int32_t *prompt, int prompt_len, 
             return snprintf(err, err_len, "prompt token %d is %d, outside the vocabulary [0, %d)", i, prompt[i], e->V),
                    ENGINE_EINVAL;
     if (p->n < 1) return snprintf(err, err_len, "n must be >= 1, got %d", p->n), ENGINE_EINVAL;
+    if (p->adapter < 0 || p->adapter > runner_adapter_count(e->runner))
+        return snprintf(err, err_len, "adapter %d does not exist (this engine has %d LoRA adapters)", p->adapter,
+                        runner_adapter_count(e->runner)), ENGINE_EINVAL;
     if (p->max_tokens < 1) return snprintf(err, err_len, "max_tokens must be >= 1, got %d", p->max_tokens), ENGINE_EINVAL;
     if (!(p->temperature >= 0.0f) || isinf(p->temperature))
         return snprintf(err, err_len, "temperature must be a finite number >= 0, got %g", p->temperature), ENGINE_EINVAL;

@@ -131,6 +131,8 @@ const char *engine_group_device_name(const EngineGroup *g, int i) { return i >= 
 const Model *engine_group_model(const EngineGroup *g) { return engine_model(g->engines[0]); }
 const Tokenizer *engine_group_tokenizer(const EngineGroup *g) { return engine_tokenizer(g->engines[0]); }
 const char *engine_group_model_id(const EngineGroup *g) { return engine_model_id(g->engines[0]); }
+int engine_group_adapter_count(const EngineGroup *g) { return engine_adapter_count(g->engines[0]); }
+const char *engine_group_adapter_name(const EngineGroup *g, int k) { return engine_adapter_name(g->engines[0], k); }
 
 int64_t engine_group_policy_version(const EngineGroup *g) {
     int64_t v = engine_policy_version(g->engines[0]);

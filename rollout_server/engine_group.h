@@ -50,6 +50,9 @@ const char *engine_group_device_name(const EngineGroup *g, int i);
 const Model *engine_group_model(const EngineGroup *g);
 const Tokenizer *engine_group_tokenizer(const EngineGroup *g);
 const char *engine_group_model_id(const EngineGroup *g);
+// The --lora adapters every engine serves: how many, and adapter k's name (1..count, else NULL).
+int engine_group_adapter_count(const EngineGroup *g);
+const char *engine_group_adapter_name(const EngineGroup *g, int k);
 // The lowest policy version among the engines (they agree except for the moment of a commit).
 int64_t engine_group_policy_version(const EngineGroup *g);
 

@@ -80,6 +80,8 @@ int request_alloc(EngineRequest **out, Engine *e, const int32_t *prompt, int pro
         if (!(q->s.tokens = malloc((size_t)r->max_len * sizeof *q->s.tokens))) goto oom;
         memcpy(q->s.tokens, prompt, (size_t)prompt_len * sizeof *prompt);
         if (bm_table_init(&q->s.table, max_blocks) != 0) goto oom;
+        // A LoRA adapter changes every layer's K/V: its sequences share cached prefixes only with each other.
+        if (p->adapter > 0) bm_table_set_root(&q->s.table, 0x9E3779B97F4A7C15ULL * (uint64_t)p->adapter);
         q->s.no_prefix_match = p->prompt_logprobs >= 0;
         const Tokenizer *text_tok = r->p.no_text && r->p.n_stop == 0 ? NULL : tok; // NULL: ids and finishes only
         if (detok_init(&q->detok, text_tok, &r->p, eos, n_eos, err, err_len) != 0) {

@@ -22,6 +22,7 @@ typedef struct {
     char id[64];
     int64_t created;
     // streaming state
+    const char *model;          // the model the request named (its adapter's name, or the served model's)
     int phase;                  // 0 preamble chunks, 1 events, 2 finished
     size_t *text_offset;        // (n_choices) completions logprobs offsets
     int error_sent;
@@ -46,16 +47,30 @@ static json_t *ids_json(const int32_t *ids, int n) {
     return a;
 }
 
-static const char *model_name(const GenCall *c) { return c->srv->model_name; }
+static const char *model_name(const GenCall *c) { return c->model ? c->model : c->srv->model_name; }
 
-// The request's "model", when given, must name this server's model.
-static int check_model(HttpServer *s, const json_t *req, HttpError *e) {
+// The adapter of a model name: 0 for the served model, k for the k-th --lora adapter, -1 for neither.
+static int adapter_of(HttpServer *s, const char *name) {
+    if (strcmp(name, s->model_name) == 0) return 0;
+    for (int k = 1; k <= engine_group_adapter_count(s->engines); k++)
+        if (strcmp(name, engine_group_adapter_name(s->engines, k)) == 0) return k;
+    return -1;
+}
+
+// The request's "model", when given, must name this server's model or one of its LoRA adapters (vLLM's multi-LoRA:
+// the adapter is picked by name). *adapter: which (0 when absent), *model the name to echo.
+static int check_model(HttpServer *s, const json_t *req, int *adapter, const char **model, HttpError *e) {
     const char *m = NULL;
+    *adapter = 0;
+    *model = s->model_name;
     int rc = http_get_string(req, "model", &m, NULL, e);
     if (rc < 0) return -1;
-    if (rc == 1 && strcmp(m, s->model_name) != 0)
-        return http_error_set(e, 404, "model", "the model '%s' does not exist here; this server serves '%s'", m,
-                              s->model_name);
+    if (rc == 1 && (*adapter = adapter_of(s, m)) < 0) {
+        const int n = engine_group_adapter_count(s->engines);
+        return http_error_set(e, 404, "model", "the model '%s' does not exist here; this server serves '%s'%s (GET "
+                              "/v1/models lists them)", m, s->model_name, n > 0 ? " and its LoRA adapters" : "");
+    }
+    if (rc == 1) *model = m;
     return 0;
 }
 
@@ -92,8 +107,10 @@ static GenCall *gencall_start(HttpReq *r, HttpApi api, HttpError *e) {
     http_make_id(c->id, sizeof c->id, api == HTTP_API_CHAT ? "chatcmpl" : "cmpl");
     char *rendered = NULL;
     if (http_body_parse(r->body.data, r->body.len, &c->req, e) < 0) goto fail;
-    if (check_model(s, c->req, e) < 0) goto fail;
+    int adapter;
+    if (check_model(s, c->req, &adapter, &c->model, e) < 0) goto fail;
     if (http_parse_generation(c->req, api, s->vocab_size, &c->o, e) < 0) goto fail;
+    c->o.sp.adapter = adapter;
     if (http_encode_bad_words(engine_group_tokenizer(s->engines), &c->o, e) < 0) goto fail;
     if (c->o.return_tokens_as_token_ids) c->tt.text = http_token_id_text;
     if (api == HTTP_API_CHAT) {
@@ -395,32 +412,42 @@ void http_route_completions(HttpReq *r) { generate_route(r, HTTP_API_COMPLETIONS
 
 void http_route_chat(HttpReq *r) { generate_route(r, HTTP_API_CHAT); }
 
-// GET /v1/models lists the one model; GET /v1/models/{id} answers with its object, or a 404 naming the id.
+// The model object of adapter k (0: the served model), as vLLM lists a LoRA module: its root is the adapter's
+// name (vLLM: its path) and its parent the base model's name.
+static json_t *model_object(HttpServer *s, int k) {
+    json_t *m = json_object();
+    const char *id = k == 0 ? s->model_name : engine_group_adapter_name(s->engines, k);
+    json_object_set_new(m, "id", json_string(id));
+    json_object_set_new(m, "object", json_string("model"));
+    json_object_set_new(m, "created", json_integer(s->started));
+    json_object_set_new(m, "owned_by", json_string("tandem"));
+    json_object_set_new(m, "root", json_string(k == 0 ? engine_group_model_id(s->engines) : id));
+    json_object_set_new(m, "parent", k == 0 ? json_null() : json_string(s->model_name));
+    json_object_set_new(m, "max_model_len", json_integer(s->max_model_len));
+    return m;
+}
+
+// GET /v1/models lists the served model and its LoRA adapters; GET /v1/models/{id} answers with one object, or a
+// 404 naming the id.
 void http_route_models(HttpReq *r) {
     HttpServer *s = r->srv;
     static const char prefix[] = "/v1/models/";
     const int one = strncmp(r->path, prefix, sizeof prefix - 1) == 0;
-    if (one && strcmp(r->path + sizeof prefix - 1, s->model_name) != 0) {
-        HttpError e;
-        http_error_set(&e, 404, "model", "The model '%s' does not exist; this server serves '%s'",
-                       r->path + sizeof prefix - 1, s->model_name);
-        http_reply_error(r, &e);
-        return;
-    }
-    json_t *m = json_object();
-    json_object_set_new(m, "id", json_string(s->model_name));
-    json_object_set_new(m, "object", json_string("model"));
-    json_object_set_new(m, "created", json_integer(s->started));
-    json_object_set_new(m, "owned_by", json_string("tandem"));
-    json_object_set_new(m, "root", json_string(engine_group_model_id(s->engines)));
-    json_object_set_new(m, "parent", json_null());
-    json_object_set_new(m, "max_model_len", json_integer(s->max_model_len));
     if (one) {
-        http_reply_json(r, 200, m);
+        const int k = adapter_of(s, r->path + sizeof prefix - 1);
+        if (k < 0) {
+            HttpError e;
+            http_error_set(&e, 404, "model", "The model '%s' does not exist; this server serves '%s'%s",
+                           r->path + sizeof prefix - 1, s->model_name,
+                           engine_group_adapter_count(s->engines) > 0 ? " and its LoRA adapters" : "");
+            http_reply_error(r, &e);
+            return;
+        }
+        http_reply_json(r, 200, model_object(s, k));
         return;
     }
     json_t *data = json_array();
-    json_array_append_new(data, m);
+    for (int k = 0; k <= engine_group_adapter_count(s->engines); k++) json_array_append_new(data, model_object(s, k));
     json_t *o = json_object();
     json_object_set_new(o, "object", json_string("list"));
     json_object_set_new(o, "data", data);

@@ -39,6 +39,9 @@ typedef struct {
     const char *devices_arg;        // --devices as given, NULL when absent
     EngineDevice devices[ENGINE_GROUP_MAX];
     int n_devices;
+    // --lora NAME=DIR: the names and folders, split (the EngineConfig points at these)
+    char lora_name_buf[CLI_LIST_MAX][256];
+    const char *lora_names[CLI_LIST_MAX], *lora_dirs[CLI_LIST_MAX];
 } Options;
 
 static void human_bytes(size_t b, char *out, size_t cap) {
@@ -63,6 +66,7 @@ typedef struct {
         *body, *api_key, *served_name, *chat_template, *seed, *update_mode;
     int port, tp, block_size, max_num_seqs, max_batched, max_queued, max_connections, max_per_client, graph_max_batch;
     double gpu_util, read_timeout, drain_timeout, sync_timeout;
+    CliList loras;
     int control_insecure, enforce_eager, prefix_on, prefix_off;
     char kv_default[32], body_default[32], seed_default[32];
 } ServeArgs;
@@ -79,7 +83,7 @@ typedef struct {
 #define SWITCH(flag_, field, help_, note) \
     {.flag = flag_, .type = CLI_SWITCH, .offset = offsetof(ServeArgs, field), .help = help_, .default_note = note}
 
-enum { N_SERVE_OPTIONS = 32 };
+enum { N_SERVE_OPTIONS = 33 };
 
 // The option table; prefix_default says whether prefix caching is on by default (engine_config_default).
 static void serve_options(CliOption out[N_SERVE_OPTIONS], int prefix_default) {
@@ -161,6 +165,11 @@ static void serve_options(CliOption out[N_SERVE_OPTIONS], int prefix_default) {
         SWITCH("--no-prefix-caching", prefix_off, "do not reuse them", prefix_default ? "off" : "on"),
         TEXT("--seed", seed, "N", "seed for requests that carry none", NULL),
         TEXT("--served-model-name", served_name, "NAME", "model id in /v1/models and answers", "the folder's name"),
+        {.flag = "--lora", .type = CLI_LIST, .offset = offsetof(ServeArgs, loras), .value_name = "NAME=DIR",
+         .help = "serve the PEFT LoRA adapter folder DIR (adapter_config.json, adapter_model.safetensors) beside the "
+                 "base model: requests whose \"model\" is NAME run through it (vLLM's --lora-modules); repeat for "
+                 "several, up to 64; one device per engine (no --tensor-parallel-size)",
+         .default_note = "none"},
         TEXT("--chat-template", chat_template, "NAME",
              "force a chat template family: chatml, qwen3, llama3, llama3.1, llama2, mistral, mistral-v1, zephyr",
              "recognised from the model"),
@@ -378,6 +387,19 @@ static int parse_options(int argc, char **argv, Options *o) {
         o->http.served_model_name = a.served_name;
     }
     o->http.chat_template = a.chat_template;
+    for (int i = 0; i < a.loras.n; i++) {
+        const char *spec = a.loras.items[i], *eq = strchr(spec, '=');
+        if (!eq || eq == spec || !eq[1]) return bad("lora", spec, "expected NAME=DIR");
+        if ((size_t)(eq - spec) >= sizeof o->lora_name_buf[i]) return bad("lora", spec, "the name is too long");
+        snprintf(o->lora_name_buf[i], sizeof o->lora_name_buf[i], "%.*s", (int)(eq - spec), spec);
+        for (int j = 0; j < i; j++)
+            if (strcmp(o->lora_name_buf[i], o->lora_name_buf[j]) == 0) return bad("lora", spec, "a second adapter of that name");
+        o->lora_names[i] = o->lora_name_buf[i];
+        o->lora_dirs[i] = eq + 1;
+    }
+    o->engine.lora_names = o->lora_names;
+    o->engine.lora_dirs = o->lora_dirs;
+    o->engine.n_loras = a.loras.n;
     o->engine.enforce_eager = a.enforce_eager;
     if (!o->engine.model_dir) {
         fprintf(stderr, "tandem-serve: --model DIR is required (see --help)\n");
@@ -475,6 +497,17 @@ int main(int argc, char **argv) {
                   "/v1/chat/completions, /tokenize, /detokenize and stop strings answer 400. Put the model's "
                   "tokenizer.json in the folder to serve text",
                   o.engine.model_dir);
+    const char *served = o.http.served_model_name ? o.http.served_model_name : engine_group_model_id(engines);
+    for (int k = 1; k <= o.engine.n_loras; k++) {
+        if (strcmp(o.lora_names[k - 1], served) == 0) {
+            serve_log("--lora %s: the adapter's name is the served model's: give it another NAME, or set "
+                      "--served-model-name", o.lora_names[k - 1]);
+            engine_group_destroy(engines, 0);
+            return 1;
+        }
+        serve_log("LoRA adapter '%s' from %s: requests with \"model\": \"%s\" run through it", o.lora_names[k - 1],
+                  o.lora_dirs[k - 1], o.lora_names[k - 1]);
+    }
     HttpServer *http = NULL;
     if (http_server_start(&http, engines, &o.http, err, sizeof err) != 0) {
         serve_log("cannot start the HTTP server: %s", err);

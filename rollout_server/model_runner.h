@@ -44,6 +44,7 @@ typedef struct {
     float *score_lp;
     int32_t *score_rank;
     TokenLogprob *score_alts;
+    int adapter;            // SamplingParams.adapter: 0 the policy, k >= 1 the k-th --lora adapter
 } RunnerSeq;
 
 // One sample: the next token of one completion.
@@ -89,6 +90,14 @@ int runner_step(ModelRunner *r, const RunnerSeq *seqs, int n_seqs, const RunnerS
 // Copies the first `rows` token rows of block src into block dst, in every layer's K and V: the block manager's
 // copy-on-write of a shared partial block (BmCopyRows; user is the runner).
 void runner_copy_kv_rows(void *user, int32_t dst, int32_t src, int rows);
+
+// ---- LoRA adapters (rollout_server/runner_adapters.c) ---------------------------------------------------
+// Adapter k of the runner: 0 the policy's (NULL until an adapter update is committed), 1..n the --lora ones loaded
+// at runner_create. A step's sequences run through their RunnerSeq.adapter's (the rows of a run of consecutive
+// sequences with one adapter form one range, m->lora_rows); steps with any adapter rows run unpadded (no CUDA
+// graph replay).
+int runner_adapter_count(const ModelRunner *r);             // n (the --lora ones)
+const char *runner_adapter_name(const ModelRunner *r, int k);   // k in 1..n
 
 // ---- weights --------------------------------------------------------------------------------------------
 // Uploads host fp32 units (units[u] holds layout.unit_numel[u] values; NULL leaves unit u as it is) into the live

@@ -19,6 +19,7 @@
 
 #include "rollout_server/model_runner.h"
 #include "shared/comm/comm.h"
+#include "shared/model_lora.h"
 
 // What the shards run together (runner_shards_run).
 typedef enum {
@@ -88,6 +89,12 @@ struct ModelRunner {
     int32_t *d_off, *d_hist, *d_tok, *d_mask;
     float *d_lp;
     int64_t graph_logged;           // decode graph recordings + failures already logged (log_graphs)
+    // LoRA adapters (runner_adapters.c): adapters[0] the policy's (or NULL), adapters[1..n_adapters] the --lora ones
+    // with their names; lora_rows is shard 0's m.lora_rows (tp is 1 whenever there are adapters).
+    struct ModelLora **adapters;    // (n_adapters + 1)
+    char **adapter_names;           // (n_adapters + 1), [0] NULL
+    int n_adapters;
+    ModelLoraRows lora_rows;
     // Lock-step driving of shards 1..tp-1 (runner_shards.c).
     pthread_mutex_t mu;
     pthread_cond_t go, done;
@@ -119,5 +126,12 @@ int runner_shards_start(ModelRunner *r, char *err, size_t err_len);
 int runner_shards_run(ModelRunner *r, ShardJob job, char *err, size_t err_len);
 // Stops and joins the shard threads (before the shards are freed).
 void runner_shards_stop(ModelRunner *r);
+// Loads the --lora adapters of cfg onto shard 0 and sizes the step scratch (runner_adapters.c). Returns 0 or an
+// ENGINE_* code with a message naming the adapter.
+int runner_adapters_load(ModelRunner *r, const EngineConfig *cfg, char *err, size_t err_len);
+void runner_adapters_free(ModelRunner *r);
+// The step's adapter row ranges from its sequences (the step arrays hold seqs[i]'s n_sched rows in order) into
+// shard 0's m.lora_rows. Returns the number of ranges (0: the base model alone).
+int runner_adapter_ranges(ModelRunner *r, const RunnerSeq *seqs, int n_seqs);
 
 #endif

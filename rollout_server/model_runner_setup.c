@@ -202,6 +202,7 @@ void runner_free(ModelRunner *r) {
         ops_free(r->ops, r->d_tok);
         ops_free(r->ops, r->d_lp);
     }
+    runner_adapters_free(r);
     if (r->have_whole) model_free(&r->whole);
     for (int k = r->shards ? r->tp - 1 : -1; k >= 0; k--) {
         RunnerShard *s = &r->shards[k];
@@ -355,6 +356,7 @@ int runner_create(ModelRunner **out, const EngineConfig *cfg, char *err, size_t 
     }
     const Model *whole = runner_model(r);
     r->V = whole->cfg.vocab_size;
+    if ((rc = runner_adapters_load(r, cfg, err, err_len)) != 0) goto fail;
     // Step workspace first, so that --gpu-memory-utilization sees what it takes.
     r->max_blocks = (whole->cfg.max_seq_len + cfg->block_size - 1) / cfg->block_size;
     for (int k = 0; k < tp; k++) {

@@ -41,6 +41,9 @@ typedef struct {
     // LoRA adapters beside the projections of the training forward and backward (shared/model_lora.h; not owned),
     // NULL for none. The inference paths (paged attention) do not run them.
     struct ModelLora *lora;
+    // Adapters of the rows of the inference steps (paged attention), each row range its own adapter or none
+    // (shared/model_lora.h ModelLoraRows; not owned), NULL or no ranges for the base model alone.
+    struct ModelLoraRows *lora_rows;
 } Model;
 
 // Where parameters and gradients come from. acquire/release bracket every read of a unit's parameters
@@ -206,7 +209,7 @@ const void *decode_bufs_logits(const DecodeBufs *b);
 // Writes logits (n_logit_rows, V) host fp32 for the tokens listed in logit_rows (indices into 0..N-1); with
 // logits NULL they stay in backend memory (decode_bufs_logits) and the step returns without waiting for the
 // device, for ops that consume them there (the rollout server samples with ops_sample_rows).
-// All inputs are host arrays.
+// All inputs are host arrays. Rows in a range of m->lora_rows run through that range's LoRA adapter.
 int model_decode_step(Model *m, DecodeBufs *b, UnitSource *src, KVCache *kv, int N, const int32_t *tokens,
                       const int32_t *token_seq, const int32_t *token_pos, const int32_t *slot_mapping,
                       const int32_t *block_tables, int n_seqs, int max_blocks, const int32_t *logit_rows,
@@ -252,7 +255,7 @@ int decode_ladder(int cap, int *sizes, int max_sizes);
 int decode_bufs_enable_padded(DecodeBufs *b, const Model *m, int max_batch, int use_graphs, char *err,
                               size_t err_len);
 // The padded size a decode-only step of n sequences runs at, or 0 when n is beyond the ladder (or padded steps
-// are off): run such a step through model_decode_step.
+// are off): run such a step through model_decode_step, as every step with LoRA adapter rows (m->lora_rows).
 int decode_bufs_padded_size(const DecodeBufs *b, int n);
 // The largest padded size (the ladder's top), 0 when padded steps are not set up.
 int decode_bufs_padded_max(const DecodeBufs *b);

@@ -331,6 +331,7 @@ int model_decode_step(Model *m, DecodeBufs *b, UnitSource *src, KVCache *kv, int
         if (!(p = src->acquire(src->user, u))) goto unavailable;
         att.k_cache = kv->k[l];
         att.v_cache = kv->v[l];
+        if (m->lora_rows) m->lora_rows->layer = l;
         layer_forward_fused(m, p, &b->acts, b->x[cur], pending, b->x[cur ^ 1], b->token_pos, N, &att);
         pending = b->acts.xmid;
         if (src->release) src->release(src->user, u);
@@ -521,6 +522,11 @@ int model_decode_step_padded(Model *m, DecodeBufs *b, UnitSource *src, KVCache *
     const int V = m->shard.vocab_total;
     const int P = decode_bufs_padded_size(b, n);
     b->last_n = 0;
+    if (m->lora_rows && m->lora_rows->n_ranges > 0) {
+        snprintf(err, err_len, "padded decode steps (CUDA graphs) do not run LoRA adapters: the step's rows with "
+                 "an adapter go through model_decode_step");
+        return -1;
+    }
     if (P == 0 || max_blocks < 1 || max_blocks > b->max_blocks) {
         snprintf(err, err_len, "padded decode step of %d sequences (block tables of %d, at most %d) does not fit: %s",
                  n, max_blocks, b->max_blocks,

@@ -101,6 +101,9 @@ void layer_decode_small(Model *m, const void *p, LayerActs *a, const void *x, vo
 enum { LORA_GROUP_QKV, LORA_GROUP_O, LORA_GROUP_GU, LORA_GROUP_DOWN };
 void lora_forward(Model *m, int group, const void *x, void *y, int N);
 void lora_backward(Model *m, int group, const void *dy, const void *x, void *dx, int N);
+// The adapters of an inference step (m->lora_rows, layer m->lora_rows->layer): y (N, width) += each row range's
+// adapter outputs for input x (N, in). A no-op without ranges.
+void lora_rows_forward(Model *m, int group, const void *x, void *y, int N);
 
 // dres (N, C) holds d x_out on entry and d x_in on return; g (unit numel fp32) accumulates parameter grads.
 void layer_backward(Model *m, const void *p, float *g, const LayerActs *a, const LayerGrads *d, void *dres,

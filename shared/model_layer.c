@@ -148,6 +148,13 @@ static void project(Model *m, const AttnArgs *att, void *out, const void *in, co
     else ops_matmul_fwd(m->ops, out, in, w, bias, N, IC, OC);
 }
 
+// The LoRA adapters of a projection group beside its base GEMM: the training ones (m->lora) in training steps, the
+// step's per-row adapters (m->lora_rows) in the rollout server's paged steps.
+static void adapters(Model *m, const AttnArgs *att, int group, const void *x, void *y, int N) {
+    if (!att->paged) lora_forward(m, group, x, y, N);
+    else lora_rows_forward(m, group, x, y, N);
+}
+
 // From h1 (in a) to act, given the layer's complete input x_in: attention, then xmid = x_in + att Wo^T fused with
 // h2 = rmsnorm(xmid), the gate/up projection and SwiGLU.
 static void attention_and_mlp(Model *m, const void *p, LayerActs *a, const void *x_in, const int32_t *positions, int N,
@@ -160,16 +167,15 @@ static void attention_and_mlp(Model *m, const void *p, LayerActs *a, const void 
 
     // One GEMM over the fused weight and bias (both start at q's).
     project(m, att, a->qkv, a->h1, param(m, p, lo->wq), param(m, p, lo->bq), N, C, (int)QKV);
-    const int lora = m->lora && !att->paged;   // adapters run in training only
-    if (lora) lora_forward(m, LORA_GROUP_QKV, a->h1, a->qkv, N);
+    adapters(m, att, LORA_GROUP_QKV, a->h1, a->qkv, N);
     qkv_to_attention(m, p, a, positions, N, att);
     project(m, att, a->xmid, a->att, param(m, p, lo->wo), NULL, N, Hq * D, C);
-    if (lora) lora_forward(m, LORA_GROUP_O, a->att, a->xmid, N);
+    adapters(m, att, LORA_GROUP_O, a->att, a->xmid, N);
     model_shard_reduce(m, a->xmid, (size_t)N * C);   // o_proj is row-parallel: the shards' partial sums
     ops_residual_rmsnorm_fwd(o, a->xmid, a->h2, a->rstd2, a->xmid, x_in, param(m, p, lo->ln2), N, C,
                              cfg->rms_norm_eps);
     project(m, att, a->gu, a->h2, param(m, p, lo->wgu), NULL, N, C, 2 * I);
-    if (lora) lora_forward(m, LORA_GROUP_GU, a->h2, a->gu, N);
+    adapters(m, att, LORA_GROUP_GU, a->h2, a->gu, N);
     ops_swiglu_fwd(o, a->act, a->gu, N, I);
 }
 
@@ -232,7 +238,7 @@ void layer_forward_fused(Model *m, const void *p, LayerActs *a, void *x, const v
     attention_and_mlp(m, p, a, x, positions, N, att);
     if (mlp_out) {
         project(m, att, mlp_out, a->act, param(m, p, lo->wdown), NULL, N, I, C);
-        if (m->lora && !att->paged) lora_forward(m, LORA_GROUP_DOWN, a->act, mlp_out, N);
+        adapters(m, att, LORA_GROUP_DOWN, a->act, mlp_out, N);
         model_shard_reduce(m, mlp_out, (size_t)N * C);   // down_proj is row-parallel
     }
 }

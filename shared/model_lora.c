@@ -427,3 +427,82 @@ void lora_backward(Model *m, int group, const void *dy, const void *x, void *dx,
                        1);
     }
 }
+
+// ---- adapters in inference steps (model_lora.h ModelLoraRows) --------------------------------------------------
+
+int model_lora_rows_reserve(ModelLoraRows *lr, const Model *m, int max_tokens, int max_r, char *err, size_t err_len) {
+    if (max_tokens <= lr->max_tokens && max_r <= lr->max_r && lr->block) return 0;
+    if (max_tokens < lr->max_tokens) max_tokens = lr->max_tokens;
+    if (max_r < lr->max_r) max_r = lr->max_r;
+    const ModelConfig *c = &m->cfg;
+    const size_t es = ops_dtype_size(m->ops), N = (size_t)max_tokens;
+    const size_t QD = (size_t)c->num_heads * c->head_dim, KVD = (size_t)c->num_kv_heads * c->head_dim;
+    const size_t I = (size_t)c->intermediate_size, C = (size_t)c->hidden_size;
+    const size_t out_max = max_i(max_i(QD, C), I), sum_w = max_i(QD + 2 * KVD, 2 * I);
+    void *block = ops_malloc(m->ops, N * ((size_t)max_r + out_max + sum_w) * es);
+    // Ranges: at most one per row.
+    LoraRowRange *ranges = max_tokens > lr->cap_ranges ? realloc(lr->ranges, N * sizeof *ranges) : lr->ranges;
+    if (!block || !ranges) {
+        if (block) ops_free(m->ops, block);
+        if (ranges) lr->ranges = ranges;
+        snprintf(err, err_len, "out of memory for the adapters' step scratch (%d tokens, rank %d): %s", max_tokens,
+                 max_r, ops_error(m->ops));
+        return -1;
+    }
+    lr->ranges = ranges;
+    if (max_tokens > lr->cap_ranges) lr->cap_ranges = max_tokens;
+    if (lr->block) ops_free(lr->ops, lr->block);
+    lr->ops = m->ops;
+    lr->block = block;
+    lr->t = block;
+    lr->tmp = (char *)block + N * (size_t)max_r * es;
+    lr->sum = (char *)lr->tmp + N * out_max * es;
+    lr->max_tokens = max_tokens;
+    lr->max_r = max_r;
+    return 0;
+}
+
+void model_lora_rows_free(ModelLoraRows *lr) {
+    if (lr->block) ops_free(lr->ops, lr->block);
+    free(lr->ranges);
+    memset(lr, 0, sizeof *lr);
+}
+
+void lora_rows_forward(Model *m, int group, const void *x, void *y, int N) {
+    ModelLoraRows *lr = m->lora_rows;
+    if (!lr || lr->n_ranges == 0) return;
+    OpsCtx *o = m->ops;
+    const size_t es = ops_dtype_size(o);
+    if (N > lr->max_tokens) {
+        ops_set_error(o, -1, __FILE__, __LINE__, "adapter scratch holds %d tokens, the step has %d", lr->max_tokens, N);
+        return;
+    }
+    for (int s = 0; s < lr->n_ranges; s++) {
+        const LoraRowRange *rg = &lr->ranges[s];
+        const ModelLora *l = rg->lora;
+        const Group g = group_of(l, group);
+        int targeted = 0;
+        for (int k = 0; k < g.count; k++) targeted += l->a_off[g.first + k] != SIZE_MAX;
+        if (!targeted || rg->rows < 1 || rg->row0 < 0 || rg->row0 + rg->rows > N) continue;
+        if (l->cfg.r > lr->max_r) {
+            ops_set_error(o, -1, __FILE__, __LINE__, "adapter rank %d is above the step scratch's %d", l->cfg.r,
+                          lr->max_r);
+            return;
+        }
+        const int n = rg->rows, r = l->cfg.r, in = l->in[g.first];
+        const void *xs = (const char *)x + (size_t)rg->row0 * in * es;
+        void *ys = (char *)y + (size_t)rg->row0 * g.width * es;
+        void *p = l->params[lr->layer];
+        const int whole = g.count == 1;
+        if (!whole) ops_memset_zero(o, lr->sum, (size_t)n * g.width * es);
+        for (int k = 0; k < g.count; k++) {
+            const int i = g.first + k;
+            if (l->a_off[i] == SIZE_MAX) continue;
+            ops_matmul_fwd_batch_invariant(o, lr->t, xs, at(l, p, l->a_off[i]), NULL, n, l->in[i], r);
+            ops_scale_inplace(o, lr->t, l->scale, (size_t)n * r);
+            ops_matmul_fwd_batch_invariant(o, lr->tmp, lr->t, at(l, p, l->b_off[i]), NULL, n, r, l->out[i]);
+            if (!whole) ops_copy_2d(o, at(l, lr->sum, g.col[k]), g.width, lr->tmp, l->out[i], (size_t)n, l->out[i]);
+        }
+        ops_add_inplace(o, ys, whole ? lr->tmp : lr->sum, (size_t)n * g.width);
+    }
+}

@@ -106,6 +106,32 @@ int model_lora_init(ModelLora *l, uint64_t seed, char *err, size_t err_len);
 int model_lora_merge_unit(const ModelLora *l, const Model *m, OpsCtx *cpu, const float *adapter, float *unit,
                           char *err, size_t err_len);
 
+// ---- adapters in inference steps (tandem-serve: --lora, adapter-only weight updates) --------------------------
+//
+// A step's rows come in ranges, each run through one adapter (several adapters in one step: vLLM's multi-LoRA);
+// rows in no range see the base model alone. Per range and targeted module of a group, t (rows, r) = s * x A^T and
+// the group output's module columns += t B^T, with the batch-invariant GEMM of the rollout server's steps: a row's
+// numbers depend only on its own input and adapter, never on which rows share the step.
+typedef struct {
+    int row0, rows;            // rows [row0, row0 + rows) of the step
+    const ModelLora *lora;     // made without gradients; params read, nothing else
+} LoraRowRange;
+
+typedef struct ModelLoraRows {
+    LoraRowRange *ranges;      // (n_ranges) ascending, disjoint; set before each step
+    int n_ranges, cap_ranges;
+    int layer;                 // the decoder layer being run (set by the inference loops)
+    // Scratch for up to max_tokens rows and rank max_r: t (N, r), one module's output (N, out), a group's sum.
+    int max_tokens, max_r;
+    OpsCtx *ops;               // not owned
+    void *block, *t, *tmp, *sum;
+} ModelLoraRows;
+
+// Scratch for steps of up to max_tokens rows through adapters of rank up to max_r on model m (grows, never
+// shrinks), and room for as many ranges. Returns 0 or -1 with a message.
+int model_lora_rows_reserve(ModelLoraRows *lr, const Model *m, int max_tokens, int max_r, char *err, size_t err_len);
+void model_lora_rows_free(ModelLoraRows *lr);   // frees what reserve made (lr itself is the caller's)
+
 // PEFT folders. Reads adapter_config.json into c (r, lora_alpha, lora_dropout, use_rslora, target_modules,
 // init_lora_weights), refusing what tandem cannot run (DoRA, bias, rank/alpha patterns, fan_in_fan_out, layer
 // selections, modules it has no place for), naming the key.

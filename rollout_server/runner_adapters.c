@@ -1,0 +1,95 @@
+// rollout_server/runner_adapters.c — the model runner's LoRA adapters (model_runner.h "LoRA adapters"): the --lora
+// PEFT folders loaded at start, and each step's row ranges through them (shared/model_lora.h ModelLoraRows).
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "rollout_server/model_runner_internal.h"
+
+int runner_adapter_count(const ModelRunner *r) { return r->n_adapters; }
+
+const char *runner_adapter_name(const ModelRunner *r, int k) {
+    return k >= 1 && k <= r->n_adapters ? r->adapter_names[k] : NULL;
+}
+
+int runner_adapters_load(ModelRunner *r, const EngineConfig *cfg, char *err, size_t err_len) {
+    const int n = cfg->n_loras > 0 ? cfg->n_loras : 0;
+    r->adapters = calloc((size_t)n + 1, sizeof *r->adapters);
+    r->adapter_names = calloc((size_t)n + 1, sizeof *r->adapter_names);
+    if (!r->adapters || !r->adapter_names) return snprintf(err, err_len, "out of memory"), ENGINE_ENOMEM;
+    if (n > 0 && r->tp > 1)
+        return snprintf(err, err_len, "--lora with --tensor-parallel-size %d: adapters are served on one device only "
+                        "(serve the merged model instead, or use --tensor-parallel-size 1)", r->tp), ENGINE_EINVAL;
+    Model *m = &r->shards[0].m;
+    float **host = calloc((size_t)m->cfg.num_layers, sizeof *host);
+    if (!host) return snprintf(err, err_len, "out of memory"), ENGINE_ENOMEM;
+    int rc = 0, max_r = 0;
+    char msg[768];
+    for (int k = 1; k <= n && rc == 0; k++) {
+        const char *name = cfg->lora_names[k - 1], *dir = cfg->lora_dirs[k - 1];
+        LoraConfig lc;
+        ModelLora *l = NULL;
+        rc = ENGINE_EINVAL;
+        if (lora_config_read(dir, &lc, msg, sizeof msg) != 0 || model_lora_create(&l, m, &lc, 0, msg, sizeof msg) != 0) {
+            snprintf(err, err_len, "--lora %s=%s: %s", name, dir, msg);
+            break;
+        }
+        r->adapters[k] = l;
+        r->n_adapters = k;
+        if (!(r->adapter_names[k] = strdup(name))) {
+            rc = ENGINE_ENOMEM;
+            snprintf(err, err_len, "out of memory");
+            break;
+        }
+        int ok = 1;
+        for (int layer = 0; layer < l->n_layers && ok; layer++)
+            ok = (host[layer] = malloc(l->unit_numel * sizeof(float))) != NULL;
+        if (!ok) {
+            rc = ENGINE_ENOMEM;
+            snprintf(err, err_len, "out of host memory reading --lora %s", name);
+        } else if (model_lora_load(l, dir, host, msg, sizeof msg) != 0) {
+            snprintf(err, err_len, "--lora %s=%s: %s", name, dir, msg);
+        } else {
+            rc = 0;
+            if (lc.r > max_r) max_r = lc.r;
+        }
+        for (int layer = 0; layer < m->cfg.num_layers; layer++) free(host[layer]), host[layer] = NULL;
+    }
+    free(host);
+    if (rc != 0) return rc;
+    if (n > 0) {
+        if (model_lora_rows_reserve(&r->lora_rows, m, r->max_num_batched_tokens, max_r, msg, sizeof msg) != 0)
+            return snprintf(err, err_len, "%s", msg), ENGINE_ENOMEM;
+        m->lora_rows = &r->lora_rows;
+    }
+    return 0;
+}
+
+void runner_adapters_free(ModelRunner *r) {
+    for (int k = 0; r->adapters && k <= r->n_adapters; k++) model_lora_free(r->adapters[k]);
+    for (int k = 0; r->adapter_names && k <= r->n_adapters; k++) free(r->adapter_names[k]);
+    free(r->adapters);
+    free(r->adapter_names);
+    model_lora_rows_free(&r->lora_rows);
+    r->adapters = NULL;
+    r->adapter_names = NULL;
+    r->n_adapters = 0;
+}
+
+int runner_adapter_ranges(ModelRunner *r, const RunnerSeq *seqs, int n_seqs) {
+    ModelLoraRows *lr = &r->lora_rows;
+    lr->n_ranges = 0;
+    if (!r->adapters || !lr->ranges) return 0;
+    int row = 0;
+    for (int i = 0; i < n_seqs; i++) {
+        const int k = seqs[i].adapter;
+        const ModelLora *l = k >= 0 && k <= r->n_adapters ? r->adapters[k] : NULL;
+        if (l) {
+            LoraRowRange *last = lr->n_ranges > 0 ? &lr->ranges[lr->n_ranges - 1] : NULL;
+            if (last && last->lora == l && last->row0 + last->rows == row) last->rows += seqs[i].n_sched;
+            else lr->ranges[lr->n_ranges++] = (LoraRowRange){row, seqs[i].n_sched, l};
+        }
+        row += seqs[i].n_sched;
+    }
+    return lr->n_ranges;
+}
