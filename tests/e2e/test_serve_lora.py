@@ -24,7 +24,9 @@ from server_fixtures import TandemServer, build_tiny_model, serve_binary
 openai = pytest.importorskip("openai")
 torch.set_num_threads(2)
 
-PROMPTS = [[1, 17, 250, 3, 99, 42, 7], [1, 5], [4, 4, 4, 4, 9, 9], [33]]
+# The last prompt spans two full KV blocks: with prefix caching (on), a request through another adapter (or none)
+# must not reuse them.
+PROMPTS = [[1, 17, 250, 3, 99, 42, 7], [1, 5], [4, 4, 4, 4, 9, 9], [33], [(7 * i + 3) % 290 for i in range(40)]]
 MAX_TOKENS = 12
 ADAPTERS = {
     "every": dict(r=8, lora_alpha=16, target_modules="all-linear"),
