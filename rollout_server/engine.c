@@ -437,10 +437,18 @@ static void requeue_in_flight(Engine *e, EngineUpdateMode mode, EngineCommitRepo
 // Swaps the runner's device staging in (device) or uploads the host staging units the commit took, then re-queues
 // the sequences in flight as `mode` says and resets the prefix cache (its blocks hold K/V of the old weights).
 // Not under mu.
-static void apply_commit(Engine *e, int64_t version, int device, EngineUpdateMode mode) {
+// An adapter commit (lora) installs the policy's adapter instead; a whole-weights one drops it.
+static void apply_commit(Engine *e, int64_t version, int device, const LoraConfig *lora, float *const *lora_units,
+                         EngineUpdateMode mode) {
     char msg[512] = "";
-    int rc = device ? runner_swap_device_weights(e->runner, msg, sizeof msg)
+    int rc;
+    if (lora) {
+        rc = runner_set_policy_adapter(e->runner, lora, lora_units, msg, sizeof msg);
+    } else {
+        rc = device ? runner_swap_device_weights(e->runner, msg, sizeof msg)
                     : runner_upload_weights(e->runner, e->commit_units, msg, sizeof msg);
+        if (rc == 0) runner_drop_policy_adapter(e->runner);
+    }
     for (int u = 0; u < e->m->layout.n_units; u++) {
         free(e->commit_units[u]);
         e->commit_units[u] = NULL;
@@ -503,15 +511,17 @@ static void *engine_main(void *arg) {
         if (e->commit_req != e->commit_done) {
             const int64_t gen = e->commit_req, version = e->commit_version;
             const int device = e->commit_device;
+            const LoraConfig *lora = e->commit_lora;
+            float *const *lora_units = e->commit_lora_units;
             const EngineUpdateMode mode = e->commit_mode;
             // Generation stopped at the end of the last step, or earlier when a pause had taken effect.
             const double stopped = e->paused && e->pause_ack ? e->paused_since : now_seconds();
-            for (int u = 0; u < e->m->layout.n_units && !device; u++) {
+            for (int u = 0; u < e->m->layout.n_units && !device && !lora; u++) {
                 e->commit_units[u] = e->staging[u];
                 e->staging[u] = NULL;
             }
             pthread_mutex_unlock(&e->mu);
-            apply_commit(e, version, device, mode);
+            apply_commit(e, version, device, lora, lora_units, mode);
             pthread_mutex_lock(&e->mu);
             if (e->commit_rc == 0 && !e->update_pause_open) {
                 e->update_pause_from = stopped;

@@ -167,6 +167,7 @@ void engine_config_default(EngineConfig *c);
 
 typedef struct Engine Engine;
 typedef struct EngineRequest EngineRequest;
+struct LoraConfig;   // shared/model_lora.h
 
 // Loads the model (config, weights, tokenizer from cfg->model_dir), sizes the KV pool, starts the engine
 // thread. On failure returns a negative code and a message that says what to change.
@@ -230,6 +231,12 @@ int engine_wait_idle(Engine *e, int timeout_ms);
 float *engine_weights_staging(Engine *e, int unit);
 int engine_commit_weights(Engine *e, int64_t version, EngineUpdateMode mode, EngineCommitReport *rep, char *err,
                           size_t err_len);
+// Adapter update (transport zmq, the policy trained as LoRA adapters): in between two steps the policy becomes the
+// base weights plus adapter config c with host fp32 units (one per decoder layer, model_lora_unit_numel elements;
+// read before the call returns), replacing any previous adapter, then as engine_commit_weights (version, mode,
+// prefix cache). A whole-weights commit afterwards drops the adapter. Returns 0 or a negative code.
+int engine_commit_adapter(Engine *e, int64_t version, const struct LoraConfig *c, float *const *units,
+                          EngineUpdateMode mode, EngineCommitReport *rep, char *err, size_t err_len);
 // Transport nccl: the second copy of unit `unit` in backend memory (storage dtype, unit_numel elements), made on
 // first use (NULL when out of memory), that the NCCL receiver fills; engine_commit_device_weights swaps every
 // unit with its copy in between two steps (pointers only), then as engine_commit_weights.

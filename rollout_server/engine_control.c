@@ -221,12 +221,17 @@ void *engine_weights_device_staging(Engine *e, int unit) {
 
 OpsCtx *engine_ops(Engine *e) { return runner_ops(e->runner); }
 
-static int commit(Engine *e, int64_t version, int device, EngineUpdateMode mode, EngineCommitReport *rep, char *err,
-                  size_t err_len);
+static int commit(Engine *e, int64_t version, int device, const LoraConfig *lora, float *const *lora_units,
+                  EngineUpdateMode mode, EngineCommitReport *rep, char *err, size_t err_len);
 
 int engine_commit_weights(Engine *e, int64_t version, EngineUpdateMode mode, EngineCommitReport *rep, char *err,
                           size_t err_len) {
-    return commit(e, version, 0, mode, rep, err, err_len);
+    return commit(e, version, 0, NULL, NULL, mode, rep, err, err_len);
+}
+
+int engine_commit_adapter(Engine *e, int64_t version, const LoraConfig *c, float *const *units, EngineUpdateMode mode,
+                          EngineCommitReport *rep, char *err, size_t err_len) {
+    return commit(e, version, 0, c, units, mode, rep, err, err_len);
 }
 
 int engine_commit_device_weights(Engine *e, int64_t version, EngineUpdateMode mode, EngineCommitReport *rep,
@@ -236,11 +241,11 @@ int engine_commit_device_weights(Engine *e, int64_t version, EngineUpdateMode mo
     const int missing = runner_weights_device_missing(e->runner);
     pthread_mutex_unlock(&e->mu);
     if (missing >= 0) return snprintf(err, err_len, "unit %d was never received", missing), ENGINE_EINVAL;
-    return commit(e, version, 1, mode, rep, err, err_len);
+    return commit(e, version, 1, NULL, NULL, mode, rep, err, err_len);
 }
 
-static int commit(Engine *e, int64_t version, int device, EngineUpdateMode mode, EngineCommitReport *rep, char *err,
-                  size_t err_len) {
+static int commit(Engine *e, int64_t version, int device, const LoraConfig *lora, float *const *lora_units,
+                  EngineUpdateMode mode, EngineCommitReport *rep, char *err, size_t err_len) {
     if (rep) memset(rep, 0, sizeof *rep);
     pthread_mutex_lock(&e->mu);
     if (e->exited || e->abort_all) {
@@ -250,6 +255,8 @@ static int commit(Engine *e, int64_t version, int device, EngineUpdateMode mode,
     const int64_t gen = ++e->commit_req;
     e->commit_version = version;
     e->commit_device = device;
+    e->commit_lora = lora;
+    e->commit_lora_units = lora_units;
     e->commit_mode = mode;
     pthread_cond_broadcast(&e->wake);
     while (e->commit_done < gen && !e->exited) pthread_cond_wait(&e->ack, &e->mu);

@@ -286,6 +286,22 @@ int engine_group_commit_weights(EngineGroup *g, int64_t version, EngineUpdateMod
     return rc;
 }
 
+int engine_group_commit_adapter(EngineGroup *g, int64_t version, const struct LoraConfig *c, float *const *units,
+                                EngineUpdateMode mode, EngineCommitReport *rep, char *err, size_t err_len) {
+    EngineCommitReport total = {0}, one;
+    unsigned char was[ENGINE_GROUP_MAX];
+    pause_for_commit(g, was);
+    char msg[512];
+    int rc = 0, k;
+    for (k = 0; k < g->n && rc == 0; k++)
+        if ((rc = engine_commit_adapter(g->engines[k], version, c, units, mode, &one, msg, sizeof msg)) == 0)
+            add_report(&total, &one);
+    if (rc) commit_failed(g, k - 1, version, msg, err, err_len);
+    resume_after_commit(g, was);
+    if (rep) *rep = total;
+    return rc;
+}
+
 int engine_group_device_staging_ready(EngineGroup *g, int *engine, int *unit) {
     const int n_units = engine_model(g->engines[0])->layout.n_units;
     for (int i = 0; i < g->n; i++)

@@ -12,6 +12,7 @@
 #include "rollout_server/engine.h"
 #include "rollout_server/guided_cache.h"
 #include "rollout_server/model_runner.h"
+#include "shared/model_lora.h"
 #include "rollout_server/scheduler.h"
 
 // One completion as the engine thread sees it. `s` first: the scheduler's Sequence* is an EngSeq*. Its state is
@@ -145,6 +146,8 @@ struct Engine {
     int update_pause_open;
     float **staging;                // (n_units) host fp32 copies being received, NULL until asked for
     int commit_device;              // the pending commit swaps the runner's device staging in (else uploads staging)
+    const struct LoraConfig *commit_lora; // the pending commit installs this policy adapter (engine_commit_adapter)
+    float *const *commit_lora_units;      //   from these host units (the caller's until the commit returns)
     uint64_t n_submitted;
     int64_t version;
     EngineStats stats;

@@ -26,6 +26,7 @@
 #include "shared/model.h"
 
 typedef struct ModelRunner ModelRunner;
+struct LoraConfig;   // shared/model_lora.h
 
 // One sequence of a step, as the scheduler planned it.
 typedef struct {
@@ -98,6 +99,13 @@ void runner_copy_kv_rows(void *user, int32_t dst, int32_t src, int rows);
 // graph replay).
 int runner_adapter_count(const ModelRunner *r);             // n (the --lora ones)
 const char *runner_adapter_name(const ModelRunner *r, int k);   // k in 1..n
+// An adapter update: the policy's adapter becomes config c with the host fp32 units (one per decoder layer,
+// model_lora_unit_numel elements each), replacing the previous one. Returns 0, or -1 with a message (the previous
+// adapter stays).
+int runner_set_policy_adapter(ModelRunner *r, const struct LoraConfig *c, float *const *units, char *err,
+                              size_t err_len);
+// A whole-weights update: the policy is the new weights alone.
+void runner_drop_policy_adapter(ModelRunner *r);
 
 // ---- weights --------------------------------------------------------------------------------------------
 // Uploads host fp32 units (units[u] holds layout.unit_numel[u] values; NULL leaves unit u as it is) into the live

@@ -93,3 +93,32 @@ int runner_adapter_ranges(ModelRunner *r, const RunnerSeq *seqs, int n_seqs) {
     }
     return lr->n_ranges;
 }
+
+int runner_set_policy_adapter(ModelRunner *r, const LoraConfig *c, float *const *units, char *err, size_t err_len) {
+    if (r->tp > 1)
+        return snprintf(err, err_len, "adapter updates into a tensor-parallel server (--tensor-parallel-size %d) are "
+                        "not supported: push merged weights (tandem-train --lora-sync merged)", r->tp), -1;
+    Model *m = &r->shards[0].m;
+    ModelLora *l;
+    char msg[512];
+    if (model_lora_create(&l, m, c, 0, msg, sizeof msg) != 0) return snprintf(err, err_len, "%s", msg), -1;
+    for (int layer = 0; layer < l->n_layers; layer++) ops_upload_f32(l->ops, l->params[layer], units[layer], l->unit_numel);
+    ops_synchronize(l->ops);
+    if (ops_status(l->ops) ||
+        model_lora_rows_reserve(&r->lora_rows, m, r->max_num_batched_tokens, c->r, msg, sizeof msg) != 0) {
+        snprintf(err, err_len, "installing the adapter: %s", ops_status(l->ops) ? ops_error(l->ops) : msg);
+        ops_clear_error(l->ops);
+        model_lora_free(l);
+        return -1;
+    }
+    model_lora_free(r->adapters[0]);
+    r->adapters[0] = l;
+    m->lora_rows = &r->lora_rows;
+    return 0;
+}
+
+void runner_drop_policy_adapter(ModelRunner *r) {
+    if (!r->adapters) return;
+    model_lora_free(r->adapters[0]);
+    r->adapters[0] = NULL;
+}

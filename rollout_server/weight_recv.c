@@ -16,10 +16,15 @@ static double now_s(void) {
 }
 
 int weight_recv_init(WeightRecv *w, const Layout *layout, char *err, size_t err_len) {
+    return weight_recv_init_units(w, layout->n_units, layout->unit_numel, layout->hash, err, err_len);
+}
+
+int weight_recv_init_units(WeightRecv *w, int n_units, const size_t *unit_numel, uint64_t layout_hash, char *err,
+                           size_t err_len) {
     memset(w, 0, sizeof *w);
-    w->n_units = layout->n_units;
-    w->unit_numel = layout->unit_numel;
-    w->layout_hash = layout->hash;
+    w->n_units = n_units;
+    w->unit_numel = unit_numel;
+    w->layout_hash = layout_hash;
     w->version = -1;
     if (!(w->cov = calloc((size_t)w->n_units, sizeof *w->cov)))
         return err_fail(err, err_len, "weight receiver: out of memory");

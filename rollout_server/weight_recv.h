@@ -42,6 +42,10 @@ typedef struct {
 typedef float *(*WeightStagingFn)(void *user, int unit);
 
 int weight_recv_init(WeightRecv *w, const Layout *layout, char *err, size_t err_len);
+// The same for units that are not a model layout's (an adapter update's: one per decoder layer); unit_numel
+// (n_units) is borrowed and must outlive w.
+int weight_recv_init_units(WeightRecv *w, int n_units, const size_t *unit_numel, uint64_t layout_hash, char *err,
+                           size_t err_len);
 void weight_recv_free(WeightRecv *w);
 
 // Opens an update. Refuses a layout hash other than this model's (naming both). An update already open is

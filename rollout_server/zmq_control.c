@@ -271,6 +271,7 @@ static void control_free(ZmqControl *z) {
     zc_drop_jobs(z, z->incoming);
     z->incoming = NULL;
     weight_recv_free(&z->wr);
+    zc_adapter_free(z);
     weight_nccl_free(z->wn);
     pthread_mutex_destroy(&z->mu);
     pthread_cond_destroy(&z->cv);

@@ -35,8 +35,20 @@ struct ZmqControl {
     ZcJob *incoming;            // jobs submitted by the socket thread, not yet taken by the collector
     WeightRecv wr;              // socket thread only
     WeightNccl *wn;             // socket thread only: transport nccl
+    // An adapter update (weights_begin with "adapter"), socket thread only: its receiver over the decoder layers'
+    // adapter units, their host staging (adapter_layers of adapter_numel[0] fp32 each) and the adapters' config.
+    WeightRecv wa;
+    int adapter_open;
+    struct LoraConfig *adapter_cfg;
+    size_t *adapter_numel;      // (adapter_layers) every entry the same
+    float **adapter_units;      // (adapter_layers)
+    int adapter_layers;
     ZmqControlAuth *auth;       // NULL without keys
 };
+
+// ---- zmq_weights.c ---
+// Frees an adapter update's receiver and staging.
+void zc_adapter_free(ZmqControl *z);
 
 // ---- zmq_control.c ----------------------------------------------------------------------------------------
 // Encodes m and sends it, after the routing id, on sock (the ROUTER, or the inproc PUSH that feeds it).

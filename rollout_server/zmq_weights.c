@@ -3,8 +3,11 @@
 // rollout_server/weight_recv.h) or "nccl" (a receive thread filling the engines' device staging,
 // rollout_server/weight_nccl.h), then the commit to every engine. Runs on the socket thread.
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
 
 #include "rollout_server/zmq_control_internal.h"
+#include "shared/model_lora.h"
 
 static float *staging_of(void *user, int unit) { return engine_group_weights_staging((EngineGroup *)user, unit); }
 
@@ -88,8 +91,129 @@ static void end_nccl(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q
     reply_end(z, rid, rl, q, received + (t1 - t0), t1 - t0, &rep);
 }
 
+// ---- adapter updates (weights_begin with "adapter") ------------------------------------------------------------
+
+void zc_adapter_free(ZmqControl *z) {
+    weight_recv_free(&z->wa);
+    for (int l = 0; z->adapter_units && l < z->adapter_layers; l++) free(z->adapter_units[l]);
+    free(z->adapter_units);
+    free(z->adapter_numel);
+    free(z->adapter_cfg);
+    z->adapter_units = NULL;
+    z->adapter_numel = NULL;
+    z->adapter_cfg = NULL;
+    z->adapter_layers = 0;
+    z->adapter_open = 0;
+}
+
+static float *adapter_staging_of(void *user, int unit) {
+    ZmqControl *z = user;
+    return unit >= 0 && unit < z->adapter_layers ? z->adapter_units[unit] : NULL;
+}
+
+// Opens an adapter update: the adapters' config from the message, a receiver over one unit per decoder layer and
+// their host staging (kept from the previous adapter update when the size is the same).
+static void begin_adapter(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q) {
+    char err[768];
+    if (q->transport == ZMSG_TRANSPORT_NCCL) {
+        zc_send_error(z->router, rid, rl, q->id, "unsupported", "weights_begin: an adapter update goes over transport "
+                      "\"zmq\" (adapters are small); transport \"nccl\" carries whole weights only");
+        return;
+    }
+    if (q->layout_hash != z->wr.layout_hash) {
+        char a[17], b[17];
+        zmsg_hash_to_hex(q->layout_hash, a);
+        zmsg_hash_to_hex(z->wr.layout_hash, b);
+        zc_send_error(z->router, rid, rl, q->id, "layout_mismatch", "weights_begin: adapters for base layout %s, this "
+                      "server's model has %s", a, b);
+        return;
+    }
+    LoraConfig lc = {.r = q->adapter_r, .alpha = (float)q->adapter_alpha, .use_rslora = q->adapter_rslora};
+    if (lora_parse_targets(q->adapter_targets, &lc.targets, err, sizeof err) != 0 ||
+        lora_config_check(&lc, err, sizeof err) != 0) {
+        zc_send_error(z->router, rid, rl, q->id, "bad_message", "weights_begin: adapter: %s", err);
+        return;
+    }
+    // Whatever update was open is abandoned, as by any weights_begin.
+    weight_recv_reset(&z->wr);
+    weight_nccl_abandon(z->wn);
+    const Model *m = engine_group_model(z->g);
+    const int L = m->cfg.num_layers;
+    const size_t numel = model_lora_unit_numel(&m->cfg, &lc);
+    if (!z->adapter_units || z->adapter_layers != L || z->adapter_numel[0] != numel) {
+        zc_adapter_free(z);
+        z->adapter_layers = L;
+        z->adapter_units = calloc((size_t)L, sizeof *z->adapter_units);
+        z->adapter_numel = malloc((size_t)L * sizeof *z->adapter_numel);
+        int ok = z->adapter_units && z->adapter_numel;
+        for (int l = 0; ok && l < L; l++) {
+            z->adapter_numel[l] = numel;
+            ok = (z->adapter_units[l] = calloc(numel, sizeof(float))) != NULL;
+        }
+        if (!ok || weight_recv_init_units(&z->wa, L, z->adapter_numel, z->wr.layout_hash, err, sizeof err) != 0) {
+            zc_adapter_free(z);
+            zc_send_error(z->router, rid, rl, q->id, "out_of_memory", "weights_begin: no host memory for the adapters "
+                          "(%d layers of %zu values)", L, numel);
+            return;
+        }
+    }
+    if (!z->adapter_cfg && !(z->adapter_cfg = malloc(sizeof *z->adapter_cfg))) {
+        zc_send_error(z->router, rid, rl, q->id, "out_of_memory", "weights_begin: out of memory");
+        return;
+    }
+    *z->adapter_cfg = lc;
+    int64_t abandoned;
+    if (weight_recv_begin(&z->wa, q->version, q->layout_hash, rid, rl, &abandoned, err, sizeof err) != 0) {
+        zc_send_error(z->router, rid, rl, q->id, "layout_mismatch", "%s", err);
+        return;
+    }
+    z->adapter_open = 1;
+    ZmsgMsg m2;
+    zmsg_init(&m2, ZMSG_WEIGHTS_BEGIN, ZMSG_DIR_REPLY, q->id);
+    m2.version = q->version;
+    zc_send_msg(z->router, rid, rl, &m2);
+}
+
+static void end_adapter(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q) {
+    char err[768];
+    if (weight_recv_ready(&z->wa, rid, rl, q->version, err, sizeof err)) {
+        zc_send_error(z->router, rid, rl, q->id, "weights_incomplete", "%s", err);
+        return;
+    }
+    const double t0 = zc_now();
+    EngineCommitReport rep;
+    const int rc = engine_group_commit_adapter(z->g, q->version, z->adapter_cfg, z->adapter_units, update_mode(z, q),
+                                               &rep, err, sizeof err);
+    const double t1 = zc_now(), total = t1 - z->wa.t_begin;
+    weight_recv_reset(&z->wa);
+    z->adapter_open = 0;
+    if (rc) {
+        zc_send_error(z->router, rid, rl, q->id, zc_engine_code(rc), "weights_end: commit failed: %s", err);
+        return;
+    }
+    reply_end(z, rid, rl, q, total, t1 - t0, &rep);
+}
+
 void zc_weights(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q) {
     char err[768];
+    if (q->type == ZMSG_WEIGHTS_BEGIN && q->has_adapter) {
+        begin_adapter(z, rid, rl, q);
+        return;
+    }
+    if (q->type == ZMSG_WEIGHTS_BEGIN) {   // a whole-weights update abandons an adapter update still open
+        weight_recv_reset(&z->wa);
+        z->adapter_open = 0;
+    }
+    if (z->adapter_open && q->type == ZMSG_WEIGHTS_SLICE) {
+        if (weight_recv_slice(&z->wa, rid, rl, q->has_version, q->version, q->unit, q->offset, q->count, q->dtype,
+                              q->slice_data, adapter_staging_of, z, err, sizeof err))
+            zc_send_error(z->router, rid, rl, q->id, "bad_slice", "adapter update: %s", err);
+        return;
+    }
+    if (z->adapter_open && q->type == ZMSG_WEIGHTS_END) {
+        end_adapter(z, rid, rl, q);
+        return;
+    }
     if (q->type == ZMSG_WEIGHTS_BEGIN) {
         if (q->transport == ZMSG_TRANSPORT_NCCL) {
             begin_nccl(z, rid, rl, q);

@@ -110,6 +110,33 @@ float lora_scale(const LoraConfig *c) {
 
 static size_t align_up(size_t n) { return (n + LAYOUT_ALIGN - 1) / LAYOUT_ALIGN * LAYOUT_ALIGN; }
 
+// Each module's in and out sizes and its A's and B's offsets in an adapter unit (SIZE_MAX when not targeted);
+// returns the unit's elements.
+static size_t unit_layout(const ModelConfig *cfg, const LoraConfig *c, int *in, int *out, size_t *a_off,
+                          size_t *b_off) {
+    const int C = cfg->hidden_size, I = cfg->intermediate_size, QD = cfg->num_heads * cfg->head_dim,
+              KVD = cfg->num_kv_heads * cfg->head_dim;
+    const int ins[LORA_N_MODULES] = {C, C, C, QD, C, C, I}, outs[LORA_N_MODULES] = {QD, KVD, KVD, C, I, I, C};
+    size_t off = 0;
+    for (int i = 0; i < LORA_N_MODULES; i++) {
+        in[i] = ins[i];
+        out[i] = outs[i];
+        a_off[i] = b_off[i] = SIZE_MAX;
+        if (!(c->targets & (1u << i))) continue;
+        a_off[i] = off;
+        off = align_up(off + (size_t)c->r * ins[i]);
+        b_off[i] = off;
+        off = align_up(off + (size_t)outs[i] * c->r);
+    }
+    return off;
+}
+
+size_t model_lora_unit_numel(const ModelConfig *cfg, const LoraConfig *c) {
+    int in[LORA_N_MODULES], out[LORA_N_MODULES];
+    size_t a[LORA_N_MODULES], b[LORA_N_MODULES];
+    return unit_layout(cfg, c, in, out, a, b);
+}
+
 int model_lora_create(ModelLora **out, const Model *m, const LoraConfig *c, int with_grads, char *err,
                       size_t err_len) {
     *out = NULL;
@@ -121,27 +148,15 @@ int model_lora_create(ModelLora **out, const Model *m, const LoraConfig *c, int 
     ModelLora *l = calloc(1, sizeof *l);
     if (!l) goto oom;
     const ModelConfig *cfg = &m->cfg;
-    const int C = cfg->hidden_size, I = cfg->intermediate_size, QD = cfg->num_heads * cfg->head_dim,
-              KVD = cfg->num_kv_heads * cfg->head_dim, r = c->r;
-    const int in[LORA_N_MODULES] = {C, C, C, QD, C, C, I}, outd[LORA_N_MODULES] = {QD, KVD, KVD, C, I, I, C};
+    const int r = c->r;
     l->cfg = *c;
     l->scale = lora_scale(c);
     l->n_layers = cfg->num_layers;
     l->ops = m->ops;
-    size_t off = 0;
+    l->unit_numel = unit_layout(cfg, c, l->in, l->out, l->a_off, l->b_off);
     int per_layer = 0;
-    for (int i = 0; i < LORA_N_MODULES; i++) {
-        l->in[i] = in[i];
-        l->out[i] = outd[i];
-        l->a_off[i] = l->b_off[i] = SIZE_MAX;
-        if (!(c->targets & (1u << i))) continue;
-        l->a_off[i] = off;
-        off = align_up(off + (size_t)r * in[i]);
-        l->b_off[i] = off;
-        off = align_up(off + (size_t)outd[i] * r);
-        per_layer += 2;
-    }
-    l->unit_numel = off;
+    for (int i = 0; i < LORA_N_MODULES; i++) per_layer += 2 * (l->a_off[i] != SIZE_MAX);
+    const int *in = l->in, *outd = l->out;
     l->n_tensors = per_layer * l->n_layers;
     l->tensors = calloc((size_t)l->n_tensors, sizeof *l->tensors);
     l->params = calloc((size_t)l->n_layers, sizeof(void *));

@@ -87,6 +87,8 @@ uint64_t lora_dropout_seed(uint64_t seed, int64_t step, int micro, int rank);
 // input, z = splitmix64 finaliser of seed + (layer * LORA_N_MODULES + module + 1) * 0xD1B54A32D192ED03.
 uint64_t lora_module_dropout_seed(uint64_t seed, int layer, int module);
 
+// Elements of one adapter unit of config c on a model of config cfg (what model_lora_create's unit_numel will be).
+size_t model_lora_unit_numel(const ModelConfig *cfg, const LoraConfig *c);
 // Builds the layout for model m and allocates the adapter units (zeroed) and, with_grads, their gradients.
 int model_lora_create(ModelLora **out, const Model *m, const LoraConfig *c, int with_grads, char *err,
                       size_t err_len);

@@ -27,7 +27,7 @@ static const char *const KEYS_REQ[ZMSG_N_TYPES] = {
     [ZMSG_GENERATE] = "n_prompts ?n ?max_tokens ?temperature ?top_p ?top_k ?min_p ?repetition_penalty ?seed "
                       "?stop_token_ids ?ignore_eos",
     [ZMSG_PAUSE] = "", [ZMSG_RESUME] = "", [ZMSG_RESET_CACHE] = "", [ZMSG_STATS] = "", [ZMSG_SHUTDOWN] = "",
-    [ZMSG_WEIGHTS_BEGIN] = "version transport layout_hash ?nccl_id ?nccl_world ?nccl_rank ?trainer_ranks",
+    [ZMSG_WEIGHTS_BEGIN] = "version transport layout_hash ?nccl_id ?nccl_world ?nccl_rank ?trainer_ranks ?adapter",
     [ZMSG_WEIGHTS_SLICE] = "unit offset count dtype ?version",
     [ZMSG_WEIGHTS_END] = "version ?mode",
 };
@@ -270,6 +270,20 @@ int zmsg_build(const ZmsgMsg *m, ZmsgOut *out, char *err, size_t err_len) {
             set_i(h, "nccl_world", m->nccl_world);
             set_i(h, "nccl_rank", m->nccl_rank);
             set_i(h, "trainer_ranks", m->trainer_ranks);
+        }
+        if (m->has_adapter) {
+            json_t *a = json_object(), *targets = json_array();
+            set_i(a, "r", m->adapter_r);
+            json_object_set_new(a, "lora_alpha", json_real(m->adapter_alpha));
+            json_object_set_new(a, "use_rslora", json_boolean(m->adapter_rslora));
+            for (const char *p = m->adapter_targets; *p;) {
+                const char *end = strchr(p, ',');
+                size_t n = end ? (size_t)(end - p) : strlen(p);
+                json_array_append_new(targets, json_stringn(p, n));
+                p += n + (end != NULL);
+            }
+            json_object_set_new(a, "target_modules", targets);
+            json_object_set_new(h, "adapter", a);
         }
         break;
     case ZMSG_WEIGHTS_SLICE:

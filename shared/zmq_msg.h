@@ -24,6 +24,7 @@
 #define ZMSG_MAX_REQUEST_FRAME_BYTES ((int64_t)64 << 20)
 #define ZMSG_MAX_REPLY_FRAME_BYTES ((int64_t)256 << 20)
 #define ZMSG_CODE_MAX 32
+#define ZMSG_ADAPTER_TARGETS_MAX 128
 
 typedef enum {
     ZMSG_HELLO = 0,
@@ -155,6 +156,14 @@ typedef struct {
     // the servers). nccl_id travels as 256 lowercase hex digits; the same id as last time means "reuse it".
     uint8_t nccl_id[ZMSG_NCCL_ID_BYTES];
     int nccl_world, nccl_rank, trainer_ranks;
+    // weights_begin with "adapter" {r, lora_alpha, use_rslora, target_modules}: the update carries LoRA adapters
+    // alone (the policy is the base weights plus them); its units are the decoder layers' adapter units
+    // (shared/model_lora.h), slices address those. Transport zmq only.
+    int has_adapter;
+    int adapter_r;
+    double adapter_alpha;
+    int adapter_rslora;
+    char adapter_targets[ZMSG_ADAPTER_TARGETS_MAX];   // PEFT module names, comma-separated
 
     // error reply
     char code[ZMSG_CODE_MAX];    // short machine-readable reason, e.g. "bad_message", "queue_full"

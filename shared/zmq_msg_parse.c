@@ -305,6 +305,36 @@ static int parse_stats_reply(const JsonAt *at, ZmsgStats *s) {
     return json_get_bool(at, "paused", JSON_GET_REQUIRED, 0, &s->paused);
 }
 
+// weights_begin's optional "adapter": rank, alpha, rsLoRA and the targeted modules (names are checked by the
+// server, which knows them).
+static int parse_adapter(const JsonAt *at, ZmsgMsg *m) {
+    JsonAt a, targets;
+    int rc = json_get_object(at, "adapter", JSON_GET_OPTIONAL, &a);
+    if (rc || !a.json) return rc;
+    m->has_adapter = 1;
+    if ((rc = json_get_int(&a, "r", JSON_GET_REQUIRED, 0, 1, 1 << 16, &m->adapter_r)) ||
+        (rc = json_get_double(&a, "lora_alpha", JSON_GET_REQUIRED, 0, 0, DBL_MAX, &m->adapter_alpha)) ||
+        (rc = json_get_bool(&a, "use_rslora", JSON_GET_OPTIONAL, 0, &m->adapter_rslora)) ||
+        (rc = json_get_array(&a, "target_modules", JSON_GET_REQUIRED, &targets)))
+        return rc;
+    if (!(m->adapter_alpha > 0)) return json_get_fail(&a, "lora_alpha", "must be > 0, got %g", m->adapter_alpha);
+    const size_t n = json_array_size(targets.json);
+    if (n == 0) return json_get_fail(&a, "target_modules", "names no module");
+    size_t used = 0;
+    for (size_t i = 0; i < n; i++) {
+        const JsonAt e = json_at_element(&targets, i);
+        if (!json_is_string(e.json))
+            return json_get_fail(&a, "target_modules", "element %zu is %s, expected a module name", i,
+                                 json_kind_name(e.json));
+        const char *name = json_string_value(e.json);
+        const int w = snprintf(m->adapter_targets + used, sizeof m->adapter_targets - used, "%s%s", i ? "," : "", name);
+        if (w < 0 || (size_t)w >= sizeof m->adapter_targets - used || strchr(name, ','))
+            return json_get_fail(&a, "target_modules", "is too long or holds a name with a comma");
+        used += (size_t)w;
+    }
+    return 0;
+}
+
 static int parse_weights(const JsonAt *at, ZmsgMsg *m, const ZmsgFrame *f, int nf) {
     int rc;
     const char *s;
@@ -336,6 +366,7 @@ static int parse_weights(const JsonAt *at, ZmsgMsg *m, const ZmsgFrame *f, int n
         else if (!strcmp(s, "nccl")) m->transport = ZMSG_TRANSPORT_NCCL;
         else return json_get_fail(at, "transport", "must be \"zmq\" or \"nccl\", got \"%.32s\"", s);
         if ((rc = get_hash(at, "layout_hash", &m->layout_hash))) return rc;
+        if ((rc = parse_adapter(at, m))) return rc;
         if (m->transport != ZMSG_TRANSPORT_NCCL) return 0;
         if ((rc = json_get_int(at, "trainer_ranks", JSON_GET_REQUIRED, 0, 1, 1 << 20, &m->trainer_ranks)) ||
             (rc = json_get_int(at, "nccl_world", JSON_GET_REQUIRED, 0, m->trainer_ranks + 1, 1 << 20,

@@ -295,6 +295,10 @@ int lora_train_save_merged(LoraTrain *lt, const char *dir, char *err, size_t err
     return rc;
 }
 
+const ModelLora *lora_train_adapters(const LoraTrain *lt) { return lt->lora; }
+
+const float *lora_train_master(const LoraTrain *lt, int layer) { return lt->master[layer]; }
+
 int lora_train_refresh_merged(LoraTrain *lt, char *err, size_t err_len) {
     const Model *m = lt->m;
     const ModelLora *l = lt->lora;

@@ -60,6 +60,10 @@ int lora_train_save_merged(LoraTrain *lt, const char *dir, char *err, size_t err
 // GEMM per adapted module, s B A rounded to the storage dtype before it is added); merged_unit is unit u of it
 // (the base's own buffer for the embedding and final units, which adapters do not touch).
 int lora_train_refresh_merged(LoraTrain *lt, char *err, size_t err_len);
+// The adapters (config, layout) and the fp32 master of layer `layer`'s adapter unit (backend memory, unit_numel
+// elements): what an adapter-only weight push sends.
+const ModelLora *lora_train_adapters(const LoraTrain *lt);
+const float *lora_train_master(const LoraTrain *lt, int layer);
 const void *lora_train_merged_unit(const LoraTrain *lt, int unit);
 // Restores what lora_train_save wrote: the master weights (and the adapter units from them) and Adam moments.
 // Refuses a folder whose adapter_config.json describes other adapters (r, lora_alpha, use_rslora, target_modules),

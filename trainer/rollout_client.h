@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "shared/model_lora.h"
 #include "shared/zmq_msg.h"
 
 // One prompt's completions.
@@ -89,6 +90,11 @@ int rollout_client_step_seconds(RolloutClient *c, int timeout_ms, double *step_s
 // update goes on with the others; it is given the weights when it answers again (rollout_client_refresh).
 int rollout_weights_begin(RolloutClient *c, int64_t version, int *members, int *n_members, char *err,
                           size_t err_len);
+// The same for an update of LoRA adapters alone (adapter-only weight sync): the servers' policy becomes their base
+// weights plus these adapters; the update's units are the decoder layers' adapter units (shared/model_lora.h), and
+// the slices carry them as rollout_weights_send_slice does.
+int rollout_weights_begin_adapter(RolloutClient *c, int64_t version, const LoraConfig *adapter, int *members,
+                                  int *n_members, char *err, size_t err_len);
 // The servers (indices, n) that the update beginning now goes to; the other calls of the update address them.
 void rollout_weights_set_members(RolloutClient *c, const int *servers, int n);
 // After a failed update: sets aside the members that went away during it; returns how many members are gone.

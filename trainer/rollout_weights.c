@@ -51,8 +51,9 @@ void rollout_weights_set_members(RolloutClient *c, const int *servers, int n) {
     for (int j = 0; j < n; j++) c->servers[servers[j]].in_push = 1;
 }
 
-int rollout_weights_begin(RolloutClient *c, int64_t version, int *members, int *n_members, char *err,
-                          size_t err_len) {
+// weights_begin (zmq) to every answering server, for whole weights (adapter NULL) or LoRA adapters.
+static int begin_zmq(RolloutClient *c, int64_t version, const LoraConfig *adapter, int *members, int *n_members,
+                     char *err, size_t err_len) {
     int alive[MAX_SERVERS], n_alive = rollout_alive_servers(c, alive);
     rollout_weights_set_members(c, alive, n_alive);
     *n_members = 0;
@@ -63,6 +64,13 @@ int rollout_weights_begin(RolloutClient *c, int64_t version, int *members, int *
         m.version = version;
         m.transport = ZMSG_TRANSPORT_ZMQ;
         m.layout_hash = c->layout_hash;
+        if (adapter) {
+            m.has_adapter = 1;
+            m.adapter_r = adapter->r;
+            m.adapter_alpha = adapter->alpha;
+            m.adapter_rslora = adapter->use_rslora;
+            lora_targets_text(adapter->targets, m.adapter_targets, sizeof m.adapter_targets);
+        }
         int r = push_call(c, s, &m, "weights_begin", &rep, err, err_len);
         if (r < 0) return -1;
         if (r == 0) continue;
@@ -74,6 +82,16 @@ int rollout_weights_begin(RolloutClient *c, int64_t version, int *members, int *
     if (*n_members == 0)
         fprintf(stderr, "tandem-train: weight update %lld reached no rollout server\n", (long long)version);
     return 0;
+}
+
+int rollout_weights_begin(RolloutClient *c, int64_t version, int *members, int *n_members, char *err,
+                          size_t err_len) {
+    return begin_zmq(c, version, NULL, members, n_members, err, err_len);
+}
+
+int rollout_weights_begin_adapter(RolloutClient *c, int64_t version, const LoraConfig *adapter, int *members,
+                                  int *n_members, char *err, size_t err_len) {
+    return begin_zmq(c, version, adapter, members, n_members, err, err_len);
 }
 
 int rollout_alive_servers(const RolloutClient *c, int *servers) {

@@ -32,6 +32,7 @@ typedef enum { SHARDING_FULL_SHARD = 0, SHARDING_HYBRID_SHARD } ShardingStrategy
 typedef enum { OVERLONG_PROMPTS_SKIP = 0, OVERLONG_PROMPTS_ERROR } OverlongPrompts;
 typedef enum { FORMAT_REGEX_FULL = 0, FORMAT_REGEX_SEARCH } FormatRegexMode;
 typedef enum { WEIGHT_SYNC_AUTO = 0, WEIGHT_SYNC_NCCL, WEIGHT_SYNC_ZMQ } WeightSyncTransport;
+typedef enum { LORA_SYNC_ADAPTER = 0, LORA_SYNC_MERGED } LoraSync;
 typedef enum { TRUNCATION_KEEP_START = 0, TRUNCATION_KEEP_END } TruncationMode;
 // TRL's (transformers') SaveStrategy: every save_steps, at each epoch's end, none but the final checkpoint; "best"
 // needs evaluation and is refused.
@@ -124,6 +125,7 @@ typedef struct {
     WeightSyncTransport weight_sync_transport;
     // ---- LoRA (TRL ModelConfig / PEFT LoraConfig names; trainer/lora_train.h) ----
     int use_peft, lora_r, use_rslora, lora_save_merged;
+    LoraSync lora_sync;             // grpo: what reaches the rollout servers, the adapters or the merged weights
     double lora_alpha, lora_dropout;
     char *lora_target_modules;      // comma-separated PEFT module names, or all-linear
     char *lora_init;                // default | gaussian (PEFT's init_lora_weights)

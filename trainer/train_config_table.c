@@ -25,6 +25,7 @@ NAMES(overlong_name, "skip", "error")
 NAMES(regex_mode_name, "full", "search")
 NAMES(device_name, "auto", "cpu", "cuda")
 NAMES(sync_name, "auto", "nccl", "zmq")
+NAMES(lora_sync_name, "adapter", "merged")
 NAMES(sharding_name, "full_shard", "hybrid_shard")
 NAMES(truncation_name, "keep_start", "keep_end")
 NAMES(save_strategy_name, "steps", "epoch", "no", "best")
@@ -251,6 +252,9 @@ const OptionSpec train_options[] = {
     OPT("lora_save_merged", OPT_BOOL, lora_save_merged, G_LORA, "checkpoints also hold the base with the adapters "
         "merged in (PEFT's merge_and_unload) as a Hugging Face folder, checkpoint-N/merged, for transformers and "
         "tandem-serve"),
+    ENUM("lora_sync", lora_sync, lora_sync_name, 0, G_LORA, "grpo: what each weight push sends the rollout servers: "
+         "adapter (the A and B matrices alone over ZeroMQ; the servers run them beside their base weights) or merged "
+         "(the base with the adapters merged in, whole weights over weight_sync_transport)"),
     NULLABLE("max_length", OPT_INT, max_length, 0, G_SFT, "sequences (prompt + completion) are cut to this many "
              "tokens, and a row left with no token to learn is skipped as TRL drops it (counted in metrics.jsonl's "
              "prompts_skipped); 0 (null) = no cut"),

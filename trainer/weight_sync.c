@@ -313,6 +313,34 @@ static int push_zmq(Trainer *t, int64_t version, char *err, size_t err_len) {
     return finish(t, version, 0, NULL, err, err_len);
 }
 
+// lora_sync adapter: the adapters alone. Every rank holds the same adapters, so rank 0 sends them all over ZeroMQ
+// (their fp32 masters, one unit per decoder layer); the servers run them beside their base weights. The other ranks
+// learn rank 0's verdict in finish.
+static int push_adapter(Trainer *t, int64_t version, char *err, size_t err_len) {
+    int rc = 0;
+    t->sync.bytes = t->sync.begin_seconds = t->sync.transfer_seconds = 0;
+    if (t->rank == 0) {
+        const ModelLora *l = lora_train_adapters(t->lora);
+        int members[ROLLOUT_MAX_SERVERS], n_members = 0;
+        const double t0 = trainer_now();
+        rc = rollout_weights_begin_adapter(t->rollout, version, &l->cfg, members, &n_members, err, err_len);
+        const double t1 = trainer_now();
+        t->sync.begin_seconds = t1 - t0;
+        float *host = rc == 0 && n_members > 0 ? malloc(l->unit_numel * sizeof(float)) : NULL;
+        if (rc == 0 && n_members > 0 && !host) rc = -1, snprintf(err, err_len, "out of memory for an adapter unit");
+        for (int layer = 0; host && rc == 0 && layer < l->n_layers; layer++) {
+            ops_copy_to_host(t->ops, host, lora_train_master(t->lora, layer), l->unit_numel * sizeof(float));
+            rc = rollout_weights_send_slice(t->rollout, version, layer, 0, host, (int64_t)l->unit_numel, 0, err,
+                                            err_len);
+            t->sync.bytes += (double)l->unit_numel * 4 * n_members;
+        }
+        free(host);
+        if (rc == 0 && n_members > 0) rc = rollout_client_flush(t->rollout, err, err_len);
+        t->sync.transfer_seconds = trainer_now() - t1;
+    }
+    return finish(t, version, rc, NULL, err, err_len);
+}
+
 // After a failed NCCL push (every rank calls it): 1 when rank 0 saw a member server go away during it and a
 // new attempt with the others may begin (attempts left), else 0.
 static int retry_without_lost(Trainer *t, int64_t version, int attempt, const char *why) {
@@ -329,7 +357,13 @@ int weight_sync_push(Trainer *t, double *seconds, char *err, size_t err_len) {
     int64_t version = t->progress.step;
     double t0 = trainer_now();
     WeightSync *ws = &t->sync;
-    // LoRA: the servers hold whole weights; they get the base with this step's adapters merged in.
+    if (t->lora && t->cfg->lora_sync == LORA_SYNC_ADAPTER) {
+        if (push_adapter(t, version, err, err_len) != 0) return -1;
+        t->progress.policy_version = version;
+        *seconds = trainer_now() - t0;
+        return 0;
+    }
+    // LoRA, lora_sync merged: the servers get the base with this step's adapters merged in, as whole weights.
     if (t->lora && lora_train_refresh_merged(t->lora, err, err_len) != 0) return -1;
     if (ws->use_nccl) {
         int rc;

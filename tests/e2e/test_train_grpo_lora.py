@@ -1,9 +1,12 @@
 """tandem-train GRPO with LoRA adapters (--use-peft) against a CPU rollout server, end to end.
 
 2 ranks, every projection adapted, lora_dropout 0.05, beta 0.04 (the reference is the frozen base itself, run with
-the adapters detached), lora_save_merged. After 10 steps:
-- the server holds what the ranks pushed (the base with the adapters merged in, each rank its slice): its greedy
-  continuation equals transformers' on the final checkpoint's merged/ folder and PEFT's on the adapter folder;
+the adapters detached), lora_save_merged; once with each lora_sync. After 10 steps:
+- the server holds what the ranks pushed — lora_sync adapter: the A and B matrices alone (rank 0 sends them; the
+  server runs them beside its base weights), lora_sync merged: the base with the adapters merged in, each rank its
+  slice — so its greedy continuation equals transformers' on the final checkpoint's merged/ folder and PEFT's on the
+  adapter folder;
+- adapter pushes carry the adapters' bytes (fp32), merged ones the whole model's;
 - the KL to the reference starts at 0 (B = 0 at init: the policy is the base) and grows;
 - every step synced (policy_version 10) and the metrics are finite.
 """
@@ -12,7 +15,10 @@ import math
 import pathlib
 import sys
 
+import pytest
 import torch
+
+from transformers import AutoModelForCausalLM
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from server_fixtures import TandemServer, build_tiny_model, http_json  # noqa: E402
@@ -22,7 +28,8 @@ torch.set_num_threads(2)
 PROMPT = [5, 17, 33, 4]
 
 
-def test_grpo_with_lora_syncs_merged_weights(tmp_path):
+@pytest.mark.parametrize("lora_sync", ["adapter", "merged"])
+def test_grpo_with_lora_syncs_the_policy(tmp_path, lora_sync):
     d = tmp_path
     model_dir, data, out_dir = d / "model", d / "train.jsonl", d / "run"
     build_tiny_model(model_dir)
@@ -30,7 +37,8 @@ def test_grpo_with_lora_syncs_merged_weights(tmp_path):
     steps = 10
     control = f"tcp://127.0.0.1:{free_port()}"
     extra = ["--use-peft", "--lora-r", "8", "--lora-alpha", "16", "--lora-target-modules", "all-linear",
-             "--lora-dropout", "0.05", "--beta", "0.04", "--lora-save-merged", "--learning-rate", "5e-2"]
+             "--lora-dropout", "0.05", "--beta", "0.04", "--lora-save-merged", "--learning-rate", "5e-2",
+             "--lora-sync", lora_sync]
     with TandemServer(model_dir, "--control", control) as srv:
         procs = launch(grpo_args(model_dir, data, out_dir, control, steps=steps, extra=extra), 2, free_port(), d)
         codes = [p.wait(timeout=900) for p, _ in procs]
@@ -45,11 +53,19 @@ def test_grpo_with_lora_syncs_merged_weights(tmp_path):
     rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
     assert len(rows) == steps and rows[-1]["policy_version"] == steps
     assert all(math.isfinite(r["loss"]) and math.isfinite(r["grad_norm"]) for r in rows)
+    # The tiny Llama (hidden 64, intermediate 96, 2 layers): r 8 on all 7 modules = 8 * (64+64 + 64+32 + 64+32 +
+    # 64+64 + 64+96 + 64+96 + 96+64) * 2 layers adapter values; the whole model is far larger.
+    n_adapter = 8 * (128 + 96 + 96 + 128 + 160 + 160 + 160) * 2
+    n_model = sum(p.numel() for p in AutoModelForCausalLM.from_pretrained(model_dir).parameters())
+    sent = rows[-1]["sync_bytes"]
+    if lora_sync == "adapter":
+        assert n_adapter * 4 <= sent < n_adapter * 4 * 1.1, (sent, n_adapter)
+    else:
+        assert sent >= n_model * 4, (sent, n_model)
     kls = [r["kl"] for r in rows]
     assert kls[0] < 1e-6 < max(kls), kls
 
     from peft import PeftModel
-    from transformers import AutoModelForCausalLM
     ckpt = out_dir / f"checkpoint-{steps}"
     ids = torch.tensor([PROMPT])
     gen = dict(attention_mask=torch.ones(1, len(PROMPT), dtype=torch.long), do_sample=False, max_new_tokens=16,

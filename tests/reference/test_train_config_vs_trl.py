@@ -28,7 +28,7 @@ TANDEM_ONLY = {"model", "train_file", "mode", "overwrite_output_dir", "chat_temp
                "max_staleness",   # TRL's AsyncGRPOConfig has it, GRPOConfig does not
                "sharding_strategy", "zero_hpz_partition_size",   # FSDP's and DeepSpeed ZeRO++'s names
                "lora_init",   # PEFT's init_lora_weights, which TRL's ModelConfig does not expose
-               "lora_save_merged",
+               "lora_save_merged", "lora_sync",
                # TRL takes tools and environments as GRPOTrainer arguments
                "tools", "tool_lookup_file", "tool_call_format", "env_url", "env_timeout", "env_connect_timeout",
                "env_retries", "env_backoff"}
