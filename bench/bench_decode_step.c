@@ -2,12 +2,15 @@
 // the engine thread: the model's padded decode step (CUDA graphs where the backend has them) plus the greedy
 // sampling op and the 8-byte-per-sequence download, the same calls rollout_server/engine.c makes each step.
 //   bench_decode_step MODEL_DIR [--device cpu|cuda] [--batches 1,64,256,512] [--ctx 512] [--steps 64]
-//                     [--warmup 8] [--eager]
+//                     [--warmup 8] [--eager] [--unpadded] [--lora-r R]
 // MODEL_DIR needs only config.json (random weights). Every sequence starts at position --ctx (its cache filled
 // with zeros up to there) and decodes --steps tokens, each fed its own sampled token. One JSON line per batch
 // size: {"batch", "ctx", "step_ms", "tokens_per_s", "weight_bytes", "kv_bytes_per_step", "graphs"}; kv bytes are
 // the K and V read by attention in one step at the run's mean context. bench/bench_decode_gpu.py turns them into
 // a share of the bandwidth roofline. With TANDEM_PROFILE_OPS=1 (graphs off) the per-op GPU times follow.
+// --unpadded runs model_decode_step instead (no padding, no graphs: the path of the server's steps with LoRA adapter
+// rows); --lora-r R adds a LoRA adapter of rank R on every projection (alpha 2R) to every row, as tandem-serve runs
+// a synced policy adapter or a --lora one ("path": "lora"; implies --unpadded).
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -16,6 +19,7 @@
 #include "bench/bench_util.h"
 #include "kernels/ops.h"
 #include "shared/model.h"
+#include "shared/model_lora.h"
 
 enum { BLOCK = 16, MAX_BATCHES = 16 };
 
@@ -27,12 +31,14 @@ static void usage(void) {
             "  --ctx N             tokens already in every sequence's cache (default 512)\n"
             "  --steps N           timed decode steps per batch size (default 64)\n"
             "  --warmup N          untimed steps first (records the graphs; default 8)\n"
-            "  --eager             no CUDA graphs (default: graphs where the backend has them)\n");
+            "  --eager             no CUDA graphs (default: graphs where the backend has them)\n"
+            "  --unpadded          model_decode_step: no padding, no graphs\n"
+            "  --lora-r R          a rank-R LoRA adapter on every projection of every row (implies --unpadded)\n");
 }
 
 // One batch size: a cache of B sequences x ceil((ctx + warmup + steps) / BLOCK) blocks, sequence b owning a
 // contiguous run of blocks. Returns 0 or 1 with a message on stderr.
-static int run_batch(Model *m, UnitSource *src, int B, int ctx, int warmup, int steps, int graphs) {
+static int run_batch(Model *m, UnitSource *src, int B, int ctx, int warmup, int steps, int graphs, int unpadded) {
     OpsCtx *o = m->ops;
     const ModelConfig *cfg = &m->cfg;
     const int total = ctx + warmup + steps, max_blocks = (total + BLOCK - 1) / BLOCK;
@@ -41,19 +47,21 @@ static int run_batch(Model *m, UnitSource *src, int B, int ctx, int warmup, int 
     DecodeBufs *bufs = NULL;
     if (kv_cache_create(&kv, m, B * max_blocks, BLOCK, err, sizeof err) != 0 ||
         decode_bufs_create(&bufs, m, B, B, max_blocks, B, err, sizeof err) != 0 ||
-        decode_bufs_enable_padded(bufs, m, B, graphs, err, sizeof err) < 0) {
+        (!unpadded && decode_bufs_enable_padded(bufs, m, B, graphs, err, sizeof err) < 0)) {
         fprintf(stderr, "bench_decode_step: batch %d: %s\n", B, err);
         return 1;
     }
     int32_t *tok = malloc((size_t)B * 4), *pos = malloc((size_t)B * 4), *slot = malloc((size_t)B * 4);
     int32_t *tables = malloc((size_t)B * max_blocks * 4);
     float *lp = malloc((size_t)B * 4);
+    int32_t *seq = malloc((size_t)B * 4);   // unpadded steps: sequence b is row b, its own logits row
+    for (int b = 0; seq && b < B; b++) seq[b] = b;
     OpsSampleParams *params = calloc((size_t)B, sizeof *params);
     int32_t *d_tok = ops_malloc(o, (size_t)B * 4);
     float *d_lp = ops_malloc(o, (size_t)B * 4);
     OpsSampleParams *d_params = ops_malloc(o, (size_t)B * sizeof *params);
     int32_t *d_off = ops_malloc(o, (size_t)(B + 1) * 4);
-    if (!tok || !pos || !slot || !tables || !lp || !params || !d_tok || !d_lp || !d_params || !d_off) {
+    if (!tok || !pos || !slot || !tables || !lp || !seq || !params || !d_tok || !d_lp || !d_params || !d_off) {
         fprintf(stderr, "bench_decode_step: batch %d: out of memory (%s)\n", B, ops_error(o));
         return 1;
     }
@@ -75,8 +83,11 @@ static int run_batch(Model *m, UnitSource *src, int B, int ctx, int warmup, int 
             pos[b] = ctx + it;
             slot[b] = tables[b * max_blocks + pos[b] / BLOCK] * BLOCK + pos[b] % BLOCK;
         }
-        if (model_decode_step_padded(m, bufs, src, &kv, B, tok, pos, slot, tables, max_blocks, NULL, err,
-                                     sizeof err) != 0) {
+        const int rc = unpadded ? model_decode_step(m, bufs, src, &kv, B, tok, seq, pos, slot, tables, B, max_blocks,
+                                                    seq, B, NULL, err, sizeof err)
+                                : model_decode_step_padded(m, bufs, src, &kv, B, tok, pos, slot, tables, max_blocks,
+                                                           NULL, err, sizeof err);
+        if (rc != 0) {
             fprintf(stderr, "bench_decode_step: batch %d step %d: %s\n", B, it, err);
             return 1;
         }
@@ -99,16 +110,17 @@ static int run_batch(Model *m, UnitSource *src, int B, int ctx, int warmup, int 
                             (double)ops_dtype_size(o);
     DecodeGraphStats gs;
     decode_bufs_graph_stats(bufs, &gs);
-    printf("{\"batch\": %d, \"ctx\": %d, \"step_ms\": %.4f, \"tokens_per_s\": %.1f, \"weight_bytes\": %zu, "
-           "\"kv_bytes_per_step\": %.0f, \"graphs\": %d, \"graph_replays\": %lld}\n",
-           B, ctx, dt * 1e3, B / dt, m->layout.n_params * ops_dtype_size(o), kv_bytes, decode_bufs_graphs_on(bufs),
-           (long long)gs.replays);
+    const char *path = m->lora_rows ? "lora" : unpadded ? "unpadded" : "padded";
+    printf("{\"batch\": %d, \"ctx\": %d, \"path\": \"%s\", \"step_ms\": %.4f, \"tokens_per_s\": %.1f, "
+           "\"weight_bytes\": %zu, \"kv_bytes_per_step\": %.0f, \"graphs\": %d, \"graph_replays\": %lld}\n",
+           B, ctx, path, dt * 1e3, B / dt, m->layout.n_params * ops_dtype_size(o), kv_bytes,
+           !unpadded && decode_bufs_graphs_on(bufs), (long long)gs.replays);
     fflush(stdout);
     ops_free(o, d_tok);
     ops_free(o, d_lp);
     ops_free(o, d_params);
     ops_free(o, d_off);
-    free(tok), free(pos), free(slot), free(tables), free(lp), free(params);
+    free(tok), free(pos), free(slot), free(tables), free(lp), free(seq), free(params);
     decode_bufs_free(bufs, m);
     kv_cache_free(&kv, m);
     return 0;
@@ -120,6 +132,7 @@ int main(int argc, char **argv) {
         return argc < 2 ? 2 : 0;
     }
     int batches[MAX_BATCHES] = {1, 64, 256, 512}, n_batches = 4, ctx = 512, steps = 64, warmup = 8, graphs = 1;
+    int unpadded = 0, lora_r = 0;
     OpsBackend backend = OPS_BACKEND_CPU;
     for (int i = 2; i < argc; i++) {
         const int has = i + 1 < argc;
@@ -130,6 +143,8 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--steps") && has) steps = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--warmup") && has) warmup = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--eager")) graphs = 0;
+        else if (!strcmp(argv[i], "--unpadded")) unpadded = 1;
+        else if (!strcmp(argv[i], "--lora-r") && has) lora_r = atoi(argv[++i]), unpadded = 1;
         else if (!strcmp(argv[i], "--device") && has) {
             const char *d = argv[++i];
             if (!strcmp(d, "cuda")) backend = OPS_BACKEND_CUDA;
@@ -140,8 +155,8 @@ int main(int argc, char **argv) {
             return 2;
         }
     }
-    if (ctx < 0 || steps < 1 || warmup < 0) {
-        fprintf(stderr, "bench_decode_step: need --ctx >= 0, --steps >= 1, --warmup >= 0\n");
+    if (ctx < 0 || steps < 1 || warmup < 0 || lora_r < 0) {
+        fprintf(stderr, "bench_decode_step: need --ctx >= 0, --steps >= 1, --warmup >= 0, --lora-r >= 0\n");
         return 2;
     }
     // The context's settings from the environment bench/bench_*_gpu.py sets (kernels/cuda/README.md):
@@ -165,8 +180,24 @@ int main(int argc, char **argv) {
     }
     model_init_random(&m, &w, 1234, 0.02f);
     UnitSource src = resident_source(&w);
-    for (int i = 0; i < n_batches; i++)
-        if (run_batch(&m, &src, batches[i], ctx, warmup, steps, graphs) != 0) return 1;
+    ModelLora *lora = NULL;
+    ModelLoraRows rows = {0};
+    if (lora_r > 0) {
+        int most = 0;
+        for (int i = 0; i < n_batches; i++) most = batches[i] > most ? batches[i] : most;
+        const LoraConfig lc = {.r = lora_r, .alpha = 2.0f * lora_r, .targets = LORA_ALL_TARGETS};
+        if (model_lora_create(&lora, &m, &lc, 0, err, sizeof err) != 0 || model_lora_init(lora, 99, err, sizeof err) ||
+            model_lora_rows_reserve(&rows, &m, most, lora_r, err, sizeof err) != 0) {
+            fprintf(stderr, "bench_decode_step: LoRA adapter: %s\n", err);
+            return 1;
+        }
+        rows.n_ranges = 1;
+        m.lora_rows = &rows;
+    }
+    for (int i = 0; i < n_batches; i++) {
+        if (lora) rows.ranges[0] = (LoraRowRange){0, batches[i], lora};
+        if (run_batch(&m, &src, batches[i], ctx, warmup, steps, graphs, unpadded) != 0) return 1;
+    }
     ops_profile_print(ops);   // TANDEM_PROFILE_OPS=1: where the steps went, op by op
     return 0;
 }

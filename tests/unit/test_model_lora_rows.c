@@ -6,7 +6,9 @@
 //      v_proj, r 2, rsLoRA) — gives each sequence's logits bit for bit as a step of it alone with its adapter:
 //      which adapters share a step changes no row (the server batches requests of several adapters together);
 //   3. ranges whose rank exceeds the scratch's fail the step with a message, and a padded step refuses adapter rows.
-// For a Llama-style model and a Qwen3-style one (q/k norms).
+// For a Llama-style model and a Qwen3-style one (q/k norms). On a GPU machine the same again on the CUDA backend
+// (bf16): 2 and 3 unchanged, 1 within max rel 3e-2 (the merged weight is rounded to bf16 once, the adapter's path
+// rounds its (N, r) and (N, out) intermediates).
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -82,19 +84,21 @@ static ModelLora *make_adapter(Rig *r, const LoraConfig *lc, uint64_t seed, floa
             if (l->b_off[i] == SIZE_MAX) continue;
             float *bm = host[layer] + l->b_off[i];
             for (size_t k = 0; k < (size_t)l->out[i] * l->cfg.r; k++)
-                bm[k] = 0.05f * ((float)(rng_next(&st) % 2001) / 1000.0f - 1.0f);
+                bm[k] = 0.3f * ((float)(rng_next(&st) % 2001) / 1000.0f - 1.0f);
         }
         ops_upload_f32(l->ops, l->params[layer], host[layer], l->unit_numel);
     }
     return l;
 }
 
-static void check_config(const char *name, const char *json) {
+static void check_config(const char *name, const char *json, OpsBackend be) {
     char err[512];
-    OpsCtx *o;
+    OpsCtx *o, *cpu;
     Rig r;
     memset(&r, 0, sizeof r);
-    REQUIRE(ops_create(&o, OPS_BACKEND_CPU, 0, err, sizeof err) == 0, "%s", err);
+    const double tol = be == OPS_BACKEND_CPU ? 1e-4 : 3e-2;
+    REQUIRE(ops_create(&o, be, 0, err, sizeof err) == 0, "%s", err);
+    REQUIRE(ops_create(&cpu, OPS_BACKEND_CPU, 0, err, sizeof err) == 0, "%s", err);
     REQUIRE(tiny_model_init(&r.m, &r.w, o, json, 0, 5, 0.08f, err, sizeof err) == 0, "%s", err);
     r.src = resident_source(&r.w);
     r.V = r.m.cfg.vocab_size;
@@ -141,22 +145,24 @@ static void check_config(const char *name, const char *json) {
             for (int l = 0; l < L; l++) {
                 const int u = layout_layer_unit(l);
                 memcpy(unit, base[u], r.m.layout.unit_numel[u] * 4);
-                REQUIRE(model_lora_merge_unit(by_seq[s], &r.m, o, hosts[s][l], unit, err, sizeof err) == 0, "%s", err);
+                REQUIRE(model_lora_merge_unit(by_seq[s], &r.m, cpu, hosts[s][l], unit, err, sizeof err) == 0, "%s",
+                        err);
                 ops_upload_f32(o, r.w.params[u], unit, r.m.layout.unit_numel[u]);
             }
             free(unit);
         }
         REQUIRE(run_step(&r, &s, 1, none, &merged[s], err, sizeof err) == 0, "%s", err);
         const double rel = model_max_rel(alone[s], merged[s], (size_t)r.V);
-        CHECK(rel <= 1e-4, "%s: sequence %d through its adapter vs the merged model: max rel %.3g > 1e-4", name, s, rel);
+        CHECK(rel <= tol, "%s: sequence %d through its adapter vs the merged model: max rel %.3g > %.0e", name, s, rel,
+              tol);
         // The adapter must change the logits (else the comparison above says nothing).
         if (hosts[s]) {
             for (int u = 0; u < r.m.layout.n_units; u++)
                 ops_upload_f32(o, r.w.params[u], base[u], r.m.layout.unit_numel[u]);
             float *plain = malloc((size_t)r.V * 4);
             REQUIRE(run_step(&r, &s, 1, none, &plain, err, sizeof err) == 0, "%s", err);
-            CHECK(model_max_rel(plain, alone[s], (size_t)r.V) > 1e-3, "%s: adapter of sequence %d changes nothing",
-                  name, s);
+            const double moved = model_max_rel(plain, alone[s], (size_t)r.V);
+            CHECK(moved > 3 * tol, "%s: adapter of sequence %d moves the logits by max rel %.3g only", name, s, moved);
             free(plain);
         }
     }
@@ -188,10 +194,17 @@ static void check_config(const char *name, const char *json) {
     kv_cache_free(&r.kv, &r.m);
     tiny_model_free(&r.m, &r.w);
     ops_destroy(o);
+    ops_destroy(cpu);
 }
 
 int main(void) {
-    check_config("llama", SMALL_LLAMA_CONFIG);
-    check_config("qwen3", SMALL_QWEN3_CONFIG);
+    check_config("llama", SMALL_LLAMA_CONFIG, OPS_BACKEND_CPU);
+    check_config("qwen3", SMALL_QWEN3_CONFIG, OPS_BACKEND_CPU);
+    if (ops_backend_available(OPS_BACKEND_CUDA)) {
+        check_config("llama cuda", SMALL_LLAMA_CONFIG, OPS_BACKEND_CUDA);
+        check_config("qwen3 cuda", SMALL_QWEN3_CONFIG, OPS_BACKEND_CUDA);
+    } else {
+        printf("test_model_lora_rows: no CUDA device, the CUDA half is skipped\n");
+    }
     return check_exit_code("test_model_lora_rows");
 }
