@@ -16,6 +16,10 @@ Baseline: torch copies a 1 GiB tensor cuda:0 -> cuda:1 (GB/s = bytes / time, one
 The trainer is stopped once its last metrics row is written: its final checkpoint (about 25 GB for 1.5B, model
 plus optimizer state) would only cost time here.
 --dry-run-cpu checks this script without GPUs: the tiny test model, trainer and server on the CPU backend, zmq.
+--lora-r R trains LoRA adapters instead (--use-peft, rank R, alpha 2R, every projection) and runs one push per
+--lora-syncs value over zmq: adapter (the A and B matrices alone, fp32) and merged (the base with the adapters merged
+in, whole fp32 weights); the table then gives each push's bytes and time. --server-gpu same puts the server on the
+trainer's GPU (one-GPU machines: zmq only).
 """
 import argparse
 import json
@@ -32,12 +36,14 @@ from benchlib import build_model, server_fixtures, use_devlib
 from server_fixtures import free_port
 
 
-def run_sync(build, model_dir, data, work, transport, steps, select, timeout, extra_env=None, tag=None):
+def run_sync(build, model_dir, data, work, transport, steps, select, timeout, extra_env=None, tag=None,
+             extra_args=()):
     """Returns (metrics rows, rank-0 log, note). select: cvd | index | cpu (dry run). extra_env: variables set for
     both the trainer and the server (an NCCL tuning variant); tag names the run's folder and logs."""
     control = f"tcp://127.0.0.1:{free_port()}"
     sargs, senv = {"cvd": (["--device", "cuda"], {"CUDA_VISIBLE_DEVICES": "1"}),
-                   "index": (["--device", "cuda:1"], {}), "cpu": (["--device", "cpu"], {})}[select]
+                   "index": (["--device", "cuda:1"], {}), "same": (["--device", "cuda:0"], {}),
+                   "cpu": (["--device", "cpu"], {})}[select]
     senv = dict(senv, **(extra_env or {}))
     tag = tag or transport
     out = work / f"run-{tag}"
@@ -47,7 +53,7 @@ def run_sync(build, model_dir, data, work, transport, steps, select, timeout, ex
             "--per-device-train-batch-size", "2", "--max-completion-length", "4", "--max-prompt-length", "32",
             "--learning-rate", "1e-6", "--max-steps", str(steps), "--logging-steps", "1", "--save-steps", "0",
             "--seed", "3", "--init-timeout", "120", "--comm-timeout", "120", "--rollout-timeout", "120",
-            "--device", "cpu" if select == "cpu" else "cuda", "--weight-sync-transport", transport]
+            "--device", "cpu" if select == "cpu" else "cuda", "--weight-sync-transport", transport, *extra_args]
     env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
                MASTER_PORT=str(free_port()), **(extra_env or {}))
     log_path = work / f"train-{tag}.log"
@@ -70,7 +76,9 @@ def main():
     ap.add_argument("--shape", choices=list(benchlib.QWEN_SHAPES), default="1.5b")
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--transports", default="nccl", help="comma-separated: nccl, zmq")
-    ap.add_argument("--server-gpu", choices=["cvd", "index"], default="cvd")
+    ap.add_argument("--server-gpu", choices=["cvd", "index", "same"], default="cvd")
+    ap.add_argument("--lora-r", type=int, default=0, help="train LoRA adapters of this rank (0: the whole model)")
+    ap.add_argument("--lora-syncs", default="adapter,merged", help="with --lora-r: comma-separated lora_sync values")
     ap.add_argument("--timeout", type=int, default=300, help="seconds per training run")
     ap.add_argument("--nccl-variants", default="",
                     help="semicolon-separated NCCL tuning variants, each a comma- or space-separated list of VAR=VALUE set for "
@@ -81,7 +89,7 @@ def main():
     build = pathlib.Path(args.build).resolve()
     use_devlib(build)
     server_fixtures.BUILD = build
-    copy = float("nan") if args.dry_run_cpu else benchlib.p2p_copy_gbs()
+    copy = float("nan") if args.dry_run_cpu or torch.cuda.device_count() < 2 else benchlib.p2p_copy_gbs()
     print(f"torch copy cuda:0 -> cuda:1, 1 GiB: {copy:.1f} GB/s", flush=True)
     results, ok = [], True
     with tempfile.TemporaryDirectory() as d:
@@ -93,14 +101,31 @@ def main():
         with open(data, "w") as f:
             for i in range(64):
                 f.write(json.dumps({"prompt": f"numbers plus question {i}"}) + "\n")
-        runs = [(t, t, {}) for t in args.transports.split(",")]
+        lora_args = {}
+        if args.lora_r:
+            r = args.lora_r
+            cfg = json.loads((model_dir / "config.json").read_text())
+            C, I, L = cfg["hidden_size"], cfg["intermediate_size"], cfg["num_hidden_layers"]
+            D = C // cfg["num_attention_heads"]
+            KV = cfg["num_key_value_heads"] * D
+            adapter_params = r * L * ((C + C) + 2 * (C + KV) + (C + C) + 3 * (C + I))
+            print(f"LoRA r {r} on every projection: {adapter_params / 1e6:.1f} M adapter params "
+                  f"({4 * adapter_params / 1e6:.0f} MB fp32)", flush=True)
+            for s in args.lora_syncs.split(","):
+                lora_args[f"lora-{s}"] = ["--use-peft", "--lora-r", str(r), "--lora-alpha", str(2 * r),
+                                          "--lora-target-modules", "all-linear", "--lora-dropout", "0",
+                                          "--lora-sync", s]
+            runs = [("zmq", tag, {}) for tag in lora_args]
+        else:
+            runs = [(t, t, {}) for t in args.transports.split(",")]
         for i, v in enumerate(x for x in args.nccl_variants.split(";") if x.strip()):
             env = dict(kv.split("=", 1) for kv in v.replace(",", " ").split())
             runs.append(("nccl", f"nccl-v{i + 1}", env))
             print(f"nccl-v{i + 1}: {' '.join(f'{k}={val}' for k, val in env.items())}")
         for transport, tag, extra_env in runs:
             rows, log, note = run_sync(build, model_dir, data, d, transport, args.steps,
-                                       "cpu" if args.dry_run_cpu else args.server_gpu, args.timeout, extra_env, tag)
+                                       "cpu" if args.dry_run_cpu else args.server_gpu, args.timeout, extra_env, tag,
+                                       lora_args.get(tag, ()))
             want = "weight sync over NCCL" if transport == "nccl" else "weight sync over ZeroMQ"
             if not note and want not in log:
                 note = f"the trainer's start line lacks {want!r}"
@@ -130,6 +155,11 @@ def main():
             results.append((tag, syncs[0], med, min(rest), model_bytes / med / 1e9, wire / 1e9, wire_src,
                             step, model_bytes / xfer / 1e9 if xfer > 0 else float("nan")))
             print(f"{tag}: sync per step " + " ".join(f"{s:.4f}" for s in syncs) + " s", flush=True)
+            if tag in lora_args:
+                mem = [ln for ln in log.splitlines() if "LoRA r" in ln][:1]
+                print(f"{tag}: {rows[-1].get('sync_bytes', float('nan')) / 1e6:.1f} MB per push, median "
+                      f"{med * 1e3:.1f} ms (sending {xfer * 1e3:.1f} ms, server commit "
+                      f"{parts['sync_commit_time'] * 1e3:.1f} ms), step {step:.3f} s; {' '.join(mem)}", flush=True)
     gpu = "no GPU (dry run)" if args.dry_run_cpu else \
         f"GPU {torch.cuda.get_device_name(0)} x {torch.cuda.device_count()}"
     print(f"{gpu}, {'tiny test model' if args.dry_run_cpu else 'Qwen2.5-' + args.shape.upper() + ' shape'} "

@@ -23,8 +23,10 @@ if str(E2E) not in sys.path:
     sys.path.insert(0, str(E2E))
 import server_fixtures  # noqa: E402
 
-# Layer shapes of Qwen2.5-0.5B and -1.5B (tied embeddings, vocabulary QWEN_VOCAB).
+# Layer shapes of Qwen2.5-0.5B, -1.5B and -7B (tied embeddings here, vocabulary QWEN_VOCAB; the real 7B unties them).
 QWEN_SHAPES = {
+    "7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
+               num_key_value_heads=4),
     "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
                  num_key_value_heads=2),
     "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,

@@ -158,6 +158,10 @@ typedef struct {
     const char *const *lora_names;
     const char *const *lora_dirs;
     int n_loras;
+    int adapter_updates_lowrank; // adapter updates (engine_commit_adapter) run as a low-rank path beside the base
+                                // weights; 0: merged into the served weights, a copy of the base's decoder layers
+                                // kept to merge the next one from (low-rank when that copy does not fit)
+                                // (--adapter-update-mode)
     int cuda_graph_max_batch;   // cuda: decode-only steps of up to this many sequences are padded to the ladder of
                                 // batch sizes and replayed as CUDA graphs; larger ones, and any step with prompt
                                 // tokens, run eagerly unpadded; 0 = never pad (--cuda-graph-max-batch, 512)

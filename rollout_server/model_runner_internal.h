@@ -95,6 +95,11 @@ struct ModelRunner {
     char **adapter_names;           // (n_adapters + 1), [0] NULL
     int n_adapters;
     ModelLoraRows lora_rows;
+    // Adapter updates merged into the served weights (not adapter_updates_lowrank): the base's decoder-layer units
+    // as they were before the first merge ((n_units), NULL for the others; all NULL when no merged adapter is live).
+    int adapter_updates_lowrank;
+    void **adapter_base;
+    int lowrank_fallback_logged;
     // Lock-step driving of shards 1..tp-1 (runner_shards.c).
     pthread_mutex_t mu;
     pthread_cond_t go, done;

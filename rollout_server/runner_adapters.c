@@ -14,6 +14,7 @@ const char *runner_adapter_name(const ModelRunner *r, int k) {
 
 int runner_adapters_load(ModelRunner *r, const EngineConfig *cfg, char *err, size_t err_len) {
     const int n = cfg->n_loras > 0 ? cfg->n_loras : 0;
+    r->adapter_updates_lowrank = cfg->adapter_updates_lowrank;
     r->adapters = calloc((size_t)n + 1, sizeof *r->adapters);
     r->adapter_names = calloc((size_t)n + 1, sizeof *r->adapter_names);
     if (!r->adapters || !r->adapter_names) return snprintf(err, err_len, "out of memory"), ENGINE_ENOMEM;
@@ -65,7 +66,16 @@ int runner_adapters_load(ModelRunner *r, const EngineConfig *cfg, char *err, siz
     return 0;
 }
 
+// Frees the base copy of merged adapter updates.
+static void free_adapter_base(ModelRunner *r) {
+    if (!r->adapter_base) return;
+    for (int u = 0; u < runner_model(r)->layout.n_units; u++) ops_free(r->ops, r->adapter_base[u]);
+    free(r->adapter_base);
+    r->adapter_base = NULL;
+}
+
 void runner_adapters_free(ModelRunner *r) {
+    free_adapter_base(r);
     for (int k = 0; r->adapters && k <= r->n_adapters; k++) model_lora_free(r->adapters[k]);
     for (int k = 0; r->adapter_names && k <= r->n_adapters; k++) free(r->adapter_names[k]);
     free(r->adapters);
@@ -94,10 +104,66 @@ int runner_adapter_ranges(ModelRunner *r, const RunnerSeq *seqs, int n_seqs) {
     return lr->n_ranges;
 }
 
+// The adapters merged into the served weights: live layer unit = base copy + s B A (the copy taken from the live
+// weights before the first merge). Returns 0, 1 when the copy does not fit in device memory (nothing changed), or
+// -1 with a message.
+static int merge_policy_adapter(ModelRunner *r, const LoraConfig *c, float *const *units, char *err, size_t err_len) {
+    Model *m = &r->shards[0].m;
+    OpsCtx *o = r->ops;
+    const Layout *L = &m->layout;
+    const size_t es = ops_dtype_size(o);
+    char msg[512];
+    ModelLora *l;
+    if (model_lora_create(&l, m, c, 0, msg, sizeof msg) != 0) return snprintf(err, err_len, "%s", msg), -1;
+    void *scratch = ops_malloc(o, model_lora_merge_scratch_bytes(l));
+    if (!r->adapter_base && scratch && (r->adapter_base = calloc((size_t)L->n_units, sizeof(void *)))) {
+        for (int layer = 0; layer < m->cfg.num_layers; layer++) {
+            const int u = layout_layer_unit(layer);
+            if (!(r->adapter_base[u] = ops_malloc(o, L->unit_numel[u] * es))) {
+                free_adapter_base(r);
+                break;
+            }
+            ops_copy(o, r->adapter_base[u], r->shards[0].w.params[u], L->unit_numel[u] * es);
+        }
+    }
+    if (!r->adapter_base || !scratch) {
+        ops_clear_error(o);
+        ops_free(o, scratch);
+        model_lora_free(l);
+        return 1;
+    }
+    int rc = 0;
+    for (int layer = 0; layer < m->cfg.num_layers && rc == 0; layer++) {
+        const int u = layout_layer_unit(layer);
+        rc = model_lora_merge_layer(l, m, units[layer], r->adapter_base[u], r->shards[0].w.params[u], scratch, msg,
+                                    sizeof msg);
+    }
+    ops_synchronize(o);
+    if (rc == 0 && ops_status(o)) snprintf(msg, sizeof msg, "%s", ops_error(o)), rc = -1;
+    ops_clear_error(o);
+    ops_free(o, scratch);
+    model_lora_free(l);
+    if (rc != 0) return snprintf(err, err_len, "merging the adapters: %s", msg), -1;
+    model_lora_free(r->adapters[0]);   // a low-rank policy adapter of before goes
+    r->adapters[0] = NULL;
+    return 0;
+}
+
 int runner_set_policy_adapter(ModelRunner *r, const LoraConfig *c, float *const *units, char *err, size_t err_len) {
     if (r->tp > 1)
         return snprintf(err, err_len, "adapter updates into a tensor-parallel server (--tensor-parallel-size %d) are "
                         "not supported: push merged weights (tandem-train --lora-sync merged)", r->tp), -1;
+    // Merged, unless asked otherwise or --lora adapters are served: theirs apply to the base weights alone.
+    if (!r->adapter_updates_lowrank && r->n_adapters == 0) {
+        const int merged = merge_policy_adapter(r, c, units, err, err_len);
+        if (merged <= 0) return merged;
+        if (!r->lowrank_fallback_logged)
+            fprintf(stderr, "tandem-serve: no device memory for a copy of the base's decoder layers, which merging "
+                            "adapter updates needs: this and later adapters run as a low-rank path beside the base "
+                            "weights (slower decode; free memory with a lower --gpu-memory-utilization, or set "
+                            "--adapter-update-mode lowrank to say so)\n");
+        r->lowrank_fallback_logged = 1;
+    }
     Model *m = &r->shards[0].m;
     ModelLora *l;
     char msg[512];
@@ -118,6 +184,7 @@ int runner_set_policy_adapter(ModelRunner *r, const LoraConfig *c, float *const 
 }
 
 void runner_drop_policy_adapter(ModelRunner *r) {
+    free_adapter_base(r);   // the live weights are whole new ones
     if (!r->adapters) return;
     model_lora_free(r->adapters[0]);
     r->adapters[0] = NULL;

@@ -344,6 +344,52 @@ int model_lora_merge_unit(const ModelLora *l, const Model *m, OpsCtx *cpu, const
     return rc;
 }
 
+size_t model_lora_merge_scratch_bytes(const ModelLora *l) {
+    size_t most = 0, most_at = 0, most_b = 0;
+    for (int i = 0; i < LORA_N_MODULES; i++) {
+        most = max_i(most, (size_t)l->in[i] * l->out[i]);
+        most_at = max_i(most_at, (size_t)l->in[i] * l->cfg.r);
+        most_b = max_i(most_b, (size_t)l->out[i] * l->cfg.r);
+    }
+    return (most + most_at + most_b) * ops_dtype_size(l->ops);
+}
+
+int model_lora_merge_layer(const ModelLora *l, const Model *m, const float *adapter, const void *base, void *dst,
+                           void *scratch, char *err, size_t err_len) {
+    OpsCtx *o = m->ops;
+    const size_t es = ops_dtype_size(o);
+    const LayerOffsets *lo = &m->layout.layer;
+    const size_t IC = (size_t)m->cfg.intermediate_size * m->cfg.hidden_size;
+    const size_t w_off[LORA_N_MODULES] = {lo->wq, lo->wk, lo->wv, lo->wo, lo->wgu, lo->wgu + IC, lo->wdown};
+    const int r = l->cfg.r;
+    size_t most = 0, most_at = 0;
+    for (int i = 0; i < LORA_N_MODULES; i++) {
+        most = max_i(most, (size_t)l->in[i] * l->out[i]);
+        most_at = max_i(most_at, (size_t)l->in[i] * r);
+    }
+    void *delta = scratch, *at_dev = (char *)scratch + most * es, *b_dev = (char *)at_dev + most_at * es;
+    float *at = malloc(most_at * sizeof(float));
+    if (!at) {
+        snprintf(err, err_len, "out of host memory merging the adapters");
+        return -1;
+    }
+    if (dst != base) ops_copy(o, dst, base, m->layout.unit_numel[layout_layer_unit(0)] * es);
+    for (int i = 0; i < LORA_N_MODULES; i++) {
+        if (l->a_off[i] == SIZE_MAX) continue;
+        const int in = l->in[i], out = l->out[i];
+        // (s A)^T (in, r), so that the GEMM's (out, in) = B @ ((s A)^T)^T = s B A.
+        const float *a = adapter + l->a_off[i];
+        for (int k = 0; k < r; k++)
+            for (int c = 0; c < in; c++) at[(size_t)c * r + k] = l->scale * a[(size_t)k * in + c];
+        ops_upload_f32(o, at_dev, at, (size_t)in * r);
+        ops_upload_f32(o, b_dev, adapter + l->b_off[i], (size_t)out * r);
+        ops_matmul_fwd(o, delta, b_dev, at_dev, NULL, out, r, in);
+        ops_add_inplace(o, (char *)dst + w_off[i] * es, delta, (size_t)out * in);
+    }
+    free(at);
+    return 0;
+}
+
 // ---- the adapter path of a projection group (model_internal.h) -----------------------------------------------
 
 typedef struct {

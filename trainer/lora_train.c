@@ -19,7 +19,7 @@ struct LoraTrain {
     float **master, **adam_m, **adam_v; // (n_layers) fp32 backend memory, unit_numel each
     float *sumsq;            // one fp32 in backend memory
     void **merged;           // (n_layers) merged layer units, storage dtype (lora_train_refresh_merged), or NULL
-    void *delta, *at;        // its scratch: s B A (largest out x in) and (s A)^T (largest in x r), storage dtype
+    void *scratch;           // its backend scratch (model_lora_merge_scratch_bytes)
 };
 
 static int fail_ops(LoraTrain *lt, const char *what, char *err, size_t err_len) {
@@ -93,8 +93,7 @@ void lora_train_destroy(LoraTrain *lt) {
     if (lt->sumsq) ops_free(lt->ops, lt->sumsq);
     for (int l = 0; lt->merged && l < lt->lora->n_layers; l++) ops_free(lt->ops, lt->merged[l]);
     free(lt->merged);
-    if (lt->delta) ops_free(lt->ops, lt->delta);
-    if (lt->at) ops_free(lt->ops, lt->at);
+    if (lt->scratch) ops_free(lt->ops, lt->scratch);
     model_lora_free(lt->lora);
     if (lt->base.params) resident_free(&lt->base, lt->m);
     free(lt);
@@ -304,49 +303,30 @@ int lora_train_refresh_merged(LoraTrain *lt, char *err, size_t err_len) {
     const ModelLora *l = lt->lora;
     OpsCtx *o = lt->ops;
     const size_t es = ops_dtype_size(o);
-    const int r = l->cfg.r;
-    size_t most = 0, most_at = 0;
-    for (int i = 0; i < LORA_N_MODULES; i++) {
-        if ((size_t)l->in[i] * l->out[i] > most) most = (size_t)l->in[i] * l->out[i];
-        if ((size_t)l->in[i] * r > most_at) most_at = (size_t)l->in[i] * r;
-    }
     if (!lt->merged) {
         lt->merged = calloc((size_t)l->n_layers, sizeof(void *));
-        lt->delta = ops_malloc(o, most * es);
-        lt->at = ops_malloc(o, most_at * es);
+        lt->scratch = ops_malloc(o, model_lora_merge_scratch_bytes(l));
         for (int layer = 0; lt->merged && layer < l->n_layers; layer++)
             if (!(lt->merged[layer] = ops_malloc(o, m->layout.unit_numel[layout_layer_unit(layer)] * es))) break;
-        if (!lt->merged || ops_status(o)) {
+        if (!lt->merged || !lt->scratch || ops_status(o)) {
             snprintf(err, err_len, "out of memory for the merged weights the rollout servers get: %s", ops_error(o));
             return -1;
         }
     }
-    const LayerOffsets *lo = &m->layout.layer;
-    const size_t IC = (size_t)m->cfg.intermediate_size * m->cfg.hidden_size;
-    const size_t w_off[LORA_N_MODULES] = {lo->wq, lo->wk, lo->wv, lo->wo, lo->wgu, lo->wgu + IC, lo->wdown};
-    float *a = malloc(most_at * sizeof(float)), *at = malloc(most_at * sizeof(float));
-    if (!a || !at) {
-        free(a), free(at);
+    float *host = malloc(l->unit_numel * sizeof(float));
+    if (!host) {
         snprintf(err, err_len, "out of host memory merging the adapters");
         return -1;
     }
-    for (int layer = 0; layer < l->n_layers; layer++) {
-        const int u = layout_layer_unit(layer);
-        ops_copy(o, lt->merged[layer], lt->base.params[u], m->layout.unit_numel[u] * es);
-        for (int i = 0; i < LORA_N_MODULES; i++) {
-            if (l->a_off[i] == SIZE_MAX) continue;
-            const int in = l->in[i], out = l->out[i];
-            // (s A)^T (in, r) from the fp32 master, so that the GEMM's (out, in) = B @ ((s A)^T)^T = s B A.
-            ops_copy_to_host(o, a, lt->master[layer] + l->a_off[i], (size_t)r * in * sizeof(float));
-            for (int k = 0; k < r; k++)
-                for (int c = 0; c < in; c++) at[(size_t)c * r + k] = l->scale * a[(size_t)k * in + c];
-            ops_upload_f32(o, lt->at, at, (size_t)in * r);
-            ops_matmul_fwd(o, lt->delta, (const char *)l->params[layer] + l->b_off[i] * es, lt->at, NULL, out, r, in);
-            ops_add_inplace(o, (char *)lt->merged[layer] + w_off[i] * es, lt->delta, (size_t)out * in);
-        }
+    int rc = 0;
+    for (int layer = 0; layer < l->n_layers && rc == 0; layer++) {
+        ops_copy_to_host(o, host, lt->master[layer], l->unit_numel * sizeof(float));
+        rc = model_lora_merge_layer(l, m, host, lt->base.params[layout_layer_unit(layer)], lt->merged[layer],
+                                    lt->scratch, err, err_len);
     }
     ops_synchronize(o);
-    free(a), free(at);
+    free(host);
+    if (rc != 0) return -1;
     return ops_status(o) ? fail_ops(lt, "merging the adapters for the rollout servers", err, err_len) : 0;
 }
 

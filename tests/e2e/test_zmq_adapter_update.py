@@ -2,7 +2,10 @@
 the trainer of a LoRA policy (tandem-train --use-peft, lora_sync adapter) sends the A and B matrices alone, and the
 server runs them beside its base weights.
 
-Against PEFT on transformers (adapters made by PEFT itself, B random):
+Against PEFT on transformers (adapters made by PEFT itself, B random), with the server's --adapter-update-mode merge
+(the default: merged into the served weights from a kept copy of the base) and lowrank (a low-rank path beside the
+base weights), and once with a --lora adapter served too (adapter updates then run low-rank, and the --lora
+adapter still applies to the base alone):
 - an adapter update (fp32 slices of the adapter units, cut at random and shuffled) -> the server's greedy tokens are
   PEFT's, logprobs within 2e-4, policy version 1; a second one of another config (rank, targets, rsLoRA) replaces it;
 - a whole-weights update afterwards drops the adapter: the server is exactly the new weights;
@@ -15,9 +18,12 @@ import numpy as np
 import pytest
 import torch
 
-from test_zmq_control import Client, expect_greedy, models, pack_units, send_update, start_server  # noqa: F401
+from server_fixtures import TandemServer, free_port
+from test_zmq_control import Client, expect_greedy, models, pack_units, send_update  # noqa: F401
 
 from transformers import AutoModelForCausalLM
+
+from test_zmq_control import PROMPTS
 
 ALIGN = 64
 MODULES = ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
@@ -81,10 +87,17 @@ def send_adapter(c, units, version, layout_hash, adapter, rng, first_id):
     return c.ask({"type": "weights_end", "id": first_id + 1000, "version": version}, timeout=120)[0]
 
 
-def test_adapter_updates(models):
+@pytest.mark.parametrize("mode", ["merge", "lowrank", "merge+lora"])
+def test_adapter_updates(models, mode, tmp_path):
     base_dir, cfg = models["base"]["dir"], models["base"]["cfg"]
     L = cfg["num_hidden_layers"]
-    srv, endpoint = start_server(base_dir)
+    endpoint = f"tcp://127.0.0.1:{free_port()}"
+    extra = ["--adapter-update-mode", mode.split("+")[0]]
+    if mode.endswith("+lora"):
+        served = peft_model(base_dir, 13, r=2, lora_alpha=4, target_modules=["o_proj", "up_proj"])
+        served.save_pretrained(tmp_path / "served")
+        extra += ["--lora", f"served={tmp_path / 'served'}"]
+    srv = TandemServer(base_dir, "--control", endpoint, "--drain-timeout", "5", *extra)
     try:
         c = Client(endpoint)
         lh = c.ask({"type": "hello", "id": 1})[0]["layout_hash"]
@@ -95,6 +108,16 @@ def test_adapter_updates(models):
         rep = send_adapter(c, adapter_units(one, L), 1, lh, desc1, rng, 100)
         assert rep["type"] == "weights_end" and rep["version"] == 1, rep
         res = expect_greedy(c, one, 2, version=1)
+        if mode.endswith("+lora"):   # the --lora adapter applies to the base, not to base + the policy's adapter
+            import openai
+            oc = openai.OpenAI(base_url=srv.url + "/v1", api_key="x", max_retries=0)
+            for p in PROMPTS:
+                out = oc.completions.create(model="served", prompt=p, max_tokens=12, temperature=0,
+                                            extra_body={"ignore_eos": True, "return_token_ids": True})
+                with torch.no_grad():
+                    want = served.generate(torch.tensor([p]), max_new_tokens=12, min_new_tokens=12, do_sample=False,
+                                           eos_token_id=None, pad_token_id=0)[0, len(p):].tolist()
+                assert out.choices[0].token_ids == want, p
 
         two = peft_model(base_dir, 12, r=2, lora_alpha=3, target_modules="all-linear", use_rslora=True)
         desc2 = {"r": 2, "lora_alpha": 3, "use_rslora": True, "target_modules": MODULES}
