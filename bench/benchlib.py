@@ -23,8 +23,11 @@ if str(E2E) not in sys.path:
     sys.path.insert(0, str(E2E))
 import server_fixtures  # noqa: E402
 
-# Layer shapes of Qwen2.5-0.5B, -1.5B and -7B (tied embeddings here, vocabulary QWEN_VOCAB; the real 7B unties them).
+# Layer shapes of Qwen2.5-0.5B, -1.5B, -7B and -14B (tied embeddings here, vocabulary QWEN_VOCAB; the real 7B and
+# 14B untie them).
 QWEN_SHAPES = {
+    "14b": dict(hidden_size=5120, intermediate_size=13824, num_hidden_layers=48, num_attention_heads=40,
+                num_key_value_heads=8),
     "7b": dict(hidden_size=3584, intermediate_size=18944, num_hidden_layers=28, num_attention_heads=28,
                num_key_value_heads=4),
     "0.5b": dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,

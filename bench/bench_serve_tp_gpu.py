@@ -1,0 +1,118 @@
+"""tandem-serve --tensor-parallel-size N on N GPUs vs N = 1: decode time per token through HTTP, beside the bandwidth
+roofline of the N GPUs, in one run.
+
+    python3 bench/bench_serve_tp_gpu.py --build build-gpu.carry [--shape 7b] [--tp 1,2] [--streams 1,16]
+
+A random Qwen2.5-shaped model (bf16, tied embeddings) is saved once. For each N a server runs on cuda:0..N-1 and,
+for each concurrency C, C clients each ask /v1/completions for 32 prompt ids, greedy, ignore_eos, twice: T1 = 32
+and T2 = 288 new tokens; the decode time per step is (time(T2) - time(T1)) / 256, which leaves out the prefill and
+the HTTP round trip. Roofline of a decode step at batch C: every weight read once, split over N GPUs, plus each
+sequence's KV cache at the mean context, at the device copy bandwidth BW measured here with torch on cuda:0
+(bytes read + written / time): bound = (weight bytes / N + C * KV bytes) / BW. The table gives ms per step, the
+share of that bound, and TP N's speed-up over TP 1.
+Also reports how many of the first 16 greedy tokens of a prompt each server shares with the first one's, and fails
+when even the first differs (random weights give near-flat logits: bf16 sums in another order part on near-ties).
+--server-args passes more tandem-serve options to every server (e.g. --enforce-eager to see the CUDA graphs' share).
+--dry-run-cpu checks this script without GPUs: the tiny test model on the CPU backend (TP as CPU shards).
+"""
+import argparse
+import concurrent.futures
+import json
+import pathlib
+import sys
+import tempfile
+import time
+import urllib.request
+
+import benchlib
+from benchlib import build_model, server_fixtures, use_devlib
+
+PROMPT_LEN, T1, T2 = 32, 32, 288
+
+
+def complete(url, prompt, max_tokens):
+    body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+                       "return_token_ids": True}).encode()
+    req = urllib.request.Request(url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(req, timeout=600) as r:
+        out = json.loads(r.read())
+    ids = out["choices"][0]["token_ids"]
+    assert len(ids) == max_tokens, out
+    return ids
+
+
+def timed(url, prompts, max_tokens):
+    t0 = time.perf_counter()
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+        outs = list(pool.map(lambda p: complete(url, p, max_tokens), prompts))
+    return time.perf_counter() - t0, outs
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--build", default="build-gpu.carry")
+    ap.add_argument("--shape", choices=list(benchlib.QWEN_SHAPES), default="7b")
+    ap.add_argument("--tp", default="1,2")
+    ap.add_argument("--streams", default="1,16")
+    ap.add_argument("--kv", default="8G", help="--kv-cache-memory of each server (per GPU)")
+    ap.add_argument("--server-args", default="", help="more tandem-serve options, space-separated")
+    ap.add_argument("--dry-run-cpu", action="store_true")
+    args = ap.parse_args()
+    build = pathlib.Path(args.build).resolve()
+    use_devlib(build)
+    server_fixtures.BUILD = build
+    tps = [int(x) for x in args.tp.split(",")]
+    streams = [int(x) for x in args.streams.split(",")]
+    if args.dry_run_cpu:
+        bw, gpu = float("nan"), "no GPU (dry run)"
+    else:
+        import torch
+        bw = benchlib.measure_ceilings()[0] / 1e9
+        gpu = f"{torch.cuda.get_device_name(0)} x {torch.cuda.device_count()}"
+    rows, ok = [], True
+    with tempfile.TemporaryDirectory() as d:
+        model_dir = pathlib.Path(d) / "model"
+        model_dir.mkdir()
+        params = sum(build_model(model_dir, "tiny" if args.dry_run_cpu else args.shape).values())
+        cfg = json.loads((model_dir / "config.json").read_text())
+        V = cfg["vocab_size"]
+        D = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
+        kv_per_token = 2 * cfg["num_hidden_layers"] * cfg["num_key_value_heads"] * D * 2   # K and V, bf16
+        weight_bytes = 2 * params
+        prompts = [[(97 * s + 13 * i + 5) % (V - 1) + 1 for i in range(PROMPT_LEN)] for s in range(max(streams))]
+        ref = None
+        for tp in tps:
+            dev = ["--device", "cpu"] if args.dry_run_cpu else ["--device", "cuda"]
+            srv = server_fixtures.TandemServer(model_dir, *dev, "--tensor-parallel-size", tp, "--kv-cache-memory",
+                                               "64M" if args.dry_run_cpu else args.kv, *args.server_args.split(),
+                                               start_timeout=600)
+            try:
+                head = complete(srv.url, prompts[0], 16)
+                if ref is None:
+                    ref = head
+                same = next((i for i, (a, b) in enumerate(zip(head, ref)) if a != b), len(ref))
+                print(f"TP {tp}: the first {same} of 16 greedy tokens equal TP {tps[0]}'s", flush=True)
+                ok = ok and same > 0
+                for c in streams:
+                    timed(srv.url, prompts[:c], T1)   # warm-up: this batch size's graphs are recorded
+                    t1, _ = timed(srv.url, prompts[:c], T1)
+                    t2, _ = timed(srv.url, prompts[:c], T2)
+                    step = (t2 - t1) / (T2 - T1)
+                    ctx = PROMPT_LEN + (T1 + T2) / 2
+                    bound = (weight_bytes / tp + c * ctx * kv_per_token) / (bw * 1e9)
+                    rows.append((tp, c, step, bound))
+                    print(f"TP {tp}, {c} streams: {step * 1e3:.2f} ms per decode step", flush=True)
+            finally:
+                srv.stop()
+    print(f"{gpu}; {'tiny test model' if args.dry_run_cpu else 'Qwen2.5-' + args.shape.upper() + ' shape'} "
+          f"({params / 1e9:.2f} B params, {weight_bytes / 1e9:.1f} GB bf16); device copy BW {bw:.0f} GB/s (read + "
+          f"write)")
+    print(f"{'TP':>3}{'streams':>9}{'ms/step':>10}{'bound ms':>10}{'of bound':>10}{'vs TP ' + str(tps[0]):>10}")
+    base = {c: s for tp, c, s, _ in rows if tp == tps[0]}
+    for tp, c, step, bound in rows:
+        print(f"{tp:>3}{c:>9}{step * 1e3:>10.2f}{bound * 1e3:>10.2f}{bound / step:>10.0%}{base[c] / step:>9.2f}x")
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
