@@ -109,21 +109,25 @@ def test_lora_sft_trains_and_writes_a_peft_adapter(two_ranks):
     err = ((got_merged - want_merged).abs().max() / want_merged.abs().max()).item()
     assert err <= 1e-5, err
     assert (ckpt / "merged" / "tokenizer.json").exists()
-    # tandem-serve serves the merged folder: greedy ids equal transformers' generate on it.
+    # tandem-serve serves the merged folder, and the adapter folder itself beside the base (--lora): greedy ids of
+    # both equal transformers' generate on the merged model.
     server = TandemServer(ckpt / "merged")
+    beside = TandemServer(d / "model", "--lora", f"sft={ckpt}")
     try:
         for ids in seqs:
             with torch.no_grad():
                 out = merged.generate(torch.tensor([ids]), do_sample=False, max_new_tokens=12, min_new_tokens=12,
                                       attention_mask=torch.ones(1, len(ids), dtype=torch.long), eos_token_id=None,
                                       pad_token_id=0)
-            status, resp, _ = http_json("POST", server.url + "/v1/completions",
-                                        {"prompt": ids, "max_tokens": 12, "temperature": 0, "ignore_eos": True,
-                                         "return_token_ids": True})
-            assert status == 200, resp
-            assert resp["choices"][0]["token_ids"] == out[0, len(ids):].tolist()
+            for srv, model in ((server, None), (beside, "sft")):
+                status, resp, _ = http_json("POST", srv.url + "/v1/completions",
+                                            {"prompt": ids, "max_tokens": 12, "temperature": 0, "ignore_eos": True,
+                                             "return_token_ids": True, **({"model": model} if model else {})})
+                assert status == 200, resp
+                assert resp["choices"][0]["token_ids"] == out[0, len(ids):].tolist(), model
     finally:
         server.kill()
+        beside.kill()
 
 
 def test_one_rank_equals_two_ranks(two_ranks):
