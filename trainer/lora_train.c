@@ -16,7 +16,12 @@ struct LoraTrain {
     OpsCtx *ops;
     ResidentWeights base;    // the frozen base: params only
     ModelLora *lora;         // adapter units and their fp32 gradients
-    float **master, **adam_m, **adam_v; // (n_layers) fp32 backend memory, unit_numel each
+    // ZeRO over the adapters: layer l's fp32 master and Adam moments live on rank l % world only (its owner);
+    // the other ranks' entries are NULL. The adapter units (storage dtype) and the gradients are on every rank.
+    float **master, **adam_m, **adam_v; // (n_layers) fp32 backend memory, unit_numel each, or NULL
+    int rank, world;
+    float *gather;           // one unit of fp32 backend memory: a layer's state broadcast from its owner
+    float **held[3];         // rank 0 after lora_train_collect: host master, adam_m, adam_v of every layer
     float *sumsq;            // one fp32 in backend memory
     void **merged;           // (n_layers) merged layer units, storage dtype (lora_train_refresh_merged), or NULL
     void *scratch;           // its backend scratch (model_lora_merge_scratch_bytes)
@@ -38,6 +43,8 @@ int lora_train_create(LoraTrain **out, Model *m, Comm *c, const LoraConfig *lc, 
     lt->m = m;
     lt->c = c;
     lt->ops = m->ops;
+    lt->rank = comm_rank(c);
+    lt->world = comm_world_size(c);
     if (resident_alloc(&lt->base, m, 0, err, err_len) != 0 ||
         model_load_weights(m, &lt->base, model_dir, err, err_len) != 0 ||
         model_lora_create(&lt->lora, m, lc, 1, err, err_len) != 0)
@@ -53,20 +60,24 @@ int lora_train_create(LoraTrain **out, Model *m, Comm *c, const LoraConfig *lc, 
         snprintf(err, err_len, "out of memory for the LoRA optimizer state");
         goto fail;
     }
-    // The fp32 master is the init itself; the adapter units (storage dtype) are its rounding.
-    for (int l = 0; l < L; l++) {
+    // The fp32 master is the init itself; the adapter units (storage dtype) are its rounding. Every rank draws
+    // every layer's init (the units are on every rank); each keeps the master and moments of its own layers.
+    int ok = 1;
+    for (int l = 0; l < L && ok; l++) {
+        model_lora_init_unit(lt->lora, seed, l, host);
+        ops_upload_f32(lt->ops, lt->lora->params[l], host, n);
+        if (!lora_train_owns(lt, l)) continue;
         lt->master[l] = ops_malloc(lt->ops, n * sizeof(float));
         lt->adam_m[l] = ops_malloc(lt->ops, n * sizeof(float));
         lt->adam_v[l] = ops_malloc(lt->ops, n * sizeof(float));
-        if (!lt->master[l] || !lt->adam_m[l] || !lt->adam_v[l]) break;
-        model_lora_init_unit(lt->lora, seed, l, host);
+        if (!(ok = lt->master[l] && lt->adam_m[l] && lt->adam_v[l])) break;
         ops_copy_to_device(lt->ops, lt->master[l], host, n * sizeof(float));
-        ops_upload_f32(lt->ops, lt->lora->params[l], host, n);
     }
     ops_synchronize(lt->ops);
     free(host);
     lt->sumsq = ops_malloc(lt->ops, sizeof(float));
-    if (ops_status(lt->ops) || !lt->sumsq) {
+    lt->gather = lt->world > 1 ? ops_malloc(lt->ops, n * sizeof(float)) : NULL;
+    if (!ok || ops_status(lt->ops) || !lt->sumsq || (lt->world > 1 && !lt->gather)) {
         fail_ops(lt, "LoRA optimizer state", err, err_len);
         goto fail;
     }
@@ -91,6 +102,8 @@ void lora_train_destroy(LoraTrain *lt) {
     free(lt->adam_m);
     free(lt->adam_v);
     if (lt->sumsq) ops_free(lt->ops, lt->sumsq);
+    if (lt->gather) ops_free(lt->ops, lt->gather);
+    if (lt->lora) lora_train_release(lt);
     for (int l = 0; lt->merged && l < lt->lora->n_layers; l++) ops_free(lt->ops, lt->merged[l]);
     free(lt->merged);
     if (lt->scratch) ops_free(lt->ops, lt->scratch);
@@ -109,12 +122,16 @@ int lora_train_reserve(LoraTrain *lt, int max_tokens, char *err, size_t err_len)
     return model_lora_reserve(lt->lora, max_tokens, err, err_len);
 }
 
+int lora_train_owns(const LoraTrain *lt, int layer) { return layer % lt->world == lt->rank; }
+
 void lora_train_memory(const LoraTrain *lt, LoraTrainMemory *mem) {
     const ModelLora *l = lt->lora;
     const size_t es = ops_dtype_size(lt->ops), units = (size_t)l->n_layers * l->unit_numel;
+    size_t owned = 0;
+    for (int layer = 0; layer < l->n_layers; layer++) owned += (size_t)lora_train_owns(lt, layer) * l->unit_numel;
     mem->base_bytes = lt->m->layout.total_numel * es;
     mem->adapter_bytes = units * es;
-    mem->state_bytes = units * 4 * sizeof(float);
+    mem->state_bytes = (units + 3 * owned) * sizeof(float);
     mem->n_adapter_params = 0;
     for (int i = 0; i < l->n_tensors; i++) mem->n_adapter_params += l->tensors[i].numel;
 }
@@ -148,10 +165,23 @@ int lora_train_step(LoraTrain *lt, const AdamWParams *p, float lr, int step, flo
         const float coef = p->max_grad_norm / (norm + 1e-6f);
         scale = coef < 1.0f ? coef : 1.0f;
     }
-    // The padding between tensors has zero gradients and zero masters: AdamW leaves it zero.
+    // The padding between tensors has zero gradients and zero masters: AdamW leaves it zero. Each layer's owner
+    // steps it and broadcasts the new adapter unit (storage dtype) to the other ranks.
     for (int layer = 0; layer < l->n_layers; layer++)
-        ops_adamw_step(o, lt->master[layer], lt->adam_m[layer], lt->adam_v[layer], l->grads[layer], l->params[layer],
-                       n, lr, p->beta1, p->beta2, p->eps, p->weight_decay, step, scale);
+        if (lora_train_owns(lt, layer))
+            ops_adamw_step(o, lt->master[layer], lt->adam_m[layer], lt->adam_v[layer], l->grads[layer],
+                           l->params[layer], n, lr, p->beta1, p->beta2, p->eps, p->weight_decay, step, scale);
+    if (lt->world > 1) {
+        const CommDtype dt = ops_dtype_size(o) == 2 ? COMM_BF16 : COMM_F32;
+        comm_wait_compute(lt->c);
+        for (int layer = 0; layer < l->n_layers; layer++)
+            if (comm_broadcast(lt->c, l->params[layer], n, dt, layer % lt->world) != 0) {
+                snprintf(err, err_len, "broadcast of layer %d's adapters from rank %d failed: %s", layer,
+                         layer % lt->world, comm_error(lt->c));
+                return -1;
+            }
+        comm_compute_wait(lt->c);
+    }
     model_lora_zero_grads(l);
     ops_synchronize(o);
     if (ops_status(o)) {
@@ -161,20 +191,29 @@ int lora_train_step(LoraTrain *lt, const AdamWParams *p, float lr, int step, flo
     return 0;
 }
 
-// Host copies of the adapters' fp32 state: which 0 = master, 1 = adam_m, 2 = adam_v; host[l] per layer.
-static float **state_to_host(LoraTrain *lt, int which) {
-    ModelLora *l = lt->lora;
-    float **src = which == 0 ? lt->master : which == 1 ? lt->adam_m : lt->adam_v;
-    float **host = calloc((size_t)l->n_layers, sizeof *host);
-    for (int layer = 0; host && layer < l->n_layers; layer++) {
-        if (!(host[layer] = malloc(l->unit_numel * sizeof(float)))) {
-            for (int k = 0; k < layer; k++) free(host[k]);
-            free(host);
-            return NULL;
+static float **state_of(const LoraTrain *lt, int which) {
+    return which == 0 ? lt->master : which == 1 ? lt->adam_m : lt->adam_v;
+}
+
+int lora_train_gather(LoraTrain *lt, int layer, int which, float *host, char *err, size_t err_len) {
+    OpsCtx *o = lt->ops;
+    const size_t bytes = lt->lora->unit_numel * sizeof(float);
+    const int root = layer % lt->world;
+    const float *src = state_of(lt, which)[layer];
+    if (lt->world > 1) {
+        if (root == lt->rank) ops_copy(o, lt->gather, src, bytes);
+        comm_wait_compute(lt->c);
+        if (comm_broadcast(lt->c, lt->gather, lt->lora->unit_numel, COMM_F32, root) != 0) {
+            snprintf(err, err_len, "broadcast of layer %d's adapter state from rank %d failed: %s", layer, root,
+                     comm_error(lt->c));
+            return -1;
         }
-        ops_copy_to_host(lt->ops, host[layer], src[layer], l->unit_numel * sizeof(float));
+        comm_compute_wait(lt->c);
+        src = lt->gather;
     }
-    return host;
+    if (host) ops_copy_to_host(o, host, src, bytes);
+    if (ops_status(o)) return fail_ops(lt, "reading the adapter state", err, err_len);
+    return 0;
 }
 
 static void free_host(float **host, int n) {
@@ -182,12 +221,39 @@ static void free_host(float **host, int n) {
     free(host);
 }
 
+void lora_train_release(LoraTrain *lt) {
+    for (int k = 0; k < 3; k++) {
+        free_host(lt->held[k], lt->lora->n_layers);
+        lt->held[k] = NULL;
+    }
+}
+
+int lora_train_collect(LoraTrain *lt, char *err, size_t err_len) {
+    const ModelLora *l = lt->lora;
+    lora_train_release(lt);
+    int keep = lt->rank == 0, oom = 0;
+    for (int k = 0; k < 3 && keep && !oom; k++) {
+        oom = !(lt->held[k] = calloc((size_t)l->n_layers, sizeof(float *)));
+        for (int layer = 0; !oom && layer < l->n_layers; layer++)
+            oom = !(lt->held[k][layer] = malloc(l->unit_numel * sizeof(float)));
+    }
+    if (oom) lora_train_release(lt), keep = 0;
+    // Out of memory, rank 0 still takes part in every broadcast: a rank that left early would hang the others.
+    int rc = 0;
+    for (int layer = 0; rc == 0 && layer < l->n_layers; layer++)
+        for (int k = 0; rc == 0 && k < 3; k++)
+            rc = lora_train_gather(lt, layer, k, keep ? lt->held[k][layer] : NULL, err, err_len);
+    if (rc == 0 && oom) rc = -1, snprintf(err, err_len, "out of host memory collecting the adapters' state");
+    if (rc != 0) lora_train_release(lt);
+    return rc;
+}
+
 int lora_train_save(LoraTrain *lt, const char *dir, const char *base_model, char *err, size_t err_len) {
     ModelLora *l = lt->lora;
     const int L = l->n_layers;
-    float **host[3] = {state_to_host(lt, 0), state_to_host(lt, 1), state_to_host(lt, 2)};
+    float **const *host = lt->held;
     int rc = host[0] && host[1] && host[2] ? 0 : -1;
-    if (rc != 0) snprintf(err, err_len, "out of host memory for the adapter checkpoint");
+    if (rc != 0) snprintf(err, err_len, "the adapters' state was not collected (lora_train_collect) before saving");
     if (rc == 0) rc = model_lora_save(l, host[0], dir, base_model, err, err_len);
     StWriter *w = NULL;
     char (*names)[32] = rc == 0 ? calloc((size_t)L * 3, sizeof *names) : NULL;
@@ -213,7 +279,6 @@ int lora_train_save(LoraTrain *lt, const char *dir, const char *base_model, char
     }
     st_writer_free(w);
     free(names);
-    for (int k = 0; k < 3; k++) free_host(host[k], L);
     return rc;
 }
 
@@ -254,7 +319,8 @@ int lora_train_load(LoraTrain *lt, const char *dir, char *err, size_t err_len) {
             }
             rc = st_check_shape(t, 1, shape, err, err_len) || st_read_f32(t, host, l->unit_numel, err, err_len);
             if (rc != 0) break;
-            ops_copy_to_device(lt->ops, dst[k][layer], host, l->unit_numel * sizeof(float));
+            // Every rank's adapter units from the masters; the state itself to each layer's owner.
+            if (lora_train_owns(lt, layer)) ops_copy_to_device(lt->ops, dst[k][layer], host, l->unit_numel * sizeof(float));
             if (k == 0) ops_upload_f32(lt->ops, l->params[layer], host, l->unit_numel);
         }
     ops_synchronize(lt->ops);
@@ -269,9 +335,11 @@ int lora_train_save_merged(LoraTrain *lt, const char *dir, char *err, size_t err
     const ModelLora *l = lt->lora;
     const int U = m->layout.n_units;
     OpsCtx *cpu = NULL;
-    float **host = calloc((size_t)U, sizeof *host), *adapter = malloc(l->unit_numel * sizeof(float));
-    int rc = host && adapter ? 0 : -1;
+    float **host = calloc((size_t)U, sizeof *host), *const *masters = lt->held[0];
+    int rc = host ? 0 : -1;
     if (rc != 0) snprintf(err, err_len, "out of host memory for the merged model");
+    if (rc == 0 && !masters)
+        rc = -1, snprintf(err, err_len, "the adapters' state was not collected (lora_train_collect) before saving");
     if (rc == 0) rc = ops_create(&cpu, OPS_BACKEND_CPU, 0, err, err_len);
     for (int u = 0; rc == 0 && u < U; u++) {
         if (!(host[u] = malloc(m->layout.unit_numel[u] * sizeof(float)))) {
@@ -282,21 +350,17 @@ int lora_train_save_merged(LoraTrain *lt, const char *dir, char *err, size_t err
         ops_download_f32(lt->ops, host[u], lt->base.params[u], m->layout.unit_numel[u]);
         const int layer = u - layout_layer_unit(0);
         if (layer < 0 || layer >= l->n_layers) continue;
-        ops_copy_to_host(lt->ops, adapter, lt->master[layer], l->unit_numel * sizeof(float));
-        rc = model_lora_merge_unit(l, m, cpu, adapter, host[u], err, err_len);
+        rc = model_lora_merge_unit(l, m, cpu, masters[layer], host[u], err, err_len);
     }
     if (rc == 0 && ops_status(lt->ops)) rc = fail_ops(lt, "merging the adapters", err, err_len);
     if (rc == 0) rc = model_save_host(m, host, dir, ops_dtype_size(lt->ops) == 2, 0, err, err_len);
     for (int u = 0; host && u < U; u++) free(host[u]);
     free(host);
-    free(adapter);
     if (cpu) ops_destroy(cpu);
     return rc;
 }
 
 const ModelLora *lora_train_adapters(const LoraTrain *lt) { return lt->lora; }
-
-const float *lora_train_master(const LoraTrain *lt, int layer) { return lt->master[layer]; }
 
 int lora_train_refresh_merged(LoraTrain *lt, char *err, size_t err_len) {
     const Model *m = lt->m;
@@ -320,8 +384,8 @@ int lora_train_refresh_merged(LoraTrain *lt, char *err, size_t err_len) {
     }
     int rc = 0;
     for (int layer = 0; layer < l->n_layers && rc == 0; layer++) {
-        ops_copy_to_host(o, host, lt->master[layer], l->unit_numel * sizeof(float));
-        rc = model_lora_merge_layer(l, m, host, lt->base.params[layout_layer_unit(layer)], lt->merged[layer],
+        rc = lora_train_gather(lt, layer, 0, host, err, err_len);
+        if (rc == 0) rc = model_lora_merge_layer(l, m, host, lt->base.params[layout_layer_unit(layer)], lt->merged[layer],
                                     lt->scratch, err, err_len);
     }
     ops_synchronize(o);

@@ -54,8 +54,8 @@ static int open_lora(Trainer *t, const ModelConfig *mc, char *err, size_t err_le
     char targets[128];
     lora_targets_text(lc.targets, targets, sizeof targets);
     log0(t, "model %s: %s, %zu parameters frozen (%.1f MB resident on each rank); LoRA r %d, alpha %g%s on %s: %zu "
-         "trainable parameters (%.2f%%), %.1f MB adapters + %.1f MB fp32 gradients, master and Adam, replicated over "
-         "%d rank(s)", cfg->model, mc->arch_name, t->model.layout.n_params, mem.base_bytes / 1e6, lc.r,
+         "trainable parameters (%.2f%%), %.1f MB adapters + %.1f MB fp32 gradients, master and Adam on each rank (the "
+         "master and Adam state split by layer over %d rank(s))", cfg->model, mc->arch_name, t->model.layout.n_params, mem.base_bytes / 1e6, lc.r,
          (double)lc.alpha, lc.use_rslora ? " (rsLoRA)" : "", targets, mem.n_adapter_params,
          100.0 * (double)mem.n_adapter_params / (double)t->model.layout.n_params, mem.adapter_bytes / 1e6,
          mem.state_bytes / 1e6, t->world);
@@ -468,9 +468,13 @@ int trainer_save_at(Trainer *t, uint64_t epoch, size_t pos, char *err, size_t er
     CheckpointOptions co = {.output_dir = t->cfg->output_dir, .base_model_dir = t->cfg->model,
                             .keep_last = t->cfg->save_total_limit};
     char saved[PATH_MAX];
-    if (t->lora ? checkpoint_save_adapter(t->comm, &co, &t->progress, &t->model, save_adapter, t, saved, err, err_len)
-                : checkpoint_save(t->policy, &t->model, t->comm, &co, &t->progress, saved, err, err_len))
-        return -1;
+    // LoRA: rank 0, which writes, first collects the adapters' state from the ranks that hold it.
+    if (t->lora && lora_train_collect(t->lora, err, err_len) != 0) return -1;
+    const int rc = t->lora ? checkpoint_save_adapter(t->comm, &co, &t->progress, &t->model, save_adapter, t, saved, err,
+                                                     err_len)
+                           : checkpoint_save(t->policy, &t->model, t->comm, &co, &t->progress, saved, err, err_len);
+    if (t->lora) lora_train_release(t->lora);
+    if (rc != 0) return -1;
     log0(t, "saved %s", saved);
     return 0;
 }

@@ -317,28 +317,40 @@ static int push_zmq(Trainer *t, int64_t version, char *err, size_t err_len) {
 // (their fp32 masters, one unit per decoder layer); the servers run them beside their base weights. The other ranks
 // learn rank 0's verdict in finish.
 static int push_adapter(Trainer *t, int64_t version, char *err, size_t err_len) {
-    int rc = 0;
+    const ModelLora *l = lora_train_adapters(t->lora);
+    int rc = 0, n_members = 0;
     t->sync.bytes = t->sync.begin_seconds = t->sync.transfer_seconds = 0;
+    const double t0 = trainer_now();
     if (t->rank == 0) {
-        const ModelLora *l = lora_train_adapters(t->lora);
-        int members[ROLLOUT_MAX_SERVERS], n_members = 0;
-        const double t0 = trainer_now();
+        int members[ROLLOUT_MAX_SERVERS];
         rc = rollout_weights_begin_adapter(t->rollout, version, &l->cfg, members, &n_members, err, err_len);
-        const double t1 = trainer_now();
-        t->sync.begin_seconds = t1 - t0;
-        float *host = rc == 0 && n_members > 0 ? malloc(l->unit_numel * sizeof(float)) : NULL;
-        if (rc == 0 && n_members > 0 && !host) rc = -1, snprintf(err, err_len, "out of memory for an adapter unit");
-        for (int layer = 0; host && rc == 0 && layer < l->n_layers; layer++) {
-            ops_copy_to_host(t->ops, host, lora_train_master(t->lora, layer), l->unit_numel * sizeof(float));
-            rc = rollout_weights_send_slice(t->rollout, version, layer, 0, host, (int64_t)l->unit_numel, 0, err,
-                                            err_len);
-            t->sync.bytes += (double)l->unit_numel * 4 * n_members;
-        }
-        free(host);
-        if (rc == 0 && n_members > 0) rc = rollout_client_flush(t->rollout, err, err_len);
-        t->sync.transfer_seconds = trainer_now() - t1;
+        t->sync.begin_seconds = trainer_now() - t0;
     }
-    return finish(t, version, rc, NULL, err, err_len);
+    // Whether rank 0 sends: every rank then takes part in each layer's broadcast from the rank that holds its master
+    // (ZeRO over the adapters), rank 0 sending what it receives.
+    int32_t go = rc == 0 && n_members > 0;
+    if (comm_broadcast(t->comm, &go, 1, COMM_I32, 0) != 0) {
+        if (rc == 0) snprintf(err, err_len, "weight sync: %s", comm_error(t->comm));
+        return -1;
+    }
+    const double t1 = trainer_now();
+    float *host = go && t->rank == 0 ? malloc(l->unit_numel * sizeof(float)) : NULL;
+    if (go && t->rank == 0 && !host) rc = -1, snprintf(err, err_len, "out of memory for an adapter unit");
+    for (int layer = 0; go && layer < l->n_layers; layer++) {
+        int grc = lora_train_gather(t->lora, layer, 0, host, err, err_len);
+        if (grc != 0) {
+            rc = -1;
+            break;
+        }
+        if (!host || rc != 0) continue;   // rank 0 out of memory or its sending failed: it still joins the broadcasts
+        rc = rollout_weights_send_slice(t->rollout, version, layer, 0, host, (int64_t)l->unit_numel, 0, err, err_len);
+        t->sync.bytes += (double)l->unit_numel * 4 * n_members;
+    }
+    free(host);
+    if (go && t->rank == 0 && rc == 0) rc = rollout_client_flush(t->rollout, err, err_len);
+    t->sync.transfer_seconds = trainer_now() - t1;
+    const int done = finish(t, version, rc, NULL, err, err_len);
+    return rc != 0 ? -1 : done;   // a rank whose broadcast failed fails whatever rank 0 saw
 }
 
 // After a failed NCCL push (every rank calls it): 1 when rank 0 saw a member server go away during it and a
