@@ -221,6 +221,44 @@ static void test_prefix_cache(void) {
 }
 
 // Cached blocks are evicted least recently released first, and a sequence's tail before its head.
+// Tables of another root (another LoRA adapter: rollout_server/engine_request.c) share no cached block with these,
+// whatever their tokens; tables of the same root do, also after a release and in a fork.
+static void test_prefix_roots(void) {
+    const int bs = 4;
+    BlockManager *bm = make_bm(12, bs, 1);
+    BlockTable a, b, c, f;
+    bm_table_init(&a, 8);
+    bm_table_init(&b, 8);
+    bm_table_init(&c, 8);
+    bm_table_init(&f, 8);
+    int32_t t[12];
+    fill_tokens(t, 12, 300);
+    bm_table_set_root(&a, 11);
+    CHECK(bm_ensure(bm, &a, 0, 12) == 0, "a: 12 tokens");
+    bm_commit(bm, &a, t, 12);
+    CHECK(a.n_hashed == 3, "a: three blocks hashed (%d)", a.n_hashed);
+    CHECK(bm_match_prefix(bm, &b, t, 12) == 0, "root 0 does not hit root 11's blocks");
+    bm_table_set_root(&c, 22);
+    CHECK(bm_match_prefix(bm, &c, t, 12) == 0, "root 22 does not hit root 11's blocks");
+    bm_release(bm, &c);
+    bm_table_set_root(&c, 11);
+    CHECK(bm_match_prefix(bm, &c, t, 12) == 8, "root 11 hits root 11's blocks");
+    bm_fork(bm, &f, &c);
+    CHECK(f.root == 11, "a fork keeps the root");
+    bm_release(bm, &c);
+    bm_release(bm, &f);
+    CHECK(c.last_hash == 11 && c.n_hashed == 0, "a released table starts again from its root");
+    CHECK(bm_match_prefix(bm, &c, t, 12) == 8, "root 11 hits again after the release");
+    bm_release(bm, &c);
+    bm_release(bm, &a);
+    bm_release(bm, &b);
+    bm_table_destroy(&a);
+    bm_table_destroy(&b);
+    bm_table_destroy(&c);
+    bm_table_destroy(&f);
+    bm_destroy(bm);
+}
+
 static void test_lru_eviction(void) {
     const int bs = 2;
     BlockManager *bm = make_bm(6, bs, 1);
@@ -491,6 +529,7 @@ int main(void) {
     test_alloc_release_exhaustion();
     test_fork_cow();
     test_prefix_cache();
+    test_prefix_roots();
     test_lru_eviction();
     test_random_against_shadow();
     test_scheduler();
