@@ -8,9 +8,9 @@
 // size: {"batch", "ctx", "step_ms", "tokens_per_s", "weight_bytes", "kv_bytes_per_step", "graphs"}; kv bytes are
 // the K and V read by attention in one step at the run's mean context. bench/bench_decode_gpu.py turns them into
 // a share of the bandwidth roofline. With TANDEM_PROFILE_OPS=1 (graphs off) the per-op GPU times follow.
-// --unpadded runs model_decode_step instead (no padding, no graphs: the path of the server's steps with LoRA adapter
-// rows); --lora-r R adds a LoRA adapter of rank R on every projection (alpha 2R) to every row, as tandem-serve runs
-// a synced policy adapter or a --lora one ("path": "lora"; implies --unpadded).
+// --unpadded runs model_decode_step instead (no padding, no graphs: the path of the server's steps that mix adapters);
+// --lora-r R adds a LoRA adapter of rank R on every projection (alpha 2R) to every row, as tandem-serve runs a
+// --lora one or a low-rank adapter update ("path": "lora"; padded and graph-replayed unless --unpadded).
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,7 +33,7 @@ static void usage(void) {
             "  --warmup N          untimed steps first (records the graphs; default 8)\n"
             "  --eager             no CUDA graphs (default: graphs where the backend has them)\n"
             "  --unpadded          model_decode_step: no padding, no graphs\n"
-            "  --lora-r R          a rank-R LoRA adapter on every projection of every row (implies --unpadded)\n");
+            "  --lora-r R          a rank-R LoRA adapter on every projection of every row\n");
 }
 
 // One batch size: a cache of B sequences x ceil((ctx + warmup + steps) / BLOCK) blocks, sequence b owning a
@@ -110,7 +110,7 @@ static int run_batch(Model *m, UnitSource *src, int B, int ctx, int warmup, int 
                             (double)ops_dtype_size(o);
     DecodeGraphStats gs;
     decode_bufs_graph_stats(bufs, &gs);
-    const char *path = m->lora_rows ? "lora" : unpadded ? "unpadded" : "padded";
+    const char *path = m->lora_rows ? (unpadded ? "lora-unpadded" : "lora") : unpadded ? "unpadded" : "padded";
     printf("{\"batch\": %d, \"ctx\": %d, \"path\": \"%s\", \"step_ms\": %.4f, \"tokens_per_s\": %.1f, "
            "\"weight_bytes\": %zu, \"kv_bytes_per_step\": %.0f, \"graphs\": %d, \"graph_replays\": %lld}\n",
            B, ctx, path, dt * 1e3, B / dt, m->layout.n_params * ops_dtype_size(o), kv_bytes,
@@ -144,7 +144,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--warmup") && has) warmup = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--eager")) graphs = 0;
         else if (!strcmp(argv[i], "--unpadded")) unpadded = 1;
-        else if (!strcmp(argv[i], "--lora-r") && has) lora_r = atoi(argv[++i]), unpadded = 1;
+        else if (!strcmp(argv[i], "--lora-r") && has) lora_r = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--device") && has) {
             const char *d = argv[++i];
             if (!strcmp(d, "cuda")) backend = OPS_BACKEND_CUDA;
@@ -191,6 +191,7 @@ int main(int argc, char **argv) {
             fprintf(stderr, "bench_decode_step: LoRA adapter: %s\n", err);
             return 1;
         }
+        lora->b_scaled = 1;   // as tandem-serve holds its adapters: the scale folded into B
         rows.n_ranges = 1;
         m.lora_rows = &rows;
     }

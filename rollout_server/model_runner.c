@@ -266,10 +266,12 @@ static int run_model(ModelRunner *r, int n, int n_seqs, int mb, int n_rows, int 
     // Decode-only: one token per sequence, each its sequence's last (so token i is sequence i's and logits row i).
     const int decode_only = n == n_seqs && n_rows == n;
     DecodeBufs *lead = r->shards[0].bufs;
-    // Rows through LoRA adapters run unpadded: a graph would freeze one step's ranges.
-    const int adapted = runner_adapter_ranges(r, r->step_seqs, n_seqs) > 0;
+    // LoRA adapter rows: a padded step (and its graph) runs one adapter over all its rows; a step of several
+    // adapters, or of adapter and base rows, runs unpadded.
+    const int ranges = runner_adapter_ranges(r, r->step_seqs, n_seqs);
+    const int one_adapter = ranges == 0 || (ranges == 1 && r->lora_rows.ranges[0].rows == n);
     r->plan = (RunnerStepPlan){.n = n, .n_seqs = n_seqs, .mb = mb, .n_rows = n_rows,
-                               .padded = decode_only && !adapted && decode_bufs_padded_size(lead, n) > 0};
+                               .padded = decode_only && one_adapter && decode_bufs_padded_size(lead, n) > 0};
     *kind = decode_only ? ENGINE_STEP_DECODE_EAGER : ENGINE_STEP_PREFILL;
     DecodeGraphStats before, after;
     decode_bufs_graph_stats(lead, &before);

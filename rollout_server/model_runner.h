@@ -95,8 +95,8 @@ void runner_copy_kv_rows(void *user, int32_t dst, int32_t src, int rows);
 // ---- LoRA adapters (rollout_server/runner_adapters.c) ---------------------------------------------------
 // Adapter k of the runner: 0 the policy's (NULL until an adapter update is committed), 1..n the --lora ones loaded
 // at runner_create. A step's sequences run through their RunnerSeq.adapter's (the rows of a run of consecutive
-// sequences with one adapter form one range, m->lora_rows); steps with any adapter rows run unpadded (no CUDA
-// graph replay).
+// sequences with one adapter form one range, m->lora_rows); a decode step whose rows all run through one adapter
+// is padded and replayed as a CUDA graph like the base's, other steps with adapter rows run unpadded.
 int runner_adapter_count(const ModelRunner *r);             // n (the --lora ones)
 const char *runner_adapter_name(const ModelRunner *r, int k);   // k in 1..n
 // An adapter update: the policy's adapter becomes config c with the host fp32 units (one per decoder layer,

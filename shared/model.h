@@ -255,7 +255,9 @@ int decode_ladder(int cap, int *sizes, int max_sizes);
 int decode_bufs_enable_padded(DecodeBufs *b, const Model *m, int max_batch, int use_graphs, char *err,
                               size_t err_len);
 // The padded size a decode-only step of n sequences runs at, or 0 when n is beyond the ladder (or padded steps
-// are off): run such a step through model_decode_step, as every step with LoRA adapter rows (m->lora_rows).
+// are off): run such a step through model_decode_step, as every step with LoRA adapter rows (m->lora_rows) but
+// those whose rows all run through one adapter (one range over the n rows: it then covers the padding rows too, and
+// the adapter's units and scratch are part of the graph's key).
 int decode_bufs_padded_size(const DecodeBufs *b, int n);
 // The largest padded size (the ladder's top), 0 when padded steps are not set up.
 int decode_bufs_padded_max(const DecodeBufs *b);

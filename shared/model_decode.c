@@ -389,7 +389,8 @@ int decode_bufs_enable_padded(DecodeBufs *b, const Model *m, int max_batch, int 
     if (limit < 1) return 0;
     const int n = decode_ladder(limit, b->ladder, DECODE_LADDER_MAX), P = b->ladder[n - 1];
     b->n_units = m->layout.n_units;
-    b->n_key = b->n_units + 2 * m->cfg.num_layers + 1;
+    // Units, each layer's K and V pools, the rotary table; then an adapter's units and its scratch (zeros without).
+    b->n_key = b->n_units + 2 * m->cfg.num_layers + 1 + m->cfg.num_layers + 1;
     b->pad_ids = ops_malloc(m->ops, (size_t)4 * P * sizeof(int32_t));
     b->pad_host = malloc((size_t)4 * P * sizeof(int32_t));
     b->units = calloc((size_t)b->n_units, sizeof *b->units);
@@ -441,10 +442,12 @@ static void padded_forward(Model *m, DecodeBufs *b, KVCache *kv, int P) {
                     .decode = 1};
     int cur = 0;
     const void *pending = NULL;   // as in model_decode_step: the previous layer's xmid, added by the next norm
+    const int adapter = m->lora_rows && m->lora_rows->n_ranges > 0;
     for (int l = 0; l < cfg->num_layers; l++) {
         att.k_cache = kv->k[l];
         att.v_cache = kv->v[l];
-        if (P <= DECODE_SMALL_ROWS) {   // a row or two: the projections carry the norms, SwiGLU and residual adds
+        if (adapter) m->lora_rows->layer = l;
+        if (P <= DECODE_SMALL_ROWS && !adapter) {   // a row or two: the projections carry the norms, SwiGLU and residual adds
             layer_decode_small(m, b->units[layout_layer_unit(l)], &b->acts, b->x[cur], b->x[cur ^ 1], pos, P, &att);
         } else {
             layer_forward_fused(m, b->units[layout_layer_unit(l)], &b->acts, b->x[cur], pending, b->x[cur ^ 1], pos, P,
@@ -522,9 +525,11 @@ int model_decode_step_padded(Model *m, DecodeBufs *b, UnitSource *src, KVCache *
     const int V = m->shard.vocab_total;
     const int P = decode_bufs_padded_size(b, n);
     b->last_n = 0;
-    if (m->lora_rows && m->lora_rows->n_ranges > 0) {
-        snprintf(err, err_len, "padded decode steps (CUDA graphs) do not run LoRA adapters: the step's rows with "
-                 "an adapter go through model_decode_step");
+    // LoRA adapter rows: one adapter for every row (its range then covers the padding rows too, which are dropped).
+    ModelLoraRows *lr = m->lora_rows;
+    if (lr && lr->n_ranges > 0 && (lr->n_ranges > 1 || lr->ranges[0].row0 != 0 || lr->ranges[0].rows != n)) {
+        snprintf(err, err_len, "a padded decode step runs one LoRA adapter for all its rows, not %d ranges: run this "
+                 "step through model_decode_step", lr->n_ranges);
         return -1;
     }
     if (P == 0 || max_blocks < 1 || max_blocks > b->max_blocks) {
@@ -575,6 +580,10 @@ int model_decode_step_padded(Model *m, DecodeBufs *b, UnitSource *src, KVCache *
         b->key[k++] = kv->v[l];
     }
     b->key[k++] = m->inv_freq;
+    const ModelLora *adapter = lr && lr->n_ranges > 0 ? lr->ranges[0].lora : NULL;
+    for (int l = 0; l < m->cfg.num_layers; l++) b->key[k++] = adapter ? adapter->params[l] : NULL;
+    b->key[k++] = adapter ? lr->block : NULL;
+    if (adapter) lr->ranges[0].rows = P;
     int r = 0;
     while (b->ladder[r] != P) r++;
     DecodeRung *rung = &b->rungs[r];
@@ -595,6 +604,7 @@ int model_decode_step_padded(Model *m, DecodeBufs *b, UnitSource *src, KVCache *
         b->stats.eager_steps++;
         if (b->use_graphs && rung->failures < DECODE_GRAPH_TRIES && ops_status(o) == 0) padded_record(m, b, kv, r, P);
     }
+    if (adapter) lr->ranges[0].rows = n;
     for (int u = b->n_units - 1; u >= 0; u--)
         if (src->release) src->release(src->user, u);
     if (logits) ops_download_f32(o, logits, b->logits, (size_t)n * V);

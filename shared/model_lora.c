@@ -131,6 +131,12 @@ static size_t unit_layout(const ModelConfig *cfg, const LoraConfig *c, int *in, 
     return off;
 }
 
+void model_lora_scale_b(const ModelLora *l, float *unit) {
+    for (int i = 0; i < LORA_N_MODULES; i++)
+        if (l->b_off[i] != SIZE_MAX)
+            for (size_t k = 0; k < (size_t)l->out[i] * l->cfg.r; k++) unit[l->b_off[i] + k] *= l->scale;
+}
+
 size_t model_lora_unit_numel(const ModelConfig *cfg, const LoraConfig *c) {
     int in[LORA_N_MODULES], out[LORA_N_MODULES];
     size_t a[LORA_N_MODULES], b[LORA_N_MODULES];
@@ -560,7 +566,7 @@ void lora_rows_forward(Model *m, int group, const void *x, void *y, int N) {
             const int i = g.first + k;
             if (l->a_off[i] == SIZE_MAX) continue;
             ops_matmul_fwd_batch_invariant(o, lr->t, xs, at(l, p, l->a_off[i]), NULL, n, l->in[i], r);
-            ops_scale_inplace(o, lr->t, l->scale, (size_t)n * r);
+            if (!l->b_scaled) ops_scale_inplace(o, lr->t, l->scale, (size_t)n * r);
             ops_matmul_fwd_batch_invariant(o, lr->tmp, lr->t, at(l, p, l->b_off[i]), NULL, n, r, l->out[i]);
             if (!whole) ops_copy_2d(o, at(l, lr->sum, g.col[k]), g.width, lr->tmp, l->out[i], (size_t)n, l->out[i]);
         }

@@ -78,6 +78,8 @@ typedef struct ModelLora {
     // (lora_dropout_seed) and leave it until that forward's backward is done.
     uint64_t dropout_seed;
     int no_dropout;       // 1: forwards that only score (GRPO's old logprobs) run without dropout
+    int b_scaled;         // 1: every B in params holds s B (the server's copies, model_lora_scale_b): the inference
+                          // path applies no scale of its own (training keeps B and scales t)
 } ModelLora;
 
 // The dropout seed of one micro-batch: a mix of the run's seed, the optimizer step, the micro-batch within it and
@@ -87,6 +89,9 @@ uint64_t lora_dropout_seed(uint64_t seed, int64_t step, int micro, int rank);
 // input, z = splitmix64 finaliser of seed + (layer * LORA_N_MODULES + module + 1) * 0xD1B54A32D192ED03.
 uint64_t lora_module_dropout_seed(uint64_t seed, int layer, int module);
 
+// Multiplies every B of the host fp32 adapter unit `unit` by the scale s (an inference copy: then upload it and set
+// b_scaled).
+void model_lora_scale_b(const ModelLora *l, float *unit);
 // Elements of one adapter unit of config c on a model of config cfg (what model_lora_create's unit_numel will be).
 size_t model_lora_unit_numel(const ModelConfig *cfg, const LoraConfig *c);
 // Builds the layout for model m and allocates the adapter units (zeroed) and, with_grads, their gradients.
@@ -120,7 +125,8 @@ int model_lora_merge_layer(const ModelLora *l, const Model *m, const float *adap
 // ---- adapters in inference steps (tandem-serve: --lora, adapter-only weight updates) --------------------------
 //
 // A step's rows come in ranges, each run through one adapter (several adapters in one step: vLLM's multi-LoRA);
-// rows in no range see the base model alone. Per range and targeted module of a group, t (rows, r) = s * x A^T and
+// rows in no range see the base model alone. Per range and targeted module of a group, t (rows, r) = s * x A^T (no
+// scale when B holds s B: b_scaled) and
 // the group output's module columns += t B^T, with the batch-invariant GEMM of the rollout server's steps: a row's
 // numbers depend only on its own input and adapter, never on which rows share the step.
 typedef struct {

@@ -5,9 +5,11 @@
 //   2. one step holding three sequences — adapter 1 (every module, r 4), the base model, adapter 2 (q_proj and
 //      v_proj, r 2, rsLoRA) — gives each sequence's logits bit for bit as a step of it alone with its adapter:
 //      which adapters share a step changes no row (the server batches requests of several adapters together);
-//   3. ranges whose rank exceeds the scratch's fail the step with a message, and a padded step refuses adapter rows.
+//   3. ranges whose rank exceeds the scratch's fail the step with a message;
+//   4. a padded decode step whose row runs through one adapter (replayed from its CUDA graph the second time on a
+//      GPU) gives the unpadded step's logits (CPU: 1e-6; CUDA: 3e-2), and a padded step of two ranges is refused.
 // For a Llama-style model and a Qwen3-style one (q/k norms). On a GPU machine the same again on the CUDA backend
-// (bf16): 2 and 3 unchanged, 1 within max rel 3e-2 (the merged weight is rounded to bf16 once, the adapter's path
+// (bf16): 2, 3 and 4 unchanged, 1 within max rel 3e-2 (the merged weight is rounded to bf16 once, the adapter's path
 // rounds its (N, r) and (N, out) intermediates).
 #include <math.h>
 #include <stdio.h>
@@ -168,7 +170,7 @@ static void check_config(const char *name, const char *json, OpsBackend be) {
     }
     for (int u = 0; u < r.m.layout.n_units; u++) ops_upload_f32(o, r.w.params[u], base[u], r.m.layout.unit_numel[u]);
 
-    // An adapter above the scratch's rank fails the step, naming why; a padded step refuses adapter rows.
+    // An adapter above the scratch's rank fails the step, naming why.
     LoraConfig lc3 = {.r = 8, .alpha = 8, .targets = 1u << LORA_O_PROJ};
     float **host3 = calloc((size_t)L, sizeof *host3);
     ModelLora *a3 = make_adapter(&r, &lc3, 13, host3);
@@ -177,12 +179,29 @@ static void check_config(const char *name, const char *json, OpsBackend be) {
     CHECK(run_step(&r, &s0, 1, &a3, &mixed[0], err, sizeof err) != 0 && strstr(err, "rank"),
           "%s: an adapter of rank 8 over scratch of rank 4 was run (%s)", name, err);
     ops_clear_error(o);
-    REQUIRE(decode_bufs_enable_padded(r.b, &r.m, N_SEQ, 0, err, sizeof err) > 0, "%s", err);
+
+    // Sequence 0's prompt through adapter 1 again (its cache), then its next token unpadded and padded.
+    REQUIRE(run_step(&r, &s0, 1, &by_seq[0], &alone[0], err, sizeof err) == 0, "%s", err);
+    REQUIRE(decode_bufs_enable_padded(r.b, &r.m, N_SEQ, 1, err, sizeof err) > 0, "%s", err);
+    const int32_t t1 = 3, p1 = PROMPT[0], sl1 = PROMPT[0], sq1 = 0, row1 = 0, tab[MB] = {0, 1, 2, 3};
     r.rows.ranges[0] = (LoraRowRange){0, 1, a1};
     r.rows.n_ranges = 1;
-    const int32_t t1 = 3, p1 = 0, sl1 = 0, tab[MB] = {0, 1, 2, 3};
+    float *unpadded = malloc((size_t)r.V * 4), *padded = malloc((size_t)r.V * 4);
+    REQUIRE(model_decode_step(&r.m, r.b, &r.src, &r.kv, 1, &t1, &sq1, &p1, &sl1, tab, 1, MB, &row1, 1, unpadded, err,
+                              sizeof err) == 0, "%s", err);
+    for (int pass = 0; pass < 2; pass++) {
+        REQUIRE(model_decode_step_padded(&r.m, r.b, &r.src, &r.kv, 1, &t1, &p1, &sl1, tab, MB, padded, err,
+                                         sizeof err) == 0, "%s", err);
+        const double rel = model_max_rel(padded, unpadded, (size_t)r.V);
+        CHECK(rel <= (be == OPS_BACKEND_CPU ? 1e-6 : tol), "%s: padded step %d with an adapter vs unpadded: max rel %.3g",
+              name, pass, rel);
+        CHECK(r.rows.ranges[0].rows == 1, "%s: the padded step left its range at %d rows", name, r.rows.ranges[0].rows);
+    }
+    r.rows.ranges[1] = (LoraRowRange){0, 1, a2};
+    r.rows.n_ranges = 2;
     CHECK(model_decode_step_padded(&r.m, r.b, &r.src, &r.kv, 1, &t1, &p1, &sl1, tab, MB, NULL, err, sizeof err) != 0,
-          "%s: a padded step ran adapter rows", name);
+          "%s: a padded step ran two adapter ranges", name);
+    free(unpadded), free(padded);
 
     for (int s = 0; s < N_SEQ; s++) free(alone[s]), free(mixed[s]), free(merged[s]);
     for (int u = 0; u < r.m.layout.n_units; u++) free(base[u]);
