@@ -46,7 +46,8 @@ from server_fixtures import free_port
 # with large Adam steps: tiny's 2e-2 is scripts/gpu-grpo-check.py's; on a CPU proxy (Qwen2 width 384, 2 layers,
 # vocab 151936) '.' rose from about 0.45 to 0.77 in 8 steps at 1e-2 and stayed flat at 4e-4, so the real widths
 # (896, 1536) get about 1e-2 * 384 / width (Adam moves each layer's output in proportion to lr * width).
-TASKS = {"tiny": ("[0-9]", 2e-2, 12), "0.5b": (".", 3e-3, 256), "1.5b": (".", 2e-3, 256)}
+TASKS = {"tiny": ("[0-9]", 2e-2, 12), "0.5b": (".", 3e-3, 256), "1.5b": (".", 2e-3, 256), "7b": (".", 1e-3, 256),
+         "14b": (".", 1e-3, 256)}
 WORDS = ["the quick brown", "a lazy dog", "seven wizards", "numbers plus", "question answer", "think step"]
 
 
