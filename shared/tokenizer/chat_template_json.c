@@ -1,9 +1,9 @@
 // shared/tokenizer/chat_template_json.c — the `tojson` filter of chat templates: JSON text re-serialised the way
 // transformers' filter writes it (Python's json.dumps with ensure_ascii=False and the default separators ", " and
 // ": ", or with indent=N: "," and ": ", each member on its own line indented N spaces per level, empty containers
-// as {} and []): keys in their order, non-ASCII kept as UTF-8, only '"', '\\' and control characters escaped (\n, \r, \t,
-// \b, \f, else \u00xx), integers as written, reals as Python's repr (the shortest digits that read back, fixed
-// notation for exponents -4 .. 15 with ".0" on whole numbers, else d.ddde+XX).
+// as {} and []): keys in their order, non-ASCII kept as UTF-8, only '"', '\\' and control characters escaped
+// (\n, \r, \t, \b, \f, else \u00xx), integers as written, reals as Python's repr (the shortest digits that read
+// back, fixed notation for exponents -4 .. 15 with ".0" on whole numbers, else d.ddde+XX).
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -96,7 +96,9 @@ static int put_member_sep(TokBuf *o, int first, int indent, int depth) {
 }
 
 // After the last member of a non-empty container: with an indent, a newline back to the container's depth.
-static int put_close_sep(TokBuf *o, int indent, int depth) { return indent >= 0 && put_member_sep(o, 1, indent, depth); }
+static int put_close_sep(TokBuf *o, int indent, int depth) {
+    return indent >= 0 && put_member_sep(o, 1, indent, depth);
+}
 
 // indent < 0: inline; else json.dumps(indent=indent) at depth.
 static int put_value(TokBuf *o, const json_t *v, int indent, int depth) {
