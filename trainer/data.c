@@ -284,7 +284,7 @@ static int render(const DataOptions *opt, const ChatMessage *msgs, size_t n, int
         return -1;
     }
     char terr[512];
-    if (chat_render(opt->chat, msgs, n, add_gen, out, NULL, terr, sizeof terr) != 0) {
+    if (chat_render_ex(opt->chat, msgs, n, add_gen, opt->render, out, NULL, terr, sizeof terr) != 0) {
         err_fail(err, err_len, "%s: chat template: %s", src, terr);
         return -1;
     }

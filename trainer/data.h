@@ -49,6 +49,8 @@
 typedef struct {
     const Tokenizer *tok;           // required
     const ChatTemplate *chat;       // required for message prompts (NULL: such a row is an error)
+    const ChatRenderOptions *render; // NULL, or message prompts' render options (the tools' definitions of a
+                                     // multi-turn run, trainer/tool_prompt.h); must outlive the reader
     int sft;                        // 1: rows need a completion (sft mode)
     int max_prompt_length;          // tokens; <= 0: no limit
     int refuse_overlong;            // 1: an over-long prompt is an error; 0: skipped and counted

@@ -25,13 +25,24 @@
 #include "trainer/remove_tree.h"
 
 static const DemoOptions kDefaults = {
-    .output_dir = "out/demo", .device = "auto", .seed = 1, .threads = 0,
+    .output_dir = "out/demo", .device = "auto", .seed = 1, .threads = 0, .task = "add", .max_tool_turns = 1,
     .digits = 2, .n_train = 6000, .n_heldout = 500, .n_validation = 500, .n_sft = 6000,
     .hidden = 256, .layers = 2, .heads = 8, .intermediate = 512, .init_std = 0.02,
     .sft_batch = 64, .sft_min_steps = 100, .sft_max_steps = 1000, .sft_check_every = 10, .sft_lr = 1e-3,
     .sft_target = 0.25,
     .grpo_steps = 600, .prompts_per_step = 256, .num_generations = 4, .eval_every = 25,
     .grpo_lr = 5e-4, .temperature = 1.0, .stop_accuracy = 0.95, .stop_patience = 2, .max_staleness = 0,
+};
+
+// --task tools: the same options with the tools task's defaults (a 5-digit a + b that the calculator answers).
+static const DemoOptions kToolsDefaults = {
+    .output_dir = "out/demo-tools", .device = "auto", .seed = 1, .threads = 0, .task = "tools", .max_tool_turns = 1,
+    .digits = 5, .n_train = 6000, .n_heldout = 200, .n_validation = 200, .n_sft = 6000,
+    .hidden = 256, .layers = 2, .heads = 8, .intermediate = 512, .init_std = 0.02,
+    .sft_batch = 32, .sft_min_steps = 30, .sft_max_steps = 400, .sft_check_every = 1, .sft_lr = 1e-3,
+    .sft_target = 0.2,
+    .grpo_steps = 200, .prompts_per_step = 32, .num_generations = 4, .eval_every = 10,
+    .grpo_lr = 5e-4, .temperature = 0.6, .stop_accuracy = 0.9, .stop_patience = 2, .max_staleness = 0,
 };
 
 // Option rows: N(flag, field, min, help) is an int of at least min, POS(flag, field, help) a double above 0.
@@ -43,6 +54,14 @@ static const DemoOptions kDefaults = {
 static const CliOption kOptions[] = {
     {.flag = "--output-dir", .type = CLI_TEXT, .offset = offsetof(DemoOptions, output_dir), .value_name = "DIR",
      .help = "folder for everything the demo writes (a previous demo there is replaced)"},
+    {.flag = "--task", .type = CLI_TEXT, .offset = offsetof(DemoOptions, task), .value_name = "add|tools",
+     .help = "add: a + b answered by the model itself; tools: a + b with large operands, answered through the "
+             "built-in calculator over multi-turn rollouts (its own defaults: --digits 5, --sft-target 0.2, "
+             "--sft-min-steps 30, --sft-check-every 1, --sft-batch-size 32, --sft-max-steps 400, "
+             "--prompts-per-step 32, --eval-every 10, --grpo-steps 200, --temperature 0.6, --stop-accuracy 0.9, "
+             "200 validation and held-out problems, --output-dir out/demo-tools; given options override them)",
+     .choices = "add|tools"},
+    N("--max-tool-turns", max_tool_turns, 1, "tools: calculator turns an episode may take (max_tool_calling_iterations)"),
     {.flag = "--device", .type = CLI_TEXT, .offset = offsetof(DemoOptions, device), .value_name = "auto|cpu|cuda",
      .help = "trainer and rollout server (auto = cuda when a GPU is visible)", .choices = "auto|cpu|cuda"},
     OPT("--seed", CLI_LONG, seed, CLI_BOUND_MIN | CLI_BOUND_MAX, 0, 9007199254740992.0, 0,
@@ -100,6 +119,11 @@ static const CliSpec kSpec = {
 // CLI_OK, CLI_HELP, CLI_VERSION, or CLI_ERROR after printing why.
 static int parse_args(DemoOptions *o, int argc, char **argv) {
     *o = kDefaults;
+    // The task picks the defaults the other options start from.
+    for (int i = 1; i < argc; i++)
+        if ((!strcmp(argv[i], "--task") && i + 1 < argc && !strcmp(argv[i + 1], "tools")) ||
+            !strcmp(argv[i], "--task=tools"))
+            *o = kToolsDefaults;
     char err[512];
     int rc = cli_parse(&kSpec, o, argc, argv, NULL, err, sizeof err);
     if (rc == CLI_OK && o->sft_max_steps < o->sft_min_steps) {
@@ -272,8 +296,16 @@ static int start_server(Demo *d, const char *model, const char *control, const c
 }
 
 // Greedy exact-answer accuracy and well-formed rate of a JSONL through a server's OpenAI API: `tandem-train eval`.
+// What an evaluation's second figure counts.
+static const char *form_label(const Demo *d) {
+    return demo_is_tools(&d->o) ? "episodes with a calculator call" : "well-formed answers";
+}
+
+// The tools task: multi-turn episodes with the calculator (trainer/demo_eval_tools.c); *form is then the share of
+// episodes with a calculator call that ran.
 static int eval_file(Demo *d, int port, const char *data, const char *name, const char *out, double *acc,
-                     double *form, char *err, size_t err_len) {
+                     double *form, double *exact, char *err, size_t err_len) {
+    if (demo_is_tools(&d->o)) return demo_eval_tools(d, port, data, out, acc, form, exact, err, err_len);
     char url[64], tokens[16], log[PATH_IN], form_regex[32];
     snprintf(url, sizeof url, "http://127.0.0.1:%d", port);
     snprintf(log, sizeof log, "%s/logs/%s.log", d->dir, name);
@@ -364,11 +396,11 @@ static int run_sft(Demo *d, char *ckpt, size_t ckpt_len, char *err, size_t err_l
         int port;
         double acc = 0, form = 0;
         if (start_server(d, ckpt, NULL, log, &pid, &port, err, err_len) != 0) return -1;
-        int rc = eval_file(d, port, val, ename, NULL, &acc, &form, err, err_len);
+        int rc = eval_file(d, port, val, ename, NULL, &acc, &form, NULL, err, err_len);
         demo_stop(pid, 5);
         if (rc != 0) return -1;
         if (d->n_checks < 64) d->check_step[d->n_checks] = done, d->check_acc[d->n_checks++] = acc;
-        demo_say(d, "  sft  step %4d  validation accuracy %.1f %% (well-formed answers %.1f %%)", done, 100 * acc, 100 * form);
+        demo_say(d, "  sft  step %4d  validation accuracy %.1f %% (%s %.1f %%)", done, 100 * acc, form_label(d), 100 * form);
         if (acc >= d->o.sft_target) break;
         // Accuracy climbs in a sudden jump once it starts (over 20 points in 5 steps at the default size): past
         // half the target every step is checked, so the start of GRPO stays close to the target.
@@ -397,13 +429,18 @@ static int evaluate(Demo *d, int step, char *err, size_t err_len) {
     }
     int i = d->n_evals;
     double vform = 0;
-    if (eval_file(d, d->http_port, val, vname, NULL, &d->eval_val[i], &vform, err, err_len) != 0) return -1;
-    if (eval_file(d, d->http_port, heldout, name, out, &d->eval_acc[i], &d->eval_form[i], err, err_len) != 0) return -1;
+    if (eval_file(d, d->http_port, val, vname, NULL, &d->eval_val[i], &vform, NULL, err, err_len) != 0) return -1;
+    if (eval_file(d, d->http_port, heldout, name, out, &d->eval_acc[i], &d->eval_form[i], &d->eval_exact[i], err,
+                  err_len) != 0)
+        return -1;
     d->eval_step[i] = step;
     d->n_evals++;
     demo_say(d, "GRPO step %d: validation accuracy %.1f %%, held-out accuracy %.1f %% (%d problems each, greedy; "
-             "well-formed held-out answers %.1f %%)", step, 100 * d->eval_val[i], 100 * d->eval_acc[i],
-             d->o.n_heldout, 100 * d->eval_form[i]);
+             "held-out: %s %.1f %%)", step, 100 * d->eval_val[i], 100 * d->eval_acc[i],
+             d->o.n_heldout, form_label(d), 100 * d->eval_form[i]);
+    if (demo_is_tools(&d->o))
+        demo_say(d, "  held-out final answers written exactly as taught (\"=\" and the sum's digits, nothing else): %.1f %%",
+                 100 * d->eval_exact[i]);
     return 0;
 }
 
@@ -453,23 +490,31 @@ static int run_grpo(Demo *d, const char *model, char *err, size_t err_len) {
     demo_path_in(d, data, sizeof data, "data/train.jsonl");
     demo_path_in(d, metrics, sizeof metrics, "metrics.jsonl");
     snprintf(control, sizeof control, "tcp://127.0.0.1:%d", d->control_port);
-    char gens[16], batch[16], lr[32], temp[32], seed[24], comp[16], steps[16], staleness[16];
+    char gens[16], batch[16], lr[32], temp[32], seed[24], comp[16], steps[16], staleness[16], turns[16];
+    snprintf(turns, sizeof turns, "%d", d->o.max_tool_turns);
     snprintf(gens, sizeof gens, "%d", d->o.num_generations);
     snprintf(batch, sizeof batch, "%d", d->o.num_generations * d->o.prompts_per_step);
     snprintf(temp, sizeof temp, "%g", d->o.temperature);
     snprintf(seed, sizeof seed, "%lld", d->o.seed);
-    snprintf(comp, sizeof comp, "%d", completion_tokens(&d->o));
+    snprintf(comp, sizeof comp, "%d", demo_is_tools(&d->o) ? tools_completion_tokens(&d->o) : completion_tokens(&d->o));
     snprintf(staleness, sizeof staleness, "%d", d->o.max_staleness);
     if (d->o.max_staleness > 0)
         demo_say(d, "GRPO asynchronous: the rollout server generates up to %d round%s ahead with the weights it holds "
                  "(max_staleness %d), the rollout importance-sampling correction on", d->o.max_staleness,
                  d->o.max_staleness == 1 ? "" : "s", d->o.max_staleness);
-    demo_say(d, "GRPO: %d prompts x %d completions a step (temperature %g), reward answer_match (exact answer), beta 0, "
+    demo_say(d, "GRPO: %d prompts x %d completions a step (temperature %g), reward %s, beta 0, "
              "learning rate %g (10 warmup steps, then a cosine towards 0 at step %d, one level per segment), weights "
              "pushed to the rollout server after every "
              "step; stops once validation accuracy is at least %.0f %% at %d evaluations in a row (every %d steps), "
-             "or after %d steps", d->o.prompts_per_step, d->o.num_generations, d->o.temperature, d->o.grpo_lr,
+             "or after %d steps", d->o.prompts_per_step, d->o.num_generations, d->o.temperature,
+             demo_is_tools(&d->o) ? "on the final answer (below)" : "answer_match (exact answer)", d->o.grpo_lr,
              d->o.grpo_steps, 100 * d->o.stop_accuracy, d->o.stop_patience, d->o.eval_every, d->o.grpo_steps);
+    if (demo_is_tools(&d->o))
+        demo_say(d, "GRPO with tools: each completion is a multi-turn episode (--tools calculator, at most %d "
+                 "calculator turn%s, %s completion tokens with the tool turns, which are masked out of the loss); the reward "
+                 "scores the final answer: 0.8 answer_match (the number in it equals the sum) + 0.2 regex_format "
+                 "(it is \"=\" and digits, nothing else)",
+                 d->o.max_tool_turns, d->o.max_tool_turns == 1 ? "" : "s", comp);
     long off = 0;
     GrpoFollow g = {.t_last = demo_now()};
     double t = demo_now();
@@ -494,11 +539,18 @@ static int run_grpo(Demo *d, const char *model, char *err, size_t err_len) {
                           "--weight-sync-transport", "zmq", "--max-prompt-length", "0",
                           "--gradient-checkpointing", "false", "--vllm-importance-sampling-correction",
                           d->o.max_staleness > 0 ? "true" : "false", "--max-staleness", staleness, NULL};
-        if (done > 0) {
-            int k = 0;
-            while (argv[k]) k++;
-            argv[k++] = "--resume", argv[k++] = "latest", argv[k] = NULL;
+        int k = 0;
+        while (argv[k]) k++;
+        if (demo_is_tools(&d->o)) {   // multi-turn rollouts: the built-in calculator answers the policy's calls
+            argv[k++] = "--tools", argv[k++] = "calculator", argv[k++] = "--max-tool-calling-iterations",
+            argv[k++] = turns;
+            // The final answer as the warm-up wrote it, "=" and the digits with nothing after: answer_match alone
+            // lets a trailing '"}}</tool_call>' (the call's ending) drift in unpunished. Its weight is small, so an
+            // answer without the calculator's help earns little.
+            argv[k++] = "--rewards", argv[k++] = "answer_match,regex_format", argv[k++] = "--format-regex",
+            argv[k++] = "=[0-9]+", argv[k++] = "--reward-weights", argv[k++] = "0.8,0.2", argv[k] = NULL;
         }
+        if (done > 0) argv[k++] = "--resume", argv[k++] = "latest", argv[k] = NULL;
         double t_seg = demo_now();
         if (run_child(d, argv, name, metrics, &off, grpo_line, &g, err, err_len) != 0) return -1;
         d->t_grpo += demo_now() - t_seg;
@@ -582,20 +634,26 @@ int demo_main(int argc, char **argv) {
     // 1. The model, created here.
     char model[PATH_IN], data[PATH_IN], ckpt[PATH_IN];
     demo_path_in(d, model, sizeof model, "model");
-    DemoModelSpec ms = {.hidden = d->o.hidden, .layers = d->o.layers, .heads = d->o.heads,
+    DemoModelSpec ms = {.tools = demo_is_tools(&d->o), .hidden = d->o.hidden, .layers = d->o.layers, .heads = d->o.heads,
                         .intermediate = d->o.intermediate, .init_std = (float)d->o.init_std, .seed = (uint64_t)d->o.seed};
     if (demo_write_model(model, &ms, &n_params, err, sizeof err) != 0) goto out;
     demo_say(d, "model: random Llama, %d layers, hidden %d, %d heads, MLP %d: %zu parameters -> %s", d->o.layers,
         d->o.hidden, d->o.heads, d->o.intermediate, n_params, model);
     // 2. The task.
     demo_path_in(d, data, sizeof data, "data");
-    DemoDataSpec ds = {.digits = d->o.digits, .n_train = d->o.n_train, .n_heldout = d->o.n_heldout,
+    DemoDataSpec ds = {.tools = demo_is_tools(&d->o), .digits = d->o.digits, .n_train = d->o.n_train, .n_heldout = d->o.n_heldout,
                        .n_validation = d->o.n_validation, .n_sft = d->o.n_sft < d->o.n_train ? d->o.n_sft : d->o.n_train, .seed = (uint64_t)d->o.seed};
     if (demo_write_data(data, &ds, err, sizeof err) != 0) goto out;
-    demo_say(d, "task: \"a+b=\" with %d-digit operands, every number least significant digit first (\"21+43=460\" is "
-           "12 + 34 = 064), the sum checked exactly (reward answer_match); %d training, %d "
-           "validation and %d held-out problems, no problem in two sets -> %s", d->o.digits, d->o.n_train,
-        d->o.n_validation, d->o.n_heldout, data);
+    if (demo_is_tools(&d->o))
+        demo_say(d, "task: the user message \"a+b\" with %d-digit operands (too large for this model to add itself), "
+                 "answered through the built-in calculator: a Hermes <tool_call>, the tool's answer, then the sum "
+                 "(reward answer_match on the final answer); %d training, %d validation and %d held-out problems, "
+                 "no problem in two sets -> %s", d->o.digits, d->o.n_train, d->o.n_validation, d->o.n_heldout, data);
+    else
+        demo_say(d, "task: \"a+b=\" with %d-digit operands, every number least significant digit first (\"21+43=460\" "
+                 "is 12 + 34 = 064), the sum checked exactly (reward answer_match); %d training, %d "
+                 "validation and %d held-out problems, no problem in two sets -> %s", d->o.digits, d->o.n_train,
+                 d->o.n_validation, d->o.n_heldout, data);
     // 3. SFT warm-up; 4. the rollout server and accuracy before GRPO; 5-6. GRPO with accuracy along the way.
     if (run_sft(d, ckpt, sizeof ckpt, err, sizeof err) != 0) goto out;
     d->control_port = demo_free_port();

@@ -22,7 +22,13 @@ int demo_main(int argc, char **argv);
 
 // ---- files (trainer/demo_files.c) ---------------------------------------------------------------------
 
+// The tools task's calculator call is <tool_call> DEMO_CALL_PREFIX a+b DEMO_CALL_SUFFIX </tool_call> (Hermes
+// format; the prefix and suffix are one token each in its tokenizer).
+#define DEMO_CALL_PREFIX "{\"name\": \"calculator\", \"arguments\": {\"expression\": \""
+#define DEMO_CALL_SUFFIX "\"}}"
+
 typedef struct {
+    int tools;                                 // 1: the tools task's tokenizer (ChatML, tool-call tokens) and context
     int hidden, layers, heads, intermediate;   // Llama sizes (vocab and context are fixed by the task)
     float init_std;                            // normal(0, std) for every matrix
     uint64_t seed;
@@ -34,6 +40,7 @@ typedef struct {
 int demo_write_model(const char *dir, const DemoModelSpec *spec, size_t *n_params, char *err, size_t err_len);
 
 typedef struct {
+    int tools;           // 1: the tools task (below)
     int digits;          // operands are uniform among the numbers of exactly this many digits
     int n_train, n_heldout, n_validation, n_sft;
     uint64_t seed;
@@ -43,7 +50,11 @@ typedef struct {
 // ({"prompt", "answer"}), train.jsonl (the same form; GRPO's prompts) and sft.jsonl (the first n_sft training
 // problems as {"prompt", "completion"}). Every number is written least significant digit first, zero-padded: the
 // operands to `digits` digits, the sum to digits + 1 ("21+43=" is 12 + 34, its answer "460" is 064), and the
-// answer is that string. No problem is in two of held-out, validation and training. 0, or -1 with a message.
+// answer is that string. No problem is in two of held-out, validation and training. The tools task writes
+// {"prompt": [{"role": "user", "content": "a+b"}], "answer": "<sum>"} (plain decimal numbers; operands from
+// 5 * 10^(digits-1), so every sum has digits + 1 digits: one answer length) and SFT rows whose
+// completion is the transcript [assistant: <tool_call>...a+b...</tool_call>, tool: <sum>, assistant: <sum>].
+// 0, or -1 with a message.
 int demo_write_data(const char *dir, const DemoDataSpec *spec, char *err, size_t err_len);
 
 // ---- processes (trainer/demo_proc.c) ------------------------------------------------------------------

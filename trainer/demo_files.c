@@ -21,7 +21,19 @@ static const char *const kSpecials[] = {"<pad>", "<eos>"};
 static const char kChars[] = "0123456789+-*= \n";
 enum { PAD_ID = 0, EOS_ID = 1 };
 
-static int vocab_size(void) { return 2 + (int)strlen(kChars); }
+// The tools task (--task tools) talks in plain ChatML, so its tokenizer adds the ChatML markers (<|im_end|> is
+// its eos), Hermes' <tool_call> tags (non-special, as in Qwen's tokenizers), and single tokens for the three role
+// names and the fixed parts of a calculator call, {"name": "calculator", "arguments": {"expression": "...
+// "}}: a call is then 2 x digits + 6 tokens, and a whole trajectory fits 64 positions. The model still has to
+// write every operand digit itself.
+static const char *const kToolsAdded[] = {"<pad>", "<|im_end|>", "<|im_start|>", "<tool_call>", "</tool_call>",
+                                          "user", "assistant", "tool", DEMO_CALL_PREFIX, DEMO_CALL_SUFFIX};
+enum { TOOLS_N_SPECIAL = 3, TOOLS_N_ADDED = 10 };
+static const char kToolsTemplate[] =
+    "{% for message in messages %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + "
+    "'\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+
+static int vocab_size(int tools) { return (tools ? TOOLS_N_ADDED : 2) + (int)strlen(kChars); }
 
 static int write_json(const char *dir, const char *name, json_t *j, char *err, size_t err_len) {
     char path[4096];
@@ -35,20 +47,22 @@ static int write_json(const char *dir, const char *name, json_t *j, char *err, s
     return 0;
 }
 
-static json_t *added_token(int id, const char *content) {
+static json_t *added_token(int id, const char *content, int special) {
     return json_pack("{s:i, s:s, s:b, s:b, s:b, s:b, s:b}", "id", id, "content", content, "single_word", 0, "lstrip",
-                     0, "rstrip", 0, "normalized", 0, "special", 1);
+                     0, "rstrip", 0, "normalized", 0, "special", special);
 }
 
-static int write_tokenizer(const char *dir, char *err, size_t err_len) {
+static int write_tokenizer(const char *dir, int tools, char *err, size_t err_len) {
     json_t *added = json_array(), *vocab = json_object();
-    for (int i = 0; i < 2; i++) {
-        json_array_append_new(added, added_token(i, kSpecials[i]));
-        json_object_set_new(vocab, kSpecials[i], json_integer(i));
+    const int n_added = tools ? TOOLS_N_ADDED : 2;
+    for (int i = 0; i < n_added; i++) {
+        const char *t = tools ? kToolsAdded[i] : kSpecials[i];
+        json_array_append_new(added, added_token(i, t, !tools || i < TOOLS_N_SPECIAL));
+        json_object_set_new(vocab, t, json_integer(i));
     }
     for (size_t i = 0; i < strlen(kChars); i++) {
         char s[2] = {kChars[i], 0};
-        json_object_set_new(vocab, s, json_integer(2 + (json_int_t)i));
+        json_object_set_new(vocab, s, json_integer(n_added + (json_int_t)i));
     }
     json_t *model = json_pack("{s:s, s:n, s:n, s:n, s:n, s:b, s:b, s:b, s:o, s:[]}", "type", "BPE", "dropout",
                               "unk_token", "continuing_subword_prefix", "end_of_word_suffix", "fuse_unk", 0,
@@ -61,11 +75,13 @@ static int write_tokenizer(const char *dir, char *err, size_t err_len) {
         return -1;
     }
     if (write_json(dir, "tokenizer.json", tok, err, err_len) != 0) return -1;
+    const char *eos = tools ? kToolsAdded[EOS_ID] : kSpecials[EOS_ID];
     json_t *cfg = json_pack("{s:s, s:n, s:s, s:s, s:n, s:b, s:b, s:i}", "tokenizer_class", "PreTrainedTokenizerFast",
-                            "bos_token", "eos_token", kSpecials[EOS_ID], "pad_token", kSpecials[PAD_ID], "unk_token",
-                            "add_bos_token", 0, "add_eos_token", 0, "model_max_length", 64);
+                            "bos_token", "eos_token", eos, "pad_token", kSpecials[PAD_ID], "unk_token",
+                            "add_bos_token", 0, "add_eos_token", 0, "model_max_length", tools ? 128 : 64);
+    if (tools) json_object_set_new(cfg, "chat_template", json_string(kToolsTemplate));
     if (write_json(dir, "tokenizer_config.json", cfg, err, err_len) != 0) return -1;
-    json_t *map = json_pack("{s:s, s:s}", "eos_token", kSpecials[EOS_ID], "pad_token", kSpecials[PAD_ID]);
+    json_t *map = json_pack("{s:s, s:s}", "eos_token", eos, "pad_token", kSpecials[PAD_ID]);
     if (write_json(dir, "special_tokens_map.json", map, err, err_len) != 0) return -1;
     json_t *gen = json_pack("{s:i, s:i, s:s}", "eos_token_id", EOS_ID, "pad_token_id", PAD_ID, "transformers_version",
                             "5.0.0");
@@ -85,10 +101,12 @@ int demo_write_model(const char *dir, const DemoModelSpec *s, size_t *n_params, 
     }
     // The config goes through tandem's own parser, so the folder holds exactly what the trainer will read.
     json_t *cj = json_pack("{s:[s], s:s, s:i, s:i, s:i, s:i, s:i, s:i, s:i, s:f, s:f, s:s, s:b, s:n, s:i, s:i}",
-                           "architectures", "LlamaForCausalLM", "model_type", "llama", "vocab_size", vocab_size(),
+                           "architectures", "LlamaForCausalLM", "model_type", "llama", "vocab_size",
+                           vocab_size(s->tools),
                            "hidden_size", s->hidden, "intermediate_size", s->intermediate, "num_hidden_layers",
                            s->layers, "num_attention_heads", s->heads, "num_key_value_heads", s->heads,
-                           "max_position_embeddings", 64, "rms_norm_eps", 1e-5, "rope_theta", 10000.0, "hidden_act",
+                           "max_position_embeddings", s->tools ? 128 : 64, "rms_norm_eps", 1e-5, "rope_theta", 10000.0,
+                           "hidden_act",
                            "silu", "tie_word_embeddings", 0, "bos_token_id", "eos_token_id", EOS_ID, "pad_token_id",
                            PAD_ID);
     char *text = json_dumps(cj, JSON_COMPACT);
@@ -114,7 +132,7 @@ int demo_write_model(const char *dir, const DemoModelSpec *s, size_t *n_params, 
         model_random_unit_f32(&m, s->seed, s->init_std, u, units[u]);
     }
     rc = model_save_host(&m, units, dir, 0, 0, err, err_len);
-    if (rc == 0) rc = write_tokenizer(dir, err, err_len);
+    if (rc == 0) rc = write_tokenizer(dir, s->tools, err, err_len);
     goto out;
 oom:
     snprintf(err, err_len, "out of memory for the random init");
@@ -169,6 +187,17 @@ static void reverse_in_place(char *s) {
     }
 }
 
+// A row {"prompt": [messages], key: value} (value's reference is taken; prompt's is not).
+static int write_tools_row(FILE *f, json_t *prompt, const char *key, json_t *value) {
+    json_t *row = json_pack("{s:O, s:o}", "prompt", prompt, key, value);
+    char *line = row ? json_dumps(row, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
+    json_decref(row);
+    if (!line) return -1;
+    int rc = fprintf(f, "%s\n", line) < 0 ? -1 : 0;
+    free(line);
+    return rc;
+}
+
 static int write_row(FILE *f, const char *prompt, const char *key, json_t *value) {
     json_t *row = json_pack("{s:s, s:o}", "prompt", prompt, key, value);
     char *line = row ? json_dumps(row, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
@@ -191,6 +220,10 @@ int demo_write_data(const char *dir, const DemoDataSpec *s, char *err, size_t er
     uint64_t lo = s->digits == 1 ? 0 : 1, range = 1;
     for (int i = 1; i < s->digits; i++) lo *= 10;
     range = s->digits == 1 ? 10 : 9 * lo;
+    if (s->tools) {   // operands in [5 * 10^(d-1), 10^d): the sum always has d + 1 digits, one answer length
+        uint64_t top = 10 * (s->digits == 1 ? 1 : lo);
+        lo = top / 2, range = top - lo;
+    }
     size_t n = (size_t)s->n_heldout + (size_t)s->n_validation + (size_t)s->n_train, cap = 1;
     // Distinct problems must exist: at most 90 % of the range^2 pairs (rejection sampling stays quick).
     if ((double)n > 0.9 * (double)range * (double)range) {
@@ -226,7 +259,33 @@ int demo_write_data(const char *dir, const DemoDataSpec *s, char *err, size_t er
             goto out;
         }
     }
-    for (size_t i = 0; i < n; i++) {
+    for (size_t i = 0; i < n && s->tools; i++) {
+        // The tools task: "a+b" as a user message, written as usual (most significant digit first, no padding);
+        // the answer is the sum. The warm-up's transcripts call the calculator with the expression and answer
+        // with what it returned: the model can only learn to hand the problem over and copy the result.
+        char expr[64], sum[32], final[40];
+        snprintf(expr, sizeof expr, "%llu+%llu", (unsigned long long)a[i], (unsigned long long)b[i]);
+        snprintf(sum, sizeof sum, "%llu", (unsigned long long)(a[i] + b[i]));
+        snprintf(final, sizeof final, "=%s", sum);   // the answer turn starts with '=': unlike the call's digits
+        json_t *prompt = json_pack("[{s:s, s:s}]", "role", "user", "content", expr);
+        int w;
+        const int k = i < (size_t)s->n_heldout ? HELDOUT : i < (size_t)s->n_heldout + s->n_validation ? VALIDATION
+                                                                                                     : TRAIN;
+        w = write_tools_row(f[k], prompt, "answer", json_string(sum));
+        if (w == 0 && k == TRAIN && i - s->n_heldout - s->n_validation < (size_t)s->n_sft) {
+            char call[160];
+            snprintf(call, sizeof call, "<tool_call>%s%s%s</tool_call>", DEMO_CALL_PREFIX, expr, DEMO_CALL_SUFFIX);
+            w = write_tools_row(f[SFT], prompt, "completion",
+                                json_pack("[{s:s, s:s}, {s:s, s:s}, {s:s, s:s}]", "role", "assistant", "content", call,
+                                          "role", "tool", "content", sum, "role", "assistant", "content", final));
+        }
+        json_decref(prompt);
+        if (w) {
+            snprintf(err, err_len, "cannot write the data sets in %s", dir);
+            goto out;
+        }
+    }
+    for (size_t i = 0; i < n && !s->tools; i++) {
         // Every number least significant digit first, zero-padded ("12+34=" is written "21+43=", its sum 064 as
         // "460"): the sum's digit at place k then sits at the same distance from the operand digits at place k
         // for every k, and the carry into it is a function of the tokens one place back (the operand digits and

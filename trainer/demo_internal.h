@@ -4,10 +4,13 @@
 #define TANDEM_TRAINER_DEMO_INTERNAL_H
 
 #include <stddef.h>
+#include <string.h>
 #include <sys/types.h>
 
 typedef struct {
     const char *output_dir, *device;
+    const char *task;                                     // "add" (the default) or "tools"
+    int max_tool_turns;                                   // tools: calculator turns per episode
     long long seed;
     int threads;
     int digits, n_train, n_heldout, n_validation, n_sft; // task
@@ -23,6 +26,16 @@ typedef struct {
 
 // Tokens of a complete answer: the sum (digits + 1, zero-padded, least significant digit first) and <eos>.
 static inline int completion_tokens(const DemoOptions *o) { return o->digits + 2; }
+
+static inline int demo_is_tools(const DemoOptions *o) { return o->task && !strcmp(o->task, "tools"); }
+
+// The tools task's completion budget (assistant and tool tokens, max_completion_length): per calculator turn the
+// call (<tool_call> prefix a+b suffix </tool_call> <|im_end|>: 2 d + 6) and the tool turn ("\n<|im_start|>tool\n"
+// sum "<|im_end|>\n<|im_start|>assistant\n": at most d + 10), then the answer (sum, <|im_end|>: at most d + 3),
+// and 4 spare tokens.
+static inline int tools_completion_tokens(const DemoOptions *o) {
+    return (o->max_tool_turns > 0 ? o->max_tool_turns : 1) * (3 * o->digits + 16) + o->digits + 3 + 4;
+}
 
 // Folders (the output folder, this binary's) are at most DIR_MAX - 1 characters, so every path built inside them
 // fits PATH_IN and every message naming one fits the error buffers.
@@ -40,6 +53,7 @@ typedef struct {
     int n_evals;
     double eval_step[256], eval_acc[256], eval_form[256];   // held-out: measured, never used to decide
     double eval_val[256];    // validation accuracy at the same steps: decides when GRPO stops
+    double eval_exact[256];  // tools: held-out final answers that are the sum's digits alone
     int grpo_done;           // GRPO steps run (<= grpo_steps)
     const char *stop_reason; // why GRPO stopped, for the summary
     double *reward;          // (grpo_steps) mean reward of each step, NaN until logged
@@ -50,6 +64,14 @@ typedef struct {
     pid_t server;
     int http_port, control_port;
 } Demo;
+
+// The tools task's evaluation (trainer/demo_eval_tools.c): greedy multi-turn episodes of a JSONL with the built-in
+// calculator through the server on port; *acc the share solved (answer_match on the final answer), *call_rate the
+// share with at least one calculator call that ran, *exact_rate (may be NULL) the share whose final answer is the
+// sum's digits alone; out (may be NULL): one JSON line per row {"row", "completions": [final answer], "trajectory",
+// "tool_calls", "tool_failures", "turns", "solved", "exact"}.
+int demo_eval_tools(Demo *d, int port, const char *data, const char *out, double *acc, double *call_rate,
+                    double *exact_rate, char *err, size_t err_len);
 
 // OUTPUT_DIR/rel into out.
 void demo_path_in(const Demo *d, char *out, size_t len, const char *rel);

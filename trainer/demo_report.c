@@ -28,6 +28,11 @@ static char **read_completions(const char *path, int n_rows) {
     return texts;
 }
 
+static int is_right(const Demo *d, const char *text, const json_t *answer) {
+    (void)d;
+    return reward_answer_match(text, answer) >= 1;
+}
+
 void demo_show_examples(Demo *d) {
     char data[PATH_IN], before[PATH_IN], after[PATH_IN];
     demo_path_in(d, data, sizeof data, "data/heldout.jsonl");
@@ -45,12 +50,14 @@ void demo_show_examples(Demo *d) {
             if (row > d->o.n_heldout || !a[row] || !b[row]) continue;
             json_t *j = json_loads(line, 0, NULL);
             json_t *ans = json_object_get(j, "answer");
-            int rb = reward_answer_match(b[row], ans) >= 1, ra = reward_answer_match(a[row], ans) >= 1;
+            int rb = is_right(d, b[row], ans), ra = is_right(d, a[row], ans);
             if ((pass == 0) == (!rb && ra)) {
                 if (!shown++) demo_say(d, "held-out examples (greedy):");
-                demo_say(d, "  %-10s after SFT %-6s %-5s  after GRPO %-6s %s",
-                         json_string_value(json_object_get(j, "prompt")), b[row], rb ? "right" : "wrong", a[row],
-                         ra ? "right" : "wrong");
+                const json_t *p = json_object_get(j, "prompt");   // text, or [{"role": "user", "content"}]
+                const char *shown_prompt = json_is_string(p) ? json_string_value(p)
+                                           : json_string_value(json_object_get(json_array_get(p, 0), "content"));
+                demo_say(d, "  %-12s after SFT %-8s %-5s  after GRPO %-8s %s", shown_prompt ? shown_prompt : "?",
+                         b[row], rb ? "right" : "wrong", a[row], ra ? "right" : "wrong");
             }
             json_decref(j);
             if (pass == 0 && shown >= 3) break;
@@ -70,26 +77,37 @@ int demo_write_results(Demo *d, size_t n_params, char *err, size_t err_len) {
     int n = d->grpo_done, nr = 0;
     double *rx = malloc(n * sizeof(double)), *ry = malloc(n * sizeof(double));
     json_t *rewards = json_array(), *evals = json_array();
+    // The second figure of an evaluation: well-formed answers, or (tools) episodes with a calculator call that ran.
+    const int tools = demo_is_tools(&d->o);
+    const char *form_key = tools ? "calculator_calls" : "well_formed";
     for (int s = 0; s < n; s++) {
         json_array_append_new(rewards, isnan(d->reward[s]) ? json_null() : json_real(d->reward[s]));
         if (!isnan(d->reward[s])) rx[nr] = s + 1, ry[nr] = d->reward[s], nr++;
     }
     for (int i = 0; i < d->n_evals; i++)
         json_array_append_new(evals, json_pack("{s:i, s:f, s:f, s:f}", "step", (int)d->eval_step[i], "accuracy",
-                                               d->eval_acc[i], "well_formed", d->eval_form[i], "validation_accuracy",
+                                               d->eval_acc[i], form_key, d->eval_form[i], "validation_accuracy",
                                                d->eval_val[i]));
     json_t *checks = json_array();
     for (int i = 0; i < d->n_checks; i++)
         json_array_append_new(checks, json_pack("{s:i, s:f}", "step", (int)d->check_step[i], "validation_accuracy",
                                                 d->check_acc[i]));
-    char task[64];
-    snprintf(task, sizeof task, "a+b, %d-digit operands, least significant digit first", d->o.digits);
+    char task[160];
+    if (demo_is_tools(&d->o))
+        snprintf(task, sizeof task, "tools: a+b, %d-digit operands, via the calculator", d->o.digits);
+    else
+        snprintf(task, sizeof task, "a+b, %d-digit operands, least significant digit first", d->o.digits);
     json_t *sum = json_object();
     json_object_set_new(sum, "task", json_string(task));
     json_object_set_new(sum, "accuracy_before", json_real(d->eval_acc[0]));
     json_object_set_new(sum, "accuracy_after", json_real(d->eval_acc[d->n_evals - 1]));
-    json_object_set_new(sum, "well_formed_before", json_real(d->eval_form[0]));
-    json_object_set_new(sum, "well_formed_after", json_real(d->eval_form[d->n_evals - 1]));
+    if (tools) {   // answer_match counts a number with a leading zero ("085938") too; exact does not
+        json_object_set_new(sum, "exact_before", json_real(d->eval_exact[0]));
+        json_object_set_new(sum, "exact_after", json_real(d->eval_exact[d->n_evals - 1]));
+    }
+    json_object_set_new(sum, tools ? "calculator_calls_before" : "well_formed_before", json_real(d->eval_form[0]));
+    json_object_set_new(sum, tools ? "calculator_calls_after" : "well_formed_after",
+                        json_real(d->eval_form[d->n_evals - 1]));
     json_object_set_new(sum, "evaluations", evals);
     json_object_set_new(sum, "reward_per_step", rewards);
     json_object_set_new(sum, "wall_time_s", json_real(wall));
@@ -113,10 +131,12 @@ int demo_write_results(Demo *d, size_t n_params, char *err, size_t err_len) {
                                                d->o.stop_accuracy, "stop_patience", d->o.stop_patience,
                                                "prompts_per_step", d->o.prompts_per_step,
                                                "num_generations", d->o.num_generations, "max_completion_length",
-                                               completion_tokens(&d->o), "learning_rate", d->o.grpo_lr,
+                                               tools ? tools_completion_tokens(&d->o) : completion_tokens(&d->o),
+                                               "learning_rate", d->o.grpo_lr,
                                                "lr_schedule", "10 warmup steps, then cosine towards 0 at max_steps (one level per segment)",
                                                "temperature", d->o.temperature, "beta", 0.0, "reward",
-                                               "answer_match", "eval_every", d->o.eval_every, "max_staleness", d->o.max_staleness));
+                                               tools ? "0.8 answer_match + 0.2 regex_format =[0-9]+" : "answer_match",
+                                               "eval_every", d->o.eval_every, "max_staleness", d->o.max_staleness));
     char path[PATH_IN];
     demo_path_in(d, path, sizeof path, "demo_summary.json");
     int rc = 0;
@@ -126,7 +146,7 @@ int demo_write_results(Demo *d, size_t n_params, char *err, size_t err_len) {
     }
     json_decref(sum);
     if (rc == 0) {
-        char title[160];
+        char title[320];
         snprintf(title, sizeof title, "tandem demo: %s, %zu-parameter Llama, %s", task, n_params, d->device);
         DemoSeries rs = {.n = nr, .x = rx, .y = ry}, as = {.n = d->n_evals, .x = d->eval_step, .y = d->eval_acc};
         demo_path_in(d, path, sizeof path, "demo.svg");

@@ -19,7 +19,7 @@
 typedef struct {
     Environment base;
     EnvServiceOptions opt;
-    char *reset_url, *step_url;
+    char *reset_url, *step_url, *tools_url;
 } ServiceEnv;
 
 void env_service_options_default(EnvServiceOptions *o) {
@@ -212,9 +212,10 @@ int env_service_parse_step(const char *body, size_t len, const EnvStepRequest *r
 
 
 
-// POSTs body to url with retries; on success resp holds the 200 answer. -1 with the last failure otherwise.
+// POSTs body to url with retries; on success resp holds the 200 answer. -1 with the last failure otherwise; 1 (resp
+// empty) for a 404 when absent_ok (an optional call the service does not serve).
 static int post_with_retries(const ServiceEnv *s, const char *url, const char *what, size_t n, const char *body,
-                             HttpResponse *resp, char *err, size_t err_len) {
+                             int absent_ok, HttpResponse *resp, char *err, size_t err_len) {
     HttpOptions ho = {.connect_timeout_ms = http_timeout_ms(s->opt.connect_timeout_s),
                       .timeout_ms = http_timeout_ms(s->opt.timeout_s),
                       .max_response_bytes = s->opt.max_response_bytes};
@@ -238,6 +239,10 @@ static int post_with_retries(const ServiceEnv *s, const char *url, const char *w
         if (hrc == HTTP_E_CONNECT || hrc == HTTP_E_TIMEOUT || hrc == HTTP_E_IO) continue;
         if (hrc != HTTP_OK) break;
         if (resp->status == 200) return 0;
+        if (resp->status == 404 && absent_ok) {
+            http_response_free(resp);
+            return 1;
+        }
         char ex[201];
         http_body_excerpt(resp->body, resp->body_len, ex, sizeof ex);
         snprintf(msg, sizeof msg, "%s: HTTP status %d: %s", url, resp->status, ex);
@@ -259,7 +264,7 @@ static int service_reset(Environment *env, const EnvResetRequest *req, size_t n,
     char *body = env_service_reset_json(req, n);
     if (!body) return err_fail(err, err_len, "environment service: out of memory building the reset request");
     HttpResponse resp = {0};
-    int rc = post_with_retries(s, s->reset_url, "reset", n, body, &resp, err, err_len);
+    int rc = post_with_retries(s, s->reset_url, "reset", n, body, 0, &resp, err, err_len);
     free(body);
     if (rc != 0) return rc;
     char perr[512];
@@ -275,7 +280,7 @@ static int service_step(Environment *env, const EnvStepRequest *req, size_t n, E
     char *body = env_service_step_json(req, n);
     if (!body) return err_fail(err, err_len, "environment service: out of memory building the step request");
     HttpResponse resp = {0};
-    int rc = post_with_retries(s, s->step_url, "step", n, body, &resp, err, err_len);
+    int rc = post_with_retries(s, s->step_url, "step", n, body, 0, &resp, err, err_len);
     free(body);
     if (rc != 0) return rc;
     char perr[512];
@@ -285,10 +290,62 @@ static int service_step(Environment *env, const EnvStepRequest *req, size_t n, E
     return rc;
 }
 
+int env_service_parse_tools(const char *body, size_t len, json_t **out, char *err, size_t err_len) {
+    *out = NULL;
+    json_error_t je;
+    json_t *root = json_read_buffer(body, len, 0, &je);
+    if (!root)
+        return err_fail(err, err_len, "the answer is not valid JSON (%s at line %d column %d)", je.text, je.line,
+                        je.column);
+    json_t *list = json_is_object(root) ? json_object_get(root, "tools") : NULL;
+    int rc = 0;
+    if (!json_is_object(root) || (list && !json_is_null(list) && !json_is_array(list))) {
+        rc = err_fail(err, err_len, "the answer must be an object {\"tools\": [{\"type\": \"function\", "
+                      "\"function\": {\"name\", \"description\", \"parameters\"}}, ...]}");
+    }
+    for (size_t i = 0; rc == 0 && json_is_array(list) && i < json_array_size(list); i++) {
+        const json_t *t = json_array_get(list, i);
+        const json_t *fn = json_is_object(t) ? json_object_get(t, "function") : NULL;
+        const json_t *name = json_is_object(fn) ? json_object_get(fn, "name") : NULL;
+        const json_t *params = json_is_object(fn) ? json_object_get(fn, "parameters") : NULL;
+        if (!json_is_object(t) || !json_is_string(json_object_get(t, "type")) ||
+            strcmp(json_string_value(json_object_get(t, "type")), "function") != 0)
+            rc = err_fail(err, err_len, "\"tools\"[%zu].type must be \"function\"", i);
+        else if (!json_is_object(fn))
+            rc = err_fail(err, err_len, "\"tools\"[%zu].function must be an object {\"name\", \"description\", "
+                          "\"parameters\"}", i);
+        else if (!json_is_string(name) || json_string_length(name) == 0)
+            rc = err_fail(err, err_len, "\"tools\"[%zu].function.name must be a non-empty string", i);
+        else if (params && !json_is_object(params))
+            rc = err_fail(err, err_len, "\"tools\"[%zu].function.parameters must be a JSON schema object", i);
+    }
+    if (rc == 0 && json_is_array(list) && json_array_size(list) > 0) *out = json_incref(list);
+    json_decref(root);
+    return rc;
+}
+
+int env_service_fetch_tools(Environment *env, char *err, size_t err_len) {
+    ServiceEnv *s = (ServiceEnv *)env;
+    if (!env || strcmp(env->kind, "service") != 0)
+        return err_fail(err, err_len, "env_service_fetch_tools: not an environment service");
+    HttpResponse resp = {0};
+    int rc = post_with_retries(s, s->tools_url, "tools", 0, "{}", 1, &resp, err, err_len);
+    if (rc != 0) return rc > 0 ? 0 : -1;   // 404: the service gives no definitions
+    char perr[512];
+    json_t *tools = NULL;
+    rc = env_service_parse_tools(resp.body, resp.body_len, &tools, perr, sizeof perr);
+    if (rc != 0) bad_answer(s->tools_url, &resp, perr, err, err_len);
+    http_response_free(&resp);
+    json_decref(env->tool_schemas);
+    env->tool_schemas = tools;
+    return rc;
+}
+
 static void service_destroy(Environment *env) {
     ServiceEnv *s = (ServiceEnv *)env;
     free(s->reset_url);
     free(s->step_url);
+    free(s->tools_url);
     free(s);
 }
 
@@ -313,7 +370,8 @@ int env_service_create(Environment **out, const EnvServiceOptions *o, char *err,
     if (!(o->timeout_s > 0) || !(o->connect_timeout_s > 0) || o->max_retries < 0 || !(o->backoff_s >= 0))
         return err_fail(err, err_len, "environment service %s: timeouts must be > 0, retries and backoff >= 0", o->url);
     ServiceEnv *s = calloc(1, sizeof *s);
-    if (!s || !(s->reset_url = join_url(o->url, "/reset")) || !(s->step_url = join_url(o->url, "/step"))) {
+    if (!s || !(s->reset_url = join_url(o->url, "/reset")) || !(s->step_url = join_url(o->url, "/step")) ||
+        !(s->tools_url = join_url(o->url, "/tools"))) {
         if (s) service_destroy(&s->base);
         return err_fail(err, err_len, "environment service: out of memory");
     }

@@ -6,6 +6,7 @@
 //                            "tool_calls": [{"name": "...", "arguments": {...}}], "tool_call_error": null}, ...]}
 //             -> {"steps": [{"episode_id": "...", "observations": [{"name": "...", "content": "..."}],
 //                            "done": false, "reward": null}, ...]}
+//   <url>/tools  {} -> {"tools": [{"type": "function", "function": {...}}, ...]}   (optional: a 404 means none)
 // Answers list the episodes in request order with the same ids; anything else (a missing field, a wrong type,
 // another count or order) is an error naming the URL, the entry and the field, never a guess.
 // Failures: connection errors, timeouts, HTTP 5xx and 429 are retried up to max_retries times after backoff_s,
@@ -29,6 +30,10 @@ typedef struct {
 } EnvServiceOptions;
 
 void env_service_options_default(EnvServiceOptions *o);
+// Optional third call: POST <url>/tools with {} -> {"tools": [{"type": "function", "function": {"name", "description",
+// "parameters"}}, ...]}, the tools' definitions for the prompt (env->tool_schemas; none for a 404, an empty list or
+// null). Retried as the other calls; a malformed answer is an error naming the entry and field.
+int env_service_fetch_tools(Environment *env, char *err, size_t err_len);
 int env_service_create(Environment **out, const EnvServiceOptions *o, char *err, size_t err_len);
 
 // The request bodies and the answer readers env_service sends and uses (malloc'd JSON text; NULL: no memory).
@@ -37,6 +42,8 @@ char *env_service_step_json(const EnvStepRequest *req, size_t n);
 // 0, or -1 with a message naming the entry and field that are wrong (out is left with nothing to free).
 int env_service_parse_reset(const char *body, size_t len, const EnvResetRequest *req, size_t n, EnvResetResult *out,
                             char *err, size_t err_len);
+// The /tools answer: *out the list (new reference) or NULL when it holds none.
+int env_service_parse_tools(const char *body, size_t len, json_t **out, char *err, size_t err_len);
 int env_service_parse_step(const char *body, size_t len, const EnvStepRequest *req, size_t n, EnvStepResult *out,
                            char *err, size_t err_len);
 

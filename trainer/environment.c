@@ -22,8 +22,13 @@ int env_step(Environment *env, const EnvStepRequest *req, size_t n, EnvStepResul
 }
 
 void env_free(Environment *env) {
-    if (env) env->ops->destroy(env);
+    if (!env) return;
+    json_decref(env->tool_schemas);
+    env->tool_schemas = NULL;
+    env->ops->destroy(env);
 }
+
+const json_t *env_tool_schemas(const Environment *env) { return env ? env->tool_schemas : NULL; }
 
 void env_reset_result_free(EnvResetResult *r) {
     if (!r) return;
@@ -100,6 +105,10 @@ int env_builtin_create(Environment **out, ToolBox *tb, char *err, size_t err_len
     b->base.ops = &BUILTIN_OPS;
     b->base.kind = "builtin";
     b->tb = tb;
+    if (!(b->base.tool_schemas = toolbox_schemas(tb))) {
+        builtin_destroy(&b->base);
+        return err_fail(err, err_len, "built-in tools: out of memory");
+    }
     *out = &b->base;
     return 0;
 }

@@ -58,7 +58,9 @@ typedef struct {
 
 struct Environment {
     const EnvironmentOps *ops;
-    const char *kind;   // "builtin" or "service"
+    const char *kind;        // "builtin" or "service"
+    json_t *tool_schemas;    // owned, or NULL: the tools' definitions [{"type": "function", "function": {...}}] for
+                             // the prompt (the built-in tools' always; a service's when it answers POST <url>/tools)
 };
 
 // Both fill out[0..n) (zeroed first) or fail with -1 and a message; on failure out holds nothing to free.
@@ -66,6 +68,8 @@ int env_reset(Environment *env, const EnvResetRequest *req, size_t n, EnvResetRe
               size_t err_len);
 int env_step(Environment *env, const EnvStepRequest *req, size_t n, EnvStepResult *out, char *err, size_t err_len);
 void env_free(Environment *env);
+// The tools' definitions (borrowed), or NULL when the environment gives none.
+const json_t *env_tool_schemas(const Environment *env);
 void env_reset_result_free(EnvResetResult *r);
 void env_step_result_free(EnvStepResult *r);
 

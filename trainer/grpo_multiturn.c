@@ -39,7 +39,9 @@ int trainer_open_tools(Trainer *t, const TrainConfig *cfg, char *err, size_t err
         so.connect_timeout_s = cfg->env_connect_timeout;
         so.max_retries = cfg->env_retries;
         so.backoff_s = cfg->env_backoff;
-        return env_service_create(&t->env, &so, err, err_len);
+        if (env_service_create(&t->env, &so, err, err_len) != 0 || env_service_fetch_tools(t->env, err, err_len) != 0)
+            return -1;
+        return tool_prompt_init(&t->tool_prompt, t->env, t->chat, err, err_len);
     }
     json_t *table = NULL;
     if (cfg->tool_lookup_file) {
@@ -55,7 +57,8 @@ int trainer_open_tools(Trainer *t, const TrainConfig *cfg, char *err, size_t err
     int rc = toolbox_create(&tb, table, err, err_len);
     json_decref(table);
     if (rc != 0) return -1;
-    return env_builtin_create(&t->env, tb, err, err_len);
+    if (env_builtin_create(&t->env, tb, err, err_len) != 0) return -1;
+    return tool_prompt_init(&t->tool_prompt, t->env, t->chat, err, err_len);
 }
 
 // The first turn of each trajectory is the group's completion the stream took; later turns come from the servers.

@@ -16,8 +16,9 @@
 #include "trainer/train_config.h"
 #include "trainer/trainer.h"
 
-// Sets up t->env (the built-in tools of --tools, or the service of --env-url), t->tool_style and t->tool_format
-// (the trainer's chat template renders tool turns).
+// Sets up t->env (the built-in tools of --tools, or the service of --env-url, asked for its tools' definitions),
+// t->tool_style and t->tool_format (the trainer's chat template renders tool turns) and t->tool_prompt (the
+// definitions in message prompts).
 int trainer_open_tools(Trainer *t, const TrainConfig *cfg, char *err, size_t err_len);
 
 // Continues group p's G first turns (taken into r by the stream) into trajectories and points the round's

@@ -34,22 +34,34 @@ void toolbox_free(ToolBox *tb) {
     free(tb);
 }
 
-static json_t *schema(const char *name, const char *description, const char *arg, const char *arg_description) {
-    return json_pack("{s:s, s:{s:s, s:s, s:{s:s, s:{s:{s:s, s:s}}, s:[s]}}}", "type", "function", "function", "name",
-                     name, "description", description, "parameters", "type", "object", "properties", arg, "type",
-                     "string", "description", arg_description, "required", arg);
+// One tool's definition in the shape transformers' get_json_schema derives from a typed Python function with a
+// Google-style docstring (what TRL renders for tools=[f]): {"type": "function", "function": {"name", "description",
+// "parameters": {"type": "object", "properties": {arg: {"type": "string", "description"}}, "required": [arg]},
+// "return": {"type": "string", "description"}}}. Keys in that order: the templates' tojson writes them as given.
+static json_t *schema(const char *name, const char *description, const char *arg, const char *arg_description,
+                      const char *returns) {
+    return json_pack("{s:s, s:{s:s, s:s, s:{s:s, s:{s:{s:s, s:s}}, s:[s]}, s:{s:s, s:s}}}", "type", "function",
+                     "function", "name", name, "description", description, "parameters", "type", "object",
+                     "properties", arg, "type", "string", "description", arg_description, "required", arg, "return",
+                     "type", "string", "description", returns);
 }
 
 json_t *toolbox_schemas(const ToolBox *tb) {
     json_t *list = json_array();
     if (!list) return NULL;
-    json_array_append_new(list, schema("calculator", "Evaluates an arithmetic expression exactly (integers of any "
-                                       "size up to 38 digits, decimals).", "expression",
-                                       "The expression, e.g. \"123456789 * 987654321\" (+ - * / % // ^ and "
-                                       "parentheses)."));
-    if (tb->table)
-        json_array_append_new(list, schema("lookup", "Returns the value stored under a key.", "key",
-                                           "The key to look up."));
+    json_t *calc = schema("calculator", "Evaluates an arithmetic expression exactly.", "expression",
+                          "The expression: integers or decimals with + - * / % // ^ ** and parentheses, e.g. "
+                          "\"123456789 * 987654321\".",
+                          "The exact result (integers up to 38 digits), or {\"error\": ...} when it cannot be "
+                          "computed.");
+    json_t *lookup = tb->table ? schema("lookup", "Returns the value stored under a key in a small table.", "key",
+                                        "The key to look up.", "The value, or {\"error\": ...} naming known keys.")
+                               : NULL;
+    if (!calc || json_array_append_new(list, calc) != 0 || (tb->table && (!lookup ||
+                                                                          json_array_append_new(list, lookup) != 0))) {
+        json_decref(list);
+        return NULL;
+    }
     return list;
 }
 

@@ -294,7 +294,21 @@ int trainer_open(Trainer *t, TrainConfig *cfg, char *err, size_t err_len) {
             return -1;
         }
     }
-    DataOptions dopt = {.tok = t->tok, .chat = t->chat, .sft = cfg->mode == TRAIN_MODE_SFT,
+    // Multi-turn tool use: the environment first, since its tools' definitions go into the prompts.
+    if (cfg->mode == TRAIN_MODE_GRPO && (cfg->n_tools || cfg->env_url)) {
+        if (trainer_open_tools(t, cfg, err, err_len) != 0) return -1;
+        const size_t n_defs = json_array_size(env_tool_schemas(t->env));
+        if (t->tool_prompt.written)
+            log0(t, "tools: %zu tool definition(s) written into message prompts by the %s chat template (as "
+                 "apply_chat_template(tools=...))", n_defs, chat_family_name(chat_template_family(t->chat)));
+        else
+            log0(t, "tools: no tool definitions in the prompts (%s): the prompts must describe the tools themselves",
+                 n_defs == 0 ? "the environment service gives none: it does not answer POST <url>/tools"
+                             : "the model's chat template has no `tools` block; Qwen2.5, Qwen3, Llama 3.1 and "
+                               "Mistral v0.3 templates have one");
+    }
+    DataOptions dopt = {.tok = t->tok, .chat = t->chat, .render = t->env ? &t->tool_prompt.opt : NULL,
+                        .sft = cfg->mode == TRAIN_MODE_SFT,
                         .max_prompt_length = cfg->max_prompt_length,
                         .refuse_overlong = cfg->overlong_prompts == OVERLONG_PROMPTS_ERROR, .rank = t->rank,
                         .world_size = t->world, .seed = (uint64_t)(cfg->data_seed >= 0 ? cfg->data_seed : cfg->seed),
@@ -317,7 +331,6 @@ int trainer_open(Trainer *t, TrainConfig *cfg, char *err, size_t err_len) {
                      "regex_format, think_format, length_penalty, soft_overlong) or --reward-url URL");
             return -1;
         }
-        if ((cfg->n_tools || cfg->env_url) && trainer_open_tools(t, cfg, err, err_len) != 0) return -1;
         if (!cfg->rollout_servers) {
             snprintf(err, err_len, "grpo needs --rollout-servers tcp://HOST:PORT[,...] (tandem-serve --control)");
             return -1;
@@ -376,6 +389,7 @@ void trainer_close(Trainer *t) {
     rollout_client_destroy(t->rollout);
     reward_service_free(t->reward_service);
     env_free(t->env);
+    tool_prompt_free(&t->tool_prompt);
     rewards_free(t->rewards);
     data_close(t->data);
     chat_template_free(t->chat);

@@ -16,6 +16,7 @@
 #include "shared/model.h"
 #include "shared/tokenizer/tokenizer.h"
 #include "trainer/environment.h"
+#include "trainer/tool_prompt.h"
 #include "trainer/tool_turn_render.h"
 #include "trainer/checkpoint.h"
 #include "trainer/data.h"
@@ -53,6 +54,7 @@ typedef struct Trainer {
                                 // (--env-url, whose rewards are a reward column); NULL: single turn
     ToolTurnStyle tool_style;   // how the chat template renders tool turns (with env)
     ToolCallFormat tool_format; // how the policy writes tool calls (with env)
+    ToolPrompt tool_prompt;     // the tools' definitions in message prompts (with env; trainer/tool_prompt.h)
     TrainActs *acts;
     int acts_tokens, acts_seqs; // capacity of acts
     TrainProgress progress;

@@ -195,6 +195,8 @@ int chat_template_create(ChatTemplate **out, const char *src, const char *force_
     if (src && f == CHAT_FAMILY_CHATML) ct->default_system = chatml_default_system(src);
     if (src && f == CHAT_FAMILY_CHATML)
         ct->qwen_tools = has(src, "<tool_call>") && has(src, "<tool_response>") && has(src, "message.tool_calls");
+    // A forced "mistral" without a template is the v0.3 form, which has tool definitions.
+    if (f == CHAT_FAMILY_MISTRAL) ct->mistral_tools = !src || has(src, "[AVAILABLE_TOOLS]");
     if (f == CHAT_FAMILY_LLAMA31) {
         ct->default_date = src ? llama_default_date(src) : NULL;
         if (!ct->default_date) ct->default_date = dup_or_empty("26 Jul 2024");
@@ -233,3 +235,14 @@ void chat_template_free(ChatTemplate *ct) {
 
 ChatFamily chat_template_family(const ChatTemplate *ct) { return ct ? ct->family : 0; }
 const char *chat_template_default_system(const ChatTemplate *ct) { return ct ? ct->default_system : NULL; }
+
+int chat_template_writes_tools(const ChatTemplate *ct) {
+    if (!ct) return 0;
+    switch (ct->family) {
+    case CHAT_FAMILY_CHATML: return ct->qwen_tools;
+    case CHAT_FAMILY_QWEN3:
+    case CHAT_FAMILY_LLAMA31: return 1;
+    case CHAT_FAMILY_MISTRAL: return ct->mistral_tools;
+    default: return 0;
+    }
+}

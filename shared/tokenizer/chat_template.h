@@ -20,8 +20,11 @@
 // the template raises. Tool results (role "tool") and assistant tool calls render as the template does: Qwen2.5's
 // ChatML (tool markers in the template) and Qwen3 wrap them in <tool_response> / <tool_call> blocks, plain ChatML
 // and Llama 3.0 write a "tool" turn like any other and do not show tool calls; the other families' tool formats
-// are not rendered (an error that says so). Tool definitions (ChatRenderOptions.tools) go into the system turn as
-// Qwen2.5's and Qwen3's templates write them; other families refuse them.
+// are not rendered (an error that says so). Tool definitions (ChatRenderOptions.tools, the templates' `tools`) are
+// written as each template writes them: Qwen2.5 and Qwen3 in the system turn (<tools> block), Llama 3.1 / 3.2 /
+// 3.3 as "Environment: ipython" in the system header and the definitions (tojson(indent=4)) in the first user turn
+// (tools_in_user_message, the template's default), Mistral v0.3 as [AVAILABLE_TOOLS] before the last user turn;
+// other templates (chat_template_writes_tools() == 0) refuse them.
 //
 // The rendered text already holds the BOS the template writes, so encode it with add_special_tokens = 0
 // (which is what apply_chat_template(tokenize=True) does).
@@ -64,9 +67,9 @@ typedef struct {
     int enable_thinking;      // qwen3: 0 appends an empty <think></think> block to the generation prompt
     const char *date_string;  // llama3.1: "Today Date" (NULL: the template's default, or today for templates
                               // that call strftime_now)
-    const char *const *tools; // the request's tool definitions as JSON texts (n_tools; OpenAI's {"type": "function",
-    size_t n_tools;           // "function": {...}}), written into the system turn as the template's `tools` (Qwen2.5's
-                              // ChatML and Qwen3 only: other families refuse them)
+    const char *const *tools; // tool definitions as JSON texts (n_tools; OpenAI's {"type": "function", "function":
+    size_t n_tools;           // {"name", "description", "parameters"}}), written as the template's `tools` (see above;
+                              // templates without chat_template_writes_tools refuse them)
 } ChatRenderOptions;
 
 typedef struct ChatTemplate ChatTemplate;
@@ -85,6 +88,10 @@ ChatFamily chat_template_family(const ChatTemplate *ct);
 const char *chat_family_name(ChatFamily f);
 // The default system prompt a chatml template injects when the conversation has none (NULL if none).
 const char *chat_template_default_system(const ChatTemplate *ct);
+
+// Whether the template writes tool definitions (ChatRenderOptions.tools): Qwen2.5's ChatML, Qwen3, Llama 3.1 and
+// Mistral v0.3. A template that does not would leave `tools` out of the text in transformers too.
+int chat_template_writes_tools(const ChatTemplate *ct);
 
 // Renders messages. *out is malloc'd and NUL-terminated; *out_len (may be NULL) excludes the NUL.
 int chat_render(const ChatTemplate *ct, const ChatMessage *msgs, size_t n, int add_generation_prompt, char **out,

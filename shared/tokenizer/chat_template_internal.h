@@ -16,10 +16,13 @@ struct ChatTemplate {
     int gen_prompt_always;        // llama3: early templates append the assistant header unconditionally
     int eos_space;                // mistral-v1: answers end with eos_token + ' '
     int qwen_tools;               // chatml: Qwen2.5's template, which wraps tool results and tool calls
+    int mistral_tools;            // mistral: the v0.3 template with [AVAILABLE_TOOLS] (tool definitions)
 };
 
 // The `tojson` filter (chat_template_json.c): appends json_text re-serialised as transformers writes it. 0,
 // TOK_EINVAL (not JSON; err says so) or TOK_ENOMEM.
 int chat_tojson(const char *json_text, TokBuf *out, char *err, size_t err_len);
+// The same with `tojson(indent=N)`: json.dumps(indent=N), one member a line (Llama 3.1's tool definitions).
+int chat_tojson_indent(const char *json_text, int indent, TokBuf *out, char *err, size_t err_len);
 
 #endif

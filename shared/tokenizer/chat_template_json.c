@@ -1,8 +1,9 @@
 // shared/tokenizer/chat_template_json.c — the `tojson` filter of chat templates: JSON text re-serialised the way
 // transformers' filter writes it (Python's json.dumps with ensure_ascii=False and the default separators ", " and
-// ": "): keys in their order, non-ASCII kept as UTF-8, only '"', '\\' and control characters escaped (\n, \r, \t,
-// \b, \f, else \u00xx), integers as written, reals as Python's repr (the shortest digits that read back, fixed
-// notation for exponents -4 .. 15 with ".0" on whole numbers, else d.ddde+XX).
+// ": ", or with indent=N: "," and ": ", each member on its own line indented N spaces per level, empty containers
+// as {} and []): keys in their order, non-ASCII kept as UTF-8, only '"', '\\' and control characters escaped
+// (\n, \r, \t, \b, \f, else \u00xx), integers as written, reals as Python's repr (the shortest digits that read
+// back, fixed notation for exponents -4 .. 15 with ".0" on whole numbers, else d.ddde+XX).
 #include <jansson.h>
 #include <math.h>
 #include <stdio.h>
@@ -84,7 +85,23 @@ static int put_real(TokBuf *o, double x) {
     return put(o, out);
 }
 
-static int put_value(TokBuf *o, const json_t *v) {
+// Before a member: ", " inline; with an indent, "," (not for the first) then a newline and the member's depth.
+static int put_member_sep(TokBuf *o, int first, int indent, int depth) {
+    if (indent < 0) return !first && put(o, ", ");
+    if (!first && put(o, ",")) return 1;
+    if (put(o, "\n")) return 1;
+    for (int k = 0; k < indent * depth; k++)
+        if (put(o, " ")) return 1;
+    return 0;
+}
+
+// After the last member of a non-empty container: with an indent, a newline back to the container's depth.
+static int put_close_sep(TokBuf *o, int indent, int depth) {
+    return indent >= 0 && put_member_sep(o, 1, indent, depth);
+}
+
+// indent < 0: inline; else json.dumps(indent=indent) at depth.
+static int put_value(TokBuf *o, const json_t *v, int indent, int depth) {
     char num[32];
     switch (json_typeof(v)) {
     case JSON_OBJECT: {
@@ -92,16 +109,17 @@ static int put_value(TokBuf *o, const json_t *v) {
         const char *key;
         const json_t *val;
         json_object_foreach((json_t *)v, key, val) {
-            rc = rc || (!first && put(o, ", ")) || put_string(o, key, strlen(key)) || put(o, ": ") || put_value(o, val);
+            rc = rc || put_member_sep(o, first, indent, depth + 1) || put_string(o, key, strlen(key)) ||
+                 put(o, ": ") || put_value(o, val, indent, depth + 1);
             first = 0;
         }
-        return rc || put(o, "}");
+        return rc || (!first && put_close_sep(o, indent, depth)) || put(o, "}");
     }
     case JSON_ARRAY: {
         int rc = put(o, "[");
         for (size_t i = 0; i < json_array_size(v) && !rc; i++)
-            rc = (i > 0 && put(o, ", ")) || put_value(o, json_array_get(v, i));
-        return rc || put(o, "]");
+            rc = put_member_sep(o, i == 0, indent, depth + 1) || put_value(o, json_array_get(v, i), indent, depth + 1);
+        return rc || (json_array_size(v) > 0 && put_close_sep(o, indent, depth)) || put(o, "]");
     }
     case JSON_STRING: return put_string(o, json_string_value(v), json_string_length(v));
     case JSON_INTEGER:
@@ -114,14 +132,18 @@ static int put_value(TokBuf *o, const json_t *v) {
     }
 }
 
-int chat_tojson(const char *json_text, TokBuf *out, char *err, size_t err_len) {
+int chat_tojson_indent(const char *json_text, int indent, TokBuf *out, char *err, size_t err_len) {
     json_error_t je;
     json_t *v = json_loads(json_text, JSON_DECODE_ANY | JSON_ALLOW_NUL, &je);
     if (!v) {
-        tok_set_err(err, err_len, "chat template: tool call arguments are not JSON (%s)", je.text);
+        tok_set_err(err, err_len, "chat template: tool call arguments or tool definition are not JSON (%s)", je.text);
         return TOK_EINVAL;
     }
-    const int rc = put_value(out, v);
+    const int rc = put_value(out, v, indent, 0);
     json_decref(v);
     return rc ? TOK_ENOMEM : 0;
+}
+
+int chat_tojson(const char *json_text, TokBuf *out, char *err, size_t err_len) {
+    return chat_tojson_indent(json_text, -1, out, err, err_len);
 }

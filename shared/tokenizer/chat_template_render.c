@@ -1,5 +1,6 @@
 // shared/tokenizer/chat_template_render.c — renders messages exactly as each family's Jinja template does
 // (transformers renders with trim_blocks and lstrip_blocks; the strings below are the results).
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -207,8 +208,25 @@ static int render_llama3(const ChatTemplate *ct, const ChatMessage *m, size_t n,
     return rc ? TOK_ENOMEM : 0;
 }
 
+// Llama 3.1's custom tools (tools_in_user_message, the template's default): each definition as
+// tojson(indent=4), written before the first message after the system message, inside a user turn.
+static int out_llama_tools(const char *const *tools, size_t n_tools, Str first_user, TokBuf *o, char *err,
+                           size_t err_len) {
+    if (out_c(o, "<|start_header_id|>user<|end_header_id|>\n\nGiven the following functions, please respond with a "
+                 "JSON for a function call with its proper arguments that best answers the given prompt.\n\nRespond "
+                 "in the format {\"name\": function name, \"parameters\": dictionary of argument name and its value}."
+                 "Do not use variables.\n\n"))
+        return TOK_ENOMEM;
+    for (size_t k = 0; k < n_tools; k++) {
+        const int rc = chat_tojson_indent(tools[k], 4, o, err, err_len);
+        if (rc) return rc;
+        if (out_c(o, "\n\n")) return TOK_ENOMEM;
+    }
+    return out_s(o, first_user) || out_c(o, "<|eot_id|>") ? TOK_ENOMEM : 0;
+}
+
 static int render_llama31(const ChatTemplate *ct, const ChatMessage *m, size_t n, int gen, const char *date,
-                          TokBuf *o) {
+                          const ChatRenderOptions *opt, TokBuf *o, char *err, size_t err_len) {
     char today[64];
     if (!date && ct->date_from_clock) {   // strftime_now("%d %b %Y"), as transformers provides it
         time_t now = time(NULL);
@@ -218,12 +236,24 @@ static int render_llama31(const ChatTemplate *ct, const ChatMessage *m, size_t n
         date = today;
     }
     if (!date) date = ct->default_date;
+    const int with_tools = opt && opt->n_tools > 0;
     size_t first = 0;
     Str sys = {"", 0};
     if (role_is(&m[0], "system")) { sys = trim(str(m[0].content)); first = 1; }
+    if (with_tools && first == n) {
+        fail(err, err_len, "Cannot put tools in the first user message when there's no first user message!");
+        return TOK_EINVAL;
+    }
     int rc = out_c(o, ct->bos) || out_c(o, "<|start_header_id|>system<|end_header_id|>\n\n") ||
+             (with_tools && out_c(o, "Environment: ipython\n")) ||
              out_c(o, "Cutting Knowledge Date: ") || out_c(o, ct->knowledge_cutoff) || out_c(o, "\n") ||
              out_c(o, "Today Date: ") || out_c(o, date) || out_c(o, "\n\n") || out_s(o, sys) || out_c(o, "<|eot_id|>");
+    if (rc) return TOK_ENOMEM;
+    if (with_tools) {   // the first message after the system message becomes the tools' user turn, whatever its role
+        const int trc = out_llama_tools(opt->tools, opt->n_tools, trim(str(m[first].content)), o, err, err_len);
+        if (trc) return trc;
+        first++;
+    }
     for (size_t i = first; i < n && !rc; i++) rc = llama_turn(o, m[i].role, str(m[i].content));
     if (!rc && gen) rc = out_c(o, "<|start_header_id|>assistant<|end_header_id|>\n\n");
     return rc ? TOK_ENOMEM : 0;
@@ -256,8 +286,46 @@ static int render_llama2(const ChatTemplate *ct, const ChatMessage *m, size_t n,
     return rc ? TOK_ENOMEM : 0;
 }
 
-static int render_mistral(const ChatTemplate *ct, const ChatMessage *m, size_t n, TokBuf *o, char *err,
-                          size_t err_len) {
+// Mistral v0.3's [AVAILABLE_TOOLS] block: each definition's "function" members (but "return") written as the
+// template writes them: a string value between quotes as it is (not escaped), any other value as `tojson`.
+static int out_mistral_tools(const char *const *tools, size_t n_tools, TokBuf *o, char *err, size_t err_len) {
+    if (out_c(o, "[AVAILABLE_TOOLS] [")) return TOK_ENOMEM;
+    for (size_t k = 0; k < n_tools; k++) {
+        json_error_t je;
+        json_t *tool = json_loads(tools[k], 0, &je);
+        const json_t *fn = json_is_object(tool) ? json_object_get(tool, "function") : NULL;
+        if (!json_is_object(fn)) {
+            json_decref(tool);
+            tok_set_err(err, err_len, "chat template: tool definition %zu has no \"function\" object", k);
+            return TOK_EINVAL;
+        }
+        int rc = out_c(o, "{\"type\": \"function\", \"function\": {") ? TOK_ENOMEM : 0;
+        const char *key;
+        const json_t *val;
+        int first = 1;
+        json_object_foreach((json_t *)fn, key, val) {
+            if (rc || strcmp(key, "return") == 0) continue;
+            rc = (!first && out_c(o, ", ")) || out_c(o, "\"") || out_c(o, key) || out_c(o, "\": ") ? TOK_ENOMEM : 0;
+            first = 0;
+            if (rc) break;
+            if (json_is_string(val)) {
+                rc = out_c(o, "\"") || tok_buf_append(o, json_string_value(val), json_string_length(val)) ||
+                     out_c(o, "\"") ? TOK_ENOMEM : 0;
+            } else {
+                char *text = json_dumps(val, JSON_COMPACT | JSON_ENCODE_ANY);
+                rc = text ? chat_tojson(text, o, err, err_len) : TOK_ENOMEM;
+                free(text);
+            }
+        }
+        json_decref(tool);
+        if (rc) return rc;
+        if (out_c(o, "}}") || out_c(o, k + 1 < n_tools ? ", " : "]")) return TOK_ENOMEM;
+    }
+    return out_c(o, "[/AVAILABLE_TOOLS]") ? TOK_ENOMEM : 0;
+}
+
+static int render_mistral(const ChatTemplate *ct, const ChatMessage *m, size_t n, const ChatRenderOptions *opt,
+                          TokBuf *o, char *err, size_t err_len) {
     size_t first = role_is(&m[0], "system") ? 1 : 0;
     for (size_t i = first; i < n; i++)
         if (role_is(&m[i], "user") != ((i - first) % 2 == 0)) {
@@ -265,9 +333,18 @@ static int render_mistral(const ChatTemplate *ct, const ChatMessage *m, size_t n
                                "user/assistant/user/assistant/...");
             return TOK_EINVAL;
         }
+    // The template writes the tools before the user message that equals the last one (Jinja compares the message
+    // objects, so an earlier user message with the same content gets them too).
+    const ChatMessage *last_user = NULL;
+    for (size_t i = first; i < n; i++)
+        if (role_is(&m[i], "user")) last_user = &m[i];
     int rc = out_c(o, ct->bos);
     for (size_t i = first; i < n && !rc; i++) {
         if (role_is(&m[i], "user")) {
+            if (opt && opt->n_tools > 0 && last_user && strcmp(m[i].content, last_user->content) == 0) {
+                const int trc = out_mistral_tools(opt->tools, opt->n_tools, o, err, err_len);
+                if (trc) return trc;
+            }
             rc = out_c(o, "[INST] ");
             if (i == n - 1 && first) rc = rc || out_c(o, m[0].content) || out_c(o, "\n\n");
             rc = rc || out_c(o, m[i].content) || out_c(o, "[/INST]");
@@ -343,10 +420,10 @@ int chat_render_ex(const ChatTemplate *ct, const ChatMessage *m, size_t n, int g
             return TOK_EINVAL;
         }
     }
-    if (opt && opt->n_tools > 0 && !(ct->family == CHAT_FAMILY_QWEN3 || (ct->family == CHAT_FAMILY_CHATML &&
-                                                                         ct->qwen_tools))) {
-        tok_set_err(err, err_len, "chat template: tandem writes tool definitions into the prompt for Qwen2.5's and "
-                    "Qwen3's templates only, not for the %s family", chat_family_name(ct->family));
+    if (opt && opt->n_tools > 0 && !chat_template_writes_tools(ct)) {
+        tok_set_err(err, err_len, "chat template: tandem writes tool definitions into the prompt for Qwen2.5's, "
+                    "Qwen3's, Llama 3.1's and Mistral v0.3's templates, not for this %s template",
+                    chat_family_name(ct->family));
         return TOK_EINVAL;
     }
     int thinking = opt ? opt->enable_thinking : 1;
@@ -357,9 +434,9 @@ int chat_render_ex(const ChatTemplate *ct, const ChatMessage *m, size_t n, int g
     case CHAT_FAMILY_CHATML: rc = render_chatml(ct, m, n, gen, opt, &o, err, err_len); break;
     case CHAT_FAMILY_QWEN3: rc = render_qwen3(m, n, gen, thinking, opt, &o, err, err_len); break;
     case CHAT_FAMILY_LLAMA3: rc = render_llama3(ct, m, n, gen, &o); break;
-    case CHAT_FAMILY_LLAMA31: rc = render_llama31(ct, m, n, gen, date, &o); break;
+    case CHAT_FAMILY_LLAMA31: rc = render_llama31(ct, m, n, gen, date, opt, &o, err, err_len); break;
     case CHAT_FAMILY_LLAMA2: rc = render_llama2(ct, m, n, &o, err, err_len); break;
-    case CHAT_FAMILY_MISTRAL: rc = render_mistral(ct, m, n, &o, err, err_len); break;
+    case CHAT_FAMILY_MISTRAL: rc = render_mistral(ct, m, n, opt, &o, err, err_len); break;
     case CHAT_FAMILY_MISTRAL_V1: rc = render_mistral_v1(ct, m, n, &o, err, err_len); break;
     case CHAT_FAMILY_ZEPHYR: rc = render_zephyr(ct, m, n, gen, &o); break;
     default: fail(err, err_len, "unknown family"); rc = TOK_EINVAL; break;

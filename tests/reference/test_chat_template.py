@@ -588,30 +588,58 @@ TOOLS = [
                                           "required": ["city"]}}},
     {"type": "function", "function": {"name": "noop", "parameters": {"type": "object", "properties": {}}}},
 ]
-TOOL_DEFINITION_CASES = {"qwen2.5", "qwen3"}   # the templates whose `tools` tandem writes
+# The templates whose `tools` tandem writes: Qwen's <tools> system block, Llama 3.1/3.2's definitions in the first
+# user turn, Mistral v0.3's [AVAILABLE_TOOLS] before the last user turn.
+TOOL_DEFINITION_CASES = {"qwen2.5", "qwen3", "llama3.1", "llama3.2", "mistral-v0.3"}
+# Tool turns after the definitions: rendered by tandem for Qwen only (the others' tool turns are refused, see above).
+TOOL_TURN_CASES = {"qwen2.5", "qwen3"}
 
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_tool_definitions_equal_apply_chat_template(folders, exe, case):
-    """OpenAI `tools` written into the system turn as transformers renders the real template with tools=..., with and
-    without a system message, with tool turns after; the other families refuse with a message that says so."""
+    """OpenAI `tools` written into the prompt as transformers renders the real template with tools=..., with and
+    without a system message, over several user turns, with tool turns after (Qwen): the same text and the same ids;
+    the other templates refuse with a message that says so."""
     d = folders[case]
     auto = AutoTokenizer.from_pretrained(str(d))
     cli = TokCli(exe, d)
-    convs = [[m(U, "Weather in Paris?")], [m(S, "Be brief."), m(U, "Weather in Paris?")], TOOL_CONVERSATIONS[0]]
+    kw = {"date_string": "05 Mar 2025"} if case.startswith("llama3.") else {}
+    convs = [[m(U, "Weather in Paris?")], [m(S, "Be brief."), m(U, "  Weather in Paris? ")],
+             [m(U, "Hi"), m(A, "Hello."), m(U, "Weather in Paris?")],
+             [m(S, "sys"), m(U, "same"), m(A, "x"), m(U, "same")],   # Mistral: both equal user turns get the tools
+             TOOL_CONVERSATIONS[0]]
+    checked = 0
     for conv in convs:
         wire = json.loads(json.dumps(conv))
         for msg in wire:
             for c in msg.get("tool_calls", []):
                 c["function"]["arguments"] = json.dumps(c["function"]["arguments"])
+        has_tool_turns = any(msg["role"] == T or msg.get("tool_calls") for msg in conv)
         for gen in (False, True):
-            got = cli.ask(op="chat", messages=wire, add_generation_prompt=gen, tools=TOOLS)
-            if case not in TOOL_DEFINITION_CASES:
+            got = cli.ask(op="chat", messages=wire, add_generation_prompt=gen, tools=TOOLS, **kw)
+            if case not in TOOL_DEFINITION_CASES or (has_tool_turns and case not in TOOL_TURN_CASES):
                 assert "tool definitions into the prompt" in got.get("error", "") or \
                     "does not render tool" in got.get("error", ""), (case, got)
                 continue
             hf_conv = [dict(msg, content=msg["content"] or "") for msg in conv]
-            want, hf_err = hf_render(auto, hf_conv, gen, tools=TOOLS)
+            want, hf_err = hf_render(auto, hf_conv, gen, tools=TOOLS, **kw)
             assert hf_err is None, hf_err
             assert got.get("text") == want, f"{case} gen={gen}\n{got}\n---\n{want}"
+            ids = auto.apply_chat_template(hf_conv, tools=TOOLS, tokenize=True, add_generation_prompt=gen,
+                                           return_dict=False, **kw)
+            assert cli.ask(op="encode", text=got["text"])["ids"] == list(ids), f"{case} ids"
+            checked += 1
+    assert checked >= (8 if case in TOOL_DEFINITION_CASES else 0)
+    cli.close()
+
+
+def test_llama31_tools_need_a_first_user_message(folders, exe):
+    """Llama 3.1 puts the definitions in the first user turn: a conversation of only a system message is refused
+    with the template's own message."""
+    d = folders["llama3.1"]
+    auto = AutoTokenizer.from_pretrained(str(d))
+    cli = TokCli(exe, d)
+    _, hf_err = hf_render(auto, [m(S, "only")], True, tools=TOOLS)
+    got = cli.ask(op="chat", messages=[m(S, "only")], add_generation_prompt=True, tools=TOOLS)
+    assert hf_err and hf_err in got["error"], (hf_err, got)
     cli.close()

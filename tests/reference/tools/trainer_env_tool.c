@@ -5,6 +5,10 @@
 //   {"op": "step", "format": "hermes", "steps": [{"episode_id", "turn", "message"}]}
 //       (each message is parsed for tool calls in that format first)
 //     -> {"steps": [{"observations": [{"name", "content"}], "done", "reward", "tool_failures", "parse_error"}]}
+//   {"op": "tools"}  -> {"tools": [...] | null}   (the environment's tool definitions; a service is asked first)
+//   {"op": "prompt", "model": DIR, "row": {"prompt": [messages]}, "chat_template": NAME | null}
+//     -> {"ids": [...], "text": "...", "written": true|false}: the row rendered and tokenized as the trainer does
+//        for a multi-turn run (trainer/tool_prompt.h, data_parse_row)
 // A failing call answers {"error": "<message>"} and the tool goes on with the next line.
 #include <math.h>
 #include <stdio.h>
@@ -13,8 +17,12 @@
 
 #include <jansson.h>
 
+#include "shared/tokenizer/chat_template.h"
+#include "shared/tokenizer/tokenizer.h"
+#include "trainer/data.h"
 #include "trainer/env_service.h"
 #include "trainer/environment.h"
+#include "trainer/tool_prompt.h"
 
 static json_t *do_reset(Environment *env, json_t *req) {
     json_t *eps = json_object_get(req, "episodes");
@@ -88,6 +96,50 @@ static json_t *do_step(Environment *env, json_t *req) {
     return ans;
 }
 
+static json_t *do_tools(Environment *env) {
+    char err[2048];
+    if (strcmp(env->kind, "service") == 0 && env_service_fetch_tools(env, err, sizeof err) != 0)
+        return json_pack("{s:s}", "error", err);
+    const json_t *t = env_tool_schemas(env);
+    return json_pack("{s:O}", "tools", t ? (json_t *)t : json_null());
+}
+
+static json_t *do_prompt(Environment *env, json_t *req) {
+    char err[2048];
+    Tokenizer *tok = NULL;
+    ChatTemplate *ct = NULL;
+    const char *force = json_string_value(json_object_get(req, "chat_template"));
+    if (tokenizer_load(&tok, json_string_value(json_object_get(req, "model")), err, sizeof err) != 0)
+        return json_pack("{s:s}", "error", err);
+    if (chat_template_from_tokenizer(&ct, tok, force, err, sizeof err) != 0) {
+        tokenizer_free(tok);
+        return json_pack("{s:s}", "error", err);
+    }
+    ToolPrompt tp;
+    json_t *ans = NULL;
+    if (tool_prompt_init(&tp, env, ct, err, sizeof err) != 0) {
+        ans = json_pack("{s:s}", "error", err);
+    } else {
+        DataOptions opt = {.tok = tok, .chat = ct, .render = &tp.opt, .world_size = 1};
+        char *text = json_dumps(json_object_get(req, "row"), JSON_COMPACT);
+        DataRow row;
+        memset(&row, 0, sizeof row);
+        if (data_parse_row(&opt, text, strlen(text), &row, "row", err, sizeof err) != 0) {
+            ans = json_pack("{s:s}", "error", err);
+        } else {
+            json_t *ids = json_array();
+            for (size_t i = 0; i < row.n_ids; i++) json_array_append_new(ids, json_integer(row.ids[i]));
+            ans = json_pack("{s:o, s:s, s:b}", "ids", ids, "text", row.prompt_text, "written", tp.written);
+            data_row_clear(&row);
+        }
+        free(text);
+        tool_prompt_free(&tp);
+    }
+    chat_template_free(ct);
+    tokenizer_free(tok);
+    return ans;
+}
+
 int main(int argc, char **argv) {
     if (argc != 6) {
         fprintf(stderr, "usage: %s (URL | builtin) TIMEOUT_S CONNECT_TIMEOUT_S RETRIES BACKOFF_S\n", argv[0]);
@@ -123,8 +175,10 @@ int main(int argc, char **argv) {
         json_t *req = json_loads(line, 0, &je);
         const char *op = json_string_value(json_object_get(req, "op"));
         json_t *ans = !op                        ? json_pack("{s:s}", "error", "need \"op\"")
-                      : strcmp(op, "reset") == 0 ? do_reset(env, req)
-                                                 : do_step(env, req);
+                      : strcmp(op, "reset") == 0  ? do_reset(env, req)
+                      : strcmp(op, "tools") == 0  ? do_tools(env)
+                      : strcmp(op, "prompt") == 0 ? do_prompt(env, req)
+                                                  : do_step(env, req);
         char *s = json_dumps(ans, JSON_COMPACT);
         printf("%s\n", s);
         fflush(stdout);
