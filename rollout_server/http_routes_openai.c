@@ -219,19 +219,22 @@ static json_t *completion_answer(GenCall *c) {
     return out;
 }
 
-// The tool calls of an answer (hermes format: Qwen2.5's and Qwen3's templates, the ones that take tools), as
-// OpenAI's message.tool_calls, with the text outside them as the message's content (null when there is none). NULL
-// when the answer holds no call that reads (the text is then the content, as vLLM's tool parsers leave it).
+// The tool calls of an answer, in the format of the template's family (hermes for Qwen2.5 / Qwen3, llama3 for Llama
+// 3.1, mistral for Mistral v0.3: vLLM's hermes, llama3_json and mistral parsers), as OpenAI's message.tool_calls, with
+// the text outside them as the message's content (null when there is none). NULL when the answer holds no call that
+// reads (the text is then the content, as vLLM's tool parsers leave it).
 static json_t *tool_calls_json(const GenCall *c, const char *text, size_t len, json_t *msg) {
     ToolCallParse tp;
     char err[256];
-    if (tool_calls_parse(TOOL_FORMAT_HERMES, text ? text : "", text ? len : 0, &tp, err, sizeof err) != 0) return NULL;
+    const ToolCallFormat f = tool_call_format_of_family(chat_template_family(c->srv->chat));
+    if (tool_calls_parse(f, text ? text : "", text ? len : 0, &tp, err, sizeof err) != 0) return NULL;
     json_t *calls = NULL;
     if (tp.n_calls > 0 && (calls = json_array())) {
         for (size_t k = 0; k < tp.n_calls; k++) {
             // arguments as Python's json.dumps writes them (", " and ": ", non-ASCII kept), as vLLM's parsers do
             char id[192], *args = json_dumps(tp.calls[k].arguments, 0);
-            snprintf(id, sizeof id, "%s-tool-%zu", c->id, k);
+            if (tp.calls[k].id) snprintf(id, sizeof id, "%s", tp.calls[k].id);   // Mistral writes its own
+            else snprintf(id, sizeof id, "%s-tool-%zu", c->id, k);
             json_array_append_new(calls, json_pack("{s:s, s:s, s:{s:s, s:s}}", "id", id, "type", "function",
                                                    "function", "name", tp.calls[k].name, "arguments",
                                                    args ? args : "{}"));

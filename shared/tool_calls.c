@@ -25,6 +25,14 @@ static const struct {
     ToolCallFormat format;
 } FORMATS[] = {{"hermes", TOOL_FORMAT_HERMES}, {"llama3", TOOL_FORMAT_LLAMA3}, {"mistral", TOOL_FORMAT_MISTRAL}};
 
+ToolCallFormat tool_call_format_of_family(ChatFamily family) {
+    switch (family) {
+    case CHAT_FAMILY_LLAMA31: return TOOL_FORMAT_LLAMA3;
+    case CHAT_FAMILY_MISTRAL: return TOOL_FORMAT_MISTRAL;
+    default: return TOOL_FORMAT_HERMES;
+    }
+}
+
 int tool_call_format_from_name(const char *name, ToolCallFormat *out, char *err, size_t err_len) {
     for (size_t i = 0; i < sizeof FORMATS / sizeof FORMATS[0]; i++)
         if (name && strcmp(name, FORMATS[i].name) == 0) {

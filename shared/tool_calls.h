@@ -24,6 +24,8 @@
 #include <jansson.h>
 #include <stddef.h>
 
+#include "shared/tokenizer/chat_template.h"
+
 typedef enum {
     TOOL_FORMAT_HERMES = 1,
     TOOL_FORMAT_LLAMA3,
@@ -45,6 +47,9 @@ typedef struct {
 
 // "hermes", "llama3", "mistral" -> the format; -1 with a message listing the names when unknown.
 int tool_call_format_from_name(const char *name, ToolCallFormat *out, char *err, size_t err_len);
+// The format the models of a chat template family write their calls in: llama3 for Llama 3.1, mistral for Mistral,
+// hermes for the others (Qwen2.5 / Qwen3 / ChatML).
+ToolCallFormat tool_call_format_of_family(ChatFamily family);
 const char *tool_call_format_name(ToolCallFormat f);
 
 // Parses len bytes of text. 0 (out filled; free with tool_call_parse_free), or -1 when out of memory or f unknown.

@@ -13,14 +13,6 @@
 #include "trainer/tool_builtin.h"
 #include "trainer/trajectory_rollout.h"
 
-static ToolCallFormat format_of_family(ChatFamily f) {
-    switch (f) {
-    case CHAT_FAMILY_LLAMA31: return TOOL_FORMAT_LLAMA3;
-    case CHAT_FAMILY_MISTRAL: return TOOL_FORMAT_MISTRAL;
-    default: return TOOL_FORMAT_HERMES;
-    }
-}
-
 int trainer_open_tools(Trainer *t, const TrainConfig *cfg, char *err, size_t err_len) {
     if (!t->chat)
         return err_fail(err, err_len, "tools: multi-turn tool use renders tool turns with the model's chat template, "
@@ -29,7 +21,7 @@ int trainer_open_tools(Trainer *t, const TrainConfig *cfg, char *err, size_t err
     if (cfg->tool_call_format) {
         if (tool_call_format_from_name(cfg->tool_call_format, &t->tool_format, err, err_len) != 0) return -1;
     } else {
-        t->tool_format = format_of_family(chat_template_family(t->chat));
+        t->tool_format = tool_call_format_of_family(chat_template_family(t->chat));
     }
     if (cfg->env_url) {
         EnvServiceOptions so;

@@ -175,3 +175,47 @@ def test_tools_in_the_prompt_and_calls_in_the_answer(qwen25_dir):
             client.completions.create(model="tiny-qwen", prompt="x", max_tokens=4, extra_body={"tools": TOOLS})
         assert ei.value.response.json()["error"]["param"] == "tools"
         assert s.stop() == 0
+
+
+def _template_copy(tiny_model_dir, tmp_path, template):
+    d = tmp_path / "model"
+    shutil.copytree(tiny_model_dir, d)
+    cfg = json.loads((d / "tokenizer_config.json").read_text())
+    cfg["chat_template"] = template
+    (d / "tokenizer_config.json").write_text(json.dumps(cfg))
+    return d
+
+
+@pytest.mark.parametrize("family", ["llama3.1", "mistral-v0.3"])
+def test_tool_calls_of_other_families(family, tiny_model_dir, tmp_path):
+    """The answer's tool calls are read in the format of the model's family, as vLLM's llama3_json and mistral
+    parsers read them: Llama 3.1 writes the call as a JSON object {"name", "parameters"}, Mistral v0.3 as
+    [TOOL_CALLS] [{"name", "arguments"}]. The tools are in the prompt as transformers renders them."""
+    import sys
+    sys.path.insert(0, str(ROOT / "tests" / "reference"))
+    from test_chat_template import LLAMA31, MISTRAL_V03
+    from transformers import AutoTokenizer
+    template, regex = {
+        "llama3.1": (LLAMA31, '\\{"name": "get_weather", "parameters": \\{"city": "[a-z]{1,8}"\\}\\}'),
+        "mistral-v0.3": (MISTRAL_V03,
+                         '\\[TOOL_CALLS\\] \\[\\{"name": "get_weather", "arguments": \\{"city": "[a-z]{1,8}"\\}\\}\\]'),
+    }[family]
+    d = _template_copy(tiny_model_dir, tmp_path, template)
+    msgs = [{"role": "user", "content": "Weather in Paris?"}]
+    with TandemServer(d, "--served-model-name", "tiny") as s:
+        client = openai.OpenAI(base_url=s.url + "/v1", api_key="unused", max_retries=0, timeout=60)
+        want = AutoTokenizer.from_pretrained(str(d)).apply_chat_template(msgs, tools=TOOLS, add_generation_prompt=True,
+                                                                         tokenize=True)
+        want = list(want["input_ids"] if hasattr(want, "keys") else want)
+        for seed in range(2):
+            r = client.chat.completions.create(model="tiny", messages=msgs, tools=TOOLS, max_tokens=80, seed=seed,
+                                               extra_body={"return_token_ids": True,
+                                                           "structured_outputs": {"regex": regex}})
+            assert r.model_extra["prompt_token_ids"] == want
+            c = r.choices[0]
+            assert c.finish_reason == "tool_calls" and c.message.content is None, c
+            (call,) = c.message.tool_calls
+            assert call.function.name == "get_weather" and call.id, call
+            args = json.loads(call.function.arguments)
+            assert set(args) == {"city"} and re.fullmatch("[a-z]{1,8}", args["city"]), args
+        assert s.stop() == 0
