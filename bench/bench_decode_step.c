@@ -186,12 +186,25 @@ int main(int argc, char **argv) {
         int most = 0;
         for (int i = 0; i < n_batches; i++) most = batches[i] > most ? batches[i] : most;
         const LoraConfig lc = {.r = lora_r, .alpha = 2.0f * lora_r, .targets = LORA_ALL_TARGETS};
-        if (model_lora_create(&lora, &m, &lc, 0, err, sizeof err) != 0 || model_lora_init(lora, 99, err, sizeof err) ||
+        float **host = NULL;
+        int ok = model_lora_create(&lora, &m, &lc, 0, err, sizeof err) == 0 &&
+                 (host = calloc((size_t)cfg.num_layers, sizeof *host)) != NULL;
+        for (int l = 0; ok && l < cfg.num_layers; l++) {   // PEFT's init for A, B as A: nothing zero
+            ok = (host[l] = malloc(lora->unit_numel * sizeof(float))) != NULL;
+            if (ok) model_lora_init_unit(lora, 99, l, host[l]);
+            for (int i = 0; ok && i < LORA_N_MODULES; i++)
+                if (lora->b_off[i] != SIZE_MAX)
+                    memcpy(host[l] + lora->b_off[i], host[l] + lora->a_off[i],
+                           (size_t)(lora->out[i] < lora->in[i] ? lora->out[i] : lora->in[i]) * lora_r * sizeof(float));
+        }
+        // As tandem-serve holds its adapters (model_lora_serve_from).
+        if (!ok || model_lora_serve_from(lora, host, err, sizeof err) != 0 ||
             model_lora_rows_reserve(&rows, &m, most, lora_r, err, sizeof err) != 0) {
-            fprintf(stderr, "bench_decode_step: LoRA adapter: %s\n", err);
+            fprintf(stderr, "bench_decode_step: LoRA adapter: %s\n", ok ? err : "out of memory");
             return 1;
         }
-        lora->b_scaled = 1;   // as tandem-serve holds its adapters: the scale folded into B
+        for (int l = 0; l < cfg.num_layers; l++) free(host[l]);
+        free(host);
         rows.n_ranges = 1;
         m.lora_rows = &rows;
     }

@@ -50,13 +50,10 @@ int runner_adapters_load(ModelRunner *r, const EngineConfig *cfg, char *err, siz
             snprintf(err, err_len, "out of host memory reading --lora %s", name);
         } else if (model_lora_load(l, dir, host, msg, sizeof msg) != 0) {
             snprintf(err, err_len, "--lora %s=%s: %s", name, dir, msg);
+        } else if (model_lora_serve_from(l, host, msg, sizeof msg) != 0) {
+            rc = ENGINE_ENOMEM;
+            snprintf(err, err_len, "--lora %s: %s", name, msg);
         } else {
-            // The scale folded into B: one kernel less per module and step.
-            for (int layer = 0; layer < l->n_layers; layer++) {
-                model_lora_scale_b(l, host[layer]);
-                ops_upload_f32(l->ops, l->params[layer], host[layer], l->unit_numel);
-            }
-            l->b_scaled = 1;
             rc = 0;
             if (lc.r > max_r) max_r = lc.r;
         }
@@ -174,20 +171,11 @@ int runner_set_policy_adapter(ModelRunner *r, const LoraConfig *c, float *const 
     ModelLora *l;
     char msg[512];
     if (model_lora_create(&l, m, c, 0, msg, sizeof msg) != 0) return snprintf(err, err_len, "%s", msg), -1;
-    // The scale folded into B, on a copy: the units are the caller's (shared by every engine of the group).
-    float *scaled = malloc(l->unit_numel * sizeof(float));
-    if (!scaled) {
+    if (model_lora_serve_from(l, units, msg, sizeof msg) != 0) {
         model_lora_free(l);
-        return snprintf(err, err_len, "out of host memory installing the adapter"), -1;
+        return snprintf(err, err_len, "installing the adapter: %s", msg), -1;
     }
-    for (int layer = 0; layer < l->n_layers; layer++) {
-        memcpy(scaled, units[layer], l->unit_numel * sizeof(float));
-        model_lora_scale_b(l, scaled);
-        ops_upload_f32(l->ops, l->params[layer], scaled, l->unit_numel);
-    }
-    l->b_scaled = 1;
     ops_synchronize(l->ops);
-    free(scaled);
     if (ops_status(l->ops) ||
         model_lora_rows_reserve(&r->lora_rows, m, r->max_num_batched_tokens, c->r, msg, sizeof msg) != 0) {
         snprintf(err, err_len, "installing the adapter: %s", ops_status(l->ops) ? ops_error(l->ops) : msg);

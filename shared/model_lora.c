@@ -131,12 +131,6 @@ static size_t unit_layout(const ModelConfig *cfg, const LoraConfig *c, int *in, 
     return off;
 }
 
-void model_lora_scale_b(const ModelLora *l, float *unit) {
-    for (int i = 0; i < LORA_N_MODULES; i++)
-        if (l->b_off[i] != SIZE_MAX)
-            for (size_t k = 0; k < (size_t)l->out[i] * l->cfg.r; k++) unit[l->b_off[i] + k] *= l->scale;
-}
-
 size_t model_lora_unit_numel(const ModelConfig *cfg, const LoraConfig *c) {
     int in[LORA_N_MODULES], out[LORA_N_MODULES];
     size_t a[LORA_N_MODULES], b[LORA_N_MODULES];
@@ -205,6 +199,8 @@ void model_lora_free(ModelLora *l) {
         if (l->grads) ops_free(l->ops, l->grads[layer]);
     }
     if (l->act_block) ops_free(l->ops, l->act_block);
+    for (int layer = 0; l->serve && layer < l->n_layers; layer++) ops_free(l->ops, l->serve[layer]);
+    free(l->serve);
     free(l->params);
     free(l->grads);
     free(l->tensors);
@@ -505,8 +501,8 @@ int model_lora_rows_reserve(ModelLoraRows *lr, const Model *m, int max_tokens, i
     const size_t es = ops_dtype_size(m->ops), N = (size_t)max_tokens;
     const size_t QD = (size_t)c->num_heads * c->head_dim, KVD = (size_t)c->num_kv_heads * c->head_dim;
     const size_t I = (size_t)c->intermediate_size, C = (size_t)c->hidden_size;
-    const size_t out_max = max_i(max_i(QD, C), I), sum_w = max_i(QD + 2 * KVD, 2 * I);
-    void *block = ops_malloc(m->ops, N * ((size_t)max_r + out_max + sum_w) * es);
+    const size_t sum_w = max_i(max_i(QD + 2 * KVD, 2 * I), C);
+    void *block = ops_malloc(m->ops, N * (3 * (size_t)max_r + sum_w) * es);
     // Ranges: at most one per row.
     LoraRowRange *ranges = max_tokens > lr->cap_ranges ? realloc(lr->ranges, N * sizeof *ranges) : lr->ranges;
     if (!block || !ranges) {
@@ -522,8 +518,7 @@ int model_lora_rows_reserve(ModelLoraRows *lr, const Model *m, int max_tokens, i
     lr->ops = m->ops;
     lr->block = block;
     lr->t = block;
-    lr->tmp = (char *)block + N * (size_t)max_r * es;
-    lr->sum = (char *)lr->tmp + N * out_max * es;
+    lr->sum = (char *)block + N * 3 * (size_t)max_r * es;
     lr->max_tokens = max_tokens;
     lr->max_r = max_r;
     return 0;
@@ -533,6 +528,55 @@ void model_lora_rows_free(ModelLoraRows *lr) {
     if (lr->block) ops_free(lr->ops, lr->block);
     free(lr->ranges);
     memset(lr, 0, sizeof *lr);
+}
+
+int model_lora_serve_from(ModelLora *l, float *const *host, char *err, size_t err_len) {
+    const int r = l->cfg.r;
+    size_t off = 0;
+    for (int g = 0; g < 4; g++) {
+        const Group grp = group_of(l, g);
+        l->serve_m[g] = 0;
+        for (int k = 0; k < grp.count; k++) l->serve_m[g] += l->a_off[grp.first + k] != SIZE_MAX;
+        l->serve_a[g] = l->serve_b[g] = SIZE_MAX;
+        if (!l->serve_m[g]) continue;
+        const size_t mr = (size_t)l->serve_m[g] * r;
+        l->serve_a[g] = off;
+        off = align_up(off + mr * l->in[grp.first]);
+        l->serve_b[g] = off;
+        off = align_up(off + (size_t)grp.width * mr);
+    }
+    l->serve_numel = off;
+    float *unit = calloc(off, sizeof(float));
+    if (!l->serve) l->serve = calloc((size_t)l->n_layers, sizeof(void *));
+    int ok = unit && l->serve;
+    for (int layer = 0; ok && layer < l->n_layers; layer++)
+        ok = l->serve[layer] || (l->serve[layer] = ops_malloc(l->ops, off * ops_dtype_size(l->ops))) != NULL;
+    for (int layer = 0; ok && layer < l->n_layers; layer++) {
+        memset(unit, 0, off * sizeof(float));
+        for (int g = 0; g < 4; g++) {
+            const Group grp = group_of(l, g);
+            const size_t mr = (size_t)l->serve_m[g] * r;
+            int j = 0;
+            for (int k = 0; k < grp.count; k++) {
+                const int i = grp.first + k;
+                if (l->a_off[i] == SIZE_MAX) continue;
+                const float *a = host[layer] + l->a_off[i], *b = host[layer] + l->b_off[i];
+                memcpy(unit + l->serve_a[g] + (size_t)j * r * l->in[i], a, (size_t)r * l->in[i] * sizeof(float));
+                float *bg = unit + l->serve_b[g];
+                for (int o = 0; o < l->out[i]; o++)
+                    for (int c = 0; c < r; c++)
+                        bg[(size_t)(grp.col[k] + o) * mr + (size_t)j * r + c] = l->scale * b[(size_t)o * r + c];
+                j++;
+            }
+        }
+        ops_upload_f32(l->ops, l->serve[layer], unit, off);
+    }
+    free(unit);
+    if (!ok || ops_status(l->ops)) {
+        snprintf(err, err_len, "out of memory for the adapter's serving copy: %s", ops_error(l->ops));
+        return -1;
+    }
+    return 0;
 }
 
 void lora_rows_forward(Model *m, int group, const void *x, void *y, int N) {
@@ -547,29 +591,21 @@ void lora_rows_forward(Model *m, int group, const void *x, void *y, int N) {
     for (int s = 0; s < lr->n_ranges; s++) {
         const LoraRowRange *rg = &lr->ranges[s];
         const ModelLora *l = rg->lora;
-        const Group g = group_of(l, group);
-        int targeted = 0;
-        for (int k = 0; k < g.count; k++) targeted += l->a_off[g.first + k] != SIZE_MAX;
-        if (!targeted || rg->rows < 1 || rg->row0 < 0 || rg->row0 + rg->rows > N) continue;
-        if (l->cfg.r > lr->max_r) {
-            ops_set_error(o, -1, __FILE__, __LINE__, "adapter rank %d is above the step scratch's %d", l->cfg.r,
-                          lr->max_r);
+        const int mg = l->serve_m[group];
+        if (!mg || rg->rows < 1 || rg->row0 < 0 || rg->row0 + rg->rows > N) continue;
+        if (!l->serve || l->cfg.r > lr->max_r) {
+            ops_set_error(o, -1, __FILE__, __LINE__, l->serve ? "adapter rank %d is above the step scratch's %d"
+                                                              : "adapter (rank %d) has no serving copy (scratch %d)",
+                          l->cfg.r, lr->max_r);
             return;
         }
-        const int n = rg->rows, r = l->cfg.r, in = l->in[g.first];
+        const Group g = group_of(l, group);
+        const int n = rg->rows, mr = mg * l->cfg.r, in = l->in[g.first];
         const void *xs = (const char *)x + (size_t)rg->row0 * in * es;
         void *ys = (char *)y + (size_t)rg->row0 * g.width * es;
-        void *p = l->params[lr->layer];
-        const int whole = g.count == 1;
-        if (!whole) ops_memset_zero(o, lr->sum, (size_t)n * g.width * es);
-        for (int k = 0; k < g.count; k++) {
-            const int i = g.first + k;
-            if (l->a_off[i] == SIZE_MAX) continue;
-            ops_matmul_fwd_batch_invariant(o, lr->t, xs, at(l, p, l->a_off[i]), NULL, n, l->in[i], r);
-            if (!l->b_scaled) ops_scale_inplace(o, lr->t, l->scale, (size_t)n * r);
-            ops_matmul_fwd_batch_invariant(o, lr->tmp, lr->t, at(l, p, l->b_off[i]), NULL, n, r, l->out[i]);
-            if (!whole) ops_copy_2d(o, at(l, lr->sum, g.col[k]), g.width, lr->tmp, l->out[i], (size_t)n, l->out[i]);
-        }
-        ops_add_inplace(o, ys, whole ? lr->tmp : lr->sum, (size_t)n * g.width);
+        void *p = l->serve[lr->layer];
+        ops_matmul_fwd_batch_invariant(o, lr->t, xs, at(l, p, l->serve_a[group]), NULL, n, in, mr);
+        ops_matmul_fwd_batch_invariant(o, lr->sum, lr->t, at(l, p, l->serve_b[group]), NULL, n, mr, g.width);
+        ops_add_inplace(o, ys, lr->sum, (size_t)n * g.width);
     }
 }

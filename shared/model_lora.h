@@ -78,8 +78,14 @@ typedef struct ModelLora {
     // (lora_dropout_seed) and leave it until that forward's backward is done.
     uint64_t dropout_seed;
     int no_dropout;       // 1: forwards that only score (GRPO's old logprobs) run without dropout
-    int b_scaled;         // 1: every B in params holds s B (the server's copies, model_lora_scale_b): the inference
-                          // path applies no scale of its own (training keeps B and scales t)
+    // The server's copy (model_lora_serve_from), per layer: for each projection group (q|k|v, o, gate|up, down) its
+    // targeted modules' A stacked, (m r, in), and one B (width, m r) that holds module j's s B in the module's output
+    // columns and in columns j r .. (j + 1) r, zeros elsewhere. So a group's adapters are two GEMMs and an add,
+    // however many of its modules are targeted. NULL until made.
+    void **serve;                          // (n_layers) storage dtype, backend memory
+    size_t serve_numel;
+    size_t serve_a[4], serve_b[4];         // offsets per LORA_GROUP_*; SIZE_MAX: the group has no targeted module
+    int serve_m[4];                        // targeted modules per group
 } ModelLora;
 
 // The dropout seed of one micro-batch: a mix of the run's seed, the optimizer step, the micro-batch within it and
@@ -89,9 +95,9 @@ uint64_t lora_dropout_seed(uint64_t seed, int64_t step, int micro, int rank);
 // input, z = splitmix64 finaliser of seed + (layer * LORA_N_MODULES + module + 1) * 0xD1B54A32D192ED03.
 uint64_t lora_module_dropout_seed(uint64_t seed, int layer, int module);
 
-// Multiplies every B of the host fp32 adapter unit `unit` by the scale s (an inference copy: then upload it and set
-// b_scaled).
-void model_lora_scale_b(const ModelLora *l, float *unit);
+// Makes the server's copy (ModelLora.serve) from the host fp32 adapter units (host[l], unit_numel each).
+// Returns 0 or -1 with a message (out of memory).
+int model_lora_serve_from(ModelLora *l, float *const *host, char *err, size_t err_len);
 // Elements of one adapter unit of config c on a model of config cfg (what model_lora_create's unit_numel will be).
 size_t model_lora_unit_numel(const ModelConfig *cfg, const LoraConfig *c);
 // Builds the layout for model m and allocates the adapter units (zeroed) and, with_grads, their gradients.
@@ -125,10 +131,10 @@ int model_lora_merge_layer(const ModelLora *l, const Model *m, const float *adap
 // ---- adapters in inference steps (tandem-serve: --lora, adapter-only weight updates) --------------------------
 //
 // A step's rows come in ranges, each run through one adapter (several adapters in one step: vLLM's multi-LoRA);
-// rows in no range see the base model alone. Per range and targeted module of a group, t (rows, r) = s * x A^T (no
-// scale when B holds s B: b_scaled) and
-// the group output's module columns += t B^T, with the batch-invariant GEMM of the rollout server's steps: a row's
-// numbers depend only on its own input and adapter, never on which rows share the step.
+// rows in no range see the base model alone. Per range and projection group, with the adapter's server copy
+// (ModelLora.serve): t (rows, m r) = x A_g^T, then the group's output (rows, width) += t B_g^T, with the
+// batch-invariant GEMM of the rollout server's steps: a row's numbers depend only on its own input and adapter,
+// never on which rows share the step.
 typedef struct {
     int row0, rows;            // rows [row0, row0 + rows) of the step
     const ModelLora *lora;     // made without gradients; params read, nothing else
@@ -138,10 +144,10 @@ typedef struct ModelLoraRows {
     LoraRowRange *ranges;      // (n_ranges) ascending, disjoint; set before each step
     int n_ranges, cap_ranges;
     int layer;                 // the decoder layer being run (set by the inference loops)
-    // Scratch for up to max_tokens rows and rank max_r: t (N, r), one module's output (N, out), a group's sum.
+    // Scratch for up to max_tokens rows and rank max_r: t (N, 3 r) and a group's output (N, width).
     int max_tokens, max_r;
     OpsCtx *ops;               // not owned
-    void *block, *t, *tmp, *sum;
+    void *block, *t, *sum;
 } ModelLoraRows;
 
 // Scratch for steps of up to max_tokens rows through adapters of rank up to max_r on model m (grows, never

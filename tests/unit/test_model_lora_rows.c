@@ -90,6 +90,7 @@ static ModelLora *make_adapter(Rig *r, const LoraConfig *lc, uint64_t seed, floa
         }
         ops_upload_f32(l->ops, l->params[layer], host[layer], l->unit_numel);
     }
+    REQUIRE(model_lora_serve_from(l, host, err, sizeof err) == 0, "%s", err);
     return l;
 }
 
