@@ -169,6 +169,12 @@ int chat_template_create(ChatTemplate **out, const char *src, const char *force_
                          const char *eos_token, char *err, size_t err_len) {
     if (!out) { set_err(err, err_len, "chat_template_create: NULL argument", NULL); return TOK_EINVAL; }
     *out = NULL;
+    // Literals are copied from the template into prompts (Llama 3.1's knowledge cutoff and date, ChatML's default
+    // system prompt): text that is not UTF-8 would end up in them.
+    if (src && tok_utf8_valid_prefix(src, strlen(src)) != strlen(src)) {
+        set_err(err, err_len, "the chat template is not valid UTF-8; ", OVERRIDE_HINT);
+        return TOK_EFORMAT;
+    }
     ChatFamily f = 0;
     if (force_name) {
         for (size_t i = 0; i < sizeof(NAMES) / sizeof(NAMES[0]); i++)
