@@ -191,7 +191,7 @@ static void fuzz_chat(const char *s, size_t n) {
         char err[256];
         if (chat_template_create(&ct, tmpl, names[f], "<s>", "</s>", err, sizeof(err)) != 0) continue;
         for (int gen = 0; gen < 2; gen++) {
-            ChatRenderOptions opt = {gen, gen ? NULL : "01 Jan 2025"};
+            ChatRenderOptions opt = {.enable_thinking = gen, .date_string = gen ? NULL : "01 Jan 2025"};
             char *out = NULL;
             size_t ol = 0;
             if (chat_render_ex(ct, msgs, nm, gen, &opt, &out, &ol, err, sizeof(err)) == 0) REQUIRE(valid_utf8(out, ol));
