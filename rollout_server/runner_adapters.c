@@ -118,7 +118,7 @@ static int merge_policy_adapter(ModelRunner *r, const LoraConfig *c, float *cons
     char msg[512];
     ModelLora *l;
     if (model_lora_create(&l, m, c, 0, msg, sizeof msg) != 0) return snprintf(err, err_len, "%s", msg), -1;
-    void *scratch = ops_malloc(o, model_lora_merge_scratch_bytes(l));
+    void *scratch = ops_malloc(o, model_lora_merge_scratch_bytes(l, o));
     if (!r->adapter_base && scratch && (r->adapter_base = calloc((size_t)L->n_units, sizeof(void *)))) {
         for (int layer = 0; layer < m->cfg.num_layers; layer++) {
             const int u = layout_layer_unit(layer);
@@ -138,7 +138,7 @@ static int merge_policy_adapter(ModelRunner *r, const LoraConfig *c, float *cons
     int rc = 0;
     for (int layer = 0; layer < m->cfg.num_layers && rc == 0; layer++) {
         const int u = layout_layer_unit(layer);
-        rc = model_lora_merge_layer(l, m, units[layer], r->adapter_base[u], r->shards[0].w.params[u], scratch, msg,
+        rc = model_lora_merge_layer(l, m, o, units[layer], r->adapter_base[u], r->shards[0].w.params[u], scratch, msg,
                                     sizeof msg);
     }
     ops_synchronize(o);

@@ -36,6 +36,17 @@ static void reply_end(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *
     zc_send_msg(z->router, rid, rl, &m);
 }
 
+// A weights_begin for another model's layout gets a layout_mismatch error naming both hashes: 1, else 0.
+static int refuse_layout(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q, const char *what) {
+    if (q->layout_hash == z->wr.layout_hash) return 0;
+    char a[17], b[17];
+    zmsg_hash_to_hex(q->layout_hash, a);
+    zmsg_hash_to_hex(z->wr.layout_hash, b);
+    zc_send_error(z->router, rid, rl, q->id, "layout_mismatch", "weights_begin: %s %s, this server's model has %s",
+                  what, a, b);
+    return 1;
+}
+
 // Transport nccl (rollout_server/weight_nccl.h): checks, then the receive runs on its own thread; the reply goes
 // out at once so that the trainer ranks can start sending.
 static void begin_nccl(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q) {
@@ -45,14 +56,7 @@ static void begin_nccl(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg 
                       "\"zmq\"", err);
         return;
     }
-    if (q->layout_hash != z->wr.layout_hash) {
-        char a[17], b[17];
-        zmsg_hash_to_hex(q->layout_hash, a);
-        zmsg_hash_to_hex(z->wr.layout_hash, b);
-        zc_send_error(z->router, rid, rl, q->id, "layout_mismatch", "weights_begin: layout hash %s, this server's "
-                      "model has %s", a, b);
-        return;
-    }
+    if (refuse_layout(z, rid, rl, q, "layout hash")) return;
     weight_recv_reset(&z->wr);   // a zmq update still open is abandoned, as by any weights_begin
     int bad_engine, bad_unit;
     if (engine_group_device_staging_ready(z->g, &bad_engine, &bad_unit) != 0) {
@@ -120,14 +124,7 @@ static void begin_adapter(ZmqControl *z, const void *rid, size_t rl, const ZmsgM
                       "\"zmq\" (adapters are small); transport \"nccl\" carries whole weights only");
         return;
     }
-    if (q->layout_hash != z->wr.layout_hash) {
-        char a[17], b[17];
-        zmsg_hash_to_hex(q->layout_hash, a);
-        zmsg_hash_to_hex(z->wr.layout_hash, b);
-        zc_send_error(z->router, rid, rl, q->id, "layout_mismatch", "weights_begin: adapters for base layout %s, this "
-                      "server's model has %s", a, b);
-        return;
-    }
+    if (refuse_layout(z, rid, rl, q, "adapters for base layout")) return;
     LoraConfig lc = {.r = q->adapter_r, .alpha = (float)q->adapter_alpha, .use_rslora = q->adapter_rslora};
     if (lora_parse_targets(q->adapter_targets, &lc.targets, err, sizeof err) != 0 ||
         lora_config_check(&lc, err, sizeof err) != 0) {

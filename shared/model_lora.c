@@ -315,30 +315,14 @@ int model_lora_merge_unit(const ModelLora *l, const Model *m, OpsCtx *cpu, const
         snprintf(err, err_len, "model_lora_merge_unit needs a CPU ops context");
         return -1;
     }
-    const LayerOffsets *lo = &m->layout.layer;
-    const size_t IC = (size_t)m->cfg.intermediate_size * m->cfg.hidden_size;
-    const size_t w_off[LORA_N_MODULES] = {lo->wq, lo->wk, lo->wv, lo->wo, lo->wgu, lo->wgu + IC, lo->wdown};
-    const int r = l->cfg.r;
-    size_t most = 0, most_at = 0;
-    for (int i = 0; i < LORA_N_MODULES; i++) {
-        most = max_i(most, (size_t)l->in[i] * l->out[i]);
-        most_at = max_i(most_at, (size_t)l->in[i] * r);
+    // A CPU context's memory is host memory and its storage dtype fp32: the backend merge, run there.
+    void *scratch = malloc(model_lora_merge_scratch_bytes(l, cpu));
+    if (!scratch) {
+        snprintf(err, err_len, "out of host memory merging the adapters");
+        return -1;
     }
-    float *at = malloc(most_at * sizeof(float)), *dw = malloc(most * sizeof(float));
-    int rc = at && dw ? 0 : -1;
-    if (rc != 0) snprintf(err, err_len, "out of host memory merging the adapters");
-    for (int i = 0; rc == 0 && i < LORA_N_MODULES; i++) {
-        if (l->a_off[i] == SIZE_MAX) continue;
-        const int in = l->in[i], out = l->out[i];
-        // (s A)^T (in, r), so that the GEMM's out (out, in) = B (out, r) @ ((s A)^T)^T = s B A.
-        const float *a = adapter + l->a_off[i];
-        for (int k = 0; k < r; k++)
-            for (int c = 0; c < in; c++) at[(size_t)c * r + k] = l->scale * a[(size_t)k * in + c];
-        ops_matmul_fwd(cpu, dw, adapter + l->b_off[i], at, NULL, out, r, in);
-        ops_add_inplace(cpu, unit + w_off[i], dw, (size_t)out * in);
-    }
-    free(at);
-    free(dw);
+    int rc = model_lora_merge_layer(l, m, cpu, adapter, unit, unit, scratch, err, err_len);
+    free(scratch);
     if (rc == 0 && ops_status(cpu)) {
         snprintf(err, err_len, "merging the adapters: %s", ops_error(cpu));
         rc = -1;
@@ -346,19 +330,18 @@ int model_lora_merge_unit(const ModelLora *l, const Model *m, OpsCtx *cpu, const
     return rc;
 }
 
-size_t model_lora_merge_scratch_bytes(const ModelLora *l) {
+size_t model_lora_merge_scratch_bytes(const ModelLora *l, OpsCtx *o) {
     size_t most = 0, most_at = 0, most_b = 0;
     for (int i = 0; i < LORA_N_MODULES; i++) {
         most = max_i(most, (size_t)l->in[i] * l->out[i]);
         most_at = max_i(most_at, (size_t)l->in[i] * l->cfg.r);
         most_b = max_i(most_b, (size_t)l->out[i] * l->cfg.r);
     }
-    return (most + most_at + most_b) * ops_dtype_size(l->ops);
+    return (most + most_at + most_b) * ops_dtype_size(o);
 }
 
-int model_lora_merge_layer(const ModelLora *l, const Model *m, const float *adapter, const void *base, void *dst,
-                           void *scratch, char *err, size_t err_len) {
-    OpsCtx *o = m->ops;
+int model_lora_merge_layer(const ModelLora *l, const Model *m, OpsCtx *o, const float *adapter, const void *base,
+                           void *dst, void *scratch, char *err, size_t err_len) {
     const size_t es = ops_dtype_size(o);
     const LayerOffsets *lo = &m->layout.layer;
     const size_t IC = (size_t)m->cfg.intermediate_size * m->cfg.hidden_size;

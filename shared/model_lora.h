@@ -119,14 +119,14 @@ int model_lora_init(ModelLora *l, uint64_t seed, char *err, size_t err_len);
 int model_lora_merge_unit(const ModelLora *l, const Model *m, OpsCtx *cpu, const float *adapter, float *unit,
                           char *err, size_t err_len);
 
-// PEFT's merge on the model's backend for one decoder layer: dst (the layer's unit, storage dtype, backend memory)
-// = base + s B A for every targeted module, A and B from the host fp32 adapter unit `adapter` (unit_numel
-// elements); dst may be base (merged in place). Each s B A is one GEMM, rounded to the storage dtype before it is
-// added. scratch: model_lora_merge_scratch_bytes of backend memory. Queues the work on m->ops and returns without
-// waiting for it; 0, or -1 with a message (out of host memory).
-size_t model_lora_merge_scratch_bytes(const ModelLora *l);
-int model_lora_merge_layer(const ModelLora *l, const Model *m, const float *adapter, const void *base, void *dst,
-                           void *scratch, char *err, size_t err_len);
+// PEFT's merge for one decoder layer on the backend of o (the model's, or a CPU context): dst (the layer's unit,
+// storage dtype, o's memory) = base + s B A for every targeted module, A and B from the host fp32 adapter unit
+// `adapter` (unit_numel elements); dst may be base (merged in place). Each s B A is one GEMM, rounded to the storage
+// dtype before it is added. scratch: model_lora_merge_scratch_bytes(l, o) of o's memory. Queues the work on o and
+// returns without waiting for it; 0, or -1 with a message (out of host memory).
+size_t model_lora_merge_scratch_bytes(const ModelLora *l, OpsCtx *o);
+int model_lora_merge_layer(const ModelLora *l, const Model *m, OpsCtx *o, const float *adapter, const void *base,
+                           void *dst, void *scratch, char *err, size_t err_len);
 
 // ---- adapters in inference steps (tandem-serve: --lora, adapter-only weight updates) --------------------------
 //

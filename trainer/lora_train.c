@@ -369,7 +369,7 @@ int lora_train_refresh_merged(LoraTrain *lt, char *err, size_t err_len) {
     const size_t es = ops_dtype_size(o);
     if (!lt->merged) {
         lt->merged = calloc((size_t)l->n_layers, sizeof(void *));
-        lt->scratch = ops_malloc(o, model_lora_merge_scratch_bytes(l));
+        lt->scratch = ops_malloc(o, model_lora_merge_scratch_bytes(l, o));
         for (int layer = 0; lt->merged && layer < l->n_layers; layer++)
             if (!(lt->merged[layer] = ops_malloc(o, m->layout.unit_numel[layout_layer_unit(layer)] * es))) break;
         if (!lt->merged || !lt->scratch || ops_status(o)) {
@@ -385,7 +385,7 @@ int lora_train_refresh_merged(LoraTrain *lt, char *err, size_t err_len) {
     int rc = 0;
     for (int layer = 0; layer < l->n_layers && rc == 0; layer++) {
         rc = lora_train_gather(lt, layer, 0, host, err, err_len);
-        if (rc == 0) rc = model_lora_merge_layer(l, m, host, lt->base.params[layout_layer_unit(layer)], lt->merged[layer],
+        if (rc == 0) rc = model_lora_merge_layer(l, m, o, host, lt->base.params[layout_layer_unit(layer)], lt->merged[layer],
                                     lt->scratch, err, err_len);
     }
     ops_synchronize(o);
