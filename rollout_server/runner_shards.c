@@ -16,8 +16,8 @@ static int shard_join(ModelRunner *r, int k) {
     RunnerShard *s = &r->shards[k];
     int rc;
     if (r->comm_backend == COMM_BACKEND_NCCL) {
-        rc = comm_create_with_id(&s->comm, COMM_BACKEND_NCCL, r->comm_id, k, r->tp, r->comm_timeout_ms, s->ops, s->err,
-                                 sizeof s->err);
+        rc = comm_create_local_group(&s->comm, COMM_BACKEND_NCCL, r->comm_id, k, r->tp, r->comm_timeout_ms, s->ops,
+                                     s->err, sizeof s->err);
     } else {
         CommInit ci = {.rank = k, .world_size = r->tp, .master_port = r->comm_port, .timeout_ms = r->comm_timeout_ms};
         snprintf(ci.master_addr, sizeof ci.master_addr, "127.0.0.1");

@@ -135,7 +135,7 @@ int comm_create(Comm **out, CommBackend backend, const CommInit *ci, OpsCtx *ops
     }
     for (int m = 0; m < c->world; m++) c->node[m] = m / lws;
     c->nnodes = c->world / lws;
-    rc = BACKEND(c, comm_nccl_create(c, ci, NULL, NULL, err, err_len), comm_host_create(c, ci, err, err_len));
+    rc = BACKEND(c, comm_nccl_create(c, ci, NULL, NULL, 0, err, err_len), comm_host_create(c, ci, err, err_len));
     if (rc != 0) {
         free_comm(c);
         return rc;
@@ -149,9 +149,10 @@ int comm_create_with_id(Comm **out, CommBackend backend, const uint8_t id[COMM_U
     return comm_create_with_id_watched(out, backend, id, rank, world, timeout_ms, NULL, ops, err, err_len);
 }
 
-int comm_create_with_id_watched(Comm **out, CommBackend backend, const uint8_t id[COMM_UNIQUE_ID_BYTES], int rank,
-                                int world, int timeout_ms, const CommPeerWatch *watch, OpsCtx *ops, char *err,
-                                size_t err_len) {
+// Joins by id, with NCCL's blocking mode or not.
+static int create_with_id(Comm **out, CommBackend backend, const uint8_t id[COMM_UNIQUE_ID_BYTES], int rank, int world,
+                          int timeout_ms, const CommPeerWatch *watch, int blocking, OpsCtx *ops, char *err,
+                          size_t err_len) {
     if (!out) return err_fail_code(COMM_ERR_INVALID, err, err_len, "comm_create_with_id: out is NULL");
     *out = NULL;
     if (backend == COMM_BACKEND_HOST) {
@@ -168,13 +169,24 @@ int comm_create_with_id_watched(Comm **out, CommBackend backend, const uint8_t i
     if (watch && !watch->gone_ms) return err_fail_code(COMM_ERR_INVALID, err, err_len, "comm_create_with_id: a peer watch needs gone_ms");
     Comm *c = new_comm(backend, rank, world, timeout_ms, ops, err, err_len);
     if (!c) return COMM_ERR_SYSTEM;
-    rc = BACKEND(c, comm_nccl_create(c, NULL, id, watch, err, err_len), COMM_ERR_UNSUPPORTED);
+    rc = BACKEND(c, comm_nccl_create(c, NULL, id, watch, blocking, err, err_len), COMM_ERR_UNSUPPORTED);
     if (rc != 0) {
         free_comm(c);
         return rc;
     }
     *out = c;
     return 0;
+}
+
+int comm_create_with_id_watched(Comm **out, CommBackend backend, const uint8_t id[COMM_UNIQUE_ID_BYTES], int rank,
+                                int world, int timeout_ms, const CommPeerWatch *watch, OpsCtx *ops, char *err,
+                                size_t err_len) {
+    return create_with_id(out, backend, id, rank, world, timeout_ms, watch, 0, ops, err, err_len);
+}
+
+int comm_create_local_group(Comm **out, CommBackend backend, const uint8_t id[COMM_UNIQUE_ID_BYTES], int rank,
+                            int world, int timeout_ms, OpsCtx *ops, char *err, size_t err_len) {
+    return create_with_id(out, backend, id, rank, world, timeout_ms, NULL, 1, ops, err, err_len);
 }
 
 int comm_unique_id(CommBackend backend, uint8_t id[COMM_UNIQUE_ID_BYTES], char *err, size_t err_len) {

@@ -135,6 +135,12 @@ typedef struct {
 int comm_create_with_id_watched(Comm **out, CommBackend backend, const uint8_t id[COMM_UNIQUE_ID_BYTES], int rank,
                                 int world, int timeout_ms, const CommPeerWatch *watch, OpsCtx *ops, char *err,
                                 size_t err_len);
+// comm_create_with_id for the members of one process, each joining from its own thread at the same time (the
+// tensor-parallel shards of a rollout server): NCCL's blocking mode, whose calls cost a few µs of host time against
+// ~100 µs for the non-blocking mode's (which lets a watchdog abort a join that waits on a member that never comes;
+// here none can fail to come). A call that stalls is still aborted by the watchdog after the timeout.
+int comm_create_local_group(Comm **out, CommBackend backend, const uint8_t id[COMM_UNIQUE_ID_BYTES], int rank,
+                            int world, int timeout_ms, OpsCtx *ops, char *err, size_t err_len);
 // 1 when this build and machine can run the backend (host: always; nccl: a CUDA build, a visible device and
 // a working libnccl).
 int comm_backend_available(CommBackend backend);

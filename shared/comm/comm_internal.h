@@ -52,9 +52,10 @@ int comm_host_recv(Comm *c, void *buf, size_t count, CommDtype dtype, int peer);
 int comm_host_barrier(Comm *c);
 
 // NCCL backend (comm_nccl.c, CUDA builds only). Arguments were checked by comm.c as for the host backend;
-// c->calls already counts the call being made. ci == NULL with id != NULL: join by id (no rendezvous).
-int comm_nccl_create(Comm *c, const CommInit *ci, const uint8_t *id, const CommPeerWatch *watch, char *err,
-                     size_t err_len);
+// c->calls already counts the call being made. ci == NULL with id != NULL: join by id (no rendezvous). blocking: NCCL's
+// blocking mode (comm_create_local_group), else non-blocking.
+int comm_nccl_create(Comm *c, const CommInit *ci, const uint8_t *id, const CommPeerWatch *watch, int blocking,
+                     char *err, size_t err_len);
 void comm_nccl_destroy(Comm *c);
 void comm_nccl_destroy_now(Comm *c);   // abort: no finalize with peers
 int comm_nccl_unique_id(uint8_t id[COMM_UNIQUE_ID_BYTES], char *err, size_t err_len);

@@ -467,8 +467,8 @@ static int meet(Nccl *h, const CommInit *ci, ncclUniqueId *uid, char *err, size_
     return rc;
 }
 
-int comm_nccl_create(Comm *c, const CommInit *ci, const uint8_t *id, const CommPeerWatch *watch, char *err,
-                     size_t err_len) {
+int comm_nccl_create(Comm *c, const CommInit *ci, const uint8_t *id, const CommPeerWatch *watch, int blocking,
+                     char *err, size_t err_len) {
     Nccl *h = calloc(1, sizeof *h);
     if (!h) {
         snprintf(err, err_len, "comm nccl: out of memory");
@@ -521,7 +521,7 @@ int comm_nccl_create(Comm *c, const CommInit *ci, const uint8_t *id, const CommP
     }
     h->watch_running = 1;
     ncclConfig_t cfg = NCCL_CONFIG_INITIALIZER;
-    cfg.blocking = 0;
+    cfg.blocking = blocking ? 1 : 0;
     pthread_mutex_lock(&h->mu);
     ncclResult_t r = ncclCommInitRankConfig(&h->comm, h->world, uid, h->rank, &cfg);
     pthread_mutex_unlock(&h->mu);
