@@ -67,6 +67,7 @@ void *ops_backend_state(OpsCtx *ctx) { return ctx->backend_state; }
 // Without CUDA there is no device stream (CUDA builds define these in kernels/cuda/cuda_context.cu).
 int ops_cuda_device(const OpsCtx *ctx) { (void)ctx; return -1; }
 void *ops_cuda_stream(OpsCtx *ctx) { (void)ctx; return NULL; }
+void *ops_cuda_recording_stream(OpsCtx *ctx) { (void)ctx; return NULL; }
 int ops_memory_info(OpsCtx *ctx, size_t *free_bytes, size_t *total_bytes) {
     (void)ctx;
     *free_bytes = *total_bytes = 0;

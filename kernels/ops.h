@@ -99,6 +99,11 @@ void ops_synchronize(OpsCtx *ctx);
 // the ops and orders itself against them with events (shared/comm/comm.h's nccl backend). cpu: -1 and NULL.
 int ops_cuda_device(const OpsCtx *ctx);
 void *ops_cuda_stream(OpsCtx *ctx);
+// cuda: while the calling thread records a graph on ctx (ops_graph_begin .. ops_graph_end), the stream that recording
+// captures (a cudaStream_t: the ops queue there instead of on the compute stream), for code that queues its own work
+// into the recording in order with the ops (shared/comm/comm.h's nccl backend, "CUDA graphs"); NULL when this
+// thread records nothing on ctx. cpu: NULL.
+void *ops_cuda_recording_stream(OpsCtx *ctx);
 // cuda: free and total bytes of the context's device (cudaMemGetInfo), returns 0. cpu: -1 (no device memory).
 int ops_memory_info(OpsCtx *ctx, size_t *free_bytes, size_t *total_bytes);
 // Copies `bytes` of backend memory from src (a buffer of src_ctx) to dst (a buffer of dst_ctx), which may live on

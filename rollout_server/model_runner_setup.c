@@ -21,6 +21,7 @@ static double now_seconds(void) {
 // block 0, slot -1: nothing is stored, the outputs are dropped), as vLLM captures its graphs at start-up: otherwise
 // the first step at each batch size runs eagerly and records (40-140 ms each on an H100), and a load ramping up to
 // 512 sequences met four or five of them. A size that fails here records, or runs eagerly, on its first real step.
+// Tensor-parallel shards run these steps in lock-step like real ones (their graphs hold the all-reduces).
 static void record_decode_graphs(ModelRunner *r, int top) {
     const double t0 = now_seconds();
     for (int i = 0; i < top; i++) {
@@ -34,18 +35,20 @@ static void record_decode_graphs(ModelRunner *r, int top) {
     char err[512] = "";
     int failed = 0;
     for (int k = 0; k < n_ladder; k++) {
-        RunnerShard *s = &r->shards[0];   // graphs only without shards (decode_bufs_enable_padded)
-        if (model_decode_step_padded(&s->m, s->bufs, &s->src, &s->kv, ladder[k], r->tok_ids, r->tok_pos, r->slots,
-                                     r->tables, 1, NULL, err, sizeof err) != 0) {
+        r->plan = (RunnerStepPlan){.n = ladder[k], .n_seqs = ladder[k], .mb = 1, .n_rows = ladder[k], .padded = 1};
+        if (runner_shards_run(r, SHARD_JOB_STEP, err, sizeof err) != 0) {
             failed++;
-            ops_clear_error(r->ops);
+            for (int s = 0; s < r->tp; s++) ops_clear_error(r->shards[s].ops);
         }
     }
-    ops_synchronize(r->ops);
-    if (ops_status(r->ops)) {
-        snprintf(err, sizeof err, "%s", ops_error(r->ops));
-        ops_clear_error(r->ops);
-        failed = failed ? failed : 1;
+    for (int s = 0; s < r->tp; s++) {
+        OpsCtx *o = r->shards[s].ops;
+        ops_synchronize(o);
+        if (ops_status(o)) {
+            snprintf(err, sizeof err, "%s", ops_error(o));
+            ops_clear_error(o);
+            failed = failed ? failed : 1;
+        }
     }
     DecodeGraphStats g;
     decode_bufs_graph_stats(r->shards[0].bufs, &g);
@@ -80,10 +83,13 @@ static int set_up_padded(ModelRunner *r, const EngineConfig *cfg, char *err, siz
         used += (size_t)snprintf(sizes + used, sizeof sizes - used, "%s%d", i ? ", " : "", ladder[i]);
     fprintf(stderr, "tandem-serve: decode-only steps of up to %d sequences are padded to batch sizes %s and %s\n", top,
             sizes,
-            decode_bufs_graphs_on(r->shards[0].bufs) ? "replayed as CUDA graphs (recorded now)"
-            : cfg->enforce_eager                     ? "run eagerly (--enforce-eager)"
-            : r->tp > 1 ? "run eagerly (CUDA graphs do not hold the tensor-parallel all-reduces yet)"
-                        : "run eagerly (CUDA graphs are off while profile_ops times each op)");
+            decode_bufs_graphs_on(r->shards[0].bufs)
+                ? (r->tp > 1 ? "replayed as CUDA graphs holding the tensor-parallel all-reduces (recorded now)"
+                             : "replayed as CUDA graphs (recorded now)")
+            : cfg->enforce_eager ? "run eagerly (--enforce-eager)"
+            : r->tp > 1 && !comm_graph_capable(r->shards[0].comm)
+                ? "run eagerly (the shards' communicator cannot be recorded into CUDA graphs)"
+                : "run eagerly (CUDA graphs are off while profile_ops times each op)");
     return 0;
 }
 
@@ -357,6 +363,9 @@ int runner_create(ModelRunner **out, const EngineConfig *cfg, char *err, size_t 
     const Model *whole = runner_model(r);
     r->V = whole->cfg.vocab_size;
     if ((rc = runner_adapters_load(r, cfg, err, err_len)) != 0) goto fail;
+    // The shards join their communicator before the padded steps are set up (whether graphs can hold its calls) and
+    // before the KV pool is sized (NCCL's buffers take device memory).
+    if ((rc = runner_shards_start(r, err, err_len)) != 0) goto fail;
     // Step workspace first, so that --gpu-memory-utilization sees what it takes.
     r->max_blocks = (whole->cfg.max_seq_len + cfg->block_size - 1) / cfg->block_size;
     for (int k = 0; k < tp; k++) {
@@ -388,7 +397,6 @@ int runner_create(ModelRunner **out, const EngineConfig *cfg, char *err, size_t 
         rc = ENGINE_ENOMEM;
         goto fail;
     }
-    if ((rc = runner_shards_start(r, err, err_len)) != 0) goto fail;
     if (decode_bufs_graphs_on(r->shards[0].bufs)) record_decode_graphs(r, decode_bufs_padded_max(r->shards[0].bufs));
     *out = r;
     return 0;

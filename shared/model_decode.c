@@ -52,6 +52,8 @@ struct DecodeBufs {
     // Padded decode-only steps (model_decode_step_padded); n_ladder 0 = not set up.
     int ladder[DECODE_LADDER_MAX], n_ladder; // ascending padded batch sizes
     int use_graphs;
+    int32_t *vote;              // tensor-parallel shards with graphs: (2 + shards) backend memory, the constants
+                                // 0 and 1, then every shard's say on a recording (shards_keep_recording)
     int32_t *pad_ids;           // (4, P) backend memory, P = the top rung: tokens | token_seq | token_pos | slots
     int32_t *pad_host;          // (4, P) host staging of the same
     const void **units;         // (n_units) the step's acquired parameters
@@ -145,6 +147,8 @@ static void padded_free(DecodeBufs *b, const Model *m) {
         }
     memset(b->rungs, 0, sizeof b->rungs);
     ops_free(m->ops, b->pad_ids);
+    ops_free(m->ops, b->vote);
+    b->vote = NULL;
     free(b->pad_host);
     free(b->units);
     free(b->key);
@@ -378,9 +382,10 @@ int decode_bufs_enable_padded(DecodeBufs *b, const Model *m, int max_batch, int 
     if (limit > b->max_seqs) limit = b->max_seqs;
     if (limit > b->max_logit_rows) limit = b->max_logit_rows;
     if (limit > (1 << 20)) limit = 1 << 20;
-    // Tensor-parallel shards run their padded steps eagerly: the collectives are queued on a communicator's own
-    // stream from its launch thread (shared/comm/comm.h), which a graph recorded on the compute stream cannot hold.
-    const int want_graphs = use_graphs && ops_graph_supported(m->ops) && m->shard.size == 1;
+    // Tensor-parallel shards record their collectives into the graphs too (shared/comm/comm.h, "CUDA graphs"), which
+    // needs their communicator, joined before this, in NCCL's blocking mode.
+    const int want_graphs = use_graphs && ops_graph_supported(m->ops) &&
+                            (m->shard.size == 1 || comm_graph_capable(m->shard.comm));
     if (b->n_ladder > 0 && limit == b->ladder[b->n_ladder - 1]) {  // the same ladder: keep the graphs recorded
         b->use_graphs = want_graphs;
         return limit;
@@ -395,7 +400,11 @@ int decode_bufs_enable_padded(DecodeBufs *b, const Model *m, int max_batch, int 
     b->pad_host = malloc((size_t)4 * P * sizeof(int32_t));
     b->units = calloc((size_t)b->n_units, sizeof *b->units);
     b->key = calloc((size_t)b->n_key, sizeof *b->key);
-    int ok = b->pad_ids && b->pad_host && b->units && b->key;
+    if (want_graphs && m->shard.size > 1 && (b->vote = ops_malloc(m->ops, (size_t)(2 + m->shard.size) * 4))) {
+        const int32_t constants[2] = {0, 1};
+        ops_copy_to_device(m->ops, b->vote, constants, sizeof constants);
+    }
+    int ok = b->pad_ids && b->pad_host && b->units && b->key && (!want_graphs || m->shard.size == 1 || b->vote);
     for (int r = 0; r < n; r++)
         for (int k = 0; k < DECODE_GRAPH_SLOTS && ok; k++)
             ok = (b->rungs[r].slot[k].key = calloc((size_t)b->n_key, sizeof(void *))) != NULL;
@@ -466,12 +475,44 @@ static void padded_forward(Model *m, DecodeBufs *b, KVCache *kv, int P) {
     lm_head_logits(m, b, b->rows_normed, w_lm, P);
 }
 
+// Tensor-parallel shards: whether every shard's recording of this step succeeded (ok: this shard's). The shards must
+// take every record/replay decision together: NCCL may run a collective recorded into a graph with another algorithm
+// than the same collective run directly, so a shard replaying a step while another runs it eagerly could stall or
+// mix up their data. Everything the decisions follow from is the same on every shard, since the engine drives them
+// in lock-step: the padded size, the step clock, whether the step's key matches a slot (the parameter units and KV
+// pools are swapped on every shard in one job), and each rung's failures, as long as every shard counts the same
+// ones. Only a recording's own outcome can differ (device memory, a capture another thread invalidated, an op that
+// failed on one shard): so the shards exchange it here (an all_gather of each one's 0 or 1, eager), and a recording
+// that failed anywhere counts as failed everywhere. Every shard comes here at the same step, also one whose eager run
+// failed (it says 1 from the constant, its context being unusable); recording itself runs no collective.
+static int shards_keep_recording(Model *m, DecodeBufs *b, int ok) {
+    ModelShard *s = &m->shard;
+    if (s->size <= 1) return ok;
+    if (s->failed) return 0;   // its communicator failed in the step: every shard's next call fails too
+    comm_wait_compute(s->comm);
+    if (comm_all_gather(s->comm, b->vote + 2, b->vote + (ok ? 0 : 1), 1, COMM_I32) != 0) {
+        s->failed = 1;
+        return 0;
+    }
+    comm_compute_wait(s->comm);
+    int32_t says[64];
+    const int n = s->size < 64 ? s->size : 64;
+    ops_copy_to_host(m->ops, says, b->vote + 2, (size_t)n * sizeof *says);   // waits for the all_gather
+    if (ops_status(m->ops)) return 0;
+    for (int k = 0; k < n; k++)
+        if (says[k]) return 0;
+    return ok;
+}
+
 // Records the padded step of rung r (size P) into one of its slots (an empty one, else the least recently used),
 // right after the same ops ran eagerly (which made every GEMM plan, handle and scratch they need). A failure is
 // not the step's: its eager run stands, the reason goes to the stats, and after DECODE_GRAPH_TRIES failures the
-// size runs eagerly for good.
+// size runs eagerly for good. Tensor-parallel shards keep a recording only when every shard's succeeded
+// (shards_keep_recording); a shard whose eager run failed (ops_status) records nothing but still has its say.
 static void padded_record(Model *m, DecodeBufs *b, KVCache *kv, int r, int P) {
     OpsCtx *o = m->ops;
+    const int step_failed = ops_status(o) != 0;
+    if (step_failed && m->shard.size == 1) return;
     DecodeRung *rung = &b->rungs[r];
     DecodeGraph *g = &rung->slot[0];
     int had_graph = 0;
@@ -481,16 +522,24 @@ static void padded_record(Model *m, DecodeBufs *b, KVCache *kv, int r, int P) {
         if (g->g && (!c->g || c->used < g->used)) g = c;
     }
     size_t free0 = 0, free1 = 0, total = 0;
-    const int have_mem = ops_memory_info(o, &free0, &total) == 0;
+    const int have_mem = !step_failed && ops_memory_info(o, &free0, &total) == 0;
     const double t0 = seconds_now();
-    int rc = ops_graph_begin(o);
-    if (rc == OPS_GRAPH_UNSUPPORTED) {
+    int rc = step_failed ? -1 : ops_graph_begin(o);
+    if (rc == OPS_GRAPH_UNSUPPORTED) {   // per-op profiling: graphs_supported said so already, on every shard alike
         b->use_graphs = 0;
         return;
     }
     if (rc == 0) {
         padded_forward(m, b, kv, P);
         rc = ops_graph_end(o, &g->g);
+    }
+    if (!shards_keep_recording(m, b, rc == 0) && rc == 0) {
+        // Another shard's recording failed: drop this one's as well (it may have replaced or updated the slot's
+        // graph, which its old key no longer describes).
+        ops_graph_destroy(o, g->g);
+        g->g = NULL;
+        memset(g->key, 0, (size_t)b->n_key * sizeof *g->key);
+        rc = ops_set_error(o, -1, __FILE__, __LINE__, "the recording failed on another tensor-parallel shard");
     }
     const double dt = seconds_now() - t0;
     DecodeGraphStats *s = &b->stats;
@@ -501,9 +550,15 @@ static void padded_record(Model *m, DecodeBufs *b, KVCache *kv, int r, int P) {
     s->record_seconds += dt;
     s->last_bytes = 0;
     if (rc != 0) {
+        // Counted on every shard alike (they all come here, and shards_keep_recording made the outcome common), so
+        // that they give up on the same rung at the same step.
         rung->failures++;
         s->failures++;
         s->last_gave_up = rung->failures >= DECODE_GRAPH_TRIES;
+        if (step_failed) {   // the step's error stays for the step to report
+            snprintf(s->last_error, sizeof s->last_error, "the eager step failed: %s", ops_error(o));
+            return;
+        }
         snprintf(s->last_error, sizeof s->last_error, "%s", ops_error(o));
         ops_clear_error(o);
         return;
@@ -596,13 +651,16 @@ int model_decode_step_padded(Model *m, DecodeBufs *b, UnitSource *src, KVCache *
     }
     if (g) {
         g->used = b->clock;
-        ops_graph_launch(o, g->g);
+        // Shards: the replay holds the collectives, so it is watched by the communicator's watchdog (a stalled peer
+        // fails the step after the comm timeout instead of hanging it), and never launched on a failed communicator.
+        if (m->shard.size == 1) ops_graph_launch(o, g->g);
+        else if (!m->shard.failed && comm_graph_launch(m->shard.comm, g->g) != 0) m->shard.failed = 1;
         b->stats.replays++;
     } else {
         // First use of this size, or new parameter / cache pointers (a weight swap): run it eagerly, then record.
         padded_forward(m, b, kv, P);
         b->stats.eager_steps++;
-        if (b->use_graphs && rung->failures < DECODE_GRAPH_TRIES && ops_status(o) == 0) padded_record(m, b, kv, r, P);
+        if (b->use_graphs && rung->failures < DECODE_GRAPH_TRIES) padded_record(m, b, kv, r, P);
     }
     if (adapter) lr->ranges[0].rows = n;
     for (int u = b->n_units - 1; u >= 0; u--)

@@ -128,6 +128,12 @@ void *ops_cuda_stream(OpsCtx *ctx) {
     return st ? (void *)st->main_stream : NULL;
 }
 
+void *ops_cuda_recording_stream(OpsCtx *ctx) {
+    if (!ctx || ops_backend(ctx) != OPS_BACKEND_CUDA) return NULL;
+    const CudaState *st = (const CudaState *)ops_backend_state(ctx);
+    return cuda_recording(st) ? (void *)st->capture_stream : NULL;
+}
+
 int ops_memory_info(OpsCtx *ctx, size_t *free_bytes, size_t *total_bytes) {
     *free_bytes = *total_bytes = 0;
     if (!ctx || ops_backend(ctx) != OPS_BACKEND_CUDA || !cuda_enter(ctx)) return -1;

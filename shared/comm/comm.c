@@ -398,3 +398,19 @@ void comm_wait_compute(Comm *c) {
 void comm_compute_wait(Comm *c) {
     if (check_state(c) == 0) BACKEND_DO(c, comm_nccl_compute_wait(c), (void)0);
 }
+
+int comm_graph_capable(const Comm *c) {
+    return c && !c->failed && BACKEND(c, comm_nccl_graph_capable(c), 0);
+}
+
+int comm_graph_launch(Comm *c, OpsGraph *graph) {
+    int rc = check_state(c);
+    if (rc) return rc;
+    if (!graph) return comm_fail(c, COMM_ERR_INVALID, "comm_graph_launch: graph is NULL");
+    if (c->backend == COMM_BACKEND_HOST) {   // the host backend runs beside CPU contexts, which record no graphs
+        if (!c->ops) return comm_fail(c, COMM_ERR_INVALID, "comm_graph_launch: the communicator has no compute context");
+        if (ops_graph_launch(c->ops, graph) == 0) return 0;
+        return comm_fail(c, COMM_ERR_INVALID, "comm_graph_launch: %s", ops_error(c->ops));
+    }
+    return BACKEND(c, comm_nccl_graph_launch(c, graph), COMM_ERR_UNSUPPORTED);
+}

@@ -225,4 +225,31 @@ int comm_synchronize(Comm *c);
 void comm_wait_compute(Comm *c);
 void comm_compute_wait(Comm *c);
 
+// ---- CUDA graphs (nccl) ----
+// A call made by a thread while it records a graph on the communicator's compute context (ops_graph_begin ..
+// ops_graph_end, kernels/ops.h) is recorded into that graph instead of being run: NCCL queues it on the recording's
+// stream (ops_cuda_recording_stream), in order with the recorded ops, so comm_wait_compute and comm_compute_wait have
+// nothing to order then (they do nothing). It gets no watchdog record (an event recorded into a graph cannot be
+// watched); the replay is watched instead, through comm_graph_launch. Recording needs NCCL's blocking mode
+// (comm_create_local_group; comm_graph_capable): in the non-blocking mode NCCL launches from a thread of its own,
+// outside the recording, and the call is refused (COMM_ERR_INVALID, the communicator stays usable). Groups are not
+// recorded (refused the same way). Every member must replay the graphs that hold its calls in the same order, and
+// all members must take the same path for a call (all recorded and replayed, or all run): NCCL may pick another
+// algorithm for a call recorded into a graph than for one run directly.
+// Lifetime: a graph holding a communicator's calls must be destroyed before the communicator (NCCL's teardown waits
+// until no graph holds its calls). After a failure the abort makes NCCL's kernels (in replays too) exit at once, and
+// completes on the watchdog's thread once those graphs are destroyed.
+// host: there are no graphs on the CPU (ops_graph_begin answers OPS_GRAPH_UNSUPPORTED), nothing is recorded.
+
+// 1 when calls of this communicator can be recorded into CUDA graphs (nccl in NCCL's blocking mode), else 0.
+int comm_graph_capable(const Comm *c);
+// Queues one replay of graph (ops_graph_launch on the communicator's compute context), a graph that holds calls of
+// this communicator, under the watchdog: a replay that has not completed timeout_ms after it could start (the
+// compute work queued before it is done) fails the communicator as a stalled call does (COMM_ERR_TIMEOUT, seen by the
+// next call, comm_synchronize or comm_graph_launch; the abort lets the compute stream move on). A communicator that
+// failed earlier is not replayed on (its NCCL state is gone): its code is returned and nothing is queued. Returns 0,
+// a negative comm code (comm_error), or COMM_ERR_INVALID when ops_graph_launch failed (the context's error says why;
+// the communicator stays usable).
+int comm_graph_launch(Comm *c, OpsGraph *graph);
+
 #endif

@@ -75,6 +75,8 @@ int comm_nccl_group_end(Comm *c);
 int comm_nccl_synchronize(Comm *c);
 void comm_nccl_wait_compute(Comm *c);
 void comm_nccl_compute_wait(Comm *c);
+int comm_nccl_graph_capable(const Comm *c);
+int comm_nccl_graph_launch(Comm *c, OpsGraph *graph);
 
 // Side channel of the nccl backend (comm_probe.c): names the peer that holds up a stalled call. Made by a
 // rank that joins through the rendezvous: bind, publish the endpoint in the rendezvous, then start with the

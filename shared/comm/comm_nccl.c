@@ -24,6 +24,13 @@
 // Tripping probes the peers to name the culprit, records the message and aborts the communicator: NCCL's kernels
 // see its abort flag and exit, so nothing queued behind them (the compute stream included) stays stuck.
 //
+// CUDA graphs (comm.h). A call made while the calling thread records a graph on the compute context is issued on
+// the recording's stream and lands in the graph, with no record: NCCL makes it a persistent plan that the graph owns.
+// comm_graph_launch watches each replay with a record whose events bracket the launch on the compute stream. NCCL's
+// teardown of a communicator waits until no graph holds its plans, so once a call has been recorded an abort is not
+// run under mu on the thread that found the failure: the watchdog runs it outside mu, where NCCL sets its abort flag
+// at once (the kernels, those of a replay too, exit) and then waits for the owner of the graphs to destroy them.
+//
 // Side channel (shared/comm/comm_probe.c; ranks that joined through the rendezvous, world > 1): each rank publishes a
 // ZeroMQ probe socket in the rendezvous; a peer whose process exits is seen at once (its connection closes), and
 // a diagnosis asks every peer how far it got, naming the ones that went away, do not answer, or have not
@@ -49,9 +56,9 @@ _Static_assert(sizeof(ncclUniqueId) == COMM_UNIQUE_ID_BYTES, "comm.h's unique id
 #define GONE_GRACE_MS 2000         // see "Watchdog"
 #define SPIN_POLLS 4000            // polls that yield before polling sleeps (a few ms): see settle()
 
-enum { K_ALL_GATHER, K_REDUCE_SCATTER, K_ALL_REDUCE, K_BROADCAST, K_SEND, K_RECV, K_BARRIER, K_GROUP };
+enum { K_ALL_GATHER, K_REDUCE_SCATTER, K_ALL_REDUCE, K_BROADCAST, K_SEND, K_RECV, K_BARRIER, K_GROUP, K_GRAPH };
 static const char *const KIND[] = {"all_gather", "reduce_scatter", "all_reduce", "broadcast", "send", "recv",
-                                   "barrier", "group"};
+                                   "barrier", "group", "graph replay"};
 
 // One NCCL call as the caller made it.
 typedef struct {
@@ -81,6 +88,7 @@ typedef struct {
 
 typedef struct {
     int rank, world, device;
+    int blocking;                  // NCCL's blocking mode (calls can be recorded into graphs)
     ncclComm_t comm;
     cudaStream_t stream;           // communication stream
     cudaStream_t compute;          // the OpsCtx's compute stream
@@ -99,6 +107,8 @@ typedef struct {
     int fail_code;                 // the watchdog's (or the first) failure; 0 if none
     char fail_msg[COMM_ERR_MAX];
     int aborted;                   // ncclCommAbort was called: comm is gone
+    int recorded;                  // a call was recorded into a graph: aborts run on the watchdog (see "CUDA graphs")
+    int abort_pending;             // the watchdog is to abort comm
 
     atomic_int stop;
     atomic_int phase;                  // COMM_PROBE_*
@@ -143,6 +153,11 @@ static ncclDataType_t nccl_dtype(CommDtype d) {
 
 // "all_reduce (call #42: count 1048576, f32, sum; 4194304 bytes)" / "group (calls #7-#8: 1 send, 1 recv; ...)".
 static void describe(char *out, size_t len, const Rec *r) {
+    if (r->kind == K_GRAPH) {
+        snprintf(out, len, "graph replay (a CUDA graph holding recorded calls, queued after call #%llu)",
+                 (unsigned long long)r->call_first);
+        return;
+    }
     if (r->kind == K_GROUP) {
         snprintf(out, len, "group (calls #%llu-#%llu: %d send, %d recv, %d collective; %zu bytes)",
                  (unsigned long long)r->call_first, (unsigned long long)r->call_last, r->nsend, r->nrecv, r->ncoll,
@@ -164,10 +179,16 @@ static void describe(char *out, size_t len, const Rec *r) {
 
 // With mu held, after fail_code is set. Inside a group the caller's thread has NCCL calls pending in its
 // thread-local group: the abort waits until comm_group_end has handed them to NCCL.
+// After a call was recorded into a graph, ncclCommAbort would block (with mu held) until the graphs are destroyed: the
+// watchdog runs it then (watch_abort).
 static void abort_locked(Nccl *h) {
     atomic_store(&h->phase, COMM_PROBE_FAILED);
     pthread_cond_broadcast(&h->cv);
     if (!h->comm || h->aborted || h->group_depth > 0) return;
+    if (h->recorded) {
+        h->abort_pending = 1;
+        return;
+    }
     ncclCommAbort(h->comm);   // its own failure has nothing to add: the communicator is gone either way
     h->aborted = 1;
 }
@@ -257,7 +278,9 @@ static void watch_check(Nccl *h, Trip *t) {
                      cudaGetErrorString(e));
             return;
         }
-        atomic_fetch_add(&h->completed, (unsigned long long)(r->kind == K_GROUP ? r->nsend + r->nrecv + r->ncoll : 1));
+        atomic_fetch_add(&h->completed, (unsigned long long)(r->kind == K_GROUP   ? r->nsend + r->nrecv + r->ncoll
+                                                             : r->kind == K_GRAPH ? 0
+                                                                                  : 1));
         h->popped++;
         pthread_cond_broadcast(&h->cv);
     }
@@ -345,6 +368,20 @@ static void watch_trip(Nccl *h, const Trip *t) {
     pthread_mutex_unlock(&h->mu);
 }
 
+// The abort of a communicator whose calls were recorded into graphs (abort_locked): outside mu, since NCCL returns
+// only once those graphs are destroyed; nobody else calls into comm meanwhile (every call checks fail_code first).
+static void watch_abort(Nccl *h) {
+    pthread_mutex_lock(&h->mu);
+    const int go = h->abort_pending && !h->aborted && h->group_depth == 0;
+    if (go) h->abort_pending = 0;
+    pthread_mutex_unlock(&h->mu);
+    if (!go) return;
+    ncclCommAbort(h->comm);
+    pthread_mutex_lock(&h->mu);
+    h->aborted = 1;
+    pthread_mutex_unlock(&h->mu);
+}
+
 static void *watch_main(void *arg) {
     Nccl *h = arg;
     // Event queries and ncclCommAbort act on the communicator's device; the current device is per thread.
@@ -363,6 +400,7 @@ static void *watch_main(void *arg) {
         if (!h->fail_code) watch_check(h, &t);
         pthread_mutex_unlock(&h->mu);
         if (t.code) watch_trip(h, &t);
+        watch_abort(h);
     }
     return NULL;
 }
@@ -480,6 +518,7 @@ int comm_nccl_create(Comm *c, const CommInit *ci, const uint8_t *id, const CommP
     h->rank = c->rank;
     h->world = c->world;
     h->timeout_ms = c->timeout_ms;
+    h->blocking = blocking != 0;
     if (watch) h->peer_watch = *watch;
     h->device = ops_cuda_device(c->ops);
     h->compute = (cudaStream_t)ops_cuda_stream(c->ops);
@@ -601,25 +640,25 @@ void comm_nccl_set_timeout(Comm *c, int timeout_ms) {
 
 // ---- calls -------------------------------------------------------------------------------------
 
-// Hands one call to NCCL (mu held).
-static ncclResult_t issue(Nccl *h, const Op *o) {
+// Hands one call to NCCL on stream s: the communication stream, or a graph's recording stream (mu held).
+static ncclResult_t issue(Nccl *h, const Op *o, cudaStream_t s) {
     ncclDataType_t t = nccl_dtype(o->dtype);
     ncclRedOp_t op = o->op == COMM_MAX ? ncclMax : ncclSum;
     switch (o->kind) {
-    case K_ALL_GATHER: return ncclAllGather(o->send, o->recv, o->count, t, h->comm, h->stream);
-    case K_REDUCE_SCATTER: return ncclReduceScatter(o->send, o->recv, o->count, t, op, h->comm, h->stream);
+    case K_ALL_GATHER: return ncclAllGather(o->send, o->recv, o->count, t, h->comm, s);
+    case K_REDUCE_SCATTER: return ncclReduceScatter(o->send, o->recv, o->count, t, op, h->comm, s);
     case K_ALL_REDUCE:
-    case K_BARRIER: return ncclAllReduce(o->send, o->recv, o->count, t, op, h->comm, h->stream);
-    case K_BROADCAST: return ncclBroadcast(o->send, o->recv, o->count, t, o->arg, h->comm, h->stream);
-    case K_SEND: return ncclSend(o->send, o->count, t, o->arg, h->comm, h->stream);
-    case K_RECV: return ncclRecv(o->recv, o->count, t, o->arg, h->comm, h->stream);
+    case K_BARRIER: return ncclAllReduce(o->send, o->recv, o->count, t, op, h->comm, s);
+    case K_BROADCAST: return ncclBroadcast(o->send, o->recv, o->count, t, o->arg, h->comm, s);
+    case K_SEND: return ncclSend(o->send, o->count, t, o->arg, h->comm, s);
+    case K_RECV: return ncclRecv(o->recv, o->count, t, o->arg, h->comm, s);
     }
     return ncclInvalidArgument;
 }
 
 static const char *issue_name(int kind) {
     static const char *const N[] = {"ncclAllGather", "ncclReduceScatter", "ncclAllReduce", "ncclBroadcast",
-                                    "ncclSend", "ncclRecv", "ncclAllReduce", "ncclGroupEnd"};
+                                    "ncclSend", "ncclRecv", "ncclAllReduce", "ncclGroupEnd", "cudaGraphLaunch"};
     return N[kind];
 }
 
@@ -696,8 +735,28 @@ static void rec_fill(Rec *r, const Op *o, uint64_t call, uint64_t seq) {
     r->ncoll = !r->nsend && !r->nrecv;
 }
 
+// Records one call into the graph the calling thread records on the compute context (comm.h "CUDA graphs"): issued
+// on the recording's stream, no watchdog record (a replay gets one from comm_graph_launch).
+static int record_call(Comm *c, Nccl *h, const Op *o, cudaStream_t capture) {
+    if (!h->blocking)
+        return comm_fail(c, COMM_ERR_INVALID, "comm nccl (call #%llu): %s cannot be recorded into a CUDA graph: the "
+                         "communicator is in NCCL's non-blocking mode, which launches from a thread of its own "
+                         "(comm_create_local_group joins in the blocking mode)", (unsigned long long)c->calls,
+                         KIND[o->kind]);
+    pthread_mutex_lock(&h->mu);
+    if (h->fail_code) {
+        pthread_mutex_unlock(&h->mu);
+        return comm_nccl_poll(c);
+    }
+    h->recorded = 1;   // a graph may hold a plan of comm from now on: aborts wait for it (abort_locked)
+    ncclResult_t r = issue(h, o, capture);
+    pthread_mutex_unlock(&h->mu);
+    return settle(c, h, r, issue_name(o->kind), __LINE__);
+}
+
 // Queues one call (o) or, with o == NULL, the group built so far (ncclGroupEnd): outside a group it is
-// bracketed by the record's events and handed to the watchdog; inside a group it joins h->grp.
+// bracketed by the record's events and handed to the watchdog; inside a group it joins h->grp. While the calling
+// thread records a graph on the compute context, a call outside a group is recorded instead (record_call).
 static int run(Comm *c, Nccl *h, const Op *o) {
     cudaError_t e = cudaSetDevice(h->device);
     if (e != cudaSuccess) {
@@ -708,6 +767,8 @@ static int run(Comm *c, Nccl *h, const Op *o) {
         }
         return CUDA_FAIL(c, h, e, "cudaSetDevice");
     }
+    cudaStream_t capture = o && h->group_depth == 0 ? (cudaStream_t)ops_cuda_recording_stream(c->ops) : NULL;
+    if (capture) return record_call(c, h, o, capture);
     if (o && h->group_depth > 0) {
         pthread_mutex_lock(&h->mu);
         if (h->fail_code) {
@@ -715,7 +776,7 @@ static int run(Comm *c, Nccl *h, const Op *o) {
             return comm_nccl_poll(c);
         }
         uint64_t seq = atomic_fetch_add(&h->queued, 1) + 1;
-        ncclResult_t r = issue(h, o);
+        ncclResult_t r = issue(h, o, h->stream);
         pthread_mutex_unlock(&h->mu);
         if (!h->grp.call_first) {
             rec_fill(&h->grp, o, c->calls, seq);
@@ -753,7 +814,7 @@ static int run(Comm *c, Nccl *h, const Op *o) {
         return CUDA_FAIL(c, h, e, "cudaEventRecord (start)");
     }
     h->pushed++;
-    ncclResult_t r = o ? issue(h, o) : ncclGroupEnd();
+    ncclResult_t r = o ? issue(h, o, h->stream) : ncclGroupEnd();
     if (!o) h->group_depth = 0;
     pthread_mutex_unlock(&h->mu);
     int rc = settle(c, h, r, o ? issue_name(o->kind) : "ncclGroupEnd", __LINE__);
@@ -831,6 +892,9 @@ int comm_nccl_barrier(Comm *c) {
 
 int comm_nccl_group_start(Comm *c) {
     Nccl *h = c->impl;
+    if (ops_cuda_recording_stream(c->ops))
+        return comm_fail(c, COMM_ERR_INVALID, "comm_group_start: a group cannot be recorded into a CUDA graph (this "
+                         "thread records one on the compute context)");
     pthread_mutex_lock(&h->mu);
     ncclResult_t r = ncclGroupStart();
     if (r == ncclSuccess && h->group_depth++ == 0) memset(&h->grp, 0, sizeof h->grp);
@@ -883,8 +947,11 @@ int comm_nccl_synchronize(Comm *c) {
                   __LINE__);
 }
 
+// While the calling thread records a graph, its calls go to the recording's stream in order with the ops: nothing to
+// order (comm.h "CUDA graphs"). Likewise in comm_nccl_compute_wait.
 void comm_nccl_wait_compute(Comm *c) {
     Nccl *h = c->impl;
+    if (ops_cuda_recording_stream(c->ops)) return;
     cudaError_t e = cudaSetDevice(h->device);
     if (e == cudaSuccess) e = cudaEventRecord(h->ev_compute, h->compute);
     if (e == cudaSuccess) e = cudaStreamWaitEvent(h->stream, h->ev_compute, 0);
@@ -893,8 +960,53 @@ void comm_nccl_wait_compute(Comm *c) {
 
 void comm_nccl_compute_wait(Comm *c) {
     Nccl *h = c->impl;
+    if (ops_cuda_recording_stream(c->ops)) return;
     cudaError_t e = cudaSetDevice(h->device);
     if (e == cudaSuccess) e = cudaEventRecord(h->ev_comm, h->stream);
     if (e == cudaSuccess) e = cudaStreamWaitEvent(h->compute, h->ev_comm, 0);
     if (e != cudaSuccess) CUDA_FAIL(c, h, e, "comm_compute_wait (cudaEventRecord / cudaStreamWaitEvent)");
+}
+
+// ---- graphs --------------------------------------------------------------------------------------
+
+int comm_nccl_graph_capable(const Comm *c) {
+    const Nccl *h = c->impl;
+    return h && h->blocking;
+}
+
+// The replay is bracketed by a record's events on the compute stream, where ops_graph_launch queues it: the watchdog
+// times it from `start` (the compute work before it is done) like a call.
+int comm_nccl_graph_launch(Comm *c, OpsGraph *graph) {
+    Nccl *h = c->impl;
+    if (h->group_depth > 0) return comm_fail(c, COMM_ERR_INVALID, "comm_graph_launch: inside a group");
+    if (ops_cuda_recording_stream(c->ops))
+        return comm_fail(c, COMM_ERR_INVALID, "comm_graph_launch: this thread is recording a graph on the compute context");
+    cudaError_t e = cudaSetDevice(h->device);
+    if (e != cudaSuccess) return CUDA_FAIL(c, h, e, "cudaSetDevice");
+    pthread_mutex_lock(&h->mu);
+    while (h->pushed - h->popped == RING_CAP && !h->fail_code) pthread_cond_wait(&h->cv, &h->mu);
+    if (h->fail_code) {
+        pthread_mutex_unlock(&h->mu);
+        return comm_nccl_poll(c);
+    }
+    Rec *rec = &h->ring[h->pushed % RING_CAP];
+    *rec = (Rec){.start = rec->start, .end = rec->end, .kind = K_GRAPH, .call_first = c->calls,
+                 .call_last = c->calls, .seq = atomic_load(&h->queued)};
+    if (!rec->start) e = cudaEventCreateWithFlags(&rec->start, cudaEventDisableTiming);
+    if (e == cudaSuccess && !rec->end) e = cudaEventCreateWithFlags(&rec->end, cudaEventDisableTiming);
+    if (e == cudaSuccess) e = cudaEventRecord(rec->start, h->compute);
+    if (e != cudaSuccess) {
+        pthread_mutex_unlock(&h->mu);
+        return CUDA_FAIL(c, h, e, "cudaEventRecord (graph replay start)");
+    }
+    h->pushed++;
+    pthread_mutex_unlock(&h->mu);
+    const int launch = ops_graph_launch(c->ops, graph);
+    pthread_mutex_lock(&h->mu);
+    e = cudaEventRecord(rec->end, h->compute);   // also after a failed launch: the record must end
+    rec->ended = 1;
+    pthread_mutex_unlock(&h->mu);
+    if (e != cudaSuccess) return CUDA_FAIL(c, h, e, "cudaEventRecord (graph replay end)");
+    if (launch != 0) return comm_fail(c, COMM_ERR_INVALID, "comm_graph_launch: %s", ops_error(c->ops));
+    return 0;
 }
