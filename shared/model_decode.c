@@ -488,7 +488,9 @@ static void padded_forward(Model *m, DecodeBufs *b, KVCache *kv, int P) {
 static int shards_keep_recording(Model *m, DecodeBufs *b, int ok) {
     ModelShard *s = &m->shard;
     if (s->size <= 1) return ok;
-    if (s->failed) return 0;   // its communicator failed in the step: every shard's next call fails too
+    // A collective of this shard failed in the step: it issued none after it (model_shard_reduce), so the other
+    // shards' calls, this exchange among them, end with the comm timeout whatever it does here.
+    if (s->failed) return 0;
     comm_wait_compute(s->comm);
     if (comm_all_gather(s->comm, b->vote + 2, b->vote + (ok ? 0 : 1), 1, COMM_I32) != 0) {
         s->failed = 1;

@@ -15,7 +15,9 @@ the host communicator between them), end to end through real server processes an
 GPU (`python3 tests/e2e/test_serve_tensor_parallel.py --gpu`, scripts/gpu-check.sh B tp; the GPU machine has no
 pytest): a model whose weights do not fit one GPU (the Llama-3.1-405B shape, config only) is refused before anything
 is allocated, naming the smallest tensor-parallel size that fits; with two GPUs, a TP = 2 server on cuda:0-1 gives the
-greedy outputs of a TP = 1 server on cuda:0 up to the first near-tie (bf16), logprobs within 0.05.
+greedy outputs of a TP = 1 server on cuda:0 up to the first near-tie (bf16), logprobs within 0.05, and its decode-only
+steps are replays of CUDA graphs that hold the all-reduces (its start-up log says so, and /metrics counts
+decode_graph steps and no decode_eager ones).
 """
 import concurrent.futures
 import json
@@ -25,7 +27,7 @@ import subprocess
 import sys
 import tempfile
 
-from server_fixtures import TandemServer, build_tiny_model, free_port, http_json, serve_binary
+from server_fixtures import TandemServer, build_tiny_model, free_port, http_json, metric, metrics, serve_binary
 
 try:
     import pytest
@@ -196,6 +198,14 @@ def gpu_check():
                     break
                 assert got == want and abs(lp[i] - ref_lp[i]) < 0.05, (prompt, i, ids, ref_ids, lp, ref_lp)
         lines.append("TP 2 on cuda:0-1 greedy equal to TP 1 up to the first near-tie")
+        # Every ladder size was recorded at start-up, so each decode-only step of the TP 2 server replayed a graph.
+        log = two.log_text()
+        assert "replayed as CUDA graphs holding the tensor-parallel all-reduces" in log, log
+        values = metrics(two.url)
+        graph = metric(values, "tandem_engine_steps_by_kind_total", kind="decode_graph")
+        eager = metric(values, "tandem_engine_steps_by_kind_total", kind="decode_eager")
+        assert graph >= 3 * (16 - 1) and eager == 0, (graph, eager, log)
+        lines.append(f"TP 2 decode steps replayed as CUDA graphs with the all-reduces ({graph:.0f} graph, 0 eager)")
     finally:
         assert one.stop() == 0, one.log_text()
         assert two.stop() == 0, two.log_text()
