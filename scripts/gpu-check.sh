@@ -11,6 +11,8 @@
 #   structured tests/e2e/test_structured_outputs.py --gpu (regex / json-schema outputs on cuda:0)
 #   tp       tests/e2e/test_serve_tensor_parallel.py --gpu (the 405B shape refused on one GPU naming TP 8; TP 2 vs TP 1
 #            greedy on 2 GPUs)
+#   lora     tests/e2e/test_lora_nccl_sync.py --gpu (LoRA adapter updates over NCCL into a lowrank and a merge server;
+#            one GPU is enough: every process its own NCCL_HOSTID)
 #   zero3  bench/bench_zero3_gpu.py $ZERO3_ARGS (SFT on 1 and all GPUs, ZeRO-3 overlap on vs TANDEM_ZERO3_OVERLAP=0)
 #   kernels  the kernel benchmarks that were carried: bench/bench_gemm_gpu.py (GEMMs of a training step vs torch),
 #          BUILD/bench/bench_elementwise (RMSNorm(+residual)/SwiGLU GB/s), BUILD/bench/bench_attention_paged
@@ -103,6 +105,9 @@ if want devices; then
 fi
 if want tp; then
   TANDEM_BUILD_DIR=$B run_py serve_tp python3 tests/e2e/test_serve_tensor_parallel.py --gpu
+fi
+if want lora; then
+  TANDEM_BUILD_DIR=$B run_py lora_nccl python3 tests/e2e/test_lora_nccl_sync.py --gpu
 fi
 if want structured; then
   TANDEM_BUILD_DIR=$B run_py serve_structured python3 tests/e2e/test_structured_outputs.py --gpu
