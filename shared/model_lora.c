@@ -332,7 +332,7 @@ int model_lora_merge_unit(const ModelLora *l, const Model *m, OpsCtx *cpu, const
 
 size_t model_lora_merge_scratch_bytes(const ModelLora *l, OpsCtx *o) {
     size_t most = 0;
-    for (int i = 0; i < LORA_N_MODULES; i++) most = max_i(most, (size_t)l->in[i] * l->out[i]);
+    for (int i = 0; i < LORA_N_MODULES; i++) most = max_i(most, (size_t)l->out[i] * l->cfg.r);
     return most * ops_dtype_size(o);
 }
 
@@ -344,17 +344,17 @@ int model_lora_merge_layer(const ModelLora *l, const Model *m, OpsCtx *o, const 
     const LayerOffsets *lo = &m->layout.layer;
     const size_t IC = (size_t)m->cfg.intermediate_size * m->cfg.hidden_size;
     const size_t w_off[LORA_N_MODULES] = {lo->wq, lo->wk, lo->wv, lo->wo, lo->wgu, lo->wgu + IC, lo->wdown};
+    const char *unit = adapter;
     if (dst != base) ops_copy(o, dst, base, m->layout.unit_numel[layout_layer_unit(0)] * es);
     for (int i = 0; i < LORA_N_MODULES; i++) {
         if (l->a_off[i] == SIZE_MAX) continue;
-        const int in = l->in[i], out = l->out[i];
-        // B A (out, in) is the input-gradient GEMM of a Linear with weight A (r, in) fed B (out, r) as its output
-        // gradient: no transposed copy of either.
-        const char *unit = adapter;
-        ops_matmul_bwd(o, scratch, NULL, NULL, unit + l->b_off[i] * es, NULL, unit + l->a_off[i] * es, out, in,
-                       l->cfg.r, 0);
-        ops_scale_inplace(o, scratch, l->scale, (size_t)out * in);
-        ops_add_inplace(o, (char *)dst + w_off[i] * es, scratch, (size_t)out * in);
+        const int in = l->in[i], out = l->out[i], r = l->cfg.r;
+        // W (out, in) += (s B) A: the input-gradient GEMM of a Linear with weight A (r, in) fed s B (out, r) as its
+        // output gradient, accumulating into W: no transposed copy, no (out, in) temporary, one rounding.
+        ops_copy(o, scratch, unit + l->b_off[i] * es, (size_t)out * r * es);
+        ops_scale_inplace(o, scratch, l->scale, (size_t)out * r);
+        ops_matmul_bwd(o, (char *)dst + w_off[i] * es, NULL, NULL, scratch, NULL, unit + l->a_off[i] * es, out, in, r,
+                       1);
     }
     return 0;
 }
@@ -527,8 +527,7 @@ static void serve_layer(ModelLora *l, int layer, const void *unit) {
     OpsCtx *o = l->ops;
     const size_t es = ops_dtype_size(o);
     const int r = l->cfg.r;
-    char *dst = l->serve[layer];
-    ops_memset_zero(o, dst, l->serve_numel * es);
+    char *dst = l->serve[layer];   // zero-filled when made; what is written here is the same places every time
     for (int g = 0; g < 4; g++) {
         if (!l->serve_m[g]) continue;
         const Group grp = group_of(l, g);

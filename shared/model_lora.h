@@ -124,8 +124,8 @@ int model_lora_merge_unit(const ModelLora *l, const Model *m, OpsCtx *cpu, const
 
 // PEFT's merge for one decoder layer on the backend of o (the model's, or a CPU context): dst (the layer's unit,
 // storage dtype, o's memory) = base + s B A for every targeted module, A and B from the adapter unit `adapter`
-// (unit_numel elements, storage dtype, o's memory); dst may be base (merged in place). Each B A is one GEMM rounded
-// to the storage dtype, then scaled by s (exact for a power of two), then added. scratch:
+// (unit_numel elements, storage dtype, o's memory); dst may be base (merged in place). Each module is one GEMM that
+// adds (s B) A into its weight, rounded once (s B rounded first: exact for a power-of-two s). scratch:
 // model_lora_merge_scratch_bytes(l, o) of o's memory. Queues the work on o and returns without waiting for it; 0.
 size_t model_lora_merge_scratch_bytes(const ModelLora *l, OpsCtx *o);
 int model_lora_merge_layer(const ModelLora *l, const Model *m, OpsCtx *o, const void *adapter, const void *base,

@@ -69,7 +69,7 @@ int lora_train_save_merged(LoraTrain *lt, const char *dir, char *err, size_t err
 // Lora_sync merged: the weights the rollout servers get (every rank calls it; no collective): the base with s B A
 // added to every adapted weight, in the storage dtype, for the weight sync to send slices of. refresh recomputes the
 // decoder-layer units from the current adapter units (a working copy of those units, made on first use: the base's
-// layer units once more in memory; one GEMM per adapted module, B A rounded to the storage dtype, scaled and added:
+// layer units once more in memory; one GEMM per adapted module adding (s B) A into the weight, rounded once:
 // model_lora_merge_layer); merged_unit is unit u of it (the base's own buffer for the embedding and final units, which
 // adapters do not touch).
 int lora_train_refresh_merged(LoraTrain *lt, char *err, size_t err_len);
