@@ -13,7 +13,7 @@ of the 151,936 ids decode to text with that tokenizer, so a random 0.5b/1.5b mod
 text at all" (pattern '.'; about 40 % at the start), tiny's is "holds a digit" ([0-9]).
 GRPO: num_generations 8, --batch completions per rank (all ranks together: T * batch / 8 prompts per step),
 --zero-stage 3, gradient checkpointing on, --weight-sync-transport nccl, --weight-sync-steps 1. With --lora-r R:
-LoRA adapters of rank R on every projection instead (--use-peft, alpha 2R), the adapters alone pushed over zmq.
+LoRA adapters of rank R on every projection instead (--use-peft, alpha 2R), the adapters alone pushed over NCCL.
 Per step, from rank 0's metrics.jsonl: rollout s = rollout_time (generation as rank 0 waits for it), train s =
 train_time (micro-steps + optimizer), sync s = sync_time (the push to every server), rollout tok/s = mean
 completion length * completions of all ranks / rollout s, train tok/s = num_tokens (completion tokens trained on,
@@ -117,8 +117,8 @@ def run_config(a, T, S, model_dir, data, work, regex, lr, comp_len):
             "--max-steps", str(a.steps), "--logging-steps", "1", "--save-steps", "0", "--zero-stage", "3",
             "--gradient-checkpointing", "true", "--seed", "3", "--init-timeout", "600", "--comm-timeout", "600",
             "--rollout-timeout", "600", "--device", "cpu" if cpu else "cuda",
-            "--weight-sync-transport", "zmq" if cpu or a.lora_r else "nccl", "--weight-sync-steps", "1"]
-    if a.lora_r:   # LoRA on the frozen base; lora_sync adapter: the adapters alone over ZeroMQ each step
+            "--weight-sync-transport", "zmq" if cpu else "nccl", "--weight-sync-steps", "1"]
+    if a.lora_r:   # LoRA on the frozen base; lora_sync adapter: the adapters alone each step
         cmd += ["--use-peft", "--lora-r", str(a.lora_r), "--lora-alpha", str(2 * a.lora_r), "--lora-dropout", "0",
                 "--lora-target-modules", "all-linear"]
     env = dict(os.environ)
