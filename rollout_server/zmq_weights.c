@@ -36,6 +36,14 @@ static void reply_end(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *
     zc_send_msg(z->router, rid, rl, &m);
 }
 
+// The weights_begin reply: the update is open.
+static void reply_begin(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q) {
+    ZmsgMsg m;
+    zmsg_init(&m, ZMSG_WEIGHTS_BEGIN, ZMSG_DIR_REPLY, q->id);
+    m.version = q->version;
+    zc_send_msg(z->router, rid, rl, &m);
+}
+
 // A weights_begin for another model's layout gets a layout_mismatch error naming both hashes: 1, else 0.
 static int refuse_layout(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q, const char *what) {
     if (q->layout_hash == z->wr.layout_hash) return 0;
@@ -69,10 +77,7 @@ static void begin_nccl(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg 
         zc_send_error(z->router, rid, rl, q->id, "internal", "weights_begin: %s", err);
         return;
     }
-    ZmsgMsg m;
-    zmsg_init(&m, ZMSG_WEIGHTS_BEGIN, ZMSG_DIR_REPLY, q->id);
-    m.version = q->version;
-    zc_send_msg(z->router, rid, rl, &m);
+    reply_begin(z, rid, rl, q);
 }
 
 static void end_nccl(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q) {
@@ -151,10 +156,7 @@ static void begin_adapter_nccl(ZmqControl *z, const void *rid, size_t rl, const 
         zc_send_error(z->router, rid, rl, q->id, "internal", "weights_begin: %s", err);
         return;
     }
-    ZmsgMsg m2;
-    zmsg_init(&m2, ZMSG_WEIGHTS_BEGIN, ZMSG_DIR_REPLY, q->id);
-    m2.version = q->version;
-    zc_send_msg(z->router, rid, rl, &m2);
+    reply_begin(z, rid, rl, q);
 }
 
 // Opens an adapter update: the adapters' config from the message, a receiver over one unit per decoder layer and
@@ -207,10 +209,7 @@ static void begin_adapter(ZmqControl *z, const void *rid, size_t rl, const ZmsgM
         return;
     }
     z->adapter_open = 1;
-    ZmsgMsg m2;
-    zmsg_init(&m2, ZMSG_WEIGHTS_BEGIN, ZMSG_DIR_REPLY, q->id);
-    m2.version = q->version;
-    zc_send_msg(z->router, rid, rl, &m2);
+    reply_begin(z, rid, rl, q);
 }
 
 static void end_adapter(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q) {
@@ -267,10 +266,7 @@ void zc_weights(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q) {
         if (abandoned >= 0)
             fprintf(stderr, "zmq_control: weight update to version %lld abandoned by a new weights_begin\n",
                     (long long)abandoned);
-        ZmsgMsg m;
-        zmsg_init(&m, ZMSG_WEIGHTS_BEGIN, ZMSG_DIR_REPLY, q->id);
-        m.version = q->version;
-        zc_send_msg(z->router, rid, rl, &m);
+        reply_begin(z, rid, rl, q);
     } else if (q->type == ZMSG_WEIGHTS_SLICE) {
         if (weight_recv_slice(&z->wr, rid, rl, q->has_version, q->version, q->unit, q->offset, q->count, q->dtype, q->slice_data, staging_of,
                               z->g, err, sizeof err))

@@ -29,29 +29,12 @@ except ImportError:
     pytest = None
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from server_fixtures import BUILD, TandemServer, build_tiny_model, free_port, http_json  # noqa: E402
+from server_fixtures import (BUILD, Skip, TandemServer, build_tiny_model, cuda_devices, free_port,  # noqa: E402
+                             http_json, skip)
 
 PROMPT = [5, 17, 33, 4]
 STEPS = 4
 R, ALPHA = 8, 16
-
-
-class Skip(Exception):
-    pass
-
-
-def skip(why):
-    if pytest is not None:
-        pytest.skip(why)
-    raise Skip(why)
-
-
-def cuda_devices():
-    try:
-        import torch
-        return torch.cuda.device_count()
-    except Exception:
-        return 0
 
 
 def greedy(url, model=None):
