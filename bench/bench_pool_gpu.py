@@ -33,13 +33,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 import torch
 
 import benchlib
-from benchlib import build_model, use_devlib
+from benchlib import MemSampler, build_model, gpu_mem_mib, use_devlib
 from server_fixtures import free_port
 
 # Per shape: reward pattern, learning rate, max completion length. A random model's near-uniform policy moves only
@@ -49,29 +48,6 @@ from server_fixtures import free_port
 TASKS = {"tiny": ("[0-9]", 2e-2, 12), "0.5b": (".", 3e-3, 256), "1.5b": (".", 2e-3, 256), "7b": (".", 1e-3, 256),
          "14b": (".", 1e-3, 256)}
 WORDS = ["the quick brown", "a lazy dog", "seven wizards", "numbers plus", "question answer", "think step"]
-
-
-def gpu_mem_mib():
-    """{gpu index: MiB used} from nvidia-smi, {} when there is none."""
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=20).stdout
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    return {int(i): int(m) for i, m in (line.split(",") for line in out.strip().splitlines() if "," in line)}
-
-
-class MemSampler(threading.Thread):
-    """Samples nvidia-smi every second; peak[gpu] = the most MiB seen."""
-    def __init__(self):
-        super().__init__(daemon=True)
-        self.peak, self.halt = {}, threading.Event()
-
-    def run(self):
-        while not self.halt.is_set():
-            for g, m in gpu_mem_mib().items():
-                self.peak[g] = max(m, self.peak.get(g, 0))
-            self.halt.wait(1.0)
 
 
 def expected_rank_bytes(model_dir, params, T, batch, tokens_per_seq):

@@ -14,6 +14,8 @@
 #   lora     tests/e2e/test_lora_nccl_sync.py --gpu (LoRA adapter updates over NCCL into a lowrank and a merge server;
 #            one GPU is enough: every process its own NCCL_HOSTID)
 #   zero3  bench/bench_zero3_gpu.py $ZERO3_ARGS (SFT on 1 and all GPUs, ZeRO-3 overlap on vs TANDEM_ZERO3_OVERLAP=0)
+#   nodes  bench/bench_nodes.py --stand-in gpu $NODES_ARGS (ZeRO-3 flat vs HSDP on 2 nodes x 1 GPU over NCCL's
+#          network transport, flat on 1 node x 2 GPUs; cross-node bytes, memory; needs 2 GPUs)
 #   kernels  the kernel benchmarks that were carried: bench/bench_gemm_gpu.py (GEMMs of a training step vs torch),
 #          BUILD/bench/bench_elementwise (RMSNorm(+residual)/SwiGLU GB/s), BUILD/bench/bench_attention_paged
 #   decode bench/bench_decode_gpu.py $DECODE_ARGS (the decode step alone, no HTTP: GPU time per step vs roofline)
@@ -115,6 +117,10 @@ fi
 if want zero3; then
   # shellcheck disable=SC2086
   run_py bench_zero3_gpu python3 bench/bench_zero3_gpu.py --build "$B" ${ZERO3_ARGS:-}
+fi
+if want nodes; then
+  # shellcheck disable=SC2086
+  TAIL=60 run_py bench_nodes python3 bench/bench_nodes.py --stand-in gpu --build "$B" ${NODES_ARGS:-}
 fi
 if want kernels; then
   [ -f bench/bench_gemm_gpu.py ] && TAIL=40 run_py bench_gemm_gpu python3 bench/bench_gemm_gpu.py --build "$B"
