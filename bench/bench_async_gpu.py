@@ -7,6 +7,7 @@ synchronous rounds), so that the overlap of generation and training can be read 
     python3 bench/bench_async_gpu.py --shape 7b --staleness 0,2 --steps 10
     python3 bench/bench_async_gpu.py --shape 1.5b --steps 6 --server-gpu same   # 1 GPU: a smoke test, no overlap
     python3 bench/bench_async_gpu.py --dry-run-cpu                          # CPU dry run: tiny model, CPU backend
+    ASYNC_ARGS="--shape 1.5b --steps 20" scripts/gpu-check.sh build-gpu.carry async   # from the carried build
 
 Model: random bf16 Qwen2.5-shaped (tied, vocab 151936; benchlib.build_model) with the small byte-level tokenizer
 of tests/e2e/server_fixtures.py, whose eos is <|im_end|>; --dry-run-cpu: that file's tiny 2-layer Llama (vocab 300).
@@ -306,7 +307,8 @@ def main():
                      "synchronous run with the same options")
     a.build = pathlib.Path(a.build).resolve()
     if not (a.build / "bin" / "tandem-train").exists():
-        sys.exit(f"{a.build / 'bin' / 'tandem-train'} not found (--build names the CPU or carried GPU build folder)")
+        sys.exit(f"{a.build / 'bin' / 'tandem-train'} not found: --build names a CPU build or an unpacked GPU carry "
+                 "(scripts/gpu-check.sh BUILD async unpacks BUILD/carry.tar.xz and runs this script with $ASYNC_ARGS)")
     use_devlib(a.build)
     if not cpu:
         import torch
@@ -371,7 +373,6 @@ def main():
                 failures.append(f"max_staleness {k}: no step left to measure")
                 continue
             results[k] = f
-            print("\n".join(phase_lines(k, f)), flush=True)
     setup = {"shape": shape, "batch": a.batch, "micro": a.micro, "max_completion_length": a.max_completion_length,
              "mean_length": a.mean_length, "loss_type": a.loss_type, "server_gpu": a.server_gpu, "lr": a.lr}
     json_path = a.json or (pathlib.Path(os.environ["OUT"]) / f"async_{shape}.json" if os.environ.get("OUT") else None)
@@ -386,7 +387,8 @@ def main():
 
 def print_report(a, shape, results, failures, caveat, elapsed):
     base = results.get(0)
-    lines = [f"== async GRPO, {shape}, 1 trainer rank + 1 server ("
+    lines = [ln for k, f in sorted(results.items()) if not f.get("from_file") for ln in phase_lines(k, f)]
+    lines += [f"== async GRPO, {shape}, 1 trainer rank + 1 server ("
              + ("both on the CPU" if a.dry_run_cpu else "both on GPU 0" if a.server_gpu == "same" else
                 "GPU 0 + GPU 1") + f"), {a.batch} completions a round, lengths capped at {a.max_completion_length}",
              f"{'stale':>5}{'steps':>7}{'step s':>8}{'gen s':>7}{'train s':>8}{'tok/s':>9}{'trainer':>8}{'rollout':>8}"
