@@ -356,8 +356,13 @@ def main():
                 env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
             print(f"== max_staleness {k}\n$ " + " ".join(cmd), flush=True)
             t0 = time.time()
-            rows, text, note, mem, _ = benchlib.run_launch(cmd, env, out / "metrics.jsonl", a.steps, a.timeout,
-                                                          f"async_s{k}", work / f"launch-s{k}.log", logs, show_step)
+            try:
+                rows, text, note, mem, _ = benchlib.run_launch(cmd, env, out / "metrics.jsonl", a.steps, a.timeout,
+                                                              f"async_s{k}", work / f"launch-s{k}.log", logs, show_step)
+            except SystemExit:   # SIGTERM (a timeout around this script): the launcher is stopped; report the rest
+                failures.append(f"max_staleness {k}: interrupted by SIGTERM after {time.time() - t0:.0f} s; the runs "
+                                "after it were not started")
+                break
             want = "weight sync over ZeroMQ" if cpu or same else "weight sync over NCCL"
             if not note and want not in text:
                 note = f"the trainer's start line lacks {want!r}" + benchlib.launch_log_tails(text, logs)
