@@ -30,7 +30,6 @@ import os
 import pathlib
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -102,26 +101,11 @@ def run_config(a, T, S, model_dir, data, work, regex, lr, comp_len):
         env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     print("$ " + " ".join(cmd), flush=True)
     metrics, log_path = out / "metrics.jsonl", work / f"launch-{T}+{S}.log"
-    base = gpu_mem_mib()
-    sampler = MemSampler()
-    sampler.start()
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            _, note = benchlib.follow_metrics(proc, metrics, a.steps, a.timeout, print_step, poll_s=0.5)
-        finally:
-            stopped = benchlib.stop(proc, 90)  # SIGTERM: the launcher stops its ranks and servers
-    sampler.halt.set()
-    sampler.join()
-    text = log_path.read_text(errors="replace")
+    rows, text, note, mem, stopped = benchlib.run_launch(cmd, env, metrics, a.steps, a.timeout, f"pool_{T}+{S}",
+                                                         log_path, logs, print_step)
     want = "weight sync over ZeroMQ" if cpu else "weight sync over NCCL"
     if not note and want not in text:
-        note = f"the trainer's start line lacks {want!r}"
-    if note:
-        note += benchlib.launch_log_tails(text, logs)
-    benchlib.keep_launch_logs(f"pool_{T}+{S}", log_path, logs)  # the launcher's, ranks' and servers' logs
-    rows = benchlib.read_metrics(metrics)
-    mem = {g: (sampler.peak[g], sampler.peak[g] - base.get(g, 0)) for g in sorted(sampler.peak)}
+        note = f"the trainer's start line lacks {want!r}" + benchlib.launch_log_tails(text, logs)
     print(f"{T}+{S}: {len(rows)} steps, {'stopped after the last step' if stopped else 'exited by itself'}",
           flush=True)
     return rows, text, note, mem

@@ -1,5 +1,6 @@
 """Helpers the bench scripts share: the Qwen2.5 shapes, the carried libraries, random models, the roofline's
-ceilings, the GPU-to-GPU copy, and following a `tandem-train launch` run through its metrics.jsonl.
+ceilings, the GPU-to-GPU copy, GPU memory sampling, and running a `tandem-train launch` and following it through
+its metrics.jsonl.
 
 The scripts run as `python3 bench/NAME.py` (by hand or through scripts/gpu-check.sh) and `import benchlib`: Python
 puts a script's own folder first on sys.path, so this module is found from any working directory. It imports only
@@ -67,9 +68,10 @@ def use_devlib(build):
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast can take a shared host's GPUs down
 
 
-def build_qwen_model(d, shape, device="cuda:0", **from_config):
+def build_qwen_model(d, shape, device="cuda:0", edit=None, **from_config):
     """Saves a random bf16 Qwen2.5-shaped model (QWEN_SHAPES) with server_fixtures' small byte-level tokenizer into
-    folder d; returns the model, still on `device`. from_config: extra arguments of from_config (attention)."""
+    folder d; returns the model, still on `device`. edit(model, d): called before saving (the tokenizer is already
+    in d). from_config: extra arguments of from_config (attention)."""
     import torch
     from transformers import AutoModelForCausalLM
     server_fixtures.build_tokenizer(d)
@@ -77,18 +79,24 @@ def build_qwen_model(d, shape, device="cuda:0", **from_config):
     cfg = qwen_config(shape, bos_token_id=None, eos_token_id=None)
     with torch.device(device):  # random init on the GPU: seconds instead of a minute for 1.5B
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, **from_config)
+    if edit:
+        edit(model, pathlib.Path(d))
     model.save_pretrained(d, safe_serialization=True)
     return model
 
 
-def build_model(d, shape):
+def build_model(d, shape, edit=None):
     """Writes a model folder, "tiny" (server_fixtures' 2-layer Llama, vocab 300, for the CPU dry runs) or a
-    QWEN_SHAPES shape; returns {parameter name: numel} (tied embeddings once, as saved) and frees the GPU's copy."""
+    QWEN_SHAPES shape; returns {parameter name: numel} (tied embeddings once, as saved) and frees the GPU's copy.
+    edit(model, d): changes the random model before it is saved (tiny: saved again after it)."""
     if shape == "tiny":
         model = server_fixtures.build_tiny_model(d)
+        if edit:
+            edit(model, pathlib.Path(d))
+            model.save_pretrained(d, safe_serialization=True)
         return {n: p.numel() for n, p in model.named_parameters()}
     import torch
-    model = build_qwen_model(d, shape)
+    model = build_qwen_model(d, shape, edit=edit)
     numels = {n: p.numel() for n, p in model.named_parameters()}
     del model
     torch.cuda.empty_cache()
@@ -148,6 +156,55 @@ def p2p_copy_gbs(dst=1, nbytes=1 << 30, iters=10):
     del a, b
     torch.cuda.empty_cache()
     return nbytes * iters / dt / 1e9
+
+
+def gpu_mem_mib():
+    """{gpu index: MiB used} from nvidia-smi, {} when there is none."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return {int(i): int(m) for i, m in (line.split(",") for line in out.strip().splitlines() if "," in line)}
+
+
+class MemSampler(threading.Thread):
+    """Samples nvidia-smi every second; peak[gpu] = the most MiB seen."""
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.peak, self.halt = {}, threading.Event()
+
+    def run(self):
+        while not self.halt.is_set():
+            for g, m in gpu_mem_mib().items():
+                self.peak[g] = max(m, self.peak.get(g, 0))
+            self.halt.wait(1.0)
+
+
+def run_launch(cmd, env, metrics, steps, timeout, name, log_path, logs, show=None):
+    """Runs a `tandem-train launch` command line (started in its own session, output to log_path, the launch's
+    --log-dir `logs`) until rank 0's metrics.jsonl at `metrics` has `steps` rows, then stops it (SIGTERM: the
+    launcher stops its ranks and servers; the final checkpoint would only cost time), sampling GPU memory all the
+    while. show(row number, row) is called for each new row. The logs are kept under $OUT/NAME-logs (OUT set).
+    Returns (rows, launcher log text, failure note with the logs' tails or '', {gpu: (peak MiB, peak - MiB before
+    the launch)}, whether it was still running when stopped)."""
+    base = gpu_mem_mib()
+    sampler = MemSampler()
+    sampler.start()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            _, note = follow_metrics(proc, metrics, steps, timeout, show, poll_s=0.5)
+        finally:
+            stopped = stop(proc, 90)
+    sampler.halt.set()
+    sampler.join()
+    text = log_path.read_text(errors="replace")
+    if note:
+        note += launch_log_tails(text, logs)
+    keep_launch_logs(name, log_path, logs)
+    mem = {g: (sampler.peak[g], sampler.peak[g] - base.get(g, 0)) for g in sorted(sampler.peak)}
+    return read_metrics(metrics), text, note, mem, stopped
 
 
 def follow_metrics(proc, metrics, steps, timeout, show=None, poll_s=0.2, what="tandem-train launch"):
@@ -276,26 +333,3 @@ def write_data(path, tok_file, eos, n_rows, seq_len, prompt_len, seed=0):
                 raise SystemExit(f"row {i}: {len(p_ids)} prompt / {len(f_ids)} tokens, wanted {prompt_len} / "
                                  f"{seq_len} with the prompt as prefix")
             f.write(json.dumps({"prompt": prompt, "completion": completion}) + "\n")
-
-
-def gpu_mem_mib():
-    """{gpu index: MiB used} from nvidia-smi, {} when there is none."""
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=20).stdout
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    return {int(i): int(m) for i, m in (line.split(",") for line in out.strip().splitlines() if "," in line)}
-
-
-class MemSampler(threading.Thread):
-    """Samples nvidia-smi every second; peak[gpu] = the most MiB seen."""
-    def __init__(self):
-        super().__init__(daemon=True)
-        self.peak, self.halt = {}, threading.Event()
-
-    def run(self):
-        while not self.halt.is_set():
-            for g, m in gpu_mem_mib().items():
-                self.peak[g] = max(m, self.peak.get(g, 0))
-            self.halt.wait(1.0)

@@ -13,6 +13,8 @@
 #            greedy on 2 GPUs)
 #   lora     tests/e2e/test_lora_nccl_sync.py --gpu (LoRA adapter updates over NCCL into a lowrank and a merge server;
 #            one GPU is enough: every process its own NCCL_HOSTID)
+#   async  bench/bench_async_gpu.py $ASYNC_ARGS (asynchronous GRPO, issue 24: max_staleness 0 vs 1, 2 on 2 GPUs; e.g.
+#          ASYNC_ARGS="--shape 7b --staleness 0,1 --steps 10")
 #   zero3  bench/bench_zero3_gpu.py $ZERO3_ARGS (SFT on 1 and all GPUs, ZeRO-3 overlap on vs TANDEM_ZERO3_OVERLAP=0)
 #   nodes  bench/bench_nodes.py --stand-in gpu $NODES_ARGS (ZeRO-3 flat vs HSDP on 2 nodes x 1 GPU over NCCL's
 #          network transport, flat on 1 node x 2 GPUs; cross-node bytes, memory; needs 2 GPUs)
@@ -113,6 +115,10 @@ if want lora; then
 fi
 if want structured; then
   TANDEM_BUILD_DIR=$B run_py serve_structured python3 tests/e2e/test_structured_outputs.py --gpu
+fi
+if want async; then
+  # shellcheck disable=SC2086
+  TAIL=45 run_py bench_async_gpu python3 bench/bench_async_gpu.py --build "$B" ${ASYNC_ARGS:-}
 fi
 if want zero3; then
   # shellcheck disable=SC2086
