@@ -521,13 +521,15 @@ static int serve_alloc(ModelLora *l) {
     return 0;
 }
 
-// Layer `layer`'s serving copy from its adapter unit (storage dtype, l->ops memory): the A matrices copied into
-// their group's stack, each B copied into its rows and columns of the group's block, then the block scaled by s.
-static void serve_layer(ModelLora *l, int layer, const void *unit) {
-    OpsCtx *o = l->ops;
-    const size_t es = ops_dtype_size(o);
+// Layer `layer`'s serving copy from its adapter unit (storage dtype, l->ops memory), as copy items appended to
+// items (2 per targeted module): each A copied into its group's stack, each B scaled by s into its rows and columns
+// of the group's block. Returns how many it appended.
+static int serve_layer_items(const ModelLora *l, int layer, const void *unit, OpsCopy2D *items) {
+    const size_t es = ops_dtype_size(l->ops);
     const int r = l->cfg.r;
     char *dst = l->serve[layer];   // zero-filled when made; what is written here is the same places every time
+    const char *src = unit;
+    int n = 0;
     for (int g = 0; g < 4; g++) {
         if (!l->serve_m[g]) continue;
         const Group grp = group_of(l, g);
@@ -536,14 +538,16 @@ static void serve_layer(ModelLora *l, int layer, const void *unit) {
         for (int k = 0; k < grp.count; k++) {
             const int i = grp.first + k;
             if (l->a_off[i] == SIZE_MAX) continue;
-            ops_copy(o, dst + (l->serve_a[g] + (size_t)j * r * l->in[i]) * es, (const char *)unit + l->a_off[i] * es,
-                     (size_t)r * l->in[i] * es);
-            ops_copy_2d(o, dst + (l->serve_b[g] + (size_t)grp.col[k] * mr + (size_t)j * r) * es, mr,
-                        (const char *)unit + l->b_off[i] * es, (size_t)r, (size_t)l->out[i], (size_t)r);
+            const size_t in = (size_t)l->in[i];
+            items[n++] = (OpsCopy2D){.dst = dst + (l->serve_a[g] + (size_t)j * r * in) * es, .src = src + l->a_off[i] * es,
+                                     .dst_pitch = in, .src_pitch = in, .rows = (size_t)r, .cols = in, .scale = 1.0f};
+            items[n++] = (OpsCopy2D){.dst = dst + (l->serve_b[g] + (size_t)grp.col[k] * mr + (size_t)j * r) * es,
+                                     .src = src + l->b_off[i] * es, .dst_pitch = mr, .src_pitch = (size_t)r,
+                                     .rows = (size_t)l->out[i], .cols = (size_t)r, .scale = l->scale};
             j++;
         }
-        ops_scale_inplace(o, dst + l->serve_b[g] * es, l->scale, (size_t)grp.width * mr);
     }
+    return n;
 }
 
 static int serve_failed(ModelLora *l, char *err, size_t err_len) {
@@ -553,8 +557,15 @@ static int serve_failed(ModelLora *l, char *err, size_t err_len) {
 }
 
 int model_lora_serve_from_units(ModelLora *l, const void *const *units, char *err, size_t err_len) {
-    if (serve_alloc(l) != 0) return serve_failed(l, err, err_len);
-    for (int layer = 0; layer < l->n_layers; layer++) serve_layer(l, layer, units[layer]);
+    OpsCopy2D *items = malloc((size_t)l->n_layers * 2 * LORA_N_MODULES * sizeof *items);
+    if (!items || serve_alloc(l) != 0) {
+        free(items);
+        return serve_failed(l, err, err_len);
+    }
+    int n = 0;
+    for (int layer = 0; layer < l->n_layers; layer++) n += serve_layer_items(l, layer, units[layer], items + n);
+    ops_copy_2d_batch(l->ops, items, n);
+    free(items);
     return ops_status(l->ops) ? serve_failed(l, err, err_len) : 0;
 }
 
@@ -563,9 +574,10 @@ int model_lora_serve_from(ModelLora *l, float *const *host, char *err, size_t er
     // Each layer's host unit rounded to the storage dtype on the way in, as the trainer's adapter units are.
     void *unit = ops_malloc(l->ops, l->unit_numel * ops_dtype_size(l->ops));
     if (!unit) return serve_failed(l, err, err_len);
+    OpsCopy2D items[2 * LORA_N_MODULES];
     for (int layer = 0; layer < l->n_layers; layer++) {
         ops_upload_f32(l->ops, unit, host[layer], l->unit_numel);
-        serve_layer(l, layer, unit);
+        ops_copy_2d_batch(l->ops, items, serve_layer_items(l, layer, unit, items));
     }
     ops_synchronize(l->ops);
     ops_free(l->ops, unit);
