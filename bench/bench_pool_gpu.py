@@ -3,6 +3,7 @@
 
     python3 bench/bench_pool_gpu.py [--build build-gpu.carry] [--configs 7+1,6+2] [--shape 1.5b] [--steps 20]
     python3 bench/bench_pool_gpu.py --configs 1+1 --shape 0.5b --steps 4      # smoke test on 2 GPUs
+    python3 bench/bench_pool_gpu.py --configs 1+1 --server-gpu same [--lora-r 16]   # one GPU: trainer and server share it
     python3 bench/bench_pool_gpu.py --device-check                             # CPU dry run: 2 ranks + 1 server
 
 Model: random bf16 Qwen2.5-shaped (tied, vocab 151936) built with transformers (benchlib.build_model), with
@@ -82,7 +83,8 @@ def run_config(a, T, S, model_dir, data, work, regex, lr, comp_len):
     cpu = a.device_check
     out, logs = work / f"run-{T}+{S}", work / f"logs-{T}+{S}"
     cmd = [str(a.build / "bin" / "tandem-train"), "launch", "--model", str(model_dir), "--ranks", str(T),
-           "--servers", str(S), "--server-device", "cpu" if cpu else "cuda", "--master-port", str(free_port()),
+           "--servers", str(S), "--server-device", "cpu" if cpu else "cuda:0" if a.server_gpu == "same" else "cuda",
+           "--master-port", str(free_port()),
            "--control-port", str(free_port(S)), "--log-dir", str(logs)]
     cmd += [f"--server-arg={x}" for x in a.server_arg]
     cmd += ["--", "--train-file", str(data), "--output-dir", str(out), "--rewards", "regex_format",
@@ -92,7 +94,7 @@ def run_config(a, T, S, model_dir, data, work, regex, lr, comp_len):
             "--max-steps", str(a.steps), "--logging-steps", "1", "--save-steps", "0", "--zero-stage", "3",
             "--gradient-checkpointing", "true", "--seed", "3", "--init-timeout", "600", "--comm-timeout", "600",
             "--rollout-timeout", "600", "--device", "cpu" if cpu else "cuda",
-            "--weight-sync-transport", "zmq" if cpu else "nccl", "--weight-sync-steps", "1"]
+            "--weight-sync-transport", "zmq" if cpu or a.server_gpu == "same" else "nccl", "--weight-sync-steps", "1"]
     if a.lora_r:   # LoRA on the frozen base; lora_sync adapter: the adapters alone each step
         cmd += ["--use-peft", "--lora-r", str(a.lora_r), "--lora-alpha", str(2 * a.lora_r), "--lora-dropout", "0",
                 "--lora-target-modules", "all-linear"]
@@ -103,7 +105,7 @@ def run_config(a, T, S, model_dir, data, work, regex, lr, comp_len):
     metrics, log_path = out / "metrics.jsonl", work / f"launch-{T}+{S}.log"
     rows, text, note, mem, stopped = benchlib.run_launch(cmd, env, metrics, a.steps, a.timeout, f"pool_{T}+{S}",
                                                          log_path, logs, print_step)
-    want = "weight sync over ZeroMQ" if cpu else "weight sync over NCCL"
+    want = "weight sync over ZeroMQ" if cpu or a.server_gpu == "same" else "weight sync over NCCL"
     if not note and want not in text:
         note = f"the trainer's start line lacks {want!r}" + benchlib.launch_log_tails(text, logs)
     print(f"{T}+{S}: {len(rows)} steps, {'stopped after the last step' if stopped else 'exited by itself'}",
@@ -185,7 +187,10 @@ def main():
                     help="tandem-serve argument, repeatable (default --gpu-memory-utilization=0.85 on GPUs)")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per configuration")
     ap.add_argument("--lora-r", type=int, default=0,
-                    help="train LoRA adapters of this rank on every projection (alpha 2r), pushed as adapters over zmq")
+                    help="train LoRA adapters of this rank on every projection (alpha 2r), pushed as adapters")
+    ap.add_argument("--server-gpu", choices=["next", "same"], default="next",
+                    help="next: servers on the GPUs after the trainers'; same: one server beside trainer rank 0 on "
+                         "GPU 0 (one-GPU machines: weights over zmq, and trainer and server take turns on the GPU)")
     ap.add_argument("--device-check", action="store_true",
                     help="CPU dry run: --device cpu on both sides (zmq sync), 2 ranks + 1 server, tiny shape")
     a = ap.parse_args()
@@ -195,8 +200,11 @@ def main():
     configs = [tuple(map(int, c.split("+"))) for c in (a.configs or f"{a.trainers}+{a.servers}").split(",")]
     if a.batch % 8 or any(t < 1 or s < 1 for t, s in configs):
         ap.error("--batch must be a multiple of 8 (num_generations) and every config needs T >= 1, S >= 1")
+    if a.server_gpu == "same" and any(t != 1 or s != 1 for t, s in configs):
+        ap.error("--server-gpu same runs the 1+1 config only (one GPU for both)")
     if a.server_arg is None:
-        a.server_arg = ["--kv-cache-memory=256M"] if a.device_check else ["--gpu-memory-utilization=0.85"]
+        a.server_arg = (["--kv-cache-memory=256M"] if a.device_check else
+                        ["--gpu-memory-utilization=0.4"] if a.server_gpu == "same" else ["--gpu-memory-utilization=0.85"])
     regex, lr, comp_len = TASKS[a.shape]
     regex, lr = a.regex or regex, a.lr or lr
     a.build = pathlib.Path(a.build).resolve()
@@ -204,7 +212,7 @@ def main():
         sys.exit(f"{a.build / 'bin' / 'tandem-train'} not found (--build names the carried build folder)")
     use_devlib(a.build)
     if not a.device_check:
-        need = max(t + s for t, s in configs)
+        need = 1 if a.server_gpu == "same" else max(t + s for t, s in configs)
         if torch.cuda.device_count() < need:
             sys.exit(f"need {need} GPUs for {a.configs or configs}, found {torch.cuda.device_count()}")
     results, ok = [], True
@@ -223,7 +231,7 @@ def main():
         print(f"{a.shape}: {params / 1e6:.1f}M params, reward regex_format {regex!r} (search), lr {lr}, "
               f"max completion {comp_len}, batch {a.batch} per rank", flush=True)
         for T, S in configs:
-            copy = float("nan") if a.device_check else benchlib.p2p_copy_gbs(T)
+            copy = float("nan") if a.device_check or a.server_gpu == "same" else benchlib.p2p_copy_gbs(T)
             rows, log, note, mem = run_config(a, T, S, model_dir, data, work, regex, lr, comp_len)
             zero_line = next((ln.split("tandem-train: ", 1)[-1] for ln in log.splitlines() if "ZeRO-3 over" in ln), "")
             _, expect = expected_rank_bytes(model_dir, params, T, a.batch, prompt_len + comp_len)
