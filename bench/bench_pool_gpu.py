@@ -3,6 +3,7 @@
 
     python3 bench/bench_pool_gpu.py [--build build-gpu.carry] [--configs 7+1,6+2] [--shape 1.5b] [--steps 20]
     python3 bench/bench_pool_gpu.py --configs 1+1 --shape 0.5b --steps 4      # smoke test on 2 GPUs
+    python3 bench/bench_pool_gpu.py --configs 1+1 --server-gpu same [--lora-r 16]   # one GPU: trainer and server share it
     python3 bench/bench_pool_gpu.py --device-check                             # CPU dry run: 2 ranks + 1 server
 
 Model: random bf16 Qwen2.5-shaped (tied, vocab 151936) built with transformers (benchlib.build_model), with
@@ -13,7 +14,7 @@ of the 151,936 ids decode to text with that tokenizer, so a random 0.5b/1.5b mod
 text at all" (pattern '.'; about 40 % at the start), tiny's is "holds a digit" ([0-9]).
 GRPO: num_generations 8, --batch completions per rank (all ranks together: T * batch / 8 prompts per step),
 --zero-stage 3, gradient checkpointing on, --weight-sync-transport nccl, --weight-sync-steps 1. With --lora-r R:
-LoRA adapters of rank R on every projection instead (--use-peft, alpha 2R), the adapters alone pushed over zmq.
+LoRA adapters of rank R on every projection instead (--use-peft, alpha 2R), the adapters alone pushed over NCCL.
 Per step, from rank 0's metrics.jsonl: rollout s = rollout_time (generation as rank 0 waits for it), train s =
 train_time (micro-steps + optimizer), sync s = sync_time (the push to every server), rollout tok/s = mean
 completion length * completions of all ranks / rollout s, train tok/s = num_tokens (completion tokens trained on,
@@ -30,16 +31,14 @@ import os
 import pathlib
 import signal
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 import torch
 
 import benchlib
-from benchlib import build_model, use_devlib
+from benchlib import MemSampler, build_model, gpu_mem_mib, use_devlib
 from server_fixtures import free_port
 
 # Per shape: reward pattern, learning rate, max completion length. A random model's near-uniform policy moves only
@@ -49,29 +48,6 @@ from server_fixtures import free_port
 TASKS = {"tiny": ("[0-9]", 2e-2, 12), "0.5b": (".", 3e-3, 256), "1.5b": (".", 2e-3, 256), "7b": (".", 1e-3, 256),
          "14b": (".", 1e-3, 256)}
 WORDS = ["the quick brown", "a lazy dog", "seven wizards", "numbers plus", "question answer", "think step"]
-
-
-def gpu_mem_mib():
-    """{gpu index: MiB used} from nvidia-smi, {} when there is none."""
-    try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True, timeout=20).stdout
-    except (OSError, subprocess.SubprocessError):
-        return {}
-    return {int(i): int(m) for i, m in (line.split(",") for line in out.strip().splitlines() if "," in line)}
-
-
-class MemSampler(threading.Thread):
-    """Samples nvidia-smi every second; peak[gpu] = the most MiB seen."""
-    def __init__(self):
-        super().__init__(daemon=True)
-        self.peak, self.halt = {}, threading.Event()
-
-    def run(self):
-        while not self.halt.is_set():
-            for g, m in gpu_mem_mib().items():
-                self.peak[g] = max(m, self.peak.get(g, 0))
-            self.halt.wait(1.0)
 
 
 def expected_rank_bytes(model_dir, params, T, batch, tokens_per_seq):
@@ -107,7 +83,8 @@ def run_config(a, T, S, model_dir, data, work, regex, lr, comp_len):
     cpu = a.device_check
     out, logs = work / f"run-{T}+{S}", work / f"logs-{T}+{S}"
     cmd = [str(a.build / "bin" / "tandem-train"), "launch", "--model", str(model_dir), "--ranks", str(T),
-           "--servers", str(S), "--server-device", "cpu" if cpu else "cuda", "--master-port", str(free_port()),
+           "--servers", str(S), "--server-device", "cpu" if cpu else "cuda:0" if a.server_gpu == "same" else "cuda",
+           "--master-port", str(free_port()),
            "--control-port", str(free_port(S)), "--log-dir", str(logs)]
     cmd += [f"--server-arg={x}" for x in a.server_arg]
     cmd += ["--", "--train-file", str(data), "--output-dir", str(out), "--rewards", "regex_format",
@@ -117,8 +94,8 @@ def run_config(a, T, S, model_dir, data, work, regex, lr, comp_len):
             "--max-steps", str(a.steps), "--logging-steps", "1", "--save-steps", "0", "--zero-stage", "3",
             "--gradient-checkpointing", "true", "--seed", "3", "--init-timeout", "600", "--comm-timeout", "600",
             "--rollout-timeout", "600", "--device", "cpu" if cpu else "cuda",
-            "--weight-sync-transport", "zmq" if cpu or a.lora_r else "nccl", "--weight-sync-steps", "1"]
-    if a.lora_r:   # LoRA on the frozen base; lora_sync adapter: the adapters alone over ZeroMQ each step
+            "--weight-sync-transport", "zmq" if cpu or a.server_gpu == "same" else "nccl", "--weight-sync-steps", "1"]
+    if a.lora_r:   # LoRA on the frozen base; lora_sync adapter: the adapters alone each step
         cmd += ["--use-peft", "--lora-r", str(a.lora_r), "--lora-alpha", str(2 * a.lora_r), "--lora-dropout", "0",
                 "--lora-target-modules", "all-linear"]
     env = dict(os.environ)
@@ -126,26 +103,11 @@ def run_config(a, T, S, model_dir, data, work, regex, lr, comp_len):
         env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
     print("$ " + " ".join(cmd), flush=True)
     metrics, log_path = out / "metrics.jsonl", work / f"launch-{T}+{S}.log"
-    base = gpu_mem_mib()
-    sampler = MemSampler()
-    sampler.start()
-    with open(log_path, "w") as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            _, note = benchlib.follow_metrics(proc, metrics, a.steps, a.timeout, print_step, poll_s=0.5)
-        finally:
-            stopped = benchlib.stop(proc, 90)  # SIGTERM: the launcher stops its ranks and servers
-    sampler.halt.set()
-    sampler.join()
-    text = log_path.read_text(errors="replace")
-    want = "weight sync over ZeroMQ" if cpu else "weight sync over NCCL"
+    rows, text, note, mem, stopped = benchlib.run_launch(cmd, env, metrics, a.steps, a.timeout, f"pool_{T}+{S}",
+                                                         log_path, logs, print_step)
+    want = "weight sync over ZeroMQ" if cpu or a.server_gpu == "same" else "weight sync over NCCL"
     if not note and want not in text:
-        note = f"the trainer's start line lacks {want!r}"
-    if note:
-        note += benchlib.launch_log_tails(text, logs)
-    benchlib.keep_launch_logs(f"pool_{T}+{S}", log_path, logs)  # the launcher's, ranks' and servers' logs
-    rows = benchlib.read_metrics(metrics)
-    mem = {g: (sampler.peak[g], sampler.peak[g] - base.get(g, 0)) for g in sorted(sampler.peak)}
+        note = f"the trainer's start line lacks {want!r}" + benchlib.launch_log_tails(text, logs)
     print(f"{T}+{S}: {len(rows)} steps, {'stopped after the last step' if stopped else 'exited by itself'}",
           flush=True)
     return rows, text, note, mem
@@ -225,7 +187,10 @@ def main():
                     help="tandem-serve argument, repeatable (default --gpu-memory-utilization=0.85 on GPUs)")
     ap.add_argument("--timeout", type=int, default=900, help="seconds per configuration")
     ap.add_argument("--lora-r", type=int, default=0,
-                    help="train LoRA adapters of this rank on every projection (alpha 2r), pushed as adapters over zmq")
+                    help="train LoRA adapters of this rank on every projection (alpha 2r), pushed as adapters")
+    ap.add_argument("--server-gpu", choices=["next", "same"], default="next",
+                    help="next: servers on the GPUs after the trainers'; same: one server beside trainer rank 0 on "
+                         "GPU 0 (one-GPU machines: weights over zmq, and trainer and server take turns on the GPU)")
     ap.add_argument("--device-check", action="store_true",
                     help="CPU dry run: --device cpu on both sides (zmq sync), 2 ranks + 1 server, tiny shape")
     a = ap.parse_args()
@@ -235,8 +200,11 @@ def main():
     configs = [tuple(map(int, c.split("+"))) for c in (a.configs or f"{a.trainers}+{a.servers}").split(",")]
     if a.batch % 8 or any(t < 1 or s < 1 for t, s in configs):
         ap.error("--batch must be a multiple of 8 (num_generations) and every config needs T >= 1, S >= 1")
+    if a.server_gpu == "same" and any(t != 1 or s != 1 for t, s in configs):
+        ap.error("--server-gpu same runs the 1+1 config only (one GPU for both)")
     if a.server_arg is None:
-        a.server_arg = ["--kv-cache-memory=256M"] if a.device_check else ["--gpu-memory-utilization=0.85"]
+        a.server_arg = (["--kv-cache-memory=256M"] if a.device_check else
+                        ["--gpu-memory-utilization=0.4"] if a.server_gpu == "same" else ["--gpu-memory-utilization=0.85"])
     regex, lr, comp_len = TASKS[a.shape]
     regex, lr = a.regex or regex, a.lr or lr
     a.build = pathlib.Path(a.build).resolve()
@@ -244,7 +212,7 @@ def main():
         sys.exit(f"{a.build / 'bin' / 'tandem-train'} not found (--build names the carried build folder)")
     use_devlib(a.build)
     if not a.device_check:
-        need = max(t + s for t, s in configs)
+        need = 1 if a.server_gpu == "same" else max(t + s for t, s in configs)
         if torch.cuda.device_count() < need:
             sys.exit(f"need {need} GPUs for {a.configs or configs}, found {torch.cuda.device_count()}")
     results, ok = [], True
@@ -263,7 +231,7 @@ def main():
         print(f"{a.shape}: {params / 1e6:.1f}M params, reward regex_format {regex!r} (search), lr {lr}, "
               f"max completion {comp_len}, batch {a.batch} per rank", flush=True)
         for T, S in configs:
-            copy = float("nan") if a.device_check else benchlib.p2p_copy_gbs(T)
+            copy = float("nan") if a.device_check or a.server_gpu == "same" else benchlib.p2p_copy_gbs(T)
             rows, log, note, mem = run_config(a, T, S, model_dir, data, work, regex, lr, comp_len)
             zero_line = next((ln.split("tandem-train: ", 1)[-1] for ln in log.splitlines() if "ZeRO-3 over" in ln), "")
             _, expect = expected_rank_bytes(model_dir, params, T, a.batch, prompt_len + comp_len)

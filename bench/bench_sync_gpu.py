@@ -17,9 +17,11 @@ The trainer is stopped once its last metrics row is written: its final checkpoin
 plus optimizer state) would only cost time here.
 --dry-run-cpu checks this script without GPUs: the tiny test model, trainer and server on the CPU backend, zmq.
 --lora-r R trains LoRA adapters instead (--use-peft, rank R, alpha 2R, every projection) and runs one push per
---lora-syncs value over zmq: adapter (the A and B matrices alone, fp32) and merged (the base with the adapters merged
-in, whole fp32 weights); the table then gives each push's bytes and time. --server-gpu same puts the server on the
-trainer's GPU (one-GPU machines: zmq only).
+--lora-syncs value and --transports value: adapter (the A and B matrices alone: fp32 masters over zmq, bf16 units
+over nccl), once per --adapter-update-modes value of the server (merge: into a working copy of the base; lowrank: the
+extra GEMMs), and merged (the base with the adapters merged in, whole weights); the table then gives each push's
+bytes and time. --server-gpu same puts the server on the trainer's GPU (nccl then runs over NCCL's network transport,
+each process its own NCCL_HOSTID: it checks the path, its time is not NVLink's).
 """
 import argparse
 import json
@@ -37,14 +39,20 @@ from server_fixtures import free_port
 
 
 def run_sync(build, model_dir, data, work, transport, steps, select, timeout, extra_env=None, tag=None,
-             extra_args=()):
-    """Returns (metrics rows, rank-0 log, note). select: cvd | index | cpu (dry run). extra_env: variables set for
-    both the trainer and the server (an NCCL tuning variant); tag names the run's folder and logs."""
+             extra_args=(), server_args=()):
+    """Returns (metrics rows, rank-0 log, note). select: cvd | index | same | cpu (dry run). extra_env: variables
+    set for both the trainer and the server (an NCCL tuning variant); tag names the run's folder and logs.
+    server_args: more tandem-serve options. With select same and transport nccl, trainer and server get their own
+    NCCL_HOSTID: one GPU cannot hold two members of a communicator otherwise (NCCL then takes its network
+    transport between them: a correctness run, not a speed one)."""
     control = f"tcp://127.0.0.1:{free_port()}"
     sargs, senv = {"cvd": (["--device", "cuda"], {"CUDA_VISIBLE_DEVICES": "1"}),
                    "index": (["--device", "cuda:1"], {}), "same": (["--device", "cuda:0"], {}),
                    "cpu": (["--device", "cpu"], {})}[select]
     senv = dict(senv, **(extra_env or {}))
+    tenv = dict(extra_env or {})
+    if select == "same" and transport == "nccl":
+        senv["NCCL_HOSTID"], tenv["NCCL_HOSTID"] = "bench-sync-server", "bench-sync-trainer"
     tag = tag or transport
     out = work / f"run-{tag}"
     args = [str(build / "bin" / "tandem-train"), "--model", str(model_dir), "--train-file", str(data),
@@ -55,11 +63,11 @@ def run_sync(build, model_dir, data, work, transport, steps, select, timeout, ex
             "--seed", "3", "--init-timeout", "120", "--comm-timeout", "120", "--rollout-timeout", "120",
             "--device", "cpu" if select == "cpu" else "cuda", "--weight-sync-transport", transport, *extra_args]
     env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(free_port()), **(extra_env or {}))
+               MASTER_PORT=str(free_port()), **tenv)
     log_path = work / f"train-{tag}.log"
     metrics = out / "metrics.jsonl"
-    with server_fixtures.TandemServer(model_dir, "--control", control, "--kv-cache-memory", "2G", *sargs, env=senv,
-                                      start_timeout=300) as srv, open(log_path, "w") as log:
+    with server_fixtures.TandemServer(model_dir, "--control", control, "--kv-cache-memory", "2G", *sargs, *server_args,
+                                      env=senv, start_timeout=300) as srv, open(log_path, "w") as log:
         proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
         _, note = benchlib.follow_metrics(proc, metrics, steps, timeout, what="tandem-train")
         benchlib.stop(proc, 30, group=False)
@@ -79,6 +87,8 @@ def main():
     ap.add_argument("--server-gpu", choices=["cvd", "index", "same"], default="cvd")
     ap.add_argument("--lora-r", type=int, default=0, help="train LoRA adapters of this rank (0: the whole model)")
     ap.add_argument("--lora-syncs", default="adapter,merged", help="with --lora-r: comma-separated lora_sync values")
+    ap.add_argument("--adapter-update-modes", default="merge",
+                    help="with --lora-r and lora_sync adapter: comma-separated tandem-serve --adapter-update-mode values")
     ap.add_argument("--timeout", type=int, default=300, help="seconds per training run")
     ap.add_argument("--nccl-variants", default="",
                     help="semicolon-separated NCCL tuning variants, each a comma- or space-separated list of VAR=VALUE set for "
@@ -111,11 +121,16 @@ def main():
             adapter_params = r * L * ((C + C) + 2 * (C + KV) + (C + C) + 3 * (C + I))
             print(f"LoRA r {r} on every projection: {adapter_params / 1e6:.1f} M adapter params "
                   f"({4 * adapter_params / 1e6:.0f} MB fp32)", flush=True)
+            runs, server_args = [], {}
             for s in args.lora_syncs.split(","):
-                lora_args[f"lora-{s}"] = ["--use-peft", "--lora-r", str(r), "--lora-alpha", str(2 * r),
+                for t in args.transports.split(","):
+                    for mode in args.adapter_update_modes.split(",") if s == "adapter" else [""]:
+                        tag = f"lora-{s}-{t}" + (f"-{mode}" if mode else "")
+                        lora_args[tag] = ["--use-peft", "--lora-r", str(r), "--lora-alpha", str(2 * r),
                                           "--lora-target-modules", "all-linear", "--lora-dropout", "0",
                                           "--lora-sync", s]
-            runs = [("zmq", tag, {}) for tag in lora_args]
+                        server_args[tag] = ["--adapter-update-mode", mode] if mode else []
+                        runs.append((t, tag, {}))
         else:
             runs = [(t, t, {}) for t in args.transports.split(",")]
         for i, v in enumerate(x for x in args.nccl_variants.split(";") if x.strip()):
@@ -125,7 +140,7 @@ def main():
         for transport, tag, extra_env in runs:
             rows, log, note = run_sync(build, model_dir, data, d, transport, args.steps,
                                        "cpu" if args.dry_run_cpu else args.server_gpu, args.timeout, extra_env, tag,
-                                       lora_args.get(tag, ()))
+                                       lora_args.get(tag, ()), server_args.get(tag, ()) if args.lora_r else ())
             want = "weight sync over NCCL" if transport == "nccl" else "weight sync over ZeroMQ"
             if not note and want not in log:
                 note = f"the trainer's start line lacks {want!r}"
@@ -165,10 +180,10 @@ def main():
     print(f"{gpu}, {'tiny test model' if args.dry_run_cpu else 'Qwen2.5-' + args.shape.upper() + ' shape'} "
           f"({params / 1e6:.0f} M params, {2 * params / 1e9:.2f} GB bf16), 1 trainer rank GPU0 -> 1 server GPU1, "
           f"torch={torch.__version__}")
-    print(f"{'run':<10}{'step 1 s':>10}{'median s':>10}{'best s':>9}{'model GB/s':>12}{'wire GB/s':>11}"
+    print(f"{'run':<26}{'step 1 s':>10}{'median s':>10}{'best s':>9}{'model GB/s':>12}{'wire GB/s':>11}"
           f"{'send GB/s':>11}{'torch p2p GB/s':>16}{'model/p2p':>11}{'send/p2p':>10}{'step s':>9}")
     for t, first, med, best, model_gbs, wire_gbs, src, step, send_gbs in results:
-        print(f"{t:<10}{first:>10.4f}{med:>10.4f}{best:>9.4f}{model_gbs:>12.1f}{wire_gbs:>11.1f}{send_gbs:>11.1f}"
+        print(f"{t:<26}{first:>10.4f}{med:>10.4f}{best:>9.4f}{model_gbs:>12.1f}{wire_gbs:>11.1f}{send_gbs:>11.1f}"
               f"{copy:>16.1f}{model_gbs / copy:>10.2f}x{send_gbs / copy:>9.2f}x{step:>9.3f}   (wire bytes from {src})")
     print("model GB/s: the whole push (weights_begin, sends, the server's swap at weights_end); send GB/s: the "
           "sending alone (sync_transfer_time)")

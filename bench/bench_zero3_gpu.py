@@ -42,7 +42,6 @@ import argparse
 import json
 import os
 import pathlib
-import random
 import signal
 import statistics
 import subprocess
@@ -52,38 +51,8 @@ import tempfile
 import torch
 
 import benchlib
-from benchlib import build_model, server_fixtures, use_devlib
+from benchlib import LAYOUT_ALIGN, build_model, server_fixtures, unit_numels, use_devlib, write_data
 from server_fixtures import free_port
-
-LAYOUT_ALIGN = 64  # shared/layout.h
-# A decoder layer's tensors in the order shared/layout.c places them (those a model lacks are skipped).
-LAYER_ORDER = ["input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
-               "self_attn.v_proj.weight", "self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias",
-               "self_attn.q_norm.weight", "self_attn.k_norm.weight", "self_attn.o_proj.weight",
-               "post_attention_layernorm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
-               "mlp.down_proj.weight"]
-
-
-def unit_numels(numels, n_layers):
-    """[embedding, layer 0 .. L-1, final] element counts, aligned as shared/layout.c builds the units."""
-    def align(x):
-        return (x + LAYOUT_ALIGN - 1) // LAYOUT_ALIGN * LAYOUT_ALIGN
-    units = [align(numels["model.embed_tokens.weight"])]
-    for layer in range(n_layers):
-        cursor = 0
-        for t in LAYER_ORDER:
-            n = numels.get(f"model.layers.{layer}.{t}")
-            if n is None:
-                continue
-            # up_proj follows gate_proj with no padding between: the two are read as one (2I, C) matrix.
-            cursor = (cursor + n) if t == "mlp.gate_proj.weight" else align(cursor + n)
-        units.append(align(cursor))
-    final = align(numels["model.norm.weight"])
-    if "lm_head.weight" in numels:
-        final = align(final + numels["lm_head.weight"])
-    units.append(final)
-    return units
-
 
 def comm_per_step(units, ranks, grad_accum, elem_bytes):
     """(all-gather bytes, reduce-scatter bytes) of full buffers per rank per optimizer step (docstring)."""
@@ -93,43 +62,6 @@ def comm_per_step(units, ranks, grad_accum, elem_bytes):
     layer_gathers = n_layers + (2 * grad_accum - 1) * max(n_layers - 2, 0)
     gathered = padded[0] + padded[-1] + layer_gathers * padded[1]  # every layer unit has the same size
     return gathered * elem_bytes, grad_accum * sum(padded) * 4
-
-
-def write_data(path, tok_file, eos, n_rows, seq_len, prompt_len, seed=0):
-    """n_rows prompt/completion rows of exactly seq_len tokens (prompt_len of them the prompt's), checked with the
-    model's tokenizer; the completion ends with the EOS text as tandem-train appends it."""
-    from tokenizers import Tokenizer
-    tok = Tokenizer.from_file(str(tok_file))
-    words = sorted(set(server_fixtures._WORDS))
-    cost = {w: len(tok.encode(" " + w).ids) for w in words}
-    ones = [w for w in words if cost[w] == 1]
-    # The prompt's first word has no space before it: one that is a single token that way too.
-    firsts = [w for w in words if len(tok.encode(w).ids) == 1]
-    if not ones or not firsts:
-        raise SystemExit("the tokenizer has no one-token word to fill rows with")
-    rng = random.Random(seed)
-
-    def text_of(n_tokens, lead):
-        """Words worth n_tokens tokens, each with a leading space (the first too when lead)."""
-        out, left = [], n_tokens
-        while left > 0:
-            w = rng.choice(words) if left > 4 else rng.choice(ones)
-            if cost[w] <= left:
-                out.append(w)
-                left -= cost[w]
-        s = " ".join(out)
-        return " " + s if lead else s
-
-    n_eos = len(tok.encode(eos).ids)
-    with open(path, "w") as f:
-        for i in range(n_rows):
-            prompt = rng.choice(firsts) + text_of(prompt_len - 1, True)
-            completion = text_of(seq_len - prompt_len - n_eos, True)
-            p_ids, f_ids = tok.encode(prompt).ids, tok.encode(prompt + completion + eos).ids
-            if len(p_ids) != prompt_len or len(f_ids) != seq_len or f_ids[:prompt_len] != p_ids:
-                raise SystemExit(f"row {i}: {len(p_ids)} prompt / {len(f_ids)} tokens, wanted {prompt_len} / "
-                                 f"{seq_len} with the prompt as prefix")
-            f.write(json.dumps({"prompt": prompt, "completion": completion}) + "\n")
 
 
 def print_step(n, r):
@@ -217,12 +149,13 @@ def main():
         write_data(data, model_dir / "tokenizer.json", server_fixtures.EOS_TOKEN, n_rows, a.seq_len, a.prompt_len)
         for ranks, overlap in ((1, True), (R, True), (R, False)):
             rows, _, note = run(a, ranks, overlap, model_dir, data, d, cpu)
-            want_tokens = ranks * a.batch * a.grad_accum * (a.seq_len - a.prompt_len)
+            # num_tokens: every token of the rows so far (TRL's cumulative count), all ranks.
+            want_tokens = ranks * a.batch * a.grad_accum * a.seq_len
             if not note and len(rows) < a.steps:
                 note = f"{len(rows)} of {a.steps} steps"
-            if not note and any(r["num_tokens"] != want_tokens for r in rows):
-                note = (f"num_tokens {sorted({r['num_tokens'] for r in rows})} != {want_tokens} completion tokens "
-                        "per step: the rows are not the size this script made them")
+            if not note and any(r["num_tokens"] != (i + 1) * want_tokens for i, r in enumerate(rows)):
+                note = (f"num_tokens {[r['num_tokens'] for r in rows]} are not multiples of {want_tokens} tokens "
+                        "a step: the rows are not the size this script made them")
             if note:
                 ok = False
                 print(f"{ranks} rank(s), overlap {'on' if overlap else 'off'}: FAILED: {note}", flush=True)

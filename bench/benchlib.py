@@ -1,5 +1,6 @@
 """Helpers the bench scripts share: the Qwen2.5 shapes, the carried libraries, random models, the roofline's
-ceilings, the GPU-to-GPU copy, and following a `tandem-train launch` run through its metrics.jsonl.
+ceilings, the GPU-to-GPU copy, GPU memory sampling, and running a `tandem-train launch` and following it through
+its metrics.jsonl.
 
 The scripts run as `python3 bench/NAME.py` (by hand or through scripts/gpu-check.sh) and `import benchlib`: Python
 puts a script's own folder first on sys.path, so this module is found from any working directory. It imports only
@@ -9,12 +10,14 @@ sys.path for `server_fixtures` (the e2e tests' server, tokenizer and tiny-model 
 import json
 import os
 import pathlib
+import random
 import shutil
 import signal
 import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 import time
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -65,9 +68,10 @@ def use_devlib(build):
     os.environ.setdefault("NCCL_NVLS_ENABLE", "0")  # NVLink multicast can take a shared host's GPUs down
 
 
-def build_qwen_model(d, shape, device="cuda:0", **from_config):
+def build_qwen_model(d, shape, device="cuda:0", edit=None, **from_config):
     """Saves a random bf16 Qwen2.5-shaped model (QWEN_SHAPES) with server_fixtures' small byte-level tokenizer into
-    folder d; returns the model, still on `device`. from_config: extra arguments of from_config (attention)."""
+    folder d; returns the model, still on `device`. edit(model, d): called before saving (the tokenizer is already
+    in d). from_config: extra arguments of from_config (attention)."""
     import torch
     from transformers import AutoModelForCausalLM
     server_fixtures.build_tokenizer(d)
@@ -75,18 +79,24 @@ def build_qwen_model(d, shape, device="cuda:0", **from_config):
     cfg = qwen_config(shape, bos_token_id=None, eos_token_id=None)
     with torch.device(device):  # random init on the GPU: seconds instead of a minute for 1.5B
         model = AutoModelForCausalLM.from_config(cfg, dtype=torch.bfloat16, **from_config)
+    if edit:
+        edit(model, pathlib.Path(d))
     model.save_pretrained(d, safe_serialization=True)
     return model
 
 
-def build_model(d, shape):
+def build_model(d, shape, edit=None):
     """Writes a model folder, "tiny" (server_fixtures' 2-layer Llama, vocab 300, for the CPU dry runs) or a
-    QWEN_SHAPES shape; returns {parameter name: numel} (tied embeddings once, as saved) and frees the GPU's copy."""
+    QWEN_SHAPES shape; returns {parameter name: numel} (tied embeddings once, as saved) and frees the GPU's copy.
+    edit(model, d): changes the random model before it is saved (tiny: saved again after it)."""
     if shape == "tiny":
         model = server_fixtures.build_tiny_model(d)
+        if edit:
+            edit(model, pathlib.Path(d))
+            model.save_pretrained(d, safe_serialization=True)
         return {n: p.numel() for n, p in model.named_parameters()}
     import torch
-    model = build_qwen_model(d, shape)
+    model = build_qwen_model(d, shape, edit=edit)
     numels = {n: p.numel() for n, p in model.named_parameters()}
     del model
     torch.cuda.empty_cache()
@@ -148,6 +158,55 @@ def p2p_copy_gbs(dst=1, nbytes=1 << 30, iters=10):
     return nbytes * iters / dt / 1e9
 
 
+def gpu_mem_mib():
+    """{gpu index: MiB used} from nvidia-smi, {} when there is none."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.used", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    return {int(i): int(m) for i, m in (line.split(",") for line in out.strip().splitlines() if "," in line)}
+
+
+class MemSampler(threading.Thread):
+    """Samples nvidia-smi every second; peak[gpu] = the most MiB seen."""
+    def __init__(self):
+        super().__init__(daemon=True)
+        self.peak, self.halt = {}, threading.Event()
+
+    def run(self):
+        while not self.halt.is_set():
+            for g, m in gpu_mem_mib().items():
+                self.peak[g] = max(m, self.peak.get(g, 0))
+            self.halt.wait(1.0)
+
+
+def run_launch(cmd, env, metrics, steps, timeout, name, log_path, logs, show=None):
+    """Runs a `tandem-train launch` command line (started in its own session, output to log_path, the launch's
+    --log-dir `logs`) until rank 0's metrics.jsonl at `metrics` has `steps` rows, then stops it (SIGTERM: the
+    launcher stops its ranks and servers; the final checkpoint would only cost time), sampling GPU memory all the
+    while. show(row number, row) is called for each new row. The logs are kept under $OUT/NAME-logs (OUT set).
+    Returns (rows, launcher log text, failure note with the logs' tails or '', {gpu: (peak MiB, peak - MiB before
+    the launch)}, whether it was still running when stopped)."""
+    base = gpu_mem_mib()
+    sampler = MemSampler()
+    sampler.start()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        try:
+            _, note = follow_metrics(proc, metrics, steps, timeout, show, poll_s=0.5)
+        finally:
+            stopped = stop(proc, 90)
+    sampler.halt.set()
+    sampler.join()
+    text = log_path.read_text(errors="replace")
+    if note:
+        note += launch_log_tails(text, logs)
+    keep_launch_logs(name, log_path, logs)
+    mem = {g: (sampler.peak[g], sampler.peak[g] - base.get(g, 0)) for g in sorted(sampler.peak)}
+    return read_metrics(metrics), text, note, mem, stopped
+
+
 def follow_metrics(proc, metrics, steps, timeout, show=None, poll_s=0.2, what="tandem-train launch"):
     """Waits until the metrics.jsonl at `metrics` has `steps` whole rows, proc exits or `timeout` seconds pass;
     show(row number, row) is called for each new row. Returns (rows seen, failure note or '')."""
@@ -207,3 +266,70 @@ def keep_launch_logs(name, log_path, logs):
 def read_metrics(metrics):
     """The rows of a metrics.jsonl, [] when it is not there."""
     return [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+
+
+LAYOUT_ALIGN = 64  # shared/layout.h
+# A decoder layer's tensors in the order shared/layout.c places them (those a model lacks are skipped).
+LAYER_ORDER = ["input_layernorm.weight", "self_attn.q_proj.weight", "self_attn.k_proj.weight",
+               "self_attn.v_proj.weight", "self_attn.q_proj.bias", "self_attn.k_proj.bias", "self_attn.v_proj.bias",
+               "self_attn.q_norm.weight", "self_attn.k_norm.weight", "self_attn.o_proj.weight",
+               "post_attention_layernorm.weight", "mlp.gate_proj.weight", "mlp.up_proj.weight",
+               "mlp.down_proj.weight"]
+
+
+def unit_numels(numels, n_layers):
+    """[embedding, layer 0 .. L-1, final] element counts, aligned as shared/layout.c builds the units."""
+    def align(x):
+        return (x + LAYOUT_ALIGN - 1) // LAYOUT_ALIGN * LAYOUT_ALIGN
+    units = [align(numels["model.embed_tokens.weight"])]
+    for layer in range(n_layers):
+        cursor = 0
+        for t in LAYER_ORDER:
+            n = numels.get(f"model.layers.{layer}.{t}")
+            if n is None:
+                continue
+            # up_proj follows gate_proj with no padding between: the two are read as one (2I, C) matrix.
+            cursor = (cursor + n) if t == "mlp.gate_proj.weight" else align(cursor + n)
+        units.append(align(cursor))
+    final = align(numels["model.norm.weight"])
+    if "lm_head.weight" in numels:
+        final = align(final + numels["lm_head.weight"])
+    units.append(final)
+    return units
+
+
+def write_data(path, tok_file, eos, n_rows, seq_len, prompt_len, seed=0):
+    """n_rows prompt/completion rows of exactly seq_len tokens (prompt_len of them the prompt's), checked with the
+    model's tokenizer; the completion ends with the EOS text as tandem-train appends it."""
+    from tokenizers import Tokenizer
+    tok = Tokenizer.from_file(str(tok_file))
+    words = sorted(set(server_fixtures._WORDS))
+    cost = {w: len(tok.encode(" " + w).ids) for w in words}
+    ones = [w for w in words if cost[w] == 1]
+    # The prompt's first word has no space before it: one that is a single token that way too.
+    firsts = [w for w in words if len(tok.encode(w).ids) == 1]
+    if not ones or not firsts:
+        raise SystemExit("the tokenizer has no one-token word to fill rows with")
+    rng = random.Random(seed)
+
+    def text_of(n_tokens, lead):
+        """Words worth n_tokens tokens, each with a leading space (the first too when lead)."""
+        out, left = [], n_tokens
+        while left > 0:
+            w = rng.choice(words) if left > 4 else rng.choice(ones)
+            if cost[w] <= left:
+                out.append(w)
+                left -= cost[w]
+        s = " ".join(out)
+        return " " + s if lead else s
+
+    n_eos = len(tok.encode(eos).ids)
+    with open(path, "w") as f:
+        for i in range(n_rows):
+            prompt = rng.choice(firsts) + text_of(prompt_len - 1, True)
+            completion = text_of(seq_len - prompt_len - n_eos, True)
+            p_ids, f_ids = tok.encode(prompt).ids, tok.encode(prompt + completion + eos).ids
+            if len(p_ids) != prompt_len or len(f_ids) != seq_len or f_ids[:prompt_len] != p_ids:
+                raise SystemExit(f"row {i}: {len(p_ids)} prompt / {len(f_ids)} tokens, wanted {prompt_len} / "
+                                 f"{seq_len} with the prompt as prefix")
+            f.write(json.dumps({"prompt": prompt, "completion": completion}) + "\n")

@@ -1,6 +1,7 @@
 // kernels/ops.c — the context (errors, memory) and the dispatch of every op to its backend.
 #include "kernels/ops.h"
 
+#include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -221,6 +222,32 @@ void ops_copy_2d(OpsCtx *ctx, void *dst, size_t dst_pitch, const void *src, size
     }
     DISPATCH(ctx, cuda_copy_2d(ctx, dst, dst_pitch, src, src_pitch, rows, cols),
              cpu_copy_2d(dst, dst_pitch, src, src_pitch, rows, cols, ops_dtype_size(ctx)));
+}
+static void cpu_copy_2d_batch(const OpsCopy2D *items, int n) {
+    for (int k = 0; k < n; k++) {
+        const OpsCopy2D *it = &items[k];
+        for (size_t r = 0; r < it->rows; r++) {
+            float *d = (float *)it->dst + r * it->dst_pitch;
+            const float *s = (const float *)it->src + r * it->src_pitch;
+            if (it->scale == 1.0f) memcpy(d, s, it->cols * sizeof(float));
+            else
+                for (size_t c = 0; c < it->cols; c++) d[c] = s[c] * it->scale;
+        }
+    }
+}
+void ops_copy_2d_batch(OpsCtx *ctx, const OpsCopy2D *items, int n) {
+    if (ctx->error_code || n <= 0) return;
+    for (int k = 0; k < n; k++) {
+        const OpsCopy2D *it = &items[k];
+        if (!it->dst || !it->src || it->dst_pitch < it->cols || it->src_pitch < it->cols || !isfinite(it->scale)) {
+            ops_set_error(ctx, -1, __FILE__, __LINE__,
+                          "copy_2d_batch: bad item %d of %d (%zu rows of %zu elements, pitches dst %zu src %zu, "
+                          "scale %g%s)", k, n, it->rows, it->cols, it->dst_pitch, it->src_pitch, (double)it->scale,
+                          !it->dst || !it->src ? ", NULL buffer" : "");
+            return;
+        }
+    }
+    DISPATCH(ctx, cuda_copy_2d_batch(ctx, items, n), cpu_copy_2d_batch(items, n));
 }
 void ops_upload_f32(OpsCtx *ctx, void *dst, const float *src, size_t n) {
     DISPATCH(ctx, cuda_upload_f32(ctx, dst, src, n), memcpy(dst, src, n * sizeof(float)));

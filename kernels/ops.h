@@ -90,6 +90,18 @@ void ops_copy(OpsCtx *ctx, void *dst, const void *src, size_t bytes);
 // overlap. cuda: cudaMemcpy2DAsync on the context's stream (recordable in a graph); cpu: a row loop.
 void ops_copy_2d(OpsCtx *ctx, void *dst, size_t dst_pitch, const void *src, size_t src_pitch, size_t rows,
                  size_t cols);
+// Many such strided copies at once, each optionally scaled: item k copies its (rows, cols) block as ops_copy_2d
+// does and, with scale != 1, multiplies each element by scale in fp32 and rounds it once to the storage dtype (as
+// ops_scale_inplace), so a copy then a scale of the same block gives the same bits. Blocks must not overlap one
+// another or their sources. Builds the rollout server's serving copy of LoRA adapters (shared/model_lora.c): a few
+// hundred small blocks per update, which one launch per 64 items moves instead of one each.
+typedef struct {
+    void *dst;
+    const void *src;
+    size_t dst_pitch, src_pitch, rows, cols;   // in storage elements, as ops_copy_2d
+    float scale;                               // 1: a plain copy of the bits
+} OpsCopy2D;
+void ops_copy_2d_batch(OpsCtx *ctx, const OpsCopy2D *items, int n);
 // fp32 host array <-> storage-dtype backend buffer (conversion with round-to-nearest-even on cuda).
 void ops_upload_f32(OpsCtx *ctx, void *dst, const float *src_host, size_t n);
 void ops_download_f32(OpsCtx *ctx, float *dst_host, const void *src, size_t n);

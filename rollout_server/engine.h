@@ -235,12 +235,16 @@ int engine_wait_idle(Engine *e, int timeout_ms);
 float *engine_weights_staging(Engine *e, int unit);
 int engine_commit_weights(Engine *e, int64_t version, EngineUpdateMode mode, EngineCommitReport *rep, char *err,
                           size_t err_len);
-// Adapter update (transport zmq, the policy trained as LoRA adapters): in between two steps the policy becomes the
-// base weights plus adapter config c with host fp32 units (one per decoder layer, model_lora_unit_numel elements;
-// read before the call returns), replacing any previous adapter, then as engine_commit_weights (version, mode,
-// prefix cache). A whole-weights commit afterwards drops the adapter. Returns 0 or a negative code.
+// Adapter update (the policy trained as LoRA adapters): in between two steps the policy becomes the base weights
+// plus adapter config c with the units of each decoder layer (model_lora_unit_numel elements) from host fp32 units
+// (transport zmq; read before the call returns) or, with units NULL, from the device staging
+// (engine_adapter_device_staging, filled over NCCL), replacing any previous adapter, then as engine_commit_weights
+// (version, mode, prefix cache). A whole-weights commit afterwards drops the adapter. Returns 0 or a negative code.
 int engine_commit_adapter(Engine *e, int64_t version, const struct LoraConfig *c, float *const *units,
                           EngineUpdateMode mode, EngineCommitReport *rep, char *err, size_t err_len);
+// Transport nccl, adapter updates: layer `layer`'s adapter unit of unit_numel elements in backend memory (storage
+// dtype), made on first use (NULL when out of memory or out of range), that the NCCL receiver fills.
+void *engine_adapter_device_staging(Engine *e, size_t unit_numel, int layer);
 // Transport nccl: the second copy of unit `unit` in backend memory (storage dtype, unit_numel elements), made on
 // first use (NULL when out of memory), that the NCCL receiver fills; engine_commit_device_weights swaps every
 // unit with its copy in between two steps (pointers only), then as engine_commit_weights.

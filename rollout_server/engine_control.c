@@ -219,6 +219,13 @@ void *engine_weights_device_staging(Engine *e, int unit) {
     return p;
 }
 
+void *engine_adapter_device_staging(Engine *e, size_t unit_numel, int layer) {
+    pthread_mutex_lock(&e->mu);
+    void *p = runner_adapter_device_staging(e->runner, unit_numel, layer);
+    pthread_mutex_unlock(&e->mu);
+    return p;
+}
+
 OpsCtx *engine_ops(Engine *e) { return runner_ops(e->runner); }
 
 static int commit(Engine *e, int64_t version, int device, const LoraConfig *lora, float *const *lora_units,

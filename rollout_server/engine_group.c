@@ -9,6 +9,8 @@
 #include <string.h>
 #include <time.h>
 
+#include "shared/model_lora.h"
+
 struct EngineGroup {
     int n;
     Engine *engines[ENGINE_GROUP_MAX];
@@ -286,9 +288,32 @@ int engine_group_commit_weights(EngineGroup *g, int64_t version, EngineUpdateMod
     return rc;
 }
 
+// Engine 0's device staging of adapter units (units of numel elements) copied into every other engine's.
+static int spread_adapter_staging(EngineGroup *g, size_t numel, char *err, size_t err_len) {
+    OpsCtx *src_ops = engine_ops(g->engines[0]);
+    const size_t bytes = numel * ops_dtype_size(src_ops);
+    for (int k = 1; k < g->n; k++)
+        for (int layer = 0; layer < engine_model(g->engines[0])->cfg.num_layers; layer++) {
+            const void *src = engine_adapter_device_staging(g->engines[0], numel, layer);
+            void *dst = engine_adapter_device_staging(g->engines[k], numel, layer);
+            char msg[512];
+            if (!src || !dst)
+                return snprintf(err, err_len, "engine %d (%s) has no device memory for layer %d's adapter units",
+                                src ? k : 0, g->names[src ? k : 0], layer), -1;
+            if (ops_copy_peer(engine_ops(g->engines[k]), dst, src_ops, src, bytes, msg, sizeof msg) != 0)
+                return snprintf(err, err_len, "copying layer %d's adapter units from engine 0 (%s) to engine %d (%s): "
+                                "%s", layer, g->names[0], k, g->names[k], msg), -1;
+        }
+    return 0;
+}
+
 int engine_group_commit_adapter(EngineGroup *g, int64_t version, const struct LoraConfig *c, float *const *units,
                                 EngineUpdateMode mode, EngineCommitReport *rep, char *err, size_t err_len) {
     EngineCommitReport total = {0}, one;
+    if (rep) *rep = total;
+    if (!units && spread_adapter_staging(g, model_lora_unit_numel(&engine_model(g->engines[0])->cfg, c), err,
+                                         err_len) != 0)
+        return ENGINE_ENOMEM;
     unsigned char was[ENGINE_GROUP_MAX];
     pause_for_commit(g, was);
     char msg[512];

@@ -80,7 +80,8 @@ float *engine_group_weights_staging(EngineGroup *g, int unit);
 int engine_group_commit_weights(EngineGroup *g, int64_t version, EngineUpdateMode mode, EngineCommitReport *rep,
                                 char *err, size_t err_len);
 // Adapter update: every engine's policy becomes the base plus adapter config c with the host fp32 units (one per
-// decoder layer), as engine_commit_adapter; the same version, mode and report as engine_group_commit_weights.
+// decoder layer) or, units NULL, engine 0's device staging (engine_adapter_device_staging; copied into the other
+// engines' first), as engine_commit_adapter; the same version, mode and report as engine_group_commit_weights.
 int engine_group_commit_adapter(EngineGroup *g, int64_t version, const struct LoraConfig *c, float *const *units,
                                 EngineUpdateMode mode, EngineCommitReport *rep, char *err, size_t err_len);
 // Transport nccl: makes every engine's device staging (engine_weights_device_staging). Returns 0, or -1 with

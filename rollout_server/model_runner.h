@@ -99,11 +99,16 @@ void runner_copy_kv_rows(void *user, int32_t dst, int32_t src, int rows);
 // is padded and replayed as a CUDA graph like the base's, other steps with adapter rows run unpadded.
 int runner_adapter_count(const ModelRunner *r);             // n (the --lora ones)
 const char *runner_adapter_name(const ModelRunner *r, int k);   // k in 1..n
-// An adapter update: the policy's adapter becomes config c with the host fp32 units (one per decoder layer,
-// model_lora_unit_numel elements each), replacing the previous one. Returns 0, or -1 with a message (the previous
-// adapter stays).
-int runner_set_policy_adapter(ModelRunner *r, const struct LoraConfig *c, float *const *units, char *err,
+// An adapter update: the policy's adapter becomes config c with the units of layer l (model_lora_unit_numel elements
+// each) taken from host[l] (fp32, rounded to the storage dtype on upload), or, with host NULL, from the device
+// staging (runner_adapter_device_staging, filled by an NCCL receive), replacing the previous adapter. Returns 0, or
+// -1 with a message (the previous adapter stays).
+int runner_set_policy_adapter(ModelRunner *r, const struct LoraConfig *c, float *const *host, char *err,
                               size_t err_len);
+// Layer `layer`'s unit of the device staging for adapter units of unit_numel elements (storage dtype, the runner's
+// device), allocated on first use (all layers' units are dropped when unit_numel changes); NULL when the layer is
+// out of range or there is no device memory for it.
+void *runner_adapter_device_staging(ModelRunner *r, size_t unit_numel, int layer);
 // A whole-weights update: the policy is the new weights alone.
 void runner_drop_policy_adapter(ModelRunner *r);
 

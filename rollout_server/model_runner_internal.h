@@ -99,6 +99,15 @@ struct ModelRunner {
     // as they were before the first merge ((n_units), NULL for the others; all NULL when no merged adapter is live).
     int adapter_updates_lowrank;
     void **adapter_base;
+    // The adapter update being committed, one unit per decoder layer in the storage dtype (model_lora.h adapter
+    // units of adapter_staging_numel elements): received there over NCCL, or uploaded from the host units of a zmq
+    // update (runner_adapter_device_staging).
+    void **adapter_staging;
+    size_t adapter_staging_numel;
+    // Kept between merged adapter updates of one config (a commit then allocates nothing): the adapters' layout and
+    // the merge's scratch.
+    struct ModelLora *merge_lora;
+    void *merge_scratch;
     int lowrank_fallback_logged;
     // Lock-step driving of shards 1..tp-1 (runner_shards.c).
     pthread_mutex_t mu;

@@ -6,6 +6,8 @@
 
 #include "rollout_server/model_runner_internal.h"
 
+static void free_merge_cache(ModelRunner *r);
+
 int runner_adapter_count(const ModelRunner *r) { return r->n_adapters; }
 
 const char *runner_adapter_name(const ModelRunner *r, int k) {
@@ -77,8 +79,30 @@ static void free_adapter_base(ModelRunner *r) {
     r->adapter_base = NULL;
 }
 
+static void free_adapter_staging(ModelRunner *r) {
+    for (int layer = 0; r->adapter_staging && layer < runner_model(r)->cfg.num_layers; layer++)
+        ops_free(r->ops, r->adapter_staging[layer]);
+    free(r->adapter_staging);
+    r->adapter_staging = NULL;
+    r->adapter_staging_numel = 0;
+}
+
+void *runner_adapter_device_staging(ModelRunner *r, size_t unit_numel, int layer) {
+    const int L = runner_model(r)->cfg.num_layers;
+    if (layer < 0 || layer >= L || unit_numel == 0) return NULL;
+    if (r->adapter_staging_numel != unit_numel) free_adapter_staging(r);
+    if (!r->adapter_staging && !(r->adapter_staging = calloc((size_t)L, sizeof(void *)))) return NULL;
+    r->adapter_staging_numel = unit_numel;
+    if (!r->adapter_staging[layer] &&
+        !(r->adapter_staging[layer] = ops_malloc(r->ops, unit_numel * ops_dtype_size(r->ops))))
+        ops_clear_error(r->ops);   // the caller reports the missing memory
+    return r->adapter_staging[layer];
+}
+
 void runner_adapters_free(ModelRunner *r) {
     free_adapter_base(r);
+    free_adapter_staging(r);
+    free_merge_cache(r);
     for (int k = 0; r->adapters && k <= r->n_adapters; k++) model_lora_free(r->adapters[k]);
     for (int k = 0; r->adapter_names && k <= r->n_adapters; k++) free(r->adapter_names[k]);
     free(r->adapters);
@@ -107,19 +131,38 @@ int runner_adapter_ranges(ModelRunner *r, const RunnerSeq *seqs, int n_seqs) {
     return lr->n_ranges;
 }
 
+// Same adapters' shape and scale: what a ModelLora made for one config can serve for the other.
+static int same_adapters(const LoraConfig *a, const LoraConfig *b) {
+    return a->r == b->r && a->alpha == b->alpha && a->use_rslora == b->use_rslora && a->targets == b->targets;
+}
+
+static void free_merge_cache(ModelRunner *r) {
+    if (r->merge_lora) ops_free(r->ops, r->merge_scratch);
+    model_lora_free(r->merge_lora);
+    r->merge_lora = NULL;
+    r->merge_scratch = NULL;
+}
+
 // The adapters merged into the served weights: live layer unit = base copy + s B A (the copy taken from the live
-// weights before the first merge). Returns 0, 1 when the copy does not fit in device memory (nothing changed), or
-// -1 with a message.
-static int merge_policy_adapter(ModelRunner *r, const LoraConfig *c, float *const *units, char *err, size_t err_len) {
+// weights before the first merge), from the adapter units in the device staging. Returns 0, 1 when the copy does
+// not fit in device memory (nothing changed), or -1 with a message.
+static int merge_policy_adapter(ModelRunner *r, const LoraConfig *c, char *err, size_t err_len) {
     Model *m = &r->shards[0].m;
     OpsCtx *o = r->ops;
     const Layout *L = &m->layout;
     const size_t es = ops_dtype_size(o);
     char msg[512];
-    ModelLora *l;
-    if (model_lora_create(&l, m, c, 0, msg, sizeof msg) != 0) return snprintf(err, err_len, "%s", msg), -1;
-    void *scratch = ops_malloc(o, model_lora_merge_scratch_bytes(l, o));
-    if (!r->adapter_base && scratch && (r->adapter_base = calloc((size_t)L->n_units, sizeof(void *)))) {
+    if (r->merge_lora && !same_adapters(&r->merge_lora->cfg, c)) free_merge_cache(r);
+    if (!r->merge_lora) {
+        if (model_lora_create(&r->merge_lora, m, c, 0, msg, sizeof msg) != 0)
+            return snprintf(err, err_len, "%s", msg), -1;
+        if (!(r->merge_scratch = ops_malloc(o, model_lora_merge_scratch_bytes(r->merge_lora, o)))) {
+            ops_clear_error(o);
+            free_merge_cache(r);
+            return 1;
+        }
+    }
+    if (!r->adapter_base && (r->adapter_base = calloc((size_t)L->n_units, sizeof(void *)))) {
         for (int layer = 0; layer < m->cfg.num_layers; layer++) {
             const int u = layout_layer_unit(layer);
             if (!(r->adapter_base[u] = ops_malloc(o, L->unit_numel[u] * es))) {
@@ -129,36 +172,43 @@ static int merge_policy_adapter(ModelRunner *r, const LoraConfig *c, float *cons
             ops_copy(o, r->adapter_base[u], r->shards[0].w.params[u], L->unit_numel[u] * es);
         }
     }
-    if (!r->adapter_base || !scratch) {
+    if (!r->adapter_base) {
         ops_clear_error(o);
-        ops_free(o, scratch);
-        model_lora_free(l);
+        free_merge_cache(r);
         return 1;
     }
-    int rc = 0;
-    for (int layer = 0; layer < m->cfg.num_layers && rc == 0; layer++) {
+    for (int layer = 0; layer < m->cfg.num_layers; layer++) {
         const int u = layout_layer_unit(layer);
-        rc = model_lora_merge_layer(l, m, o, units[layer], r->adapter_base[u], r->shards[0].w.params[u], scratch, msg,
-                                    sizeof msg);
+        model_lora_merge_layer(r->merge_lora, m, o, r->adapter_staging[layer], r->adapter_base[u],
+                               r->shards[0].w.params[u], r->merge_scratch, msg, sizeof msg);
     }
     ops_synchronize(o);
-    if (rc == 0 && ops_status(o)) snprintf(msg, sizeof msg, "%s", ops_error(o)), rc = -1;
-    ops_clear_error(o);
-    ops_free(o, scratch);
-    model_lora_free(l);
-    if (rc != 0) return snprintf(err, err_len, "merging the adapters: %s", msg), -1;
+    if (ops_status(o)) {
+        snprintf(err, err_len, "merging the adapters: %s", ops_error(o));
+        ops_clear_error(o);
+        return -1;
+    }
     model_lora_free(r->adapters[0]);   // a low-rank policy adapter of before goes
     r->adapters[0] = NULL;
     return 0;
 }
 
-int runner_set_policy_adapter(ModelRunner *r, const LoraConfig *c, float *const *units, char *err, size_t err_len) {
+int runner_set_policy_adapter(ModelRunner *r, const LoraConfig *c, float *const *host, char *err, size_t err_len) {
     if (r->tp > 1)
         return snprintf(err, err_len, "adapter updates into a tensor-parallel server (--tensor-parallel-size %d) are "
                         "not supported: push merged weights (tandem-train --lora-sync merged)", r->tp), -1;
+    const Model *base = runner_model(r);
+    const size_t numel = model_lora_unit_numel(&base->cfg, c);
+    for (int layer = 0; layer < base->cfg.num_layers; layer++) {
+        if (host && runner_adapter_device_staging(r, numel, layer))
+            ops_upload_f32(r->ops, r->adapter_staging[layer], host[layer], numel);
+        if (r->adapter_staging_numel != numel || !r->adapter_staging || !r->adapter_staging[layer])
+            return snprintf(err, err_len, host ? "no device memory for the adapter units of layer %d"
+                                               : "the adapter units of layer %d were never received", layer), -1;
+    }
     // Merged, unless asked otherwise or --lora adapters are served: theirs apply to the base weights alone.
     if (!r->adapter_updates_lowrank && r->n_adapters == 0) {
-        const int merged = merge_policy_adapter(r, c, units, err, err_len);
+        const int merged = merge_policy_adapter(r, c, err, err_len);
         if (merged <= 0) return merged;
         if (!r->lowrank_fallback_logged)
             fprintf(stderr, "tandem-serve: no device memory for a copy of the base's decoder layers, which merging "
@@ -167,24 +217,27 @@ int runner_set_policy_adapter(ModelRunner *r, const LoraConfig *c, float *const 
                             "--adapter-update-mode lowrank to say so)\n");
         r->lowrank_fallback_logged = 1;
     }
+    // Low-rank: the live policy adapter's serving copy is rebuilt in place when its shape is the same (between two
+    // steps, nothing reads it; only a device fault could fail it then), else a new adapter replaces it.
     Model *m = &r->shards[0].m;
-    ModelLora *l;
+    ModelLora *l = r->adapters[0] && same_adapters(&r->adapters[0]->cfg, c) ? r->adapters[0] : NULL;
+    const int fresh = l == NULL;
     char msg[512];
-    if (model_lora_create(&l, m, c, 0, msg, sizeof msg) != 0) return snprintf(err, err_len, "%s", msg), -1;
-    if (model_lora_serve_from(l, units, msg, sizeof msg) != 0) {
-        model_lora_free(l);
-        return snprintf(err, err_len, "installing the adapter: %s", msg), -1;
-    }
+    if (fresh && model_lora_create(&l, m, c, 0, msg, sizeof msg) != 0) return snprintf(err, err_len, "%s", msg), -1;
+    int rc = model_lora_serve_from_units(l, (const void *const *)r->adapter_staging, msg, sizeof msg);
     ops_synchronize(l->ops);
-    if (ops_status(l->ops) ||
-        model_lora_rows_reserve(&r->lora_rows, m, r->max_num_batched_tokens, c->r, msg, sizeof msg) != 0) {
-        snprintf(err, err_len, "installing the adapter: %s", ops_status(l->ops) ? ops_error(l->ops) : msg);
+    if (rc == 0 && ops_status(l->ops)) snprintf(msg, sizeof msg, "%s", ops_error(l->ops)), rc = -1;
+    if (rc == 0) rc = model_lora_rows_reserve(&r->lora_rows, m, r->max_num_batched_tokens, c->r, msg, sizeof msg);
+    if (rc != 0) {
+        snprintf(err, err_len, "installing the adapter: %s", msg);
         ops_clear_error(l->ops);
-        model_lora_free(l);
+        if (fresh) model_lora_free(l);
         return -1;
     }
-    model_lora_free(r->adapters[0]);
-    r->adapters[0] = l;
+    if (fresh) {
+        model_lora_free(r->adapters[0]);
+        r->adapters[0] = l;
+    }
     m->lora_rows = &r->lora_rows;
     return 0;
 }

@@ -26,6 +26,7 @@ struct WeightNccl {
     int running, active;
     int64_t version;
     int trainer_ranks;
+    size_t adapter_numel;                // an adapter update: elements of each layer's unit; 0: whole weights
     double t_begin, t_done;
     int rc;
     char err[768];
@@ -116,7 +117,25 @@ static void *receive_main(void *arg) {
     }
     Comm *c = w->comm;
     comm_wait_compute(c);   // staging buffers may have been read by the last swap's copy on the compute stream
-    for (int u0 = 0; u0 < L->n_units;) {
+    if (w->adapter_numel) {
+        // Adapters (a few hundred MB at most): one group, layer l's unit from trainer rank l % W (the rank that
+        // holds its master: trainer/lora_train.h), straight into engine 0's adapter staging.
+        if (comm_group_start(c) != 0) goto fail;
+        for (int layer = 0; layer < engine_model(e)->cfg.num_layers; layer++) {
+            void *dst = engine_adapter_device_staging(e, w->adapter_numel, layer);
+            if (!dst) {
+                comm_group_end(c);
+                snprintf(w->err, sizeof w->err, "no device memory for the adapter units of layer %d", layer);
+                goto drop;
+            }
+            if (comm_recv(c, dst, w->adapter_numel, COMM_BF16, layer % W) != 0) {
+                comm_group_end(c);
+                goto fail;
+            }
+        }
+        if (comm_group_end(c) != 0) goto fail;
+    }
+    for (int u0 = 0; u0 < L->n_units && !w->adapter_numel;) {
         size_t bucket = 0;
         int u1 = u0;
         if (comm_group_start(c) != 0) goto fail;
@@ -146,7 +165,8 @@ static void *receive_main(void *arg) {
         u0 = u1;
     }
     if (comm_synchronize(c) != 0) goto fail;
-    if (engine_group_size(w->g) > 1 && engine_group_spread_device_staging(w->g, err, sizeof err) != 0) {
+    if (!w->adapter_numel && engine_group_size(w->g) > 1 &&
+        engine_group_spread_device_staging(w->g, err, sizeof err) != 0) {
         snprintf(w->err, sizeof w->err, "spreading the received weights to the other engines: %.600s", err);
         goto drop;   // as any failed update: the next weights_begin brings a new communicator
     }
@@ -161,7 +181,7 @@ drop:
     return NULL;
 }
 
-int weight_nccl_begin(WeightNccl *w, const ZmsgMsg *q, char *err, size_t err_len) {
+int weight_nccl_begin(WeightNccl *w, const ZmsgMsg *q, size_t adapter_numel, char *err, size_t err_len) {
     if (w->running) atomic_store(&w->abandoned_ms, now_ms());   // a receive still waiting gives up within ~2 s
     join_thread(w);
     if (w->active)
@@ -177,6 +197,7 @@ int weight_nccl_begin(WeightNccl *w, const ZmsgMsg *q, char *err, size_t err_len
     w->world = q->nccl_world;
     w->rank = q->nccl_rank;
     w->trainer_ranks = q->trainer_ranks;
+    w->adapter_numel = adapter_numel;
     w->version = q->version;
     w->t_begin = now_s();
     w->err[0] = 0;
@@ -189,6 +210,8 @@ int weight_nccl_begin(WeightNccl *w, const ZmsgMsg *q, char *err, size_t err_len
 }
 
 int weight_nccl_active(const WeightNccl *w) { return w->active; }
+
+int weight_nccl_adapter(const WeightNccl *w) { return w->active && w->adapter_numel > 0; }
 
 void weight_nccl_abandon(WeightNccl *w) {
     if (w->active)

@@ -33,13 +33,17 @@ void weight_nccl_free(WeightNccl *w);
 // message saying why not.
 int weight_nccl_supported(const WeightNccl *w, char *why, size_t why_len);
 // Starts receiving update q->version (a weights_begin request with transport nccl). A receive still in flight
-// is waited for first. Returns 0, or -1 with a message (bad membership, no staging memory).
-int weight_nccl_begin(WeightNccl *w, const ZmsgMsg *q, char *err, size_t err_len);
+// is waited for first. adapter_numel > 0: an adapter update (weights_begin with "adapter"): layer l's adapter unit
+// (adapter_numel bf16 elements) comes from trainer rank l % trainer_ranks into engine 0's adapter staging
+// (engine_adapter_device_staging, made by the caller), all layers in one NCCL group; engine_group_commit_adapter
+// copies it to the other engines. Returns 0, or -1 with a message (bad membership, no staging memory).
+int weight_nccl_begin(WeightNccl *w, const ZmsgMsg *q, size_t adapter_numel, char *err, size_t err_len);
 // The update that weights_begin opened for `version` has been received completely: waits for the receive
 // thread, returns 0 with *seconds (weights_begin to received), or -1 with the failure.
 int weight_nccl_finish(WeightNccl *w, int64_t version, double *seconds, char *err, size_t err_len);
-// An update is open (begun, not finished).
+// An update is open (begun, not finished); an adapter update is open.
 int weight_nccl_active(const WeightNccl *w);
+int weight_nccl_adapter(const WeightNccl *w);
 // Forgets the open update without waiting (a weights_begin with transport zmq came instead: the trainer fell
 // back). A receive still running ends by itself (at the latest by the timeout) and is joined later.
 void weight_nccl_abandon(WeightNccl *w);

@@ -36,6 +36,14 @@ static void reply_end(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *
     zc_send_msg(z->router, rid, rl, &m);
 }
 
+// The weights_begin reply: the update is open.
+static void reply_begin(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q) {
+    ZmsgMsg m;
+    zmsg_init(&m, ZMSG_WEIGHTS_BEGIN, ZMSG_DIR_REPLY, q->id);
+    m.version = q->version;
+    zc_send_msg(z->router, rid, rl, &m);
+}
+
 // A weights_begin for another model's layout gets a layout_mismatch error naming both hashes: 1, else 0.
 static int refuse_layout(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q, const char *what) {
     if (q->layout_hash == z->wr.layout_hash) return 0;
@@ -65,19 +73,17 @@ static void begin_nccl(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg 
                       engine_group_device_name(z->g, bad_engine), bad_unit);
         return;
     }
-    if (weight_nccl_begin(z->wn, q, err, sizeof err) != 0) {
+    if (weight_nccl_begin(z->wn, q, 0, err, sizeof err) != 0) {
         zc_send_error(z->router, rid, rl, q->id, "internal", "weights_begin: %s", err);
         return;
     }
-    ZmsgMsg m;
-    zmsg_init(&m, ZMSG_WEIGHTS_BEGIN, ZMSG_DIR_REPLY, q->id);
-    m.version = q->version;
-    zc_send_msg(z->router, rid, rl, &m);
+    reply_begin(z, rid, rl, q);
 }
 
 static void end_nccl(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q) {
     char err[768];
     double received;
+    const int adapter = weight_nccl_adapter(z->wn);
     if (weight_nccl_finish(z->wn, q->version, &received, err, sizeof err) != 0) {
         fprintf(stderr, "tandem-serve: weight update to version %lld over NCCL failed; serving the previous "
                         "weights: %s\n", (long long)q->version, err);
@@ -86,7 +92,9 @@ static void end_nccl(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q
     }
     double t0 = zc_now();
     EngineCommitReport rep;
-    int rc = engine_group_commit_device_weights(z->g, q->version, update_mode(z, q), &rep, err, sizeof err);
+    int rc = adapter ? engine_group_commit_adapter(z->g, q->version, z->adapter_cfg, NULL, update_mode(z, q), &rep, err,
+                                                   sizeof err)
+                     : engine_group_commit_device_weights(z->g, q->version, update_mode(z, q), &rep, err, sizeof err);
     double t1 = zc_now();
     if (rc) {
         zc_send_error(z->router, rid, rl, q->id, zc_engine_code(rc), "weights_end: commit failed: %s", err);
@@ -115,13 +123,49 @@ static float *adapter_staging_of(void *user, int unit) {
     return unit >= 0 && unit < z->adapter_layers ? z->adapter_units[unit] : NULL;
 }
 
+// Keeps the adapters' config of the update being opened. Returns 0, or -1 after answering out_of_memory.
+static int keep_adapter_cfg(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q, const LoraConfig *lc) {
+    if (!z->adapter_cfg && !(z->adapter_cfg = malloc(sizeof *z->adapter_cfg))) {
+        zc_send_error(z->router, rid, rl, q->id, "out_of_memory", "weights_begin: out of host memory");
+        return -1;
+    }
+    *z->adapter_cfg = *lc;
+    return 0;
+}
+
+// An adapter update over NCCL: the layers' adapter units go straight into engine 0's device staging (made here, so
+// that a missing GPU memory is answered now), received by the NCCL thread; weights_end commits them from there.
+static void begin_adapter_nccl(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q, const LoraConfig *lc) {
+    char err[768];
+    weight_recv_reset(&z->wr);   // whatever update was open is abandoned, as by any weights_begin
+    weight_recv_reset(&z->wa);
+    z->adapter_open = 0;
+    const Model *m = engine_group_model(z->g);
+    const size_t numel = model_lora_unit_numel(&m->cfg, lc);
+    for (int k = 0; k < engine_group_size(z->g); k++)
+        for (int layer = 0; layer < m->cfg.num_layers; layer++)
+            if (!engine_adapter_device_staging(engine_group_engine(z->g, k), numel, layer)) {
+                zc_send_error(z->router, rid, rl, q->id, "out_of_memory", "weights_begin: no GPU memory on %s for the "
+                              "adapter units of layer %d (%zu MB in all); lower --kv-cache-memory",
+                              engine_group_device_name(z->g, k), layer,
+                              (size_t)m->cfg.num_layers * numel * 2 / 1000000);
+                return;
+            }
+    if (keep_adapter_cfg(z, rid, rl, q, lc) != 0) return;
+    if (weight_nccl_begin(z->wn, q, numel, err, sizeof err) != 0) {
+        zc_send_error(z->router, rid, rl, q->id, "internal", "weights_begin: %s", err);
+        return;
+    }
+    reply_begin(z, rid, rl, q);
+}
+
 // Opens an adapter update: the adapters' config from the message, a receiver over one unit per decoder layer and
 // their host staging (kept from the previous adapter update when the size is the same).
 static void begin_adapter(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q) {
     char err[768];
-    if (q->transport == ZMSG_TRANSPORT_NCCL) {
-        zc_send_error(z->router, rid, rl, q->id, "unsupported", "weights_begin: an adapter update goes over transport "
-                      "\"zmq\" (adapters are small); transport \"nccl\" carries whole weights only");
+    if (q->transport == ZMSG_TRANSPORT_NCCL && !weight_nccl_supported(z->wn, err, sizeof err)) {
+        zc_send_error(z->router, rid, rl, q->id, "unsupported", "weights_begin: transport \"nccl\": %s; use transport "
+                      "\"zmq\"", err);
         return;
     }
     if (refuse_layout(z, rid, rl, q, "adapters for base layout")) return;
@@ -129,6 +173,10 @@ static void begin_adapter(ZmqControl *z, const void *rid, size_t rl, const ZmsgM
     if (lora_parse_targets(q->adapter_targets, &lc.targets, err, sizeof err) != 0 ||
         lora_config_check(&lc, err, sizeof err) != 0) {
         zc_send_error(z->router, rid, rl, q->id, "bad_message", "weights_begin: adapter: %s", err);
+        return;
+    }
+    if (q->transport == ZMSG_TRANSPORT_NCCL) {
+        begin_adapter_nccl(z, rid, rl, q, &lc);
         return;
     }
     // Whatever update was open is abandoned, as by any weights_begin.
@@ -154,21 +202,14 @@ static void begin_adapter(ZmqControl *z, const void *rid, size_t rl, const ZmsgM
             return;
         }
     }
-    if (!z->adapter_cfg && !(z->adapter_cfg = malloc(sizeof *z->adapter_cfg))) {
-        zc_send_error(z->router, rid, rl, q->id, "out_of_memory", "weights_begin: out of memory");
-        return;
-    }
-    *z->adapter_cfg = lc;
+    if (keep_adapter_cfg(z, rid, rl, q, &lc) != 0) return;
     int64_t abandoned;
     if (weight_recv_begin(&z->wa, q->version, q->layout_hash, rid, rl, &abandoned, err, sizeof err) != 0) {
         zc_send_error(z->router, rid, rl, q->id, "layout_mismatch", "%s", err);
         return;
     }
     z->adapter_open = 1;
-    ZmsgMsg m2;
-    zmsg_init(&m2, ZMSG_WEIGHTS_BEGIN, ZMSG_DIR_REPLY, q->id);
-    m2.version = q->version;
-    zc_send_msg(z->router, rid, rl, &m2);
+    reply_begin(z, rid, rl, q);
 }
 
 static void end_adapter(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q) {
@@ -225,10 +266,7 @@ void zc_weights(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q) {
         if (abandoned >= 0)
             fprintf(stderr, "zmq_control: weight update to version %lld abandoned by a new weights_begin\n",
                     (long long)abandoned);
-        ZmsgMsg m;
-        zmsg_init(&m, ZMSG_WEIGHTS_BEGIN, ZMSG_DIR_REPLY, q->id);
-        m.version = q->version;
-        zc_send_msg(z->router, rid, rl, &m);
+        reply_begin(z, rid, rl, q);
     } else if (q->type == ZMSG_WEIGHTS_SLICE) {
         if (weight_recv_slice(&z->wr, rid, rl, q->has_version, q->version, q->unit, q->offset, q->count, q->dtype, q->slice_data, staging_of,
                               z->g, err, sizeof err))

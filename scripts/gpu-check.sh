@@ -11,7 +11,13 @@
 #   structured tests/e2e/test_structured_outputs.py --gpu (regex / json-schema outputs on cuda:0)
 #   tp       tests/e2e/test_serve_tensor_parallel.py --gpu (the 405B shape refused on one GPU naming TP 8; TP 2 vs TP 1
 #            greedy on 2 GPUs)
+#   lora     tests/e2e/test_lora_nccl_sync.py --gpu (LoRA adapter updates over NCCL into a lowrank and a merge server;
+#            one GPU is enough: every process its own NCCL_HOSTID)
+#   async  bench/bench_async_gpu.py $ASYNC_ARGS (asynchronous GRPO, issue 24: max_staleness 0 vs 1, 2 on 2 GPUs; e.g.
+#          ASYNC_ARGS="--shape 7b --staleness 0,1 --steps 10")
 #   zero3  bench/bench_zero3_gpu.py $ZERO3_ARGS (SFT on 1 and all GPUs, ZeRO-3 overlap on vs TANDEM_ZERO3_OVERLAP=0)
+#   nodes  bench/bench_nodes.py --stand-in gpu $NODES_ARGS (ZeRO-3 flat vs HSDP on 2 nodes x 1 GPU over NCCL's
+#          network transport, flat on 1 node x 2 GPUs; cross-node bytes, memory; needs 2 GPUs)
 #   kernels  the kernel benchmarks that were carried: bench/bench_gemm_gpu.py (GEMMs of a training step vs torch),
 #          BUILD/bench/bench_elementwise (RMSNorm(+residual)/SwiGLU GB/s), BUILD/bench/bench_attention_paged
 #   decode bench/bench_decode_gpu.py $DECODE_ARGS (the decode step alone, no HTTP: GPU time per step vs roofline)
@@ -104,12 +110,23 @@ fi
 if want tp; then
   TANDEM_BUILD_DIR=$B run_py serve_tp python3 tests/e2e/test_serve_tensor_parallel.py --gpu
 fi
+if want lora; then
+  TANDEM_BUILD_DIR=$B run_py lora_nccl python3 tests/e2e/test_lora_nccl_sync.py --gpu
+fi
 if want structured; then
   TANDEM_BUILD_DIR=$B run_py serve_structured python3 tests/e2e/test_structured_outputs.py --gpu
+fi
+if want async; then
+  # shellcheck disable=SC2086
+  TAIL=45 run_py bench_async_gpu python3 bench/bench_async_gpu.py --build "$B" ${ASYNC_ARGS:-}
 fi
 if want zero3; then
   # shellcheck disable=SC2086
   run_py bench_zero3_gpu python3 bench/bench_zero3_gpu.py --build "$B" ${ZERO3_ARGS:-}
+fi
+if want nodes; then
+  # shellcheck disable=SC2086
+  TAIL=60 run_py bench_nodes python3 bench/bench_nodes.py --stand-in gpu --build "$B" ${NODES_ARGS:-}
 fi
 if want kernels; then
   [ -f bench/bench_gemm_gpu.py ] && TAIL=40 run_py bench_gemm_gpu python3 bench/bench_gemm_gpu.py --build "$B"

@@ -331,47 +331,31 @@ int model_lora_merge_unit(const ModelLora *l, const Model *m, OpsCtx *cpu, const
 }
 
 size_t model_lora_merge_scratch_bytes(const ModelLora *l, OpsCtx *o) {
-    size_t most = 0, most_at = 0, most_b = 0;
-    for (int i = 0; i < LORA_N_MODULES; i++) {
-        most = max_i(most, (size_t)l->in[i] * l->out[i]);
-        most_at = max_i(most_at, (size_t)l->in[i] * l->cfg.r);
-        most_b = max_i(most_b, (size_t)l->out[i] * l->cfg.r);
-    }
-    return (most + most_at + most_b) * ops_dtype_size(o);
+    size_t most = 0;
+    for (int i = 0; i < LORA_N_MODULES; i++) most = max_i(most, (size_t)l->out[i] * l->cfg.r);
+    return most * ops_dtype_size(o);
 }
 
-int model_lora_merge_layer(const ModelLora *l, const Model *m, OpsCtx *o, const float *adapter, const void *base,
+int model_lora_merge_layer(const ModelLora *l, const Model *m, OpsCtx *o, const void *adapter, const void *base,
                            void *dst, void *scratch, char *err, size_t err_len) {
+    (void)err;
+    (void)err_len;
     const size_t es = ops_dtype_size(o);
     const LayerOffsets *lo = &m->layout.layer;
     const size_t IC = (size_t)m->cfg.intermediate_size * m->cfg.hidden_size;
     const size_t w_off[LORA_N_MODULES] = {lo->wq, lo->wk, lo->wv, lo->wo, lo->wgu, lo->wgu + IC, lo->wdown};
-    const int r = l->cfg.r;
-    size_t most = 0, most_at = 0;
-    for (int i = 0; i < LORA_N_MODULES; i++) {
-        most = max_i(most, (size_t)l->in[i] * l->out[i]);
-        most_at = max_i(most_at, (size_t)l->in[i] * r);
-    }
-    void *delta = scratch, *at_dev = (char *)scratch + most * es, *b_dev = (char *)at_dev + most_at * es;
-    float *at = malloc(most_at * sizeof(float));
-    if (!at) {
-        snprintf(err, err_len, "out of host memory merging the adapters");
-        return -1;
-    }
+    const char *unit = adapter;
     if (dst != base) ops_copy(o, dst, base, m->layout.unit_numel[layout_layer_unit(0)] * es);
     for (int i = 0; i < LORA_N_MODULES; i++) {
         if (l->a_off[i] == SIZE_MAX) continue;
-        const int in = l->in[i], out = l->out[i];
-        // (s A)^T (in, r), so that the GEMM's (out, in) = B @ ((s A)^T)^T = s B A.
-        const float *a = adapter + l->a_off[i];
-        for (int k = 0; k < r; k++)
-            for (int c = 0; c < in; c++) at[(size_t)c * r + k] = l->scale * a[(size_t)k * in + c];
-        ops_upload_f32(o, at_dev, at, (size_t)in * r);
-        ops_upload_f32(o, b_dev, adapter + l->b_off[i], (size_t)out * r);
-        ops_matmul_fwd(o, delta, b_dev, at_dev, NULL, out, r, in);
-        ops_add_inplace(o, (char *)dst + w_off[i] * es, delta, (size_t)out * in);
+        const int in = l->in[i], out = l->out[i], r = l->cfg.r;
+        // W (out, in) += (s B) A: the input-gradient GEMM of a Linear with weight A (r, in) fed s B (out, r) as its
+        // output gradient, accumulating into W: no transposed copy, no (out, in) temporary, one rounding.
+        ops_copy(o, scratch, unit + l->b_off[i] * es, (size_t)out * r * es);
+        ops_scale_inplace(o, scratch, l->scale, (size_t)out * r);
+        ops_matmul_bwd(o, (char *)dst + w_off[i] * es, NULL, NULL, scratch, NULL, unit + l->a_off[i] * es, out, in, r,
+                       1);
     }
-    free(at);
     return 0;
 }
 
@@ -513,7 +497,8 @@ void model_lora_rows_free(ModelLoraRows *lr) {
     memset(lr, 0, sizeof *lr);
 }
 
-int model_lora_serve_from(ModelLora *l, float *const *host, char *err, size_t err_len) {
+// The serving copy's layout (ModelLora.serve_*) and its per-layer buffers. Returns 0 or -1 (out of memory).
+static int serve_alloc(ModelLora *l) {
     const int r = l->cfg.r;
     size_t off = 0;
     for (int g = 0; g < 4; g++) {
@@ -528,38 +513,75 @@ int model_lora_serve_from(ModelLora *l, float *const *host, char *err, size_t er
         l->serve_b[g] = off;
         off = align_up(off + (size_t)grp.width * mr);
     }
+    if (l->serve && l->serve_numel != off) return -1;   // a layout is fixed by the config: never changes
     l->serve_numel = off;
-    float *unit = calloc(off, sizeof(float));
-    if (!l->serve) l->serve = calloc((size_t)l->n_layers, sizeof(void *));
-    int ok = unit && l->serve;
-    for (int layer = 0; ok && layer < l->n_layers; layer++)
-        ok = l->serve[layer] || (l->serve[layer] = ops_malloc(l->ops, off * ops_dtype_size(l->ops))) != NULL;
-    for (int layer = 0; ok && layer < l->n_layers; layer++) {
-        memset(unit, 0, off * sizeof(float));
-        for (int g = 0; g < 4; g++) {
-            const Group grp = group_of(l, g);
-            const size_t mr = (size_t)l->serve_m[g] * r;
-            int j = 0;
-            for (int k = 0; k < grp.count; k++) {
-                const int i = grp.first + k;
-                if (l->a_off[i] == SIZE_MAX) continue;
-                const float *a = host[layer] + l->a_off[i], *b = host[layer] + l->b_off[i];
-                memcpy(unit + l->serve_a[g] + (size_t)j * r * l->in[i], a, (size_t)r * l->in[i] * sizeof(float));
-                float *bg = unit + l->serve_b[g];
-                for (int o = 0; o < l->out[i]; o++)
-                    for (int c = 0; c < r; c++)
-                        bg[(size_t)(grp.col[k] + o) * mr + (size_t)j * r + c] = l->scale * b[(size_t)o * r + c];
-                j++;
-            }
-        }
-        ops_upload_f32(l->ops, l->serve[layer], unit, off);
-    }
-    free(unit);
-    if (!ok || ops_status(l->ops)) {
-        snprintf(err, err_len, "out of memory for the adapter's serving copy: %s", ops_error(l->ops));
-        return -1;
-    }
+    if (!l->serve && !(l->serve = calloc((size_t)l->n_layers, sizeof(void *)))) return -1;
+    for (int layer = 0; layer < l->n_layers; layer++)
+        if (!l->serve[layer] && !(l->serve[layer] = ops_malloc(l->ops, off * ops_dtype_size(l->ops)))) return -1;
     return 0;
+}
+
+// Layer `layer`'s serving copy from its adapter unit (storage dtype, l->ops memory), as copy items appended to
+// items (2 per targeted module): each A copied into its group's stack, each B scaled by s into its rows and columns
+// of the group's block. Returns how many it appended.
+static int serve_layer_items(const ModelLora *l, int layer, const void *unit, OpsCopy2D *items) {
+    const size_t es = ops_dtype_size(l->ops);
+    const int r = l->cfg.r;
+    char *dst = l->serve[layer];   // zero-filled when made; what is written here is the same places every time
+    const char *src = unit;
+    int n = 0;
+    for (int g = 0; g < 4; g++) {
+        if (!l->serve_m[g]) continue;
+        const Group grp = group_of(l, g);
+        const size_t mr = (size_t)l->serve_m[g] * r;
+        int j = 0;
+        for (int k = 0; k < grp.count; k++) {
+            const int i = grp.first + k;
+            if (l->a_off[i] == SIZE_MAX) continue;
+            const size_t in = (size_t)l->in[i];
+            items[n++] = (OpsCopy2D){.dst = dst + (l->serve_a[g] + (size_t)j * r * in) * es, .src = src + l->a_off[i] * es,
+                                     .dst_pitch = in, .src_pitch = in, .rows = (size_t)r, .cols = in, .scale = 1.0f};
+            items[n++] = (OpsCopy2D){.dst = dst + (l->serve_b[g] + (size_t)grp.col[k] * mr + (size_t)j * r) * es,
+                                     .src = src + l->b_off[i] * es, .dst_pitch = mr, .src_pitch = (size_t)r,
+                                     .rows = (size_t)l->out[i], .cols = (size_t)r, .scale = l->scale};
+            j++;
+        }
+    }
+    return n;
+}
+
+static int serve_failed(ModelLora *l, char *err, size_t err_len) {
+    snprintf(err, err_len, "out of memory for the adapter's serving copy%s%s", ops_status(l->ops) ? ": " : "",
+             ops_status(l->ops) ? ops_error(l->ops) : "");
+    return -1;
+}
+
+int model_lora_serve_from_units(ModelLora *l, const void *const *units, char *err, size_t err_len) {
+    OpsCopy2D *items = malloc((size_t)l->n_layers * 2 * LORA_N_MODULES * sizeof *items);
+    if (!items || serve_alloc(l) != 0) {
+        free(items);
+        return serve_failed(l, err, err_len);
+    }
+    int n = 0;
+    for (int layer = 0; layer < l->n_layers; layer++) n += serve_layer_items(l, layer, units[layer], items + n);
+    ops_copy_2d_batch(l->ops, items, n);
+    free(items);
+    return ops_status(l->ops) ? serve_failed(l, err, err_len) : 0;
+}
+
+int model_lora_serve_from(ModelLora *l, float *const *host, char *err, size_t err_len) {
+    if (serve_alloc(l) != 0) return serve_failed(l, err, err_len);
+    // Each layer's host unit rounded to the storage dtype on the way in, as the trainer's adapter units are.
+    void *unit = ops_malloc(l->ops, l->unit_numel * ops_dtype_size(l->ops));
+    if (!unit) return serve_failed(l, err, err_len);
+    OpsCopy2D items[2 * LORA_N_MODULES];
+    for (int layer = 0; layer < l->n_layers; layer++) {
+        ops_upload_f32(l->ops, unit, host[layer], l->unit_numel);
+        ops_copy_2d_batch(l->ops, items, serve_layer_items(l, layer, unit, items));
+    }
+    ops_synchronize(l->ops);
+    ops_free(l->ops, unit);
+    return ops_status(l->ops) ? serve_failed(l, err, err_len) : 0;
 }
 
 void lora_rows_forward(Model *m, int group, const void *x, void *y, int N) {

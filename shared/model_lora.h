@@ -95,8 +95,11 @@ uint64_t lora_dropout_seed(uint64_t seed, int64_t step, int micro, int rank);
 // input, z = splitmix64 finaliser of seed + (layer * LORA_N_MODULES + module + 1) * 0xD1B54A32D192ED03.
 uint64_t lora_module_dropout_seed(uint64_t seed, int layer, int module);
 
-// Makes the server's copy (ModelLora.serve) from the host fp32 adapter units (host[l], unit_numel each).
-// Returns 0 or -1 with a message (out of memory).
+// Makes the server's copy (ModelLora.serve) from adapter units: units[l] in l->ops' memory and storage dtype (what
+// the trainer computes with and sends over NCCL), queued on l->ops; or host fp32 units (host[l], unit_numel each),
+// rounded to the storage dtype first, and waited for. Both only copy and scale by s, so a host unit and its
+// rounding give the same copy when s is a power of two. Returns 0 or -1 with a message (out of memory).
+int model_lora_serve_from_units(ModelLora *l, const void *const *units, char *err, size_t err_len);
 int model_lora_serve_from(ModelLora *l, float *const *host, char *err, size_t err_len);
 // Elements of one adapter unit of config c on a model of config cfg (what model_lora_create's unit_numel will be).
 size_t model_lora_unit_numel(const ModelConfig *cfg, const LoraConfig *c);
@@ -120,12 +123,12 @@ int model_lora_merge_unit(const ModelLora *l, const Model *m, OpsCtx *cpu, const
                           char *err, size_t err_len);
 
 // PEFT's merge for one decoder layer on the backend of o (the model's, or a CPU context): dst (the layer's unit,
-// storage dtype, o's memory) = base + s B A for every targeted module, A and B from the host fp32 adapter unit
-// `adapter` (unit_numel elements); dst may be base (merged in place). Each s B A is one GEMM, rounded to the storage
-// dtype before it is added. scratch: model_lora_merge_scratch_bytes(l, o) of o's memory. Queues the work on o and
-// returns without waiting for it; 0, or -1 with a message (out of host memory).
+// storage dtype, o's memory) = base + s B A for every targeted module, A and B from the adapter unit `adapter`
+// (unit_numel elements, storage dtype, o's memory); dst may be base (merged in place). Each module is one GEMM that
+// adds (s B) A into its weight, rounded once (s B rounded first: exact for a power-of-two s). scratch:
+// model_lora_merge_scratch_bytes(l, o) of o's memory. Queues the work on o and returns without waiting for it; 0.
 size_t model_lora_merge_scratch_bytes(const ModelLora *l, OpsCtx *o);
-int model_lora_merge_layer(const ModelLora *l, const Model *m, OpsCtx *o, const float *adapter, const void *base,
+int model_lora_merge_layer(const ModelLora *l, const Model *m, OpsCtx *o, const void *adapter, const void *base,
                            void *dst, void *scratch, char *err, size_t err_len);
 
 // ---- adapters in inference steps (tandem-serve: --lora, adapter-only weight updates) --------------------------

@@ -377,20 +377,12 @@ int lora_train_refresh_merged(LoraTrain *lt, char *err, size_t err_len) {
             return -1;
         }
     }
-    float *host = malloc(l->unit_numel * sizeof(float));
-    if (!host) {
-        snprintf(err, err_len, "out of host memory merging the adapters");
-        return -1;
-    }
-    int rc = 0;
-    for (int layer = 0; layer < l->n_layers && rc == 0; layer++) {
-        rc = lora_train_gather(lt, layer, 0, host, err, err_len);
-        if (rc == 0) rc = model_lora_merge_layer(l, m, o, host, lt->base.params[layout_layer_unit(layer)], lt->merged[layer],
-                                    lt->scratch, err, err_len);
-    }
+    // From the adapter units every rank holds (the rounding of the masters, what the forward computes with): no
+    // collective, every rank merges its own copy.
+    for (int layer = 0; layer < l->n_layers; layer++)
+        model_lora_merge_layer(l, m, o, l->params[layer], lt->base.params[layout_layer_unit(layer)], lt->merged[layer],
+                               lt->scratch, err, err_len);
     ops_synchronize(o);
-    free(host);
-    if (rc != 0) return -1;
     return ops_status(o) ? fail_ops(lt, "merging the adapters for the rollout servers", err, err_len) : 0;
 }
 

@@ -66,11 +66,12 @@ int lora_train_save(LoraTrain *lt, const char *dir, const char *base_model, char
 // in fp32 on the host, written as a Hugging Face folder into dir (config.json, model.safetensors; bf16 when the
 // base is held in bf16, else fp32). The whole model passes through host memory (4 bytes a parameter).
 int lora_train_save_merged(LoraTrain *lt, const char *dir, char *err, size_t err_len);
-// Lora_sync merged: the weights the rollout servers get (every rank calls it; collective): the base with s B A added to every adapted weight, in the storage
-// dtype, for the weight sync to send slices of. refresh recomputes the decoder-layer units from the current adapters
-// (a working copy of those units, made on first use: the base's layer units once more in memory; on the device, one
-// GEMM per adapted module, s B A rounded to the storage dtype before it is added); merged_unit is unit u of it
-// (the base's own buffer for the embedding and final units, which adapters do not touch).
+// Lora_sync merged: the weights the rollout servers get (every rank calls it; no collective): the base with s B A
+// added to every adapted weight, in the storage dtype, for the weight sync to send slices of. refresh recomputes the
+// decoder-layer units from the current adapter units (a working copy of those units, made on first use: the base's
+// layer units once more in memory; one GEMM per adapted module adding (s B) A into the weight, rounded once:
+// model_lora_merge_layer); merged_unit is unit u of it (the base's own buffer for the embedding and final units, which
+// adapters do not touch).
 int lora_train_refresh_merged(LoraTrain *lt, char *err, size_t err_len);
 // The adapters (config, layout): what an adapter-only weight push describes (its values: lora_train_gather).
 const ModelLora *lora_train_adapters(const LoraTrain *lt);

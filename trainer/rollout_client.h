@@ -117,9 +117,9 @@ int rollout_weights_end_wait(RolloutClient *c, int64_t version, const int64_t *r
 
 // Weight push, transport nccl (rank 0 only). rollout_alive_servers lists the answering servers (indices, in
 // endpoint order, at most ROLLOUT_MAX_SERVERS) — the members of the weight-sync communicator after the
-// trainer ranks. rollout_weights_begin_nccl opens update `version` on those n servers, telling server
-// servers[j] to join communicator `id` (the same id as before: reuse it) as member trainer_ranks + j of
-// trainer_ranks + n. A server that cannot take nccl (a CPU server) makes it return ROLLOUT_EUNSUPPORTED (the
+// trainer ranks. rollout_weights_begin_nccl opens update `version` on those n servers (whole weights, or the LoRA
+// adapters alone when adapter is not NULL), telling server servers[j] to join communicator `id` (the same id as
+// before: reuse it) as member trainer_ranks + j of trainer_ranks + n. A server that cannot take nccl (a CPU server) makes it return ROLLOUT_EUNSUPPORTED (the
 // caller then uses transport zmq); a silent one ROLLOUT_ESERVERS_LOST (it is set aside). Then every rank sends
 // over the communicator, and rank 0 ends with rollout_weights_end as for zmq.
 #define ROLLOUT_MAX_SERVERS 64
@@ -129,14 +129,15 @@ int rollout_alive_servers(const RolloutClient *c, int *servers);
 // endpoint. Thread-safe: the NCCL watchdog of the weight-sync communicator asks while a push is on the GPU.
 int64_t rollout_server_gone_ms(RolloutClient *c, int server);
 const char *rollout_server_endpoint(const RolloutClient *c, int server);
-int rollout_weights_begin_nccl(RolloutClient *c, int64_t version, const uint8_t id[ZMSG_NCCL_ID_BYTES],
-                               int trainer_ranks, const int *servers, int n, char *err, size_t err_len);
+int rollout_weights_begin_nccl(RolloutClient *c, int64_t version, const LoraConfig *adapter,
+                               const uint8_t id[ZMSG_NCCL_ID_BYTES], int trainer_ranks, const int *servers, int n,
+                               char *err, size_t err_len);
 // The same in two halves, so that the sending can be queued while the answers travel (a communicator that the
 // servers have already joined): _send sends the n requests (req_ids (n) receives their ids), _wait collects the
 // answers with rollout_weights_begin_nccl's results.
-int rollout_weights_begin_nccl_send(RolloutClient *c, int64_t version, const uint8_t id[ZMSG_NCCL_ID_BYTES],
-                                    int trainer_ranks, const int *servers, int n, int64_t *req_ids, char *err,
-                                    size_t err_len);
+int rollout_weights_begin_nccl_send(RolloutClient *c, int64_t version, const LoraConfig *adapter,
+                                    const uint8_t id[ZMSG_NCCL_ID_BYTES], int trainer_ranks, const int *servers, int n,
+                                    int64_t *req_ids, char *err, size_t err_len);
 int rollout_weights_begin_nccl_wait(RolloutClient *c, const int *servers, int n, const int64_t *req_ids, char *err,
                                     size_t err_len);
 

@@ -51,6 +51,16 @@ void rollout_weights_set_members(RolloutClient *c, const int *servers, int n) {
     for (int j = 0; j < n; j++) c->servers[servers[j]].in_push = 1;
 }
 
+// A weights_begin's "adapter" (the update carries LoRA adapters alone), or nothing for whole weights (adapter NULL).
+static void describe_adapter(ZmsgMsg *m, const LoraConfig *adapter) {
+    if (!adapter) return;
+    m->has_adapter = 1;
+    m->adapter_r = adapter->r;
+    m->adapter_alpha = adapter->alpha;
+    m->adapter_rslora = adapter->use_rslora;
+    lora_targets_text(adapter->targets, m->adapter_targets, sizeof m->adapter_targets);
+}
+
 // weights_begin (zmq) to every answering server, for whole weights (adapter NULL) or LoRA adapters.
 static int begin_zmq(RolloutClient *c, int64_t version, const LoraConfig *adapter, int *members, int *n_members,
                      char *err, size_t err_len) {
@@ -64,13 +74,7 @@ static int begin_zmq(RolloutClient *c, int64_t version, const LoraConfig *adapte
         m.version = version;
         m.transport = ZMSG_TRANSPORT_ZMQ;
         m.layout_hash = c->layout_hash;
-        if (adapter) {
-            m.has_adapter = 1;
-            m.adapter_r = adapter->r;
-            m.adapter_alpha = adapter->alpha;
-            m.adapter_rslora = adapter->use_rslora;
-            lora_targets_text(adapter->targets, m.adapter_targets, sizeof m.adapter_targets);
-        }
+        describe_adapter(&m, adapter);
         int r = push_call(c, s, &m, "weights_begin", &rep, err, err_len);
         if (r < 0) return -1;
         if (r == 0) continue;
@@ -103,8 +107,9 @@ int rollout_alive_servers(const RolloutClient *c, int *servers) {
 
 // weights_begin (nccl) to server servers[j], not waiting for the answer; *id receives the request's id (-1: the
 // server went away and was set aside).
-static int begin_nccl_send(RolloutClient *c, Server *s, int64_t version, const uint8_t id[ZMSG_NCCL_ID_BYTES],
-                           int trainer_ranks, int j, int n, int64_t *req_id, char *err, size_t err_len) {
+static int begin_nccl_send(RolloutClient *c, Server *s, int64_t version, const LoraConfig *adapter,
+                           const uint8_t id[ZMSG_NCCL_ID_BYTES], int trainer_ranks, int j, int n, int64_t *req_id,
+                           char *err, size_t err_len) {
     ZmsgMsg m;
     zmsg_init(&m, ZMSG_WEIGHTS_BEGIN, ZMSG_DIR_REQUEST, c->next_id++);
     m.version = version;
@@ -114,6 +119,7 @@ static int begin_nccl_send(RolloutClient *c, Server *s, int64_t version, const u
     m.trainer_ranks = trainer_ranks;
     m.nccl_world = trainer_ranks + n;
     m.nccl_rank = trainer_ranks + j;
+    describe_adapter(&m, adapter);
     *req_id = m.id;
     int gone, r = rollout_send_msg(c, s, &m, c->push_since_ms, c->timeout_ms, &gone, err, err_len);
     if (r > 0) {
@@ -140,25 +146,26 @@ static int begin_nccl_wait(RolloutClient *c, Server *s, int64_t req_id, char *er
     return 0;
 }
 
-int rollout_weights_begin_nccl(RolloutClient *c, int64_t version, const uint8_t id[ZMSG_NCCL_ID_BYTES],
-                               int trainer_ranks, const int *servers, int n, char *err, size_t err_len) {
+int rollout_weights_begin_nccl(RolloutClient *c, int64_t version, const LoraConfig *adapter,
+                               const uint8_t id[ZMSG_NCCL_ID_BYTES], int trainer_ranks, const int *servers, int n,
+                               char *err, size_t err_len) {
     rollout_weights_set_members(c, servers, n);
     for (int j = 0; j < n; j++) {
         Server *s = &c->servers[servers[j]];
         int64_t req_id;
-        if (begin_nccl_send(c, s, version, id, trainer_ranks, j, n, &req_id, err, err_len) != 0) return -1;
+        if (begin_nccl_send(c, s, version, adapter, id, trainer_ranks, j, n, &req_id, err, err_len) != 0) return -1;
         int rc = begin_nccl_wait(c, s, req_id, err, err_len);
         if (rc != 0) return rc;
     }
     return 0;
 }
 
-int rollout_weights_begin_nccl_send(RolloutClient *c, int64_t version, const uint8_t id[ZMSG_NCCL_ID_BYTES],
-                                    int trainer_ranks, const int *servers, int n, int64_t *req_ids, char *err,
-                                    size_t err_len) {
+int rollout_weights_begin_nccl_send(RolloutClient *c, int64_t version, const LoraConfig *adapter,
+                                    const uint8_t id[ZMSG_NCCL_ID_BYTES], int trainer_ranks, const int *servers, int n,
+                                    int64_t *req_ids, char *err, size_t err_len) {
     rollout_weights_set_members(c, servers, n);
     for (int j = 0; j < n; j++)
-        if (begin_nccl_send(c, &c->servers[servers[j]], version, id, trainer_ranks, j, n, &req_ids[j], err,
+        if (begin_nccl_send(c, &c->servers[servers[j]], version, adapter, id, trainer_ranks, j, n, &req_ids[j], err,
                             err_len) != 0)
             return -1;
     return 0;

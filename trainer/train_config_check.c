@@ -267,9 +267,6 @@ static int check_lora(const TrainConfig *c, Problems *p) {
     if (!c->use_peft && c->lora_save_merged) FAIL("lora_save_merged: needs use_peft (there are no adapters to merge)");
     if (!c->use_peft && c->lora_sync != LORA_SYNC_ADAPTER) FAIL("lora_sync: needs use_peft (there are no adapters)");
     if (!c->use_peft) return 0;
-    if (c->lora_sync == LORA_SYNC_ADAPTER && c->weight_sync_transport == WEIGHT_SYNC_NCCL)
-        FAIL("weight_sync_transport nccl: with lora_sync adapter the adapters go over ZeroMQ (they are small); set "
-             "lora_sync merged to send the merged weights over NCCL, or weight_sync_transport auto");
     LoraConfig lc;
     char msg[384];
     if (train_config_lora(c, &lc, msg, sizeof msg) != 0) FAIL("%s", msg);

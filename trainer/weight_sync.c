@@ -56,8 +56,8 @@ static size_t owned_count(const Trainer *t, int u, size_t *off) {
 // Rank 0: decides the members and opens the update on the servers. With a communicator they have joined before,
 // the weights_begin answers are not awaited here (*pending = 1, their ids in req_ids): the sends are queued while
 // the answers travel, and rank 0 checks them before waiting for the sends (push_nccl).
-static void plan_nccl(Trainer *t, int64_t version, NcclPlan *plan, int64_t *req_ids, int *pending, char *err,
-                      size_t err_len) {
+static void plan_nccl(Trainer *t, int64_t version, const LoraConfig *adapter, NcclPlan *plan, int64_t *req_ids,
+                      int *pending, char *err, size_t err_len) {
     WeightSync *ws = &t->sync;
     int servers[ROLLOUT_MAX_SERVERS];
     int n = rollout_alive_servers(t->rollout, servers);
@@ -83,7 +83,7 @@ static void plan_nccl(Trainer *t, int64_t version, NcclPlan *plan, int64_t *req_
         memcpy(plan->id, ws->id, sizeof plan->id);
     }
     if (!plan->fresh) {
-        if (rollout_weights_begin_nccl_send(t->rollout, version, plan->id, t->world, servers, n, req_ids, err,
+        if (rollout_weights_begin_nccl_send(t->rollout, version, adapter, plan->id, t->world, servers, n, req_ids, err,
                                             err_len) != 0) {
             plan->status = -1;
             return;
@@ -91,7 +91,7 @@ static void plan_nccl(Trainer *t, int64_t version, NcclPlan *plan, int64_t *req_
         *pending = 1;
         return;
     }
-    int rc = rollout_weights_begin_nccl(t->rollout, version, plan->id, t->world, servers, n, err, err_len);
+    int rc = rollout_weights_begin_nccl(t->rollout, version, adapter, plan->id, t->world, servers, n, err, err_len);
     if (rc == ROLLOUT_EUNSUPPORTED && t->cfg->weight_sync_transport == WEIGHT_SYNC_AUTO) {
         fprintf(stderr, "tandem-train: %s\n", err);
         plan->status = 1;
@@ -104,9 +104,26 @@ static void plan_nccl(Trainer *t, int64_t version, NcclPlan *plan, int64_t *req_
     memcpy(ws->servers, servers, (size_t)n * sizeof *servers);
 }
 
-// Every rank: joins the communicator if it is new, then queues the sends of its slice of every unit to every
-// server (wait_sends waits for them).
-static int send_nccl(Trainer *t, const NcclPlan *plan, char *err, size_t err_len) {
+// An adapter update: the adapter unit of every layer this rank holds the master of (l % world == rank: the same
+// values on every rank, spread so that the ranks' links share the bytes), bf16 as the forward uses it, to every
+// server, in one group (rollout_server/weight_nccl.h receives them so).
+static int send_adapters(Trainer *t, Comm *c, int S) {
+    const ModelLora *l = lora_train_adapters(t->lora);
+    if (comm_group_start(c) != 0) return -1;
+    for (int layer = t->rank; layer < l->n_layers; layer += t->world)
+        for (int j = 0; j < S; j++) {
+            if (comm_send(c, l->params[layer], l->unit_numel, COMM_BF16, t->world + j) != 0) {
+                comm_group_end(c);
+                return -1;
+            }
+            t->sync.bytes += (double)l->unit_numel * 2;
+        }
+    return comm_group_end(c);
+}
+
+// Every rank: joins the communicator if it is new, then queues the sends of its slice of every unit (or, adapter
+// updates, its layers' adapter units) to every server (wait_sends waits for them).
+static int send_nccl(Trainer *t, const NcclPlan *plan, int adapter, char *err, size_t err_len) {
     WeightSync *ws = &t->sync;
     const int W = t->world, S = plan->n_servers;
     if (plan->fresh) {
@@ -129,7 +146,8 @@ static int send_nccl(Trainer *t, const NcclPlan *plan, char *err, size_t err_len
     ws->bytes = 0;
     comm_wait_compute(c);   // the optimizer step that wrote the slices was queued on the compute stream
     ws->send_start = trainer_now();
-    for (int u0 = 0; u0 < L->n_units;) {
+    if (adapter && send_adapters(t, c, S) != 0) goto fail;
+    for (int u0 = 0; u0 < L->n_units && !adapter;) {
         // One NCCL group per bucket: many sends progress together, none waits for its own round trip.
         size_t bucket = 0;
         int u1 = u0;
@@ -235,13 +253,14 @@ static int agree(Trainer *t, int rc, char *err, size_t err_len) {
     return 0;
 }
 
-// Transport nccl. Returns 0 (done), 1 (use zmq instead: a server cannot take nccl) or -1.
-static int push_nccl(Trainer *t, int64_t version, char *err, size_t err_len) {
+// Transport nccl, for whole weights or (adapter not NULL) the LoRA adapters alone. Returns 0 (done), 1 (use zmq
+// instead: a server cannot take nccl) or -1.
+static int push_nccl(Trainer *t, int64_t version, const LoraConfig *adapter, char *err, size_t err_len) {
     NcclPlan plan = {0};
     int64_t req_ids[ROLLOUT_MAX_SERVERS];
     int pending = 0;
     const double t0 = trainer_now();
-    if (t->rank == 0) plan_nccl(t, version, &plan, req_ids, &pending, err, err_len);
+    if (t->rank == 0) plan_nccl(t, version, adapter, &plan, req_ids, &pending, err, err_len);
     if (comm_broadcast(t->comm, &plan, sizeof plan, COMM_U8, 0) != 0) {
         snprintf(err, err_len, "weight sync: %s", comm_error(t->comm));
         return -1;
@@ -254,7 +273,7 @@ static int push_nccl(Trainer *t, int64_t version, char *err, size_t err_len) {
     if (plan.status == 1) return 1;
     if (plan.n_servers == 0) return 0;
     if (t->rank != 0) rollout_weights_set_members(t->rollout, plan.servers, plan.n_servers);
-    int rc = send_nccl(t, &plan, err, err_len);
+    int rc = send_nccl(t, &plan, adapter != NULL, err, err_len);
     if (pending) {
         // Queued sends cannot finish without a server's receive: a refusal (or silence) aborts the communicator,
         // which ends them; the other ranks' sends then fail by the communicator's timeout.
@@ -313,7 +332,7 @@ static int push_zmq(Trainer *t, int64_t version, char *err, size_t err_len) {
     return finish(t, version, 0, NULL, err, err_len);
 }
 
-// lora_sync adapter: the adapters alone. Every rank holds the same adapters, so rank 0 sends them all over ZeroMQ
+// lora_sync adapter over ZeroMQ: the adapters alone. Every rank holds the same adapters, so rank 0 sends them all
 // (their fp32 masters, one unit per decoder layer); the servers run them beside their base weights. The other ranks
 // learn rank 0's verdict in finish.
 static int push_adapter(Trainer *t, int64_t version, char *err, size_t err_len) {
@@ -369,18 +388,15 @@ int weight_sync_push(Trainer *t, double *seconds, char *err, size_t err_len) {
     int64_t version = t->progress.step;
     double t0 = trainer_now();
     WeightSync *ws = &t->sync;
-    if (t->lora && t->cfg->lora_sync == LORA_SYNC_ADAPTER) {
-        if (push_adapter(t, version, err, err_len) != 0) return -1;
-        t->progress.policy_version = version;
-        *seconds = trainer_now() - t0;
-        return 0;
-    }
-    // LoRA, lora_sync merged: the servers get the base with this step's adapters merged in, as whole weights.
-    if (t->lora && lora_train_refresh_merged(t->lora, err, err_len) != 0) return -1;
+    // lora_sync adapter: the adapters alone; lora_sync merged: the base with this step's adapters merged in, as
+    // whole weights.
+    const LoraConfig *adapter =
+        t->lora && t->cfg->lora_sync == LORA_SYNC_ADAPTER ? &lora_train_adapters(t->lora)->cfg : NULL;
+    if (t->lora && !adapter && lora_train_refresh_merged(t->lora, err, err_len) != 0) return -1;
     if (ws->use_nccl) {
         int rc;
         for (int attempt = 1;; attempt++) {
-            rc = push_nccl(t, version, err, err_len);
+            rc = push_nccl(t, version, adapter, err, err_len);
             if (rc >= 0 || !retry_without_lost(t, version, attempt, err)) break;
             weight_sync_close(ws);
         }
@@ -397,7 +413,8 @@ int weight_sync_push(Trainer *t, double *seconds, char *err, size_t err_len) {
             return -1;
         }
     }
-    if (!ws->use_nccl && push_zmq(t, version, err, err_len) != 0) return -1;
+    if (!ws->use_nccl && (adapter ? push_adapter(t, version, err, err_len) : push_zmq(t, version, err, err_len)) != 0)
+        return -1;
     t->progress.policy_version = version;
     *seconds = trainer_now() - t0;
     return 0;

@@ -68,6 +68,45 @@ void cuda_scale_inplace(OpsCtx *ctx, void *x, float s, size_t n) {
     CUDA_CHECK_LAUNCH(ctx);
 }
 
+// ops_copy_2d_batch: up to COPY_BATCH items per launch, passed by value (one item per grid row y); each item's
+// rows * cols elements are spread over the blocks of its row with a grid stride. Scaled elements go through fp32 and
+// one rounding, as scale_inplace_kernel does.
+#define COPY_BATCH 64
+struct CopyBatch {
+    OpsCopy2D item[COPY_BATCH];
+};
+
+__global__ void copy_2d_batch_kernel(CopyBatch b) {
+    const OpsCopy2D it = b.item[blockIdx.y];
+    const size_t n = it.rows * it.cols;
+    bf16 *dst = (bf16 *)it.dst;
+    const bf16 *src = (const bf16 *)it.src;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const size_t r = i / it.cols, c = i - r * it.cols;
+        const bf16 v = src[r * it.src_pitch + c];
+        dst[r * it.dst_pitch + c] = it.scale == 1.0f ? v : f2bf(bf2f(v) * it.scale);
+    }
+}
+
+void cuda_copy_2d_batch(OpsCtx *ctx, const OpsCopy2D *items, int n) {
+    CudaState *st = cuda_enter(ctx);
+    if (!st) return;
+    for (int k0 = 0; k0 < n; k0 += COPY_BATCH) {
+        CopyBatch b;
+        const int m = n - k0 < COPY_BATCH ? n - k0 : COPY_BATCH;
+        size_t most = 1;
+        for (int k = 0; k < m; k++) {
+            b.item[k] = items[k0 + k];
+            if (b.item[k].rows * b.item[k].cols > most) most = b.item[k].rows * b.item[k].cols;
+        }
+        // At most 256 blocks an item: the blocks of the smaller items in the launch would only exit.
+        const unsigned bx = cuda_grid_1d(most, 256, st);
+        const dim3 grid(bx < 256 ? bx : 256, (unsigned)m);
+        copy_2d_batch_kernel<<<grid, 256, 0, st->stream>>>(b);
+        CUDA_CHECK_LAUNCH(ctx);
+    }
+}
+
 __global__ void dropout_kernel(bf16 *out, const bf16 *in, size_t n, uint32_t threshold, float scale, uint64_t seed) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         uint64_t z = seed + (uint64_t)(i + 1) * 0x9E3779B97F4A7C15ULL;

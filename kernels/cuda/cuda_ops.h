@@ -29,6 +29,8 @@ void cuda_copy(OpsCtx *ctx, void *dst, const void *src, size_t bytes);
 // Pitches and cols in storage (bf16) elements; see ops_copy_2d.
 void cuda_copy_2d(OpsCtx *ctx, void *dst, size_t dst_pitch, const void *src, size_t src_pitch, size_t rows,
                   size_t cols);
+// Items checked by ops_copy_2d_batch (kernels/cuda/cuda_elementwise.cu).
+void cuda_copy_2d_batch(OpsCtx *ctx, const OpsCopy2D *items, int n);
 void cuda_upload_f32(OpsCtx *ctx, void *dst, const float *src_host, size_t n);
 void cuda_download_f32(OpsCtx *ctx, float *dst_host, const void *src, size_t n);
 void cuda_synchronize(OpsCtx *ctx);

@@ -28,6 +28,27 @@ except ImportError:  # the benchmark scripts reuse these helpers on machines wit
     pytest = None
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
+
+
+class Skip(Exception):
+    """A GPU case skipped when run as a script (`python3 tests/e2e/test_x.py --gpu`: the GPU machine has no pytest)."""
+
+
+def skip(why):
+    if pytest is not None:
+        pytest.skip(why)
+    raise Skip(why)
+
+
+def cuda_devices():
+    """CUDA devices torch sees (0 without torch or a driver)."""
+    try:
+        import torch
+        return torch.cuda.device_count()
+    except Exception:
+        return 0
+
+
 BUILD = pathlib.Path(os.environ.get("TANDEM_BUILD_DIR", ROOT / "build"))
 
 VOCAB_SIZE = 300

@@ -25,19 +25,10 @@ except ImportError:  # the GPU machine runs the GPU case without pytest: python3
     pytest = None
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from server_fixtures import BUILD, TandemServer, build_tiny_model, free_port, metric, metrics  # noqa: E402
+from server_fixtures import (BUILD, Skip, TandemServer, build_tiny_model, cuda_devices, free_port,  # noqa: E402
+                             metric, metrics, skip)
 
 NOTICE_S = 15   # a stall must be noticed this soon (heartbeat timeout 4 s + a round's slack on a loaded box)
-
-
-class Skip(Exception):
-    pass
-
-
-def skip(why):
-    if pytest is not None:
-        pytest.skip(why)
-    raise Skip(why)
 
 
 def train_binary():
@@ -45,14 +36,6 @@ def train_binary():
     if not path.exists():
         skip(f"{path} is not built (run scripts/test.sh, or set TANDEM_BUILD_DIR)")
     return str(path)
-
-
-def cuda_devices():
-    try:
-        import torch
-        return torch.cuda.device_count()
-    except Exception:
-        return 0
 
 
 def make_setup(d):

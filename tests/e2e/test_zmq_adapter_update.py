@@ -7,9 +7,10 @@ Against PEFT on transformers (adapters made by PEFT itself, B random), with the 
 base weights), and once with a --lora adapter served too (adapter updates then run low-rank, and the --lora
 adapter still applies to the base alone):
 - an adapter update (fp32 slices of the adapter units, cut at random and shuffled) -> the server's greedy tokens are
-  PEFT's, logprobs within 2e-4, policy version 1; a second one of another config (rank, targets, rsLoRA) replaces it;
+  PEFT's, logprobs within 2e-4, policy version 1; a second one of another config (rank, targets, rsLoRA) replaces it,
+  and a third of the second's config (the server then reuses its buffers) replaces that;
 - a whole-weights update afterwards drops the adapter: the server is exactly the new weights;
-- refused, with the server serving on unchanged: transport nccl with an adapter, an unknown module, another base
+- refused, with the server serving on unchanged: transport nccl (a CPU server), an unknown module, another base
   layout, a slice past the adapter units, weights_end before every slice came.
 """
 import random
@@ -125,23 +126,30 @@ def test_adapter_updates(models, mode, tmp_path):
         assert rep["type"] == "weights_end" and rep["version"] == 2, rep
         res2 = expect_greedy(c, two, 5, version=2)
         assert [r[1] for r in res.values()] != [r[1] for r in res2.values()], "the two adapters answer alike"
+        # A third of the second's shape, other values: the server reuses what it made for the second (lowrank: the
+        # serving copy rebuilt in place, its graphs replayed as they are; merge: the layout and scratch).
+        three = peft_model(base_dir, 14, r=2, lora_alpha=3, target_modules="all-linear", use_rslora=True)
+        rep = send_adapter(c, adapter_units(three, L), 3, lh, desc2, rng, 250)
+        assert rep["type"] == "weights_end" and rep["version"] == 3, rep
+        res3 = expect_greedy(c, three, 6, version=3)
+        assert [r[1] for r in res2.values()] != [r[1] for r in res3.values()], "the update did not change the answers"
 
         # Whole weights: the adapter goes, the server is the new model alone.
-        rep = send_update(c, pack_units(models["upd_a"]["state"], cfg), 3, lh, "f32", rng, 300)
-        assert rep["type"] == "weights_end" and rep["version"] == 3, rep
-        expect_greedy(c, models["upd_a"]["model"], 4, version=3)
+        rep = send_update(c, pack_units(models["upd_a"]["state"], cfg), 4, lh, "f32", rng, 300)
+        assert rep["type"] == "weights_end" and rep["version"] == 4, rep
+        expect_greedy(c, models["upd_a"]["model"], 4, version=4)
 
-        # Refusals; the server keeps serving version 3.
+        # Refusals; the server keeps serving version 4.
         units1 = adapter_units(one, L)
-        rep = begin(c, 500, 4, lh, desc1, transport="nccl")
-        assert rep["type"] == "error" and rep["code"] == "unsupported" and "zmq" in rep["message"], rep
-        rep = begin(c, 501, 4, lh, dict(desc1, target_modules=["lm_head"]))
+        rep = begin(c, 500, 5, lh, desc1, transport="nccl")
+        assert rep["type"] == "error" and rep["code"] == "unsupported" and "CPU" in rep["message"], rep
+        rep = begin(c, 501, 5, lh, dict(desc1, target_modules=["lm_head"]))
         assert rep["type"] == "error" and rep["code"] == "bad_message" and "lm_head" in rep["message"], rep
-        rep = begin(c, 502, 4, "0123456789abcdef", desc1)
+        rep = begin(c, 502, 5, "0123456789abcdef", desc1)
         assert rep["type"] == "error" and rep["code"] == "layout_mismatch", rep
-        rep = begin(c, 503, 4, lh, dict(desc1, r=0))
+        rep = begin(c, 503, 5, lh, dict(desc1, r=0))
         assert rep["type"] == "error" and rep["code"] == "bad_message" and "r" in rep["message"], rep
-        rep = begin(c, 504, 4, lh, desc1)
+        rep = begin(c, 504, 5, lh, desc1)
         assert rep["type"] == "weights_begin", rep
         rep = c.ask(dict(type="weights_slice", id=505, unit=L, offset=0, count=4, dtype="f32"),
                     np.zeros(4, np.float32).tobytes())[0]
@@ -151,9 +159,9 @@ def test_adapter_updates(models, mode, tmp_path):
         assert rep["type"] == "error" and rep["code"] == "bad_slice", rep
         c.send(dict(type="weights_slice", id=507, unit=0, offset=0, count=units1[0].size, dtype="f32"),
                units1[0].tobytes())
-        rep = c.ask({"type": "weights_end", "id": 508, "version": 4})[0]
+        rep = c.ask({"type": "weights_end", "id": 508, "version": 5})[0]
         assert rep["type"] == "error" and rep["code"] == "weights_incomplete", rep
-        expect_greedy(c, models["upd_a"]["model"], 9, version=3)
+        expect_greedy(c, models["upd_a"]["model"], 9, version=4)
         c.close()
     finally:
         srv.stop()

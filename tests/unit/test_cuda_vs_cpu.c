@@ -273,6 +273,47 @@ static void check_same_gpu(const char *op, const char *what, const void *a, cons
     free(hb);
 }
 
+// ops_copy_2d_batch: 70 items (two launches on the GPU: 64 a launch), blocks of 1..40 rows and 1..24 columns from a
+// random source into their own places of a zeroed destination with wider pitches, half of them scaled by a factor
+// that is not a power of two. CUDA vs CPU (1e-2: one bf16 rounding of the scaled elements), and on the GPU the batch
+// gives the bits of the same blocks moved by ops_copy_2d then scaled by ops_scale_inplace (the destination's
+// untouched elements stay zero in both).
+static void test_copy_2d_batch(void) {
+    enum { ITEMS = 70, COLS = 24, ROWS = 40, DPITCH = 32 };
+    const size_t src_n = (size_t)ITEMS * ROWS * COLS, dst_n = (size_t)ITEMS * ROWS * DPITCH;
+    Buf src = buf_rand(src_n, -4, 4), dst = buf_new(STORAGE, dst_n), ref = buf_new(STORAGE, dst_n);
+    OpsCopy2D ic[ITEMS], ig[ITEMS];
+    for (int k = 0; k < ITEMS; k++) {
+        const size_t rows = 1 + (size_t)irand(ROWS), cols = 1 + (size_t)irand(COLS);
+        const size_t s_off = (size_t)k * ROWS * COLS, d_off = (size_t)k * ROWS * DPITCH + (size_t)irand(DPITCH - (int)cols + 1);
+        const float scale = k % 2 ? 1.7320508f : 1.0f;
+        ic[k] = (OpsCopy2D){at_c(dst, d_off), at_c(src, s_off), DPITCH, COLS, rows, cols, scale};
+        ig[k] = ic[k];
+        ig[k].dst = at_g(dst, d_off);
+        ig[k].src = at_g(src, s_off);
+        ops_copy_2d(gpu, at_g(ref, d_off), DPITCH, at_g(src, s_off), COLS, rows, cols);
+        for (size_t r = 0; r < rows && scale != 1.0f; r++)
+            ops_scale_inplace(gpu, (char *)at_g(ref, d_off) + r * DPITCH * ops_dtype_size(gpu), scale, cols);
+    }
+    ops_copy_2d_batch(cpu, ic, ITEMS);
+    ops_copy_2d_batch(gpu, ig, ITEMS);
+    expect_ok("copy_2d_batch");
+    check("copy_2d_batch", "dst", dst, 1e-2);
+    check_same_gpu("copy_2d_batch", "vs 2d+scale", dst.g, ref.g, dst_n, STORAGE);
+    // A bad item is refused with a message naming it, and nothing runs.
+    OpsCopy2D bad = ig[0];
+    bad.dst_pitch = bad.cols - 1;
+    ops_copy_2d_batch(gpu, &bad, 1);
+    if (ops_status(gpu) == 0 || !strstr(ops_error(gpu), "bad item 0")) {
+        printf("FAIL copy_2d_batch: a pitch below cols was not refused (%s)\n", ops_error(gpu));
+        failures++;
+    }
+    ops_clear_error(gpu);
+    buf_free(src);
+    buf_free(dst);
+    buf_free(ref);
+}
+
 // ops_residual_rmsnorm_fwd/bwd, CUDA vs CPU, N rows of width C; views start at element `off` of their buffers
 // (off = 1 forces the element path on widths that are multiples of 8). Tolerances:
 //   x_out  0 with exact sums, else 1e-2 (one bf16 rounding of the sum; the CPU keeps it in fp32);
@@ -840,6 +881,7 @@ int main(void) {
     printf("%-4s %-20s %-10s %8s  %-18s  %-14s  %s\n", "", "op", "tensor", "n", "max abs error", "scaled error",
            "tolerance");
     test_add();
+    test_copy_2d_batch();
     test_embedding();
     test_rmsnorm();
     test_residual_rmsnorm();
