@@ -150,13 +150,7 @@ def main():
         write_data(data, model_dir / "tokenizer.json", server_fixtures.EOS_TOKEN, n_rows, a.seq_len, a.prompt_len)
         for ranks, overlap in ((1, True), (R, True), (R, False)):
             rows, _, note = run(a, ranks, overlap, model_dir, data, d, cpu)
-            # num_tokens: every token of the rows so far (TRL's cumulative count), all ranks.
-            want_tokens = ranks * a.batch * a.grad_accum * a.seq_len
-            if not note and len(rows) < a.steps:
-                note = f"{len(rows)} of {a.steps} steps"
-            if not note and any(r["num_tokens"] != (i + 1) * want_tokens for i, r in enumerate(rows)):
-                note = (f"num_tokens {[r['num_tokens'] for r in rows]} are not multiples of {want_tokens} tokens "
-                        "a step: the rows are not the size this script made them")
+            note = note or benchlib.check_sft_rows(rows, a.steps, ranks * a.batch * a.grad_accum * a.seq_len)
             if note:
                 ok = False
                 print(f"{ranks} rank(s), overlap {'on' if overlap else 'off'}: FAILED: {note}", flush=True)
