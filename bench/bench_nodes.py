@@ -377,13 +377,7 @@ def main():
                     print(f"{shape} {tag}: {note.splitlines()[0]}", flush=True)
                     results.append((shape, tag, M, G, mode, A, [], {}, "", "not run: cut by --time-budget"))
                     continue
-                # num_tokens: every token of the rows so far (TRL's cumulative count), all ranks.
-                want_tokens = M * G * a.batch * A * a.seq_len
-                if not note and len(rows) < a.steps:
-                    note = f"{len(rows)} of {a.steps} steps"
-                if not note and any(r["num_tokens"] != (i + 1) * want_tokens for i, r in enumerate(rows)):
-                    note = (f"num_tokens {[r['num_tokens'] for r in rows]} are not multiples of {want_tokens} "
-                            "tokens a step: the rows are not the size this script made them")
+                note = note or benchlib.check_sft_rows(rows, a.steps, M * G * a.batch * A * a.seq_len)
                 if note:
                     ok = False
                     print(f"{shape} {tag}: FAILED: {note}", flush=True)

@@ -12,7 +12,7 @@ Runs, each `tandem-train launch --ranks N --servers 0 -- --mode sft --zero-stage
 per micro-step, --grad-accum micro-steps per optimizer step, gradient checkpointing on unless --no-checkpointing:
   1 rank; R ranks (overlap on: trainer/zero3.c prefetches unit k+1's all-gather during unit k's compute, and
   finishes each gradient reduce-scatter lazily while the next unit's backward runs); R ranks with
-  TANDEM_ZERO3_OVERLAP=0 (no prefetch, each reduce-scatter finished at once: communication serialised).
+  --overlap-comm false (no prefetch, each reduce-scatter finished at once: communication serialised).
 Step s: median step_time (metrics.jsonl, rank 0: the micro-steps and the optimizer step) of steps 3..N.
 tok/s per GPU: tokens processed per rank per step (batch x grad_accum x seq_len, prompt tokens included) / step s.
 Scaling: per-GPU tok/s over the 1-rank run's. The launcher is stopped once the last metrics row is written (the
@@ -78,11 +78,12 @@ def run(a, ranks, overlap, model_dir, data, work, cpu):
            "--per-device-train-batch-size", str(a.batch), "--gradient-accumulation-steps", str(a.grad_accum),
            "--gradient-checkpointing", "false" if a.no_checkpointing else "true", "--zero-stage", "3",
            "--learning-rate", "1e-5", "--max-steps", str(a.steps), "--logging-steps", "1", "--save-steps", "0",
-           "--seed", "3", "--init-timeout", "600", "--comm-timeout", "600", "--device", "cpu" if cpu else "cuda"]
-    env = dict(os.environ, TANDEM_ZERO3_OVERLAP="1" if overlap else "0")
+           "--seed", "3", "--init-timeout", "600", "--comm-timeout", "600", "--device", "cpu" if cpu else "cuda",
+           "--overlap-comm", "true" if overlap else "false"]
+    env = dict(os.environ)
     if cpu:  # several processes on a few cores
         env.update(OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
-    print(f"== {tag}: TANDEM_ZERO3_OVERLAP={env['TANDEM_ZERO3_OVERLAP']} " + " ".join(cmd), flush=True)
+    print(f"== {tag}: " + " ".join(cmd), flush=True)
     metrics, log_path = out / "metrics.jsonl", work / f"launch-{tag}.log"
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -91,10 +92,10 @@ def run(a, ranks, overlap, model_dir, data, work, cpu):
         finally:
             benchlib.stop(proc, 60)  # SIGTERM: the launcher stops its ranks
     text = log_path.read_text(errors="replace")
-    # The rank-0 log says whether the switch took and which collectives ran.
-    said_off = "TANDEM_ZERO3_OVERLAP=0" in text
+    # The rank-0 log says whether the option took and which collectives ran.
+    said_off = "overlap_comm false" in text
     if not note and said_off == overlap:
-        note = f"rank 0's log {'lacks' if not overlap else 'has'} the TANDEM_ZERO3_OVERLAP=0 line"
+        note = f"rank 0's log {'lacks' if not overlap else 'has'} the overlap_comm false line"
     want = "ZeRO collectives over " + ("nothing (one rank)" if ranks == 1 else "ZeroMQ" if cpu else "NCCL")
     if not note and want not in text:
         note = f"rank 0's log lacks {want!r}"
@@ -149,13 +150,7 @@ def main():
         write_data(data, model_dir / "tokenizer.json", server_fixtures.EOS_TOKEN, n_rows, a.seq_len, a.prompt_len)
         for ranks, overlap in ((1, True), (R, True), (R, False)):
             rows, _, note = run(a, ranks, overlap, model_dir, data, d, cpu)
-            # num_tokens: every token of the rows so far (TRL's cumulative count), all ranks.
-            want_tokens = ranks * a.batch * a.grad_accum * a.seq_len
-            if not note and len(rows) < a.steps:
-                note = f"{len(rows)} of {a.steps} steps"
-            if not note and any(r["num_tokens"] != (i + 1) * want_tokens for i, r in enumerate(rows)):
-                note = (f"num_tokens {[r['num_tokens'] for r in rows]} are not multiples of {want_tokens} tokens "
-                        "a step: the rows are not the size this script made them")
+            note = note or benchlib.check_sft_rows(rows, a.steps, ranks * a.batch * a.grad_accum * a.seq_len)
             if note:
                 ok = False
                 print(f"{ranks} rank(s), overlap {'on' if overlap else 'off'}: FAILED: {note}", flush=True)

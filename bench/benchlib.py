@@ -158,6 +158,17 @@ def p2p_copy_gbs(dst=1, nbytes=1 << 30, iters=10):
     return nbytes * iters / dt / 1e9
 
 
+def check_sft_rows(rows, steps, tokens_per_step):
+    """'' when an SFT run's metrics rows are all there and each step trained tokens_per_step tokens (num_tokens is
+    TRL's cumulative count of every token, all ranks), else what is wrong."""
+    if len(rows) < steps:
+        return f"{len(rows)} of {steps} steps"
+    if any(r["num_tokens"] != (i + 1) * tokens_per_step for i, r in enumerate(rows)):
+        return (f"num_tokens {[r['num_tokens'] for r in rows]} are not multiples of {tokens_per_step} tokens a step: "
+                "the rows are not the size this script made them")
+    return ""
+
+
 def gpu_mem_mib():
     """{gpu index: MiB used} from nvidia-smi, {} when there is none."""
     try:

@@ -181,13 +181,22 @@ drop:
     return NULL;
 }
 
-int weight_nccl_begin(WeightNccl *w, const ZmsgMsg *q, size_t adapter_numel, char *err, size_t err_len) {
-    if (w->running) atomic_store(&w->abandoned_ms, now_ms());   // a receive still waiting gives up within ~2 s
+// A receive still running gives up (within ~2 s: its peers count as gone) and is joined.
+static void stop_receive(WeightNccl *w) {
+    if (w->running) atomic_store(&w->abandoned_ms, now_ms());
     join_thread(w);
+}
+
+void weight_nccl_stop(WeightNccl *w) {
+    stop_receive(w);
     if (w->active)
         fprintf(stderr, "tandem-serve: weight update to version %lld abandoned by a new weights_begin\n",
                 (long long)w->version);
     w->active = 0;
+}
+
+int weight_nccl_begin(WeightNccl *w, const ZmsgMsg *q, size_t adapter_numel, char *err, size_t err_len) {
+    weight_nccl_stop(w);
     if (w->comm && (memcmp(w->id, q->nccl_id, sizeof w->id) != 0 || w->world != q->nccl_world ||
                     w->rank != q->nccl_rank)) {
         comm_destroy_now(w->comm);   // a new communicator: the trainer's ranks or servers changed

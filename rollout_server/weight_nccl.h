@@ -47,5 +47,9 @@ int weight_nccl_adapter(const WeightNccl *w);
 // Forgets the open update without waiting (a weights_begin with transport zmq came instead: the trainer fell
 // back). A receive still running ends by itself (at the latest by the timeout) and is joined later.
 void weight_nccl_abandon(WeightNccl *w);
+// A new update begins: the open one is forgotten (logged), and a receive still running gives up (within ~2 s) and is
+// waited for, so that afterwards nothing writes into the staging it received into (adapter updates over either
+// transport reuse the adapter staging). weight_nccl_begin starts with it.
+void weight_nccl_stop(WeightNccl *w);
 
 #endif

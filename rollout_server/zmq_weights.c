@@ -140,6 +140,7 @@ static void begin_adapter_nccl(ZmqControl *z, const void *rid, size_t rl, const 
     weight_recv_reset(&z->wr);   // whatever update was open is abandoned, as by any weights_begin
     weight_recv_reset(&z->wa);
     z->adapter_open = 0;
+    weight_nccl_stop(z->wn);     // before the staging is (re)made: a receive still running writes into it
     const Model *m = engine_group_model(z->g);
     const size_t numel = model_lora_unit_numel(&m->cfg, lc);
     for (int k = 0; k < engine_group_size(z->g); k++)
@@ -181,7 +182,7 @@ static void begin_adapter(ZmqControl *z, const void *rid, size_t rl, const ZmsgM
     }
     // Whatever update was open is abandoned, as by any weights_begin.
     weight_recv_reset(&z->wr);
-    weight_nccl_abandon(z->wn);
+    weight_nccl_stop(z->wn);   // an NCCL receive still running may write the adapter staging
     const Model *m = engine_group_model(z->g);
     const int L = m->cfg.num_layers;
     const size_t numel = model_lora_unit_numel(&m->cfg, &lc);

@@ -15,7 +15,7 @@
 #            one GPU is enough: every process its own NCCL_HOSTID)
 #   async  bench/bench_async_gpu.py $ASYNC_ARGS (asynchronous GRPO, issue 24: max_staleness 0 vs 1, 2 on 2 GPUs; e.g.
 #          ASYNC_ARGS="--shape 7b --staleness 0,1 --steps 10")
-#   zero3  bench/bench_zero3_gpu.py $ZERO3_ARGS (SFT on 1 and all GPUs, ZeRO-3 overlap on vs TANDEM_ZERO3_OVERLAP=0)
+#   zero3  bench/bench_zero3_gpu.py $ZERO3_ARGS (SFT on 1 and all GPUs, ZeRO-3 overlap on vs --overlap-comm false)
 #   nodes  bench/bench_nodes.py --stand-in gpu $NODES_ARGS (ZeRO-3 flat vs HSDP on 2 nodes x 1 GPU over NCCL's
 #          network transport, flat on 1 node x 2 GPUs; cross-node bytes, memory; needs 2 GPUs)
 #   kernels  the kernel benchmarks that were carried: bench/bench_gemm_gpu.py (GEMMs of a training step vs torch),

@@ -620,14 +620,8 @@ int checkpoint_load(Zero3 *z, Model *m, Comm *c, const CheckpointOptions *o, con
     int rc = 0;
     char slicing[32];
     zero3_slicing(z, slicing, sizeof slicing);
-    const int reslice = cs.world_size != world;
-    if (reslice && (strcmp(cs.zero_slicing, "full_shard") != 0 || strcmp(slicing, "full_shard") != 0)) {
-        snprintf(err, err_len, "%s was written by %d ranks with the ZeRO state cut %s; this run has %d ranks cutting "
-                 "it %s: only flat ZeRO (full_shard on both sides) resumes on another number of ranks; resume with "
-                 "WORLD_SIZE=%d and the same cut", path, cs.world_size, cs.zero_slicing, world, slicing, cs.world_size);
-        return -1;
-    }
-    if (reslice && cs.progress.data_position > 0 && o->data_order_per_rank) {
+    const int resize = cs.world_size != world, reslice = resize || strcmp(cs.zero_slicing, slicing) != 0;
+    if (resize && cs.progress.data_position > 0 && o->data_order_per_rank) {
         snprintf(err, err_len, "%s was written by %d ranks at position %lld of epoch %lld; this run has %d ranks and "
                  "shuffle_dataset on, whose order is per rank's shard: the epoch cannot continue in the same order. "
                  "Resume with WORLD_SIZE=%d, from a checkpoint at an epoch boundary, or with --shuffle-dataset false "
@@ -635,17 +629,12 @@ int checkpoint_load(Zero3 *z, Model *m, Comm *c, const CheckpointOptions *o, con
                  (long long)cs.progress.epoch, world, cs.world_size);
         return -1;
     }
-    if (reslice && (cs.progress.data_position * cs.world_size) % world != 0) {
+    if (resize && (cs.progress.data_position * cs.world_size) % world != 0) {
         snprintf(err, err_len, "%s was written by %d ranks at data_position %lld (per rank: %lld records in all); "
                  "this run's %d ranks cannot split that evenly: resume with WORLD_SIZE=%d or a number of ranks that "
                  "divides %lld", path, cs.world_size, (long long)cs.progress.data_position,
                  (long long)(cs.progress.data_position * cs.world_size), world, cs.world_size,
                  (long long)(cs.progress.data_position * cs.world_size));
-        return -1;
-    }
-    if (!reslice && strcmp(cs.zero_slicing, slicing) != 0) {
-        snprintf(err, err_len, "%s was written with the ZeRO state cut %s; this run cuts it %s: resume with the same "
-                 "sharding_strategy and zero_hpz_partition_size on the same node layout", path, cs.zero_slicing, slicing);
         return -1;
     }
     if (cs.layout_hash != m->layout.hash) {
@@ -657,16 +646,16 @@ int checkpoint_load(Zero3 *z, Model *m, Comm *c, const CheckpointOptions *o, con
     if (reslice) {
         p->data_position = cs.progress.data_position * cs.world_size / world;
         if (rank == 0)
-            fprintf(stderr, "tandem-train: %s was written by %d ranks; re-slicing its flat ZeRO state for %d ranks "
-                    "(data_position %lld per rank becomes %lld)\n", path, cs.world_size, world,
-                    (long long)cs.progress.data_position, (long long)p->data_position);
+            fprintf(stderr, "tandem-train: %s was written by %d ranks cutting the ZeRO state %s; re-slicing it for %d "
+                    "ranks cutting it %s (data_position %lld per rank becomes %lld)\n", path, cs.world_size,
+                    cs.zero_slicing, world, slicing, (long long)cs.progress.data_position, (long long)p->data_position);
     }
 
     char opt_path[PATH_MAX + 64];
     snprintf(opt_path, sizeof opt_path, "%s/trainer_state/rank-%05d/optimizer.safetensors", path, rank);
     SafetensorsSet *set = NULL;
     CheckpointReslice *rs = NULL;
-    if (reslice ? checkpoint_reslice_open(&rs, path, cs.world_size, err, err_len) != 0
+    if (reslice ? checkpoint_reslice_open(&rs, path, cs.world_size, cs.zero_slicing, err, err_len) != 0
                 : st_open(&set, opt_path, err, err_len) != 0)
         return -1;
     float *buf[3] = {0};

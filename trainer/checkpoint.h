@@ -99,11 +99,11 @@ int checkpoint_load_adapter(Comm *c, const CheckpointOptions *o, const char *dir
 // All ranks call together: restores master weights, Adam moments and progress from dir (a checkpoint-STEP
 // folder, or "latest" = the highest complete checkpoint-STEP under o->output_dir, after rank 0 has settled what a
 // stopped run left there, as checkpoint_save does). Refuses another model layout, naming both values. Another
-// ZeRO stage is fine: every stage keeps the same slices (trainer/zero3.h). Another number of ranks is fine for a
-// flat ZeRO (full_shard) checkpoint resumed flat: the state is re-sliced (checkpoint_reslice.c) and
-// data_position, counted per rank, becomes data_position x old ranks / new ranks (the ranks' records interleave,
-// data.h, so with the same global batch the same records come next); refused, naming both sides, for another cut
-// (hybrid_shard:G, hpz:G on either side), a position that does not divide, or a shuffled epoch under way
+// ZeRO stage is fine: every stage keeps the same slices (trainer/zero3.h). Another number of ranks or another cut
+// (full_shard, hybrid_shard:G, hpz:G, on any node layout) is fine too: the state is re-sliced
+// (checkpoint_reslice.c), and with another number of ranks data_position, counted per rank, becomes data_position x
+// old ranks / new ranks (the ranks' records interleave, data.h, so with the same global batch the same records come
+// next); refused, naming both sides, for a position that does not divide or a shuffled epoch under way
 // (o->data_order_per_rank and data_position > 0).
 int checkpoint_load(Zero3 *z, Model *m, Comm *c, const CheckpointOptions *o, const char *dir, TrainProgress *p,
                     char *loaded_dir, char *err, size_t err_len);
@@ -128,10 +128,12 @@ int checkpoint_state_from_json(const json_t *j, const char *name, CheckpointStat
 int checkpoint_read_unit_state(const SafetensorsSet *set, const char *path, int unit, size_t n, float *master,
                                float *adam_m, float *adam_v, char *err, size_t err_len);
 
-// A flat ZeRO (full_shard) checkpoint written by old_world ranks, read by a run of another number of ranks
-// (trainer/checkpoint_reslice.c): each of its slices is cut from the old ranks' slices that overlap it.
+// A ZeRO checkpoint written by old_world ranks under the cut old_cut (its zero_slicing: full_shard, hybrid_shard:G,
+// hpz:G), read by a run of another number of ranks or another cut (trainer/checkpoint_reslice.c): each of the new
+// slices is cut from the old slices that overlap it. Refuses a cut text zero3_slicing does not write.
 typedef struct CheckpointReslice CheckpointReslice;
-int checkpoint_reslice_open(CheckpointReslice **out, const char *dir, int old_world, char *err, size_t err_len);
+int checkpoint_reslice_open(CheckpointReslice **out, const char *dir, int old_world, const char *old_cut, char *err,
+                            size_t err_len);
 void checkpoint_reslice_close(CheckpointReslice *r);
 // Elements [off, off + n) of unit (padded for this run's ranks) of master, adam_m, adam_v: the old ranks' values
 // for the unit's layout.unit_numel[unit] elements, zero for the padding past them. 0, or -1 naming the file.

@@ -114,6 +114,8 @@ typedef struct {
     int zero_stage;                 // 1 | 2 | 3
     ShardingStrategy sharding_strategy;
     int zero_hpz_partition_size;    // DeepSpeed ZeRO++ hpZ: 1 = off, else the ranks per node (LOCAL_WORLD_SIZE)
+    int overlap_comm;               // DeepSpeed's overlap_comm: ZeRO prefetch and lazy reduce-scatters (1), or
+                                    // collectives serialised with compute (0)
     TrainDevice device;
     double init_timeout;            // seconds: rendezvous (ranks arriving)
     double comm_timeout;            // seconds: one collective

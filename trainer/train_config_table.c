@@ -221,6 +221,9 @@ const OptionSpec train_options[] = {
         "parameters that forward/backward gather are partitioned over this many ranks, the ranks per node "
         "(LOCAL_WORLD_SIZE), so those gathers stay inside the node; master, Adam and gradients stay over every "
         "rank; 1 = off (grpo: weight sync over ZeroMQ)"),
+    OPT("overlap_comm", OPT_BOOL, overlap_comm, G_DIST, "DeepSpeed's name: ZeRO collectives overlap compute "
+        "(the next unit's all-gather prefetched during this one's compute, each gradient reduce-scatter finished "
+        "while the next backward runs); false serialises them (the same results, to measure what overlap hides)"),
     ENUM("device", device, device_name, 0, G_DIST, "compute backend; auto = cuda when a GPU is present"),
     OPT("init_timeout", OPT_F64, init_timeout, G_DIST, "seconds for every rank to join the rendezvous"),
     OPT("comm_timeout", OPT_F64, comm_timeout, G_DIST, "seconds one collective may take before it fails"),
@@ -295,6 +298,7 @@ void train_config_default(TrainConfig *c) {
     c->optim = strdup("adamw_torch");
     c->logging_steps = 10, c->save_steps = 500, c->save_total_limit = 0;
     c->zero_stage = 3, c->device = TRAIN_DEVICE_AUTO, c->zero_hpz_partition_size = 1;
+    c->overlap_comm = 1;
     c->init_timeout = 300.0, c->comm_timeout = 600.0, c->rollout_timeout = 600.0;
     c->weight_sync_steps = 1, c->weight_sync_transport = WEIGHT_SYNC_AUTO;
     c->lora_r = 16, c->lora_alpha = 32, c->lora_dropout = 0.05;

@@ -79,13 +79,18 @@ static int open_model(Trainer *t, char *err, size_t err_len) {
             : zero3_create_sharded(&t->policy, &t->model, shard, hybrid ? t->replica_comm : NULL, cfg->zero_stage,
                                    err, err_len))
         return -1;
+    zero3_set_overlap(t->policy, cfg->overlap_comm);
     if (zero3_load(t->policy, cfg->model, err, err_len) != 0) return -1;
     if (cfg->mode == TRAIN_MODE_GRPO && cfg->grpo.beta != 0) {
         // The frozen reference: the same model, sharded the same way, never stepped.
         if (zero3_create_sharded(&t->ref, &t->model, shard, hybrid ? t->replica_comm : NULL, 3, err, err_len) != 0)
             return -1;
+        zero3_set_overlap(t->ref, cfg->overlap_comm);
         if (zero3_load(t->ref, cfg->model, err, err_len) != 0) return -1;
     }
+    if (!cfg->overlap_comm)
+        log0(t, "overlap_comm false: ZeRO all-gathers and reduce-scatters are serialised with compute (no prefetch, "
+             "each reduce-scatter finished at once)");
     Zero3Memory mem;
     zero3_memory(t->policy, &mem);
     char over[96];

@@ -15,7 +15,7 @@
 // backward to the embedding backward; a layer's reduce-scatter runs on the communication stream while the
 // next layer's backward computes, and its result is added to the local slice only when its buffer is needed
 // again (or at the optimizer step).
-// TANDEM_ZERO3_OVERLAP=0 (read when an engine is created; default 1) turns both overlaps off, for measuring what
+// overlap_comm false (zero3_set_overlap; on by default) turns both overlaps off, for measuring what
 // they save (bench/bench_zero3_gpu.py): prefetch hints do nothing, so every all-gather starts when its unit is
 // acquired, and every reduce-scatter is finished (compute waits for it, its result added) right after it is
 // issued. Results are the same; communication is then serialised with compute.
@@ -59,7 +59,7 @@ struct Zero3 {
     CommBytes bytes;               // sent by the collectives issued here (zero3_comm_bytes)
     OpsCtx *o;
     int stage, rank, world, n_units;
-    int overlap;                   // 0: TANDEM_ZERO3_OVERLAP=0, communication serialised with compute
+    int overlap;                   // 0: communication serialised with compute (zero3_set_overlap)
     size_t *padded, *shard;        // per unit: padded numel, slice numel
     size_t max_padded, max_shard;
     float **master, **adam_m, **adam_v, **grad_shard; // (shard) fp32; grad_shard unused in stage 1
@@ -138,6 +138,8 @@ static int replicated(const Zero3 *z) { return z->rc && comm_world_size(z->rc) >
 size_t zero3_shard_offset(const Zero3 *z, int unit) { return (size_t)z->owner * z->shard[unit]; }
 size_t zero3_shard_count(const Zero3 *z, int unit) { return z->shard[unit]; }
 int zero3_stage(const Zero3 *z) { return z->stage; }
+
+void zero3_set_overlap(Zero3 *z, int on) { z->overlap = on != 0; }
 float *zero3_master_shard(Zero3 *z, int unit) { return z->master[unit]; }
 float *zero3_adam_m_shard(Zero3 *z, int unit) { return z->adam_m[unit]; }
 float *zero3_adam_v_shard(Zero3 *z, int unit) { return z->adam_v[unit]; }
@@ -149,14 +151,6 @@ const void *zero3_param_shard(Zero3 *z, int unit) {
 // This rank's gradient slice of a unit (stage 1 keeps full gradients and slices them).
 static float *grad_slice(Zero3 *z, int u) {
     return z->stage == 1 ? z->full_grad[u] + zero3_shard_offset(z, u) : z->grad_shard[u];
-}
-
-// TANDEM_ZERO3_OVERLAP: 1 (or unset, or empty) overlaps communication with compute, 0 serialises it; -1 for
-// anything else.
-static int overlap_from_env(void) {
-    const char *v = getenv("TANDEM_ZERO3_OVERLAP");
-    if (!v || !*v || strcmp(v, "1") == 0) return 1;
-    return strcmp(v, "0") == 0 ? 0 : -1;
 }
 
 static int create(Zero3 **out, Model *m, Comm *c, Comm *replicas, Comm *node, Comm *cross, int stage, char *err,
@@ -187,21 +181,9 @@ static int create(Zero3 **out, Model *m, Comm *c, Comm *replicas, Comm *node, Co
         snprintf(err, err_len, "--zero-stage must be 1, 2 or 3 (got %d)", stage);
         return -1;
     }
-    int overlap = overlap_from_env();
-    if (overlap < 0) {
-        snprintf(err, err_len, "TANDEM_ZERO3_OVERLAP must be 0 or 1 (got \"%s\")", getenv("TANDEM_ZERO3_OVERLAP"));
-        return -1;
-    }
-    // Once per process: the policy and the reference engine read the same variable.
-    static int said_off;
-    if (!overlap && !said_off && comm_rank(c) == 0) {
-        fprintf(stderr, "tandem-train: TANDEM_ZERO3_OVERLAP=0: ZeRO all-gathers and reduce-scatters are serialised "
-                "with compute (no prefetch, each reduce-scatter finished at once); for measurement only\n");
-        said_off = 1;
-    }
     Zero3 *z = calloc(1, sizeof *z);
     if (!z) goto oom;
-    z->overlap = overlap;
+    z->overlap = 1;
     z->m = m;
     z->c = c;
     z->rc = replicas;

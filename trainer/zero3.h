@@ -50,6 +50,10 @@ int zero3_create_sharded(Zero3 **out, Model *m, Comm *shard, Comm *replicas, int
 // node and cross: comm_split_nodes(all). This rank's global slice is number local_rank x nodes + node
 // (zero3_shard_offset).
 int zero3_create_hpz(Zero3 **out, Model *m, Comm *all, Comm *node, Comm *cross, char *err, size_t err_len);
+// Overlap of the collectives with compute (overlap_comm, on when created): the next unit's all-gather prefetched
+// during this one's compute, each gradient reduce-scatter finished while the next backward runs. Off serialises them
+// (the same results). Set before the first step.
+void zero3_set_overlap(Zero3 *z, int on);
 // How the slices are cut, recorded in checkpoints because a rank's slices are only meaningful under the same cut
 // (hpZ's rank r does not own flat ZeRO's slice r, with the same slice sizes): "full_shard", "hybrid_shard:G" or
 // "hpz:G" (G = ranks per node); on one node all three cut alike and say "full_shard".

@@ -8,8 +8,9 @@ is re-sliced from the old ranks' flat shards (checkpoint_reslice.c), the same fl
 order of the sums: the loss and the gradient of 8 rows are summed over M ranks (and micro-steps) instead of N, so
 the losses agree within 1e-5 (relative) and the final weights within lr / 1000 (as test_train_node_sharding.py
 allows HSDP; float32 rounding of the per-rank partial sums, which Adam's division by sqrt(v) can amplify for the
-smallest moments; measured 1.2e-7 after 3 steps here), not bit for bit; the N -> N resume is bit for bit. A checkpoint whose cut is not flat, or a shuffled epoch under way, is refused, naming both
-sides.
+smallest moments; measured 1.2e-7 after 3 steps here), not bit for bit; the N -> N resume is bit for bit. A shuffled
+epoch under way is refused, naming both sides, and so is a cut text no run writes (hpz:3 of 2 ranks). Checkpoints of
+the node-aware cuts (HSDP, hpZ) resuming under another cut: test_train_node_sharding.py.
 """
 import json
 import pathlib
@@ -67,7 +68,8 @@ def check_resumes(d, written_by, ranks_after, stage=3):
     for m in ranks_after:
         out = f"{full}-to-{m}"
         logs = train(d, out, m, ["--resume", str(ckpt)], stage)
-        assert f"written by {written_by} ranks; re-slicing its flat ZeRO state for {m} ranks" in logs, logs
+        assert (f"written by {written_by} ranks cutting the ZeRO state full_shard; re-slicing it for {m} ranks "
+                "cutting it full_shard") in logs, logs
         got = losses(d / out)
         assert sorted(got) == [4, 5, 6], got
         for s in (4, 5, 6):
@@ -101,15 +103,15 @@ def test_what_cannot_be_resliced_is_refused(setup):
     codes, logs = run(args(d, "refused-shuffle", 1, ["--resume", str(ckpt), "--shuffle-dataset", "true"]), 1, d,
                       "refused-shuffle")
     assert codes == [1] and "written by 2 ranks at position" in logs and "shuffle_dataset on" in logs, logs
-    # Another cut (hpZ's and HSDP's slices are not flat ZeRO's): the same checkpoint, said to be cut hpz:2.
-    hpz = d / "hpz-ckpt"
-    hpz.mkdir()
+    # A cut no run of 2 ranks writes (hpZ's G divides the ranks): a damaged or hand-edited trainer_state.json.
+    bad = d / "bad-cut-ckpt"
+    bad.mkdir()
     for f in ckpt.iterdir():
-        (hpz / f.name).symlink_to(f)
-    (hpz / "trainer_state.json").unlink()
+        (bad / f.name).symlink_to(f)
+    (bad / "trainer_state.json").unlink()
     state = json.loads((ckpt / "trainer_state.json").read_text())
-    state["zero_slicing"] = "hpz:2"
-    (hpz / "trainer_state.json").write_text(json.dumps(state))
-    codes, logs = run(args(d, "refused-hpz", 1, ["--resume", str(hpz)]), 1, d, "refused-hpz")
+    state["zero_slicing"] = "hpz:3"
+    (bad / "trainer_state.json").write_text(json.dumps(state))
+    codes, logs = run(args(d, "refused-cut", 1, ["--resume", str(bad)]), 1, d, "refused-cut")
     assert codes == [1], logs
-    assert "written by 2 ranks with the ZeRO state cut hpz:2; this run has 1 ranks cutting it full_shard" in logs, logs
+    assert 'zero_slicing "hpz:3" of 2 ranks is not a cut tandem makes' in logs, logs

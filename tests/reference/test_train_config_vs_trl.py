@@ -27,6 +27,7 @@ TANDEM_ONLY = {"model", "train_file", "mode", "overwrite_output_dir", "chat_temp
                "keep_logits", "control_server_key", "control_client_key",
                "max_staleness",   # TRL's AsyncGRPOConfig has it, GRPOConfig does not
                "sharding_strategy", "zero_hpz_partition_size",   # FSDP's and DeepSpeed ZeRO++'s names
+               "overlap_comm",   # DeepSpeed's zero_optimization key
                "lora_init",   # PEFT's init_lora_weights, which TRL's ModelConfig does not expose
                "lora_save_merged", "lora_sync",
                # TRL takes tools and environments as GRPOTrainer arguments

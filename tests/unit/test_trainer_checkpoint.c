@@ -130,20 +130,24 @@ static float element(int u, size_t i, int k) {
     return i < model.layout.unit_numel[u] ? (float)(u * 100000 + (long)i) + 0.25f * (float)k : 0.0f;
 }
 
-// Writes the optimizer.safetensors of every rank of a flat checkpoint of `world` ranks under dir.
-static void write_flat_ranks(const char *dir, int world) {
+// Writes the optimizer.safetensors of every rank of a checkpoint of `world` ranks under dir, cut as zero3.c cuts:
+// g = 0 flat (rank r holds slice r of world); hybrid g > 0 (slice r % g of g, every node a replica); hpz g < 0
+// (-g ranks a node: slice (r % G) M + r / G of world, M nodes).
+static void write_ranks(const char *dir, int world, int g) {
     const Layout *L = &model.layout;
     char err[1024];
+    const int K = g > 0 ? g : world, G = g < 0 ? -g : 0, M = G ? world / G : 0;
     for (int r = 0; r < world; r++) {
+        const int slice = g > 0 ? r % g : G ? (r % G) * M + r / G : r;
         StWriter *w = NULL;
         REQUIRE(st_writer_create(&w, err, sizeof err) == 0, "st_writer_create: %s", err);
         float **vals = calloc((size_t)L->n_units * 3, sizeof *vals);
         char (*names)[48] = calloc((size_t)L->n_units * 3, sizeof *names);
         for (int u = 0; u < L->n_units; u++) {
-            size_t n = layout_padded_unit_numel(L, u, world) / (size_t)world;
+            size_t n = layout_padded_unit_numel(L, u, K) / (size_t)K;
             for (int k = 0; k < 3; k++) {
                 float *v = vals[u * 3 + k] = malloc(n * sizeof(float));
-                for (size_t i = 0; i < n; i++) v[i] = element(u, (size_t)r * n + i, k);
+                for (size_t i = 0; i < n; i++) v[i] = element(u, (size_t)slice * n + i, k);
                 snprintf(names[u * 3 + k], sizeof names[0], "%s.%d", k == 0 ? "master" : k == 1 ? "adam_m" : "adam_v",
                          u);
                 int64_t shape[1] = {(int64_t)n};
@@ -165,16 +169,24 @@ static void write_flat_ranks(const char *dir, int world) {
     }
 }
 
+// Old checkpoints of every cut (flat 3 and 5 ranks; HSDP and hpZ of 2 nodes x 2 and 3 nodes x 2) read back as any
+// flat cut of 1, 2, 4 or 7 ranks: every element in place. A cut text zero3.c never writes is refused.
 static void test_reslice(void) {
     const Layout *L = &model.layout;
-    static const int olds[] = {3, 5}, news[] = {1, 2, 4, 7};
+    static const struct {
+        int world, g;
+        const char *cut;
+    } olds[] = {{3, 0, "full_shard"}, {5, 0, "full_shard"}, {4, 2, "hybrid_shard:2"}, {6, 2, "hybrid_shard:2"},
+                {4, -2, "hpz:2"}, {6, -2, "hpz:2"}};
+    static const int news[] = {1, 2, 4, 7};
     for (size_t a = 0; a < sizeof olds / sizeof *olds; a++) {
         char dir[PATH_MAX], err[1024];
-        snprintf(dir, sizeof dir, "%s/flat%d", root, olds[a]);
-        write_flat_ranks(dir, olds[a]);
+        snprintf(dir, sizeof dir, "%s/cut%zu", root, a);
+        write_ranks(dir, olds[a].world, olds[a].g);
         for (size_t b = 0; b < sizeof news / sizeof *news; b++) {
             CheckpointReslice *rs = NULL;
-            REQUIRE(checkpoint_reslice_open(&rs, dir, olds[a], err, sizeof err) == 0, "open: %s", err);
+            REQUIRE(checkpoint_reslice_open(&rs, dir, olds[a].world, olds[a].cut, err, sizeof err) == 0, "open: %s",
+                    err);
             long wrong = 0;
             for (int r = 0; r < news[b]; r++)
                 for (int u = 0; u < L->n_units; u++) {
@@ -182,14 +194,23 @@ static void test_reslice(void) {
                     float *got[3];
                     for (int k = 0; k < 3; k++) got[k] = malloc(n * sizeof(float));
                     CHECK(checkpoint_read_resliced_unit(rs, L, u, off, n, got[0], got[1], got[2], err, sizeof err) == 0,
-                          "%d -> %d ranks, rank %d unit %d: %s", olds[a], news[b], r, u, err);
+                          "%s of %d -> %d ranks, rank %d unit %d: %s", olds[a].cut, olds[a].world, news[b], r, u, err);
                     for (int k = 0; k < 3; k++)
                         for (size_t i = 0; i < n; i++) wrong += got[k][i] != element(u, off + i, k);
                     for (int k = 0; k < 3; k++) free(got[k]);
                 }
-            CHECK(wrong == 0, "%d -> %d ranks: %ld elements out of place", olds[a], news[b], wrong);
+            CHECK(wrong == 0, "%s of %d -> %d ranks: %ld elements out of place", olds[a].cut, olds[a].world, news[b],
+                  wrong);
             checkpoint_reslice_close(rs);
         }
+    }
+    static const char *const bad[] = {"hpz:4", "hybrid_shard:0", "hpz:2x", "ring"};
+    for (size_t i = 0; i < sizeof bad / sizeof *bad; i++) {
+        CheckpointReslice *rs = NULL;
+        char err[1024] = "";
+        CHECK(checkpoint_reslice_open(&rs, root, 6, bad[i], err, sizeof err) != 0 && rs == NULL &&
+                  strstr(err, bad[i]) != NULL,
+              "cut \"%s\" of 6 ranks was not refused by name (%s)", bad[i], err);
     }
 }
 

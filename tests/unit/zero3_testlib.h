@@ -39,6 +39,7 @@ typedef struct {
     int nodes;                    // the ranks stand for this many nodes (LOCAL_WORLD_SIZE = world / nodes); 0: one
     int hybrid;                   // HSDP: state partitioned within each node, replicated across nodes
     int hpz;                      // hpZ (stage 3): parameters partitioned within each node, the rest over all ranks
+    int serialised;               // overlap_comm false: collectives serialised with compute (zero3_set_overlap)
 } Z3Case;
 
 static int z3_seq_len(const Z3Case *c, int s) { return c->base_len + (s * 5) % c->len_spread; }
@@ -108,6 +109,7 @@ static void z3_run_rank(const Z3Case *c, int rank, int world, int port, int stag
                 : zero3_create_sharded(&z, &m, c->hybrid ? intra : comm, inter, stage, err, sizeof err)) != 0 ||
         zero3_init_random(z, 99, c->init_std, err, sizeof err) != 0)
         Z3_FAIL("%s", err);
+    zero3_set_overlap(z, !c->serialised);
     int per = c->n_seq / world, s0 = rank * per, s1 = s0 + per;
     int nt = z3_tokens(c, s0, s1);
     int32_t *tok = malloc(nt * 4), *tgt = malloc(nt * 4), *cu = malloc((c->n_seq + 1) * 4);
