@@ -146,6 +146,32 @@ def test_one_rank_equals_two_ranks(two_ranks):
         assert ((wa[k] - wb[k]).norm() / wb[k].norm()).item() <= 1e-4, k
 
 
+def test_resume_on_another_number_of_ranks(setup):
+    """The adapters' state is saved whole, so a 2-rank LoRA checkpoint resumes on 1 rank: with the global batch kept
+    (4 x 2 ranks -> 8 x 1, shuffle off) and no dropout (its masks follow the rank), steps 4-6 continue as on 2 ranks,
+    up to the order of the sums over ranks (as test_one_rank_equals_two_ranks allows)."""
+    d = setup
+    model, data = d / "model", d / "train.jsonl"
+    args = lora_args(model, data, d / "w2", 4)
+    args[args.index("--save-total-limit") + 1] = "0"
+    codes, logs = run(args, 2, d, "w2")
+    assert codes == [0, 0], logs
+    codes, logs = run(lora_args(model, data, d / "w1", 8, ["--resume", str(d / "w2" / "checkpoint-3")]), 1, d, "w1")
+    assert codes == [0], logs
+    assert "written by 2 ranks; its adapters continue on 1 ranks (data_position 24 per rank becomes 48)" in logs, logs
+    a, b = metrics(d / "w2"), metrics(d / "w1")
+    assert sorted(b) == [4, 5, 6]
+    for step in (4, 5, 6):
+        for key in ("loss", "grad_norm"):
+            assert abs(a[step][key] - b[step][key]) <= 1e-5 * abs(a[step][key]), (step, key, a[step], b[step])
+    from safetensors.torch import load_file
+    wa = load_file(str(d / "w2" / "checkpoint-6" / "adapter_model.safetensors"))
+    wb = load_file(str(d / "w1" / "checkpoint-6" / "adapter_model.safetensors"))
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert ((wa[k] - wb[k]).norm() / wa[k].norm()).item() <= 1e-4, k
+
+
 @pytest.mark.parametrize("extra,needle", [
     (["--lora-dropout", "1"], "lora_dropout must be in [0, 1)"),
     (["--lora-target-modules", "q_proj,qkv_proj"], "unknown module 'qkv_proj'"),
