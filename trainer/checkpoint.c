@@ -588,18 +588,42 @@ static int resolve_checkpoint(Comm *c, const CheckpointOptions *o, const char *d
     return rc;
 }
 
+// Whether a checkpoint of cs->world_size ranks can continue on `world`: each rank's data_position counts its own
+// interleaved shard (data.h), so the records consumed so far must split evenly over the new ranks, and a shuffled
+// epoch under way (each rank's order a permutation of its own shard) cannot continue on another number. 0, or -1
+// with a message naming both sides. Resuming on the same number always can.
+static int check_resize(const CheckpointState *cs, int world, const CheckpointOptions *o, const char *path, char *err,
+                        size_t err_len) {
+    if (cs->world_size == world) return 0;
+    if (cs->progress.data_position > 0 && o->data_order_per_rank) {
+        snprintf(err, err_len, "%s was written by %d ranks at position %lld of epoch %lld; this run has %d ranks and "
+                 "shuffle_dataset on, whose order is per rank's shard: the epoch cannot continue in the same order. "
+                 "Resume with WORLD_SIZE=%d, from a checkpoint at an epoch boundary, or with --shuffle-dataset false "
+                 "on both runs", path, cs->world_size, (long long)cs->progress.data_position,
+                 (long long)cs->progress.epoch, world, cs->world_size);
+        return -1;
+    }
+    if ((cs->progress.data_position * cs->world_size) % world != 0) {
+        snprintf(err, err_len, "%s was written by %d ranks at data_position %lld (per rank: %lld records in all); "
+                 "this run's %d ranks cannot split that evenly: resume with WORLD_SIZE=%d or a number of ranks that "
+                 "divides %lld", path, cs->world_size, (long long)cs->progress.data_position,
+                 (long long)(cs->progress.data_position * cs->world_size), world, cs->world_size,
+                 (long long)(cs->progress.data_position * cs->world_size));
+        return -1;
+    }
+    return 0;
+}
+
 int checkpoint_load_adapter(Comm *c, const CheckpointOptions *o, const char *dir, const Model *m,
                             int (*read)(const char *dir, void *arg, char *err, size_t err_len), void *arg,
                             TrainProgress *p, char *loaded_dir, char *err, size_t err_len) {
     char path[PATH_MAX];
     CheckpointState cs;
     if (resolve_checkpoint(c, o, dir, 1, path, &cs, err, err_len) != 0) return -1;
-    // The adapters are replicated, but each rank's data position counts its own shard's records.
-    if (cs.world_size != comm_world_size(c)) {
-        snprintf(err, err_len, "%s was written by %d ranks, this run has %d: resume a LoRA run with WORLD_SIZE=%d", path,
-                 cs.world_size, comm_world_size(c), cs.world_size);
-        return -1;
-    }
+    // The adapters' state is saved whole (rank 0 collects it), so any number of ranks reads it back; each rank's data
+    // position counts its own shard's records and is rescaled as for a ZeRO checkpoint.
+    const int world = comm_world_size(c);
+    if (check_resize(&cs, world, o, path, err, err_len) != 0) return -1;
     if (cs.layout_hash != m->layout.hash) {
         snprintf(err, err_len, "%s has layout hash %016llx, this model's is %016llx: resume with the same --model", path,
                  (unsigned long long)cs.layout_hash, (unsigned long long)m->layout.hash);
@@ -607,6 +631,13 @@ int checkpoint_load_adapter(Comm *c, const CheckpointOptions *o, const char *dir
     }
     if (read(path, arg, err, err_len) != 0) return -1;
     *p = cs.progress;
+    if (cs.world_size != world) {
+        p->data_position = cs.progress.data_position * cs.world_size / world;
+        if (comm_rank(c) == 0)
+            fprintf(stderr, "tandem-train: %s was written by %d ranks; its adapters continue on %d ranks "
+                    "(data_position %lld per rank becomes %lld)\n", path, cs.world_size, world,
+                    (long long)cs.progress.data_position, (long long)p->data_position);
+    }
     if (loaded_dir) snprintf(loaded_dir, PATH_MAX, "%s", path);
     return 0;
 }
@@ -621,22 +652,7 @@ int checkpoint_load(Zero3 *z, Model *m, Comm *c, const CheckpointOptions *o, con
     char slicing[32];
     zero3_slicing(z, slicing, sizeof slicing);
     const int resize = cs.world_size != world, reslice = resize || strcmp(cs.zero_slicing, slicing) != 0;
-    if (resize && cs.progress.data_position > 0 && o->data_order_per_rank) {
-        snprintf(err, err_len, "%s was written by %d ranks at position %lld of epoch %lld; this run has %d ranks and "
-                 "shuffle_dataset on, whose order is per rank's shard: the epoch cannot continue in the same order. "
-                 "Resume with WORLD_SIZE=%d, from a checkpoint at an epoch boundary, or with --shuffle-dataset false "
-                 "on both runs", path, cs.world_size, (long long)cs.progress.data_position,
-                 (long long)cs.progress.epoch, world, cs.world_size);
-        return -1;
-    }
-    if (resize && (cs.progress.data_position * cs.world_size) % world != 0) {
-        snprintf(err, err_len, "%s was written by %d ranks at data_position %lld (per rank: %lld records in all); "
-                 "this run's %d ranks cannot split that evenly: resume with WORLD_SIZE=%d or a number of ranks that "
-                 "divides %lld", path, cs.world_size, (long long)cs.progress.data_position,
-                 (long long)(cs.progress.data_position * cs.world_size), world, cs.world_size,
-                 (long long)(cs.progress.data_position * cs.world_size));
-        return -1;
-    }
+    if (check_resize(&cs, world, o, path, err, err_len) != 0) return -1;
     if (cs.layout_hash != m->layout.hash) {
         snprintf(err, err_len, "%s has layout hash %016llx, this model's is %016llx: resume with the same --model", path,
                  (unsigned long long)cs.layout_hash, (unsigned long long)m->layout.hash);

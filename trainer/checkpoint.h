@@ -91,8 +91,9 @@ int checkpoint_save_adapter(Comm *c, const CheckpointOptions *o, const TrainProg
                             int (*write)(const char *dir, void *arg, char *err, size_t err_len), void *arg,
                             char *saved_dir, char *err, size_t err_len);
 // Its resume, all ranks together: dir as checkpoint_load's (a folder, or "latest"); refuses a full-model checkpoint
-// (and checkpoint_load refuses an adapter one), another number of ranks and another model layout; then every rank
-// calls `read` on the folder and gets the progress.
+// (and checkpoint_load refuses an adapter one) and another model layout; then every rank calls `read` on the folder
+// and gets the progress. Another number of ranks is fine (the adapters' state is saved whole), with data_position
+// rescaled and refused as checkpoint_load does.
 int checkpoint_load_adapter(Comm *c, const CheckpointOptions *o, const char *dir, const Model *m,
                             int (*read)(const char *dir, void *arg, char *err, size_t err_len), void *arg,
                             TrainProgress *p, char *loaded_dir, char *err, size_t err_len);

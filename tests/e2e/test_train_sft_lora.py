@@ -45,6 +45,21 @@ def metrics(out_dir):
     return {r["step"]: r for r in map(json.loads, (out_dir / "metrics.jsonl").read_text().splitlines())}
 
 
+def assert_runs_agree(a_dir, b_dir, steps):
+    """Two runs that differ only in the order of the sums over ranks: loss and grad norm within 1e-5 (relative) at
+    each step, final adapters (checkpoint-6) within 1e-4."""
+    a, b = metrics(a_dir), metrics(b_dir)
+    for step in steps:
+        for key in ("loss", "grad_norm"):
+            assert abs(a[step][key] - b[step][key]) <= 1e-5 * abs(a[step][key]), (step, key, a[step], b[step])
+    from safetensors.torch import load_file
+    wa = load_file(str(a_dir / "checkpoint-6" / "adapter_model.safetensors"))
+    wb = load_file(str(b_dir / "checkpoint-6" / "adapter_model.safetensors"))
+    assert wa.keys() == wb.keys()
+    for k in wa:
+        assert ((wa[k] - wb[k]).norm() / wa[k].norm()).item() <= 1e-4, k
+
+
 @pytest.fixture(scope="module")
 def setup(tmp_path_factory):
     d = tmp_path_factory.mktemp("sft_lora")
@@ -134,16 +149,24 @@ def test_one_rank_equals_two_ranks(two_ranks):
     d, _ = two_ranks
     codes, logs = run(lora_args(d / "model", d / "train.jsonl", d / "b", 8), 1, d, "b")
     assert codes == [0], logs
-    a, b = metrics(d / "a"), metrics(d / "b")
-    for step in range(1, 7):
-        for key in ("loss", "grad_norm"):
-            assert abs(a[step][key] - b[step][key]) <= 1e-5 * abs(b[step][key]), (step, key, a[step], b[step])
-    from safetensors.torch import load_file
-    wa = load_file(str(d / "a" / "checkpoint-6" / "adapter_model.safetensors"))
-    wb = load_file(str(d / "b" / "checkpoint-6" / "adapter_model.safetensors"))
-    assert wa.keys() == wb.keys()
-    for k in wa:
-        assert ((wa[k] - wb[k]).norm() / wb[k].norm()).item() <= 1e-4, k
+    assert_runs_agree(d / "a", d / "b", range(1, 7))
+
+
+def test_resume_on_another_number_of_ranks(setup):
+    """The adapters' state is saved whole, so a 2-rank LoRA checkpoint resumes on 1 rank: with the global batch kept
+    (4 x 2 ranks -> 8 x 1, shuffle off) and no dropout (its masks follow the rank), steps 4-6 continue as on 2 ranks,
+    up to the order of the sums over ranks (as test_one_rank_equals_two_ranks allows)."""
+    d = setup
+    model, data = d / "model", d / "train.jsonl"
+    args = lora_args(model, data, d / "w2", 4)
+    args[args.index("--save-total-limit") + 1] = "0"
+    codes, logs = run(args, 2, d, "w2")
+    assert codes == [0, 0], logs
+    codes, logs = run(lora_args(model, data, d / "w1", 8, ["--resume", str(d / "w2" / "checkpoint-3")]), 1, d, "w1")
+    assert codes == [0], logs
+    assert "written by 2 ranks; its adapters continue on 1 ranks (data_position 24 per rank becomes 48)" in logs, logs
+    assert sorted(metrics(d / "w1")) == [4, 5, 6]
+    assert_runs_agree(d / "w2", d / "w1", (4, 5, 6))
 
 
 @pytest.mark.parametrize("extra,needle", [
