@@ -22,6 +22,11 @@ over nccl), once per --adapter-update-modes value of the server (merge: into a w
 extra GEMMs), and merged (the base with the adapters merged in, whole weights); the table then gives each push's
 bytes and time. --server-gpu same puts the server on the trainer's GPU (nccl then runs over NCCL's network transport,
 each process its own NCCL_HOSTID: it checks the path, its time is not NVLink's).
+--server-tp N runs a tensor-parallel server of N shards (issue 26): on GPUs 1..N (cvd, index: N + 1 GPUs), or on GPUs
+0..N-1 with --server-gpu same, shard 0 beside the trainer (the issue's layout for 2 GPUs; network transport as above);
+over nccl each shard receives only its parts of the trainer's slices. The summary then extrapolates a 72B push
+(Qwen2.5-72B: 72.7 B params, 145 GB bf16) from the measured model rate, and says it is extrapolated.
+The dry run takes --transports nccl too: CPU trainer and server over the host communicator (nccl's CPU twin).
 """
 import argparse
 import json
@@ -38,17 +43,27 @@ from benchlib import build_model, server_fixtures, use_devlib
 from server_fixtures import free_port
 
 
+def qwen72b_params():
+    """Qwen2.5-72B's parameters (config.json: hidden 8192, MLP 29568, 80 layers, 64 heads, 8 KV heads of 128, vocabulary
+    152064, untied embeddings, q/k/v biases)."""
+    C, I, L, KV, V = 8192, 29568, 80, 8 * 128, 152064
+    layer = C * C + C + 2 * (C * KV + KV) + C * C + 3 * C * I + 2 * C
+    return L * layer + 2 * V * C + C
+
+
 def run_sync(build, model_dir, data, work, transport, steps, select, timeout, extra_env=None, tag=None,
-             extra_args=(), server_args=()):
+             extra_args=(), server_args=(), server_tp=1):
     """Returns (metrics rows, rank-0 log, note). select: cvd | index | same | cpu (dry run). extra_env: variables
     set for both the trainer and the server (an NCCL tuning variant); tag names the run's folder and logs.
     server_args: more tandem-serve options. With select same and transport nccl, trainer and server get their own
     NCCL_HOSTID: one GPU cannot hold two members of a communicator otherwise (NCCL then takes its network
     transport between them: a correctness run, not a speed one)."""
     control = f"tcp://127.0.0.1:{free_port()}"
-    sargs, senv = {"cvd": (["--device", "cuda"], {"CUDA_VISIBLE_DEVICES": "1"}),
+    gpus = ",".join(str(1 + k) for k in range(server_tp))
+    sargs, senv = {"cvd": (["--device", "cuda"], {"CUDA_VISIBLE_DEVICES": gpus}),
                    "index": (["--device", "cuda:1"], {}), "same": (["--device", "cuda:0"], {}),
                    "cpu": (["--device", "cpu"], {})}[select]
+    sargs = sargs + ["--tensor-parallel-size", str(server_tp)]
     senv = dict(senv, **(extra_env or {}))
     tenv = dict(extra_env or {})
     if select == "same" and transport == "nccl":
@@ -94,6 +109,7 @@ def main():
                     help="semicolon-separated NCCL tuning variants, each a comma- or space-separated list of VAR=VALUE set for "
                          "trainer and server, run with transport nccl after the --transports runs "
                          "(e.g. 'NCCL_P2P_NVL_CHUNKSIZE=2097152;NCCL_MIN_P2P_NCHANNELS=32,NCCL_P2P_NVL_CHUNKSIZE=1048576')")
+    ap.add_argument("--server-tp", type=int, default=1, help="the server's tensor-parallel shards")
     ap.add_argument("--dry-run-cpu", action="store_true")
     args = ap.parse_args()
     build = pathlib.Path(args.build).resolve()
@@ -140,8 +156,10 @@ def main():
         for transport, tag, extra_env in runs:
             rows, log, note = run_sync(build, model_dir, data, d, transport, args.steps,
                                        "cpu" if args.dry_run_cpu else args.server_gpu, args.timeout, extra_env, tag,
-                                       lora_args.get(tag, ()), server_args.get(tag, ()) if args.lora_r else ())
-            want = "weight sync over NCCL" if transport == "nccl" else "weight sync over ZeroMQ"
+                                       lora_args.get(tag, ()), server_args.get(tag, ()) if args.lora_r else (),
+                                       args.server_tp)
+            want = "weight sync over " + ("ZeroMQ" if transport != "nccl" else
+                                          "the host communicator" if args.dry_run_cpu else "NCCL")
             if not note and want not in log:
                 note = f"the trainer's start line lacks {want!r}"
             if note or len(rows) < 2:
@@ -178,7 +196,9 @@ def main():
     gpu = "no GPU (dry run)" if args.dry_run_cpu else \
         f"GPU {torch.cuda.get_device_name(0)} x {torch.cuda.device_count()}"
     print(f"{gpu}, {'tiny test model' if args.dry_run_cpu else 'Qwen2.5-' + args.shape.upper() + ' shape'} "
-          f"({params / 1e6:.0f} M params, {2 * params / 1e9:.2f} GB bf16), 1 trainer rank GPU0 -> 1 server GPU1, "
+          f"({params / 1e6:.0f} M params, {2 * params / 1e9:.2f} GB bf16), 1 trainer rank GPU0 -> 1 server "
+          f"{'of ' + str(args.server_tp) + ' shards ' if args.server_tp > 1 else ''}"
+          f"({'GPU0' if args.server_gpu == 'same' else 'GPU1'}{'..' if args.server_tp > 1 else ''}), "
           f"torch={torch.__version__}")
     print(f"{'run':<26}{'step 1 s':>10}{'median s':>10}{'best s':>9}{'model GB/s':>12}{'wire GB/s':>11}"
           f"{'send GB/s':>11}{'torch p2p GB/s':>16}{'model/p2p':>11}{'send/p2p':>10}{'step s':>9}")
@@ -187,8 +207,10 @@ def main():
               f"{copy:>16.1f}{model_gbs / copy:>10.2f}x{send_gbs / copy:>9.2f}x{step:>9.3f}   (wire bytes from {src})")
     print("model GB/s: the whole push (weights_begin, sends, the server's swap at weights_end); send GB/s: the "
           "sending alone (sync_transfer_time)")
+    q72 = 2 * qwen72b_params()
     print("summary: sync " + "; ".join(f"{t} {m:.1f} GB/s = {m / copy:.0%} of p2p copy {copy:.0f} GB/s "
-                                       f"({sg / copy:.0%} sending alone), {med * 1e3:.1f} ms per push"
+                                       f"({sg / copy:.0%} sending alone), {med * 1e3:.1f} ms per push; 72B "
+                                       f"({q72 / 1e9:.0f} GB) at this rate {q72 / (m * 1e9):.1f} s (extrapolated)"
                                        for t, _, med, _, m, _, _, _, sg in results)
           + ("" if ok else " (FAILED runs above)"))
     sys.exit(0 if ok else 1)

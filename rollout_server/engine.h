@@ -245,14 +245,19 @@ int engine_commit_adapter(Engine *e, int64_t version, const struct LoraConfig *c
 // Transport nccl, adapter updates: layer `layer`'s adapter unit of unit_numel elements in backend memory (storage
 // dtype), made on first use (NULL when out of memory or out of range), that the NCCL receiver fills.
 void *engine_adapter_device_staging(Engine *e, size_t unit_numel, int layer);
-// Transport nccl: the second copy of unit `unit` in backend memory (storage dtype, unit_numel elements), made on
-// first use (NULL when out of memory), that the NCCL receiver fills; engine_commit_device_weights swaps every
-// unit with its copy in between two steps (pointers only), then as engine_commit_weights.
-void *engine_weights_device_staging(Engine *e, int unit);
+// Transport nccl: the second copy of tensor-parallel shard `shard`'s unit `unit` on its device (storage dtype, the
+// shard's unit_numel elements; shard 0 of 1: the whole unit), made on first use (NULL when out of memory), that
+// the shard's NCCL receiver fills; engine_commit_device_weights swaps every unit of every shard with its copy in
+// between two steps (pointers only), then as engine_commit_weights.
+void *engine_weights_device_staging(Engine *e, int shard, int unit);
 int engine_commit_device_weights(Engine *e, int64_t version, EngineUpdateMode mode, EngineCommitReport *rep,
                                  char *err, size_t err_len);
-// The engine's compute context (for the NCCL receiver).
+// The engine's compute context (shard 0's), its tensor-parallel shards (1: none), shard k's model (config, layout,
+// place in the whole model) and compute context: what the NCCL receivers need.
 OpsCtx *engine_ops(Engine *e);
+int engine_tp(const Engine *e);
+const Model *engine_shard_model(const Engine *e, int shard);
+OpsCtx *engine_shard_ops(Engine *e, int shard);
 
 // Kinds of engine step: decode-only steps replayed from a CUDA graph, decode-only steps run op by op (graphs off
 // or not recorded yet, the CPU backend, sizes past the ladder), and steps with prompt tokens (prefill chunks).

@@ -212,9 +212,9 @@ float *engine_weights_staging(Engine *e, int unit) {
     return p;
 }
 
-void *engine_weights_device_staging(Engine *e, int unit) {
+void *engine_weights_device_staging(Engine *e, int shard, int unit) {
     pthread_mutex_lock(&e->mu);
-    void *p = runner_weights_device_staging(e->runner, unit);
+    void *p = runner_weights_device_staging(e->runner, shard, unit);
     pthread_mutex_unlock(&e->mu);
     return p;
 }
@@ -227,6 +227,12 @@ void *engine_adapter_device_staging(Engine *e, size_t unit_numel, int layer) {
 }
 
 OpsCtx *engine_ops(Engine *e) { return runner_ops(e->runner); }
+
+int engine_tp(const Engine *e) { return runner_tp(e->runner); }
+
+const Model *engine_shard_model(const Engine *e, int shard) { return runner_shard_model(e->runner, shard); }
+
+OpsCtx *engine_shard_ops(Engine *e, int shard) { return runner_shard_ops(e->runner, shard); }
 
 static int commit(Engine *e, int64_t version, int device, const LoraConfig *lora, float *const *lora_units,
                   EngineUpdateMode mode, EngineCommitReport *rep, char *err, size_t err_len);
@@ -245,9 +251,11 @@ int engine_commit_device_weights(Engine *e, int64_t version, EngineUpdateMode mo
                                  char *err, size_t err_len) {
     if (rep) memset(rep, 0, sizeof *rep);
     pthread_mutex_lock(&e->mu);
-    const int missing = runner_weights_device_missing(e->runner);
+    int shard = 0;
+    const int missing = runner_weights_device_missing(e->runner, &shard);
     pthread_mutex_unlock(&e->mu);
-    if (missing >= 0) return snprintf(err, err_len, "unit %d was never received", missing), ENGINE_EINVAL;
+    if (missing >= 0)
+        return snprintf(err, err_len, "unit %d (shard %d) was never received", missing, shard), ENGINE_EINVAL;
     return commit(e, version, 1, NULL, NULL, mode, rep, err, err_len);
 }
 

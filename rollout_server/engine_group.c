@@ -327,36 +327,37 @@ int engine_group_commit_adapter(EngineGroup *g, int64_t version, const struct Lo
     return rc;
 }
 
-int engine_group_device_staging_ready(EngineGroup *g, int *engine, int *unit) {
-    const int n_units = engine_model(g->engines[0])->layout.n_units;
+int engine_group_device_staging_ready(EngineGroup *g, int *engine, int *shard, int *unit) {
     for (int i = 0; i < g->n; i++)
-        for (int u = 0; u < n_units; u++)
-            if (!engine_weights_device_staging(g->engines[i], u)) {
-                *engine = i;
-                *unit = u;
-                return -1;
-            }
+        for (int k = 0; k < engine_tp(g->engines[i]); k++)
+            for (int u = 0; u < engine_shard_model(g->engines[i], k)->layout.n_units; u++)
+                if (!engine_weights_device_staging(g->engines[i], k, u)) {
+                    *engine = i;
+                    *shard = k;
+                    *unit = u;
+                    return -1;
+                }
     return 0;
 }
 
 int engine_group_spread_device_staging(EngineGroup *g, char *err, size_t err_len) {
-    const Layout *L = &engine_model(g->engines[0])->layout;
-    OpsCtx *src_ops = engine_ops(g->engines[0]);
-    const size_t es = ops_dtype_size(src_ops);
-    for (int k = 1; k < g->n; k++) {
-        OpsCtx *dst_ops = engine_ops(g->engines[k]);
-        for (int u = 0; u < L->n_units; u++) {
-            const void *src = engine_weights_device_staging(g->engines[0], u);
-            void *dst = engine_weights_device_staging(g->engines[k], u);
-            char msg[512];
-            if (!src || !dst)
-                return snprintf(err, err_len, "engine %d (%s) has no device staging for unit %d", src ? k : 0,
-                                g->names[src ? k : 0], u), -1;
-            if (ops_copy_peer(dst_ops, dst, src_ops, src, L->unit_numel[u] * es, msg, sizeof msg) != 0)
-                return snprintf(err, err_len, "copying unit %d from engine 0 (%s) to engine %d (%s): %s", u,
-                                g->names[0], k, g->names[k], msg), -1;
+    for (int k = 1; k < g->n; k++)
+        for (int sh = 0; sh < engine_tp(g->engines[0]); sh++) {
+            const Layout *L = &engine_shard_model(g->engines[0], sh)->layout;
+            OpsCtx *src_ops = engine_shard_ops(g->engines[0], sh), *dst_ops = engine_shard_ops(g->engines[k], sh);
+            const size_t es = ops_dtype_size(src_ops);
+            for (int u = 0; u < L->n_units; u++) {
+                const void *src = engine_weights_device_staging(g->engines[0], sh, u);
+                void *dst = engine_weights_device_staging(g->engines[k], sh, u);
+                char msg[512];
+                if (!src || !dst)
+                    return snprintf(err, err_len, "engine %d (%s) has no device staging for unit %d of shard %d",
+                                    src ? k : 0, g->names[src ? k : 0], u, sh), -1;
+                if (ops_copy_peer(dst_ops, dst, src_ops, src, L->unit_numel[u] * es, msg, sizeof msg) != 0)
+                    return snprintf(err, err_len, "copying unit %d (shard %d) from engine 0 (%s) to engine %d (%s): %s",
+                                    u, sh, g->names[0], k, g->names[k], msg), -1;
+            }
         }
-    }
     return 0;
 }
 

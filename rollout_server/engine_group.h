@@ -9,8 +9,9 @@
 //
 // Weights: every engine holds the same version. A zmq update is received into engine 0's host staging; a commit
 // pauses the engines, uploads the staged weights into each (one extra host copy at a time), swaps them in,
-// and resumes. An nccl update is received into engine 0's device staging; engine_group_spread_device_staging
-// copies it device to device into the other engines' staging (ops_copy_peer), and the commit swaps every
+// and resumes. An nccl update is received into engine 0's device staging (each tensor-parallel shard's own);
+// engine_group_spread_device_staging copies it device to device into the other engines' staging, shard k to shard
+// k (ops_copy_peer), and the commit swaps every
 // engine, paused together, so that no engine generates with the new weights while another still has the old.
 #ifndef TANDEM_ROLLOUT_ENGINE_GROUP_H
 #define TANDEM_ROLLOUT_ENGINE_GROUP_H
@@ -84,9 +85,9 @@ int engine_group_commit_weights(EngineGroup *g, int64_t version, EngineUpdateMod
 // engines' first), as engine_commit_adapter; the same version, mode and report as engine_group_commit_weights.
 int engine_group_commit_adapter(EngineGroup *g, int64_t version, const struct LoraConfig *c, float *const *units,
                                 EngineUpdateMode mode, EngineCommitReport *rep, char *err, size_t err_len);
-// Transport nccl: makes every engine's device staging (engine_weights_device_staging). Returns 0, or -1 with
-// *engine and *unit naming the first that could not be made (out of device memory).
-int engine_group_device_staging_ready(EngineGroup *g, int *engine, int *unit);
+// Transport nccl: makes every engine's device staging, every shard's (engine_weights_device_staging). Returns 0, or
+// -1 with *engine, *shard and *unit naming the first that could not be made (out of device memory).
+int engine_group_device_staging_ready(EngineGroup *g, int *engine, int *shard, int *unit);
 // Copies engine 0's device staging (filled by the NCCL receiver) into every other engine's. Safe on a thread
 // other than the engines' own while they generate: it touches only the staging copies. Returns 0 or -1 with err.
 int engine_group_spread_device_staging(EngineGroup *g, char *err, size_t err_len);

@@ -37,9 +37,11 @@ void http_route_trl_health(HttpReq *r) {
 }
 
 void http_route_trl_world_size(HttpReq *r) {
-    // One process holds the whole model: no tensor or data parallel ranks.
+    // TRL's vllm-serve answers tensor_parallel_size x data_parallel_size: here the shards of one engine times the
+    // engines (--devices).
+    EngineGroup *g = r->srv->engines;
     json_t *o = json_object();
-    json_object_set_new(o, "world_size", json_integer(1));
+    json_object_set_new(o, "world_size", json_integer(engine_group_size(g) * engine_tp(engine_group_engine(g, 0))));
     http_reply_json(r, 200, o);
 }
 

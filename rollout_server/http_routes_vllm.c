@@ -23,8 +23,8 @@ void http_route_vllm_server_info(HttpReq *r) {
     json_object_set_new(model, "served_model_name", json_string(s->model_name));
     json_object_set_new(model, "max_model_len", json_integer(s->max_model_len));
     json_t *parallel = json_object();
-    json_object_set_new(parallel, "tensor_parallel_size", json_integer(1));
-    json_object_set_new(parallel, "data_parallel_size", json_integer(1));
+    json_object_set_new(parallel, "tensor_parallel_size", json_integer(engine_tp(engine_group_engine(s->engines, 0))));
+    json_object_set_new(parallel, "data_parallel_size", json_integer(engine_group_size(s->engines)));
     json_t *cfg = json_object();
     json_object_set_new(cfg, "model_config", model);
     json_object_set_new(cfg, "parallel_config", parallel);

@@ -384,56 +384,42 @@ int runner_upload_weights(ModelRunner *r, float *const *units, char *err, size_t
     return shards_synchronize(r, "uploading the new weights", err, err_len);
 }
 
-void *runner_weights_device_staging(ModelRunner *r, int unit) {
-    const Layout *L = &runner_model(r)->layout;
-    if (unit < 0 || unit >= L->n_units) return NULL;
-    if (!r->dstaging[unit]) {
-        r->dstaging[unit] = ops_malloc(r->ops, L->unit_numel[unit] * ops_dtype_size(r->ops));
-        if (!r->dstaging[unit]) ops_clear_error(r->ops); // the caller reports the missing memory
-    }
-    if (r->tp > 1 && !r->shard_scratch) {
-        size_t most = 0;
-        for (int k = 0; k < r->tp; k++) {
-            const size_t b = model_shard_scratch_bytes(&r->shards[k].m);
-            if (b > most) most = b;
-        }
-        if (!(r->shard_scratch = ops_malloc(r->ops, most))) {
-            ops_clear_error(r->ops);
-            return NULL;
-        }
-    }
-    return r->dstaging[unit];
+int runner_tp(const ModelRunner *r) { return r->tp; }
+
+const Model *runner_shard_model(const ModelRunner *r, int shard) { return &r->shards[shard].m; }
+
+OpsCtx *runner_shard_ops(ModelRunner *r, int shard) { return r->shards[shard].ops; }
+
+void *runner_weights_device_staging(ModelRunner *r, int shard, int unit) {
+    if (shard < 0 || shard >= r->tp) return NULL;
+    RunnerShard *s = &r->shards[shard];
+    if (unit < 0 || unit >= s->m.layout.n_units) return NULL;
+    // Zero-filled: the parts an update sends never cover the alignment gaps or the vocabulary padding rows, which
+    // stay zero across swaps (the live copy that becomes the next staging was loaded with them zero).
+    if (!s->dstaging[unit] && !(s->dstaging[unit] = ops_malloc(s->ops, s->m.layout.unit_numel[unit] *
+                                                                         ops_dtype_size(s->ops))))
+        ops_clear_error(s->ops);   // the caller reports the missing memory
+    return s->dstaging[unit];
 }
 
-int runner_weights_device_missing(const ModelRunner *r) {
-    const Layout *L = &runner_model(r)->layout;
-    for (int u = 0; u < L->n_units; u++)
-        if (!r->dstaging[u]) return u;
-    return r->tp > 1 && !r->shard_scratch ? 0 : -1;
+int runner_weights_device_missing(const ModelRunner *r, int *shard) {
+    for (int k = 0; k < r->tp; k++)
+        for (int u = 0; u < r->shards[k].m.layout.n_units; u++)
+            if (!r->shards[k].dstaging[u]) return *shard = k, u;
+    return -1;
 }
 
 int runner_swap_device_weights(ModelRunner *r, char *err, size_t err_len) {
-    if (r->tp == 1) {
-        RunnerShard *s = &r->shards[0];
+    // The engine thread calls this between steps, so no step reads the weights meanwhile.
+    if (shards_synchronize(r, "finishing the step before the weight swap", err, err_len) != 0) return -1;
+    for (int k = 0; k < r->tp; k++) {
+        RunnerShard *s = &r->shards[k];
         for (int u = 0; u < s->m.layout.n_units; u++) {
             void *live = s->w.params[u];
-            s->w.params[u] = r->dstaging[u];
-            r->dstaging[u] = live;
+            s->w.params[u] = s->dstaging[u];
+            s->dstaging[u] = live;
         }
-        return shards_synchronize(r, "uploading the new weights", err, err_len);
     }
-    // Shards: each unit's slices go from the whole unit on shard 0 into the shards' live weights, in place (the
-    // engine thread calls this between steps, so no step reads them meanwhile).
-    if (shards_synchronize(r, "finishing the step before the weight swap", err, err_len) != 0) return -1;
-    for (int u = 0; u < r->whole.layout.n_units; u++)
-        for (int k = 0; k < r->tp; k++) {
-            RunnerShard *s = &r->shards[k];
-            if (model_shard_unit_device(&r->whole, r->ops, r->dstaging[u], &s->m, s->w.params[u], u, r->shard_scratch,
-                                        err, err_len) != 0) {
-                shards_synchronize(r, "", NULL, 0);
-                return -1;
-            }
-        }
     return shards_synchronize(r, "uploading the new weights", err, err_len);
 }
 

@@ -13,8 +13,8 @@
 // Tensor parallelism (EngineConfig.tensor_parallel_size > 1): one runner over N shards (model_runner_internal.h):
 // runner_model describes the whole model (the layout weight updates address), runner_num_blocks is the count every
 // shard's pool holds, runner_copy_kv_rows copies on every shard, runner_step runs the step on every shard and samples
-// on shard 0, runner_ops is shard 0's context, and the device staging holds whole units on shard 0 that
-// runner_swap_device_weights slices into the shards. The engine and everything above it do not know.
+// on shard 0, runner_ops is shard 0's context, and every shard has its own device staging (its slice of each unit,
+// filled by its own NCCL receiver). The engine and everything above it know only the staging's shards.
 #ifndef TANDEM_ROLLOUT_MODEL_RUNNER_H
 #define TANDEM_ROLLOUT_MODEL_RUNNER_H
 
@@ -116,14 +116,20 @@ void runner_drop_policy_adapter(ModelRunner *r);
 // Uploads host fp32 units (units[u] holds layout.unit_numel[u] values; NULL leaves unit u as it is) into the live
 // weights and waits for the device. Returns 0, or -1 with a message (the weights may then be partly updated).
 int runner_upload_weights(ModelRunner *r, float *const *units, char *err, size_t err_len);
-// Transport nccl: the second copy of unit `unit` in backend memory (storage dtype, unit_numel elements) that a
-// receiver fills, made on first use; NULL when out of device memory (or unit out of range). Called from other
-// threads: the engine serialises these calls with its mutex, and never runs them during runner_swap_device_weights.
-void *runner_weights_device_staging(ModelRunner *r, int unit);
-// The first unit without a device staging copy, or -1 when every unit has one.
-int runner_weights_device_missing(const ModelRunner *r);
-// Swaps every unit's device staging copy with its live weights (pointers only; the old weights receive the next
-// update) and checks the device. Returns 0, or -1 with a message.
+// The tensor-parallel shards (1: none), shard k's model (its config, layout and place in the whole model:
+// ModelShard) and compute context. Shard 0's context is runner_ops.
+int runner_tp(const ModelRunner *r);
+const Model *runner_shard_model(const ModelRunner *r, int shard);
+OpsCtx *runner_shard_ops(ModelRunner *r, int shard);
+// Transport nccl: the second copy of shard `shard`'s unit `unit` on its device (storage dtype, the shard layout's
+// unit_numel elements, zero-filled when made) that a receiver fills, made on first use; NULL when out of device
+// memory (or out of range). Called from other threads: the engine serialises these calls with its mutex, and never
+// runs them during runner_swap_device_weights.
+void *runner_weights_device_staging(ModelRunner *r, int shard, int unit);
+// The first unit without a device staging copy (its shard in *shard), or -1 when every unit of every shard has one.
+int runner_weights_device_missing(const ModelRunner *r, int *shard);
+// Swaps every shard's units with their device staging copies (pointers only; the old weights receive the next
+// update) and checks the devices. Returns 0, or -1 with a message.
 int runner_swap_device_weights(ModelRunner *r, char *err, size_t err_len);
 
 #endif

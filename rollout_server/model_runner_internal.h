@@ -48,6 +48,8 @@ typedef struct RunnerShard {
     KVCache kv;
     DecodeBufs *bufs;
     Comm *comm;         // the shards' communicator (N > 1)
+    void **dstaging;    // (n_units of the shard's layout) transport nccl: the second copy of each unit on this
+                        // shard's device (storage dtype), made on first use, that the shard's receiver fills
     pthread_t thread;   // shards 1..N-1
     int have_thread;
     int rc;             // the last job's result, and its message
@@ -60,9 +62,6 @@ struct ModelRunner {
     OpsCtx *ops;                    // shard 0's context: sampling, the weight receiver's staging
     Model whole;                    // tp > 1: the whole model (config, layout) that weight updates address
     int have_whole;
-    void **dstaging;                // (n_units) transport nccl: second copies in backend memory (storage dtype), on
-                                    // shard 0: whole units (tp > 1: sliced into the shards at the swap)
-    void *shard_scratch;            // tp > 1: staging for the column slices of that swap, on shard 0
     int block_size, max_num_seqs, max_num_batched_tokens, max_blocks, n_blocks, V;
     // Step arrays (host): one entry per token of the step, max_num_batched_tokens of them ...
     int32_t *tok_ids, *tok_seq, *tok_pos, *slots;
@@ -118,8 +117,7 @@ struct ModelRunner {
     RunnerStepPlan plan;
     int pending;                    // shard threads still running the current job
     CommBackend comm_backend;
-    int comm_port;                  // host backend: the rendezvous port of the shards' communicator
-    uint8_t comm_id[COMM_UNIQUE_ID_BYTES]; // nccl: its unique id
+    uint8_t comm_id[COMM_UNIQUE_ID_BYTES]; // the shards' communicator's id (nccl's, or a loopback host rendezvous)
     int comm_timeout_ms;
 };
 

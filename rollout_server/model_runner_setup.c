@@ -110,9 +110,8 @@ static int shard_kv_blocks(ModelRunner *r, RunnerShard *s, const EngineConfig *c
         }
         // Everything in use now (our weights and workspace, other processes) counts against the fraction; the rest
         // goes to the KV pool, less the NCCL weight copy and a margin for the sampler, cuBLAS and NCCL. With shards,
-        // the NCCL copy holds whole units on shard 0 (they are sliced into the shards at the swap).
-        const size_t copy = !cfg->reserve_weight_copy ? 0 : r->tp > 1 && s->index != 0 ? 0
-                            : r->tp > 1 ? r->whole.layout.n_params * ops_dtype_size(s->ops) : weights;
+        // each shard's NCCL copy holds its own slice of every unit.
+        const size_t copy = cfg->reserve_weight_copy ? weights : 0;
         const size_t margin = (size_t)512 << 20;
         const double allowed = cfg->gpu_memory_utilization * (double)total_b;
         const double used = (double)(total_b - free_b);
@@ -177,12 +176,6 @@ static int size_kv_pool(ModelRunner *r, const EngineConfig *cfg, char *err, size
 void runner_free(ModelRunner *r) {
     if (!r) return;
     runner_shards_stop(r);
-    const Model *whole = r->shards ? runner_model(r) : NULL;
-    if (r->dstaging) {
-        for (int u = 0; whole && u < whole->layout.n_units; u++) ops_free(r->ops, r->dstaging[u]);
-        free(r->dstaging);
-    }
-    if (r->ops) ops_free(r->ops, r->shard_scratch);
     free(r->tok_ids);
     free(r->tok_seq);
     free(r->tok_pos);
@@ -215,6 +208,8 @@ void runner_free(ModelRunner *r) {
         if (s->bufs) decode_bufs_free(s->bufs, &s->m);
         if (s->kv.k) kv_cache_free(&s->kv, &s->m);
         if (s->comm) comm_destroy(s->comm);
+        for (int u = 0; s->dstaging && u < s->m.layout.n_units; u++) ops_free(s->ops, s->dstaging[u]);
+        free(s->dstaging);
         if (s->have_weights) resident_free(&s->w, &s->m);
         if (s->have_model) model_free(&s->m);
         if (s->ops) ops_destroy(s->ops);
@@ -389,10 +384,12 @@ int runner_create(ModelRunner **out, const EngineConfig *cfg, char *err, size_t 
     r->score_seq = malloc(T * sizeof *r->score_seq);
     r->score_pos = malloc(T * sizeof *r->score_pos);
     r->logits = malloc(S * r->V * sizeof *r->logits);
-    r->dstaging = calloc((size_t)whole->layout.n_units, sizeof *r->dstaging);
+    int staging = 1;
+    for (int k = 0; k < r->tp; k++)
+        staging &= (r->shards[k].dstaging = calloc((size_t)whole->layout.n_units, sizeof(void *))) != NULL;
     if (!r->tok_ids || !r->tok_seq || !r->tok_pos || !r->slots || !r->tables || !r->rows || !r->logits ||
         !r->score_rows || !r->score_seq || !r->score_pos ||
-        !r->dstaging || runner_samp_reserve(r, cfg->max_num_seqs, 0, 0) != 0) {
+        !staging || runner_samp_reserve(r, cfg->max_num_seqs, 0, 0) != 0) {
         snprintf(err, err_len, "out of host memory setting up the engine");
         rc = ENGINE_ENOMEM;
         goto fail;

@@ -180,7 +180,7 @@ static int merge_policy_adapter(ModelRunner *r, const LoraConfig *c, char *err, 
     for (int layer = 0; layer < m->cfg.num_layers; layer++) {
         const int u = layout_layer_unit(layer);
         model_lora_merge_layer(r->merge_lora, m, o, r->adapter_staging[layer], r->adapter_base[u],
-                               r->shards[0].w.params[u], r->merge_scratch, msg, sizeof msg);
+                               r->shards[0].w.params[u], r->merge_scratch);
     }
     ops_synchronize(o);
     if (ops_status(o)) {

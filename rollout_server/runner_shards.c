@@ -1,29 +1,17 @@
 // rollout_server/runner_shards.c — the tensor-parallel shards of a runner, driven in lock-step
 // (model_runner_internal.h): one thread per shard 1..N-1 waiting for the next job, the shards' communicator, and the
 // run of one job on every shard at once.
-#include <arpa/inet.h>
-#include <errno.h>
-#include <netinet/in.h>
 #include <stdio.h>
-#include <string.h>
-#include <sys/socket.h>
-#include <unistd.h>
 
 #include "rollout_server/model_runner_internal.h"
 
 // Joins shard k to the shards' communicator.
 static int shard_join(ModelRunner *r, int k) {
     RunnerShard *s = &r->shards[k];
-    int rc;
-    if (r->comm_backend == COMM_BACKEND_NCCL) {
-        rc = comm_create_local_group(&s->comm, COMM_BACKEND_NCCL, r->comm_id, k, r->tp, r->comm_timeout_ms, s->ops,
-                                     s->err, sizeof s->err);
-    } else {
-        CommInit ci = {.rank = k, .world_size = r->tp, .master_port = r->comm_port, .timeout_ms = r->comm_timeout_ms};
-        snprintf(ci.master_addr, sizeof ci.master_addr, "127.0.0.1");
-        rc = comm_create(&s->comm, COMM_BACKEND_HOST, &ci, NULL, s->err, sizeof s->err);
-    }
-    if (rc != 0) return -1;
+    // On CUDA the shards' communicator is blocking (comm_create_local_group): its calls can be recorded in graphs.
+    if (comm_create_local_group(&s->comm, r->comm_backend, r->comm_id, k, r->tp, r->comm_timeout_ms, s->ops, s->err,
+                                sizeof s->err) != 0)
+        return -1;
     s->m.shard.comm = s->comm;
     return 0;
 }
@@ -83,22 +71,6 @@ int runner_shards_run(ModelRunner *r, ShardJob job, char *err, size_t err_len) {
     return 0;
 }
 
-// A TCP port on the loopback that nothing listens on now, for the shards' host communicator (its rendezvous binds it
-// right after; a process taking it in between makes the join fail with a message naming the port).
-static int free_loopback_port(char *err, size_t err_len) {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    struct sockaddr_in a = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-    socklen_t len = sizeof a;
-    if (fd < 0 || bind(fd, (struct sockaddr *)&a, sizeof a) != 0 || getsockname(fd, (struct sockaddr *)&a, &len) != 0) {
-        snprintf(err, err_len, "no free loopback port for the tensor-parallel shards' communicator: %s",
-                 strerror(errno));
-        if (fd >= 0) close(fd);
-        return -1;
-    }
-    close(fd);
-    return ntohs(a.sin_port);
-}
-
 int runner_shards_start(ModelRunner *r, char *err, size_t err_len) {
     if (r->tp == 1) return 0;
     pthread_mutex_init(&r->mu, NULL);
@@ -108,11 +80,10 @@ int runner_shards_start(ModelRunner *r, char *err, size_t err_len) {
     // Every shard joins within the minute (they are threads of this process); afterwards a collective that waits
     // two minutes for another shard means that shard's device is wedged: the step fails instead of hanging.
     r->comm_timeout_ms = 60000;
-    if (r->comm_backend == COMM_BACKEND_NCCL) {
-        if (comm_unique_id(COMM_BACKEND_NCCL, r->comm_id, err, err_len) != 0) return ENGINE_EINTERNAL;
-    } else if ((r->comm_port = free_loopback_port(err, err_len)) < 0) {
+    // The shards are threads of this process: the host backend's rendezvous (shard 0's) is on the loopback.
+    if ((r->comm_backend == COMM_BACKEND_NCCL ? comm_unique_id(COMM_BACKEND_NCCL, r->comm_id, err, err_len)
+                                              : comm_unique_id_host("127.0.0.1", r->comm_id, err, err_len)) != 0)
         return ENGINE_EINTERNAL;
-    }
     for (int k = 1; k < r->tp; k++) {
         r->shards[k].runner = r;
         r->shards[k].index = k;

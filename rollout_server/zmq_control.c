@@ -102,6 +102,7 @@ static void do_hello(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q
     m.policy_version = engine_group_policy_version(z->g);
     m.max_seq_len = model->cfg.max_seq_len;
     m.vocab_size = model->cfg.vocab_size;
+    m.tensor_parallel_size = engine_tp(engine_group_engine(z->g, 0));
     zc_send_msg(z->router, rid, rl, &m);
     free(numel);
 }

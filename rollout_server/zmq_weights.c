@@ -59,18 +59,18 @@ static int refuse_layout(ZmqControl *z, const void *rid, size_t rl, const ZmsgMs
 // out at once so that the trainer ranks can start sending.
 static void begin_nccl(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q) {
     char err[768];
-    if (!weight_nccl_supported(z->wn, err, sizeof err)) {
+    if (!weight_nccl_supported(z->wn, q->comm_backend, err, sizeof err)) {
         zc_send_error(z->router, rid, rl, q->id, "unsupported", "weights_begin: transport \"nccl\": %s; use transport "
                       "\"zmq\"", err);
         return;
     }
     if (refuse_layout(z, rid, rl, q, "layout hash")) return;
     weight_recv_reset(&z->wr);   // a zmq update still open is abandoned, as by any weights_begin
-    int bad_engine, bad_unit;
-    if (engine_group_device_staging_ready(z->g, &bad_engine, &bad_unit) != 0) {
-        zc_send_error(z->router, rid, rl, q->id, "out_of_memory", "weights_begin: no GPU memory on %s for the second "
-                      "copy of the weights that an NCCL update is received into (unit %d); lower --kv-cache-memory",
-                      engine_group_device_name(z->g, bad_engine), bad_unit);
+    int bad_engine, bad_shard, bad_unit;
+    if (engine_group_device_staging_ready(z->g, &bad_engine, &bad_shard, &bad_unit) != 0) {
+        zc_send_error(z->router, rid, rl, q->id, "out_of_memory", "weights_begin: no GPU memory on %s (tensor-parallel "
+                      "shard %d) for the second copy of the weights that an NCCL update is received into (unit %d); "
+                      "lower --kv-cache-memory", engine_group_device_name(z->g, bad_engine), bad_shard, bad_unit);
         return;
     }
     if (weight_nccl_begin(z->wn, q, 0, err, sizeof err) != 0) {
@@ -164,7 +164,7 @@ static void begin_adapter_nccl(ZmqControl *z, const void *rid, size_t rl, const 
 // their host staging (kept from the previous adapter update when the size is the same).
 static void begin_adapter(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q) {
     char err[768];
-    if (q->transport == ZMSG_TRANSPORT_NCCL && !weight_nccl_supported(z->wn, err, sizeof err)) {
+    if (q->transport == ZMSG_TRANSPORT_NCCL && !weight_nccl_supported(z->wn, q->comm_backend, err, sizeof err)) {
         zc_send_error(z->router, rid, rl, q->id, "unsupported", "weights_begin: transport \"nccl\": %s; use transport "
                       "\"zmq\"", err);
         return;

@@ -13,6 +13,8 @@
 #            greedy on 2 GPUs)
 #   lora     tests/e2e/test_lora_nccl_sync.py --gpu (LoRA adapter updates over NCCL into a lowrank and a merge server;
 #            one GPU is enough: every process its own NCCL_HOSTID)
+#   shards tests/e2e/test_weight_sync_shards.py --gpu (GRPO over NCCL into a TP 2 server on cuda:0-1 and a plain one;
+#          one GPU: the plain one alone)
 #   async  bench/bench_async_gpu.py $ASYNC_ARGS (asynchronous GRPO, issue 24: max_staleness 0 vs 1, 2 on 2 GPUs; e.g.
 #          ASYNC_ARGS="--shape 7b --staleness 0,1 --steps 10")
 #   zero3  bench/bench_zero3_gpu.py $ZERO3_ARGS (SFT on 1 and all GPUs, ZeRO-3 overlap on vs --overlap-comm false)
@@ -112,6 +114,9 @@ if want tp; then
 fi
 if want lora; then
   TANDEM_BUILD_DIR=$B run_py lora_nccl python3 tests/e2e/test_lora_nccl_sync.py --gpu
+fi
+if want shards; then
+  TANDEM_BUILD_DIR=$B run_py sync_shards python3 tests/e2e/test_weight_sync_shards.py --gpu
 fi
 if want structured; then
   TANDEM_BUILD_DIR=$B run_py serve_structured python3 tests/e2e/test_structured_outputs.py --gpu

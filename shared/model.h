@@ -93,12 +93,20 @@ int model_init_shard(Model *m, const ModelConfig *full, int rank, int size, OpsC
 // The shard's slice of unit `unit`: full_unit (host fp32, the whole model's layout: full->layout.unit_numel[unit])
 // -> shard_unit (host fp32, shard->layout.unit_numel[unit]; padding and vocabulary rows past V zeroed).
 void model_shard_unit(const Model *full, const Model *shard, int unit, const float *full_unit, float *shard_unit);
-// The same on the backend: shard_unit (shard's context, storage dtype) <- full_unit (storage dtype, in full_ctx's
-// memory), tensor by tensor (ops_copy_peer where the contexts differ, 2-D slices staged through one contiguous
-// buffer of scratch_bytes >= model_shard_scratch_bytes in full_ctx memory). Returns 0, or -1 with a message.
-int model_shard_unit_device(const Model *full, OpsCtx *full_ctx, const void *full_unit, const Model *shard,
-                            void *shard_unit, int unit, void *scratch, char *err, size_t err_len);
-size_t model_shard_scratch_bytes(const Model *shard);
+// One part of a whole unit that a shard holds, for a weight update sent straight to the shards: rows x cols
+// elements, row i at element full_at + i * full_cols of the whole unit, landing contiguous at element shard_at of
+// the shard's unit (rows == 1 or cols == full_cols: contiguous in the whole unit too).
+typedef struct {
+    size_t full_at, shard_at;
+    size_t rows, cols, full_cols;
+} ModelShardPart;
+// The parts of shard s (config shard_cfg, layout shard; full: the whole model's layout) that elements [begin, end)
+// of the whole unit `unit` hold, in the order of the shard's unit (at most 3 per tensor: a partial row, whole rows,
+// a partial row). Every element of the shard's unit that the whole unit has is in the parts of exactly one range
+// of a partition of the whole unit; vocabulary padding rows and alignment gaps are in none. Returns the count, or
+// -1 when more than cap.
+int model_shard_parts(const Layout *full, const Layout *shard, const ModelConfig *shard_cfg, const ModelShard *s,
+                      int unit, size_t begin, size_t end, ModelShardPart *parts, int cap);
 // Loads a Hugging Face model folder into n shards' resident weights (shards[k] with w[k], made by model_init_shard
 // and resident_alloc): each unit is read once (whole: the whole model's Model, for its layout) and each shard gets
 // its slice. Returns 0, or -1 with a message.

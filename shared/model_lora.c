@@ -321,13 +321,13 @@ int model_lora_merge_unit(const ModelLora *l, const Model *m, OpsCtx *cpu, const
         snprintf(err, err_len, "out of host memory merging the adapters");
         return -1;
     }
-    int rc = model_lora_merge_layer(l, m, cpu, adapter, unit, unit, scratch, err, err_len);
+    model_lora_merge_layer(l, m, cpu, adapter, unit, unit, scratch);
     free(scratch);
-    if (rc == 0 && ops_status(cpu)) {
+    if (ops_status(cpu)) {
         snprintf(err, err_len, "merging the adapters: %s", ops_error(cpu));
-        rc = -1;
+        return -1;
     }
-    return rc;
+    return 0;
 }
 
 size_t model_lora_merge_scratch_bytes(const ModelLora *l, OpsCtx *o) {
@@ -336,10 +336,8 @@ size_t model_lora_merge_scratch_bytes(const ModelLora *l, OpsCtx *o) {
     return most * ops_dtype_size(o);
 }
 
-int model_lora_merge_layer(const ModelLora *l, const Model *m, OpsCtx *o, const void *adapter, const void *base,
-                           void *dst, void *scratch, char *err, size_t err_len) {
-    (void)err;
-    (void)err_len;
+void model_lora_merge_layer(const ModelLora *l, const Model *m, OpsCtx *o, const void *adapter, const void *base,
+                            void *dst, void *scratch) {
     const size_t es = ops_dtype_size(o);
     const LayerOffsets *lo = &m->layout.layer;
     const size_t IC = (size_t)m->cfg.intermediate_size * m->cfg.hidden_size;
@@ -356,7 +354,6 @@ int model_lora_merge_layer(const ModelLora *l, const Model *m, OpsCtx *o, const 
         ops_matmul_bwd(o, (char *)dst + w_off[i] * es, NULL, NULL, scratch, NULL, unit + l->a_off[i] * es, out, in, r,
                        1);
     }
-    return 0;
 }
 
 // ---- the adapter path of a projection group (model_internal.h) -----------------------------------------------

@@ -126,10 +126,11 @@ int model_lora_merge_unit(const ModelLora *l, const Model *m, OpsCtx *cpu, const
 // storage dtype, o's memory) = base + s B A for every targeted module, A and B from the adapter unit `adapter`
 // (unit_numel elements, storage dtype, o's memory); dst may be base (merged in place). Each module is one GEMM that
 // adds (s B) A into its weight, rounded once (s B rounded first: exact for a power-of-two s). scratch:
-// model_lora_merge_scratch_bytes(l, o) of o's memory. Queues the work on o and returns without waiting for it; 0.
+// model_lora_merge_scratch_bytes(l, o) of o's memory. Queues the work on o and returns without waiting for it (a
+// failure is o's error, ops_status).
 size_t model_lora_merge_scratch_bytes(const ModelLora *l, OpsCtx *o);
-int model_lora_merge_layer(const ModelLora *l, const Model *m, OpsCtx *o, const void *adapter, const void *base,
-                           void *dst, void *scratch, char *err, size_t err_len);
+void model_lora_merge_layer(const ModelLora *l, const Model *m, OpsCtx *o, const void *adapter, const void *base,
+                            void *dst, void *scratch);
 
 // ---- adapters in inference steps (tandem-serve: --lora, adapter-only weight updates) --------------------------
 //

@@ -67,9 +67,9 @@ static int ends_with(const char *s, const char *suffix) {
 }
 
 // Where the shard's tensor t starts in the whole model's tensor: first row and first column.
-static void slice_origin(const Model *shard, const LayoutTensor *t, int64_t *row0, int64_t *col0) {
-    const ModelShard *s = &shard->shard;
-    const int64_t D = shard->cfg.head_dim;
+static void slice_origin(const ModelConfig *shard_cfg, const ModelShard *s, const LayoutTensor *t, int64_t *row0,
+                         int64_t *col0) {
+    const int64_t D = shard_cfg->head_dim;
     *row0 = 0;
     *col0 = 0;
     if (ends_with(t->name, "embed_tokens.weight") || ends_with(t->name, "lm_head.weight"))
@@ -79,11 +79,11 @@ static void slice_origin(const Model *shard, const LayoutTensor *t, int64_t *row
     else if (strstr(t->name, "k_proj.") || strstr(t->name, "v_proj."))
         *row0 = s->kv_head_begin * D;
     else if (strstr(t->name, "gate_proj.") || strstr(t->name, "up_proj."))
-        *row0 = (int64_t)s->rank * shard->cfg.intermediate_size;
+        *row0 = (int64_t)s->rank * shard_cfg->intermediate_size;
     else if (strstr(t->name, "o_proj."))
         *col0 = s->q_head_begin * D;
     else if (strstr(t->name, "down_proj."))
-        *col0 = (int64_t)s->rank * shard->cfg.intermediate_size;
+        *col0 = (int64_t)s->rank * shard_cfg->intermediate_size;
 }
 
 // Tensor i's slice in unit `unit`: where the shard's part starts in the whole tensor (element offset from the
@@ -94,69 +94,72 @@ typedef struct {
     int64_t rows, cols, full_cols;
 } TensorSlice;
 
-static int tensor_slice(const Model *full, const Model *shard, int i, int unit, TensorSlice *s) {
-    const LayoutTensor *st = &shard->layout.tensors[i], *ft = &full->layout.tensors[i];
+static int tensor_slice(const Layout *full, const Layout *shard, const ModelConfig *shard_cfg, const ModelShard *s,
+                        int i, int unit, TensorSlice *out) {
+    const LayoutTensor *st = &shard->tensors[i], *ft = &full->tensors[i];
     if (st->unit != unit) return 0;
     int64_t row0, col0;
-    slice_origin(shard, st, &row0, &col0);
+    slice_origin(shard_cfg, s, st, &row0, &col0);
     int64_t rows = ft->shape[0] - row0;
     if (rows > st->shape[0]) rows = st->shape[0];
-    *s = (TensorSlice){.full_at = ft->offset + (size_t)(row0 * ft->shape[1] + col0), .shard_at = st->offset,
-                       .rows = rows > 0 ? rows : 0, .cols = st->shape[1], .full_cols = ft->shape[1]};
+    *out = (TensorSlice){.full_at = ft->offset + (size_t)(row0 * ft->shape[1] + col0), .shard_at = st->offset,
+                         .rows = rows > 0 ? rows : 0, .cols = st->shape[1], .full_cols = ft->shape[1]};
     return 1;
+}
+
+static size_t min_size(size_t a, size_t b) { return a < b ? a : b; }
+static size_t max_size(size_t a, size_t b) { return a > b ? a : b; }
+
+int model_shard_parts(const Layout *full, const Layout *shard, const ModelConfig *shard_cfg, const ModelShard *s,
+                      int unit, size_t begin, size_t end, ModelShardPart *parts, int cap) {
+    int n = 0;
+#define ADD_PART(...)                                          \
+    do {                                                       \
+        if (n == cap) return -1;                               \
+        parts[n++] = (ModelShardPart){__VA_ARGS__};            \
+    } while (0)
+    for (int i = 0; i < shard->n_tensors; i++) {
+        TensorSlice t;
+        if (!tensor_slice(full, shard, shard_cfg, s, i, unit, &t) || t.rows == 0) continue;
+        const size_t rows = (size_t)t.rows, cols = (size_t)t.cols, fc = (size_t)t.full_cols;
+        if (cols == fc) {   // whole rows: one contiguous range of the whole unit
+            const size_t lo = max_size(begin, t.full_at), hi = min_size(end, t.full_at + rows * cols);
+            if (lo < hi) ADD_PART(.full_at = lo, .shard_at = t.shard_at + (lo - t.full_at), .rows = 1, .cols = hi - lo,
+                                  .full_cols = hi - lo);
+            continue;
+        }
+        // A column block of every row: row r covers [full_at + r * fc, + cols) of the whole unit.
+        if (end <= t.full_at || begin >= t.full_at + (rows - 1) * fc + cols) continue;
+        size_t r0 = begin <= t.full_at ? 0 : (begin - t.full_at + fc - cols) / fc;   // first row ending past begin
+        size_t r1 = end <= t.full_at ? 0 : min_size(rows, (end - t.full_at + fc - 1) / fc);   // rows starting < end
+        for (size_t r = r0; r < r1;) {
+            const size_t at = t.full_at + r * fc, lo = max_size(begin, at), hi = min_size(end, at + cols);
+            if (lo > at || hi < at + cols) {   // a partial row: alone
+                if (lo < hi) ADD_PART(.full_at = lo, .shard_at = t.shard_at + r * cols + (lo - at), .rows = 1,
+                                      .cols = hi - lo, .full_cols = hi - lo);
+                r++;
+                continue;
+            }
+            size_t m = r + 1;   // whole rows r .. m-1 (row m-1 ends inside [begin, end))
+            while (m < r1 && t.full_at + m * fc + cols <= end) m++;
+            ADD_PART(.full_at = at, .shard_at = t.shard_at + r * cols, .rows = m - r, .cols = cols,
+                     .full_cols = m - r == 1 ? cols : fc);
+            r = m;
+        }
+    }
+#undef ADD_PART
+    return n;
 }
 
 void model_shard_unit(const Model *full, const Model *shard, int unit, const float *full_unit, float *shard_unit) {
     memset(shard_unit, 0, shard->layout.unit_numel[unit] * sizeof *shard_unit);
     for (int i = 0; i < shard->layout.n_tensors; i++) {
         TensorSlice s;
-        if (!tensor_slice(full, shard, i, unit, &s)) continue;
+        if (!tensor_slice(&full->layout, &shard->layout, &shard->cfg, &shard->shard, i, unit, &s)) continue;
         for (int64_t r = 0; r < s.rows; r++)
             memcpy(shard_unit + s.shard_at + (size_t)(r * s.cols), full_unit + s.full_at + (size_t)(r * s.full_cols),
                    (size_t)s.cols * sizeof(float));
     }
-}
-
-size_t model_shard_scratch_bytes(const Model *shard) {
-    size_t most = 0;
-    for (int i = 0; i < shard->layout.n_tensors; i++)
-        if (shard->layout.tensors[i].numel > most) most = shard->layout.tensors[i].numel;
-    return most * ops_dtype_size(shard->ops);
-}
-
-int model_shard_unit_device(const Model *full, OpsCtx *full_ctx, const void *full_unit, const Model *shard,
-                            void *shard_unit, int unit, void *scratch, char *err, size_t err_len) {
-    const size_t es = ops_dtype_size(full_ctx);
-    ops_memset_zero(shard->ops, shard_unit, shard->layout.unit_numel[unit] * es);
-    ops_synchronize(shard->ops);
-    for (int i = 0; i < shard->layout.n_tensors; i++) {
-        TensorSlice s;
-        if (!tensor_slice(full, shard, i, unit, &s) || s.rows == 0) continue;
-        const LayoutTensor *st = &shard->layout.tensors[i];
-        const int64_t rows = s.rows, cols = s.cols, fcols = s.full_cols;
-        const char *from = (const char *)full_unit + s.full_at * es;
-        if (cols != fcols) {   // a column slice: gathered into one block first
-            ops_copy_2d(full_ctx, scratch, (size_t)cols, from, (size_t)fcols, (size_t)rows, (size_t)cols);
-            ops_synchronize(full_ctx);
-            from = scratch;
-        }
-        if (ops_status(full_ctx)) {
-            snprintf(err, err_len, "slicing %s for tensor-parallel shard %d: %s", st->name, shard->shard.rank,
-                     ops_error(full_ctx));
-            return -1;
-        }
-        char msg[256];
-        if (ops_copy_peer(shard->ops, (char *)shard_unit + s.shard_at * es, full_ctx, from, (size_t)(rows * cols) * es,
-                          msg, sizeof msg) != 0) {
-            snprintf(err, err_len, "copying %s to tensor-parallel shard %d: %s", st->name, shard->shard.rank, msg);
-            return -1;
-        }
-    }
-    if (ops_status(shard->ops)) {
-        snprintf(err, err_len, "tensor-parallel shard %d: %s", shard->shard.rank, ops_error(shard->ops));
-        return -1;
-    }
-    return 0;
 }
 
 static CommDtype storage_comm_dtype(const Model *m) { return ops_dtype_size(m->ops) == 2 ? COMM_BF16 : COMM_F32; }

@@ -27,12 +27,14 @@ static const char *const KEYS_REQ[ZMSG_N_TYPES] = {
     [ZMSG_GENERATE] = "n_prompts ?n ?max_tokens ?temperature ?top_p ?top_k ?min_p ?repetition_penalty ?seed "
                       "?stop_token_ids ?ignore_eos",
     [ZMSG_PAUSE] = "", [ZMSG_RESUME] = "", [ZMSG_RESET_CACHE] = "", [ZMSG_STATS] = "", [ZMSG_SHUTDOWN] = "",
-    [ZMSG_WEIGHTS_BEGIN] = "version transport layout_hash ?nccl_id ?nccl_world ?nccl_rank ?trainer_ranks ?adapter",
+    [ZMSG_WEIGHTS_BEGIN] = "version transport layout_hash ?nccl_id ?nccl_world ?nccl_rank ?trainer_ranks ?comm_backend "
+                           "?tensor_parallel_size ?adapter",
     [ZMSG_WEIGHTS_SLICE] = "unit offset count dtype ?version",
     [ZMSG_WEIGHTS_END] = "version ?mode",
 };
 static const char *const KEYS_REP[ZMSG_N_TYPES] = {
-    [ZMSG_HELLO] = "protocol_version model_id layout_hash n_units unit_numel policy_version max_seq_len vocab_size",
+    [ZMSG_HELLO] = "protocol_version model_id layout_hash n_units unit_numel policy_version max_seq_len vocab_size "
+                   "?tensor_parallel_size",
     [ZMSG_RESULT] = "prompt_index n_prompts n completion_lens finish_reasons policy_versions policy_versions_end "
                     "prompt_tokens cached_tokens ?policy_version_changes",
     [ZMSG_PAUSE] = "", [ZMSG_RESUME] = "", [ZMSG_RESET_CACHE] = "", [ZMSG_SHUTDOWN] = "",
@@ -158,6 +160,7 @@ int zmsg_build(const ZmsgMsg *m, ZmsgOut *out, char *err, size_t err_len) {
         set_i(h, "policy_version", m->policy_version);
         set_i(h, "max_seq_len", m->max_seq_len);
         set_i(h, "vocab_size", m->vocab_size);
+        if (m->tensor_parallel_size > 1) set_i(h, "tensor_parallel_size", m->tensor_parallel_size);
         break;
     case ZMSG_GENERATE: {
         const ZmsgSampling *s = &m->sampling;
@@ -270,6 +273,8 @@ int zmsg_build(const ZmsgMsg *m, ZmsgOut *out, char *err, size_t err_len) {
             set_i(h, "nccl_world", m->nccl_world);
             set_i(h, "nccl_rank", m->nccl_rank);
             set_i(h, "trainer_ranks", m->trainer_ranks);
+            if (m->comm_backend == ZMSG_COMM_HOST) json_object_set_new(h, "comm_backend", json_string("host"));
+            if (m->tensor_parallel_size > 1) set_i(h, "tensor_parallel_size", m->tensor_parallel_size);
         }
         if (m->has_adapter) {
             json_t *a = json_object(), *targets = json_array();

@@ -46,6 +46,7 @@ typedef enum { ZMSG_DIR_REQUEST = 0, ZMSG_DIR_REPLY = 1 } ZmsgDir;   // request:
 
 typedef enum { ZMSG_DTYPE_F32 = 0, ZMSG_DTYPE_BF16 = 1 } ZmsgDtype;
 typedef enum { ZMSG_TRANSPORT_ZMQ = 0, ZMSG_TRANSPORT_NCCL = 1 } ZmsgTransport;
+typedef enum { ZMSG_COMM_NCCL = 0, ZMSG_COMM_HOST = 1 } ZmsgCommBackend;
 #define ZMSG_NCCL_ID_BYTES 128   // = COMM_UNIQUE_ID_BYTES (ncclUniqueId)
 // What a weight update does with the server's sequences in flight (weights_end "mode"): "keep" (they go on under
 // the new weights, their tokens recomputed), "abort" (they start over from their prompt) or "keep_kv" (they go on
@@ -110,6 +111,11 @@ typedef struct {
     int64_t policy_version;      // hello reply
     int max_seq_len;
     int vocab_size;
+    // hello reply (sent when > 1; parsed as 1 when absent): the server's tensor-parallel shards. weights_begin with
+    // transport nccl (sent when > 1): the shards the trainer cut every unit for; the server's shards are members
+    // nccl_rank .. nccl_rank + tensor_parallel_size - 1, shard k receiving its own parts (shared/model.h
+    // model_shard_parts). Messages made by zmsg_init carry 0, which means 1.
+    int tensor_parallel_size;
 
     // generate request: sampling and n_prompts prompts of token ids (one frame each)
     ZmsgSampling sampling;
@@ -156,6 +162,8 @@ typedef struct {
     // the servers). nccl_id travels as 256 lowercase hex digits; the same id as last time means "reuse it".
     uint8_t nccl_id[ZMSG_NCCL_ID_BYTES];
     int nccl_world, nccl_rank, trainer_ranks;
+    ZmsgCommBackend comm_backend;   // "comm_backend": the communicator's backend, "nccl" (default) or "host" (CPU
+                                    // ranks and servers: shared/comm's host backend, the id from comm_unique_id_host)
     // weights_begin with "adapter" {r, lora_alpha, use_rslora, target_modules}: the update carries LoRA adapters
     // alone (the policy is the base weights plus them); its units are the decoder layers' adapter units
     // (shared/model_lora.h), slices address those. Transport zmq only.

@@ -279,7 +279,8 @@ static int parse_hello_reply(const JsonAt *at, ZmsgMsg *m) {
     if ((rc = json_get_int64(at, "policy_version", JSON_GET_REQUIRED, 0, INT64_MIN, INT64_MAX, &m->policy_version)) ||
         (rc = json_get_int(at, "max_seq_len", JSON_GET_REQUIRED, 0, 1, INT32_MAX, &m->max_seq_len)))
         return rc;
-    return json_get_int(at, "vocab_size", JSON_GET_REQUIRED, 0, 1, INT32_MAX, &m->vocab_size);
+    if ((rc = json_get_int(at, "vocab_size", JSON_GET_REQUIRED, 0, 1, INT32_MAX, &m->vocab_size))) return rc;
+    return json_get_int(at, "tensor_parallel_size", JSON_GET_OPTIONAL, 1, 1, 1024, &m->tensor_parallel_size);
 }
 
 static int parse_stats_reply(const JsonAt *at, ZmsgStats *s) {
@@ -374,6 +375,15 @@ static int parse_weights(const JsonAt *at, ZmsgMsg *m, const ZmsgFrame *f, int n
             (rc = json_get_int(at, "nccl_rank", JSON_GET_REQUIRED, 0, m->trainer_ranks, m->nccl_world - 1,
                                &m->nccl_rank)))
             return rc;
+        if ((rc = json_get_int(at, "tensor_parallel_size", JSON_GET_OPTIONAL, 1, 1, 1024, &m->tensor_parallel_size)))
+            return rc;
+        if (m->nccl_rank + m->tensor_parallel_size > m->nccl_world)
+            return json_get_fail(at, "tensor_parallel_size", "%d shards from member %d do not fit in nccl_world %d",
+                                 m->tensor_parallel_size, m->nccl_rank, m->nccl_world);
+        if ((rc = json_get_string(at, "comm_backend", JSON_GET_OPTIONAL, "nccl", JSON_ANY_LENGTH, &s, NULL))) return rc;
+        if (!strcmp(s, "host")) m->comm_backend = ZMSG_COMM_HOST;
+        else if (!strcmp(s, "nccl")) m->comm_backend = ZMSG_COMM_NCCL;
+        else return json_get_fail(at, "comm_backend", "must be \"nccl\" or \"host\", got \"%.32s\"", s);
         if ((rc = json_get_string(at, "nccl_id", JSON_GET_REQUIRED, NULL, JSON_ANY_LENGTH, &s, NULL))) return rc;
         if (strlen(s) != 2 * ZMSG_NCCL_ID_BYTES || hex_decode(s, m->nccl_id, ZMSG_NCCL_ID_BYTES) != 0)
             return json_get_fail(at, "nccl_id", "must be %d lowercase hex digits", 2 * ZMSG_NCCL_ID_BYTES);

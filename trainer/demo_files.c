@@ -187,8 +187,9 @@ static void reverse_in_place(char *s) {
     }
 }
 
-// A row {"prompt": [messages], key: value} (value's reference is taken; prompt's is not).
-static int write_tools_row(FILE *f, json_t *prompt, const char *key, json_t *value) {
+// A row {"prompt": prompt, key: value}: prompt a list of messages (the tools task) or a string (value's reference is
+// taken; prompt's is not).
+static int write_json_row(FILE *f, json_t *prompt, const char *key, json_t *value) {
     json_t *row = json_pack("{s:O, s:o}", "prompt", prompt, key, value);
     char *line = row ? json_dumps(row, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
     json_decref(row);
@@ -199,12 +200,9 @@ static int write_tools_row(FILE *f, json_t *prompt, const char *key, json_t *val
 }
 
 static int write_row(FILE *f, const char *prompt, const char *key, json_t *value) {
-    json_t *row = json_pack("{s:s, s:o}", "prompt", prompt, key, value);
-    char *line = row ? json_dumps(row, JSON_COMPACT | JSON_PRESERVE_ORDER) : NULL;
-    json_decref(row);
-    if (!line) return -1;
-    int rc = fprintf(f, "%s\n", line) < 0 ? -1 : 0;
-    free(line);
+    json_t *text = json_string(prompt);
+    int rc = text ? write_json_row(f, text, key, value) : (json_decref(value), -1);
+    json_decref(text);
     return rc;
 }
 
@@ -271,11 +269,11 @@ int demo_write_data(const char *dir, const DemoDataSpec *s, char *err, size_t er
         int w;
         const int k = i < (size_t)s->n_heldout ? HELDOUT : i < (size_t)s->n_heldout + s->n_validation ? VALIDATION
                                                                                                      : TRAIN;
-        w = write_tools_row(f[k], prompt, "answer", json_string(sum));
+        w = write_json_row(f[k], prompt, "answer", json_string(sum));
         if (w == 0 && k == TRAIN && i - s->n_heldout - s->n_validation < (size_t)s->n_sft) {
             char call[160];
             snprintf(call, sizeof call, "<tool_call>%s%s%s</tool_call>", DEMO_CALL_PREFIX, expr, DEMO_CALL_SUFFIX);
-            w = write_tools_row(f[SFT], prompt, "completion",
+            w = write_json_row(f[SFT], prompt, "completion",
                                 json_pack("[{s:s, s:s}, {s:s, s:s}, {s:s, s:s}]", "role", "assistant", "content", call,
                                           "role", "tool", "content", sum, "role", "assistant", "content", final));
         }

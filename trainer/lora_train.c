@@ -381,7 +381,7 @@ int lora_train_refresh_merged(LoraTrain *lt, char *err, size_t err_len) {
     // collective, every rank merges its own copy.
     for (int layer = 0; layer < l->n_layers; layer++)
         model_lora_merge_layer(l, m, o, l->params[layer], lt->base.params[layout_layer_unit(layer)], lt->merged[layer],
-                               lt->scratch, err, err_len);
+                               lt->scratch);
     ops_synchronize(o);
     return ops_status(o) ? fail_ops(lt, "merging the adapters for the rollout servers", err, err_len) : 0;
 }

@@ -154,6 +154,7 @@ int rollout_hello(RolloutClient *c, Server *s, int timeout_ms, char *err, size_t
         rc = -1;
     }
     s->max_seq_len = rep.max_seq_len;
+    s->tensor_parallel_size = rep.tensor_parallel_size;
     s->policy_version = rep.policy_version;
     zmsg_free(&rep);
     return rc;

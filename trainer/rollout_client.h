@@ -118,10 +118,11 @@ int rollout_weights_end_wait(RolloutClient *c, int64_t version, const int64_t *r
 // Weight push, transport nccl (rank 0 only). rollout_alive_servers lists the answering servers (indices, in
 // endpoint order, at most ROLLOUT_MAX_SERVERS) — the members of the weight-sync communicator after the
 // trainer ranks. rollout_weights_begin_nccl opens update `version` on those n servers (whole weights, or the LoRA
-// adapters alone when adapter is not NULL), telling server servers[j] to join communicator `id` (the same id as
-// before: reuse it) as member trainer_ranks + j of trainer_ranks + n. A server that cannot take nccl (a CPU server) makes it return ROLLOUT_EUNSUPPORTED (the
-// caller then uses transport zmq); a silent one ROLLOUT_ESERVERS_LOST (it is set aside). Then every rank sends
-// over the communicator, and rank 0 ends with rollout_weights_end as for zmq.
+// adapters alone when adapter is not NULL), telling server servers[j] to join communicator grp->id (the same id as
+// before: reuse it) with its rollout_server_tp shards as members first .. first + tp - 1 (rollout_nccl_members). A
+// server that cannot take it (another backend) makes it return ROLLOUT_EUNSUPPORTED (the caller then uses
+// transport zmq); a silent one ROLLOUT_ESERVERS_LOST (it is set aside). Then every rank sends over the
+// communicator, and rank 0 ends with rollout_weights_end as for zmq.
 #define ROLLOUT_MAX_SERVERS 64
 #define ROLLOUT_EUNSUPPORTED (-3)
 int rollout_alive_servers(const RolloutClient *c, int *servers);
@@ -129,15 +130,27 @@ int rollout_alive_servers(const RolloutClient *c, int *servers);
 // endpoint. Thread-safe: the NCCL watchdog of the weight-sync communicator asks while a push is on the GPU.
 int64_t rollout_server_gone_ms(RolloutClient *c, int server);
 const char *rollout_server_endpoint(const RolloutClient *c, int server);
+// Server `server`'s tensor-parallel shards as its last hello said (1 before one came): it takes an NCCL weight
+// update as that many members, each shard receiving its own parts.
+int rollout_server_tp(const RolloutClient *c, int server);
+// The weight-sync communicator that a weights_begin names: its id, the trainer ranks (members 0 .. trainer_ranks -
+// 1), and its backend (host: CPU ranks and servers over shared/comm's host backend, else NCCL).
+typedef struct {
+    const uint8_t *id;   // ZMSG_NCCL_ID_BYTES
+    int trainer_ranks;
+    int host;
+} RolloutNcclGroup;
+// The communicator's size for servers (n) after the trainer ranks, each server rollout_server_tp members, and
+// server servers[j]'s first member (*first).
+int rollout_nccl_members(const RolloutClient *c, int trainer_ranks, const int *servers, int n, int j, int *first);
 int rollout_weights_begin_nccl(RolloutClient *c, int64_t version, const LoraConfig *adapter,
-                               const uint8_t id[ZMSG_NCCL_ID_BYTES], int trainer_ranks, const int *servers, int n,
-                               char *err, size_t err_len);
+                               const RolloutNcclGroup *grp, const int *servers, int n, char *err, size_t err_len);
 // The same in two halves, so that the sending can be queued while the answers travel (a communicator that the
 // servers have already joined): _send sends the n requests (req_ids (n) receives their ids), _wait collects the
 // answers with rollout_weights_begin_nccl's results.
 int rollout_weights_begin_nccl_send(RolloutClient *c, int64_t version, const LoraConfig *adapter,
-                                    const uint8_t id[ZMSG_NCCL_ID_BYTES], int trainer_ranks, const int *servers, int n,
-                                    int64_t *req_ids, char *err, size_t err_len);
+                                    const RolloutNcclGroup *grp, const int *servers, int n, int64_t *req_ids,
+                                    char *err, size_t err_len);
 int rollout_weights_begin_nccl_wait(RolloutClient *c, const int *servers, int n, const int64_t *req_ids, char *err,
                                     size_t err_len);
 

@@ -18,6 +18,7 @@ typedef struct {
     void *sock;
     int alive;
     int max_seq_len;
+    int tensor_parallel_size;   // its shards, as of the last hello: members of an NCCL weight update
     int in_flight;      // prompts assigned and not answered
     int64_t policy_version;   // as of the last hello
     int in_push;        // a member of the weight update in flight (rollout_weights_set_members)

@@ -10,6 +10,10 @@
 int64_t rollout_server_gone_ms(RolloutClient *c, int server) { return server_liveness_gone_ms(c->live, server); }
 
 const char *rollout_server_endpoint(const RolloutClient *c, int server) { return c->servers[server].endpoint; }
+int rollout_server_tp(const RolloutClient *c, int server) {
+    const int n = c->servers[server].tensor_parallel_size;
+    return n > 1 ? n : 1;
+}
 
 // A member of the update in flight that is still counted on: alive and not gone since the update began.
 static int push_member(RolloutClient *c, Server *s) {
@@ -107,18 +111,20 @@ int rollout_alive_servers(const RolloutClient *c, int *servers) {
 
 // weights_begin (nccl) to server servers[j], not waiting for the answer; *id receives the request's id (-1: the
 // server went away and was set aside).
-static int begin_nccl_send(RolloutClient *c, Server *s, int64_t version, const LoraConfig *adapter,
-                           const uint8_t id[ZMSG_NCCL_ID_BYTES], int trainer_ranks, int j, int n, int64_t *req_id,
-                           char *err, size_t err_len) {
+// Members: the trainer ranks, then every server's shards in list order (rollout_nccl_members).
+static int begin_nccl_send(RolloutClient *c, int64_t version, const LoraConfig *adapter, const RolloutNcclGroup *grp,
+                           const int *servers, int n, int j, int64_t *req_id, char *err, size_t err_len) {
+    Server *s = &c->servers[servers[j]];
     ZmsgMsg m;
     zmsg_init(&m, ZMSG_WEIGHTS_BEGIN, ZMSG_DIR_REQUEST, c->next_id++);
     m.version = version;
     m.transport = ZMSG_TRANSPORT_NCCL;
     m.layout_hash = c->layout_hash;
-    memcpy(m.nccl_id, id, ZMSG_NCCL_ID_BYTES);
-    m.trainer_ranks = trainer_ranks;
-    m.nccl_world = trainer_ranks + n;
-    m.nccl_rank = trainer_ranks + j;
+    memcpy(m.nccl_id, grp->id, ZMSG_NCCL_ID_BYTES);
+    m.trainer_ranks = grp->trainer_ranks;
+    m.nccl_world = rollout_nccl_members(c, grp->trainer_ranks, servers, n, j, &m.nccl_rank);
+    m.tensor_parallel_size = rollout_server_tp(c, servers[j]);
+    m.comm_backend = grp->host ? ZMSG_COMM_HOST : ZMSG_COMM_NCCL;
     describe_adapter(&m, adapter);
     *req_id = m.id;
     int gone, r = rollout_send_msg(c, s, &m, c->push_since_ms, c->timeout_ms, &gone, err, err_len);
@@ -146,14 +152,22 @@ static int begin_nccl_wait(RolloutClient *c, Server *s, int64_t req_id, char *er
     return 0;
 }
 
+int rollout_nccl_members(const RolloutClient *c, int trainer_ranks, const int *servers, int n, int j, int *first) {
+    int world = trainer_ranks;
+    for (int i = 0; i < n; i++) {
+        if (i == j) *first = world;
+        world += rollout_server_tp(c, servers[i]);
+    }
+    return world;
+}
+
 int rollout_weights_begin_nccl(RolloutClient *c, int64_t version, const LoraConfig *adapter,
-                               const uint8_t id[ZMSG_NCCL_ID_BYTES], int trainer_ranks, const int *servers, int n,
-                               char *err, size_t err_len) {
+                               const RolloutNcclGroup *grp, const int *servers, int n, char *err, size_t err_len) {
     rollout_weights_set_members(c, servers, n);
     for (int j = 0; j < n; j++) {
         Server *s = &c->servers[servers[j]];
         int64_t req_id;
-        if (begin_nccl_send(c, s, version, adapter, id, trainer_ranks, j, n, &req_id, err, err_len) != 0) return -1;
+        if (begin_nccl_send(c, version, adapter, grp, servers, n, j, &req_id, err, err_len) != 0) return -1;
         int rc = begin_nccl_wait(c, s, req_id, err, err_len);
         if (rc != 0) return rc;
     }
@@ -161,12 +175,11 @@ int rollout_weights_begin_nccl(RolloutClient *c, int64_t version, const LoraConf
 }
 
 int rollout_weights_begin_nccl_send(RolloutClient *c, int64_t version, const LoraConfig *adapter,
-                                    const uint8_t id[ZMSG_NCCL_ID_BYTES], int trainer_ranks, const int *servers, int n,
-                                    int64_t *req_ids, char *err, size_t err_len) {
+                                    const RolloutNcclGroup *grp, const int *servers, int n, int64_t *req_ids,
+                                    char *err, size_t err_len) {
     rollout_weights_set_members(c, servers, n);
     for (int j = 0; j < n; j++)
-        if (begin_nccl_send(c, &c->servers[servers[j]], version, adapter, id, trainer_ranks, j, n, &req_ids[j], err,
-                            err_len) != 0)
+        if (begin_nccl_send(c, version, adapter, grp, servers, n, j, &req_ids[j], err, err_len) != 0)
             return -1;
     return 0;
 }

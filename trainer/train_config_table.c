@@ -239,7 +239,8 @@ const OptionSpec train_options[] = {
         "TANDEM_CONTROL_CLIENT_KEY"),
     OPT("weight_sync_steps", OPT_INT, weight_sync_steps, G_DIST, "push weights to the servers every k steps"),
     ENUM("weight_sync_transport", weight_sync_transport, sync_name, 0, G_DIST,
-         "nccl (GPUs), zmq (frames over the control socket); auto = nccl on cuda"),
+         "nccl (GPUs; CPU ranks: its CPU twin over the host communicator), zmq (frames over the control socket); "
+         "auto = nccl on cuda"),
 
     OPT("use_peft", OPT_BOOL, use_peft, G_LORA, "train LoRA adapters on a frozen base (sft, grpo); checkpoints are "
         "PEFT adapter folders"),

@@ -277,15 +277,17 @@ int trainer_open(Trainer *t, TrainConfig *cfg, char *err, size_t err_len) {
     t->sync.use_nccl = cfg->weight_sync_transport == WEIGHT_SYNC_NCCL ||
                        (cfg->weight_sync_transport == WEIGHT_SYNC_AUTO && backend == OPS_BACKEND_CUDA &&
                         comm_backend_available(COMM_BACKEND_NCCL) && !(hybrid_layout && cfg->mode != TRAIN_MODE_SFT));
-    if (cfg->weight_sync_transport == WEIGHT_SYNC_NCCL &&
-        (backend != OPS_BACKEND_CUDA || !comm_backend_available(COMM_BACKEND_NCCL))) {
-        snprintf(err, err_len, "--weight-sync-transport nccl needs CUDA ranks and NCCL; this rank runs on the %s%s",
-                 backend == OPS_BACKEND_CUDA ? "GPU without NCCL" : "CPU", "; use --weight-sync-transport zmq");
+    // CPU ranks run transport nccl over the host backend (its CPU twin, trainer/weight_sync.h).
+    if (cfg->weight_sync_transport == WEIGHT_SYNC_NCCL && backend == OPS_BACKEND_CUDA &&
+        !comm_backend_available(COMM_BACKEND_NCCL)) {
+        snprintf(err, err_len, "--weight-sync-transport nccl needs NCCL on CUDA ranks, and this rank's GPU has none; "
+                 "use --weight-sync-transport zmq");
         return -1;
     }
     log0(t, "%d rank(s) joined (rendezvous at %s:%d, port from %s), %s backend, ZeRO collectives over %s, weight sync over %s",
          t->world, ci.master_addr, ci.master_port, ci.port_source, backend == OPS_BACKEND_CUDA ? "cuda" : "cpu",
-         t->dcomm != t->comm ? "NCCL" : t->world > 1 ? "ZeroMQ" : "nothing (one rank)", t->sync.use_nccl ? "NCCL" : "ZeroMQ");
+         t->dcomm != t->comm ? "NCCL" : t->world > 1 ? "ZeroMQ" : "nothing (one rank)",
+         !t->sync.use_nccl ? "ZeroMQ" : backend == OPS_BACKEND_CUDA ? "NCCL" : "the host communicator (nccl's CPU twin)");
     int replace_earlier;
     if (resolve_resume_auto(t, cfg, &replace_earlier, err, err_len) != 0) return -1;
     if (prepare_output_dir(t, replace_earlier, err, err_len) != 0) return -1;

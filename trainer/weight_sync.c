@@ -5,7 +5,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "shared/comm/rendezvous.h"
 #include "trainer/lora_train.h"
+#include "trainer/weight_sync_shards.h"
 #include "trainer/server_liveness.h"
 #include "trainer/trainer.h"
 
@@ -14,6 +16,8 @@
 void weight_sync_close(WeightSync *ws) {
     comm_destroy_now(ws->comm);   // the servers keep running: a graceful finalize would wait on them
     ws->comm = NULL;
+    weight_shards_free(ws->shards);
+    ws->shards = NULL;
     ws->n_servers = 0;
 }
 
@@ -23,24 +27,63 @@ typedef struct {
     int32_t fresh;     // 1: a new communicator (id below), else reuse the current one
     int32_t n_servers;
     int32_t servers[ROLLOUT_MAX_SERVERS];   // (n_servers) the members W.. as rollout client indices
+    int32_t tp[ROLLOUT_MAX_SERVERS];        // (n_servers) members of each (its tensor-parallel shards)
     uint8_t id[COMM_UNIQUE_ID_BYTES];
 } NcclPlan;
 
-// The weight-sync communicator's peer watch (comm.h): member W + j is server servers[j], gone when its control
+// The server (index into ws->servers) whose shards include communicator member `member`, or -1 (a trainer rank);
+// *shard: which of its shards.
+static int server_of_member(const Trainer *t, int member, int *shard) {
+    int first = t->world;
+    for (int j = 0; j < t->sync.n_servers; first += t->sync.tp[j], j++)
+        if (member >= first && member < first + t->sync.tp[j]) return *shard = member - first, j;
+    return -1;
+}
+
+// The weight-sync communicator's peer watch (comm.h): the members of server servers[j] are gone when its control
 // connection dropped (trainer/server_liveness.h); trainer ranks are watched by the trainer's own communicator.
 static int64_t member_gone_ms(void *arg, int member) {
     Trainer *t = arg;
-    int j = member - t->world;
-    return j >= 0 && j < t->sync.n_servers ? rollout_server_gone_ms(t->rollout, t->sync.servers[j]) : 0;
+    int k, j = server_of_member(t, member, &k);
+    return j >= 0 ? rollout_server_gone_ms(t->rollout, t->sync.servers[j]) : 0;
 }
 
 static void member_name(void *arg, int member, char *out, size_t len) {
     Trainer *t = arg;
-    int j = member - t->world;
-    if (j >= 0 && j < t->sync.n_servers)
+    int k, j = server_of_member(t, member, &k);
+    if (j >= 0 && t->sync.tp[j] > 1)
+        snprintf(out, len, "rollout server %s (tensor-parallel shard %d)",
+                 rollout_server_endpoint(t->rollout, t->sync.servers[j]), k);
+    else if (j >= 0)
         snprintf(out, len, "rollout server %s", rollout_server_endpoint(t->rollout, t->sync.servers[j]));
     else
         snprintf(out, len, "trainer rank %d", member);
+}
+
+static int host_backend(const Trainer *t) { return ops_backend(t->ops) != OPS_BACKEND_CUDA; }
+// What the slices travel as: the storage dtype (bf16 on GPUs, fp32 on the CPU), the servers' own.
+static CommDtype storage_dtype(const Trainer *t) { return ops_dtype_size(t->ops) == 2 ? COMM_BF16 : COMM_F32; }
+// Transport zmq frames from bf16 ranks carry bf16 too: the masters rounded as the ranks' own forward rounds them
+// (round to nearest even, the optimizer's rule), so a server gets the bits NCCL would send, in half the bytes.
+static int bf16_frames(const Trainer *t) { return storage_dtype(t) == COMM_BF16; }
+
+// A new communicator's id. host: a rendezvous on this rank's address toward the first server (the one its
+// rendezvous must be reachable from; servers of one run share a network).
+static int new_id(Trainer *t, int server, uint8_t id[COMM_UNIQUE_ID_BYTES], char *err, size_t err_len) {
+    if (!host_backend(t)) return comm_unique_id(COMM_BACKEND_NCCL, id, err, err_len);
+    char host[256], addr[128];
+    const char *ep = rollout_server_endpoint(t->rollout, server), *at = strstr(ep, "://");
+    snprintf(host, sizeof host, "%s", at ? at + 3 : ep);
+    char *colon = strrchr(host, ':');
+    int port = colon ? atoi(colon + 1) : 0;
+    if (colon) *colon = '\0';
+    if (host[0] == '[') {   // [v6]
+        memmove(host, host + 1, strlen(host));
+        char *close = strchr(host, ']');
+        if (close) *close = '\0';
+    }
+    if (rendezvous_local_address(host, port > 0 ? port : 1, addr, sizeof addr, err, err_len) != 0) return -1;
+    return comm_unique_id_host(addr, id, err, err_len);
 }
 
 // The elements of unit u that this rank owns and the unit really has (its slice may run into the padding). With
@@ -63,18 +106,19 @@ static void plan_nccl(Trainer *t, int64_t version, const LoraConfig *adapter, Nc
     int n = rollout_alive_servers(t->rollout, servers);
     memset(plan, 0, sizeof *plan);
     plan->n_servers = n;
-    for (int j = 0; j < n; j++) plan->servers[j] = servers[j];
+    for (int j = 0; j < n; j++) plan->servers[j] = servers[j], plan->tp[j] = rollout_server_tp(t->rollout, servers[j]);
     if (n == 0) {
         fprintf(stderr, "tandem-train: weight update %lld reached no rollout server\n", (long long)version);
         return;
     }
     int same = ws->comm && ws->n_servers == n && !memcmp(ws->servers, servers, (size_t)n * sizeof *servers);
+    for (int j = 0; same && j < n; j++) same = ws->tp[j] == plan->tp[j];
     // A member whose connection dropped since the communicator was made (it restarted, even at the same place in
     // the list) is not in it any more: a fresh process cannot join an old id, so the group is made again.
     for (int j = 0; same && j < n; j++)
         if (rollout_server_gone_ms(t->rollout, servers[j]) >= ws->joined_ms) same = 0;
     if (!same) {
-        if (comm_unique_id(COMM_BACKEND_NCCL, plan->id, err, err_len) != 0) {
+        if (new_id(t, servers[0], plan->id, err, err_len) != 0) {
             plan->status = -1;
             return;
         }
@@ -82,16 +126,16 @@ static void plan_nccl(Trainer *t, int64_t version, const LoraConfig *adapter, Nc
     } else {
         memcpy(plan->id, ws->id, sizeof plan->id);
     }
+    const RolloutNcclGroup grp = {.id = plan->id, .trainer_ranks = t->world, .host = host_backend(t)};
     if (!plan->fresh) {
-        if (rollout_weights_begin_nccl_send(t->rollout, version, adapter, plan->id, t->world, servers, n, req_ids, err,
-                                            err_len) != 0) {
+        if (rollout_weights_begin_nccl_send(t->rollout, version, adapter, &grp, servers, n, req_ids, err, err_len)) {
             plan->status = -1;
             return;
         }
         *pending = 1;
         return;
     }
-    int rc = rollout_weights_begin_nccl(t->rollout, version, adapter, plan->id, t->world, servers, n, err, err_len);
+    int rc = rollout_weights_begin_nccl(t->rollout, version, adapter, &grp, servers, n, err, err_len);
     if (rc == ROLLOUT_EUNSUPPORTED && t->cfg->weight_sync_transport == WEIGHT_SYNC_AUTO) {
         fprintf(stderr, "tandem-train: %s\n", err);
         plan->status = 1;
@@ -109,14 +153,15 @@ static void plan_nccl(Trainer *t, int64_t version, const LoraConfig *adapter, Nc
 // server, in one group (rollout_server/weight_nccl.h receives them so).
 static int send_adapters(Trainer *t, Comm *c, int S) {
     const ModelLora *l = lora_train_adapters(t->lora);
+    const CommDtype dt = storage_dtype(t);
     if (comm_group_start(c) != 0) return -1;
     for (int layer = t->rank; layer < l->n_layers; layer += t->world)
-        for (int j = 0; j < S; j++) {
-            if (comm_send(c, l->params[layer], l->unit_numel, COMM_BF16, t->world + j) != 0) {
+        for (int j = 0, first = t->world; j < S; first += t->sync.tp[j], j++) {
+            if (comm_send(c, l->params[layer], l->unit_numel, dt, first) != 0) {
                 comm_group_end(c);
                 return -1;
             }
-            t->sync.bytes += (double)l->unit_numel * 2;
+            t->sync.bytes += (double)l->unit_numel * (double)comm_dtype_size(dt);
         }
     return comm_group_end(c);
 }
@@ -128,11 +173,13 @@ static int send_nccl(Trainer *t, const NcclPlan *plan, int adapter, char *err, s
     const int W = t->world, S = plan->n_servers;
     if (plan->fresh) {
         weight_sync_close(ws);
-        for (int j = 0; j < S; j++) ws->servers[j] = plan->servers[j];
+        int world = W;
+        for (int j = 0; j < S; j++) ws->servers[j] = plan->servers[j], ws->tp[j] = plan->tp[j], world += plan->tp[j];
         ws->n_servers = S;
         const CommPeerWatch watch = {.gone_ms = member_gone_ms, .name = member_name, .arg = t};
-        if (comm_create_with_id_watched(&ws->comm, COMM_BACKEND_NCCL, plan->id, t->rank, W + S,
-                                        (int)(t->cfg->comm_timeout * 1000), &watch, t->ops, err, err_len) != 0) {
+        if (comm_create_with_id_watched(&ws->comm, host_backend(t) ? COMM_BACKEND_HOST : COMM_BACKEND_NCCL, plan->id,
+                                        t->rank, world, (int)(t->cfg->comm_timeout * 1000), &watch, t->ops, err,
+                                        err_len) != 0) {
             ws->comm = NULL;
             ws->n_servers = 0;
             return -1;
@@ -142,34 +189,62 @@ static int send_nccl(Trainer *t, const NcclPlan *plan, int adapter, char *err, s
     }
     const Layout *L = &t->model.layout;
     const size_t es = ops_dtype_size(t->ops);
+    const CommDtype dt = storage_dtype(t);
     Comm *c = ws->comm;
+    int any_tp = 0;
+    for (int j = 0; j < S; j++) any_tp |= ws->tp[j] > 1;
+    WeightSlice *slices = NULL;
     ws->bytes = 0;
     comm_wait_compute(c);   // the optimizer step that wrote the slices was queued on the compute stream
     ws->send_start = trainer_now();
     if (adapter && send_adapters(t, c, S) != 0) goto fail;
+    if (!adapter && !(slices = malloc((size_t)L->n_units * sizeof *slices))) {
+        snprintf(err, err_len, "out of memory for the weight sync's slice table");
+        goto drop;
+    }
     for (int u0 = 0; u0 < L->n_units && !adapter;) {
         // One NCCL group per bucket: many sends progress together, none waits for its own round trip.
         size_t bucket = 0;
         int u1 = u0;
-        if (comm_group_start(c) != 0) goto fail;
         while (u1 < L->n_units && (u1 == u0 || bucket < WEIGHT_SYNC_BUCKET_BYTES)) {
-            size_t off, count = owned_count(t, u1, &off);
-            for (int j = 0; j < S && count > 0; j++)
-                if (comm_send(c, t->lora ? (const char *)lora_train_merged_unit(t->lora, u1) + off * es
-                                         : zero3_param_shard(t->policy, u1), count, COMM_BF16, W + j) != 0) {
+            WeightSlice *sl = &slices[u1 - u0];
+            sl->count = owned_count(t, u1, &sl->off);
+            sl->src = t->lora ? (const char *)lora_train_merged_unit(t->lora, u1) + sl->off * es
+                              : zero3_param_shard(t->policy, u1);
+            bucket += sl->count * es;
+            u1++;
+        }
+        if (any_tp) {
+            if (weight_shards_pack(&ws->shards, t->ops, c, &t->model, ws->tp, S, u0, u1, slices, err, err_len) != 0)
+                goto drop;
+            comm_wait_compute(c);   // the packing copies
+        }
+        if (comm_group_start(c) != 0) goto fail;
+        for (int u = u0; u < u1; u++) {
+            const WeightSlice *sl = &slices[u - u0];
+            for (int j = 0, first = W; j < S && sl->count > 0; first += ws->tp[j], j++) {
+                if (ws->tp[j] > 1 && weight_shards_send(ws->shards, c, &t->model, u, sl, ws->tp[j], first, dt,
+                                                        &ws->bytes, err, err_len) != 0) {
+                    comm_group_end(c);
+                    goto drop;   // its message says why
+                }
+                if (ws->tp[j] > 1) continue;
+                if (comm_send(c, sl->src, sl->count, dt, first) != 0) {
                     comm_group_end(c);
                     goto fail;
                 }
-            bucket += count * es;
-            u1++;
+                ws->bytes += (double)sl->count * (double)es;
+            }
         }
         if (comm_group_end(c) != 0) goto fail;
-        ws->bytes += (double)bucket * S;
         u0 = u1;
     }
+    free(slices);
     return 0;
 fail:
     snprintf(err, err_len, "weight sync over NCCL: %s", comm_error(c));
+drop:
+    free(slices);
     weight_sync_close(ws);
     return -1;
 }
@@ -185,8 +260,8 @@ static int wait_sends(Trainer *t, char *err, size_t err_len) {
     return 0;
 }
 
-// Transport zmq: every rank sends its own fp32 master slices (no gather), waits until the servers have applied
-// them; rank 0 opened the update before and closes it after.
+// Transport zmq: every rank sends its own master slices (no gather; bf16 from GPU ranks: bf16_frames), waits until
+// the servers have applied them; rank 0 opened the update before and closes it after.
 static int send_zmq(Trainer *t, int64_t version, char *err, size_t err_len) {
     const Layout *L = &t->model.layout;
     float *host = NULL;
@@ -214,8 +289,9 @@ static int send_zmq(Trainer *t, int64_t version, char *err, size_t err_len) {
                              (const char *)lora_train_merged_unit(t->lora, u) + off * ops_dtype_size(t->ops), count);
         else
             ops_copy_to_host(t->ops, host, zero3_master_shard(t->policy, u), count * sizeof(float));
-        rc = rollout_weights_send_slice(t->rollout, version, u, (int64_t)off, host, (int64_t)count, 0, err, err_len);
-        t->sync.bytes += (double)count * 4 * n_servers;
+        rc = rollout_weights_send_slice(t->rollout, version, u, (int64_t)off, host, (int64_t)count, bf16_frames(t),
+                                        err, err_len);
+        t->sync.bytes += (double)count * (bf16_frames(t) ? 2 : 4) * n_servers;
     }
     free(host);
     if (rc == 0) rc = rollout_client_flush(t->rollout, err, err_len);
@@ -333,7 +409,7 @@ static int push_zmq(Trainer *t, int64_t version, char *err, size_t err_len) {
 }
 
 // lora_sync adapter over ZeroMQ: the adapters alone. Every rank holds the same adapters, so rank 0 sends them all
-// (their fp32 masters, one unit per decoder layer); the servers run them beside their base weights. The other ranks
+// (their masters, bf16 from GPU ranks as bf16_frames says, one unit per decoder layer); the servers run them beside their base weights. The other ranks
 // learn rank 0's verdict in finish.
 static int push_adapter(Trainer *t, int64_t version, char *err, size_t err_len) {
     const ModelLora *l = lora_train_adapters(t->lora);
@@ -362,8 +438,9 @@ static int push_adapter(Trainer *t, int64_t version, char *err, size_t err_len) 
             break;
         }
         if (!host || rc != 0) continue;   // rank 0 out of memory or its sending failed: it still joins the broadcasts
-        rc = rollout_weights_send_slice(t->rollout, version, layer, 0, host, (int64_t)l->unit_numel, 0, err, err_len);
-        t->sync.bytes += (double)l->unit_numel * 4 * n_members;
+        rc = rollout_weights_send_slice(t->rollout, version, layer, 0, host, (int64_t)l->unit_numel, bf16_frames(t),
+                                        err, err_len);
+        t->sync.bytes += (double)l->unit_numel * (bf16_frames(t) ? 2 : 4) * n_members;
     }
     free(host);
     if (go && t->rank == 0 && rc == 0) rc = rollout_client_flush(t->rollout, err, err_len);

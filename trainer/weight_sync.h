@@ -1,12 +1,15 @@
 // trainer/weight_sync.h — pushing the policy's weights to the rollout servers (docs/architecture.md "Weight sync").
 //
-// Transport zmq: rank 0 opens the update, every rank sends its own fp32 master slices as ZeroMQ frames to
-// every server, rank 0 closes it (docs/protocol-zmq.md).
-// Transport nccl: trainer ranks (members 0..W-1) and the answering servers (W..W+S-1) share one NCCL
-// communicator, made once and reused while the set of servers stays the same (its 128-byte id travels in
-// weights_begin). Every rank sends its own storage-dtype (bf16) slice of every unit straight from the ZeRO
-// state to every server, units grouped into buckets of about WEIGHT_SYNC_BUCKET_BYTES per NCCL group — no
-// gather, no copy, no per-tensor round trip. Rank 0's weights_end returns once each server has swapped.
+// Transport zmq: rank 0 opens the update, every rank sends its own master slices as ZeroMQ frames to every
+// server (fp32 from CPU ranks, bf16 from GPU ranks: what their forward computes with), rank 0 closes it
+// (docs/protocol-zmq.md).
+// Transport nccl: trainer ranks (members 0..W-1) and the answering servers (then each server's tensor-parallel
+// shards, one member per shard) share one NCCL communicator, made once and reused while the set of servers stays
+// the same (its 128-byte id travels in weights_begin). Every rank sends its own storage-dtype (bf16) slice of every
+// unit straight from the ZeRO state to every server — to a tensor-parallel server, each shard only the parts of the
+// slice it holds (trainer/weight_sync_shards.h) — units grouped into buckets of about WEIGHT_SYNC_BUCKET_BYTES per
+// NCCL group: no gather, no per-tensor round trip. Rank 0's weights_end returns once each server has swapped.
+// CPU ranks (the CPU twin, CI) run transport nccl over shared/comm's host backend with fp32 slices, to CPU servers.
 // `auto` takes nccl when this rank computes on CUDA and NCCL is there, and falls back to zmq for the rest of the
 // run (with one log line) when a server cannot take nccl or the first NCCL push fails (a server on a trainer
 // rank's own GPU: one NCCL communicator cannot hold the same GPU twice).
@@ -26,7 +29,10 @@ typedef struct {
     Comm *comm;                       // nccl: the weight-sync communicator, NULL until the first push
     uint8_t id[COMM_UNIQUE_ID_BYTES]; // its id (rank 0 made it)
     int servers[ROLLOUT_MAX_SERVERS]; // its server members (rollout client indices)
+    int tp[ROLLOUT_MAX_SERVERS];      // their tensor-parallel shards: server j is members first_j .. first_j +
+                                      // tp[j] - 1 (first_0 = the trainer ranks, first_j+1 = first_j + tp[j])
     int n_servers;
+    struct WeightShards *shards;      // shard layouts and the pack buffer for servers of tp > 1 (weight_sync_shards.h)
     int nccl_worked;                  // a push over NCCL succeeded in this run
     double bytes;                     // bytes this rank sent in the last push (to all servers together)
     double transfer_seconds;          // of the last push: this rank's sending alone (nccl: first send until the

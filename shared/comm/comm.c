@@ -135,7 +135,7 @@ int comm_create(Comm **out, CommBackend backend, const CommInit *ci, OpsCtx *ops
     }
     for (int m = 0; m < c->world; m++) c->node[m] = m / lws;
     c->nnodes = c->world / lws;
-    rc = BACKEND(c, comm_nccl_create(c, ci, NULL, NULL, 0, err, err_len), comm_host_create(c, ci, err, err_len));
+    rc = BACKEND(c, comm_nccl_create(c, ci, NULL, NULL, 0, err, err_len), comm_host_create(c, ci, NULL, err, err_len));
     if (rc != 0) {
         free_comm(c);
         return rc;
@@ -155,21 +155,28 @@ static int create_with_id(Comm **out, CommBackend backend, const uint8_t id[COMM
                           size_t err_len) {
     if (!out) return err_fail_code(COMM_ERR_INVALID, err, err_len, "comm_create_with_id: out is NULL");
     *out = NULL;
-    if (backend == COMM_BACKEND_HOST) {
-        err_fail_code(COMM_ERR_INVALID, err, err_len, "comm_create_with_id: the host backend joins through the rendezvous only (comm_create)");
-        return COMM_ERR_UNSUPPORTED;
-    }
     if (!id) return err_fail_code(COMM_ERR_INVALID, err, err_len, "comm_create_with_id: id is NULL");
     if (world < 1) return err_fail_code(COMM_ERR_INVALID, err, err_len, "comm_create_with_id: world %d must be >= 1", world);
     if (rank < 0 || rank >= world)
         return err_fail_code(COMM_ERR_INVALID, err, err_len, "comm_create_with_id: rank %d is outside world %d", rank, world);
     if (timeout_ms <= 0) return err_fail_code(COMM_ERR_INVALID, err, err_len, "comm_create_with_id: timeout_ms %d must be > 0", timeout_ms);
-    int rc = check_backend(backend, ops, "comm_create_with_id", err, err_len);
-    if (rc) return rc;
+    // The host id is the rendezvous address of comm_create's launch contract, for one group of `world` members.
+    CommInit ci = {.rank = rank, .world_size = world, .timeout_ms = timeout_ms};
+    int rc = 0;
+    if (backend == COMM_BACKEND_HOST) {
+        if ((rc = comm_host_id_parse(id, ci.master_addr, sizeof ci.master_addr, &ci.master_port, err, err_len)) != 0)
+            return rc;
+        snprintf(ci.port_source, sizeof ci.port_source, "the host id's port");
+    } else if (backend == COMM_BACKEND_NCCL && comm_host_id_is(id)) {
+        return err_fail_code(COMM_ERR_INVALID, err, err_len, "comm_create_with_id: the id is a host backend id "
+                             "(comm_unique_id_host); the nccl backend joins with an id from comm_unique_id(COMM_BACKEND_NCCL)");
+    }
+    if ((rc = check_backend(backend, ops, "comm_create_with_id", err, err_len)) != 0) return rc;
     if (watch && !watch->gone_ms) return err_fail_code(COMM_ERR_INVALID, err, err_len, "comm_create_with_id: a peer watch needs gone_ms");
     Comm *c = new_comm(backend, rank, world, timeout_ms, ops, err, err_len);
     if (!c) return COMM_ERR_SYSTEM;
-    rc = BACKEND(c, comm_nccl_create(c, NULL, id, watch, blocking, err, err_len), COMM_ERR_UNSUPPORTED);
+    rc = BACKEND(c, comm_nccl_create(c, NULL, id, watch, blocking, err, err_len),
+                 comm_host_create(c, &ci, watch, err, err_len));
     if (rc != 0) {
         free_comm(c);
         return rc;
@@ -192,7 +199,8 @@ int comm_create_local_group(Comm **out, CommBackend backend, const uint8_t id[CO
 int comm_unique_id(CommBackend backend, uint8_t id[COMM_UNIQUE_ID_BYTES], char *err, size_t err_len) {
     if (!id) return err_fail_code(COMM_ERR_INVALID, err, err_len, "comm_unique_id: id is NULL");
     if (backend == COMM_BACKEND_HOST) {
-        err_fail_code(COMM_ERR_INVALID, err, err_len, "comm_unique_id: the host backend has no unique id (its ranks meet at the rendezvous)");
+        err_fail_code(COMM_ERR_INVALID, err, err_len, "comm_unique_id: the host backend's id names the address of its "
+                      "rendezvous: make it with comm_unique_id_host(addr, id, ...)");
         return COMM_ERR_UNSUPPORTED;
     }
     if (backend != COMM_BACKEND_NCCL) return err_fail_code(COMM_ERR_INVALID, err, err_len, "comm_unique_id: unknown backend %d", (int)backend);

@@ -1,8 +1,10 @@
 // shared/comm/comm.h — collectives among trainer ranks (and, for the weight sync, rollout servers).
 //
 // Two backends, one set of calls with NCCL's semantics:
-//   host : CPU processes on one or several machines, data over ZeroMQ TCP sockets (CPU runs, CI).
+//   host : CPU processes (or threads) on one or several machines, data over ZeroMQ TCP sockets (CPU runs, CI).
 //   nccl : GPUs within and across nodes (shared/comm/comm_nccl.c; CUDA builds only).
+// Both join through the rendezvous (comm_create: the launch contract) or by id (comm_create_with_id: members that
+// meet by other means pass a 128-byte id around; comm_unique_id for nccl, comm_unique_id_host for host).
 // Buffers are backend memory (host memory for `host`, device memory of the OpsCtx's device for `nccl`).
 // Counts are elements. Every rank must call the same collectives in the same order (the host backend detects
 // a mismatch and names both calls; with nccl a mismatch stalls and ends in the timeout below). A count of 0
@@ -114,18 +116,40 @@ int comm_create(Comm **out, CommBackend backend, const CommInit *ci, OpsCtx *ops
 #define COMM_UNIQUE_ID_BYTES 128
 // nccl: a fresh NCCL unique id (for a communicator whose members meet by other means, e.g. the weight-sync
 // group of trainer ranks + rollout servers whose id travels over ZeroMQ). The process that made it must stay
-// alive until every member has joined (it answers their first contact). host: COMM_ERR_UNSUPPORTED.
+// alive until every member has joined (it answers their first contact). host: COMM_ERR_UNSUPPORTED (its id names
+// an address: comm_unique_id_host).
 int comm_unique_id(CommBackend backend, uint8_t id[COMM_UNIQUE_ID_BYTES], char *err, size_t err_len);
-// Joins a communicator of `world` members identified by id, as member `rank`, without a rendezvous. Joining
-// and every later call are bounded by timeout_ms. There is no peer table, so failures cannot name the rank
-// that is gone. host: COMM_ERR_UNSUPPORTED.
+// host: an id naming a rendezvous at addr on a TCP port free now (the kernel's pick for port 0 there): the text
+// "tandem-host-id 1 ADDR PORT", NUL-padded to 128 bytes. addr (IPv4/IPv6 literal without brackets, or host name; at
+// most COMM_HOST_ID_ADDR_MAX bytes) must be an address of THIS machine that every member can reach, because the
+// member that joins as rank 0 binds the rendezvous there: make the id on rank 0's machine (best in rank 0's process,
+// so nothing else takes the port before it binds; a port taken meanwhile makes rank 0's join fail naming it). A
+// host name is checked to resolve to an address of this machine; the rendezvous then listens on every IPv4
+// interface. Errors: COMM_ERR_INVALID (addr empty, too long, not bare, not resolvable, not this machine's),
+// COMM_ERR_SYSTEM (no free port).
+#define COMM_HOST_ID_ADDR_MAX 100
+int comm_unique_id_host(const char *addr, uint8_t id[COMM_UNIQUE_ID_BYTES], char *err, size_t err_len);
+// Joins a communicator of `world` members identified by id, as member `rank`. Joining and every later call are
+// bounded by timeout_ms. Every member passes the same id and world and a distinct rank 0..world-1.
+// nccl: NCCL's own bootstrap, no rendezvous; there is no peer table, so failures cannot name the rank that is
+//   gone (a CommPeerWatch can).
+// host: the rendezvous (rendezvous.h) at the id's ADDR:PORT, run by member 0 (no node layout is checked; the node
+//   map is as for nccl, see comm_node), then the data sockets as for comm_create; failures name the rank, host and
+//   pid as comm_create's do. A malformed or foreign id (an NCCL id on host, a host id on nccl) is COMM_ERR_INVALID at once.
 int comm_create_with_id(Comm **out, CommBackend backend, const uint8_t id[COMM_UNIQUE_ID_BYTES], int rank,
                         int world, int timeout_ms, OpsCtx *ops, char *err, size_t err_len);
 // What a member of a communicator joined by id knows about the others from a channel of its own (the trainer's
 // control connections to the rollout servers, say): gone_ms(arg, member) is the monotonic time in ms
 // (CLOCK_MONOTONIC) at which that member's process was last seen going away, 0 if never. Thread-safe: the
-// watchdog asks every tick. A call, or the joining, held up while a member is gone since it started fails after
-// a short grace (2 s) instead of the timeout, naming the member (name(arg, member, out, len)).
+// backend asks while it waits (nccl: the watchdog every tick; host: the joining or calling thread, at least every
+// 100 ms). Both backends apply one rule (2 s = the grace):
+//   - joining fails when a member gone at or after the join started has been gone for 2 s (earlier gone times are
+//     taken as news from before this communicator);
+//   - a call fails when a member it waits on (host; nccl: any member) is gone and the call has been held up for the
+//     grace since both the call started and the member went (since = max(gone time, call start); grace = the
+//     smaller of 2 s and the timeout),
+// instead of waiting out the timeout. Either returns COMM_ERR_PEER with a message naming the member
+// ("member 2 (<name(arg, member, out, len)>)"; name may be NULL).
 typedef struct {
     int64_t (*gone_ms)(void *arg, int member);
     void (*name)(void *arg, int member, char *out, size_t len);

@@ -9,6 +9,11 @@
 //              that carries p's data closes, and r fails naming p instead of waiting for the timeout.
 //              libzmq delivers everything received before the close first, so a peer that leaves normally
 //              after its last collective is not mistaken for a failure.
+// Joined by id (comm_create_with_id; the id from comm_host_id.c names rank 0's rendezvous): the same sockets. A
+// CommPeerWatch is asked while joining (the rendezvous's cancel hook, the greetings) and, during a call, whenever
+// nothing moved (at least every COMM_WATCH_TICK_MS): a member gone for COMM_GONE_GRACE_MS fails the join or the call
+// that waits on it, named by the watch, even while its connection stays up (a frozen or cut-off process whose
+// heartbeats have not yet run out).
 // Messages: [56-byte header | payload of at most HOST_PIECE bytes]. The header repeats the collective (kind,
 // dtype, op/root, count) and a per-pair sequence number, so ranks that call different collectives fail with
 // a message naming both calls instead of exchanging garbage. Queues hold at most HOST_HWM messages per
@@ -40,6 +45,7 @@
 #define HOST_HWM 8                     // messages queued per pair and direction, each side
 #define HOST_MAGIC 0x314d4354u         // "TCM1"
 #define HOST_ID_MAX 16
+#define WHO_MAX 640                    // who()'s text: a watch's name, a host name, a pid
 
 enum { K_HELLO = 1, K_ALL_GATHER, K_REDUCE_SCATTER, K_ALL_REDUCE_RS, K_ALL_REDUCE_AG, K_BROADCAST, K_P2P, K_BARRIER };
 static const char *const KIND_NAMES[] = {"?", "hello", "all_gather", "reduce_scatter", "all_reduce (reduce phase)",
@@ -72,6 +78,8 @@ typedef struct {
     zmq_pollitem_t *items;         // (2 * world)
     int *item_peer;                // (2 * world)
     unsigned char *acc;            // (2 * HOST_PIECE) accumulator of one piece: fp32 for bf16, else native
+    CommPeerWatch watch;           // joined by id: the caller's view of the members; gone_ms NULL: none
+    int64_t join_started_ms;       // when comm_host_create began (the watch's rule for joining)
 } Host;
 
 typedef struct { int peer; const unsigned char *data; size_t bytes, done; int any; } TxStream;
@@ -105,10 +113,55 @@ static int64_t now_ms(void) {
 static const char *kind_name(unsigned k) { return k < sizeof KIND_NAMES / sizeof *KIND_NAMES ? KIND_NAMES[k] : "?"; }
 static size_t min_sz(size_t a, size_t b) { return a < b ? a : b; }
 
-// "rank 2 (host node-b, pid 4242)" into a caller buffer.
+// The peer watch's name of member p ("" without one).
+static void watch_name(const Host *h, int p, char *out, size_t len) {
+    out[0] = '\0';
+    if (h->watch.name) h->watch.name(h->watch.arg, p, out, len);
+}
+
+// "rank 2 (host node-b, pid 4242)", or with a peer watch that names it "member 2 (<name>; host node-b, pid 4242)",
+// into a caller buffer (WHO_MAX).
 static const char *who(const Host *h, int p, char *buf, size_t len) {
-    snprintf(buf, len, "rank %d (host %s, pid %d)", p, h->peers[p].hostname, h->peers[p].pid);
+    char name[256];
+    watch_name(h, p, name, sizeof name);
+    if (name[0]) snprintf(buf, len, "member %d (%s; host %s, pid %d)", p, name, h->peers[p].hostname, h->peers[p].pid);
+    else snprintf(buf, len, "rank %d (host %s, pid %d)", p, h->peers[p].hostname, h->peers[p].pid);
     return buf;
+}
+
+// Joining with a peer watch: a member gone at or after the join started, for COMM_GONE_GRACE_MS (comm.h
+// CommPeerWatch), is not coming. 1 with why = a sentence naming it; 0 otherwise (or without a watch).
+static int join_watch_gone(const Comm *c, const Host *h, char *why, size_t len) {
+    if (!h->watch.gone_ms) return 0;
+    int64_t now = now_ms();
+    for (int p = 0; p < c->world; p++) {
+        if (p == c->rank) continue;
+        int64_t at = h->watch.gone_ms(h->watch.arg, p);
+        if (!at || at < h->join_started_ms || now - at < COMM_GONE_GRACE_MS) continue;
+        char name[256];
+        watch_name(h, p, name, sizeof name);
+        snprintf(why, len, "rank %d gave up joining the host communicator of %d members: member %d%s%s%s went away "
+                 "%lld ms ago (as its peer watch says)", c->rank, c->world, p, name[0] ? " (" : "", name,
+                 name[0] ? ")" : "", (long long)(now - at));
+        return 1;
+    }
+    return 0;
+}
+
+// A call with a peer watch: a member the call waits on (h->waiting) that is gone, while the call has been held up
+// for the grace since both it started and the member went (comm.h CommPeerWatch). The member, or -1.
+static int call_watch_gone(const Comm *c, const Host *h, int64_t started, int64_t now, int64_t *gone_at) {
+    if (!h->watch.gone_ms) return -1;
+    int64_t grace = c->timeout_ms < COMM_GONE_GRACE_MS ? c->timeout_ms : COMM_GONE_GRACE_MS;
+    for (int p = 0; p < c->world; p++) {
+        if (p == c->rank || !h->waiting[p]) continue;
+        int64_t at = h->watch.gone_ms(h->watch.arg, p), since = at > started ? at : started;
+        if (at && now - since >= grace) {
+            *gone_at = at;
+            return p;
+        }
+    }
+    return -1;
 }
 
 // "reduce_scatter(count 5, f32, sum)" / "broadcast(count 5, f32, root 1)" / "all_gather(count 5, f32)".
@@ -187,7 +240,7 @@ static void hdr_fill(Hdr *hd, const Comm *c, const Xfer *x, uint64_t seq, size_t
 // Sends the next pieces of t until its queue is full. Returns 1 if something went, 0 if not, < 0 failed.
 static int tx_step(Comm *c, Host *h, const Xfer *x, TxStream *t) {
     int moved = 0;
-    char wb[RDZV_HOST_MAX + 64];
+    char wb[WHO_MAX];
     while (!(t->any && t->done == t->bytes)) {
         size_t n = min_sz(HOST_PIECE, t->bytes - t->done);
         zmq_msg_t m;
@@ -225,7 +278,7 @@ static int tx_step(Comm *c, Host *h, const Xfer *x, TxStream *t) {
 // Receives one message from peer p if one is queued: 1 with m holding it (header checked against x, the
 // expected offset and transfer size), 0 if none, < 0 failed.
 static int rx_one(Comm *c, Host *h, const Xfer *x, int p, size_t off, size_t total, zmq_msg_t *m) {
-    char wb[RDZV_HOST_MAX + 64];
+    char wb[WHO_MAX];
     zmq_msg_init(m);
     if (zmq_msg_recv(m, h->dealer[p], ZMQ_DONTWAIT) < 0) {
         int e = zmq_errno();
@@ -332,8 +385,8 @@ static void drain_monitor(Host *h, int p) {
 // Runs a transfer to completion: sends, receives, reduction, interleaved, never blocking on one peer.
 // Fails when a peer it waits on went away, or when nothing moved for timeout_ms.
 static int xfer_run(Comm *c, Host *h, Xfer *x) {
-    char wb[RDZV_HOST_MAX + 64];
-    int64_t last = now_ms();
+    char wb[WHO_MAX];
+    int64_t last = now_ms(), started = last;
     for (;;) {
         int moved = 0, rc;
         memset(h->waiting, 0, (size_t)c->world);
@@ -370,6 +423,15 @@ static int xfer_run(Comm *c, Host *h, Xfer *x) {
                                  "the process exited, or stopped answering heartbeats for %d s)",
                                  kind_name(x->kind), (unsigned long long)c->calls, who(h, p, wb, sizeof wb),
                                  COMM_HEARTBEAT_TIMEOUT_MS / 1000);
+        // A member the caller's peer watch saw go: its process may live on (frozen, cut off) with the connection up.
+        int64_t gone_at = 0;
+        int gone = call_watch_gone(c, h, started, now, &gone_at);
+        if (gone >= 0)
+            return comm_fail(c, COMM_ERR_PEER, "comm %s (call #%llu): %s went away %lld ms ago (as its peer watch "
+                             "says) while this call waited on it (%s) for %lld ms",
+                             kind_name(x->kind), (unsigned long long)c->calls, who(h, gone, wb, sizeof wb),
+                             (long long)(now - gone_at), h->waiting[gone] == 2 ? "not taking data" : "no data",
+                             (long long)(now - started));
         if (now - last >= c->timeout_ms) {
             char list[512] = "";
             size_t used = 0;
@@ -391,6 +453,7 @@ static int xfer_run(Comm *c, Host *h, Xfer *x) {
         // A full send queue has no precise wake-up (ROUTER's POLLOUT means "some peer has room"): retry every ms.
         long wait = (long)(last + c->timeout_ms - now);
         if (blocked_tx && wait > 1) wait = 1;
+        if (h->watch.gone_ms && wait > COMM_WATCH_TICK_MS) wait = COMM_WATCH_TICK_MS;   // the watch is asked, not heard
         if (zmq_poll(h->items, ni, wait) < 0 && zmq_errno() != EINTR)
             return comm_fail(c, COMM_ERR_SYSTEM, "comm %s: zmq_poll: %s", kind_name(x->kind), zmq_strerror(zmq_errno()));
         for (int i = 0; i < ni; i++)
@@ -421,6 +484,11 @@ static int hello_exchange(Comm *c, Host *h, char *err, size_t err_len) {
     int64_t deadline = now_ms() + c->timeout_ms;
     while (n < c->world) {
         int64_t left = deadline - now_ms();
+        char why[768];
+        if (join_watch_gone(c, h, why, sizeof why)) {
+            snprintf(err, err_len, "comm host: %s", why);
+            return COMM_ERR_PEER;
+        }
         if (left <= 0) {
             char list[512] = "";
             size_t used = 0;
@@ -435,6 +503,7 @@ static int hello_exchange(Comm *c, Host *h, char *err, size_t err_len) {
             return COMM_ERR_TIMEOUT;
         }
         zmq_pollitem_t it = {h->router, 0, ZMQ_POLLIN, 0};
+        if (h->watch.gone_ms && left > COMM_WATCH_TICK_MS) left = COMM_WATCH_TICK_MS;
         if (zmq_poll(&it, 1, (long)left) < 0 && zmq_errno() != EINTR) return sys_fail(err, err_len, "zmq_poll");
         if (!(it.revents & ZMQ_POLLIN)) continue;
         char id[HOST_ID_MAX] = "";
@@ -530,6 +599,13 @@ static int connect_peers(Comm *c, Host *h, char *err, size_t err_len) {
     return hello_exchange(c, h, err, err_len);
 }
 
+typedef struct { const Comm *c; const Host *h; } JoinWatch;
+
+static int rdzv_cancelled(void *arg, char *why, size_t len) {
+    const JoinWatch *j = arg;
+    return join_watch_gone(j->c, j->h, why, len);
+}
+
 static int open_sockets(Comm *c, Host *h, const CommInit *ci, char *err, size_t err_len) {
     char addr[INET6_ADDRSTRLEN], ep[RDZV_ENDPOINT_MAX];
     if (rendezvous_local_address(ci->master_addr, ci->master_port, addr, sizeof addr, err, err_len) != 0)
@@ -541,6 +617,8 @@ static int open_sockets(Comm *c, Host *h, const CommInit *ci, char *err, size_t 
                          .timeout_ms = c->timeout_ms, .endpoint = ep,
                          .node = ci->node, .nnodes = ci->nnodes, .local_world_size = ci->local_world_size,
                          .progress = ci->progress, .progress_arg = ci->progress_arg};
+    JoinWatch jw = {c, h};
+    if (h->watch.gone_ms) rc_cfg.cancelled = rdzv_cancelled, rc_cfg.cancel_arg = &jw;
     Rendezvous *rz = NULL;
     if (rendezvous_run(&rz, &rc_cfg, NULL, 0, err, err_len) != 0) return COMM_ERR_PEER;
     memcpy(h->peers, rendezvous_peers(rz), (size_t)c->world * sizeof *h->peers);
@@ -577,14 +655,17 @@ static void host_free(Comm *c, Host *h, int linger_ms) {
     free(h);
 }
 
-int comm_host_create(Comm *c, const CommInit *ci, char *err, size_t err_len) {
+int comm_host_create(Comm *c, const CommInit *ci, const CommPeerWatch *watch, char *err, size_t err_len) {
     if (c->world == 1) return 0;   // nothing to talk to: every collective is a local copy
+    int64_t started = now_ms();
     Host *h = calloc(1, sizeof *h);
     if (!h || host_alloc(c, h) != 0) {
         if (h) host_free(c, h, 0);
         snprintf(err, err_len, "comm host: out of memory");
         return COMM_ERR_SYSTEM;
     }
+    if (watch) h->watch = *watch;
+    h->join_started_ms = started;
     h->zctx = zmq_ctx_new();
     int rc = h->zctx ? open_sockets(c, h, ci, err, err_len) : sys_fail(err, err_len, "zmq_ctx_new");
     if (rc != 0) {

@@ -17,6 +17,12 @@
 // Sets them on a DEALER (before it connects); 0 or -1 (errno from libzmq).
 int comm_set_heartbeats(void *dealer);
 
+// A communicator joined by id with a CommPeerWatch (comm.h): a call, or the joining, held up while a watched member
+// is gone fails after this grace (calls: the timeout if shorter) instead of the timeout. The host backend looks at
+// the watch at least every COMM_WATCH_TICK_MS while it waits (the nccl watchdog every tick).
+#define COMM_GONE_GRACE_MS 2000
+#define COMM_WATCH_TICK_MS 100
+
 // Fields are owned by the thread that uses the communicator; the nccl backend's own threads never touch them
 // (they report through the backend state, and comm.c picks that up with comm_nccl_poll).
 struct Comm {
@@ -36,8 +42,15 @@ struct Comm {
 int comm_fail(Comm *c, int code, const char *fmt, ...) __attribute__((format(printf, 3, 4)));
 const char *comm_dtype_name(CommDtype dtype);
 
-// Host backend. Arguments were checked by comm.c (ranges, NULLs, overlaps, count > 0).
-int comm_host_create(Comm *c, const CommInit *ci, char *err, size_t err_len);
+// Host backend. Arguments were checked by comm.c (ranges, NULLs, overlaps, count > 0). watch: NULL, or the peer
+// watch of a communicator joined by id (copied; see COMM_GONE_GRACE_MS), consulted while joining and in every call.
+int comm_host_create(Comm *c, const CommInit *ci, const CommPeerWatch *watch, char *err, size_t err_len);
+// The host backend's id (comm_host_id.c): 1 when id starts as comm_unique_id_host's ids do (whatever follows).
+int comm_host_id_is(const uint8_t id[COMM_UNIQUE_ID_BYTES]);
+// Reads the rendezvous address (addr_len >= COMM_HOST_ID_ADDR_MAX + 1) and port out of a host id; a malformed or
+// foreign id (an NCCL id's bytes) is COMM_ERR_INVALID with a message saying what a host id looks like.
+int comm_host_id_parse(const uint8_t id[COMM_UNIQUE_ID_BYTES], char *addr, size_t addr_len, int *port, char *err,
+                       size_t err_len);
 // c->rank / c->world are the new communicator's; members[i] is member i's rank in parent; every member of parent
 // calls it (those joining none with c == NULL), since the endpoints travel over parent.
 int comm_host_split(Comm *c, Comm *parent, const int *members, char *err, size_t err_len);

@@ -53,7 +53,7 @@ _Static_assert(sizeof(ncclUniqueId) == COMM_UNIQUE_ID_BYTES, "comm.h's unique id
 
 #define RING_CAP 1024              // records in flight; a caller that gets this far ahead waits for the device
 #define WATCH_TICK_MS 1            // watchdog period
-#define GONE_GRACE_MS 2000         // see "Watchdog"
+#define GONE_GRACE_MS COMM_GONE_GRACE_MS   // see "Watchdog"
 #define SPIN_POLLS 4000            // polls that yield before polling sleeps (a few ms): see settle()
 
 enum { K_ALL_GATHER, K_REDUCE_SCATTER, K_ALL_REDUCE, K_BROADCAST, K_SEND, K_RECV, K_BARRIER, K_GROUP, K_GRAPH };

@@ -97,6 +97,21 @@ int rendezvous_local_address(const char *master_addr, int master_port, char *out
     return 0;
 }
 
+// The caller's cancel hook (RdzvConfig.cancelled): 1 with err set when it says to give up.
+static int cancelled(const Rendezvous *r, const RdzvConfig *cfg, char *err, size_t err_len) {
+    char why[768] = "";
+    if (!cfg || !cfg->cancelled || !cfg->cancelled(cfg->cancel_arg, why, sizeof why)) return 0;
+    err_fail(err, err_len, "rendezvous at %s: %s", r->master, why[0] ? why : "cancelled by the caller");
+    return 1;
+}
+
+// How long one wait may last: `left`, at most until the next progress line, at most a cancel tick with a hook.
+static long poll_slice(const RdzvConfig *cfg, int64_t now, int64_t next_progress, int64_t left) {
+    int64_t slice = cfg && cfg->progress && next_progress - now < left ? next_progress - now : left;
+    if (cfg && cfg->cancelled && slice > RDZV_CANCEL_TICK_MS) slice = RDZV_CANCEL_TICK_MS;
+    return (long)(slice > 0 ? slice : 0);
+}
+
 // Appends "a, b, c" of the ranks r with flag[r] == want (at most RDZV_LIST_MAX named).
 static void rank_list(char *out, size_t len, const unsigned char *flag, int world, int want) {
     size_t used = 0;
@@ -302,6 +317,11 @@ static int run_rank0(Rendezvous *r, const RdzvConfig *cfg, char *err, size_t err
             cfg->progress(cfg->progress_arg, line);
             while (next_progress <= now) next_progress += every;
         }
+        if (cancelled(r, cfg, err, err_len)) {
+            broadcast_error(r, have, NULL, 0, err);
+            rc = -1;
+            break;
+        }
         if (left <= 0) {
             char missing[512], arrived[512];
             rank_list(missing, sizeof missing, have, r->world, 0);
@@ -314,8 +334,7 @@ static int run_rank0(Rendezvous *r, const RdzvConfig *cfg, char *err, size_t err
             break;
         }
         zmq_pollitem_t it = {r->sock, 0, ZMQ_POLLIN, 0};
-        int64_t slice = cfg->progress && next_progress - now < left ? next_progress - now : left;
-        if (zmq_poll(&it, 1, (long)(slice > 0 ? slice : 0)) < 0 && zmq_errno() != EINTR) {
+        if (zmq_poll(&it, 1, poll_slice(cfg, now, next_progress, left)) < 0 && zmq_errno() != EINTR) {
             rc = err_fail(err, err_len, "rendezvous: zmq_poll: %s", zmq_strerror(zmq_errno()));
             break;
         }
@@ -402,6 +421,7 @@ static int await_answer(Rendezvous *r, int wait_ms, zmq_msg_t *f, int *n, const 
     int64_t start = now_ms(), deadline = start + wait_ms, next_progress = start + every;
     for (;;) {
         int64_t now = now_ms(), left = deadline - now;
+        if (cancelled(r, cfg, err, err_len)) return -1;
         if (left <= 0)
             return err_fail(err, err_len, "rendezvous: no answer from rank 0 at %s to the %s within %d ms (is rank 0 "
                         "running, and are MASTER_ADDR/%s right?)", r->master, what, wait_ms,
@@ -414,9 +434,8 @@ static int await_answer(Rendezvous *r, int wait_ms, zmq_msg_t *f, int *n, const 
             cfg->progress(cfg->progress_arg, line);
             while (next_progress <= now) next_progress += every;
         }
-        int64_t slice = cfg && cfg->progress && next_progress - now < left ? next_progress - now : left;
         zmq_pollitem_t it = {r->sock, 0, ZMQ_POLLIN, 0};
-        if (zmq_poll(&it, 1, (long)(slice > 0 ? slice : 0)) < 0 && zmq_errno() != EINTR)
+        if (zmq_poll(&it, 1, poll_slice(cfg, now, next_progress, left)) < 0 && zmq_errno() != EINTR)
             return err_fail(err, err_len, "rendezvous: zmq_poll: %s", zmq_strerror(zmq_errno()));
         if ((it.revents & ZMQ_POLLIN) && recv_frames(r->sock, f, 2, n) == 0) {
             if (*n <= 2) return 0;

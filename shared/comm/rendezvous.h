@@ -13,7 +13,9 @@
 //   - once everyone is in, rank 0 says the node map through the progress function (one line:
 //     "node map: node 0 (host a): ranks 0-1; node 1 (host b): ranks 2-3");
 //   - rank 0 never answering: the other ranks give up after twice the timeout (twice, so that while rank 0
-//     is still waiting for someone they hear rank 0's verdict instead of timing out on their own).
+//     is still waiting for someone they hear rank 0's verdict instead of timing out on their own);
+//   - the caller's cancel hook saying that a rank will never come (RdzvConfig.cancelled): every rank that asks it
+//     gives up within RDZV_CANCEL_TICK_MS with the hook's sentence, rank 0 telling the ranks that have arrived.
 // The handle may be kept open for rendezvous_barrier (e.g. a final barrier for backends that have no
 // other channel); rank 0 keeps its port bound until rendezvous_close.
 #ifndef TANDEM_SHARED_RENDEZVOUS_H
@@ -49,7 +51,13 @@ typedef struct {
     RdzvProgressFn progress;   // NULL: silent
     void *progress_arg;
     int progress_ms;           // the interval of those lines; 0: RDZV_PROGRESS_MS
+    // NULL, or asked at least every RDZV_CANCEL_TICK_MS while rendezvous_run waits: nonzero gives up at once with
+    // why (one sentence the hook wrote) as the error; rank 0 also sends it to every rank that has arrived. For a
+    // caller that learns from elsewhere that a member will never come (comm.h CommPeerWatch).
+    int (*cancelled)(void *arg, char *why, size_t why_len);
+    void *cancel_arg;
 } RdzvConfig;
+#define RDZV_CANCEL_TICK_MS 100
 
 typedef struct Rendezvous Rendezvous;
 

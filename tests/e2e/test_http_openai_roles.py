@@ -139,6 +139,22 @@ TOOLS = [{"type": "function", "function": {
 CALL_REGEX = '<tool_call>\n\\{"name": "get_weather", "arguments": \\{"city": "[a-z]{1,8}"\\}\\}\n</tool_call>'
 
 
+def expect_forced_calls(client, model, msgs, want, regex, seeds, **kw):
+    """Chat completions with TOOLS whose answer the regex forces into one get_weather call, one per seed: the prompt
+    ids are want (transformers' rendering), the answer is a tool call with JSON arguments {"city": lowercase}."""
+    for seed in range(seeds):
+        r = client.chat.completions.create(model=model, messages=msgs, tools=TOOLS, max_tokens=80, seed=seed,
+                                           extra_body={"return_token_ids": True, "structured_outputs": {"regex": regex}},
+                                           **kw)
+        assert r.model_extra["prompt_token_ids"] == want
+        c = r.choices[0]
+        assert c.finish_reason == "tool_calls" and c.message.content is None, c
+        (call,) = c.message.tool_calls
+        args = json.loads(call.function.arguments)
+        assert call.type == "function" and call.function.name == "get_weather" and call.id, call
+        assert set(args) == {"city"} and re.fullmatch("[a-z]{1,8}", args["city"]), args
+
+
 def test_tools_in_the_prompt_and_calls_in_the_answer(qwen25_dir):
     """OpenAI `tools`: written into the prompt as transformers' apply_chat_template(tools=...) writes them (the same
     ids), the answer's <tool_call> blocks returned as message.tool_calls (arguments as JSON text) with finish_reason
@@ -150,18 +166,7 @@ def test_tools_in_the_prompt_and_calls_in_the_answer(qwen25_dir):
         tok = AutoTokenizer.from_pretrained(str(qwen25_dir))
         want = tok.apply_chat_template(msgs, tools=TOOLS, add_generation_prompt=True, tokenize=True)
         want = list(want["input_ids"] if hasattr(want, "keys") else want)
-        for seed in range(3):
-            r = client.chat.completions.create(model="tiny-qwen", messages=msgs, tools=TOOLS, max_tokens=80,
-                                               temperature=1.0, seed=seed,
-                                               extra_body={"return_token_ids": True,
-                                                           "structured_outputs": {"regex": CALL_REGEX}})
-            assert r.model_extra["prompt_token_ids"] == want
-            c = r.choices[0]
-            assert c.finish_reason == "tool_calls" and c.message.content is None, c
-            (call,) = c.message.tool_calls
-            args = json.loads(call.function.arguments)
-            assert call.type == "function" and call.function.name == "get_weather" and call.id, call
-            assert set(args) == {"city"} and re.fullmatch("[a-z]{1,8}", args["city"]), args
+        expect_forced_calls(client, "tiny-qwen", msgs, want, CALL_REGEX, 3, temperature=1.0)
         r = client.chat.completions.create(model="tiny-qwen", messages=msgs, tools=TOOLS, tool_choice="none",
                                            max_tokens=80, extra_body={"structured_outputs": {"regex": CALL_REGEX}})
         assert r.choices[0].message.tool_calls is None and "<tool_call>" in r.choices[0].message.content
@@ -207,15 +212,5 @@ def test_tool_calls_of_other_families(family, tiny_model_dir, tmp_path):
         want = AutoTokenizer.from_pretrained(str(d)).apply_chat_template(msgs, tools=TOOLS, add_generation_prompt=True,
                                                                          tokenize=True)
         want = list(want["input_ids"] if hasattr(want, "keys") else want)
-        for seed in range(2):
-            r = client.chat.completions.create(model="tiny", messages=msgs, tools=TOOLS, max_tokens=80, seed=seed,
-                                               extra_body={"return_token_ids": True,
-                                                           "structured_outputs": {"regex": regex}})
-            assert r.model_extra["prompt_token_ids"] == want
-            c = r.choices[0]
-            assert c.finish_reason == "tool_calls" and c.message.content is None, c
-            (call,) = c.message.tool_calls
-            assert call.function.name == "get_weather" and call.id, call
-            args = json.loads(call.function.arguments)
-            assert set(args) == {"city"} and re.fullmatch("[a-z]{1,8}", args["city"]), args
+        expect_forced_calls(client, "tiny", msgs, want, regex, 2)
         assert s.stop() == 0

@@ -103,6 +103,16 @@ def test_constructor_model_and_world_size(client, server):
     client.check_server(total_timeout=5)
 
 
+def test_world_size_of_tensor_parallel_server(vllm_client_module, tiny_model_dir):
+    """A server of 2 tensor-parallel shards says so as vLLM does: TRL's world size is shards x engines."""
+    with TandemServer(tiny_model_dir, "--tensor-parallel-size", 2) as srv:
+        tp_client = vllm_client_module.VLLMClient(base_url=srv.url, connection_timeout=30)
+        assert tp_client.get_world_size() == 2
+        status, info, _ = http_json("GET", srv.url + "/server_info")
+        assert status == 200 and info["vllm_config"]["parallel_config"] == {"tensor_parallel_size": 2,
+                                                                            "data_parallel_size": 1}, info
+
+
 def test_generate_as_grpo_equals_tandem_routes(client, server, tok):
     prompt_ids = [tok.encode(p).ids for p in PROMPTS]
     n, max_tokens = 3, 10

@@ -428,12 +428,13 @@ def exe():
     return tool("tok_cli")
 
 
-@pytest.fixture(scope="module")
-def folders(tmp_path_factory):
-    """One model folder per case: a trained tokenizer plus tokenizer_config.json with the real template."""
+def build_folders(tmp_path_factory, names):
+    """One model folder per case of names: a trained tokenizer (one per family) plus tokenizer_config.json with the
+    real template."""
     built = {}
     tok_dirs = {}
-    for name, (template, _, tok_family, bos, eos) in CASES.items():
+    for name in names:
+        template, _, tok_family, bos, eos = CASES[name]
         if tok_family not in tok_dirs:
             d = tmp_path_factory.mktemp(f"tok_{tok_family}")
             build_family(tok_family, d)
@@ -445,6 +446,11 @@ def folders(tmp_path_factory):
             "chat_template": template}))
         built[name] = d
     return built
+
+
+@pytest.fixture(scope="module")
+def folders(tmp_path_factory):
+    return build_folders(tmp_path_factory, CASES)
 
 
 def hf_render(auto, conv, gen, **kw):

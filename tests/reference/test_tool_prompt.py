@@ -15,9 +15,8 @@ import pytest
 from transformers import AutoTokenizer
 from transformers.utils import get_json_schema
 
-from test_chat_template import CASES
+from test_chat_template import CASES, build_folders
 from test_env_service import EnvTool, Server, send
-from test_tokenizer_support import build_family
 
 
 def calculator(expression: str) -> str:
@@ -61,20 +60,7 @@ WRITTEN = {"qwen2.5", "qwen3", "llama3.1", "mistral-v0.3"}
 
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
-    built, toks = {}, {}
-    for name in sorted(WRITTEN | {"chatml", "llama3"}):
-        template, _, family, bos, eos = CASES[name]
-        if family not in toks:
-            d = tmp_path_factory.mktemp(f"tok_{family}")
-            build_family(family, d)
-            toks[family] = d
-        d = tmp_path_factory.mktemp(name)
-        (d / "tokenizer.json").write_text((toks[family] / "tokenizer.json").read_text())
-        (d / "tokenizer_config.json").write_text(json.dumps({
-            "tokenizer_class": "PreTrainedTokenizerFast", "bos_token": bos, "eos_token": eos,
-            "chat_template": template}))
-        built[name] = d
-    return built
+    return build_folders(tmp_path_factory, sorted(WRITTEN | {"chatml", "llama3"}))
 
 
 @pytest.mark.parametrize("case", sorted(WRITTEN | {"chatml", "llama3"}))

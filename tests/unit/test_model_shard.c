@@ -6,7 +6,11 @@
 //   - padded decode-only steps of 1 and 3 sequences (the fused small-batch layer and the general one) likewise;
 //   - shard configs: heads, KV heads (split, and replicated at 4 shards over 2 KV heads), MLP width, vocabulary rows
 //     (67 rows over 2 and 4 shards: the last shard has padding rows); sizes that do not divide are refused;
-//   - model_shard_unit: the shards' slices of every tensor put back together are the whole tensor.
+//   - model_shard_unit: the shards' slices of every tensor put back together are the whole tensor;
+//   - model_shard_parts (a weight update straight into the shards): for the whole unit cut into W flat slices as
+//     ZeRO cuts it (W = 1, 2, 3, 5, 8) and one slice per element, the parts of every slice, copied into a zeroed
+//     shard unit, give model_shard_unit's slice exactly, no shard element is written twice, and every part is
+//     contiguous in the shard unit, and in the whole unit when it says so.
 // Both architectures' variants: q/k norms, q/k/v biases and tied embeddings (Qwen3), untied lm_head (Llama).
 #include <math.h>
 #include <pthread.h>
@@ -245,7 +249,86 @@ static void test_slices_rebuild(const char *json, const char *name) {
     ops_destroy(ops);
 }
 
+// Applies the parts of the whole unit's slices [w * s, min((w + 1) * s, numel)) to a zeroed shard unit.
+static int apply_parts(const Model *full, const Model *sh, int u, size_t slice, const float *src, float *dst,
+                       int *writes, const char *name, int size, int r) {
+    const size_t numel = full->layout.unit_numel[u];
+    ModelShardPart parts[64];
+    for (size_t b = 0; b < numel; b += slice) {
+        const size_t e = b + slice < numel ? b + slice : numel;
+        const int n = model_shard_parts(&full->layout, &sh->layout, &sh->cfg, &sh->shard, u, b, e, parts, 64);
+        if (n < 0) {
+            CHECK(0, "%s, shard %d of %d, unit %d, slice [%zu, %zu): more than 64 parts", name, r, size, u, b, e);
+            return -1;
+        }
+        for (int i = 0; i < n; i++) {
+            const ModelShardPart *p = &parts[i];
+            if (p->full_at < b || p->full_at + (p->rows - 1) * p->full_cols + p->cols > e || p->cols > p->full_cols ||
+                p->shard_at + p->rows * p->cols > sh->layout.unit_numel[u] ||
+                (p->rows == 1 && p->cols != p->full_cols)) {
+                CHECK(0, "%s, shard %d of %d, unit %d, slice [%zu, %zu): part %d (at %zu, %zu x %zu of %zu) leaves "
+                      "it", name, r, size, u, b, e, i, p->full_at, p->rows, p->cols, p->full_cols);
+                return -1;
+            }
+            for (size_t row = 0; row < p->rows; row++)
+                for (size_t c = 0; c < p->cols; c++) {
+                    const size_t at = p->shard_at + row * p->cols + c;
+                    dst[at] = src[p->full_at + row * p->full_cols + c];
+                    writes[at]++;
+                }
+        }
+    }
+    return 0;
+}
+
+static void test_parts(const char *json, const char *name) {
+    char err[512];
+    ModelConfig cfg;
+    REQUIRE(config_parse(&cfg, json, strlen(json), err, sizeof err) == 0, "%s", err);
+    OpsCtx *ops;
+    REQUIRE(ops_create(&ops, OPS_BACKEND_CPU, 0, err, sizeof err) == 0, "%s", err);
+    Model full;
+    REQUIRE(model_init(&full, &cfg, ops, err, sizeof err) == 0, "%s", err);
+    const int cuts[] = {1, 2, 3, 5, 8, 0};   // 0: one slice per element
+    int checked = 0;
+    for (int size = 2; size <= 4; size *= 2)
+        for (int r = 0; r < size; r++) {
+            Model sh;
+            REQUIRE(model_init_shard(&sh, &cfg, r, size, ops, err, sizeof err) == 0, "%s", err);
+            for (int u = 0; u < full.layout.n_units; u++) {
+                const size_t numel = full.layout.unit_numel[u], snumel = sh.layout.unit_numel[u];
+                float *src = malloc(numel * sizeof *src), *want = malloc(snumel * sizeof *want),
+                      *got = malloc(snumel * sizeof *got);
+                int *writes = malloc(snumel * sizeof *writes);
+                for (size_t i = 0; i < numel; i++) src[i] = (float)(i + 1);
+                model_shard_unit(&full, &sh, u, src, want);
+                for (size_t c = 0; c < sizeof cuts / sizeof *cuts; c++) {
+                    const size_t slice = cuts[c] ? layout_padded_unit_numel(&full.layout, u, cuts[c]) / cuts[c] : 1;
+                    memset(got, 0, snumel * sizeof *got);
+                    memset(writes, 0, snumel * sizeof *writes);
+                    if (apply_parts(&full, &sh, u, slice, src, got, writes, name, size, r) != 0) break;
+                    size_t i = 0;
+                    while (i < snumel && got[i] == want[i] && writes[i] <= 1) i++;
+                    CHECK(i == snumel, "%s, shard %d of %d, unit %d, %d slices: element %zu is %g (written %d times), "
+                          "want %g", name, r, size, u, cuts[c], i, i < snumel ? got[i] : 0.0,
+                          i < snumel ? writes[i] : 0, i < snumel ? want[i] : 0.0);
+                    checked++;
+                }
+                free(src);
+                free(want);
+                free(got);
+                free(writes);
+            }
+            model_free(&sh);
+        }
+    CHECK(checked > 0, "%s: nothing checked", name);
+    model_free(&full);
+    ops_destroy(ops);
+}
+
 int main(void) {
+    test_parts(CONFIG_QWEN3, "qwen3");
+    test_parts(CONFIG_LLAMA, "llama");
     test_slices_rebuild(CONFIG_QWEN3, "qwen3");
     test_slices_rebuild(CONFIG_LLAMA, "llama");
     test_shards_equal_whole(CONFIG_QWEN3, "qwen3");

@@ -225,8 +225,9 @@ static void commit_host(EngineGroup *g, uint64_t seed, int64_t version, const Re
 // Device staging (transport nccl, without NCCL): engine 0's device staging gets the units of `seed` as the
 // receiver would leave them, then they are spread to the other engines and swapped in everywhere.
 static void commit_device(EngineGroup *g, uint64_t seed, int64_t version, const Ref *shape) {
-    int be, bu;
-    CHECK(engine_group_device_staging_ready(g, &be, &bu) == 0, "no device staging on engine %d unit %d", be, bu);
+    int be, bs, bu;
+    CHECK(engine_group_device_staging_ready(g, &be, &bs, &bu) == 0, "no device staging on engine %d shard %d unit %d",
+          be, bs, bu);
     const Layout *L = &engine_group_model(g)->layout;
     Engine *e0 = engine_group_engine(g, 0);
     OpsCtx *o = engine_ops(e0);
@@ -234,7 +235,7 @@ static void commit_device(EngineGroup *g, uint64_t seed, int64_t version, const 
         float *host = malloc(L->unit_numel[u] * sizeof *host);
         if (!host) die("malloc", "unit");
         model_random_unit_f32(&shape->m, seed, STD, u, host);
-        ops_upload_f32(o, engine_weights_device_staging(e0, u), host, L->unit_numel[u]);
+        ops_upload_f32(o, engine_weights_device_staging(e0, 0, u), host, L->unit_numel[u]);
         ops_synchronize(o);
         free(host);
     }

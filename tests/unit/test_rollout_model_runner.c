@@ -185,18 +185,19 @@ static void test_weights(ModelRunner *r) {
     const int32_t t_same = prefill(r, 6, 7, &after);
     CHECK(t_same == t_before && close_to(after, before), "uploading no unit changes nothing");
 
-    CHECK(runner_weights_device_missing(r) == 0, "no staging yet: unit 0 is missing (%d)",
-          runner_weights_device_missing(r));
+    int shard = -1;
+    CHECK(runner_weights_device_missing(r, &shard) == 0 && shard == 0, "no staging yet: unit 0 is missing (%d)",
+          runner_weights_device_missing(r, &shard));
     OpsCtx *ops = runner_ops(r);
     for (int u = 0; u < L->n_units; u++) {
-        void *d = runner_weights_device_staging(r, u);
+        void *d = runner_weights_device_staging(r, 0, u);
         CHECK(d != NULL, "staging of unit %d", u);
         float *host = calloc(L->unit_numel[u], sizeof *host);
         for (size_t i = 0; i < L->unit_numel[u]; i++) host[i] = 0.01f * (float)((i * 7 + u) % 13) - 0.06f;
         if (d) ops_upload_f32(ops, d, host, L->unit_numel[u]);
         free(host);
     }
-    CHECK(runner_weights_device_missing(r) == -1, "every unit staged");
+    CHECK(runner_weights_device_missing(r, &shard) == -1, "every unit staged");
     CHECK(runner_swap_device_weights(r, err, sizeof err) == 0, "%s", err);
     prefill(r, 6, 7, &after);
     CHECK(!(fabs((double)after - before) <= 1e-4), "other weights, other logprob (%.9g)", after);

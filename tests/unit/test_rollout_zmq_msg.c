@@ -106,10 +106,16 @@ static void test_hello(void) {
     if (round_trip(&m, &b) == 0) {
         CHECK(b.id == 7 && b.protocol_version == ZMSG_PROTOCOL_VERSION && !strcmp(b.model_id, "tiny-llama"));
         CHECK(b.layout_hash == 0xfedcba9876543210ull && b.n_units == 4 && b.policy_version == -3);
-        CHECK(b.max_seq_len == 256 && b.vocab_size == 211);
+        CHECK(b.max_seq_len == 256 && b.vocab_size == 211 && b.tensor_parallel_size == 1);
         for (int u = 0; u < 4; u++) CHECK(b.unit_numel[u] == numel[u]);
         zmsg_free(&b);
     }
+    m.tensor_parallel_size = 4;   // a tensor-parallel server says its shards
+    if (round_trip(&m, &b) == 0) {
+        CHECK(b.tensor_parallel_size == 4);
+        zmsg_free(&b);
+    }
+    m.tensor_parallel_size = 0;
     m.unit_numel = NULL;
     ZmsgOut o;
     char err[256];
@@ -470,8 +476,26 @@ static void test_weights(void) {
         CHECK(b.version == 5 && b.transport == ZMSG_TRANSPORT_NCCL && b.layout_hash == 0x0123456789abcdefull);
         CHECK(!memcmp(b.nccl_id, m.nccl_id, ZMSG_NCCL_ID_BYTES) && b.trainer_ranks == 7 && b.nccl_world == 9 &&
               b.nccl_rank == 8);
+        CHECK(b.tensor_parallel_size == 1 && b.comm_backend == ZMSG_COMM_NCCL);
         zmsg_free(&b);
     }
+    // A server of 2 shards over the host backend: members 7 and 8.
+    m.nccl_rank = 7, m.tensor_parallel_size = 2, m.comm_backend = ZMSG_COMM_HOST;
+    if (round_trip(&m, &b) == 0) {
+        CHECK(b.nccl_rank == 7 && b.tensor_parallel_size == 2 && b.comm_backend == ZMSG_COMM_HOST);
+        zmsg_free(&b);
+    }
+    // Its shards must fit in the world.
+    m.nccl_rank = 8;
+    {
+        ZmsgOut o;
+        char err[512];
+        CHECK(zmsg_build(&m, &o, err, sizeof err) == 0);
+        CHECK(zmsg_parse(&b, REQ, o.frames, o.n_frames, err, sizeof err) != 0 && strstr(err, "tensor_parallel_size"),
+              "%s", err);
+        zmsg_out_free(&o);
+    }
+    m.tensor_parallel_size = 0, m.comm_backend = ZMSG_COMM_NCCL;
     // The nccl membership must be consistent: a server's rank lies after the trainer ranks, inside the world.
     m.nccl_rank = 3;
     {
