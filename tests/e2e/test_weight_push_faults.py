@@ -109,42 +109,13 @@ def finish(proc, log, log_path, timeout=600):
     return text
 
 
-def test_cpu_server_stalled_then_restarted(setup):
-    d, model_dir, data = setup
-    steps = 30
+def stall_one_of_two(d, model_dir, data, steps, serve_args=(), extra=(), tag=None):
+    """Two CPU servers, a trainer over them; one server stalled, killed and restarted (stall_kill_restart). Returns
+    (trainer log, the restarted server's final version, the other's, seconds until noticed, the step it happened)."""
     controls = [f"tcp://127.0.0.1:{free_port()}" for _ in range(2)]
-    with TandemServer(model_dir, "--control", controls[0]) as keep:
-        victim = TandemServer(model_dir, "--control", controls[1])
-        proc, log, log_path = start_trainer(d, model_dir, data, ",".join(controls), steps, "cpu")
-        try:
-            assert wait_for(log_path, r"step 3/", 300, proc) is not None, log_path.read_text()[-3000:]
-            back, noticed, at_step = stall_kill_restart(log_path, proc, victim, model_dir, controls[1], (), steps)
-            with back:
-                text = finish(proc, log, log_path)
-                assert "answers again" in text, text[-3000:]
-                # Waits say so at most once per 10 s: no line repeats (a wait loop once printed one 249 times in 2 s).
-                lines = [ln for ln in text.splitlines() if ln.startswith("tandem-train:")]
-                worst = max(set(lines), key=lines.count)
-                assert lines.count(worst) <= 3, (lines.count(worst), worst)
-                version = metric(metrics(back.url), "tandem_policy_version")
-            assert metric(metrics(keep.url), "tandem_policy_version") == steps
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-            victim.kill()
-    assert version == steps, (version, text[-3000:])
-    print(f"cpu: stall at step {at_step} noticed after {noticed:.1f} s; the restarted server ended on version {version}")
-
-
-def test_cpu_nccl_twin_sharded_server_stalled_then_restarted(setup):
-    d, model_dir, data = setup
-    steps = 16
-    controls = [f"tcp://127.0.0.1:{free_port()}" for _ in range(2)]
-    serve_args = ("--tensor-parallel-size", "2")
     with TandemServer(model_dir, "--control", controls[0], *serve_args) as keep:
         victim = TandemServer(model_dir, "--control", controls[1], *serve_args)
-        proc, log, log_path = start_trainer(d, model_dir, data, ",".join(controls), steps, "cpu",
-                                            extra=("--weight-sync-transport", "nccl"), tag="cpu-nccl-tp")
+        proc, log, log_path = start_trainer(d, model_dir, data, ",".join(controls), steps, "cpu", extra, tag)
         try:
             assert wait_for(log_path, r"step 3/", 300, proc) is not None, log_path.read_text()[-3000:]
             back, noticed, at_step = stall_kill_restart(log_path, proc, victim, model_dir, controls[1], serve_args,
@@ -152,13 +123,34 @@ def test_cpu_nccl_twin_sharded_server_stalled_then_restarted(setup):
             with back:
                 text = finish(proc, log, log_path)
                 version = metric(metrics(back.url), "tandem_policy_version")
-            assert metric(metrics(keep.url), "tandem_policy_version") == steps
+            kept = metric(metrics(keep.url), "tandem_policy_version")
         finally:
             if proc.poll() is None:
                 proc.kill()
             victim.kill()
+    return text, version, kept, noticed, at_step
+
+
+def test_cpu_server_stalled_then_restarted(setup):
+    d, model_dir, data = setup
+    steps = 30
+    text, version, kept, noticed, at_step = stall_one_of_two(d, model_dir, data, steps)
+    assert "answers again" in text, text[-3000:]
+    # Waits say so at most once per 10 s: no line repeats (a wait loop once printed one 249 times in 2 s).
+    lines = [ln for ln in text.splitlines() if ln.startswith("tandem-train:")]
+    worst = max(set(lines), key=lines.count)
+    assert lines.count(worst) <= 3, (lines.count(worst), worst)
+    assert kept == steps and version == steps, (kept, version, text[-3000:])
+    print(f"cpu: stall at step {at_step} noticed after {noticed:.1f} s; the restarted server ended on version {version}")
+
+
+def test_cpu_nccl_twin_sharded_server_stalled_then_restarted(setup):
+    d, model_dir, data = setup
+    steps = 16
+    text, version, kept, noticed, at_step = stall_one_of_two(
+        d, model_dir, data, steps, ("--tensor-parallel-size", "2"), ("--weight-sync-transport", "nccl"), "cpu-nccl-tp")
     assert "host communicator" in text and "using transport zmq" not in text, text[-3000:]
-    assert version == steps, (version, text[-3000:])
+    assert kept == steps and version == steps, (kept, version, text[-3000:])
     print(f"cpu nccl twin, TP 2: stall at step {at_step} noticed after {noticed:.1f} s; the restarted server ended on "
           f"version {version}")
 

@@ -185,16 +185,22 @@ static void test_shards_equal_whole(const char *json, const char *name) {
     ops_destroy(ops);
 }
 
+// The whole model of config json on a CPU context of its own.
+static void whole_model(const char *json, ModelConfig *cfg, OpsCtx **ops, Model *full) {
+    char err[512];
+    REQUIRE(config_parse(cfg, json, strlen(json), err, sizeof err) == 0, "%s", err);
+    REQUIRE(ops_create(ops, OPS_BACKEND_CPU, 0, err, sizeof err) == 0, "%s", err);
+    REQUIRE(model_init(full, cfg, *ops, err, sizeof err) == 0, "%s", err);
+}
+
 // The shards' slices of each tensor put back at their places rebuild it, every element exactly once (KV heads
 // replicated at 4 shards: each copy equals the original), and the vocabulary padding rows are zeros.
 static void test_slices_rebuild(const char *json, const char *name) {
     char err[512];
     ModelConfig cfg;
-    REQUIRE(config_parse(&cfg, json, strlen(json), err, sizeof err) == 0, "%s", err);
     OpsCtx *ops;
-    REQUIRE(ops_create(&ops, OPS_BACKEND_CPU, 0, err, sizeof err) == 0, "%s", err);
     Model full;
-    REQUIRE(model_init(&full, &cfg, ops, err, sizeof err) == 0, "%s", err);
+    whole_model(json, &cfg, &ops, &full);
     for (int size = 2; size <= 4; size *= 2) {
         for (int u = 0; u < full.layout.n_units; u++) {
             float *src = malloc(full.layout.unit_numel[u] * sizeof *src);
@@ -286,11 +292,9 @@ static int apply_parts(const Model *full, const Model *sh, int u, size_t slice, 
 static void test_parts(const char *json, const char *name) {
     char err[512];
     ModelConfig cfg;
-    REQUIRE(config_parse(&cfg, json, strlen(json), err, sizeof err) == 0, "%s", err);
     OpsCtx *ops;
-    REQUIRE(ops_create(&ops, OPS_BACKEND_CPU, 0, err, sizeof err) == 0, "%s", err);
     Model full;
-    REQUIRE(model_init(&full, &cfg, ops, err, sizeof err) == 0, "%s", err);
+    whole_model(json, &cfg, &ops, &full);
     const int cuts[] = {1, 2, 3, 5, 8, 0};   // 0: one slice per element
     int checked = 0;
     for (int size = 2; size <= 4; size *= 2)
@@ -331,12 +335,10 @@ static void test_parts(const char *json, const char *name) {
 static void test_dummy(const char *json, const char *name) {
     char err[512];
     ModelConfig cfg;
-    REQUIRE(config_parse(&cfg, json, strlen(json), err, sizeof err) == 0, "%s", err);
     OpsCtx *ops;
-    REQUIRE(ops_create(&ops, OPS_BACKEND_CPU, 0, err, sizeof err) == 0, "%s", err);
     Model full;
     ResidentWeights fw;
-    REQUIRE(model_init(&full, &cfg, ops, err, sizeof err) == 0, "%s", err);
+    whole_model(json, &cfg, &ops, &full);
     REQUIRE(resident_alloc(&fw, &full, 0, err, sizeof err) == 0, "%s", err);
     REQUIRE(model_fill_dummy(&full, &full.layout, &fw, 77, err, sizeof err) == 0, "%s", err);
     int norms_one = 1, in_range = 1, distinct = 0;
