@@ -249,6 +249,28 @@ void ops_copy_2d_batch(OpsCtx *ctx, const OpsCopy2D *items, int n) {
     }
     DISPATCH(ctx, cuda_copy_2d_batch(ctx, items, n), cpu_copy_2d_batch(items, n));
 }
+static void cpu_fill_hashed_uniform(float *dst, size_t rows, size_t cols, uint64_t first, size_t index_pitch,
+                                    uint64_t seed, float scale) {
+    for (size_t r = 0; r < rows; r++)
+        for (size_t c = 0; c < cols; c++) {
+            uint64_t z = seed + (first + r * index_pitch + c + 1) * 0x9E3779B97F4A7C15ULL;
+            z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+            z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+            z ^= z >> 31;
+            dst[r * cols + c] = ((float)(uint32_t)(z >> 40) * 0x1p-23f - 1.0f) * scale;
+        }
+}
+void ops_fill_hashed_uniform(OpsCtx *ctx, void *dst, size_t rows, size_t cols, uint64_t first, size_t index_pitch,
+                             uint64_t seed, float scale) {
+    if (ctx->error_code || rows == 0 || cols == 0) return;
+    if (!dst || (rows > 1 && index_pitch < cols) || !isfinite(scale)) {
+        ops_set_error(ctx, -1, __FILE__, __LINE__, "fill_hashed_uniform: bad block (%zu rows of %zu, index pitch %zu, "
+                      "scale %g%s)", rows, cols, index_pitch, (double)scale, dst ? "" : ", NULL buffer");
+        return;
+    }
+    DISPATCH(ctx, cuda_fill_hashed_uniform(ctx, dst, rows, cols, first, index_pitch, seed, scale),
+             cpu_fill_hashed_uniform(dst, rows, cols, first, index_pitch, seed, scale));
+}
 void ops_upload_f32(OpsCtx *ctx, void *dst, const float *src, size_t n) {
     DISPATCH(ctx, cuda_upload_f32(ctx, dst, src, n), memcpy(dst, src, n * sizeof(float)));
 }

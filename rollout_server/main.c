@@ -63,7 +63,7 @@ static void human_seconds(double s, char *out, size_t cap) {
 // The options as given (text for the ones parsed further below: devices, byte counts, the seed).
 typedef struct {
     const char *model, *host, *control, *control_key_file, *control_authorized_keys, *device, *devices, *kv,
-        *body, *api_key, *served_name, *chat_template, *seed, *update_mode, *adapter_mode;
+        *body, *api_key, *served_name, *chat_template, *seed, *update_mode, *adapter_mode, *load_format;
     int port, tp, block_size, max_num_seqs, max_batched, max_queued, max_connections, max_per_client, graph_max_batch;
     double gpu_util, read_timeout, drain_timeout, sync_timeout;
     CliList loras;
@@ -83,7 +83,7 @@ typedef struct {
 #define SWITCH(flag_, field, help_, note) \
     {.flag = flag_, .type = CLI_SWITCH, .offset = offsetof(ServeArgs, field), .help = help_, .default_note = note}
 
-enum { N_SERVE_OPTIONS = 34 };
+enum { N_SERVE_OPTIONS = 35 };
 
 // The option table; prefix_default says whether prefix caching is on by default (engine_config_default).
 static void serve_options(CliOption out[N_SERVE_OPTIONS], int prefix_default) {
@@ -164,6 +164,10 @@ static void serve_options(CliOption out[N_SERVE_OPTIONS], int prefix_default) {
                prefix_default ? "on" : "off"),
         SWITCH("--no-prefix-caching", prefix_off, "do not reuse them", prefix_default ? "off" : "on"),
         TEXT("--seed", seed, "N", "seed for requests that carry none", NULL),
+        TEXT("--load-format", load_format, "auto|dummy",
+             "auto: the folder's safetensors; dummy: random weights of the folder's config.json (uniform, std 0.02; "
+             "norms 1), the same for every tensor-parallel size, no weight file read: benchmarks of shapes whose files "
+             "would not fit the disk", NULL),
         TEXT("--served-model-name", served_name, "NAME", "model id in /v1/models and answers", "the folder's name"),
         TEXT("--adapter-update-mode", adapter_mode, "merge|lowrank",
              "how the trainer's LoRA adapter updates (tandem-train lora_sync adapter) are served: merge (into the served "
@@ -300,7 +304,8 @@ static int parse_options(int argc, char **argv, Options *o) {
                    .max_per_client = o->http.max_connections_per_client,
                    .graph_max_batch = o->engine.cuda_graph_max_batch, .read_timeout = o->http.request_read_timeout_s,
                    .drain_timeout = o->drain_timeout_s, .sync_timeout = o->weight_sync_timeout_s,
-                   .update_mode = engine_update_mode_name(ENGINE_UPDATE_KEEP), .adapter_mode = "merge"};
+                   .update_mode = engine_update_mode_name(ENGINE_UPDATE_KEEP), .adapter_mode = "merge",
+                   .load_format = "auto"};
     human_bytes(o->engine.kv_cache_bytes, a.kv_default, sizeof a.kv_default);
     human_bytes(o->http.max_body_bytes, a.body_default, sizeof a.body_default);
     snprintf(a.seed_default, sizeof a.seed_default, "%" PRIu64, o->engine.seed);
@@ -408,6 +413,8 @@ static int parse_options(int argc, char **argv, Options *o) {
     if (strcmp(a.adapter_mode, "merge") == 0) o->engine.adapter_updates_lowrank = 0;
     else if (strcmp(a.adapter_mode, "lowrank") == 0) o->engine.adapter_updates_lowrank = 1;
     else return bad("adapter-update-mode", a.adapter_mode, "expected merge or lowrank");
+    if (strcmp(a.load_format, "dummy") == 0) o->engine.load_dummy = 1;
+    else if (strcmp(a.load_format, "auto") != 0) return bad("load-format", a.load_format, "expected auto or dummy");
     o->engine.enforce_eager = a.enforce_eager;
     if (!o->engine.model_dir) {
         fprintf(stderr, "tandem-serve: --model DIR is required (see --help)\n");

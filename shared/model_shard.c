@@ -162,6 +162,42 @@ void model_shard_unit(const Model *full, const Model *shard, int unit, const flo
     }
 }
 
+int model_fill_dummy(const Model *m, const Layout *full, ResidentWeights *w, uint64_t seed, char *err,
+                     size_t err_len) {
+    const float scale = 0.02f * 1.7320508f;   // a uniform's half-width for std 0.02
+    size_t most_norm = 0;
+    for (int i = 0; i < m->layout.n_tensors; i++)
+        if (strstr(m->layout.tensors[i].name, "norm") && m->layout.tensors[i].numel > most_norm)
+            most_norm = m->layout.tensors[i].numel;
+    float *ones = malloc((most_norm ? most_norm : 1) * sizeof *ones);
+    if (!ones) return snprintf(err, err_len, "out of host memory for dummy weights"), -1;
+    for (size_t i = 0; i < most_norm; i++) ones[i] = 1.0f;
+    const size_t es = ops_dtype_size(m->ops);
+    ModelShardPart parts[96];
+    for (int u = 0; u < m->layout.n_units; u++) {
+        const int n = model_shard_parts(full, &m->layout, &m->cfg, &m->shard, u, 0, full->unit_numel[u], parts, 96);
+        if (n < 0) {
+            free(ones);
+            return snprintf(err, err_len, "unit %d has more than 96 parts", u), -1;
+        }
+        const uint64_t unit_seed = seed ^ ((uint64_t)(u + 1) * 0xD1B54A32D192ED03ULL);
+        for (int p = 0; p < n; p++)
+            ops_fill_hashed_uniform(m->ops, (char *)w->params[u] + parts[p].shard_at * es, parts[p].rows, parts[p].cols,
+                                    parts[p].full_at, parts[p].full_cols, unit_seed, scale);
+        for (int i = 0; i < m->layout.n_tensors; i++) {
+            const LayoutTensor *t = &m->layout.tensors[i];
+            if (t->unit == u && strstr(t->name, "norm")) {
+                ops_upload_f32(m->ops, (char *)w->params[u] + t->offset * es, ones, t->numel);
+                ops_synchronize(m->ops);   // the upload reads the host array
+            }
+        }
+    }
+    free(ones);
+    ops_synchronize(m->ops);
+    if (ops_status(m->ops)) return snprintf(err, err_len, "dummy weights: %s", ops_error(m->ops)), -1;
+    return 0;
+}
+
 static CommDtype storage_comm_dtype(const Model *m) { return ops_dtype_size(m->ops) == 2 ? COMM_BF16 : COMM_F32; }
 
 void model_shard_reduce(Model *m, void *buf, size_t count) {

@@ -107,6 +107,31 @@ void cuda_copy_2d_batch(OpsCtx *ctx, const OpsCopy2D *items, int n) {
     }
 }
 
+// ops_fill_hashed_uniform: the CPU twin's arithmetic (kernels/ops.c), element by element; __fmul_rn keeps the two
+// steps from fusing into one FMA, so the fp32 value is the twin's before the one rounding to bf16.
+__global__ void fill_hashed_uniform_kernel(bf16 *dst, size_t rows, size_t cols, uint64_t first, size_t index_pitch,
+                                           uint64_t seed, float scale) {
+    const size_t n = rows * cols;
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const size_t r = i / cols, c = i - r * cols;
+        uint64_t z = seed + (first + r * index_pitch + c + 1) * 0x9E3779B97F4A7C15ULL;
+        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+        z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+        z ^= z >> 31;
+        const float u = __fsub_rn(__fmul_rn((float)(uint32_t)(z >> 40), 0x1p-23f), 1.0f);
+        dst[i] = f2bf(__fmul_rn(u, scale));
+    }
+}
+
+void cuda_fill_hashed_uniform(OpsCtx *ctx, void *dst, size_t rows, size_t cols, uint64_t first, size_t index_pitch,
+                              uint64_t seed, float scale) {
+    CudaState *st = cuda_enter(ctx);
+    if (!st) return;
+    fill_hashed_uniform_kernel<<<cuda_grid_1d(rows * cols, 256, st), 256, 0, st->stream>>>(
+        (bf16 *)dst, rows, cols, first, index_pitch, seed, scale);
+    CUDA_CHECK_LAUNCH(ctx);
+}
+
 __global__ void dropout_kernel(bf16 *out, const bf16 *in, size_t n, uint32_t threshold, float scale, uint64_t seed) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         uint64_t z = seed + (uint64_t)(i + 1) * 0x9E3779B97F4A7C15ULL;

@@ -31,6 +31,8 @@ void cuda_copy_2d(OpsCtx *ctx, void *dst, size_t dst_pitch, const void *src, siz
                   size_t cols);
 // Items checked by ops_copy_2d_batch (kernels/cuda/cuda_elementwise.cu).
 void cuda_copy_2d_batch(OpsCtx *ctx, const OpsCopy2D *items, int n);
+void cuda_fill_hashed_uniform(OpsCtx *ctx, void *dst, size_t rows, size_t cols, uint64_t first, size_t index_pitch,
+                              uint64_t seed, float scale);
 void cuda_upload_f32(OpsCtx *ctx, void *dst, const float *src_host, size_t n);
 void cuda_download_f32(OpsCtx *ctx, float *dst_host, const void *src, size_t n);
 void cuda_synchronize(OpsCtx *ctx);

@@ -135,6 +135,33 @@ def test_sizes_that_do_not_divide_are_refused(tiny_model_dir):
         out.stderr, out.stderr
 
 
+def test_load_format_dummy_is_one_model_at_every_size(tiny_model_dir, tmp_path):
+    """--load-format dummy: random weights from config.json alone (a folder without weight files); TP = 2 serves the
+    same random model as TP = 1 (each shard fills its slice from the whole model's element indices)."""
+    import shutil
+    for f in tiny_model_dir.iterdir():
+        if f.suffix != ".safetensors" and f.is_file():
+            shutil.copy(f, tmp_path / f.name)
+    with TandemServer(tmp_path, "--load-format", "dummy") as one, \
+            TandemServer(tmp_path, "--load-format", "dummy", "-tp", "2") as two, TandemServer(tiny_model_dir) as real:
+        assert "--load-format dummy" in one.log_text(), one.log_text()
+        for prompt in PROMPTS[:3]:
+            ref_ids, ref_lp, ref_top = greedy(one, prompt)
+            ids, lp, _ = greedy(two, prompt)
+            for i, (want, got) in enumerate(zip(ref_ids, ids)):
+                top2 = sorted(ref_top[i].values(), reverse=True)
+                if len(top2) > 1 and top2[0] - top2[1] < 1e-4:
+                    break
+                assert got == want and abs(lp[i] - ref_lp[i]) < 1e-4, (prompt, i, ids, ref_ids)
+            assert greedy(real, prompt)[1] != ref_lp, "the dummy server answered like the real weights"
+    out = subprocess.run([serve_binary(), "--model", str(tmp_path), "--load-format", "pt"], capture_output=True,
+                         text=True, timeout=30)
+    assert out.returncode != 0 and "--load-format" in out.stderr and "auto or dummy" in out.stderr, out.stderr
+    out = subprocess.run([serve_binary(), "--model", str(tmp_path), "--port", "0", "--kv-cache-memory", "64M"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode != 0 and "safetensors" in out.stderr, out.stderr   # auto still needs the weight files
+
+
 def test_help_and_overlapping_device_groups(tmp_path):
     out = subprocess.run([serve_binary(), "--help"], capture_output=True, text=True, timeout=30)
     assert out.returncode == 0

@@ -3,7 +3,10 @@ push): the trainer notices within seconds, not after its request timeout (left a
 with the other server, and a server restarted on the same endpoint is given the current weights before it
 generates again.
 
-CPU (always): two CPU servers, weights over ZeroMQ. GPU (2 CUDA devices, else skipped): the trainer on cuda:0 (rank 0), one
+CPU (always): two CPU servers, weights over ZeroMQ; and two CPU servers of 2 tensor-parallel shards each, weights
+over transport nccl's CPU twin (the host communicator, each shard a member): the stalled server's shards hold up
+the sends, the trainer's watch on its control connection fails the communicator, the other server's shards give
+up the abandoned receive within seconds when the next push begins, and the restarted server joins a new one. GPU (2 CUDA devices, else skipped): the trainer on cuda:0 (rank 0), one
 server on cuda:1, weights over NCCL: the stalled server holds up NCCL sends the trainer cannot cancel by itself; the
 trainer's watch on its control connection aborts the communicator, and the restarted server joins a new one.
 Each stall is SIGSTOP (the process and its ZeroMQ threads stop answering: the heartbeats catch it), followed by
@@ -55,9 +58,9 @@ if pytest is not None:
         return make_setup(tmp_path_factory.mktemp("push_faults"))
 
 
-def start_trainer(d, model_dir, data, control, steps, device, extra=()):
-    out_dir = d / f"run-{device}"
-    log_path = d / f"trainer-{device}.log"
+def start_trainer(d, model_dir, data, control, steps, device, extra=(), tag=None):
+    out_dir = d / f"run-{tag or device}"
+    log_path = d / f"trainer-{tag or device}.log"
     args = [train_binary(), "--model", str(model_dir), "--train-file", str(data), "--output-dir", str(out_dir),
             "--rollout-servers", control, "--rewards", "regex_format", "--format-regex", "[0-9]",
             "--format-regex-mode", "search", "--num-generations", "8", "--per-device-train-batch-size", "8",
@@ -106,31 +109,50 @@ def finish(proc, log, log_path, timeout=600):
     return text
 
 
-def test_cpu_server_stalled_then_restarted(setup):
-    d, model_dir, data = setup
-    steps = 30
+def stall_one_of_two(d, model_dir, data, steps, serve_args=(), extra=(), tag=None):
+    """Two CPU servers, a trainer over them; one server stalled, killed and restarted (stall_kill_restart). Returns
+    (trainer log, the restarted server's final version, the other's, seconds until noticed, the step it happened)."""
     controls = [f"tcp://127.0.0.1:{free_port()}" for _ in range(2)]
-    with TandemServer(model_dir, "--control", controls[0]) as keep:
-        victim = TandemServer(model_dir, "--control", controls[1])
-        proc, log, log_path = start_trainer(d, model_dir, data, ",".join(controls), steps, "cpu")
+    with TandemServer(model_dir, "--control", controls[0], *serve_args) as keep:
+        victim = TandemServer(model_dir, "--control", controls[1], *serve_args)
+        proc, log, log_path = start_trainer(d, model_dir, data, ",".join(controls), steps, "cpu", extra, tag)
         try:
             assert wait_for(log_path, r"step 3/", 300, proc) is not None, log_path.read_text()[-3000:]
-            back, noticed, at_step = stall_kill_restart(log_path, proc, victim, model_dir, controls[1], (), steps)
+            back, noticed, at_step = stall_kill_restart(log_path, proc, victim, model_dir, controls[1], serve_args,
+                                                        steps)
             with back:
                 text = finish(proc, log, log_path)
-                assert "answers again" in text, text[-3000:]
-                # Waits say so at most once per 10 s: no line repeats (a wait loop once printed one 249 times in 2 s).
-                lines = [ln for ln in text.splitlines() if ln.startswith("tandem-train:")]
-                worst = max(set(lines), key=lines.count)
-                assert lines.count(worst) <= 3, (lines.count(worst), worst)
                 version = metric(metrics(back.url), "tandem_policy_version")
-            assert metric(metrics(keep.url), "tandem_policy_version") == steps
+            kept = metric(metrics(keep.url), "tandem_policy_version")
         finally:
             if proc.poll() is None:
                 proc.kill()
             victim.kill()
-    assert version == steps, (version, text[-3000:])
+    return text, version, kept, noticed, at_step
+
+
+def test_cpu_server_stalled_then_restarted(setup):
+    d, model_dir, data = setup
+    steps = 30
+    text, version, kept, noticed, at_step = stall_one_of_two(d, model_dir, data, steps)
+    assert "answers again" in text, text[-3000:]
+    # Waits say so at most once per 10 s: no line repeats (a wait loop once printed one 249 times in 2 s).
+    lines = [ln for ln in text.splitlines() if ln.startswith("tandem-train:")]
+    worst = max(set(lines), key=lines.count)
+    assert lines.count(worst) <= 3, (lines.count(worst), worst)
+    assert kept == steps and version == steps, (kept, version, text[-3000:])
     print(f"cpu: stall at step {at_step} noticed after {noticed:.1f} s; the restarted server ended on version {version}")
+
+
+def test_cpu_nccl_twin_sharded_server_stalled_then_restarted(setup):
+    d, model_dir, data = setup
+    steps = 16
+    text, version, kept, noticed, at_step = stall_one_of_two(
+        d, model_dir, data, steps, ("--tensor-parallel-size", "2"), ("--weight-sync-transport", "nccl"), "cpu-nccl-tp")
+    assert "host communicator" in text and "using transport zmq" not in text, text[-3000:]
+    assert kept == steps and version == steps, (kept, version, text[-3000:])
+    print(f"cpu nccl twin, TP 2: stall at step {at_step} noticed after {noticed:.1f} s; the restarted server ended on "
+          f"version {version}")
 
 
 def test_gpu_nccl_server_stalled_then_restarted(setup):

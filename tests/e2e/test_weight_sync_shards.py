@@ -1,8 +1,9 @@
 """Transport nccl straight into tensor-parallel shards, on the CPU (its CPU twin: shared/comm's host backend between
 CPU trainer ranks and CPU servers; the same code as on GPUs, fp32 slices instead of bf16).
 
-Two trainer ranks (ZeRO-3) push every step with `--weight-sync-transport nccl` to two servers at once, one of 2
-tensor-parallel shards and a plain one: 3 server members of the communicator beside the 2 ranks. Each rank sends each shard only the parts of its slice that the shard holds (whole rows straight from the slice,
+Two trainer ranks (ZeRO-3) push every step with `--weight-sync-transport nccl` to two servers at once, one of two
+engines of 2 tensor-parallel shards each (--devices cpu,cpu) and a plain one: 3 server members of the communicator
+beside the 2 ranks (engine 0's shards receive and copy their staging to engine 1's). Each rank sends each shard only the parts of its slice that the shard holds (whole rows straight from the slice,
 o_proj / down_proj column blocks packed), and each shard receives them straight into its own staging.
 
 Checks:
@@ -20,6 +21,7 @@ NCCL_HOSTID, since the trainer and shard 0 share cuda:0) and a plain server on t
 server alone. Synced servers equal fresh ones from the checkpoint bit for bit (the checkpoint's fp32 masters round to
 the bf16 the ranks sent).
 """
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -110,7 +112,10 @@ def run(d, gpu):
             plan[2] = ["--device", "cuda:0", "--kv-cache-memory", "256M"]
         world, device, said = 1, "cuda", "weight sync over NCCL"
     else:
-        plan, world, device, said = {2: [], 1: []}, 2, "cpu", "weight sync over the host communicator"
+        # The TP 2 server runs two engines of 2 shards (--devices): engine 0's shards receive, and each copies its
+        # staging to the same shard of engine 1.
+        plan, world, device, said = {2: ["--devices", "cpu,cpu"], 1: []}, 2, "cpu", \
+            "weight sync over the host communicator"
     controls = {tp: f"tcp://127.0.0.1:{free_port()}" for tp in plan}
     with contextlib.ExitStack() as stack:
         servers = {tp: stack.enter_context(TandemServer(model_dir, "--control", controls[tp], "--tensor-parallel-size",
@@ -124,6 +129,9 @@ def run(d, gpu):
         rows = [json.loads(line) for line in (d / "run" / "metrics.jsonl").read_text().splitlines()]
         assert len(rows) == 3 and all(r["sync_bytes"] > 0 for r in rows), rows
         served = {tp: greedy(srv.url) for tp, srv in servers.items()}
+        if not gpu:   # both engines of the two-engine server answer alike (requests go to the least loaded one)
+            with concurrent.futures.ThreadPoolExecutor(4) as pool:
+                assert all(a == served[2] for a in pool.map(lambda _: greedy(servers[2].url), range(4)))
         assert all(policy_version(srv.url) == 3 for srv in servers.values())
     for tp in plan:
         assert served[tp] != before[tp], f"the TP = {tp} server's answer did not change: the weights never arrived"

@@ -314,6 +314,38 @@ static void test_copy_2d_batch(void) {
     buf_free(ref);
 }
 
+// ops_fill_hashed_uniform: a (37, 53) block of a wider tensor (index pitch 70, first index 10^10 + 5), CUDA vs the
+// CPU twin rounded to bf16: the same bits. Also what --load-format dummy relies on: the block equals that block of
+// the whole tensor filled at once, and the values cover [-scale, scale) roughly evenly.
+static void test_fill_hashed_uniform(void) {
+    enum { ROWS = 37, COLS = 53, PITCH = 70 };
+    const uint64_t first = 10000000005ull, seed = 0x1234ABCDull;
+    const float scale = 0.0346f;
+    Buf blk = buf_new(STORAGE, (size_t)ROWS * COLS), whole = buf_new(STORAGE, (size_t)(ROWS + 1) * PITCH);
+    ops_fill_hashed_uniform(cpu, blk.c, ROWS, COLS, first, PITCH, seed, scale);
+    ops_fill_hashed_uniform(gpu, blk.g, ROWS, COLS, first, PITCH, seed, scale);
+    ops_fill_hashed_uniform(gpu, whole.g, ROWS + 1, PITCH, first - 3, PITCH, seed, scale);   // from 3 columns before
+    expect_ok("fill_hashed_uniform");
+    float *c = fetch(cpu, blk.c, STORAGE, (size_t)ROWS * COLS), *g = fetch(gpu, blk.g, STORAGE, (size_t)ROWS * COLS);
+    float *w = fetch(gpu, whole.g, STORAGE, (size_t)(ROWS + 1) * PITCH);
+    int bad = 0, low = 0, high = 0;
+    for (size_t r = 0; r < ROWS; r++)
+        for (size_t k = 0; k < COLS; k++) {
+            const size_t i = r * COLS + k;
+            bad += g[i] != kt_round_bf16(c[i]) || g[i] != w[r * PITCH + k + 3] || !(fabsf(c[i]) <= scale);
+            low += c[i] < -scale / 2, high += c[i] >= scale / 2;
+        }
+    const int n = ROWS * COLS;
+    printf("%-4s %-20s %-10s %8d  bits equal: %s; quarters below/above: %d / %d\n", bad ? "FAIL" : "ok",
+           "fill_hashed_uniform", "dst", n, bad ? "no" : "yes", low, high);
+    if (bad || low < n / 5 || high < n / 5) failures++;
+    free(c);
+    free(g);
+    free(w);
+    buf_free(blk);
+    buf_free(whole);
+}
+
 // ops_residual_rmsnorm_fwd/bwd, CUDA vs CPU, N rows of width C; views start at element `off` of their buffers
 // (off = 1 forces the element path on widths that are multiples of 8). Tolerances:
 //   x_out  0 with exact sums, else 1e-2 (one bf16 rounding of the sum; the CPU keeps it in fp32);
@@ -882,6 +914,7 @@ int main(void) {
            "tolerance");
     test_add();
     test_copy_2d_batch();
+    test_fill_hashed_uniform();
     test_embedding();
     test_rmsnorm();
     test_residual_rmsnorm();

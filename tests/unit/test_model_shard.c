@@ -10,7 +10,9 @@
 //   - model_shard_parts (a weight update straight into the shards): for the whole unit cut into W flat slices as
 //     ZeRO cuts it (W = 1, 2, 3, 5, 8) and one slice per element, the parts of every slice, copied into a zeroed
 //     shard unit, give model_shard_unit's slice exactly, no shard element is written twice, and every part is
-//     contiguous in the shard unit, and in the whole unit when it says so.
+//     contiguous in the shard unit, and in the whole unit when it says so;
+//   - model_fill_dummy (--load-format dummy): every shard of 2 and 4 filled on its own holds model_shard_unit's slice
+//     of the whole model filled at once, bit for bit; norms are 1, weights within +-0.0347 and not all alike.
 // Both architectures' variants: q/k norms, q/k/v biases and tied embeddings (Qwen3), untied lm_head (Llama).
 #include <math.h>
 #include <pthread.h>
@@ -183,16 +185,22 @@ static void test_shards_equal_whole(const char *json, const char *name) {
     ops_destroy(ops);
 }
 
+// The whole model of config json on a CPU context of its own.
+static void whole_model(const char *json, ModelConfig *cfg, OpsCtx **ops, Model *full) {
+    char err[512];
+    REQUIRE(config_parse(cfg, json, strlen(json), err, sizeof err) == 0, "%s", err);
+    REQUIRE(ops_create(ops, OPS_BACKEND_CPU, 0, err, sizeof err) == 0, "%s", err);
+    REQUIRE(model_init(full, cfg, *ops, err, sizeof err) == 0, "%s", err);
+}
+
 // The shards' slices of each tensor put back at their places rebuild it, every element exactly once (KV heads
 // replicated at 4 shards: each copy equals the original), and the vocabulary padding rows are zeros.
 static void test_slices_rebuild(const char *json, const char *name) {
     char err[512];
     ModelConfig cfg;
-    REQUIRE(config_parse(&cfg, json, strlen(json), err, sizeof err) == 0, "%s", err);
     OpsCtx *ops;
-    REQUIRE(ops_create(&ops, OPS_BACKEND_CPU, 0, err, sizeof err) == 0, "%s", err);
     Model full;
-    REQUIRE(model_init(&full, &cfg, ops, err, sizeof err) == 0, "%s", err);
+    whole_model(json, &cfg, &ops, &full);
     for (int size = 2; size <= 4; size *= 2) {
         for (int u = 0; u < full.layout.n_units; u++) {
             float *src = malloc(full.layout.unit_numel[u] * sizeof *src);
@@ -284,11 +292,9 @@ static int apply_parts(const Model *full, const Model *sh, int u, size_t slice, 
 static void test_parts(const char *json, const char *name) {
     char err[512];
     ModelConfig cfg;
-    REQUIRE(config_parse(&cfg, json, strlen(json), err, sizeof err) == 0, "%s", err);
     OpsCtx *ops;
-    REQUIRE(ops_create(&ops, OPS_BACKEND_CPU, 0, err, sizeof err) == 0, "%s", err);
     Model full;
-    REQUIRE(model_init(&full, &cfg, ops, err, sizeof err) == 0, "%s", err);
+    whole_model(json, &cfg, &ops, &full);
     const int cuts[] = {1, 2, 3, 5, 8, 0};   // 0: one slice per element
     int checked = 0;
     for (int size = 2; size <= 4; size *= 2)
@@ -326,7 +332,51 @@ static void test_parts(const char *json, const char *name) {
     ops_destroy(ops);
 }
 
+static void test_dummy(const char *json, const char *name) {
+    char err[512];
+    ModelConfig cfg;
+    OpsCtx *ops;
+    Model full;
+    ResidentWeights fw;
+    whole_model(json, &cfg, &ops, &full);
+    REQUIRE(resident_alloc(&fw, &full, 0, err, sizeof err) == 0, "%s", err);
+    REQUIRE(model_fill_dummy(&full, &full.layout, &fw, 77, err, sizeof err) == 0, "%s", err);
+    int norms_one = 1, in_range = 1, distinct = 0;
+    for (int i = 0; i < full.layout.n_tensors; i++) {
+        const LayoutTensor *t = &full.layout.tensors[i];
+        const float *v = (const float *)fw.params[t->unit] + t->offset;
+        for (size_t k = 0; k < t->numel; k++) {
+            if (strstr(t->name, "norm")) norms_one &= v[k] == 1.0f;
+            else in_range &= fabsf(v[k]) <= 0.0347f, distinct += k > 0 && v[k] != v[k - 1];
+        }
+    }
+    CHECK(norms_one && in_range && distinct > 1000, "%s: norms 1 %d, weights in range %d, %d changes", name, norms_one,
+          in_range, distinct);
+    for (int size = 2; size <= 4; size *= 2)
+        for (int r = 0; r < size; r++) {
+            Model sh;
+            ResidentWeights sw;
+            REQUIRE(model_init_shard(&sh, &cfg, r, size, ops, err, sizeof err) == 0, "%s", err);
+            REQUIRE(resident_alloc(&sw, &sh, 0, err, sizeof err) == 0, "%s", err);
+            CHECK(model_fill_dummy(&sh, &full.layout, &sw, 77, err, sizeof err) == 0, "%s", err);
+            for (int u = 0; u < sh.layout.n_units; u++) {
+                float *want = malloc(sh.layout.unit_numel[u] * sizeof *want);
+                model_shard_unit(&full, &sh, u, fw.params[u], want);
+                CHECK(memcmp(want, sw.params[u], sh.layout.unit_numel[u] * sizeof *want) == 0,
+                      "%s, shard %d of %d, unit %d: dummy weights differ from the whole model's slice", name, r, size, u);
+                free(want);
+            }
+            resident_free(&sw, &sh);
+            model_free(&sh);
+        }
+    resident_free(&fw, &full);
+    model_free(&full);
+    ops_destroy(ops);
+}
+
 int main(void) {
+    test_dummy(CONFIG_QWEN3, "qwen3");
+    test_dummy(CONFIG_LLAMA, "llama");
     test_parts(CONFIG_QWEN3, "qwen3");
     test_parts(CONFIG_LLAMA, "llama");
     test_slices_rebuild(CONFIG_QWEN3, "qwen3");
