@@ -126,7 +126,7 @@ static void plan_nccl(Trainer *t, int64_t version, const LoraConfig *adapter, Nc
     } else {
         memcpy(plan->id, ws->id, sizeof plan->id);
     }
-    const RolloutNcclGroup grp = {.id = plan->id, .trainer_ranks = t->world, .host = host_backend(t)};
+    const RolloutNcclGroup grp = {.id = plan->id, .trainer_ranks = t->world, .tp = plan->tp, .host = host_backend(t)};
     if (!plan->fresh) {
         if (rollout_weights_begin_nccl_send(t->rollout, version, adapter, &grp, servers, n, req_ids, err, err_len)) {
             plan->status = -1;
