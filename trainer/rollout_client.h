@@ -99,11 +99,11 @@ int rollout_weights_begin_adapter(RolloutClient *c, int64_t version, const LoraC
 void rollout_weights_set_members(RolloutClient *c, const int *servers, int n);
 // After a failed update: sets aside the members that went away during it; returns how many members are gone.
 int rollout_weights_lost_members(RolloutClient *c);
-// Sends elements [offset, offset + count) of unit `unit` (host fp32; as bf16 when send_bf16, halving the bytes) to
-// every answering server as slices of update `version`. Any rank may send its own slices of the update that
-// rank 0 opened with rollout_weights_begin.
-int rollout_weights_send_slice(RolloutClient *c, int64_t version, int unit, int64_t offset, const float *values,
-                               int64_t count, int send_bf16, char *err, size_t err_len);
+// Sends elements [offset, offset + count) of unit `unit` to every answering server as slices of update `version`:
+// values in `dtype` on the host (bf16 as it is; fp32 as it is, or converted to bf16 when send_bf16, halving the
+// bytes). Any rank may send its own slices of the update that rank 0 opened with rollout_weights_begin.
+int rollout_weights_send_slice(RolloutClient *c, int64_t version, int unit, int64_t offset, const void *values,
+                               ZmsgDtype dtype, int64_t count, int send_bf16, char *err, size_t err_len);
 // Returns once every answering server has processed what this client sent before (a hello round trip).
 int rollout_client_flush(RolloutClient *c, char *err, size_t err_len);
 int rollout_weights_end(RolloutClient *c, int64_t version, double *seconds, double *commit_seconds, char *err,

@@ -188,17 +188,19 @@ int rollout_weights_begin_nccl_wait(RolloutClient *c, const int *servers, int n,
     return 0;
 }
 
-int rollout_weights_send_slice(RolloutClient *c, int64_t version, int unit, int64_t offset, const float *values,
-                               int64_t count, int send_bf16, char *err, size_t err_len) {
+int rollout_weights_send_slice(RolloutClient *c, int64_t version, int unit, int64_t offset, const void *values,
+                               ZmsgDtype dtype, int64_t count, int send_bf16, char *err, size_t err_len) {
     uint16_t *bf = NULL;
-    if (send_bf16 && !(bf = malloc((size_t)(count < SLICE_ELEMS ? count : SLICE_ELEMS) * 2 + 2))) {
+    const size_t es = zmsg_dtype_size(dtype);
+    if (dtype == ZMSG_DTYPE_F32 && send_bf16 &&
+        !(bf = malloc((size_t)(count < SLICE_ELEMS ? count : SLICE_ELEMS) * 2 + 2))) {
         snprintf(err, err_len, "out of memory converting unit %d to bf16", unit);
         return -1;
     }
     int rc = 0;
     for (int64_t off = 0; off < count && rc == 0; off += SLICE_ELEMS) {
         int64_t n = count - off < SLICE_ELEMS ? count - off : SLICE_ELEMS;
-        if (bf) dtype_f32_to_bf16_n(bf, values + off, (size_t)n);
+        if (bf) dtype_f32_to_bf16_n(bf, (const float *)values + off, (size_t)n);
         for (int k = 0; k < c->n_servers && rc == 0; k++) {
             Server *s = &c->servers[k];
             if (!push_member(c, s)) continue;
@@ -207,8 +209,8 @@ int rollout_weights_send_slice(RolloutClient *c, int64_t version, int unit, int6
             m.unit = unit;
             m.offset = offset + off;
             m.count = n;
-            m.dtype = bf ? ZMSG_DTYPE_BF16 : ZMSG_DTYPE_F32;
-            m.slice_data = bf ? (const void *)bf : (const void *)(values + off);
+            m.dtype = bf ? ZMSG_DTYPE_BF16 : dtype;
+            m.slice_data = bf ? (const void *)bf : (const void *)((const char *)values + (size_t)off * es);
             m.has_version = 1; // lets every rank send its own slices of the update rank 0 opened
             m.version = version;
             int gone;
