@@ -22,8 +22,10 @@ over nccl), once per --adapter-update-modes value of the server (merge: into a w
 extra GEMMs), and merged (the base with the adapters merged in, whole weights); the table then gives each push's
 bytes and time. --server-gpu same puts the server on the trainer's GPU (nccl then runs over NCCL's network transport,
 each process its own NCCL_HOSTID: it checks the path, its time is not NVLink's).
---server-tp N runs a tensor-parallel server of N shards (issue 26): on GPUs 1..N (cvd, index: N + 1 GPUs), or on GPUs
-0..N-1 with --server-gpu same, shard 0 beside the trainer (the issue's layout for 2 GPUs; network transport as above);
+--ranks R runs R trainer ranks (ZeRO-3, GPUs 0..R-1; each sends its own slices). --server-tp N runs a tensor-parallel
+server of N shards (issue 26): on GPUs R..R+N-1 (cvd, index), or on GPUs 0..N-1 with --server-gpu same, shard 0 beside
+the trainer (the issue's layout for 2 GPUs; network transport as above). Issue 31's "TP 2 server fed by 2 ranks" on 4
+GPUs: --ranks 2 --server-tp 2 --server-gpu index;
 over nccl each shard receives only its parts of the trainer's slices. The summary then extrapolates a 72B push
 (Qwen2.5-72B: 72.7 B params, 145 GB bf16) from the measured model rate, and says it is extrapolated.
 The dry run takes --transports nccl too: CPU trainer and server over the host communicator (nccl's CPU twin).
@@ -52,16 +54,17 @@ def qwen72b_params():
 
 
 def run_sync(build, model_dir, data, work, transport, steps, select, timeout, extra_env=None, tag=None,
-             extra_args=(), server_args=(), server_tp=1):
+             extra_args=(), server_args=(), server_tp=1, ranks=1):
     """Returns (metrics rows, rank-0 log, note). select: cvd | index | same | cpu (dry run). extra_env: variables
     set for both the trainer and the server (an NCCL tuning variant); tag names the run's folder and logs.
     server_args: more tandem-serve options. With select same and transport nccl, trainer and server get their own
     NCCL_HOSTID: one GPU cannot hold two members of a communicator otherwise (NCCL then takes its network
     transport between them: a correctness run, not a speed one)."""
     control = f"tcp://127.0.0.1:{free_port()}"
-    gpus = ",".join(str(1 + k) for k in range(server_tp))
+    # The server's GPUs follow the trainer ranks' (cuda:0 .. ranks-1), or start at 0 with select same.
+    gpus = ",".join(str(ranks + k) for k in range(server_tp))
     sargs, senv = {"cvd": (["--device", "cuda"], {"CUDA_VISIBLE_DEVICES": gpus}),
-                   "index": (["--device", "cuda:1"], {}), "same": (["--device", "cuda:0"], {}),
+                   "index": (["--device", f"cuda:{ranks}"], {}), "same": (["--device", "cuda:0"], {}),
                    "cpu": (["--device", "cpu"], {})}[select]
     sargs = sargs + ["--tensor-parallel-size", str(server_tp)]
     senv = dict(senv, **(extra_env or {}))
@@ -77,15 +80,22 @@ def run_sync(build, model_dir, data, work, transport, steps, select, timeout, ex
             "--learning-rate", "1e-6", "--max-steps", str(steps), "--logging-steps", "1", "--save-steps", "0",
             "--seed", "3", "--init-timeout", "120", "--comm-timeout", "120", "--rollout-timeout", "120",
             "--device", "cpu" if select == "cpu" else "cuda", "--weight-sync-transport", transport, *extra_args]
-    env = dict(os.environ, RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", MASTER_ADDR="127.0.0.1",
-               MASTER_PORT=str(free_port()), **tenv)
+    port = free_port()
     log_path = work / f"train-{tag}.log"
     metrics = out / "metrics.jsonl"
     with server_fixtures.TandemServer(model_dir, "--control", control, "--kv-cache-memory", "2G", *sargs, *server_args,
                                       env=senv, start_timeout=300) as srv, open(log_path, "w") as log:
-        proc = subprocess.Popen(args, env=env, stdout=log, stderr=subprocess.STDOUT)
-        _, note = benchlib.follow_metrics(proc, metrics, steps, timeout, what="tandem-train")
-        benchlib.stop(proc, 30, group=False)
+        procs = []
+        for rank in range(ranks):   # rank 0 logs to log_path; the others' output is dropped
+            env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(ranks), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                       MASTER_PORT=str(port), **tenv)
+            if "NCCL_HOSTID" in tenv:
+                env["NCCL_HOSTID"] = f"{tenv['NCCL_HOSTID']}-{rank}"
+            procs.append(subprocess.Popen(args, env=env, stdout=log if rank == 0 else subprocess.DEVNULL,
+                                          stderr=subprocess.STDOUT))
+        _, note = benchlib.follow_metrics(procs[0], metrics, steps, timeout, what="tandem-train")
+        for p in procs:
+            benchlib.stop(p, 30, group=False)
         server_log = srv.log_text()
     text = log_path.read_text(errors="replace")
     if note:
@@ -110,6 +120,7 @@ def main():
                          "trainer and server, run with transport nccl after the --transports runs "
                          "(e.g. 'NCCL_P2P_NVL_CHUNKSIZE=2097152;NCCL_MIN_P2P_NCHANNELS=32,NCCL_P2P_NVL_CHUNKSIZE=1048576')")
     ap.add_argument("--server-tp", type=int, default=1, help="the server's tensor-parallel shards")
+    ap.add_argument("--ranks", type=int, default=1, help="trainer ranks (ZeRO-3), on cuda:0 .. ranks-1")
     ap.add_argument("--dry-run-cpu", action="store_true")
     args = ap.parse_args()
     build = pathlib.Path(args.build).resolve()
@@ -157,7 +168,7 @@ def main():
             rows, log, note = run_sync(build, model_dir, data, d, transport, args.steps,
                                        "cpu" if args.dry_run_cpu else args.server_gpu, args.timeout, extra_env, tag,
                                        lora_args.get(tag, ()), server_args.get(tag, ()) if args.lora_r else (),
-                                       args.server_tp)
+                                       args.server_tp, args.ranks)
             want = "weight sync over " + ("ZeroMQ" if transport != "nccl" else
                                           "the host communicator" if args.dry_run_cpu else "NCCL")
             if not note and want not in log:
@@ -196,7 +207,7 @@ def main():
     gpu = "no GPU (dry run)" if args.dry_run_cpu else \
         f"GPU {torch.cuda.get_device_name(0)} x {torch.cuda.device_count()}"
     print(f"{gpu}, {'tiny test model' if args.dry_run_cpu else 'Qwen2.5-' + args.shape.upper() + ' shape'} "
-          f"({params / 1e6:.0f} M params, {2 * params / 1e9:.2f} GB bf16), 1 trainer rank GPU0 -> 1 server "
+          f"({params / 1e6:.0f} M params, {2 * params / 1e9:.2f} GB bf16), {args.ranks} trainer rank(s) -> 1 server "
           f"{'of ' + str(args.server_tp) + ' shards ' if args.server_tp > 1 else ''}"
           f"({'GPU0' if args.server_gpu == 'same' else 'GPU1'}{'..' if args.server_tp > 1 else ''}), "
           f"torch={torch.__version__}")

@@ -77,8 +77,7 @@ void runner_free(ModelRunner *r);
 const Model *runner_model(const ModelRunner *r);
 // KV blocks in the pool (block ids 0..n-1, cfg->block_size tokens each).
 int runner_num_blocks(const ModelRunner *r);
-// The compute context where runner_weights_device_staging's copies live (the NCCL receiver's and the peer
-// copies' between engines).
+// Shard 0's compute context: sampling, and where shard 0's device staging lives (runner_shard_ops gives the others').
 OpsCtx *runner_ops(ModelRunner *r);
 
 // Runs one step: seqs (n_seqs <= max_num_seqs, at most max_num_batched_tokens scheduled tokens in all) in step

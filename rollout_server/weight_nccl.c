@@ -288,10 +288,9 @@ int weight_nccl_begin(WeightNccl *w, const ZmsgMsg *q, size_t adapter_numel, cha
     weight_nccl_stop(w);
     const int tp = q->tensor_parallel_size > 1 ? q->tensor_parallel_size : 1;
     if (tp != w->tp) {
-        snprintf(err, err_len, "the trainer cut the weights for %d tensor-parallel shard(s), this server runs %d (it "
-                 "restarted with another --tensor-parallel-size?); the trainer reads the size again at its next hello",
-                 tp, w->tp);
-        return -1;
+        snprintf(err, err_len, "the trainer cut the weights for %d tensor-parallel shard(s), this server runs %d; the "
+                 "trainer reads the size again at its next hello", tp, w->tp);
+        return WEIGHT_NCCL_ESHARDS;
     }
     if (adapter_numel && w->tp > 1) {
         snprintf(err, err_len, "adapter updates into a tensor-parallel server (%d shards) are not supported; push "

@@ -41,7 +41,9 @@ int weight_nccl_supported(const WeightNccl *w, ZmsgCommBackend backend, char *wh
 // (not into a tensor-parallel server): an adapter update (weights_begin with "adapter"): layer l's adapter unit
 // (adapter_numel bf16 elements) comes from trainer rank l % trainer_ranks into engine 0's adapter staging
 // (engine_adapter_device_staging, made by the caller), all layers in one NCCL group; engine_group_commit_adapter
-// copies it to the other engines. Returns 0, or -1 with a message (bad membership, no staging memory).
+// copies it to the other engines. Returns 0, or WEIGHT_NCCL_ESHARDS (another tensor-parallel size) or -1 (bad
+// membership, no staging memory) with a message.
+#define WEIGHT_NCCL_ESHARDS (-2)
 int weight_nccl_begin(WeightNccl *w, const ZmsgMsg *q, size_t adapter_numel, char *err, size_t err_len);
 // The update that weights_begin opened for `version` has been received completely: waits for the receive
 // thread, returns 0 with *seconds (weights_begin to received), or -1 with the failure.

@@ -73,8 +73,10 @@ static void begin_nccl(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg 
                       "lower --kv-cache-memory", engine_group_device_name(z->g, bad_engine), bad_shard, bad_unit);
         return;
     }
-    if (weight_nccl_begin(z->wn, q, 0, err, sizeof err) != 0) {
-        zc_send_error(z->router, rid, rl, q->id, "internal", "weights_begin: %s", err);
+    const int rc = weight_nccl_begin(z->wn, q, 0, err, sizeof err);
+    if (rc != 0) {
+        zc_send_error(z->router, rid, rl, q->id, rc == WEIGHT_NCCL_ESHARDS ? "layout_mismatch" : "internal",
+                      "weights_begin: %s", err);
         return;
     }
     reply_begin(z, rid, rl, q);

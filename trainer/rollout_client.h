@@ -99,11 +99,11 @@ int rollout_weights_begin_adapter(RolloutClient *c, int64_t version, const LoraC
 void rollout_weights_set_members(RolloutClient *c, const int *servers, int n);
 // After a failed update: sets aside the members that went away during it; returns how many members are gone.
 int rollout_weights_lost_members(RolloutClient *c);
-// Sends elements [offset, offset + count) of unit `unit` (host fp32; as bf16 when send_bf16, halving the bytes) to
-// every answering server as slices of update `version`. Any rank may send its own slices of the update that
-// rank 0 opened with rollout_weights_begin.
-int rollout_weights_send_slice(RolloutClient *c, int64_t version, int unit, int64_t offset, const float *values,
-                               int64_t count, int send_bf16, char *err, size_t err_len);
+// Sends elements [offset, offset + count) of unit `unit` to every answering server as slices of update `version`:
+// values in `dtype` on the host (bf16 as it is; fp32 as it is, or converted to bf16 when send_bf16, halving the
+// bytes). Any rank may send its own slices of the update that rank 0 opened with rollout_weights_begin.
+int rollout_weights_send_slice(RolloutClient *c, int64_t version, int unit, int64_t offset, const void *values,
+                               ZmsgDtype dtype, int64_t count, int send_bf16, char *err, size_t err_len);
 // Returns once every answering server has processed what this client sent before (a hello round trip).
 int rollout_client_flush(RolloutClient *c, char *err, size_t err_len);
 int rollout_weights_end(RolloutClient *c, int64_t version, double *seconds, double *commit_seconds, char *err,
@@ -119,7 +119,7 @@ int rollout_weights_end_wait(RolloutClient *c, int64_t version, const int64_t *r
 // endpoint order, at most ROLLOUT_MAX_SERVERS) — the members of the weight-sync communicator after the
 // trainer ranks. rollout_weights_begin_nccl opens update `version` on those n servers (whole weights, or the LoRA
 // adapters alone when adapter is not NULL), telling server servers[j] to join communicator grp->id (the same id as
-// before: reuse it) with its rollout_server_tp shards as members first .. first + tp - 1 (rollout_nccl_members). A
+// before: reuse it) with its grp->tp[j] shards as members first .. first + tp[j] - 1 (see RolloutNcclGroup). A
 // server that cannot take it (another backend) makes it return ROLLOUT_EUNSUPPORTED (the caller then uses
 // transport zmq); a silent one ROLLOUT_ESERVERS_LOST (it is set aside). Then every rank sends over the
 // communicator, and rank 0 ends with rollout_weights_end as for zmq.
@@ -134,15 +134,15 @@ const char *rollout_server_endpoint(const RolloutClient *c, int server);
 // update as that many members, each shard receiving its own parts.
 int rollout_server_tp(const RolloutClient *c, int server);
 // The weight-sync communicator that a weights_begin names: its id, the trainer ranks (members 0 .. trainer_ranks -
-// 1), and its backend (host: CPU ranks and servers over shared/comm's host backend, else NCCL).
+// 1), the members of each server (tp[j], its tensor-parallel shards as the plan took them from rollout_server_tp;
+// server j's first member follows those of servers 0 .. j-1), and its backend (host: CPU ranks and servers over
+// shared/comm's host backend, else NCCL).
 typedef struct {
     const uint8_t *id;   // ZMSG_NCCL_ID_BYTES
     int trainer_ranks;
+    const int32_t *tp;   // (n servers)
     int host;
 } RolloutNcclGroup;
-// The communicator's size for servers (n) after the trainer ranks, each server rollout_server_tp members, and
-// server servers[j]'s first member (*first).
-int rollout_nccl_members(const RolloutClient *c, int trainer_ranks, const int *servers, int n, int j, int *first);
 int rollout_weights_begin_nccl(RolloutClient *c, int64_t version, const LoraConfig *adapter,
                                const RolloutNcclGroup *grp, const int *servers, int n, char *err, size_t err_len);
 // The same in two halves, so that the sending can be queued while the answers travel (a communicator that the

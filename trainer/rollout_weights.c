@@ -111,7 +111,7 @@ int rollout_alive_servers(const RolloutClient *c, int *servers) {
 
 // weights_begin (nccl) to server servers[j], not waiting for the answer; *id receives the request's id (-1: the
 // server went away and was set aside).
-// Members: the trainer ranks, then every server's shards in list order (rollout_nccl_members).
+// Members: the trainer ranks, then every server's grp->tp[j] shards in list order.
 static int begin_nccl_send(RolloutClient *c, int64_t version, const LoraConfig *adapter, const RolloutNcclGroup *grp,
                            const int *servers, int n, int j, int64_t *req_id, char *err, size_t err_len) {
     Server *s = &c->servers[servers[j]];
@@ -122,8 +122,12 @@ static int begin_nccl_send(RolloutClient *c, int64_t version, const LoraConfig *
     m.layout_hash = c->layout_hash;
     memcpy(m.nccl_id, grp->id, ZMSG_NCCL_ID_BYTES);
     m.trainer_ranks = grp->trainer_ranks;
-    m.nccl_world = rollout_nccl_members(c, grp->trainer_ranks, servers, n, j, &m.nccl_rank);
-    m.tensor_parallel_size = rollout_server_tp(c, servers[j]);
+    m.nccl_world = grp->trainer_ranks;
+    for (int i = 0; i < n; i++) {
+        if (i == j) m.nccl_rank = m.nccl_world;
+        m.nccl_world += grp->tp[i];
+    }
+    m.tensor_parallel_size = grp->tp[j];
     m.comm_backend = grp->host ? ZMSG_COMM_HOST : ZMSG_COMM_NCCL;
     describe_adapter(&m, adapter);
     *req_id = m.id;
@@ -150,15 +154,6 @@ static int begin_nccl_wait(RolloutClient *c, Server *s, int64_t req_id, char *er
     }
     zmsg_free(&rep);
     return 0;
-}
-
-int rollout_nccl_members(const RolloutClient *c, int trainer_ranks, const int *servers, int n, int j, int *first) {
-    int world = trainer_ranks;
-    for (int i = 0; i < n; i++) {
-        if (i == j) *first = world;
-        world += rollout_server_tp(c, servers[i]);
-    }
-    return world;
 }
 
 int rollout_weights_begin_nccl(RolloutClient *c, int64_t version, const LoraConfig *adapter,
@@ -193,17 +188,19 @@ int rollout_weights_begin_nccl_wait(RolloutClient *c, const int *servers, int n,
     return 0;
 }
 
-int rollout_weights_send_slice(RolloutClient *c, int64_t version, int unit, int64_t offset, const float *values,
-                               int64_t count, int send_bf16, char *err, size_t err_len) {
+int rollout_weights_send_slice(RolloutClient *c, int64_t version, int unit, int64_t offset, const void *values,
+                               ZmsgDtype dtype, int64_t count, int send_bf16, char *err, size_t err_len) {
     uint16_t *bf = NULL;
-    if (send_bf16 && !(bf = malloc((size_t)(count < SLICE_ELEMS ? count : SLICE_ELEMS) * 2 + 2))) {
+    const size_t es = zmsg_dtype_size(dtype);
+    if (dtype == ZMSG_DTYPE_F32 && send_bf16 &&
+        !(bf = malloc((size_t)(count < SLICE_ELEMS ? count : SLICE_ELEMS) * 2 + 2))) {
         snprintf(err, err_len, "out of memory converting unit %d to bf16", unit);
         return -1;
     }
     int rc = 0;
     for (int64_t off = 0; off < count && rc == 0; off += SLICE_ELEMS) {
         int64_t n = count - off < SLICE_ELEMS ? count - off : SLICE_ELEMS;
-        if (bf) dtype_f32_to_bf16_n(bf, values + off, (size_t)n);
+        if (bf) dtype_f32_to_bf16_n(bf, (const float *)values + off, (size_t)n);
         for (int k = 0; k < c->n_servers && rc == 0; k++) {
             Server *s = &c->servers[k];
             if (!push_member(c, s)) continue;
@@ -212,8 +209,8 @@ int rollout_weights_send_slice(RolloutClient *c, int64_t version, int unit, int6
             m.unit = unit;
             m.offset = offset + off;
             m.count = n;
-            m.dtype = bf ? ZMSG_DTYPE_BF16 : ZMSG_DTYPE_F32;
-            m.slice_data = bf ? (const void *)bf : (const void *)(values + off);
+            m.dtype = bf ? ZMSG_DTYPE_BF16 : dtype;
+            m.slice_data = bf ? (const void *)bf : (const void *)((const char *)values + (size_t)off * es);
             m.has_version = 1; // lets every rank send its own slices of the update rank 0 opened
             m.version = version;
             int gone;

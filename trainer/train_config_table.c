@@ -258,7 +258,7 @@ const OptionSpec train_options[] = {
         "tandem-serve"),
     ENUM("lora_sync", lora_sync, lora_sync_name, 0, G_LORA, "grpo: what each weight push sends the rollout servers: "
          "adapter (the A and B matrices alone, over weight_sync_transport: bf16 units from the rank that holds each "
-         "layer over NCCL, fp32 masters from rank 0 over ZeroMQ; the servers merge them or run them beside their base "
+         "layer over NCCL, the masters from rank 0 over ZeroMQ; the servers merge them or run them beside their base "
          "weights) or merged (the base with the adapters merged in, whole weights over weight_sync_transport)"),
     NULLABLE("max_length", OPT_INT, max_length, 0, G_SFT, "sequences (prompt + completion) are cut to this many "
              "tokens, and a row left with no token to learn is skipped as TRL drops it (counted in metrics.jsonl's "

@@ -126,7 +126,7 @@ static void plan_nccl(Trainer *t, int64_t version, const LoraConfig *adapter, Nc
     } else {
         memcpy(plan->id, ws->id, sizeof plan->id);
     }
-    const RolloutNcclGroup grp = {.id = plan->id, .trainer_ranks = t->world, .host = host_backend(t)};
+    const RolloutNcclGroup grp = {.id = plan->id, .trainer_ranks = t->world, .tp = plan->tp, .host = host_backend(t)};
     if (!plan->fresh) {
         if (rollout_weights_begin_nccl_send(t->rollout, version, adapter, &grp, servers, n, req_ids, err, err_len)) {
             plan->status = -1;
@@ -264,8 +264,14 @@ static int wait_sends(Trainer *t, char *err, size_t err_len) {
 // the servers have applied them; rank 0 opened the update before and closes it after.
 static int send_zmq(Trainer *t, int64_t version, char *err, size_t err_len) {
     const Layout *L = &t->model.layout;
-    float *host = NULL;
+    void *host = NULL;
     size_t cap = 0;
+    // GPU ranks send the bf16 units their forward reads, as they are (the masters rounded by the optimizer's rule,
+    // the bits a conversion of the masters gives, at half the bytes to download and no conversion). Hybrid layouts
+    // keep their forward copy cut otherwise than their master slices: those send the masters, converted.
+    const int hybrid = t->cfg->sharding_strategy == SHARDING_HYBRID_SHARD || t->cfg->zero_hpz_partition_size > 1;
+    const int raw_bf16 = bf16_frames(t) && (t->lora || !hybrid);
+    const size_t es = raw_bf16 ? 2 : 4;
     int rc = 0, servers[ROLLOUT_MAX_SERVERS];
     const int n_servers = rollout_alive_servers(t->rollout, servers);
     t->sync.bytes = 0;
@@ -279,17 +285,21 @@ static int send_zmq(Trainer *t, int64_t version, char *err, size_t err_len) {
         if (count > cap) {
             free(host);
             cap = count;
-            if (!(host = malloc(cap * sizeof(float)))) {
+            if (!(host = malloc(cap * es))) {
                 snprintf(err, err_len, "out of memory for a weight slice of %zu elements", cap);
                 return -1;
             }
         }
-        if (t->lora)
+        if (raw_bf16)
+            ops_copy_to_host(t->ops, host, t->lora ? (const char *)lora_train_merged_unit(t->lora, u) + off * 2
+                                                   : zero3_param_shard(t->policy, u), count * 2);
+        else if (t->lora)
             ops_download_f32(t->ops, host,
                              (const char *)lora_train_merged_unit(t->lora, u) + off * ops_dtype_size(t->ops), count);
         else
             ops_copy_to_host(t->ops, host, zero3_master_shard(t->policy, u), count * sizeof(float));
-        rc = rollout_weights_send_slice(t->rollout, version, u, (int64_t)off, host, (int64_t)count, bf16_frames(t),
+        rc = rollout_weights_send_slice(t->rollout, version, u, (int64_t)off, host,
+                                        raw_bf16 ? ZMSG_DTYPE_BF16 : ZMSG_DTYPE_F32, (int64_t)count, bf16_frames(t),
                                         err, err_len);
         t->sync.bytes += (double)count * (bf16_frames(t) ? 2 : 4) * n_servers;
     }
@@ -438,8 +448,8 @@ static int push_adapter(Trainer *t, int64_t version, char *err, size_t err_len) 
             break;
         }
         if (!host || rc != 0) continue;   // rank 0 out of memory or its sending failed: it still joins the broadcasts
-        rc = rollout_weights_send_slice(t->rollout, version, layer, 0, host, (int64_t)l->unit_numel, bf16_frames(t),
-                                        err, err_len);
+        rc = rollout_weights_send_slice(t->rollout, version, layer, 0, host, ZMSG_DTYPE_F32, (int64_t)l->unit_numel,
+                                        bf16_frames(t), err, err_len);
         t->sync.bytes += (double)l->unit_numel * (bf16_frames(t) ? 2 : 4) * n_members;
     }
     free(host);

@@ -58,6 +58,7 @@ typedef struct {
     CudaFault *fault_dev;         // device fault record
     CudaFault *fault_host;        // pinned host mirror, read after a stream synchronize
     uint16_t *stage;              // pinned host staging for fp32 <-> bf16 conversion (CONVERT_CHUNK elements)
+    uint32_t *upload_f32;         // device staging of ops_upload_f32's fp32 chunks (UPLOAD_CHUNK), made on first use
     int fault_armed;              // a kernel that may fault ran since the last check
     CudaGemmPlan *plans;          // small cache of GEMM plans (cuda_matmul.cu owns its contents)
     int n_plans;

@@ -11,6 +11,7 @@
 static const size_t LT_WORKSPACE_BYTES = 32u << 20;
 // Host staging for the fp32 <-> bf16 conversions: 1 Mi elements per chunk (2 MiB of bf16).
 static const size_t CONVERT_CHUNK = 1u << 20;
+static const size_t UPLOAD_CHUNK = (size_t)4 << 20;   // fp32 values: 16 MiB of device staging
 
 void cuda_gemm_plans_destroy(CudaState *st);  // cuda_matmul.cu
 
@@ -108,6 +109,7 @@ void cuda_state_destroy(void *state) {
     if (st->fault_dev) cudaFree(st->fault_dev);
     if (st->fault_host) cudaFreeHost(st->fault_host);
     if (st->stage) cudaFreeHost(st->stage);
+    if (st->upload_f32) cudaFree(st->upload_f32);
     if (st->lt) cublasLtDestroy(st->lt);
     if (st->blas) cublasDestroy(st->blas);
     if (st->capture_stream) cudaStreamDestroy(st->capture_stream);
@@ -285,14 +287,6 @@ void cuda_copy_2d(OpsCtx *ctx, void *dst, size_t dst_pitch, const void *src, siz
 
 // ---- fp32 <-> bf16 on the host ---------------------------------------------------------------------
 
-// Round-to-nearest-even fp32 -> bf16 (the same rounding as __float2bfloat16_rn); NaN stays a quiet NaN.
-static uint16_t host_f32_to_bf16(float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return (uint16_t)((u >> 16) | 0x0040u);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return (uint16_t)(u >> 16);
-}
 static float host_bf16_to_f32(uint16_t h) {
     uint32_t u = (uint32_t)h << 16;
     float f;
@@ -300,20 +294,32 @@ static float host_bf16_to_f32(uint16_t h) {
     return f;
 }
 
-// src (n) fp32 host -> dst (n) bf16 device, converted on the host chunk by chunk through the pinned staging
-// buffer of the state.
-// Synchronous with respect to the host (the staging buffer is reused), like a cudaMemcpy.
+// fp32 bits -> bf16 bits on the device, by the host rule of shared/dtype.c (dtype_f32_to_bf16: round to nearest
+// even, a NaN kept quiet with its top payload bits), so an upload gives the bits a host conversion gives.
+__global__ void f32_bits_to_bf16_kernel(uint16_t *dst, const uint32_t *src, size_t n) {
+    for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
+        const uint32_t u = src[i];
+        dst[i] = (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((u >> 16) | 0x0040u)
+                                                 : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+    }
+}
+
+// src (n) fp32 host -> dst (n) bf16 device: each chunk of UPLOAD_CHUNK values is copied as it is into a device
+// staging buffer and converted there by f32_bits_to_bf16_kernel. One stream orders each chunk's copy after the
+// previous chunk's conversion, so nothing waits on the host between chunks; the host's share is the copy out of
+// src (pageable: the driver stages it, at the link's rate), instead of a conversion loop with a wait every chunk.
+// Returns once the data is on the device, like a cudaMemcpy.
 void cuda_upload_f32(OpsCtx *ctx, void *dst, const float *src_host, size_t n) {
     CudaState *st = cuda_enter(ctx);
     if (!st || !n || cuda_refuse_in_capture(ctx, st, "ops_upload_f32")) return;
-    uint16_t *stage = st->stage;
-    for (size_t off = 0; off < n; off += CONVERT_CHUNK) {
-        size_t len = n - off < CONVERT_CHUNK ? n - off : CONVERT_CHUNK;
-        // The previous chunk's copy must have left the staging buffer before it is overwritten.
-        CUDA_CHECK(ctx, cudaStreamSynchronize(st->stream));
-        for (size_t i = 0; i < len; i++) stage[i] = host_f32_to_bf16(src_host[off + i]);
-        CUDA_CHECK(ctx, cudaMemcpyAsync((uint16_t *)dst + off, stage, len * sizeof(uint16_t), cudaMemcpyHostToDevice,
+    if (!st->upload_f32) CUDA_CHECK(ctx, cudaMalloc(&st->upload_f32, UPLOAD_CHUNK * sizeof(uint32_t)));
+    for (size_t off = 0; off < n; off += UPLOAD_CHUNK) {
+        const size_t len = n - off < UPLOAD_CHUNK ? n - off : UPLOAD_CHUNK;
+        CUDA_CHECK(ctx, cudaMemcpyAsync(st->upload_f32, src_host + off, len * sizeof(float), cudaMemcpyHostToDevice,
                                         st->stream));
+        f32_bits_to_bf16_kernel<<<cuda_grid_1d(len, 256, st), 256, 0, st->stream>>>((uint16_t *)dst + off,
+                                                                                   st->upload_f32, len);
+        CUDA_CHECK_LAUNCH(ctx);
     }
     CUDA_CHECK(ctx, cudaStreamSynchronize(st->stream));
 }

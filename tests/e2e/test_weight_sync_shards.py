@@ -16,7 +16,7 @@ Checks:
   sizes from that run's checkpoint.
 
 GPU (`python3 tests/e2e/test_weight_sync_shards.py --gpu`, scripts/gpu-check.sh B shards; no pytest there): the same
-over NCCL with bf16 slices, a trainer rank on cuda:0, a TP = 2 server on cuda:0-1 (2 GPUs; every process its own
+over NCCL with bf16 slices, then over zmq (the ranks' bf16 units as frames), a trainer rank on cuda:0, a TP = 2 server on cuda:0-1 (2 GPUs; every process its own
 NCCL_HOSTID, since the trainer and shard 0 share cuda:0) and a plain server on the last GPU; one GPU runs the plain
 server alone. Synced servers equal fresh ones from the checkpoint bit for bit (the checkpoint's fp32 masters round to
 the bf16 the ranks sent).
@@ -62,17 +62,17 @@ def host_env(name):
     return {"NCCL_HOSTID": f"tandem-shards-{name}", "NCCL_NVLS_ENABLE": "0"}
 
 
-def args(model_dir, data, out_dir, controls, steps, device):
+def args(model_dir, data, out_dir, controls, steps, device, transport="nccl"):
     return ["--device", device, "--model", str(model_dir), "--train-file", str(data), "--output-dir", str(out_dir),
             "--rollout-servers", ",".join(controls), "--rewards", "regex_format", "--format-regex", "[0-9]",
             "--format-regex-mode", "search", "--num-generations", "4", "--per-device-train-batch-size", "4",
             "--gradient-accumulation-steps", "1", "--max-completion-length", "8", "--max-prompt-length", "64",
             "--learning-rate", "2e-2", "--max-steps", str(steps), "--logging-steps", "1", "--save-steps", "0",
             "--zero-stage", "3", "--seed", "5", "--init-timeout", "60", "--comm-timeout", "30",
-            "--rollout-timeout", "60", "--weight-sync-transport", "nccl"]
+            "--rollout-timeout", "60", "--weight-sync-transport", transport]
 
 
-def run_ranks(d, model_dir, data, out_dir, controls, steps, world=2, device="cpu"):
+def run_ranks(d, model_dir, data, out_dir, controls, steps, world=2, device="cpu", transport="nccl"):
     if not (BUILD / "bin" / "tandem-train").exists():
         skip(f"{BUILD}/bin/tandem-train is not built")
     port, procs = free_port(), []
@@ -81,7 +81,7 @@ def run_ranks(d, model_dir, data, out_dir, controls, steps, world=2, device="cpu
                    MASTER_PORT=str(port), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", **host_env(f"rank{rank}"))
         log = open(d / f"rank{rank}.log", "w")
         procs.append((subprocess.Popen([str(BUILD / "bin" / "tandem-train"),
-                                        *args(model_dir, data, out_dir, controls, steps, device)],
+                                        *args(model_dir, data, out_dir, controls, steps, device, transport)],
                                        env=env, stdout=log, stderr=subprocess.STDOUT), log))
     codes = [p.wait(timeout=600) for p, _ in procs]
     for _, log in procs:
@@ -98,7 +98,7 @@ def same_as_fresh(ckpt, served, tp, server_args=()):
     assert served == want, f"tensor-parallel size {tp}: synced {served} != fresh from {ckpt.name} {want}"
 
 
-def run(d, gpu):
+def run(d, gpu, transport="nccl"):
     """Servers {tp: server args}, 1 or 2 ranks, 3 steps over transport nccl; every server then equals a fresh one."""
     model_dir, data = d / "model", d / "train.jsonl"
     build_tiny_model(model_dir)
@@ -110,7 +110,8 @@ def run(d, gpu):
         plan = {1: ["--device", f"cuda:{gpus - 1}", "--kv-cache-memory", "256M"]}
         if gpus >= 2:
             plan[2] = ["--device", "cuda:0", "--kv-cache-memory", "256M"]
-        world, device, said = 1, "cuda", "weight sync over NCCL"
+        world, device = 1, "cuda"
+        said = "weight sync over NCCL" if transport == "nccl" else "weight sync over ZeroMQ"
     else:
         # The TP 2 server runs two engines of 2 shards (--devices): engine 0's shards receive, and each copies its
         # staging to the same shard of engine 1.
@@ -123,9 +124,9 @@ def run(d, gpu):
                                                         start_timeout=300))
                    for tp in plan}
         before = {tp: greedy(srv.url) for tp, srv in servers.items()}
-        logs = run_ranks(d, model_dir, data, d / "run", list(controls.values()), 3, world, device)
+        logs = run_ranks(d, model_dir, data, d / "run", list(controls.values()), 3, world, device, transport)
         assert said in logs[0], logs[0]
-        assert "ZeroMQ from now on" not in logs[0] and "transport zmq" not in logs[0], logs[0]
+        assert "ZeroMQ from now on" not in logs[0] and "using transport zmq" not in logs[0], logs[0]
         rows = [json.loads(line) for line in (d / "run" / "metrics.jsonl").read_text().splitlines()]
         assert len(rows) == 3 and all(r["sync_bytes"] > 0 for r in rows), rows
         served = {tp: greedy(srv.url) for tp, srv in servers.items()}
@@ -165,10 +166,12 @@ if __name__ == "__main__":
     if "--gpu" not in sys.argv:
         sys.exit("usage: test_weight_sync_shards.py --gpu   (TANDEM_BUILD_DIR: the build)")
     try:
-        rows, controls = run(pathlib.Path(tempfile.mkdtemp(prefix="shards-nccl-")), gpu=True)
-        ms = " ".join(f"{r['sync_time'] * 1e3:.1f}" for r in rows)
-        print(f"summary: PASS: NCCL pushes into servers of tensor-parallel sizes {sorted(controls)}; sync ms {ms}, "
-              "equal to fresh servers from the checkpoint")
+        lines = []
+        for transport in ("nccl", "zmq"):   # zmq: GPU ranks send their bf16 units as they are
+            rows, controls = run(pathlib.Path(tempfile.mkdtemp(prefix=f"shards-{transport}-")), True, transport)
+            lines.append(f"{transport} into servers of tensor-parallel sizes {sorted(controls)}, sync ms "
+                         + " ".join(f"{r['sync_time'] * 1e3:.1f}" for r in rows))
+        print(f"summary: PASS: {'; '.join(lines)}; each equal to fresh servers from the checkpoint")
     except Skip as e:
         print(f"summary: SKIP: {e}")
         sys.exit(77)

@@ -377,6 +377,17 @@ def test_malformed_messages_get_errors_and_the_server_keeps_serving(client, mode
         ({"type": "weights_begin", "id": 15, "version": 9, "transport": "nccl", "layout_hash": good_hash,
           "trainer_ranks": 1, "nccl_world": 2, "nccl_rank": 1, "nccl_id": "ab" * 128}, [],
          "unsupported", 15, ["CPU", "transport \"zmq\""]),
+        # transport nccl's CPU twin (the host communicator): a backend name it does not know, shards that do not fit
+        # the communicator, and a trainer that cut the units for 2 shards when this server runs 1.
+        ({"type": "weights_begin", "id": 15, "version": 9, "transport": "nccl", "layout_hash": good_hash,
+          "trainer_ranks": 1, "nccl_world": 2, "nccl_rank": 1, "nccl_id": "ab" * 128, "comm_backend": "tcp"}, [],
+         "bad_message", 15, ["comm_backend", "tcp"]),
+        ({"type": "weights_begin", "id": 15, "version": 9, "transport": "nccl", "layout_hash": good_hash,
+          "trainer_ranks": 1, "nccl_world": 2, "nccl_rank": 1, "nccl_id": "ab" * 128, "comm_backend": "host",
+          "tensor_parallel_size": 2}, [], "bad_message", 15, ["tensor_parallel_size", "nccl_world 2"]),
+        ({"type": "weights_begin", "id": 15, "version": 9, "transport": "nccl", "layout_hash": good_hash,
+          "trainer_ranks": 1, "nccl_world": 3, "nccl_rank": 1, "nccl_id": "ab" * 128, "comm_backend": "host",
+          "tensor_parallel_size": 2}, [], "layout_mismatch", 15, ["2 tensor-parallel shard(s)", "this server runs 1"]),
         ({"type": "weights_slice", "id": 16, "unit": 0, "offset": 0, "count": 2, "dtype": "f32"}, [b"\0" * 6],
          "bad_message", 16, ["6 bytes, expected 8"]),
         ({"type": "generate", "id": 17, "n_prompts": 4097}, [p] * 4097, "bad_message", None,

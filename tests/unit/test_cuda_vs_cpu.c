@@ -314,6 +314,40 @@ static void test_copy_2d_batch(void) {
     buf_free(ref);
 }
 
+// ops_upload_f32 on CUDA converts on the device (fp32 chunks of 4 Mi values): every value's bf16 bits are the host
+// rule's (round to nearest even, NaN quiet with its top payload bits), across a chunk boundary (4 Mi + 5 values of
+// random bits, among them ties, NaNs, infinities, the largest float and negative zero).
+static void test_upload_rounding(void) {
+    const size_t n = ((size_t)4 << 20) + 5;
+    uint32_t *bits = malloc(n * sizeof *bits);
+    uint16_t *got = malloc(n * sizeof *got);
+    uint64_t own = 0x5DEECE66Dull;   // its own stream: the other cases' inputs stay as they were
+    for (size_t i = 0; i < n; i++) bits[i] = (uint32_t)kt_splitmix_next(&own);
+    const uint32_t special[] = {0x3F808000u, 0x3F818000u, 0x3F808001u, 0x7FC12345u, 0x7F812345u, 0xFF800001u,
+                                0x7F800000u, 0xFF800000u, 0x7F7FFFFFu, 0x80000000u, 0x00008000u, 0x00018000u};
+    for (size_t k = 0; k < sizeof special / sizeof *special; k++) bits[((size_t)4 << 20) - 7 + k] = special[k];
+    void *dev = ops_malloc(gpu, n * 2);
+    ops_upload_f32(gpu, dev, (const float *)bits, n);
+    ops_copy_to_host(gpu, got, dev, n * 2);
+    expect_ok("upload_f32");
+    size_t bad = 0, first = n;
+    for (size_t i = 0; i < n; i++) {
+        const uint32_t u = bits[i];
+        const uint16_t want = (u & 0x7fffffffu) > 0x7f800000u ? (uint16_t)((u >> 16) | 0x0040u)
+                                                              : (uint16_t)((u + 0x7fffu + ((u >> 16) & 1u)) >> 16);
+        if (got[i] != want && bad++ == 0) first = i;
+    }
+    printf("%-4s %-20s %-10s %8zu  bits as the host rule: %s\n", bad ? "FAIL" : "ok", "upload_f32", "dst", n,
+           bad ? "no" : "yes");
+    if (bad) {
+        printf("     %zu differ, first at %zu: 0x%08x -> 0x%04x\n", bad, first, bits[first], got[first]);
+        failures++;
+    }
+    ops_free(gpu, dev);
+    free(bits);
+    free(got);
+}
+
 // ops_fill_hashed_uniform: a (37, 53) block of a wider tensor (index pitch 70, first index 10^10 + 5), CUDA vs the
 // CPU twin rounded to bf16: the same bits. Also what --load-format dummy relies on: the block equals that block of
 // the whole tensor filled at once, and the values cover [-scale, scale) roughly evenly.
@@ -915,6 +949,7 @@ int main(void) {
     test_add();
     test_copy_2d_batch();
     test_fill_hashed_uniform();
+    test_upload_rounding();
     test_embedding();
     test_rmsnorm();
     test_residual_rmsnorm();

@@ -197,7 +197,7 @@ static void push_with_a_death(void *zctx) {
         nanosleep(&ts, NULL);
     }
     // Slices, the flush and the end go on while b is gone: none may wait for the 60 s timeout.
-    CHECK(rollout_weights_send_slice(c, 5, 0, 0, values, 4, 0, err, sizeof err) == 0, "slice: %s", err);
+    CHECK(rollout_weights_send_slice(c, 5, 0, 0, values, ZMSG_DTYPE_F32, 4, 0, err, sizeof err) == 0, "slice: %s", err);
     CHECK(rollout_client_flush(c, err, sizeof err) == 0, "flush: %s", err);
     double seconds = 0;
     CHECK(rollout_weights_end(c, 5, &seconds, NULL, err, sizeof err) == 0, "end: %s", err);
@@ -222,7 +222,7 @@ static void push_with_a_death(void *zctx) {
     CHECK(n_alive == 2, "the restarted server is counted on again (%d alive)", n_alive);
     // The next push reaches both.
     CHECK(rollout_weights_begin(c, 6, members, &n_members, err, sizeof err) == 0 && n_members == 2, "begin 6: %s", err);
-    CHECK(rollout_weights_send_slice(c, 6, 0, 0, values, 4, 0, err, sizeof err) == 0, "slice 6: %s", err);
+    CHECK(rollout_weights_send_slice(c, 6, 0, 0, values, ZMSG_DTYPE_F32, 4, 0, err, sizeof err) == 0, "slice 6: %s", err);
     CHECK(rollout_client_flush(c, err, sizeof err) == 0, "flush 6: %s", err);
     CHECK(rollout_weights_end(c, 6, &seconds, NULL, err, sizeof err) == 0, "end 6: %s", err);
     CHECK(a.version == 6 && b2.version == 6, "versions after the next push: %lld, %lld", (long long)a.version,
@@ -289,7 +289,7 @@ static void generate_across_a_push(void *zctx) {
     float values[4] = {1, 2, 3, 4};
     double seconds = 0;
     CHECK(rollout_weights_begin(c, 3, members, &n_members, err, sizeof err) == 0 && n_members == 2, "begin: %s", err);
-    CHECK(rollout_weights_send_slice(c, 3, 0, 0, values, 4, 0, err, sizeof err) == 0, "slice: %s", err);
+    CHECK(rollout_weights_send_slice(c, 3, 0, 0, values, ZMSG_DTYPE_F32, 4, 0, err, sizeof err) == 0, "slice: %s", err);
     CHECK(rollout_client_flush(c, err, sizeof err) == 0, "flush: %s", err);
     CHECK(rollout_weights_end(c, 3, &seconds, NULL, err, sizeof err) == 0, "end: %s", err);
     CHECK(rollout_generate_start(c, 4, prompts, lens, &s, &cancelled, err, sizeof err) == 0, "start 2: %s", err);
