@@ -13,7 +13,8 @@ share of that bound, and TP N's speed-up over TP 1.
 Also reports how many of the first 16 greedy tokens of a prompt each server shares with the first one's, and fails
 when even the first differs (random weights give near-flat logits: bf16 sums in another order part on near-ties).
 --server-args passes more tandem-serve options to every server (e.g. --enforce-eager to see the CUDA graphs' share).
---dummy (always for the 32b and 72b shapes) writes config.json alone and starts the servers with --load-format dummy:
+--random-weights (always for the 32b and 72b shapes) writes config.json alone and starts the servers with
+--load-format random:
 random weights made on the GPUs, the same model at every TP size, no 65 / 145 GB of files.
 --dry-run-cpu checks this script without GPUs: the tiny test model on the CPU backend (TP as CPU shards).
 """
@@ -53,8 +54,8 @@ def timed(url, prompts, max_tokens):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--build", default="build-gpu.carry")
-    ap.add_argument("--shape", choices=[*benchlib.QWEN_SHAPES, *benchlib.QWEN_DUMMY_SHAPES], default="7b")
-    ap.add_argument("--dummy", action="store_true", help="--load-format dummy (config.json alone)")
+    ap.add_argument("--shape", choices=[*benchlib.QWEN_SHAPES, *benchlib.QWEN_CONFIG_ONLY_SHAPES], default="7b")
+    ap.add_argument("--random-weights", action="store_true", help="--load-format random (config.json alone)")
     ap.add_argument("--tp", default="1,2")
     ap.add_argument("--streams", default="1,16")
     ap.add_argument("--kv", default="8G", help="--kv-cache-memory of each server (per GPU)")
@@ -76,14 +77,14 @@ def main():
     with tempfile.TemporaryDirectory() as d:
         model_dir = pathlib.Path(d) / "model"
         model_dir.mkdir()
-        dummy = args.dummy or args.shape in benchlib.QWEN_DUMMY_SHAPES
+        random_weights = args.random_weights or args.shape in benchlib.QWEN_CONFIG_ONLY_SHAPES
         if args.dry_run_cpu:
             params = sum(build_model(model_dir, "tiny").values())
-        elif dummy:
+        elif random_weights:
             params = benchlib.build_config_only(model_dir, args.shape)
         else:
             params = sum(build_model(model_dir, args.shape).values())
-        load = ["--load-format", "dummy"] if dummy else []
+        load = ["--load-format", "random"] if random_weights else []
         cfg = json.loads((model_dir / "config.json").read_text())
         V = cfg["vocab_size"]
         D = cfg.get("head_dim") or cfg["hidden_size"] // cfg["num_attention_heads"]
@@ -115,7 +116,7 @@ def main():
             finally:
                 srv.stop()
     print(f"{gpu}; {'tiny test model' if args.dry_run_cpu else 'Qwen2.5-' + args.shape.upper() + ' shape'}"
-          f"{' (--load-format dummy)' if dummy else ''} "
+          f"{' (--load-format random)' if random_weights else ''} "
           f"({params / 1e9:.2f} B params, {weight_bytes / 1e9:.1f} GB bf16); device copy BW {bw:.0f} GB/s (read + "
           f"write)")
     print(f"{'TP':>3}{'streams':>9}{'ms/step':>10}{'bound ms':>10}{'of bound':>10}{'vs TP ' + str(tps[0]):>10}")

@@ -39,10 +39,10 @@ QWEN_SHAPES = {
                  num_key_value_heads=2),
 }
 QWEN_VOCAB = 151936
-# Shapes served from config.json alone (tandem-serve --load-format dummy): their bf16 files (65 / 145 GB) would not
+# Shapes served from config.json alone (tandem-serve --load-format random): their bf16 files (65 / 145 GB) would not
 # fit the GPU machines' disks, nor their random init one GPU. Untied embeddings and the larger vocabulary, as the
 # real Qwen2.5-32B / 72B configs say.
-QWEN_DUMMY_SHAPES = {
+QWEN_CONFIG_ONLY_SHAPES = {
     "32b": dict(hidden_size=5120, intermediate_size=27648, num_hidden_layers=64, num_attention_heads=40,
                 num_key_value_heads=8, vocab_size=152064, tie_word_embeddings=False),
     "72b": dict(hidden_size=8192, intermediate_size=29568, num_hidden_layers=80, num_attention_heads=64,
@@ -95,14 +95,14 @@ def build_qwen_model(d, shape, device="cuda:0", edit=None, **from_config):
 
 
 def build_config_only(d, shape):
-    """Writes config.json (a QWEN_SHAPES or QWEN_DUMMY_SHAPES shape) and server_fixtures' small tokenizer into d, no
-    weights, for tandem-serve --load-format dummy; returns the parameter count (Qwen2: q/k/v biases; the embeddings
+    """Writes config.json (a QWEN_SHAPES or QWEN_CONFIG_ONLY_SHAPES shape) and server_fixtures' small tokenizer into d, no
+    weights, for tandem-serve --load-format random; returns the parameter count (Qwen2: q/k/v biases; the embeddings
     once when tied)."""
     from transformers import Qwen2Config
     server_fixtures.build_tokenizer(d)
     kw = dict(vocab_size=QWEN_VOCAB, tie_word_embeddings=True, max_position_embeddings=4096, bos_token_id=None,
               eos_token_id=None, torch_dtype="bfloat16")
-    kw.update(QWEN_SHAPES.get(shape) or QWEN_DUMMY_SHAPES[shape])
+    kw.update(QWEN_SHAPES.get(shape) or QWEN_CONFIG_ONLY_SHAPES[shape])
     Qwen2Config(**kw).save_pretrained(d)
     C, I, L, V = kw["hidden_size"], kw["intermediate_size"], kw["num_hidden_layers"], kw["vocab_size"]
     KV = kw["num_key_value_heads"] * (C // kw["num_attention_heads"])

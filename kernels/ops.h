@@ -106,7 +106,7 @@ void ops_copy_2d_batch(OpsCtx *ctx, const OpsCopy2D *items, int n);
 // alone: element (r, c) has index i = first + r * index_pitch + c and value scale * (u / 2^23 - 1), u = the top 24
 // bits of splitmix64(seed + (i + 1) * 0x9E3779B97F4A7C15) — uniform in [-scale, scale). Any block of a tensor filled
 // with its own indices equals that block of the whole tensor filled at once, which is how the rollout server's
-// --load-format dummy gives every tensor-parallel shard its slice of one random model. u / 2^23 - 1 is exact in
+// --load-format random gives every tensor-parallel shard its slice of one random model. u / 2^23 - 1 is exact in
 // fp32, then one multiply; bf16 rounds that once (to nearest even), so both backends store the same bits.
 void ops_fill_hashed_uniform(OpsCtx *ctx, void *dst, size_t rows, size_t cols, uint64_t first, size_t index_pitch,
                              uint64_t seed, float scale);

@@ -150,7 +150,7 @@ typedef struct {
     int max_queued_requests;    // beyond this engine_submit returns ENGINE_EQUEUE_FULL
     int enable_prefix_caching;
     uint64_t seed;              // seeds requests that carry none
-    int load_dummy;             // --load-format dummy: random weights (model_fill_dummy), no weight files read
+    int load_random;            // --load-format random: random weights (model_fill_random), no weight files read
     int enforce_eager;          // cuda: decode-only steps run their ops one by one instead of replaying CUDA graphs
                                 // (still at the padded batch sizes: the same kernels and shapes) (--enforce-eager)
     // LoRA adapters served beside the base model (--lora NAME=DIR: PEFT adapter folders, loaded at start):

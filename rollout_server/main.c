@@ -164,10 +164,10 @@ static void serve_options(CliOption out[N_SERVE_OPTIONS], int prefix_default) {
                prefix_default ? "on" : "off"),
         SWITCH("--no-prefix-caching", prefix_off, "do not reuse them", prefix_default ? "off" : "on"),
         TEXT("--seed", seed, "N", "seed for requests that carry none", NULL),
-        TEXT("--load-format", load_format, "auto|dummy",
-             "auto: the folder's safetensors; dummy: random weights of the folder's config.json (uniform, std 0.02; "
+        TEXT("--load-format", load_format, "auto|random",
+             "auto: the folder's safetensors; random: random weights of the folder's config.json (uniform, std 0.02; "
              "norms 1), the same for every tensor-parallel size, no weight file read: benchmarks of shapes whose files "
-             "would not fit the disk", NULL),
+             "would not fit the disk (vLLM calls it dummy, also accepted)", NULL),
         TEXT("--served-model-name", served_name, "NAME", "model id in /v1/models and answers", "the folder's name"),
         TEXT("--adapter-update-mode", adapter_mode, "merge|lowrank",
              "how the trainer's LoRA adapter updates (tandem-train lora_sync adapter) are served: merge (into the served "
@@ -413,8 +413,8 @@ static int parse_options(int argc, char **argv, Options *o) {
     if (strcmp(a.adapter_mode, "merge") == 0) o->engine.adapter_updates_lowrank = 0;
     else if (strcmp(a.adapter_mode, "lowrank") == 0) o->engine.adapter_updates_lowrank = 1;
     else return bad("adapter-update-mode", a.adapter_mode, "expected merge or lowrank");
-    if (strcmp(a.load_format, "dummy") == 0) o->engine.load_dummy = 1;
-    else if (strcmp(a.load_format, "auto") != 0) return bad("load-format", a.load_format, "expected auto or dummy");
+    if (strcmp(a.load_format, "random") == 0 || strcmp(a.load_format, "dummy") == 0) o->engine.load_random = 1;
+    else if (strcmp(a.load_format, "auto") != 0) return bad("load-format", a.load_format, "expected auto or random");
     o->engine.enforce_eager = a.enforce_eager;
     if (!o->engine.model_dir) {
         fprintf(stderr, "tandem-serve: --model DIR is required (see --help)\n");

@@ -259,8 +259,8 @@ static int check_weights_fit(const ModelConfig *mc, int tp, OpsCtx *ops, int dev
     return ENGINE_ENOMEM;
 }
 
-// --load-format dummy's weights: one fixed seed, so that every server of a shape serves the same random model.
-#define DUMMY_SEED 0x7A4D3E5Bu
+// --load-format random's weights: one fixed seed, so that every server of a shape serves the same random model.
+#define RANDOM_WEIGHTS_SEED 0x7A4D3E5Bu
 
 // Contexts, shard models and weights of a tensor-parallel runner: shard k on device cfg->device + k (CPU: a context
 // each), the whole model described on shard 0, the folder read once and sliced. Returns 0 or an ENGINE_* code.
@@ -312,12 +312,12 @@ static int load_shards(ModelRunner *r, const EngineConfig *cfg, char *err, size_
         return ENGINE_ENOMEM;
     }
     r->have_whole = 1;
-    for (int k = 0; cfg->load_dummy && k < r->tp; k++)
-        if (model_fill_dummy(models[k], &r->whole.layout, weights[k], DUMMY_SEED, msg, sizeof msg) != 0) {
+    for (int k = 0; cfg->load_random && k < r->tp; k++)
+        if (model_fill_random(models[k], &r->whole.layout, weights[k], RANDOM_WEIGHTS_SEED, msg, sizeof msg) != 0) {
             snprintf(err, err_len, "tensor-parallel shard %d: %s", k, msg);
             return ENGINE_EINTERNAL;
         }
-    if (!cfg->load_dummy &&
+    if (!cfg->load_random &&
         model_load_shard_weights(&r->whole, models, weights, r->tp, cfg->model_dir, msg, sizeof msg) != 0) {
         snprintf(err, err_len, "cannot load the model from %s: %s", cfg->model_dir, msg);
         return ENGINE_EINVAL;
@@ -325,9 +325,9 @@ static int load_shards(ModelRunner *r, const EngineConfig *cfg, char *err, size_
     return 0;
 }
 
-// One plain model: its folder's weights, or (--load-format dummy) random ones of its config.
+// One plain model: its folder's weights, or (--load-format random) random ones of its config.
 static int load_one(RunnerShard *s, const EngineConfig *cfg, char *msg, size_t msg_len) {
-    if (!cfg->load_dummy) return model_load(&s->m, &s->w, s->ops, cfg->model_dir, msg, msg_len);
+    if (!cfg->load_random) return model_load(&s->m, &s->w, s->ops, cfg->model_dir, msg, msg_len);
     ModelConfig mc;
     if (config_load(&mc, cfg->model_dir, msg, msg_len) != 0 || model_init(&s->m, &mc, s->ops, msg, msg_len) != 0)
         return -1;
@@ -335,7 +335,7 @@ static int load_one(RunnerShard *s, const EngineConfig *cfg, char *msg, size_t m
         model_free(&s->m);
         return -1;
     }
-    if (model_fill_dummy(&s->m, &s->m.layout, &s->w, DUMMY_SEED, msg, msg_len) != 0) {
+    if (model_fill_random(&s->m, &s->m.layout, &s->w, RANDOM_WEIGHTS_SEED, msg, msg_len) != 0) {
         resident_free(&s->w, &s->m);
         model_free(&s->m);
         return -1;
@@ -345,8 +345,8 @@ static int load_one(RunnerShard *s, const EngineConfig *cfg, char *msg, size_t m
 
 int runner_create(ModelRunner **out, const EngineConfig *cfg, char *err, size_t err_len) {
     *out = NULL;
-    if (cfg->load_dummy)
-        fprintf(stderr, "tandem-serve: --load-format dummy: random weights of %s/config.json, no weight file read\n",
+    if (cfg->load_random)
+        fprintf(stderr, "tandem-serve: --load-format random: random weights of %s/config.json, no weight file read\n",
                 cfg->model_dir);
     const int tp = cfg->tensor_parallel_size > 0 ? cfg->tensor_parallel_size : 1;
     if (tp > 64) return snprintf(err, err_len, "--tensor-parallel-size %d: at most 64 shards", tp), ENGINE_EINVAL;

@@ -107,12 +107,12 @@ typedef struct {
 // -1 when more than cap.
 int model_shard_parts(const Layout *full, const Layout *shard, const ModelConfig *shard_cfg, const ModelShard *s,
                       int unit, size_t begin, size_t end, ModelShardPart *parts, int cap);
-// Random weights without weight files (tandem-serve --load-format dummy, vLLM's name, for benchmarks of shapes whose
-// files would not fit the disk): m's units (w: its resident weights; m a shard, or the whole model with full its own
+// Random weights without weight files (tandem-serve --load-format random, for benchmarks of shapes whose files
+// would not fit the disk): m's units (w: its resident weights; m a shard, or the whole model with full its own
 // layout) get the whole model's values at their indices (ops_fill_hashed_uniform over model_shard_parts: uniform in
 // +-0.02 sqrt(3), the std of transformers' initializer_range 0.02), norms 1, so every tensor-parallel size serves
 // the same model. Queued on m's context. Returns 0, or -1 with a message.
-int model_fill_dummy(const Model *m, const Layout *full, ResidentWeights *w, uint64_t seed, char *err, size_t err_len);
+int model_fill_random(const Model *m, const Layout *full, ResidentWeights *w, uint64_t seed, char *err, size_t err_len);
 // Loads a Hugging Face model folder into n shards' resident weights (shards[k] with w[k], made by model_init_shard
 // and resident_alloc): each unit is read once (whole: the whole model's Model, for its layout) and each shard gets
 // its slice. Returns 0, or -1 with a message.

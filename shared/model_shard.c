@@ -162,7 +162,7 @@ void model_shard_unit(const Model *full, const Model *shard, int unit, const flo
     }
 }
 
-int model_fill_dummy(const Model *m, const Layout *full, ResidentWeights *w, uint64_t seed, char *err,
+int model_fill_random(const Model *m, const Layout *full, ResidentWeights *w, uint64_t seed, char *err,
                      size_t err_len) {
     const float scale = 0.02f * 1.7320508f;   // a uniform's half-width for std 0.02
     size_t most_norm = 0;
@@ -170,7 +170,7 @@ int model_fill_dummy(const Model *m, const Layout *full, ResidentWeights *w, uin
         if (strstr(m->layout.tensors[i].name, "norm") && m->layout.tensors[i].numel > most_norm)
             most_norm = m->layout.tensors[i].numel;
     float *ones = malloc((most_norm ? most_norm : 1) * sizeof *ones);
-    if (!ones) return snprintf(err, err_len, "out of host memory for dummy weights"), -1;
+    if (!ones) return snprintf(err, err_len, "out of host memory for random weights"), -1;
     for (size_t i = 0; i < most_norm; i++) ones[i] = 1.0f;
     const size_t es = ops_dtype_size(m->ops);
     ModelShardPart parts[96];
@@ -194,7 +194,7 @@ int model_fill_dummy(const Model *m, const Layout *full, ResidentWeights *w, uin
     }
     free(ones);
     ops_synchronize(m->ops);
-    if (ops_status(m->ops)) return snprintf(err, err_len, "dummy weights: %s", ops_error(m->ops)), -1;
+    if (ops_status(m->ops)) return snprintf(err, err_len, "random weights: %s", ops_error(m->ops)), -1;
     return 0;
 }
 

@@ -135,16 +135,17 @@ def test_sizes_that_do_not_divide_are_refused(tiny_model_dir):
         out.stderr, out.stderr
 
 
-def test_load_format_dummy_is_one_model_at_every_size(tiny_model_dir, tmp_path):
-    """--load-format dummy: random weights from config.json alone (a folder without weight files); TP = 2 serves the
+def test_load_format_random_is_one_model_at_every_size(tiny_model_dir, tmp_path):
+    """--load-format random: random weights from config.json alone (a folder without weight files); TP = 2 serves the
     same random model as TP = 1 (each shard fills its slice from the whole model's element indices)."""
     import shutil
     for f in tiny_model_dir.iterdir():
         if f.suffix != ".safetensors" and f.is_file():
             shutil.copy(f, tmp_path / f.name)
-    with TandemServer(tmp_path, "--load-format", "dummy") as one, \
+    # The TP 2 server is started with vLLM's name for it, which tandem-serve also accepts.
+    with TandemServer(tmp_path, "--load-format", "random") as one, \
             TandemServer(tmp_path, "--load-format", "dummy", "-tp", "2") as two, TandemServer(tiny_model_dir) as real:
-        assert "--load-format dummy" in one.log_text(), one.log_text()
+        assert "--load-format random" in one.log_text() and "--load-format random" in two.log_text(), one.log_text()
         for prompt in PROMPTS[:3]:
             ref_ids, ref_lp, ref_top = greedy(one, prompt)
             ids, lp, _ = greedy(two, prompt)
@@ -153,10 +154,10 @@ def test_load_format_dummy_is_one_model_at_every_size(tiny_model_dir, tmp_path):
                 if len(top2) > 1 and top2[0] - top2[1] < 1e-4:
                     break
                 assert got == want and abs(lp[i] - ref_lp[i]) < 1e-4, (prompt, i, ids, ref_ids)
-            assert greedy(real, prompt)[1] != ref_lp, "the dummy server answered like the real weights"
+            assert greedy(real, prompt)[1] != ref_lp, "the random-weights server answered like the real weights"
     out = subprocess.run([serve_binary(), "--model", str(tmp_path), "--load-format", "pt"], capture_output=True,
                          text=True, timeout=30)
-    assert out.returncode != 0 and "--load-format" in out.stderr and "auto or dummy" in out.stderr, out.stderr
+    assert out.returncode != 0 and "--load-format" in out.stderr and "auto or random" in out.stderr, out.stderr
     out = subprocess.run([serve_binary(), "--model", str(tmp_path), "--port", "0", "--kv-cache-memory", "64M"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode != 0 and "safetensors" in out.stderr, out.stderr   # auto still needs the weight files

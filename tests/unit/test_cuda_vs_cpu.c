@@ -349,7 +349,7 @@ static void test_upload_rounding(void) {
 }
 
 // ops_fill_hashed_uniform: a (37, 53) block of a wider tensor (index pitch 70, first index 10^10 + 5), CUDA vs the
-// CPU twin rounded to bf16: the same bits. Also what --load-format dummy relies on: the block equals that block of
+// CPU twin rounded to bf16: the same bits. Also what --load-format random relies on: the block equals that block of
 // the whole tensor filled at once, and the values cover [-scale, scale) roughly evenly.
 static void test_fill_hashed_uniform(void) {
     enum { ROWS = 37, COLS = 53, PITCH = 70 };

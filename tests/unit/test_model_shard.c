@@ -11,7 +11,7 @@
 //     ZeRO cuts it (W = 1, 2, 3, 5, 8) and one slice per element, the parts of every slice, copied into a zeroed
 //     shard unit, give model_shard_unit's slice exactly, no shard element is written twice, and every part is
 //     contiguous in the shard unit, and in the whole unit when it says so;
-//   - model_fill_dummy (--load-format dummy): every shard of 2 and 4 filled on its own holds model_shard_unit's slice
+//   - model_fill_random (--load-format random): every shard of 2 and 4 filled on its own holds model_shard_unit's slice
 //     of the whole model filled at once, bit for bit; norms are 1, weights within +-0.0347 and not all alike.
 // Both architectures' variants: q/k norms, q/k/v biases and tied embeddings (Qwen3), untied lm_head (Llama).
 #include <math.h>
@@ -332,7 +332,7 @@ static void test_parts(const char *json, const char *name) {
     ops_destroy(ops);
 }
 
-static void test_dummy(const char *json, const char *name) {
+static void test_random_weights(const char *json, const char *name) {
     char err[512];
     ModelConfig cfg;
     OpsCtx *ops;
@@ -340,7 +340,7 @@ static void test_dummy(const char *json, const char *name) {
     ResidentWeights fw;
     whole_model(json, &cfg, &ops, &full);
     REQUIRE(resident_alloc(&fw, &full, 0, err, sizeof err) == 0, "%s", err);
-    REQUIRE(model_fill_dummy(&full, &full.layout, &fw, 77, err, sizeof err) == 0, "%s", err);
+    REQUIRE(model_fill_random(&full, &full.layout, &fw, 77, err, sizeof err) == 0, "%s", err);
     int norms_one = 1, in_range = 1, distinct = 0;
     for (int i = 0; i < full.layout.n_tensors; i++) {
         const LayoutTensor *t = &full.layout.tensors[i];
@@ -358,12 +358,12 @@ static void test_dummy(const char *json, const char *name) {
             ResidentWeights sw;
             REQUIRE(model_init_shard(&sh, &cfg, r, size, ops, err, sizeof err) == 0, "%s", err);
             REQUIRE(resident_alloc(&sw, &sh, 0, err, sizeof err) == 0, "%s", err);
-            CHECK(model_fill_dummy(&sh, &full.layout, &sw, 77, err, sizeof err) == 0, "%s", err);
+            CHECK(model_fill_random(&sh, &full.layout, &sw, 77, err, sizeof err) == 0, "%s", err);
             for (int u = 0; u < sh.layout.n_units; u++) {
                 float *want = malloc(sh.layout.unit_numel[u] * sizeof *want);
                 model_shard_unit(&full, &sh, u, fw.params[u], want);
                 CHECK(memcmp(want, sw.params[u], sh.layout.unit_numel[u] * sizeof *want) == 0,
-                      "%s, shard %d of %d, unit %d: dummy weights differ from the whole model's slice", name, r, size, u);
+                      "%s, shard %d of %d, unit %d: random weights differ from the whole model's slice", name, r, size, u);
                 free(want);
             }
             resident_free(&sw, &sh);
@@ -375,8 +375,8 @@ static void test_dummy(const char *json, const char *name) {
 }
 
 int main(void) {
-    test_dummy(CONFIG_QWEN3, "qwen3");
-    test_dummy(CONFIG_LLAMA, "llama");
+    test_random_weights(CONFIG_QWEN3, "qwen3");
+    test_random_weights(CONFIG_LLAMA, "llama");
     test_parts(CONFIG_QWEN3, "qwen3");
     test_parts(CONFIG_LLAMA, "llama");
     test_slices_rebuild(CONFIG_QWEN3, "qwen3");
