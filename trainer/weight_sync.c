@@ -72,16 +72,8 @@ static int bf16_frames(const Trainer *t) { return storage_dtype(t) == COMM_BF16;
 static int new_id(Trainer *t, int server, uint8_t id[COMM_UNIQUE_ID_BYTES], char *err, size_t err_len) {
     if (!host_backend(t)) return comm_unique_id(COMM_BACKEND_NCCL, id, err, err_len);
     char host[256], addr[128];
-    const char *ep = rollout_server_endpoint(t->rollout, server), *at = strstr(ep, "://");
-    snprintf(host, sizeof host, "%s", at ? at + 3 : ep);
-    char *colon = strrchr(host, ':');
-    int port = colon ? atoi(colon + 1) : 0;
-    if (colon) *colon = '\0';
-    if (host[0] == '[') {   // [v6]
-        memmove(host, host + 1, strlen(host));
-        char *close = strchr(host, ']');
-        if (close) *close = '\0';
-    }
+    int port;
+    rendezvous_endpoint_split(rollout_server_endpoint(t->rollout, server), host, sizeof host, &port);
     if (rendezvous_local_address(host, port > 0 ? port : 1, addr, sizeof addr, err, err_len) != 0) return -1;
     return comm_unique_id_host(addr, id, err, err_len);
 }

@@ -693,13 +693,9 @@ int comm_host_split(Comm *c, Comm *parent, const int *members, char *err, size_t
         if (!h || host_alloc(c, h) != 0 || !(h->zctx = zmq_ctx_new())) {
             rc = err_fail_code(COMM_ERR_SYSTEM, err, err_len, "comm host: out of memory");
         } else {
-            // "tcp://ADDR:PORT" or "tcp://[ADDR]:PORT" -> ADDR
             char addr[RDZV_ENDPOINT_MAX];
-            const char *ep = ph->peers[parent->rank].endpoint + strlen("tcp://");
-            int br = *ep == '[';
-            snprintf(addr, sizeof addr, "%s", ep + br);
-            char *end = br ? strchr(addr, ']') : strrchr(addr, ':');
-            if (end) *end = '\0';
+            int port;
+            rendezvous_endpoint_split(ph->peers[parent->rank].endpoint, addr, sizeof addr, &port);
             rc = bind_router(h, addr, me.endpoint, sizeof me.endpoint, err, err_len);
             if (rc) me.endpoint[0] = '\0';
         }

@@ -66,6 +66,17 @@ static void master_endpoint(char *out, size_t len, const char *addr, int port, i
         snprintf(out, len, "tcp://%s:%d", addr, port);
 }
 
+void rendezvous_endpoint_split(const char *endpoint, char *addr, size_t addr_len, int *port) {
+    const char *at = strstr(endpoint, "://");
+    at = at ? at + 3 : endpoint;
+    const int bracket = *at == '[';
+    snprintf(addr, addr_len, "%s", at + bracket);
+    char *colon = bracket ? strchr(addr, ']') : strrchr(addr, ':');
+    const char *port_text = colon ? (bracket ? strchr(colon, ':') : colon) : NULL;
+    *port = port_text ? atoi(port_text + 1) : 0;
+    if (colon) *colon = '\0';
+}
+
 int rendezvous_local_address(const char *master_addr, int master_port, char *out, size_t out_len, char *err,
                              size_t err_len) {
     if (!master_addr || !*master_addr) return err_fail(err, err_len, "MASTER_ADDR is empty");

@@ -562,6 +562,28 @@ static void test_rendezvous(void) {
 
 // ---- single-process checks --------------------------------------------------------------------
 
+// rendezvous_endpoint_split: IPv4, bracketed IPv6, host names, a wildcard port, no scheme.
+static void test_endpoint_split(void) {
+    const struct { const char *ep, *addr; int port; } cases[] = {
+        {"tcp://127.0.0.1:5555", "127.0.0.1", 5555}, {"tcp://[::1]:7000", "::1", 7000},
+        {"tcp://[fe80::1%eth0]:9", "fe80::1%eth0", 9}, {"tcp://node-3.cluster:29500", "node-3.cluster", 29500},
+        {"tcp://10.0.0.2:*", "10.0.0.2", 0}, {"10.0.0.2:81", "10.0.0.2", 81}, {"tcp://host", "host", 0},
+    };
+    int bad = 0;
+    for (size_t i = 0; i < sizeof cases / sizeof *cases; i++) {
+        char addr[64];
+        int port = -1;
+        rendezvous_endpoint_split(cases[i].ep, addr, sizeof addr, &port);
+        if (strcmp(addr, cases[i].addr) != 0 || port != cases[i].port) {
+            fprintf(stderr, "rendezvous_endpoint_split(%s): '%s' %d, want '%s' %d\n", cases[i].ep, addr, port,
+                    cases[i].addr, cases[i].port);
+            bad++;
+        }
+    }
+    failures += bad;
+    printf("endpoint split: %s\n", bad ? "FAIL" : "ok");
+}
+
 static void expect_env_error(const char *needle) {
     CommInit ci;
     char err[512] = "";
@@ -642,6 +664,7 @@ int main(void) {
     setvbuf(stdout, NULL, _IOLBF, 0);
     int64_t t0 = now_ms();
     test_env();
+    test_endpoint_split();
     test_arguments();
     test_expectations_discriminate();
     test_collectives();
