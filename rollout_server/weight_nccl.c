@@ -14,7 +14,6 @@
 #include "shared/model.h"
 
 #define BUCKET_BYTES ((size_t)1 << 30)   // = the trainer's WEIGHT_SYNC_BUCKET_BYTES: both sides group alike
-#define MAX_PARTS 96                     // = the trainer's: parts of one slice of one unit for one shard
 
 // One tensor-parallel shard's member of the communicator and its receive (shard 0 on the update's thread, the
 // others on threads of their own, so that each shard's calls come from one thread as NCCL wants).
@@ -26,7 +25,7 @@ typedef struct {
     int have_thread;
     int rc;
     char err[640];
-    ModelShardPart parts[MAX_PARTS];
+    ModelShardPart parts[MODEL_SHARD_MAX_PARTS];
 } ShardRecv;
 
 struct WeightNccl {
@@ -200,10 +199,10 @@ static int receive_shard(ShardRecv *s) {
                 int n = 1, rc = 0;
                 if (w->tp > 1)
                     n = model_shard_parts(L, &sm->layout, &sm->cfg, &sm->shard, u1, off, off + count, s->parts,
-                                          MAX_PARTS);
+                                          MODEL_SHARD_MAX_PARTS);
                 if (n < 0) {
                     comm_group_end(c);
-                    snprintf(s->err, sizeof s->err, "unit %d has more than %d parts for shard %d", u1, MAX_PARTS,
+                    snprintf(s->err, sizeof s->err, "unit %d has more than %d parts for shard %d", u1, MODEL_SHARD_MAX_PARTS,
                              s->shard);
                     return -1;
                 }

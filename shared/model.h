@@ -104,7 +104,8 @@ typedef struct {
 // of the whole unit `unit` hold, in the order of the shard's unit (at most 3 per tensor: a partial row, whole rows,
 // a partial row). Every element of the shard's unit that the whole unit has is in the parts of exactly one range
 // of a partition of the whole unit; vocabulary padding rows and alignment gaps are in none. Returns the count, or
-// -1 when more than cap.
+// -1 when more than cap. MODEL_SHARD_MAX_PARTS is ample: a unit holds at most 14 tensors (a decoder layer), 42 parts.
+#define MODEL_SHARD_MAX_PARTS 96
 int model_shard_parts(const Layout *full, const Layout *shard, const ModelConfig *shard_cfg, const ModelShard *s,
                       int unit, size_t begin, size_t end, ModelShardPart *parts, int cap);
 // Random weights without weight files (tandem-serve --load-format random, for benchmarks of shapes whose files

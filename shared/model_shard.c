@@ -173,12 +173,13 @@ int model_fill_random(const Model *m, const Layout *full, ResidentWeights *w, ui
     if (!ones) return snprintf(err, err_len, "out of host memory for random weights"), -1;
     for (size_t i = 0; i < most_norm; i++) ones[i] = 1.0f;
     const size_t es = ops_dtype_size(m->ops);
-    ModelShardPart parts[96];
+    ModelShardPart parts[MODEL_SHARD_MAX_PARTS];
     for (int u = 0; u < m->layout.n_units; u++) {
-        const int n = model_shard_parts(full, &m->layout, &m->cfg, &m->shard, u, 0, full->unit_numel[u], parts, 96);
+        const int n = model_shard_parts(full, &m->layout, &m->cfg, &m->shard, u, 0, full->unit_numel[u], parts,
+                                      MODEL_SHARD_MAX_PARTS);
         if (n < 0) {
             free(ones);
-            return snprintf(err, err_len, "unit %d has more than 96 parts", u), -1;
+            return snprintf(err, err_len, "unit %d has more than %d parts", u, MODEL_SHARD_MAX_PARTS), -1;
         }
         const uint64_t unit_seed = seed ^ ((uint64_t)(u + 1) * 0xD1B54A32D192ED03ULL);
         for (int p = 0; p < n; p++)

@@ -6,7 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-#define MAX_PARTS 96   // parts of one slice of one unit for one shard: at most 3 per tensor of the unit
 
 typedef struct {
     int size;           // tensor-parallel size
@@ -23,7 +22,7 @@ struct WeightShards {
     size_t pack_numel;
     size_t *pack_at;    // (n_units x WEIGHT_SHARDS_MAX_SIZES) where unit u's parts for cut i start in pack
     int n_units;
-    ModelShardPart parts[MAX_PARTS];
+    ModelShardPart parts[MODEL_SHARD_MAX_PARTS];
 };
 
 void weight_shards_free(WeightShards *ws) {
@@ -79,8 +78,9 @@ fail:
 static int parts_of(WeightShards *ws, const Model *m, const ShardCut *c, int k, int u, size_t off, size_t count,
                     char *err, size_t err_len) {
     int n = model_shard_parts(&m->layout, &c->layout[k], &c->cfg[k], &c->shard[k], u, off, off + count, ws->parts,
-                              MAX_PARTS);
-    if (n < 0) snprintf(err, err_len, "unit %d has more than %d parts for tensor-parallel shard %d", u, MAX_PARTS, k);
+                              MODEL_SHARD_MAX_PARTS);
+    if (n < 0)
+        snprintf(err, err_len, "unit %d has more than %d parts for tensor-parallel shard %d", u, MODEL_SHARD_MAX_PARTS, k);
     return n;
 }
 

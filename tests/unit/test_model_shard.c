@@ -261,12 +261,14 @@ static void test_slices_rebuild(const char *json, const char *name) {
 static int apply_parts(const Model *full, const Model *sh, int u, size_t slice, const float *src, float *dst,
                        int *writes, const char *name, int size, int r) {
     const size_t numel = full->layout.unit_numel[u];
-    ModelShardPart parts[64];
+    ModelShardPart parts[MODEL_SHARD_MAX_PARTS];
     for (size_t b = 0; b < numel; b += slice) {
         const size_t e = b + slice < numel ? b + slice : numel;
-        const int n = model_shard_parts(&full->layout, &sh->layout, &sh->cfg, &sh->shard, u, b, e, parts, 64);
+        const int n = model_shard_parts(&full->layout, &sh->layout, &sh->cfg, &sh->shard, u, b, e, parts,
+                                        MODEL_SHARD_MAX_PARTS);
         if (n < 0) {
-            CHECK(0, "%s, shard %d of %d, unit %d, slice [%zu, %zu): more than 64 parts", name, r, size, u, b, e);
+            CHECK(0, "%s, shard %d of %d, unit %d, slice [%zu, %zu): more than %d parts", name, r, size, u, b, e,
+                  MODEL_SHARD_MAX_PARTS);
             return -1;
         }
         for (int i = 0; i < n; i++) {
