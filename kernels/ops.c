@@ -253,11 +253,8 @@ static void cpu_fill_hashed_uniform(float *dst, size_t rows, size_t cols, uint64
                                     uint64_t seed, float scale) {
     for (size_t r = 0; r < rows; r++)
         for (size_t c = 0; c < cols; c++) {
-            uint64_t z = seed + (first + r * index_pitch + c + 1) * 0x9E3779B97F4A7C15ULL;
-            z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-            z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-            z ^= z >> 31;
-            dst[r * cols + c] = ((float)(uint32_t)(z >> 40) * 0x1p-23f - 1.0f) * scale;
+            const uint32_t u = index_hash24(seed, first + r * index_pitch + c);
+            dst[r * cols + c] = ((float)u * 0x1p-23f - 1.0f) * scale;
         }
 }
 void ops_fill_hashed_uniform(OpsCtx *ctx, void *dst, size_t rows, size_t cols, uint64_t first, size_t index_pitch,

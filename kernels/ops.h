@@ -103,8 +103,8 @@ typedef struct {
 } OpsCopy2D;
 void ops_copy_2d_batch(OpsCtx *ctx, const OpsCopy2D *items, int n);
 // Fills a contiguous (rows, cols) block of storage elements with values that are a function of each element's index
-// alone: element (r, c) has index i = first + r * index_pitch + c and value scale * (u / 2^23 - 1), u = the top 24
-// bits of splitmix64(seed + (i + 1) * 0x9E3779B97F4A7C15) — uniform in [-scale, scale). Any block of a tensor filled
+// alone: element (r, c) has index i = first + r * index_pitch + c and value scale * (u / 2^23 - 1), u =
+// index_hash24(seed, i) (kernels/index_hash.h, ops_dropout's hash) — uniform in [-scale, scale). Any block of a tensor filled
 // with its own indices equals that block of the whole tensor filled at once, which is how the rollout server's
 // --load-format random gives every tensor-parallel shard its slice of one random model. u / 2^23 - 1 is exact in
 // fp32, then one multiply; bf16 rounds that once (to nearest even), so both backends store the same bits.
@@ -150,7 +150,7 @@ void ops_scale_inplace(OpsCtx *ctx, void *x, float s, size_t n);
 // Inverted dropout with a mask that is a function of (seed, element index) alone, so that the backward (and an
 // activation-checkpoint recompute) regenerates the forward's mask instead of storing it:
 //   out[i] = keep(seed, i) ? in[i] / (1 - p) : 0      over n storage elements, in place allowed (out == in)
-// keep(seed, i): z = splitmix64 finaliser of seed + (i + 1) * 0x9E3779B97F4A7C15; keep when (z >> 40) >= p * 2^24
+// keep(seed, i): index_hash24(seed, i) (kernels/index_hash.h) >= p * 2^24
 // (rounded to the nearest integer): the drop probability is p to within 2^-24. p in [0, 1).
 void ops_dropout(OpsCtx *ctx, void *out, const void *in, size_t n, float p, uint64_t seed);
 

@@ -6,6 +6,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "kernels/index_hash.h"
 #include "kernels/ops.h"
 
 // Returns 0, or -1 when a token id is outside [0, V) (bad_index receives the offending row).
@@ -71,11 +72,7 @@ void cpu_scale_inplace(float *x, float s, size_t n);
 void cpu_dropout(float *out, const float *in, size_t n, float p, uint64_t seed);
 // ops_dropout's keep threshold and its test: 1 when element i of the mask of `seed` is kept.
 static inline int cpu_dropout_keep(uint64_t seed, size_t i, uint32_t threshold) {
-    uint64_t z = seed + (uint64_t)(i + 1) * 0x9E3779B97F4A7C15ULL;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    z ^= z >> 31;
-    return (uint32_t)(z >> 40) >= threshold;
+    return index_hash24(seed, i) >= threshold;
 }
 
 #endif

@@ -2,6 +2,7 @@
 // rounded once (the CPU twin adds in fp32); x (n) *= s on bf16 storage, multiplied in fp32 and rounded once;
 // seeded dropout (ops_dropout: the mask is a function of the seed and the element index, as on the CPU).
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/index_hash.h"
 
 // 8 bf16 per 16-byte vector when both pointers are 16-byte aligned; n8 vectors, then the tail.
 __global__ void add_inplace_vec8_kernel(uint4 *y, const uint4 *x, size_t n8) {
@@ -114,11 +115,7 @@ __global__ void fill_hashed_uniform_kernel(bf16 *dst, size_t rows, size_t cols, 
     const size_t n = rows * cols;
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
         const size_t r = i / cols, c = i - r * cols;
-        uint64_t z = seed + (first + r * index_pitch + c + 1) * 0x9E3779B97F4A7C15ULL;
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-        z ^= z >> 31;
-        const float u = __fsub_rn(__fmul_rn((float)(uint32_t)(z >> 40), 0x1p-23f), 1.0f);
+        const float u = __fsub_rn(__fmul_rn((float)index_hash24(seed, first + r * index_pitch + c), 0x1p-23f), 1.0f);
         dst[i] = f2bf(__fmul_rn(u, scale));
     }
 }
@@ -134,11 +131,7 @@ void cuda_fill_hashed_uniform(OpsCtx *ctx, void *dst, size_t rows, size_t cols, 
 
 __global__ void dropout_kernel(bf16 *out, const bf16 *in, size_t n, uint32_t threshold, float scale, uint64_t seed) {
     for (size_t i = blockIdx.x * (size_t)blockDim.x + threadIdx.x; i < n; i += (size_t)gridDim.x * blockDim.x) {
-        uint64_t z = seed + (uint64_t)(i + 1) * 0x9E3779B97F4A7C15ULL;
-        z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-        z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-        z ^= z >> 31;
-        out[i] = (uint32_t)(z >> 40) >= threshold ? f2bf(bf2f(in[i]) * scale) : f2bf(0.0f);
+        out[i] = index_hash24(seed, i) >= threshold ? f2bf(bf2f(in[i]) * scale) : f2bf(0.0f);
     }
 }
 
