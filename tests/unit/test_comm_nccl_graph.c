@@ -153,12 +153,19 @@ static int gpu_count(void) {
     return comm_backend_available(COMM_BACKEND_NCCL) ? n : 0;
 }
 
-static void one_test(void) {
+// A context on cuda:0 and a fresh NCCL id: the set-up of the one-rank cases.
+static OpsCtx *one_rank(uint8_t id[COMM_UNIQUE_ID_BYTES]) {
     char err[512] = "";
     OpsCtx *o = NULL;
     REQUIRE(ops_create(&o, OPS_BACKEND_CUDA, 0, err, sizeof err) == 0, "%s", err);
-    uint8_t id[COMM_UNIQUE_ID_BYTES];
     REQUIRE(comm_unique_id(COMM_BACKEND_NCCL, id, err, sizeof err) == 0, "%s", err);
+    return o;
+}
+
+static void one_test(void) {
+    char err[512] = "";
+    uint8_t id[COMM_UNIQUE_ID_BYTES];
+    OpsCtx *o = one_rank(id);
     Comm *c = NULL;
     REQUIRE(comm_create_local_group(&c, COMM_BACKEND_NCCL, id, 0, 1, 30000, o, err, sizeof err) == 0, "%s", err);
     CHECK(comm_graph_capable(c) == 1);
@@ -176,10 +183,8 @@ static void one_test(void) {
 
 static void nonblocking_test(void) {
     char err[512] = "";
-    OpsCtx *o = NULL;
-    REQUIRE(ops_create(&o, OPS_BACKEND_CUDA, 0, err, sizeof err) == 0, "%s", err);
     uint8_t id[COMM_UNIQUE_ID_BYTES];
-    REQUIRE(comm_unique_id(COMM_BACKEND_NCCL, id, err, sizeof err) == 0, "%s", err);
+    OpsCtx *o = one_rank(id);
     Comm *c = NULL;
     REQUIRE(comm_create_with_id(&c, COMM_BACKEND_NCCL, id, 0, 1, 30000, o, err, sizeof err) == 0, "%s", err);
     CHECK(comm_graph_capable(c) == 0);
