@@ -199,8 +199,10 @@ class Nodes:
 
 
 def mode_args(mode, G):
+    """mode: flat, hpz or hsdp, with "-off" for the same run under --overlap-comm false."""
+    base, _, off = mode.partition("-")
     return {"flat": ["--sharding-strategy", "full_shard"], "hpz": ["--zero-hpz-partition-size", str(G)],
-            "hsdp": ["--sharding-strategy", "hybrid_shard"]}[mode]
+            "hsdp": ["--sharding-strategy", "hybrid_shard"]}[base] + (["--overlap-comm", "false"] if off else [])
 
 
 def run(a, tag, M, G, mode, A, model_dir, data, work, cpu, timeout):
@@ -217,7 +219,8 @@ def run(a, tag, M, G, mode, A, model_dir, data, work, cpu, timeout):
     sampler = MemSampler() if not cpu else None
     if sampler:
         sampler.start()
-    print(f"== {tag}: {M} node(s) x {G} rank(s), {mode}, grad accum {A}", flush=True)
+    print(f"== {tag}: {M} node(s) x {G} rank(s), {mode.partition('-')[0]}, grad accum {A}, overlap "
+          f"{'off' if mode.endswith('-off') else 'on'}", flush=True)
     for n in range(M):
         cmd = [str(a.build / "bin" / "tandem-train"), "launch", "--model", str(model_dir), "--nnodes", str(M),
                "--node-rank", str(n), "--ranks", str(G), "--servers", "0", "--master-addr", "127.0.0.1",
@@ -255,7 +258,8 @@ def run(a, tag, M, G, mode, A, model_dir, data, work, cpu, timeout):
     want = [f"node map ({M} nodes of {G} rank{'s' if G > 1 else ''})"] if M > 1 else []
     want.append({"flat": f"ZeRO-3 over {G * M} rank(s):",
                  "hpz": f"ZeRO-3 over {G * M} rank(s), parameters over the {G} of each node (hpZ)",
-                 "hsdp": f"ZeRO-3 over {G} rank(s) of each node, replicated over {M} node(s) (HSDP)"}[mode])
+                 "hsdp": f"ZeRO-3 over {G} rank(s) of each node, replicated over {M} node(s) (HSDP)"}
+                [mode.partition("-")[0]])
     if M == 1 and mode != "flat":
         want = []
     want.append("ZeRO collectives over " + ("ZeroMQ" if cpu else "NCCL"))
@@ -287,6 +291,8 @@ def plan(a, cpu):
             if not a.same_gpu:
                 runs.append((f"1x2-flat-a{A}", 1, 2, "flat", A))
             runs += [(f"2x1-hsdp-a{A}", 2, 1, "hsdp", A), (f"2x1-flat-a{A}", 2, 1, "flat", A)]
+    if a.overlap_off:  # the same multi-node runs again with --overlap-comm false, after all the others
+        runs += [(f"{tag}-off", M, G, f"{m}-off", A) for tag, M, G, m, A in list(runs) if M > 1]
     return runs
 
 
@@ -307,6 +313,8 @@ def main():
     ap.add_argument("--prompt-len", type=int, default=0, help="of which the prompt (default: a quarter)")
     ap.add_argument("--lr", type=float, default=1e-4, help="learning rate")
     ap.add_argument("--timeout", type=int, default=600, help="seconds per run")
+    ap.add_argument("--overlap-off", action="store_true",
+                    help="also run every multi-node run with --overlap-comm false, to compare overlap on and off")
     ap.add_argument("--time-budget", type=int, default=-1,
                     help="seconds for the whole script: runs it cuts short or leaves out are listed as not run "
                          "(0: none; default: gpu 450, under gpu-check.sh's 540 s, cpu none)")
@@ -409,7 +417,7 @@ def report(a, cpu, e, results, unit_sets, ok):
             lines.append(f"{shape:>8} {f'{M} x {G}':>13} {mode:>5} {A:>2} {note.splitlines()[0][:80] if note else ''}")
             continue
         step = statistics.median(r["step_time"] for r in rows[1:])
-        f_intra, f_inter = counted_bytes(unit_sets[shape], mode, G, M, A, e)
+        f_intra, f_inter = counted_bytes(unit_sets[shape], mode.partition("-")[0], G, M, A, e)
         if M > 1:
             inter = sorted({r["comm/bytes_inter_node"] for r in rows})
             intra = sorted({r["comm/bytes_intra_node"] for r in rows})
@@ -486,6 +494,13 @@ def report(a, cpu, e, results, unit_sets, ok):
                 parts.append(f"1-node flat {by[(shape, 1, 'flat', A)] / f:.2f}x")
             if parts:
                 summary += f"{shape} A={A} step time vs 2-node flat: " + ", ".join(parts) + "; "
+    for (shape, M, m, A), off in sorted(by.items()):  # overlap on against off, same run otherwise
+        on = by.get((shape, M, m.partition("-")[0], A)) if m.endswith("-off") else None
+        if on:
+            slower = on > off * 1.02
+            checks.append(not slower)
+            summary += (f"{shape} {m[:-4]} A={A} overlap on / off {on / off:.2f}x"
+                        f"{' (SLOWER: overlap must not be)' if slower else ''}; ")
     summary += f"max loss diff vs flat {worst_loss:.1e} (tolerance {tol:.0e}); "
     A4 = 4 if 4 in a.grad_accums else max(a.grad_accums)
     for shape in model_shapes:
