@@ -294,6 +294,96 @@ int ops_copy_peer(OpsCtx *dst_ctx, void *dst, OpsCtx *src_ctx, const void *src, 
     return 0;
 }
 
+// ---- sums across the shards of one process (kernels/ops.h) -----------------------------------
+
+struct OpsPeerGroup {
+    int n;
+    size_t capacity;                    // storage elements per exchange buffer
+    double timeout_s;
+    OpsCtx *ctxs[OPS_PEER_MAX];
+    void *buf[2][OPS_PEER_MAX];         // shard k's exchange buffers, on its context
+    uint32_t *flags[OPS_PEER_MAX];      // shard k's slots (OPS_PEER_BLOCKS, OPS_PEER_MAX): [b][j] written by shard j
+    uint32_t *counter[OPS_PEER_MAX];    // shard k's epochs (OPS_PEER_BLOCKS)
+};
+
+void ops_peer_group_destroy(OpsPeerGroup *g) {
+    if (!g) return;
+    for (int k = 0; k < g->n; k++) {
+        if (!g->ctxs[k]) continue;
+        ops_synchronize(g->ctxs[k]);
+        ops_free(g->ctxs[k], g->buf[0][k]);
+        ops_free(g->ctxs[k], g->buf[1][k]);
+        ops_free(g->ctxs[k], g->flags[k]);
+        ops_free(g->ctxs[k], g->counter[k]);
+    }
+    free(g);
+}
+
+int ops_peer_group_create(OpsPeerGroup **out, OpsCtx *const *ctxs, int n, size_t capacity, double timeout_s,
+                          char *err, size_t err_len) {
+    *out = NULL;
+    if (n < 2 || n > OPS_PEER_MAX)
+        return snprintf(err, err_len, "a peer group has 2 to %d shards, not %d", OPS_PEER_MAX, n), -1;
+    if (capacity == 0 || !(timeout_s > 0))
+        return snprintf(err, err_len, "a peer group needs a capacity and a timeout above 0"), -1;
+    for (int k = 1; k < n; k++)
+        if (ctxs[k]->backend != ctxs[0]->backend)
+            return snprintf(err, err_len, "a peer group's shards are all cpu or all cuda"), -1;
+#ifdef TANDEM_HAVE_CUDA
+    if (IS_CUDA(ctxs[0]) && cuda_peer_enable(ctxs, n, err, err_len) != 0) return -1;
+#endif
+    OpsPeerGroup *g = calloc(1, sizeof *g);
+    if (!g) return snprintf(err, err_len, "out of host memory for a peer group"), -1;
+    g->n = n;
+    g->capacity = capacity;
+    g->timeout_s = timeout_s;
+    for (int k = 0; k < n; k++) {
+        OpsCtx *c = g->ctxs[k] = ctxs[k];
+        const size_t es = ops_dtype_size(c);
+        // Every size a multiple of 16 bytes: the kernel moves 8 bf16 at a time.
+        g->buf[0][k] = ops_malloc(c, (capacity * es + 15) / 16 * 16);
+        g->buf[1][k] = ops_malloc(c, (capacity * es + 15) / 16 * 16);
+        g->flags[k] = ops_malloc(c, OPS_PEER_BLOCKS * OPS_PEER_MAX * sizeof(uint32_t));
+        g->counter[k] = ops_malloc(c, OPS_PEER_BLOCKS * sizeof(uint32_t));
+        ops_synchronize(c);   // the zero fills are done before any shard publishes into these
+        if (!g->buf[0][k] || !g->buf[1][k] || !g->flags[k] || !g->counter[k] || c->error_code) {
+            snprintf(err, err_len, "peer group buffers of shard %d (2 x %zu bytes): %s", k, capacity * es,
+                     c->error_msg[0] ? c->error_msg : "out of memory");
+            ops_peer_group_destroy(g);
+            return -1;
+        }
+    }
+    *out = g;
+    return 0;
+}
+
+size_t ops_peer_group_capacity(const OpsPeerGroup *g) { return g ? g->capacity : 0; }
+
+static void cpu_peer_all_reduce_ctx(OpsCtx *ctx, OpsPeerGroup *g, int rank, void *x, const void *residual,
+                                    size_t count) {
+    int late = -1;
+    if (cpu_peer_all_reduce((float *const *)g->buf[0], (float *const *)g->buf[1], g->flags, g->counter[rank], rank,
+                            g->n, F(x), CF(residual), count, g->timeout_s, &late) != 0)
+        ops_set_error(ctx, -1, __FILE__, __LINE__,
+                      "tensor-parallel sum: shard %d waited %.1f s for shard %d, which did not arrive (its thread "
+                      "stopped; the step's results are void)", rank, g->timeout_s, late);
+}
+
+void ops_peer_all_reduce(OpsPeerGroup *g, int rank, void *x, const void *residual, size_t count) {
+    OpsCtx *ctx = g->ctxs[rank];
+    if (ctx->error_code) return;
+    if (count > g->capacity || ((uintptr_t)x | (uintptr_t)residual) % 16) {
+        ops_set_error(ctx, -1, __FILE__, __LINE__, "peer all-reduce of %zu elements (capacity %zu)%s", count,
+                      g->capacity, count > g->capacity ? "" : ": x or residual not 16-byte aligned");
+        return;
+    }
+    if (count == 0) return;
+    DISPATCH(ctx,
+             cuda_peer_all_reduce(ctx, g->buf[0], g->buf[1], g->flags, g->counter[rank], rank, g->n, x, residual,
+                                  count, g->timeout_s),
+             cpu_peer_all_reduce_ctx(ctx, g, rank, x, residual, count));
+}
+
 // ---- ops ----------------------------------------------------------------------------------------
 
 void ops_add_inplace(OpsCtx *ctx, void *y, const void *x, size_t n) {

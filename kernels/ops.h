@@ -389,6 +389,39 @@ void ops_adamw_step(OpsCtx *ctx, float *master, float *m, float *v, const float 
 // *out (one fp32 in backend memory) += sum of grad[i]^2 over n fp32 elements (global-norm clipping).
 void ops_sum_squares(OpsCtx *ctx, float *out, const float *x, size_t n);
 
+// ---- sums across the tensor-parallel shards of one process ------------------------------------
+// The shards of a tensor-parallel engine are threads of one process, one context each (rollout_server/
+// runner_shards.c), so each can read the others' memory: cuda through peer access between their devices (NVLink)
+// or on one device, cpu in the shared address space. A decode step adds each layer's partial sums over the shards
+// twice, a few rows of hidden_size elements each time, where a collective library's fixed cost per call is most of
+// the time; this sum is one kernel on the shard's own stream instead (recordable in a graph), after
+// dev/cuda/allreduce_p2p.cu.
+//   One call on shard `rank` (every shard makes it, the same count, in the same order):
+//   1. copies x into its exchange buffer of parity e & 1 (e: the call's epoch, the shard's count of calls; cuda: per
+//      block of the kernel, kept in device memory so that a replayed graph needs no new argument);
+//   2. publishes e in every other shard's flag slot for it (a release store), then waits until every other
+//      shard's slot for it holds an epoch >= e (an acquire load; a shard may already be one call ahead);
+//   3. x = residual + the sum over shards 0..n-1 of their buffers, in that order, accumulated in fp32 and rounded
+//      once to the storage dtype: every shard gets the same bits.
+// Two buffers by parity make one wait a call enough: a shard writes buffer p again only at call e + 2, after every
+// other shard published e + 1, which each does only after its reads of call e.
+// A shard that waits longer than the group's timeout for another gives up and records an error in its context
+// naming the late shard (cuda: a fault, turned into the error at the next synchronization), instead of hanging.
+#define OPS_PEER_MAX 8
+#define OPS_PEER_BLOCKS 32   // the cuda kernel's blocks: flag slots and epochs are kept per block
+typedef struct OpsPeerGroup OpsPeerGroup;
+// Makes the group of n (2..OPS_PEER_MAX) contexts of one backend, from one thread, with two exchange buffers of
+// capacity storage elements per shard (allocated on the shard's context) and enables peer access between the
+// devices (cuda). Returns 0, or -1 with a message in err (devices that cannot reach each other, out of memory).
+int ops_peer_group_create(OpsPeerGroup **out, OpsCtx *const *ctxs, int n, size_t capacity, double timeout_s,
+                          char *err, size_t err_len);
+void ops_peer_group_destroy(OpsPeerGroup *g);
+size_t ops_peer_group_capacity(const OpsPeerGroup *g);
+// x (count storage elements, on shard rank's context) = residual (count; NULL: nothing) + the sum of every shard's
+// x, as above. count <= capacity; x and residual are 16-byte aligned. Queued on shard rank's context (cuda) or done
+// on return (cpu), by shard rank's own thread.
+void ops_peer_all_reduce(OpsPeerGroup *g, int rank, void *x, const void *residual, size_t count);
+
 // ---- graphs (CUDA graphs: a recorded sequence of ops replayed with one launch) ----------------
 
 // A graph records the ops the calling thread queues on a context between ops_graph_begin and ops_graph_end; they do

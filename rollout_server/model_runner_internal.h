@@ -59,6 +59,7 @@ typedef struct RunnerShard {
 struct ModelRunner {
     int tp;                         // shards (--tensor-parallel-size)
     RunnerShard *shards;            // (tp)
+    struct OpsPeerGroup *peers;     // tp > 1: the shards' peer group for small sums (NULL: the communicator only)
     OpsCtx *ops;                    // shard 0's context: sampling, the weight receiver's staging
     Model whole;                    // tp > 1: the whole model (config, layout) that weight updates address
     int have_whole;

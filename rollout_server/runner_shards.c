@@ -5,6 +5,9 @@
 
 #include "rollout_server/model_runner_internal.h"
 
+// Decode steps of up to this many sequences sum over the peer group.
+#define RUNNER_PEER_ROWS 64
+
 // Joins shard k to the shards' communicator.
 static int shard_join(ModelRunner *r, int k) {
     RunnerShard *s = &r->shards[k];
@@ -99,11 +102,30 @@ int runner_shards_start(ModelRunner *r, char *err, size_t err_len) {
         return ENGINE_EINTERNAL;
     }
     for (int k = 0; k < r->tp; k++) comm_set_timeout(r->shards[k].comm, 120000);
+    // The sums of a decode step (a few rows of hidden_size) go through a peer group: one kernel each on the shard's
+    // stream instead of a collective call (kernels/ops.h). Up to RUNNER_PEER_ROWS rows; prefill's larger sums stay
+    // on the communicator, whose ring uses the links better for them. Without peer access between the devices all
+    // sums stay there.
+    OpsCtx *ctxs[OPS_PEER_MAX];
+    for (int k = 0; k < r->tp; k++) ctxs[k] = r->shards[k].ops;
+    if (r->tp <= OPS_PEER_MAX &&
+        ops_peer_group_create(&r->peers, ctxs, r->tp, (size_t)RUNNER_PEER_ROWS * r->whole.cfg.hidden_size, 120.0, msg,
+                              sizeof msg) == 0) {
+        for (int k = 0; k < r->tp; k++) r->shards[k].m.shard.peers = r->peers;
+        fprintf(stderr, "tandem-serve: the %d tensor-parallel shards sum up to %d rows a step through each other's "
+                "memory, more over the communicator\n", r->tp, RUNNER_PEER_ROWS);
+    } else {
+        fprintf(stderr, "tandem-serve: the %d tensor-parallel shards sum over the communicator alone: %s\n", r->tp,
+                r->tp <= OPS_PEER_MAX ? msg : "more shards than a peer group holds");
+    }
     return 0;
 }
 
 void runner_shards_stop(ModelRunner *r) {
     if (!r->have_sync) return;
+    for (int k = 0; k < r->tp; k++) r->shards[k].m.shard.peers = NULL;
+    ops_peer_group_destroy(r->peers);
+    r->peers = NULL;
     pthread_mutex_lock(&r->mu);
     r->job = SHARD_JOB_EXIT;
     r->job_seq++;

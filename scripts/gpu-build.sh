@@ -10,7 +10,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 B=${1:-build-gpu}
 TESTS=(test_cuda_vs_cpu test_model_cuda)
-for t in test_model_lora_cuda test_model_lora_rows test_cuda_qkv_rope test_cuda_matmul_fused test_cuda_attention test_cuda_attention_paged test_cuda_attention_decode test_cuda_sample test_comm_nccl test_comm_nccl_watch test_comm_nccl_graph test_trainer_zero3_cuda test_cuda_graph_decode test_rollout_engine_group test_rollout_model_runner test_decode_narrow_tables; do
+for t in test_model_lora_cuda test_model_lora_rows test_cuda_qkv_rope test_cuda_matmul_fused test_cuda_attention test_cuda_attention_paged test_cuda_attention_decode test_cuda_sample test_comm_nccl test_comm_nccl_watch test_comm_nccl_graph test_cuda_peer_all_reduce test_trainer_zero3_cuda test_cuda_graph_decode test_rollout_engine_group test_rollout_model_runner test_decode_narrow_tables; do
   if [ -f "tests/unit/$t.c" ]; then TESTS+=("$t"); else echo "gpu-build: tests/unit/$t.c not there; left out"; fi
 done
 BENCHES=(bench_model_step)

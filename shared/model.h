@@ -28,6 +28,9 @@ typedef struct {
     // The shards' communicator (size members, member i = shard i, on this shard's compute context; not owned): every
     // shard makes the same collectives in the same order, ordered against its compute stream (shared/comm/comm.h).
     struct Comm *comm;
+    // The same shards' peer group (kernels/ops.h ops_peer_all_reduce; not owned), NULL for none: sums of at most its
+    // capacity elements go through it instead of comm (one kernel on the compute stream, no collective library).
+    struct OpsPeerGroup *peers;
     int failed;            // a collective failed during the current step (model_decode_step* report it)
 } ModelShard;
 
@@ -119,10 +122,12 @@ int model_fill_random(const Model *m, const Layout *full, ResidentWeights *w, ui
 // its slice. Returns 0, or -1 with a message.
 int model_load_shard_weights(const Model *whole, Model *const *shards, ResidentWeights *const *w, int n,
                              const char *model_dir, char *err, size_t err_len);
-// The shards' collectives as the model code calls them, on storage-dtype backend memory: buf (count) = its sum over
-// the shards, in place; recv (size * count) = every shard's send (count) in rank order. No-ops at size 1; a failure
-// marks m->shard.failed (the step then fails) and later calls of the step do nothing.
-void model_shard_reduce(Model *m, void *buf, size_t count);
+// The shards' collectives as the model code calls them, on storage-dtype backend memory: buf (count) = residual
+// (count; NULL: nothing) + its sum over the shards, in place; recv (size * count) = every shard's send (count) in rank
+// order. No-ops at size 1; a failure marks m->shard.failed (the step then fails) and later calls of the step do
+// nothing. A sum that fits the peer group is one kernel that also adds the residual, every shard the same bits
+// (kernels/ops.h); a larger one is the communicator's all-reduce, then the residual added.
+void model_shard_reduce(Model *m, void *buf, const void *residual, size_t count);
 void model_shard_gather(Model *m, void *recv, const void *send, size_t count);
 
 int resident_alloc(ResidentWeights *w, const Model *m, int with_grads, char *err, size_t err_len);

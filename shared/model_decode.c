@@ -211,7 +211,7 @@ static void embed_tokens(Model *m, void *x, const int32_t *tokens, const void *u
         return;
     }
     ops_embedding_shard_fwd(m->ops, x, tokens, table, N, C, s->vocab_begin, m->cfg.vocab_size, s->vocab_total);
-    model_shard_reduce(m, x, (size_t)N * C);
+    model_shard_reduce(m, x, NULL, (size_t)N * C);
 }
 
 // b->logits (R, V) = rows_normed (R, C) W_lm^T. A tensor-parallel shard computes its vocabulary columns; every shard

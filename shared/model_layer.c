@@ -171,7 +171,7 @@ static void attention_and_mlp(Model *m, const void *p, LayerActs *a, const void 
     qkv_to_attention(m, p, a, positions, N, att);
     project(m, att, a->xmid, a->att, param(m, p, lo->wo), NULL, N, Hq * D, C);
     adapters(m, att, LORA_GROUP_O, a->att, a->xmid, N);
-    model_shard_reduce(m, a->xmid, (size_t)N * C);   // o_proj is row-parallel: the shards' partial sums
+    model_shard_reduce(m, a->xmid, NULL, (size_t)N * C);   // o_proj is row-parallel: the shards' partial sums
     ops_residual_rmsnorm_fwd(o, a->xmid, a->h2, a->rstd2, a->xmid, x_in, param(m, p, lo->ln2), N, C,
                              cfg->rms_norm_eps);
     project(m, att, a->gu, a->h2, param(m, p, lo->wgu), NULL, N, C, 2 * I);
@@ -204,14 +204,12 @@ void layer_decode_small(Model *m, const void *p, LayerActs *a, const void *x, vo
                              &(OpsProjFusion){.norm_w = param(m, p, lo->ln1), .eps = eps, .h = a->h1});
         qkv_to_attention(m, p, a, positions, N, att);
     }
-    // xmid = x + att Wo^T. Tensor-parallel shards add their partial att Wo^T first, then the residual once.
+    // xmid = x + att Wo^T. Tensor-parallel shards sum their partial att Wo^T and add the residual in
+    // model_shard_reduce.
     const int sharded = m->shard.size > 1;
     ops_matmul_fused_fwd(o, a->xmid, a->att, param(m, p, lo->wo), NULL, N, Hq * D, C,
                          &(OpsProjFusion){.residual = sharded ? NULL : x});
-    if (sharded) {
-        model_shard_reduce(m, a->xmid, (size_t)N * C);
-        ops_add_inplace(o, a->xmid, x, (size_t)N * C);
-    }
+    if (sharded) model_shard_reduce(m, a->xmid, x, (size_t)N * C);
     // act = swiglu(rmsnorm(xmid) [Wg;Wu]^T)
     ops_matmul_fused_fwd(o, a->act, a->xmid, param(m, p, lo->wgu), NULL, N, C, 2 * I,
                          &(OpsProjFusion){.norm_w = param(m, p, lo->ln2), .eps = eps, .h = a->h2, .swiglu = 1,
@@ -219,10 +217,7 @@ void layer_decode_small(Model *m, const void *p, LayerActs *a, const void *x, vo
     // x_out = xmid + act Wd^T (sharded: as above)
     ops_matmul_fused_fwd(o, x_out, a->act, param(m, p, lo->wdown), NULL, N, I, C,
                          &(OpsProjFusion){.residual = sharded ? NULL : a->xmid});
-    if (sharded) {
-        model_shard_reduce(m, x_out, (size_t)N * C);
-        ops_add_inplace(o, x_out, a->xmid, (size_t)N * C);
-    }
+    if (sharded) model_shard_reduce(m, x_out, a->xmid, (size_t)N * C);
 }
 
 void layer_forward_fused(Model *m, const void *p, LayerActs *a, void *x, const void *pending, void *mlp_out,
@@ -239,7 +234,7 @@ void layer_forward_fused(Model *m, const void *p, LayerActs *a, void *x, const v
     if (mlp_out) {
         project(m, att, mlp_out, a->act, param(m, p, lo->wdown), NULL, N, I, C);
         adapters(m, att, LORA_GROUP_DOWN, a->act, mlp_out, N);
-        model_shard_reduce(m, mlp_out, (size_t)N * C);   // down_proj is row-parallel
+        model_shard_reduce(m, mlp_out, NULL, (size_t)N * C);   // down_proj is row-parallel
     }
 }
 

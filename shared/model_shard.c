@@ -201,12 +201,18 @@ int model_fill_random(const Model *m, const Layout *full, ResidentWeights *w, ui
 
 static CommDtype storage_comm_dtype(const Model *m) { return ops_dtype_size(m->ops) == 2 ? COMM_BF16 : COMM_F32; }
 
-void model_shard_reduce(Model *m, void *buf, size_t count) {
+void model_shard_reduce(Model *m, void *buf, const void *residual, size_t count) {
     ModelShard *s = &m->shard;
     if (s->size <= 1 || s->failed) return;
+    if (s->peers && count <= ops_peer_group_capacity(s->peers)) {
+        ops_peer_all_reduce(s->peers, s->rank, buf, residual, count);
+        if (ops_status(m->ops) != 0) s->failed = 1;
+        return;
+    }
     comm_wait_compute(s->comm);
     if (comm_all_reduce(s->comm, buf, count, storage_comm_dtype(m), COMM_SUM) != 0) s->failed = 1;
     comm_compute_wait(s->comm);
+    if (residual && !s->failed) ops_add_inplace(m->ops, buf, residual, count);
 }
 
 void model_shard_gather(Model *m, void *recv, const void *send, size_t count) {

@@ -75,4 +75,9 @@ static inline int cpu_dropout_keep(uint64_t seed, size_t i, uint32_t threshold) 
     return index_hash24(seed, i) >= threshold;
 }
 
+// ops_peer_all_reduce's protocol (kernels/ops.h) over host memory: buf0/buf1/flags are every shard's, counter this
+// shard's (slot 0 of each used). Returns 0, or -1 when shard *late did not arrive within timeout_s.
+int cpu_peer_all_reduce(float *const *buf0, float *const *buf1, uint32_t *const *flags, uint32_t *counter, int rank,
+                        int n, float *x, const float *residual, size_t count, double timeout_s, int *late);
+
 #endif

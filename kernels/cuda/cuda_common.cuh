@@ -23,6 +23,7 @@ typedef __nv_bfloat16 bf16;
 enum {
     CUDA_FAULT_NONE = 0,
     CUDA_FAULT_EMBEDDING_TOKEN = 1,  // info: row, token id, V
+    CUDA_FAULT_PEER_TIMEOUT = 2,     // ops_peer_all_reduce; info: waiting shard, late shard, timeout ms
 };
 
 // The device fault record: the first kernel to fault claims it with atomicCAS on `kind`.

@@ -196,6 +196,11 @@ static void check_fault(OpsCtx *ctx, CudaState *st) {
                       "embedding: token id %d at row %d is outside the vocabulary [0, %d) (found by the CUDA kernel)",
                       f.info[1], f.info[0], f.info[2]);
         break;
+    case CUDA_FAULT_PEER_TIMEOUT:
+        ops_set_error(ctx, -1, __FILE__, __LINE__,
+                      "tensor-parallel sum: shard %d waited %.1f s for shard %d, which did not arrive (its thread or "
+                      "device stopped; the step's results are void)", f.info[0], f.info[2] / 1000.0, f.info[1]);
+        break;
     default:
         ops_set_error(ctx, -1, __FILE__, __LINE__, "CUDA kernel reported fault kind %d", f.kind);
         break;

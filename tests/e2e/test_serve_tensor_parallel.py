@@ -60,6 +60,15 @@ def servers(tiny_model_dir):
             assert srv.stop() == 0, srv.log_text()
 
 
+def test_shards_sum_through_peer_memory(servers):
+    """A decode step's sums go through the shards' peer group (kernels/ops.h ops_peer_all_reduce), not the
+    communicator: the greedy tests below then check its results against TP 1."""
+    for tp in (2, 4):
+        log = servers[tp].log_text()
+        assert f"the {tp} tensor-parallel shards sum up to 64 rows a step through each other's memory" in log, log
+    assert "tensor-parallel shards sum" not in servers[1].log_text()
+
+
 def client(srv):
     return openai.OpenAI(base_url=srv.url + "/v1", api_key="unused", max_retries=0, timeout=120)
 
