@@ -50,11 +50,12 @@ TASKS = {"tiny": ("[0-9]", 2e-2, 12), "0.5b": (".", 3e-3, 256), "1.5b": (".", 2e
 WORDS = ["the quick brown", "a lazy dog", "seven wizards", "numbers plus", "question answer", "think step"]
 
 
-def expected_rank_bytes(model_dir, params, T, batch, tokens_per_seq):
+def expected_rank_bytes(model_dir, params, T, batch, tokens_per_seq, lora_r=0):
     """(total, text) per trainer rank (trainer/zero3.c, shared/model_train.c): 18 B/param / T (bf16 shard 2, fp32
     master 4, Adam 8, fp32 gradient 4); the gathered units' slots (embedding, final norm, 2 layers; bf16) and
     their fp32 gradient buffers; activations with checkpointing (bf16): the L + 1 layer inputs, one layer's
-    activations and gradients, two logit chunks of at most 2^28 elements."""
+    activations and gradients, two logit chunks of at most 2^28 elements. With lora_r: the frozen base, the
+    adapters' fp32 state and the same activations instead."""
     c = json.loads((model_dir / "config.json").read_text())
     C, I, L, V = c["hidden_size"], c["intermediate_size"], c["num_hidden_layers"], c["vocab_size"]
     QD = c["num_attention_heads"] * c.get("head_dim", C // c["num_attention_heads"])
@@ -65,6 +66,15 @@ def expected_rank_bytes(model_dir, params, T, batch, tokens_per_seq):
     N = batch * tokens_per_seq
     chunk = 2 * min(1 << 28, N * V) * 2
     acts = 2 * N * ((L + 1) * C + (5 * C + 2 * KVD + 3 * I) + (3 * C + 2 * KVD + 3 * I) + 2 * C) + chunk
+    if lora_r:   # frozen bf16 base (2 B/param, whole on a lone rank), fp32 adapters with Adam and gradient (16 B)
+        adapter = lora_r * L * ((C + QD) + 2 * (C + KVD) + (QD + C) + 2 * (C + I) + (I + C))
+        base, ad = 2 * params, 16 * adapter
+        total = base + ad + acts
+        text = (f"LoRA r {lora_r} (all-linear): frozen bf16 base 2 B x {params / 1e6:.1f}M = {base / 1e9:.3f} GB + "
+                f"adapters 16 B x {adapter / 1e6:.2f}M = {ad / 1e9:.3f} GB + activations ({batch} x {tokens_per_seq} "
+                f"tokens) {acts / 1e9:.3f} GB = {total / 1e9:.2f} GB (+ CUDA context, cuBLAS workspace, the "
+                "adapter path's work buffers)")
+        return total, text
     total = state + gathered + grad_work + acts
     text = (f"18 B x {params / 1e6:.1f}M params / {T} = {state / 1e9:.3f} GB + gathered units (embedding, final, "
             f"2 layers) {gathered / 1e9:.3f} GB + their fp32 gradient work {grad_work / 1e9:.3f} GB + activations "
@@ -234,7 +244,7 @@ def main():
             copy = float("nan") if a.device_check or a.server_gpu == "same" else benchlib.p2p_copy_gbs(T)
             rows, log, note, mem = run_config(a, T, S, model_dir, data, work, regex, lr, comp_len)
             zero_line = next((ln.split("tandem-train: ", 1)[-1] for ln in log.splitlines() if "ZeRO-3 over" in ln), "")
-            _, expect = expected_rank_bytes(model_dir, params, T, a.batch, prompt_len + comp_len)
+            _, expect = expected_rank_bytes(model_dir, params, T, a.batch, prompt_len + comp_len, a.lora_r)
             lines, summary, verdict = report(T, S, rows, a.batch, copy, mem, expect, zero_line, a.shape,
                                             a.device_check)
             if note or verdict:
