@@ -10,6 +10,7 @@ new policy version; an update abandoned midway changes nothing; shutdown exits 0
 """
 import copy
 import json
+import mmap
 import pathlib
 import random
 import socket
@@ -388,6 +389,29 @@ def test_malformed_messages_get_errors_and_the_server_keeps_serving(client, mode
         ({"type": "weights_begin", "id": 15, "version": 9, "transport": "nccl", "layout_hash": good_hash,
           "trainer_ranks": 1, "nccl_world": 3, "nccl_rank": 1, "nccl_id": "ab" * 128, "comm_backend": "host",
           "tensor_parallel_size": 2}, [], "layout_mismatch", 15, ["2 tensor-parallel shard(s)", "this server runs 1"]),
+        # Transport ipc: the sender's host is required and checked, the fields belong to it alone, the shard count
+        # must match, and adapters do not go this way.
+        ({"type": "weights_begin", "id": 15, "version": 9, "transport": "ipc", "layout_hash": good_hash}, [],
+         "bad_message", 15, ["ipc_host"]),
+        ({"type": "weights_begin", "id": 15, "version": 9, "transport": "ipc", "layout_hash": good_hash,
+          "ipc_host": ""}, [], "bad_message", 15, ["ipc_host", "1 to 63 bytes"]),
+        ({"type": "weights_begin", "id": 15, "version": 9, "transport": "ipc", "layout_hash": good_hash,
+          "ipc_host": 7}, [], "bad_message", 15, ["ipc_host"]),
+        ({"type": "weights_begin", "id": 15, "version": 9, "transport": "zmq", "layout_hash": good_hash,
+          "ipc_host": boot_id()}, [], "bad_message", 15, ["ipc_host", "belongs to transport \"ipc\""]),
+        ({"type": "weights_begin", "id": 15, "version": 9, "transport": "ipc", "layout_hash": good_hash,
+          "ipc_host": boot_id(), "tensor_parallel_size": 0}, [], "bad_message", 15, ["tensor_parallel_size"]),
+        ({"type": "weights_begin", "id": 15, "version": 9, "transport": "shm", "layout_hash": good_hash}, [],
+         "bad_message", 15, ["transport", "\"ipc\""]),
+        ({"type": "weights_begin", "id": 15, "version": 9, "transport": "ipc", "layout_hash": good_hash,
+          "ipc_host": "another-machine"}, [], "unsupported", 15,
+         ["this server's host", "another-machine", "transport \"nccl\" or \"zmq\""]),
+        ({"type": "weights_begin", "id": 15, "version": 9, "transport": "ipc", "layout_hash": good_hash,
+          "ipc_host": boot_id(), "tensor_parallel_size": 2}, [], "layout_mismatch", 15,
+         ["2 tensor-parallel shard(s)", "this server runs 1"]),
+        ({"type": "weights_begin", "id": 15, "version": 9, "transport": "ipc", "layout_hash": good_hash,
+          "ipc_host": boot_id(), "adapter": {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj"]}}, [],
+         "unsupported", 15, ["adapter updates over transport \"ipc\"", "--lora-sync merged"]),
         ({"type": "weights_slice", "id": 16, "unit": 0, "offset": 0, "count": 2, "dtype": "f32"}, [b"\0" * 6],
          "bad_message", 16, ["6 bytes, expected 8"]),
         ({"type": "generate", "id": 17, "n_prompts": 4097}, [p] * 4097, "bad_message", None,
@@ -422,6 +446,10 @@ def test_malformed_messages_get_errors_and_the_server_keeps_serving(client, mode
     assert hello["policy_version"] == 0
 
 
+def boot_id():
+    return pathlib.Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+
 def send_update(c, units, version, layout_hash, dtype, rng, first_id, slices_per_unit=3, stop_after=None):
     """weights_begin, every unit cut at random points into slices sent in shuffled order, weights_end.
     stop_after=k sends only k slices and returns without weights_end. Returns the weights_end reply."""
@@ -442,6 +470,62 @@ def send_update(c, units, version, layout_hash, dtype, rng, first_id, slices_per
         return None
     rep, _ = c.ask({"type": "weights_end", "id": first_id + 1000, "version": version}, timeout=120)
     return rep   # slices are answered only on error: the first reply after them is weights_end's
+
+
+def ipc_update(c, units, version, layout_hash, first_id):
+    """Transport ipc as a trainer rank on this host does it: weights_begin, the units written (fp32, the CPU server's
+    storage dtype) straight into the shared memory the reply names, each at its 256-byte-aligned offset,
+    weights_end. Returns (the weights_begin reply's "ipc", the weights_end reply)."""
+    rep, _ = c.ask({"type": "weights_begin", "id": first_id, "version": version, "transport": "ipc",
+                    "layout_hash": layout_hash, "ipc_host": boot_id()})
+    assert rep["type"] == "weights_begin" and rep["version"] == version, rep
+    ipc = rep["ipc"]
+    assert ipc["memory"] == "shm" and ipc["host"] == boot_id() and len(ipc["shards"]) == 1, ipc
+    shard = ipc["shards"][0]
+    offsets = np.cumsum([0] + [(u.size * 4 + 255) // 256 * 256 for u in units])
+    assert shard["bytes"] == offsets[-1] and shard["handle"].startswith(f"/tandem-ipc-{ipc['pid']}-s0-"), ipc
+    with open("/dev/shm" + shard["handle"], "r+b") as f, mmap.mmap(f.fileno(), shard["bytes"]) as mem:
+        for u, at in zip(units, offsets):
+            mem[at:at + u.size * 4] = u.astype("<f4").tobytes()
+    end, _ = c.ask({"type": "weights_end", "id": first_id + 1, "version": version})
+    return ipc, end
+
+
+def test_weight_update_over_ipc_shared_memory(models):
+    srv, endpoint = start_server(models["base"]["dir"])
+    cfg = models["base"]["cfg"]
+    try:
+        c = Client(endpoint)
+        lh = c.ask({"type": "hello", "id": 1})[0]["layout_hash"]
+        units_a, units_b = pack_units(models["upd_a"]["state"], cfg), pack_units(models["upd_b"]["state"], cfg)
+        ipc, rep = ipc_update(c, units_a, 1, lh, 10)
+        assert rep["type"] == "weights_end" and rep["version"] == 1, rep
+        expect_greedy(c, models["upd_a"]["model"], 12, version=1)
+        # The staging is kept: the same region, the same staging id, for the next update.
+        again, rep = ipc_update(c, units_b, 2, lh, 20)
+        assert again == ipc and rep["type"] == "weights_end" and rep["version"] == 2, (again, ipc, rep)
+        expect_greedy(c, models["upd_b"]["model"], 22, version=2)
+        # weights_end for another version than the open one is refused and leaves the update open; a zmq
+        # weights_begin abandons it (its weights_end then belongs to the zmq update, which is incomplete).
+        rep, _ = c.ask({"type": "weights_begin", "id": 30, "version": 3, "transport": "ipc", "layout_hash": lh,
+                        "ipc_host": boot_id()})
+        assert rep["ipc"] == ipc, rep
+        rep, _ = c.ask({"type": "weights_end", "id": 31, "version": 4})
+        assert rep["code"] == "internal" and "open ipc update is another version" in rep["message"], rep
+        rep, _ = c.ask({"type": "weights_begin", "id": 32, "version": 5, "transport": "zmq", "layout_hash": lh})
+        assert rep == {"type": "weights_begin", "id": 32, "version": 5}, rep
+        rep, _ = c.ask({"type": "weights_end", "id": 33, "version": 3})
+        assert rep["code"] == "weights_incomplete", rep
+        expect_greedy(c, models["upd_b"]["model"], 34, version=2)
+        # A clean shutdown removes the shared memory.
+        name = pathlib.Path("/dev/shm" + ipc["shards"][0]["handle"])
+        assert name.exists()
+        rep, _ = c.ask({"type": "shutdown", "id": 40})
+        assert srv.proc.wait(60) == 0, srv.log_text()
+        assert not name.exists()
+        c.close()
+    finally:
+        srv.stop()
 
 
 def test_an_oversized_frame_disconnects_its_sender_only(server, client):
