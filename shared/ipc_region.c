@@ -88,16 +88,18 @@ static int create_shm(IpcRegion *r, const char *tag, size_t bytes, char *err, si
              (unsigned long long)ipc_random_id());
     int fd = shm_open(r->handle, O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
     if (fd < 0) return err_fail(err, err_len, "shm_open(%s): %s", r->handle, strerror(errno));
+    // posix_fallocate reserves the pages now: a /dev/shm too small for the region (a container's 64 MB default) is
+    // this error, not a SIGBUS in whichever process first writes past what the filesystem could give.
     void *p = MAP_FAILED;
-    if (ftruncate(fd, (off_t)bytes) == 0) p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-    const int e = errno;
+    int e = posix_fallocate(fd, 0, (off_t)bytes);
+    if (e == 0 && (p = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0)) == MAP_FAILED) e = errno;
     close(fd);
     if (p == MAP_FAILED) {
         shm_unlink(r->handle);
-        return err_fail(err, err_len, "cannot make %zu MB of shared memory %s (/dev/shm full?): %s", bytes >> 20,
-                        r->handle, strerror(e));
+        return err_fail(err, err_len, "cannot make %zu MB of shared memory %s (is /dev/shm large enough? df -h "
+                        "/dev/shm): %s", bytes >> 20, r->handle, strerror(e));
     }
-    r->ptr = p;   // ftruncate zero-fills
+    r->ptr = p;   // new pages of a shared-memory object read as zeros
     return 0;
 }
 

@@ -21,6 +21,7 @@ on cuda:0-1 (shard 0 shares cuda:0 with the trainer rank, the case NCCL cannot h
 GPUs or more, a plain server on the last one; 3 pushes over CUDA IPC; synced servers equal fresh ones from the
 checkpoint bit for bit. Skips visibly (exit 77) with fewer than 2 GPUs.
 """
+import concurrent.futures
 import contextlib
 import json
 import os
@@ -143,6 +144,9 @@ def run(d, gpu):
         rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
         assert len(rows) == 3 and all(r["sync_bytes"] > 0 for r in rows), rows
         served = {tp: greedy(srv.url) for tp, srv in servers.items()}
+        if not gpu:   # both engines of the two-engine server answer alike (requests go to the least loaded one)
+            with concurrent.futures.ThreadPoolExecutor(4) as pool:
+                assert all(a == served[2] for a in pool.map(lambda _: greedy(servers[2].url), range(4)))
         assert all(policy_version(srv.url) == 3 for srv in servers.values())
         if not gpu:   # the staging is shared memory named after each server's pid: one region per shard
             for tp, srv in servers.items():
