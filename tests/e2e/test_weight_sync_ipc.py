@@ -81,7 +81,7 @@ def start_ranks(d, model_dir, data, out_dir, controls, steps, world, device):
     port, procs = free_port(), []
     for rank in range(world):
         env = dict(os.environ, RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(port), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1")
+                   MASTER_PORT=str(port), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", NCCL_NVLS_ENABLE="0")
         log = open(d / f"{out_dir.name}-rank{rank}.log", "w")
         procs.append((subprocess.Popen([str(BUILD / "bin" / "tandem-train"),
                                         *trainer_args(model_dir, data, out_dir, controls, steps, device)],
