@@ -606,8 +606,9 @@ static void test_weights_ipc(void) {
     ipc->pid = 4242;
     ipc->n_shards = 2;
     for (int k = 0; k < 2; k++) {
-        snprintf(ipc->shards[k].handle, sizeof ipc->shards[k].handle, "%.86s%c=", "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
-                 "AAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA", 'A' + k);
+        memset(ipc->shards[k].handle, 'A', 86);   // the shape of base64 of a 64-byte CUDA IPC handle
+        ipc->shards[k].handle[86] = (char)('A' + k);
+        snprintf(ipc->shards[k].handle + 87, sizeof ipc->shards[k].handle - 87, "=");
         ipc->shards[k].bytes = 1000 + k;
         snprintf(ipc->shards[k].device, sizeof ipc->shards[k].device, "0000:%02x:00.0", 0x18 + k);
         snprintf(ipc->shards[k].uuid, sizeof ipc->shards[k].uuid, "GPU-%d", k);
@@ -643,8 +644,8 @@ static void test_weights_ipc(void) {
                 "\"0123456789abcdef\",\"ipc_host\":\"h\"}", NULL, 0, "belongs to transport \"ipc\"", NULL, 42);
 #define R(ipc) "{\"type\":\"weights_begin\",\"id\":43,\"version\":2,\"ipc\":" ipc "}"
 #define OK_HEAD "\"host\":\"h\",\"staging_id\":\"0123456789abcdef\",\"pid\":7,"
-    REFUSE(REP, R("{" OK_HEAD "\"memory\":\"gpu\",\"shards\":[]}"), NULL, 0, "\"ipc.memory\" must be \"cuda\" or \"shm\"",
-           NULL, 43);
+    REFUSE(REP, R("{" OK_HEAD "\"memory\":\"gpu\",\"shards\":[]}"), NULL, 0,
+           "\"ipc.memory\" must be \"cuda\" or \"shm\"", NULL, 43);
     REFUSE(REP, R("{" OK_HEAD "\"memory\":\"shm\",\"shards\":[]}"), NULL, 0, "names no shard", NULL, 43);
     REFUSE(REP, R("{" OK_HEAD "\"memory\":\"shm\",\"shards\":[{\"handle\":\"/x\",\"bytes\":0}]}"), NULL, 0,
            "\"ipc.shards[0].bytes\" is 0", NULL, 43);
