@@ -11,6 +11,8 @@ CPU checks:
   offset, or missed, changes the logits);
 - while the servers run, their staging is in /dev/shm under names that carry their pids; a server stopped cleanly
   leaves none behind;
+- LoRA with lora_sync merged: the ranks write their slices of the merged units into a TP 2 and a plain server, which
+  then answer as fresh servers from the checkpoint's merged/ folder;
 - a server killed (SIGKILL) in the middle of a run and restarted on the same endpoint gets a new staging (a new
   staging id): the ranks map it anew and the restarted server ends on the last version, equal to a fresh server from
   the final checkpoint. The killed server's shared memory is what a crash leaves behind (docs/training.md says so);
@@ -65,17 +67,17 @@ def write_dataset(path, n=64):
             f.write(json.dumps({"prompt": words[i % len(words)] + f" {i % 10}", "id": i}) + "\n")
 
 
-def trainer_args(model_dir, data, out_dir, controls, steps, device):
+def trainer_args(model_dir, data, out_dir, controls, steps, device, extra=()):
     return ["--device", device, "--model", str(model_dir), "--train-file", str(data), "--output-dir", str(out_dir),
             "--rollout-servers", ",".join(controls), "--rewards", "regex_format", "--format-regex", "[0-9]",
             "--format-regex-mode", "search", "--num-generations", "4", "--per-device-train-batch-size", "4",
             "--gradient-accumulation-steps", "1", "--max-completion-length", "8", "--max-prompt-length", "64",
             "--learning-rate", "2e-2", "--max-steps", str(steps), "--logging-steps", "1", "--save-steps", "0",
             "--zero-stage", "3", "--seed", "5", "--init-timeout", "60", "--comm-timeout", "30",
-            "--rollout-timeout", "60", "--weight-sync-transport", "ipc"]
+            "--rollout-timeout", "60", "--weight-sync-transport", "ipc", *extra]
 
 
-def start_ranks(d, model_dir, data, out_dir, controls, steps, world, device):
+def start_ranks(d, model_dir, data, out_dir, controls, steps, world, device, extra=()):
     if not (BUILD / "bin" / "tandem-train").exists():
         skip(f"{BUILD}/bin/tandem-train is not built")
     port, procs = free_port(), []
@@ -84,7 +86,7 @@ def start_ranks(d, model_dir, data, out_dir, controls, steps, world, device):
                    MASTER_PORT=str(port), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", NCCL_NVLS_ENABLE="0")
         log = open(d / f"{out_dir.name}-rank{rank}.log", "w")
         procs.append((subprocess.Popen([str(BUILD / "bin" / "tandem-train"),
-                                        *trainer_args(model_dir, data, out_dir, controls, steps, device)],
+                                        *trainer_args(model_dir, data, out_dir, controls, steps, device, extra)],
                                        env=env, stdout=log, stderr=subprocess.STDOUT), log))
     return procs
 
@@ -161,6 +163,30 @@ def run(d, gpu):
 
 def test_ipc_transport_into_shards(tmp_path):
     run(tmp_path, gpu=False)
+
+
+def test_ipc_lora_merged(tmp_path):
+    """LoRA with lora_sync merged: each rank writes its slice of the merged units; both servers then answer as a fresh
+    one from the checkpoint's merged/ folder (greedy tokens: the merge is computed apart on each side)."""
+    d = tmp_path
+    model_dir, data = setup(d)
+    steps, out_dir = 3, d / "run"
+    controls = {tp: f"tcp://127.0.0.1:{free_port()}" for tp in (2, 1)}
+    extra = ["--use-peft", "--lora-r", "8", "--lora-alpha", "16", "--lora-target-modules", "all-linear",
+             "--lora-dropout", "0", "--lora-save-merged", "--lora-sync", "merged", "--learning-rate", "5e-2"]
+    with contextlib.ExitStack() as stack:
+        servers = {tp: stack.enter_context(TandemServer(model_dir, "--control", controls[tp], "--tensor-parallel-size",
+                                                        tp)) for tp in controls}
+        before = {tp: greedy(srv.url)[0] for tp, srv in servers.items()}
+        logs = wait_ranks(d, out_dir, start_ranks(d, model_dir, data, out_dir, list(controls.values()), steps, 2,
+                                                  "cpu", extra))
+        served = {tp: greedy(srv.url)[0] for tp, srv in servers.items()}
+        assert all(policy_version(srv.url) == steps for srv in servers.values())
+    assert "shared memory (ipc)" in logs[0] and "LoRA r 8" in logs[0], logs[0][-3000:]
+    for tp in controls:
+        assert served[tp] != before[tp], f"TP {tp}: the merged weights never arrived"
+        with TandemServer(out_dir / f"checkpoint-{steps}" / "merged", "--tensor-parallel-size", tp) as fresh:
+            assert served[tp] == greedy(fresh.url)[0], tp
 
 
 def staging_id(server):
