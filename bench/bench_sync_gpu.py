@@ -12,10 +12,11 @@ bytes over the median sync_time of the other steps:
   model GB/s = bf16 bytes of the model / seconds (the rate at which the server's copy of the model is replaced);
   wire GB/s  = bytes the trainer sent / seconds (nccl and ipc send bf16; zmq sends the fp32 master slices, twice as
   many).
-Transport ipc (same host): the server keeps its receive staging in CUDA IPC memory and the trainer rank copies its
-slices straight into it (cudaMemcpyAsync / cudaMemcpy2DAsync from the rank's GPU: within one GPU for a shard beside
-the trainer, peer to peer for the others); weights_end then copies the staging into the engine's second copy on the
-server's GPU and swaps. With --server-gpu same --server-tp 2 that is issue 26's layout (shard 0 on the trainer's GPU).
+Transport ipc (same host): the server keeps its receive staging (the second copy of its weights) in CUDA IPC memory
+and the trainer rank copies its slices straight into it (cudaMemcpyAsync / cudaMemcpy2DAsync from the rank's GPU:
+within one GPU for a shard beside the trainer, peer to peer for the others); weights_end then swaps staging and live
+weights. Step 1 (and step 2: the second region) includes mapping the server's handles. With --server-gpu same
+--server-tp 2 that is issue 26's layout (shard 0 on the trainer's GPU).
 When metrics.jsonl carries "sync_bytes" (bytes sent by all ranks in that step's push) the wire figure uses it.
 Baseline: torch copies a 1 GiB tensor cuda:0 -> cuda:1 (GB/s = bytes / time, one direction).
 The trainer is stopped once its last metrics row is written: its final checkpoint (about 25 GB for 1.5B, model

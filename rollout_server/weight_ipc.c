@@ -1,5 +1,6 @@
-// rollout_server/weight_ipc.c — transport ipc's receive staging: regions the trainer ranks of this host map and
-// write, copied into the engines' device staging at weights_end (see rollout_server/weight_ipc.h).
+// rollout_server/weight_ipc.c — transport ipc's side of an update: the sender's host and shards checked, engine 0's
+// device staging placed in memory the trainer ranks map (rollout_server/model_runner.h runner_weights_ipc_staging),
+// its handles in the reply (see rollout_server/weight_ipc.h).
 #include "rollout_server/weight_ipc.h"
 
 #include <stdio.h>
@@ -12,12 +13,11 @@
 
 struct WeightIpc {
     EngineGroup *g;
-    Engine *e;                 // engine 0: its shards' layouts and devices
+    Engine *e;                 // engine 0: its shards' staging is what the ranks write
     int tp;
-    IpcRegion *regions;        // (tp) made at the first update
-    size_t **offsets;          // (tp) -> (n_units of the shard's layout) bytes into the region
     char host[IPC_HOST_ID_MAX];
-    uint64_t staging_id;       // 0 until the regions are made
+    uint64_t staging_id;       // this process's: a restarted server has another
+    int announced;             // the first update's regions were logged
     int active;
     int64_t version;
     double t_begin;
@@ -31,69 +31,22 @@ static double now_s(void) {
 
 int weight_ipc_create(WeightIpc **out, EngineGroup *g, char *err, size_t err_len) {
     WeightIpc *w = calloc(1, sizeof *w);
-    if (w) w->tp = engine_tp(engine_group_engine(g, 0));
-    if (!w || !(w->regions = calloc((size_t)w->tp, sizeof *w->regions)) ||
-        !(w->offsets = calloc((size_t)w->tp, sizeof *w->offsets))) {
-        if (w) free(w->regions);
-        free(w);
+    if (!w) {
         snprintf(err, err_len, "out of memory");
         return -1;
     }
     w->g = g;
     w->e = engine_group_engine(g, 0);
-    // Without a boot id, every ipc weights_begin is refused (the host cannot be told): the message says why.
+    w->tp = engine_tp(w->e);
+    w->staging_id = ipc_random_id();
+    // Without a boot id every ipc weights_begin is refused (this host cannot be told from another).
     char why[256];
     if (ipc_host_id(w->host, why, sizeof why) != 0) w->host[0] = '\0';
     *out = w;
     return 0;
 }
 
-static void free_regions(WeightIpc *w) {
-    for (int k = 0; k < w->tp; k++) {
-        ipc_region_close(&w->regions[k]);
-        free(w->offsets[k]);
-        w->offsets[k] = NULL;
-    }
-    w->staging_id = 0;
-}
-
-void weight_ipc_free(WeightIpc *w) {
-    if (!w) return;
-    free_regions(w);
-    free(w->regions);
-    free(w->offsets);
-    free(w);
-}
-
-// Every shard's region, sized for its layout in the shard's storage dtype. 0, or WEIGHT_IPC_ENOMEM with a message.
-static int make_regions(WeightIpc *w, char *err, size_t err_len) {
-    for (int k = 0; k < w->tp; k++) {
-        const Layout *L = &engine_shard_model(w->e, k)->layout;
-        OpsCtx *ops = engine_shard_ops(w->e, k);
-        const int cuda = ops_backend(ops) == OPS_BACKEND_CUDA;
-        char tag[32], msg[512];
-        if (!(w->offsets[k] = malloc((size_t)L->n_units * sizeof *w->offsets[k]))) {
-            snprintf(err, err_len, "out of host memory");
-            goto fail;
-        }
-        const size_t bytes = ipc_unit_offsets(L, ops_dtype_size(ops), w->offsets[k]);
-        snprintf(tag, sizeof tag, "s%d", k);
-        if (ipc_region_create(&w->regions[k], cuda ? IPC_KIND_CUDA : IPC_KIND_SHM, cuda ? ops_cuda_device(ops) : -1,
-                              tag, bytes, msg, sizeof msg) != 0) {
-            snprintf(err, err_len, "no memory for the %zu MB staging that transport ipc receives %s into: %s%s",
-                     bytes >> 20, w->tp > 1 ? "a tensor-parallel shard" : "the weights", msg,
-                     cuda ? "; lower --kv-cache-memory, or use transport nccl" : "");
-            goto fail;
-        }
-    }
-    w->staging_id = ipc_random_id();
-    fprintf(stderr, "tandem-serve: transport ipc: staging made (%d region(s), %s, staging id %016llx)\n", w->tp,
-            w->regions[0].kind == IPC_KIND_CUDA ? "CUDA IPC" : "shared memory", (unsigned long long)w->staging_id);
-    return 0;
-fail:
-    free_regions(w);
-    return WEIGHT_IPC_ENOMEM;
-}
+void weight_ipc_free(WeightIpc *w) { free(w); }
 
 int weight_ipc_begin(WeightIpc *w, const ZmsgMsg *q, ZmsgIpc *reply, char *err, size_t err_len) {
     w->active = 0;
@@ -114,27 +67,43 @@ int weight_ipc_begin(WeightIpc *w, const ZmsgMsg *q, ZmsgIpc *reply, char *err, 
                  "\"nccl\"", ZMSG_IPC_MAX_SHARDS, w->tp);
         return WEIGHT_IPC_EUNSUPPORTED;
     }
-    int rc;
-    if (!w->staging_id && (rc = make_regions(w, err, err_len)) != 0) return rc;
     memset(reply, 0, sizeof *reply);
     reply->present = 1;
     snprintf(reply->host, sizeof reply->host, "%s", w->host);
     reply->staging_id = w->staging_id;
     reply->pid = (int64_t)getpid();
-    reply->cuda = w->regions[0].kind == IPC_KIND_CUDA;
     reply->n_shards = w->tp;
     for (int k = 0; k < w->tp; k++) {
+        char msg[640];
+        const IpcRegion *g = engine_weights_ipc_staging(w->e, k, msg, sizeof msg);
+        if (!g) {
+            snprintf(err, err_len, "%s", msg);
+            return WEIGHT_IPC_ENOMEM;
+        }
         ZmsgIpcShard *sh = &reply->shards[k];
-        snprintf(sh->handle, sizeof sh->handle, "%s", w->regions[k].handle);
-        sh->bytes = (int64_t)w->regions[k].bytes;
+        reply->cuda = g->kind == IPC_KIND_CUDA;
+        snprintf(sh->handle, sizeof sh->handle, "%s", g->handle);
+        sh->bytes = (int64_t)g->bytes;
         if (reply->cuda) {
             char pci[IPC_DEVICE_ID_MAX], uuid[IPC_DEVICE_ID_MAX];
-            if (ipc_cuda_device_ids(w->regions[k].device, pci, uuid) != 0)
-                snprintf(pci, sizeof pci, "cuda:%d", w->regions[k].device), snprintf(uuid, sizeof uuid, "unknown");
+            if (ipc_cuda_device_ids(g->device, pci, uuid) != 0)
+                snprintf(pci, sizeof pci, "cuda:%d", g->device), snprintf(uuid, sizeof uuid, "unknown");
             snprintf(sh->device, sizeof sh->device, "%s", pci);
             snprintf(sh->uuid, sizeof sh->uuid, "%s", uuid);
         }
     }
+    // The other engines (--devices) receive a copy of engine 0's staging at weights_end: theirs must exist.
+    int bad_engine, bad_shard, bad_unit;
+    if (engine_group_device_staging_ready(w->g, &bad_engine, &bad_shard, &bad_unit) != 0) {
+        snprintf(err, err_len, "no memory on %s (tensor-parallel shard %d) for the second copy of the weights that an "
+                 "ipc update is spread into (unit %d); lower --kv-cache-memory",
+                 engine_group_device_name(w->g, bad_engine), bad_shard, bad_unit);
+        return WEIGHT_IPC_ENOMEM;
+    }
+    if (!w->announced)
+        fprintf(stderr, "tandem-serve: transport ipc: the weight staging of %d shard(s) is in %s (staging id %016llx)\n",
+                w->tp, reply->cuda ? "CUDA IPC memory" : "shared memory", (unsigned long long)w->staging_id);
+    w->announced = 1;
     w->version = q->version;
     w->t_begin = now_s();
     w->active = 1;
@@ -157,30 +126,11 @@ int weight_ipc_finish(WeightIpc *w, int64_t version, double *seconds, char *err,
         return -1;
     }
     w->active = 0;
-    // Region of shard sh (on engine 0's device of that shard) -> the same shard's staging on every engine: on engine
-    // 0 a copy within one device, on the others a peer copy (as engine_group_spread_device_staging).
-    for (int i = 0; i < engine_group_size(w->g); i++) {
-        Engine *e = engine_group_engine(w->g, i);
-        for (int sh = 0; sh < w->tp; sh++) {
-            const Layout *L = &engine_shard_model(w->e, sh)->layout;
-            OpsCtx *src_ops = engine_shard_ops(w->e, sh), *dst_ops = engine_shard_ops(e, sh);
-            const size_t es = ops_dtype_size(src_ops);
-            for (int u = 0; u < L->n_units; u++) {
-                void *dst = engine_weights_device_staging(e, sh, u);
-                char msg[512];
-                if (!dst) {
-                    snprintf(err, err_len, "engine %d (%s) has no device staging for unit %d of shard %d", i,
-                             engine_group_device_name(w->g, i), u, sh);
-                    return -1;
-                }
-                if (ops_copy_peer(dst_ops, dst, src_ops, (const char *)w->regions[sh].ptr + w->offsets[sh][u],
-                                  L->unit_numel[u] * es, msg, sizeof msg) != 0) {
-                    snprintf(err, err_len, "copying unit %d of shard %d from the ipc staging into engine %d (%s): %s",
-                             u, sh, i, engine_group_device_name(w->g, i), msg);
-                    return -1;
-                }
-            }
-        }
+    // Engine 0's staging holds the update; the other engines get a copy of it, as over NCCL.
+    char msg[640];
+    if (engine_group_size(w->g) > 1 && engine_group_spread_device_staging(w->g, msg, sizeof msg) != 0) {
+        snprintf(err, err_len, "spreading the received weights to the other engines: %s", msg);
+        return -1;
     }
     *seconds = now_s() - w->t_begin;
     return 0;

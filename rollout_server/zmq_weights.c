@@ -88,14 +88,7 @@ static void begin_ipc(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *
     char err[768];
     if (refuse_layout(z, rid, rl, q, "layout hash")) return;
     weight_recv_reset(&z->wr);   // a zmq update still open is abandoned, as by any weights_begin
-    weight_nccl_stop(z->wn);     // an NCCL receive still running writes the device staging that ipc copies into
-    int bad_engine, bad_shard, bad_unit;
-    if (engine_group_device_staging_ready(z->g, &bad_engine, &bad_shard, &bad_unit) != 0) {
-        zc_send_error(z->router, rid, rl, q->id, "out_of_memory", "weights_begin: no memory on %s (tensor-parallel "
-                      "shard %d) for the second copy of the weights that an ipc update is committed from (unit %d); "
-                      "lower --kv-cache-memory", engine_group_device_name(z->g, bad_engine), bad_shard, bad_unit);
-        return;
-    }
+    weight_nccl_stop(z->wn);     // an NCCL receive still running writes the device staging that ipc places
     ZmsgMsg m;
     zmsg_init(&m, ZMSG_WEIGHTS_BEGIN, ZMSG_DIR_REPLY, q->id);
     m.version = q->version;
@@ -112,7 +105,7 @@ static void begin_ipc(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *
     zc_send_msg(z->router, rid, rl, &m);
 }
 
-// The ranks have written the staging: it is copied into every engine's device staging and committed as over NCCL.
+// The ranks have written engine 0's staging: it is spread to the other engines and committed as over NCCL.
 static void end_ipc(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q) {
     char err[768];
     double received;

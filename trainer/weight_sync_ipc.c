@@ -3,11 +3,12 @@
 //
 // Rank 0 opens the update on every answering server (weights_begin with this host's boot id); each reply names, per
 // tensor-parallel shard, a region of the server's memory (a CUDA IPC handle on GPUs, a POSIX shared-memory name on
-// the CPU) holding every unit of the shard's layout at ipc_unit_offsets. Rank 0 broadcasts the replies; each rank
-// maps the regions it has not mapped yet (kept across pushes, keyed by the server's staging id: a restarted server
-// has a new one, and its old mappings are dropped), copies its ZeRO slice of every unit in (a tensor-parallel
-// shard: the parts it holds, whole-row blocks as one copy, column blocks as one strided copy), waits for its copies,
-// and the ranks agree; rank 0's weights_end then has each server copy its staging into the engines and swap.
+// the CPU) holding every unit of the shard's layout at ipc_unit_offsets: the shard's receive staging, one of two
+// regions that the staging and the live weights take turns in. Rank 0 broadcasts the replies; each rank maps the
+// regions it has not mapped yet (kept across pushes, keyed by the server's staging id and the handle: a restarted
+// server has a new staging id, and its old mappings are dropped), copies its ZeRO slice of every unit in (a
+// tensor-parallel shard: the parts it holds, whole-row blocks as one copy, column blocks as one strided copy), waits
+// for its copies, and the ranks agree; rank 0's weights_end then has each server swap staging and live weights.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,7 +24,6 @@ typedef struct {
     int shard;
     IpcRegion region;
     size_t *offsets;       // (n_units) bytes into the region where each unit of the shard's layout starts
-    int in_plan;           // named by the current push
 } IpcMap;
 
 struct WeightSyncIpc {
@@ -47,30 +47,32 @@ void weight_sync_ipc_free(struct WeightSyncIpc *ipc) {
 
 static const char ELSE[] = "use --weight-sync-transport nccl or zmq";
 
-// Shard k of server `name`'s staging (reply r), mapped: the one mapped before when its staging id is the same, else
-// opened now after checking what the server said against this rank. NULL with a message naming the server.
-static IpcMap *map_of(Trainer *t, struct WeightSyncIpc *ipc, const char *name, const ZmsgIpc *r, int k,
-                      const Layout *L, char *err, size_t err_len) {
+// Shard k of server `name`'s staging (reply r), mapped: the one mapped before when its staging id and handle are
+// the same, else opened now after checking what the server said against this rank. Its index in ipc->maps, or -1
+// with a message naming the server.
+static int map_of(Trainer *t, struct WeightSyncIpc *ipc, const char *name, const ZmsgIpc *r, int k, const Layout *L,
+                  char *err, size_t err_len) {
     for (int i = 0; i < ipc->n; i++)
-        if (ipc->maps[i].staging_id == r->staging_id && ipc->maps[i].shard == k)
-            return ipc->maps[i].in_plan = 1, &ipc->maps[i];
+        if (ipc->maps[i].staging_id == r->staging_id && ipc->maps[i].shard == k &&
+            !strcmp(ipc->maps[i].region.handle, r->shards[k].handle))
+            return i;
     const int cuda = ops_backend(t->ops) == OPS_BACKEND_CUDA;
     if (r->cuda != cuda) {
         snprintf(err, err_len, "rollout server %s keeps its weights %s and trainer rank %d computes %s; transport ipc "
                  "needs both on GPUs or both on the CPU: use --weight-sync-transport zmq", name,
                  r->cuda ? "on a GPU" : "on the CPU", t->rank, cuda ? "on a GPU" : "on the CPU");
-        return NULL;
+        return -1;
     }
     if (ipc->n == ipc->cap) {
         IpcMap *grown = realloc(ipc->maps, (size_t)(ipc->cap * 2 + 4) * sizeof *grown);
-        if (!grown) return snprintf(err, err_len, "out of memory for the ipc mappings"), NULL;
+        if (!grown) return snprintf(err, err_len, "out of memory for the ipc mappings"), -1;
         ipc->maps = grown;
         ipc->cap = ipc->cap * 2 + 4;
     }
     IpcMap *m = &ipc->maps[ipc->n];
     memset(m, 0, sizeof *m);
     if (!(m->offsets = malloc((size_t)L->n_units * sizeof *m->offsets)))
-        return snprintf(err, err_len, "out of memory for the ipc mappings"), NULL;
+        return snprintf(err, err_len, "out of memory for the ipc mappings"), -1;
     const ZmsgIpcShard *sh = &r->shards[k];
     const size_t want = ipc_unit_offsets(L, ops_dtype_size(t->ops), m->offsets);
     if ((size_t)sh->bytes != want) {
@@ -79,7 +81,7 @@ static IpcMap *map_of(Trainer *t, struct WeightSyncIpc *ipc, const char *name, c
                  (long long)sh->bytes, t->rank, want, ops_dtype_size(t->ops) == 2 ? "bf16" : "fp32");
         free(m->offsets);
         m->offsets = NULL;
-        return NULL;
+        return -1;
     }
     char msg[512];
     if (ipc_region_open(&m->region, r->cuda ? IPC_KIND_CUDA : IPC_KIND_SHM, sh->handle, want,
@@ -92,13 +94,11 @@ static IpcMap *map_of(Trainer *t, struct WeightSyncIpc *ipc, const char *name, c
                      "%s; %s", t->rank, name, k, msg, ELSE);
         free(m->offsets);
         m->offsets = NULL;
-        return NULL;
+        return -1;
     }
     m->staging_id = r->staging_id;
     m->shard = k;
-    m->in_plan = 1;
-    ipc->n++;
-    return m;
+    return ipc->n++;
 }
 
 // Elements [sl->off, sl->off + sl->count) of unit u into shard k's staging of a server of tp shards (tp 1: the
@@ -132,9 +132,20 @@ static double copy_slice(Trainer *t, const IpcMap *m, int tp, int k, int u, cons
 static int write_staging(Trainer *t, const int *servers, const ZmsgIpc *r, int n, char *err, size_t err_len) {
     WeightSync *ws = &t->sync;
     struct WeightSyncIpc *ipc = ws->ipc;
-    IpcMap **maps = calloc((size_t)n * ZMSG_IPC_MAX_SHARDS, sizeof *maps);
+    // Mappings of servers no longer in the push (restarted: a new staging id; gone) are let go first. A server's two
+    // regions (its staging and its live weights take turns in them) stay mapped while it is.
+    for (int i = 0; i < ipc->n;) {
+        int named = 0;
+        for (int j = 0; j < n; j++) named |= ipc->maps[i].staging_id == r[j].staging_id;
+        if (named) {
+            i++;
+            continue;
+        }
+        drop_map(&ipc->maps[i]);
+        ipc->maps[i] = ipc->maps[--ipc->n];
+    }
+    int *maps = malloc((size_t)n * ZMSG_IPC_MAX_SHARDS * sizeof *maps);   // [j * ZMSG_IPC_MAX_SHARDS + k] -> ipc->maps
     if (!maps) return snprintf(err, err_len, "out of memory for the ipc plan"), -1;
-    for (int i = 0; i < ipc->n; i++) ipc->maps[i].in_plan = 0;
     int rc = 0;
     for (int j = 0; j < n && rc == 0; j++) {
         const char *name = rollout_server_endpoint(t->rollout, servers[j]);
@@ -148,17 +159,10 @@ static int write_staging(Trainer *t, const int *servers, const ZmsgIpc *r, int n
             const Layout *L = r[j].n_shards == 1 ? &t->model.layout
                                                  : weight_shards_layout(&ws->shards, t->ops, &t->model,
                                                                         r[j].n_shards, k, err, err_len);
-            if (!L || !(maps[j * ZMSG_IPC_MAX_SHARDS + k] = map_of(t, ipc, name, &r[j], k, L, err, err_len))) rc = -1;
+            if (!L || (maps[j * ZMSG_IPC_MAX_SHARDS + k] = map_of(t, ipc, name, &r[j], k, L, err, err_len)) < 0)
+                rc = -1;
         }
     }
-    // Mappings of servers no longer in the plan (restarted: a new staging id; gone) are let go.
-    for (int i = 0; i < ipc->n && rc == 0;)
-        if (!ipc->maps[i].in_plan) {
-            drop_map(&ipc->maps[i]);
-            ipc->maps[i] = ipc->maps[--ipc->n];
-        } else {
-            i++;
-        }
     ws->bytes = 0;
     ws->send_start = trainer_now();
     const Layout *L = &t->model.layout;
@@ -171,8 +175,8 @@ static int write_staging(Trainer *t, const int *servers, const ZmsgIpc *r, int n
                          : zero3_param_shard(t->policy, u);
         for (int j = 0; j < n && rc == 0; j++)
             for (int k = 0; k < r[j].n_shards && rc == 0; k++) {
-                const double b = copy_slice(t, maps[j * ZMSG_IPC_MAX_SHARDS + k], r[j].n_shards, k, u, &sl, err,
-                                            err_len);
+                const double b = copy_slice(t, &ipc->maps[maps[j * ZMSG_IPC_MAX_SHARDS + k]], r[j].n_shards, k, u,
+                                            &sl, err, err_len);
                 if (b < 0) rc = -1;
                 else ws->bytes += b;
             }

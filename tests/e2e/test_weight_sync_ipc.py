@@ -9,8 +9,9 @@ CPU checks:
   and each answers (greedy tokens AND logprobs) exactly as a fresh server of its size loaded from the run's last
   checkpoint: every part of every rank's slice landed in its place in every shard (a part written to the wrong
   offset, or missed, changes the logits);
-- while the servers run, their staging is in /dev/shm under names that carry their pids; a server stopped cleanly
-  leaves none behind;
+- while the servers run, their weights are in /dev/shm under names that carry their pids (per shard two regions:
+  the update is written into one while the live weights are in the other, and the commit swaps them); a server
+  stopped cleanly leaves none behind;
 - LoRA with lora_sync merged: the ranks write their slices of the merged units into a TP 2 and a plain server, which
   then answer as fresh servers from the checkpoint's merged/ folder;
 - a server killed (SIGKILL) in the middle of a run and restarted on the same endpoint gets a new staging (a new
@@ -150,9 +151,9 @@ def run(d, gpu):
             with concurrent.futures.ThreadPoolExecutor(4) as pool:
                 assert all(a == served[2] for a in pool.map(lambda _: greedy(servers[2].url), range(4)))
         assert all(policy_version(srv.url) == 3 for srv in servers.values())
-        if not gpu:   # the staging is shared memory named after each server's pid: one region per shard
+        if not gpu:   # shared memory named after each server's pid: per shard two regions, live and staging
             for tp, srv in servers.items():
-                assert len(staging_of(srv.proc.pid)) == tp, (tp, staging_of(srv.proc.pid))
+                assert len(staging_of(srv.proc.pid)) == 2 * tp, (tp, staging_of(srv.proc.pid))
         pids = [srv.proc.pid for srv in servers.values()]
     assert all(staging_of(pid) == [] for pid in pids), "a server stopped cleanly left its shared memory behind"
     for tp in plan:
@@ -190,7 +191,7 @@ def test_ipc_lora_merged(tmp_path):
 
 
 def staging_id(server):
-    ids = re.findall(r"transport ipc: staging made \(.*staging id ([0-9a-f]{16})\)", server.log_text())
+    ids = re.findall(r"transport ipc: the weight staging .* \(staging id ([0-9a-f]{16})\)", server.log_text())
     assert len(ids) == 1, server.log_text()[-2000:]
     return ids[0]
 
@@ -211,7 +212,7 @@ def test_ipc_restarted_server_is_mapped_again(tmp_path):
                 assert time.time() - t0 < 300 and procs[0][0].poll() is None, log0.read_text()[-3000:]
                 time.sleep(0.1)
             first, old_id = staging_of(victim.proc.pid), staging_id(victim)
-            assert len(first) == 1, first
+            assert len(first) == 2, first   # after 2 pushes or more: the live weights and the staging
             victim.stop(signal.SIGKILL)
             # What a crashed server leaves behind: its shared memory (docs/training.md); removed by hand.
             assert staging_of(victim.proc.pid) == first
@@ -222,7 +223,7 @@ def test_ipc_restarted_server_is_mapped_again(tmp_path):
                 served = greedy(back.url)
                 assert policy_version(back.url) == steps and policy_version(keep.url) == steps, logs[0][-3000:]
                 # The restarted server made a staging of its own, which the ranks mapped to give it the weights.
-                assert len(staging_of(back.proc.pid)) == 1 and staging_id(back) != old_id
+                assert len(staging_of(back.proc.pid)) == 2 and staging_id(back) != old_id
         finally:
             for p, _ in procs:
                 if p.poll() is None:

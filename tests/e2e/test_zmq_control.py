@@ -472,21 +472,34 @@ def send_update(c, units, version, layout_hash, dtype, rng, first_id, slices_per
     return rep   # slices are answered only on error: the first reply after them is weights_end's
 
 
-def ipc_update(c, units, version, layout_hash, first_id):
-    """Transport ipc as a trainer rank on this host does it: weights_begin, the units written (fp32, the CPU server's
-    storage dtype) straight into the shared memory the reply names, each at its 256-byte-aligned offset,
-    weights_end. Returns (the weights_begin reply's "ipc", the weights_end reply)."""
-    rep, _ = c.ask({"type": "weights_begin", "id": first_id, "version": version, "transport": "ipc",
+def ipc_begin(c, units, version, layout_hash, msg_id):
+    """weights_begin with transport ipc; checks the reply's staging against this model. Returns its "ipc"."""
+    rep, _ = c.ask({"type": "weights_begin", "id": msg_id, "version": version, "transport": "ipc",
                     "layout_hash": layout_hash, "ipc_host": boot_id()})
     assert rep["type"] == "weights_begin" and rep["version"] == version, rep
     ipc = rep["ipc"]
     assert ipc["memory"] == "shm" and ipc["host"] == boot_id() and len(ipc["shards"]) == 1, ipc
-    shard = ipc["shards"][0]
     offsets = np.cumsum([0] + [(u.size * 4 + 255) // 256 * 256 for u in units])
-    assert shard["bytes"] == offsets[-1] and shard["handle"].startswith(f"/tandem-ipc-{ipc['pid']}-s0-"), ipc
+    shard = ipc["shards"][0]
+    assert shard["bytes"] == offsets[-1] and shard["handle"].startswith(f"/tandem-ipc-{ipc['pid']}-s0"), ipc
+    return ipc
+
+
+def ipc_write(ipc, units):
+    """What a trainer rank on this host does: the units (fp32, the CPU server's storage dtype) straight into the shared
+    memory the reply names, each at its 256-byte-aligned offset."""
+    offsets = np.cumsum([0] + [(u.size * 4 + 255) // 256 * 256 for u in units])
+    shard = ipc["shards"][0]
     with open("/dev/shm" + shard["handle"], "r+b") as f, mmap.mmap(f.fileno(), shard["bytes"]) as mem:
         for u, at in zip(units, offsets):
             mem[at:at + u.size * 4] = u.astype("<f4").tobytes()
+
+
+def ipc_update(c, units, version, layout_hash, first_id):
+    """weights_begin, the units written, weights_end. Returns (the weights_begin reply's "ipc", the weights_end
+    reply)."""
+    ipc = ipc_begin(c, units, version, layout_hash, first_id)
+    ipc_write(ipc, units)
     end, _ = c.ask({"type": "weights_end", "id": first_id + 1, "version": version})
     return ipc, end
 
@@ -498,31 +511,37 @@ def test_weight_update_over_ipc_shared_memory(models):
         c = Client(endpoint)
         lh = c.ask({"type": "hello", "id": 1})[0]["layout_hash"]
         units_a, units_b = pack_units(models["upd_a"]["state"], cfg), pack_units(models["upd_b"]["state"], cfg)
-        ipc, rep = ipc_update(c, units_a, 1, lh, 10)
+        first, rep = ipc_update(c, units_a, 1, lh, 10)
         assert rep["type"] == "weights_end" and rep["version"] == 1, rep
         expect_greedy(c, models["upd_a"]["model"], 12, version=1)
-        # The staging is kept: the same region, the same staging id, for the next update.
-        again, rep = ipc_update(c, units_b, 2, lh, 20)
-        assert again == ipc and rep["type"] == "weights_end" and rep["version"] == 2, (again, ipc, rep)
+        # The update became the live weights where it was written: the next one goes into a second region, the one
+        # after into the first again (the live weights and the staging take turns), under the same staging id.
+        second, rep = ipc_update(c, units_b, 2, lh, 20)
+        assert rep["type"] == "weights_end" and rep["version"] == 2, rep
+        assert second["staging_id"] == first["staging_id"] and second["shards"] != first["shards"], (second, first)
         expect_greedy(c, models["upd_b"]["model"], 22, version=2)
-        # weights_end for another version than the open one is refused and leaves the update open; a zmq
-        # weights_begin abandons it (its weights_end then belongs to the zmq update, which is incomplete).
-        rep, _ = c.ask({"type": "weights_begin", "id": 30, "version": 3, "transport": "ipc", "layout_hash": lh,
-                        "ipc_host": boot_id()})
-        assert rep["ipc"] == ipc, rep
+        # weights_end for another version than the open one is refused and leaves the update open.
+        assert ipc_begin(c, units_a, 3, lh, 30) == first
         rep, _ = c.ask({"type": "weights_end", "id": 31, "version": 4})
         assert rep["code"] == "internal" and "open ipc update is another version" in rep["message"], rep
-        rep, _ = c.ask({"type": "weights_begin", "id": 32, "version": 5, "transport": "zmq", "layout_hash": lh})
-        assert rep == {"type": "weights_begin", "id": 32, "version": 5}, rep
-        rep, _ = c.ask({"type": "weights_end", "id": 33, "version": 3})
+        ipc_write(first, units_a)
+        rep, _ = c.ask({"type": "weights_end", "id": 32, "version": 3})
+        assert rep["type"] == "weights_end" and rep["version"] == 3, rep
+        expect_greedy(c, models["upd_a"]["model"], 33, version=3)
+        # A zmq weights_begin abandons an open ipc update (its weights_end then belongs to the incomplete zmq one).
+        assert ipc_begin(c, units_b, 4, lh, 40) == second
+        ipc_write(second, units_b)
+        rep, _ = c.ask({"type": "weights_begin", "id": 41, "version": 5, "transport": "zmq", "layout_hash": lh})
+        assert rep == {"type": "weights_begin", "id": 41, "version": 5}, rep
+        rep, _ = c.ask({"type": "weights_end", "id": 42, "version": 4})
         assert rep["code"] == "weights_incomplete", rep
-        expect_greedy(c, models["upd_b"]["model"], 34, version=2)
+        expect_greedy(c, models["upd_a"]["model"], 43, version=3)
         # A clean shutdown removes the shared memory.
-        name = pathlib.Path("/dev/shm" + ipc["shards"][0]["handle"])
-        assert name.exists()
-        rep, _ = c.ask({"type": "shutdown", "id": 40})
+        names = [pathlib.Path("/dev/shm" + x["shards"][0]["handle"]) for x in (first, second)]
+        assert all(n.exists() for n in names)
+        rep, _ = c.ask({"type": "shutdown", "id": 50})
         assert srv.proc.wait(60) == 0, srv.log_text()
-        assert not name.exists()
+        assert not any(n.exists() for n in names)
         c.close()
     finally:
         srv.stop()
