@@ -29,6 +29,14 @@ const IpcRegion *runner_weights_ipc_staging(ModelRunner *r, int shard, char *err
     // Units swap together, so unit 0 tells where the live weights are.
     const int target = in_region(&s->ipc[0], s->w.params[0]) ? 1 : 0;
     IpcRegion *g = &s->ipc[target];
+    // The staging that is not in a region (ops_malloc's: the NCCL path's, or the first live copy swapped out) is given
+    // back before the region is made, so that the device never holds three copies of the shard's weights. Should the
+    // region then fail, the staging is made again on demand (runner_weights_device_staging).
+    for (int u = 0; u < L->n_units; u++)
+        if (s->dstaging[u] && !in_either(s, s->dstaging[u]) && !g->ptr) {
+            ops_free(s->ops, s->dstaging[u]);
+            s->dstaging[u] = NULL;
+        }
     if (!g->ptr) {
         char tag[32], msg[512];
         snprintf(tag, sizeof tag, "s%d%c", shard, 'a' + target);
@@ -41,8 +49,7 @@ const IpcRegion *runner_weights_ipc_staging(ModelRunner *r, int shard, char *err
             return NULL;
         }
     }
-    // The staging that was not in a region (ops_malloc's: the NCCL path's, or the first live copy swapped out) is
-    // given back; its place is taken by the region's.
+    // The region's units become the staging (any ops_malloc copy left, from an NCCL update since, is given back).
     for (int u = 0; u < L->n_units; u++) {
         void *want = (char *)g->ptr + s->ipc_offsets[u];
         if (s->dstaging[u] == want) continue;
