@@ -32,8 +32,8 @@ const IpcRegion *runner_weights_ipc_staging(ModelRunner *r, int shard, char *err
     // The staging that is not in a region (ops_malloc's: the NCCL path's, or the first live copy swapped out) is given
     // back before the region is made, so that the device never holds three copies of the shard's weights. Should the
     // region then fail, the staging is made again on demand (runner_weights_device_staging).
-    for (int u = 0; u < L->n_units; u++)
-        if (s->dstaging[u] && !in_either(s, s->dstaging[u]) && !g->ptr) {
+    for (int u = 0; u < L->n_units && !g->ptr; u++)
+        if (s->dstaging[u] && !in_either(s, s->dstaging[u])) {
             ops_free(s->ops, s->dstaging[u]);
             s->dstaging[u] = NULL;
         }
