@@ -1,6 +1,6 @@
 """Weight-sync bandwidth, trainer GPU0 -> rollout server GPU1, beside a torch GPU0 -> GPU1 copy in the same run.
 
-    python3 bench/bench_sync_gpu.py --build build-gpu.carry [--shape 1.5b] [--steps 8] [--transports nccl[,zmq]]
+    python3 bench/bench_sync_gpu.py --build build-gpu.carry [--shape 1.5b] [--steps 8] [--transports nccl[,zmq,ipc]]
 
 A random Qwen2.5-1.5B-shaped model (bf16, tied embeddings) is saved once. tandem-serve --device cuda runs on GPU1
 (CUDA_VISIBLE_DEVICES=1, or --device cuda:1 with --server-gpu index) with --control; one tandem-train rank runs on
@@ -10,7 +10,13 @@ gives sync_time per step (the whole push as rank 0 sees it: weights_begin, the t
 weights_end). Step 1 also creates the NCCL communicator, so it is reported apart; the bandwidth is the model's
 bytes over the median sync_time of the other steps:
   model GB/s = bf16 bytes of the model / seconds (the rate at which the server's copy of the model is replaced);
-  wire GB/s  = bytes the trainer sent / seconds (nccl sends bf16; zmq sends the fp32 master slices, twice as many).
+  wire GB/s  = bytes the trainer sent / seconds (nccl and ipc send bf16; zmq sends the fp32 master slices, twice as
+  many).
+Transport ipc (same host): the server keeps its receive staging (the second copy of its weights) in CUDA IPC memory
+and the trainer rank copies its slices straight into it (cudaMemcpyAsync / cudaMemcpy2DAsync from the rank's GPU:
+within one GPU for a shard beside the trainer, peer to peer for the others); weights_end then swaps staging and live
+weights. Step 1 (and step 2: the second region) includes mapping the server's handles. With --server-gpu same
+--server-tp 2 that is issue 26's layout (shard 0 on the trainer's GPU).
 When metrics.jsonl carries "sync_bytes" (bytes sent by all ranks in that step's push) the wire figure uses it.
 Baseline: torch copies a 1 GiB tensor cuda:0 -> cuda:1 (GB/s = bytes / time, one direction).
 The trainer is stopped once its last metrics row is written: its final checkpoint (about 25 GB for 1.5B, model
@@ -28,7 +34,8 @@ the trainer (the issue's layout for 2 GPUs; network transport as above). Issue 3
 GPUs: --ranks 2 --server-tp 2 --server-gpu index;
 over nccl each shard receives only its parts of the trainer's slices. The summary then extrapolates a 72B push
 (Qwen2.5-72B: 72.7 B params, 145 GB bf16) from the measured model rate, and says it is extrapolated.
-The dry run takes --transports nccl too: CPU trainer and server over the host communicator (nccl's CPU twin).
+The dry run takes --transports nccl too: CPU trainer and server over the host communicator (nccl's CPU twin); and
+ipc: POSIX shared memory between the CPU trainer and the CPU server (ipc's CPU twin).
 """
 import argparse
 import json
@@ -108,7 +115,7 @@ def main():
     ap.add_argument("--build", default="build-gpu.carry")
     ap.add_argument("--shape", choices=list(benchlib.QWEN_SHAPES), default="1.5b")
     ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--transports", default="nccl", help="comma-separated: nccl, zmq")
+    ap.add_argument("--transports", default="nccl", help="comma-separated: nccl, zmq, ipc")
     ap.add_argument("--server-gpu", choices=["cvd", "index", "same"], default="cvd")
     ap.add_argument("--lora-r", type=int, default=0, help="train LoRA adapters of this rank (0: the whole model)")
     ap.add_argument("--lora-syncs", default="adapter,merged", help="with --lora-r: comma-separated lora_sync values")
@@ -169,8 +176,9 @@ def main():
                                        "cpu" if args.dry_run_cpu else args.server_gpu, args.timeout, extra_env, tag,
                                        lora_args.get(tag, ()), server_args.get(tag, ()) if args.lora_r else (),
                                        args.server_tp, args.ranks)
-            want = "weight sync over " + ("ZeroMQ" if transport != "nccl" else
-                                          "the host communicator" if args.dry_run_cpu else "NCCL")
+            want = "weight sync over " + (
+                ("shared memory (ipc)" if args.dry_run_cpu else "CUDA IPC (ipc)") if transport == "ipc" else
+                "ZeroMQ" if transport != "nccl" else "the host communicator" if args.dry_run_cpu else "NCCL")
             if not note and want not in log:
                 note = f"the trainer's start line lacks {want!r}"
             if note or len(rows) < 2:
@@ -185,7 +193,7 @@ def main():
                 wire = sorted(r["sync_bytes"] / r["sync_time"] for r in rows[1:])[len(rows[1:]) // 2]
                 wire_src = "sync_bytes"
             else:
-                wire = (2 if transport == "nccl" else 4) * params / med
+                wire = (2 if transport in ("nccl", "ipc") else 4) * params / med
                 wire_src = "params x dtype"
             step = sorted(r["step_time"] for r in rows[1:])[len(rows[1:]) // 2]
             # The sending alone (no control round trips, no swap), when the trainer reports it.

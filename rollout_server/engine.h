@@ -16,6 +16,7 @@
 
 #include "kernels/ops.h"
 #include "rollout_server/request_latency.h"
+#include "shared/ipc_region.h"
 #include "shared/model.h"
 #include "shared/tokenizer/tokenizer.h"
 
@@ -251,6 +252,9 @@ void *engine_adapter_device_staging(Engine *e, size_t unit_numel, int layer);
 // the shard's NCCL receiver fills; engine_commit_device_weights swaps every unit of every shard with its copy in
 // between two steps (pointers only), then as engine_commit_weights.
 void *engine_weights_device_staging(Engine *e, int shard, int unit);
+// Transport ipc: places shard `shard`'s device staging (above) in a region of memory that the trainer ranks of this
+// host map, and returns it (NULL with a message when it cannot be made): model_runner.h runner_weights_ipc_staging.
+const IpcRegion *engine_weights_ipc_staging(Engine *e, int shard, char *err, size_t err_len);
 int engine_commit_device_weights(Engine *e, int64_t version, EngineUpdateMode mode, EngineCommitReport *rep,
                                  char *err, size_t err_len);
 // The engine's compute context (shard 0's), its tensor-parallel shards (1: none), shard k's model (config, layout,

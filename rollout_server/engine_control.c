@@ -219,6 +219,13 @@ void *engine_weights_device_staging(Engine *e, int shard, int unit) {
     return p;
 }
 
+const IpcRegion *engine_weights_ipc_staging(Engine *e, int shard, char *err, size_t err_len) {
+    pthread_mutex_lock(&e->mu);
+    const IpcRegion *g = runner_weights_ipc_staging(e->runner, shard, err, err_len);
+    pthread_mutex_unlock(&e->mu);
+    return g;
+}
+
 void *engine_adapter_device_staging(Engine *e, size_t unit_numel, int layer) {
     pthread_mutex_lock(&e->mu);
     void *p = runner_adapter_device_staging(e->runner, unit_numel, layer);

@@ -23,6 +23,7 @@
 
 #include "kernels/ops.h"
 #include "rollout_server/engine.h"
+#include "shared/ipc_region.h"
 #include "shared/model.h"
 
 typedef struct ModelRunner ModelRunner;
@@ -125,6 +126,14 @@ OpsCtx *runner_shard_ops(ModelRunner *r, int shard);
 // memory (or out of range). Called from other threads: the engine serialises these calls with its mutex, and never
 // runs them during runner_swap_device_weights.
 void *runner_weights_device_staging(ModelRunner *r, int shard, int unit);
+// Transport ipc (rollout_server/weight_ipc.h): makes shard `shard`'s device staging (the copies above) live in a
+// region of memory that other processes of the host can map (shared/ipc_region.h: CUDA IPC on GPUs, POSIX shared
+// memory on the CPU), every unit at ipc_unit_offsets, and returns that region; NULL with a message when it cannot be
+// made. Two regions per shard take turns: the staging goes into the one that does not hold the live weights (after
+// a swap the live weights are in the region the update was written into), made on first use; the staging copies
+// ops_malloc made before are freed, as are the live weights' first copies once they have been swapped out. The
+// regions last as long as the runner. Same threading as runner_weights_device_staging.
+const IpcRegion *runner_weights_ipc_staging(ModelRunner *r, int shard, char *err, size_t err_len);
 // The first unit without a device staging copy (its shard in *shard), or -1 when every unit of every shard has one.
 int runner_weights_device_missing(const ModelRunner *r, int *shard);
 // Swaps every shard's units with their device staging copies (pointers only; the old weights receive the next

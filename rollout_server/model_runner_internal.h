@@ -19,6 +19,7 @@
 
 #include "rollout_server/model_runner.h"
 #include "shared/comm/comm.h"
+#include "shared/ipc_region.h"
 #include "shared/model_lora.h"
 
 // What the shards run together (runner_shards_run).
@@ -50,6 +51,8 @@ typedef struct RunnerShard {
     Comm *comm;         // the shards' communicator (N > 1)
     void **dstaging;    // (n_units of the shard's layout) transport nccl: the second copy of each unit on this
                         // shard's device (storage dtype), made on first use, that the shard's receiver fills
+    IpcRegion ipc[2];   // transport ipc (runner_ipc.c): two regions other processes map, each holding every unit
+    size_t *ipc_offsets;// (n_units) at these byte offsets; the live weights and the staging take turns in them
     pthread_t thread;   // shards 1..N-1
     int have_thread;
     int rc;             // the last job's result, and its message
@@ -143,6 +146,11 @@ void runner_shards_stop(ModelRunner *r);
 // ENGINE_* code with a message naming the adapter.
 int runner_adapters_load(ModelRunner *r, const EngineConfig *cfg, char *err, size_t err_len);
 void runner_adapters_free(ModelRunner *r);
+
+// ---- runner_ipc.c -------------------------------------------------------------------------------------------
+// Before a shard's teardown frees its weights and staging: forgets the units that live in its ipc regions (they
+// are not ops_malloc's), then closes the regions. Call with the shard's context still alive.
+void runner_ipc_release(RunnerShard *s);
 // The step's adapter row ranges from its sequences (the step arrays hold seqs[i]'s n_sched rows in order) into
 // shard 0's m.lora_rows. Returns the number of ranges (0: the base model alone).
 int runner_adapter_ranges(ModelRunner *r, const RunnerSeq *seqs, int n_seqs);

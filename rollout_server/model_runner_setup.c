@@ -208,6 +208,7 @@ void runner_free(ModelRunner *r) {
         if (s->bufs) decode_bufs_free(s->bufs, &s->m);
         if (s->kv.k) kv_cache_free(&s->kv, &s->m);
         if (s->comm) comm_destroy(s->comm);
+        if (s->have_model) runner_ipc_release(s);   // before the frees: units in ipc regions are not ops_malloc's
         for (int u = 0; s->dstaging && u < s->m.layout.n_units; u++) ops_free(s->ops, s->dstaging[u]);
         free(s->dstaging);
         if (s->have_weights) resident_free(&s->w, &s->m);

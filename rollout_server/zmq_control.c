@@ -274,6 +274,7 @@ static void control_free(ZmqControl *z) {
     weight_recv_free(&z->wr);
     zc_adapter_free(z);
     weight_nccl_free(z->wn);
+    weight_ipc_free(z->wi);
     pthread_mutex_destroy(&z->mu);
     pthread_cond_destroy(&z->cv);
     free(z);
@@ -290,7 +291,8 @@ int zmq_control_start(ZmqControl **out, EngineGroup *g, const char *endpoint, co
     pthread_mutex_init(&z->mu, NULL);
     pthread_cond_init(&z->cv, NULL);
     if (weight_recv_init(&z->wr, &engine_group_model(g)->layout, err, err_len) ||
-        weight_nccl_create(&z->wn, g, weight_sync_timeout_ms, err, err_len)) {
+        weight_nccl_create(&z->wn, g, weight_sync_timeout_ms, err, err_len) ||
+        weight_ipc_create(&z->wi, g, err, err_len)) {
         control_free(z);
         return -1;
     }

@@ -10,6 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "rollout_server/weight_ipc.h"
 #include "rollout_server/weight_nccl.h"
 #include "rollout_server/weight_recv.h"
 #include "rollout_server/zmq_control.h"
@@ -35,6 +36,7 @@ struct ZmqControl {
     ZcJob *incoming;            // jobs submitted by the socket thread, not yet taken by the collector
     WeightRecv wr;              // socket thread only
     WeightNccl *wn;             // socket thread only: transport nccl
+    WeightIpc *wi;              // socket thread only: transport ipc
     // An adapter update (weights_begin with "adapter"), socket thread only: its receiver over the decoder layers'
     // adapter units, their host staging (adapter_layers of adapter_numel[0] fp32 each) and the adapters' config.
     WeightRecv wa;

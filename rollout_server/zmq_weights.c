@@ -1,7 +1,8 @@
 // rollout_server/zmq_weights.c — weight updates on the control channel (zmq_control.h): weights_begin,
 // weights_slice and weights_end with transport "zmq" (slices received into the engines' host staging,
-// rollout_server/weight_recv.h) or "nccl" (a receive thread filling the engines' device staging,
-// rollout_server/weight_nccl.h), then the commit to every engine. Runs on the socket thread.
+// rollout_server/weight_recv.h), "nccl" (a receive thread filling the engines' device staging,
+// rollout_server/weight_nccl.h) or "ipc" (trainer ranks of this host writing into mapped staging,
+// rollout_server/weight_ipc.h), then the commit to every engine. Runs on the socket thread.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -80,6 +81,49 @@ static void begin_nccl(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg 
         return;
     }
     reply_begin(z, rid, rl, q);
+}
+
+// Transport ipc (rollout_server/weight_ipc.h): the reply carries the handles of the staging the trainer ranks write.
+static void begin_ipc(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q) {
+    char err[768];
+    if (refuse_layout(z, rid, rl, q, "layout hash")) return;
+    weight_recv_reset(&z->wr);   // a zmq update still open is abandoned, as by any weights_begin
+    weight_nccl_stop(z->wn);     // an NCCL receive still running writes the device staging that ipc places
+    ZmsgMsg m;
+    zmsg_init(&m, ZMSG_WEIGHTS_BEGIN, ZMSG_DIR_REPLY, q->id);
+    m.version = q->version;
+    const int rc = weight_ipc_begin(z->wi, q, &m.ipc, err, sizeof err);
+    if (rc != 0) {
+        zc_send_error(z->router, rid, rl, q->id,
+                      rc == WEIGHT_IPC_EUNSUPPORTED ? "unsupported"
+                      : rc == WEIGHT_IPC_ESHARDS    ? "layout_mismatch"
+                      : rc == WEIGHT_IPC_ENOMEM     ? "out_of_memory"
+                                                    : "internal",
+                      "weights_begin: %s", err);
+        return;
+    }
+    zc_send_msg(z->router, rid, rl, &m);
+}
+
+// The ranks have written engine 0's staging: it is spread to the other engines and committed as over NCCL.
+static void end_ipc(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q) {
+    char err[768];
+    double received;
+    if (weight_ipc_finish(z->wi, q->version, &received, err, sizeof err) != 0) {
+        fprintf(stderr, "tandem-serve: weight update to version %lld over ipc failed; serving the previous weights: "
+                        "%s\n", (long long)q->version, err);
+        zc_send_error(z->router, rid, rl, q->id, "internal", "weights_end: %s", err);
+        return;
+    }
+    const double t0 = zc_now();
+    EngineCommitReport rep;
+    const int rc = engine_group_commit_device_weights(z->g, q->version, update_mode(z, q), &rep, err, sizeof err);
+    const double t1 = zc_now();
+    if (rc) {
+        zc_send_error(z->router, rid, rl, q->id, zc_engine_code(rc), "weights_end: commit failed: %s", err);
+        return;
+    }
+    reply_end(z, rid, rl, q, received + (t1 - t0), t1 - t0, &rep);
 }
 
 static void end_nccl(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q) {
@@ -166,6 +210,13 @@ static void begin_adapter_nccl(ZmqControl *z, const void *rid, size_t rl, const 
 // their host staging (kept from the previous adapter update when the size is the same).
 static void begin_adapter(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q) {
     char err[768];
+    if (q->transport == ZMSG_TRANSPORT_IPC) {
+        zc_send_error(z->router, rid, rl, q->id, "unsupported", "weights_begin: adapter updates over transport \"ipc\" "
+                      "are not supported; push merged weights (tandem-train --lora-sync merged) or use transport "
+                      "\"nccl\" or \"zmq\"");
+        return;
+    }
+    weight_ipc_abandon(z->wi);
     if (q->transport == ZMSG_TRANSPORT_NCCL && !weight_nccl_supported(z->wn, q->comm_backend, err, sizeof err)) {
         zc_send_error(z->router, rid, rl, q->id, "unsupported", "weights_begin: transport \"nccl\": %s; use transport "
                       "\"zmq\"", err);
@@ -256,6 +307,11 @@ void zc_weights(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q) {
         return;
     }
     if (q->type == ZMSG_WEIGHTS_BEGIN) {
+        if (q->transport == ZMSG_TRANSPORT_IPC) {
+            begin_ipc(z, rid, rl, q);
+            return;
+        }
+        weight_ipc_abandon(z->wi);
         if (q->transport == ZMSG_TRANSPORT_NCCL) {
             begin_nccl(z, rid, rl, q);
             return;
@@ -274,6 +330,8 @@ void zc_weights(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q) {
         if (weight_recv_slice(&z->wr, rid, rl, q->has_version, q->version, q->unit, q->offset, q->count, q->dtype, q->slice_data, staging_of,
                               z->g, err, sizeof err))
             zc_send_error(z->router, rid, rl, q->id, "bad_slice", "%s", err);
+    } else if (weight_ipc_active(z->wi)) {
+        end_ipc(z, rid, rl, q);
     } else if (weight_nccl_active(z->wn)) {
         end_nccl(z, rid, rl, q);
     } else {

@@ -8,6 +8,8 @@
 #   serve  bench/bench_serve_gpu.py $SERVE_ARGS (e.g. SERVE_ARGS="--shape 1.5b --grpo")
 #   sync   bench/bench_sync_gpu.py $SYNC_ARGS (weight-sync bandwidth over NCCL vs a torch GPU0->GPU1 copy)
 #   devices  tests/e2e/test_serve_devices.py --gpu (tandem-serve --devices 0,1 vs one engine; needs 2 GPUs)
+#   ipc    tests/e2e/test_weight_sync_ipc.py --gpu (GRPO over transport ipc into a TP 2 server on cuda:0-1, shard 0
+#          beside the trainer rank on cuda:0, and with 3+ GPUs a plain one; skips with fewer than 2 GPUs)
 #   structured tests/e2e/test_structured_outputs.py --gpu (regex / json-schema outputs on cuda:0)
 #   tp       tests/e2e/test_serve_tensor_parallel.py --gpu (the 405B shape refused on one GPU naming TP 8; TP 2 vs TP 1
 #            greedy on 2 GPUs)
@@ -117,6 +119,9 @@ if want lora; then
 fi
 if want shards; then
   TANDEM_BUILD_DIR=$B run_py sync_shards python3 tests/e2e/test_weight_sync_shards.py --gpu
+fi
+if want ipc; then
+  TANDEM_BUILD_DIR=$B run_py sync_ipc python3 tests/e2e/test_weight_sync_ipc.py --gpu
 fi
 if want structured; then
   TANDEM_BUILD_DIR=$B run_py serve_structured python3 tests/e2e/test_structured_outputs.py --gpu

@@ -28,7 +28,7 @@ static const char *const KEYS_REQ[ZMSG_N_TYPES] = {
                       "?stop_token_ids ?ignore_eos",
     [ZMSG_PAUSE] = "", [ZMSG_RESUME] = "", [ZMSG_RESET_CACHE] = "", [ZMSG_STATS] = "", [ZMSG_SHUTDOWN] = "",
     [ZMSG_WEIGHTS_BEGIN] = "version transport layout_hash ?nccl_id ?nccl_world ?nccl_rank ?trainer_ranks ?comm_backend "
-                           "?tensor_parallel_size ?adapter",
+                           "?tensor_parallel_size ?adapter ?ipc_host",
     [ZMSG_WEIGHTS_SLICE] = "unit offset count dtype ?version",
     [ZMSG_WEIGHTS_END] = "version ?mode",
 };
@@ -41,7 +41,7 @@ static const char *const KEYS_REP[ZMSG_N_TYPES] = {
     [ZMSG_STATS] = "requests_waiting requests_running sequences_running kv_blocks_total kv_blocks_used "
                    "kv_blocks_cached prompt_tokens_total generation_tokens_total cached_prompt_tokens_total "
                    "preemptions_total steps_total step_seconds_sum policy_version paused prompts_in_flight",
-    [ZMSG_WEIGHTS_BEGIN] = "version",
+    [ZMSG_WEIGHTS_BEGIN] = "version ?ipc",
     [ZMSG_WEIGHTS_END] = "version seconds commit_seconds ?sequences_kept ?sequences_requeued",
     [ZMSG_ERROR] = "code message",
 };
@@ -53,6 +53,9 @@ const char *zmsg_keys_(ZmsgType t, ZmsgDir d) {
 
 const char *zmsg_type_name(ZmsgType t) { return (t >= 0 && t < ZMSG_N_TYPES) ? TYPE_NAMES[t] : NULL; }
 const char *zmsg_finish_name(ZmsgFinish f) { return (f >= 0 && f <= ZMSG_FINISH_ERROR) ? FINISH_NAMES[f] : "?"; }
+const char *zmsg_transport_name(ZmsgTransport t) {
+    return t == ZMSG_TRANSPORT_NCCL ? "nccl" : t == ZMSG_TRANSPORT_IPC ? "ipc" : "zmq";
+}
 const char *zmsg_dtype_name(ZmsgDtype d) { return d == ZMSG_DTYPE_BF16 ? "bf16" : "f32"; }
 size_t zmsg_dtype_size(ZmsgDtype d) { return d == ZMSG_DTYPE_BF16 ? 2 : 4; }
 static const char *const UPDATE_MODE_NAMES[] = {"keep", "abort", "keep_kv"};
@@ -127,6 +130,32 @@ static json_t *i64_array(const int64_t *v, int n) {
     json_t *a = json_array();
     for (int i = 0; i < n; i++) json_array_append_new(a, json_integer(v[i]));
     return a;
+}
+
+// The weights_begin reply's "ipc" object (transport ipc). Returns 0, or -1 for a shard count out of range.
+static int build_ipc(json_t *h, const ZmsgIpc *ipc) {
+    if (ipc->n_shards < 1 || ipc->n_shards > ZMSG_IPC_MAX_SHARDS) return -1;
+    json_t *o = json_object(), *shards = json_array();
+    char hex[17];
+    json_object_set_new(o, "host", json_string(ipc->host));
+    zmsg_hash_to_hex(ipc->staging_id, hex);
+    json_object_set_new(o, "staging_id", json_string(hex));
+    set_i(o, "pid", ipc->pid);
+    json_object_set_new(o, "memory", json_string(ipc->cuda ? "cuda" : "shm"));
+    for (int k = 0; k < ipc->n_shards; k++) {
+        const ZmsgIpcShard *sh = &ipc->shards[k];
+        json_t *one = json_object();
+        json_object_set_new(one, "handle", json_string(sh->handle));
+        set_i(one, "bytes", sh->bytes);
+        if (ipc->cuda) {
+            json_object_set_new(one, "device", json_string(sh->device));
+            json_object_set_new(one, "uuid", json_string(sh->uuid));
+        }
+        json_array_append_new(shards, one);
+    }
+    json_object_set_new(o, "shards", shards);
+    json_object_set_new(h, "ipc", o);
+    return 0;
 }
 
 int zmsg_build(const ZmsgMsg *m, ZmsgOut *out, char *err, size_t err_len) {
@@ -262,8 +291,19 @@ int zmsg_build(const ZmsgMsg *m, ZmsgOut *out, char *err, size_t err_len) {
         break;
     case ZMSG_WEIGHTS_BEGIN:
         set_i(h, "version", m->version);
-        if (!req) break;
-        json_object_set_new(h, "transport", json_string(m->transport == ZMSG_TRANSPORT_NCCL ? "nccl" : "zmq"));
+        if (!req) {
+            if (m->ipc.present && build_ipc(h, &m->ipc) != 0) {
+                json_decref(h);
+                return err_fail(err, err_len, "zmsg_build: weights_begin reply: \"ipc\" needs 1..%d shards",
+                                ZMSG_IPC_MAX_SHARDS);
+            }
+            break;
+        }
+        json_object_set_new(h, "transport", json_string(zmsg_transport_name(m->transport)));
+        if (m->transport == ZMSG_TRANSPORT_IPC) {
+            json_object_set_new(h, "ipc_host", json_string(m->ipc_host));
+            if (m->tensor_parallel_size > 1) set_i(h, "tensor_parallel_size", m->tensor_parallel_size);
+        }
         zmsg_hash_to_hex(m->layout_hash, hex);
         json_object_set_new(h, "layout_hash", json_string(hex));
         if (m->transport == ZMSG_TRANSPORT_NCCL) {

@@ -45,9 +45,32 @@ typedef enum {
 typedef enum { ZMSG_DIR_REQUEST = 0, ZMSG_DIR_REPLY = 1 } ZmsgDir;   // request: trainer -> server
 
 typedef enum { ZMSG_DTYPE_F32 = 0, ZMSG_DTYPE_BF16 = 1 } ZmsgDtype;
-typedef enum { ZMSG_TRANSPORT_ZMQ = 0, ZMSG_TRANSPORT_NCCL = 1 } ZmsgTransport;
+typedef enum { ZMSG_TRANSPORT_ZMQ = 0, ZMSG_TRANSPORT_NCCL = 1, ZMSG_TRANSPORT_IPC = 2 } ZmsgTransport;
 typedef enum { ZMSG_COMM_NCCL = 0, ZMSG_COMM_HOST = 1 } ZmsgCommBackend;
 #define ZMSG_NCCL_ID_BYTES 128   // = COMM_UNIQUE_ID_BYTES (ncclUniqueId)
+// Transport ipc (docs/protocol-zmq.md): the sizes of shared/ipc_region.h, and the shards one reply can describe.
+#define ZMSG_IPC_MAX_SHARDS 16
+#define ZMSG_IPC_HANDLE_MAX 96
+#define ZMSG_IPC_HOST_MAX 64
+#define ZMSG_IPC_DEVICE_MAX 48
+// One tensor-parallel shard's receive staging in a weights_begin reply with transport ipc.
+typedef struct {
+    char handle[ZMSG_IPC_HANDLE_MAX];   // "handle": cuda: base64 of the cudaIpcMemHandle_t; shm: the shm_open name
+    int64_t bytes;                      // "bytes": the region's size
+    char device[ZMSG_IPC_DEVICE_MAX];   // "device" (cuda): the GPU's PCI bus id; "" on the CPU
+    char uuid[ZMSG_IPC_DEVICE_MAX];     // "uuid" (cuda): the GPU's UUID; "" on the CPU
+} ZmsgIpcShard;
+// The weights_begin reply's "ipc" object: where the trainer ranks write the update.
+typedef struct {
+    int present;
+    char host[ZMSG_IPC_HOST_MAX];       // "host": the server host's boot id (shared/ipc_region.h ipc_host_id)
+    uint64_t staging_id;                // "staging_id" (16 hex digits): changes when the staging is made anew (a
+                                        // restarted server): the ranks then open the handles again
+    int64_t pid;                        // "pid": the server process
+    int cuda;                           // "memory": "cuda" (CUDA IPC handles) or "shm" (POSIX shared memory)
+    int n_shards;                       // "shards": engine 0's tensor-parallel shards, in order
+    ZmsgIpcShard shards[ZMSG_IPC_MAX_SHARDS];
+} ZmsgIpc;
 // What a weight update does with the server's sequences in flight (weights_end "mode"): "keep" (they go on under
 // the new weights, their tokens recomputed), "abort" (they start over from their prompt) or "keep_kv" (they go on
 // with the K/V the old weights computed), docs/protocol-zmq.md.
@@ -164,6 +187,10 @@ typedef struct {
     int nccl_world, nccl_rank, trainer_ranks;
     ZmsgCommBackend comm_backend;   // "comm_backend": the communicator's backend, "nccl" (default) or "host" (CPU
                                     // ranks and servers: shared/comm's host backend, the id from comm_unique_id_host)
+    // weights_begin with transport ipc: "ipc_host", the sender's host (boot id), which the server compares with its
+    // own; tensor_parallel_size as for nccl. The reply carries "ipc" (ZmsgIpc).
+    char ipc_host[ZMSG_IPC_HOST_MAX];
+    ZmsgIpc ipc;
     // weights_begin with "adapter" {r, lora_alpha, use_rslora, target_modules}: the update carries LoRA adapters
     // alone (the policy is the base weights plus them); its units are the decoder layers' adapter units
     // (shared/model_lora.h), slices address those. Transport zmq only.
@@ -191,6 +218,7 @@ typedef struct {
 const char *zmsg_type_name(ZmsgType t);         // "hello", "generate", ..., NULL for an invalid value
 const char *zmsg_finish_name(ZmsgFinish f);     // "length", "stop", "abort", "error"
 const char *zmsg_dtype_name(ZmsgDtype d);       // "f32", "bf16"
+const char *zmsg_transport_name(ZmsgTransport t); // "zmq", "nccl", "ipc"
 size_t zmsg_dtype_size(ZmsgDtype d);            // 4, 2
 const char *zmsg_update_mode_name(ZmsgUpdateMode u); // "keep", "abort", "keep_kv"
 

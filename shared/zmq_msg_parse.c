@@ -336,6 +336,53 @@ static int parse_adapter(const JsonAt *at, ZmsgMsg *m) {
     return 0;
 }
 
+// A required string of 1 .. cap - 1 bytes without NUL, copied into out.
+static int get_text(const JsonAt *at, const char *key, char *out, size_t cap) {
+    const char *s;
+    size_t len;
+    int rc = json_get_string(at, key, JSON_GET_REQUIRED, NULL, JSON_ANY_LENGTH, &s, &len);
+    if (rc) return rc;
+    if (len == 0 || len >= cap || memchr(s, 0, len))
+        return json_get_fail(at, key, "must be a string of 1 to %zu bytes, got %zu", cap - 1, len);
+    memcpy(out, s, len + 1);
+    return 0;
+}
+
+// The weights_begin reply's "ipc" (transport ipc): where the trainer ranks write the update (ZmsgIpc).
+static int parse_ipc(const JsonAt *at, ZmsgIpc *ipc) {
+    JsonAt o, shards;
+    const char *s;
+    int rc = json_get_object(at, "ipc", JSON_GET_OPTIONAL, &o);
+    if (rc || !o.json) return rc;
+    ipc->present = 1;
+    if ((rc = check_keys(&o, "host staging_id pid memory shards")) || (rc = get_text(&o, "host", ipc->host,
+                                                                                      sizeof ipc->host)) ||
+        (rc = get_hash(&o, "staging_id", &ipc->staging_id)) ||
+        (rc = json_get_int64(&o, "pid", JSON_GET_REQUIRED, 0, 1, INT64_MAX, &ipc->pid)) ||
+        (rc = json_get_string(&o, "memory", JSON_GET_REQUIRED, NULL, JSON_ANY_LENGTH, &s, NULL)))
+        return rc;
+    if (strcmp(s, "cuda") && strcmp(s, "shm"))
+        return json_get_fail(&o, "memory", "must be \"cuda\" or \"shm\", got \"%.32s\"", s);
+    ipc->cuda = !strcmp(s, "cuda");
+    if ((rc = get_array(&o, "shards", -1, ZMSG_IPC_MAX_SHARDS, &shards))) return rc;
+    ipc->n_shards = (int)json_array_size(shards.json);
+    if (ipc->n_shards == 0) return json_get_fail(&o, "shards", "names no shard");
+    for (int k = 0; k < ipc->n_shards; k++) {
+        JsonAt e = json_at_element(&shards, (size_t)k);
+        ZmsgIpcShard *sh = &ipc->shards[k];
+        if (!json_is_object(e.json))
+            return json_get_fail(&o, "shards", "element %d is %s, expected an object", k, json_kind_name(e.json));
+        if ((rc = check_keys(&e, ipc->cuda ? "handle bytes device uuid" : "handle bytes")) ||
+            (rc = get_text(&e, "handle", sh->handle, sizeof sh->handle)) ||
+            (rc = json_get_int64(&e, "bytes", JSON_GET_REQUIRED, 0, 1, INT64_MAX, &sh->bytes)))
+            return rc;
+        if (ipc->cuda && ((rc = get_text(&e, "device", sh->device, sizeof sh->device)) ||
+                          (rc = get_text(&e, "uuid", sh->uuid, sizeof sh->uuid))))
+            return rc;
+    }
+    return 0;
+}
+
 static int parse_weights(const JsonAt *at, ZmsgMsg *m, const ZmsgFrame *f, int nf) {
     int rc;
     const char *s;
@@ -365,9 +412,18 @@ static int parse_weights(const JsonAt *at, ZmsgMsg *m, const ZmsgFrame *f, int n
         if ((rc = json_get_string(at, "transport", JSON_GET_REQUIRED, NULL, JSON_ANY_LENGTH, &s, NULL))) return rc;
         if (!strcmp(s, "zmq")) m->transport = ZMSG_TRANSPORT_ZMQ;
         else if (!strcmp(s, "nccl")) m->transport = ZMSG_TRANSPORT_NCCL;
-        else return json_get_fail(at, "transport", "must be \"zmq\" or \"nccl\", got \"%.32s\"", s);
+        else if (!strcmp(s, "ipc")) m->transport = ZMSG_TRANSPORT_IPC;
+        else return json_get_fail(at, "transport", "must be \"zmq\", \"nccl\" or \"ipc\", got \"%.32s\"", s);
         if ((rc = get_hash(at, "layout_hash", &m->layout_hash))) return rc;
         if ((rc = parse_adapter(at, m))) return rc;
+        if (m->transport != ZMSG_TRANSPORT_IPC && json_object_get(at->json, "ipc_host"))
+            return json_get_fail(at, "ipc_host", "belongs to transport \"ipc\", not \"%s\"",
+                                 zmsg_transport_name(m->transport));
+        if (m->transport == ZMSG_TRANSPORT_IPC)
+            return (rc = get_text(at, "ipc_host", m->ipc_host, sizeof m->ipc_host))
+                       ? rc
+                       : json_get_int(at, "tensor_parallel_size", JSON_GET_OPTIONAL, 1, 1, ZMSG_IPC_MAX_SHARDS,
+                                      &m->tensor_parallel_size);
         if (m->transport != ZMSG_TRANSPORT_NCCL) return 0;
         if ((rc = json_get_int(at, "trainer_ranks", JSON_GET_REQUIRED, 0, 1, 1 << 20, &m->trainer_ranks)) ||
             (rc = json_get_int(at, "nccl_world", JSON_GET_REQUIRED, 0, m->trainer_ranks + 1, 1 << 20,
@@ -389,6 +445,7 @@ static int parse_weights(const JsonAt *at, ZmsgMsg *m, const ZmsgFrame *f, int n
             return json_get_fail(at, "nccl_id", "must be %d lowercase hex digits", 2 * ZMSG_NCCL_ID_BYTES);
         return 0;
     }
+    if (m->type == ZMSG_WEIGHTS_BEGIN) return parse_ipc(at, &m->ipc);   // the reply
     if (m->type == ZMSG_WEIGHTS_END && m->dir == ZMSG_DIR_REQUEST) {
         if ((rc = json_get_string(at, "mode", JSON_GET_OPTIONAL, NULL, JSON_ANY_LENGTH, &s, NULL))) return rc;
         if (!s) return 0;

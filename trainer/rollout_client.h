@@ -151,6 +151,13 @@ int rollout_weights_begin_nccl(RolloutClient *c, int64_t version, const LoraConf
 int rollout_weights_begin_nccl_send(RolloutClient *c, int64_t version, const LoraConfig *adapter,
                                     const RolloutNcclGroup *grp, const int *servers, int n, int64_t *req_ids,
                                     char *err, size_t err_len);
+// Weight push, transport ipc (rank 0 only): opens update `version` on every answering server, telling it this
+// host's identity (`host`, shared/ipc_region.h ipc_host_id); members (n_members) receive the servers that took it
+// and ipc[j] member j's staging (ZmsgIpc: the handles of its shards' regions, their sizes and identity). A server
+// that does not answer is set aside (it gets the weights when it answers again); one that refuses (another host,
+// another tensor-parallel size) fails it with the server's message.
+int rollout_weights_begin_ipc(RolloutClient *c, int64_t version, const char *host, int *members, int *n_members,
+                              ZmsgIpc *ipc, char *err, size_t err_len);
 int rollout_weights_begin_nccl_wait(RolloutClient *c, const int *servers, int n, const int64_t *req_ids, char *err,
                                     size_t err_len);
 

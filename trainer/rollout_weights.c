@@ -290,3 +290,38 @@ int rollout_weights_end(RolloutClient *c, int64_t version, double *seconds, doub
     if (rollout_weights_end_send(c, version, req_ids, err, err_len) != 0) return -1;
     return rollout_weights_end_wait(c, version, req_ids, seconds, commit_seconds, err, err_len);
 }
+
+int rollout_weights_begin_ipc(RolloutClient *c, int64_t version, const char *host, int *members, int *n_members,
+                              ZmsgIpc *ipc, char *err, size_t err_len) {
+    int alive[MAX_SERVERS], n_alive = rollout_alive_servers(c, alive);
+    rollout_weights_set_members(c, alive, n_alive);
+    *n_members = 0;
+    for (int j = 0; j < n_alive; j++) {
+        Server *s = &c->servers[alive[j]];
+        const int tp = rollout_server_tp(c, alive[j]);
+        ZmsgMsg m, rep;
+        zmsg_init(&m, ZMSG_WEIGHTS_BEGIN, ZMSG_DIR_REQUEST, c->next_id++);
+        m.version = version;
+        m.transport = ZMSG_TRANSPORT_IPC;
+        m.layout_hash = c->layout_hash;
+        snprintf(m.ipc_host, sizeof m.ipc_host, "%s", host);
+        m.tensor_parallel_size = tp;
+        int r = push_call(c, s, &m, "weights_begin", &rep, err, err_len);
+        if (r < 0) return -1;
+        if (r == 0) continue;   // set aside: it gets the weights when it answers again
+        const int ok = rep.ipc.present && rep.ipc.n_shards == tp;
+        if (ok) ipc[*n_members] = rep.ipc;
+        zmsg_free(&rep);
+        if (!ok) {
+            snprintf(err, err_len, "rollout server %s answered weights_begin (ipc) without the staging of its %d "
+                     "shard(s) (a server that predates transport ipc?); use --weight-sync-transport nccl or zmq",
+                     s->endpoint, tp);
+            return -1;
+        }
+        members[(*n_members)++] = alive[j];
+    }
+    rollout_weights_set_members(c, members, *n_members);
+    if (*n_members == 0)
+        fprintf(stderr, "tandem-train: weight update %lld reached no rollout server\n", (long long)version);
+    return 0;
+}

@@ -31,7 +31,7 @@ typedef enum { TRAIN_DEVICE_AUTO = 0, TRAIN_DEVICE_CPU, TRAIN_DEVICE_CUDA } Trai
 typedef enum { SHARDING_FULL_SHARD = 0, SHARDING_HYBRID_SHARD } ShardingStrategy;
 typedef enum { OVERLONG_PROMPTS_SKIP = 0, OVERLONG_PROMPTS_ERROR } OverlongPrompts;
 typedef enum { FORMAT_REGEX_FULL = 0, FORMAT_REGEX_SEARCH } FormatRegexMode;
-typedef enum { WEIGHT_SYNC_AUTO = 0, WEIGHT_SYNC_NCCL, WEIGHT_SYNC_ZMQ } WeightSyncTransport;
+typedef enum { WEIGHT_SYNC_AUTO = 0, WEIGHT_SYNC_NCCL, WEIGHT_SYNC_ZMQ, WEIGHT_SYNC_IPC } WeightSyncTransport;
 typedef enum { LORA_SYNC_ADAPTER = 0, LORA_SYNC_MERGED } LoraSync;
 typedef enum { TRUNCATION_KEEP_START = 0, TRUNCATION_KEEP_END } TruncationMode;
 // TRL's (transformers') SaveStrategy: every save_steps, at each epoch's end, none but the final checkpoint; "best"

@@ -135,6 +135,17 @@ static int check_logging_and_dist(const TrainConfig *c, Problems *p) {
         FAIL("weight_sync_transport: nccl from %s is not built; use zmq (or auto, which picks it for these layouts)",
              c->sharding_strategy == SHARDING_HYBRID_SHARD ? "sharding_strategy hybrid_shard"
                                                            : "zero_hpz_partition_size > 1");
+    // Transport ipc copies slice r of every unit from rank r as nccl does (the same hybrid-layout limit), and whole
+    // weights only: adapters go over nccl or zmq.
+    if ((c->zero_hpz_partition_size > 1 || c->sharding_strategy == SHARDING_HYBRID_SHARD) &&
+        c->mode != TRAIN_MODE_SFT && c->weight_sync_transport == WEIGHT_SYNC_IPC)
+        FAIL("weight_sync_transport: ipc from %s is not built; use zmq (or auto)",
+             c->sharding_strategy == SHARDING_HYBRID_SHARD ? "sharding_strategy hybrid_shard"
+                                                           : "zero_hpz_partition_size > 1");
+    if (c->use_peft && c->lora_sync == LORA_SYNC_ADAPTER && c->mode != TRAIN_MODE_SFT &&
+        c->weight_sync_transport == WEIGHT_SYNC_IPC)
+        FAIL("weight_sync_transport: ipc carries whole weights only; with lora_sync adapter use nccl or zmq, or set "
+             "lora_sync merged");
     NEED(isfinite(c->init_timeout) && c->init_timeout > 0, "init_timeout", "must be > 0 seconds, got %g",
          c->init_timeout);
     NEED(isfinite(c->comm_timeout) && c->comm_timeout > 0, "comm_timeout", "must be > 0 seconds, got %g",

@@ -24,7 +24,7 @@ NAMES(mode_name, "grpo", "sft")
 NAMES(overlong_name, "skip", "error")
 NAMES(regex_mode_name, "full", "search")
 NAMES(device_name, "auto", "cpu", "cuda")
-NAMES(sync_name, "auto", "nccl", "zmq")
+NAMES(sync_name, "auto", "nccl", "zmq", "ipc")
 NAMES(lora_sync_name, "adapter", "merged")
 NAMES(sharding_name, "full_shard", "hybrid_shard")
 NAMES(truncation_name, "keep_start", "keep_end")
@@ -239,8 +239,9 @@ const OptionSpec train_options[] = {
         "TANDEM_CONTROL_CLIENT_KEY"),
     OPT("weight_sync_steps", OPT_INT, weight_sync_steps, G_DIST, "push weights to the servers every k steps"),
     ENUM("weight_sync_transport", weight_sync_transport, sync_name, 0, G_DIST,
-         "nccl (GPUs; CPU ranks: its CPU twin over the host communicator), zmq (frames over the control socket); "
-         "auto = nccl on cuda"),
+         "nccl (GPUs; CPU ranks: its CPU twin over the host communicator), zmq (frames over the control socket), "
+         "ipc (ranks and servers on one host: each rank copies its slices straight into the servers' staging, "
+         "mapped with CUDA IPC or, on the CPU, shared memory; full weights only); auto = nccl on cuda"),
 
     OPT("use_peft", OPT_BOOL, use_peft, G_LORA, "train LoRA adapters on a frozen base (sft, grpo); checkpoints are "
         "PEFT adapter folders"),

@@ -274,6 +274,7 @@ int trainer_open(Trainer *t, TrainConfig *cfg, char *err, size_t err_len) {
     // Hybrid layouts (HSDP, hpZ) cut the model otherwise than slice r on rank r, which the NCCL sync sends: their
     // weights go over ZeroMQ (train_config_check.c refuses nccl with them).
     const int hybrid_layout = cfg->sharding_strategy == SHARDING_HYBRID_SHARD || cfg->zero_hpz_partition_size > 1;
+    t->sync.use_ipc = cfg->weight_sync_transport == WEIGHT_SYNC_IPC;
     t->sync.use_nccl = cfg->weight_sync_transport == WEIGHT_SYNC_NCCL ||
                        (cfg->weight_sync_transport == WEIGHT_SYNC_AUTO && backend == OPS_BACKEND_CUDA &&
                         comm_backend_available(COMM_BACKEND_NCCL) && !(hybrid_layout && cfg->mode != TRAIN_MODE_SFT));
@@ -287,7 +288,10 @@ int trainer_open(Trainer *t, TrainConfig *cfg, char *err, size_t err_len) {
     log0(t, "%d rank(s) joined (rendezvous at %s:%d, port from %s), %s backend, ZeRO collectives over %s, weight sync over %s",
          t->world, ci.master_addr, ci.master_port, ci.port_source, backend == OPS_BACKEND_CUDA ? "cuda" : "cpu",
          t->dcomm != t->comm ? "NCCL" : t->world > 1 ? "ZeroMQ" : "nothing (one rank)",
-         !t->sync.use_nccl ? "ZeroMQ" : backend == OPS_BACKEND_CUDA ? "NCCL" : "the host communicator (nccl's CPU twin)");
+         t->sync.use_ipc    ? (backend == OPS_BACKEND_CUDA ? "CUDA IPC (ipc)" : "shared memory (ipc)")
+         : !t->sync.use_nccl ? "ZeroMQ"
+         : backend == OPS_BACKEND_CUDA ? "NCCL"
+                                       : "the host communicator (nccl's CPU twin)");
     int replace_earlier;
     if (resolve_resume_auto(t, cfg, &replace_earlier, err, err_len) != 0) return -1;
     if (prepare_output_dir(t, replace_earlier, err, err_len) != 0) return -1;
@@ -405,7 +409,7 @@ void trainer_close(Trainer *t) {
     zero3_destroy(t->policy);
     lora_train_destroy(t->lora);
     if (t->model.ops) model_free(&t->model);
-    weight_sync_close(&t->sync);
+    weight_sync_free(&t->sync);
     comm_destroy(t->node_comm);
     comm_destroy(t->replica_comm);
     if (t->dcomm && t->dcomm != t->comm) comm_destroy(t->dcomm);

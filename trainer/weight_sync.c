@@ -1,4 +1,5 @@
-// trainer/weight_sync.c — the two weight-sync transports (see trainer/weight_sync.h).
+// trainer/weight_sync.c — the weight-sync transports zmq and nccl, and the push that picks one (see
+// trainer/weight_sync.h; transport ipc is trainer/weight_sync_ipc.c).
 #include "trainer/weight_sync.h"
 
 #include <stdio.h>
@@ -7,11 +8,18 @@
 
 #include "shared/comm/rendezvous.h"
 #include "trainer/lora_train.h"
+#include "trainer/weight_sync_internal.h"
 #include "trainer/weight_sync_shards.h"
 #include "trainer/server_liveness.h"
 #include "trainer/trainer.h"
 
 #define WEIGHT_SYNC_ATTEMPTS 3   // NCCL pushes tried per update while members keep going away
+
+void weight_sync_free(WeightSync *ws) {
+    weight_sync_close(ws);
+    weight_sync_ipc_free(ws->ipc);
+    ws->ipc = NULL;
+}
 
 void weight_sync_close(WeightSync *ws) {
     comm_destroy_now(ws->comm);   // the servers keep running: a graceful finalize would wait on them
@@ -80,7 +88,7 @@ static int new_id(Trainer *t, int server, uint8_t id[COMM_UNIQUE_ID_BYTES], char
 
 // The elements of unit u that this rank owns and the unit really has (its slice may run into the padding). With
 // LoRA (t->lora) every rank holds the whole merged model and sends the slice ZeRO would have given it.
-static size_t owned_count(const Trainer *t, int u, size_t *off) {
+size_t weight_sync_owned_count(const Trainer *t, int u, size_t *off) {
     const Layout *L = &t->model.layout;
     size_t n = t->lora ? layout_padded_unit_numel(L, u, t->world) / (size_t)t->world : zero3_shard_count(t->policy, u);
     *off = t->lora ? (size_t)t->rank * n : zero3_shard_offset(t->policy, u);
@@ -200,7 +208,7 @@ static int send_nccl(Trainer *t, const NcclPlan *plan, int adapter, char *err, s
         int u1 = u0;
         while (u1 < L->n_units && (u1 == u0 || bucket < WEIGHT_SYNC_BUCKET_BYTES)) {
             WeightSlice *sl = &slices[u1 - u0];
-            sl->count = owned_count(t, u1, &sl->off);
+            sl->count = weight_sync_owned_count(t, u1, &sl->off);
             sl->src = t->lora ? (const char *)lora_train_merged_unit(t->lora, u1) + sl->off * es
                               : zero3_param_shard(t->policy, u1);
             bucket += sl->count * es;
@@ -272,7 +280,7 @@ static int send_zmq(Trainer *t, int64_t version, char *err, size_t err_len) {
     // values). hpZ: each rank's master slice is its own part of the model, at its offset, as flat ZeRO's.
     const int replica = t->policy && zero3_replicas(t->policy) > 1 ? comm_rank(t->replica_comm) : 0;
     for (int u = 0; u < L->n_units && rc == 0 && replica == 0; u++) {
-        size_t off, count = owned_count(t, u, &off);
+        size_t off, count = weight_sync_owned_count(t, u, &off);
         if (count == 0) continue;
         if (count > cap) {
             free(host);
@@ -303,7 +311,7 @@ static int send_zmq(Trainer *t, int64_t version, char *err, size_t err_len) {
 
 // Rank 0 closes the update (waits for every server's swap) and tells every rank how it went.
 // end_ids: the weights_end requests rank 0 has already sent (their answers are awaited), or NULL: send them now.
-static int finish(Trainer *t, int64_t version, int rc, const int64_t *end_ids, char *err, size_t err_len) {
+int weight_sync_finish(Trainer *t, int64_t version, int rc, const int64_t *end_ids, char *err, size_t err_len) {
     WeightSync *ws = &t->sync;
     ws->end_seconds = ws->commit_seconds = 0;
     if (t->rank == 0 && rc == 0) {
@@ -321,7 +329,7 @@ static int finish(Trainer *t, int64_t version, int rc, const int64_t *end_ids, c
 }
 
 // Every rank learns whether every rank's sending went well.
-static int agree(Trainer *t, int rc, char *err, size_t err_len) {
+int weight_sync_agree(Trainer *t, int rc, char *err, size_t err_len) {
     int32_t failed = rc != 0;
     if (comm_all_reduce(t->comm, &failed, 1, COMM_I32, COMM_MAX) != 0 || failed) {
         if (rc == 0) snprintf(err, err_len, "weight sync: %s", failed ? "another rank failed to send its slices"
@@ -377,11 +385,11 @@ static int push_nccl(Trainer *t, int64_t version, const LoraConfig *adapter, cha
         }
     }
     if (rc == 0) rc = wait_sends(t, err, err_len);
-    if (agree(t, rc, err, err_len) != 0) {
+    if (weight_sync_agree(t, rc, err, err_len) != 0) {
         weight_sync_close(&t->sync);
         return -1;   // an answer to a weights_end sent above is an error, or comes late and is discarded
     }
-    return finish(t, version, 0, end_sent ? end_ids : NULL, err, err_len);
+    return weight_sync_finish(t, version, 0, end_sent ? end_ids : NULL, err, err_len);
 }
 
 static int push_zmq(Trainer *t, int64_t version, char *err, size_t err_len) {
@@ -406,8 +414,8 @@ static int push_zmq(Trainer *t, int64_t version, char *err, size_t err_len) {
         rollout_weights_set_members(t->rollout, members, n_members);
     }
     rc = send_zmq(t, version, err, err_len);
-    if (agree(t, rc, err, err_len) != 0) return -1;
-    return finish(t, version, 0, NULL, err, err_len);
+    if (weight_sync_agree(t, rc, err, err_len) != 0) return -1;
+    return weight_sync_finish(t, version, 0, NULL, err, err_len);
 }
 
 // lora_sync adapter over ZeroMQ: the adapters alone. Every rank holds the same adapters, so rank 0 sends them all
@@ -447,7 +455,7 @@ static int push_adapter(Trainer *t, int64_t version, char *err, size_t err_len) 
     free(host);
     if (go && t->rank == 0 && rc == 0) rc = rollout_client_flush(t->rollout, err, err_len);
     t->sync.transfer_seconds = trainer_now() - t1;
-    const int done = finish(t, version, rc, NULL, err, err_len);
+    const int done = weight_sync_finish(t, version, rc, NULL, err, err_len);
     return rc != 0 ? -1 : done;   // a rank whose broadcast failed fails whatever rank 0 saw
 }
 
@@ -472,6 +480,12 @@ int weight_sync_push(Trainer *t, double *seconds, char *err, size_t err_len) {
     const LoraConfig *adapter =
         t->lora && t->cfg->lora_sync == LORA_SYNC_ADAPTER ? &lora_train_adapters(t->lora)->cfg : NULL;
     if (t->lora && !adapter && lora_train_refresh_merged(t->lora, err, err_len) != 0) return -1;
+    if (ws->use_ipc) {   // train_config_check.c refuses adapter updates over ipc
+        if (weight_sync_push_ipc(t, version, err, err_len) != 0) return -1;
+        t->progress.policy_version = version;
+        *seconds = trainer_now() - t0;
+        return 0;
+    }
     if (ws->use_nccl) {
         int rc;
         for (int attempt = 1;; attempt++) {

@@ -10,6 +10,10 @@
 // slice it holds (trainer/weight_sync_shards.h) — units grouped into buckets of about WEIGHT_SYNC_BUCKET_BYTES per
 // NCCL group: no gather, no per-tensor round trip. Rank 0's weights_end returns once each server has swapped.
 // CPU ranks (the CPU twin, CI) run transport nccl over shared/comm's host backend with fp32 slices, to CPU servers.
+// Transport ipc (trainer/weight_sync_ipc.c): ranks and servers on one host. weights_begin's reply names each server
+// shard's staging (CUDA IPC handles, or POSIX shared memory on the CPU); every rank maps it once and copies its own
+// slice of every unit straight into it (to a tensor-parallel server each shard's parts, as for nccl), then the ranks
+// agree they are done and rank 0's weights_end has the servers commit.
 // `auto` takes nccl when this rank computes on CUDA and NCCL is there, and falls back to zmq for the rest of the
 // run (with one log line) when a server cannot take nccl or the first NCCL push fails (a server on a trainer
 // rank's own GPU: one NCCL communicator cannot hold the same GPU twice).
@@ -25,7 +29,9 @@
 #define WEIGHT_SYNC_BUCKET_BYTES ((size_t)1 << 30)
 
 typedef struct {
-    int use_nccl;                     // resolved transport: 1 nccl, 0 zmq
+    int use_nccl;                     // resolved transport: 1 nccl, 0 zmq (or ipc, use_ipc)
+    int use_ipc;                      // transport ipc (weight_sync_transport ipc; never chosen by auto)
+    struct WeightSyncIpc *ipc;        // ipc: the servers' staging this rank has mapped (trainer/weight_sync_ipc.c)
     Comm *comm;                       // nccl: the weight-sync communicator, NULL until the first push
     uint8_t id[COMM_UNIQUE_ID_BYTES]; // its id (rank 0 made it)
     int servers[ROLLOUT_MAX_SERVERS]; // its server members (rollout client indices)
@@ -50,6 +56,9 @@ typedef struct {
 struct Trainer;
 // All ranks call it together. *seconds: the whole push as rank 0 saw it.
 int weight_sync_push(struct Trainer *t, double *seconds, char *err, size_t err_len);
+// Drops the NCCL communicator (a failed push; the next one makes a new one).
 void weight_sync_close(WeightSync *ws);
+// At the end of the run: the communicator and transport ipc's mappings.
+void weight_sync_free(WeightSync *ws);
 
 #endif

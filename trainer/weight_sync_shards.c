@@ -86,20 +86,44 @@ static int parts_of(WeightShards *ws, const Model *m, const ShardCut *c, int k, 
 
 static int packed(const ModelShardPart *p) { return p->rows > 1 && p->cols != p->full_cols; }
 
+// *wsp, made on first use. NULL with a message when out of memory.
+static WeightShards *tables(WeightShards **wsp, OpsCtx *ops, const Model *m, char *err, size_t err_len) {
+    WeightShards *ws = *wsp;
+    if (ws) return ws;
+    if (!(ws = calloc(1, sizeof *ws)) ||
+        !(ws->pack_at = calloc((size_t)m->layout.n_units * WEIGHT_SHARDS_MAX_SIZES, sizeof *ws->pack_at))) {
+        free(ws);
+        snprintf(err, err_len, "out of memory for the weight sync's shard tables");
+        return NULL;
+    }
+    ws->ops = ops;
+    ws->n_units = m->layout.n_units;
+    return *wsp = ws;
+}
+
+const Layout *weight_shards_layout(WeightShards **wsp, OpsCtx *ops, const Model *m, int tp, int k, char *err,
+                                   size_t err_len) {
+    int i;
+    WeightShards *ws = tables(wsp, ops, m, err, err_len);
+    const ShardCut *cut = ws ? cut_of(ws, m, tp, &i, err, err_len) : NULL;
+    return cut && k >= 0 && k < tp ? &cut->layout[k] : NULL;
+}
+
+int weight_shards_parts(WeightShards *ws, const Model *m, int tp, int k, int u, size_t off, size_t count,
+                        const ModelShardPart **parts, char *err, size_t err_len) {
+    int i;
+    const ShardCut *cut = cut_of(ws, m, tp, &i, err, err_len);
+    if (!cut) return -1;
+    *parts = ws->parts;
+    return parts_of(ws, m, cut, k, u, off, count, err, err_len);
+}
+
+int weight_shards_part_strided(const ModelShardPart *p) { return packed(p); }
+
 int weight_shards_pack(WeightShards **wsp, OpsCtx *ops, Comm *c, const Model *m, const int *tp, int n_servers,
                        int u0, int u1, const WeightSlice *slices, char *err, size_t err_len) {
-    WeightShards *ws = *wsp;
-    if (!ws) {
-        if (!(ws = calloc(1, sizeof *ws)) ||
-            !(ws->pack_at = calloc((size_t)m->layout.n_units * WEIGHT_SHARDS_MAX_SIZES, sizeof *ws->pack_at))) {
-            free(ws);
-            snprintf(err, err_len, "out of memory for the weight sync's shard tables");
-            return -1;
-        }
-        ws->ops = ops;
-        ws->n_units = m->layout.n_units;
-        *wsp = ws;
-    }
+    WeightShards *ws = tables(wsp, ops, m, err, err_len);
+    if (!ws) return -1;
     int sizes[WEIGHT_SHARDS_MAX_SIZES], n_sizes = 0;
     for (int j = 0; j < n_servers; j++) {
         int i, seen = 0;

@@ -41,4 +41,17 @@ int weight_shards_send(WeightShards *ws, Comm *c, const Model *m, int u, const W
                        CommDtype dtype, double *bytes, char *err, size_t err_len);
 void weight_shards_free(WeightShards *ws);
 
+// For transports that write the shards' memory themselves (ipc, trainer/weight_sync_ipc.c), the same cut:
+// shard k's layout for a server of tp shards (*ws made on first use), or NULL with a message (a model that does not
+// split so)...
+const Layout *weight_shards_layout(WeightShards **ws, OpsCtx *ops, const Model *m, int tp, int k, char *err,
+                                   size_t err_len);
+// ... the parts of elements [off, off + count) of unit u that shard k holds (shared/model.h model_shard_parts;
+// *parts points into ws, valid until the next call), their count or -1 with a message ...
+int weight_shards_parts(WeightShards *ws, const Model *m, int tp, int k, int u, size_t off, size_t count,
+                        const ModelShardPart **parts, char *err, size_t err_len);
+// ... and whether a part is a column block (rows of cols elements at a pitch of full_cols in the unit, contiguous in
+// the shard), else contiguous on both sides.
+int weight_shards_part_strided(const ModelShardPart *p);
+
 #endif

@@ -10,6 +10,7 @@ new policy version; an update abandoned midway changes nothing; shutdown exits 0
 """
 import copy
 import json
+import mmap
 import pathlib
 import random
 import socket
@@ -388,6 +389,29 @@ def test_malformed_messages_get_errors_and_the_server_keeps_serving(client, mode
         ({"type": "weights_begin", "id": 15, "version": 9, "transport": "nccl", "layout_hash": good_hash,
           "trainer_ranks": 1, "nccl_world": 3, "nccl_rank": 1, "nccl_id": "ab" * 128, "comm_backend": "host",
           "tensor_parallel_size": 2}, [], "layout_mismatch", 15, ["2 tensor-parallel shard(s)", "this server runs 1"]),
+        # Transport ipc: the sender's host is required and checked, the fields belong to it alone, the shard count
+        # must match, and adapters do not go this way.
+        ({"type": "weights_begin", "id": 15, "version": 9, "transport": "ipc", "layout_hash": good_hash}, [],
+         "bad_message", 15, ["ipc_host"]),
+        ({"type": "weights_begin", "id": 15, "version": 9, "transport": "ipc", "layout_hash": good_hash,
+          "ipc_host": ""}, [], "bad_message", 15, ["ipc_host", "1 to 63 bytes"]),
+        ({"type": "weights_begin", "id": 15, "version": 9, "transport": "ipc", "layout_hash": good_hash,
+          "ipc_host": 7}, [], "bad_message", 15, ["ipc_host"]),
+        ({"type": "weights_begin", "id": 15, "version": 9, "transport": "zmq", "layout_hash": good_hash,
+          "ipc_host": boot_id()}, [], "bad_message", 15, ["ipc_host", "belongs to transport \"ipc\""]),
+        ({"type": "weights_begin", "id": 15, "version": 9, "transport": "ipc", "layout_hash": good_hash,
+          "ipc_host": boot_id(), "tensor_parallel_size": 0}, [], "bad_message", 15, ["tensor_parallel_size"]),
+        ({"type": "weights_begin", "id": 15, "version": 9, "transport": "shm", "layout_hash": good_hash}, [],
+         "bad_message", 15, ["transport", "\"ipc\""]),
+        ({"type": "weights_begin", "id": 15, "version": 9, "transport": "ipc", "layout_hash": good_hash,
+          "ipc_host": "another-machine"}, [], "unsupported", 15,
+         ["this server's host", "another-machine", "transport \"nccl\" or \"zmq\""]),
+        ({"type": "weights_begin", "id": 15, "version": 9, "transport": "ipc", "layout_hash": good_hash,
+          "ipc_host": boot_id(), "tensor_parallel_size": 2}, [], "layout_mismatch", 15,
+         ["2 tensor-parallel shard(s)", "this server runs 1"]),
+        ({"type": "weights_begin", "id": 15, "version": 9, "transport": "ipc", "layout_hash": good_hash,
+          "ipc_host": boot_id(), "adapter": {"r": 4, "lora_alpha": 8, "target_modules": ["q_proj"]}}, [],
+         "unsupported", 15, ["adapter updates over transport \"ipc\"", "--lora-sync merged"]),
         ({"type": "weights_slice", "id": 16, "unit": 0, "offset": 0, "count": 2, "dtype": "f32"}, [b"\0" * 6],
          "bad_message", 16, ["6 bytes, expected 8"]),
         ({"type": "generate", "id": 17, "n_prompts": 4097}, [p] * 4097, "bad_message", None,
@@ -422,6 +446,10 @@ def test_malformed_messages_get_errors_and_the_server_keeps_serving(client, mode
     assert hello["policy_version"] == 0
 
 
+def boot_id():
+    return pathlib.Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+
+
 def send_update(c, units, version, layout_hash, dtype, rng, first_id, slices_per_unit=3, stop_after=None):
     """weights_begin, every unit cut at random points into slices sent in shuffled order, weights_end.
     stop_after=k sends only k slices and returns without weights_end. Returns the weights_end reply."""
@@ -442,6 +470,81 @@ def send_update(c, units, version, layout_hash, dtype, rng, first_id, slices_per
         return None
     rep, _ = c.ask({"type": "weights_end", "id": first_id + 1000, "version": version}, timeout=120)
     return rep   # slices are answered only on error: the first reply after them is weights_end's
+
+
+def ipc_begin(c, units, version, layout_hash, msg_id):
+    """weights_begin with transport ipc; checks the reply's staging against this model. Returns its "ipc"."""
+    rep, _ = c.ask({"type": "weights_begin", "id": msg_id, "version": version, "transport": "ipc",
+                    "layout_hash": layout_hash, "ipc_host": boot_id()})
+    assert rep["type"] == "weights_begin" and rep["version"] == version, rep
+    ipc = rep["ipc"]
+    assert ipc["memory"] == "shm" and ipc["host"] == boot_id() and len(ipc["shards"]) == 1, ipc
+    offsets = np.cumsum([0] + [(u.size * 4 + 255) // 256 * 256 for u in units])
+    shard = ipc["shards"][0]
+    assert shard["bytes"] == offsets[-1] and shard["handle"].startswith(f"/tandem-ipc-{ipc['pid']}-s0"), ipc
+    return ipc
+
+
+def ipc_write(ipc, units):
+    """What a trainer rank on this host does: the units (fp32, the CPU server's storage dtype) straight into the shared
+    memory the reply names, each at its 256-byte-aligned offset."""
+    offsets = np.cumsum([0] + [(u.size * 4 + 255) // 256 * 256 for u in units])
+    shard = ipc["shards"][0]
+    with open("/dev/shm" + shard["handle"], "r+b") as f, mmap.mmap(f.fileno(), shard["bytes"]) as mem:
+        for u, at in zip(units, offsets):
+            mem[at:at + u.size * 4] = u.astype("<f4").tobytes()
+
+
+def ipc_update(c, units, version, layout_hash, first_id):
+    """weights_begin, the units written, weights_end. Returns (the weights_begin reply's "ipc", the weights_end
+    reply)."""
+    ipc = ipc_begin(c, units, version, layout_hash, first_id)
+    ipc_write(ipc, units)
+    end, _ = c.ask({"type": "weights_end", "id": first_id + 1, "version": version})
+    return ipc, end
+
+
+def test_weight_update_over_ipc_shared_memory(models):
+    srv, endpoint = start_server(models["base"]["dir"])
+    cfg = models["base"]["cfg"]
+    try:
+        c = Client(endpoint)
+        lh = c.ask({"type": "hello", "id": 1})[0]["layout_hash"]
+        units_a, units_b = pack_units(models["upd_a"]["state"], cfg), pack_units(models["upd_b"]["state"], cfg)
+        first, rep = ipc_update(c, units_a, 1, lh, 10)
+        assert rep["type"] == "weights_end" and rep["version"] == 1, rep
+        expect_greedy(c, models["upd_a"]["model"], 12, version=1)
+        # The update became the live weights where it was written: the next one goes into a second region, the one
+        # after into the first again (the live weights and the staging take turns), under the same staging id.
+        second, rep = ipc_update(c, units_b, 2, lh, 20)
+        assert rep["type"] == "weights_end" and rep["version"] == 2, rep
+        assert second["staging_id"] == first["staging_id"] and second["shards"] != first["shards"], (second, first)
+        expect_greedy(c, models["upd_b"]["model"], 22, version=2)
+        # weights_end for another version than the open one is refused and leaves the update open.
+        assert ipc_begin(c, units_a, 3, lh, 30) == first
+        rep, _ = c.ask({"type": "weights_end", "id": 31, "version": 4})
+        assert rep["code"] == "internal" and "open ipc update is another version" in rep["message"], rep
+        ipc_write(first, units_a)
+        rep, _ = c.ask({"type": "weights_end", "id": 32, "version": 3})
+        assert rep["type"] == "weights_end" and rep["version"] == 3, rep
+        expect_greedy(c, models["upd_a"]["model"], 33, version=3)
+        # A zmq weights_begin abandons an open ipc update (its weights_end then belongs to the incomplete zmq one).
+        assert ipc_begin(c, units_b, 4, lh, 40) == second
+        ipc_write(second, units_b)
+        rep, _ = c.ask({"type": "weights_begin", "id": 41, "version": 5, "transport": "zmq", "layout_hash": lh})
+        assert rep == {"type": "weights_begin", "id": 41, "version": 5}, rep
+        rep, _ = c.ask({"type": "weights_end", "id": 42, "version": 4})
+        assert rep["code"] == "weights_incomplete", rep
+        expect_greedy(c, models["upd_a"]["model"], 43, version=3)
+        # A clean shutdown removes the shared memory.
+        names = [pathlib.Path("/dev/shm" + x["shards"][0]["handle"]) for x in (first, second)]
+        assert all(n.exists() for n in names)
+        rep, _ = c.ask({"type": "shutdown", "id": 50})
+        assert srv.proc.wait(60) == 0, srv.log_text()
+        assert not any(n.exists() for n in names)
+        c.close()
+    finally:
+        srv.stop()
 
 
 def test_an_oversized_frame_disconnects_its_sender_only(server, client):

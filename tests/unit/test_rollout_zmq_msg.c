@@ -573,7 +573,7 @@ static void test_weights(void) {
     REFUSE(REP, S("\"unit\":0,\"offset\":0,\"count\":3,\"dtype\":\"f32\""), f12, 1, "not valid as a reply", NULL, 30);
 #undef S
     REFUSE(REQ, "{\"type\":\"weights_begin\",\"id\":31,\"version\":2,\"transport\":\"tcp\",\"layout_hash\":"
-                "\"0123456789abcdef\"}", NULL, 0, "\"transport\" must be \"zmq\" or \"nccl\"", NULL, 31);
+                "\"0123456789abcdef\"}", NULL, 0, "\"transport\" must be \"zmq\", \"nccl\" or \"ipc\"", NULL, 31);
     REFUSE(REQ, "{\"type\":\"weights_begin\",\"id\":31,\"version\":2,\"transport\":\"zmq\"}", NULL, 0,
            "missing field \"layout_hash\"", NULL, 31);
     REFUSE(REQ, "{\"type\":\"weights_begin\",\"id\":31,\"version\":2,\"transport\":\"zmq\",\"layout_hash\":"
@@ -582,6 +582,82 @@ static void test_weights(void) {
                 "\"0123456789abcdef\"}", NULL, 0, "\"version\" must be an integer", NULL, 31);
     REFUSE(REQ, "{\"type\":\"weights_end\",\"id\":32}", NULL, 0, "missing field \"version\"", NULL, 32);
     REFUSE(REQ, "{\"type\":\"weights_end\",\"id\":32,\"version\":1}", f12, 1, "expected 1 frame", NULL, 32);
+}
+
+// Transport ipc: the request's ipc_host, the reply's staging description (docs/protocol-zmq.md), both directions.
+static void test_weights_ipc(void) {
+    ZmsgMsg m, b;
+    zmsg_init(&m, ZMSG_WEIGHTS_BEGIN, REQ, 40);
+    m.version = 3;
+    m.transport = ZMSG_TRANSPORT_IPC;
+    m.layout_hash = 0x0123456789abcdefULL;
+    m.tensor_parallel_size = 2;
+    snprintf(m.ipc_host, sizeof m.ipc_host, "6a1c1d34-2f7e-4a8e-9a37-4c1f7b3e2d10");
+    if (round_trip(&m, &b) == 0) {
+        CHECK(b.transport == ZMSG_TRANSPORT_IPC && b.tensor_parallel_size == 2 && !strcmp(b.ipc_host, m.ipc_host));
+        zmsg_free(&b);
+    }
+    zmsg_init(&m, ZMSG_WEIGHTS_BEGIN, REP, 40);
+    m.version = 3;
+    ZmsgIpc *ipc = &m.ipc;
+    ipc->present = ipc->cuda = 1;
+    snprintf(ipc->host, sizeof ipc->host, "6a1c1d34-2f7e-4a8e-9a37-4c1f7b3e2d10");
+    ipc->staging_id = 0xfedcba9876543210ULL;
+    ipc->pid = 4242;
+    ipc->n_shards = 2;
+    for (int k = 0; k < 2; k++) {
+        memset(ipc->shards[k].handle, 'A', 86);   // the shape of base64 of a 64-byte CUDA IPC handle
+        ipc->shards[k].handle[86] = (char)('A' + k);
+        snprintf(ipc->shards[k].handle + 87, sizeof ipc->shards[k].handle - 87, "=");
+        ipc->shards[k].bytes = 1000 + k;
+        snprintf(ipc->shards[k].device, sizeof ipc->shards[k].device, "0000:%02x:00.0", 0x18 + k);
+        snprintf(ipc->shards[k].uuid, sizeof ipc->shards[k].uuid, "GPU-%d", k);
+    }
+    if (round_trip(&m, &b) == 0) {
+        CHECK(b.ipc.present && b.ipc.cuda && b.ipc.staging_id == ipc->staging_id && b.ipc.pid == 4242);
+        CHECK(b.ipc.n_shards == 2 && !strcmp(b.ipc.host, ipc->host));
+        for (int k = 0; k < 2; k++)
+            CHECK(!strcmp(b.ipc.shards[k].handle, ipc->shards[k].handle) && b.ipc.shards[k].bytes == 1000 + k &&
+                  !strcmp(b.ipc.shards[k].device, ipc->shards[k].device) &&
+                  !strcmp(b.ipc.shards[k].uuid, ipc->shards[k].uuid));
+        zmsg_free(&b);
+    }
+    ipc->n_shards = 0;   // a reply that describes no shard is not built
+    ZmsgOut o;
+    char err[256];
+    CHECK(zmsg_build(&m, &o, err, sizeof err) != 0 && strstr(err, "\"ipc\""));
+    // Plain replies (transports zmq and nccl) carry no "ipc".
+    zmsg_init(&m, ZMSG_WEIGHTS_BEGIN, REP, 41);
+    if (round_trip(&m, &b) == 0) {
+        CHECK(!b.ipc.present);
+        zmsg_free(&b);
+    }
+#define B(extra) "{\"type\":\"weights_begin\",\"id\":42,\"version\":2,\"transport\":\"ipc\"," \
+                 "\"layout_hash\":\"0123456789abcdef\"" extra "}"
+    REFUSE(REQ, B(""), NULL, 0, "missing field \"ipc_host\"", NULL, 42);
+    REFUSE(REQ, B(",\"ipc_host\":\"\""), NULL, 0, "\"ipc_host\" must be a string of 1 to 63 bytes", NULL, 42);
+    REFUSE(REQ, B(",\"ipc_host\":[1]"), NULL, 0, "\"ipc_host\" must be a string", NULL, 42);
+    REFUSE(REQ, B(",\"ipc_host\":\"h\",\"tensor_parallel_size\":17"), NULL, 0, "\"tensor_parallel_size\"", NULL, 42);
+    REFUSE(REQ, B(",\"ipc_host\":\"h\",\"ipc\":{}"), NULL, 0, "unknown field \"ipc\"", NULL, 42);
+#undef B
+    REFUSE(REQ, "{\"type\":\"weights_begin\",\"id\":42,\"version\":2,\"transport\":\"nccl\",\"layout_hash\":"
+                "\"0123456789abcdef\",\"ipc_host\":\"h\"}", NULL, 0, "belongs to transport \"ipc\"", NULL, 42);
+#define R(ipc) "{\"type\":\"weights_begin\",\"id\":43,\"version\":2,\"ipc\":" ipc "}"
+#define OK_HEAD "\"host\":\"h\",\"staging_id\":\"0123456789abcdef\",\"pid\":7,"
+    REFUSE(REP, R("{" OK_HEAD "\"memory\":\"gpu\",\"shards\":[]}"), NULL, 0,
+           "\"ipc.memory\" must be \"cuda\" or \"shm\"", NULL, 43);
+    REFUSE(REP, R("{" OK_HEAD "\"memory\":\"shm\",\"shards\":[]}"), NULL, 0, "names no shard", NULL, 43);
+    REFUSE(REP, R("{" OK_HEAD "\"memory\":\"shm\",\"shards\":[{\"handle\":\"/x\",\"bytes\":0}]}"), NULL, 0,
+           "\"ipc.shards[0].bytes\" is 0", NULL, 43);
+    REFUSE(REP, R("{" OK_HEAD "\"memory\":\"cuda\",\"shards\":[{\"handle\":\"x\",\"bytes\":8}]}"), NULL, 0,
+           "missing field \"ipc.shards[0].device\"", NULL, 43);
+    REFUSE(REP, R("{" OK_HEAD "\"memory\":\"shm\",\"shards\":[7]}"), NULL, 0, "element 0 is an integer", NULL, 43);
+    REFUSE(REP, R("{\"host\":\"h\",\"staging_id\":\"xyz\",\"pid\":7,\"memory\":\"shm\",\"shards\":[]}"), NULL, 0,
+           "\"ipc.staging_id\" must be 16 lowercase hex digits", NULL, 43);
+    REFUSE(REP, R("{" OK_HEAD "\"memory\":\"shm\",\"shards\":[{\"handle\":\"/x\",\"bytes\":8}],\"extra\":1}"), NULL,
+           0, "unknown field \"extra\"", NULL, 43);
+#undef OK_HEAD
+#undef R
 }
 
 static void test_error_and_envelope(void) {
@@ -653,6 +729,7 @@ static void test_error_and_envelope(void) {
 
 int main(void) {
     test_names_and_hash();
+    test_weights_ipc();
     test_hello();
     test_generate();
     test_generate_refusals();

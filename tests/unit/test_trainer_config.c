@@ -212,6 +212,11 @@ static void test_parse_refusals(void) {
     REFUSE("malformed flag '--=1'", NULL, "--=1");
     REFUSE("unexpected argument '--'", NULL, "--");
     REFUSE("config (--config): needs a file path", NULL, "--config");
+    // Transport ipc: whole weights, over ZeRO's flat cut only.
+    REFUSE("weight_sync_transport: ipc carries whole weights only", "lora_sync merged", "--weight-sync-transport",
+           "ipc", "--use-peft", "true", "--lora-sync", "adapter");
+    REFUSE("weight_sync_transport: ipc from sharding_strategy hybrid_shard is not built", NULL,
+           "--weight-sync-transport", "ipc", "--sharding-strategy", "hybrid_shard");
     REFUSE("config: cannot open /nonexistent/cfg.json", NULL, "--config", "/nonexistent/cfg.json");
     REFUSE("num_generations", "outside", "--num-generations", "99999999999");
     REFUSE("sync_ref_model: true is not supported by tandem (accepted: [false])", "TR-DPO", "--sync-ref-model", "true");
