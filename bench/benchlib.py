@@ -37,6 +37,8 @@ QWEN_SHAPES = {
                  num_key_value_heads=2),
     "1.5b": dict(hidden_size=1536, intermediate_size=8960, num_hidden_layers=28, num_attention_heads=12,
                  num_key_value_heads=2),
+    "3b": dict(hidden_size=2048, intermediate_size=11008, num_hidden_layers=36, num_attention_heads=16,
+               num_key_value_heads=2),
 }
 QWEN_VOCAB = 151936
 # Shapes served from config.json alone (tandem-serve --load-format random): their bf16 files (65 / 145 GB) would not
