@@ -241,7 +241,8 @@ const OptionSpec train_options[] = {
     ENUM("weight_sync_transport", weight_sync_transport, sync_name, 0, G_DIST,
          "nccl (GPUs; CPU ranks: its CPU twin over the host communicator), zmq (frames over the control socket), "
          "ipc (ranks and servers on one host: each rank copies its slices straight into the servers' staging, "
-         "mapped with CUDA IPC or, on the CPU, shared memory; full weights only); auto = nccl on cuda"),
+         "mapped with CUDA IPC or, on the CPU, shared memory; full weights only); auto = nccl on cuda, then ipc "
+         "(same host) or zmq where nccl cannot reach a server"),
 
     OPT("use_peft", OPT_BOOL, use_peft, G_LORA, "train LoRA adapters on a frozen base (sft, grpo); checkpoints are "
         "PEFT adapter folders"),

@@ -471,6 +471,12 @@ static int retry_without_lost(Trainer *t, int64_t version, int attempt, const ch
     return 1;
 }
 
+// Whether transport ipc can carry this run's updates, as train_config_check.c allows it: whole weights (not adapters)
+// from a layout where rank r holds slice r of every unit (no HSDP, no hpZ).
+static int ipc_can_carry(const Trainer *t, const LoraConfig *adapter) {
+    return !adapter && t->cfg->zero_hpz_partition_size <= 1 && t->cfg->sharding_strategy != SHARDING_HYBRID_SHARD;
+}
+
 int weight_sync_push(Trainer *t, double *seconds, char *err, size_t err_len) {
     int64_t version = t->progress.step;
     double t0 = trainer_now();
@@ -495,13 +501,28 @@ int weight_sync_push(Trainer *t, double *seconds, char *err, size_t err_len) {
         }
         if (rc == 0) ws->nccl_worked = 1;
         // `auto` tries NCCL; if it never worked in this run (e.g. a server on this rank's own GPU, which one NCCL
-        // communicator cannot hold, or a CPU server), zmq carries the weights from now on.
+        // communicator cannot hold, or a CPU server), ipc carries the weights from now on when the servers are on
+        // this host and take it (the copies go straight into their memory), else zmq.
         if (rc != 0 && t->cfg->weight_sync_transport == WEIGHT_SYNC_AUTO && !ws->nccl_worked) {
-            if (t->rank == 0)
-                fprintf(stderr, "tandem-train: weight sync over NCCL %s; using transport zmq from now on\n",
-                        rc > 0 ? "is not possible with these rollout servers" : err);
+            char why[2304];
+            snprintf(why, sizeof why, "%.1024s", rc > 0 ? "is not possible with these rollout servers" : err);
             ws->use_nccl = 0;
             weight_sync_close(ws);
+            if (ipc_can_carry(t, adapter)) {
+                char ipc_err[1024];
+                if (weight_sync_push_ipc(t, version, ipc_err, sizeof ipc_err) == 0) {
+                    if (t->rank == 0)
+                        fprintf(stderr, "tandem-train: weight sync over NCCL %s; using transport ipc (the servers' "
+                                "memory on this host) from now on\n", why);
+                    ws->use_ipc = 1;
+                    t->progress.policy_version = version;
+                    *seconds = trainer_now() - t0;
+                    return 0;
+                }
+                snprintf(why + strlen(why), sizeof why - strlen(why), "; over ipc: %.1024s", ipc_err);
+            }
+            if (t->rank == 0)
+                fprintf(stderr, "tandem-train: weight sync over NCCL %s; using transport zmq from now on\n", why);
         } else if (rc != 0) {
             return -1;
         }

@@ -14,9 +14,10 @@
 // shard's staging (CUDA IPC handles, or POSIX shared memory on the CPU); every rank maps it once and copies its own
 // slice of every unit straight into it (to a tensor-parallel server each shard's parts, as for nccl), then the ranks
 // agree they are done and rank 0's weights_end has the servers commit.
-// `auto` takes nccl when this rank computes on CUDA and NCCL is there, and falls back to zmq for the rest of the
-// run (with one log line) when a server cannot take nccl or the first NCCL push fails (a server on a trainer
-// rank's own GPU: one NCCL communicator cannot hold the same GPU twice).
+// `auto` takes nccl when this rank computes on CUDA and NCCL is there. When a server cannot take nccl or the first
+// NCCL push fails (a server on a trainer rank's own GPU: one NCCL communicator cannot hold the same GPU twice), it
+// falls back for the rest of the run (with one log line) to ipc when the servers are on this host and the update is
+// whole weights from a layout ipc carries, else to zmq.
 #ifndef TANDEM_TRAINER_WEIGHT_SYNC_H
 #define TANDEM_TRAINER_WEIGHT_SYNC_H
 
