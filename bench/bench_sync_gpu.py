@@ -115,7 +115,7 @@ def main():
     ap.add_argument("--build", default="build-gpu.carry")
     ap.add_argument("--shape", choices=list(benchlib.QWEN_SHAPES), default="1.5b")
     ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--transports", default="nccl", help="comma-separated: nccl, zmq, ipc")
+    ap.add_argument("--transports", default="nccl", help="comma-separated: nccl, zmq, ipc, auto")
     ap.add_argument("--server-gpu", choices=["cvd", "index", "same"], default="cvd")
     ap.add_argument("--lora-r", type=int, default=0, help="train LoRA adapters of this rank (0: the whole model)")
     ap.add_argument("--lora-syncs", default="adapter,merged", help="with --lora-r: comma-separated lora_sync values")
@@ -178,9 +178,14 @@ def main():
                                        args.server_tp, args.ranks)
             want = "weight sync over " + (
                 ("shared memory (ipc)" if args.dry_run_cpu else "CUDA IPC (ipc)") if transport == "ipc" else
-                "ZeroMQ" if transport != "nccl" else "the host communicator" if args.dry_run_cpu else "NCCL")
+                "ZeroMQ" if transport == "zmq" or (transport == "auto" and args.dry_run_cpu) else
+                "the host communicator" if args.dry_run_cpu else "NCCL")
             if not note and want not in log:
                 note = f"the trainer's start line lacks {want!r}"
+            fallback = next((ln.split("tandem-train: ", 1)[-1] for ln in log.splitlines()
+                             if "from now on" in ln and "weight sync over NCCL" in ln), "")
+            if fallback:  # auto: where NCCL could not reach the servers, what carried the weights instead
+                print(f"{tag}: {fallback}", flush=True)
             if note or len(rows) < 2:
                 ok = False
                 print(f"{tag}: FAILED: {note or 'fewer than 2 steps'}")
