@@ -38,34 +38,20 @@ import time
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from server_fixtures import (BUILD, Skip, TandemServer, build_tiny_model, cuda_devices, free_port,  # noqa: E402
-                             http_json, metric, metrics, skip)
+                             skip)
+from test_weight_sync_shards import greedy, policy_version, write_dataset  # noqa: E402 (one copy of each helper)
 
-PROMPT = [5, 17, 33, 4]
 SHM = pathlib.Path("/dev/shm")
 
 
-def greedy(url):
-    status, out, _ = http_json("POST", url + "/v1/completions", {
-        "prompt": PROMPT, "max_tokens": 12, "temperature": 0, "ignore_eos": True, "return_token_ids": True,
-        "logprobs": 1})
-    assert status == 200, out
-    choice = out["choices"][0]
-    return choice["token_ids"], choice["logprobs"]["token_logprobs"]
 
 
-def policy_version(url):
-    return metric(metrics(url), "tandem_policy_version")
 
 
 def staging_of(pid):
     return sorted(p.name for p in SHM.glob(f"tandem-ipc-{pid}-*"))
 
 
-def write_dataset(path, n=64):
-    words = ["the quick brown", "a lazy dog", "seven wizards", "numbers plus", "question answer", "think step"]
-    with open(path, "w") as f:
-        for i in range(n):
-            f.write(json.dumps({"prompt": words[i % len(words)] + f" {i % 10}", "id": i}) + "\n")
 
 
 def trainer_args(model_dir, data, out_dir, controls, steps, device, extra=()):
