@@ -9,7 +9,8 @@
 #   sync   bench/bench_sync_gpu.py $SYNC_ARGS (weight-sync bandwidth over NCCL vs a torch GPU0->GPU1 copy)
 #   devices  tests/e2e/test_serve_devices.py --gpu (tandem-serve --devices 0,1 vs one engine; needs 2 GPUs)
 #   ipc    tests/e2e/test_weight_sync_ipc.py --gpu (GRPO over transport ipc into a TP 2 server on cuda:0-1, shard 0
-#          beside the trainer rank on cuda:0, and with 3+ GPUs a plain one; skips with fewer than 2 GPUs)
+#          beside the trainer rank on cuda:0, and with 3+ GPUs a plain one; then auto's fallback to ipc beside a
+#          server on the trainer's own GPU; skips with fewer than 2 GPUs)
 #   structured tests/e2e/test_structured_outputs.py --gpu (regex / json-schema outputs on cuda:0)
 #   tp       tests/e2e/test_serve_tensor_parallel.py --gpu (the 405B shape refused on one GPU naming TP 8; TP 2 vs TP 1
 #            greedy on 2 GPUs)

@@ -22,7 +22,9 @@ CPU checks:
 GPU (`python3 tests/e2e/test_weight_sync_ipc.py --gpu`; no pytest there): a trainer rank on cuda:0, a TP = 2 server
 on cuda:0-1 (shard 0 shares cuda:0 with the trainer rank, the case NCCL cannot hold in one communicator) and, with 3
 GPUs or more, a plain server on the last one; 3 pushes over CUDA IPC; synced servers equal fresh ones from the
-checkpoint bit for bit. Skips visibly (exit 77) with fewer than 2 GPUs.
+checkpoint bit for bit. Then the default transport (auto) with the trainer rank and a plain server both on cuda:0:
+NCCL refuses that layout, auto says so and falls back to ipc, and the server ends equal to a fresh one. Skips visibly
+(exit 77) with fewer than 2 GPUs.
 """
 import concurrent.futures
 import contextlib
@@ -52,19 +54,17 @@ def staging_of(pid):
     return sorted(p.name for p in SHM.glob(f"tandem-ipc-{pid}-*"))
 
 
-
-
-def trainer_args(model_dir, data, out_dir, controls, steps, device, extra=()):
+def trainer_args(model_dir, data, out_dir, controls, steps, device, extra=(), transport="ipc"):
     return ["--device", device, "--model", str(model_dir), "--train-file", str(data), "--output-dir", str(out_dir),
             "--rollout-servers", ",".join(controls), "--rewards", "regex_format", "--format-regex", "[0-9]",
             "--format-regex-mode", "search", "--num-generations", "4", "--per-device-train-batch-size", "4",
             "--gradient-accumulation-steps", "1", "--max-completion-length", "8", "--max-prompt-length", "64",
             "--learning-rate", "2e-2", "--max-steps", str(steps), "--logging-steps", "1", "--save-steps", "0",
             "--zero-stage", "3", "--seed", "5", "--init-timeout", "60", "--comm-timeout", "30",
-            "--rollout-timeout", "60", "--weight-sync-transport", "ipc", *extra]
+            "--rollout-timeout", "60", "--weight-sync-transport", transport, *extra]
 
 
-def start_ranks(d, model_dir, data, out_dir, controls, steps, world, device, extra=()):
+def start_ranks(d, model_dir, data, out_dir, controls, steps, world, device, extra=(), transport="ipc"):
     if not (BUILD / "bin" / "tandem-train").exists():
         skip(f"{BUILD}/bin/tandem-train is not built")
     port, procs = free_port(), []
@@ -73,7 +73,7 @@ def start_ranks(d, model_dir, data, out_dir, controls, steps, world, device, ext
                    MASTER_PORT=str(port), OMP_NUM_THREADS="1", OPENBLAS_NUM_THREADS="1", NCCL_NVLS_ENABLE="0")
         log = open(d / f"{out_dir.name}-rank{rank}.log", "w")
         procs.append((subprocess.Popen([str(BUILD / "bin" / "tandem-train"),
-                                        *trainer_args(model_dir, data, out_dir, controls, steps, device, extra)],
+                                        *trainer_args(model_dir, data, out_dir, controls, steps, device, extra, transport)],
                                        env=env, stdout=log, stderr=subprocess.STDOUT), log))
     return procs
 
@@ -219,14 +219,36 @@ def test_ipc_restarted_server_is_mapped_again(tmp_path):
     same_as_fresh(out_dir / f"checkpoint-{steps}", served, 1)
 
 
+def run_auto(d):
+    """GPU: the default transport with the trainer rank and a server on one GPU. NCCL refuses the layout (one
+    communicator cannot hold a GPU twice), so auto says so once and carries the weights over ipc from then on; the
+    server ends equal to a fresh one from the checkpoint."""
+    model_dir, data = setup(d)
+    control, out_dir = f"tcp://127.0.0.1:{free_port()}", d / "auto"
+    server_args = ["--device", "cuda:0", "--kv-cache-memory", "256M"]
+    with TandemServer(model_dir, "--control", control, *server_args, start_timeout=300) as srv:
+        logs = wait_ranks(d, out_dir, start_ranks(d, model_dir, data, out_dir, [control], 3, 1, "cuda",
+                                                  transport="auto"))
+        assert "weight sync over NCCL" in logs[0] and \
+            "using transport ipc (the servers' memory on this host) from now on" in logs[0], logs[0][-4000:]
+        rows = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+        assert len(rows) == 3 and all(r["sync_bytes"] > 0 for r in rows), rows
+        assert policy_version(srv.url) == 3
+        served = greedy(srv.url)
+    same_as_fresh(out_dir / "checkpoint-3", served, 1, server_args)
+    return rows
+
+
 if __name__ == "__main__":
     if "--gpu" not in sys.argv:
         sys.exit("usage: test_weight_sync_ipc.py --gpu   (TANDEM_BUILD_DIR: the build)")
     try:
         rows, sizes = run(pathlib.Path(tempfile.mkdtemp(prefix="ipc-gpu-")), True)
+        auto = run_auto(pathlib.Path(tempfile.mkdtemp(prefix="ipc-gpu-auto-")))
         print(f"summary: PASS: ipc into servers of tensor-parallel sizes {sizes}, sync ms "
-              + " ".join(f"{r['sync_time'] * 1e3:.1f}" for r in rows) + "; each equal to fresh servers from the "
-              "checkpoint")
+              + " ".join(f"{r['sync_time'] * 1e3:.1f}" for r in rows) + "; auto beside a server on its own GPU fell "
+              "back to ipc, sync ms " + " ".join(f"{r['sync_time'] * 1e3:.1f}" for r in auto) + "; each equal to "
+              "fresh servers from the checkpoint")
     except Skip as e:
         print(f"summary: SKIP: {e}")
         sys.exit(77)
