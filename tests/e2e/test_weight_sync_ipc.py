@@ -41,13 +41,10 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 from server_fixtures import (BUILD, Skip, TandemServer, build_tiny_model, cuda_devices, free_port,  # noqa: E402
                              skip)
-from test_weight_sync_shards import greedy, policy_version, write_dataset  # noqa: E402 (one copy of each helper)
+from test_weight_sync_shards import args as shards_trainer_args  # noqa: E402 (one copy of each helper)
+from test_weight_sync_shards import greedy, policy_version, write_dataset  # noqa: E402
 
 SHM = pathlib.Path("/dev/shm")
-
-
-
-
 
 
 def staging_of(pid):
@@ -55,13 +52,7 @@ def staging_of(pid):
 
 
 def trainer_args(model_dir, data, out_dir, controls, steps, device, extra=(), transport="ipc"):
-    return ["--device", device, "--model", str(model_dir), "--train-file", str(data), "--output-dir", str(out_dir),
-            "--rollout-servers", ",".join(controls), "--rewards", "regex_format", "--format-regex", "[0-9]",
-            "--format-regex-mode", "search", "--num-generations", "4", "--per-device-train-batch-size", "4",
-            "--gradient-accumulation-steps", "1", "--max-completion-length", "8", "--max-prompt-length", "64",
-            "--learning-rate", "2e-2", "--max-steps", str(steps), "--logging-steps", "1", "--save-steps", "0",
-            "--zero-stage", "3", "--seed", "5", "--init-timeout", "60", "--comm-timeout", "30",
-            "--rollout-timeout", "60", "--weight-sync-transport", transport, *extra]
+    return shards_trainer_args(model_dir, data, out_dir, controls, steps, device, transport) + list(extra)
 
 
 def start_ranks(d, model_dir, data, out_dir, controls, steps, world, device, extra=(), transport="ipc"):
