@@ -167,7 +167,7 @@ static void serve_options(CliOption out[N_SERVE_OPTIONS], int prefix_default) {
         TEXT("--load-format", load_format, "auto|random",
              "auto: the folder's safetensors; random: random weights of the folder's config.json (uniform, std 0.02; "
              "norms 1), the same for every tensor-parallel size, no weight file read: benchmarks of shapes whose files "
-             "would not fit the disk (vLLM calls it dummy, also accepted)", NULL),
+             "would not fit the disk", NULL),
         TEXT("--served-model-name", served_name, "NAME", "model id in /v1/models and answers", "the folder's name"),
         TEXT("--adapter-update-mode", adapter_mode, "merge|lowrank",
              "how the trainer's LoRA adapter updates (tandem-train lora_sync adapter) are served: merge (into the served "
@@ -413,7 +413,7 @@ static int parse_options(int argc, char **argv, Options *o) {
     if (strcmp(a.adapter_mode, "merge") == 0) o->engine.adapter_updates_lowrank = 0;
     else if (strcmp(a.adapter_mode, "lowrank") == 0) o->engine.adapter_updates_lowrank = 1;
     else return bad("adapter-update-mode", a.adapter_mode, "expected merge or lowrank");
-    if (strcmp(a.load_format, "random") == 0 || strcmp(a.load_format, "dummy") == 0) o->engine.load_random = 1;
+    if (strcmp(a.load_format, "random") == 0) o->engine.load_random = 1;
     else if (strcmp(a.load_format, "auto") != 0) return bad("load-format", a.load_format, "expected auto or random");
     o->engine.enforce_eager = a.enforce_eager;
     if (!o->engine.model_dir) {

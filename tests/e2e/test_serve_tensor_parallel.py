@@ -151,9 +151,8 @@ def test_load_format_random_is_one_model_at_every_size(tiny_model_dir, tmp_path)
     for f in tiny_model_dir.iterdir():
         if f.suffix != ".safetensors" and f.is_file():
             shutil.copy(f, tmp_path / f.name)
-    # The TP 2 server is started with vLLM's name for it, which tandem-serve also accepts.
     with TandemServer(tmp_path, "--load-format", "random") as one, \
-            TandemServer(tmp_path, "--load-format", "dummy", "-tp", "2") as two, TandemServer(tiny_model_dir) as real:
+            TandemServer(tmp_path, "--load-format", "random", "-tp", "2") as two, TandemServer(tiny_model_dir) as real:
         assert "--load-format random" in one.log_text() and "--load-format random" in two.log_text(), one.log_text()
         for prompt in PROMPTS[:3]:
             ref_ids, ref_lp, ref_top = greedy(one, prompt)
