@@ -104,9 +104,9 @@ typedef struct {
 void ops_copy_2d_batch(OpsCtx *ctx, const OpsCopy2D *items, int n);
 // Fills a contiguous (rows, cols) block of storage elements with values that are a function of each element's index
 // alone: element (r, c) has index i = first + r * index_pitch + c and value scale * (u / 2^23 - 1), u =
-// index_hash24(seed, i) (kernels/index_hash.h, ops_dropout's hash) — uniform in [-scale, scale). Any block of a tensor filled
-// with its own indices equals that block of the whole tensor filled at once, which is how the rollout server's
-// --load-format random gives every tensor-parallel shard its slice of one random model. u / 2^23 - 1 is exact in
+// index_hash24(seed, i) (kernels/index_hash.h, ops_dropout's hash) — uniform in [-scale, scale). Any block of a
+// tensor filled with its own indices equals that block of the whole tensor filled at once, which is how the rollout
+// server's --load-format random gives every tensor-parallel shard its slice of one random model. u / 2^23 - 1 is exact in
 // fp32, then one multiply; bf16 rounds that once (to nearest even), so both backends store the same bits.
 void ops_fill_hashed_uniform(OpsCtx *ctx, void *dst, size_t rows, size_t cols, uint64_t first, size_t index_pitch,
                              uint64_t seed, float scale);

@@ -11,8 +11,8 @@
 // pauses the engines, uploads the staged weights into each (one extra host copy at a time), swaps them in,
 // and resumes. An nccl update is received into engine 0's device staging (each tensor-parallel shard's own);
 // engine_group_spread_device_staging copies it device to device into the other engines' staging, shard k to shard
-// k (ops_copy_peer), and the commit swaps every
-// engine, paused together, so that no engine generates with the new weights while another still has the old.
+// k (ops_copy_peer), and the commit swaps every engine, paused together, so that no engine generates with the new
+// weights while another still has the old.
 #ifndef TANDEM_ROLLOUT_ENGINE_GROUP_H
 #define TANDEM_ROLLOUT_ENGINE_GROUP_H
 

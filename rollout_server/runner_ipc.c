@@ -14,7 +14,9 @@ static int in_region(const IpcRegion *g, const void *p) {
     return g->ptr && p && (const char *)p >= (const char *)g->ptr && (const char *)p < (const char *)g->ptr + g->bytes;
 }
 
-static int in_either(const RunnerShard *s, const void *p) { return in_region(&s->ipc[0], p) || in_region(&s->ipc[1], p); }
+static int in_either(const RunnerShard *s, const void *p) {
+    return in_region(&s->ipc[0], p) || in_region(&s->ipc[1], p);
+}
 
 const IpcRegion *runner_weights_ipc_staging(ModelRunner *r, int shard, char *err, size_t err_len) {
     if (shard < 0 || shard >= r->tp) return snprintf(err, err_len, "no tensor-parallel shard %d", shard), NULL;

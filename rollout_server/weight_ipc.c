@@ -101,7 +101,8 @@ int weight_ipc_begin(WeightIpc *w, const ZmsgMsg *q, ZmsgIpc *reply, char *err, 
         return WEIGHT_IPC_ENOMEM;
     }
     if (!w->announced)
-        fprintf(stderr, "tandem-serve: transport ipc: the weight staging of %d shard(s) is in %s (staging id %016llx)\n",
+        fprintf(stderr,
+                "tandem-serve: transport ipc: the weight staging of %d shard(s) is in %s (staging id %016llx)\n",
                 w->tp, reply->cuda ? "CUDA IPC memory" : "shared memory", (unsigned long long)w->staging_id);
     w->announced = 1;
     w->version = q->version;

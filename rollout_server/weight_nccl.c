@@ -202,8 +202,8 @@ static int receive_shard(ShardRecv *s) {
                                           MODEL_SHARD_MAX_PARTS);
                 if (n < 0) {
                     comm_group_end(c);
-                    snprintf(s->err, sizeof s->err, "unit %d has more than %d parts for shard %d", u1, MODEL_SHARD_MAX_PARTS,
-                             s->shard);
+                    snprintf(s->err, sizeof s->err, "unit %d has more than %d parts for shard %d", u1,
+                             MODEL_SHARD_MAX_PARTS, s->shard);
                     return -1;
                 }
                 for (int p = 0; p < n && rc == 0; p++)

@@ -105,34 +105,16 @@ static void begin_ipc(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *
     zc_send_msg(z->router, rid, rl, &m);
 }
 
-// The ranks have written engine 0's staging: it is spread to the other engines and committed as over NCCL.
-static void end_ipc(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q) {
+// weights_end of an update received into the engines' device staging: over NCCL (the receive thread is waited for)
+// or ipc (the trainer ranks have written engine 0's staging; it is spread to the other engines), then the commit.
+static void end_device(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q) {
     char err[768];
     double received;
-    if (weight_ipc_finish(z->wi, q->version, &received, err, sizeof err) != 0) {
-        fprintf(stderr, "tandem-serve: weight update to version %lld over ipc failed; serving the previous weights: "
-                        "%s\n", (long long)q->version, err);
-        zc_send_error(z->router, rid, rl, q->id, "internal", "weights_end: %s", err);
-        return;
-    }
-    const double t0 = zc_now();
-    EngineCommitReport rep;
-    const int rc = engine_group_commit_device_weights(z->g, q->version, update_mode(z, q), &rep, err, sizeof err);
-    const double t1 = zc_now();
-    if (rc) {
-        zc_send_error(z->router, rid, rl, q->id, zc_engine_code(rc), "weights_end: commit failed: %s", err);
-        return;
-    }
-    reply_end(z, rid, rl, q, received + (t1 - t0), t1 - t0, &rep);
-}
-
-static void end_nccl(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q) {
-    char err[768];
-    double received;
-    const int adapter = weight_nccl_adapter(z->wn);
-    if (weight_nccl_finish(z->wn, q->version, &received, err, sizeof err) != 0) {
-        fprintf(stderr, "tandem-serve: weight update to version %lld over NCCL failed; serving the previous "
-                        "weights: %s\n", (long long)q->version, err);
+    const int ipc = weight_ipc_active(z->wi), adapter = !ipc && weight_nccl_adapter(z->wn);
+    if ((ipc ? weight_ipc_finish(z->wi, q->version, &received, err, sizeof err)
+             : weight_nccl_finish(z->wn, q->version, &received, err, sizeof err)) != 0) {
+        fprintf(stderr, "tandem-serve: weight update to version %lld over %s failed; serving the previous "
+                        "weights: %s\n", (long long)q->version, ipc ? "ipc" : "NCCL", err);
         zc_send_error(z->router, rid, rl, q->id, "internal", "weights_end: %s", err);
         return;
     }
@@ -330,10 +312,8 @@ void zc_weights(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q) {
         if (weight_recv_slice(&z->wr, rid, rl, q->has_version, q->version, q->unit, q->offset, q->count, q->dtype, q->slice_data, staging_of,
                               z->g, err, sizeof err))
             zc_send_error(z->router, rid, rl, q->id, "bad_slice", "%s", err);
-    } else if (weight_ipc_active(z->wi)) {
-        end_ipc(z, rid, rl, q);
-    } else if (weight_nccl_active(z->wn)) {
-        end_nccl(z, rid, rl, q);
+    } else if (weight_ipc_active(z->wi) || weight_nccl_active(z->wn)) {
+        end_device(z, rid, rl, q);
     } else {
         if (weight_recv_ready(&z->wr, rid, rl, q->version, err, sizeof err)) {
             zc_send_error(z->router, rid, rl, q->id, "weights_incomplete", "%s", err);

@@ -120,8 +120,8 @@ int rollout_weights_end_wait(RolloutClient *c, int64_t version, const int64_t *r
 // trainer ranks. rollout_weights_begin_nccl opens update `version` on those n servers (whole weights, or the LoRA
 // adapters alone when adapter is not NULL), telling server servers[j] to join communicator grp->id (the same id as
 // before: reuse it) with its grp->tp[j] shards as members first .. first + tp[j] - 1 (see RolloutNcclGroup). A
-// server that cannot take it (another backend) makes it return ROLLOUT_EUNSUPPORTED (the caller then uses
-// transport zmq); a silent one ROLLOUT_ESERVERS_LOST (it is set aside). Then every rank sends over the
+// server that cannot take it (another backend) makes it return ROLLOUT_EUNSUPPORTED (the caller then falls
+// back to transport ipc or zmq); a silent one ROLLOUT_ESERVERS_LOST (it is set aside). Then every rank sends over the
 // communicator, and rank 0 ends with rollout_weights_end as for zmq.
 #define ROLLOUT_MAX_SERVERS 64
 #define ROLLOUT_EUNSUPPORTED (-3)

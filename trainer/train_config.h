@@ -153,6 +153,11 @@ enum {
 // argv[0] is the program name. Reads --config FILE first, then applies every other flag. Returns 0,
 // TRAIN_CONFIG_HELP or TRAIN_CONFIG_VERSION (nothing else is checked), or a negative code with a message
 // naming the key. Does not run the cross-option checks: call train_config_finalize.
+// HSDP (sharding_strategy hybrid_shard) or hpZ (zero_hpz_partition_size > 1): rank r does not hold slice r of every
+// unit as flat ZeRO does, which the nccl and ipc weight syncs send by.
+static inline int train_config_hybrid_layout(const TrainConfig *c) {
+    return c->sharding_strategy == SHARDING_HYBRID_SHARD || c->zero_hpz_partition_size > 1;
+}
 int train_config_parse_args(TrainConfig *cfg, int argc, char *const *argv, char *err, size_t err_len);
 // Applies a JSON object's keys (the config file's content). path names the source in messages (may be NULL).
 int train_config_apply_json(TrainConfig *cfg, const char *json_text, size_t len, const char *path, char *err,

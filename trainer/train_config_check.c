@@ -128,20 +128,15 @@ static int check_logging_and_dist(const TrainConfig *c, Problems *p) {
     if (c->zero_hpz_partition_size > 1 && c->sharding_strategy != SHARDING_FULL_SHARD)
         FAIL("zero_hpz_partition_size: %d and sharding_strategy hybrid_shard are two different layouts: pick one",
              c->zero_hpz_partition_size);
-    // The NCCL weight sync has the servers receive slice r of every unit from trainer rank r; hybrid layouts cut
-    // the model otherwise (trainer/weight_sync.c), so their weights travel over ZeroMQ (auto picks it).
-    if ((c->zero_hpz_partition_size > 1 || c->sharding_strategy == SHARDING_HYBRID_SHARD) &&
-        c->mode != TRAIN_MODE_SFT && c->weight_sync_transport == WEIGHT_SYNC_NCCL)
-        FAIL("weight_sync_transport: nccl from %s is not built; use zmq (or auto, which picks it for these layouts)",
+    // The NCCL and ipc weight syncs have the servers receive slice r of every unit from trainer rank r; hybrid
+    // layouts cut the model otherwise (trainer/weight_sync.c), so their weights travel over ZeroMQ (auto picks it).
+    if (train_config_hybrid_layout(c) && c->mode != TRAIN_MODE_SFT &&
+        (c->weight_sync_transport == WEIGHT_SYNC_NCCL || c->weight_sync_transport == WEIGHT_SYNC_IPC))
+        FAIL("weight_sync_transport: %s from %s is not built; use zmq (or auto, which picks it for these layouts)",
+             c->weight_sync_transport == WEIGHT_SYNC_IPC ? "ipc" : "nccl",
              c->sharding_strategy == SHARDING_HYBRID_SHARD ? "sharding_strategy hybrid_shard"
                                                            : "zero_hpz_partition_size > 1");
-    // Transport ipc copies slice r of every unit from rank r as nccl does (the same hybrid-layout limit), and whole
-    // weights only: adapters go over nccl or zmq.
-    if ((c->zero_hpz_partition_size > 1 || c->sharding_strategy == SHARDING_HYBRID_SHARD) &&
-        c->mode != TRAIN_MODE_SFT && c->weight_sync_transport == WEIGHT_SYNC_IPC)
-        FAIL("weight_sync_transport: ipc from %s is not built; use zmq (or auto)",
-             c->sharding_strategy == SHARDING_HYBRID_SHARD ? "sharding_strategy hybrid_shard"
-                                                           : "zero_hpz_partition_size > 1");
+    // Transport ipc carries whole weights only: adapters go over nccl or zmq.
     if (c->use_peft && c->lora_sync == LORA_SYNC_ADAPTER && c->mode != TRAIN_MODE_SFT &&
         c->weight_sync_transport == WEIGHT_SYNC_IPC)
         FAIL("weight_sync_transport: ipc carries whole weights only; with lora_sync adapter use nccl or zmq, or set "

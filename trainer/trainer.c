@@ -273,7 +273,7 @@ int trainer_open(Trainer *t, TrainConfig *cfg, char *err, size_t err_len) {
     }
     // Hybrid layouts (HSDP, hpZ) cut the model otherwise than slice r on rank r, which the NCCL sync sends: their
     // weights go over ZeroMQ (train_config_check.c refuses nccl with them).
-    const int hybrid_layout = cfg->sharding_strategy == SHARDING_HYBRID_SHARD || cfg->zero_hpz_partition_size > 1;
+    const int hybrid_layout = train_config_hybrid_layout(cfg);
     t->sync.use_ipc = cfg->weight_sync_transport == WEIGHT_SYNC_IPC;
     t->sync.use_nccl = cfg->weight_sync_transport == WEIGHT_SYNC_NCCL ||
                        (cfg->weight_sync_transport == WEIGHT_SYNC_AUTO && backend == OPS_BACKEND_CUDA &&

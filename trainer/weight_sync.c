@@ -269,8 +269,7 @@ static int send_zmq(Trainer *t, int64_t version, char *err, size_t err_len) {
     // GPU ranks send the bf16 units their forward reads, as they are (the masters rounded by the optimizer's rule,
     // the bits a conversion of the masters gives, at half the bytes to download and no conversion). Hybrid layouts
     // keep their forward copy cut otherwise than their master slices: those send the masters, converted.
-    const int hybrid = t->cfg->sharding_strategy == SHARDING_HYBRID_SHARD || t->cfg->zero_hpz_partition_size > 1;
-    const int raw_bf16 = bf16_frames(t) && (t->lora || !hybrid);
+    const int raw_bf16 = bf16_frames(t) && (t->lora || !train_config_hybrid_layout(t->cfg));
     const size_t es = raw_bf16 ? 2 : 4;
     int rc = 0, servers[ROLLOUT_MAX_SERVERS];
     const int n_servers = rollout_alive_servers(t->rollout, servers);
@@ -419,8 +418,8 @@ static int push_zmq(Trainer *t, int64_t version, char *err, size_t err_len) {
 }
 
 // lora_sync adapter over ZeroMQ: the adapters alone. Every rank holds the same adapters, so rank 0 sends them all
-// (their masters, bf16 from GPU ranks as bf16_frames says, one unit per decoder layer); the servers run them beside their base weights. The other ranks
-// learn rank 0's verdict in finish.
+// (their masters, bf16 from GPU ranks as bf16_frames says, one unit per decoder layer); the servers run them beside
+// their base weights. The other ranks learn rank 0's verdict in finish.
 static int push_adapter(Trainer *t, int64_t version, char *err, size_t err_len) {
     const ModelLora *l = lora_train_adapters(t->lora);
     int rc = 0, n_members = 0;
@@ -474,7 +473,7 @@ static int retry_without_lost(Trainer *t, int64_t version, int attempt, const ch
 // Whether transport ipc can carry this run's updates, as train_config_check.c allows it: whole weights (not adapters)
 // from a layout where rank r holds slice r of every unit (no HSDP, no hpZ).
 static int ipc_can_carry(const Trainer *t, const LoraConfig *adapter) {
-    return !adapter && t->cfg->zero_hpz_partition_size <= 1 && t->cfg->sharding_strategy != SHARDING_HYBRID_SHARD;
+    return !adapter && !train_config_hybrid_layout(t->cfg);
 }
 
 int weight_sync_push(Trainer *t, double *seconds, char *err, size_t err_len) {
@@ -486,13 +485,9 @@ int weight_sync_push(Trainer *t, double *seconds, char *err, size_t err_len) {
     const LoraConfig *adapter =
         t->lora && t->cfg->lora_sync == LORA_SYNC_ADAPTER ? &lora_train_adapters(t->lora)->cfg : NULL;
     if (t->lora && !adapter && lora_train_refresh_merged(t->lora, err, err_len) != 0) return -1;
-    if (ws->use_ipc) {   // train_config_check.c refuses adapter updates over ipc
-        if (weight_sync_push_ipc(t, version, err, err_len) != 0) return -1;
-        t->progress.policy_version = version;
-        *seconds = trainer_now() - t0;
-        return 0;
-    }
-    if (ws->use_nccl) {
+    // train_config_check.c refuses adapter updates over ipc
+    if (ws->use_ipc && weight_sync_push_ipc(t, version, err, err_len) != 0) return -1;
+    if (!ws->use_ipc && ws->use_nccl) {
         int rc;
         for (int attempt = 1;; attempt++) {
             rc = push_nccl(t, version, adapter, err, err_len);
@@ -510,24 +505,18 @@ int weight_sync_push(Trainer *t, double *seconds, char *err, size_t err_len) {
             weight_sync_close(ws);
             if (ipc_can_carry(t, adapter)) {
                 char ipc_err[1024];
-                if (weight_sync_push_ipc(t, version, ipc_err, sizeof ipc_err) == 0) {
-                    if (t->rank == 0)
-                        fprintf(stderr, "tandem-train: weight sync over NCCL %s; using transport ipc (the servers' "
-                                "memory on this host) from now on\n", why);
-                    ws->use_ipc = 1;
-                    t->progress.policy_version = version;
-                    *seconds = trainer_now() - t0;
-                    return 0;
-                }
-                snprintf(why + strlen(why), sizeof why - strlen(why), "; over ipc: %.1024s", ipc_err);
+                ws->use_ipc = weight_sync_push_ipc(t, version, ipc_err, sizeof ipc_err) == 0;
+                if (!ws->use_ipc) snprintf(why + strlen(why), sizeof why - strlen(why), "; over ipc: %.1024s", ipc_err);
             }
             if (t->rank == 0)
-                fprintf(stderr, "tandem-train: weight sync over NCCL %s; using transport zmq from now on\n", why);
+                fprintf(stderr, "tandem-train: weight sync over NCCL %s; using transport %s from now on\n", why,
+                        ws->use_ipc ? "ipc (the servers' memory on this host)" : "zmq");
         } else if (rc != 0) {
             return -1;
         }
     }
-    if (!ws->use_nccl && (adapter ? push_adapter(t, version, err, err_len) : push_zmq(t, version, err, err_len)) != 0)
+    if (!ws->use_nccl && !ws->use_ipc &&
+        (adapter ? push_adapter(t, version, err, err_len) : push_zmq(t, version, err, err_len)) != 0)
         return -1;
     t->progress.policy_version = version;
     *seconds = trainer_now() - t0;

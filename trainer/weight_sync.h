@@ -31,7 +31,7 @@
 
 typedef struct {
     int use_nccl;                     // resolved transport: 1 nccl, 0 zmq (or ipc, use_ipc)
-    int use_ipc;                      // transport ipc (weight_sync_transport ipc; never chosen by auto)
+    int use_ipc;                      // transport ipc (weight_sync_transport ipc, or auto's fallback from nccl)
     struct WeightSyncIpc *ipc;        // ipc: the servers' staging this rank has mapped (trainer/weight_sync_ipc.c)
     Comm *comm;                       // nccl: the weight-sync communicator, NULL until the first push
     uint8_t id[COMM_UNIQUE_ID_BYTES]; // its id (rank 0 made it)

@@ -6,7 +6,6 @@
 #include <stdlib.h>
 #include <string.h>
 
-
 typedef struct {
     int size;           // tensor-parallel size
     ModelConfig *cfg;   // (size) each shard's config
@@ -80,11 +79,10 @@ static int parts_of(WeightShards *ws, const Model *m, const ShardCut *c, int k, 
     int n = model_shard_parts(&m->layout, &c->layout[k], &c->cfg[k], &c->shard[k], u, off, off + count, ws->parts,
                               MODEL_SHARD_MAX_PARTS);
     if (n < 0)
-        snprintf(err, err_len, "unit %d has more than %d parts for tensor-parallel shard %d", u, MODEL_SHARD_MAX_PARTS, k);
+        snprintf(err, err_len, "unit %d has more than %d parts for tensor-parallel shard %d", u, MODEL_SHARD_MAX_PARTS,
+                 k);
     return n;
 }
-
-static int packed(const ModelShardPart *p) { return p->rows > 1 && p->cols != p->full_cols; }
 
 // *wsp, made on first use. NULL with a message when out of memory.
 static WeightShards *tables(WeightShards **wsp, OpsCtx *ops, const Model *m, char *err, size_t err_len) {
@@ -118,7 +116,7 @@ int weight_shards_parts(WeightShards *ws, const Model *m, int tp, int k, int u, 
     return parts_of(ws, m, cut, k, u, off, count, err, err_len);
 }
 
-int weight_shards_part_strided(const ModelShardPart *p) { return packed(p); }
+int weight_shards_part_strided(const ModelShardPart *p) { return p->rows > 1 && p->cols != p->full_cols; }
 
 int weight_shards_pack(WeightShards **wsp, OpsCtx *ops, Comm *c, const Model *m, const int *tp, int n_servers,
                        int u0, int u1, const WeightSlice *slices, char *err, size_t err_len) {
@@ -142,7 +140,7 @@ int weight_shards_pack(WeightShards **wsp, OpsCtx *ops, Comm *c, const Model *m,
                 int n = parts_of(ws, m, cut, k, u, slices[u - u0].off, slices[u - u0].count, err, err_len);
                 if (n < 0) return -1;
                 for (int p = 0; p < n; p++)
-                    if (packed(&ws->parts[p])) total += ws->parts[p].rows * ws->parts[p].cols;
+                    if (weight_shards_part_strided(&ws->parts[p])) total += ws->parts[p].rows * ws->parts[p].cols;
             }
         }
     if (total == 0) return 0;
@@ -173,7 +171,7 @@ int weight_shards_pack(WeightShards **wsp, OpsCtx *ops, Comm *c, const Model *m,
                 int n = parts_of(ws, m, cut, k, u, sl->off, sl->count, err, err_len);
                 for (int p = 0; p < n; p++) {
                     const ModelShardPart *q = &ws->parts[p];
-                    if (!packed(q)) continue;
+                    if (!weight_shards_part_strided(q)) continue;
                     ops_copy_2d(ops, (char *)ws->pack + at * es, q->cols,
                                 (const char *)sl->src + (q->full_at - sl->off) * es, q->full_cols, q->rows, q->cols);
                     at += q->rows * q->cols;
@@ -200,9 +198,9 @@ int weight_shards_send(WeightShards *ws, Comm *c, const Model *m, int u, const W
         for (int p = 0; p < n; p++) {
             const ModelShardPart *q = &ws->parts[p];
             const size_t numel = q->rows * q->cols;
-            const void *src = packed(q) ? (const char *)ws->pack + at * es
+            const void *src = weight_shards_part_strided(q) ? (const char *)ws->pack + at * es
                                         : (const char *)sl->src + (q->full_at - sl->off) * es;
-            if (packed(q)) at += numel;
+            if (weight_shards_part_strided(q)) at += numel;
             if (comm_send(c, src, numel, dtype, first + k) != 0) {
                 snprintf(err, err_len, "weight sync over NCCL: %s", comm_error(c));
                 return -1;

@@ -36,12 +36,12 @@ void cuda_fill_hashed_uniform(OpsCtx *ctx, void *dst, size_t rows, size_t cols, 
 void cuda_upload_f32(OpsCtx *ctx, void *dst, const float *src_host, size_t n);
 void cuda_download_f32(OpsCtx *ctx, float *dst_host, const void *src, size_t n);
 void cuda_synchronize(OpsCtx *ctx);
-// Unlike the others it returns its error (kernels/cuda/cuda_peer.cu; see ops_copy_peer).
 // ops_peer_all_reduce (kernels/cuda/cuda_peer_all_reduce.cu); arguments checked by kernels/ops.c.
 void cuda_peer_all_reduce(OpsCtx *ctx, void *const *buf0, void *const *buf1, uint32_t *const *flags, uint32_t *counter,
                           int rank, int n, void *x, const void *residual, size_t count, double timeout_s);
 // Peer access between the devices of every pair of ctxs (ops_peer_group_create). Returns 0 or -1 with a message.
 int cuda_peer_enable(OpsCtx *const *ctxs, int n, char *err, size_t err_len);
+// Unlike the others it returns its error (kernels/cuda/cuda_peer.cu; see ops_copy_peer).
 int cuda_copy_peer(OpsCtx *dst_ctx, void *dst, OpsCtx *src_ctx, const void *src, size_t bytes, char *err,
                    size_t err_len);
 

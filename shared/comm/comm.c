@@ -416,7 +416,8 @@ int comm_graph_launch(Comm *c, OpsGraph *graph) {
     if (rc) return rc;
     if (!graph) return comm_fail(c, COMM_ERR_INVALID, "comm_graph_launch: graph is NULL");
     if (c->backend == COMM_BACKEND_HOST) {   // the host backend runs beside CPU contexts, which record no graphs
-        if (!c->ops) return comm_fail(c, COMM_ERR_INVALID, "comm_graph_launch: the communicator has no compute context");
+        if (!c->ops)
+            return comm_fail(c, COMM_ERR_INVALID, "comm_graph_launch: the communicator has no compute context");
         if (ops_graph_launch(c->ops, graph) == 0) return 0;
         return comm_fail(c, COMM_ERR_INVALID, "comm_graph_launch: %s", ops_error(c->ops));
     }

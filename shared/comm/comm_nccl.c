@@ -980,7 +980,8 @@ int comm_nccl_graph_launch(Comm *c, OpsGraph *graph) {
     Nccl *h = c->impl;
     if (h->group_depth > 0) return comm_fail(c, COMM_ERR_INVALID, "comm_graph_launch: inside a group");
     if (ops_cuda_recording_stream(c->ops))
-        return comm_fail(c, COMM_ERR_INVALID, "comm_graph_launch: this thread is recording a graph on the compute context");
+        return comm_fail(c, COMM_ERR_INVALID,
+                         "comm_graph_launch: this thread is recording a graph on the compute context");
     cudaError_t e = cudaSetDevice(h->device);
     if (e != cudaSuccess) return CUDA_FAIL(c, h, e, "cudaSetDevice");
     pthread_mutex_lock(&h->mu);

@@ -75,12 +75,12 @@ const void *rendezvous_blob(const Rendezvous *r, size_t *len);
 int rendezvous_barrier(Rendezvous *r, int timeout_ms, char *err, size_t err_len);
 void rendezvous_close(Rendezvous *r);
 
-// The local IP address (numeric, no brackets) of the interface that routes to master_addr, so that a
-// rank can publish a data endpoint its peers can reach. 127.0.0.1 for a loopback master. Sends nothing.
 // The address and port of an endpoint "tcp://ADDR:PORT" or "tcp://[ADDR]:PORT" (an IPv6 literal in brackets; the
 // scheme may be missing): ADDR without brackets into addr, PORT into *port (0 when there is none or it is "*").
 void rendezvous_endpoint_split(const char *endpoint, char *addr, size_t addr_len, int *port);
 
+// The local IP address (numeric, no brackets) of the interface that routes to master_addr, so that a
+// rank can publish a data endpoint its peers can reach. 127.0.0.1 for a loopback master. Sends nothing.
 int rendezvous_local_address(const char *master_addr, int master_port, char *out, size_t out_len, char *err,
                              size_t err_len);
 
