@@ -3,13 +3,17 @@
 // layer_decode_small).
 //
 // CPU part (always runs): misuse is refused with a message (no fusion struct, a norm without its h scratch, SwiGLU
-// with a residual or an odd OC, SwiGLU without gu scratch, rope_store without its buffers or with a wrong OC) and leaves the output untouched; N = 0 does nothing.
+// with a residual or an odd OC, SwiGLU without gu scratch, rope_store without its buffers or with a wrong OC) and
+// leaves the output untouched; N = 0 does nothing.
 // CUDA part (without a device: "SKIP", exit 77, after the CPU part passed): for 1 and 2 rows (the fused kernel) and
 // 3 rows (the unfused sequence on the GPU), the Qwen2.5-0.5B/1.5B projection shapes and odd small ones, every
-// fusion with and without bias (the q/k/v projection with RoPE and the KV cache store too: q and both caches), against the CPU backend running the unfused sequence on the same bf16 inputs:
+// fusion with and without bias (the q/k/v projection with RoPE and the KV cache store too: q and both caches), against
+// the CPU backend running the unfused sequence on the same bf16 inputs:
 // e = max |gpu - cpu| / (|cpu| + rms(cpu)) <= 2e-2 (bf16 outputs, bf16-rounded intermediates on the GPU; the norm's
 // h may differ from ops_rmsnorm_fwd's in its last bit). An output that is the residual is refused (the unfused
-// order would overwrite the residual before adding it).
+// order would overwrite the residual before adding it). Then chains of MLP blocks whose every projection reads the
+// one before's output (check_chain): eagerly against the CPU within the same bound, and replayed from a CUDA graph
+// against the eager kernels bit for bit.
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -147,6 +151,68 @@ static void check_rope_case(OpsCtx *cpu, OpsCtx *gpu, int N, int IC, int Hq, int
     free(cq), free(ck), free(cv), free(gq), free(gk), free(gv);
 }
 
+// CHAIN_LAYERS MLP blocks back to back, each projection reading what the launch before it wrote (a decode step's
+// order): x <- x + swiglu(rmsnorm(x) Wgu^T) Wd^T, unfused on the CPU, fused on the GPU, eagerly and replayed twice
+// from a CUDA graph.
+enum { CHAIN_LAYERS = 6 };
+static float *run_chain(OpsCtx *ctx, int use_graph, int N, int C, int I, const float *x0, float *const *wgu,
+                        float *const *wd, float *const *norm_w) {
+    void *x = up(ctx, x0, (size_t)N * C), *xmid = up(ctx, NULL, (size_t)N * C), *act = up(ctx, NULL, (size_t)N * I);
+    void *h = up(ctx, NULL, (size_t)N * C), *gu = up(ctx, NULL, (size_t)N * 2 * I);
+    void *d_gu[CHAIN_LAYERS], *d_d[CHAIN_LAYERS], *d_nw[CHAIN_LAYERS];
+    for (int l = 0; l < CHAIN_LAYERS; l++) {
+        d_gu[l] = up(ctx, wgu[l], (size_t)2 * I * C);
+        d_d[l] = up(ctx, wd[l], (size_t)C * I);
+        d_nw[l] = up(ctx, norm_w[l], C);
+    }
+    OpsGraph *graph = NULL;
+    const int recording = use_graph && ops_graph_begin(ctx) == 0;
+    CHECK(!use_graph || recording, "chain: the graph recording did not start (\"%s\")", ops_error(ctx));
+    for (int l = 0; l < CHAIN_LAYERS; l++) {
+        void *in = l % 2 ? xmid : x, *out = l % 2 ? x : xmid;
+        ops_matmul_fused_fwd(ctx, act, in, d_gu[l], NULL, N, C, 2 * I,
+                             &(OpsProjFusion){.norm_w = d_nw[l], .eps = 1e-6f, .h = h, .swiglu = 1, .gu = gu});
+        ops_matmul_fused_fwd(ctx, out, act, d_d[l], NULL, N, I, C, &(OpsProjFusion){.residual = in});
+    }
+    if (recording) {
+        CHECK(ops_graph_end(ctx, &graph) == 0, "chain: recording failed: %s", ops_error(ctx));
+        // Each replay runs the blocks over what the one before left: two replays from x0 make 2 CHAIN_LAYERS
+        // blocks, which the caller compares with the CPU running them as often.
+        for (int r = 0; r < 2 && graph; r++) ops_graph_launch(ctx, graph);
+        ops_graph_destroy(ctx, graph);
+    }
+    float *res = down(ctx, CHAIN_LAYERS % 2 ? xmid : x, (size_t)N * C);
+    CHECK(ops_status(ctx) == 0, "chain N=%d: unexpected error \"%s\"", N, ops_error(ctx));
+    ops_clear_error(ctx);
+    ops_free(ctx, x), ops_free(ctx, xmid), ops_free(ctx, act), ops_free(ctx, h), ops_free(ctx, gu);
+    for (int l = 0; l < CHAIN_LAYERS; l++) ops_free(ctx, d_gu[l]), ops_free(ctx, d_d[l]), ops_free(ctx, d_nw[l]);
+    return res;
+}
+
+static void check_chain(OpsCtx *cpu, OpsCtx *gpu, int N, int C, int I) {
+    float *x0 = rand_bf16((size_t)N * C, 1.0), *wgu[CHAIN_LAYERS], *wd[CHAIN_LAYERS], *norm_w[CHAIN_LAYERS];
+    for (int l = 0; l < CHAIN_LAYERS; l++) {
+        wgu[l] = rand_bf16((size_t)2 * I * C, 1.7 / sqrt(C));
+        wd[l] = rand_bf16((size_t)C * I, 0.5 / sqrt(I));
+        norm_w[l] = rand_bf16(C, 1.0);
+        for (int i = 0; i < C; i++) norm_w[l][i] = kt_round_bf16(1.0f + 0.5f * norm_w[l][i]);
+    }
+    float *c = run_chain(cpu, 0, N, C, I, x0, wgu, wd, norm_w);
+    float *g = run_chain(gpu, 0, N, C, I, x0, wgu, wd, norm_w);
+    const double e = scaled_err(c, g, (size_t)N * C);
+    CHECK(e <= 2e-2, "chain of %d MLP blocks N=%d C=%d I=%d, eager: error %.3g > 2e-2", CHAIN_LAYERS, N, C, I, e);
+    // Two graph replays from x0 against the eager kernels run over the first pass's output: the same kernels in the
+    // same order, so bit for bit.
+    float *g2 = run_chain(gpu, 1, N, C, I, x0, wgu, wd, norm_w);
+    float *e2 = run_chain(gpu, 0, N, C, I, g, wgu, wd, norm_w);
+    size_t diff = 0;
+    for (size_t i = 0; i < (size_t)N * C; i++) diff += memcmp(&g2[i], &e2[i], sizeof(float)) != 0;
+    CHECK(diff == 0, "chain of %d MLP blocks N=%d C=%d I=%d: two graph replays differ from the eager kernels in %zu "
+          "of %zu values", 2 * CHAIN_LAYERS, N, C, I, diff, (size_t)N * C);
+    free(x0), free(c), free(g), free(g2), free(e2);
+    for (int l = 0; l < CHAIN_LAYERS; l++) free(wgu[l]), free(wd[l]), free(norm_w[l]);
+}
+
 static void test_misuse(OpsCtx *ctx) {
     float buf[64] = {0};
     void *d = up(ctx, buf, 64);
@@ -214,6 +280,11 @@ int main(void) {
         check_rope_case(cpu, gpu, N, 896, 14, 2, 64);
         check_rope_case(cpu, gpu, N, 1536, 12, 2, 128);
         check_rope_case(cpu, gpu, N, 36, 2, 1, 6);
+    }
+    // Back-to-back dependent projections (Qwen2.5-1.5B's MLP, and a narrow one whose kernels are shortest).
+    for (int N = 1; N <= 2; N++) {
+        check_chain(cpu, gpu, N, 1536, 8960);
+        check_chain(cpu, gpu, N, 256, 512);
     }
     ops_destroy(gpu);
     ops_destroy(cpu);
