@@ -27,7 +27,6 @@ Also checks correctness: for 4 prompts, the greedy tokens of both agree on their
 differ in rounding, so long continuations may part on near-ties).
 """
 import argparse
-import concurrent.futures
 import pathlib
 import tempfile
 import time
@@ -35,7 +34,7 @@ import time
 import torch
 
 import benchlib
-from benchlib import measure_ceilings, roofline, server_fixtures, use_devlib
+from benchlib import completions, engine_counters, engine_split, measure_ceilings, roofline, server_fixtures, use_devlib
 
 VOCAB = benchlib.QWEN_VOCAB
 PROMPT_LEN = 32
@@ -49,17 +48,6 @@ def build_model(d, shape):
 def prompts_for(c, length=PROMPT_LEN):
     g = torch.Generator().manual_seed(c)
     return torch.randint(300, VOCAB, (c, length), generator=g)
-
-
-def completions(url, prompts, max_tokens, n=1, temperature=0):
-    def one(p):
-        status, body, _ = server_fixtures.http_json("POST", url + "/v1/completions", {
-            "model": "bench", "prompt": p, "max_tokens": max_tokens, "temperature": temperature, "n": n,
-            "seed": 1, "ignore_eos": True, "return_token_ids": True}, timeout=1800)
-        assert status == 200, body
-        return [c["token_ids"] for c in body["choices"]]
-    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
-        return [ids for choices in pool.map(one, [p.tolist() for p in prompts]) for ids in choices]
 
 
 def torch_generate(model, prompts, max_tokens, n=1, sample=False):
@@ -85,37 +73,6 @@ def greedy_margins(model, prompts, ours):
             chosen = logits.gather(1, torch.tensor(toks, device=logits.device).unsqueeze(1)).squeeze(1)
             worst.append(((logits.max(dim=1).values - chosen) / logits.std(dim=1)).max().item())
     return worst
-
-
-STEP_KINDS = ("decode_graph", "decode_eager", "prefill")
-
-
-def engine_counters(url):
-    """(steps, seconds in steps, seconds in the model and sampling calls, then steps and model + sampling seconds of
-    each kind in STEP_KINDS) so far, summed over the engines."""
-    v = server_fixtures.metrics(url)
-    return ((server_fixtures.metric(v, "tandem_engine_step_seconds_count"),
-             server_fixtures.metric(v, "tandem_engine_step_seconds_sum"),
-             server_fixtures.metric(v, "tandem_engine_step_compute_seconds_total"))
-            + tuple(server_fixtures.metric(v, "tandem_engine_steps_by_kind_total", kind=k) for k in STEP_KINDS)
-            + tuple(server_fixtures.metric(v, "tandem_engine_step_compute_seconds_by_kind_total", kind=k)
-                    for k in STEP_KINDS))
-
-
-def engine_split(before, after, wall):
-    """Where a load's wall time went, from the engine's counters: its steps' mean time, split into the model and
-    sampling calls (GPU work and its launches: they wait for the device) and the engine's host work around them,
-    and the share of the wall time the engine spent in steps at all (the rest: HTTP, admission, the client)."""
-    d = [a - b for a, b in zip(after, before)]
-    steps, step_s, compute_s = d[:3]
-    if steps <= 0:
-        return "no steps"
-    n_kinds = len(STEP_KINDS)
-    kinds = ", ".join(f"{k} {int(n)} x {c / n * 1e3:.2f} ms" for k, n, c in zip(STEP_KINDS, d[3:3 + n_kinds],
-                                                                                d[3 + n_kinds:]) if n > 0)
-    return (f"{int(steps)} steps, {step_s / steps * 1e3:.2f} ms/step = {compute_s / steps * 1e3:.2f} model+sampling + "
-            f"{(step_s - compute_s) / steps * 1e3:.2f} host; in steps {step_s / wall:.0%} of the wall time"
-            f" (model+sampling by kind: {kinds})")
 
 
 def main():

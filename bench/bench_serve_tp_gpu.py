@@ -2,6 +2,7 @@
 roofline of the N GPUs, in one run.
 
     python3 bench/bench_serve_tp_gpu.py --build build-gpu.carry [--shape 7b] [--tp 1,2] [--streams 1,16]
+                                        [--grpo [--grpo-prompts 64] [--grpo-tokens 1024]]
 
 A random Qwen2.5-shaped model (bf16, tied embeddings) is saved once. For each N a server runs on cuda:0..N-1 and,
 for each concurrency C, C clients each ask /v1/completions for 32 prompt ids, greedy, ignore_eos, twice: T1 = 32
@@ -16,21 +17,27 @@ when even the first differs (random weights give near-flat logits: bf16 sums in 
 --random-weights (always for the 32b and 72b shapes) writes config.json alone and starts the servers with
 --load-format random:
 random weights made on the GPUs, the same model at every TP size, no 65 / 145 GB of files.
+--grpo adds a GRPO-shaped load per N: --grpo-prompts prompts of 256 ids, n = 8 each, --grpo-tokens new tokens,
+temperature 1, ignore_eos, all at once; generated tokens/s, TP N's over the first N's, and where the engine's time
+went (steps, their model + sampling time and host time). --kv sizes each GPU's KV pool alike, so TP N also has N
+times the room for sequences in flight.
 --dry-run-cpu checks this script without GPUs: the tiny test model on the CPU backend (TP as CPU shards).
 """
 import argparse
 import concurrent.futures
 import json
 import pathlib
+import random
 import sys
 import tempfile
 import time
 import urllib.request
 
 import benchlib
-from benchlib import build_model, server_fixtures, use_devlib
+from benchlib import build_model, completions, engine_counters, engine_split, server_fixtures, use_devlib
 
 PROMPT_LEN, T1, T2 = 32, 32, 288
+GRPO_PROMPT_LEN, GRPO_N = 256, 8
 
 
 def complete(url, prompt, max_tokens):
@@ -60,6 +67,9 @@ def main():
     ap.add_argument("--streams", default="1,16")
     ap.add_argument("--kv", default="8G", help="--kv-cache-memory of each server (per GPU)")
     ap.add_argument("--server-args", default="", help="more tandem-serve options, space-separated")
+    ap.add_argument("--grpo", action="store_true", help="also a GRPO-shaped load per tensor-parallel size")
+    ap.add_argument("--grpo-prompts", type=int, default=64)
+    ap.add_argument("--grpo-tokens", type=int, default=1024)
     ap.add_argument("--dry-run-cpu", action="store_true")
     args = ap.parse_args()
     build = pathlib.Path(args.build).resolve()
@@ -73,7 +83,7 @@ def main():
         import torch
         bw = benchlib.measure_ceilings()[0] / 1e9
         gpu = f"{torch.cuda.get_device_name(0)} x {torch.cuda.device_count()}"
-    rows, ok = [], True
+    rows, grpo_rows, ok = [], [], True
     with tempfile.TemporaryDirectory() as d:
         model_dir = pathlib.Path(d) / "model"
         model_dir.mkdir()
@@ -113,6 +123,18 @@ def main():
                     bound = (weight_bytes / tp + c * ctx * kv_per_token) / (bw * 1e9)
                     rows.append((tp, c, step, bound))
                     print(f"TP {tp}, {c} streams: {step * 1e3:.2f} ms per decode step", flush=True)
+                if args.grpo:
+                    rng = random.Random(7)
+                    gp = [[rng.randrange(1, V) for _ in range(GRPO_PROMPT_LEN)] for _ in range(args.grpo_prompts)]
+                    completions(srv.url, gp[:2], 4, n=2, temperature=1.0)   # warm-up
+                    before = engine_counters(srv.url)
+                    t0 = time.perf_counter()
+                    out = completions(srv.url, gp, args.grpo_tokens, n=GRPO_N, temperature=1.0)
+                    dt = time.perf_counter() - t0
+                    assert len(out) == GRPO_N * args.grpo_prompts and all(len(o) == args.grpo_tokens for o in out)
+                    split = engine_split(before, engine_counters(srv.url), dt)
+                    grpo_rows.append((tp, sum(map(len, out)) / dt, dt, split))
+                    print(f"TP {tp}, grpo load: {grpo_rows[-1][1]:.0f} tok/s ({dt:.1f} s); engine {split}", flush=True)
             finally:
                 srv.stop()
     print(f"{gpu}; {'tiny test model' if args.dry_run_cpu else 'Qwen2.5-' + args.shape.upper() + ' shape'}"
@@ -123,6 +145,12 @@ def main():
     base = {c: s for tp, c, s, _ in rows if tp == tps[0]}
     for tp, c, step, bound in rows:
         print(f"{tp:>3}{c:>9}{step * 1e3:>10.2f}{bound * 1e3:>10.2f}{bound / step:>10.0%}{base[c] / step:>9.2f}x")
+    if grpo_rows:
+        print(f"grpo load ({args.grpo_prompts} prompts x n={GRPO_N}, {GRPO_PROMPT_LEN} + {args.grpo_tokens} tokens, "
+              f"T=1, --kv {args.kv} a GPU):")
+        print(f"{'TP':>3}{'tok/s':>10}{'seconds':>10}{'vs TP ' + str(tps[0]):>10}")
+        for tp, tok_s, dt, _ in grpo_rows:
+            print(f"{tp:>3}{tok_s:>10.0f}{dt:>10.1f}{tok_s / grpo_rows[0][1]:>9.2f}x")
     sys.exit(0 if ok else 1)
 
 

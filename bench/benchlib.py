@@ -7,6 +7,7 @@ puts a script's own folder first on sys.path, so this module is found from any w
 the standard library itself (torch and transformers inside the functions that use them), and puts tests/e2e on
 sys.path for `server_fixtures` (the e2e tests' server, tokenizer and tiny-model helpers).
 """
+import concurrent.futures
 import json
 import os
 import pathlib
@@ -371,3 +372,48 @@ def write_data(path, tok_file, eos, n_rows, seq_len, prompt_len, seed=0):
                 raise SystemExit(f"row {i}: {len(p_ids)} prompt / {len(f_ids)} tokens, wanted {prompt_len} / "
                                  f"{seq_len} with the prompt as prefix")
             f.write(json.dumps({"prompt": prompt, "completion": completion}) + "\n")
+
+
+def completions(url, prompts, max_tokens, n=1, temperature=0):
+    """Every prompt (a list of ids, or a tensor) as one concurrent /v1/completions request (n choices, seed 1,
+    ignore_eos); the token ids of every choice, in prompt order."""
+    def one(p):
+        status, body, _ = server_fixtures.http_json("POST", url + "/v1/completions", {
+            "prompt": p, "max_tokens": max_tokens, "temperature": temperature, "n": n,
+            "seed": 1, "ignore_eos": True, "return_token_ids": True}, timeout=1800)
+        assert status == 200, body
+        return [c["token_ids"] for c in body["choices"]]
+    with concurrent.futures.ThreadPoolExecutor(len(prompts)) as pool:
+        ids = [p.tolist() if hasattr(p, "tolist") else list(p) for p in prompts]
+        return [choice for choices in pool.map(one, ids) for choice in choices]
+
+
+STEP_KINDS = ("decode_graph", "decode_eager", "prefill")
+
+
+def engine_counters(url):
+    """(steps, seconds in steps, seconds in the model and sampling calls, then steps and model + sampling seconds of
+    each kind in STEP_KINDS) so far, summed over the engines."""
+    v = server_fixtures.metrics(url)
+    return ((server_fixtures.metric(v, "tandem_engine_step_seconds_count"),
+             server_fixtures.metric(v, "tandem_engine_step_seconds_sum"),
+             server_fixtures.metric(v, "tandem_engine_step_compute_seconds_total"))
+            + tuple(server_fixtures.metric(v, "tandem_engine_steps_by_kind_total", kind=k) for k in STEP_KINDS)
+            + tuple(server_fixtures.metric(v, "tandem_engine_step_compute_seconds_by_kind_total", kind=k)
+                    for k in STEP_KINDS))
+
+
+def engine_split(before, after, wall):
+    """Where a load's wall time went, from the engine's counters: its steps' mean time, split into the model and
+    sampling calls (GPU work and its launches: they wait for the device) and the engine's host work around them,
+    and the share of the wall time the engine spent in steps at all (the rest: HTTP, admission, the client)."""
+    d = [a - b for a, b in zip(after, before)]
+    steps, step_s, compute_s = d[:3]
+    if steps <= 0:
+        return "no steps"
+    n_kinds = len(STEP_KINDS)
+    kinds = ", ".join(f"{k} {int(n)} x {c / n * 1e3:.2f} ms" for k, n, c in zip(STEP_KINDS, d[3:3 + n_kinds],
+                                                                                d[3 + n_kinds:]) if n > 0)
+    return (f"{int(steps)} steps, {step_s / steps * 1e3:.2f} ms/step = {compute_s / steps * 1e3:.2f} model+sampling + "
+            f"{(step_s - compute_s) / steps * 1e3:.2f} host; in steps {step_s / wall:.0%} of the wall time"
+            f" (model+sampling by kind: {kinds})")
