@@ -203,11 +203,14 @@ int engine_wait_idle(Engine *e, int timeout_ms) {
     return done;
 }
 
-float *engine_weights_staging(Engine *e, int unit) {
+int engine_weights_staging_bf16(const Engine *e) { return ops_dtype_size(runner_ops(e->runner)) == 2; }
+
+void *engine_weights_staging(Engine *e, int unit) {
     if (unit < 0 || unit >= e->m->layout.n_units) return NULL;
     pthread_mutex_lock(&e->mu);
-    if (!e->staging[unit]) e->staging[unit] = calloc(e->m->layout.unit_numel[unit], sizeof(float));
-    float *p = e->staging[unit];
+    if (!e->staging[unit])
+        e->staging[unit] = calloc(e->m->layout.unit_numel[unit], engine_weights_staging_bf16(e) ? 2 : sizeof(float));
+    void *p = e->staging[unit];
     pthread_mutex_unlock(&e->mu);
     return p;
 }

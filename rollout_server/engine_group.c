@@ -245,7 +245,9 @@ static void commit_failed(EngineGroup *g, int k, int64_t version, const char *ms
              (long long)version, at ? done : "none");
 }
 
-float *engine_group_weights_staging(EngineGroup *g, int unit) { return engine_weights_staging(g->engines[0], unit); }
+void *engine_group_weights_staging(EngineGroup *g, int unit) { return engine_weights_staging(g->engines[0], unit); }
+
+int engine_group_weights_staging_bf16(const EngineGroup *g) { return engine_weights_staging_bf16(g->engines[0]); }
 
 // Adds engine k's commit report to the group's.
 static void add_report(EngineCommitReport *total, const EngineCommitReport *k) {
@@ -267,14 +269,14 @@ int engine_group_commit_weights(EngineGroup *g, int64_t version, EngineUpdateMod
     // one copy exists beside the received one); engine 0's own commit then takes the received one.
     for (k = g->n - 1; k >= 1 && rc == 0; k--) {
         for (int u = 0; u < L->n_units; u++) {
-            const float *src = engine_weights_staging(g->engines[0], u);
-            float *dst = engine_weights_staging(g->engines[k], u);
+            const void *src = engine_weights_staging(g->engines[0], u);
+            void *dst = engine_weights_staging(g->engines[k], u);
             if (!src || !dst) {
                 snprintf(msg, sizeof msg, "out of host memory for the copy of unit %d", u);
                 rc = ENGINE_ENOMEM;
                 break;
             }
-            memcpy(dst, src, L->unit_numel[u] * sizeof(float));
+            memcpy(dst, src, L->unit_numel[u] * (engine_weights_staging_bf16(g->engines[0]) ? 2 : sizeof(float)));
         }
         if (rc == 0 && (rc = engine_commit_weights(g->engines[k], version, mode, &one, msg, sizeof msg)) == 0)
             add_report(&total, &one);

@@ -77,7 +77,8 @@ int engine_group_wait_idle(EngineGroup *g, int timeout_ms);
 // engine_weights_staging), and the commit of that update to every engine. Returns 0 or a negative engine code
 // with a message naming the engine.
 // `mode` and *rep (may be NULL) as for engine_commit_weights; *rep sums the engines' counts.
-float *engine_group_weights_staging(EngineGroup *g, int unit);
+void *engine_group_weights_staging(EngineGroup *g, int unit);
+int engine_group_weights_staging_bf16(const EngineGroup *g);
 int engine_group_commit_weights(EngineGroup *g, int64_t version, EngineUpdateMode mode, EngineCommitReport *rep,
                                 char *err, size_t err_len);
 // Adapter update: every engine's policy becomes the base plus adapter config c with the host fp32 units (one per

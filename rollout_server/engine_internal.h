@@ -119,7 +119,7 @@ struct Engine {
     EngineRequest **wake_reqs;      // (max_num_seqs) requests whose client is woken once at the end of the step
     int n_wake;
     TextBuf text;                   // one token's new text
-    float **commit_units;           // (n_units) staging buffers taken by a commit
+    void **commit_units;            // (n_units) staging buffers taken by a commit
     EngineStats live;               // engine thread's counters, copied to `stats` under the mutex
     int n_requests_running;
     // Shared, under mu.
@@ -144,7 +144,7 @@ struct Engine {
     double paused_since;
     double update_pause_from;
     int update_pause_open;
-    float **staging;                // (n_units) host fp32 copies being received, NULL until asked for
+    void **staging;                 // (n_units) host copies being received (engine_weights_staging), NULL until asked
     int commit_device;              // the pending commit swaps the runner's device staging in (else uploads staging)
     const struct LoraConfig *commit_lora; // the pending commit installs this policy adapter (engine_commit_adapter)
     float *const *commit_lora_units;      //   from these host units (the caller's until the commit returns)

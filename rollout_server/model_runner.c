@@ -357,14 +357,24 @@ static int shards_synchronize(ModelRunner *r, const char *what, char *err, size_
     return failed ? -1 : 0;
 }
 
-int runner_upload_weights(ModelRunner *r, float *const *units, char *err, size_t err_len) {
+// One shard's unit from host memory: fp32 values converted, or bf16 bits copied as they are.
+static void upload_unit(RunnerShard *s, int u, const void *host, int bf16) {
+    const size_t n = s->m.layout.unit_numel[u];
+    if (bf16) ops_copy_to_device(s->ops, s->w.params[u], host, n * 2);
+    else ops_upload_f32(s->ops, s->w.params[u], host, n);
+}
+
+int runner_upload_weights(ModelRunner *r, void *const *units, int bf16, char *err, size_t err_len) {
     const Layout *L = &runner_model(r)->layout;
-    float *slice = NULL;
+    const size_t es = bf16 ? 2 : sizeof(float);
+    if (bf16 && ops_dtype_size(r->shards[0].ops) != 2)
+        return snprintf(err, err_len, "bf16 units for weights stored in fp32"), -1;
+    void *slice = NULL;
     if (r->tp > 1) {
         size_t most = 0;
         for (int k = 0; k < r->tp; k++)
             if (r->shards[k].m.layout.max_unit_numel > most) most = r->shards[k].m.layout.max_unit_numel;
-        if (!(slice = malloc(most * sizeof *slice)))
+        if (!(slice = malloc(most * es)))
             return snprintf(err, err_len, "out of host memory slicing the new weights"), -1;
     }
     for (int u = 0; u < L->n_units; u++) {
@@ -372,11 +382,11 @@ int runner_upload_weights(ModelRunner *r, float *const *units, char *err, size_t
         for (int k = 0; k < r->tp; k++) {
             RunnerShard *s = &r->shards[k];
             if (r->tp == 1) {
-                ops_upload_f32(s->ops, s->w.params[u], units[u], L->unit_numel[u]);
+                upload_unit(s, u, units[u], bf16);
                 continue;
             }
-            model_shard_unit(&r->whole, &s->m, u, units[u], slice);
-            ops_upload_f32(s->ops, s->w.params[u], slice, s->m.layout.unit_numel[u]);
+            model_shard_unit(&r->whole, &s->m, u, units[u], slice, es);
+            upload_unit(s, u, slice, bf16);
             ops_synchronize(s->ops);   // slice is reused for the next shard
         }
     }

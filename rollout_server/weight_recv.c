@@ -125,14 +125,27 @@ int weight_recv_slice(WeightRecv *w, const void *owner, size_t owner_len, int ha
         return err_fail(err, err_len,
                     "weights_slice: elements [%lld, %lld) are outside unit %d, which has %lld elements",
                     (long long)offset, (long long)offset + (long long)count, unit, (long long)numel);
-    float *dst = staging(user, unit);
+    int bf16 = 0;
+    void *dst = staging(user, unit, &bf16);
     if (!dst) return err_fail(err, err_len, "weights_slice: the engine has no staging buffer for unit %d", unit);
     // Record coverage first: if it cannot grow (out of memory) nothing was written and the slice is refused.
     if (coverage_add(&w->cov[unit], offset, offset + count))
         return err_fail(err, err_len, "weights_slice: out of memory tracking unit %d", unit);
     // (count) elements, little-endian, possibly unaligned in the frame: both paths copy bytewise-safe.
-    if (dtype == ZMSG_DTYPE_BF16) dtype_bf16_to_f32_n(dst + offset, data, (size_t)count);
-    else memcpy(dst + offset, data, (size_t)count * sizeof(float));
+    if (bf16 && dtype == ZMSG_DTYPE_BF16) {
+        memcpy((uint16_t *)dst + offset, data, (size_t)count * sizeof(uint16_t));
+    } else if (bf16) {
+        uint16_t *d = (uint16_t *)dst + offset;
+        for (int64_t i = 0; i < count; i++) {
+            float f;
+            memcpy(&f, (const char *)data + i * (int64_t)sizeof f, sizeof f);
+            d[i] = dtype_f32_to_bf16(f);
+        }
+    } else if (dtype == ZMSG_DTYPE_BF16) {
+        dtype_bf16_to_f32_n((float *)dst + offset, data, (size_t)count);
+    } else {
+        memcpy((float *)dst + offset, data, (size_t)count * sizeof(float));
+    }
     w->slices++;
     return 0;
 }

@@ -38,8 +38,10 @@ typedef struct {
     int64_t slices;              // slices applied in this update
 } WeightRecv;
 
-// staging(user, unit) returns the fp32 buffer of unit `unit` (unit_numel[unit] elements) to write into.
-typedef float *(*WeightStagingFn)(void *user, int unit);
+// staging(user, unit, &bf16) returns the buffer of unit `unit` (unit_numel[unit] elements) to write into: fp32
+// values, or with *bf16 set bf16 bits (a server whose weights are bf16 keeps its staging in bf16, half the host
+// memory; fp32 slices are rounded on arrival by the rule the upload to the device would apply).
+typedef void *(*WeightStagingFn)(void *user, int unit, int *bf16);
 
 int weight_recv_init(WeightRecv *w, const Layout *layout, char *err, size_t err_len);
 // The same for units that are not a model layout's (an adapter update's: one per decoder layer); unit_numel
@@ -52,7 +54,7 @@ void weight_recv_free(WeightRecv *w);
 // abandoned (*abandoned = its version, else -1). Returns 0 or -1 with a message.
 int weight_recv_begin(WeightRecv *w, int64_t version, uint64_t layout_hash, const void *owner, size_t owner_len,
                       int64_t *abandoned, char *err, size_t err_len);
-// Validates a slice against the open update and the layout, converts it to fp32 into the staging buffer and
+// Validates a slice against the open update and the layout, converts it to the staging buffer's dtype into it and
 // records its coverage. A slice comes from the peer that opened the update, or from any peer when it names the
 // open update's version (has_version): several trainer ranks each send their own slices of one update.
 // Returns 0 or -1 with a message (nothing is written then).

@@ -10,7 +10,10 @@
 #include "rollout_server/zmq_control_internal.h"
 #include "shared/model_lora.h"
 
-static float *staging_of(void *user, int unit) { return engine_group_weights_staging((EngineGroup *)user, unit); }
+static void *staging_of(void *user, int unit, int *bf16) {
+    *bf16 = engine_group_weights_staging_bf16((EngineGroup *)user);
+    return engine_group_weights_staging((EngineGroup *)user, unit);
+}
 
 // The mode weights_end asks for, else the server's --weight-update-mode.
 static EngineUpdateMode update_mode(const ZmqControl *z, const ZmsgMsg *q) {
@@ -146,8 +149,9 @@ void zc_adapter_free(ZmqControl *z) {
     z->adapter_open = 0;
 }
 
-static float *adapter_staging_of(void *user, int unit) {
+static void *adapter_staging_of(void *user, int unit, int *bf16) {
     ZmqControl *z = user;
+    *bf16 = 0;   // adapter units stay fp32: they are merged into the weights on the host
     return unit >= 0 && unit < z->adapter_layers ? z->adapter_units[unit] : NULL;
 }
 
@@ -309,8 +313,8 @@ void zc_weights(ZmqControl *z, const void *rid, size_t rl, const ZmsgMsg *q) {
                     (long long)abandoned);
         reply_begin(z, rid, rl, q);
     } else if (q->type == ZMSG_WEIGHTS_SLICE) {
-        if (weight_recv_slice(&z->wr, rid, rl, q->has_version, q->version, q->unit, q->offset, q->count, q->dtype, q->slice_data, staging_of,
-                              z->g, err, sizeof err))
+        if (weight_recv_slice(&z->wr, rid, rl, q->has_version, q->version, q->unit, q->offset, q->count, q->dtype,
+                              q->slice_data, staging_of, z->g, err, sizeof err))
             zc_send_error(z->router, rid, rl, q->id, "bad_slice", "%s", err);
     } else if (weight_ipc_active(z->wi) || weight_nccl_active(z->wn)) {
         end_device(z, rid, rl, q);

@@ -93,9 +93,11 @@ int model_shard_config(const ModelConfig *full, int rank, int size, ModelConfig 
                        size_t err_len);
 // model_init for shard `rank` of `size` (m->shard.comm unset: set it before a step when size > 1).
 int model_init_shard(Model *m, const ModelConfig *full, int rank, int size, OpsCtx *ops, char *err, size_t err_len);
-// The shard's slice of unit `unit`: full_unit (host fp32, the whole model's layout: full->layout.unit_numel[unit])
-// -> shard_unit (host fp32, shard->layout.unit_numel[unit]; padding and vocabulary rows past V zeroed).
-void model_shard_unit(const Model *full, const Model *shard, int unit, const float *full_unit, float *shard_unit);
+// The shard's slice of unit `unit`: full_unit (host memory, the whole model's layout: full->layout.unit_numel[unit]
+// elements of elem bytes, fp32 or bf16) -> shard_unit (shard->layout.unit_numel[unit] of them; padding and vocabulary
+// rows past V zeroed).
+void model_shard_unit(const Model *full, const Model *shard, int unit, const void *full_unit, void *shard_unit,
+                      size_t elem);
 // One part of a whole unit that a shard holds, for a weight update sent straight to the shards: rows x cols
 // elements, row i at element full_at + i * full_cols of the whole unit, landing contiguous at element shard_at of
 // the shard's unit (rows == 1 or cols == full_cols: contiguous in the whole unit too).

@@ -151,14 +151,15 @@ int model_shard_parts(const Layout *full, const Layout *shard, const ModelConfig
     return n;
 }
 
-void model_shard_unit(const Model *full, const Model *shard, int unit, const float *full_unit, float *shard_unit) {
-    memset(shard_unit, 0, shard->layout.unit_numel[unit] * sizeof *shard_unit);
+void model_shard_unit(const Model *full, const Model *shard, int unit, const void *full_unit, void *shard_unit,
+                      size_t elem) {
+    memset(shard_unit, 0, shard->layout.unit_numel[unit] * elem);
     for (int i = 0; i < shard->layout.n_tensors; i++) {
         TensorSlice s;
         if (!tensor_slice(&full->layout, &shard->layout, &shard->cfg, &shard->shard, i, unit, &s)) continue;
         for (int64_t r = 0; r < s.rows; r++)
-            memcpy(shard_unit + s.shard_at + (size_t)(r * s.cols), full_unit + s.full_at + (size_t)(r * s.full_cols),
-                   (size_t)s.cols * sizeof(float));
+            memcpy((char *)shard_unit + (s.shard_at + (size_t)(r * s.cols)) * elem,
+                   (const char *)full_unit + (s.full_at + (size_t)(r * s.full_cols)) * elem, (size_t)s.cols * elem);
     }
 }
 
@@ -241,7 +242,7 @@ int model_load_shard_weights(const Model *whole, Model *const *shards, ResidentW
     for (int u = 0; u < L->n_units; u++) {
         if (model_read_unit(whole, set, u, host, err, err_len) != 0) goto out;
         for (int k = 0; k < n; k++) {
-            model_shard_unit(whole, shards[k], u, host, slice);
+            model_shard_unit(whole, shards[k], u, host, slice, sizeof(float));
             ops_upload_f32(shards[k]->ops, w[k]->params[u], slice, shards[k]->layout.unit_numel[u]);
             ops_synchronize(shards[k]->ops);   // slice is reused for the next shard
         }

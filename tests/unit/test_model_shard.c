@@ -120,7 +120,7 @@ static void *shard_main(void *arg) {
     have_w = 1;
     for (int u = 0; u < m.layout.n_units; u++) {
         float *slice = malloc(m.layout.unit_numel[u] * sizeof *slice);
-        model_shard_unit(s->full, &m, u, s->units[u], slice);
+        model_shard_unit(s->full, &m, u, s->units[u], slice, sizeof(float));
         ops_upload_f32(ops, w.params[u], slice, m.layout.unit_numel[u]);
         free(slice);
     }
@@ -211,7 +211,7 @@ static void test_slices_rebuild(const char *json, const char *name) {
                 Model sh;
                 REQUIRE(model_init_shard(&sh, &cfg, r, size, ops, err, sizeof err) == 0, "%s", err);
                 float *dst = malloc(sh.layout.unit_numel[u] * sizeof *dst);
-                model_shard_unit(&full, &sh, u, src, dst);
+                model_shard_unit(&full, &sh, u, src, dst, sizeof(float));
                 // Every value the shard holds is an element of the whole unit (values are offsets + 1), or padding 0.
                 for (size_t i = 0; i < sh.layout.unit_numel[u]; i++) {
                     const float v = dst[i];
@@ -309,7 +309,7 @@ static void test_parts(const char *json, const char *name) {
                       *got = malloc(snumel * sizeof *got);
                 int *writes = malloc(snumel * sizeof *writes);
                 for (size_t i = 0; i < numel; i++) src[i] = (float)(i + 1);
-                model_shard_unit(&full, &sh, u, src, want);
+                model_shard_unit(&full, &sh, u, src, want, sizeof(float));
                 for (size_t c = 0; c < sizeof cuts / sizeof *cuts; c++) {
                     const size_t slice = cuts[c] ? layout_padded_unit_numel(&full.layout, u, cuts[c]) / cuts[c] : 1;
                     memset(got, 0, snumel * sizeof *got);
@@ -363,7 +363,7 @@ static void test_random_weights(const char *json, const char *name) {
             CHECK(model_fill_random(&sh, &full.layout, &sw, 77, err, sizeof err) == 0, "%s", err);
             for (int u = 0; u < sh.layout.n_units; u++) {
                 float *want = malloc(sh.layout.unit_numel[u] * sizeof *want);
-                model_shard_unit(&full, &sh, u, fw.params[u], want);
+                model_shard_unit(&full, &sh, u, fw.params[u], want, sizeof(float));
                 CHECK(memcmp(want, sw.params[u], sh.layout.unit_numel[u] * sizeof *want) == 0,
                       "%s, shard %d of %d, unit %d: random weights differ from the whole model's slice", name, r, size, u);
                 free(want);

@@ -21,6 +21,7 @@
 #include <unistd.h>
 
 #include "rollout_server/engine_group.h"
+#include "shared/dtype.h"
 #include "tests/unit/check_macros.h"
 #include "tests/unit/testlib.h"
 
@@ -205,14 +206,20 @@ static void check_routing(EngineGroup *g) {
     CHECK(per[0].outstanding == 0 && per[1].outstanding == 0, "a refused request left load");
 }
 
-// Host staging (transport zmq): engine 0's staging receives the units of `seed`, the commit reaches every engine.
+// Host staging (transport zmq): engine 0's staging receives the units of `seed` (as bf16 bits where the engines'
+// weights are bf16, as the receiver writes them), the commit reaches every engine.
 static void stage_host(EngineGroup *g, uint64_t seed, const Ref *shape) {
     const Layout *L = &engine_group_model(g)->layout;
+    float *f = malloc(L->max_unit_numel * sizeof *f);
+    if (!f) die("staging", "out of host memory");
     for (int u = 0; u < L->n_units; u++) {
-        float *st = engine_group_weights_staging(g, u);
+        void *st = engine_group_weights_staging(g, u);
         if (!st) die("staging", "NULL");
-        model_random_unit_f32(&shape->m, seed, STD, u, st);
+        model_random_unit_f32(&shape->m, seed, STD, u, f);
+        if (engine_group_weights_staging_bf16(g)) dtype_f32_to_bf16_n(st, f, L->unit_numel[u]);
+        else memcpy(st, f, L->unit_numel[u] * sizeof *f);
     }
+    free(f);
 }
 
 static void commit_host(EngineGroup *g, uint64_t seed, int64_t version, const Ref *shape) {

@@ -179,8 +179,8 @@ static void test_weights(ModelRunner *r) {
     const Layout *L = &runner_model(r)->layout;
     float before, after;
     const int32_t t_before = prefill(r, 6, 7, &before);
-    float **none = calloc((size_t)L->n_units, sizeof *none);
-    CHECK(runner_upload_weights(r, none, err, sizeof err) == 0, "%s", err);
+    void **none = calloc((size_t)L->n_units, sizeof *none);
+    CHECK(runner_upload_weights(r, none, 0, err, sizeof err) == 0, "%s", err);
     free(none);
     const int32_t t_same = prefill(r, 6, 7, &after);
     CHECK(t_same == t_before && close_to(after, before), "uploading no unit changes nothing");

@@ -1,7 +1,9 @@
 // tests/unit/test_rollout_weight_recv.c — the weight receiver without sockets or engine: a layout hash mismatch
 // is refused naming both hashes; slices split, reordered and overlapping land at the right place in fp32 and
 // bf16; weights_end is refused while any unit is incomplete (naming it), for another peer or version; every
-// out-of-range slice is refused before anything is written; a new weights_begin abandons the old update.
+// out-of-range slice is refused before anything is written; a new weights_begin abandons the old update. Into bf16
+// staging (a server whose weights are bf16) bf16 slices land as they are and fp32 ones rounded as the device upload
+// rounds.
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -13,13 +15,15 @@
 #include "tests/unit/check_macros.h"
 
 typedef struct {
-    float **bufs;    // (n_units) -> (unit_numel) staging copies
+    void **bufs;     // (n_units) -> (unit_numel) staging copies: fp32, or bf16 bits with bf16
+    int bf16;
     int calls;
 } Staging;
 
-static float *staging_fn(void *user, int unit) {
+static void *staging_fn(void *user, int unit, int *bf16) {
     Staging *s = user;
     s->calls++;
+    *bf16 = s->bf16;
     return s->bufs[unit];
 }
 
@@ -47,7 +51,7 @@ int main(void) {
         fprintf(stderr, "setup failed: %s\n", err);
         return 1;
     }
-    Staging st = {calloc((size_t)L.n_units, sizeof(float *)), 0};
+    Staging st = {calloc((size_t)L.n_units, sizeof(void *)), 0, 0};
     for (int u = 0; u < L.n_units; u++) st.bufs[u] = calloc(L.unit_numel[u], sizeof(float));
     WeightRecv w;
     CHECK(weight_recv_init(&w, &L, err, sizeof err) == 0);
@@ -142,7 +146,7 @@ int main(void) {
         int bad = 0;
         for (size_t i = 0; i < L.unit_numel[u]; i++) {
             float want_v = u == 1 ? dtype_bf16_to_f32(dtype_f32_to_bf16(ref[u][i])) : ref[u][i];
-            if (st.bufs[u][i] != want_v) bad++;
+            if (((float *)st.bufs[u])[i] != want_v) bad++;
         }
         if (bad) fprintf(stderr, "unit %d: %d elements differ\n", u, bad);
         CHECK(bad == 0);
@@ -156,6 +160,35 @@ int main(void) {
                "another peer", NULL);
     weight_recv_reset(&w);
     CHECK(!w.active);
+
+    // A server whose weights are bf16 stages in bf16: bf16 slices land as they are, fp32 ones (from an odd address)
+    // rounded as dtype_f32_to_bf16 rounds, which is the rule the upload to the device applies.
+    Staging sb = {calloc((size_t)L.n_units, sizeof(void *)), 1, 0};
+    for (int u = 0; u < L.n_units; u++) sb.bufs[u] = calloc(L.unit_numel[u], sizeof(uint16_t));
+    CHECK(weight_recv_begin(&w, 11, L.hash, OWNER, ol, &ab, err, sizeof err) == 0);
+    for (int u = 0; u < L.n_units; u++) {
+        const int64_t n = (int64_t)L.unit_numel[u];
+        if (u == 1) {
+            CHECK(weight_recv_slice(&w, OWNER, ol, 0, 0, u, 0, n, ZMSG_DTYPE_BF16, b1, staging_fn, &sb, err,
+                                    sizeof err) == 0);
+            continue;
+        }
+        char *src = malloc((size_t)n * 4 + 1);
+        memcpy(src + 1, ref[u], (size_t)n * 4);
+        CHECK(weight_recv_slice(&w, OWNER, ol, 0, 0, u, 0, n, ZMSG_DTYPE_F32, src + 1, staging_fn, &sb, err,
+                                sizeof err) == 0);
+        free(src);
+    }
+    CHECK(weight_recv_ready(&w, OWNER, ol, 11, err, sizeof err) == 0);
+    for (int u = 0; u < L.n_units; u++) {
+        int bad = 0;
+        for (size_t i = 0; i < L.unit_numel[u]; i++) bad += ((uint16_t *)sb.bufs[u])[i] != dtype_f32_to_bf16(ref[u][i]);
+        if (bad) fprintf(stderr, "bf16 staging, unit %d: %d elements differ\n", u, bad);
+        CHECK(bad == 0);
+        free(sb.bufs[u]);
+    }
+    free(sb.bufs);
+    weight_recv_reset(&w);
 
     for (int u = 0; u < L.n_units; u++) {
         free(st.bufs[u]);
