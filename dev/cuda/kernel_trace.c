@@ -6,8 +6,7 @@
 //   LD_PRELOAD=./libktrace.so KTRACE_OUT=/tmp/kt tandem-serve ...   (libcupti.so on LD_LIBRARY_PATH)
 // Records reach the file as CUPTI hands over its buffers (at least every 200 ms) and at exit; a process killed
 // with SIGKILL loses the last ones. Tracing adds host time to every launch, so end-to-end times measured under it
-// are longer (bench/notes/tensor-parallel.md, session 21: 32B TP 2 10.85 against 10.10 ms a step); the kernels'
-// own durations and the gaps inside a graph replay are what it is for.
+// are longer; the kernels' own durations and the gaps inside a graph replay are what it is for.
 #include <cupti.h>
 #include <pthread.h>
 #include <stdio.h>
