@@ -230,9 +230,10 @@ void engine_abort_requests(Engine *e);
 // 1 when it has, 0 on timeout. Requests submitted meanwhile are waited for too (vLLM's pause mode "wait").
 int engine_wait_idle(Engine *e, int timeout_ms);
 // Weight update: returns the staging copy of unit `unit` (host memory, layout->unit_numel[unit] elements: bf16 bits
-// when engine_weights_staging_bf16, the engine's weights being bf16, else fp32) that the receiver fills; engine_commit_weights then swaps all staged units in between two steps, bumps
-// the policy version to `version`, re-queues the sequences in flight as `mode` says (no drain: running sequences
-// go on under the new weights) and resets the prefix cache. *rep (may be NULL) says what happened to them.
+// when engine_weights_staging_bf16, the engine's weights being bf16, else fp32) that the receiver fills;
+// engine_commit_weights then swaps all staged units in between two steps, bumps the policy version to `version`,
+// re-queues the sequences in flight as `mode` says (no drain: running sequences go on under the new weights) and
+// resets the prefix cache. *rep (may be NULL) says what happened to them.
 // Returns 0 or a negative code.
 void *engine_weights_staging(Engine *e, int unit);
 int engine_weights_staging_bf16(const Engine *e);
