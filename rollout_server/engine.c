@@ -446,8 +446,7 @@ static void apply_commit(Engine *e, int64_t version, int device, const LoraConfi
         rc = runner_set_policy_adapter(e->runner, lora, lora_units, msg, sizeof msg);
     } else {
         rc = device ? runner_swap_device_weights(e->runner, msg, sizeof msg)
-                    : runner_upload_weights(e->runner, e->commit_units, engine_weights_staging_bf16(e), msg,
-                                            sizeof msg);
+                    : runner_upload_weights(e->runner, e->commit_units, msg, sizeof msg);
         if (rc == 0) runner_drop_policy_adapter(e->runner);
     }
     for (int u = 0; u < e->m->layout.n_units; u++) {

@@ -209,7 +209,7 @@ void *engine_weights_staging(Engine *e, int unit) {
     if (unit < 0 || unit >= e->m->layout.n_units) return NULL;
     pthread_mutex_lock(&e->mu);
     if (!e->staging[unit])
-        e->staging[unit] = calloc(e->m->layout.unit_numel[unit], engine_weights_staging_bf16(e) ? 2 : sizeof(float));
+        e->staging[unit] = calloc(e->m->layout.unit_numel[unit], ops_dtype_size(runner_ops(e->runner)));
     void *p = e->staging[unit];
     pthread_mutex_unlock(&e->mu);
     return p;

@@ -276,7 +276,7 @@ int engine_group_commit_weights(EngineGroup *g, int64_t version, EngineUpdateMod
                 rc = ENGINE_ENOMEM;
                 break;
             }
-            memcpy(dst, src, L->unit_numel[u] * (engine_weights_staging_bf16(g->engines[0]) ? 2 : sizeof(float)));
+            memcpy(dst, src, L->unit_numel[u] * ops_dtype_size(engine_ops(g->engines[0])));
         }
         if (rc == 0 && (rc = engine_commit_weights(g->engines[k], version, mode, &one, msg, sizeof msg)) == 0)
             add_report(&total, &one);

@@ -357,18 +357,16 @@ static int shards_synchronize(ModelRunner *r, const char *what, char *err, size_
     return failed ? -1 : 0;
 }
 
-// One shard's unit from host memory: fp32 values converted, or bf16 bits copied as they are.
-static void upload_unit(RunnerShard *s, int u, const void *host, int bf16) {
+// One shard's unit from host memory in the storage dtype: bf16 bits copied as they are, or fp32 values.
+static void upload_unit(RunnerShard *s, int u, const void *host) {
     const size_t n = s->m.layout.unit_numel[u];
-    if (bf16) ops_copy_to_device(s->ops, s->w.params[u], host, n * 2);
+    if (ops_dtype_size(s->ops) == 2) ops_copy_to_device(s->ops, s->w.params[u], host, n * 2);
     else ops_upload_f32(s->ops, s->w.params[u], host, n);
 }
 
-int runner_upload_weights(ModelRunner *r, void *const *units, int bf16, char *err, size_t err_len) {
+int runner_upload_weights(ModelRunner *r, void *const *units, char *err, size_t err_len) {
     const Layout *L = &runner_model(r)->layout;
-    const size_t es = bf16 ? 2 : sizeof(float);
-    if (bf16 && ops_dtype_size(r->shards[0].ops) != 2)
-        return snprintf(err, err_len, "bf16 units for weights stored in fp32"), -1;
+    const size_t es = ops_dtype_size(r->ops);
     void *slice = NULL;
     if (r->tp > 1) {
         size_t most = 0;
@@ -382,11 +380,11 @@ int runner_upload_weights(ModelRunner *r, void *const *units, int bf16, char *er
         for (int k = 0; k < r->tp; k++) {
             RunnerShard *s = &r->shards[k];
             if (r->tp == 1) {
-                upload_unit(s, u, units[u], bf16);
+                upload_unit(s, u, units[u]);
                 continue;
             }
             model_shard_unit(&r->whole, &s->m, u, units[u], slice, es);
-            upload_unit(s, u, slice, bf16);
+            upload_unit(s, u, slice);
             ops_synchronize(s->ops);   // slice is reused for the next shard
         }
     }

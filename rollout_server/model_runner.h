@@ -113,10 +113,10 @@ void *runner_adapter_device_staging(ModelRunner *r, size_t unit_numel, int layer
 void runner_drop_policy_adapter(ModelRunner *r);
 
 // ---- weights --------------------------------------------------------------------------------------------
-// Uploads host units (units[u] holds layout.unit_numel[u] values, fp32 or with bf16 bf16 bits, which a runner whose
-// weights are bf16 copies as they are; NULL leaves unit u as it is) into the live weights and waits for the device.
-// Returns 0, or -1 with a message (the weights may then be partly updated).
-int runner_upload_weights(ModelRunner *r, void *const *units, int bf16, char *err, size_t err_len);
+// Uploads host units in the weights' storage dtype (units[u] holds layout.unit_numel[u] values: bf16 bits, copied as
+// they are, or fp32; NULL leaves unit u as it is) into the live weights and waits for the device. Returns 0, or -1
+// with a message (the weights may then be partly updated).
+int runner_upload_weights(ModelRunner *r, void *const *units, char *err, size_t err_len);
 // The tensor-parallel shards (1: none), shard k's model (its config, layout and place in the whole model:
 // ModelShard) and compute context. Shard 0's context is runner_ops.
 int runner_tp(const ModelRunner *r);

@@ -180,7 +180,7 @@ static void test_weights(ModelRunner *r) {
     float before, after;
     const int32_t t_before = prefill(r, 6, 7, &before);
     void **none = calloc((size_t)L->n_units, sizeof *none);
-    CHECK(runner_upload_weights(r, none, 0, err, sizeof err) == 0, "%s", err);
+    CHECK(runner_upload_weights(r, none, err, sizeof err) == 0, "%s", err);
     free(none);
     const int32_t t_same = prefill(r, 6, 7, &after);
     CHECK(t_same == t_before && close_to(after, before), "uploading no unit changes nothing");
