@@ -33,7 +33,6 @@ import random
 import sys
 import tempfile
 import time
-import urllib.request
 
 import benchlib
 from benchlib import build_model, completions, engine_counters, engine_split, server_fixtures, use_devlib
@@ -45,24 +44,24 @@ NEAR_TIE = 0.5
 GRPO_PROMPT_LEN, GRPO_N = 256, 8
 
 
+def post_completion(url, body):
+    status, out, _ = server_fixtures.http_json("POST", url + "/v1/completions", body, timeout=600)
+    assert status == 200, out
+    return out["choices"][0]
+
+
 def complete(url, prompt, max_tokens):
-    body = json.dumps({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
-                       "return_token_ids": True}).encode()
-    req = urllib.request.Request(url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=600) as r:
-        out = json.loads(r.read())
-    ids = out["choices"][0]["token_ids"]
-    assert len(ids) == max_tokens, out
+    choice = post_completion(url, {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "ignore_eos": True,
+                                   "return_token_ids": True})
+    ids = choice["token_ids"]
+    assert len(ids) == max_tokens, choice
     return ids
 
 
 def first_token(url, prompt):
     """The greedy first token and the 5 best first tokens' logprobs ({id: logprob})."""
-    body = json.dumps({"prompt": prompt, "max_tokens": 1, "temperature": 0, "logprobs": 5,
-                       "return_tokens_as_token_ids": True, "return_token_ids": True}).encode()
-    req = urllib.request.Request(url + "/v1/completions", data=body, headers={"Content-Type": "application/json"})
-    with urllib.request.urlopen(req, timeout=600) as r:
-        choice = json.loads(r.read())["choices"][0]
+    choice = post_completion(url, {"prompt": prompt, "max_tokens": 1, "temperature": 0, "logprobs": 5,
+                                   "return_tokens_as_token_ids": True, "return_token_ids": True})
     top = {int(k.split(":", 1)[1]): v for k, v in choice["logprobs"]["top_logprobs"][0].items()}
     return choice["token_ids"][0], top
 
