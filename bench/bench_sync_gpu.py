@@ -10,8 +10,7 @@ gives sync_time per step (the whole push as rank 0 sees it: weights_begin, the t
 weights_end). Step 1 also creates the NCCL communicator, so it is reported apart; the bandwidth is the model's
 bytes over the median sync_time of the other steps:
   model GB/s = bf16 bytes of the model / seconds (the rate at which the server's copy of the model is replaced);
-  wire GB/s  = bytes the trainer sent / seconds (nccl and ipc send bf16; zmq sends the fp32 master slices, twice as
-  many).
+  wire GB/s  = bytes the trainer sent / seconds (GPU ranks send bf16 over every transport; CPU ranks fp32).
 Transport ipc (same host): the server keeps its receive staging (the second copy of its weights) in CUDA IPC memory
 and the trainer rank copies its slices straight into it (cudaMemcpyAsync / cudaMemcpy2DAsync from the rank's GPU:
 within one GPU for a shard beside the trainer, peer to peer for the others); weights_end then swaps staging and live
@@ -198,7 +197,7 @@ def main():
                 wire = sorted(r["sync_bytes"] / r["sync_time"] for r in rows[1:])[len(rows[1:]) // 2]
                 wire_src = "sync_bytes"
             else:
-                wire = (2 if transport in ("nccl", "ipc") else 4) * params / med
+                wire = (4 if args.dry_run_cpu else 2) * params / med
                 wire_src = "params x dtype"
             step = sorted(r["step_time"] for r in rows[1:])[len(rows[1:]) // 2]
             # The sending alone (no control round trips, no swap), when the trainer reports it.
